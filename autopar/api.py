@@ -1,0 +1,164 @@
+"""The public entry points: ``optimize`` and ``estimate``.
+
+Both accept the model as an ``nn.Module`` (meta device preferred), a preset name
+(``autopar.models.list_presets()``), a ``published_plans.json``-style model dict, or a
+``ModelConfig``; and the cluster as a :class:`Cluster` or a spec string (``"4x8xA100-80GB"``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .config import ParallelConfig, TrainingConfig
+from .cost.model import CostModel
+from .cost.params import CostParams
+from .cost.types import Estimate
+from .errors import InvalidClusterSpec, InvalidModelConfig, InvalidTrainingConfig
+from .graph.extract import extract
+from .graph.types import ModelGraph
+from .hardware import Cluster
+from .models import ModelConfig, build, get_config
+from .plan import Plan, SearchStats
+from .search.optimize import search
+
+_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+                 "fp8": torch.bfloat16}
+
+#: Tokens per step of the default global batch when none is given (about 4M, the order of
+#: GPT-3's and Llama 2's batches: Brown et al. 2020 Table 2.1; Touvron et al. 2023).
+DEFAULT_TOKENS_PER_STEP = 2 ** 22
+
+
+def as_cluster(cluster: Cluster | str) -> Cluster:
+    """A :class:`Cluster` from a cluster or a spec string.
+
+    Raises:
+        InvalidClusterSpec: an unreadable spec or another type.
+    """
+    if isinstance(cluster, Cluster):
+        return cluster
+    if isinstance(cluster, str):
+        return Cluster.from_spec(cluster)
+    raise InvalidClusterSpec(
+        f"cluster must be an autopar.Cluster or a spec string like '4x8xA100-80GB'; got "
+        f"{type(cluster).__name__}.")
+
+
+def _model_config(model) -> ModelConfig | None:
+    if isinstance(model, nn.Module):
+        return None
+    if isinstance(model, (str, dict, ModelConfig)):
+        return get_config(model)
+    raise InvalidModelConfig(
+        f"model must be an nn.Module, a preset name, a model dict or a ModelConfig; got "
+        f"{type(model).__name__}. Fix: e.g. autopar.optimize('llama2-70b', ...).")
+
+
+def default_training(model_cfg: ModelConfig | None, cluster: Cluster) -> TrainingConfig:
+    """The training config used when none is given: the model's sequence length (2048 for a
+    module) and a global batch of about :data:`DEFAULT_TOKENS_PER_STEP` tokens, rounded up to a
+    multiple of the GPU count."""
+    seq = model_cfg.seq_len if model_cfg else 2048
+    world = cluster.world_size
+    gbs = max(1, DEFAULT_TOKENS_PER_STEP // seq)
+    gbs = -(-gbs // world) * world
+    return TrainingConfig(global_batch_size=gbs, seq_len=seq)
+
+
+def model_graph(model, train: TrainingConfig) -> tuple[ModelGraph, ModelConfig | None]:
+    """Extract the measured graph of ``model`` for ``train``'s sequence length and precision.
+
+    Raises:
+        InvalidModelConfig: a bad preset name or dict.
+        UntraceableModelError: a module torch.fx cannot trace.
+    """
+    cfg = _model_config(model)
+    dtype = _TORCH_DTYPES[train.precision]
+    if cfg is not None:
+        built = cfg if cfg.seq_len >= train.seq_len else ModelConfig.from_dict(
+            {**cfg.to_dict(), "seq_len": train.seq_len})
+        module = build(built, dtype=dtype)
+        return extract(module, train.seq_len, 1, dtype=dtype, name=cfg.name,
+                       flash_attention=train.flash_attention), cfg
+    return extract(model, train.seq_len, 1, dtype=dtype,
+                   flash_attention=train.flash_attention), None
+
+
+def _train(train, model_cfg, cluster) -> TrainingConfig:
+    if train is None:
+        return default_training(model_cfg, cluster)
+    if isinstance(train, dict):
+        return TrainingConfig(**train)
+    if not isinstance(train, TrainingConfig):
+        raise InvalidTrainingConfig(
+            f"train must be an autopar.TrainingConfig or a dict; got {type(train).__name__}.")
+    return train
+
+
+def estimate(model: Any, cluster: Cluster | str, train: TrainingConfig | dict,
+             config: ParallelConfig | dict, *, params: CostParams | None = None) -> Estimate:
+    """Predict one configuration's step time, MFU, memory per GPU and communication.
+
+    Args:
+        model: module, preset name, model dict or ModelConfig.
+        cluster: :class:`Cluster` or spec string.
+        train: :class:`TrainingConfig` (or its fields as a dict).
+        config: :class:`ParallelConfig` (or its fields as a dict); ``None`` fields are filled
+            with defaults (dp from the GPU count, micro-batch 1, no interleaving).
+        params: cost-model calibration constants.
+
+    Returns:
+        :class:`Estimate` (``fits`` tells whether it fits in memory).
+
+    Raises:
+        AutoparError subclasses: invalid model, cluster, training or parallel config.
+    """
+    cl = as_cluster(cluster)
+    cfg_model = _model_config(model)
+    tr = _train(train, cfg_model, cl)
+    if isinstance(config, dict):
+        config = ParallelConfig(**config)
+    graph, _ = model_graph(model, tr)
+    return CostModel(graph, cl, tr, params).estimate(config)
+
+
+def optimize(model: Any, cluster: Cluster | str, train: TrainingConfig | dict | None = None, *,
+             fixed: dict | None = None, time_limit_s: float | None = None, top_k: int = 5,
+             progress: Callable | None = None, params: CostParams | None = None) -> Plan:
+    """Search the fastest parallel plan that fits in memory.
+
+    Args:
+        model: module (meta device is fine), preset name, model dict or ModelConfig.
+        cluster: :class:`Cluster` or spec string, e.g. ``"4x8xA100-80GB"``.
+        train: :class:`TrainingConfig`; default: the model's sequence length and a ~4M-token
+            global batch (:func:`default_training`).
+        fixed: choices to pin, e.g. ``{"tp": 8}``; the rest is searched.
+        time_limit_s: return the best plan found within this many seconds.
+        top_k: how many runner-up plans to keep in ``Plan.alternatives`` (plus the best).
+        progress: ``progress(stage, done, total, best_estimate_or_None)`` callback.
+        params: cost-model calibration constants.
+
+    Returns:
+        :class:`Plan` whose ``config`` has every field chosen and whose ``estimate`` fits.
+
+    Raises:
+        InfeasibleError: nothing fits (the message says what binds and what to change).
+        AutoparError subclasses: invalid model, cluster, training config or fixed= choices.
+    """
+    cl = as_cluster(cluster)
+    cfg_model = _model_config(model)
+    tr = _train(train, cfg_model, cl)
+    graph, cfg_model = model_graph(model, tr)
+    cm = CostModel(graph, cl, tr, params)
+    result = search(cm, fixed, time_limit_s=time_limit_s, top_k=top_k + 1, progress=progress)
+    best = result.best
+    return Plan(
+        config=best.config, estimate=best, model=graph.name, cluster=cl.name, train=tr,
+        model_config=cfg_model.to_dict() if cfg_model else None,
+        alternatives=tuple(result.top[1:]),
+        search=SearchStats(evaluated=result.evaluated, meshes=result.meshes,
+                           wall_s=round(result.wall_s, 3), complete=result.complete),
+    )

@@ -1,0 +1,181 @@
+"""The two inputs a user writes by hand: how to train (TrainingConfig) and how to parallelise
+(ParallelConfig). Pure data, validated at birth (the torchtitan ``ParallelDims`` pattern)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from .errors import InvalidParallelConfig, InvalidTrainingConfig
+
+PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
+OPTIMIZERS = ("adam", "adamw", "sgd")
+RECOMPUTE_MODES = ("none", "selective", "full")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+
+#: Bytes per element of the compute dtype (fp8 training keeps bf16 weights and activations
+#: between GEMMs, as Transformer Engine does; only the GEMM inputs are 8-bit).
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
+
+
+def _positive_int(cls_name: str, name: str, value: Any, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        err = InvalidTrainingConfig if cls_name == "TrainingConfig" else InvalidParallelConfig
+        raise err(f"{cls_name}.{name} must be a positive integer; got {value!r}. "
+                  f"Fix: pass an int >= 1{' or None to let autopar choose' if allow_none else ''}.")
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """What is trained: batch, sequence length, precision, optimizer.
+
+    Attributes:
+        global_batch_size: sequences per optimizer step (all data-parallel ranks together).
+        seq_len: tokens per sequence.
+        micro_batch_size: sequences per micro-batch per rank, or None to let autopar choose.
+        precision: compute precision, one of :data:`PRECISIONS`; weights and activations are kept
+            in 2 bytes for bf16/fp16/fp8 (mixed precision, Micikevicius et al. 2018).
+        optimizer: one of :data:`OPTIMIZERS`; Adam keeps fp32 master weights, momentum and
+            variance: K = 12 bytes per parameter (Rajbhandari et al. 2020, section 3.1).
+        flash_attention: attention runs as a fused kernel (no s x s activations are stored).
+
+    Raises:
+        InvalidTrainingConfig: a non-positive size or an unknown precision/optimizer.
+    """
+
+    global_batch_size: int
+    seq_len: int
+    micro_batch_size: int | None = None
+    precision: str = "bf16"
+    optimizer: str = "adam"
+    flash_attention: bool = True
+
+    def __post_init__(self) -> None:
+        _positive_int("TrainingConfig", "global_batch_size", self.global_batch_size)
+        _positive_int("TrainingConfig", "seq_len", self.seq_len)
+        _positive_int("TrainingConfig", "micro_batch_size", self.micro_batch_size, allow_none=True)
+        if self.micro_batch_size is not None and self.micro_batch_size > self.global_batch_size:
+            raise InvalidTrainingConfig(
+                f"micro_batch_size {self.micro_batch_size} exceeds global_batch_size "
+                f"{self.global_batch_size}. Fix: use a micro-batch <= the global batch.")
+        if self.precision not in PRECISIONS:
+            raise InvalidTrainingConfig(
+                f"precision {self.precision!r} is not one of {PRECISIONS}. Fix: use 'bf16'.")
+        if self.optimizer not in OPTIMIZERS:
+            raise InvalidTrainingConfig(
+                f"optimizer {self.optimizer!r} is not one of {OPTIMIZERS}. Fix: use 'adam'.")
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens per optimizer step."""
+        return self.global_batch_size * self.seq_len
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes per weight/activation element in the compute precision."""
+        return DTYPE_BYTES[self.precision]
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Degrees and choices of a parallel layout; ``None`` means "let autopar choose".
+
+    Attributes:
+        tp: tensor-parallel degree (Megatron-LM column/row sharding of each block).
+        pp: pipeline-parallel degree (stages).
+        dp: data-parallel degree; None = world size / (tp * pp * cp).
+        cp: context-parallel degree (ring attention over the sequence).
+        zero_stage: 0 (replicated), 1 (optimizer states sharded; Megatron's distributed
+            optimizer), 2 (+ gradients), 3 (+ parameters; FSDP) over the DP group.
+        recompute: "none", "selective" (attention core, Korthikanti et al. 2022), "full"
+            (only block inputs kept), or a tuple with one of those per decoder block.
+        sequence_parallel: shard the TP-replicated activations over the sequence (Korthikanti).
+        micro_batch_size: sequences per micro-batch; None = choose.
+        virtual_stages: model chunks per pipeline rank (interleaved 1F1B); None = choose, 1 = none.
+        schedule: "gpipe", "1f1b" or "interleaved-1f1b"; None = from virtual_stages.
+        stage_blocks: decoder blocks per pipeline chunk, in model order (pp * virtual_stages
+            entries); None = balanced.
+
+    Raises:
+        InvalidParallelConfig: a degree below 1, an unknown mode, or inconsistent choices.
+    """
+
+    tp: int = 1
+    pp: int = 1
+    dp: int | None = None
+    cp: int = 1
+    zero_stage: int = 0
+    recompute: str | tuple[str, ...] = "none"
+    sequence_parallel: bool = False
+    micro_batch_size: int | None = None
+    virtual_stages: int | None = None
+    schedule: str | None = None
+    stage_blocks: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "cp"):
+            _positive_int("ParallelConfig", name, getattr(self, name))
+        for name in ("dp", "micro_batch_size", "virtual_stages"):
+            _positive_int("ParallelConfig", name, getattr(self, name), allow_none=True)
+        if self.zero_stage not in (0, 1, 2, 3) or isinstance(self.zero_stage, bool):
+            raise InvalidParallelConfig(
+                f"zero_stage must be 0, 1, 2 or 3; got {self.zero_stage!r}.")
+        modes = (self.recompute,) if isinstance(self.recompute, str) else self.recompute
+        if isinstance(self.recompute, list):
+            object.__setattr__(self, "recompute", tuple(self.recompute))
+        if not modes or any(m not in RECOMPUTE_MODES for m in modes):
+            raise InvalidParallelConfig(
+                f"recompute must be one of {RECOMPUTE_MODES} or a tuple of them per block; got "
+                f"{self.recompute!r}.")
+        if self.schedule is not None and self.schedule not in SCHEDULES:
+            raise InvalidParallelConfig(
+                f"schedule {self.schedule!r} is not one of {SCHEDULES}.")
+        if self.schedule in ("gpipe", "1f1b") and (self.virtual_stages or 1) > 1:
+            raise InvalidParallelConfig(
+                f"schedule {self.schedule!r} has one chunk per stage; virtual_stages="
+                f"{self.virtual_stages} needs schedule 'interleaved-1f1b'.")
+        if self.sequence_parallel and self.tp == 1:
+            object.__setattr__(self, "sequence_parallel", False)
+        if self.stage_blocks is not None:
+            object.__setattr__(self, "stage_blocks", tuple(self.stage_blocks))
+            if any((not isinstance(n, int)) or n < 0 for n in self.stage_blocks):
+                raise InvalidParallelConfig(
+                    f"stage_blocks must be non-negative ints; got {self.stage_blocks!r}.")
+
+    @property
+    def model_parallel_size(self) -> int:
+        """GPUs one model replica spans: tp * pp * cp."""
+        return self.tp * self.pp * self.cp
+
+    def block_recompute(self, num_blocks: int) -> tuple[str, ...]:
+        """The recompute mode of each decoder block.
+
+        Raises:
+            InvalidParallelConfig: a per-block tuple of the wrong length.
+        """
+        if isinstance(self.recompute, str):
+            return (self.recompute,) * num_blocks
+        if len(self.recompute) != num_blocks:
+            raise InvalidParallelConfig(
+                f"recompute has {len(self.recompute)} entries but the model has {num_blocks} "
+                "blocks. Fix: give one mode per block, or a single mode.")
+        return tuple(self.recompute)
+
+    def replace(self, **changes) -> "ParallelConfig":
+        """A copy with some fields changed (validated again)."""
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """Plain-JSON form (tuples become lists)."""
+        d = asdict(self)
+        for k, v in d.items():
+            if isinstance(v, tuple):
+                d[k] = list(v)
+        return d
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        """Names of the fields, in order."""
+        return tuple(f.name for f in fields(cls))

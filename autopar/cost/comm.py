@@ -1,0 +1,124 @@
+"""Communication each parallelism issues, counted from the graph, timed on the cluster's links.
+
+TP (Shoeybi et al. 2019; Korthikanti et al. 2022 with SP): per block and micro-batch, one
+all-reduce per row-parallel output in forward and one per column-parallel input group in backward;
+with SP each all-reduce becomes an all-gather plus a reduce-scatter at the same places (same
+volume). Full recomputation repeats the forward ones. The vocabulary-parallel embedding all-reduces
+(or reduce-scatters) its output; the head's input is all-gathered with SP.
+PP: one send/recv of the stage boundary activation per micro-batch and direction, per chunk
+boundary (Narayanan et al. 2021).
+DP: gradient all-reduce, or reduce-scatter + all-gather of parameters under ZeRO-1/2; ZeRO-3
+all-gathers parameters for forward and backward and reduce-scatters gradients every micro-batch.
+CP: ring attention exchanges the K/V shard cp-1 times per block in forward, K/V and their
+gradients in backward (Liu et al. 2023), overlapped with the attention of the chunk in hand.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from ..graph.types import Layer
+
+
+@dataclass
+class CommLedger:
+    """Bytes sent and seconds spent per link class and per parallelism, for one GPU and step."""
+
+    bytes_by_link: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    seconds_by_link: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    seconds_by_kind: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def add(self, kind: str, link: str, nbytes: float, seconds: float, times: float = 1.0) -> None:
+        """Record ``times`` collectives of ``nbytes`` each taking ``seconds``."""
+        self.bytes_by_link[link] += nbytes * times
+        self.seconds_by_link[link] += seconds * times
+        self.seconds_by_kind[kind] += seconds * times
+
+
+class Collectives:
+    """Times collectives on one process group of a cluster, memoised for one cost-model run.
+
+    Args:
+        cluster: an :class:`autopar.hardware.Cluster`.
+        ranks: the representative group (every other group of the same dimension is congruent).
+    """
+
+    def __init__(self, cluster, ranks: tuple[int, ...]):
+        self.cluster = cluster
+        self.ranks = tuple(ranks)
+        self.size = len(self.ranks)
+        self.link = cluster.link_class(self.ranks) if self.size > 1 else "local"
+        self._memo: dict[tuple[str, float], float] = {}
+
+    def time(self, op: str, nbytes: float) -> float:
+        """Seconds for ``op`` on ``nbytes`` (nccl-tests size convention); 0 for one rank."""
+        if self.size <= 1 or nbytes <= 0:
+            return 0.0
+        key = (op, float(nbytes))
+        t = self._memo.get(key)
+        if t is None:
+            t = self.cluster.collective_time(op, nbytes, self.ranks)
+            self._memo[key] = t
+        return t
+
+
+def tp_layer_comm(layer: Layer, group: Collectives, *, micro_batch: int, cp: int,
+                  sequence_parallel: bool) -> tuple[float, float, float, float]:
+    """TP communication of one layer per micro-batch: (fwd_s, bwd_s, fwd_bytes, bwd_bytes).
+
+    Bytes are the unsharded activation sizes (nccl-tests convention) scaled to the micro-batch.
+    """
+    if group.size <= 1:
+        return 0.0, 0.0, 0.0, 0.0
+    scale = micro_batch / cp
+    fwd = bwd = fb = bb = 0.0
+    rows = [r * scale for r in layer.tp_row_outputs]
+    cols = [c * scale for c in layer.tp_column_inputs]
+    vocab_out = layer.kind == "embedding" and any(o.tp_role == "vocab" for o in layer.ops)
+    head_in = layer.kind == "head" and any(o.tp_role == "vocab" for o in layer.ops)
+    if vocab_out:
+        rows.append(layer.output_bytes * scale)
+    if head_in:
+        cols.append(layer.activations.layer_input * scale)
+    if sequence_parallel:
+        for r in rows:  # forward reduce-scatter, backward all-gather
+            fwd += group.time("reduce_scatter", r)
+            bwd += group.time("all_gather", r)
+            fb += r
+            bb += r
+        for c in cols:  # forward all-gather, backward reduce-scatter
+            fwd += group.time("all_gather", c)
+            bwd += group.time("reduce_scatter", c)
+            fb += c
+            bb += c
+    else:
+        for r in rows:
+            fwd += group.time("all_reduce", r)
+            fb += r
+        for c in cols:
+            bwd += group.time("all_reduce", c)
+            bb += c
+    return fwd, bwd, fb, bb
+
+
+def cp_layer_comm(layer: Layer, group: Collectives, *, micro_batch: int, tp: int,
+                  attention_fwd_s: float) -> tuple[float, float, float]:
+    """Exposed ring-attention communication of one block: (fwd_s, bwd_s, bytes per micro-batch).
+
+    Each of cp - 1 steps sends this rank's K and V shard (sequence / cp, kv heads / tp) to its
+    ring neighbour while the attention of the previous shard runs; backward also returns dK, dV.
+    """
+    if group.size <= 1 or layer.attention_heads == 0:
+        return 0.0, 0.0, 0.0
+    attn = [o for o in layer.ops if o.kind == "attention"]
+    cp = group.size
+    q_heads, kv = layer.attention_heads, layer.kv_heads
+    kv_bytes = sum(o.bytes_read for o in attn) * (2 * kv) / (q_heads + 2 * kv)
+    shard = kv_bytes * micro_batch / (cp * tp)
+    step = group.time("send_recv", shard)
+    steps = cp - 1
+    per_step_compute = attention_fwd_s / cp
+    fwd = max(0.0, steps * (step - per_step_compute))
+    bwd = max(0.0, steps * (2 * step - 2.5 * per_step_compute))
+    return fwd, bwd, shard * steps * 3

@@ -1,0 +1,110 @@
+"""Compute time of one layer on one GPU: a roofline per op.
+
+Per op: GEMMs at ``peak * gemm_efficiency(M, K, N)`` on their TP-sharded shape; attention at
+``peak * attention_efficiency`` on the causal work; every other op memory-bound at
+``hbm_bandwidth * hbm_efficiency`` with a launch floor. Backward: GEMMs 2x forward (input and
+weight gradients), attention 2.5x (FlashAttention-2's backward, torch.utils.flop_counter),
+memory-bound ops 2x their bytes. Sharding: ops in the TP region run on 1/tp of their work; ops
+outside it on all of it, or 1/tp with sequence parallelism; context parallelism divides tokens by cp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..graph.kernels import ATTENTION_BACKWARD_RATIO
+from ..graph.types import Layer
+from .params import CostParams
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    """Seconds one layer takes for one micro-batch on one GPU.
+
+    Attributes:
+        fwd_s: forward pass.
+        bwd_s: backward pass (input and weight gradients).
+        attention_fwd_s: forward time of the attention core (what selective recompute repeats).
+        fwd_flops / bwd_flops: FLOPs executed per GPU (after sharding), as counted (non-causal
+            attention), for MFU/HFU.
+    """
+
+    fwd_s: float
+    bwd_s: float
+    attention_fwd_s: float
+    fwd_flops: float
+    bwd_flops: float
+
+    def recompute_s(self, mode: str) -> float:
+        """Extra backward-time seconds a recompute mode costs (the repeated forward)."""
+        if mode == "full":
+            return self.fwd_s
+        if mode == "selective":
+            return self.attention_fwd_s
+        return 0.0
+
+
+def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_parallel: bool,
+               peak_flops: float, hbm_bandwidth: float, params: CostParams) -> LayerTime:
+    """Roofline time of ``layer`` for a micro-batch of ``micro_batch`` sequences.
+
+    Args:
+        layer: measured at the graph's micro-batch size (1 sequence is assumed per unit; sizes
+            scale linearly with ``micro_batch``).
+        micro_batch: sequences per micro-batch, b.
+        tp / cp: tensor- and context-parallel degrees.
+        sequence_parallel: whether TP-replicated ops are sharded over the sequence.
+        peak_flops: dense peak of the compute dtype (FLOP/s).
+        hbm_bandwidth: HBM bandwidth (bytes/s).
+        params: calibration constants.
+
+    Returns:
+        :class:`LayerTime` in seconds and per-GPU FLOPs.
+    """
+    fwd = bwd = attn = 0.0
+    fwd_flops = bwd_flops = 0.0
+    scale = micro_batch / cp
+    for op in layer.ops:
+        if op.kind == "view":
+            continue
+        sharded = op.region == "tp" or op.tp_role in ("column", "row", "vocab") or (
+            sequence_parallel)
+        div = tp if sharded else 1
+        if op.kind == "matmul":
+            flops = op.fwd_flops * scale / div
+            if op.gemm:
+                m, k, n = op.gemm
+                m = m * scale
+                if op.tp_role in ("column", "vocab"):
+                    n = n / tp
+                elif op.tp_role == "row":
+                    k = k / tp
+                eff = params.gemm_efficiency(m, k, n)
+            else:
+                eff = params.matmul_efficiency
+            t = flops / (peak_flops * eff)
+            fwd += t
+            bwd += 2.0 * t
+            fwd_flops += flops
+            bwd_flops += 2.0 * flops
+        elif op.kind == "attention":
+            flops = op.fwd_flops * scale / tp
+            if op.fused:
+                work = params.causal_attention_work if op.causal else 1.0
+                t = flops * work / (peak_flops * params.attention_efficiency)
+                bwd += ATTENTION_BACKWARD_RATIO * t
+            else:  # batched GEMMs plus the s x s scores through HBM, masked work not skipped
+                t = (flops / (peak_flops * params.matmul_efficiency)
+                     + op.bytes_read * scale / tp / (hbm_bandwidth * params.hbm_efficiency))
+                bwd += 2.0 * t
+            fwd += t
+            attn += t
+            fwd_flops += flops
+            bwd_flops += ATTENTION_BACKWARD_RATIO * flops
+        else:
+            nbytes = (op.bytes_read + op.bytes_written) * scale / div
+            t = max(nbytes / (hbm_bandwidth * params.hbm_efficiency), params.kernel_launch_s)
+            fwd += t
+            bwd += 2.0 * t
+    return LayerTime(fwd_s=fwd, bwd_s=bwd, attention_fwd_s=attn, fwd_flops=fwd_flops,
+                     bwd_flops=bwd_flops)

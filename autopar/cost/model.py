@@ -1,0 +1,330 @@
+"""CostModel: one graph, one cluster, one training config -> an Estimate per ParallelConfig.
+
+Step time (Narayanan et al. 2021, section 2.2): with m micro-batches, per-micro-batch stage times
+t_i (forward + backward + recompute + TP/CP communication + pipeline sends) and v virtual stages,
+``T_pipe = m * max_i t_i + (sum_i t_i - max_i t_i) / v``; for uniform stages this is
+``(m + (p - 1) / v) * t``, the 1F1B bubble (p - 1) / (v m) of the ideal time. Then the exposed
+data-parallel communication and the optimizer step are added.
+
+The object caches per-layer results (keyed by layer signature and sharding), so a search calling
+:meth:`CostModel.estimate` thousands of times pays for each distinct layer once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import ParallelConfig, TrainingConfig
+from ..graph.types import ModelGraph
+from . import memory as mem
+from .comm import Collectives, CommLedger, cp_layer_comm, tp_layer_comm
+from .compute import LayerTime, layer_time
+from .params import OPTIMIZER_STATE_BYTES, CostParams
+from .resolve import resolve
+from .stages import chunk_layers
+from .types import Estimate
+
+
+@dataclass(frozen=True)
+class BlockCost:
+    """One layer's cost per micro-batch on one GPU under one recompute mode.
+
+    Times in seconds (fwd_s/bwd_s include TP and CP communication; bwd_s includes recompute),
+    bytes per micro-batch, FLOPs per GPU.
+    """
+
+    fwd_s: float
+    bwd_s: float
+    compute_s: float
+    tp_s: float
+    cp_s: float
+    tp_bytes: float
+    cp_bytes: float
+    recompute_flops: float
+    act_bytes: float
+    transient_bytes: float
+
+
+@dataclass(frozen=True)
+class StageLayout:
+    """What one pipeline rank holds, independent of recompute choices.
+
+    Attributes:
+        layers: graph layer indices on the rank (all its chunks), in model order.
+        flight: micro-batch-chunk units of activations held at the peak divided by the rank's
+            chunk count, i.e. the multiplier of one micro-batch's activations of its layers.
+        p2p_s: pipeline send/recv seconds per micro-batch (forward + backward).
+        p2p_bytes: bytes sent per micro-batch.
+        params: parameter elements on the rank (after TP sharding).
+        states: (weights, gradients, optimizer states) bytes after ZeRO sharding.
+    """
+
+    layers: tuple[int, ...]
+    flight: float
+    p2p_s: float
+    p2p_bytes: float
+    params: float
+    states: tuple[float, float, float]
+
+
+class CostModel:
+    """Estimates training steps of ``graph`` on ``cluster`` under ``train``.
+
+    Args:
+        graph: the extracted model, measured at ``graph.micro_batch_size`` sequences of
+            ``train.seq_len`` tokens.
+        cluster: an :class:`autopar.hardware.Cluster`.
+        train: the training configuration.
+        params: calibration constants (defaults documented in :class:`CostParams`).
+
+    Raises:
+        autopar.errors.InvalidTrainingConfig: the GPU lacks the training precision (e.g. fp8 on
+            A100), raised by the device catalog.
+    """
+
+    def __init__(self, graph: ModelGraph, cluster, train: TrainingConfig,
+                 params: CostParams | None = None):
+        self.graph, self.cluster, self.train = graph, cluster, train
+        self.params = params or CostParams()
+        self.device = cluster.device
+        self.peak = self.device.peak(train.precision)
+        self.blocks = [layer.index for layer in graph.layers if layer.kind == "block"]
+        self._layer_times: dict[tuple, LayerTime] = {}
+        self._groups: dict[tuple, Collectives] = {}
+        self._block_costs: dict[tuple, BlockCost] = {}
+
+    # -- cached pieces -------------------------------------------------------------------------
+    def layer_time(self, index: int, b: int, tp: int, cp: int, sp: bool) -> LayerTime:
+        """Compute time of graph layer ``index`` (cached by signature and sharding)."""
+        layer = self.graph.layers[index]
+        key = (layer.signature, b, tp, cp, sp)
+        t = self._layer_times.get(key)
+        if t is None:
+            t = layer_time(layer, micro_batch=b / self.graph.micro_batch_size, tp=tp, cp=cp,
+                           sequence_parallel=sp, peak_flops=self.peak,
+                           hbm_bandwidth=self.device.hbm_bandwidth_Bps, params=self.params)
+            self._layer_times[key] = t
+        return t
+
+    def group(self, dim: str, c: ParallelConfig) -> Collectives:
+        """The representative process group of mesh dimension ``dim`` (order tp, cp, dp, pp)."""
+        key = (dim, c.tp, c.cp, c.dp, c.pp)
+        g = self._groups.get(key)
+        if g is None:
+            from ..hardware import rank_groups
+
+            if dim == "dp":  # CP ranks hold the same weights: gradients reduce over dp x cp
+                ranks = rank_groups(self.cluster, {"tp": c.tp, "dpcp": c.cp * c.dp,
+                                                   "pp": c.pp})["dpcp"][0]
+            else:
+                ranks = rank_groups(self.cluster, {"tp": c.tp, "cp": c.cp, "dp": c.dp,
+                                                   "pp": c.pp})[dim][0]
+            if dim == "pp":  # a stage boundary: two neighbouring pipeline ranks
+                ranks = ranks[:2]
+            g = Collectives(self.cluster, tuple(ranks))
+            self._groups[key] = g
+        return g
+
+    def block_cost(self, index: int, mode: str, c: ParallelConfig) -> "BlockCost":
+        """Per-micro-batch cost of graph layer ``index`` under recompute ``mode`` and the
+        resolved config ``c`` (cached). Non-block layers ignore ``mode``."""
+        layer = self.graph.layers[index]
+        if layer.kind != "block":
+            mode = "none"
+        key = (layer.signature, mode, c.tp, c.cp, c.dp, c.pp, c.micro_batch_size,
+               c.sequence_parallel)
+        hit = self._block_costs.get(key)
+        if hit is not None:
+            return hit
+        tp, cp, sp = c.tp, c.cp, c.sequence_parallel
+        bscale = c.micro_batch_size / self.graph.micro_batch_size
+        lt = self.layer_time(index, c.micro_batch_size, tp, cp, sp)
+        tf, tb, fb, bb = tp_layer_comm(layer, self.group("tp", c), micro_batch=bscale, cp=cp,
+                                       sequence_parallel=sp)
+        if mode == "full":  # the recomputed forward repeats its collectives
+            tb += tf
+            bb += fb
+        cf, cb, cbytes = cp_layer_comm(layer, self.group("cp", c), micro_batch=bscale, tp=tp,
+                                       attention_fwd_s=lt.attention_fwd_s)
+        rec = lt.recompute_s(mode)
+        rflops = {"full": lt.fwd_flops}.get(mode, 0.0)
+        if mode == "selective":
+            rflops = sum(o.fwd_flops for o in layer.ops if o.kind == "attention") * bscale / (
+                tp * cp)
+        act = mem.block_activation_bytes(layer, mode, micro_batch=bscale, tp=tp, cp=cp,
+                                         sequence_parallel=sp)
+        transient = 0.0 if mode == "none" else mem.block_activation_bytes(
+            layer, "none", micro_batch=bscale, tp=tp, cp=cp, sequence_parallel=sp)
+        bc = BlockCost(fwd_s=lt.fwd_s + tf + cf, bwd_s=lt.bwd_s + rec + tb + cb,
+                       compute_s=lt.fwd_s + lt.bwd_s + rec, tp_s=tf + tb, cp_s=cf + cb,
+                       tp_bytes=fb + bb, cp_bytes=cbytes, recompute_flops=rflops,
+                       act_bytes=act, transient_bytes=transient)
+        self._block_costs[key] = bc
+        return bc
+
+    def stage_layout(self, c: ParallelConfig) -> tuple[StageLayout, ...]:
+        """Per pipeline rank of the resolved config ``c``: its layers, in-flight multiplier,
+        pipeline communication and model states."""
+        g, tp, pp, cp = self.graph, c.tp, c.pp, c.cp
+        m = self.train.global_batch_size // (c.dp * c.micro_batch_size)
+        chunks = chunk_layers(len(g.layers), self.blocks, c.stage_blocks)
+        pp_g = self.group("pp", c)
+        bscale = c.micro_batch_size / g.micro_batch_size
+        out = []
+        for rank in range(pp):
+            mine = [ci for ci in range(len(chunks)) if ci % pp == rank]
+            layers = tuple(i for ci in mine for i in chunks[ci])
+            p2p_s = p2p_bytes = 0.0
+            for ci in mine:
+                if pp > 1 and ci < len(chunks) - 1 and chunks[ci]:
+                    nbytes = (g.layers[chunks[ci][-1]].output_bytes * bscale / cp
+                              / (tp if c.sequence_parallel else 1))
+                    p2p_s += 2 * pp_g.time("send_recv", nbytes)
+                    p2p_bytes += 2 * nbytes
+            kinds = {g.layers[i].kind for i in layers}
+            params = sum(mem.layer_params_per_rank(
+                g.layers[i], tp, count_shared=not (g.layers[i].kind == "head"
+                                                   and "embedding" in kinds)) for i in layers)
+            states = mem.model_state_bytes(params, c.zero_stage, c.dp * c.cp,
+                                           self.train.dtype_bytes,
+                                           self.params.grad_bytes,
+                                           OPTIMIZER_STATE_BYTES[self.train.optimizer])
+            flight = mem.in_flight(c.schedule, rank, pp, m, c.virtual_stages) / max(1, len(mine))
+            out.append(StageLayout(layers, flight, p2p_s, p2p_bytes, params, states))
+        return tuple(out)
+
+    # -- the estimate --------------------------------------------------------------------------
+    def resolve(self, config: ParallelConfig) -> ParallelConfig:
+        """``config`` with every open field chosen by default and checked (see resolve.py)."""
+        return resolve(config, self.graph, self.cluster.world_size, self.train)
+
+    def estimate(self, config: ParallelConfig) -> Estimate:
+        """Predict step time, MFU, memory and communication of one configuration.
+
+        Raises:
+            InvalidParallelConfig: the configuration breaks a rule of the model or cluster.
+        """
+        c = self.resolve(config)
+        g, p, train = self.graph, self.params, self.train
+        tp, cp, pp, dp, b, v = c.tp, c.cp, c.pp, c.dp, c.micro_batch_size, c.virtual_stages
+        sp = c.sequence_parallel
+        m = train.global_batch_size // (dp * b)
+        modes = dict(zip(self.blocks, c.block_recompute(len(self.blocks))))
+        tp_g, cp_g, pp_g, dp_g = (self.group(d, c) for d in ("tp", "cp", "pp", "dp"))
+        ledger = CommLedger()
+
+        layout = self.stage_layout(c)
+        stage_time = [0.0] * pp
+        stage_parts = [dict(compute=0.0, tp_comm=0.0, cp_comm=0.0, pp_comm=0.0) for _ in range(pp)]
+        stage_fwd = [0.0] * pp
+        stage_bwd = [0.0] * pp
+        stage_act = [0.0] * pp
+        stage_transient = [0.0] * pp
+        recompute_flops = 0.0
+        for rank, st in enumerate(layout):
+            for li in st.layers:
+                bc = self.block_cost(li, modes.get(li, "none"), c)
+                parts = stage_parts[rank]
+                parts["compute"] += bc.compute_s
+                parts["tp_comm"] += bc.tp_s
+                parts["cp_comm"] += bc.cp_s
+                stage_fwd[rank] += bc.fwd_s
+                stage_bwd[rank] += bc.bwd_s
+                ledger.add("tp", tp_g.link, bc.tp_bytes, bc.tp_s, times=m)
+                ledger.add("cp", cp_g.link, bc.cp_bytes, bc.cp_s, times=m)
+                recompute_flops += bc.recompute_flops
+                stage_act[rank] += bc.act_bytes
+                stage_transient[rank] = max(stage_transient[rank], bc.transient_bytes)
+            stage_parts[rank]["pp_comm"] += st.p2p_s
+            stage_fwd[rank] += st.p2p_s / 2
+            stage_bwd[rank] += st.p2p_s / 2
+            ledger.add("pp", pp_g.link, st.p2p_bytes, st.p2p_s, times=m)
+            stage_time[rank] = stage_fwd[rank] + stage_bwd[rank]
+        stage_params = [st.params for st in layout]
+
+        # pipeline
+        t_max = max(stage_time)
+        bottleneck = stage_time.index(t_max)
+        t_pipe = m * t_max + (sum(stage_time) - t_max) / v
+        bubble = t_pipe - m * t_max
+
+        # data parallel and optimizer, on the rank with the most parameters
+        psi = max(stage_params)
+        wbytes = train.dtype_bytes
+        dp_exposed = 0.0
+        if dp * cp > 1:
+            fwd1, bwd1 = stage_fwd[bottleneck], stage_bwd[bottleneck]
+            if c.zero_stage == 3:
+                per_mb = (2 * dp_g.time("all_gather", psi * wbytes)
+                          + dp_g.time("reduce_scatter", psi * p.grad_bytes))
+                dp_exposed = m * max(0.0, per_mb - (fwd1 + bwd1))
+                ledger.add("dp", dp_g.link, psi * (2 * wbytes + p.grad_bytes), per_mb, times=m)
+            elif c.zero_stage == 2:
+                # sharded gradients cannot accumulate locally: reduce-scatter every micro-batch,
+                # each hidden behind that micro-batch's backward; parameters gathered once
+                t_rs = dp_g.time("reduce_scatter", psi * p.grad_bytes)
+                t_param = dp_g.time("all_gather", psi * wbytes)
+                dp_exposed = (m * max(0.0, t_rs - p.dp_overlap * bwd1)
+                              + max(0.0, t_param - p.dp_overlap * fwd1))
+                ledger.add("dp", dp_g.link, psi * p.grad_bytes, t_rs, times=m)
+                ledger.add("dp", dp_g.link, psi * wbytes, t_param)
+            else:
+                if c.zero_stage == 0:
+                    t_grad = dp_g.time("all_reduce", psi * p.grad_bytes)
+                    t_param = 0.0
+                else:
+                    t_grad = dp_g.time("reduce_scatter", psi * p.grad_bytes)
+                    t_param = dp_g.time("all_gather", psi * wbytes)
+                dp_exposed = (max(0.0, t_grad - p.dp_overlap * bwd1)
+                              + max(0.0, t_param - p.dp_overlap * fwd1))
+                ledger.add("dp", dp_g.link, psi * (p.grad_bytes + (wbytes if t_param else 0)),
+                           t_grad + t_param)
+        opt_params = psi / (dp * cp if c.zero_stage >= 1 else 1)
+        optimizer_s = opt_params * p.optimizer_bytes_per_param / (
+            self.device.hbm_bandwidth_Bps * p.hbm_efficiency)
+        step = t_pipe + dp_exposed + optimizer_s
+
+        # memory per pipeline rank
+        usable = p.usable_memory(self.device.memory_bytes)
+        reserved = self.device.memory_bytes - usable
+        stage_mem: list[mem.MemoryBreakdown] = []
+        for rank, st in enumerate(layout):
+            w, gr, o = st.states
+            act = stage_act[rank] * st.flight
+            transient = stage_transient[rank]
+            if c.zero_stage == 3:
+                largest = max(mem.layer_params_per_rank(g.layers[i], tp) for i in st.layers)
+                transient += 2 * largest * wbytes
+            stage_mem.append(mem.MemoryBreakdown(w, gr, o, act, transient, reserved))
+        totals = [s.total for s in stage_mem]
+        peak_rank = max(range(pp), key=lambda r: totals[r])
+
+        # FLOPs
+        per_seq = (g.forward_flops + g.backward_flops) / g.micro_batch_size
+        model_flops = per_seq * train.global_batch_size
+        hw_flops = model_flops + recompute_flops * m * dp * tp * cp
+        world = self.cluster.world_size
+        mfu = model_flops / (step * world * self.peak)
+        hfu = hw_flops / (step * world * self.peak)
+        parts = stage_parts[bottleneck]
+        breakdown = {
+            "compute": m * parts["compute"], "tp_comm": m * parts["tp_comm"],
+            "cp_comm": m * parts["cp_comm"], "pp_comm": m * parts["pp_comm"],
+            "bubble": bubble, "dp_comm_exposed": dp_exposed, "optimizer": optimizer_s,
+        }
+        return Estimate(
+            config=c, step_time_s=step, mfu=mfu, hfu=hfu,
+            tokens_per_s=train.tokens_per_step / step,
+            memory_per_gpu_bytes=totals[peak_rank], memory_limit_bytes=self.device.memory_bytes,
+            fits=totals[peak_rank] <= self.device.memory_bytes, num_micro_batches=m,
+            model_flops_per_step=model_flops, time_breakdown=breakdown,
+            memory_breakdown=stage_mem[peak_rank].as_dict(),
+            stage_memory_bytes=tuple(totals), stage_time_s=tuple(stage_time),
+            comm_bytes_by_link={k: v for k, v in sorted(ledger.bytes_by_link.items())
+                                if k != "local"},
+            comm_seconds_by_link={k: v for k, v in sorted(ledger.seconds_by_link.items())
+                                  if k != "local"},
+            peak_stage=peak_rank,
+            group_links={d: grp.link for d, grp in
+                         (("tp", tp_g), ("cp", cp_g), ("pp", pp_g), ("dp", dp_g))},
+        )

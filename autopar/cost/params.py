@@ -1,0 +1,75 @@
+"""Calibration constants of the cost model, in one place, each with its source.
+
+Every factor the cost model applies to a datasheet figure lives here, is documented, and can be
+overridden (``CostParams(matmul_efficiency=0.7)``) for calibration against one's own measurements.
+None is fitted per record of the reference data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """Efficiency factors and fixed overheads.
+
+    Attributes:
+        matmul_efficiency: fraction of dense peak a large GEMM reaches. Source: Azure's A100-80GB
+            FP16 GEMM at 16k^3 = 256.5 TFLOP/s = 82% of 312 (shared/reference/
+            hardware_and_formulas.md, "Measured single-GPU ceilings").
+        matmul_half_size: GEMM dimension (elements) at which a dimension's efficiency factor is
+            one half of the large-size value: f(x) = x / (x + half). Small and skinny GEMMs fill
+            fewer tensor-core tiles; 128 is one CTA tile of cuBLAS's large kernels (assumption, to
+            be calibrated by measurement).
+        attention_efficiency: fraction of dense peak flash attention reaches. Source: Dao 2023
+            (FlashAttention-2), 50-73% of A100 peak forward, lower backward; 0.55 assumed.
+        causal_attention_work: fraction of the counted (non-causal) attention FLOPs a causal
+            kernel executes: 0.5 (the upper triangle is skipped).
+        hbm_efficiency: fraction of HBM bandwidth memory-bound kernels reach. Source: STREAM
+            1.6-1.75 TB/s of 2.039 on A100-80GB (reference file) -> 0.82.
+        kernel_launch_s: floor per memory-bound kernel (launch + tail), 5 us (typical CUDA launch
+            latency; assumption).
+        grad_bytes: bytes per gradient element (2: bf16 gradients and reduction, as NeMo's
+            distributed optimizer does; set 4 for fp32 main grads as Megatron's default DDP).
+        optimizer_bytes_per_param: bytes Adam reads and writes per parameter in its step
+            (fp32 master, m, v read+written, grad read, bf16 copy written: 4*6 + 2 + 2 = 28).
+        dp_overlap: fraction of one micro-batch's backward time that can hide the data-parallel
+            gradient reduction (Megatron-LM --overlap-grad-reduce); 1.0 = all of it.
+        reserved_bytes: memory per GPU not available to the model: CUDA context, cuBLAS workspace
+            and NCCL buffers (assumption: 2e9 bytes).
+        fragmentation: fraction of the remaining memory lost to allocator fragmentation
+            (assumption: 5%).
+    """
+
+    matmul_efficiency: float = 0.82
+    matmul_half_size: float = 128.0
+    attention_efficiency: float = 0.55
+    causal_attention_work: float = 0.5
+    hbm_efficiency: float = 0.82
+    kernel_launch_s: float = 5e-6
+    grad_bytes: int = 2
+    optimizer_bytes_per_param: int = 28
+    dp_overlap: float = 1.0
+    reserved_bytes: float = 2e9
+    fragmentation: float = 0.05
+
+    def gemm_efficiency(self, m: float, k: float, n: float) -> float:
+        """Fraction of peak a GEMM of (m x k) @ (k x n) reaches (dimensionless, in (0, 1))."""
+        h = self.matmul_half_size
+        f = 1.0
+        for x in (m, k, n):
+            f *= x / (x + h) if x > 0 else 0.0
+        # normalise so that a 16k^3 GEMM (the measured ceiling) gets matmul_efficiency
+        ref = (16384 / (16384 + h)) ** 3
+        return self.matmul_efficiency * f / ref
+
+    def usable_memory(self, memory_bytes: float) -> float:
+        """Bytes of a GPU's memory the model may use (after reserve and fragmentation)."""
+        return max(0.0, (memory_bytes - self.reserved_bytes) * (1.0 - self.fragmentation))
+
+
+#: Weights bytes per parameter and optimizer-state bytes K per parameter (Rajbhandari et al.
+#: 2020, ZeRO, section 3.1: mixed-precision Adam keeps fp32 master weights, momentum, variance:
+#: K = 12). SGD with momentum keeps an fp32 master copy and momentum: K = 8.
+OPTIMIZER_STATE_BYTES = {"adam": 12, "adamw": 12, "sgd": 8}

@@ -1,0 +1,74 @@
+"""Fill a ParallelConfig's open fields with defaults and check it against model and cluster.
+
+The rules (each error names the rule and a fix):
+  tp * pp * cp * dp = GPUs; tp divides attention heads and KV heads (Megatron-LM's head split);
+  cp divides the sequence; the global batch is a multiple of dp * micro-batch; pp * v <= blocks;
+  interleaved 1F1B needs the micro-batch count to be a multiple of pp (Megatron-LM).
+"""
+
+from __future__ import annotations
+
+from ..config import ParallelConfig, TrainingConfig
+from ..errors import InvalidParallelConfig
+from ..graph.types import ModelGraph
+from .stages import balanced_stage_blocks
+
+
+def resolve(config: ParallelConfig, graph: ModelGraph, world_size: int,
+            train: TrainingConfig) -> ParallelConfig:
+    """A copy of ``config`` with every ``None`` filled and every rule checked.
+
+    Defaults: dp from the world size; micro-batch from ``train`` or 1; one virtual stage;
+    schedule 1F1B (interleaved when virtual_stages > 1); balanced stage cuts.
+
+    Raises:
+        InvalidParallelConfig: the configuration breaks a rule (message names it and a fix).
+    """
+    c = config
+    mp = c.tp * c.pp * c.cp
+    if world_size % mp:
+        raise InvalidParallelConfig(
+            f"tp*pp*cp = {c.tp}*{c.pp}*{c.cp} = {mp} does not divide the {world_size} GPUs. "
+            f"Fix: choose degrees whose product divides {world_size}.")
+    dp = c.dp if c.dp is not None else world_size // mp
+    if dp * mp != world_size:
+        raise InvalidParallelConfig(
+            f"tp*pp*cp*dp = {c.tp}*{c.pp}*{c.cp}*{dp} = {dp * mp} but the cluster has "
+            f"{world_size} GPUs. Fix: set dp={world_size // mp} or leave dp unset.")
+    heads, kv = graph.attention_heads, graph.kv_heads
+    if heads and (heads % c.tp or kv % c.tp):
+        raise InvalidParallelConfig(
+            f"tp={c.tp} must divide the {heads} attention heads and {kv} KV heads. Fix: use tp in "
+            f"{[t for t in range(1, kv + 1) if heads % t == 0 and kv % t == 0]}.")
+    if train.seq_len % c.cp:
+        raise InvalidParallelConfig(
+            f"cp={c.cp} must divide the sequence length {train.seq_len}. Fix: choose cp that "
+            "divides it.")
+    mbs = c.micro_batch_size or train.micro_batch_size or 1
+    if train.global_batch_size % (dp * mbs):
+        raise InvalidParallelConfig(
+            f"global batch {train.global_batch_size} is not a multiple of dp*micro_batch = "
+            f"{dp}*{mbs} = {dp * mbs}. Fix: make the global batch a multiple of {dp * mbs}, or "
+            "change dp or the micro-batch size.")
+    m = train.global_batch_size // (dp * mbs)
+    v = c.virtual_stages or 1
+    schedule = c.schedule or ("interleaved-1f1b" if v > 1 else "1f1b")
+    if schedule == "interleaved-1f1b" and c.pp == 1:
+        schedule, v = "1f1b", 1
+    blocks = graph.num_blocks
+    if c.pp * v > max(blocks, 1):
+        raise InvalidParallelConfig(
+            f"pp*virtual_stages = {c.pp}*{v} = {c.pp * v} exceeds the model's {blocks} blocks. "
+            f"Fix: use pp*virtual_stages <= {blocks}.")
+    if schedule == "interleaved-1f1b" and v > 1 and m % c.pp:
+        raise InvalidParallelConfig(
+            f"interleaved 1F1B needs the micro-batch count ({m}) to be a multiple of pp={c.pp}. "
+            f"Fix: change the global batch, dp or micro-batch so that it is, or use v=1.")
+    stage_blocks = c.stage_blocks or (balanced_stage_blocks(blocks, c.pp * v) if blocks else (0,))
+    if len(stage_blocks) != c.pp * v:
+        raise InvalidParallelConfig(
+            f"stage_blocks has {len(stage_blocks)} entries; pp*virtual_stages = {c.pp * v}. "
+            "Fix: give one block count per pipeline chunk.")
+    c.block_recompute(blocks)  # checks a per-block tuple's length
+    return c.replace(dp=dp, micro_batch_size=mbs, virtual_stages=v, schedule=schedule,
+                     stage_blocks=tuple(stage_blocks))

@@ -1,0 +1,78 @@
+"""The cost model's answer: :class:`Estimate`, pure data."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..config import ParallelConfig
+
+#: How MFU and HFU count FLOPs. Model FLOPs are those torch's FlopCounterMode counts for one
+#: forward pass of the extracted graph, times 3 for forward + backward (backward measured: 2x for
+#: GEMMs, 2.5x for attention), with attention counted non-causal as Narayanan et al. 2021 eq. 3
+#: and NeMo do; recomputation is excluded from MFU and included in HFU.
+FLOPS_CONVENTION = (
+    "model FLOPs = measured forward + backward FLOPs of the graph (FlopCounterMode), attention "
+    "counted non-causal (as Narayanan et al. 2021 eq. 3); MFU excludes recompute, HFU includes it; "
+    "peak = the GPU's dense peak for the training precision"
+)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Predicted cost of one training step under one :class:`ParallelConfig`.
+
+    Attributes:
+        config: the configuration, every field resolved.
+        step_time_s: seconds per optimizer step.
+        mfu: model FLOPs utilisation in [0, 1] (see :data:`FLOPS_CONVENTION`).
+        hfu: hardware FLOPs utilisation (recompute included).
+        tokens_per_s: training throughput of the whole cluster (tokens/s).
+        memory_per_gpu_bytes: peak bytes on the most loaded GPU (bytes).
+        memory_limit_bytes: the GPU's memory (bytes).
+        fits: ``memory_per_gpu_bytes <= memory_limit_bytes``.
+        num_micro_batches: micro-batches per step per pipeline (gradient accumulation steps).
+        model_flops_per_step: FLOPs of one step (all GPUs), MFU's numerator times step time.
+        time_breakdown: seconds by component: compute, tp_comm, cp_comm, pp_comm, bubble,
+            dp_comm_exposed, optimizer (they add up to step_time_s).
+        memory_breakdown: bytes by component on the peak GPU (see MemoryBreakdown).
+        stage_memory_bytes: peak bytes of each pipeline rank.
+        stage_time_s: seconds per micro-batch (forward + backward) of each pipeline rank.
+        comm_bytes_by_link: bytes one GPU sends per step, by link class (nvlink, infiniband...).
+        comm_seconds_by_link: seconds of communication per step by link class (before overlap).
+        peak_stage: index of the pipeline rank with the most memory.
+        group_links: the bottleneck link class each mesh dimension's groups cross
+            (e.g. {"tp": "nvlink", "dp": "infiniband"}), from the rank placement.
+    """
+
+    config: ParallelConfig
+    step_time_s: float
+    mfu: float
+    hfu: float
+    tokens_per_s: float
+    memory_per_gpu_bytes: float
+    memory_limit_bytes: float
+    fits: bool
+    num_micro_batches: int
+    model_flops_per_step: float
+    time_breakdown: dict
+    memory_breakdown: dict
+    stage_memory_bytes: tuple[float, ...]
+    stage_time_s: tuple[float, ...]
+    comm_bytes_by_link: dict
+    comm_seconds_by_link: dict
+    peak_stage: int = 0
+    group_links: dict = None  # type: ignore[assignment]
+    flops_convention: str = FLOPS_CONVENTION
+
+    @property
+    def seconds_per_billion_tokens(self) -> float:
+        """Wall-clock seconds to train on 1e9 tokens at this throughput."""
+        return 1e9 / self.tokens_per_s if self.tokens_per_s > 0 else float("inf")
+
+    def to_dict(self) -> dict:
+        """Plain-JSON form."""
+        d = asdict(self)
+        d["config"] = self.config.to_dict()
+        d["stage_memory_bytes"] = list(self.stage_memory_bytes)
+        d["stage_time_s"] = list(self.stage_time_s)
+        return d

@@ -1,0 +1,235 @@
+"""Run an fx graph on meta tensors and measure every op: FLOPs, bytes, saved activations.
+
+FLOPs come from ``torch.utils.flop_counter.FlopCounterMode`` around each node (attention by the
+rule in :mod:`autopar.graph.kernels`). Saved activations come from autograd itself:
+``torch.autograd.graph.saved_tensors_hooks`` sees every tensor an op keeps for backward; storages
+are deduplicated (a tensor saved by three linears counts once) and parameters and buffers are not
+activations. Nothing here reads module names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from . import classify
+from .kernels import (ATTENTION_BACKWARD_RATIO, UNFUSED_SCORE_BYTES, FlashAttentionMeta,
+                      FusedNormMeta, sdpa_forward_flops)
+from .types import Op
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    """Tensors inside a (nested) fx value."""
+    out: list[torch.Tensor] = []
+    fx.node.map_aggregate(value, lambda v: out.append(v) if isinstance(v, torch.Tensor) else None)
+    return out
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+@dataclass
+class _Saved:
+    nbytes: int
+    region: str
+    layer: int
+    core_producer: bool
+    savers_core: bool = True
+
+
+@dataclass
+class Recorder:
+    """Mutable state of one extraction: which op runs now, what has been saved and by whom.
+
+    Lives for one call of :func:`autopar.graph.extract`; never shared.
+    """
+
+    flop_counter: FlopCounterMode
+    excluded: set[int]                        # storages of parameters and buffers
+    vocab_size: int | None = None
+    flash: bool = True
+    layer: int = 0
+    op_name: str = ""
+    op_is_core: bool = False
+    op_region: str = "seq"
+    op_kind: str = ""
+    saved: dict[int, _Saved] = field(default_factory=dict)
+    producers: dict[int, tuple[str, bool]] = field(default_factory=dict)  # key -> (region, core)
+    keep_alive: list[torch.Tensor] = field(default_factory=list)
+    seen_params: set[int] = field(default_factory=set)
+    extra_bwd_flops: float = 0.0
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        """saved_tensors_hooks pack hook: attribute a saved storage to the running op."""
+        key = _storage_key(t)
+        if key in self.excluded:
+            return t
+        entry = self.saved.get(key)
+        if entry is None:
+            region, core = self.producers.get(key, (self.op_region, self.op_is_core))
+            nbytes = t.untyped_storage().nbytes()
+            if self.op_kind == "dropout" and key not in self.producers:
+                # a dropout mask: GPU kernels keep it as one byte per element (torch's CPU/meta
+                # kernels use the input dtype); Korthikanti et al. 2022 count 1 byte too
+                nbytes = t.numel()
+            self.saved[key] = _Saved(nbytes, region, self.layer, core, self.op_is_core)
+            self.keep_alive.append(t)
+        else:
+            entry.savers_core = entry.savers_core and self.op_is_core
+        return t
+
+    def produced(self, value, region: str, core: bool) -> None:
+        """Note the region of each tensor an op produced, for the tensors later saved."""
+        for t in _tensors(value):
+            key = _storage_key(t)
+            if key not in self.producers and key not in self.excluded:
+                self.producers[key] = (region, core)
+                self.keep_alive.append(t)
+
+    def new_params(self, params: list[torch.Tensor]) -> int:
+        """Elements of parameters not seen before (tied weights count once)."""
+        n = 0
+        for p in params:
+            if id(p) not in self.seen_params:
+                self.seen_params.add(id(p))
+                n += p.numel()
+        return n
+
+
+class MeasuringInterpreter(fx.Interpreter):
+    """Interprets a traced module on meta tensors, recording one :class:`Op` per node.
+
+    Args:
+        gm: the traced module; its parameters are replaced by ``meta_of`` at every use.
+        meta_of: map from ``id(original tensor)`` to its meta stand-in (shared by tied weights).
+        recorder: the extraction's :class:`Recorder`.
+        regions: initial regions of placeholders (default "seq").
+        block_runner: called for ``call_module`` nodes of block modules: ``(node, module, args)``.
+    """
+
+    def __init__(self, gm: fx.GraphModule, meta_of: dict[int, torch.Tensor], recorder: Recorder,
+                 block_runner=None, is_block=lambda m: False):
+        super().__init__(gm, garbage_collect_values=False)
+        self.meta_of = meta_of
+        self.rec = recorder
+        self.block_runner = block_runner
+        self.is_block = is_block
+        self.region: dict[fx.Node, str] = {}
+        self.ops: list[Op] = []
+        self.op_nodes: list[fx.Node | None] = []
+        self.layer_params: dict[int, torch.Tensor] = {}
+        self.on_block = None
+
+    # -- parameters ----------------------------------------------------------------------------
+    def _meta(self, t):
+        return self.meta_of.get(id(t), t) if isinstance(t, torch.Tensor) else t
+
+    def fetch_attr(self, target: str):
+        value = super().fetch_attr(target)
+        if isinstance(value, nn.Parameter):
+            self.layer_params[id(value)] = value
+        return self._meta(value)
+
+    # -- dispatch ------------------------------------------------------------------------------
+    def call_module(self, target, args, kwargs):
+        module = self.module.get_submodule(target)
+        if self.is_block(module) and self.block_runner is not None:
+            return self.block_runner(self._node, module, args, kwargs)
+        sub = {}
+        for name, t in list(module.named_parameters(remove_duplicate=False)) + list(
+            module.named_buffers(remove_duplicate=False)
+        ):
+            sub[name] = self._meta(t)
+            if isinstance(t, nn.Parameter):
+                self.layer_params[id(t)] = t
+        if classify.is_norm_module(module) and len(args) == 1 and not kwargs:
+            return FusedNormMeta.apply(args[0], sub.get("weight"))
+        return torch.func.functional_call(module, sub, args, kwargs, tie_weights=False)
+
+    def call_function(self, target, args, kwargs):
+        if target is torch.nn.functional.scaled_dot_product_attention:
+            return self._attention(*args, **kwargs)
+        return super().call_function(target, args, kwargs)
+
+    def _attention(self, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                   enable_gqa=False):
+        flops = sdpa_forward_flops(q.shape, k.shape, v.shape)
+        self.rec.extra_bwd_flops += ATTENTION_BACKWARD_RATIO * flops
+        self._attention_flops = flops
+        self._attention_causal = bool(is_causal)
+        self._heads = (q.shape[1], k.shape[1])
+        b, h, s_q, _ = q.shape
+        self._score_bytes = 0 if self.rec.flash else UNFUSED_SCORE_BYTES * b * h * s_q * k.shape[-2]
+        return FlashAttentionMeta.apply(q, k, v, self.rec.flash, dropout_p > 0)
+
+    # -- per node ------------------------------------------------------------------------------
+    def run_node(self, n: fx.Node):
+        self._node = n
+        if n.op in ("placeholder", "output", "get_attr"):
+            result = super().run_node(n)
+            if n.op == "placeholder":
+                self.region[n] = self.region.get(n, "seq")
+            elif n.op == "get_attr":
+                self.region[n] = "const"
+            return result
+        module = self.module.get_submodule(n.target) if n.op == "call_module" else None
+        if module is not None and self.is_block(module):
+            return super().run_node(n)
+        kind = (classify.module_kind(module) if module is not None
+                else classify.function_kind(n.target) if n.op == "call_function"
+                else classify.method_kind(n.target))
+        in_regions = {self.region.get(a) for a in n.all_input_nodes} - {None, "const"}
+        region = "tp" if "tp" in in_regions else "seq"
+        role = ""
+        gemm: tuple[int, ...] = ()
+        if classify.is_linear(kind, n.target, module):
+            out_features = module.out_features if module is not None else None
+            role, region = classify.linear_role(region, out_features or 0, self.rec.vocab_size)
+            if out_features is None:  # F.linear: read the weight's rows
+                weight = n.args[1] if len(n.args) > 1 else n.kwargs.get("weight")
+                role, region = classify.linear_role(
+                    "tp" if "tp" in in_regions else "seq",
+                    self.env[weight].shape[0], self.rec.vocab_size)
+        if kind == "embedding" and self.rec.vocab_size is not None and module is not None \
+                and getattr(module, "num_embeddings", None) == self.rec.vocab_size:
+            role = "vocab"
+        self.region[n] = region
+        self.rec.op_name, self.rec.op_is_core, self.rec.op_region = n.name, kind == "attention", region
+        self.rec.op_kind = kind
+        params_before = set(self.layer_params)
+        flops_before = self.rec.flop_counter.get_total_flops()
+        self._attention_flops = None
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        result = getattr(self, n.op)(n.target, args, kwargs)
+        flops = self.rec.flop_counter.get_total_flops() - flops_before
+        if self._attention_flops is not None:
+            flops = self._attention_flops
+        self.rec.produced(result, region, kind == "attention")
+        new = [self.layer_params[i] for i in set(self.layer_params) - params_before]
+        inputs = _tensors((args, kwargs))
+        if role and kind == "matmul" and inputs:
+            out = _tensors(result)[0]
+            gemm = (inputs[0].numel() // inputs[0].shape[-1], inputs[0].shape[-1], out.shape[-1])
+        self.op_nodes.append(n)
+        self.ops.append(Op(
+            name=n.name, kind=kind, target=classify.target_name(n.target, module),
+            fwd_flops=float(flops),
+            bytes_read=sum(_nbytes(t) for t in inputs) + sum(_nbytes(self._meta(p)) for p in new)
+            + (self._score_bytes if kind == "attention" else 0),
+            bytes_written=0 if kind == "view" else sum(_nbytes(t) for t in _tensors(result)),
+            num_parameters=self.rec.new_params(new), region=region, tp_role=role,
+            causal=kind == "attention" and getattr(self, "_attention_causal", False),
+            gemm=gemm, fused=not (kind == "attention" and not self.rec.flash),
+        ))
+        if kind == "attention":
+            self.heads = self._heads
+        return result

@@ -1,0 +1,243 @@
+"""A GPU cluster: identical nodes of GPUs joined by an intra-node link, nodes joined by NICs.
+
+Build one from a spec string (:meth:`Cluster.from_spec`, grammar in ``spec.py``) or explicitly
+(:meth:`Cluster.custom`). Ask it what a collective over a group of global ranks costs
+(:meth:`Cluster.collective_time`, model in ``collectives.py``, constants in ``comm_params.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Sequence
+
+import networkx as nx
+
+from autopar.errors import InvalidClusterSpec, InvalidParallelConfig
+from autopar.hardware import collectives
+from autopar.hardware.boxes import node_template
+from autopar.hardware.comm_params import DEFAULT_COMM_PARAMS, CommParams
+from autopar.hardware.devices import Device, _plain, get_device
+from autopar.hardware.links import INTRA_KINDS, NETWORK_KINDS, LinkType, get_link
+from autopar.hardware.spec import parse_spec
+from autopar.hardware.topology import build_graph
+
+#: link kind -> the class name ``Cluster.link_class`` reports.
+_LINK_CLASS = {"nvlink": "nvlink", "nvswitch": "nvlink", "pcie": "pcie",
+               "infiniband": "infiniband", "roce": "roce", "ethernet": "ethernet"}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """``num_nodes`` identical nodes of ``gpus_per_node`` GPUs; global rank r lives on node
+    r // gpus_per_node.
+
+    Attributes:
+        num_nodes, gpus_per_node: positive ints.
+        device: the GPU (:class:`Device`).
+        intra_link: the link joining GPUs in a node (kind nvswitch, nvlink or pcie).
+        inter_link: the NIC link joining nodes (kind infiniband, roce or ethernet); None only for a
+            node without compute NICs, which then must be the only node.
+        nics_per_node: compute NICs per node (each at ``inter_link.bandwidth_Bps``).
+        name: label; generated as ``NODESxGPUSxDEVICE+NICSxLINK`` when left empty.
+        comm_params: calibration constants of the collective model.
+
+    Derived data (graph, effective bandwidths) is cached in a private per-object dict.
+
+    Raises:
+        InvalidClusterSpec: on construction, for non-positive counts, a link of the wrong kind, or
+            several nodes without NICs.
+    """
+
+    num_nodes: int
+    gpus_per_node: int
+    device: Device
+    intra_link: LinkType
+    inter_link: LinkType | None
+    nics_per_node: int
+    name: str = ""
+    comm_params: CommParams = DEFAULT_COMM_PARAMS
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        for attr in ("num_nodes", "gpus_per_node"):
+            v = getattr(self, attr)
+            if not isinstance(v, int) or v < 1:
+                raise InvalidClusterSpec(f"Cluster.{attr} must be an int >= 1, got {v!r}")
+        if not isinstance(self.nics_per_node, int) or self.nics_per_node < 0:
+            raise InvalidClusterSpec(f"Cluster.nics_per_node must be an int >= 0, got {self.nics_per_node!r}")
+        if self.intra_link.kind not in INTRA_KINDS:
+            raise InvalidClusterSpec(
+                f"intra-node link {self.intra_link.name!r} is a {self.intra_link.kind} link; "
+                f"use one of kind {list(INTRA_KINDS)}"
+            )
+        if self.inter_link is not None and self.inter_link.kind not in NETWORK_KINDS:
+            raise InvalidClusterSpec(
+                f"inter-node link {self.inter_link.name!r} is a {self.inter_link.kind} link; "
+                f"use one of kind {list(NETWORK_KINDS)}"
+            )
+        if self.num_nodes > 1 and (self.inter_link is None or self.nics_per_node == 0):
+            raise InvalidClusterSpec(
+                f"{self.num_nodes} nodes need an inter-node link and at least one NIC per node; "
+                f"got inter_link={self.inter_link and self.inter_link.name!r}, nics_per_node={self.nics_per_node}"
+            )
+        if not self.name:
+            nic = f"+{self.nics_per_node}x{self.inter_link.name}" if self.inter_link and self.nics_per_node else ""
+            object.__setattr__(self, "name", f"{self.num_nodes}x{self.gpus_per_node}x{self.device.name}{nic}")
+
+    def __reduce__(self):
+        """Pickle as a constructor call (mapping proxies and caches do not pickle)."""
+        return (type(self), tuple(_plain(getattr(self, f.name)) for f in fields(self) if f.init))
+
+    def __repr__(self) -> str:
+        return f"Cluster({self.name!r})"
+
+    # ----------------------------------------------------------------- construction
+    @classmethod
+    def from_spec(cls, spec: str) -> "Cluster":
+        """A cluster from a spec string such as ``"4x8xA100-80GB"``, ``"2048xH100"`` or
+        ``"2x8xA800-80GB+1xeth-25g"`` (case-insensitive; grammar in ``autopar.hardware.spec``).
+
+        Links not in the spec come from the GPU's default node (``boxes.NODE_TEMPLATES``): SXM GPUs
+        get NVSwitch and one NIC per GPU (DGX A100: 8 x ib-hdr; DGX H100/H200 and HGX H800: 8 x
+        ib-ndr; HGX A800: 8 x ib-hdr); PCIe GPUs get PCIe between GPUs and 1 NIC.
+
+        Raises:
+            InvalidClusterSpec: naming the unreadable part and listing the valid names.
+        """
+        p = parse_spec(spec)
+        return cls.custom(p.num_nodes, p.gpus_per_node, p.device, inter=p.nic_link, nics_per_node=p.nics_per_node)
+
+    @classmethod
+    def custom(
+        cls,
+        num_nodes: int,
+        gpus_per_node: int,
+        gpu: str | Device,
+        *,
+        intra: str | LinkType | None = None,
+        inter: str | LinkType | None = None,
+        nics_per_node: int | None = None,
+        name: str = "",
+        comm_params: CommParams = DEFAULT_COMM_PARAMS,
+    ) -> "Cluster":
+        """A cluster built from parts; any of ``intra``, ``inter``, ``nics_per_node`` left as None
+        comes from the GPU's default node. Links are catalog names or :class:`LinkType` objects.
+
+        Raises:
+            InvalidClusterSpec: for an unknown GPU or link name, a hand-built GPU without explicit
+                links, or any constructor check.
+        """
+        device = get_device(gpu)
+        tmpl = node_template(device)
+        if tmpl is None and (intra is None or (inter is None and num_nodes > 1) or nics_per_node is None):
+            raise InvalidClusterSpec(
+                f"GPU {device.name!r} is not in the catalog, so it has no default node; pass intra=, "
+                f"inter= and nics_per_node= explicitly"
+            )
+        intra_link = get_link(intra if intra is not None else tmpl.intra_link)
+        inter_link = get_link(inter) if inter is not None else (get_link(tmpl.nic_link) if tmpl else None)
+        nics = nics_per_node if nics_per_node is not None else (tmpl.nics_per_node if tmpl else 0)
+        return cls(num_nodes, gpus_per_node, device, intra_link, inter_link, nics, name, comm_params)
+
+    # ----------------------------------------------------------------- structure
+    @property
+    def world_size(self) -> int:
+        """Total GPUs: num_nodes x gpus_per_node."""
+        return self.num_nodes * self.gpus_per_node
+
+    def node_of(self, rank: int) -> int:
+        """The node index of global ``rank``."""
+        return rank // self.gpus_per_node
+
+    def graph(self) -> nx.Graph:
+        """The topology graph (frozen, cached; node and edge schema in ``topology.py``)."""
+        if "graph" not in self._cache:
+            self._cache["graph"] = nx.freeze(build_graph(self))
+        return self._cache["graph"]
+
+    def fabric(self) -> collectives.Fabric:
+        """Effective per-GPU bandwidths and alphas the collective model uses (cached).
+
+        intra = intra_link bandwidth x efficiency of its kind. Inter-node, per group member:
+        nics_per_node x NIC bandwidth x efficiency / gpus_per_node (every GPU of the node runs a
+        collective at once and shares the NICs), capped at the GPU's own PCIe rate (GPUDirect RDMA
+        goes through it).
+        """
+        if "fabric" not in self._cache:
+            eff = self.comm_params.efficiency
+            intra = self.intra_link.bandwidth_Bps * eff[self.intra_link.kind]
+            if self.inter_link is not None and self.nics_per_node:
+                share = self.nics_per_node * self.inter_link.bandwidth_Bps * eff[self.inter_link.kind]
+                inter = min(share / self.gpus_per_node, self.device.pcie_bandwidth_Bps)
+                inter_lat = self.inter_link.latency_s
+            else:
+                inter, inter_lat = 0.0, 0.0
+            self._cache["fabric"] = collectives.Fabric(
+                intra, inter, self.intra_link.latency_s, inter_lat, self.comm_params.launch_latency_s
+            )
+        return self._cache["fabric"]
+
+    def _layout(self, ranks: Sequence[int]) -> collectives.GroupLayout:
+        group = tuple(int(r) for r in ranks)
+        if not group:
+            raise InvalidParallelConfig("a process group needs at least one rank; got an empty sequence")
+        bad = [r for r in group if not 0 <= r < self.world_size]
+        if bad:
+            raise InvalidParallelConfig(
+                f"ranks {bad[:8]} are outside cluster {self.name!r} (world size {self.world_size})"
+            )
+        if len(set(group)) != len(group):
+            raise InvalidParallelConfig(f"a process group lists a rank twice: {list(group)[:16]}")
+        return collectives.layout_of(group, self.gpus_per_node)
+
+    # ----------------------------------------------------------------- communication
+    def collective_time(self, op: str, nbytes: float, ranks: Sequence[int], *, algorithm: str = "auto") -> float:
+        """Seconds one ``op`` on ``nbytes`` takes over the group ``ranks`` (global ranks).
+
+        ``op``: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send_recv; ``nbytes``
+        follows nccl-tests (module docstring of ``collectives.py``). ``algorithm="auto"`` returns the
+        fastest of ring / tree / hierarchical (what NCCL's tuner would pick); naming one forces it, as
+        ``NCCL_ALGO`` does. A single rank or zero bytes costs 0 s.
+
+        Raises:
+            InvalidParallelConfig: for an unknown op or algorithm, negative bytes, an empty group,
+                duplicate ranks or ranks outside the cluster.
+        """
+        return collectives.collective_seconds(op, float(nbytes), self._layout(ranks), self.fabric(), algorithm)
+
+    def bus_bandwidth(self, op: str, nbytes: float, ranks: Sequence[int], *, algorithm: str = "auto") -> float:
+        """nccl-tests bus bandwidth in bytes/s: (nbytes / time) x factor, the factor being 2(n-1)/n
+        for all_reduce, (n-1)/n for all_gather, reduce_scatter and all_to_all, 1 for broadcast and
+        send_recv. 0.0 when nothing moves (one rank or zero bytes).
+
+        Raises:
+            InvalidParallelConfig: as :meth:`collective_time`.
+        """
+        seconds = self.collective_time(op, nbytes, ranks, algorithm=algorithm)
+        if seconds == 0.0:
+            return 0.0
+        return float(nbytes) / seconds * collectives.bus_factor(op, len(ranks))
+
+    def algorithm(self, op: str, nbytes: float, ranks: Sequence[int]) -> str:
+        """Name of the algorithm ``collective_time(..., algorithm="auto")`` picks.
+
+        Raises:
+            InvalidParallelConfig: as :meth:`collective_time`.
+        """
+        times = collectives.algorithm_times(op, float(nbytes), self._layout(ranks), self.fabric())
+        return min(times, key=lambda kv: kv[1])[0]
+
+    def link_class(self, ranks: Sequence[int]) -> str:
+        """The slowest link class the group crosses: ``"local"`` for one rank, else ``"nvlink"`` or
+        ``"pcie"`` inside one node, or the NIC kind (``"infiniband"``, ``"roce"``, ``"ethernet"``)
+        across nodes.
+
+        Raises:
+            InvalidParallelConfig: for an empty group, duplicates or ranks outside the cluster.
+        """
+        g = self._layout(ranks)
+        if g.size == 1:
+            return "local"
+        if g.nodes == 1:
+            return _LINK_CLASS[self.intra_link.kind]
+        return _LINK_CLASS[self.inter_link.kind]

@@ -1,0 +1,206 @@
+"""The GPU catalog: one :class:`Device` row per GPU model, each with its source.
+
+Figures are dense (no 2:4 sparsity) datasheet peaks in SI units: FLOP/s, bytes, bytes/s. Datasheets
+are decimal (1 GB = 1e9 bytes, 1 TB/s = 1e12 bytes/s); nothing here is in GiB. BF16/FP8/HBM/NVLink
+figures are the rows of ``shared/reference/hardware_and_formulas.md`` ("Hardware (per GPU)");
+FP32, TF32 and the PCIe generation come from the same NVIDIA datasheets (A100, H100, H800, H200), where
+TF32 is quoted with sparsity and halved here.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Mapping
+
+from autopar.errors import InvalidClusterSpec, InvalidTrainingConfig
+
+#: Precisions a device may list in ``peak_flops``.
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8")
+
+FORM_FACTORS: tuple[str, ...] = ("sxm", "pcie")
+
+_TERA = 1e12
+_GIGA = 1e9
+
+
+def _plain(value):
+    """A picklable copy of a dataclass field value (mapping proxies become dicts)."""
+    return dict(value) if isinstance(value, MappingProxyType) else value
+
+
+@dataclass(frozen=True)
+class Device:
+    """One GPU model.
+
+    Attributes:
+        name: catalog name, e.g. ``"A100-SXM4-80GB"``.
+        peak_flops: dense peak FLOP/s per precision (keys from :data:`PRECISIONS`; ``"fp8"`` only on
+            GPUs with FP8 tensor cores). Read it through :meth:`peak`.
+        memory_bytes: HBM capacity in bytes, decimal as on the datasheet (80 GB = 80e9).
+        hbm_bandwidth_Bps: HBM bandwidth in bytes/s.
+        nvlink_bandwidth_Bps: NVLink bandwidth per GPU per direction in bytes/s (datasheet
+            bidirectional figure / 2); 0 for none. On PCIe cards this is the optional 2-GPU bridge,
+            which the cluster model does not assume.
+        pcie_bandwidth_Bps: host PCIe x16 bandwidth per direction in bytes/s (Gen4 32e9, Gen5 64e9).
+        form_factor: ``"sxm"`` or ``"pcie"``.
+        source: where the figures come from.
+
+    Raises:
+        InvalidClusterSpec: on construction, if a figure is non-positive, a precision key is unknown
+            or the form factor is not one of :data:`FORM_FACTORS`.
+    """
+
+    name: str
+    peak_flops: Mapping[str, float] = field(hash=False)
+    memory_bytes: float
+    hbm_bandwidth_Bps: float
+    nvlink_bandwidth_Bps: float
+    pcie_bandwidth_Bps: float
+    form_factor: str
+    source: str
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.peak_flops) - set(PRECISIONS))
+        if unknown:
+            raise InvalidClusterSpec(
+                f"device {self.name!r}: unknown precision(s) {unknown} in peak_flops; "
+                f"use only {list(PRECISIONS)}"
+            )
+        if any(v <= 0 for v in self.peak_flops.values()) or not self.peak_flops:
+            raise InvalidClusterSpec(f"device {self.name!r}: peak_flops must be non-empty and positive")
+        for attr in ("memory_bytes", "hbm_bandwidth_Bps", "pcie_bandwidth_Bps"):
+            if getattr(self, attr) <= 0:
+                raise InvalidClusterSpec(f"device {self.name!r}: {attr} must be > 0")
+        if self.nvlink_bandwidth_Bps < 0:
+            raise InvalidClusterSpec(f"device {self.name!r}: nvlink_bandwidth_Bps must be >= 0")
+        if self.form_factor not in FORM_FACTORS:
+            raise InvalidClusterSpec(
+                f"device {self.name!r}: form_factor {self.form_factor!r} is not one of {list(FORM_FACTORS)}"
+            )
+        object.__setattr__(self, "peak_flops", MappingProxyType(dict(self.peak_flops)))
+
+    def __reduce__(self):
+        """Pickle as a constructor call (mapping proxies and caches do not pickle)."""
+        return (type(self), tuple(_plain(getattr(self, f.name)) for f in fields(self) if f.init))
+
+    def peak(self, dtype: str) -> float:
+        """Dense peak throughput in FLOP/s for ``dtype`` (``"fp32"``, ``"tf32"``, ``"fp16"``, ``"bf16"``, ``"fp8"``).
+
+        Raises:
+            InvalidTrainingConfig: if ``dtype`` is not a known precision, or this GPU has no tensor-core
+                support for it (e.g. ``"fp8"`` on an A100); the message lists what the GPU supports.
+        """
+        key = dtype.lower()
+        if key not in PRECISIONS:
+            raise InvalidTrainingConfig(
+                f"unknown precision {dtype!r}; use one of {list(PRECISIONS)}"
+            )
+        if key not in self.peak_flops:
+            raise InvalidTrainingConfig(
+                f"{self.name} does not support {key} (it supports {list(self.peak_flops)}); "
+                f"pick one of those precisions or a GPU that has {key}"
+            )
+        return self.peak_flops[key]
+
+
+_A100_FLOPS = {"fp32": 19.5 * _TERA, "tf32": 156 * _TERA, "fp16": 312 * _TERA, "bf16": 312 * _TERA}
+_H100_SXM_FLOPS = {
+    "fp32": 67 * _TERA, "tf32": 494.5 * _TERA, "fp16": 989 * _TERA, "bf16": 989 * _TERA, "fp8": 1979 * _TERA,
+}
+_H100_PCIE_FLOPS = {
+    "fp32": 51 * _TERA, "tf32": 378 * _TERA, "fp16": 756 * _TERA, "bf16": 756 * _TERA, "fp8": 1513 * _TERA,
+}
+_REF = "shared/reference/hardware_and_formulas.md, Hardware table"
+
+
+def _row(name, flops, mem_gb, hbm_gbps, nvlink_bidir_gbps, pcie_gbps, form, source) -> Device:
+    """A Device from datasheet units: GB, GB/s (HBM), GB/s bidirectional (NVLink), GB/s (PCIe)."""
+    return Device(
+        name=name,
+        peak_flops=flops,
+        memory_bytes=mem_gb * _GIGA,
+        hbm_bandwidth_Bps=hbm_gbps * _GIGA,
+        nvlink_bandwidth_Bps=nvlink_bidir_gbps * _GIGA / 2,
+        pcie_bandwidth_Bps=pcie_gbps * _GIGA,
+        form_factor=form,
+        source=source,
+    )
+
+
+#: Canonical name -> Device. NVLink is given bidirectional in the rows below and halved by ``_row``.
+DEVICES: Mapping[str, Device] = MappingProxyType({d.name: d for d in (
+    _row("A100-SXM4-40GB", _A100_FLOPS, 40, 1555, 600, 32, "sxm",
+         f"{_REF} (A100 SXM 40GB); NVIDIA A100 datasheet (FP32/TF32, PCIe Gen4)"),
+    _row("A100-SXM4-80GB", _A100_FLOPS, 80, 2039, 600, 32, "sxm",
+         f"{_REF} (A100 SXM 80GB); NVIDIA A100 datasheet (FP32/TF32, PCIe Gen4)"),
+    _row("A100-PCIe-40GB", _A100_FLOPS, 40, 1555, 600, 32, "pcie",
+         f"{_REF} (A100 PCIe 40GB, NVLink = 2-GPU bridge); NVIDIA A100 datasheet"),
+    _row("A100-PCIe-80GB", _A100_FLOPS, 80, 1935, 600, 32, "pcie",
+         f"{_REF} (A100 PCIe 80GB, NVLink = 2-GPU bridge); NVIDIA A100 datasheet"),
+    _row("A800-SXM4-80GB", _A100_FLOPS, 80, 2039, 400, 32, "sxm",
+         f"{_REF} (A800 SXM 80GB: NVLink 400 GB/s bidirectional); compute as A100"),
+    _row("H100-SXM5-80GB", _H100_SXM_FLOPS, 80, 3350, 900, 64, "sxm",
+         f"{_REF} (H100 SXM5); NVIDIA H100 datasheet (FP32 67 TF, TF32 989/2, PCIe Gen5)"),
+    _row("H100-PCIe-80GB", _H100_PCIE_FLOPS, 80, 2000, 600, 64, "pcie",
+         f"{_REF} (H100 PCIe, NVLink = bridge); NVIDIA H100 datasheet (FP32 51 TF, TF32 756/2)"),
+    _row("H800-SXM5-80GB", _H100_SXM_FLOPS, 80, 3350, 400, 64, "sxm",
+         f"{_REF} (H800 SXM5: NVLink 400 GB/s bidirectional); compute as H100 SXM5"),
+    _row("H200-SXM-141GB", _H100_SXM_FLOPS, 141, 4800, 900, 64, "sxm",
+         f"{_REF} (H200 SXM: 141 GB HBM3e, 4.8 TB/s); compute as H100 SXM5 (NVIDIA H200 datasheet)"),
+)})
+
+#: Lower-case alias -> canonical name. Canonical names match case-insensitively as well.
+ALIASES: Mapping[str, str] = MappingProxyType({
+    "a100": "A100-SXM4-80GB",
+    "a100-80gb": "A100-SXM4-80GB",
+    "a100-sxm": "A100-SXM4-80GB",
+    "a100-40gb": "A100-SXM4-40GB",
+    "a100-pcie": "A100-PCIe-80GB",
+    "a800": "A800-SXM4-80GB",
+    "a800-80gb": "A800-SXM4-80GB",
+    "h100": "H100-SXM5-80GB",
+    "h100-80gb": "H100-SXM5-80GB",
+    "h100-sxm": "H100-SXM5-80GB",
+    "h100-pcie": "H100-PCIe-80GB",
+    "h800": "H800-SXM5-80GB",
+    "h800-80gb": "H800-SXM5-80GB",
+    "h200": "H200-SXM-141GB",
+    "h200-141gb": "H200-SXM-141GB",
+})
+
+_LOOKUP: Mapping[str, str] = MappingProxyType(
+    {**{n.lower(): n for n in DEVICES}, **ALIASES}
+)
+
+
+def list_devices() -> tuple[str, ...]:
+    """Canonical names of every GPU in the catalog, in catalog order."""
+    return tuple(DEVICES)
+
+
+def valid_device_names() -> tuple[str, ...]:
+    """Every accepted GPU name: canonical names, then aliases (lower case)."""
+    return tuple(DEVICES) + tuple(ALIASES)
+
+
+def get_device(name: str | Device) -> Device:
+    """The catalog :class:`Device` for ``name`` (canonical name or alias, case-insensitive).
+
+    A :class:`Device` passed in is returned unchanged.
+
+    Raises:
+        InvalidClusterSpec: if the name is unknown; the message lists the valid names and the
+            closest match.
+    """
+    if isinstance(name, Device):
+        return name
+    key = str(name).strip().lower()
+    if key in _LOOKUP:
+        return DEVICES[_LOOKUP[key]]
+    close = difflib.get_close_matches(key, list(_LOOKUP), n=1, cutoff=0.5)
+    hint = f" Did you mean {_LOOKUP[close[0]]!r} ({close[0]!r})?" if close else ""
+    raise InvalidClusterSpec(
+        f"unknown GPU {name!r}.{hint} Valid names (case-insensitive): {', '.join(valid_device_names())}"
+    )

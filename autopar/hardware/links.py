@@ -1,0 +1,109 @@
+"""The link catalog: one :class:`LinkType` row per interconnect, each with its source.
+
+Bandwidths are per direction, in bytes/s, decimal (25 GB/s = 25e9). For NVLink rows the figure is the
+per-GPU aggregate into the NVSwitch fabric. Network rows are per NIC port. Latencies are per-hop alphas
+in seconds; they are modelling assumptions anchored on NCCL's own tuning model
+(``NVIDIA/nccl src/graph/tuning.cc``, ``hwLat``: NVLink 0.47 / 1.9 / 3.4 us, PCI 1.0 / 2.5 / 5.7 us,
+network 2.7-5.0 / 4.0-8.5 / 9.6-50 us for the LL / LL128 / Simple protocols), not measurements of ours.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
+
+from autopar.errors import InvalidClusterSpec
+
+#: Link kinds. ``nvlink`` is a point-to-point bridge, ``nvswitch`` an all-to-all NVLink fabric.
+LINK_KINDS: tuple[str, ...] = ("nvlink", "nvswitch", "pcie", "infiniband", "roce", "ethernet")
+#: Kinds that can join GPUs inside one node.
+INTRA_KINDS: tuple[str, ...] = ("nvlink", "nvswitch", "pcie")
+#: Kinds that can join nodes.
+NETWORK_KINDS: tuple[str, ...] = ("infiniband", "roce", "ethernet")
+
+_GIGA = 1e9
+
+
+@dataclass(frozen=True)
+class LinkType:
+    """One kind of interconnect.
+
+    Attributes:
+        name: catalog name, e.g. ``"ib-hdr"``.
+        kind: one of :data:`LINK_KINDS`.
+        bandwidth_Bps: bytes/s per direction (per GPU for NVLink fabrics, per port for NICs).
+        latency_s: per-hop latency (alpha) in seconds, software included.
+        source: where the figures come from.
+
+    Raises:
+        InvalidClusterSpec: on construction, if the kind is unknown or a figure is not positive
+            (latency may be 0).
+    """
+
+    name: str
+    kind: str
+    bandwidth_Bps: float
+    latency_s: float
+    source: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in LINK_KINDS:
+            raise InvalidClusterSpec(f"link {self.name!r}: kind {self.kind!r} is not one of {list(LINK_KINDS)}")
+        if not self.bandwidth_Bps > 0:
+            raise InvalidClusterSpec(f"link {self.name!r}: bandwidth_Bps must be > 0, got {self.bandwidth_Bps}")
+        if self.latency_s < 0:
+            raise InvalidClusterSpec(f"link {self.name!r}: latency_s must be >= 0, got {self.latency_s}")
+
+
+_REF = "shared/reference/hardware_and_formulas.md"
+_NV_LAT = ("1 us: assumption between NCCL tuning.cc hwLat NVLink LL (0.47 us) and LL128 (1.9 us)")
+_PCI_LAT = "1 us: NCCL tuning.cc hwLat PCI LL (1.0 us); assumption"
+_IB_LAT = "5 us: NCCL tuning.cc hwLat NET tree LL (5.0 us); assumption"
+_ROCE_LAT = "6 us: assumption, IB alpha plus ~1 us for lossless-Ethernet switching"
+_ETH_LAT = "30 us: assumption for NCCL's TCP socket transport (kernel network stack), 20-50 us typical"
+
+#: Catalog name -> LinkType.
+LINKS: Mapping[str, LinkType] = MappingProxyType({l.name: l for l in (
+    LinkType("nvlink3", "nvswitch", 300 * _GIGA, 1.0e-6,
+             f"{_REF}: A100 NVLink 600 GB/s bidir (12 x 25 GB/s per direction); {_NV_LAT}"),
+    LinkType("nvlink3-a800", "nvswitch", 200 * _GIGA, 1.0e-6,
+             f"{_REF}: A800 NVLink 400 GB/s bidir; {_NV_LAT}"),
+    LinkType("nvlink4", "nvswitch", 450 * _GIGA, 1.0e-6,
+             f"{_REF}: H100/H200 NVLink 900 GB/s bidir (18 x 25 GB/s per direction); {_NV_LAT}"),
+    LinkType("nvlink4-h800", "nvswitch", 200 * _GIGA, 1.0e-6,
+             f"{_REF}: H800 NVLink 400 GB/s bidir; {_NV_LAT}"),
+    LinkType("pcie-gen3", "pcie", 16 * _GIGA, 1.0e-6,
+             f"PCIe 3.0 x16 ~15.75 GB/s per direction (PCI-SIG), rounded as the reference rounds Gen4/5; {_PCI_LAT}"),
+    LinkType("pcie-gen4", "pcie", 32 * _GIGA, 1.0e-6, f"{_REF}: PCIe Gen4 x16 ~32 GB/s per direction; {_PCI_LAT}"),
+    LinkType("pcie-gen5", "pcie", 64 * _GIGA, 1.0e-6, f"{_REF}: PCIe Gen5 x16 ~64 GB/s per direction; {_PCI_LAT}"),
+    LinkType("ib-hdr", "infiniband", 25 * _GIGA, 5.0e-6, f"{_REF}: IB HDR 25 GB/s per port per direction; {_IB_LAT}"),
+    LinkType("ib-ndr", "infiniband", 50 * _GIGA, 5.0e-6, f"{_REF}: IB NDR 50 GB/s per port; {_IB_LAT}"),
+    LinkType("roce-100g", "roce", 12.5 * _GIGA, 6.0e-6, f"100 Gb/s line rate = 12.5 GB/s; {_ROCE_LAT}"),
+    LinkType("roce-200g", "roce", 25 * _GIGA, 6.0e-6, f"200 Gb/s line rate = 25 GB/s; {_ROCE_LAT}"),
+    LinkType("roce-400g", "roce", 50 * _GIGA, 6.0e-6, f"400 Gb/s line rate = 50 GB/s; {_ROCE_LAT}"),
+    LinkType("eth-25g", "ethernet", 3.125 * _GIGA, 30.0e-6, f"25 Gb/s line rate = 3.125 GB/s; {_ETH_LAT}"),
+    LinkType("eth-100g", "ethernet", 12.5 * _GIGA, 30.0e-6, f"100 Gb/s line rate = 12.5 GB/s; {_ETH_LAT}"),
+)})
+
+
+def list_links() -> tuple[str, ...]:
+    """Names of every link in the catalog, in catalog order."""
+    return tuple(LINKS)
+
+
+def get_link(name: str | LinkType) -> LinkType:
+    """The catalog :class:`LinkType` named ``name`` (case-insensitive); a LinkType is returned as is.
+
+    Raises:
+        InvalidClusterSpec: if the name is unknown; the message lists the valid names and the closest.
+    """
+    if isinstance(name, LinkType):
+        return name
+    key = str(name).strip().lower()
+    if key in LINKS:
+        return LINKS[key]
+    close = difflib.get_close_matches(key, list(LINKS), n=1, cutoff=0.5)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise InvalidClusterSpec(f"unknown link {name!r}.{hint} Valid links: {', '.join(LINKS)}")

@@ -1,0 +1,91 @@
+"""Parse cluster spec strings.
+
+Grammar (case-insensitive, spaces ignored)::
+
+    spec  := NODES "x" GPUS "x" GPU [ "+" NICS "x" LINK ]
+           | TOTAL "x" GPU [ "+" NICS "x" LINK ]        # TOTAL GPUs, 8 per node; TOTAL = 8k (8 = one node)
+
+e.g. ``4x8xA100-80GB``, ``2048xH100``, ``8x8xH100+8xroce-400g``, ``2x8xA800-80GB+1xeth-25g``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from autopar.errors import InvalidClusterSpec
+from autopar.hardware.devices import Device, get_device, valid_device_names
+from autopar.hardware.links import LinkType, get_link, list_links
+
+#: GPUs per node assumed by the ``TOTALxGPU`` form (DGX/HGX boards carry 8).
+DEFAULT_GPUS_PER_NODE = 8
+
+_GRAMMAR = "NODESxGPUSxGPU[+NICSxLINK] or TOTALxGPU[+NICSxLINK], e.g. '4x8xA100-80GB+4xib-hdr' or '2048xH100'"
+_MAIN = re.compile(r"^(\d+)x(?:(\d+)x)?([a-z][a-z0-9\-]*)$")
+_NIC = re.compile(r"^(\d+)x([a-z][a-z0-9\-]*)$")
+
+
+@dataclass(frozen=True)
+class ParsedSpec:
+    """What a spec string says; links not given are None (the node template decides)."""
+
+    num_nodes: int
+    gpus_per_node: int
+    device: Device
+    nics_per_node: int | None
+    nic_link: LinkType | None
+
+
+def _positive(value: str, what: str, spec: str) -> int:
+    n = int(value)
+    if n <= 0:
+        raise InvalidClusterSpec(f"cluster spec {spec!r}: {what} must be >= 1, got {n}")
+    return n
+
+
+def parse_spec(spec: str) -> ParsedSpec:
+    """Read a cluster spec string (grammar in the module docstring).
+
+    Raises:
+        InvalidClusterSpec: naming the part that could not be read (the node/GPU part, the GPU name,
+            the NIC part or the link name), with the valid GPU or link names.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise InvalidClusterSpec(f"cluster spec must be a non-empty string like {_GRAMMAR}; got {spec!r}")
+    text = re.sub(r"\s+", "", spec).lower()
+    main, plus, nic_part = text.partition("+")
+    m = _MAIN.match(main)
+    if not m:
+        raise InvalidClusterSpec(
+            f"cannot read {main!r} in cluster spec {spec!r}: expected {_GRAMMAR}. "
+            f"Valid GPUs: {', '.join(valid_device_names())}"
+        )
+    first, second, gpu_name = m.groups()
+    try:
+        device = get_device(gpu_name)
+    except InvalidClusterSpec as err:
+        raise InvalidClusterSpec(f"cluster spec {spec!r}: GPU part {gpu_name!r}: {err}") from None
+    if second is not None:
+        num_nodes = _positive(first, "the node count", spec)
+        gpus_per_node = _positive(second, "GPUs per node", spec)
+    else:
+        total = _positive(first, "the GPU count", spec)
+        if total % DEFAULT_GPUS_PER_NODE:
+            raise InvalidClusterSpec(
+                f"cluster spec {spec!r}: GPU count {total} in {main!r} is not a multiple of "
+                f"{DEFAULT_GPUS_PER_NODE}; write NODESxGPUSxGPU instead, e.g. '1x{total}x{gpu_name}'"
+            )
+        num_nodes, gpus_per_node = total // DEFAULT_GPUS_PER_NODE, DEFAULT_GPUS_PER_NODE
+    if not plus:
+        return ParsedSpec(num_nodes, gpus_per_node, device, None, None)
+    n = _NIC.match(nic_part)
+    if not n:
+        raise InvalidClusterSpec(
+            f"cannot read the NIC part {nic_part!r} of cluster spec {spec!r}: expected NICSxLINK, "
+            f"e.g. '8xib-ndr'. Valid links: {', '.join(list_links())}"
+        )
+    try:
+        link = get_link(n.group(2))
+    except InvalidClusterSpec as err:
+        raise InvalidClusterSpec(f"cluster spec {spec!r}: NIC part {nic_part!r}: {err}") from None
+    return ParsedSpec(num_nodes, gpus_per_node, device, _positive(n.group(1), "the NIC count", spec), link)

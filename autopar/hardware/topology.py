@@ -1,0 +1,77 @@
+"""The cluster as a networkx graph: GPUs, their node fabric, NICs on rails, and the network switch.
+
+Node keys (tuples) and their ``type`` attribute:
+
+* ``("gpu", rank)`` - type ``"gpu"``, attributes ``node``, ``local_rank``.
+* ``("nvswitch", node)`` - one per node when the intra link is an NVSwitch fabric.
+* ``("pcie_switch", node, i)`` - one per two GPUs (DGX/HGX boards pair two GPUs and their NICs on one
+  PCIe switch; assumed for PCIe boxes as well). GPUs always hang off one, NICs too.
+* ``("host", node)`` - the CPU root complex; in PCIe boxes peer traffic crosses it.
+* ``("nic", node, j)`` - type ``"nic"``, attribute ``rail`` = j; NIC j serves local GPUs
+  ``local * nics // gpus_per_node == j`` (rail-optimised wiring).
+* ``("net_switch",)`` - one logical network switch all NICs plug into (multi-tier fabrics flattened).
+
+Every edge has ``link`` (catalog name), ``kind``, ``bandwidth_Bps`` (per direction) and ``latency_s``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import networkx as nx
+
+from autopar.hardware.links import LINKS, LinkType
+
+if TYPE_CHECKING:
+    from autopar.hardware.cluster import Cluster
+
+#: GPUs sharing one PCIe switch (DGX A100 / DGX H100 board layout; assumption for other boxes).
+GPUS_PER_PCIE_SWITCH = 2
+
+
+def _edge(link) -> dict:
+    return {"link": link.name, "kind": link.kind, "bandwidth_Bps": link.bandwidth_Bps, "latency_s": link.latency_s}
+
+
+def pcie_switch_of(local_rank: int) -> int:
+    """Index of the PCIe switch a GPU with this local rank hangs off."""
+    return local_rank // GPUS_PER_PCIE_SWITCH
+
+
+def build_graph(cluster: "Cluster") -> nx.Graph:
+    """A new (mutable) graph of ``cluster``'s topology; ``Cluster.graph()`` caches a frozen copy.
+
+    PCIe edges use the device's own PCIe rate (a ``pcie-genN`` row chosen by bandwidth when one
+    matches, else a synthetic ``pcie`` link).
+    """
+    g = nx.Graph(name=cluster.name)
+    gpn = cluster.gpus_per_node
+    pcie = next((l for l in LINKS.values() if l.kind == "pcie" and l.bandwidth_Bps == cluster.device.pcie_bandwidth_Bps),
+                None) or LinkType("pcie", "pcie", cluster.device.pcie_bandwidth_Bps, 1e-6, "device PCIe rate")
+    n_switches = max(1, -(-gpn // GPUS_PER_PCIE_SWITCH))
+    if cluster.inter_link is not None and cluster.nics_per_node:
+        g.add_node(("net_switch",), type="net_switch")
+    for node in range(cluster.num_nodes):
+        g.add_node(("host", node), type="host", node=node)
+        for s in range(n_switches):
+            g.add_node(("pcie_switch", node, s), type="pcie_switch", node=node)
+            g.add_edge(("pcie_switch", node, s), ("host", node), **_edge(pcie))
+        fabric = cluster.intra_link.kind in ("nvswitch", "nvlink")
+        if fabric:
+            g.add_node(("nvswitch", node), type="nvswitch", node=node)
+        for local in range(gpn):
+            gpu = ("gpu", node * gpn + local)
+            g.add_node(gpu, type="gpu", node=node, local_rank=local)
+            g.add_edge(gpu, ("pcie_switch", node, pcie_switch_of(local)), **_edge(pcie))
+            if fabric:
+                g.add_edge(gpu, ("nvswitch", node), **_edge(cluster.intra_link))
+        if cluster.inter_link is None:
+            continue
+        for j in range(cluster.nics_per_node):
+            nic = ("nic", node, j)
+            rail_gpus = [l for l in range(gpn) if l * cluster.nics_per_node // gpn == j]
+            g.add_node(nic, type="nic", node=node, rail=j, gpus=tuple(node * gpn + l for l in rail_gpus))
+            first = rail_gpus[0] if rail_gpus else j % gpn
+            g.add_edge(nic, ("pcie_switch", node, pcie_switch_of(first)), **_edge(pcie))
+            g.add_edge(nic, ("net_switch",), **_edge(cluster.inter_link))
+    return g

@@ -1,0 +1,122 @@
+"""Named model presets with their published hyperparameters, and :func:`get_config`."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from autopar.errors import InvalidModelConfig
+from autopar.models.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named :class:`ModelConfig` and where its numbers come from (``source``: paper, table)."""
+
+    config: ModelConfig
+    source: str
+
+
+_NARAYANAN = "Narayanan et al. 2021 (arXiv 2104.04473), Table 1; vocab 51200 and seq 2048 as there"
+_LLAMA2 = "Touvron et al. 2023, Llama 2 (arXiv 2307.09288), Table 1 and the released params.json"
+_LLAMA3 = "Dubey et al. 2024, The Llama 3 Herd of Models (arXiv 2407.21783), Table 3"
+
+
+def _gpt(name: str, layers: int, hidden: int, heads: int) -> ModelConfig:
+    # Megatron pads GPT-2's 50257-token vocabulary to 51200; ffn 4h and tied embeddings are
+    # Megatron GPT defaults.
+    return ModelConfig(name=name, family="gpt", num_layers=layers, hidden_size=hidden,
+                       num_heads=heads, vocab_size=51200, seq_len=2048,
+                       ffn_hidden_size=4 * hidden, tied_embeddings=True)
+
+
+def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int,
+           seq: int, theta: float) -> ModelConfig:
+    return ModelConfig(name=name, family="llama", num_layers=layers, hidden_size=hidden,
+                       num_heads=heads, num_kv_heads=kv, ffn_hidden_size=ffn, vocab_size=vocab,
+                       seq_len=seq, tied_embeddings=False, rope_theta=theta)
+
+
+# (layers, hidden, heads) from Narayanan et al. 2021 Table 1, the same numbers as the
+# megatron-ptdp-* records of published_plans.json.
+_NARAYANAN_SIZES = {
+    "gpt-1.7b": (24, 2304, 24),
+    "gpt-3.6b": (30, 3072, 32),
+    "gpt-7.5b": (36, 4096, 32),
+    "gpt-18.4b": (40, 6144, 48),
+    "gpt-39.1b": (48, 8192, 64),
+    "gpt-76.1b": (60, 10240, 80),
+    "gpt-145.6b": (80, 12288, 96),
+    "gpt-310.1b": (96, 16384, 128),
+    "gpt-529.6b": (105, 20480, 128),
+    "gpt-1008b": (128, 25600, 160),
+}
+
+
+def _build_presets() -> dict[str, Preset]:
+    presets = {
+        "gpt3-175b": Preset(_gpt("gpt3-175b", 96, 12288, 96),
+                            "Brown et al. 2020 (arXiv 2005.14165), Table 2.1; vocab 51200 and "
+                            "seq 2048 as in Narayanan et al. 2021 (arXiv 2104.04473)"),
+    }
+    for name, (layers, hidden, heads) in _NARAYANAN_SIZES.items():
+        presets[name] = Preset(_gpt(name, layers, hidden, heads), _NARAYANAN)
+    llamas = [
+        ("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096, 10000.0, _LLAMA2),
+        ("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096, 10000.0, _LLAMA2),
+        ("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096, 10000.0, _LLAMA2),
+        ("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.0, _LLAMA3),
+        ("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 500000.0, _LLAMA3),
+        ("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192, 500000.0, _LLAMA3),
+    ]
+    for name, *shape, source in llamas:
+        presets[name] = Preset(_llama(name, *shape), source)
+    # Tiny models for fast CPU tests; made up, not published.
+    presets["tiny-gpt"] = Preset(
+        ModelConfig(name="tiny-gpt", family="gpt", num_layers=4, hidden_size=64, num_heads=4,
+                    ffn_hidden_size=128, vocab_size=256, seq_len=32),
+        "autopar test model (not published)")
+    presets["tiny-llama"] = Preset(
+        ModelConfig(name="tiny-llama", family="llama", num_layers=4, hidden_size=64, num_heads=4,
+                    num_kv_heads=2, ffn_hidden_size=176, vocab_size=256, seq_len=32),
+        "autopar test model (not published)")
+    return presets
+
+
+#: Every preset by lower-case name (read-only).
+PRESETS: Mapping[str, Preset] = MappingProxyType(_build_presets())
+
+
+def list_presets() -> list[str]:
+    """Names of all presets, in definition order (lower case; lookups ignore case)."""
+    return list(PRESETS)
+
+
+def get_config(spec: str | Mapping[str, Any] | ModelConfig) -> ModelConfig:
+    """Resolve a preset name, a published-plans-style model dict, or a config to a ModelConfig.
+
+    Names are case-insensitive. A ModelConfig is returned unchanged; a dict goes through
+    :meth:`ModelConfig.from_dict`.
+
+    Raises:
+        InvalidModelConfig: unknown preset name (message lists the valid names and the closest
+            match), an invalid dict, or a value of another type.
+    """
+    if isinstance(spec, ModelConfig):
+        return spec
+    if isinstance(spec, Mapping):
+        return ModelConfig.from_dict(spec)
+    if isinstance(spec, str):
+        key = spec.strip().lower()
+        if key in PRESETS:
+            return PRESETS[key].config
+        close = difflib.get_close_matches(key, list(PRESETS), n=1, cutoff=0.4)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise InvalidModelConfig(f"unknown model preset {spec!r}.{hint} Valid presets: "
+                                 f"{', '.join(PRESETS)}; or pass a model dict with family, "
+                                 "num_layers, hidden_size, num_heads, vocab_size, seq_len.")
+    raise InvalidModelConfig(f"a model must be a preset name, a model dict or a ModelConfig, got "
+                             f"{type(spec).__name__}; fix: pass e.g. 'llama3-8b'")

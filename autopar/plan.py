@@ -1,0 +1,158 @@
+"""The plan: the chosen ParallelConfig, its Estimate, what it was searched for; versioned JSON.
+
+A plan file is plain JSON (``format: "autopar-plan"``, ``version``); loading it builds dataclasses
+from checked values and never executes code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import ParallelConfig, TrainingConfig
+from .cost.types import Estimate
+from .errors import AutoparError, InvalidPlanFile
+from .report import plan_summary
+
+PLAN_FORMAT = "autopar-plan"
+PLAN_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SearchStats:
+    """How the plan was found.
+
+    Attributes:
+        evaluated: configurations the cost model estimated.
+        meshes: (tp, cp, pp, dp) meshes considered.
+        wall_s: search wall time (seconds).
+        complete: False when a time limit stopped the search (the plan is the best so far).
+    """
+
+    evaluated: int = 0
+    meshes: int = 0
+    wall_s: float = 0.0
+    complete: bool = True
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A parallel training plan and its predicted cost.
+
+    Attributes:
+        config: the :class:`ParallelConfig` chosen, every field filled (``recompute`` is a mode,
+            or a tuple of one mode per decoder block when blocks differ).
+        estimate: its :class:`~autopar.cost.types.Estimate` (step time, MFU, memory, comm).
+        model: the model's name; ``model_config`` its hyperparameters when known (preset/dict).
+        cluster: the cluster's spec string (e.g. ``4x8xA100-SXM4-80GB+8xib-hdr``).
+        train: the :class:`TrainingConfig` planned for.
+        alternatives: runner-up estimates, fastest first (not including this plan).
+        search: :class:`SearchStats`.
+    """
+
+    config: ParallelConfig
+    estimate: Estimate
+    model: str
+    cluster: str
+    train: TrainingConfig
+    model_config: dict | None = None
+    alternatives: tuple[Estimate, ...] = field(default=())
+    search: SearchStats = field(default_factory=SearchStats)
+
+    @property
+    def world_size(self) -> int:
+        """GPUs the plan uses: tp * pp * cp * dp."""
+        c = self.config
+        return c.tp * c.pp * c.cp * c.dp
+
+    def summary(self) -> str:
+        """A readable table: degrees, stages, recompute, time, MFU, memory, communication."""
+        return plan_summary(self)
+
+    # -- JSON ----------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        """Plain-JSON form (see :meth:`from_dict`)."""
+        return {
+            "format": PLAN_FORMAT, "version": PLAN_VERSION,
+            "model": self.model, "model_config": self.model_config, "cluster": self.cluster,
+            "train": dict(self.train.__dict__),
+            "config": self.config.to_dict(), "estimate": self.estimate.to_dict(),
+            "alternatives": [a.to_dict() for a in self.alternatives],
+            # wall time is left out: the same input must give the same bytes
+            "search": {"evaluated": self.search.evaluated, "meshes": self.search.meshes,
+                       "complete": self.search.complete},
+        }
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        """The plan as JSON text (sorted keys, so equal plans give equal bytes); also written to
+        ``path`` when given."""
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Plan":
+        """Build a plan from :meth:`to_dict`'s output.
+
+        Raises:
+            InvalidPlanFile: wrong format or version, missing or mistyped fields.
+        """
+        if not isinstance(d, dict) or d.get("format") != PLAN_FORMAT:
+            raise InvalidPlanFile(
+                f"not an autopar plan: expected a JSON object with format={PLAN_FORMAT!r}.")
+        if d.get("version") != PLAN_VERSION:
+            raise InvalidPlanFile(
+                f"plan version {d.get('version')!r} is not supported (this autopar reads version "
+                f"{PLAN_VERSION}). Fix: re-run autopar plan to regenerate it.")
+        try:
+            return cls(
+                config=_config(d["config"]), estimate=_estimate(d["estimate"]),
+                model=str(d["model"]), cluster=str(d["cluster"]),
+                train=TrainingConfig(**d["train"]), model_config=d.get("model_config"),
+                alternatives=tuple(_estimate(a) for a in d.get("alternatives", [])),
+                search=SearchStats(**d.get("search", {})),
+            )
+        except AutoparError as exc:
+            raise InvalidPlanFile(f"invalid plan file: {exc}") from exc
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidPlanFile(
+                f"invalid plan file: {type(exc).__name__}: {exc}. Fix: regenerate the plan "
+                "with autopar plan.") from exc
+
+    @classmethod
+    def from_json(cls, source: str | Path) -> "Plan":
+        """Load a plan from a JSON file path or JSON text.
+
+        Raises:
+            InvalidPlanFile: unreadable, not JSON, or not a valid plan.
+        """
+        text = str(source)
+        if not text.lstrip().startswith("{"):
+            try:
+                text = Path(source).read_text()
+            except OSError as exc:
+                raise InvalidPlanFile(f"cannot read plan file {source!s}: {exc}") from exc
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidPlanFile(f"plan file is not valid JSON: {exc}") from exc
+        return cls.from_dict(data)
+
+
+def _config(d: dict) -> ParallelConfig:
+    d = dict(d)
+    if isinstance(d.get("recompute"), list):
+        d["recompute"] = tuple(d["recompute"])
+    if isinstance(d.get("stage_blocks"), list):
+        d["stage_blocks"] = tuple(d["stage_blocks"])
+    return ParallelConfig(**d)
+
+
+def _estimate(d: dict) -> Estimate:
+    d = dict(d)
+    d["config"] = _config(d["config"])
+    d["stage_memory_bytes"] = tuple(d["stage_memory_bytes"])
+    d["stage_time_s"] = tuple(d["stage_time_s"])
+    return Estimate(**d)

@@ -1,0 +1,104 @@
+"""Per-block recomputation chosen by OR-Tools CP-SAT under each pipeline rank's memory.
+
+Given a resolved configuration, choose for every decoder block none / selective / full
+recomputation so as to minimise the pipelined step time
+``m * max_i t_i + (sum_i t_i - max_i t_i) / v`` (see :mod:`autopar.cost.model`) subject to every
+rank's peak memory fitting the GPU. Identical blocks on a rank are interchangeable, so the model
+uses one integer per (rank, block signature, mode) counting how many blocks take that mode
+instead of one boolean per block: repeated layers are solved once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+from ortools.sat.python import cp_model
+
+from ..config import ParallelConfig
+from ..cost.model import CostModel
+
+MODES = ("none", "selective", "full")
+_NS = 1e9       # time unit of the integer model: nanoseconds
+_KIB = 1024.0   # memory unit: KiB (rounded against us: activations up, budget down)
+
+
+def solve_recompute(cm: CostModel, c: ParallelConfig, *, time_limit_s: float = 5.0,
+                    workers: int = 1) -> tuple[str, ...] | None:
+    """Per-block recompute modes for the resolved config ``c``, or None if none fits.
+
+    Args:
+        cm: the cost model (supplies per-block costs and per-rank layouts).
+        c: a resolved configuration (its own ``recompute`` field is ignored).
+        time_limit_s: CP-SAT wall-clock limit.
+        workers: CP-SAT search workers; 1 keeps the search deterministic.
+
+    Returns:
+        One mode per decoder block in model order, or None when even full recomputation of
+        every block does not fit.
+    """
+    layout = cm.stage_layout(c)
+    m = cm.train.global_batch_size // (c.dp * c.micro_batch_size)
+    v = c.virtual_stages
+    p = cm.params
+    limit = cm.device.memory_bytes
+    reserved = limit - p.usable_memory(limit)
+    model = cp_model.CpModel()
+    rank_time = []
+    groups: list[tuple[int, str, list[int], dict]] = []  # (rank, sig, block indices, vars)
+    for rank, st in enumerate(layout):
+        fixed_time = st.p2p_s
+        fixed_mem = sum(st.states) + reserved
+        if c.zero_stage == 3:
+            from ..cost.memory import layer_params_per_rank
+
+            fixed_mem += 2 * max(layer_params_per_rank(cm.graph.layers[i], c.tp)
+                                 for i in st.layers) * cm.train.dtype_bytes
+        by_sig: OrderedDict[str, list[int]] = OrderedDict()
+        for li in st.layers:
+            layer = cm.graph.layers[li]
+            if layer.kind == "block":
+                by_sig.setdefault(layer.signature, []).append(li)
+            else:
+                bc = cm.block_cost(li, "none", c)
+                fixed_time += bc.fwd_s + bc.bwd_s
+                fixed_mem += bc.act_bytes * st.flight
+        time_terms, mem_terms = [], []
+        transient = 0.0
+        any_rc = model.NewBoolVar(f"rc{rank}")
+        for gi, (sig, idx) in enumerate(by_sig.items()):
+            n = {mode: model.NewIntVar(0, len(idx), f"n{rank}_{gi}_{mode}") for mode in MODES}
+            model.Add(sum(n.values()) == len(idx))
+            model.Add(n["selective"] + n["full"] <= len(idx) * any_rc)
+            for mode in MODES:
+                bc = cm.block_cost(idx[0], mode, c)
+                time_terms.append(round((bc.fwd_s + bc.bwd_s) * _NS) * n[mode])
+                mem_terms.append(math.ceil(bc.act_bytes * st.flight / _KIB) * n[mode])
+                transient = max(transient, bc.transient_bytes)
+            groups.append((rank, sig, idx, n))
+        budget = math.floor((limit - fixed_mem) / _KIB)
+        if budget < 0:
+            return None
+        model.Add(sum(mem_terms) + math.ceil(transient / _KIB) * any_rc <= budget)
+        t = model.NewIntVar(0, 2**62, f"t{rank}")
+        model.Add(t == round(fixed_time * _NS) + sum(time_terms))
+        rank_time.append(t)
+    t_max = model.NewIntVar(0, 2**62, "tmax")
+    model.AddMaxEquality(t_max, rank_time)
+    # v * T_pipe = (m v - 1) * t_max + sum_i t_i : minimising it minimises the step time
+    model.Minimize((m * v - 1) * t_max + sum(rank_time))
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = float(time_limit_s)
+    solver.parameters.num_search_workers = workers
+    solver.parameters.random_seed = 0
+    status = solver.Solve(model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    modes = {}
+    for _rank, _sig, idx, n in groups:
+        counts = {mode: solver.Value(n[mode]) for mode in MODES}
+        order = ["full"] * counts["full"] + ["selective"] * counts["selective"] + \
+            ["none"] * counts["none"]
+        for li, mode in zip(idx, order):
+            modes[li] = mode
+    return tuple(modes[li] for li in cm.blocks)

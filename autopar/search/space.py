@@ -1,0 +1,141 @@
+"""The search space: which degrees and choices are legal for a model, cluster and batch.
+
+Model rules: tp divides attention and KV heads; cp divides the sequence (and leaves at least
+``min_cp_chunk`` tokens per rank, below which ring attention cannot hide its transfers);
+pp * v <= blocks; interleaving needs the micro-batch count to be a multiple of pp.
+Cluster rules: tp stays inside a node (NVLink/PCIe domain) unless fixed otherwise.
+Batch rules: the global batch is a multiple of dp * micro-batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import ParallelConfig, TrainingConfig
+from ..errors import InvalidParallelConfig
+from ..graph.types import ModelGraph
+
+#: Keys ``fixed=`` may pin.
+FIXABLE = ("tp", "pp", "dp", "cp", "zero_stage", "recompute", "sequence_parallel",
+           "micro_batch_size", "virtual_stages", "schedule", "stage_blocks")
+
+
+def divisors(n: int) -> list[int]:
+    """Positive divisors of n, ascending."""
+    small, large = [], []
+    i = 1
+    while i * i <= n:
+        if n % i == 0:
+            small.append(i)
+            if i != n // i:
+                large.append(n // i)
+        i += 1
+    return small + large[::-1]
+
+
+@dataclass(frozen=True)
+class SpaceLimits:
+    """Bounds that keep the enumeration finite without cutting plausible plans.
+
+    Attributes:
+        max_micro_batch: largest micro-batch tried (sequences).
+        max_virtual_stages: largest interleaving degree tried.
+        min_cp_chunk: fewest tokens per context-parallel rank.
+        tp_across_nodes: allow TP groups that span nodes.
+    """
+
+    max_micro_batch: int = 16
+    max_virtual_stages: int = 8
+    min_cp_chunk: int = 1024
+    tp_across_nodes: bool = False
+
+
+def check_fixed(fixed: dict | None) -> dict:
+    """Validate a ``fixed=`` mapping: known keys only.
+
+    Raises:
+        InvalidParallelConfig: an unknown key (message lists the valid ones).
+    """
+    fixed = dict(fixed or {})
+    unknown = sorted(set(fixed) - set(FIXABLE))
+    if unknown:
+        raise InvalidParallelConfig(
+            f"fixed= has unknown keys {unknown}. Fix: use only {list(FIXABLE)}.")
+    ParallelConfig(**{k: v for k, v in fixed.items()})  # type and range checks
+    return fixed
+
+
+def meshes(graph: ModelGraph, cluster, train: TrainingConfig, fixed: dict,
+           limits: SpaceLimits) -> list[tuple[int, int, int, int]]:
+    """Legal (tp, cp, pp, dp) with tp * cp * pp * dp = GPUs, in a deterministic order."""
+    world = cluster.world_size
+    heads, kv = graph.attention_heads or 1, graph.kv_heads or 1
+    blocks = max(graph.num_blocks, 1)
+    out = []
+    for tp in divisors(world):
+        if "tp" in fixed and tp != fixed["tp"]:
+            continue
+        if "tp" not in fixed:
+            if heads % tp or kv % tp:
+                continue
+            if not limits.tp_across_nodes and tp > cluster.gpus_per_node:
+                continue
+        for cp in divisors(world // tp):
+            if "cp" in fixed and cp != fixed["cp"]:
+                continue
+            if train.seq_len % cp:
+                continue
+            if "cp" not in fixed and cp > 1 and train.seq_len // cp < limits.min_cp_chunk:
+                continue
+            for pp in divisors(world // (tp * cp)):
+                if "pp" in fixed and pp != fixed["pp"]:
+                    continue
+                if pp > blocks:
+                    continue
+                dp = world // (tp * cp * pp)
+                if "dp" in fixed and dp != fixed["dp"]:
+                    continue
+                if train.global_batch_size % dp:
+                    continue
+                out.append((tp, cp, pp, dp))
+    return out
+
+
+def micro_batches(train: TrainingConfig, dp: int, fixed: dict, limits: SpaceLimits) -> list[int]:
+    """Micro-batch sizes dividing the per-replica batch, ascending."""
+    if "micro_batch_size" in fixed:
+        return [fixed["micro_batch_size"]]
+    if train.micro_batch_size is not None:
+        return [train.micro_batch_size]
+    per_replica = train.global_batch_size // dp
+    return [b for b in divisors(per_replica) if b <= limits.max_micro_batch]
+
+
+def virtual_stage_options(pp: int, blocks: int, m: int, fixed: dict,
+                          limits: SpaceLimits) -> list[int]:
+    """Interleaving degrees: 1, and v > 1 when pp > 1, pp * v <= blocks and pp divides m."""
+    if "virtual_stages" in fixed:
+        return [fixed["virtual_stages"]]
+    if fixed.get("schedule") in ("1f1b", "gpipe"):
+        return [1]
+    opts = [1]
+    if pp > 1 and m % pp == 0:
+        opts += [v for v in range(2, limits.max_virtual_stages + 1) if pp * v <= blocks]
+    if fixed.get("schedule") == "interleaved-1f1b":
+        opts = [v for v in opts if v > 1] or opts
+    return opts
+
+
+def zero_options(dp: int, cp: int, fixed: dict) -> list[int]:
+    """ZeRO stages worth trying: 0 when no rank shares weights (dp * cp = 1), else 0-3
+    (the optimizer shards over dp x cp, as Megatron-LM's distributed optimizer does)."""
+    if "zero_stage" in fixed:
+        return [fixed["zero_stage"]]
+    return [0] if dp * cp == 1 else [0, 1, 2, 3]
+
+
+def recompute_options(fixed: dict) -> list[str | tuple[str, ...]]:
+    """Uniform recompute modes in order of increasing cost (and decreasing memory)."""
+    if "recompute" in fixed:
+        return [fixed["recompute"]]
+    return ["none", "selective", "full"]

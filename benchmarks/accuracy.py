@@ -1,0 +1,68 @@
+"""Cost-model accuracy: predicted vs measured step time over published runs.
+
+    python -m benchmarks.accuracy [--plans PATH]
+
+Each record is estimated with its own published plan; fields the source leaves null are chosen by
+autopar's search under the same cost model (the natural choice for a measured, tuned run) and
+printed. Last line: ``MAPE <x>% max <y>% over <n> records``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import autopar
+from autopar.api import model_graph
+from autopar.cost.model import CostModel
+from autopar.search.optimize import search
+
+from .records import load, parse
+
+
+def evaluate(rec):
+    """(estimate, chosen open fields) for one parsed record."""
+    graph, _ = model_graph(rec.model, rec.train)
+    cm = CostModel(graph, rec.cluster, rec.train)
+    if rec.open_fields:
+        try:
+            e = search(cm, rec.fixed, top_k=1).best
+        except autopar.InfeasibleError:  # judge the run anyway; the line says DOES-NOT-FIT
+            e = search(cm, rec.fixed, top_k=1, require_fit=False).best
+    else:
+        e = cm.estimate(autopar.ParallelConfig(**rec.fixed))
+    chosen = {k: getattr(e.config, k) for k in rec.open_fields}
+    return e, chosen
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--plans", default=None, help="published_plans.json-format file")
+    args = ap.parse_args(argv)
+    errors = []
+    print(f"{'id':36s} {'pred s':>9s} {'meas s':>9s} {'err':>7s}  {'MFU':>5s} {'mem GB':>6s}  chosen")
+    for raw in load(args.plans):
+        t0 = time.monotonic()
+        rec = parse(raw)
+        try:
+            e, chosen = evaluate(rec)
+        except autopar.AutoparError as exc:
+            print(f"{rec.id:36s} error: {exc}")
+            continue
+        if rec.measured_step_s is None:
+            print(f"{rec.id:36s} {e.step_time_s:9.3f} {'-':>9s}")
+            continue
+        err = (e.step_time_s - rec.measured_step_s) / rec.measured_step_s
+        errors.append(abs(err))
+        print(f"{rec.id:36s} {e.step_time_s:9.3f} {rec.measured_step_s:9.3f} {err * 100:+6.1f}%  "
+              f"{e.mfu * 100:5.1f} {e.memory_per_gpu_bytes / 1e9:6.1f}  "
+              f"{chosen if chosen else ''} {'' if e.fits else 'DOES-NOT-FIT'} "
+              f"({time.monotonic() - t0:.1f}s)")
+    if errors:
+        print(f"MAPE {100 * sum(errors) / len(errors):.1f}% max {100 * max(errors):.1f}% "
+              f"over {len(errors)} records")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
