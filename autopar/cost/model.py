@@ -21,6 +21,7 @@ from .comm import Collectives, CommLedger, cp_layer_comm, tp_layer_comm
 from .compute import LayerTime, layer_time
 from .params import OPTIMIZER_STATE_BYTES, CostParams
 from .resolve import resolve
+from .schedule import pipeline_time
 from .stages import chunk_layers
 from .types import Estimate
 
@@ -153,8 +154,9 @@ class CostModel:
                 tp * cp)
         act = mem.block_activation_bytes(layer, mode, micro_batch=bscale, tp=tp, cp=cp,
                                          sequence_parallel=sp)
+        # recomputing a block re-materialises what it did not keep, one block at a time
         transient = 0.0 if mode == "none" else mem.block_activation_bytes(
-            layer, "none", micro_batch=bscale, tp=tp, cp=cp, sequence_parallel=sp)
+            layer, "none", micro_batch=bscale, tp=tp, cp=cp, sequence_parallel=sp) - act
         bc = BlockCost(fwd_s=lt.fwd_s + tf + cf, bwd_s=lt.bwd_s + rec + tb + cb,
                        compute_s=lt.fwd_s + lt.bwd_s + rec, tp_s=tf + tb, cp_s=cf + cb,
                        tp_bytes=fb + bb, cp_bytes=cbytes, recompute_flops=rflops,
@@ -245,8 +247,7 @@ class CostModel:
         # pipeline
         t_max = max(stage_time)
         bottleneck = stage_time.index(t_max)
-        t_pipe = m * t_max + (sum(stage_time) - t_max) / v
-        bubble = t_pipe - m * t_max
+        t_pipe, bubble = pipeline_time(stage_time, m, v)
 
         # data parallel and optimizer, on the rank with the most parameters
         psi = max(stage_params)

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import torch
 import torch.fx as fx
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..errors import UntraceableModelError
+from ..errors import AutoparError, UntraceableModelError
 from . import classify
-from .measure import MeasuringInterpreter, Recorder, _nbytes, _tensors
-from .types import ActivationBytes, Layer, ModelGraph
+from .assemble import add_loss, elem_bytes, finish_layer, logits_of, meta_map, reset_ops
+from .measure import MeasuringInterpreter, Recorder, _tensors
+from .types import Layer, ModelGraph
 
 
 class _Tracer(fx.Tracer):
@@ -60,21 +60,6 @@ def _trace(module: nn.Module, block_types: tuple[type, ...], what: str) -> fx.Gr
             "failing submodule as a leaf."
         ) from exc
     return fx.GraphModule(module, graph)
-
-
-def _meta_map(model: nn.Module, dtype: torch.dtype | None) -> dict[int, torch.Tensor]:
-    """Meta stand-ins for every parameter and buffer, in the compute dtype, tied weights shared."""
-    out: dict[int, torch.Tensor] = {}
-    for t in list(model.parameters()) + list(model.buffers()):
-        if id(t) in out:
-            continue
-        target = dtype if (dtype is not None and t.is_floating_point()) else t.dtype
-        if t.device.type == "meta" and t.dtype == target:
-            out[id(t)] = t
-        else:
-            out[id(t)] = torch.empty(t.shape, dtype=target, device="meta").requires_grad_(
-                t.requires_grad)
-    return out
 
 
 class _Extraction:
@@ -129,61 +114,7 @@ class _Extraction:
     def finish(self, index, name, kind, sig, interp, inputs, output) -> Layer:
         """Measure the backward FLOPs and collect saved bytes of the layer just run."""
         self.param_ids.update(interp.layer_params)
-        params = [self.meta_of[i] for i in interp.layer_params]
-        wrt = [t for t in inputs if t.requires_grad] + [p for p in params if p.requires_grad]
-        outs = [t for t in _tensors(output) if t.requires_grad]
-        before = self.rec.flop_counter.get_total_flops()
-        if outs and wrt:
-            torch.autograd.grad(outs, wrt, grad_outputs=[torch.ones_like(t) for t in outs],
-                                allow_unused=True, retain_graph=True)
-        bwd = self.rec.flop_counter.get_total_flops() - before + self.rec.extra_bwd_flops
-        self.rec.extra_bwd_flops = 0.0
-        seq = tp = core = 0
-        for s in self.rec.saved.values():
-            if s.layer != index:
-                continue
-            if s.core_producer and s.savers_core:
-                core += s.nbytes
-            elif s.region == "tp":
-                tp += s.nbytes
-            else:
-                seq += s.nbytes
-        ops = tuple(interp.ops)
-        rows = tuple(o.bytes_written for o in ops if o.tp_role == "row")
-        col_inputs = {}
-        for node, op in zip(interp.op_nodes, ops):
-            if node is not None and op.tp_role == "column":
-                src = node.args[0]
-                col_inputs[src] = _nbytes(interp.env[src])
-        heads = getattr(interp, "heads", (0, 0))
-        return Layer(
-            index=index, name=name, kind=kind, signature=sig, ops=ops,
-            num_parameters=sum(p.numel() for p in params),
-            param_bytes=sum(_nbytes(p) for p in params),
-            fwd_flops=float(sum(o.fwd_flops for o in ops)), bwd_flops=float(bwd),
-            activations=ActivationBytes(seq=seq, tp=tp, core=core,
-                                        layer_input=sum(_nbytes(t) for t in inputs
-                                                        if t.is_floating_point())),
-            output_bytes=sum(_nbytes(t) for t in _tensors(output)),
-            tp_row_outputs=rows, tp_column_inputs=tuple(col_inputs.values()),
-            attention_heads=heads[0], kv_heads=heads[1],
-            shared_parameters=sum(p.numel() for p in params) - sum(o.num_parameters for o in ops),
-        )
-
-
-def _logits(output) -> torch.Tensor:
-    if isinstance(output, torch.Tensor):
-        return output
-    if hasattr(output, "logits"):
-        return output.logits
-    if isinstance(output, dict) and "logits" in output:
-        return output["logits"]
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    raise UntraceableModelError(
-        f"the model returned {type(output).__name__}; autopar needs logits [batch, seq, vocab] "
-        "(a tensor, a tuple starting with it, or an object with .logits)."
-    )
+        return finish_layer(self.rec, self.meta_of, interp, index, name, kind, sig, inputs, output)
 
 
 def extract(model: nn.Module, seq_len: int, micro_batch_size: int = 1, *,
@@ -191,10 +122,15 @@ def extract(model: nn.Module, seq_len: int, micro_batch_size: int = 1, *,
             name: str | None = None) -> ModelGraph:
     """Extract the measured layer graph of a causal language model.
 
+    torch.fx first (fast: repeated blocks traced once); where fx cannot trace or run the model
+    (Hugging Face transformers 5.x models, data-dependent Python), ``torch.export`` on the meta
+    device (:mod:`autopar.graph.export`); ``ModelGraph.method`` says which was used.
+
     Args:
-        model: an ``nn.Module`` mapping ``input_ids`` [b, s] (int64) to logits [b, s, vocab];
-            built on the meta device preferably (real tensors are replaced by meta stand-ins and
-            the model is not modified).
+        model: an ``nn.Module`` mapping ``input_ids`` [b, s] (int64) to logits [b, s, vocab]
+            (a tensor, a tuple starting with it, or an object with ``.logits``); built on the
+            meta device preferably (real tensors are replaced by meta stand-ins and the model is
+            not modified).
         seq_len: tokens per sequence, s.
         micro_batch_size: sequences per micro-batch, b.
         dtype: compute dtype of parameters and activations (default: the model's own).
@@ -202,18 +138,42 @@ def extract(model: nn.Module, seq_len: int, micro_batch_size: int = 1, *,
         name: name to record (default: the model class name).
 
     Returns:
-        :class:`ModelGraph` with one :class:`Layer` for the embedding, each block and the head.
+        :class:`ModelGraph` with one :class:`Layer` for the embedding, each block and the head
+        (final norm, LM head and a cross-entropy loss). FLOPs are FlopCounterMode's
+        (multiply-add = 2), attention non-causal; sizes are for one micro-batch.
 
     Raises:
-        UntraceableModelError: torch.fx cannot trace the model, or it returns no logits.
+        UntraceableModelError: neither torch.fx nor torch.export can capture and run the model
+            (the message names the module and operation that failed and what to do), or it
+            returns no logits.
         ValueError: seq_len or micro_batch_size below 1.
     """
     if seq_len < 1 or micro_batch_size < 1:
         raise ValueError(f"seq_len and micro_batch_size must be >= 1; got {seq_len}, "
                          f"{micro_batch_size}")
+    try:
+        return _extract_fx(model, seq_len, micro_batch_size, dtype, flash_attention, name)
+    except Exception as exc:  # noqa: BLE001 - any fx failure means: try torch.export
+        if isinstance(exc, AutoparError) and not isinstance(exc, UntraceableModelError):
+            raise
+        fx_error = _first_line(exc)
+    from .export import extract_exported  # heavy path, imported only when needed
+
+    return extract_exported(model, seq_len, micro_batch_size, dtype=dtype,
+                            flash_attention=flash_attention, name=name, fx_error=fx_error)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def _extract_fx(model: nn.Module, seq_len: int, micro_batch_size: int, dtype, flash_attention,
+                name) -> ModelGraph:
+    """The torch.fx path of :func:`extract` (same arguments and result; raises on any failure)."""
     block_type = find_block_type(model)
     gm = _trace(model, (block_type,) if block_type else (), "the model")
-    meta_of = _meta_map(model, dtype)
+    meta_of = meta_map(model, dtype)
     embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
     vocab = embeddings[0].num_embeddings if embeddings else None
     excluded = {t.untyped_storage()._cdata for t in meta_of.values()}
@@ -232,9 +192,7 @@ def extract(model: nn.Module, seq_len: int, micro_batch_size: int = 1, *,
             split["embed"] = run.finish(0, "embed", "embedding", "embed", top, inputs=[],
                                         output=_tensors(args)[0])
             run.layers.append(split["embed"])
-            top.ops.clear()
-            top.op_nodes.clear()
-            top.layer_params.clear()
+            reset_ops(top)
         return run.run_block(node, module, args, kwargs)
 
     top.block_runner = block_runner
@@ -246,14 +204,12 @@ def extract(model: nn.Module, seq_len: int, micro_batch_size: int = 1, *,
                 split["embed"] = run.finish(0, "embed", "embedding", "embed", top, inputs=[],
                                             output=output)
                 run.layers.append(split["embed"])
-                top.ops.clear()
-                top.op_nodes.clear()
-                top.layer_params.clear()
+                reset_ops(top)
             head_index = len(run.layers)
             rec.layer = head_index
             head_input = _tensors(run.last_block_out)
-            logits = _logits(output)
-            loss = _loss(top, rec, logits)
+            logits = logits_of(output)
+            loss = add_loss(top, rec, logits)
             head = run.finish(head_index, "head", "head", "head", top, inputs=head_input,
                               output=loss)
             run.layers.append(head)
@@ -261,37 +217,11 @@ def extract(model: nn.Module, seq_len: int, micro_batch_size: int = 1, *,
         model.train(was_training)
     layers = tuple(run.layers)
     blocks = [layer for layer in layers if layer.kind == "block"]
-    hidden = blocks[0].output_bytes // (micro_batch_size * seq_len * _elem(dtype, model)) \
+    hidden = blocks[0].output_bytes // (micro_batch_size * seq_len * elem_bytes(dtype, model)) \
         if blocks else 0
     return ModelGraph(
         name=name or type(model).__name__, seq_len=seq_len, micro_batch_size=micro_batch_size,
-        dtype_bytes=_elem(dtype, model), layers=layers,
+        dtype_bytes=elem_bytes(dtype, model), layers=layers,
         num_parameters=sum(meta_of[i].numel() for i in run.param_ids),
         hidden_size=int(hidden), vocab_size=int(vocab or 0), method="fx",
     )
-
-
-def _elem(dtype, model) -> int:
-    if dtype is not None:
-        return torch.empty((), dtype=dtype).element_size()
-    for p in model.parameters():
-        if p.is_floating_point():
-            return p.element_size()
-    return 4
-
-
-def _loss(top: MeasuringInterpreter, rec: Recorder, logits: torch.Tensor) -> torch.Tensor:
-    """Cross entropy in fp32 over the logits, recorded as the head's last op (Megatron upcasts)."""
-    from .types import Op
-
-    rec.op_name, rec.op_is_core, rec.op_region, rec.op_kind = "loss", False, "tp", "loss"
-    before = rec.flop_counter.get_total_flops()
-    flat = logits.float().reshape(-1, logits.shape[-1])
-    labels = torch.zeros(flat.shape[0], dtype=torch.long, device="meta")
-    loss = F.cross_entropy(flat, labels)
-    top.op_nodes.append(None)
-    top.ops.append(Op(name="loss", kind="loss", target="cross_entropy",
-                      fwd_flops=float(rec.flop_counter.get_total_flops() - before),
-                      bytes_read=_nbytes(logits), bytes_written=_nbytes(flat),
-                      num_parameters=0, region="tp"))
-    return loss

@@ -100,3 +100,36 @@ class FusedNormMeta(torch.autograd.Function):
         x = ctx.saved_tensors[0]
         weight = ctx.saved_tensors[1] if len(ctx.saved_tensors) == 3 else None
         return torch.empty_like(x), (torch.empty_like(weight) if weight is not None else None)
+
+
+class FusedActivationMeta(torch.autograd.Function):
+    """Shape-only pointwise activation (GELU, tanh-GELU, SiLU) that saves what a fused kernel saves.
+
+    forward(x) -> tensor like x; saves x only. An eager decomposition (HF's ``gelu_new``: eight
+    pointwise ops) saves several intermediates instead; a training run fuses it (torch.compile,
+    Megatron's bias-gelu fusion), so the extractor counts the fused kernel.
+    """
+
+    @staticmethod
+    def forward(ctx, x):  # noqa: D102 - see class docstring
+        ctx.save_for_backward(x)
+        return torch.empty_like(x)
+
+    @staticmethod
+    def backward(ctx, grad_out):  # noqa: D102 - shapes only
+        return torch.empty_like(ctx.saved_tensors[0])
+
+
+def grouped_gemm_flops(x_shape, w_shape) -> float:
+    """Forward FLOPs of ``torch._grouped_mm(x [M, K], w [E, K, N], offs)``: 2*M*K*N.
+
+    Each of the M routed rows (tokens x experts_per_token, in total over all E groups) meets one
+    K x N expert matrix. torch 2.13's FlopCounterMode has no rule for ``_grouped_mm`` (it counts 0),
+    hence this rule; the backward (input and weight gradients) is twice this, as for any GEMM.
+    """
+    m, k = x_shape[-2], x_shape[-1]
+    return 2.0 * m * k * w_shape[-1]
+
+
+#: Backward / forward FLOP ratio of a GEMM (input gradient + weight gradient).
+GEMM_BACKWARD_RATIO = 2.0

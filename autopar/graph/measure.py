@@ -164,12 +164,47 @@ class MeasuringInterpreter(fx.Interpreter):
                    enable_gqa=False):
         flops = sdpa_forward_flops(q.shape, k.shape, v.shape)
         self.rec.extra_bwd_flops += ATTENTION_BACKWARD_RATIO * flops
-        self._attention_flops = flops
+        self._flops_override = flops
         self._attention_causal = bool(is_causal)
         self._heads = (q.shape[1], k.shape[1])
         b, h, s_q, _ = q.shape
         self._score_bytes = 0 if self.rec.flash else UNFUSED_SCORE_BYTES * b * h * s_q * k.shape[-2]
         return FlashAttentionMeta.apply(q, k, v, self.rec.flash, dropout_p > 0)
+
+    # -- hooks a subclass for another IR (torch.export's aten graph) overrides --------------------
+    def node_kind(self, n: fx.Node, module: nn.Module | None) -> str:
+        """Op kind of a node, one of :data:`autopar.graph.types.OP_KINDS`."""
+        if module is not None:
+            return classify.module_kind(module)
+        if n.op == "call_function":
+            return classify.function_kind(n.target)
+        return classify.method_kind(n.target)
+
+    def input_regions(self, n: fx.Node) -> set[str]:
+        """Regions of the node's activation inputs ("const" and unknown left out)."""
+        return {self.region.get(a) for a in n.all_input_nodes} - {None, "const"}
+
+    def linear_out_features(self, n: fx.Node, module: nn.Module | None, kind: str) -> int | None:
+        """Output features of a TP-shardable linear layer; None when the node is not one."""
+        if not classify.is_linear(kind, n.target, module):
+            return None
+        if module is not None:
+            return module.out_features
+        weight = n.args[1] if len(n.args) > 1 else n.kwargs.get("weight")
+        return self.env[weight].shape[0]  # F.linear: the weight's rows
+
+    def gemm_dims(self, n: fx.Node, inputs: list[torch.Tensor], result) -> tuple[int, ...]:
+        """(M, K, N) of a linear layer's GEMM from its input and output."""
+        out = _tensors(result)[0]
+        return (inputs[0].numel() // inputs[0].shape[-1], inputs[0].shape[-1], out.shape[-1])
+
+    def matmul_input(self, n: fx.Node) -> fx.Node:
+        """The activation operand of a linear node (what TP all-gathers for a column linear)."""
+        return n.args[0]
+
+    def op_extras(self, n: fx.Node) -> dict:
+        """Extra :class:`Op` fields for a node (the export interpreter adds ``moe_role``)."""
+        return {}
 
     # -- per node ------------------------------------------------------------------------------
     def run_node(self, n: fx.Node):
@@ -184,41 +219,33 @@ class MeasuringInterpreter(fx.Interpreter):
         module = self.module.get_submodule(n.target) if n.op == "call_module" else None
         if module is not None and self.is_block(module):
             return super().run_node(n)
-        kind = (classify.module_kind(module) if module is not None
-                else classify.function_kind(n.target) if n.op == "call_function"
-                else classify.method_kind(n.target))
-        in_regions = {self.region.get(a) for a in n.all_input_nodes} - {None, "const"}
+        kind = self.node_kind(n, module)
+        in_regions = self.input_regions(n)
         region = "tp" if "tp" in in_regions else "seq"
         role = ""
-        gemm: tuple[int, ...] = ()
-        if classify.is_linear(kind, n.target, module):
-            out_features = module.out_features if module is not None else None
-            role, region = classify.linear_role(region, out_features or 0, self.rec.vocab_size)
-            if out_features is None:  # F.linear: read the weight's rows
-                weight = n.args[1] if len(n.args) > 1 else n.kwargs.get("weight")
-                role, region = classify.linear_role(
-                    "tp" if "tp" in in_regions else "seq",
-                    self.env[weight].shape[0], self.rec.vocab_size)
-        if kind == "embedding" and self.rec.vocab_size is not None and module is not None \
-                and getattr(module, "num_embeddings", None) == self.rec.vocab_size:
+        out_features = self.linear_out_features(n, module, kind) if kind == "matmul" else None
+        if out_features is not None:
+            role, region = classify.linear_role(region, out_features, self.rec.vocab_size)
+        if kind == "embedding" and self.rec.vocab_size is not None and _table_rows(
+                self, n, module) == self.rec.vocab_size:
             role = "vocab"
         self.region[n] = region
         self.rec.op_name, self.rec.op_is_core, self.rec.op_region = n.name, kind == "attention", region
         self.rec.op_kind = kind
         params_before = set(self.layer_params)
         flops_before = self.rec.flop_counter.get_total_flops()
-        self._attention_flops = None
+        self._flops_override = None
         args, kwargs = self.fetch_args_kwargs_from_env(n)
         result = getattr(self, n.op)(n.target, args, kwargs)
         flops = self.rec.flop_counter.get_total_flops() - flops_before
-        if self._attention_flops is not None:
-            flops = self._attention_flops
+        if self._flops_override is not None:  # attention, grouped GEMMs: our own rule
+            flops = self._flops_override
         self.rec.produced(result, region, kind == "attention")
         new = [self.layer_params[i] for i in set(self.layer_params) - params_before]
         inputs = _tensors((args, kwargs))
-        if role and kind == "matmul" and inputs:
-            out = _tensors(result)[0]
-            gemm = (inputs[0].numel() // inputs[0].shape[-1], inputs[0].shape[-1], out.shape[-1])
+        gemm: tuple[int, ...] = ()
+        if out_features is not None and inputs:
+            gemm = self.gemm_dims(n, inputs, result)
         self.op_nodes.append(n)
         self.ops.append(Op(
             name=n.name, kind=kind, target=classify.target_name(n.target, module),
@@ -229,7 +256,17 @@ class MeasuringInterpreter(fx.Interpreter):
             num_parameters=self.rec.new_params(new), region=region, tp_role=role,
             causal=kind == "attention" and getattr(self, "_attention_causal", False),
             gemm=gemm, fused=not (kind == "attention" and not self.rec.flash),
+            **self.op_extras(n),
         ))
         if kind == "attention":
             self.heads = self._heads
         return result
+
+
+def _table_rows(interp: MeasuringInterpreter, n: fx.Node, module: nn.Module | None) -> int | None:
+    """Rows of an embedding's table (module or functional/aten embedding)."""
+    if module is not None:
+        return getattr(module, "num_embeddings", None)
+    weight = n.args[0] if n.target is not torch.nn.functional.embedding else n.args[1]
+    value = interp.env.get(weight) if isinstance(weight, fx.Node) else None
+    return value.shape[0] if isinstance(value, torch.Tensor) and value.dim() == 2 else None

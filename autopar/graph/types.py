@@ -47,6 +47,11 @@ class Op:
         causal: for attention, whether the mask is causal (half the FLOPs are skipped in practice).
         gemm: for a linear layer, its GEMM as (M, K, N): M rows (tokens), K input features,
             N output features; the cost model's matmul-efficiency curve reads it. Empty otherwise.
+            For a grouped expert GEMM, M is the rows over all experts (tokens x experts_per_token).
+        fused: False only for unfused (math-path) attention.
+        moe_role: "router" (the gate linear whose scores feed a top-k; replicated under TP),
+            "expert" (a GEMM over a stacked [experts, ...] weight: kind is still "matmul", its
+            FLOPs count the routed rows only, i.e. active parameters) or "".
     """
 
     name: str
@@ -61,6 +66,7 @@ class Op:
     causal: bool = False
     gemm: tuple[int, ...] = ()
     fused: bool = True
+    moe_role: str = ""
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,9 @@ class Layer:
         attention_heads / kv_heads: heads seen at the attention op (0 when the layer has none).
         shared_parameters: elements of :attr:`num_parameters` that an earlier layer uses too
             (a tied LM head); a pipeline stage holding both layers stores them once.
+        num_experts / experts_per_token: for a mixture-of-experts block, the experts of its
+            stacked expert weights and the router's top-k (0 for dense layers). Expert
+            parallelism (EP) must divide ``num_experts``.
     """
 
     index: int
@@ -128,6 +137,8 @@ class Layer:
     attention_heads: int = 0
     kv_heads: int = 0
     shared_parameters: int = 0
+    num_experts: int = 0
+    experts_per_token: int = 0
 
     @property
     def tp_sharded_parameters(self) -> int:
@@ -169,6 +180,7 @@ class ModelGraph:
         hidden_size: width of the residual stream (from the block output shape).
         vocab_size: rows of the (vocabulary-parallel) embedding.
         method: "fx" or "export": how the graph was extracted.
+        notes: how the extraction went (e.g. why torch.fx was not used).
     """
 
     name: str
@@ -211,3 +223,8 @@ class ModelGraph:
     def kv_heads(self) -> int:
         """Key/value heads per block (GQA); TP must divide it."""
         return max((layer.kv_heads for layer in self.layers), default=0)
+
+    @property
+    def num_experts(self) -> int:
+        """Experts per MoE block (0 for a dense model); expert parallelism must divide it."""
+        return max((layer.num_experts for layer in self.layers), default=0)

@@ -1,0 +1,17 @@
+"""Run a plan on stock ``torch.distributed`` (:func:`apply`) and export it to other frameworks
+(Megatron-LM, torchtitan, DeepSpeed, torchrun, Slurm). See docs/runtime.md."""
+
+from .apply import MESH_DIMS, ParallelRun, apply, lm_loss
+from .errors import UnsupportedPlanError
+from .export import (
+    Export,
+    to_deepspeed_config,
+    to_megatron_args,
+    to_slurm_script,
+    to_torchrun_command,
+    to_torchtitan_toml,
+)
+
+__all__ = ["apply", "ParallelRun", "MESH_DIMS", "lm_loss", "UnsupportedPlanError", "Export",
+           "to_megatron_args", "to_torchtitan_toml", "to_deepspeed_config", "to_torchrun_command",
+           "to_slurm_script"]

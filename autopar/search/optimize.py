@@ -4,8 +4,7 @@
    variant (ZeRO-3, full recompute, smallest micro-batch) does not fit is dropped at once.
 2. For each micro-batch size, interleaving degree and ZeRO stage, uniform recompute modes are
    tried from cheapest to most frugal and the first that fits is kept (more recomputation only
-   adds time); a higher ZeRO stage is tried only when a lower one needed recomputation (it only
-   saves memory, never time).
+   adds time).
 3. The best candidates that needed recomputation get a per-block mix from CP-SAT
    (:mod:`autopar.search.recompute`), re-estimated by the same cost model.
 Ties break on memory, then on the configuration's text, so the same input gives the same plan.
@@ -121,18 +120,24 @@ def search(cm: CostModel, fixed: dict | None = None, *, time_limit_s: float | No
     if not meshes:
         raise _no_mesh(cm, fixed)
     blocks = max(g.num_blocks, 1)
-    for i, (tp, cp, pp, dp) in enumerate(meshes):
+    try:
+        for i, (tp, cp, pp, dp) in enumerate(meshes):
+            if progress:
+                progress("meshes", i, len(meshes), run.best)
+            if run.expired():
+                break
+            sps = [fixed["sequence_parallel"]] if "sequence_parallel" in fixed else [tp > 1]
+            base = dict(tp=tp, cp=cp, pp=pp, dp=dp)
+            for sp in sps:
+                _search_mesh(run, base, sp, fixed, limits, blocks)
         if progress:
-            progress("meshes", i, len(meshes), run.best)
-        if run.expired():
-            break
-        sps = [fixed["sequence_parallel"]] if "sequence_parallel" in fixed else [tp > 1]
-        base = dict(tp=tp, cp=cp, pp=pp, dp=dp)
-        for sp in sps:
-            _search_mesh(run, base, sp, fixed, limits, blocks)
-    if progress:
-        progress("meshes", len(meshes), len(meshes), run.best)
-    _refine(run, fixed, refine)
+            progress("meshes", len(meshes), len(meshes), run.best)
+        _refine(run, fixed, refine)
+    except KeyboardInterrupt:
+        # Ctrl-C: keep what was found; an empty result re-raises so the caller can stop
+        if run.best is None:
+            raise
+        run.complete = False
     if run.best is None:
         raise _infeasible(cm, run)
     ranked = sorted(run.fitting.values(), key=_key)
@@ -166,18 +171,14 @@ def _search_mesh(run: _Run, base: dict, sp: bool, fixed: dict, limits, blocks: i
         if frugal is not None and not frugal.fits and run.require_fit:
             return
         for v in space.virtual_stage_options(base["pp"], blocks, m, fixed, limits):
-            for zero in zeros:
-                fitted_mode = None
+            for zero in zeros:  # each stage overlaps its traffic differently: try all
                 for rc in rcs:
                     e = run.estimate(ParallelConfig(
                         **base, sequence_parallel=sp, micro_batch_size=b, zero_stage=zero,
                         recompute=rc, virtual_stages=v, schedule=schedule,
                         stage_blocks=stage_blocks))
                     if e is not None and (e.fits or not run.require_fit):
-                        fitted_mode = rc
-                        break
-                if fitted_mode == rcs[0]:
-                    break  # a higher ZeRO stage only saves memory that is not needed
+                        break  # more recomputation only adds time
 
 
 def _refine(run: _Run, fixed: dict, count: int) -> None:

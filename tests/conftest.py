@@ -1,0 +1,24 @@
+"""Shared fixtures: small graphs and clusters extracted once per session."""
+
+from __future__ import annotations
+
+import pytest
+
+import autopar
+from autopar.api import model_graph
+
+
+@pytest.fixture(scope="session")
+def graph_7b():
+    """llama2-7b at seq 4096, bf16, flash attention."""
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=4096)
+    return model_graph("llama2-7b", train)[0]
+
+
+@pytest.fixture(scope="session")
+def graph_gpt22b_unfused():
+    """Korthikanti's 22B GPT (48 x 6144, 64 heads) at seq 2048 with unfused attention."""
+    cfg = {"name": "gpt-22b", "family": "gpt", "num_layers": 48, "hidden_size": 6144,
+           "num_heads": 64, "vocab_size": 51200, "seq_len": 2048}
+    train = autopar.TrainingConfig(global_batch_size=4, seq_len=2048, flash_attention=False)
+    return model_graph(cfg, train)[0]

@@ -1,0 +1,120 @@
+"""Cost model: published formulas as oracles, and invariants as properties."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import assume, given, settings, strategies as st
+
+import autopar
+from autopar.cost import memory as mem
+from autopar.cost.model import CostModel
+from autopar.cost.schedule import bubble_fraction, pipeline_time
+
+
+def _korthikanti(case, s, b, h, a, t):
+    """Korthikanti et al. 2022, Table 2: activation bytes per layer."""
+    sbh = s * b * h
+    return {
+        "none": sbh * (34 + 5 * a * s / h),
+        "tp": sbh * (10 + 24 / t + 5 * a * s / (h * t)),
+        "tp_sp": sbh * (34 + 5 * a * s / h) / t,
+        "tp_selective": sbh * (10 + 24 / t),
+        "tp_sp_selective": sbh * 34 / t,
+        "full": 2 * sbh,
+    }[case]
+
+
+@pytest.mark.parametrize("case,tp,sp,mode", [
+    ("none", 1, False, "none"), ("tp", 8, False, "none"), ("tp_sp", 8, True, "none"),
+    ("tp_selective", 8, False, "selective"), ("tp_sp_selective", 8, True, "selective"),
+    ("full", 1, False, "full"),
+])
+@pytest.mark.parametrize("b", [1, 4])
+def test_activation_memory_matches_korthikanti_table2(graph_gpt22b_unfused, case, tp, sp, mode, b):
+    block = graph_gpt22b_unfused.blocks[0]
+    got = mem.block_activation_bytes(block, mode, micro_batch=b, tp=tp, cp=1,
+                                     sequence_parallel=sp)
+    want = _korthikanti(case, 2048, b, 6144, 64, tp)
+    assert got == pytest.approx(want, rel=0.01)
+
+
+def test_model_states_match_zero_paper():
+    # Rajbhandari et al. 2020, Figure 1: 7.5B parameters, 64 GPUs, K = 12
+    psi, d = 7.5e9, 64
+    totals = [sum(mem.model_state_bytes(psi, z, d, 2, 2, 12)) / 1e9 for z in range(4)]
+    assert totals == pytest.approx([120.0, 31.4, 16.6, 1.875], rel=0.01)
+
+
+def test_uniform_pipeline_bubble():
+    for p, m, v in [(4, 8, 1), (8, 32, 1), (8, 32, 4), (2, 1, 1)]:
+        total, bubble = pipeline_time([1.0] * p, m, v)
+        assert total == pytest.approx(m + (p - 1) / v)
+        assert bubble / total == pytest.approx(bubble_fraction(p, m, v))
+
+
+def test_seed_claim_bubble_figures():
+    # shared/reference/seed_claims.md row 4
+    assert bubble_fraction(4, 32) == pytest.approx(0.086, abs=5e-4)
+    assert bubble_fraction(8, 32) == pytest.approx(0.179, abs=5e-4)
+    assert bubble_fraction(4, 8) == pytest.approx(0.273, abs=5e-4)
+    assert bubble_fraction(8, 8) == pytest.approx(0.467, abs=5e-4)
+
+
+@given(p=st.integers(2, 64), m=st.integers(1, 512), v=st.integers(1, 8))
+def test_bubble_in_unit_interval_and_falls_with_micro_batches(p, m, v):
+    f = bubble_fraction(p, m, v)
+    assert 0 <= f < 1
+    assert bubble_fraction(p, m + 1, v) < f
+
+
+@pytest.fixture(scope="module")
+def cm_7b(graph_7b):
+    return CostModel(graph_7b, autopar.Cluster.from_spec("2x8xA100-80GB"),
+                     autopar.TrainingConfig(global_batch_size=64, seq_len=4096))
+
+
+configs = st.builds(
+    dict, tp=st.sampled_from([1, 2, 4, 8]), pp=st.sampled_from([1, 2]),
+    zero_stage=st.integers(0, 3), micro_batch_size=st.sampled_from([1, 2]),
+    sequence_parallel=st.booleans())
+
+
+@settings(max_examples=40, deadline=None)
+@given(cfg=configs)
+def test_recompute_never_raises_memory_nor_lowers_time(cm_7b, cfg):
+    try:
+        est = {mode: cm_7b.estimate(autopar.ParallelConfig(**cfg, recompute=mode))
+               for mode in ("none", "selective", "full")}
+    except autopar.InvalidParallelConfig:
+        assume(False)
+    assert est["selective"].memory_per_gpu_bytes <= est["none"].memory_per_gpu_bytes
+    assert est["full"].memory_per_gpu_bytes <= est["selective"].memory_per_gpu_bytes
+    assert est["selective"].step_time_s >= est["none"].step_time_s
+    assert est["full"].step_time_s >= est["selective"].step_time_s
+
+
+def _max_weights(graph, tp, pp, dp, zero):
+    """Largest per-rank weight bytes over pipeline ranks, on a cluster of exactly tp*pp*dp GPUs."""
+    world = tp * pp * dp
+    cluster = autopar.Cluster.custom(max(1, world // 8), min(8, world), "A100-80GB")
+    cm = CostModel(graph, cluster, autopar.TrainingConfig(global_batch_size=64, seq_len=4096))
+    c = cm.resolve(autopar.ParallelConfig(tp=tp, pp=pp, dp=dp, zero_stage=zero))
+    return max(st.states[0] for st in cm.stage_layout(c))
+
+
+@settings(max_examples=30, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 4]),
+       dp=st.sampled_from([1, 2, 4]), zero=st.integers(0, 2))
+def test_weight_memory_never_rises_with_tp_pp_or_zero(graph_7b, tp, pp, dp, zero):
+    base = _max_weights(graph_7b, tp, pp, dp, zero)
+    assert _max_weights(graph_7b, tp * 2, pp, dp, zero) <= base
+    assert _max_weights(graph_7b, tp, pp * 2, dp, zero) <= base
+    assert _max_weights(graph_7b, tp, pp, dp, zero + 1) <= base
+
+
+def test_mfu_counts_model_flops_once(cm_7b):
+    a = cm_7b.estimate(autopar.ParallelConfig(tp=2, recompute="none"))
+    b = cm_7b.estimate(autopar.ParallelConfig(tp=2, recompute="full"))
+    assert a.model_flops_per_step == b.model_flops_per_step
+    assert a.hfu == pytest.approx(a.mfu)
+    assert b.hfu > b.mfu
