@@ -70,6 +70,38 @@ class Plan:
         """A readable table: degrees, stages, recompute, time, MFU, memory, communication."""
         return plan_summary(self)
 
+    # -- runtime and exporters (autopar.runtime; imported on use: it pulls in torch.distributed) --
+    def apply(self, model, *, device_mesh=None, **kwargs):
+        """Parallelise ``model`` by this plan inside a process group: see
+        :func:`autopar.runtime.apply` (returns a ``ParallelRun`` with ``step(batch, labels)``)."""
+        from .runtime import apply
+        return apply(self, model, device_mesh=device_mesh, **kwargs)
+
+    def to_megatron_args(self):
+        """Megatron-LM arguments: :func:`autopar.runtime.to_megatron_args`."""
+        from .runtime import to_megatron_args
+        return to_megatron_args(self)
+
+    def to_torchtitan_toml(self):
+        """torchtitan job TOML: :func:`autopar.runtime.to_torchtitan_toml`."""
+        from .runtime import to_torchtitan_toml
+        return to_torchtitan_toml(self)
+
+    def to_deepspeed_config(self):
+        """DeepSpeed config: :func:`autopar.runtime.to_deepspeed_config`."""
+        from .runtime import to_deepspeed_config
+        return to_deepspeed_config(self)
+
+    def to_torchrun_command(self, script: str = "train.py", **kwargs):
+        """torchrun command: :func:`autopar.runtime.to_torchrun_command`."""
+        from .runtime import to_torchrun_command
+        return to_torchrun_command(self, script, **kwargs)
+
+    def to_slurm_script(self, script: str = "train.py", **kwargs):
+        """Slurm batch script: :func:`autopar.runtime.to_slurm_script`."""
+        from .runtime import to_slurm_script
+        return to_slurm_script(self, script, **kwargs)
+
     # -- JSON ----------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         """Plain-JSON form (see :meth:`from_dict`)."""
@@ -154,5 +186,6 @@ def _estimate(d: dict) -> Estimate:
     d = dict(d)
     d["config"] = _config(d["config"])
     d["stage_memory_bytes"] = tuple(d["stage_memory_bytes"])
-    d["stage_time_s"] = tuple(d["stage_time_s"])
+    for key in ("stage_time_s", "stage_fwd_s", "stage_bwd_s", "stage_memory_breakdown"):
+        d[key] = tuple(d.get(key, ()))
     return Estimate(**d)

@@ -258,7 +258,7 @@ class CostModel:
             if c.zero_stage == 3:
                 per_mb = (2 * dp_g.time("all_gather", psi * wbytes)
                           + dp_g.time("reduce_scatter", psi * p.grad_bytes))
-                dp_exposed = m * max(0.0, per_mb - (fwd1 + bwd1))
+                dp_exposed = m * max(0.0, per_mb - p.dp_overlap * (fwd1 + bwd1))
                 ledger.add("dp", dp_g.link, psi * (2 * wbytes + p.grad_bytes), per_mb, times=m)
             elif c.zero_stage == 2:
                 # sharded gradients cannot accumulate locally: reduce-scatter every micro-batch,
@@ -326,6 +326,8 @@ class CostModel:
             comm_seconds_by_link={k: v for k, v in sorted(ledger.seconds_by_link.items())
                                   if k != "local"},
             peak_stage=peak_rank,
+            stage_fwd_s=tuple(stage_fwd), stage_bwd_s=tuple(stage_bwd),
+            stage_memory_breakdown=tuple(sm.as_dict() for sm in stage_mem),
             group_links={d: grp.link for d, grp in
                          (("tp", tp_g), ("cp", cp_g), ("pp", pp_g), ("dp", dp_g))},
         )

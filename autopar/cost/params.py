@@ -34,8 +34,11 @@ class CostParams:
             distributed optimizer does; set 4 for fp32 main grads as Megatron's default DDP).
         optimizer_bytes_per_param: bytes Adam reads and writes per parameter in its step
             (fp32 master, m, v read+written, grad read, bf16 copy written: 4*6 + 2 + 2 = 28).
-        dp_overlap: fraction of one micro-batch's backward time that can hide the data-parallel
-            gradient reduction (Megatron-LM --overlap-grad-reduce); 1.0 = all of it.
+        dp_overlap: fraction of a compute window that can hide communication running beside it
+            (DP gradient reduction behind backward as Megatron-LM --overlap-grad-reduce, ZeRO-3
+            parameter gathers behind the previous layer, ring-attention transfers): NCCL kernels
+            take SMs and HBM bandwidth from the compute they overlap. 0.8 is an assumption to be
+            calibrated by measurement.
         reserved_bytes: memory per GPU not available to the model: CUDA context, cuBLAS workspace
             and NCCL buffers (assumption: 2e9 bytes).
         fragmentation: fraction of the remaining memory lost to allocator fragmentation
@@ -50,7 +53,7 @@ class CostParams:
     kernel_launch_s: float = 5e-6
     grad_bytes: int = 2
     optimizer_bytes_per_param: int = 28
-    dp_overlap: float = 1.0
+    dp_overlap: float = 0.8
     reserved_bytes: float = 2e9
     fragmentation: float = 0.05
 

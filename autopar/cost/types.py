@@ -40,6 +40,9 @@ class Estimate:
         comm_bytes_by_link: bytes one GPU sends per step, by link class (nvlink, infiniband...).
         comm_seconds_by_link: seconds of communication per step by link class (before overlap).
         peak_stage: index of the pipeline rank with the most memory.
+        stage_fwd_s / stage_bwd_s: per pipeline rank, seconds of one micro-batch's forward and
+            backward (incl. recompute, TP/CP communication and pipeline sends) over all its chunks.
+        stage_memory_breakdown: per pipeline rank, bytes by component (as memory_breakdown).
         group_links: the bottleneck link class each mesh dimension's groups cross
             (e.g. {"tp": "nvlink", "dp": "infiniband"}), from the rank placement.
     """
@@ -62,6 +65,9 @@ class Estimate:
     comm_seconds_by_link: dict
     peak_stage: int = 0
     group_links: dict = None  # type: ignore[assignment]
+    stage_fwd_s: tuple[float, ...] = ()
+    stage_bwd_s: tuple[float, ...] = ()
+    stage_memory_breakdown: tuple[dict, ...] = ()
     flops_convention: str = FLOPS_CONVENTION
 
     @property
@@ -75,4 +81,7 @@ class Estimate:
         d["config"] = self.config.to_dict()
         d["stage_memory_bytes"] = list(self.stage_memory_bytes)
         d["stage_time_s"] = list(self.stage_time_s)
+        d["stage_fwd_s"] = list(self.stage_fwd_s)
+        d["stage_bwd_s"] = list(self.stage_bwd_s)
+        d["stage_memory_breakdown"] = list(self.stage_memory_breakdown)
         return d
