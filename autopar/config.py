@@ -12,6 +12,10 @@ PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 RECOMPUTE_MODES = ("none", "selective", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+MESH_DIMS = ("tp", "cp", "dp", "pp")
+#: Default rank placement, innermost first: TP on consecutive ranks (inside a node), then CP, DP,
+#: and PP outermost (Megatron-LM's default order "tp-cp-ep-dp-pp").
+DEFAULT_PLACEMENT = MESH_DIMS
 
 #: Bytes per element of the compute dtype (fp8 training keeps bf16 weights and activations
 #: between GEMMs, as Transformer Engine does; only the GEMM inputs are 8-bit).
@@ -97,6 +101,8 @@ class ParallelConfig:
         schedule: "gpipe", "1f1b" or "interleaved-1f1b"; None = from virtual_stages.
         stage_blocks: decoder blocks per pipeline chunk, in model order (pp * virtual_stages
             entries); None = balanced.
+        placement: order in which mesh dimensions are laid on consecutive ranks, innermost
+            first (a permutation of "tp", "cp", "dp", "pp"); None = :data:`DEFAULT_PLACEMENT`.
 
     Raises:
         InvalidParallelConfig: a degree below 1, an unknown mode, or inconsistent choices.
@@ -113,6 +119,7 @@ class ParallelConfig:
     virtual_stages: int | None = None
     schedule: str | None = None
     stage_blocks: tuple[int, ...] | None = None
+    placement: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "cp"):
@@ -138,6 +145,12 @@ class ParallelConfig:
                 f"{self.virtual_stages} needs schedule 'interleaved-1f1b'.")
         if self.sequence_parallel and self.tp == 1:
             object.__setattr__(self, "sequence_parallel", False)
+        if self.placement is not None:
+            object.__setattr__(self, "placement", tuple(self.placement))
+            if sorted(self.placement) != sorted(MESH_DIMS):
+                raise InvalidParallelConfig(
+                    f"placement must order all of {MESH_DIMS} (innermost first); got "
+                    f"{self.placement!r}. Fix: e.g. placement=('tp', 'cp', 'dp', 'pp').")
         if self.stage_blocks is not None:
             object.__setattr__(self, "stage_blocks", tuple(self.stage_blocks))
             if any((not isinstance(n, int)) or n < 0 for n in self.stage_blocks):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import ParallelConfig, TrainingConfig
+from ..config import DEFAULT_PLACEMENT, ParallelConfig, TrainingConfig
 from ..graph.types import ModelGraph
 from . import memory as mem
 from .comm import Collectives, CommLedger, cp_layer_comm, tp_layer_comm
@@ -108,18 +108,23 @@ class CostModel:
         return t
 
     def group(self, dim: str, c: ParallelConfig) -> Collectives:
-        """The representative process group of mesh dimension ``dim`` (order tp, cp, dp, pp)."""
-        key = (dim, c.tp, c.cp, c.dp, c.pp)
+        """The representative process group (the one holding rank 0) of mesh dimension ``dim``
+        under the config's placement; "dp" means the dp x cp group, over which gradients are
+        reduced and ZeRO shards (CP ranks hold the same weights); "pp" a pair of neighbours."""
+        key = (dim, c.tp, c.cp, c.dp, c.pp, c.placement)
         g = self._groups.get(key)
         if g is None:
             from ..hardware import rank_groups
 
-            if dim == "dp":  # CP ranks hold the same weights: gradients reduce over dp x cp
-                ranks = rank_groups(self.cluster, {"tp": c.tp, "dpcp": c.cp * c.dp,
-                                                   "pp": c.pp})["dpcp"][0]
+            order = c.placement or DEFAULT_PLACEMENT
+            groups = rank_groups(self.cluster, {d: getattr(c, d) for d in order})
+            if dim == "dp":
+                members = {0}
+                for d in ("cp", "dp"):
+                    members = {r for grp in groups[d] if members & set(grp) for r in grp}
+                ranks = sorted(members)
             else:
-                ranks = rank_groups(self.cluster, {"tp": c.tp, "cp": c.cp, "dp": c.dp,
-                                                   "pp": c.pp})[dim][0]
+                ranks = groups[dim][0]
             if dim == "pp":  # a stage boundary: two neighbouring pipeline ranks
                 ranks = ranks[:2]
             g = Collectives(self.cluster, tuple(ranks))

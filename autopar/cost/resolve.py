@@ -8,7 +8,7 @@ The rules (each error names the rule and a fix):
 
 from __future__ import annotations
 
-from ..config import ParallelConfig, TrainingConfig
+from ..config import DEFAULT_PLACEMENT, ParallelConfig, TrainingConfig
 from ..errors import InvalidParallelConfig
 from ..graph.types import ModelGraph
 from .stages import balanced_stage_blocks
@@ -71,4 +71,5 @@ def resolve(config: ParallelConfig, graph: ModelGraph, world_size: int,
             "Fix: give one block count per pipeline chunk.")
     c.block_recompute(blocks)  # checks a per-block tuple's length
     return c.replace(dp=dp, micro_batch_size=mbs, virtual_stages=v, schedule=schedule,
-                     stage_blocks=tuple(stage_blocks))
+                     stage_blocks=tuple(stage_blocks),
+                     placement=c.placement or DEFAULT_PLACEMENT)
