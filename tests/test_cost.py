@@ -118,3 +118,49 @@ def test_mfu_counts_model_flops_once(cm_7b):
     assert a.model_flops_per_step == b.model_flops_per_step
     assert a.hfu == pytest.approx(a.mfu)
     assert b.hfu > b.mfu
+
+
+def _scaled_cluster(spec: str, link_scale: float = 1.0, flops_scale: float = 1.0):
+    import dataclasses
+
+    base = autopar.Cluster.from_spec(spec)
+    dev = dataclasses.replace(base.device, peak_flops={
+        k: v * flops_scale for k, v in base.device.peak_flops.items()})
+    intra = dataclasses.replace(base.intra_link, bandwidth_Bps=base.intra_link.bandwidth_Bps
+                                * link_scale)
+    inter = dataclasses.replace(base.inter_link, bandwidth_Bps=base.inter_link.bandwidth_Bps
+                                * link_scale)
+    return autopar.Cluster.custom(base.num_nodes, base.gpus_per_node, dev, intra=intra,
+                                  inter=inter, nics_per_node=base.nics_per_node)
+
+
+@settings(max_examples=25, deadline=None)
+@given(cfg=configs, scale=st.floats(1.0, 8.0), which=st.sampled_from(["link", "flops"]))
+def test_more_bandwidth_or_flops_never_slows_a_step(graph_7b, cfg, scale, which):
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=4096)
+    slow = CostModel(graph_7b, _scaled_cluster("2x8xA100-80GB"), train)
+    kw = {"link_scale": scale} if which == "link" else {"flops_scale": scale}
+    fast = CostModel(graph_7b, _scaled_cluster("2x8xA100-80GB", **kw), train)
+    try:
+        a = slow.estimate(autopar.ParallelConfig(**cfg))
+    except autopar.InvalidParallelConfig:
+        assume(False)
+    b = fast.estimate(autopar.ParallelConfig(**cfg))
+    assert b.step_time_s <= a.step_time_s * (1 + 1e-12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4, 8]), cp=st.sampled_from([1, 2, 4]), b=st.integers(1, 4),
+       sp=st.booleans())
+def test_flops_are_conserved_under_sharding(graph_7b, tp, cp, b, sp):
+    from autopar.cost.compute import layer_time
+
+    params = autopar.CostParams()
+    for layer in (graph_7b.blocks[0], graph_7b.layers[-1]):
+        kw = dict(peak_flops=312e12, hbm_bandwidth=2e12, params=params, micro_batch=b,
+                  sequence_parallel=sp)
+        one = layer_time(layer, tp=1, cp=1, **kw)
+        many = layer_time(layer, tp=tp, cp=cp, **kw)
+        assert many.fwd_flops * tp * cp == pytest.approx(one.fwd_flops, rel=1e-9)
+        assert many.bwd_flops * tp * cp == pytest.approx(one.bwd_flops, rel=1e-9)
+        assert one.fwd_flops == pytest.approx(layer.fwd_flops * b, rel=1e-9)
