@@ -164,3 +164,27 @@ def test_flops_are_conserved_under_sharding(graph_7b, tp, cp, b, sp):
         assert many.fwd_flops * tp * cp == pytest.approx(one.fwd_flops, rel=1e-9)
         assert many.bwd_flops * tp * cp == pytest.approx(one.bwd_flops, rel=1e-9)
         assert one.fwd_flops == pytest.approx(layer.fwd_flops * b, rel=1e-9)
+
+
+def test_simulation_matches_closed_form_on_uniform_stages():
+    from autopar.cost.schedule import simulate_pipeline
+
+    for p, m in [(1, 1), (2, 3), (4, 8), (8, 32)]:
+        assert simulate_pipeline([1.0] * p, [2.0] * p, m) == pytest.approx(3 * (m + p - 1))
+        assert simulate_pipeline([1.0] * p, [2.0] * p, m, "gpipe") == pytest.approx(
+            3 * (m + p - 1))
+
+
+@settings(max_examples=30, deadline=None)
+@given(p=st.integers(2, 12), m=st.integers(1, 120),
+       times=st.lists(st.floats(0.5, 2.0), min_size=12, max_size=12))
+def test_extrapolated_simulation_tracks_a_full_run(p, m, times):
+    from autopar.cost.schedule import pipeline_step_time, simulate_pipeline
+
+    fwd = times[:p]
+    bwd = [2 * t for t in fwd]
+    full = simulate_pipeline(fwd, bwd, m)
+    fast, bubble = pipeline_step_time(fwd, bwd, m)
+    assert fast == pytest.approx(full, rel=0.02)
+    assert fast >= m * max(f + b for f, b in zip(fwd, bwd)) - 1e-9
+    assert bubble >= -1e-9

@@ -21,7 +21,7 @@ from .comm import Collectives, CommLedger, cp_layer_comm, tp_layer_comm
 from .compute import LayerTime, layer_time
 from .params import OPTIMIZER_STATE_BYTES, CostParams
 from .resolve import resolve
-from .schedule import pipeline_time
+from .schedule import pipeline_step_time
 from .stages import chunk_layers
 from .types import Estimate
 
@@ -252,7 +252,7 @@ class CostModel:
         # pipeline
         t_max = max(stage_time)
         bottleneck = stage_time.index(t_max)
-        t_pipe, bubble = pipeline_time(stage_time, m, v)
+        t_pipe, bubble = pipeline_step_time(stage_fwd, stage_bwd, m, v, c.schedule)
 
         # data parallel and optimizer, on the rank with the most parameters
         psi = max(stage_params)
