@@ -13,6 +13,7 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 RECOMPUTE_MODES = ("none", "selective", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 MESH_DIMS = ("tp", "cp", "dp", "pp")
+CP_MODES = ("ring", "ulysses", "allgather")
 #: Default rank placement, innermost first: TP on consecutive ranks (inside a node), then CP, DP,
 #: and PP outermost (Megatron-LM's default order "tp-cp-ep-dp-pp").
 DEFAULT_PLACEMENT = MESH_DIMS
@@ -101,6 +102,9 @@ class ParallelConfig:
         schedule: "gpipe", "1f1b" or "interleaved-1f1b"; None = from virtual_stages.
         stage_blocks: decoder blocks per pipeline chunk, in model order (pp * virtual_stages
             entries); None = balanced.
+        cp_mode: how context parallelism exchanges attention inputs: "ring" (ring attention,
+            K/V passed around the ring, overlapped), "ulysses" (all-to-all to head-sharding;
+            needs heads divisible by tp * cp) or "allgather" (K/V all-gathered, as Llama 3).
         placement: order in which mesh dimensions are laid on consecutive ranks, innermost
             first (a permutation of "tp", "cp", "dp", "pp"); None = :data:`DEFAULT_PLACEMENT`.
 
@@ -120,6 +124,7 @@ class ParallelConfig:
     schedule: str | None = None
     stage_blocks: tuple[int, ...] | None = None
     placement: tuple[str, ...] | None = None
+    cp_mode: str = "ring"
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "cp"):
@@ -145,6 +150,9 @@ class ParallelConfig:
                 f"{self.virtual_stages} needs schedule 'interleaved-1f1b'.")
         if self.sequence_parallel and self.tp == 1:
             object.__setattr__(self, "sequence_parallel", False)
+        if self.cp_mode not in CP_MODES:
+            raise InvalidParallelConfig(
+                f"cp_mode {self.cp_mode!r} is not one of {CP_MODES}.")
         if self.placement is not None:
             object.__setattr__(self, "placement", tuple(self.placement))
             if sorted(self.placement) != sorted(MESH_DIMS):

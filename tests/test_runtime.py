@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 import autopar
 from autopar.runtime import apply, lm_loss
 
-STEPS, GBS, SEQ, LR = 3, 8, 32, 1e-3
+STEPS, GBS, SEQ, LR = 3, 8, 32, 1e-4
 TOL = 1e-5
 TIMEOUT_S = 60
 TRAIN = autopar.TrainingConfig(global_batch_size=GBS, seq_len=SEQ, precision="fp32",

@@ -103,22 +103,41 @@ def tp_layer_comm(layer: Layer, group: Collectives, *, micro_batch: int, cp: int
 
 
 def cp_layer_comm(layer: Layer, group: Collectives, *, micro_batch: int, tp: int,
-                  attention_fwd_s: float) -> tuple[float, float, float]:
-    """Exposed ring-attention communication of one block: (fwd_s, bwd_s, bytes per micro-batch).
+                  attention_fwd_s: float, mode: str = "ring",
+                  overlap: float = 1.0) -> tuple[float, float, float]:
+    """Exposed context-parallel communication of one block: (fwd_s, bwd_s, bytes per micro-batch).
 
-    Each of cp - 1 steps sends this rank's K and V shard (sequence / cp, kv heads / tp) to its
-    ring neighbour while the attention of the previous shard runs; backward also returns dK, dV.
+    Modes (sequence split over cp ranks, heads over tp):
+      ring: cp - 1 steps each sending this rank's K and V shard to the ring neighbour while the
+        attention of the previous shard runs; backward also returns dK, dV (Liu et al. 2023,
+        Ring Attention). Hidden up to ``overlap`` of the attention time.
+      ulysses: all-to-all of Q, K, V before attention (sequence-sharded -> head-sharded) and of the
+        output after it; the same in backward (Jacobs et al. 2023, DeepSpeed-Ulysses). Exposed.
+      allgather: all-gather of K and V before attention, reduce-scatter of dK and dV in backward
+        (Llama 3, Dubey et al. 2024, section 3.3.2). Exposed.
     """
     if group.size <= 1 or layer.attention_heads == 0:
         return 0.0, 0.0, 0.0
     attn = [o for o in layer.ops if o.kind == "attention"]
     cp = group.size
     q_heads, kv = layer.attention_heads, layer.kv_heads
-    kv_bytes = sum(o.bytes_read for o in attn) * (2 * kv) / (q_heads + 2 * kv)
-    shard = kv_bytes * micro_batch / (cp * tp)
+    qkv_bytes = sum(o.bytes_read for o in attn) * micro_batch / tp
+    if not attn[0].fused:  # bytes_read of unfused attention also counts its score traffic
+        qkv_bytes = sum(o.bytes_written for o in attn) * (q_heads + 2 * kv) / q_heads \
+            * micro_batch / tp
+    kv_bytes = qkv_bytes * (2 * kv) / (q_heads + 2 * kv)
+    out_bytes = qkv_bytes * q_heads / (q_heads + 2 * kv)
+    if mode == "ulysses":
+        fwd = group.time("all_to_all", qkv_bytes / cp) + group.time("all_to_all", out_bytes / cp)
+        return fwd, fwd, 2 * (qkv_bytes + out_bytes) / cp
+    if mode == "allgather":
+        fwd = group.time("all_gather", kv_bytes)
+        bwd = group.time("reduce_scatter", kv_bytes)
+        return fwd, bwd, 2 * kv_bytes * (cp - 1) / cp
+    shard = kv_bytes / cp
     step = group.time("send_recv", shard)
     steps = cp - 1
-    per_step_compute = attention_fwd_s / cp
+    per_step_compute = overlap * attention_fwd_s / cp
     fwd = max(0.0, steps * (step - per_step_compute))
     bwd = max(0.0, steps * (2 * step - 2.5 * per_step_compute))
     return fwd, bwd, shard * steps * 3

@@ -138,7 +138,7 @@ class CostModel:
         if layer.kind != "block":
             mode = "none"
         key = (layer.signature, mode, c.tp, c.cp, c.dp, c.pp, c.micro_batch_size,
-               c.sequence_parallel)
+               c.sequence_parallel, c.cp_mode, c.placement)
         hit = self._block_costs.get(key)
         if hit is not None:
             return hit
@@ -151,7 +151,8 @@ class CostModel:
             tb += tf
             bb += fb
         cf, cb, cbytes = cp_layer_comm(layer, self.group("cp", c), micro_batch=bscale, tp=tp,
-                                       attention_fwd_s=lt.attention_fwd_s)
+                                       attention_fwd_s=lt.attention_fwd_s, mode=c.cp_mode,
+                                       overlap=self.params.dp_overlap)
         rec = lt.recompute_s(mode)
         rflops = {"full": lt.fwd_flops}.get(mode, 0.0)
         if mode == "selective":

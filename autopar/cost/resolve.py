@@ -40,6 +40,11 @@ def resolve(config: ParallelConfig, graph: ModelGraph, world_size: int,
         raise InvalidParallelConfig(
             f"tp={c.tp} must divide the {heads} attention heads and {kv} KV heads. Fix: use tp in "
             f"{[t for t in range(1, kv + 1) if heads % t == 0 and kv % t == 0]}.")
+    if c.cp > 1 and c.cp_mode == "ulysses" and heads and (heads % (c.tp * c.cp)
+                                                          or kv % (c.tp * c.cp)):
+        raise InvalidParallelConfig(
+            f"Ulysses context parallelism splits heads over tp*cp = {c.tp * c.cp}, which must "
+            f"divide the {heads} heads and {kv} KV heads. Fix: use cp_mode='ring' or a smaller cp.")
     if train.seq_len % c.cp:
         raise InvalidParallelConfig(
             f"cp={c.cp} must divide the sequence length {train.seq_len}. Fix: choose cp that "

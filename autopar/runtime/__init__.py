@@ -7,10 +7,9 @@ from .export import (
     Export,
     to_deepspeed_config,
     to_megatron_args,
-    to_slurm_script,
-    to_torchrun_command,
     to_torchtitan_toml,
 )
+from .launch import to_slurm_script, to_torchrun_command
 
 __all__ = ["apply", "ParallelRun", "MESH_DIMS", "lm_loss", "UnsupportedPlanError", "Export",
            "to_megatron_args", "to_torchtitan_toml", "to_deepspeed_config", "to_torchrun_command",

@@ -109,7 +109,8 @@ class ParallelRun:
         """
         x, y = self._local(batch), self._local(labels)
         c = self.plan.config
-        ctx = loss_parallel() if c.tp > 1 else contextlib.nullcontext()
+        # loss_parallel reduces the vocabulary-sharded logits of the TP head.
+        ctx = loss_parallel if c.tp > 1 else contextlib.nullcontext
         for m in self.modules:
             m.train()
         loss = (self._pipelined(x, y, ctx) if self.schedule is not None
@@ -131,7 +132,7 @@ class ParallelRun:
         for i, (xi, yi) in enumerate(zip(xs, ys)):
             # FSDP reduces gradients only after the last micro-batch of the step.
             dp_mod.set_gradient_sync([module], i == len(xs) - 1)
-            with ctx:
+            with ctx():
                 loss = lm_loss(module(xi), yi) / len(xs)
                 loss.backward()
             loss = loss.detach()
@@ -142,7 +143,7 @@ class ParallelRun:
         c = self.plan.config
         rank = self._coords()["pp"]
         losses: list[torch.Tensor] = []
-        with ctx:
+        with ctx():
             if rank == 0:
                 self.schedule.step(x)
             elif rank == c.pp - 1:

@@ -2,10 +2,13 @@
 
 - ``"full"``: the whole block is recomputed in backward; only its input is kept
   (``checkpoint_wrapper``, non-reentrant ``torch.utils.checkpoint``).
-- ``"selective"``: Korthikanti et al. 2022's selective recomputation: only the attention core
-  (scores, softmax, dropout, weighted values) is recomputed, every other op's output is kept.
-  Implemented with a ``create_selective_checkpoint_contexts`` policy; collectives are never
-  recomputed (their outputs are saved), so recomputation adds no communication.
+- ``"selective"``: the attention core (Korthikanti et al. 2022's selective recomputation:
+  scores, softmax, dropout, weighted values) is recomputed, the linear layers' outputs are kept.
+  Implemented with a ``create_selective_checkpoint_contexts`` policy that saves matmul outputs and
+  collective results and recomputes every other op (torchtitan's op-level policy): saving the
+  cheap elementwise ops too would be closer to Megatron-LM, but some of them are later mutated in
+  place (RMSNorm's ``add_``), which selective checkpointing refuses. Collectives are never
+  recomputed, so recomputation adds no communication.
 - ``"none"``: nothing.
 """
 
@@ -16,25 +19,24 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-_aten = torch.ops.aten
+
+def _saved_ops() -> frozenset:
+    """Ops whose outputs selective recompute keeps: the linear layers' GEMMs and the collectives.
+    SDPA (fused, or its math fallback's bmm/softmax) is not among them, so attention is
+    recomputed; linear layers lower to mm/addmm, never bmm."""
+    aten, c10d = torch.ops.aten, torch.ops._c10d_functional
+    ops = [aten.mm.default, aten.addmm.default, aten._scaled_mm.default]
+    ops += [getattr(c10d, n).default for n in ("all_reduce", "reduce_scatter_tensor",
+                                               "all_gather_into_tensor", "all_to_all_single")
+            if hasattr(c10d, n)]
+    return frozenset(ops)
 
 
-def _attention_core_ops() -> frozenset:
-    """ATen ops of the attention core: the fused SDPA kernels and, for SDPA's math fallback
-    (CPU with grouped-query attention), the batched matmuls and softmax it decomposes into.
-    Linear layers lower to mm/addmm, never bmm, so bmm is attention-only in these models."""
-    names = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
-             "_scaled_dot_product_attention_math", "_softmax", "_safe_softmax", "bmm",
-             "native_dropout")
-    return frozenset(getattr(_aten, n).default for n in names if hasattr(_aten, n))
-
-
-_CORE = _attention_core_ops()
+_SAVED = _saved_ops()
 
 
 def _policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-    return CheckpointPolicy.PREFER_RECOMPUTE if op in _CORE else CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.MUST_SAVE if op in _SAVED else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def _selective_context():

@@ -1,0 +1,196 @@
+"""Running an exported (aten-level) graph: the interpreter and the fused-module groups.
+
+Part of the torch.export path (:mod:`autopar.graph.export`): :class:`ExportInterpreter` adapts the
+fx path's :class:`~autopar.graph.measure.MeasuringInterpreter` to aten ops (see
+:mod:`autopar.graph.aten`), runs norm and activation modules' decompositions as one fused kernel
+(:func:`fused_groups`), attention as flash attention on the KV heads, and grouped expert GEMMs
+by :func:`~autopar.graph.kernels.grouped_gemm_flops`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from . import aten as A
+from . import classify
+from .kernels import (GEMM_BACKWARD_RATIO, FusedActivationMeta, FusedNormMeta,
+                      grouped_gemm_flops)
+from .measure import MeasuringInterpreter
+
+
+def _is_activation(module: nn.Module) -> bool:
+    cls = type(module)
+    return cls.__module__ == "torch.nn.modules.activation" or "Activation" in cls.__name__ \
+        or cls.__name__.endswith(("GELU", "SiLU"))
+
+
+def _floating(val) -> bool:
+    if isinstance(val, (list, tuple)):
+        return any(_floating(v) for v in val)
+    return isinstance(val, torch.Tensor) and val.is_floating_point()
+
+
+@dataclasses.dataclass
+class _Group:
+    """Nodes of one norm/activation module call, run as one fused op at ``out``."""
+    kind: str                 # "norm" or "elementwise"
+    x: fx.Node                # the one activation entering the module
+    params: list[fx.Node]
+    out: fx.Node
+    inner: list[fx.Node]
+
+
+class ExportInterpreter(MeasuringInterpreter):
+    """Measures an exported (aten-level) graph; see :class:`MeasuringInterpreter` for what is
+    recorded per op. Parameters are placeholders here (``param_nodes``: name -> original tensor)."""
+
+    def __init__(self, gm, meta_of, rec, param_nodes: dict[str, torch.Tensor],
+                 groups: dict[fx.Node, _Group], on_node):
+        super().__init__(gm, meta_of, rec)
+        self.param_nodes = param_nodes
+        self.groups = groups
+        self.inner = {n for g in groups.values() for n in g.inner}
+        self.on_node = on_node
+        self.routers = A.routers(gm.graph)
+        self.gqa_views: set[fx.Node] = set()
+        self.kv_of: dict[fx.Node, fx.Node] = {}
+        self.heads = self.experts = (0, 0)
+        for n in gm.graph.nodes:
+            if n.op == "call_function" and A.packet(n.target) in A.SDPA:
+                q = n.args[0].meta.get("val")
+                for operand in n.args[1:3]:
+                    src, chain = A.kv_source(operand, q.shape[1])
+                    if src is not None:
+                        self.kv_of[operand] = src
+                        self.gqa_views.update(chain)
+
+    def run_node(self, n: fx.Node):
+        self.on_node(n)
+        if n in self.inner:  # computed by its group's fused op
+            self._node = n
+            return None
+        return super().run_node(n)
+
+    # -- hooks -----------------------------------------------------------------------------------
+    def node_kind(self, n, module):
+        if n in self.groups:
+            return self.groups[n].kind
+        if n in self.gqa_views:
+            return "view"
+        return A.op_kind(n)
+
+    def input_regions(self, n):
+        sources = [self.groups[n].x] if n in self.groups else n.all_input_nodes
+        # integer tensors (token ids, positions, MoE routing indices) carry no TP region
+        return {self.region.get(a) for a in sources if _floating(a.meta.get("val"))} - {
+            None, "const"}
+
+    def linear_out_features(self, n, module, kind):
+        x, w = A.gemm_operands(n)
+        if x is None or n in self.routers or A.traced_param(w, set(self.param_nodes)) is None:
+            return None  # routers stay replicated; activation x activation GEMMs are not linears
+        return n.meta["val"].shape[-1]
+
+    def matmul_input(self, n):
+        return A.gemm_operands(n)[0]
+
+    def gemm_dims(self, n, inputs, result):
+        x = self.env[self.matmul_input(n)]
+        return (x.numel() // x.shape[-1], x.shape[-1], result.shape[-1])
+
+    def op_extras(self, n):
+        if n in self.routers:
+            return {"moe_role": "router"}
+        if n.op == "call_function" and A.packet(n.target) in A.GROUPED_GEMM:
+            return {"moe_role": "expert"}
+        return {}
+
+    # -- execution -------------------------------------------------------------------------------
+    def fetch_args_kwargs_from_env(self, n):
+        if n in self.groups:
+            g = self.groups[n]
+            return (self.env[g.x], *[self.env[p] for p in g.params]), {}
+        return super().fetch_args_kwargs_from_env(n)
+
+    def call_function(self, target, args, kwargs):
+        n = self._node
+        used = self.groups[n].params if n in self.groups else n.all_input_nodes
+        for a in used:
+            if a.name in self.param_nodes:
+                original = self.param_nodes[a.name]
+                self.layer_params[id(original)] = original
+        if n in self.groups:
+            return self._fused(self.groups[n], args)
+        p = A.packet(target)
+        if p in A.SDPA:
+            return self._sdpa(n, *args, **kwargs)
+        if p in A.ATTENTION:  # fused variants: run as they are (they save what flash saves)
+            q, k = args[0], args[1]
+            self._heads, self._score_bytes = (q.shape[1], k.shape[1]), 0
+            self._attention_causal = bool(kwargs.get("is_causal", False))
+        result = super().call_function(target, args, kwargs)
+        if p in A.GROUPED_GEMM:
+            flops = grouped_gemm_flops(args[0].shape, args[1].shape)
+            self._flops_override = flops
+            self.rec.extra_bwd_flops += GEMM_BACKWARD_RATIO * flops
+            self.experts = (args[1].shape[0], self.experts[1])
+        if n in self.routers:
+            self.experts = (result.shape[-1], self.routers[n])
+        return result
+
+    def _fused(self, g: _Group, args):
+        x = args[0]
+        if g.kind == "norm":
+            weights = [t for t in args[1:] if t.dim() == 1]
+            out = FusedNormMeta.apply(x, weights[0] if weights else None)
+        else:
+            out = FusedActivationMeta.apply(x)
+        dtype = g.out.meta["val"].dtype
+        return out if out.dtype == dtype else out.to(dtype)
+
+    def _sdpa(self, n, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+              enable_gqa=False):
+        # GQA: read the KV heads themselves, as a GQA flash kernel does, not repeat_kv's copies
+        k = self.env[self.kv_of[n.args[1]]] if n.args[1] in self.kv_of else k
+        v = self.env[self.kv_of[n.args[2]]] if n.args[2] in self.kv_of else v
+        out = self._attention(q, k, v, None, dropout_p, is_causal, scale)
+        # a mask [.., s, s] in a decoder LM is the causal mask (HF materialises it)
+        self._attention_causal = bool(is_causal) or attn_mask is not None
+        return out
+
+
+def fused_groups(graph: fx.Graph, modules: dict[str, nn.Module],
+                  params: set[str]) -> dict[fx.Node, _Group]:
+    """{group output node: group} for runs of >= 2 nodes inside one norm or activation module with one activation in and out."""
+    runs: list[tuple[str, list[fx.Node]]] = []
+    for n in graph.nodes:
+        stack = n.meta.get("nn_module_stack")
+        fqn = list(stack.values())[-1][0] if (n.op == "call_function" and stack) else None
+        if runs and fqn is not None and runs[-1][0] == fqn:
+            runs[-1][1].append(n)
+        else:
+            runs.append((fqn, [n]))
+    groups: dict[fx.Node, _Group] = {}
+    for fqn, nodes in runs:
+        module = modules.get(fqn) if fqn is not None else None
+        if module is None or len(nodes) < 2:
+            continue
+        kind = "norm" if classify.is_norm_module(module) else (
+            "elementwise" if _is_activation(module) else None)
+        inside = set(nodes)
+        outside = {a for m in nodes for a in m.all_input_nodes if a not in inside}
+        acts = [a for a in outside if a.name not in params]
+        used_out = [m for m in nodes if any(u not in inside for u in m.users)]
+        val = used_out[0].meta.get("val") if len(used_out) == 1 else None
+        if kind is None or len(acts) != 1 or val is None or not isinstance(
+                acts[0].meta.get("val"), torch.Tensor) or acts[0].meta["val"].shape != val.shape:
+            continue
+        out = used_out[0]
+        groups[out] = _Group(kind, acts[0], sorted((a for a in outside if a.name in params),
+                                                   key=lambda a: a.name),
+                             out, [m for m in nodes if m is not out])
+    return groups
