@@ -93,6 +93,9 @@ class CostModel:
         self._layer_times: dict[tuple, LayerTime] = {}
         self._groups: dict[tuple, Collectives] = {}
         self._block_costs: dict[tuple, BlockCost] = {}
+        self._rank_layers: dict[tuple, tuple] = {}
+        self._params: dict[tuple, float] = {}
+        self._layouts: dict[tuple, tuple[StageLayout, ...]] = {}
 
     # -- cached pieces -------------------------------------------------------------------------
     def layer_time(self, index: int, b: int, tp: int, cp: int, sp: bool) -> LayerTime:
@@ -170,18 +173,54 @@ class CostModel:
         self._block_costs[key] = bc
         return bc
 
+    def rank_layers(self, pp: int, stage_blocks: tuple[int, ...]) -> tuple[tuple, ...]:
+        """Per pipeline rank: (layer indices, chunk indices, groups) where groups lists
+        (representative layer index, count, is_block) per distinct layer signature (cached)."""
+        key = (pp, stage_blocks)
+        hit = self._rank_layers.get(key)
+        if hit is not None:
+            return hit
+        g = self.graph
+        chunks = chunk_layers(len(g.layers), self.blocks, stage_blocks)
+        out = []
+        for rank in range(pp):
+            mine = tuple(ci for ci in range(len(chunks)) if ci % pp == rank)
+            layers = tuple(i for ci in mine for i in chunks[ci])
+            groups: dict[str, list] = {}
+            for i in layers:
+                entry = groups.setdefault(g.layers[i].signature, [i, 0])
+                entry[1] += 1
+            out.append((layers, mine, tuple((i, n) for i, n in groups.values()), chunks))
+        self._rank_layers[key] = tuple(out)
+        return self._rank_layers[key]
+
+    def _rank_params(self, tp: int, layers: tuple[int, ...]) -> float:
+        key = (tp, layers)
+        hit = self._params.get(key)
+        if hit is None:
+            g = self.graph
+            kinds = {g.layers[i].kind for i in layers}
+            hit = sum(mem.layer_params_per_rank(
+                g.layers[i], tp, count_shared=not (g.layers[i].kind == "head"
+                                                   and "embedding" in kinds)) for i in layers)
+            self._params[key] = hit
+        return hit
+
     def stage_layout(self, c: ParallelConfig) -> tuple[StageLayout, ...]:
         """Per pipeline rank of the resolved config ``c``: its layers, in-flight multiplier,
-        pipeline communication and model states."""
+        pipeline communication and model states (cached)."""
+        key = (c.tp, c.pp, c.cp, c.dp, c.micro_batch_size, c.sequence_parallel, c.zero_stage,
+               c.schedule, c.virtual_stages, c.stage_blocks, c.placement)
+        hit = self._layouts.get(key)
+        if hit is not None:
+            return hit
         g, tp, pp, cp = self.graph, c.tp, c.pp, c.cp
         m = self.train.global_batch_size // (c.dp * c.micro_batch_size)
-        chunks = chunk_layers(len(g.layers), self.blocks, c.stage_blocks)
         pp_g = self.group("pp", c)
         bscale = c.micro_batch_size / g.micro_batch_size
         out = []
-        for rank in range(pp):
-            mine = [ci for ci in range(len(chunks)) if ci % pp == rank]
-            layers = tuple(i for ci in mine for i in chunks[ci])
+        for rank, (layers, mine, _groups, chunks) in enumerate(self.rank_layers(pp,
+                                                                             c.stage_blocks)):
             p2p_s = p2p_bytes = 0.0
             for ci in mine:
                 if pp > 1 and ci < len(chunks) - 1 and chunks[ci]:
@@ -189,17 +228,15 @@ class CostModel:
                               / (tp if c.sequence_parallel else 1))
                     p2p_s += 2 * pp_g.time("send_recv", nbytes)
                     p2p_bytes += 2 * nbytes
-            kinds = {g.layers[i].kind for i in layers}
-            params = sum(mem.layer_params_per_rank(
-                g.layers[i], tp, count_shared=not (g.layers[i].kind == "head"
-                                                   and "embedding" in kinds)) for i in layers)
+            params = self._rank_params(tp, layers)
             states = mem.model_state_bytes(params, c.zero_stage, c.dp * c.cp,
                                            self.train.dtype_bytes,
                                            self.params.grad_bytes,
                                            OPTIMIZER_STATE_BYTES[self.train.optimizer])
             flight = mem.in_flight(c.schedule, rank, pp, m, c.virtual_stages) / max(1, len(mine))
             out.append(StageLayout(layers, flight, p2p_s, p2p_bytes, params, states))
-        return tuple(out)
+        self._layouts[key] = tuple(out)
+        return self._layouts[key]
 
     # -- the estimate --------------------------------------------------------------------------
     def resolve(self, config: ParallelConfig) -> ParallelConfig:
@@ -217,11 +254,13 @@ class CostModel:
         tp, cp, pp, dp, b, v = c.tp, c.cp, c.pp, c.dp, c.micro_batch_size, c.virtual_stages
         sp = c.sequence_parallel
         m = train.global_batch_size // (dp * b)
-        modes = dict(zip(self.blocks, c.block_recompute(len(self.blocks))))
+        uniform = c.recompute if isinstance(c.recompute, str) else None
+        modes = None if uniform else dict(zip(self.blocks, c.block_recompute(len(self.blocks))))
         tp_g, cp_g, pp_g, dp_g = (self.group(d, c) for d in ("tp", "cp", "pp", "dp"))
         ledger = CommLedger()
 
         layout = self.stage_layout(c)
+        ranks = self.rank_layers(pp, c.stage_blocks)
         stage_time = [0.0] * pp
         stage_parts = [dict(compute=0.0, tp_comm=0.0, cp_comm=0.0, pp_comm=0.0) for _ in range(pp)]
         stage_fwd = [0.0] * pp
@@ -230,19 +269,33 @@ class CostModel:
         stage_transient = [0.0] * pp
         recompute_flops = 0.0
         for rank, st in enumerate(layout):
-            for li in st.layers:
-                bc = self.block_cost(li, modes.get(li, "none"), c)
-                parts = stage_parts[rank]
-                parts["compute"] += bc.compute_s
-                parts["tp_comm"] += bc.tp_s
-                parts["cp_comm"] += bc.cp_s
-                stage_fwd[rank] += bc.fwd_s
-                stage_bwd[rank] += bc.bwd_s
-                ledger.add("tp", tp_g.link, bc.tp_bytes, bc.tp_s, times=m)
-                ledger.add("cp", cp_g.link, bc.cp_bytes, bc.cp_s, times=m)
-                recompute_flops += bc.recompute_flops
-                stage_act[rank] += bc.act_bytes
+            if uniform is not None:  # identical layers cost the same: count them once
+                items = [(li, uniform, n) for li, n in ranks[rank][2]]
+            else:
+                counts: dict[tuple, int] = {}
+                for li in st.layers:
+                    key = (self.graph.layers[li].signature, modes.get(li, "none"))
+                    counts.setdefault(key, [li, 0])
+                    counts[key][1] += 1
+                items = [(li, mode, n) for (_sig, mode), (li, n) in counts.items()]
+            tp_s = tp_b = cp_s = cp_b = 0.0
+            parts = stage_parts[rank]
+            for li, mode, n in items:
+                bc = self.block_cost(li, mode, c)
+                parts["compute"] += n * bc.compute_s
+                stage_fwd[rank] += n * bc.fwd_s
+                stage_bwd[rank] += n * bc.bwd_s
+                tp_s += n * bc.tp_s
+                tp_b += n * bc.tp_bytes
+                cp_s += n * bc.cp_s
+                cp_b += n * bc.cp_bytes
+                recompute_flops += n * bc.recompute_flops
+                stage_act[rank] += n * bc.act_bytes
                 stage_transient[rank] = max(stage_transient[rank], bc.transient_bytes)
+            parts["tp_comm"] += tp_s
+            parts["cp_comm"] += cp_s
+            ledger.add("tp", tp_g.link, tp_b, tp_s, times=m)
+            ledger.add("cp", cp_g.link, cp_b, cp_s, times=m)
             stage_parts[rank]["pp_comm"] += st.p2p_s
             stage_fwd[rank] += st.p2p_s / 2
             stage_bwd[rank] += st.p2p_s / 2

@@ -10,6 +10,7 @@ the slowest stage paces the steady state and the others fill the warm-up and coo
 from __future__ import annotations
 
 from collections import deque
+from functools import lru_cache
 
 
 def pipeline_time(stage_times: list[float] | tuple[float, ...], num_micro_batches: int,
@@ -127,5 +128,12 @@ def pipeline_step_time(fwd: list[float] | tuple[float, ...], bwd: list[float] | 
     if p == 1 or uniform or virtual_stages > 1 or schedule == "interleaved-1f1b":
         return pipeline_time(totals, m, virtual_stages)
     m0 = min(m, 4 * p if p <= 16 else 2 * p)  # deep pipelines: fewer warm-up micro-batches
-    total = simulate_pipeline(fwd, bwd, m0, schedule) + (m - m0) * t_max
+    total = _simulate(tuple(fwd), tuple(bwd), m0, schedule) + (m - m0) * t_max
     return total, total - m * t_max
+
+
+@lru_cache(maxsize=4096)
+def _simulate(fwd: tuple[float, ...], bwd: tuple[float, ...], m: int, schedule: str) -> float:
+    """Memoised :func:`simulate_pipeline` (configurations differing only in ZeRO stage or DP
+    placement share their pipeline)."""
+    return simulate_pipeline(fwd, bwd, m, schedule)
