@@ -1,11 +1,18 @@
-"""Command line: ``autopar plan`` searches a plan, ``autopar estimate`` judges a given one.
+"""Command line: ``autopar plan`` searches a plan, ``autopar estimate`` judges a given one,
+``autopar explain`` says why the best plan beats the usual alternatives, ``autopar models`` lists
+presets.
 
     autopar plan --model llama2-70b --cluster 4x8xA100-80GB --global-batch 1024 --seq-len 4096
     autopar estimate --model llama2-70b --cluster 4x8xA100-80GB --global-batch 1024 \\
         --seq-len 4096 --tp 8 --pp 4 --recompute full
+    autopar estimate --model llama2-70b --cluster 4x8xA800-80GB+4xroce-200g \\
+        --megatron-args "--tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 ..."
+    autopar explain --model llama2-70b --cluster 4x8xA100-80GB --global-batch 1024 --seq-len 4096
 
-Errors autopar raises on purpose are printed as one line (exit code 2); Ctrl-C during a search
-prints the best plan found so far.
+Every command takes ``--json`` (machine-readable output on stdout), ``--plot FILE.png`` and
+``--tokens N --price-per-gpu-hour P`` (days and cost of the whole run). Errors autopar raises on
+purpose are printed as one line (exit code 2, as argparse does for bad flags); Ctrl-C during a
+search prints the best plan found so far. The full flag reference is docs/cli.md.
 """
 
 from __future__ import annotations
@@ -16,42 +23,72 @@ import sys
 
 from rich.console import Console
 
-from . import api
+from . import tables
 from .config import ParallelConfig, TrainingConfig
-from .errors import AutoparError
-from .report import estimate_lines
+from .errors import AutoparError, InvalidModelConfig, InvalidTrainingConfig
+from .advice import fixes_to_fit, run_cost
+from .explain import Problem, compare, named_alternatives, search_plan
+from .importers import Imported, from_megatron_args, from_torchtitan_toml
+
+_PARALLEL = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "zero": "zero_stage",
+             "recompute": "recompute", "sequence_parallel": "sequence_parallel",
+             "virtual_stages": "virtual_stages", "micro_batch": "micro_batch_size"}
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True,
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive finite number")
+    return v
+
+
+def _common(p: argparse.ArgumentParser, plot: str) -> None:
+    p.add_argument("--model", default=None,
                    help="preset name (see `autopar models`) or a JSON file with a model dict")
     p.add_argument("--cluster", required=True,
-                   help="cluster spec NODESxGPUSxGPU[+NICSxLINK], e.g. 4x8xA100-80GB")
+                   help="cluster spec NODESxGPUSxGPU[+NICSxLINK] or TOTALxGPU, e.g. 4x8xA100-80GB")
     p.add_argument("--global-batch", type=int, default=None,
                    help="sequences per optimizer step (default: ~4M tokens, a multiple of GPUs)")
     p.add_argument("--seq-len", type=int, default=None,
                    help="tokens per sequence (default: the model's)")
-    p.add_argument("--micro-batch", type=int, default=None,
-                   help="sequences per micro-batch (default: searched)")
-    p.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "fp32", "fp8"],
+    p.add_argument("--precision", default=None, choices=["bf16", "fp16", "fp32", "fp8"],
                    help="training precision (default bf16)")
     p.add_argument("--no-flash-attention", action="store_true",
                    help="model attention as the unfused path (stores s x s scores)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--plot", metavar="FILE.png", default=None,
+                   help=f"also draw {plot} to a PNG (needs matplotlib)")
+    p.add_argument("--tokens", type=_positive_float, default=None,
+                   help="tokens of the whole training run, e.g. 2e12: prints days and GPU-hours")
+    p.add_argument("--price-per-gpu-hour", type=_positive_float, default=None,
+                   help="rental price of one GPU for one hour (with --tokens: cost of the run)")
 
 
-def _parallel_flags(p: argparse.ArgumentParser, required_default: bool) -> None:
-    p.add_argument("--tp", type=int, default=None, help="tensor-parallel degree")
-    p.add_argument("--pp", type=int, default=None, help="pipeline-parallel degree")
-    p.add_argument("--dp", type=int, default=None, help="data-parallel degree")
-    p.add_argument("--cp", type=int, default=None, help="context-parallel degree")
-    p.add_argument("--zero", type=int, default=None, choices=[0, 1, 2, 3], help="ZeRO stage")
-    p.add_argument("--recompute", default=None, choices=["none", "selective", "full"],
-                   help="activation recomputation for every block")
-    p.add_argument("--sp", dest="sequence_parallel", action="store_const", const=True,
-                   default=None, help="sequence parallelism (with tp > 1)")
-    p.add_argument("--virtual-stages", type=int, default=None,
-                   help="interleaved 1F1B chunks per pipeline rank")
+def _parallel_flags(p: argparse.ArgumentParser, prefix: str = "", what: str = "") -> None:
+    dash = f"--{prefix}" if prefix else "--"
+    dest = prefix.replace("-", "_")
+    p.add_argument(f"{dash}tp", dest=f"{dest}tp", type=int, default=None,
+                   help=f"tensor-parallel degree{what}")
+    p.add_argument(f"{dash}pp", dest=f"{dest}pp", type=int, default=None,
+                   help=f"pipeline-parallel degree{what}")
+    p.add_argument(f"{dash}dp", dest=f"{dest}dp", type=int, default=None,
+                   help=f"data-parallel degree{what}")
+    p.add_argument(f"{dash}cp", dest=f"{dest}cp", type=int, default=None,
+                   help=f"context-parallel degree{what}")
+    p.add_argument(f"{dash}zero", dest=f"{dest}zero", type=int, default=None,
+                   choices=[0, 1, 2, 3], help=f"ZeRO stage{what}")
+    p.add_argument(f"{dash}recompute", dest=f"{dest}recompute", default=None,
+                   choices=["none", "selective", "full"],
+                   help=f"activation recomputation of every block{what}")
+    p.add_argument(f"{dash}sp", dest=f"{dest}sequence_parallel", action="store_const",
+                   const=True, default=None, help=f"sequence parallelism (with tp > 1){what}")
+    p.add_argument(f"{dash}virtual-stages", dest=f"{dest}virtual_stages", type=int,
+                   default=None, help=f"interleaved 1F1B chunks per pipeline rank{what}")
+    p.add_argument(f"{dash}micro-batch", dest=f"{dest}micro_batch", type=int, default=None,
+                   help=f"sequences per micro-batch{what}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,95 +97,285 @@ def build_parser() -> argparse.ArgumentParser:
                                  "transformers on GPU clusters.")
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="search the fastest plan that fits")
-    _common(p)
-    _parallel_flags(p, False)
-    p.add_argument("--time-limit", type=float, default=None,
-                   help="seconds to search before returning the best so far")
-    p.add_argument("--top-k", type=int, default=5, help="alternatives to show")
+    _common(p, "the schedule of one step, memory per stage and the Pareto front")
+    _parallel_flags(p, what=" (pinned; the rest is searched)")
+    _search_flags(p)
     p.add_argument("--out", default=None, help="write the plan JSON to this file")
-    e = sub.add_parser("estimate", help="judge one configuration")
-    _common(e)
-    _parallel_flags(e, True)
+    _parallel_flags(p, "compare-", " of a hand-tuned plan to set against the best")
+    e = sub.add_parser("estimate", help="judge one configuration, with an OOM verdict and fixes")
+    _common(e, "the schedule of one step and memory per stage")
+    _parallel_flags(e, what=" (overrides --megatron-args / --torchtitan-toml)")
+    e.add_argument("--placement", default=None, metavar="DIMS",
+                   help="rank placement, innermost first, e.g. tp,cp,dp,pp (the default)")
+    e.add_argument("--cp-mode", default=None, choices=["ring", "ulysses", "allgather"],
+                   help="how context parallelism exchanges K/V (default ring)")
+    e.add_argument("--megatron-args", default=None, metavar="ARGS",
+                   help="Megatron-LM arguments as one string, e.g. \"--tensor-model-parallel-size 4 "
+                   "--pipeline-model-parallel-size 2 --sequence-parallel\"")
+    e.add_argument("--torchtitan-toml", default=None, metavar="FILE",
+                   help="torchtitan job TOML ([parallelism], [activation_checkpoint], [training])")
+    x = sub.add_parser("explain", help="why the best plan beats the usual alternatives")
+    _common(x, "the step time of each compared plan by component")
+    _parallel_flags(x, what=" (pinned in the searched best plan)")
+    _search_flags(x)
+    _parallel_flags(x, "compare-", " of a hand-tuned plan to explain too")
     sub.add_parser("models", help="list model presets")
     return ap
 
 
-def _model_arg(text: str):
+def _search_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--time-limit", type=_positive_float, default=None,
+                   help="seconds to search before returning the best so far")
+    p.add_argument("--top-k", type=int, default=5, help="alternatives to show (default 5)")
+
+
+def _model_arg(text: str | None):
+    if text is None:
+        raise InvalidModelConfig("--model is required (a preset name from `autopar models`, or "
+                                 "a JSON file with a model dict).")
     if text.endswith(".json"):
         try:
             with open(text) as f:
                 return json.load(f)
         except (OSError, json.JSONDecodeError) as exc:
-            raise SystemExit(f"autopar: cannot read model file {text}: {exc}")
+            raise InvalidModelConfig(f"cannot read model file {text}: {exc}. Fix: give a JSON "
+                                     "file with a model dict, or a preset name.") from exc
     return text
 
 
-def _train(args, model, cluster) -> TrainingConfig:
-    cfg = api._model_config(model)
-    default = api.default_training(cfg, cluster)
-    seq = args.seq_len or default.seq_len
-    gbs = args.global_batch or default.global_batch_size
-    return TrainingConfig(global_batch_size=gbs, seq_len=seq, micro_batch_size=args.micro_batch,
-                          precision=args.precision,
-                          flash_attention=not args.no_flash_attention)
+def _parallel(args, prefix: str = "") -> dict:
+    out = {dst: getattr(args, prefix + src) for src, dst in _PARALLEL.items()
+           if getattr(args, prefix + src, None) is not None}
+    if not prefix and getattr(args, "placement", None):
+        out["placement"] = tuple(d.strip() for d in args.placement.split(","))
+    if not prefix and getattr(args, "cp_mode", None):
+        out["cp_mode"] = args.cp_mode
+    return out
 
 
-def _fixed(args) -> dict:
-    names = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "zero": "zero_stage",
-             "recompute": "recompute", "sequence_parallel": "sequence_parallel",
-             "virtual_stages": "virtual_stages"}
-    return {dst: getattr(args, src) for src, dst in names.items()
-            if getattr(args, src) is not None}
+def _imported(args) -> Imported | None:
+    if getattr(args, "megatron_args", None) and getattr(args, "torchtitan_toml", None):
+        raise InvalidTrainingConfig("give --megatron-args or --torchtitan-toml, not both.")
+    if getattr(args, "megatron_args", None):
+        return from_megatron_args(args.megatron_args)
+    if getattr(args, "torchtitan_toml", None):
+        return from_torchtitan_toml(args.torchtitan_toml)
+    return None
 
 
-def _progress(console: Console):
-    state = {"last": -1}
+def _problem(args) -> tuple[Problem, dict, list[str]]:
+    """The problem, the parallel choices the user gave, and notes on imported settings."""
+    from . import api
+    imp = _imported(args)
+    model = _model_arg(args.model or (imp.model if imp else None))
+    cluster = api.as_cluster(args.cluster)
+    par, tr, notes = {}, {}, []
+    if imp is not None:
+        cfg = api._model_config(model)
+        blocks = cfg.num_layers if cfg is not None else 0
+        par, tr = imp.complete(cluster.world_size, blocks)
+        notes = list(imp.notes)
+        if imp.num_layers and blocks and imp.num_layers != blocks:
+            notes.append(f"the arguments say {imp.num_layers} layers; the model has {blocks}.")
+    par.update(_parallel(args))
+    default = api.default_training(api._model_config(model), cluster)
+    mbs = par.get("micro_batch_size", tr.get("micro_batch_size"))
+    train = TrainingConfig(
+        global_batch_size=args.global_batch or tr.get("global_batch_size")
+        or default.global_batch_size,
+        seq_len=args.seq_len or tr.get("seq_len") or default.seq_len,
+        micro_batch_size=mbs, precision=args.precision or tr.get("precision", "bf16"),
+        flash_attention=not args.no_flash_attention)
+    return Problem.build(model, cluster, train), par, notes
 
-    def report(stage, done, total, best):
-        pct = int(100 * done / max(total, 1))
-        if pct // 10 != state["last"] and stage == "meshes":
-            state["last"] = pct // 10
-            msg = f"searching meshes {done}/{total}"
-            if best is not None:
-                msg += f", best so far {best.step_time_s:.3f} s/step"
-            console.print(msg, style="dim")
-    return report
+
+class _Progress:
+    """The search's progress callback: stage, share done and the best step time so far."""
+
+    def __init__(self, console: Console):
+        self.console, self.last = console, None
+
+    def __call__(self, stage, done, total, best):
+        pct = 100 * done // max(total, 1)
+        key = (stage, pct // 20)
+        if key == self.last:
+            return
+        self.last = key
+        what = {"meshes": "meshes", "recompute": "CP-SAT recompute refinement",
+                "search": "candidates",
+                "refine": "refinement of the best candidates"}.get(stage, stage)
+        msg = f"searching {what}: {done}/{total}"
+        if best is not None:
+            msg += (f", best so far {best.step_time_s:.3f} s/step (tp={best.config.tp} "
+                    f"pp={best.config.pp} dp={best.config.dp} cp={best.config.cp})")
+        self.console.print(msg, style="dim", highlight=False)
+
+
+def _money(args, rows):
+    if args.tokens is None:
+        if args.price_per_gpu_hour is not None:
+            raise InvalidTrainingConfig("--price-per-gpu-hour needs --tokens (the run's length, "
+                                        "e.g. --tokens 2e12).")
+        return None
+    return [(name, e, run_cost(e, args.tokens, args.price_per_gpu_hour,
+                               e.config.tp * e.config.pp * e.config.cp * e.config.dp))
+            for name, e in rows]
+
+
+def _compare_estimate(args, problem: Problem):
+    par = _parallel(args, "compare_")
+    return problem.estimate(ParallelConfig(**par)) if par else None
+
+
+def _cmd_plan(args, problem, fixed, out, err) -> dict:
+    plan, result = search_plan(problem, fixed, time_limit_s=args.time_limit, top_k=args.top_k,
+                               progress=None if args.json else _Progress(err))
+    if args.out:
+        plan.to_json(args.out)
+    ref = _compare_estimate(args, problem)
+    money = _money(args, [("best", plan.estimate)]
+                   + [(f"alternative {i + 1}", a) for i, a in enumerate(plan.alternatives[:3])]
+                   + ([("hand-tuned", ref)] if ref is not None else []))
+    if args.plot:
+        from .plots import plot_overview
+        plot_overview(plan.estimate, args.plot, front=result.pareto,
+                      alternatives=plan.alternatives, reference=ref)
+    data = plan.to_dict()
+    if ref is not None:
+        data["compare"] = compare(plan.estimate, ref, "hand-tuned").to_dict()
+    if money:
+        data["run_cost"] = [{"plan": n, **m} for n, _, m in money]
+    if args.json:
+        return data
+    e = plan.estimate
+    tr = problem.train
+    out.print(f"[bold]autopar plan[/bold]: {plan.model} on {plan.cluster} ({plan.world_size} GPUs), "
+              f"global batch {tr.global_batch_size} x {tr.seq_len} tokens, {tr.precision}")
+    for t in (tables.degrees_table(e), tables.stages_table(e), tables.performance_table(e),
+              tables.memory_table(e), tables.comm_table(e)):
+        out.print(t)
+    out.print(tables.alternatives_table(e, plan.alternatives))
+    if ref is not None:
+        out.print(compare(e, ref, "hand-tuned plan").sentence())
+    if money:
+        out.print(tables.money_table(money, args.tokens))
+    s = plan.search
+    out.print(f"search: {s.evaluated} configurations, {s.meshes} meshes, {s.wall_s:.1f} s"
+              f"{'' if s.complete else ' (stopped early: best so far)'}; MFU convention: "
+              f"{e.flops_convention}", style="dim", highlight=False)
+    return data
+
+
+def _cmd_estimate(args, problem, par, notes, out) -> dict:
+    est = problem.estimate(ParallelConfig(**par))
+    fixes = [] if est.fits else fixes_to_fit(problem, est.config)
+    money = _money(args, [("yours" + ("" if est.fits else " (OOM)"), est)]
+                   + [(t, e) for t, e in fixes if e.fits][:3])
+    if args.plot:
+        from .plots import plot_overview
+        plot_overview(est, args.plot)
+    data = {**est.to_dict(), "notes": notes,
+            "verdict": "fits" if est.fits else "out of memory",
+            "fixes": [{"change": t, "fits": e.fits, "step_time_s": e.step_time_s, "mfu": e.mfu,
+                       "hfu": e.hfu, "memory_per_gpu_bytes": e.memory_per_gpu_bytes,
+                       "config": e.config.to_dict()} for t, e in fixes]}
+    if money:
+        data["run_cost"] = [{"plan": n, **m} for n, _, m in money]
+    if args.json:
+        return data
+    cm = problem.cost_model
+    out.print(f"[bold]autopar estimate[/bold]: {cm.graph.name} on {cm.cluster.name} "
+              f"({cm.cluster.world_size} GPUs), global batch {cm.train.global_batch_size} x "
+              f"{cm.train.seq_len} tokens, {cm.train.precision}")
+    for n in notes:
+        out.print(f"note: {n}", style="yellow", highlight=False)
+    for t in (tables.degrees_table(est), tables.stages_table(est), tables.performance_table(est),
+              tables.memory_table(est), tables.comm_table(est)):
+        out.print(t)
+    need, have = est.memory_per_gpu_bytes / 1e9, est.memory_limit_bytes / 1e9
+    if est.fits:
+        out.print(f"[green]Verdict: fits[/green] ({need:.1f} of {have:.0f} GB per GPU); "
+                  f"MFU {est.mfu * 100:.1f}%, HFU {est.hfu * 100:.1f}%.")
+    else:
+        big = sorted(est.memory_breakdown.items(), key=lambda kv: -kv[1])[:2]
+        out.print(f"[red]Verdict: OUT OF MEMORY[/red]: {need:.1f} GB per GPU on pipeline rank "
+                  f"{est.peak_stage}, {need - have:.1f} GB over the {have:.0f} GB GPU (largest: "
+                  + ", ".join(f"{k} {v / 1e9:.1f} GB" for k, v in big) + "). Its MFU "
+                  f"({est.mfu * 100:.1f}%) cannot be reached as configured.")
+        out.print(tables.fixes_table(est, fixes))
+        fit = [(t, e) for t, e in fixes if e.fits]
+        if fit:
+            t, e = fit[0]
+            out.print(f"Fastest change that fits: {t}: {e.step_time_s:.3f} s/step, MFU "
+                      f"{e.mfu * 100:.1f}% (HFU {e.hfu * 100:.1f}%), "
+                      f"{e.memory_per_gpu_bytes / 1e9:.1f} GB per GPU.", highlight=False)
+        else:
+            out.print("None of these single or paired changes fits; try `autopar plan`.")
+    if money:
+        out.print(tables.money_table(money, args.tokens))
+    return data
+
+
+def _cmd_explain(args, problem, fixed, out, err) -> dict:
+    plan, _ = search_plan(problem, fixed, time_limit_s=args.time_limit, top_k=args.top_k,
+                          progress=None if args.json else _Progress(err))
+    best = plan.estimate
+    ref = _compare_estimate(args, problem)
+    comps, skipped = named_alternatives(problem, plan,
+                                        [("hand-tuned plan", ref)] if ref is not None else [])
+    money = _money(args, [("best", best)] + [(c.name, c.other) for c in comps])
+    if args.plot:
+        from .plots import plot_comparison
+        plot_comparison([("best", best)] + [(c.name, c.other) for c in comps], args.plot)
+    data = {"best": best.to_dict(), "comparisons": [c.to_dict() for c in comps],
+            "skipped": skipped}
+    if money:
+        data["run_cost"] = [{"plan": n, **m} for n, _, m in money]
+    if args.json:
+        return data
+    c = best.config
+    out.print(f"[bold]Best plan[/bold]: tp={c.tp} pp={c.pp} dp={c.dp} cp={c.cp} zero="
+              f"{c.zero_stage} recompute={c.recompute if isinstance(c.recompute, str) else 'mixed'}"
+              f" mbs={c.micro_batch_size} v={c.virtual_stages}: {best.step_time_s:.3f} s/step, "
+              f"MFU {best.mfu * 100:.1f}%, {best.memory_per_gpu_bytes / 1e9:.1f} GB per GPU.")
+    out.print(tables.comparison_table(comps))
+    for cmp in comps:
+        out.print("- " + cmp.sentence(), highlight=False)
+    for s in skipped:
+        out.print(f"- skipped {s}", style="dim", highlight=False)
+    if money:
+        out.print(tables.money_table(money, args.tokens))
+    return data
 
 
 def main(argv=None) -> int:
-    """Entry point of the ``autopar`` command; returns the exit code."""
+    """Entry point of the ``autopar`` command; returns the exit code (0 ok, 2 bad input)."""
     args = build_parser().parse_args(argv)
-    console = Console(stderr=True)
-    out = Console()
+    err = Console(stderr=True, soft_wrap=True)
+    out = Console(width=None if sys.stdout.isatty() else 140)
     try:
         if args.command == "models":
             from .models import list_presets
             out.print("\n".join(list_presets()))
             return 0
-        model = _model_arg(args.model)
-        cluster = api.as_cluster(args.cluster)
-        train = _train(args, model, cluster)
-        if args.command == "plan":
-            plan = api.optimize(model, cluster, train, fixed=_fixed(args),
-                                time_limit_s=args.time_limit, top_k=args.top_k,
-                                progress=None if args.json else _progress(console))
-            if args.out:
-                plan.to_json(args.out)
-            print(plan.to_json() if args.json else plan.summary())
-            return 0
-        config = ParallelConfig(**_fixed(args), micro_batch_size=args.micro_batch)
-        est = api.estimate(model, cluster, train, config)
-        if args.json:
-            print(json.dumps(est.to_dict(), indent=2, sort_keys=True))
+        problem, par, notes = _problem(args)
+        if args.command == "estimate":
+            data = _cmd_estimate(args, problem, par, notes, out)
+        elif args.command == "plan":
+            data = _cmd_plan(args, problem, par, out, err)
         else:
-            print("\n".join(estimate_lines(est)))
+            data = _cmd_explain(args, problem, par, out, err)
+        if args.json:
+            print(json.dumps(data, indent=2, sort_keys=True, default=str))
+        if args.plot and not args.json:
+            err.print(f"wrote {args.plot}", style="dim")
         return 0
     except AutoparError as exc:
-        console.print(f"autopar: {type(exc).__name__}: {exc}", style="red", markup=False, soft_wrap=True,
-                      highlight=False)
+        err.print(f"autopar: {type(exc).__name__}: {exc}", style="red", markup=False,
+                  soft_wrap=True, highlight=False)
         return 2
     except KeyboardInterrupt:
-        console.print("interrupted", style="red")
+        err.print("interrupted", style="red")
         return 130
 
 

@@ -58,6 +58,8 @@ class StageLayout:
         p2p_bytes: bytes sent per micro-batch.
         params: parameter elements on the rank (after TP sharding).
         states: (weights, gradients, optimizer states) bytes after ZeRO sharding.
+        gather_bytes: ZeRO-3 working memory: the gathered parameters of the largest layer and
+            the next one being prefetched (2 x its unsharded bytes).
     """
 
     layers: tuple[int, ...]
@@ -66,6 +68,7 @@ class StageLayout:
     p2p_bytes: float
     params: float
     states: tuple[float, float, float]
+    gather_bytes: float = 0.0
 
 
 class CostModel:
@@ -117,17 +120,18 @@ class CostModel:
         key = (dim, c.tp, c.cp, c.dp, c.pp, c.placement)
         g = self._groups.get(key)
         if g is None:
-            from ..hardware import rank_groups
-
+            # rank r's coordinate along a dimension is (r // stride) % size, strides growing
+            # outward in placement order (as autopar.hardware.rank_groups lays the mesh)
             order = c.placement or DEFAULT_PLACEMENT
-            groups = rank_groups(self.cluster, {d: getattr(c, d) for d in order})
-            if dim == "dp":
-                members = {0}
-                for d in ("cp", "dp"):
-                    members = {r for grp in groups[d] if members & set(grp) for r in grp}
-                ranks = sorted(members)
-            else:
-                ranks = groups[dim][0]
+            stride, strides = 1, {}
+            for d in order:
+                strides[d] = stride
+                stride *= getattr(c, d)
+            dims = ("cp", "dp") if dim == "dp" else (dim,)
+            ranks = [0]
+            for d in dims:
+                ranks = [r + k * strides[d] for r in ranks for k in range(getattr(c, d))]
+            ranks = sorted(ranks)
             if dim == "pp":  # a stage boundary: two neighbouring pipeline ranks
                 ranks = ranks[:2]
             g = Collectives(self.cluster, tuple(ranks))
@@ -206,6 +210,11 @@ class CostModel:
             self._params[key] = hit
         return hit
 
+    @property
+    def reserved_bytes(self) -> float:
+        """Bytes per GPU the model cannot use (context, workspaces, fragmentation)."""
+        return self.device.memory_bytes - self.params.usable_memory(self.device.memory_bytes)
+
     def stage_layout(self, c: ParallelConfig) -> tuple[StageLayout, ...]:
         """Per pipeline rank of the resolved config ``c``: its layers, in-flight multiplier,
         pipeline communication and model states (cached)."""
@@ -234,7 +243,11 @@ class CostModel:
                                            self.params.grad_bytes,
                                            OPTIMIZER_STATE_BYTES[self.train.optimizer])
             flight = mem.in_flight(c.schedule, rank, pp, m, c.virtual_stages) / max(1, len(mine))
-            out.append(StageLayout(layers, flight, p2p_s, p2p_bytes, params, states))
+            gather = 0.0
+            if c.zero_stage == 3:
+                gather = 2 * self.train.dtype_bytes * max(
+                    mem.layer_params_per_rank(g.layers[i], tp) for i in layers)
+            out.append(StageLayout(layers, flight, p2p_s, p2p_bytes, params, states, gather))
         self._layouts[key] = tuple(out)
         return self._layouts[key]
 
@@ -345,16 +358,12 @@ class CostModel:
         step = t_pipe + dp_exposed + optimizer_s
 
         # memory per pipeline rank
-        usable = p.usable_memory(self.device.memory_bytes)
-        reserved = self.device.memory_bytes - usable
+        reserved = self.reserved_bytes
         stage_mem: list[mem.MemoryBreakdown] = []
         for rank, st in enumerate(layout):
             w, gr, o = st.states
             act = stage_act[rank] * st.flight
-            transient = stage_transient[rank]
-            if c.zero_stage == 3:
-                largest = max(mem.layer_params_per_rank(g.layers[i], tp) for i in st.layers)
-                transient += 2 * largest * wbytes
+            transient = stage_transient[rank] + st.gather_bytes
             stage_mem.append(mem.MemoryBreakdown(w, gr, o, act, transient, reserved))
         totals = [s.total for s in stage_mem]
         peak_rank = max(range(pp), key=lambda r: totals[r])

@@ -1,0 +1,1 @@
+"""The search: enumerate meshes and choices, stage cuts, per-block recomputation."""

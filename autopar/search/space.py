@@ -10,6 +10,7 @@ Batch rules: the global batch is a multiple of dp * micro-batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import permutations
 
 from ..config import ParallelConfig, TrainingConfig
 from ..errors import InvalidParallelConfig
@@ -17,7 +18,8 @@ from ..graph.types import ModelGraph
 
 #: Keys ``fixed=`` may pin.
 FIXABLE = ("tp", "pp", "dp", "cp", "zero_stage", "recompute", "sequence_parallel",
-           "micro_batch_size", "virtual_stages", "schedule", "stage_blocks")
+           "micro_batch_size", "virtual_stages", "schedule", "stage_blocks", "placement",
+           "cp_mode")
 
 
 def divisors(n: int) -> list[int]:
@@ -42,12 +44,17 @@ class SpaceLimits:
         max_virtual_stages: largest interleaving degree tried.
         min_cp_chunk: fewest tokens per context-parallel rank.
         tp_across_nodes: allow TP groups that span nodes.
+        refine_within: phase-1 candidates within this fraction of the best get phase 2
+            (placements, CP modes, stage cuts).
+        exhaustive_below: when phase 1 yields at most this many candidates, all get phase 2.
     """
 
     max_micro_batch: int = 16
-    max_virtual_stages: int = 8
+    max_virtual_stages: int = 16
     min_cp_chunk: int = 1024
     tp_across_nodes: bool = False
+    refine_within: float = 0.05
+    exhaustive_below: int = 400
 
 
 def check_fixed(fixed: dict | None) -> dict:
@@ -134,8 +141,37 @@ def zero_options(dp: int, cp: int, fixed: dict) -> list[int]:
     return [0] if dp * cp == 1 else [0, 1, 2, 3]
 
 
-def recompute_options(fixed: dict) -> list[str | tuple[str, ...]]:
-    """Uniform recompute modes in order of increasing cost (and decreasing memory)."""
-    if "recompute" in fixed:
-        return [fixed["recompute"]]
-    return ["none", "selective", "full"]
+def recompute_modes(fixed: dict) -> tuple[str, ...]:
+    """Recompute modes blocks may take: all three, or the one pinned."""
+    rc = fixed.get("recompute")
+    if isinstance(rc, str):
+        return (rc,)
+    return ("none", "selective", "full")
+
+
+def placements(base: dict, fixed: dict) -> list[tuple[str, ...]]:
+    """Rank placements worth trying, innermost first, TP always innermost (on the fastest
+    links). Orders that differ only in where degree-1 dimensions sit are one placement."""
+    if "placement" in fixed:
+        return [tuple(fixed["placement"])]
+    out, seen = [], set()
+    for rest in permutations(("cp", "dp", "pp")):
+        order = ("tp", *rest)
+        canon = tuple(d for d in order if base.get(d, 1) > 1)
+        if canon not in seen:
+            seen.add(canon)
+            out.append(order)
+    return out
+
+
+def cp_modes(graph: ModelGraph, base: dict, fixed: dict) -> list[str]:
+    """Context-parallel exchange modes legal for this mesh (only "ring" when cp = 1)."""
+    if "cp_mode" in fixed:
+        return [fixed["cp_mode"]]
+    if base.get("cp", 1) == 1:
+        return ["ring"]
+    modes = ["ring", "allgather"]
+    heads, kv, n = graph.attention_heads, graph.kv_heads, base["tp"] * base["cp"]
+    if heads and heads % n == 0 and kv % n == 0:
+        modes.insert(1, "ulysses")
+    return modes

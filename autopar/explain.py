@@ -1,0 +1,390 @@
+"""Why one plan beats another, and what to change to fit: comparisons of Estimates, component by
+component, re-estimated with the same cost model.
+
+    problem = Problem.build("llama2-70b", "4x8xA100-80GB", TrainingConfig(1024, 4096))
+    plan, result = search_plan(problem)
+    for name, fixed in canonical_alternatives(problem):
+        alt = best_under(problem, fixed)          # the best plan with those choices pinned
+        print(compare(plan.estimate, alt.estimate, name).sentence())
+
+Everything is in SI (seconds, bytes); the sentences convert at the edge (GB = 1e9 bytes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import api
+from .config import ParallelConfig, TrainingConfig
+from .cost.model import CostModel
+from .cost.types import Estimate
+from .errors import AutoparError, InfeasibleError, InvalidParallelConfig
+from .plan import Plan, SearchStats
+from .search.optimize import SearchResult, search
+
+#: How link classes are written in sentences.
+LINK_NAMES = {"nvlink": "NVLink", "nvswitch": "NVSwitch", "pcie": "PCIe",
+              "infiniband": "InfiniBand", "roce": "RoCE", "ethernet": "Ethernet",
+              "local": "no link"}
+
+#: Which mesh dimension's link each time component travels over.
+_COMPONENT_DIM = {"tp_comm": "tp", "cp_comm": "cp", "pp_comm": "pp", "dp_comm_exposed": "dp"}
+
+_TIME_WORDS = {"compute": "compute", "tp_comm": "TP all-reduce/all-gather",
+               "cp_comm": "context-parallel K/V exchange", "pp_comm": "pipeline send/recv",
+               "bubble": "pipeline bubble", "dp_comm_exposed": "exposed data-parallel sync",
+               "optimizer": "optimizer step"}
+
+_MEMORY_WORDS = {"optimizer_states": "optimizer states", "transient": "transient buffers"}
+
+#: Configuration fields shown when two plans differ.
+CONFIG_FIELDS = ("tp", "pp", "dp", "cp", "sequence_parallel", "zero_stage", "recompute",
+                 "micro_batch_size", "virtual_stages", "schedule", "cp_mode", "placement")
+
+
+def fmt_s(x: float, signed: bool = False) -> str:
+    """Seconds for reading: ``"12.35 s"``, or ``"3.2 ms"`` / ``"45 us"`` below 0.1 s."""
+    sign = "+" if signed else ""
+    if abs(x) >= 0.1 or x == 0:
+        return f"{x:{sign},.2f} s"
+    if abs(x) >= 1e-4:
+        return f"{x * 1e3:{sign}.2f} ms"
+    return f"{x * 1e6:{sign}.1f} us"
+
+
+def link_name(kind: str | None) -> str:
+    """A link class as written in sentences (``infiniband`` -> ``InfiniBand``)."""
+    return LINK_NAMES.get(kind or "local", str(kind))
+
+
+@dataclass
+class Problem:
+    """One model, cluster and training config, with its cost model built once.
+
+    Attributes:
+        model: what the user passed (preset name, dict, module).
+        cost_model: the :class:`CostModel` (its graph, cluster and train).
+        model_config: the model's hyperparameters when known (dict), else None.
+    """
+
+    model: object
+    cost_model: CostModel
+    model_config: dict | None = None
+
+    @classmethod
+    def build(cls, model, cluster, train: TrainingConfig) -> "Problem":
+        """Extract the graph and build the cost model.
+
+        Raises:
+            AutoparError subclasses: an invalid model, cluster or training config.
+        """
+        cl = api.as_cluster(cluster)
+        graph, cfg = api.model_graph(model, train)
+        return cls(model, CostModel(graph, cl, train), cfg.to_dict() if cfg else None)
+
+    @property
+    def cluster(self):
+        """The :class:`autopar.Cluster`."""
+        return self.cost_model.cluster
+
+    @property
+    def train(self) -> TrainingConfig:
+        """The :class:`TrainingConfig`."""
+        return self.cost_model.train
+
+    def estimate(self, config: ParallelConfig | dict) -> Estimate:
+        """The cost model's estimate of one configuration.
+
+        Raises:
+            InvalidParallelConfig: the configuration breaks a rule of the model or cluster.
+        """
+        if isinstance(config, dict):
+            config = ParallelConfig(**config)
+        return self.cost_model.estimate(config)
+
+
+def search_plan(problem: Problem, fixed: dict | None = None, *, time_limit_s: float | None = None,
+                top_k: int = 5, progress=None) -> tuple[Plan, SearchResult]:
+    """Search as :func:`autopar.optimize` does, and also return the :class:`SearchResult` (its
+    time/memory Pareto front feeds the plots).
+
+    Raises:
+        InfeasibleError: nothing fits. InvalidParallelConfig: bad ``fixed`` choices.
+    """
+    cm = problem.cost_model
+    result = search(cm, fixed, time_limit_s=time_limit_s, top_k=top_k + 1, progress=progress)
+    best = result.best
+    plan = Plan(config=best.config, estimate=best, model=cm.graph.name, cluster=cm.cluster.name,
+                train=cm.train, model_config=problem.model_config,
+                alternatives=tuple(result.top[1:]),
+                search=SearchStats(evaluated=result.evaluated, meshes=result.meshes,
+                                   wall_s=round(result.wall_s, 3), complete=result.complete))
+    return plan, result
+
+
+def config_diff(base: ParallelConfig, other: ParallelConfig) -> list[str]:
+    """The fields where ``other`` differs from ``base``, as ``"tp 2->8"`` strings."""
+    out = []
+    for name in CONFIG_FIELDS:
+        a, b = getattr(base, name, None), getattr(other, name, None)
+        if name == "placement":
+            from .config import DEFAULT_PLACEMENT
+            a, b = "-".join(a or DEFAULT_PLACEMENT), "-".join(b or DEFAULT_PLACEMENT)
+        if a != b:
+            short = {"sequence_parallel": "sp", "zero_stage": "zero", "micro_batch_size": "mbs",
+                     "virtual_stages": "v"}.get(name, name)
+            out.append(f"{short} {_value(a)}->{_value(b)}")
+    return out
+
+
+def _value(v) -> str:
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    if isinstance(v, tuple):
+        return "per-block"
+    return str(v)
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One component that differs between two estimates.
+
+    Attributes:
+        kind: "time" (seconds per step), "memory" (bytes on the peak GPU) or "comm" (seconds of
+            communication per step on one link class, before overlap).
+        component: the key (``tp_comm``, ``activations``, ``infiniband``...).
+        base / other: its value in the reference and the compared estimate.
+        words: how a sentence names it (with the link it crosses when it is communication).
+    """
+
+    kind: str
+    component: str
+    base: float
+    other: float
+    words: str
+
+    @property
+    def delta(self) -> float:
+        """other - base."""
+        return self.other - self.base
+
+    def short(self) -> str:
+        """E.g. ``"tp_comm +12.3 s"`` (tables)."""
+        if self.kind == "memory":
+            return f"{self.component} {self.delta / 1e9:+.1f} GB"
+        return f"{self.component} {fmt_s(self.delta, True)}"
+
+    def phrase(self) -> str:
+        """E.g. ``"+12.3 s of TP all-reduce/all-gather on InfiniBand"``."""
+        if self.kind == "memory":
+            return f"{self.delta / 1e9:+.1f} GB of {self.words}"
+        return f"{fmt_s(self.delta, True)} of {self.words}"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """An estimate set against a reference (usually the best plan).
+
+    Attributes:
+        name: what the compared plan is ("TP=8 inside each node", "alternative 2", ...).
+        base / other: the reference and the compared estimate (``other`` may not fit).
+        time: time components that differ, largest absolute difference first.
+        memory: memory components that differ, largest first.
+        comm: communication seconds per link class that differ, largest first.
+        note: why no fitting plan exists under this name, when none does.
+    """
+
+    name: str
+    base: Estimate
+    other: Estimate
+    time: tuple[Difference, ...]
+    memory: tuple[Difference, ...]
+    comm: tuple[Difference, ...]
+    note: str = ""
+
+    @property
+    def slowdown_s(self) -> float:
+        """Step-time difference (seconds, positive when ``other`` is slower)."""
+        return self.other.step_time_s - self.base.step_time_s
+
+    def sentence(self, top: int = 3) -> str:
+        """The comparison in words and numbers."""
+        o, b = self.other, self.base
+        pct = 100 * self.slowdown_s / b.step_time_s
+        verdict = "slower" if self.slowdown_s > 0 else "faster"
+        diff = ", ".join(config_diff(b.config, o.config)) or "same configuration"
+        if abs(pct) < 0.05:
+            head = f"{self.name} ({diff}): same step time as the best within 0.05%"
+        else:
+            head = (f"{self.name} ({diff}): {fmt_s(abs(self.slowdown_s))}/step {verdict} "
+                    f"({pct:+.1f}%), MFU {o.mfu * 100:.1f}% vs {b.mfu * 100:.1f}%")
+        if not o.fits:
+            head += (f"; does NOT fit: {o.memory_per_gpu_bytes / 1e9:.1f} GB per GPU of "
+                     f"{o.memory_limit_bytes / 1e9:.0f} GB")
+        parts = [d.phrase() for d in self.time[:top] if abs(d.delta) >= 0.005 * b.step_time_s]
+        text = head + "."
+        if parts:
+            text += " Mainly " + ", ".join(parts) + "."
+        mem = [d.phrase() for d in self.memory[:2] if abs(d.delta) >= 0.5e9]
+        if mem:
+            text += (f" Memory {o.memory_per_gpu_bytes / 1e9:.1f} vs "
+                     f"{b.memory_per_gpu_bytes / 1e9:.1f} GB: " + ", ".join(mem) + ".")
+        if self.note:
+            text += " " + self.note
+        return text
+
+    def to_dict(self) -> dict:
+        """Plain-JSON form (seconds and bytes)."""
+        def rows(ds):
+            return [{"component": d.component, "base": d.base, "other": d.other,
+                     "delta": d.delta, "words": d.words} for d in ds]
+        return {"name": self.name, "sentence": self.sentence(),
+                "config": self.other.config.to_dict(),
+                "config_diff": config_diff(self.base.config, self.other.config),
+                "step_time_s": self.other.step_time_s, "slowdown_s": self.slowdown_s,
+                "mfu": self.other.mfu, "hfu": self.other.hfu, "fits": self.other.fits,
+                "memory_per_gpu_bytes": self.other.memory_per_gpu_bytes,
+                "time": rows(self.time), "memory": rows(self.memory), "comm": rows(self.comm),
+                "note": self.note}
+
+
+def _time_words(key: str, est: Estimate, ref: Estimate) -> str:
+    words = _TIME_WORDS.get(key, key.replace("_", " "))
+    dim = _COMPONENT_DIM.get(key)
+    if dim:
+        src = est if getattr(est.config, dim) > 1 else ref
+        words += f" on {link_name((src.group_links or {}).get(dim))}"
+    if key == "compute" and est.config.recompute != ref.config.recompute:
+        words += (f" (recompute {_value(est.config.recompute)} vs "
+                  f"{_value(ref.config.recompute)})")
+    return words
+
+
+def compare(base: Estimate, other: Estimate, name: str, note: str = "") -> Comparison:
+    """Set ``other`` against ``base`` component by component (time, memory, comm per link)."""
+    def diffs(kind, a: dict, b: dict, words):
+        keys = list(dict.fromkeys([*a, *b]))
+        out = [Difference(kind, k, float(a.get(k, 0.0)), float(b.get(k, 0.0)), words(k))
+               for k in keys if a.get(k, 0.0) != b.get(k, 0.0)]
+        return tuple(sorted(out, key=lambda d: -abs(d.delta)))
+    return Comparison(
+        name=name, base=base, other=other,
+        time=diffs("time", base.time_breakdown, other.time_breakdown,
+                   lambda k: _time_words(k, other, base)),
+        memory=diffs("memory", base.memory_breakdown, other.memory_breakdown,
+                     lambda k: _MEMORY_WORDS.get(k, k.replace("_", " "))),
+        comm=diffs("comm", base.comm_seconds_by_link, other.comm_seconds_by_link,
+                   lambda k: f"communication on {link_name(k)} (before overlap)"),
+        note=note)
+
+
+def canonical_alternatives(problem: Problem) -> list[tuple[str, dict]]:
+    """Named layouts people reach for, as ``fixed=`` choices (the rest is searched):
+    TP over one node, TP spanning two nodes, pure data parallelism with ZeRO-3 (FSDP), and a
+    pipeline-heavy layout. Layouts the model or cluster forbids are left out."""
+    cm = problem.cost_model
+    g, cl = cm.graph, cm.cluster
+    heads, kv = g.attention_heads or 1, g.kv_heads or 1
+    node, world = cl.gpus_per_node, cl.world_size
+    out: list[tuple[str, dict]] = []
+    if heads % node == 0 and kv % node == 0 and world % node == 0:
+        out.append((f"TP={node} inside each node", {"tp": node, "cp": 1}))
+    wide = 2 * node
+    if heads % wide == 0 and kv % wide == 0 and world % wide == 0:
+        out.append((f"TP={wide} across two nodes", {"tp": wide, "cp": 1}))
+    out.append(("pure data parallel with ZeRO-3 (FSDP)",
+                {"tp": 1, "pp": 1, "cp": 1, "zero_stage": 3}))
+    blocks = max(g.num_blocks, 1)
+    pps = [p for p in range(2, min(blocks, world) + 1)
+           if world % p == 0 and cm.train.global_batch_size % (world // p) == 0]
+    if pps:
+        out.append((f"pipeline-heavy PP={pps[-1]}", {"tp": 1, "cp": 1, "pp": pps[-1]}))
+    return out
+
+
+def wide_tp_note(problem: Problem) -> str:
+    """Why TP cannot span nodes for this model, or "" when it can."""
+    g, node = problem.cost_model.graph, problem.cluster.gpus_per_node
+    wide = 2 * node
+    heads, kv = g.attention_heads or 1, g.kv_heads or 1
+    if heads % wide or kv % wide:
+        return (f"TP={wide} across two nodes is not possible: TP must divide the {heads} "
+                f"attention heads and {kv} KV heads.")
+    return ""
+
+
+def tp_across_nodes(problem: Problem, est: Estimate) -> tuple[str, Estimate] | None:
+    """``est`` re-estimated with its TP groups laid across nodes (every other mesh dimension
+    placed inside TP, so TP ranks are strided), or None when that keeps TP inside a node."""
+    from .config import MESH_DIMS
+    c = est.config
+    others = [d for d in MESH_DIMS if d != "tp" and getattr(c, d) > 1]
+    if c.tp == 1 or not others:
+        return None
+    order = tuple(others + ["tp"] + [d for d in MESH_DIMS if d != "tp" and d not in others])
+    try:
+        moved = problem.cost_model.estimate(c.replace(placement=order))
+    except AutoparError:
+        return None
+    link = (moved.group_links or {}).get("tp")
+    if link == (est.group_links or {}).get("tp"):
+        return None
+    stride = 1
+    for d in others:
+        stride *= getattr(c, d)
+    return f"TP={c.tp} across nodes (ranks strided by {stride}, over {link_name(link)})", moved
+
+
+def named_alternatives(problem: Problem, plan: Plan, extra=()) -> tuple[list[Comparison],
+                                                                         list[str]]:
+    """Compare ``plan`` with the canonical layouts (:func:`canonical_alternatives`, each the
+    best plan with those choices pinned), TP laid across nodes, the plan's first three runners-up
+    and ``extra`` ``(name, estimate)`` pairs.
+
+    Returns:
+        (comparisons, skipped): the comparisons, and one sentence per layout left out and why.
+    """
+    best = plan.estimate
+    comps: list[Comparison] = []
+    skipped: list[str] = []
+    for name, pins in canonical_alternatives(problem):
+        try:
+            est, note = best_under(problem, pins)
+        except AutoparError as exc:
+            skipped.append(f"{name}: {exc}")
+            continue
+        if repr(est.config) == repr(best.config):
+            skipped.append(f"{name}: it is the best plan itself.")
+        else:
+            comps.append(compare(best, est, name, note))
+        if name.startswith("TP=") and "inside" in name:
+            wide = tp_across_nodes(problem, est)
+            if wide is not None:
+                comps.append(compare(best, wide[1], wide[0]))
+    wide = wide_tp_note(problem)
+    if wide:
+        skipped.append(wide)
+    for i, a in enumerate(plan.alternatives[:3]):
+        comps.append(compare(best, a, f"alternative {i + 1}"))
+    for name, est in extra:
+        comps.append(compare(best, est, name))
+    return comps, skipped
+
+
+def best_under(problem: Problem, fixed: dict) -> tuple[Estimate, str]:
+    """The fastest fitting estimate with ``fixed`` choices pinned, and "" ; when nothing fits,
+    the most memory-frugal estimate tried and why it does not fit.
+
+    Raises:
+        InvalidParallelConfig: no legal mesh at all for these choices.
+    """
+    cm = problem.cost_model
+    try:
+        return search(cm, fixed, top_k=1).best, ""
+    except InfeasibleError as exc:
+        try:
+            res = search(cm, fixed, top_k=1, require_fit=False)
+        except InfeasibleError:
+            raise InvalidParallelConfig(str(exc)) from exc
+        frugal = min(res.pareto, key=lambda e: e.memory_per_gpu_bytes)
+        return frugal, "Nothing with these choices fits; shown: its most frugal variant."

@@ -1,0 +1,311 @@
+"""Read a hand-tuned configuration written for another framework: Megatron-LM arguments or a
+torchtitan job TOML, into autopar's terms.
+
+Both return an :class:`Imported`: the :class:`~autopar.config.ParallelConfig` fields, the
+:class:`~autopar.config.TrainingConfig` fields they set, and notes on what was approximated or
+ignored. Nothing is executed; unknown flags and keys are listed in ``notes``, never an error.
+
+Mappings (the frameworks' own docs: Megatron-LM ``arguments.py``, torchtitan ``config/job_config.py``):
+
+======================================================  =======================================
+Megatron-LM                                              autopar
+======================================================  =======================================
+``--tensor-model-parallel-size``                         ``tp``
+``--pipeline-model-parallel-size``                       ``pp``
+``--context-parallel-size``                              ``cp``
+``--sequence-parallel``                                  ``sequence_parallel``
+``--recompute-granularity full|selective``               ``recompute``
+``--recompute-activations``                              ``recompute="selective"``
+``--use-distributed-optimizer``                          ``zero_stage=1``
+``--micro-batch-size`` / ``--global-batch-size``         micro-batch / global batch
+``--num-layers-per-virtual-pipeline-stage N``            ``virtual_stages = layers / (pp N)``
+``--virtual-pipeline-model-parallel-size``               ``virtual_stages``
+``--seq-length``                                         ``seq_len``
+``--bf16`` / ``--fp16`` / ``--fp8-format``               precision
+======================================================  =======================================
+
+torchtitan: ``parallelism.tensor_parallel_degree`` -> tp, ``pipeline_parallel_degree`` -> pp,
+``context_parallel_degree`` -> cp, ``data_parallel_shard_degree`` x ``data_parallel_replicate_degree``
+-> dp (a shard degree > 1 is FSDP2, i.e. ZeRO-3; replicate only is DDP, ZeRO-0),
+``activation_checkpoint.mode`` -> recompute, ``training.local_batch_size`` (or ``batch_size``),
+``training.global_batch_size``, ``training.seq_len``, ``parallelism.pipeline_parallel_microbatch_size``.
+TP in torchtitan always shards the sequence between blocks (sequence parallelism on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import InvalidParallelConfig
+
+
+@dataclass(frozen=True)
+class Imported:
+    """A configuration read from another framework.
+
+    Attributes:
+        parallel: keyword arguments for :class:`~autopar.config.ParallelConfig` (only those set).
+        train: keyword arguments for :class:`~autopar.config.TrainingConfig` (only those set).
+        model: a preset name the source names, when it names one (torchtitan ``model.name`` and
+            ``model.flavor``), else None.
+        num_layers: the layer count the source states (to cross-check the model), else None.
+        notes: what was approximated or ignored, one sentence each.
+        layers_per_virtual_stage: Megatron's ``--num-layers-per-virtual-pipeline-stage`` when
+            ``--num-layers`` was not given (resolved against the model in :meth:`complete`).
+        local_batch_size: torchtitan's per-rank batch when no global batch is given (the global
+            batch is then ``local_batch_size * dp``, resolved in :meth:`complete`).
+    """
+
+    parallel: dict = field(default_factory=dict)
+    train: dict = field(default_factory=dict)
+    model: str | None = None
+    num_layers: int | None = None
+    notes: tuple[str, ...] = ()
+    layers_per_virtual_stage: int | None = None
+    local_batch_size: int | None = None
+
+    def complete(self, world_size: int, num_blocks: int) -> tuple[dict, dict]:
+        """(parallel, train) keyword dicts with the fields that depend on the cluster's GPU count
+        and the model's block count filled in.
+
+        Raises:
+            InvalidParallelConfig: the layers do not split into the virtual stages, or the degrees
+                do not divide the GPUs.
+        """
+        par, train = dict(self.parallel), dict(self.train)
+        pp = par.get("pp", 1)
+        if self.layers_per_virtual_stage is not None:
+            per = self.layers_per_virtual_stage * pp
+            if num_blocks % per:
+                raise InvalidParallelConfig(
+                    f"the model's {num_blocks} blocks are not a multiple of pp x "
+                    f"--num-layers-per-virtual-pipeline-stage = {per}.")
+            par["virtual_stages"] = num_blocks // per
+        if self.local_batch_size is not None and "global_batch_size" not in train:
+            mp = par.get("tp", 1) * pp * par.get("cp", 1)
+            dp = par.get("dp") or max(1, world_size // mp)
+            train["global_batch_size"] = self.local_batch_size * dp
+        return par, train
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises our error instead of exiting."""
+
+    def error(self, message):  # noqa: D401 - argparse hook
+        raise InvalidParallelConfig(f"cannot read the Megatron-LM arguments: {message}.")
+
+
+def _megatron_parser() -> argparse.ArgumentParser:
+    p = _Parser(add_help=False, allow_abbrev=False)
+    for name in ("tensor-model-parallel-size", "pipeline-model-parallel-size",
+                 "context-parallel-size", "micro-batch-size", "global-batch-size", "seq-length",
+                 "num-layers-per-virtual-pipeline-stage", "virtual-pipeline-model-parallel-size",
+                 "num-layers", "recompute-num-layers", "expert-model-parallel-size",
+                 "data-parallel-size"):
+        p.add_argument(f"--{name}", type=int, default=None)
+    for name in ("sequence-parallel", "recompute-activations", "use-distributed-optimizer",
+                 "bf16", "fp16", "use-flash-attn"):
+        p.add_argument(f"--{name}", action="store_true")
+    p.add_argument("--recompute-granularity", choices=["full", "selective"], default=None)
+    p.add_argument("--recompute-method", choices=["uniform", "block"], default=None)
+    p.add_argument("--fp8-format", default=None)
+    return p
+
+
+def from_megatron_args(text: str | list[str]) -> Imported:
+    """Read Megatron-LM command-line arguments (a string as on the command line, or a list).
+
+    Args:
+        text: e.g. ``"--tensor-model-parallel-size 4 --pipeline-model-parallel-size 2
+            --sequence-parallel --recompute-granularity full --use-distributed-optimizer
+            --micro-batch-size 1 --global-batch-size 1024 --seq-length 4096"``.
+
+    Returns:
+        :class:`Imported`; flags autopar does not model are named in ``notes``.
+
+    Raises:
+        InvalidParallelConfig: unbalanced quotes, or a value that is not a number.
+    """
+    try:
+        argv = shlex.split(text) if isinstance(text, str) else list(text)
+    except ValueError as exc:
+        raise InvalidParallelConfig(f"cannot split the Megatron-LM arguments: {exc}.") from exc
+    ns, unknown = _megatron_parser().parse_known_args(argv)
+    par: dict = {}
+    train: dict = {}
+    notes: list[str] = []
+    lpv = None
+    for src, dst in (("tensor_model_parallel_size", "tp"), ("pipeline_model_parallel_size", "pp"),
+                     ("context_parallel_size", "cp")):
+        if getattr(ns, src) is not None:
+            par[dst] = getattr(ns, src)
+    if ns.data_parallel_size is not None:
+        par["dp"] = ns.data_parallel_size
+    if ns.sequence_parallel:
+        par["sequence_parallel"] = True
+    if ns.recompute_granularity:
+        par["recompute"] = ns.recompute_granularity
+        if ns.recompute_granularity == "full" and ns.recompute_num_layers is not None:
+            notes.append(f"--recompute-method {ns.recompute_method or 'uniform'} "
+                         f"--recompute-num-layers {ns.recompute_num_layers} is modelled as full "
+                         "recomputation of every block (an upper bound on its time).")
+    elif ns.recompute_activations:
+        par["recompute"] = "selective"
+    if ns.use_distributed_optimizer:
+        par["zero_stage"] = 1
+    if ns.micro_batch_size is not None:
+        par["micro_batch_size"] = ns.micro_batch_size
+        train["micro_batch_size"] = ns.micro_batch_size
+    if ns.global_batch_size is not None:
+        train["global_batch_size"] = ns.global_batch_size
+    if ns.seq_length is not None:
+        train["seq_len"] = ns.seq_length
+    if ns.virtual_pipeline_model_parallel_size is not None:
+        par["virtual_stages"] = ns.virtual_pipeline_model_parallel_size
+    elif ns.num_layers_per_virtual_pipeline_stage is not None:
+        pp = par.get("pp", 1)
+        if ns.num_layers is None:
+            notes.append("--num-layers-per-virtual-pipeline-stage needs --num-layers to give the "
+                         "virtual stage count; the model's block count is used instead.")
+            lpv = ns.num_layers_per_virtual_pipeline_stage
+        else:
+            per = ns.num_layers_per_virtual_pipeline_stage * pp
+            if ns.num_layers % per:
+                raise InvalidParallelConfig(
+                    f"--num-layers {ns.num_layers} is not a multiple of pp x "
+                    f"--num-layers-per-virtual-pipeline-stage = {per}.")
+            par["virtual_stages"] = ns.num_layers // per
+    if ns.fp8_format:
+        train["precision"] = "fp8"
+    elif ns.fp16:
+        train["precision"] = "fp16"
+    elif ns.bf16:
+        train["precision"] = "bf16"
+    if ns.expert_model_parallel_size not in (None, 1):
+        notes.append("--expert-model-parallel-size is ignored (autopar models dense blocks).")
+    flags = [u for u in unknown if u.startswith("--")]
+    if flags:
+        notes.append("ignored (not a parallelism or batch setting autopar models): "
+                     + " ".join(flags))
+    return Imported(parallel=par, train=train, num_layers=ns.num_layers, notes=tuple(notes),
+                    layers_per_virtual_stage=lpv)
+
+
+_TT_RECOMPUTE = {"none": "none", "selective": "selective", "full": "full"}
+
+
+def from_torchtitan_toml(source: str | Path) -> Imported:
+    """Read a torchtitan job TOML (a file path, or the TOML text itself).
+
+    Returns:
+        :class:`Imported`; ``model`` is a preset name guessed from ``model.name`` and
+        ``model.flavor`` (e.g. ``llama3`` + ``70B`` -> ``llama3-70b``) when both are given.
+
+    Raises:
+        InvalidParallelConfig: the file cannot be read, is not TOML, or has a mistyped value.
+    """
+    text = str(source)
+    if "\n" not in text and "=" not in text:
+        try:
+            text = Path(source).read_text()
+        except OSError as exc:
+            raise InvalidParallelConfig(f"cannot read torchtitan TOML {source}: {exc}.") from exc
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        try:
+            import tomli as tomllib
+        except ImportError as exc:
+            raise InvalidParallelConfig("reading TOML needs Python >= 3.11 or the tomli "
+                                        "package. Fix: pip install tomli.") from exc
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidParallelConfig(f"torchtitan TOML is not valid TOML: {exc}.") from exc
+    para = doc.get("parallelism", {})
+    training = doc.get("training", {})
+    ac = doc.get("activation_checkpoint", {})
+    model = doc.get("model", {})
+    notes: list[str] = []
+
+    def integer(table: dict, key: str, where: str):
+        v = table.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise InvalidParallelConfig(f"torchtitan {where}.{key} must be an integer; got {v!r}.")
+        return v
+
+    par: dict = {}
+    train: dict = {}
+    for key, dst in (("tensor_parallel_degree", "tp"), ("pipeline_parallel_degree", "pp"),
+                     ("context_parallel_degree", "cp")):
+        v = integer(para, key, "parallelism")
+        if v is not None:
+            par[dst] = v
+    shard = integer(para, "data_parallel_shard_degree", "parallelism")
+    replicate = integer(para, "data_parallel_replicate_degree", "parallelism") or 1
+    if shard is not None and shard > 0:
+        par["dp"] = shard * replicate
+    elif shard is None and replicate > 1:
+        par["dp"] = replicate
+    if shard == -1 or shard is None and replicate == 1:
+        notes.append("data_parallel_shard_degree -1 (or unset): dp takes the GPUs left over.")
+    if (shard is None or shard == -1 or shard > 1):
+        par["zero_stage"] = 3  # FSDP2 over the shard group
+        if replicate > 1:
+            notes.append(f"HSDP (replicate {replicate}) is modelled as ZeRO-3 over all of dp, "
+                         "which undercounts model-state memory.")
+    else:
+        par["zero_stage"] = 0
+    if par.get("tp", 1) > 1:
+        par["sequence_parallel"] = True
+    mode = ac.get("mode")
+    if mode is not None:
+        if mode not in _TT_RECOMPUTE:
+            raise InvalidParallelConfig(
+                f"torchtitan activation_checkpoint.mode {mode!r} is not none/selective/full.")
+        par["recompute"] = _TT_RECOMPUTE[mode]
+        if mode == "selective" and str(ac.get("selective_ac_option", "op")) != "op":
+            notes.append(f"selective_ac_option {ac.get('selective_ac_option')!r} (every n-th "
+                         "block fully) is modelled as selective recomputation of every block.")
+    schedule = str(para.get("pipeline_parallel_schedule", "")).lower()
+    if schedule:
+        if "interleaved" in schedule or "looped" in schedule:
+            par["schedule"] = "interleaved-1f1b"
+            par["virtual_stages"] = 2
+            notes.append(f"pipeline schedule {schedule!r}: modelled as interleaved 1F1B with 2 "
+                         "stages per rank (torchtitan's default split).")
+        elif schedule == "gpipe":
+            par["schedule"] = "gpipe"
+        elif schedule != "1f1b":
+            notes.append(f"pipeline schedule {schedule!r} is modelled as 1F1B.")
+    local = integer(training, "local_batch_size", "training")
+    if local is None:
+        local = integer(training, "batch_size", "training")
+    gbs = integer(training, "global_batch_size", "training")
+    seq = integer(training, "seq_len", "training")
+    if seq is not None:
+        train["seq_len"] = seq
+    pp_mbs = integer(para, "pipeline_parallel_microbatch_size", "parallelism")
+    if par.get("pp", 1) > 1:
+        mbs = pp_mbs or 1
+    else:
+        mbs = local
+    if mbs is not None:
+        par["micro_batch_size"] = mbs
+        train["micro_batch_size"] = mbs
+    if gbs is not None and gbs > 0:
+        train["global_batch_size"] = gbs
+    prec = str(training.get("mixed_precision_param", "bfloat16"))
+    train["precision"] = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(prec, "bf16")
+    if doc.get("float8") or doc.get("quantize", {}).get("linear", {}).get("float8"):
+        train["precision"] = "fp8"
+    preset = None
+    if model.get("name") and model.get("flavor"):
+        preset = f"{model['name']}-{str(model['flavor']).lower()}".replace("_", "-")
+    return Imported(parallel=par, train=train, model=preset, notes=tuple(notes),
+                    local_batch_size=None if gbs else local)

@@ -1,0 +1,218 @@
+"""Rich tables of plans, estimates and comparisons, for the command line (units converted here,
+at the edge: GB = 1e9 bytes, times in seconds or milliseconds as labelled)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from rich.table import Table
+
+from .cost.types import Estimate
+from .explain import Comparison, config_diff, link_name
+
+_DIMS = (("tp", "tensor parallel"), ("cp", "context parallel"), ("pp", "pipeline parallel"),
+         ("dp", "data parallel"))
+
+
+def _table(title: str, **kw) -> Table:
+    """A table whose title is never wrapped (its minimum width is the title's)."""
+    return Table(title=title, title_justify="left", min_width=len(title) + 1, **kw)
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:,.1f}"
+
+
+def degrees_table(e: Estimate) -> Table:
+    """Mesh degrees, which link class each dimension's groups cross, and the other choices."""
+    c = e.config
+    t = _table("Parallelism and placement")
+    t.add_column("dimension")
+    t.add_column("degree", justify="right")
+    t.add_column("groups cross")
+    links = e.group_links or {}
+    for dim, words in _DIMS:
+        deg = getattr(c, dim)
+        t.add_row(f"{dim} ({words})", str(deg), link_name(links.get(dim)) if deg > 1 else "-")
+    rc = c.recompute if isinstance(c.recompute, str) else "per block (see stages)"
+    t.add_row("sequence parallelism", "on" if c.sequence_parallel else "off", "")
+    t.add_row("ZeRO stage", str(c.zero_stage), f"over dp x cp = {c.dp * c.cp}" if c.zero_stage else "")
+    t.add_row("recompute", rc, "")
+    t.add_row("schedule", f"{c.schedule}, v={c.virtual_stages}", "")
+    t.add_row("micro-batch", f"{c.micro_batch_size} seq",
+              f"{e.num_micro_batches} micro-batches per step (gradient accumulation)")
+    return t
+
+
+def _ranges(blocks: list[int]) -> str:
+    if not blocks:
+        return "-"
+    out, start, prev = [], blocks[0], blocks[0]
+    for b in blocks[1:] + [None]:
+        if b is not None and b == prev + 1:
+            prev = b
+            continue
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if b is not None:
+            start = prev = b
+    if len(out) > 4:
+        return ", ".join(out[:3]) + f", ... ({len(out)} chunks)"
+    return ", ".join(out)
+
+
+def stage_rows(e: Estimate) -> list[dict]:
+    """Per pipeline rank: its decoder blocks, extra layers, recompute modes and costs."""
+    c = e.config
+    counts = list(c.stage_blocks or (0,))
+    nblocks = sum(counts)
+    modes = c.block_recompute(nblocks) if nblocks else ()
+    starts = [sum(counts[:i]) for i in range(len(counts))]
+    rows = []
+    for rank in range(c.pp):
+        chunks = [ci for ci in range(len(counts)) if ci % c.pp == rank]
+        blocks = [b for ci in chunks for b in range(starts[ci], starts[ci] + counts[ci])]
+        extra = []
+        if 0 in chunks:
+            extra.append("embedding")
+        if len(counts) - 1 in chunks:
+            extra.append("head")
+        mix = Counter(modes[b] for b in blocks)
+        rows.append({
+            "rank": rank, "blocks": blocks, "extra": extra,
+            "recompute": {k: mix[k] for k in sorted(mix)},
+            "fwd_s": e.stage_fwd_s[rank] if e.stage_fwd_s else None,
+            "bwd_s": e.stage_bwd_s[rank] if e.stage_bwd_s else None,
+            "memory_bytes": e.stage_memory_bytes[rank],
+        })
+    return rows
+
+
+def stages_table(e: Estimate) -> Table:
+    """Pipeline ranks: blocks (layers), recompute per block, time per micro-batch, memory."""
+    t = _table("Pipeline stages (per micro-batch; memory is the rank's peak)")
+    for col, just in (("rank", "right"), ("blocks (layers)", "left"), ("# blocks", "right"),
+                      ("recompute", "left"), ("fwd ms", "right"), ("bwd ms", "right"),
+                      ("memory GB", "right")):
+        t.add_column(col, justify=just)
+    for r in stage_rows(e):
+        blocks = _ranges(r["blocks"]) + ("" if not r["extra"] else " + " + ", ".join(r["extra"]))
+        rc = ", ".join(f"{k} x{v}" for k, v in r["recompute"].items()) or "-"
+        mark = " *" if r["rank"] == e.peak_stage else ""
+        t.add_row(str(r["rank"]), blocks, str(len(r["blocks"])), rc,
+                  "-" if r["fwd_s"] is None else f"{r['fwd_s'] * 1e3:,.1f}",
+                  "-" if r["bwd_s"] is None else f"{r['bwd_s'] * 1e3:,.1f}",
+                  _gb(r["memory_bytes"]) + mark)
+    return t
+
+
+def performance_table(e: Estimate) -> Table:
+    """Step time, throughput, MFU/HFU and the step's time breakdown."""
+    t = _table("Step time")
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    t.add_column("share", justify="right")
+    t.add_row("step time", f"{e.step_time_s:,.3f} s", "100%")
+    for k, v in e.time_breakdown.items():
+        if v > 0:
+            t.add_row(f"  {k}", f"{v:,.3f} s", f"{100 * v / e.step_time_s:.1f}%")
+    t.add_row("tokens/s (cluster)", f"{e.tokens_per_s:,.0f}", "")
+    t.add_row("MFU / HFU", f"{e.mfu * 100:.1f}% / {e.hfu * 100:.1f}%", "")
+    return t
+
+
+def memory_table(e: Estimate) -> Table:
+    """Peak memory per GPU by component, against the GPU's memory."""
+    verdict = "fits" if e.fits else "DOES NOT FIT"
+    t = _table(f"Memory per GPU (pipeline rank {e.peak_stage}): {verdict}")
+    t.add_column("component")
+    t.add_column("GB", justify="right")
+    for k, v in e.memory_breakdown.items():
+        t.add_row(k, _gb(v))
+    t.add_row("total", _gb(e.memory_per_gpu_bytes), style="bold")
+    t.add_row("GPU memory", _gb(e.memory_limit_bytes))
+    return t
+
+
+def comm_table(e: Estimate) -> Table:
+    """Communication per GPU per step by link class, and which dimensions use each link."""
+    t = _table("Communication per GPU per step (before overlap)")
+    t.add_column("link")
+    t.add_column("GB", justify="right")
+    t.add_column("seconds", justify="right")
+    t.add_column("used by")
+    users: dict[str, list[str]] = {}
+    for dim, link in (e.group_links or {}).items():
+        if getattr(e.config, dim) > 1:
+            users.setdefault(link, []).append(dim)
+    for k, nbytes in e.comm_bytes_by_link.items():
+        t.add_row(link_name(k), _gb(nbytes), f"{e.comm_seconds_by_link.get(k, 0.0):,.2f}",
+                  ", ".join(users.get(k, [])))
+    return t
+
+
+def alternatives_table(best: Estimate, alts, money: list[dict] | None = None,
+                       title: str = "Top alternatives (differences from the best)") -> Table:
+    """Runner-up estimates: step time, slowdown, memory, MFU and what differs from ``best``;
+    with ``money`` (one :func:`autopar.explain.run_cost` dict per row, best first) also days and
+    cost of the whole run."""
+    t = _table(title)
+    for col in ("#", "step s", "vs best", "memory GB", "MFU", "differs from best"):
+        t.add_column(col, justify="left" if col == "differs from best" else "right")
+    if money:
+        t.add_column("days", justify="right")
+        t.add_column("cost", justify="right")
+    for i, a in enumerate([best, *alts]):
+        diff = "(best)" if i == 0 else (", ".join(config_diff(best.config, a.config)) or "same")
+        row = [str(i), f"{a.step_time_s:,.3f}",
+               "" if i == 0 else f"{100 * (a.step_time_s / best.step_time_s - 1):+.1f}%",
+               _gb(a.memory_per_gpu_bytes) + ("" if a.fits else " OOM"),
+               f"{a.mfu * 100:.1f}%", diff]
+        if money:
+            m = money[i]
+            row += [f"{m['days']:,.1f}", "-" if m["cost"] is None else f"${m['cost']:,.0f}"]
+        t.add_row(*row)
+    return t
+
+
+def money_table(rows: list[tuple[str, Estimate, dict]], tokens: float) -> Table:
+    """Wall-clock days, GPU-hours and cost of training on ``tokens`` tokens, per plan."""
+    t = _table(f"Whole run: {tokens:.3g} tokens")
+    for col in ("plan", "tokens/s", "days", "GPU-hours", "cost"):
+        t.add_column(col, justify="left" if col == "plan" else "right")
+    for name, e, m in rows:
+        t.add_row(name, f"{e.tokens_per_s:,.0f}", f"{m['days']:,.1f}", f"{m['gpu_hours']:,.0f}",
+                  "-" if m["cost"] is None else f"${m['cost']:,.0f}")
+    return t
+
+
+def fixes_table(base: Estimate, fixes: list[tuple[str, Estimate]]) -> Table:
+    """Changes to an estimate's config, each re-estimated: memory, fit, time, MFU."""
+    t = _table("What to change to fit (each re-estimated)")
+    for col in ("change", "memory GB", "fits", "step s", "vs yours", "MFU / HFU"):
+        t.add_column(col, justify="left" if col == "change" else "right")
+    for text, e in fixes:
+        t.add_row(text, _gb(e.memory_per_gpu_bytes), "yes" if e.fits else "no",
+                  f"{e.step_time_s:,.3f}", f"{100 * (e.step_time_s / base.step_time_s - 1):+.1f}%",
+                  f"{e.mfu * 100:.1f}% / {e.hfu * 100:.1f}%")
+    return t
+
+
+def comparison_table(comps: list[Comparison]) -> Table:
+    """One row per compared plan: slowdown, MFU, memory and the largest differences."""
+    t = _table("Why the best plan wins (differences: compared plan minus best)")
+    for col in ("plan", "config", "step s", "vs best", "MFU", "memory GB", "largest differences"):
+        t.add_column(col, justify="right" if col in ("step s", "vs best", "MFU", "memory GB")
+                     else "left")
+    for cmp in comps:
+        o = cmp.other
+        parts = [d.short() for d in cmp.time[:2]]
+        if cmp.memory:
+            parts.append(cmp.memory[0].short())
+        c = o.config
+        t.add_row(cmp.name, f"tp={c.tp} pp={c.pp} dp={c.dp} cp={c.cp} zero={c.zero_stage} "
+                  f"rc={c.recompute if isinstance(c.recompute, str) else 'mixed'} "
+                  f"mbs={c.micro_batch_size} v={c.virtual_stages}",
+                  f"{o.step_time_s:,.3f}", f"{100 * cmp.slowdown_s / cmp.base.step_time_s:+.1f}%",
+                  f"{o.mfu * 100:.1f}%",
+                  _gb(o.memory_per_gpu_bytes) + ("" if o.fits else " OOM"), "; ".join(parts))
+    return t

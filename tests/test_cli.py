@@ -1,0 +1,201 @@
+"""The command line: plan / estimate / explain print what they should, --json parses, framework
+configs are read, money arithmetic, bad input exits 2 with our message; every flag is documented."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autopar.cli import build_parser, main
+from autopar.errors import InvalidParallelConfig
+from autopar.importers import from_megatron_args, from_torchtitan_toml
+
+TINY = ["--model", "tiny-llama", "--cluster", "2x4xA100-80GB", "--global-batch", "32",
+        "--seq-len", "512"]
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def test_plan_tables_progress_and_money(capsys):
+    code, out, err = run(capsys, "plan", *TINY, "--tokens", "1e9", "--price-per-gpu-hour", "2",
+                         "--compare-tp", "2")
+    assert code == 0, err
+    for text in ("Parallelism and placement", "Pipeline stages", "Step time", "MFU / HFU",
+                 "Memory per GPU", "Communication per GPU", "Top alternatives",
+                 "Whole run", "hand-tuned", "GPU-hours"):
+        assert text in out, text
+    assert "searching" in err and "best so far" in err
+
+
+def test_plan_json_is_a_plan_with_extras(capsys, tmp_path):
+    import autopar
+    code, out, _ = run(capsys, "plan", *TINY, "--json", "--tokens", "2e9",
+                       "--price-per-gpu-hour", "3", "--out", str(tmp_path / "p.json"))
+    assert code == 0
+    data = json.loads(out)
+    plan = autopar.Plan.from_dict(data)          # extras do not break loading
+    e = plan.estimate
+    cost = data["run_cost"][0]
+    assert cost["plan"] == "best"
+    assert cost["seconds"] == pytest.approx(2e9 / e.tokens_per_s)
+    assert cost["days"] == pytest.approx(cost["seconds"] / 86400)
+    assert cost["gpu_hours"] == pytest.approx(8 * cost["seconds"] / 3600)
+    assert cost["cost"] == pytest.approx(3 * cost["gpu_hours"])
+    assert autopar.Plan.from_json(tmp_path / "p.json").config == plan.config
+
+
+def test_estimate_fits_and_json(capsys):
+    code, out, _ = run(capsys, "estimate", *TINY, "--tp", "2", "--pp", "2", "--zero", "1")
+    assert code == 0 and "Verdict: fits" in out
+    code, out, _ = run(capsys, "estimate", *TINY, "--tp", "2", "--json")
+    data = json.loads(out)
+    assert data["config"]["tp"] == 2 and data["config"]["dp"] == 4
+    assert data["verdict"] == "fits" and data["fixes"] == []
+
+
+def test_estimate_oom_verdict_and_fixes(capsys):
+    # Llama-2-70B, TP4 PP2 DP4 on 32 A800 without recompute or a distributed optimizer: the
+    # seed claim's layout (72% MFU) does not fit; fixes are re-estimated
+    argv = ["estimate", "--model", "llama2-70b", "--cluster", "4x8xA800-80GB+4xroce-200g",
+            "--tp", "4", "--pp", "2", "--dp", "4", "--global-batch", "512", "--seq-len", "4096"]
+    code, out, _ = run(capsys, *argv)
+    assert code == 0
+    assert "OUT OF MEMORY" in out and "What to change to fit" in out
+    code, out, _ = run(capsys, *argv, "--json")
+    data = json.loads(out)
+    assert data["verdict"] == "out of memory" and not data["fits"]
+    fitting = [f for f in data["fixes"] if f["fits"]]
+    assert fitting, data["fixes"]
+    assert fitting[0]["mfu"] < 0.6                 # honest: well below the claimed 72.1%
+    assert all(f["memory_per_gpu_bytes"] <= 80e9 for f in fitting)
+
+
+def test_megatron_args_parsing():
+    imp = from_megatron_args(
+        "--tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 --context-parallel-size 1"
+        " --sequence-parallel --recompute-granularity full --recompute-method uniform "
+        "--use-distributed-optimizer --micro-batch-size 1 --global-batch-size 1024 "
+        "--seq-length 4096 --num-layers 80 --num-layers-per-virtual-pipeline-stage 10 --bf16 "
+        "--lr 3e-4 --train-iters 10")
+    assert imp.parallel == {"tp": 4, "pp": 2, "cp": 1, "sequence_parallel": True,
+                            "recompute": "full", "zero_stage": 1, "micro_batch_size": 1,
+                            "virtual_stages": 4}
+    assert imp.train["global_batch_size"] == 1024 and imp.train["seq_len"] == 4096
+    assert imp.train["precision"] == "bf16"
+    assert any("--lr" in n for n in imp.notes)
+    assert from_megatron_args("--recompute-activations").parallel["recompute"] == "selective"
+    lazy = from_megatron_args("--pipeline-model-parallel-size 4 "
+                              "--num-layers-per-virtual-pipeline-stage 5")
+    assert lazy.complete(32, 80)[0]["virtual_stages"] == 4
+    with pytest.raises(InvalidParallelConfig):
+        from_megatron_args("--tensor-model-parallel-size four")
+    with pytest.raises(InvalidParallelConfig):
+        from_megatron_args('--seq-length "4096')
+
+
+TOML = """
+[model]
+name = "llama3"
+flavor = "8B"
+[training]
+local_batch_size = 2
+seq_len = 8192
+[parallelism]
+data_parallel_replicate_degree = 1
+data_parallel_shard_degree = -1
+tensor_parallel_degree = 2
+pipeline_parallel_degree = 1
+context_parallel_degree = 1
+[activation_checkpoint]
+mode = "selective"
+"""
+
+
+def test_torchtitan_toml_parsing(tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_text(TOML)
+    imp = from_torchtitan_toml(path)
+    assert imp.model == "llama3-8b"
+    assert imp.parallel["tp"] == 2 and imp.parallel["zero_stage"] == 3
+    assert imp.parallel["recompute"] == "selective" and imp.parallel["sequence_parallel"]
+    par, train = imp.complete(16, 32)
+    assert train["global_batch_size"] == 2 * 8 and train["seq_len"] == 8192
+    assert par["micro_batch_size"] == 2
+    with pytest.raises(InvalidParallelConfig):
+        from_torchtitan_toml("[parallelism\ntensor_parallel_degree = 2")
+    with pytest.raises(InvalidParallelConfig):
+        from_torchtitan_toml(tmp_path / "missing.toml")
+
+
+def test_estimate_from_framework_configs(capsys, tmp_path):
+    code, out, err = run(capsys, "estimate", "--model", "tiny-llama", "--cluster",
+                         "2x4xA100-80GB", "--megatron-args",
+                         "--tensor-model-parallel-size 2 --micro-batch-size 2 "
+                         "--global-batch-size 32 --seq-length 512 --use-distributed-optimizer",
+                         "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["config"]["tp"] == 2 and data["config"]["zero_stage"] == 1
+    assert data["config"]["micro_batch_size"] == 2
+    path = tmp_path / "job.toml"
+    path.write_text(TOML.replace('"llama3"', '"tiny"').replace('"8B"', '"llama"')
+                    .replace("8192", "512"))
+    code, out, err = run(capsys, "estimate", "--cluster", "2x4xA100-80GB",
+                         "--torchtitan-toml", str(path), "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["config"]["tp"] == 2 and data["config"]["zero_stage"] == 3
+
+
+def test_explain_words_and_json(capsys):
+    code, out, _ = run(capsys, "explain", *TINY, "--compare-tp", "2")
+    assert code == 0
+    assert "Why the best plan wins" in out and "hand-tuned plan" in out
+    code, out, _ = run(capsys, "explain", *TINY, "--json")
+    data = json.loads(out)
+    assert data["comparisons"] and all("sentence" in c for c in data["comparisons"])
+    assert any("TP=8 across two nodes" in s for s in data["skipped"])
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["plan", "--model", "no-such-model", "--cluster", "2x4xA100-80GB"], "InvalidModelConfig"),
+    (["plan", "--model", "tiny-llama", "--cluster", "9x9xZ100"], "InvalidClusterSpec"),
+    (["estimate", *TINY, "--tp", "3"], "InvalidParallelConfig"),
+    (["estimate", *TINY, "--price-per-gpu-hour", "2"], "needs --tokens"),
+    (["estimate", "--cluster", "2x4xA100-80GB"], "--model is required"),
+    (["estimate", *TINY, "--megatron-args", "--micro-batch-size x"], "Megatron"),
+    (["estimate", *TINY, "--torchtitan-toml", "/nonexistent/job.toml"], "cannot read"),
+    (["estimate", "--model", "/nonexistent/model.json", "--cluster", "2x4xA100-80GB"],
+     "cannot read model file"),
+])
+def test_bad_input_exits_2_with_our_message(capsys, argv, words):
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert words in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [["plan", *TINY, "--tokens", "-1"],
+                                  ["plan", *TINY, "--tokens", "lots"],
+                                  ["estimate", *TINY, "--zero", "5"]])
+def test_bad_flag_values_exit_2(capsys, argv):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+
+
+def test_every_flag_is_documented():
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    for name, p in sub.choices.items():
+        assert f"autopar {name}" in doc, name
+        for action in p._actions:
+            for flag in action.option_strings:
+                if flag.startswith("--") and flag != "--help":
+                    assert f"`{flag}" in doc, f"{name} {flag} missing from docs/cli.md"
