@@ -22,7 +22,7 @@ from .graph.types import ModelGraph
 from .hardware import Cluster
 from .models import ModelConfig, build, get_config
 from .plan import Plan, SearchStats
-from .search.optimize import search
+from .search.optimize import SearchResult, search
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
                  "fp8": torch.bfloat16}
@@ -154,11 +154,17 @@ def optimize(model: Any, cluster: Cluster | str, train: TrainingConfig | dict | 
     graph, cfg_model = model_graph(model, tr)
     cm = CostModel(graph, cl, tr, params)
     result = search(cm, fixed, time_limit_s=time_limit_s, top_k=top_k + 1, progress=progress)
+    return build_plan(cm, result, cfg_model.to_dict() if cfg_model else None)
+
+
+def build_plan(cm: CostModel, result: SearchResult, model_config: dict | None) -> Plan:
+    """The :class:`Plan` of a search result: its best estimate, runners-up and Pareto front."""
     best = result.best
     return Plan(
-        config=best.config, estimate=best, model=graph.name, cluster=cl.name, train=tr,
-        model_config=cfg_model.to_dict() if cfg_model else None,
-        alternatives=tuple(result.top[1:]),
+        config=best.config, estimate=best, model=cm.graph.name, cluster=cm.cluster.name,
+        train=cm.train, model_config=model_config,
+        alternatives=tuple(result.top[1:]), pareto=tuple(result.pareto),
         search=SearchStats(evaluated=result.evaluated, meshes=result.meshes,
-                           wall_s=round(result.wall_s, 3), complete=result.complete),
+                           wall_s=round(result.wall_s, 3), complete=result.complete,
+                           gap=round(result.gap, 6)),
     )

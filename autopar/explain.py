@@ -19,7 +19,7 @@ from .config import ParallelConfig, TrainingConfig
 from .cost.model import CostModel
 from .cost.types import Estimate
 from .errors import AutoparError, InfeasibleError, InvalidParallelConfig
-from .plan import Plan, SearchStats
+from .plan import Plan
 from .search.optimize import SearchResult, search
 
 #: How link classes are written in sentences.
@@ -113,13 +113,7 @@ def search_plan(problem: Problem, fixed: dict | None = None, *, time_limit_s: fl
     """
     cm = problem.cost_model
     result = search(cm, fixed, time_limit_s=time_limit_s, top_k=top_k + 1, progress=progress)
-    best = result.best
-    plan = Plan(config=best.config, estimate=best, model=cm.graph.name, cluster=cm.cluster.name,
-                train=cm.train, model_config=problem.model_config,
-                alternatives=tuple(result.top[1:]),
-                search=SearchStats(evaluated=result.evaluated, meshes=result.meshes,
-                                   wall_s=round(result.wall_s, 3), complete=result.complete))
-    return plan, result
+    return api.build_plan(cm, result, problem.model_config), result
 
 
 def config_diff(base: ParallelConfig, other: ParallelConfig) -> list[str]:

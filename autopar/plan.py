@@ -28,12 +28,14 @@ class SearchStats:
         meshes: (tp, cp, pp, dp) meshes considered.
         wall_s: search wall time (seconds).
         complete: False when a time limit stopped the search (the plan is the best so far).
+        gap: relative optimality gap of the plan in the searched space (0 when complete).
     """
 
     evaluated: int = 0
     meshes: int = 0
     wall_s: float = 0.0
     complete: bool = True
+    gap: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class Plan:
         cluster: the cluster's spec string (e.g. ``4x8xA100-SXM4-80GB+8xib-hdr``).
         train: the :class:`TrainingConfig` planned for.
         alternatives: runner-up estimates, fastest first (not including this plan).
+        pareto: the searched time/memory Pareto front (fitting estimates no other beats in both
+            step time and memory), fastest first.
         search: :class:`SearchStats`.
     """
 
@@ -58,6 +62,7 @@ class Plan:
     train: TrainingConfig
     model_config: dict | None = None
     alternatives: tuple[Estimate, ...] = field(default=())
+    pareto: tuple[Estimate, ...] = field(default=())
     search: SearchStats = field(default_factory=SearchStats)
 
     @property
@@ -111,9 +116,10 @@ class Plan:
             "train": dict(self.train.__dict__),
             "config": self.config.to_dict(), "estimate": self.estimate.to_dict(),
             "alternatives": [a.to_dict() for a in self.alternatives],
+            "pareto": [a.to_dict() for a in self.pareto],
             # wall time is left out: the same input must give the same bytes
             "search": {"evaluated": self.search.evaluated, "meshes": self.search.meshes,
-                       "complete": self.search.complete},
+                       "complete": self.search.complete, "gap": self.search.gap},
         }
 
     def to_json(self, path: str | Path | None = None) -> str:
@@ -144,6 +150,7 @@ class Plan:
                 model=str(d["model"]), cluster=str(d["cluster"]),
                 train=TrainingConfig(**d["train"]), model_config=d.get("model_config"),
                 alternatives=tuple(_estimate(a) for a in d.get("alternatives", [])),
+                pareto=tuple(_estimate(a) for a in d.get("pareto", [])),
                 search=SearchStats(**d.get("search", {})),
             )
         except AutoparError as exc:

@@ -265,7 +265,6 @@ class CostModel:
         c = self.resolve(config)
         g, p, train = self.graph, self.params, self.train
         tp, cp, pp, dp, b, v = c.tp, c.cp, c.pp, c.dp, c.micro_batch_size, c.virtual_stages
-        sp = c.sequence_parallel
         m = train.global_batch_size // (dp * b)
         uniform = c.recompute if isinstance(c.recompute, str) else None
         modes = None if uniform else dict(zip(self.blocks, c.block_recompute(len(self.blocks))))
