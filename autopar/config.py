@@ -92,6 +92,8 @@ class ParallelConfig:
         pp: pipeline-parallel degree (stages).
         dp: data-parallel degree; None = world size / (tp * pp * cp).
         cp: context-parallel degree (ring attention over the sequence).
+        ep: expert-parallel degree for MoE models: experts are split over ep ranks of the
+            data-parallel group (Megatron-LM's expert parallelism); 1 for dense models.
         zero_stage: 0 (replicated), 1 (optimizer states sharded; Megatron's distributed
             optimizer), 2 (+ gradients), 3 (+ parameters; FSDP) over the DP group.
         recompute: "none", "selective" (attention core, Korthikanti et al. 2022), "full"
@@ -125,9 +127,10 @@ class ParallelConfig:
     stage_blocks: tuple[int, ...] | None = None
     placement: tuple[str, ...] | None = None
     cp_mode: str = "ring"
+    ep: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "cp"):
+        for name in ("tp", "pp", "cp", "ep"):
             _positive_int("ParallelConfig", name, getattr(self, name))
         for name in ("dp", "micro_batch_size", "virtual_stages"):
             _positive_int("ParallelConfig", name, getattr(self, name), allow_none=True)

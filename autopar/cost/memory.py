@@ -52,11 +52,19 @@ class MemoryBreakdown:
                 "transient": self.transient, "reserved": self.reserved}
 
 
-def layer_params_per_rank(layer: Layer, tp: int, count_shared: bool = True) -> float:
-    """Parameter elements of ``layer`` on one TP rank (sharded linears / tp, norms replicated)."""
+def layer_params_per_rank(layer: Layer, tp: int, count_shared: bool = True,
+                          ep: int = 1) -> float:
+    """Parameter elements of ``layer`` on one rank: TP-sharded linears / tp (MoE experts
+    / (tp * ep): expert tensor parallelism equals tp), norms and routers replicated."""
     total = layer.num_parameters - (0 if count_shared else layer.shared_parameters)
     sharded = layer.tp_sharded_parameters - (0 if count_shared else layer.shared_parameters)
-    return sharded / tp + (total - sharded)
+    experts = layer.expert_parameters
+    return (sharded - experts) / tp + experts / (tp * ep) + (total - sharded)
+
+
+def expert_params_per_rank(layer: Layer, tp: int, ep: int) -> float:
+    """MoE expert parameter elements of ``layer`` on one rank."""
+    return layer.expert_parameters / (tp * ep)
 
 
 def model_state_bytes(params: float, zero_stage: int, dp: int, weight_bytes: int,

@@ -44,6 +44,8 @@ class BlockCost:
     recompute_flops: float
     act_bytes: float
     transient_bytes: float
+    ep_s: float = 0.0
+    ep_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,7 @@ class CostModel:
         """The representative process group (the one holding rank 0) of mesh dimension ``dim``
         under the config's placement; "dp" means the dp x cp group, over which gradients are
         reduced and ZeRO shards (CP ranks hold the same weights); "pp" a pair of neighbours."""
-        key = (dim, c.tp, c.cp, c.dp, c.pp, c.placement)
+        key = (dim, c.tp, c.cp, c.dp, c.pp, c.ep, c.placement)
         g = self._groups.get(key)
         if g is None:
             # rank r's coordinate along a dimension is (r // stride) % size, strides growing
@@ -129,6 +131,9 @@ class CostModel:
                 stride *= getattr(c, d)
             dims = ("cp", "dp") if dim == "dp" else (dim,)
             ranks = [0]
+            if dim == "ep":  # experts split over the innermost ep ranks of the DP dimension
+                ranks = [k * strides["dp"] for k in range(c.ep)]
+                dims = ()
             for d in dims:
                 ranks = [r + k * strides[d] for r in ranks for k in range(getattr(c, d))]
             ranks = sorted(ranks)
@@ -145,7 +150,7 @@ class CostModel:
         if layer.kind != "block":
             mode = "none"
         key = (layer.signature, mode, c.tp, c.cp, c.dp, c.pp, c.micro_batch_size,
-               c.sequence_parallel, c.cp_mode, c.placement)
+               c.sequence_parallel, c.cp_mode, c.placement, c.ep)
         hit = self._block_costs.get(key)
         if hit is not None:
             return hit
@@ -160,6 +165,16 @@ class CostModel:
         cf, cb, cbytes = cp_layer_comm(layer, self.group("cp", c), micro_batch=bscale, tp=tp,
                                        attention_fwd_s=lt.attention_fwd_s, mode=c.cp_mode,
                                        overlap=self.params.dp_overlap)
+        ef = eb = 0.0
+        if c.ep > 1 and layer.num_experts:
+            # dispatch and combine all-to-alls of the routed tokens (k copies of each) forward,
+            # the same two backward (Lepikhin et al. 2020, GShard; Megatron-LM MoE)
+            routed = (layer.output_bytes * bscale * max(1, layer.experts_per_token) / cp
+                      / (tp if sp else 1))
+            ef = 2 * self.group("ep", c).time("all_to_all", routed)
+            eb = 4 * routed
+            if mode == "full":
+                ef *= 1.5  # the recomputed forward dispatches again
         rec = lt.recompute_s(mode)
         rflops = {"full": lt.fwd_flops}.get(mode, 0.0)
         if mode == "selective":
@@ -170,10 +185,10 @@ class CostModel:
         # recomputing a block re-materialises what it did not keep, one block at a time
         transient = 0.0 if mode == "none" else mem.block_activation_bytes(
             layer, "none", micro_batch=bscale, tp=tp, cp=cp, sequence_parallel=sp) - act
-        bc = BlockCost(fwd_s=lt.fwd_s + tf + cf, bwd_s=lt.bwd_s + rec + tb + cb,
+        bc = BlockCost(fwd_s=lt.fwd_s + tf + cf + ef / 2, bwd_s=lt.bwd_s + rec + tb + cb + ef / 2,
                        compute_s=lt.fwd_s + lt.bwd_s + rec, tp_s=tf + tb, cp_s=cf + cb,
                        tp_bytes=fb + bb, cp_bytes=cbytes, recompute_flops=rflops,
-                       act_bytes=act, transient_bytes=transient)
+                       act_bytes=act, transient_bytes=transient, ep_s=ef, ep_bytes=eb)
         self._block_costs[key] = bc
         return bc
 
@@ -198,16 +213,19 @@ class CostModel:
         self._rank_layers[key] = tuple(out)
         return self._rank_layers[key]
 
-    def _rank_params(self, tp: int, layers: tuple[int, ...]) -> float:
-        key = (tp, layers)
+    def _rank_params(self, tp: int, ep: int, layers: tuple[int, ...]) -> tuple[float, float]:
+        """(all, expert) parameter elements on a rank holding ``layers`` (cached)."""
+        key = (tp, ep, layers)
         hit = self._params.get(key)
         if hit is None:
             g = self.graph
             kinds = {g.layers[i].kind for i in layers}
-            hit = sum(mem.layer_params_per_rank(
+            total = sum(mem.layer_params_per_rank(
                 g.layers[i], tp, count_shared=not (g.layers[i].kind == "head"
-                                                   and "embedding" in kinds)) for i in layers)
-            self._params[key] = hit
+                                                   and "embedding" in kinds), ep=ep)
+                for i in layers)
+            experts = sum(mem.expert_params_per_rank(g.layers[i], tp, ep) for i in layers)
+            hit = self._params[key] = (total, experts)
         return hit
 
     @property
@@ -219,7 +237,7 @@ class CostModel:
         """Per pipeline rank of the resolved config ``c``: its layers, in-flight multiplier,
         pipeline communication and model states (cached)."""
         key = (c.tp, c.pp, c.cp, c.dp, c.micro_batch_size, c.sequence_parallel, c.zero_stage,
-               c.schedule, c.virtual_stages, c.stage_blocks, c.placement)
+               c.schedule, c.virtual_stages, c.stage_blocks, c.placement, c.ep)
         hit = self._layouts.get(key)
         if hit is not None:
             return hit
@@ -237,16 +255,19 @@ class CostModel:
                               / (tp if c.sequence_parallel else 1))
                     p2p_s += 2 * pp_g.time("send_recv", nbytes)
                     p2p_bytes += 2 * nbytes
-            params = self._rank_params(tp, layers)
-            states = mem.model_state_bytes(params, c.zero_stage, c.dp * c.cp,
-                                           self.train.dtype_bytes,
-                                           self.params.grad_bytes,
-                                           OPTIMIZER_STATE_BYTES[self.train.optimizer])
+            params, experts = self._rank_params(tp, c.ep, layers)
+            k_opt = OPTIMIZER_STATE_BYTES[self.train.optimizer]
+            dense = mem.model_state_bytes(params - experts, c.zero_stage, c.dp * c.cp,
+                                          self.train.dtype_bytes, self.params.grad_bytes, k_opt)
+            # each expert is replicated over dp * cp / ep ranks, and ZeRO shards it over those
+            moe = mem.model_state_bytes(experts, c.zero_stage, c.dp * c.cp // c.ep,
+                                        self.train.dtype_bytes, self.params.grad_bytes, k_opt)
+            states = tuple(a + b for a, b in zip(dense, moe))
             flight = mem.in_flight(c.schedule, rank, pp, m, c.virtual_stages) / max(1, len(mine))
             gather = 0.0
             if c.zero_stage == 3:
                 gather = 2 * self.train.dtype_bytes * max(
-                    mem.layer_params_per_rank(g.layers[i], tp) for i in layers)
+                    mem.layer_params_per_rank(g.layers[i], tp, ep=c.ep) for i in layers)
             out.append(StageLayout(layers, flight, p2p_s, p2p_bytes, params, states, gather))
         self._layouts[key] = tuple(out)
         return self._layouts[key]
@@ -274,7 +295,8 @@ class CostModel:
         layout = self.stage_layout(c)
         ranks = self.rank_layers(pp, c.stage_blocks)
         stage_time = [0.0] * pp
-        stage_parts = [dict(compute=0.0, tp_comm=0.0, cp_comm=0.0, pp_comm=0.0) for _ in range(pp)]
+        stage_parts = [dict(compute=0.0, tp_comm=0.0, cp_comm=0.0, ep_comm=0.0, pp_comm=0.0)
+                       for _ in range(pp)]
         stage_fwd = [0.0] * pp
         stage_bwd = [0.0] * pp
         stage_act = [0.0] * pp
@@ -290,7 +312,7 @@ class CostModel:
                     counts.setdefault(key, [li, 0])
                     counts[key][1] += 1
                 items = [(li, mode, n) for (_sig, mode), (li, n) in counts.items()]
-            tp_s = tp_b = cp_s = cp_b = 0.0
+            tp_s = tp_b = cp_s = cp_b = ep_s = ep_b = 0.0
             parts = stage_parts[rank]
             for li, mode, n in items:
                 bc = self.block_cost(li, mode, c)
@@ -301,11 +323,16 @@ class CostModel:
                 tp_b += n * bc.tp_bytes
                 cp_s += n * bc.cp_s
                 cp_b += n * bc.cp_bytes
+                ep_s += n * bc.ep_s
+                ep_b += n * bc.ep_bytes
                 recompute_flops += n * bc.recompute_flops
                 stage_act[rank] += n * bc.act_bytes
                 stage_transient[rank] = max(stage_transient[rank], bc.transient_bytes)
             parts["tp_comm"] += tp_s
             parts["cp_comm"] += cp_s
+            parts["ep_comm"] += ep_s
+            if ep_b:
+                ledger.add("ep", self.group("ep", c).link, ep_b, ep_s, times=m)
             ledger.add("tp", tp_g.link, tp_b, tp_s, times=m)
             ledger.add("cp", cp_g.link, cp_b, cp_s, times=m)
             stage_parts[rank]["pp_comm"] += st.p2p_s
@@ -377,7 +404,8 @@ class CostModel:
         parts = stage_parts[bottleneck]
         breakdown = {
             "compute": m * parts["compute"], "tp_comm": m * parts["tp_comm"],
-            "cp_comm": m * parts["cp_comm"], "pp_comm": m * parts["pp_comm"],
+            "cp_comm": m * parts["cp_comm"], "ep_comm": m * parts["ep_comm"],
+            "pp_comm": m * parts["pp_comm"],
             "bubble": bubble, "dp_comm_exposed": dp_exposed, "optimizer": optimizer_s,
         }
         return Estimate(
@@ -396,5 +424,6 @@ class CostModel:
             stage_fwd_s=tuple(stage_fwd), stage_bwd_s=tuple(stage_bwd),
             stage_memory_breakdown=tuple(sm.as_dict() for sm in stage_mem),
             group_links={d: grp.link for d, grp in
-                         (("tp", tp_g), ("cp", cp_g), ("pp", pp_g), ("dp", dp_g))},
+                         (("tp", tp_g), ("cp", cp_g), ("pp", pp_g), ("dp", dp_g),
+                          ("ep", self.group("ep", c)))},
         )

@@ -45,6 +45,12 @@ def resolve(config: ParallelConfig, graph: ModelGraph, world_size: int,
         raise InvalidParallelConfig(
             f"Ulysses context parallelism splits heads over tp*cp = {c.tp * c.cp}, which must "
             f"divide the {heads} heads and {kv} KV heads. Fix: use cp_mode='ring' or a smaller cp.")
+    experts = getattr(graph, "num_experts", 0)
+    if c.ep > 1 and (not experts or experts % c.ep or dp % c.ep):
+        raise InvalidParallelConfig(
+            f"ep={c.ep} must divide the model's {experts} experts and dp={dp} (experts are "
+            f"split over data-parallel ranks). Fix: use ep in "
+            f"{[e for e in range(1, dp + 1) if experts and experts % e == 0 and dp % e == 0]}.")
     if train.seq_len % c.cp:
         raise InvalidParallelConfig(
             f"cp={c.cp} must divide the sequence length {train.seq_len}. Fix: choose cp that "

@@ -58,6 +58,7 @@ class ExportInterpreter(MeasuringInterpreter):
         self.routers = A.routers(gm.graph)
         self.gqa_views: set[fx.Node] = set()
         self.kv_of: dict[fx.Node, fx.Node] = {}
+        self.param_views: dict[fx.Node, object] = {}
         self.heads = self.experts = (0, 0)
         for n in gm.graph.nodes:
             if n.op == "call_function" and A.packet(n.target) in A.SDPA:
@@ -119,9 +120,15 @@ class ExportInterpreter(MeasuringInterpreter):
     def call_function(self, target, args, kwargs):
         n = self._node
         used = self.groups[n].params if n in self.groups else n.all_input_nodes
-        for a in used:
-            if a.name in self.param_nodes:
-                original = self.param_nodes[a.name]
+        origins = [self.param_nodes[a.name] if a.name in self.param_nodes
+                   else self.param_views.get(a) for a in used]
+        origins = [o for o in origins if o is not None]
+        if origins and n not in self.groups and A.op_kind(n) == "view" and len(used) == 1:
+            # a transposed or reshaped weight (MoE expert stacks): the parameter belongs to
+            # the op that consumes the view, so that it is sharded with that GEMM
+            self.param_views[n] = origins[0]
+        else:
+            for original in origins:
                 self.layer_params[id(original)] = original
         if n in self.groups:
             return self._fused(self.groups[n], args)

@@ -141,6 +141,11 @@ class Layer:
     experts_per_token: int = 0
 
     @property
+    def expert_parameters(self) -> int:
+        """Parameter elements of MoE expert GEMMs (sharded by expert parallelism)."""
+        return sum(o.num_parameters for o in self.ops if getattr(o, "moe_role", "") == "expert")
+
+    @property
     def tp_sharded_parameters(self) -> int:
         """Parameter elements in ops TP shards (column, row, vocabulary-parallel)."""
         return sum(o.num_parameters for o in self.ops if o.tp_role) + (

@@ -215,7 +215,7 @@ def apply(plan, model: nn.Module, *, device_mesh: DeviceMesh | None = None,
 
     Raises:
         InvalidParallelConfig: the world size, mesh, blocks or batch do not match the plan.
-        UnsupportedPlanError: context parallelism, tied embeddings split by TP or PP, a model
+        UnsupportedPlanError: context or expert parallelism, tied embeddings split by TP or PP, a model
             layout the runtime does not know.
     """
     c, train = plan.config, plan.train
@@ -223,6 +223,10 @@ def apply(plan, model: nn.Module, *, device_mesh: DeviceMesh | None = None,
         raise UnsupportedPlanError(
             f"cp={c.cp}: context parallelism is not applied by autopar.runtime yet. Fix: plan "
             "with fixed={'cp': 1}.")
+    if c.ep > 1:
+        raise UnsupportedPlanError(
+            f"ep={c.ep}: expert parallelism is not applied by autopar.runtime yet. Fix: plan "
+            "with fixed={'ep': 1}, or export the plan to Megatron-LM.")
     device = (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
               else torch.device("cpu"))
     mesh = build_mesh(c, device_mesh, device.type)

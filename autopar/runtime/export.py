@@ -27,7 +27,7 @@ MEGATRON_FLAGS = frozenset({
     "--group-query-attention", "--num-query-groups", "--vocab-size", "--normalization",
     "--norm-epsilon", "--swiglu", "--position-embedding-type", "--rotary-base",
     "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--attention-dropout",
-    "--hidden-dropout", "--optimizer",
+    "--hidden-dropout", "--optimizer", "--expert-model-parallel-size", "--cp-comm-type",
 })
 
 _MODE_ORDER = ("none", "selective", "full")
@@ -91,6 +91,12 @@ def to_megatron_args(plan) -> Export:
          "--context-parallel-size", str(c.cp)]
     if c.sequence_parallel:
         a.append("--sequence-parallel")
+    if c.ep > 1:
+        a += ["--expert-model-parallel-size", str(c.ep)]
+    if c.cp > 1:
+        # Megatron-LM names the CP exchange: p2p (ring), a2a (Ulysses), all_gather
+        a += ["--cp-comm-type", {"ring": "p2p", "ulysses": "a2a",
+                                 "allgather": "all_gather"}[c.cp_mode]]
     v = c.virtual_stages or 1
     blocks = c.stage_blocks or ()
     if v > 1:
@@ -205,6 +211,12 @@ def to_torchtitan_toml(plan) -> Export:
     warn: list[str] = []
     par: dict = {"tensor_parallel_degree": c.tp, "pipeline_parallel_degree": c.pp,
                  "context_parallel_degree": c.cp}
+    if c.ep > 1:
+        par["expert_parallel_degree"] = c.ep
+    if c.cp > 1 and c.cp_mode != "ring":
+        warn.append(f"cp_mode={c.cp_mode}: torchtitan's context parallelism is ring attention "
+                    "(rotate method allgather or alltoall only within the ring); set "
+                    "parallelism.context_parallel_rotate_method by hand")
     if c.zero_stage >= 2:
         par.update(data_parallel_replicate_degree=1, data_parallel_shard_degree=c.dp,
                    fsdp_reshard_after_forward="always" if c.zero_stage == 3 else "never")
@@ -312,6 +324,9 @@ def to_deepspeed_config(plan) -> Export:
             warn.append("sequence_parallel: DeepSpeed AutoTP has no Megatron-style sequence "
                         "parallelism (its sequence_parallel_size is Ulysses, a different "
                         "scheme); used TP without SP")
+    if c.ep > 1:
+        warn.append(f"ep={c.ep}: DeepSpeed sets expert parallelism in the model code "
+                    "(deepspeed.moe.layer.MoE(ep_size=...)), not in the JSON config; not set")
     if c.cp > 1:
         warn.append(f"cp={c.cp}: DeepSpeed's nearest is Ulysses sequence parallelism "
                     "(sequence_parallel_size), which needs the model's attention wrapped; not set")

@@ -18,6 +18,7 @@ Ties break on memory, then on the configuration's text: the same input gives the
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass
@@ -210,26 +211,27 @@ def _bound(cm: CostModel, c: ParallelConfig) -> float:
 
 
 def _groups(cm: CostModel, fixed: dict, limits) -> list[tuple[float, tuple, dict]]:
-    """(bound, tie-break key, base fields) of every (mesh, micro-batch, SP) group, best first."""
+    """(bound, tie-break key, base fields) of every (mesh, micro-batch, SP, EP) group, best
+    first."""
     train, g = cm.train, cm.graph
     out = []
     for tp, cp, pp, dp in space.meshes(g, cm.cluster, train, fixed, limits):
         sps = [fixed["sequence_parallel"]] if "sequence_parallel" in fixed else [tp > 1]
-        for b in space.micro_batches(train, dp, fixed, limits):
-            for sp in sps:
-                base = dict(tp=tp, cp=cp, pp=pp, dp=dp, micro_batch_size=b,
-                            sequence_parallel=sp)
-                bounds = []
-                for placement in space.placements(base, fixed):
-                    for mode in space.cp_modes(g, base, fixed):
-                        try:
-                            c = cm.resolve(ParallelConfig(**base, placement=placement,
-                                                          cp_mode=mode))
-                        except InvalidParallelConfig:
-                            continue
-                        bounds.append(_bound(cm, c))
-                if bounds:
-                    out.append((min(bounds), (tp, cp, pp, dp, b, sp), base))
+        for b, sp, ep in itertools.product(space.micro_batches(train, dp, fixed, limits), sps,
+                                           space.ep_options(g, dp, fixed)):
+            base = dict(tp=tp, cp=cp, pp=pp, dp=dp, micro_batch_size=b, sequence_parallel=sp,
+                        ep=ep)
+            bounds = []
+            for placement in space.placements(base, fixed):
+                for mode in space.cp_modes(g, base, fixed):
+                    try:
+                        c = cm.resolve(ParallelConfig(**base, placement=placement,
+                                                      cp_mode=mode))
+                    except InvalidParallelConfig:
+                        continue
+                    bounds.append(_bound(cm, c))
+            if bounds:
+                out.append((min(bounds), (tp, cp, pp, dp, b, sp, ep), base))
     out.sort(key=lambda x: (x[0], x[1]))
     return out
 
@@ -263,7 +265,7 @@ def _coarse(run: _Run, base: dict, fixed: dict, limits, allowed) -> list:
 def _refine(run: _Run, c: ParallelConfig, fixed: dict, allowed) -> None:
     """Phase 2 for one candidate: other placements, CP modes and stage cuts."""
     cm = run.cm
-    base = dict(tp=c.tp, cp=c.cp, pp=c.pp, dp=c.dp)
+    base = dict(tp=c.tp, cp=c.cp, pp=c.pp, dp=c.dp, ep=c.ep)
     seen = set()
     for placement in space.placements(base, fixed):
         links = tuple((d, cm.group(d, c.replace(placement=placement)).link,

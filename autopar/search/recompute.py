@@ -48,12 +48,7 @@ def solve_recompute(cm: CostModel, c: ParallelConfig, *, time_limit_s: float = 5
     groups: list[tuple[int, str, list[int], dict]] = []  # (rank, sig, block indices, vars)
     for rank, st in enumerate(layout):
         fixed_time = st.p2p_s
-        fixed_mem = sum(st.states) + reserved
-        if c.zero_stage == 3:
-            from ..cost.memory import layer_params_per_rank
-
-            fixed_mem += 2 * max(layer_params_per_rank(cm.graph.layers[i], c.tp)
-                                 for i in st.layers) * cm.train.dtype_bytes
+        fixed_mem = sum(st.states) + reserved + st.gather_bytes
         by_sig: OrderedDict[str, list[int]] = OrderedDict()
         for li in st.layers:
             layer = cm.graph.layers[li]

@@ -17,7 +17,7 @@ from ..errors import InvalidParallelConfig
 from ..graph.types import ModelGraph
 
 #: Keys ``fixed=`` may pin.
-FIXABLE = ("tp", "pp", "dp", "cp", "zero_stage", "recompute", "sequence_parallel",
+FIXABLE = ("tp", "pp", "dp", "cp", "ep", "zero_stage", "recompute", "sequence_parallel",
            "micro_batch_size", "virtual_stages", "schedule", "stage_blocks", "placement",
            "cp_mode")
 
@@ -175,3 +175,13 @@ def cp_modes(graph: ModelGraph, base: dict, fixed: dict) -> list[str]:
     if heads and heads % n == 0 and kv % n == 0:
         modes.insert(1, "ulysses")
     return modes
+
+
+def ep_options(graph: ModelGraph, dp: int, fixed: dict) -> list[int]:
+    """Expert-parallel degrees: divisors of both the expert count and dp (1 for dense models)."""
+    if "ep" in fixed:
+        return [fixed["ep"]]
+    experts = getattr(graph, "num_experts", 0)
+    if not experts:
+        return [1]
+    return [e for e in divisors(dp) if experts % e == 0]

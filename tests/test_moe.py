@@ -1,0 +1,52 @@
+"""Mixture-of-experts: expert parallelism in the cost model, the search and the exporters."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import autopar  # noqa: E402
+from autopar.cost.model import CostModel  # noqa: E402
+from autopar.graph.extract import extract  # noqa: E402
+from autopar.graph.hf import build  # noqa: E402
+from autopar.search.optimize import search  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cm():
+    graph = extract(build("hf-mixtral-8x7b"), 4096, 1)
+    train = autopar.TrainingConfig(global_batch_size=256, seq_len=4096)
+    return CostModel(graph, autopar.Cluster.from_spec("4x8xH100"), train)
+
+
+def test_experts_are_found_with_their_parameters(cm):
+    block = cm.graph.blocks[0]
+    assert cm.graph.num_experts == 8 and block.experts_per_token == 2
+    # 8 experts x 3 GEMMs of 4096 x 14336
+    assert block.expert_parameters == 8 * 3 * 4096 * 14336
+
+
+def test_expert_parallelism_shards_experts_and_adds_all_to_all(cm):
+    base = dict(tp=2, pp=2, zero_stage=1, sequence_parallel=True, recompute="selective")
+    e1 = cm.estimate(autopar.ParallelConfig(**base, ep=1))
+    e4 = cm.estimate(autopar.ParallelConfig(**base, ep=4))
+    assert e4.memory_breakdown["weights"] < 0.4 * e1.memory_breakdown["weights"]
+    assert e1.time_breakdown["ep_comm"] == 0 < e4.time_breakdown["ep_comm"]
+    assert e4.comm_bytes_by_link.get("nvlink", 0) > e1.comm_bytes_by_link.get("nvlink", 0)
+    with pytest.raises(autopar.InvalidParallelConfig, match="ep=3"):
+        cm.estimate(autopar.ParallelConfig(**base, ep=3))
+
+
+def test_search_uses_expert_parallelism_when_it_helps(cm):
+    best = search(cm).best
+    assert best.fits and best.config.ep >= 1
+    fixed = search(cm, {"ep": 1}).best
+    assert best.step_time_s <= fixed.step_time_s
+
+
+def test_megatron_export_names_expert_parallelism(cm):
+    plan = autopar.api.build_plan(cm, search(cm, {"ep": 2}), None)
+    args = plan.to_megatron_args().value
+    assert "--expert-model-parallel-size" in args
+    assert args[args.index("--expert-model-parallel-size") + 1] == "2"
