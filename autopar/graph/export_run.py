@@ -110,6 +110,17 @@ class ExportInterpreter(MeasuringInterpreter):
             return {"moe_role": "expert"}
         return {}
 
+    def activation_input(self, n):
+        if n in self.groups:  # a decomposed activation module, fused
+            return self.groups[n].x if self.groups[n].kind == "elementwise" else None
+        if n.op == "call_function" and A.packet(n.target) in (torch.ops.aten.silu,
+                                                                  torch.ops.aten.gelu):
+            return n.args[0] if isinstance(n.args[0], fx.Node) else None
+        return None
+
+    def is_mul(self, n):
+        return n.op == "call_function" and A.packet(n.target) is torch.ops.aten.mul
+
     # -- execution -------------------------------------------------------------------------------
     def fetch_args_kwargs_from_env(self, n):
         if n in self.groups:

@@ -120,6 +120,25 @@ class FusedActivationMeta(torch.autograd.Function):
         return torch.empty_like(ctx.saved_tensors[0])
 
 
+class FusedGLUMeta(torch.autograd.Function):
+    """Shape-only gated linear unit act(a) * b (SwiGLU, GeGLU) as one fused kernel.
+
+    forward(a [..., f], b [..., f]) -> [..., f]; saves a and b only, recomputing act(a) in
+    backward, as Megatron-LM's fused ``bias_swiglu`` and Transformer Engine's SwiGLU do. Eager
+    PyTorch (``F.silu(a) * b``) also keeps act(a), one more f-wide tensor per block.
+    """
+
+    @staticmethod
+    def forward(ctx, a, b):  # noqa: D102 - see class docstring
+        ctx.save_for_backward(a, b)
+        return torch.empty_like(b)
+
+    @staticmethod
+    def backward(ctx, grad_out):  # noqa: D102 - shapes only
+        a, b = ctx.saved_tensors
+        return torch.empty_like(a), torch.empty_like(b)
+
+
 def grouped_gemm_flops(x_shape, w_shape) -> float:
     """Forward FLOPs of ``torch._grouped_mm(x [M, K], w [E, K, N], offs)``: 2*M*K*N.
 

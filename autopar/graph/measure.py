@@ -11,14 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import operator
+
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from . import classify
 from .kernels import (ATTENTION_BACKWARD_RATIO, UNFUSED_SCORE_BYTES, FlashAttentionMeta,
-                      FusedNormMeta, sdpa_forward_flops)
+                      FusedGLUMeta, FusedNormMeta, sdpa_forward_flops)
 from .types import Op
 
 
@@ -171,6 +174,37 @@ class MeasuringInterpreter(fx.Interpreter):
         self._score_bytes = 0 if self.rec.flash else UNFUSED_SCORE_BYTES * b * h * s_q * k.shape[-2]
         return FlashAttentionMeta.apply(q, k, v, self.rec.flash, dropout_p > 0)
 
+    # -- gated linear units ------------------------------------------------------------------------
+    def activation_input(self, n: fx.Node) -> fx.Node | None:
+        """The input node of a pointwise activation node (SiLU, GELU), else None."""
+        if n.op == "call_function" and n.target in _ACTIVATIONS and n.args:
+            return n.args[0] if isinstance(n.args[0], fx.Node) else None
+        if n.op == "call_module":
+            module = self.module.get_submodule(n.target)
+            if isinstance(module, (nn.SiLU, nn.GELU)) and n.args:
+                return n.args[0] if isinstance(n.args[0], fx.Node) else None
+        return None
+
+    def is_mul(self, n: fx.Node) -> bool:
+        """True for an elementwise product of two tensors."""
+        return (n.op == "call_function" and n.target in (operator.mul, torch.mul)) or (
+            n.op == "call_method" and n.target == "mul")
+
+    def _plan_glu(self) -> None:
+        """Find act(a) * b pairs, to run them as one fused GLU kernel (see FusedGLUMeta)."""
+        self._glu_act: dict[fx.Node, fx.Node] = {}
+        self._glu_mul: dict[fx.Node, tuple[fx.Node, fx.Node]] = {}
+        for n in self.module.graph.nodes:
+            src = self.activation_input(n)
+            users = list(n.users)
+            if src is None or len(users) != 1 or not self.is_mul(users[0]):
+                continue
+            mul = users[0]
+            others = [a for a in mul.args if isinstance(a, fx.Node) and a is not n]
+            if len(others) == 1 and len(mul.args) == 2:
+                self._glu_act[n] = src
+                self._glu_mul[mul] = (src, others[0])
+
     # -- hooks a subclass for another IR (torch.export's aten graph) overrides --------------------
     def node_kind(self, n: fx.Node, module: nn.Module | None) -> str:
         """Op kind of a node, one of :data:`autopar.graph.types.OP_KINDS`."""
@@ -209,6 +243,8 @@ class MeasuringInterpreter(fx.Interpreter):
     # -- per node ------------------------------------------------------------------------------
     def run_node(self, n: fx.Node):
         self._node = n
+        if not hasattr(self, "_glu_act"):
+            self._plan_glu()
         if n.op in ("placeholder", "output", "get_attr"):
             result = super().run_node(n)
             if n.op == "placeholder":
@@ -236,7 +272,14 @@ class MeasuringInterpreter(fx.Interpreter):
         flops_before = self.rec.flop_counter.get_total_flops()
         self._flops_override = None
         args, kwargs = self.fetch_args_kwargs_from_env(n)
-        result = getattr(self, n.op)(n.target, args, kwargs)
+        if n in self._glu_act:  # computed inside the fused GLU at its product
+            result = self.env[self._glu_act[n]]
+            kind = "view"
+        elif n in self._glu_mul:
+            a, b = self._glu_mul[n]
+            result = FusedGLUMeta.apply(self.env[a], self.env[b])
+        else:
+            result = getattr(self, n.op)(n.target, args, kwargs)
         flops = self.rec.flop_counter.get_total_flops() - flops_before
         if self._flops_override is not None:  # attention, grouped GEMMs: our own rule
             flops = self._flops_override
@@ -261,6 +304,10 @@ class MeasuringInterpreter(fx.Interpreter):
         if kind == "attention":
             self.heads = self._heads
         return result
+
+
+#: Pointwise activations a gated linear unit may use.
+_ACTIVATIONS = (F.silu, F.gelu)
 
 
 def _table_rows(interp: MeasuringInterpreter, n: fx.Node, module: nn.Module | None) -> int | None:
