@@ -45,7 +45,8 @@ class LayerTime:
 
 
 def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_parallel: bool,
-               peak_flops: float, hbm_bandwidth: float, params: CostParams) -> LayerTime:
+               peak_flops: float, hbm_bandwidth: float, params: CostParams,
+               architecture: str = "ampere") -> LayerTime:
     """Roofline time of ``layer`` for a micro-batch of ``micro_batch`` sequences.
 
     Args:
@@ -57,6 +58,7 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
         peak_flops: dense peak of the compute dtype (FLOP/s).
         hbm_bandwidth: HBM bandwidth (bytes/s).
         params: calibration constants.
+        architecture: the GPU architecture, for the per-architecture GEMM ceiling.
 
     Returns:
         :class:`LayerTime` in seconds and per-GPU FLOPs.
@@ -79,9 +81,9 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
                     n = n / tp
                 elif op.tp_role == "row":
                     k = k / tp
-                eff = params.gemm_efficiency(m, k, n)
+                eff = params.gemm_efficiency(m, k, n, architecture)
             else:
-                eff = params.matmul_efficiency
+                eff = params.matmul_ceiling(architecture)
             t = flops / (peak_flops * eff)
             fwd += t
             bwd += 2.0 * t
@@ -94,7 +96,7 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
                 t = flops * work / (peak_flops * params.attention_efficiency)
                 bwd += ATTENTION_BACKWARD_RATIO * t
             else:  # batched GEMMs plus the s x s scores through HBM, masked work not skipped
-                t = (flops / (peak_flops * params.matmul_efficiency)
+                t = (flops / (peak_flops * params.matmul_ceiling(architecture))
                      + op.bytes_read * scale / tp / (hbm_bandwidth * params.hbm_efficiency))
                 bwd += 2.0 * t
             fwd += t

@@ -111,7 +111,8 @@ class CostModel:
         if t is None:
             t = layer_time(layer, micro_batch=b / self.graph.micro_batch_size, tp=tp, cp=cp,
                            sequence_parallel=sp, peak_flops=self.peak,
-                           hbm_bandwidth=self.device.hbm_bandwidth_Bps, params=self.params)
+                           hbm_bandwidth=self.device.hbm_bandwidth_Bps, params=self.params,
+                           architecture=getattr(self.device, "architecture", "ampere"))
             self._layer_times[key] = t
         return t
 

@@ -7,7 +7,9 @@ None is fitted per record of the reference data.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
 
 
 @dataclass(frozen=True)
@@ -15,9 +17,12 @@ class CostParams:
     """Efficiency factors and fixed overheads.
 
     Attributes:
-        matmul_efficiency: fraction of dense peak a large GEMM reaches. Source: Azure's A100-80GB
-            FP16 GEMM at 16k^3 = 256.5 TFLOP/s = 82% of 312 (shared/reference/
-            hardware_and_formulas.md, "Measured single-GPU ceilings").
+        matmul_efficiency: fraction of dense peak a large GEMM reaches, per GPU architecture
+            (:attr:`autopar.hardware.Device.architecture`). Sources (shared/reference/
+            hardware_and_formulas.md, "Measured single-GPU ceilings"): Ampere, Azure's A100-80GB
+            FP16 GEMM at 16k^3 = 256.5 TFLOP/s = 82% of 312; Hopper, Azure's H200 GEMM at
+            1366 TFLOP/s = 69% of the 1979 FP8 peak (the same GH100 tensor cores as H100/H800).
+            Architectures without a measurement use the Ampere figure.
         matmul_half_size: GEMM dimension (elements) at which a dimension's efficiency factor is
             one half of the large-size value: f(x) = x / (x + half). Small and skinny GEMMs fill
             fewer tensor-core tiles; 128 is one CTA tile of cuBLAS's large kernels (assumption, to
@@ -45,7 +50,8 @@ class CostParams:
             (assumption: 5%).
     """
 
-    matmul_efficiency: float = 0.82
+    matmul_efficiency: Mapping[str, float] = field(
+        default_factory=lambda: MappingProxyType({"ampere": 0.82, "hopper": 0.69}))
     matmul_half_size: float = 128.0
     attention_efficiency: float = 0.55
     causal_attention_work: float = 0.5
@@ -57,7 +63,17 @@ class CostParams:
     reserved_bytes: float = 2e9
     fragmentation: float = 0.05
 
-    def gemm_efficiency(self, m: float, k: float, n: float) -> float:
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self.matmul_efficiency.items())))
+
+    def matmul_ceiling(self, architecture: str) -> float:
+        """Large-GEMM efficiency of an architecture (the Ampere figure when unmeasured)."""
+        eff = self.matmul_efficiency
+        if isinstance(eff, (int, float)):
+            return float(eff)
+        return eff.get(architecture, eff.get("ampere", 0.82))
+
+    def gemm_efficiency(self, m: float, k: float, n: float, architecture: str = "ampere") -> float:
         """Fraction of peak a GEMM of (m x k) @ (k x n) reaches (dimensionless, in (0, 1))."""
         h = self.matmul_half_size
         f = 1.0
@@ -65,7 +81,7 @@ class CostParams:
             f *= x / (x + h) if x > 0 else 0.0
         # normalise so that a 16k^3 GEMM (the measured ceiling) gets matmul_efficiency
         ref = (16384 / (16384 + h)) ** 3
-        return self.matmul_efficiency * f / ref
+        return self.matmul_ceiling(architecture) * f / ref
 
     def usable_memory(self, memory_bytes: float) -> float:
         """Bytes of a GPU's memory the model may use (after reserve and fragmentation)."""

@@ -85,6 +85,17 @@ class Device:
         """Pickle as a constructor call (mapping proxies and caches do not pickle)."""
         return (type(self), tuple(_plain(getattr(self, f.name)) for f in fields(self) if f.init))
 
+    @property
+    def architecture(self) -> str:
+        """GPU architecture read from the name: "hopper" (H100, H800, H200), "ampere" (A100,
+        A800), else "unknown". The cost model's calibration constants are per architecture."""
+        n = self.name.upper()
+        if n.startswith(("H100", "H800", "H200", "H20")):
+            return "hopper"
+        if n.startswith(("A100", "A800", "A30", "A40")):
+            return "ampere"
+        return "unknown"
+
     def peak(self, dtype: str) -> float:
         """Dense peak throughput in FLOP/s for ``dtype`` (``"fp32"``, ``"tf32"``, ``"fp16"``, ``"bf16"``, ``"fp8"``).
 
