@@ -38,7 +38,10 @@ def evaluate(rec):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--plans", default=None, help="published_plans.json-format file")
+    ap.add_argument("--markdown", action="store_true", help="print a Markdown table instead")
     args = ap.parse_args(argv)
+    if args.markdown:
+        return _markdown(args.plans)
     errors = []
     print(f"{'id':36s} {'pred s':>9s} {'meas s':>9s} {'err':>7s}  {'MFU':>5s} {'mem GB':>6s}  chosen")
     for raw in load(args.plans):
@@ -61,6 +64,27 @@ def main(argv=None) -> int:
     if errors:
         print(f"MAPE {100 * sum(errors) / len(errors):.1f}% max {100 * max(errors):.1f}% "
               f"over {len(errors)} records")
+    return 0
+
+
+def _markdown(plans) -> int:
+    """The same comparison as a Markdown table (for docs/cost-model.md)."""
+    errors = []
+    print("| record | predicted s/step | measured s/step | error | predicted MFU % | "
+          "predicted GB/GPU | fits (model) |")
+    print("|---|---|---|---|---|---|---|")
+    for raw in load(plans):
+        rec = parse(raw)
+        e, _ = evaluate(rec)
+        if rec.measured_step_s is None:
+            continue
+        err = (e.step_time_s - rec.measured_step_s) / rec.measured_step_s
+        errors.append(abs(err))
+        print(f"| {rec.id} | {e.step_time_s:.3f} | {rec.measured_step_s:.3f} | {err * 100:+.1f}% | "
+              f"{e.mfu * 100:.1f} | {e.memory_per_gpu_bytes / 1e9:.1f} | "
+              f"{'yes' if e.fits else 'no'} |")
+    print(f"\nMAPE {100 * sum(errors) / len(errors):.1f}% max {100 * max(errors):.1f}% over "
+          f"{len(errors)} records")
     return 0
 
 
