@@ -17,7 +17,9 @@ from .errors import (
     InvalidModelConfig,
     InvalidParallelConfig,
     InvalidPlanFile,
+    InvalidSearchOption,
     InvalidTrainingConfig,
+    MissingDependency,
     UntraceableModelError,
 )
 from .hardware import Cluster
@@ -28,5 +30,6 @@ __version__ = "0.1.0"
 __all__ = [
     "optimize", "estimate", "Plan", "Estimate", "ParallelConfig", "TrainingConfig", "Cluster",
     "CostParams", "AutoparError", "InfeasibleError", "InvalidClusterSpec", "InvalidModelConfig",
-    "InvalidParallelConfig", "InvalidPlanFile", "InvalidTrainingConfig", "UntraceableModelError",
+    "InvalidParallelConfig", "InvalidPlanFile", "InvalidSearchOption", "InvalidTrainingConfig",
+    "MissingDependency", "UntraceableModelError",
 ]

@@ -7,6 +7,8 @@ Both accept the model as an ``nn.Module`` (meta device preferred), a preset name
 
 from __future__ import annotations
 
+import math
+from dataclasses import MISSING, fields
 from typing import Any, Callable
 
 import torch
@@ -16,7 +18,8 @@ from .config import ParallelConfig, TrainingConfig
 from .cost.model import CostModel
 from .cost.params import CostParams
 from .cost.types import Estimate
-from .errors import InvalidClusterSpec, InvalidModelConfig, InvalidTrainingConfig
+from .errors import (InvalidClusterSpec, InvalidModelConfig, InvalidParallelConfig,
+                     InvalidSearchOption, InvalidTrainingConfig)
 from .graph.extract import extract
 from .graph.types import ModelGraph
 from .hardware import Cluster
@@ -43,8 +46,8 @@ def as_cluster(cluster: Cluster | str) -> Cluster:
     if isinstance(cluster, str):
         return Cluster.from_spec(cluster)
     raise InvalidClusterSpec(
-        f"cluster must be an autopar.Cluster or a spec string like '4x8xA100-80GB'; got "
-        f"{type(cluster).__name__}.")
+        f"cluster must be an autopar.Cluster or a spec string; got {type(cluster).__name__}. "
+        "Fix: e.g. '4x8xA100-80GB' or autopar.Cluster.from_spec('4x8xA100-80GB').")
 
 
 def _model_config(model) -> ModelConfig | None:
@@ -87,15 +90,65 @@ def model_graph(model, train: TrainingConfig) -> tuple[ModelGraph, ModelConfig |
                    flash_attention=train.flash_attention), None
 
 
+def _from_dict(cls, d: dict, err):
+    """``cls(**d)`` with unknown keys reported as ``err`` (naming the valid keys)."""
+    valid = [f.name for f in fields(cls)]
+    unknown = sorted(str(k) for k in d if k not in valid)
+    if unknown:
+        raise err(f"{cls.__name__} has no field(s) {unknown}. Fix: use only {valid}.")
+    missing = [f.name for f in fields(cls) if f.init and _required(f) and f.name not in d]
+    if missing:
+        raise err(f"{cls.__name__} needs {missing}. Fix: add them, e.g. "
+                  "{'global_batch_size': 1024, 'seq_len': 4096}.")
+    return cls(**d)
+
+
+def _required(f) -> bool:
+    return f.default is MISSING and f.default_factory is MISSING
+
+
 def _train(train, model_cfg, cluster) -> TrainingConfig:
     if train is None:
         return default_training(model_cfg, cluster)
     if isinstance(train, dict):
-        return TrainingConfig(**train)
+        return _from_dict(TrainingConfig, train, InvalidTrainingConfig)
     if not isinstance(train, TrainingConfig):
         raise InvalidTrainingConfig(
-            f"train must be an autopar.TrainingConfig or a dict; got {type(train).__name__}.")
+            f"train must be an autopar.TrainingConfig or a dict; got {type(train).__name__}. "
+            "Fix: e.g. autopar.TrainingConfig(global_batch_size=1024, seq_len=4096).")
     return train
+
+
+def _parallel(config) -> ParallelConfig:
+    if isinstance(config, dict):
+        return _from_dict(ParallelConfig, config, InvalidParallelConfig)
+    if not isinstance(config, ParallelConfig):
+        raise InvalidParallelConfig(
+            f"config must be an autopar.ParallelConfig or a dict; got {type(config).__name__}. "
+            "Fix: e.g. autopar.ParallelConfig(tp=8, pp=4).")
+    return config
+
+
+def _search_options(fixed, time_limit_s, top_k, progress) -> None:
+    """Check optimize()'s keyword arguments (types and ranges)."""
+    if fixed is not None and not isinstance(fixed, dict):
+        raise InvalidParallelConfig(
+            f"fixed must be a dict of choices to pin or None; got {type(fixed).__name__}. "
+            "Fix: e.g. fixed={'tp': 8}.")
+    if time_limit_s is not None and (isinstance(time_limit_s, bool)
+                                     or not isinstance(time_limit_s, (int, float))
+                                     or not 0 < time_limit_s < math.inf):
+        raise InvalidSearchOption(
+            f"time_limit_s must be a positive finite number of seconds or None; got "
+            f"{time_limit_s!r}. Fix: e.g. time_limit_s=60, or None for no limit.")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise InvalidSearchOption(
+            f"top_k must be an int >= 0 (runner-up plans to keep); got {top_k!r}. Fix: e.g. "
+            "top_k=5.")
+    if progress is not None and not callable(progress):
+        raise InvalidSearchOption(
+            f"progress must be callable as progress(stage, done, total, best) or None; got "
+            f"{type(progress).__name__}. Fix: pass a function or None.")
 
 
 def estimate(model: Any, cluster: Cluster | str, train: TrainingConfig | dict,
@@ -119,8 +172,7 @@ def estimate(model: Any, cluster: Cluster | str, train: TrainingConfig | dict,
     cl = as_cluster(cluster)
     cfg_model = _model_config(model)
     tr = _train(train, cfg_model, cl)
-    if isinstance(config, dict):
-        config = ParallelConfig(**config)
+    config = _parallel(config)
     graph, _ = model_graph(model, tr)
     return CostModel(graph, cl, tr, params).estimate(config)
 
@@ -146,8 +198,10 @@ def optimize(model: Any, cluster: Cluster | str, train: TrainingConfig | dict | 
 
     Raises:
         InfeasibleError: nothing fits (the message says what binds and what to change).
-        AutoparError subclasses: invalid model, cluster, training config or fixed= choices.
+        AutoparError subclasses: invalid model, cluster, training config or fixed= choices;
+            InvalidSearchOption for a bad ``time_limit_s``, ``top_k`` or ``progress``.
     """
+    _search_options(fixed, time_limit_s, top_k, progress)
     cl = as_cluster(cluster)
     cfg_model = _model_config(model)
     tr = _train(train, cfg_model, cl)

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 
 from rich.console import Console
 
@@ -190,12 +192,19 @@ def _problem(args) -> tuple[Problem, dict, list[str]]:
 
 
 class _Progress:
-    """The search's progress callback: stage, share done and the best step time so far."""
+    """The search's progress callback: stage, share done and the best step time so far
+    (printed unless ``quiet``); after a first Ctrl-C it stops the search as soon as a plan
+    exists, so the best plan so far is printed (see :class:`_Interrupt`)."""
 
-    def __init__(self, console: Console):
-        self.console, self.last = console, None
+    def __init__(self, console: Console, quiet: bool = False, interrupt: "_Interrupt | None" = None):
+        self.console, self.last, self.quiet, self.interrupt = console, None, quiet, interrupt
 
     def __call__(self, stage, done, total, best):
+        if self.interrupt is not None and self.interrupt.pressed and best is not None \
+                and done < total:
+            raise KeyboardInterrupt  # the search catches it and returns the best so far
+        if self.quiet:
+            return
         pct = 100 * done // max(total, 1)
         key = (stage, pct // 20)
         if key == self.last:
@@ -209,6 +218,31 @@ class _Progress:
             msg += (f", best so far {best.step_time_s:.3f} s/step (tp={best.config.tp} "
                     f"pp={best.config.pp} dp={best.config.dp} cp={best.config.cp})")
         self.console.print(msg, style="dim", highlight=False)
+
+
+class _Interrupt:
+    """SIGINT handling while a command runs: the first Ctrl-C asks the search to stop at its
+    best plan so far (it may be in graph extraction, or not have a plan yet); a second one
+    aborts at once. A no-op outside the main thread."""
+
+    def __init__(self, console: Console):
+        self.console, self.pressed, self._old = console, False, None
+
+    def _handler(self, signum, frame):
+        if self.pressed:
+            raise KeyboardInterrupt
+        self.pressed = True
+        self.console.print("interrupt: stopping with the best plan found so far (Ctrl-C again "
+                           "to abort)", style="yellow", highlight=False)
+
+    def __enter__(self) -> "_Interrupt":
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
 
 
 def _money(args, rows):
@@ -227,9 +261,9 @@ def _compare_estimate(args, problem: Problem):
     return problem.estimate(ParallelConfig(**par)) if par else None
 
 
-def _cmd_plan(args, problem, fixed, out, err) -> dict:
+def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
     plan, result = search_plan(problem, fixed, time_limit_s=args.time_limit, top_k=args.top_k,
-                               progress=None if args.json else _Progress(err))
+                               progress=_Progress(err, args.json, interrupt))
     if args.out:
         plan.to_json(args.out)
     ref = _compare_estimate(args, problem)
@@ -316,9 +350,9 @@ def _cmd_estimate(args, problem, par, notes, out) -> dict:
     return data
 
 
-def _cmd_explain(args, problem, fixed, out, err) -> dict:
+def _cmd_explain(args, problem, fixed, out, err, interrupt=None) -> dict:
     plan, _ = search_plan(problem, fixed, time_limit_s=args.time_limit, top_k=args.top_k,
-                          progress=None if args.json else _Progress(err))
+                          progress=_Progress(err, args.json, interrupt))
     best = plan.estimate
     ref = _compare_estimate(args, problem)
     comps, skipped = named_alternatives(problem, plan,
@@ -358,13 +392,14 @@ def main(argv=None) -> int:
             from .models import list_presets
             out.print("\n".join(list_presets()))
             return 0
-        problem, par, notes = _problem(args)
-        if args.command == "estimate":
-            data = _cmd_estimate(args, problem, par, notes, out)
-        elif args.command == "plan":
-            data = _cmd_plan(args, problem, par, out, err)
-        else:
-            data = _cmd_explain(args, problem, par, out, err)
+        with _Interrupt(err) as interrupt:
+            problem, par, notes = _problem(args)
+            if args.command == "estimate":
+                data = _cmd_estimate(args, problem, par, notes, out)
+            elif args.command == "plan":
+                data = _cmd_plan(args, problem, par, out, err, interrupt)
+            else:
+                data = _cmd_explain(args, problem, par, out, err, interrupt)
         if args.json:
             print(json.dumps(data, indent=2, sort_keys=True, default=str))
         if args.plot and not args.json:

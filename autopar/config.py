@@ -22,14 +22,31 @@ DEFAULT_PLACEMENT = MESH_DIMS
 #: between GEMMs, as Transformer Engine does; only the GEMM inputs are 8-bit).
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 
+#: Largest global batch (sequences) and sequence length (tokens) accepted: 2**24, far beyond any
+#: published run (GPT-3: 1536 x 2048; Llama 3: 16M tokens per step, 128K context). Larger values
+#: are almost surely typos, and the search enumerates divisors of the batch.
+MAX_GLOBAL_BATCH = 2 ** 24
+MAX_SEQ_LEN = 2 ** 24
 
-def _positive_int(cls_name: str, name: str, value: Any, allow_none: bool = False) -> None:
+
+def _positive_int(cls_name: str, name: str, value: Any, allow_none: bool = False,
+                  maximum: int | None = None) -> None:
     if value is None and allow_none:
         return
+    err = InvalidTrainingConfig if cls_name == "TrainingConfig" else InvalidParallelConfig
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        err = InvalidTrainingConfig if cls_name == "TrainingConfig" else InvalidParallelConfig
         raise err(f"{cls_name}.{name} must be a positive integer; got {value!r}. "
                   f"Fix: pass an int >= 1{' or None to let autopar choose' if allow_none else ''}.")
+    if maximum is not None and value > maximum:
+        raise err(f"{cls_name}.{name} = {value} exceeds the largest value autopar plans for "
+                  f"({maximum}). Fix: pass an int between 1 and {maximum}.")
+
+
+def _bool(cls_name: str, name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        err = InvalidTrainingConfig if cls_name == "TrainingConfig" else InvalidParallelConfig
+        raise err(f"{cls_name}.{name} must be True or False; got {value!r}. "
+                  f"Fix: pass {name}=True or {name}=False.")
 
 
 @dataclass(frozen=True)
@@ -58,17 +75,19 @@ class TrainingConfig:
     flash_attention: bool = True
 
     def __post_init__(self) -> None:
-        _positive_int("TrainingConfig", "global_batch_size", self.global_batch_size)
-        _positive_int("TrainingConfig", "seq_len", self.seq_len)
+        _positive_int("TrainingConfig", "global_batch_size", self.global_batch_size,
+                      maximum=MAX_GLOBAL_BATCH)
+        _positive_int("TrainingConfig", "seq_len", self.seq_len, maximum=MAX_SEQ_LEN)
         _positive_int("TrainingConfig", "micro_batch_size", self.micro_batch_size, allow_none=True)
+        _bool("TrainingConfig", "flash_attention", self.flash_attention)
         if self.micro_batch_size is not None and self.micro_batch_size > self.global_batch_size:
             raise InvalidTrainingConfig(
                 f"micro_batch_size {self.micro_batch_size} exceeds global_batch_size "
                 f"{self.global_batch_size}. Fix: use a micro-batch <= the global batch.")
-        if self.precision not in PRECISIONS:
+        if not isinstance(self.precision, str) or self.precision not in PRECISIONS:
             raise InvalidTrainingConfig(
                 f"precision {self.precision!r} is not one of {PRECISIONS}. Fix: use 'bf16'.")
-        if self.optimizer not in OPTIMIZERS:
+        if not isinstance(self.optimizer, str) or self.optimizer not in OPTIMIZERS:
             raise InvalidTrainingConfig(
                 f"optimizer {self.optimizer!r} is not one of {OPTIMIZERS}. Fix: use 'adam'.")
 
@@ -134,39 +153,55 @@ class ParallelConfig:
             _positive_int("ParallelConfig", name, getattr(self, name))
         for name in ("dp", "micro_batch_size", "virtual_stages"):
             _positive_int("ParallelConfig", name, getattr(self, name), allow_none=True)
-        if self.zero_stage not in (0, 1, 2, 3) or isinstance(self.zero_stage, bool):
+        if isinstance(self.zero_stage, bool) or not isinstance(self.zero_stage, int) \
+                or self.zero_stage not in (0, 1, 2, 3):
             raise InvalidParallelConfig(
-                f"zero_stage must be 0, 1, 2 or 3; got {self.zero_stage!r}.")
-        modes = (self.recompute,) if isinstance(self.recompute, str) else self.recompute
+                f"zero_stage must be the int 0, 1, 2 or 3; got {self.zero_stage!r}. Fix: e.g. "
+                "zero_stage=1 (optimizer states sharded over DP).")
+        _bool("ParallelConfig", "sequence_parallel", self.sequence_parallel)
         if isinstance(self.recompute, list):
             object.__setattr__(self, "recompute", tuple(self.recompute))
-        if not modes or any(m not in RECOMPUTE_MODES for m in modes):
+        modes = (self.recompute,) if isinstance(self.recompute, str) else self.recompute
+        if not isinstance(modes, tuple) or not modes or any(
+                not isinstance(m, str) or m not in RECOMPUTE_MODES for m in modes):
             raise InvalidParallelConfig(
                 f"recompute must be one of {RECOMPUTE_MODES} or a tuple of them per block; got "
-                f"{self.recompute!r}.")
-        if self.schedule is not None and self.schedule not in SCHEDULES:
+                f"{self.recompute!r}. Fix: e.g. recompute='selective'.")
+        if self.schedule is not None and (not isinstance(self.schedule, str)
+                                          or self.schedule not in SCHEDULES):
             raise InvalidParallelConfig(
-                f"schedule {self.schedule!r} is not one of {SCHEDULES}.")
+                f"schedule {self.schedule!r} is not one of {SCHEDULES}. Fix: use one of them, or "
+                "None to let autopar choose.")
         if self.schedule in ("gpipe", "1f1b") and (self.virtual_stages or 1) > 1:
             raise InvalidParallelConfig(
                 f"schedule {self.schedule!r} has one chunk per stage; virtual_stages="
-                f"{self.virtual_stages} needs schedule 'interleaved-1f1b'.")
+                f"{self.virtual_stages} needs schedule 'interleaved-1f1b'. Fix: use "
+                "schedule='interleaved-1f1b' or virtual_stages=1.")
         if self.sequence_parallel and self.tp == 1:
             object.__setattr__(self, "sequence_parallel", False)
-        if self.cp_mode not in CP_MODES:
+        if not isinstance(self.cp_mode, str) or self.cp_mode not in CP_MODES:
             raise InvalidParallelConfig(
-                f"cp_mode {self.cp_mode!r} is not one of {CP_MODES}.")
+                f"cp_mode {self.cp_mode!r} is not one of {CP_MODES}. Fix: use 'ring' (default).")
         if self.placement is not None:
+            if not isinstance(self.placement, (list, tuple)):
+                raise InvalidParallelConfig(
+                    f"placement must be a sequence of {MESH_DIMS} (innermost first); got "
+                    f"{self.placement!r}. Fix: e.g. placement=('tp', 'cp', 'dp', 'pp').")
             object.__setattr__(self, "placement", tuple(self.placement))
-            if sorted(self.placement) != sorted(MESH_DIMS):
+            if any(not isinstance(d, str) for d in self.placement) \
+                    or sorted(self.placement) != sorted(MESH_DIMS):
                 raise InvalidParallelConfig(
                     f"placement must order all of {MESH_DIMS} (innermost first); got "
                     f"{self.placement!r}. Fix: e.g. placement=('tp', 'cp', 'dp', 'pp').")
         if self.stage_blocks is not None:
-            object.__setattr__(self, "stage_blocks", tuple(self.stage_blocks))
-            if any((not isinstance(n, int)) or n < 0 for n in self.stage_blocks):
+            if not isinstance(self.stage_blocks, (list, tuple)) or not self.stage_blocks or any(
+                    isinstance(n, bool) or not isinstance(n, int) or n < 0
+                    for n in self.stage_blocks):
                 raise InvalidParallelConfig(
-                    f"stage_blocks must be non-negative ints; got {self.stage_blocks!r}.")
+                    f"stage_blocks must be a non-empty sequence of non-negative ints (decoder "
+                    f"blocks per pipeline chunk); got {self.stage_blocks!r}. Fix: e.g. "
+                    "stage_blocks=(16, 16) for pp=2, or None for balanced cuts.")
+            object.__setattr__(self, "stage_blocks", tuple(self.stage_blocks))
 
     @property
     def model_parallel_size(self) -> int:

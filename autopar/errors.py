@@ -38,3 +38,13 @@ class UntraceableModelError(AutoparError):
 
 class InvalidPlanFile(AutoparError, ValueError):
     """A plan file is malformed, of an unsupported version, or inconsistent."""
+
+
+class InvalidSearchOption(AutoparError, ValueError):
+    """An option of the search itself is wrong (e.g. a negative ``time_limit_s``, a ``top_k``
+    that is not a positive int, a ``progress`` that is not callable)."""
+
+
+class MissingDependency(AutoparError, ImportError):
+    """An optional dependency (e.g. matplotlib for plots) is not installed; the message says
+    which extra to install."""

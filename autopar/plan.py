@@ -16,6 +16,8 @@ from .errors import AutoparError, InvalidPlanFile
 from .report import plan_summary
 
 PLAN_FORMAT = "autopar-plan"
+#: Version of the plan file layout this autopar writes; :mod:`autopar.planfile` reads it and
+#: migrates older ones it knows.
 PLAN_VERSION = 1
 
 
@@ -113,6 +115,7 @@ class Plan:
         return {
             "format": PLAN_FORMAT, "version": PLAN_VERSION,
             "model": self.model, "model_config": self.model_config, "cluster": self.cluster,
+            "world_size": self.world_size,
             "train": dict(self.train.__dict__),
             "config": self.config.to_dict(), "estimate": self.estimate.to_dict(),
             "alternatives": [a.to_dict() for a in self.alternatives],
@@ -132,67 +135,57 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Plan":
-        """Build a plan from :meth:`to_dict`'s output.
+        """Build a plan from :meth:`to_dict`'s output, checking it strictly.
+
+        Unknown keys, wrong types, degrees whose product is not the GPU count of the plan's
+        cluster, stage cuts that do not cover the model's blocks, and inconsistent estimates are
+        errors. The keys ``compare`` and ``run_cost`` that ``autopar plan --json`` adds are
+        accepted and ignored. Older versions are migrated (:data:`MIGRATIONS`) or refused.
 
         Raises:
-            InvalidPlanFile: wrong format or version, missing or mistyped fields.
+            InvalidPlanFile: wrong format or version, or a field that is missing, unknown,
+                mistyped or inconsistent (the message names it and says how to fix it).
         """
-        if not isinstance(d, dict) or d.get("format") != PLAN_FORMAT:
-            raise InvalidPlanFile(
-                f"not an autopar plan: expected a JSON object with format={PLAN_FORMAT!r}.")
-        if d.get("version") != PLAN_VERSION:
-            raise InvalidPlanFile(
-                f"plan version {d.get('version')!r} is not supported (this autopar reads version "
-                f"{PLAN_VERSION}). Fix: re-run autopar plan to regenerate it.")
+        from .planfile import check_plan  # the schema; imported here to keep plan.py small
         try:
-            return cls(
-                config=_config(d["config"]), estimate=_estimate(d["estimate"]),
-                model=str(d["model"]), cluster=str(d["cluster"]),
-                train=TrainingConfig(**d["train"]), model_config=d.get("model_config"),
-                alternatives=tuple(_estimate(a) for a in d.get("alternatives", [])),
-                pareto=tuple(_estimate(a) for a in d.get("pareto", [])),
-                search=SearchStats(**d.get("search", {})),
-            )
+            return check_plan(d, cls)
+        except InvalidPlanFile:
+            raise
         except AutoparError as exc:
             raise InvalidPlanFile(f"invalid plan file: {exc}") from exc
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InvalidPlanFile(
-                f"invalid plan file: {type(exc).__name__}: {exc}. Fix: regenerate the plan "
-                "with autopar plan.") from exc
 
     @classmethod
     def from_json(cls, source: str | Path) -> "Plan":
-        """Load a plan from a JSON file path or JSON text.
+        """Load a plan from a JSON file path or JSON text (only ``json`` parses it: loading
+        never executes code).
 
         Raises:
             InvalidPlanFile: unreadable, not JSON, or not a valid plan.
         """
+        if isinstance(source, (bytes, bytearray)):
+            try:
+                source = bytes(source).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InvalidPlanFile(f"plan bytes are not UTF-8 JSON: {exc}. Fix: pass the "
+                                      "file's path or its text.") from exc
+        if not isinstance(source, (str, Path)):
+            raise InvalidPlanFile(
+                f"a plan source must be a path or JSON text; got {type(source).__name__}. Fix: "
+                "pass e.g. 'plan.json'.")
         text = str(source)
         if not text.lstrip().startswith("{"):
+            shown = text if len(text) <= 80 else text[:77] + "..."
             try:
                 text = Path(source).read_text()
-            except OSError as exc:
-                raise InvalidPlanFile(f"cannot read plan file {source!s}: {exc}") from exc
+            except (OSError, ValueError) as exc:
+                raise InvalidPlanFile(
+                    f"cannot read plan file {shown!r}: {type(exc).__name__}: "
+                    f"{str(exc)[:200]}. Fix: pass the path of a plan written by "
+                    "plan.to_json() or `autopar plan --out`, or its JSON text.") from exc
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InvalidPlanFile(f"plan file is not valid JSON: {exc}") from exc
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise InvalidPlanFile(
+                f"plan file is not valid JSON: {type(exc).__name__}: {str(exc)[:200]}. Fix: "
+                "regenerate it with plan.to_json() or `autopar plan --out`.") from exc
         return cls.from_dict(data)
-
-
-def _config(d: dict) -> ParallelConfig:
-    d = dict(d)
-    if isinstance(d.get("recompute"), list):
-        d["recompute"] = tuple(d["recompute"])
-    if isinstance(d.get("stage_blocks"), list):
-        d["stage_blocks"] = tuple(d["stage_blocks"])
-    return ParallelConfig(**d)
-
-
-def _estimate(d: dict) -> Estimate:
-    d = dict(d)
-    d["config"] = _config(d["config"])
-    d["stage_memory_bytes"] = tuple(d["stage_memory_bytes"])
-    for key in ("stage_time_s", "stage_fwd_s", "stage_bwd_s", "stage_memory_breakdown"):
-        d[key] = tuple(d.get(key, ()))
-    return Estimate(**d)

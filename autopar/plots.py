@@ -16,7 +16,7 @@ import os
 from typing import TYPE_CHECKING, Sequence
 
 from .cost.types import Estimate
-from .errors import AutoparError
+from .errors import AutoparError, MissingDependency  # noqa: F401 (MissingDependency re-exported)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -30,10 +30,6 @@ COLORS = {"forward": "#0072B2", "backward": "#E69F00", "communication": "#CC79A7
           "activations": "#E69F00", "transient": "#CC79A7", "reserved": "#999999",
           "compute": "#0072B2", "tp_comm": "#CC79A7", "cp_comm": "#F0E442",
           "pp_comm": "#56B4E9", "dp_comm_exposed": "#D55E00"}
-
-
-class MissingDependency(AutoparError, ImportError):
-    """An optional dependency (matplotlib) is not installed."""
 
 
 def _pyplot():

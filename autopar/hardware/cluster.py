@@ -22,6 +22,10 @@ from autopar.hardware.spec import parse_spec
 from autopar.hardware.topology import build_graph
 
 #: link kind -> the class name ``Cluster.link_class`` reports.
+#: Most GPUs a cluster may have: 2**20, ten times the largest clusters built (~100k GPUs); the
+#: search enumerates divisors of the GPU count, so absurd counts (typos) are refused up front.
+MAX_WORLD_SIZE = 2 ** 20
+
 _LINK_CLASS = {"nvlink": "nvlink", "nvswitch": "nvlink", "pcie": "pcie",
                "infiniband": "infiniband", "roce": "roce", "ethernet": "ethernet"}
 
@@ -61,24 +65,35 @@ class Cluster:
     def __post_init__(self) -> None:
         for attr in ("num_nodes", "gpus_per_node"):
             v = getattr(self, attr)
-            if not isinstance(v, int) or v < 1:
-                raise InvalidClusterSpec(f"Cluster.{attr} must be an int >= 1, got {v!r}")
-        if not isinstance(self.nics_per_node, int) or self.nics_per_node < 0:
-            raise InvalidClusterSpec(f"Cluster.nics_per_node must be an int >= 0, got {self.nics_per_node!r}")
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InvalidClusterSpec(f"Cluster.{attr} must be an int >= 1, got {v!r}; "
+                                         f"fix: pass a positive whole number")
+        if self.num_nodes * self.gpus_per_node > MAX_WORLD_SIZE:
+            raise InvalidClusterSpec(
+                f"cluster of {self.num_nodes} x {self.gpus_per_node} = "
+                f"{self.num_nodes * self.gpus_per_node} GPUs exceeds the {MAX_WORLD_SIZE} GPUs "
+                f"autopar plans for; fix: check the node and GPU counts (e.g. '128x8xA100-80GB')")
+        if isinstance(self.nics_per_node, bool) or not isinstance(self.nics_per_node, int) \
+                or self.nics_per_node < 0:
+            raise InvalidClusterSpec(f"Cluster.nics_per_node must be an int >= 0, got "
+                                     f"{self.nics_per_node!r}; fix: pass e.g. 8 (one NIC per GPU)")
         if self.intra_link.kind not in INTRA_KINDS:
             raise InvalidClusterSpec(
-                f"intra-node link {self.intra_link.name!r} is a {self.intra_link.kind} link; "
-                f"use one of kind {list(INTRA_KINDS)}"
+                f"intra-node link {self.intra_link.name!r} is a {self.intra_link.kind} link, but "
+                f"GPUs inside a node are joined by one of kind {list(INTRA_KINDS)}; fix: pass "
+                f"intra= such a link (e.g. 'nvlink4' or 'pcie-gen4')"
             )
         if self.inter_link is not None and self.inter_link.kind not in NETWORK_KINDS:
             raise InvalidClusterSpec(
-                f"inter-node link {self.inter_link.name!r} is a {self.inter_link.kind} link; "
-                f"use one of kind {list(NETWORK_KINDS)}"
+                f"inter-node link {self.inter_link.name!r} is a {self.inter_link.kind} link, but "
+                f"nodes are joined by NICs of kind {list(NETWORK_KINDS)}; fix: pass inter= such a "
+                f"link (e.g. 'ib-ndr' or 'roce-400g')"
             )
         if self.num_nodes > 1 and (self.inter_link is None or self.nics_per_node == 0):
             raise InvalidClusterSpec(
                 f"{self.num_nodes} nodes need an inter-node link and at least one NIC per node; "
-                f"got inter_link={self.inter_link and self.inter_link.name!r}, nics_per_node={self.nics_per_node}"
+                f"got inter_link={self.inter_link and self.inter_link.name!r}, nics_per_node="
+                f"{self.nics_per_node}; fix: pass inter= (e.g. 'ib-hdr') and nics_per_node >= 1"
             )
         if not self.name:
             nic = f"+{self.nics_per_node}x{self.inter_link.name}" if self.inter_link and self.nics_per_node else ""

@@ -39,7 +39,8 @@ class ParsedSpec:
 def _positive(value: str, what: str, spec: str) -> int:
     n = int(value)
     if n <= 0:
-        raise InvalidClusterSpec(f"cluster spec {spec!r}: {what} must be >= 1, got {n}")
+        raise InvalidClusterSpec(f"cluster spec {spec!r}: {what} must be >= 1, got {n}; "
+                                 f"fix: e.g. '4x8xA100-80GB' (4 nodes of 8 GPUs)")
     return n
 
 
@@ -64,7 +65,8 @@ def parse_spec(spec: str) -> ParsedSpec:
     try:
         device = get_device(gpu_name)
     except InvalidClusterSpec as err:
-        raise InvalidClusterSpec(f"cluster spec {spec!r}: GPU part {gpu_name!r}: {err}") from None
+        raise InvalidClusterSpec(f"cluster spec {spec!r}: GPU part {gpu_name!r}: {err}. Fix: use a "
+                                 f"valid GPU name, e.g. '4x8xA100-80GB'") from None
     if second is not None:
         num_nodes = _positive(first, "the node count", spec)
         gpus_per_node = _positive(second, "GPUs per node", spec)
@@ -81,11 +83,12 @@ def parse_spec(spec: str) -> ParsedSpec:
     n = _NIC.match(nic_part)
     if not n:
         raise InvalidClusterSpec(
-            f"cannot read the NIC part {nic_part!r} of cluster spec {spec!r}: expected NICSxLINK, "
-            f"e.g. '8xib-ndr'. Valid links: {', '.join(list_links())}"
+            f"cannot read the NIC part {nic_part!r} of cluster spec {spec!r}: expected NICSxLINK; "
+            f"fix: e.g. '+8xib-ndr'. Valid links: {', '.join(list_links())}"
         )
     try:
         link = get_link(n.group(2))
     except InvalidClusterSpec as err:
-        raise InvalidClusterSpec(f"cluster spec {spec!r}: NIC part {nic_part!r}: {err}") from None
+        raise InvalidClusterSpec(f"cluster spec {spec!r}: NIC part {nic_part!r}: {err}. Fix: use a "
+                                 f"valid link name, e.g. '+8xib-ndr'") from None
     return ParsedSpec(num_nodes, gpus_per_node, device, _positive(n.group(1), "the NIC count", spec), link)

@@ -36,6 +36,12 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
 
 _INT_FIELDS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
                "vocab_size", "seq_len")
+#: Largest value accepted per size field: beyond any published model (GPT-3: 96 layers, h=12288;
+#: Llama 3 405B: 126 layers, h=16384, 128K vocabulary), and small enough that building the meta
+#: model and its graph stays within seconds (a 4096-layer model takes ~10 s to extract).
+MAX_SIZE = {"num_layers": 4096, "hidden_size": 2 ** 20, "num_heads": 2 ** 16,
+            "num_kv_heads": 2 ** 16, "ffn_hidden_size": 2 ** 22, "vocab_size": 2 ** 24,
+            "seq_len": 2 ** 24}
 _REQUIRED = ("name", "family", "num_layers", "hidden_size", "num_heads", "vocab_size", "seq_len")
 
 
@@ -112,6 +118,9 @@ class ModelConfig:
                                   f"fix: pass {key} as a whole number")
             if value <= 0:
                 raise _fail(name, f"{key}={value} must be positive; fix: pass {key} >= 1")
+            if value > MAX_SIZE[key]:
+                raise _fail(name, f"{key}={value} exceeds the largest value autopar plans for "
+                                  f"({MAX_SIZE[key]}); fix: pass {key} <= {MAX_SIZE[key]}")
         if self.num_kv_heads is None:
             set_("num_kv_heads", self.num_heads)
         if self.ffn_hidden_size is None:
@@ -148,8 +157,8 @@ class ModelConfig:
                 raise _fail(self.name, f"{key}={getattr(self, key)} must be in [0, 1); "
                                        "fix: use 0.0 (no dropout) or e.g. 0.1 (Megatron GPT)")
         for key in ("norm_eps", "rope_theta"):
-            if not getattr(self, key) > 0:
-                raise _fail(self.name, f"{key}={getattr(self, key)} must be > 0; "
+            if not 0 < getattr(self, key) < math.inf:
+                raise _fail(self.name, f"{key}={getattr(self, key)} must be finite and > 0; "
                                        f"fix: e.g. norm_eps=1e-5, rope_theta=10000")
 
     def _check_divisibility(self) -> None:

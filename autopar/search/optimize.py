@@ -80,11 +80,12 @@ class _Run:
         self.complete = True
         self.best: Estimate | None = None
         self._ranked: list[Estimate] = []
+        self.groups_done = 0
 
     def expired(self) -> bool:
-        # the limit only binds once there is a plan to return: an anytime search never comes
-        # back empty-handed while a fitting plan exists
-        if self.best is None:
+        # before any plan exists the limit binds only once the most promising group has been
+        # searched, so a short limit still returns a plan when one is easy to find
+        if self.best is None and self.groups_done == 0:
             return False
         if self.deadline is not None and time.monotonic() > self.deadline:
             self.complete = False
@@ -157,6 +158,7 @@ def search(cm: CostModel, fixed: dict | None = None, *, time_limit_s: float | No
                 open_bound = bound
                 break
             coarse.extend(_coarse(run, base, fixed, limits, allowed))
+            run.groups_done += 1
         coarse.sort(key=lambda x: (x[0], repr(x[3])))
         small = len(coarse) <= limits.exhaustive_below
         for i, (t, _v, _zero, c) in enumerate(coarse):
@@ -176,8 +178,13 @@ def search(cm: CostModel, fixed: dict | None = None, *, time_limit_s: float | No
         open_bound = 0.0
     if progress:
         progress("search", len(groups), len(groups), run.best)
+    if run.best is None and not run.complete:
+        raise InfeasibleError(
+            f"no fitting plan found within time_limit_s={time_limit_s} ({run.groups_done} of "
+            f"{len(groups)} candidate meshes searched, {run.evaluated} configurations). Fix: "
+            "raise time_limit_s, or pin choices with fixed= to shrink the space.")
     if run.best is None:
-        raise _infeasible(cm, run)
+        raise _infeasible(cm, run, fixed)
     ranked = sorted(run.kept.values(), key=_key)
     pareto, best_mem = [], math.inf
     for e in ranked:
@@ -245,6 +252,18 @@ def _coarse(run: _Run, base: dict, fixed: dict, limits, allowed) -> list:
     placement = space.placements(base, fixed)[0]
     mode = space.cp_modes(cm.graph, base, fixed)[0]
     out = []
+    if run.require_fit:
+        # the group's most frugal variant (most ZeRO sharding, most recomputation, no
+        # interleaving): when even it is well over the GPU's memory, skip the whole group
+        frugal = ParallelConfig(
+            **base, placement=placement, cp_mode=mode,
+            virtual_stages=fixed.get("virtual_stages", 1),
+            zero_stage=max(space.zero_options(base["dp"], base["cp"], fixed)),
+            recompute=allowed[-1], schedule=fixed.get("schedule"),
+            stage_blocks=fixed.get("stage_blocks"))
+        e = run.estimate(frugal)
+        if e is not None and e.memory_per_gpu_bytes > 1.05 * cm.device.memory_bytes:
+            return out
     for v in space.virtual_stage_options(base["pp"], blocks, m, fixed, limits):
         for zero in space.zero_options(base["dp"], base["cp"], fixed):
             if run.expired():
@@ -301,30 +320,17 @@ def _evaluate(run: _Run, c: ParallelConfig, fixed: dict, allowed) -> Estimate | 
 
 
 def _no_mesh(cm: CostModel, fixed: dict) -> AutoparError:
-    g, world = cm.graph, cm.cluster.world_size
-    return InfeasibleError(
-        f"no legal (tp, cp, pp, dp) for {world} GPUs with fixed={fixed}: tp must divide the "
-        f"{g.attention_heads} heads and {g.kv_heads} KV heads and stay within a node of "
-        f"{cm.cluster.gpus_per_node} GPUs, pp <= {g.num_blocks} blocks, and dp must divide the "
-        f"global batch {cm.train.global_batch_size}. Fix: relax fixed=, or use a global batch "
-        f"that is a multiple of more of the divisors of {world}.")
+    """No legal mesh: the binding divisibility rule and the smallest fix
+    (:func:`autopar.search.diagnose.no_mesh_error`)."""
+    from .diagnose import no_mesh_error
+    return no_mesh_error(cm, fixed)
 
 
-def _infeasible(cm: CostModel, run: _Run) -> AutoparError:
-    e = run.smallest
-    dev = cm.device
-    usable = cm.params.usable_memory(dev.memory_bytes)
-    states = 16 * cm.graph.num_parameters
-    need = math.ceil(states / usable)
-    if e is None:
-        return InfeasibleError("no configuration could be evaluated; check fixed= choices.")
-    return InfeasibleError(
-        f"infeasible: no plan fits in {dev.memory_bytes / 1e9:.0f} GB per {dev.name}. The most "
-        f"frugal configuration tried ({_short(e.config)}) needs "
-        f"{e.memory_per_gpu_bytes / 1e9:.1f} GB per GPU. Model states alone are "
-        f"{states / 1e9:.0f} GB (16 bytes per parameter with Adam), so at least {need} GPUs of "
-        f"this kind are needed even with full sharding (got {cm.cluster.world_size}). Fix: use "
-        f"more GPUs, a smaller micro-batch or sequence, or unpin fixed= choices.")
+def _infeasible(cm: CostModel, run: _Run, fixed: dict | None = None) -> AutoparError:
+    """Nothing fits in memory: the most frugal plan tried and the smallest changes that fit
+    (:func:`autopar.search.diagnose.infeasible_error`)."""
+    from .diagnose import infeasible_error
+    return infeasible_error(cm, run.smallest, fixed or {}, run.deadline)
 
 
 def _short(c: ParallelConfig) -> str:

@@ -19,7 +19,7 @@ from ..config import ParallelConfig
 from ..cost.model import CostModel
 
 MODES = ("none", "selective", "full")
-_NS = 1e9       # time unit of the integer model: nanoseconds
+_US = 1e6       # time unit of the integer model: microseconds (keeps sums far below 2**63)
 _KIB = 1024.0   # memory unit: KiB (rounded against us: activations up, budget down)
 
 
@@ -45,6 +45,7 @@ def solve_recompute(cm: CostModel, c: ParallelConfig, *, time_limit_s: float = 5
     reserved = limit - p.usable_memory(limit)
     model = cp_model.CpModel()
     rank_time = []
+    horizons: list[int] = []
     groups: list[tuple[int, str, list[int], dict]] = []  # (rank, sig, block indices, vars)
     for rank, st in enumerate(layout):
         fixed_time = st.p2p_s
@@ -67,7 +68,7 @@ def solve_recompute(cm: CostModel, c: ParallelConfig, *, time_limit_s: float = 5
             model.Add(n["selective"] + n["full"] <= len(idx) * any_rc)
             for mode in MODES:
                 bc = cm.block_cost(idx[0], mode, c)
-                time_terms.append(round((bc.fwd_s + bc.bwd_s) * _NS) * n[mode])
+                time_terms.append(round((bc.fwd_s + bc.bwd_s) * _US) * n[mode])
                 mem_terms.append(math.ceil(bc.act_bytes * st.flight / _KIB) * n[mode])
                 transient = max(transient, bc.transient_bytes)
             groups.append((rank, sig, idx, n))
@@ -75,15 +76,21 @@ def solve_recompute(cm: CostModel, c: ParallelConfig, *, time_limit_s: float = 5
         if budget < 0:
             return None
         model.Add(sum(mem_terms) + math.ceil(transient / _KIB) * any_rc <= budget)
-        t = model.NewIntVar(0, 2**62, f"t{rank}")
-        model.Add(t == round(fixed_time * _NS) + sum(time_terms))
+        horizon = round(fixed_time * _US) + sum(
+            len(idx) * round(max(cm.block_cost(idx[0], mode, c).fwd_s
+                                 + cm.block_cost(idx[0], mode, c).bwd_s for mode in MODES) * _US)
+            for _r, _s, idx, _n in groups if _r == rank)
+        horizons.append(horizon)
+        t = model.NewIntVar(0, horizon, f"t{rank}")
+        model.Add(t == round(fixed_time * _US) + sum(time_terms))
         rank_time.append(t)
-    t_max = model.NewIntVar(0, 2**62, "tmax")
+    t_max = model.NewIntVar(0, max(1, sum(horizons)), "tmax")
     model.AddMaxEquality(t_max, rank_time)
     # v * T_pipe = (m v - 1) * t_max + sum_i t_i : minimising it minimises the step time
     model.Minimize((m * v - 1) * t_max + sum(rank_time))
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = float(time_limit_s)
+    # a deterministic work limit (not wall-clock) keeps the answer independent of machine load
+    solver.parameters.max_deterministic_time = float(time_limit_s)
     solver.parameters.num_search_workers = workers
     solver.parameters.random_seed = 0
     status = solver.Solve(model)

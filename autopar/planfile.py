@@ -1,0 +1,264 @@
+"""The plan file schema: strict checks that turn a parsed JSON object into a :class:`Plan`.
+
+Layout (version 1; :meth:`Plan.to_dict` writes it)::
+
+    {"format": "autopar-plan", "version": 1, "model": str, "model_config": {...} | null,
+     "cluster": spec str, "train": {TrainingConfig fields}, "config": {ParallelConfig fields},
+     "estimate": {Estimate fields}, "alternatives": [estimate...], "pareto": [estimate...],
+     "search": {"evaluated": int, "meshes": int, "complete": bool, "gap": float}}
+
+Rules: no unknown keys (``compare`` and ``run_cost``, which ``autopar plan --json`` adds, are
+ignored); every value of the right JSON type; the plan's degrees multiply to the GPU count of its
+cluster; the stage cuts give one block count per pipeline chunk and sum to the model's blocks;
+the global batch is a multiple of dp x micro-batch; the estimate describes the plan's config.
+Fields added after version 1 was first written (placement, cp_mode, per-stage times, the Pareto
+front, the gap) take their defaults when missing. A version this autopar does not know is refused;
+an older known one is migrated by :data:`MIGRATIONS`. Nothing here executes code from the file.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import MISSING, fields
+from typing import Any, Callable
+
+from .config import ParallelConfig, TrainingConfig
+from .cost.types import Estimate
+from .errors import AutoparError, InvalidPlanFile
+
+#: Top-level keys ``autopar plan --json`` adds to a plan; accepted and ignored when loading.
+ANNOTATIONS = ("compare", "run_cost")
+#: version -> function upgrading a plan dict of that version to the next one. Version 1 is the
+#: first released layout, so there is nothing to migrate yet.
+MIGRATIONS: dict[int, Callable[[dict], dict]] = {}
+
+_FIX = "Fix: regenerate the plan with plan.to_json() or `autopar plan --out plan.json`."
+_TOP_REQUIRED = ("format", "version", "model", "cluster", "train", "config", "estimate")
+_TOP_OPTIONAL = ("model_config", "alternatives", "pareto", "search", "world_size")
+_SEARCH = {"evaluated": int, "meshes": int, "complete": bool, "gap": float, "wall_s": float}
+#: Estimate scalars that must be finite, non-negative numbers.
+_FINITE = ("step_time_s", "mfu", "hfu", "tokens_per_s", "memory_per_gpu_bytes",
+           "memory_limit_bytes", "model_flops_per_step")
+
+
+def _fail(where: str, rule: str) -> InvalidPlanFile:
+    return InvalidPlanFile(f"invalid plan file: {where} {rule}. {_FIX}")
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
+
+
+def _keys(d: Any, where: str, required, optional=(), ignored=()) -> dict:
+    if not isinstance(d, dict):
+        raise _fail(where, f"must be a JSON object; got {type(d).__name__}")
+    unknown = sorted(str(k) for k in d if k not in required and k not in optional
+                     and k not in ignored)
+    if unknown:
+        raise _fail(where, f"has unknown key(s) {unknown} (allowed: "
+                           f"{sorted(set(required) | set(optional))})")
+    missing = [k for k in required if k not in d]
+    if missing:
+        raise _fail(where, f"lacks required key(s) {missing}")
+    return d
+
+
+def _dataclass_keys(cls) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    req = tuple(f.name for f in fields(cls) if f.init and f.default is MISSING
+                and f.default_factory is MISSING)
+    opt = tuple(f.name for f in fields(cls) if f.init and f.name not in req)
+    return req, opt
+
+
+def _config(d: Any, where: str) -> ParallelConfig:
+    """A resolved ParallelConfig: every degree, micro-batch and stage cut given."""
+    req, opt = _dataclass_keys(ParallelConfig)
+    resolved = ("dp", "micro_batch_size", "virtual_stages", "schedule", "stage_blocks")
+    d = dict(_keys(d, where, req + resolved, [k for k in opt if k not in resolved]))
+    for key in resolved:
+        if d[key] is None:
+            raise _fail(f"{where}.{key}", "is null; a plan has every choice made")
+    for key in ("recompute", "stage_blocks", "placement"):
+        if isinstance(d.get(key), list):
+            d[key] = tuple(d[key])
+    try:
+        return ParallelConfig(**d)
+    except AutoparError as exc:
+        raise _fail(where, f"is not a valid ParallelConfig: {exc}") from exc
+
+
+def _floats(v: Any, where: str, length: int | None = None) -> tuple:
+    if not isinstance(v, list) or any(not _number(x) for x in v):
+        raise _fail(where, f"must be a list of numbers; got {v!r:.80}")
+    if length is not None and len(v) != length:
+        raise _fail(where, f"has {len(v)} entries; the plan has {length} pipeline ranks")
+    return tuple(v)
+
+
+def _number_map(v: Any, where: str) -> dict:
+    if not isinstance(v, dict) or any(not _number(x) for x in v.values()):
+        raise _fail(where, f"must be an object of numbers; got {v!r:.80}")
+    return v
+
+
+def _estimate(d: Any, where: str, world: int) -> Estimate:
+    req, opt = _dataclass_keys(Estimate)
+    d = dict(_keys(d, where, req, opt))
+    c = d["config"] = _config(d["config"], f"{where}.config")
+    _check_world(c, world, f"{where}.config")
+    for key in _FINITE:
+        if not _number(d[key]) or not 0 <= d[key] < math.inf:
+            raise _fail(f"{where}.{key}", f"must be a finite number >= 0; got {d[key]!r:.80}")
+    if not isinstance(d["fits"], bool):
+        raise _fail(f"{where}.fits", f"must be true or false; got {d['fits']!r:.80}")
+    for key in ("num_micro_batches", "peak_stage"):
+        if isinstance(d.get(key), bool) or not isinstance(d.get(key, 0), int) or d.get(key, 0) < 0:
+            raise _fail(f"{where}.{key}", f"must be an int >= 0; got {d.get(key)!r:.80}")
+    for key in ("time_breakdown", "memory_breakdown", "comm_bytes_by_link",
+                "comm_seconds_by_link"):
+        _number_map(d[key], f"{where}.{key}")
+    d["stage_memory_bytes"] = _floats(d["stage_memory_bytes"], f"{where}.stage_memory_bytes",
+                                      c.pp)
+    for key in ("stage_time_s", "stage_fwd_s", "stage_bwd_s"):
+        d[key] = _floats(d.get(key, []), f"{where}.{key}", c.pp if d.get(key) else None)
+    smb = d.get("stage_memory_breakdown", [])
+    if not isinstance(smb, list) or (smb and len(smb) != c.pp):
+        raise _fail(f"{where}.stage_memory_breakdown", f"must be a list of {c.pp} objects")
+    d["stage_memory_breakdown"] = tuple(_number_map(x, f"{where}.stage_memory_breakdown[]")
+                                        for x in smb)
+    if d.get("peak_stage", 0) >= c.pp:
+        raise _fail(f"{where}.peak_stage", f"= {d['peak_stage']} is not a pipeline rank of pp="
+                                           f"{c.pp}")
+    links = d.get("group_links")
+    if links is not None and (not isinstance(links, dict)
+                              or any(not isinstance(x, str) for x in links.values())):
+        raise _fail(f"{where}.group_links", f"must be an object of link names; got {links!r:.80}")
+    if not isinstance(d.get("flops_convention", ""), str):
+        raise _fail(f"{where}.flops_convention", "must be a string")
+    return Estimate(**d)
+
+
+def _check_world(c: ParallelConfig, world: int, where: str) -> None:
+    product = c.tp * c.pp * c.cp * c.dp
+    if product != world:
+        raise _fail(where, f"has tp*pp*cp*dp = {c.tp}*{c.pp}*{c.cp}*{c.dp} = {product}, but the "
+                           f"plan's cluster has {world} GPUs (the degrees must multiply to it)")
+    if len(c.stage_blocks) != c.pp * c.virtual_stages:
+        raise _fail(f"{where}.stage_blocks", f"has {len(c.stage_blocks)} entries; pp*"
+                                             f"virtual_stages = {c.pp * c.virtual_stages} chunks "
+                                             "need one block count each")
+
+
+def _check_model(c: ParallelConfig, model_config, train: TrainingConfig) -> None:
+    """The rules of the cost model's resolve() that the file alone can check."""
+    blocks = sum(c.stage_blocks)
+    if model_config is not None:
+        if blocks != model_config.num_layers:
+            raise _fail("config.stage_blocks", f"{list(c.stage_blocks)} cover {blocks} blocks but "
+                                               f"the model has {model_config.num_layers} (stage "
+                                               "cuts must cover every block exactly once)")
+        heads, kv = model_config.num_heads, model_config.num_kv_heads
+        if heads % c.tp or kv % c.tp:
+            raise _fail("config.tp", f"= {c.tp} does not divide the model's {heads} heads and "
+                                     f"{kv} KV heads")
+    if not isinstance(c.recompute, str) and len(c.recompute) != blocks:
+        raise _fail("config.recompute", f"has {len(c.recompute)} per-block modes for {blocks} "
+                                        "blocks")
+    if train.global_batch_size % (c.dp * c.micro_batch_size):
+        raise _fail("config", f"dp*micro_batch_size = {c.dp}*{c.micro_batch_size} does not divide "
+                              f"the global batch {train.global_batch_size}")
+    if train.seq_len % c.cp:
+        raise _fail("config.cp", f"= {c.cp} does not divide the sequence length {train.seq_len}")
+
+
+def _version(d: dict) -> dict:
+    from .plan import PLAN_FORMAT, PLAN_VERSION
+    if not isinstance(d, dict) or d.get("format") != PLAN_FORMAT:
+        got = type(d).__name__ if not isinstance(d, dict) else f"format={d.get('format')!r:.40}"
+        raise InvalidPlanFile(
+            f"not an autopar plan: expected a JSON object with format={PLAN_FORMAT!r}; got "
+            f"{got}. Fix: load a file written by plan.to_json() or `autopar plan --out`.")
+    v = d.get("version")
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise InvalidPlanFile(f"plan version must be an int; got {v!r:.40}. {_FIX}")
+    if v > PLAN_VERSION:
+        raise InvalidPlanFile(
+            f"plan version {v} was written by a newer autopar; this one reads versions up to "
+            f"{PLAN_VERSION}. Fix: upgrade autopar (pip install -U autopar), or regenerate the "
+            "plan with this version.")
+    while v < PLAN_VERSION:
+        if v not in MIGRATIONS:
+            raise InvalidPlanFile(
+                f"plan version {v} is older than any this autopar can migrate (it reads versions "
+                f"{min(MIGRATIONS, default=PLAN_VERSION)} to {PLAN_VERSION}). {_FIX}")
+        d = MIGRATIONS[v](d)
+        v = d["version"]
+    return d
+
+
+def check_plan(d: Any, plan_cls):
+    """A ``plan_cls`` (:class:`Plan`) from a parsed plan file, after every check of the module
+    docstring.
+
+    Raises:
+        InvalidPlanFile: naming the field, the rule it breaks, and how to fix it.
+    """
+    from .hardware import Cluster
+    from .models import ModelConfig
+    from .plan import SearchStats
+    d = _keys(_version(d), "the plan", _TOP_REQUIRED, _TOP_OPTIONAL, ANNOTATIONS)
+    for key in ("model", "cluster"):
+        if not isinstance(d[key], str) or not d[key]:
+            raise _fail(key, f"must be a non-empty string; got {d[key]!r:.80}")
+    # the GPU count: written by this autopar; else read from the cluster spec (a custom-named
+    # cluster, e.g. Cluster.custom(..., name="lab"), needs the written count)
+    world = d.get("world_size")
+    if world is not None and (not isinstance(world, int) or isinstance(world, bool) or world < 1):
+        raise _fail("world_size", f"must be a positive int; got {world!r:.80}")
+    try:
+        spec_world = Cluster.from_spec(d["cluster"]).world_size
+    except AutoparError as exc:
+        if world is None:
+            raise _fail("cluster", f"{d['cluster']!r:.80} is not a cluster spec autopar can "
+                                   f"read and the plan has no world_size, so its GPU count is "
+                                   f"unknown ({exc})") from exc
+        spec_world = world
+    if world is not None and spec_world != world:
+        raise _fail("cluster", f"{d['cluster']!r:.80} has {spec_world} GPUs but world_size is "
+                               f"{world}; the plan's degrees must multiply to it")
+    world = spec_world
+    mc = d.get("model_config")
+    model_config = None
+    if mc is not None:
+        try:
+            model_config = ModelConfig.from_dict(mc)
+        except AutoparError as exc:
+            raise _fail("model_config", f"is not a valid model: {exc}") from exc
+    req, opt = _dataclass_keys(TrainingConfig)
+    try:
+        train = TrainingConfig(**_keys(d["train"], "train", req, opt))
+    except AutoparError as exc:
+        raise _fail("train", f"is not a valid TrainingConfig: {exc}") from exc
+    config = _config(d["config"], "config")
+    _check_world(config, world, "config")
+    _check_model(config, model_config, train)
+    estimate = _estimate(d["estimate"], "estimate", world)
+    if estimate.config != config:
+        raise _fail("estimate.config", "differs from config (the estimate must be of the plan's "
+                                       "own configuration)")
+    others = {}
+    for key in ("alternatives", "pareto"):
+        items = d.get(key, [])
+        if not isinstance(items, list):
+            raise _fail(key, f"must be a list of estimates; got {type(items).__name__}")
+        others[key] = tuple(_estimate(e, f"{key}[{i}]", world) for i, e in enumerate(items))
+    s = _keys(d.get("search", {}), "search", (), tuple(_SEARCH))
+    for key, kind in _SEARCH.items():
+        if key in s and not (isinstance(s[key], bool) if kind is bool else
+                             (_number(s[key]) and s[key] >= 0 and (kind is float or (
+                                 isinstance(s[key], int) and not isinstance(s[key], bool))))):
+            raise _fail(f"search.{key}", f"must be a {'bool' if kind is bool else 'number >= 0'}"
+                                         f"{' (int)' if kind is int else ''}; got {s[key]!r:.80}")
+    return plan_cls(config=config, estimate=estimate, model=d["model"], cluster=d["cluster"],
+                    train=train, model_config=mc, alternatives=others["alternatives"],
+                    pareto=others["pareto"], search=SearchStats(**s))

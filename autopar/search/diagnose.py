@@ -1,0 +1,185 @@
+"""Why a search found nothing, and the smallest change that would find something.
+
+Two failures: no legal mesh at all (:func:`no_mesh_error`: divisibility of heads, batch or
+sequence, too few layers for pp, pinned choices), or meshes whose plans all overflow GPU memory
+(:func:`infeasible_error`). For the second, feasibility is probed (phase 1 of the search only:
+balanced cuts, default placement, best recomputation per rank) with each pinned choice released,
+without a pinned micro-batch, and on larger clusters of the same node type, within a time budget.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+from types import SimpleNamespace
+
+from ..config import ParallelConfig
+from ..cost.model import OPTIMIZER_STATE_BYTES, CostModel
+from ..errors import AutoparError, InfeasibleError, InvalidParallelConfig
+from . import space
+
+#: Seconds spent probing changes that would make an infeasible problem feasible.
+PROBE_BUDGET_S = 10.0
+#: Largest factor by which the GPU count is grown when probing for a cluster that fits.
+MAX_GROWTH = 64
+
+_RULES = {
+    "tp": "tp must divide the GPUs, the {heads} heads and {kv} KV heads, and fit in a node of "
+          "{gpn} GPUs",
+    "pp": "pp must divide the GPUs and be at most the model's {blocks} blocks (too few layers "
+          "for a deeper pipeline)",
+    "cp": "cp must divide the GPUs and the sequence length {seq}",
+    "dp": "dp = GPUs / (tp*cp*pp) must divide the global batch {gbs}",
+}
+
+
+def _fmt(rule: str, cm: CostModel) -> str:
+    g, t = cm.graph, cm.train
+    return rule.format(heads=g.attention_heads, kv=g.kv_heads, gpn=cm.cluster.gpus_per_node,
+                       blocks=g.num_blocks, seq=t.seq_len, gbs=t.global_batch_size)
+
+
+def no_mesh_error(cm: CostModel, fixed: dict) -> AutoparError:
+    """The error for a problem with no legal (tp, cp, pp, dp, micro-batch): which rule binds
+    and the smallest change (a batch multiple, a legal degree, a micro-batch)."""
+    g, world, train = cm.graph, cm.cluster.world_size, cm.train
+    limits = space.SpaceLimits()
+    any_batch = SimpleNamespace(seq_len=train.seq_len, global_batch_size=world)
+    head = f"no legal parallel layout for {g.name} on {world} GPUs"
+    if space.meshes(g, cm.cluster, any_batch, fixed, limits):
+        legal = space.meshes(g, cm.cluster, train, fixed, limits)
+        if not legal:
+            dps = sorted({m[3] for m in space.meshes(g, cm.cluster, any_batch, fixed, limits)})
+            d, b = dps[0], train.global_batch_size
+            return InfeasibleError(
+                f"{head}: the global batch {b} is not a multiple of any legal data-parallel "
+                f"degree {dps[:10]} (dp = GPUs / (tp*cp*pp)). Fix: global batch must be a "
+                f"multiple of {d} (e.g. {-(-b // d) * d})"
+                + (f", or unpin fixed={fixed}." if fixed else "."))
+        mbs = fixed.get("micro_batch_size", train.micro_batch_size)
+        if mbs is not None:
+            per = sorted({train.global_batch_size // m[3] for m in legal})
+            return InfeasibleError(
+                f"{head}: micro-batch size {mbs} does not divide the per-replica batch of any "
+                f"legal layout ({per[:10]} sequences). Fix: use a micro-batch that divides one of "
+                f"them (e.g. 1), or a global batch that is a multiple of dp*{mbs}.")
+        for tp, cp, pp, dp in legal[:1]:
+            try:
+                cm.resolve(ParallelConfig(**{k: v for k, v in fixed.items() if k in (
+                    "virtual_stages", "schedule", "stage_blocks", "placement", "cp_mode")},
+                    tp=tp, cp=cp, pp=pp, dp=dp))
+            except InvalidParallelConfig as exc:
+                return InfeasibleError(f"{head} with fixed={fixed}: {exc}")
+        return InfeasibleError(f"{head} with fixed={fixed}. Fix: relax fixed=.")
+    for key in sorted(k for k in fixed if k in _RULES):
+        rest = {k: v for k, v in fixed.items() if k != key}
+        options = sorted({m[("tp", "cp", "pp", "dp").index(key)]
+                          for m in space.meshes(g, cm.cluster, any_batch, rest, limits)})
+        if options:
+            return InfeasibleError(
+                f"{head}: fixed {key}={fixed[key]} breaks a rule: {_fmt(_RULES[key], cm)}. "
+                f"Fix: use {key} in {options[:12]}, or leave it to autopar.")
+    return InfeasibleError(
+        f"{head} with fixed={fixed}: {'; '.join(_fmt(r, cm) for r in _RULES.values())}. "
+        "Fix: relax fixed=, or use a GPU count with more divisors.")
+
+
+def _fits(cm: CostModel, fixed: dict, deadline: float):
+    """A fitting estimate from phase 1 of the search, or None (also when out of time)."""
+    from .optimize import _coarse, _groups, _Run  # the search's own phase 1
+    run = _Run(cm, None, None, True, 1)
+    try:
+        groups = _groups(cm, fixed, space.SpaceLimits())
+        allowed = space.recompute_modes(fixed)
+        for _bound, _key, base in groups:
+            if run.best is not None or time.monotonic() > deadline:
+                break
+            _coarse(run, base, fixed, space.SpaceLimits(), allowed)
+    except AutoparError:
+        return None
+    return run.best
+
+
+def _with_nodes(cm: CostModel, nodes: int) -> CostModel:
+    from ..hardware import Cluster
+    c = cm.cluster
+    bigger = Cluster(nodes, c.gpus_per_node, c.device, c.intra_link,
+                     c.inter_link if c.inter_link is not None else _default_nic(c),
+                     c.nics_per_node or 1, comm_params=c.comm_params)
+    return CostModel(cm.graph, bigger, cm.train, cm.params)
+
+
+def _default_nic(cluster):
+    from ..hardware.links import get_link
+    return get_link("ib-hdr")
+
+
+def _smallest_cluster(cm: CostModel, fixed: dict, need: int, deadline: float) -> str:
+    """'at least N GPUs ...' from probing larger clusters of the same node type."""
+    from ..hardware.cluster import MAX_WORLD_SIZE
+    gpn, nodes0 = cm.cluster.gpus_per_node, cm.cluster.num_nodes
+    lo = nodes0                                   # known not to fit
+    hi = max(nodes0 + 1, -(-need // gpn))
+    found = None
+    while hi * gpn <= MAX_WORLD_SIZE and hi <= nodes0 * MAX_GROWTH and time.monotonic() < deadline:
+        if _fits(_with_nodes(cm, hi), fixed, deadline) is not None:
+            found = hi
+            break
+        lo, hi = hi, hi * 2
+    if found is None:
+        return (f"use more GPUs: at least {need} GPUs of this kind are needed even with full "
+                f"sharding (got {cm.cluster.world_size})")
+    while found - lo > 1 and time.monotonic() < deadline:  # narrow down (feasibility is
+        mid = (lo + found) // 2                            # nearly monotone in the GPU count)
+        if _fits(_with_nodes(cm, mid), fixed, deadline) is not None:
+            found = mid
+        else:
+            lo = mid
+    least = (lo + 1) * gpn
+    return (f"use at least {least} GPUs of this kind (got {cm.cluster.world_size}): a plan fits "
+            f"on {found} nodes x {gpn} = {found * gpn} GPUs, none on {lo * gpn}")
+
+
+def infeasible_error(cm: CostModel, smallest, fixed: dict,
+                     deadline: float | None = None) -> AutoparError:
+    """The error for a search whose every plan overflows GPU memory: what the most frugal one
+    needs, and the smallest changes that fit (unpinning a choice, a smaller micro-batch, more
+    GPUs of the same kind), probed until ``deadline`` (monotonic seconds) at the latest."""
+    fixed = dict(fixed or {})
+    dev = cm.device
+    if smallest is None:
+        return InfeasibleError(
+            f"no configuration could be evaluated for fixed={fixed}. Fix: relax fixed=.")
+    # probe within PROBE_BUDGET_S, and within the search's own time limit when it has one
+    deadline = min(time.monotonic() + PROBE_BUDGET_S, deadline or math.inf)
+    k = OPTIMIZER_STATE_BYTES[cm.train.optimizer] + 2 * cm.train.dtype_bytes
+    states = k * cm.graph.num_parameters
+    usable = cm.params.usable_memory(dev.memory_bytes)
+    need = max(1, math.ceil(states / usable)) if usable > 0 else cm.cluster.world_size + 1
+    changes = []
+    for key in sorted(fixed):
+        rest = {kk: v for kk, v in fixed.items() if kk != key}
+        e = _fits(cm, rest, deadline)
+        if e is not None:
+            val = getattr(e.config, key, None)
+            val = val if isinstance(val, (int, str)) else "mixed"
+            changes.append(f"unpin {key}={fixed[key]!r} ({key}={val!r} fits)")
+    if cm.train.micro_batch_size not in (None, 1) and "micro_batch_size" not in fixed:
+        small = replace(cm.train, micro_batch_size=1)
+        if _fits(CostModel(cm.graph, cm.cluster, small, cm.params), fixed, deadline):
+            changes.append("use micro_batch_size=1")
+    gpus = _smallest_cluster(cm, fixed, need, deadline)
+    e = smallest
+    return InfeasibleError(
+        f"infeasible: memory per GPU binds: no plan fits in {dev.memory_bytes / 1e9:.0f} GB per "
+        f"{dev.name}. The most frugal configuration tried ({_short(e.config)}) needs "
+        f"{e.memory_per_gpu_bytes / 1e9:.1f} GB per GPU; model states alone are "
+        f"{states / 1e9:.0f} GB ({k} bytes per parameter with {cm.train.optimizer}). Smallest "
+        f"changes: {'; '.join(changes + [gpus])}. Fix: one of those, or a shorter sequence.")
+
+
+def _short(c: ParallelConfig) -> str:
+    rc = c.recompute if isinstance(c.recompute, str) else "mixed"
+    return (f"tp={c.tp} pp={c.pp} dp={c.dp} cp={c.cp} zero={c.zero_stage} recompute={rc} "
+            f"mbs={c.micro_batch_size}")

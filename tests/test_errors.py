@@ -1,0 +1,127 @@
+"""Every error class autopar raises: one example input each, and the message's three parts
+(the input, the rule, a fix). ``EXAMPLES`` doubles as the table in docs/errors.md. Also: Ctrl-C
+in ``autopar plan`` prints the best plan so far."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import autopar
+from autopar import errors
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = dict(name="tiny", family="llama", num_layers=2, hidden_size=64, num_heads=4,
+            vocab_size=128, seq_len=64)
+TRAIN = dict(global_batch_size=16, seq_len=64)
+
+
+class _Blockless(torch.nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent control flow: fx cannot trace it
+            return x
+        return -x
+
+
+def _plots_without_matplotlib():
+    import builtins
+    from autopar import plots
+    real = builtins.__import__
+
+    def fake(name, *a, **k):
+        if name.startswith("matplotlib"):
+            raise ImportError("no matplotlib")
+        return real(name, *a, **k)
+    builtins.__import__ = fake
+    try:
+        plots._pyplot()
+    finally:
+        builtins.__import__ = real
+
+
+#: (error class, example input as text, the call) for every AutoparError subclass.
+EXAMPLES = [
+    (errors.InvalidModelConfig, "optimize({..., 'hidden_size': 100, 'num_heads': 8}, ...)",
+     lambda: autopar.optimize({**TINY, "hidden_size": 100, "num_heads": 8}, "1x8xA100", TRAIN)),
+    (errors.InvalidClusterSpec, "Cluster.from_spec('4x8xB9000')",
+     lambda: autopar.Cluster.from_spec("4x8xB9000")),
+    (errors.InvalidTrainingConfig, "TrainingConfig(global_batch_size=0, seq_len=2048)",
+     lambda: autopar.TrainingConfig(global_batch_size=0, seq_len=2048)),
+    (errors.InvalidParallelConfig, "estimate('llama2-7b', '1x8xA100', ..., ParallelConfig(tp=3))",
+     lambda: autopar.estimate(TINY, "1x8xA100", TRAIN, autopar.ParallelConfig(tp=3))),
+    (errors.InfeasibleError, "optimize('llama2-7b', '1x1xA100-40GB', gbs=64, seq=4096)",
+     lambda: autopar.optimize("llama2-7b", "1x1xA100-40GB",
+                              dict(global_batch_size=64, seq_len=4096))),
+    (errors.InfeasibleError, "optimize(tiny, '1x8xA100', gbs=7, fixed={'tp': 1})",
+     lambda: autopar.optimize(TINY, "1x8xA100", dict(global_batch_size=7, seq_len=64),
+                              fixed={"tp": 1, "pp": 1})),
+    (errors.UntraceableModelError, "optimize(module with data-dependent `if`, ...)",
+     lambda: autopar.optimize(_Blockless(), "1x8xA100", TRAIN)),
+    (errors.InvalidPlanFile, "Plan.from_json('{\"format\": \"autopar-plan\", \"version\": 2}')",
+     lambda: autopar.Plan.from_json('{"format": "autopar-plan", "version": 2}')),
+    (errors.InvalidSearchOption, "optimize(..., time_limit_s=-1)",
+     lambda: autopar.optimize(TINY, "1x8xA100", TRAIN, time_limit_s=-1)),
+    (errors.MissingDependency, "plots.plot_schedule(...) without matplotlib",
+     _plots_without_matplotlib),
+]
+
+
+def _unsupported_plan():
+    from autopar.runtime.errors import UnsupportedPlanError
+    return UnsupportedPlanError
+
+
+@pytest.mark.parametrize("cls, text, call", EXAMPLES, ids=[f"{c.__name__}-{i}"
+                                                            for i, (c, _, _) in enumerate(EXAMPLES)])
+def test_every_error_names_rule_and_fix(cls, text, call):
+    with pytest.raises(cls) as info:
+        call()
+    msg = str(info.value)
+    assert isinstance(info.value, autopar.AutoparError)
+    assert "fix" in msg.lower() or "use at least" in msg, msg
+    print(f"{cls.__name__} | {text} | {msg}")
+
+
+def test_every_error_class_has_an_example():
+    classes = {c for c in vars(errors).values()
+               if isinstance(c, type) and issubclass(c, errors.AutoparError)}
+    assert classes - {errors.AutoparError} <= {c for c, _, _ in EXAMPLES}
+    assert issubclass(_unsupported_plan(), autopar.AutoparError)
+    from autopar.plots import MissingDependency
+    assert MissingDependency is autopar.MissingDependency
+
+
+def test_infeasible_names_the_batch_multiple():
+    with pytest.raises(autopar.InfeasibleError, match="multiple of 8"):
+        autopar.optimize(TINY, "1x8xA100", dict(global_batch_size=7, seq_len=64),
+                         fixed={"tp": 1, "pp": 1})
+
+
+def test_infeasible_names_the_gpus_needed():
+    with pytest.raises(autopar.InfeasibleError, match=r"at least \d+ GPUs of this kind"):
+        autopar.optimize("llama2-7b", "1x1xA100-40GB", dict(global_batch_size=64, seq_len=4096))
+
+
+def test_pinned_pp_beyond_the_layers_is_named():
+    with pytest.raises(autopar.InfeasibleError, match="too few layers"):
+        autopar.optimize(TINY, "1x8xA100", TRAIN, fixed={"pp": 4})
+
+
+def test_ctrl_c_in_the_cli_prints_the_best_plan_so_far():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen([sys.executable, "-m", "autopar.cli", "plan", "--model", "gpt3-175b",
+                          "--cluster", "128x8xA100-80GB", "--global-batch", "1536", "--json"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    time.sleep(2.0)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    plan = autopar.Plan.from_json(out)
+    assert plan.estimate.fits and "interrupt" in err

@@ -1,0 +1,91 @@
+"""Plan files: versioned JSON, strictly checked, loaded without executing code."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import autopar
+from autopar import InvalidPlanFile, Plan
+
+TINY = dict(name="tiny", family="llama", num_layers=4, hidden_size=64, num_heads=4,
+            vocab_size=128, seq_len=64)
+
+
+@pytest.fixture(scope="module")
+def plan_dict():
+    plan = autopar.optimize(TINY, "1x8xA100-80GB",
+                            autopar.TrainingConfig(global_batch_size=16, seq_len=64),
+                            fixed={"pp": 2})
+    return json.loads(plan.to_json())
+
+
+def _load(d):
+    return Plan.from_json(json.dumps(d))
+
+
+def test_round_trip_is_byte_identical(plan_dict):
+    text = json.dumps(plan_dict, indent=2, sort_keys=True) + "\n"
+    assert _load(plan_dict).to_json() == text
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda d: d.update(extra=1), r"unknown key\(s\) \['extra'\]"),
+    (lambda d: d["config"].update(tensor=2), r"config has unknown key"),
+    (lambda d: d["estimate"].update(speed=1), r"estimate has unknown key"),
+    (lambda d: d["search"].update(seed=1), r"search has unknown key"),
+    (lambda d: d.pop("config"), r"lacks required key\(s\) \['config'\]"),
+    (lambda d: d["config"].update(tp="2"), r"positive integer"),
+    (lambda d: d["config"].update(sequence_parallel="yes"), r"True or False"),
+    (lambda d: d["estimate"].update(step_time_s="fast"), r"step_time_s must be a finite number"),
+    (lambda d: d["estimate"].update(fits=1), r"fits must be true or false"),
+    (lambda d: d["train"].update(global_batch_size=1.5), r"positive integer"),
+    (lambda d: d.update(model=3), r"model must be a non-empty string"),
+    (lambda d: d["config"].update(dp=d["config"]["dp"] * 2), r"multiply to it"),
+    (lambda d: d.update(cluster="2x8xA100-80GB"), r"multiply to it"),
+    (lambda d: (d.update(cluster="my-lab"), d.pop("world_size")), r"not a cluster spec"),
+    (lambda d: d["config"].update(stage_blocks=[1, 2]), r"cover 3 blocks but the model has 4"),
+    (lambda d: d["config"].update(stage_blocks=[4]), r"pp\*virtual_stages = 2"),
+    (lambda d: d["config"].update(micro_batch_size=None), r"is null"),
+    (lambda d: d["estimate"]["config"].update(zero_stage=3), r"differs from config"),
+    (lambda d: d["model_config"].update(num_heads=3), r"model_config is not a valid model"),
+    (lambda d: d.update(version=0), r"older than any this autopar can migrate"),
+    (lambda d: d.update(version=2), r"newer autopar"),
+    (lambda d: d.update(version="1"), r"version must be an int"),
+    (lambda d: d.update(format="pickle"), r"not an autopar plan"),
+    (lambda d: d.update(alternatives={}), r"alternatives must be a list"),
+])
+def test_bad_plan_files_are_refused_with_the_field_named(plan_dict, mutate, match):
+    d = json.loads(json.dumps(plan_dict))
+    mutate(d)
+    with pytest.raises(InvalidPlanFile, match=match) as info:
+        _load(d)
+    assert "Fix" in str(info.value)
+
+
+def test_cli_annotations_and_old_v1_files_load(plan_dict):
+    d = json.loads(json.dumps(plan_dict))
+    d["run_cost"] = [{"plan": "best"}]
+    d["compare"] = {}
+    for key in ("pareto", "alternatives", "search"):
+        del d[key]
+    del d["config"]["placement"], d["config"]["cp_mode"], d["estimate"]["stage_fwd_s"]
+    del d["estimate"]["config"]["placement"], d["estimate"]["config"]["cp_mode"]
+    plan = _load(d)
+    assert plan.pareto == () and plan.search.complete
+
+
+@pytest.mark.parametrize("source", [b"\xff\xfe", 3, None, "[" * 100_000, "{" + "[" * 100_000,
+                                    "/no/such/plan.json", "x" * 10_000, "{'format': 1}"])
+def test_unreadable_sources_are_invalid_plan_files(source):
+    with pytest.raises(InvalidPlanFile):
+        Plan.from_json(source)
+
+
+def test_loading_never_executes_code(tmp_path, plan_dict):
+    marker = tmp_path / "pwned"
+    d = json.loads(json.dumps(plan_dict))
+    d["model"] = f"__import__('pathlib').Path({str(marker)!r}).touch()"
+    plan = _load(d)          # a string stays a string
+    assert plan.model.startswith("__import__") and not marker.exists()
