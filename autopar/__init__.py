@@ -20,6 +20,7 @@ from .errors import (
     InvalidSearchOption,
     InvalidTrainingConfig,
     MissingDependency,
+    OutputError,
     UntraceableModelError,
 )
 from .hardware import Cluster
@@ -31,5 +32,5 @@ __all__ = [
     "optimize", "estimate", "Plan", "Estimate", "ParallelConfig", "TrainingConfig", "Cluster",
     "CostParams", "AutoparError", "InfeasibleError", "InvalidClusterSpec", "InvalidModelConfig",
     "InvalidParallelConfig", "InvalidPlanFile", "InvalidSearchOption", "InvalidTrainingConfig",
-    "MissingDependency", "UntraceableModelError",
+    "MissingDependency", "OutputError", "UntraceableModelError",
 ]

@@ -48,3 +48,13 @@ class InvalidSearchOption(AutoparError, ValueError):
 class MissingDependency(AutoparError, ImportError):
     """An optional dependency (e.g. matplotlib for plots) is not installed; the message says
     which extra to install."""
+
+
+class OutputError(AutoparError, OSError):
+    """An output file (plan JSON, plot PNG) cannot be written; the message names the path."""
+
+
+def output_error(path, exc: OSError) -> OutputError:
+    """The :class:`OutputError` for failing to write ``path``."""
+    return OutputError(f"cannot write {path}: {exc.strerror or exc}. Fix: choose a path in an "
+                       "existing, writable folder.")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .config import ParallelConfig, TrainingConfig
 from .cost.types import Estimate
-from .errors import AutoparError, InvalidPlanFile
+from .errors import AutoparError, InvalidPlanFile, output_error
 from .report import plan_summary
 
 PLAN_FORMAT = "autopar-plan"
@@ -130,7 +130,10 @@ class Plan:
         ``path`` when given."""
         text = json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
         if path is not None:
-            Path(path).write_text(text)
+            try:
+                Path(path).write_text(text)
+            except OSError as exc:
+                raise output_error(path, exc) from exc
         return text
 
     @classmethod

@@ -16,7 +16,7 @@ import os
 from typing import TYPE_CHECKING, Sequence
 
 from .cost.types import Estimate
-from .errors import AutoparError, MissingDependency  # noqa: F401 (MissingDependency re-exported)
+from .errors import AutoparError, MissingDependency, output_error  # noqa: F401 (re-export)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -44,11 +44,20 @@ def _pyplot():
     return plt
 
 
+def _save(fig, path, dpi: int) -> None:
+    """Write the figure; an unwritable path is an :class:`~autopar.errors.OutputError`."""
+    try:
+        fig.savefig(path, dpi=dpi)
+    except OSError as exc:
+        raise output_error(path, exc) from exc
+    finally:
+        _pyplot().close(fig)
+
+
 def _finish(fig, ax, path):
     if path is not None:
         fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        _pyplot().close(fig)
+        _save(fig, path, 120)
     return ax
 
 
@@ -383,6 +392,5 @@ def plot_overview(est: Estimate, path: PathLike, *, front: Sequence[Estimate] = 
         plot_pareto(front, ax=fig.add_subplot(grid[1, 1]), best=est, alternatives=alternatives,
                     reference=reference, reference_label=reference_label)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path, 110)
     return path

@@ -70,6 +70,8 @@ EXAMPLES = [
      lambda: autopar.optimize(TINY, "1x8xA100", TRAIN, time_limit_s=-1)),
     (errors.MissingDependency, "plots.plot_schedule(...) without matplotlib",
      _plots_without_matplotlib),
+    (errors.OutputError, "plan.to_json('/nonexistent-folder/plan.json')",
+     lambda: autopar.optimize(TINY, "1x8xA100", TRAIN).to_json("/nonexistent-folder/plan.json")),
 ]
 
 
@@ -125,3 +127,15 @@ def test_ctrl_c_in_the_cli_prints_the_best_plan_so_far():
     assert p.returncode == 0, err
     plan = autopar.Plan.from_json(out)
     assert plan.estimate.fits and "interrupt" in err
+
+
+def test_unwritable_outputs_are_our_error(tmp_path):
+    plan = autopar.optimize("tiny-llama", "1x8xA100-80GB",
+                            autopar.TrainingConfig(global_batch_size=16, seq_len=32))
+    with pytest.raises(autopar.OutputError, match="cannot write"):
+        plan.to_json(tmp_path / "missing-folder" / "plan.json")
+    pytest.importorskip("matplotlib")
+    from autopar.cli import main
+
+    assert main(["plan", "--model", "tiny-llama", "--cluster", "1x8xA100-80GB", "--global-batch",
+                 "16", "--seq-len", "32", "--plot", str(tmp_path / "nope" / "x.png")]) == 2
