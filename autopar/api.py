@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import MISSING, fields
+import copy
 from typing import Any, Callable
 
 import torch
@@ -19,6 +20,7 @@ from .cost.model import CostModel
 from .cost.params import CostParams
 from .cost.types import Estimate
 from .errors import (InvalidClusterSpec, InvalidModelConfig, InvalidParallelConfig,
+                     UntraceableModelError,
                      InvalidSearchOption, InvalidTrainingConfig)
 from .graph.extract import extract
 from .graph.types import ModelGraph
@@ -86,8 +88,26 @@ def model_graph(model, train: TrainingConfig) -> tuple[ModelGraph, ModelConfig |
         module = build(built, dtype=dtype)
         return extract(module, train.seq_len, 1, dtype=dtype, name=cfg.name,
                        flash_attention=train.flash_attention), cfg
-    return extract(model, train.seq_len, 1, dtype=dtype,
-                   flash_attention=train.flash_attention), None
+    graph = extract(_in_dtype(model, dtype), train.seq_len, 1,
+                    flash_attention=train.flash_attention)
+    if graph.num_blocks == 0:
+        raise UntraceableModelError(
+            f"found no repeated decoder blocks in {type(model).__name__}: autopar plans causal "
+            "language models whose blocks sit in one nn.ModuleList of a single class, taking "
+            "input_ids [batch, seq] and returning logits. Fix: keep the blocks in an "
+            "nn.ModuleList (nn.TransformerEncoder's layers are not a decoder LM).")
+    return graph, None
+
+
+def _in_dtype(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """``model`` with floating parameters and buffers in the training dtype: a meta-device copy
+    when it is not (the user's module is never changed; torch.export asserts dtypes, so casting
+    inside the extractor is not enough for Hugging Face models built in fp32)."""
+    tensors = list(model.parameters()) + list(model.buffers())
+    if all(t.dtype == dtype for t in tensors if t.is_floating_point()):
+        return model
+    clone = copy.deepcopy(model).to("meta")
+    return clone.to(dtype)
 
 
 def _from_dict(cls, d: dict, err):

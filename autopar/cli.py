@@ -183,9 +183,10 @@ def _problem(args) -> tuple[Problem, dict, list[str]]:
     default = api.default_training(api._model_config(model), cluster)
     mbs = par.get("micro_batch_size", tr.get("micro_batch_size"))
     train = TrainingConfig(
-        global_batch_size=args.global_batch or tr.get("global_batch_size")
-        or default.global_batch_size,
-        seq_len=args.seq_len or tr.get("seq_len") or default.seq_len,
+        global_batch_size=(args.global_batch if args.global_batch is not None
+                           else tr.get("global_batch_size") or default.global_batch_size),
+        seq_len=(args.seq_len if args.seq_len is not None
+                 else tr.get("seq_len") or default.seq_len),
         micro_batch_size=mbs, precision=args.precision or tr.get("precision", "bf16"),
         flash_attention=not args.no_flash_attention)
     return Problem.build(model, cluster, train), par, notes

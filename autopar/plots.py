@@ -50,6 +50,8 @@ def _save(fig, path, dpi: int) -> None:
         fig.savefig(path, dpi=dpi)
     except OSError as exc:
         raise output_error(path, exc) from exc
+    except ValueError as exc:  # matplotlib: an extension it cannot write
+        raise output_error(path, OSError(str(exc))) from exc
     finally:
         _pyplot().close(fig)
 

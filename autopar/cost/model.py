@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import DEFAULT_PLACEMENT, ParallelConfig, TrainingConfig
+from ..graph.kernels import ATTENTION_BACKWARD_RATIO
 from ..graph.types import ModelGraph
 from . import memory as mem
 from .comm import Collectives, CommLedger, cp_layer_comm, tp_layer_comm
@@ -138,8 +139,12 @@ class CostModel:
             for d in dims:
                 ranks = [r + k * strides[d] for r in ranks for k in range(getattr(c, d))]
             ranks = sorted(ranks)
-            if dim == "pp":  # a stage boundary: two neighbouring pipeline ranks
-                ranks = ranks[:2]
+            if dim == "pp" and len(ranks) > 2:
+                # stage boundaries: the slowest hop between neighbouring pipeline ranks paces
+                # every send (some hops may stay inside a node while others cross the network)
+                pairs = [(ranks[i], ranks[i + 1]) for i in range(len(ranks) - 1)]
+                ranks = list(max(pairs, key=lambda pr: (
+                    self.cluster.collective_time("send_recv", 1e8, pr), -pr[0])))
             g = Collectives(self.cluster, tuple(ranks))
             self._groups[key] = g
         return g
@@ -303,6 +308,7 @@ class CostModel:
         stage_act = [0.0] * pp
         stage_transient = [0.0] * pp
         recompute_flops = 0.0
+        rank_comm: list[list[tuple]] = [[] for _ in range(pp)]  # one GPU's traffic per rank
         for rank, st in enumerate(layout):
             if uniform is not None:  # identical layers cost the same: count them once
                 items = [(li, uniform, n) for li, n in ranks[rank][2]]
@@ -333,13 +339,12 @@ class CostModel:
             parts["cp_comm"] += cp_s
             parts["ep_comm"] += ep_s
             if ep_b:
-                ledger.add("ep", self.group("ep", c).link, ep_b, ep_s, times=m)
-            ledger.add("tp", tp_g.link, tp_b, tp_s, times=m)
-            ledger.add("cp", cp_g.link, cp_b, cp_s, times=m)
+                rank_comm[rank].append(("ep", self.group("ep", c).link, ep_b, ep_s))
+            rank_comm[rank] += [("tp", tp_g.link, tp_b, tp_s), ("cp", cp_g.link, cp_b, cp_s)]
             stage_parts[rank]["pp_comm"] += st.p2p_s
             stage_fwd[rank] += st.p2p_s / 2
             stage_bwd[rank] += st.p2p_s / 2
-            ledger.add("pp", pp_g.link, st.p2p_bytes, st.p2p_s, times=m)
+            rank_comm[rank].append(("pp", pp_g.link, st.p2p_bytes, st.p2p_s))
             stage_time[rank] = stage_fwd[rank] + stage_bwd[rank]
         stage_params = [st.params for st in layout]
 
@@ -347,6 +352,8 @@ class CostModel:
         t_max = max(stage_time)
         bottleneck = stage_time.index(t_max)
         t_pipe, bubble = pipeline_step_time(stage_fwd, stage_bwd, m, v, c.schedule)
+        for kind, link, nbytes, seconds in rank_comm[bottleneck]:  # per GPU: one rank's traffic
+            ledger.add(kind, link, nbytes, seconds, times=m)
 
         # data parallel and optimizer, on the rank with the most parameters
         psi = max(stage_params)
@@ -396,7 +403,12 @@ class CostModel:
         peak_rank = max(range(pp), key=lambda r: totals[r])
 
         # FLOPs
-        per_seq = (g.forward_flops + g.backward_flops) / g.micro_batch_size
+        # causal attention executes half of its counted (non-causal) FLOPs: count that half,
+        # forward and backward, so utilisation never exceeds what the GPU can do
+        causal = sum(o.fwd_flops for layer in g.layers for o in layer.ops
+                     if o.kind == "attention" and o.causal)
+        per_seq = (g.forward_flops + g.backward_flops
+                   - 0.5 * (1 + ATTENTION_BACKWARD_RATIO) * causal) / g.micro_batch_size
         model_flops = per_seq * train.global_batch_size
         hw_flops = model_flops + recompute_flops * m * dp * tp * cp
         world = self.cluster.world_size

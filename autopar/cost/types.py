@@ -7,15 +7,15 @@ from dataclasses import asdict, dataclass
 from ..config import ParallelConfig
 
 #: How MFU and HFU count FLOPs. Model FLOPs are those torch's FlopCounterMode counts for one
-#: forward pass of the extracted graph, times 3 for forward + backward (backward measured: 2x for
-#: GEMMs, 2.5x for attention), with attention counted non-causal as Narayanan et al. 2021 eq. 3
-#: and NeMo do; recomputation is excluded from MFU and included in HFU.
+#: forward pass of the extracted graph plus the measured backward (2x for GEMMs, 2.5x for
+#: attention), with causal attention counted at the half a causal kernel executes (Narayanan et
+#: al. 2021 eq. 3 and NeMo count it non-causal, which lets utilisation exceed 100% at long
+#: sequences); recomputation is excluded from MFU and included in HFU.
 FLOPS_CONVENTION = (
-    "model FLOPs = measured forward + backward FLOPs of the graph (FlopCounterMode), attention "
-    "counted non-causal (as Narayanan et al. 2021 eq. 3); MFU excludes recompute, HFU includes it; "
+    "model FLOPs = measured forward + backward FLOPs of the graph (FlopCounterMode), causal "
+    "attention counted at the executed half; MFU excludes recompute, HFU includes it; "
     "peak = the GPU's dense peak for the training precision"
 )
-
 
 @dataclass(frozen=True)
 class Estimate:
@@ -37,8 +37,9 @@ class Estimate:
         memory_breakdown: bytes by component on the peak GPU (see MemoryBreakdown).
         stage_memory_bytes: peak bytes of each pipeline rank.
         stage_time_s: seconds per micro-batch (forward + backward) of each pipeline rank.
-        comm_bytes_by_link: bytes one GPU sends per step, by link class (nvlink, infiniband...).
-        comm_seconds_by_link: seconds of communication per step by link class (before overlap).
+        comm_bytes_by_link: payload bytes (nccl-tests sizes, not wire bytes) of the collectives
+            one GPU of the slowest pipeline rank takes part in per step, by link class.
+        comm_seconds_by_link: seconds of those collectives per step by link class (before overlap).
         peak_stage: index of the pipeline rank with the most memory.
         stage_fwd_s / stage_bwd_s: per pipeline rank, seconds of one micro-batch's forward and
             backward (incl. recompute, TP/CP communication and pipeline sends) over all its chunks.
