@@ -93,6 +93,17 @@ def _parallel_flags(p: argparse.ArgumentParser, prefix: str = "", what: str = ""
                    help=f"sequences per micro-batch{what}")
 
 
+def _non_negative_int(text: str) -> int:
+    """argparse type: an int >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``autopar`` command."""
     ap = argparse.ArgumentParser(prog="autopar", description="Plan parallel training of "
@@ -128,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _search_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-limit", type=_positive_float, default=None,
                    help="seconds to search before returning the best so far")
-    p.add_argument("--top-k", type=int, default=5, help="alternatives to show (default 5)")
+    p.add_argument("--top-k", type=_non_negative_int, default=5,
+                   help="alternatives to show (default 5)")
 
 
 def _model_arg(text: str | None):

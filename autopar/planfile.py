@@ -246,6 +246,14 @@ def check_plan(d: Any, plan_cls):
     if estimate.config != config:
         raise _fail("estimate.config", "differs from config (the estimate must be of the plan's "
                                        "own configuration)")
+    if estimate.fits != (estimate.memory_per_gpu_bytes <= estimate.memory_limit_bytes):
+        raise _fail("estimate.fits", f"is {estimate.fits} but the peak memory "
+                                     f"{estimate.memory_per_gpu_bytes / 1e9:.1f} GB is "
+                                     f"{'above' if estimate.fits else 'within'} the "
+                                     f"{estimate.memory_limit_bytes / 1e9:.1f} GB limit")
+    for key in ("mfu", "hfu"):
+        if not 0 <= getattr(estimate, key) <= 1:
+            raise _fail(f"estimate.{key}", f"must lie in [0, 1]; got {getattr(estimate, key)!r}")
     others = {}
     for key in ("alternatives", "pareto"):
         items = d.get(key, [])

@@ -89,3 +89,14 @@ def test_loading_never_executes_code(tmp_path, plan_dict):
     d["model"] = f"__import__('pathlib').Path({str(marker)!r}).touch()"
     plan = _load(d)          # a string stays a string
     assert plan.model.startswith("__import__") and not marker.exists()
+
+
+def test_a_plan_file_cannot_claim_to_fit_above_the_gpu(tmp_path):
+    import json as _json
+
+    plan = autopar.optimize("tiny-llama", "1x8xA100-80GB",
+                            autopar.TrainingConfig(global_batch_size=16, seq_len=32))
+    d = _json.loads(plan.to_json())
+    d["estimate"]["memory_per_gpu_bytes"] = 1e12
+    with pytest.raises(InvalidPlanFile, match="estimate.fits"):
+        autopar.Plan.from_json(_json.dumps(d))
