@@ -192,3 +192,15 @@ def test_plan_methods_delegate(plan):
     assert plan.to_torchrun_command().value == to_torchrun_command(plan).value
     assert plan.to_slurm_script().value == to_slurm_script(plan).value
     assert plan.to_json() == before
+
+
+def test_deepspeed_batch_adds_up_when_context_parallelism_is_dropped():
+    plan = autopar.optimize("llama2-7b", "2x8xA100-80GB",
+                            autopar.TrainingConfig(global_batch_size=64, seq_len=8192),
+                            fixed={"cp": 2, "tp": 2})
+    out = plan.to_deepspeed_config()
+    cfg, c = out.value, plan.config
+    ds_dp = plan.world_size // (c.tp * c.pp)
+    assert (cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * ds_dp
+            == cfg["train_batch_size"] == 64)
+    assert any("cp=2" in w and "data-parallel" in w for w in out.warnings)

@@ -328,8 +328,23 @@ def to_deepspeed_config(plan) -> Export:
         warn.append(f"ep={c.ep}: DeepSpeed sets expert parallelism in the model code "
                     "(deepspeed.moe.layer.MoE(ep_size=...)), not in the JSON config; not set")
     if c.cp > 1:
+        # without CP, DeepSpeed's data-parallel size is dp * cp: keep the batch arithmetic true
+        ds_dp = c.dp * c.cp
+        accum = t.global_batch_size // (mbs * ds_dp)
+        if accum >= 1 and accum * mbs * ds_dp == t.global_batch_size:
+            cfg["gradient_accumulation_steps"] = accum
+            batch_note = (f"gradient_accumulation_steps set to {accum} for DeepSpeed's "
+                          f"data-parallel size {ds_dp}")
+        else:
+            cfg["train_micro_batch_size_per_gpu"] = 1
+            cfg["gradient_accumulation_steps"] = max(1, t.global_batch_size // ds_dp)
+            batch_note = (f"micro-batch 1 and gradient_accumulation_steps "
+                          f"{cfg['gradient_accumulation_steps']} for DeepSpeed's data-parallel "
+                          f"size {ds_dp}; check the global batch is a multiple of {ds_dp}")
         warn.append(f"cp={c.cp}: DeepSpeed's nearest is Ulysses sequence parallelism "
-                    "(sequence_parallel_size), which needs the model's attention wrapped; not set")
+                    "(sequence_parallel_size), which needs the model's attention wrapped; not "
+                    f"set, so the {c.cp} CP ranks become data-parallel ranks ({batch_note}); "
+                    "activation memory per GPU is higher than the plan's estimate")
     if c.pp > 1:
         v = c.virtual_stages or 1
         cfg["pipeline"] = {"stages": c.pp, "partition": "parameters",
