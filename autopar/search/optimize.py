@@ -332,8 +332,3 @@ def _infeasible(cm: CostModel, run: _Run, fixed: dict | None = None) -> AutoparE
     from .diagnose import infeasible_error
     return infeasible_error(cm, run.smallest, fixed or {}, run.deadline)
 
-
-def _short(c: ParallelConfig) -> str:
-    rc = c.recompute if isinstance(c.recompute, str) else "mixed"
-    return (f"tp={c.tp} pp={c.pp} dp={c.dp} cp={c.cp} zero={c.zero_stage} recompute={rc} "
-            f"mbs={c.micro_batch_size}")
