@@ -22,7 +22,7 @@ from .cost.types import Estimate
 from .errors import (InvalidClusterSpec, InvalidModelConfig, InvalidParallelConfig,
                      UntraceableModelError,
                      InvalidSearchOption, InvalidTrainingConfig)
-from .graph.extract import extract
+from .graph import extract
 from .graph.types import ModelGraph
 from .hardware import Cluster
 from .models import ModelConfig, build, get_config

@@ -13,12 +13,8 @@ from pathlib import Path
 from .config import ParallelConfig, TrainingConfig
 from .cost.types import Estimate
 from .errors import AutoparError, InvalidPlanFile, output_error
-from .report import plan_summary
-
-PLAN_FORMAT = "autopar-plan"
-#: Version of the plan file layout this autopar writes; :mod:`autopar.planfile` reads it and
-#: migrates older ones it knows.
-PLAN_VERSION = 1
+from .io.planfile import PLAN_FORMAT, PLAN_VERSION, check_plan
+from .report.summary import plan_summary
 
 
 @dataclass(frozen=True)
@@ -149,9 +145,9 @@ class Plan:
             InvalidPlanFile: wrong format or version, or a field that is missing, unknown,
                 mistyped or inconsistent (the message names it and says how to fix it).
         """
-        from .planfile import check_plan  # the schema; imported here to keep plan.py small
         try:
-            return check_plan(d, cls)
+            kw = check_plan(d)
+            return cls(**{**kw, "search": SearchStats(**kw["search"])})
         except InvalidPlanFile:
             raise
         except AutoparError as exc:

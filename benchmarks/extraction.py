@@ -12,7 +12,7 @@ import resource
 import time
 
 import autopar.models as M
-from autopar.graph.extract import extract
+from autopar.graph import extract
 
 SEQ_LEN = 8192
 TARGET_S, TARGET_GB = 15.0, 3.0

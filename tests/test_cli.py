@@ -10,7 +10,7 @@ import pytest
 
 from autopar.cli import build_parser, main
 from autopar.errors import InvalidParallelConfig
-from autopar.importers import from_megatron_args, from_torchtitan_toml
+from autopar.io.importers import from_megatron_args, from_torchtitan_toml
 
 TINY = ["--model", "tiny-llama", "--cluster", "2x4xA100-80GB", "--global-batch", "32",
         "--seq-len", "512"]

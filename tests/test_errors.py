@@ -32,7 +32,7 @@ class _Blockless(torch.nn.Module):
 
 def _plots_without_matplotlib():
     import builtins
-    from autopar import plots
+    from autopar.report import plots
     real = builtins.__import__
 
     def fake(name, *a, **k):
@@ -96,7 +96,7 @@ def test_every_error_class_has_an_example():
                if isinstance(c, type) and issubclass(c, errors.AutoparError)}
     assert classes - {errors.AutoparError} <= {c for c, _, _ in EXAMPLES}
     assert issubclass(_unsupported_plan(), autopar.AutoparError)
-    from autopar.plots import MissingDependency
+    from autopar.report.plots import MissingDependency
     assert MissingDependency is autopar.MissingDependency
 
 

@@ -8,7 +8,7 @@ from torch import nn
 
 import autopar.models as M
 from autopar.errors import UntraceableModelError
-from autopar.graph.extract import extract
+from autopar.graph import extract
 
 # bytes of a fused norm's fp32 statistics per row (mean and rstd), see kernels.FusedNormMeta
 NORM_STATS_BYTES = 8

@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 import autopar  # noqa: E402
 import autopar.models as M  # noqa: E402
 from autopar.graph import hf  # noqa: E402
-from autopar.graph.extract import extract  # noqa: E402
+from autopar.graph import extract  # noqa: E402
 
 SIX = ["llama3-8b", "mistral-7b", "qwen2-7b", "gpt2", "gpt-neox-20b", "mixtral-8x7b"]
 TINY = {"llama3-8b": "hf-tiny-llama", "mistral-7b": "hf-tiny-mistral", "qwen2-7b": "hf-tiny-qwen2",

@@ -8,7 +8,7 @@ pytest.importorskip("transformers")
 
 import autopar  # noqa: E402
 from autopar.cost.model import CostModel  # noqa: E402
-from autopar.graph.extract import extract  # noqa: E402
+from autopar.graph import extract  # noqa: E402
 from autopar.graph.hf import build  # noqa: E402
 from autopar.search.optimize import search  # noqa: E402
 

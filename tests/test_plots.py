@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import autopar
-from autopar import plots
-from autopar.explain import Problem, search_plan
+from autopar.report import plots
+from autopar.report.explain import Problem, search_plan
 
 pytest.importorskip("matplotlib")
 

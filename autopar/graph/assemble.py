@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UntraceableModelError
-from .measure import MeasuringInterpreter, Recorder, _nbytes, _tensors
+from .measure import MeasuringInterpreter, Recorder, tensor_nbytes, tensors_of
 from .types import ActivationBytes, Layer, Op
 
 
@@ -64,7 +64,7 @@ def finish_layer(rec: Recorder, meta_of: dict[int, torch.Tensor], interp: Measur
     """
     params = [meta_of.get(i, p) for i, p in interp.layer_params.items()]
     wrt = [t for t in inputs if t.requires_grad] + [p for p in params if p.requires_grad]
-    outs = [t for t in _tensors(output) if t.requires_grad]
+    outs = [t for t in tensors_of(output) if t.requires_grad]
     before = rec.flop_counter.get_total_flops()
     if outs and wrt:
         torch.autograd.grad(outs, wrt, grad_outputs=[torch.ones_like(t) for t in outs],
@@ -87,18 +87,18 @@ def finish_layer(rec: Recorder, meta_of: dict[int, torch.Tensor], interp: Measur
     for node, op in zip(interp.op_nodes, ops):
         if node is not None and op.tp_role == "column":
             src = interp.matmul_input(node)
-            col_inputs[src] = _nbytes(interp.env[src])
+            col_inputs[src] = tensor_nbytes(interp.env[src])
     heads = getattr(interp, "heads", (0, 0))
     experts = getattr(interp, "experts", (0, 0))
     n_params = sum(p.numel() for p in params)
     return Layer(
         index=index, name=name, kind=kind, signature=sig, ops=ops,
-        num_parameters=n_params, param_bytes=sum(_nbytes(p) for p in params),
+        num_parameters=n_params, param_bytes=sum(tensor_nbytes(p) for p in params),
         fwd_flops=float(sum(o.fwd_flops for o in ops)), bwd_flops=float(bwd),
         activations=ActivationBytes(seq=seq, tp=tp, core=core,
-                                    layer_input=sum(_nbytes(t) for t in inputs
+                                    layer_input=sum(tensor_nbytes(t) for t in inputs
                                                     if t.is_floating_point())),
-        output_bytes=sum(_nbytes(t) for t in _tensors(output)),
+        output_bytes=sum(tensor_nbytes(t) for t in tensors_of(output)),
         tp_row_outputs=rows, tp_column_inputs=tuple(col_inputs.values()),
         attention_heads=heads[0], kv_heads=heads[1],
         shared_parameters=n_params - sum(o.num_parameters for o in ops),
@@ -149,6 +149,6 @@ def add_loss(interp: MeasuringInterpreter, rec: Recorder, logits: torch.Tensor) 
     interp.op_nodes.append(None)
     interp.ops.append(Op(name="loss", kind="loss", target="cross_entropy",
                          fwd_flops=float(rec.flop_counter.get_total_flops() - before),
-                         bytes_read=_nbytes(logits), bytes_written=_nbytes(flat),
+                         bytes_read=tensor_nbytes(logits), bytes_written=tensor_nbytes(flat),
                          num_parameters=0, region="tp"))
     return loss

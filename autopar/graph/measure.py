@@ -29,14 +29,15 @@ def _storage_key(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 
 
-def _tensors(value) -> list[torch.Tensor]:
+def tensors_of(value) -> list[torch.Tensor]:
     """Tensors inside a (nested) fx value."""
     out: list[torch.Tensor] = []
     fx.node.map_aggregate(value, lambda v: out.append(v) if isinstance(v, torch.Tensor) else None)
     return out
 
 
-def _nbytes(t: torch.Tensor) -> int:
+def tensor_nbytes(t: torch.Tensor) -> int:
+    """Bytes of ``t``'s elements (numel x element size)."""
     return t.numel() * t.element_size()
 
 
@@ -92,7 +93,7 @@ class Recorder:
 
     def produced(self, value, region: str, core: bool) -> None:
         """Note the region of each tensor an op produced, for the tensors later saved."""
-        for t in _tensors(value):
+        for t in tensors_of(value):
             key = _storage_key(t)
             if key not in self.producers and key not in self.excluded:
                 self.producers[key] = (region, core)
@@ -229,7 +230,7 @@ class MeasuringInterpreter(fx.Interpreter):
 
     def gemm_dims(self, n: fx.Node, inputs: list[torch.Tensor], result) -> tuple[int, ...]:
         """(M, K, N) of a linear layer's GEMM from its input and output."""
-        out = _tensors(result)[0]
+        out = tensors_of(result)[0]
         return (inputs[0].numel() // inputs[0].shape[-1], inputs[0].shape[-1], out.shape[-1])
 
     def matmul_input(self, n: fx.Node) -> fx.Node:
@@ -285,7 +286,7 @@ class MeasuringInterpreter(fx.Interpreter):
             flops = self._flops_override
         self.rec.produced(result, region, kind == "attention")
         new = [self.layer_params[i] for i in set(self.layer_params) - params_before]
-        inputs = _tensors((args, kwargs))
+        inputs = tensors_of((args, kwargs))
         gemm: tuple[int, ...] = ()
         if out_features is not None and inputs:
             gemm = self.gemm_dims(n, inputs, result)
@@ -293,9 +294,9 @@ class MeasuringInterpreter(fx.Interpreter):
         self.ops.append(Op(
             name=n.name, kind=kind, target=classify.target_name(n.target, module),
             fwd_flops=float(flops),
-            bytes_read=sum(_nbytes(t) for t in inputs) + sum(_nbytes(self._meta(p)) for p in new)
+            bytes_read=sum(tensor_nbytes(t) for t in inputs) + sum(tensor_nbytes(self._meta(p)) for p in new)
             + (self._score_bytes if kind == "attention" else 0),
-            bytes_written=0 if kind == "view" else sum(_nbytes(t) for t in _tensors(result)),
+            bytes_written=0 if kind == "view" else sum(tensor_nbytes(t) for t in tensors_of(result)),
             num_parameters=self.rec.new_params(new), region=region, tp_role=role,
             causal=kind == "attention" and getattr(self, "_attention_causal", False),
             gemm=gemm, fused=not (kind == "attention" and not self.rec.flash),

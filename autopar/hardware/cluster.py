@@ -16,7 +16,7 @@ from autopar.errors import InvalidClusterSpec, InvalidParallelConfig
 from autopar.hardware import collectives
 from autopar.hardware.boxes import node_template
 from autopar.hardware.comm_params import DEFAULT_COMM_PARAMS, CommParams
-from autopar.hardware.devices import Device, _plain, get_device
+from autopar.hardware.devices import Device, picklable, get_device
 from autopar.hardware.links import INTRA_KINDS, NETWORK_KINDS, LinkType, get_link
 from autopar.hardware.spec import parse_spec
 from autopar.hardware.topology import build_graph
@@ -101,7 +101,7 @@ class Cluster:
 
     def __reduce__(self):
         """Pickle as a constructor call (mapping proxies and caches do not pickle)."""
-        return (type(self), tuple(_plain(getattr(self, f.name)) for f in fields(self) if f.init))
+        return (type(self), tuple(picklable(getattr(self, f.name)) for f in fields(self) if f.init))
 
     def __repr__(self) -> str:
         return f"Cluster({self.name!r})"
@@ -167,7 +167,9 @@ class Cluster:
     def graph(self) -> nx.Graph:
         """The topology graph (frozen, cached; node and edge schema in ``topology.py``)."""
         if "graph" not in self._cache:
-            self._cache["graph"] = nx.freeze(build_graph(self))
+            self._cache["graph"] = nx.freeze(build_graph(
+                self.name, self.num_nodes, self.gpus_per_node, self.device.pcie_bandwidth_Bps,
+                self.intra_link, self.inter_link, self.nics_per_node))
         return self._cache["graph"]
 
     def fabric(self) -> collectives.Fabric:

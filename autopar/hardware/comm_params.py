@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from autopar.errors import InvalidClusterSpec
-from autopar.hardware.devices import _plain
+from autopar.hardware.devices import picklable
 from autopar.hardware.links import LINK_KINDS
 
 
@@ -85,7 +85,7 @@ class CommParams:
 
     def __reduce__(self):
         """Pickle as a constructor call (mapping proxies and caches do not pickle)."""
-        return (type(self), tuple(_plain(getattr(self, f.name)) for f in fields(self) if f.init))
+        return (type(self), tuple(picklable(getattr(self, f.name)) for f in fields(self) if f.init))
 
     def __hash__(self) -> int:
         return hash((tuple(sorted(self.efficiency.items())), self.launch_latency_s))

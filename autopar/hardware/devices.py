@@ -25,7 +25,7 @@ _TERA = 1e12
 _GIGA = 1e9
 
 
-def _plain(value):
+def picklable(value):
     """A picklable copy of a dataclass field value (mapping proxies become dicts)."""
     return dict(value) if isinstance(value, MappingProxyType) else value
 
@@ -83,7 +83,7 @@ class Device:
 
     def __reduce__(self):
         """Pickle as a constructor call (mapping proxies and caches do not pickle)."""
-        return (type(self), tuple(_plain(getattr(self, f.name)) for f in fields(self) if f.init))
+        return (type(self), tuple(picklable(getattr(self, f.name)) for f in fields(self) if f.init))
 
     @property
     def architecture(self) -> str:

@@ -16,14 +16,9 @@ Every edge has ``link`` (catalog name), ``kind``, ``bandwidth_Bps`` (per directi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import networkx as nx
 
 from autopar.hardware.links import LINKS, LinkType
-
-if TYPE_CHECKING:
-    from autopar.hardware.cluster import Cluster
 
 #: GPUs sharing one PCIe switch (DGX A100 / DGX H100 board layout; assumption for other boxes).
 GPUS_PER_PCIE_SWITCH = 2
@@ -38,25 +33,31 @@ def pcie_switch_of(local_rank: int) -> int:
     return local_rank // GPUS_PER_PCIE_SWITCH
 
 
-def build_graph(cluster: "Cluster") -> nx.Graph:
-    """A new (mutable) graph of ``cluster``'s topology; ``Cluster.graph()`` caches a frozen copy.
+def build_graph(name: str, num_nodes: int, gpus_per_node: int, pcie_bandwidth_Bps: float,
+                intra_link: LinkType, inter_link: LinkType | None, nics_per_node: int) -> nx.Graph:
+    """A new (mutable) topology graph; ``Cluster.graph()`` caches a frozen copy.
 
-    PCIe edges use the device's own PCIe rate (a ``pcie-genN`` row chosen by bandwidth when one
-    matches, else a synthetic ``pcie`` link).
+    Args:
+        name: the graph's name (the cluster's).
+        num_nodes, gpus_per_node: the boxes and the GPUs in each.
+        pcie_bandwidth_Bps: the GPU's PCIe rate per direction (bytes/s); PCIe edges use a
+            ``pcie-genN`` row chosen by bandwidth when one matches, else a synthetic ``pcie`` link.
+        intra_link, inter_link: the node fabric and the network link (None: a single node).
+        nics_per_node: NICs per node (rail-optimised wiring).
     """
-    g = nx.Graph(name=cluster.name)
-    gpn = cluster.gpus_per_node
-    pcie = next((l for l in LINKS.values() if l.kind == "pcie" and l.bandwidth_Bps == cluster.device.pcie_bandwidth_Bps),
-                None) or LinkType("pcie", "pcie", cluster.device.pcie_bandwidth_Bps, 1e-6, "device PCIe rate")
+    g = nx.Graph(name=name)
+    gpn = gpus_per_node
+    pcie = next((l for l in LINKS.values() if l.kind == "pcie" and l.bandwidth_Bps == pcie_bandwidth_Bps),
+                None) or LinkType("pcie", "pcie", pcie_bandwidth_Bps, 1e-6, "device PCIe rate")
     n_switches = max(1, -(-gpn // GPUS_PER_PCIE_SWITCH))
-    if cluster.inter_link is not None and cluster.nics_per_node:
+    if inter_link is not None and nics_per_node:
         g.add_node(("net_switch",), type="net_switch")
-    for node in range(cluster.num_nodes):
+    for node in range(num_nodes):
         g.add_node(("host", node), type="host", node=node)
         for s in range(n_switches):
             g.add_node(("pcie_switch", node, s), type="pcie_switch", node=node)
             g.add_edge(("pcie_switch", node, s), ("host", node), **_edge(pcie))
-        fabric = cluster.intra_link.kind in ("nvswitch", "nvlink")
+        fabric = intra_link.kind in ("nvswitch", "nvlink")
         if fabric:
             g.add_node(("nvswitch", node), type="nvswitch", node=node)
         for local in range(gpn):
@@ -64,14 +65,14 @@ def build_graph(cluster: "Cluster") -> nx.Graph:
             g.add_node(gpu, type="gpu", node=node, local_rank=local)
             g.add_edge(gpu, ("pcie_switch", node, pcie_switch_of(local)), **_edge(pcie))
             if fabric:
-                g.add_edge(gpu, ("nvswitch", node), **_edge(cluster.intra_link))
-        if cluster.inter_link is None:
+                g.add_edge(gpu, ("nvswitch", node), **_edge(intra_link))
+        if inter_link is None:
             continue
-        for j in range(cluster.nics_per_node):
+        for j in range(nics_per_node):
             nic = ("nic", node, j)
-            rail_gpus = [l for l in range(gpn) if l * cluster.nics_per_node // gpn == j]
+            rail_gpus = [l for l in range(gpn) if l * nics_per_node // gpn == j]
             g.add_node(nic, type="nic", node=node, rail=j, gpus=tuple(node * gpn + l for l in rail_gpus))
             first = rail_gpus[0] if rail_gpus else j % gpn
             g.add_edge(nic, ("pcie_switch", node, pcie_switch_of(first)), **_edge(pcie))
-            g.add_edge(nic, ("net_switch",), **_edge(cluster.inter_link))
+            g.add_edge(nic, ("net_switch",), **_edge(inter_link))
     return g

@@ -18,6 +18,7 @@ from ..config import ParallelConfig
 from ..cost.model import OPTIMIZER_STATE_BYTES, CostModel
 from ..errors import AutoparError, InfeasibleError, InvalidParallelConfig
 from . import space
+from .phases import first_fit
 
 #: Seconds spent probing changes that would make an infeasible problem feasible.
 PROBE_BUDGET_S = 10.0
@@ -85,22 +86,6 @@ def no_mesh_error(cm: CostModel, fixed: dict) -> AutoparError:
         "Fix: relax fixed=, or use a GPU count with more divisors.")
 
 
-def _fits(cm: CostModel, fixed: dict, deadline: float):
-    """A fitting estimate from phase 1 of the search, or None (also when out of time)."""
-    from .optimize import _coarse, _groups, _Run  # the search's own phase 1
-    run = _Run(cm, None, None, True, 1)
-    try:
-        groups = _groups(cm, fixed, space.SpaceLimits())
-        allowed = space.recompute_modes(fixed)
-        for _bound, _key, base in groups:
-            if run.best is not None or time.monotonic() > deadline:
-                break
-            _coarse(run, base, fixed, space.SpaceLimits(), allowed)
-    except AutoparError:
-        return None
-    return run.best
-
-
 def _with_nodes(cm: CostModel, nodes: int) -> CostModel:
     from ..hardware import Cluster
     c = cm.cluster
@@ -123,7 +108,7 @@ def _smallest_cluster(cm: CostModel, fixed: dict, need: int, deadline: float) ->
     hi = max(nodes0 + 1, -(-need // gpn))
     found = None
     while hi * gpn <= MAX_WORLD_SIZE and hi <= nodes0 * MAX_GROWTH and time.monotonic() < deadline:
-        if _fits(_with_nodes(cm, hi), fixed, deadline) is not None:
+        if first_fit(_with_nodes(cm, hi), fixed, deadline) is not None:
             found = hi
             break
         lo, hi = hi, hi * 2
@@ -132,7 +117,7 @@ def _smallest_cluster(cm: CostModel, fixed: dict, need: int, deadline: float) ->
                 f"sharding (got {cm.cluster.world_size})")
     while found - lo > 1 and time.monotonic() < deadline:  # narrow down (feasibility is
         mid = (lo + found) // 2                            # nearly monotone in the GPU count)
-        if _fits(_with_nodes(cm, mid), fixed, deadline) is not None:
+        if first_fit(_with_nodes(cm, mid), fixed, deadline) is not None:
             found = mid
         else:
             lo = mid
@@ -160,14 +145,14 @@ def infeasible_error(cm: CostModel, smallest, fixed: dict,
     changes = []
     for key in sorted(fixed):
         rest = {kk: v for kk, v in fixed.items() if kk != key}
-        e = _fits(cm, rest, deadline)
+        e = first_fit(cm, rest, deadline)
         if e is not None:
             val = getattr(e.config, key, None)
             val = val if isinstance(val, (int, str)) else "mixed"
             changes.append(f"unpin {key}={fixed[key]!r} ({key}={val!r} fits)")
     if cm.train.micro_batch_size not in (None, 1) and "micro_batch_size" not in fixed:
         small = replace(cm.train, micro_batch_size=1)
-        if _fits(CostModel(cm.graph, cm.cluster, small, cm.params), fixed, deadline):
+        if first_fit(CostModel(cm.graph, cm.cluster, small, cm.params), fixed, deadline):
             changes.append("use micro_batch_size=1")
     gpus = _smallest_cluster(cm, fixed, need, deadline)
     e = smallest

@@ -25,12 +25,12 @@ import threading
 
 from rich.console import Console
 
-from . import tables
-from .config import ParallelConfig, TrainingConfig
-from .errors import AutoparError, InvalidModelConfig, InvalidTrainingConfig
-from .advice import fixes_to_fit, run_cost
-from .explain import Problem, compare, named_alternatives, search_plan
-from .importers import Imported, from_megatron_args, from_torchtitan_toml
+from ..report import tables
+from ..config import ParallelConfig, TrainingConfig
+from ..errors import AutoparError, InvalidModelConfig, InvalidTrainingConfig
+from ..report.advice import fixes_to_fit, run_cost
+from ..report.explain import Problem, compare, named_alternatives, search_plan
+from ..io.importers import Imported, from_megatron_args, from_torchtitan_toml
 
 _PARALLEL = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "zero": "zero_stage",
              "recompute": "recompute", "sequence_parallel": "sequence_parallel",
@@ -179,7 +179,7 @@ def _imported(args) -> Imported | None:
 
 def _problem(args) -> tuple[Problem, dict, list[str]]:
     """The problem, the parallel choices the user gave, and notes on imported settings."""
-    from . import api
+    from .. import api
     imp = _imported(args)
     model = _model_arg(args.model or (imp.model if imp else None))
     cluster = api.as_cluster(args.cluster)
@@ -284,7 +284,7 @@ def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
                    + [(f"alternative {i + 1}", a) for i, a in enumerate(plan.alternatives[:3])]
                    + ([("hand-tuned", ref)] if ref is not None else []))
     if args.plot:
-        from .plots import plot_overview
+        from ..report.plots import plot_overview
         plot_overview(plan.estimate, args.plot, front=result.pareto,
                       alternatives=plan.alternatives, reference=ref)
     data = plan.to_dict()
@@ -319,7 +319,7 @@ def _cmd_estimate(args, problem, par, notes, out) -> dict:
     money = _money(args, [("yours" + ("" if est.fits else " (OOM)"), est)]
                    + [(t, e) for t, e in fixes if e.fits][:3])
     if args.plot:
-        from .plots import plot_overview
+        from ..report.plots import plot_overview
         plot_overview(est, args.plot)
     data = {**est.to_dict(), "notes": notes,
             "verdict": "fits" if est.fits else "out of memory",
@@ -372,7 +372,7 @@ def _cmd_explain(args, problem, fixed, out, err, interrupt=None) -> dict:
                                         [("hand-tuned plan", ref)] if ref is not None else [])
     money = _money(args, [("best", best)] + [(c.name, c.other) for c in comps])
     if args.plot:
-        from .plots import plot_comparison
+        from ..report.plots import plot_comparison
         plot_comparison([("best", best)] + [(c.name, c.other) for c in comps], args.plot)
     data = {"best": best.to_dict(), "comparisons": [c.to_dict() for c in comps],
             "skipped": skipped}
@@ -402,7 +402,7 @@ def main(argv=None) -> int:
     out = Console(width=None if sys.stdout.isatty() else 140)
     try:
         if args.command == "models":
-            from .models import list_presets
+            from ..models import list_presets
             out.print("\n".join(list_presets()))
             return 0
         with _Interrupt(err) as interrupt:
@@ -425,7 +425,3 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         err.print("interrupted", style="red")
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -22,9 +22,14 @@ import math
 from dataclasses import MISSING, fields
 from typing import Any, Callable
 
-from .config import ParallelConfig, TrainingConfig
-from .cost.types import Estimate
-from .errors import AutoparError, InvalidPlanFile
+from ..config import ParallelConfig, TrainingConfig
+from ..cost.types import Estimate
+from ..errors import AutoparError, InvalidPlanFile
+
+PLAN_FORMAT = "autopar-plan"
+#: Version of the plan file layout this autopar writes; older ones it knows are migrated by
+#: :data:`MIGRATIONS`.
+PLAN_VERSION = 1
 
 #: Top-level keys ``autopar plan --json`` adds to a plan; accepted and ignored when loading.
 ANNOTATIONS = ("compare", "run_cost")
@@ -172,7 +177,6 @@ def _check_model(c: ParallelConfig, model_config, train: TrainingConfig) -> None
 
 
 def _version(d: dict) -> dict:
-    from .plan import PLAN_FORMAT, PLAN_VERSION
     if not isinstance(d, dict) or d.get("format") != PLAN_FORMAT:
         got = type(d).__name__ if not isinstance(d, dict) else f"format={d.get('format')!r:.40}"
         raise InvalidPlanFile(
@@ -196,16 +200,16 @@ def _version(d: dict) -> dict:
     return d
 
 
-def check_plan(d: Any, plan_cls):
-    """A ``plan_cls`` (:class:`Plan`) from a parsed plan file, after every check of the module
-    docstring.
+def check_plan(d: Any) -> dict:
+    """The keyword arguments of a :class:`~autopar.plan.Plan` from a parsed plan file, after every
+    check of the module docstring (``search`` stays a dict of :class:`SearchStats` fields: this
+    module knows the file, not the plan class).
 
     Raises:
         InvalidPlanFile: naming the field, the rule it breaks, and how to fix it.
     """
-    from .hardware import Cluster
-    from .models import ModelConfig
-    from .plan import SearchStats
+    from ..hardware import Cluster
+    from ..models import ModelConfig
     d = _keys(_version(d), "the plan", _TOP_REQUIRED, _TOP_OPTIONAL, ANNOTATIONS)
     for key in ("model", "cluster"):
         if not isinstance(d[key], str) or not d[key]:
@@ -267,6 +271,6 @@ def check_plan(d: Any, plan_cls):
                                  isinstance(s[key], int) and not isinstance(s[key], bool))))):
             raise _fail(f"search.{key}", f"must be a {'bool' if kind is bool else 'number >= 0'}"
                                          f"{' (int)' if kind is int else ''}; got {s[key]!r:.80}")
-    return plan_cls(config=config, estimate=estimate, model=d["model"], cluster=d["cluster"],
-                    train=train, model_config=mc, alternatives=others["alternatives"],
-                    pareto=others["pareto"], search=SearchStats(**s))
+    return dict(config=config, estimate=estimate, model=d["model"], cluster=d["cluster"],
+                train=train, model_config=mc, alternatives=others["alternatives"],
+                pareto=others["pareto"], search=s)

@@ -39,7 +39,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import InvalidParallelConfig
+from ..errors import InvalidParallelConfig
 
 
 @dataclass(frozen=True)

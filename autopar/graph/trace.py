@@ -18,7 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..errors import AutoparError, UntraceableModelError
 from . import classify
 from .assemble import add_loss, elem_bytes, finish_layer, logits_of, meta_map, reset_ops
-from .measure import MeasuringInterpreter, Recorder, _tensors
+from .measure import MeasuringInterpreter, Recorder, tensors_of
 from .types import Layer, ModelGraph
 
 
@@ -76,12 +76,12 @@ class _Extraction:
 
     def signature(self, module, args) -> str:
         params = tuple((n, tuple(p.shape)) for n, p in module.named_parameters())
-        shapes = tuple((tuple(t.shape), str(t.dtype)) for t in _tensors(args))
+        shapes = tuple((tuple(t.shape), str(t.dtype)) for t in tensors_of(args))
         return f"{type(module).__qualname__}{params}{shapes}"
 
     def run_block(self, node: fx.Node, module: nn.Module, args, kwargs):
         sig = self.signature(module, (args, kwargs))
-        x = _tensors(args)[0]
+        x = tensors_of(args)[0]
         index = len(self.layers)
         name = node.target if isinstance(node.target, str) else node.name
         self.param_ids.update(id(p) for p in module.parameters())
@@ -190,7 +190,7 @@ def _extract_fx(model: nn.Module, seq_len: int, micro_batch_size: int, dtype, fl
     def block_runner(node, module, args, kwargs):
         if split["embed"] is None:
             split["embed"] = run.finish(0, "embed", "embedding", "embed", top, inputs=[],
-                                        output=_tensors(args)[0])
+                                        output=tensors_of(args)[0])
             run.layers.append(split["embed"])
             reset_ops(top)
         return run.run_block(node, module, args, kwargs)
@@ -207,7 +207,7 @@ def _extract_fx(model: nn.Module, seq_len: int, micro_batch_size: int, dtype, fl
                 reset_ops(top)
             head_index = len(run.layers)
             rec.layer = head_index
-            head_input = _tensors(run.last_block_out)
+            head_input = tensors_of(run.last_block_out)
             logits = logits_of(output)
             loss = add_loss(top, rec, logits)
             head = run.finish(head_index, "head", "head", "head", top, inputs=head_input,

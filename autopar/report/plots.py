@@ -4,7 +4,7 @@ time/memory Pareto front, and a step-time comparison of plans. PNG files, or mat
 matplotlib is optional (``pip install "autopar[plot]"``); it is imported inside the functions, and
 a missing install raises :class:`MissingDependency` (an :class:`~autopar.errors.AutoparError`).
 
-    from autopar import plots
+    from autopar.report import plots
     plots.plot_schedule(plan.estimate, "schedule.png")
     plots.plot_memory(plan.estimate, "memory.png")
     plots.plot_pareto(result.pareto, "pareto.png", best=plan.estimate, reference=hand_tuned)
@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Sequence
 
-from .cost.types import Estimate
-from .errors import AutoparError, MissingDependency, output_error  # noqa: F401 (re-export)
+from ..cost.types import Estimate
+from ..errors import AutoparError, MissingDependency, output_error  # noqa: F401 (re-export)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -8,9 +8,9 @@
 
 from __future__ import annotations
 
-from .config import ParallelConfig
-from .cost.types import Estimate
-from .errors import AutoparError
+from ..config import ParallelConfig
+from ..cost.types import Estimate
+from ..errors import AutoparError
 from .explain import Problem
 
 

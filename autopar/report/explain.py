@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import api
-from .config import ParallelConfig, TrainingConfig
-from .cost.model import CostModel
-from .cost.types import Estimate
-from .errors import AutoparError, InfeasibleError, InvalidParallelConfig
-from .plan import Plan
-from .search.optimize import SearchResult, search
+from .. import api
+from ..config import ParallelConfig, TrainingConfig
+from ..cost.model import CostModel
+from ..cost.types import Estimate
+from ..errors import AutoparError, InfeasibleError, InvalidParallelConfig
+from ..plan import Plan
+from ..search.optimize import SearchResult, search
 
 #: How link classes are written in sentences.
 LINK_NAMES = {"nvlink": "NVLink", "nvswitch": "NVSwitch", "pcie": "PCIe",
@@ -122,7 +122,7 @@ def config_diff(base: ParallelConfig, other: ParallelConfig) -> list[str]:
     for name in CONFIG_FIELDS:
         a, b = getattr(base, name, None), getattr(other, name, None)
         if name == "placement":
-            from .config import DEFAULT_PLACEMENT
+            from ..config import DEFAULT_PLACEMENT
             a, b = "-".join(a or DEFAULT_PLACEMENT), "-".join(b or DEFAULT_PLACEMENT)
         if a != b:
             short = {"sequence_parallel": "sp", "zero_stage": "zero", "micro_batch_size": "mbs",
@@ -310,7 +310,7 @@ def wide_tp_note(problem: Problem) -> str:
 def tp_across_nodes(problem: Problem, est: Estimate) -> tuple[str, Estimate] | None:
     """``est`` re-estimated with its TP groups laid across nodes (every other mesh dimension
     placed inside TP, so TP ranks are strided), or None when that keeps TP inside a node."""
-    from .config import MESH_DIMS
+    from ..config import MESH_DIMS
     c = est.config
     others = [d for d in MESH_DIMS if d != "tp" and getattr(c, d) > 1]
     if c.tp == 1 or not others:

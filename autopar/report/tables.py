@@ -7,7 +7,7 @@ from collections import Counter
 
 from rich.table import Table
 
-from .cost.types import Estimate
+from ..cost.types import Estimate
 from .explain import Comparison, config_diff, link_name
 
 _DIMS = (("tp", "tensor parallel"), ("cp", "context parallel"), ("pp", "pipeline parallel"),
@@ -153,7 +153,7 @@ def comm_table(e: Estimate) -> Table:
 def alternatives_table(best: Estimate, alts, money: list[dict] | None = None,
                        title: str = "Top alternatives (differences from the best)") -> Table:
     """Runner-up estimates: step time, slowdown, memory, MFU and what differs from ``best``;
-    with ``money`` (one :func:`autopar.explain.run_cost` dict per row, best first) also days and
+    with ``money`` (one :func:`autopar.report.advice.run_cost` dict per row, best first) also days and
     cost of the whole run."""
     t = _table(title)
     for col in ("#", "step s", "vs best", "memory GB", "MFU", "differs from best"):

@@ -1,0 +1,7 @@
+"""``python -m autopar.cli``: the same as the ``autopar`` command."""
+
+import sys
+
+from .main import main
+
+sys.exit(main())

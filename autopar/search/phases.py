@@ -1,0 +1,223 @@
+"""The search's phases, as functions over one :class:`Run` (used by the driver in
+:mod:`autopar.search.optimize` and by :mod:`autopar.search.diagnose`).
+
+- :func:`mesh_groups`: every (mesh, micro-batch, SP, EP) group with a lower bound on its step
+  time, best first.
+- :func:`coarse` (phase 1): per group, every interleaving degree and ZeRO stage with the default
+  placement, CP mode and balanced cuts.
+- :func:`refine` (phase 2): per candidate, other placements, CP modes and stage cuts.
+- :func:`first_fit`: phase 1 until one configuration fits (the diagnosis's probe).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from typing import Callable
+
+from ..config import ParallelConfig
+from ..cost.model import CostModel
+from ..cost.types import Estimate
+from ..errors import AutoparError, InvalidParallelConfig
+from . import space
+from .stages import best_recompute, cut_candidates
+
+Progress = Callable[[str, int, int, "Estimate | None"], None]
+
+
+def rank_key(e: Estimate):
+    """Sort key of estimates: step time, then memory, then the configuration's text."""
+    return (e.step_time_s, e.memory_per_gpu_bytes, repr(e.config))
+
+
+class Run:
+    """State of one search: the candidates kept, the bound to beat, the deadline."""
+
+    def __init__(self, cm: CostModel, time_limit_s: float | None, progress: Progress | None,
+                 require_fit: bool, top_k: int):
+        self.cm = cm
+        self.require_fit = require_fit
+        self.top_k = max(1, top_k)
+        self.deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
+        self.progress = progress
+        self.kept: dict[str, Estimate] = {}
+        self.smallest: Estimate | None = None   # least memory seen, for infeasibility reports
+        self.evaluated = 0
+        self.complete = True
+        self.best: Estimate | None = None
+        self._ranked: list[Estimate] = []
+        self.groups_done = 0
+
+    def expired(self) -> bool:
+        # before any plan exists the limit binds only once the most promising group has been
+        # searched, so a short limit still returns a plan when one is easy to find
+        if self.best is None and self.groups_done == 0:
+            return False
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            self.complete = False
+            return True
+        return False
+
+    def threshold(self) -> float:
+        """Step time a candidate must beat to enter the top-k (inf until k are kept)."""
+        if len(self._ranked) < self.top_k:
+            return math.inf
+        return self._ranked[self.top_k - 1].step_time_s
+
+    def estimate(self, cfg: ParallelConfig) -> Estimate | None:
+        try:
+            e = self.cm.estimate(cfg)
+        except InvalidParallelConfig:
+            return None
+        self.evaluated += 1
+        if self.smallest is None or e.memory_per_gpu_bytes < self.smallest.memory_per_gpu_bytes:
+            self.smallest = e
+        if e.fits or not self.require_fit:
+            key = repr(e.config)
+            if key not in self.kept:
+                self.kept[key] = e
+                self._ranked.append(e)
+                self._ranked.sort(key=rank_key)
+                del self._ranked[self.top_k:]
+            if self.best is None or rank_key(e) < rank_key(self.best):
+                self.best = e
+        return e
+
+
+def layer_sum(cm: CostModel, c: ParallelConfig) -> float:
+    """Sum over all layers of one micro-batch's forward + backward without recomputation."""
+    total = 0.0
+    counts: dict[str, list] = {}
+    for layer in cm.graph.layers:
+        counts.setdefault(layer.signature, [layer.index, 0])[1] += 1
+    for li, n in counts.values():
+        bc = cm.block_cost(li, "none", c)
+        total += n * (bc.fwd_s + bc.bwd_s)
+    return total
+
+
+def lower_bound(cm: CostModel, c: ParallelConfig) -> float:
+    """Lower bound on the step time of any completion of the resolved config ``c``."""
+    m = cm.train.global_batch_size // (c.dp * c.micro_batch_size)
+    return m * layer_sum(cm, c) / c.pp
+
+
+def mesh_groups(cm: CostModel, fixed: dict, limits) -> list[tuple[float, tuple, dict]]:
+    """(bound, tie-break key, base fields) of every (mesh, micro-batch, SP, EP) group, best
+    first."""
+    train, g = cm.train, cm.graph
+    out = []
+    for tp, cp, pp, dp in space.meshes(g, cm.cluster, train, fixed, limits):
+        sps = [fixed["sequence_parallel"]] if "sequence_parallel" in fixed else [tp > 1]
+        for b, sp, ep in itertools.product(space.micro_batches(train, dp, fixed, limits), sps,
+                                           space.ep_options(g, dp, fixed)):
+            base = dict(tp=tp, cp=cp, pp=pp, dp=dp, micro_batch_size=b, sequence_parallel=sp,
+                        ep=ep)
+            bounds = []
+            for placement in space.placements(base, fixed):
+                for mode in space.cp_modes(g, base, fixed):
+                    try:
+                        c = cm.resolve(ParallelConfig(**base, placement=placement,
+                                                      cp_mode=mode))
+                    except InvalidParallelConfig:
+                        continue
+                    bounds.append(lower_bound(cm, c))
+            if bounds:
+                out.append((min(bounds), (tp, cp, pp, dp, b, sp, ep), base))
+    out.sort(key=lambda x: (x[0], x[1]))
+    return out
+
+
+def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
+    """Phase 1 for one group: every interleaving and ZeRO stage with the default placement and
+    CP mode and balanced cuts. Returns (time, v, zero) for phase 2."""
+    cm = run.cm
+    blocks = max(cm.graph.num_blocks, 1)
+    m = cm.train.global_batch_size // (base["dp"] * base["micro_batch_size"])
+    placement = space.placements(base, fixed)[0]
+    mode = space.cp_modes(cm.graph, base, fixed)[0]
+    out = []
+    if run.require_fit:
+        # the group's most frugal variant (most ZeRO sharding, most recomputation, no
+        # interleaving): when even it is well over the GPU's memory, skip the whole group
+        frugal = ParallelConfig(
+            **base, placement=placement, cp_mode=mode,
+            virtual_stages=fixed.get("virtual_stages", 1),
+            zero_stage=max(space.zero_options(base["dp"], base["cp"], fixed)),
+            recompute=allowed[-1], schedule=fixed.get("schedule"),
+            stage_blocks=fixed.get("stage_blocks"))
+        e = run.estimate(frugal)
+        if e is not None and e.memory_per_gpu_bytes > 1.05 * cm.device.memory_bytes:
+            return out
+    for v in space.virtual_stage_options(base["pp"], blocks, m, fixed, limits):
+        for zero in space.zero_options(base["dp"], base["cp"], fixed):
+            if run.expired():
+                return out
+            cfg = ParallelConfig(**base, placement=placement, cp_mode=mode, virtual_stages=v,
+                                 zero_stage=zero, schedule=fixed.get("schedule"),
+                                 stage_blocks=fixed.get("stage_blocks"))
+            try:
+                c = cm.resolve(cfg)
+            except InvalidParallelConfig:
+                continue
+            e = evaluate(run, c, fixed, allowed)
+            out.append((e.step_time_s if e is not None and (e.fits or not run.require_fit)
+                        else math.inf, v, zero, c))
+    return out
+
+
+def refine(run: Run, c: ParallelConfig, fixed: dict, allowed) -> None:
+    """Phase 2 for one candidate: other placements, CP modes and stage cuts."""
+    cm = run.cm
+    base = dict(tp=c.tp, cp=c.cp, pp=c.pp, dp=c.dp, ep=c.ep)
+    seen = set()
+    for placement in space.placements(base, fixed):
+        links = tuple((d, cm.group(d, c.replace(placement=placement)).link,
+                       cm.group(d, c.replace(placement=placement)).ranks)
+                      for d in ("tp", "cp", "dp", "pp"))
+        if links in seen:  # same groups on the same links: the same estimate
+            continue
+        seen.add(links)
+        for mode in space.cp_modes(cm.graph, c.__dict__, fixed):
+            cc = c.replace(placement=placement, cp_mode=mode)
+            try:
+                cc = cm.resolve(cc)
+            except InvalidParallelConfig:
+                continue
+            cuts = [cc.stage_blocks] if "stage_blocks" in fixed else cut_candidates(
+                max(cm.graph.num_blocks, 1), cc.pp * cc.virtual_stages)
+            for cut in cuts:
+                if run.expired():
+                    return
+                evaluate(run, cc.replace(stage_blocks=cut), fixed, allowed)
+
+
+def evaluate(run: Run, c: ParallelConfig, fixed: dict, allowed) -> Estimate | None:
+    """Give each pipeline rank its fastest fitting recomputation and estimate the result."""
+    if "recompute" in fixed and isinstance(fixed["recompute"], tuple):
+        modes = fixed["recompute"]
+    else:
+        modes = best_recompute(run.cm, c, allowed)
+    if modes is None:  # nothing fits: still estimated, for the infeasibility report
+        return run.estimate(c.replace(recompute=allowed[-1]))
+    rc = modes[0] if modes and len(set(modes)) == 1 else (modes or "none")
+    return run.estimate(c.replace(recompute=rc))
+
+
+
+
+def first_fit(cm: CostModel, fixed: dict, deadline: float) -> Estimate | None:
+    """A fitting estimate from phase 1 (groups best first), or None when none fits or the
+    monotonic-clock ``deadline`` (seconds) passes."""
+    run = Run(cm, None, None, True, 1)
+    try:
+        groups = mesh_groups(cm, fixed, space.SpaceLimits())
+        allowed = space.recompute_modes(fixed)
+        for _bound, _key, base in groups:
+            if run.best is not None or time.monotonic() > deadline:
+                break
+            coarse(run, base, fixed, space.SpaceLimits(), allowed)
+    except AutoparError:
+        return None
+    return run.best
