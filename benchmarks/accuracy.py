@@ -1,17 +1,28 @@
 """Cost-model accuracy: predicted vs measured step time over published runs.
 
-    python -m benchmarks.accuracy [--plans PATH]
+    python -m benchmarks.accuracy [--plans PATH]     # one line per record
+    python -m benchmarks.accuracy --markdown         # the same as a Markdown table
+    python -m benchmarks.accuracy --write-docs       # rewrite the generated parts of the docs
+    python -m benchmarks.accuracy --check-docs       # exit 1 when the docs differ from a new run
 
 Each record is estimated with its own published plan; fields the source leaves null are chosen by
 autopar's search under the same cost model as the fastest (the natural choice for a measured, tuned
 run, which fitted in reality whatever autopar's memory model says; its verdict is printed) and
 printed. Last line: ``MAPE <x>% max <y>% over <n> records``.
+
+The accuracy table of docs/cost-model.md and the summary in README.md are this benchmark's output,
+between ``<!-- begin generated: NAME ... -->`` and ``<!-- end generated: NAME -->`` markers
+(:data:`GENERATED`); ``--write-docs`` rewrites them from a new run and tests/test_docs.py fails
+when they drift. The run is deterministic (no time limit), about 13 s on one CPU core.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import autopar
 from autopar.api import model_graph
@@ -19,6 +30,9 @@ from autopar.cost.model import CostModel
 from autopar.search.optimize import search
 
 from .records import load, parse
+
+ROOT = Path(__file__).resolve().parents[1]
+_COMMAND = "python -m benchmarks.accuracy --write-docs"
 
 
 def evaluate(rec):
@@ -38,10 +52,26 @@ def evaluate(rec):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--plans", default=None, help="published_plans.json-format file")
-    ap.add_argument("--markdown", action="store_true", help="print a Markdown table instead")
+    out = ap.add_mutually_exclusive_group()
+    out.add_argument("--markdown", action="store_true", help="print a Markdown table instead")
+    out.add_argument("--write-docs", action="store_true",
+                     help="rewrite the generated table and summary in docs/ and README.md")
+    out.add_argument("--check-docs", action="store_true",
+                     help="exit 1 when docs/ or README.md differ from what this run generates")
     args = ap.parse_args(argv)
     if args.markdown:
-        return _markdown(args.plans)
+        print(markdown_table(run(args.plans)))
+        return 0
+    if args.write_docs or args.check_docs:
+        stale = {path: text for path, text in render_docs(run(args.plans)).items()
+                 if path.read_text() != text}
+        for path, text in stale.items():
+            if args.check_docs:
+                print(f"{path.relative_to(ROOT)} differs from the benchmark: run {_COMMAND}")
+            else:
+                path.write_text(text)
+                print(f"wrote {path.relative_to(ROOT)}")
+        return 1 if stale and args.check_docs else 0
     errors = []
     print(f"{'id':36s} {'pred s':>9s} {'meas s':>9s} {'err':>7s}  {'MFU':>5s} {'mem GB':>6s}  chosen")
     for raw in load(args.plans):
@@ -67,25 +97,85 @@ def main(argv=None) -> int:
     return 0
 
 
-def _markdown(plans) -> int:
-    """The same comparison as a Markdown table (for docs/cost-model.md)."""
-    errors = []
-    print("| record | predicted s/step | measured s/step | error | predicted MFU % | "
-          "predicted GB/GPU | fits (model) |")
-    print("|---|---|---|---|---|---|---|")
+@dataclass(frozen=True)
+class Row:
+    """One measured record's outcome: ``error`` is (predicted - measured) / measured."""
+
+    id: str
+    predicted_s: float
+    measured_s: float
+    mfu: float
+    memory_bytes: float
+    fits: bool
+
+    @property
+    def error(self) -> float:
+        return (self.predicted_s - self.measured_s) / self.measured_s
+
+
+def run(plans=None) -> list[Row]:
+    """Evaluate every record with a measured step time (records autopar cannot estimate raise:
+    a table in the docs must not silently lose rows)."""
+    rows = []
     for raw in load(plans):
         rec = parse(raw)
-        e, _ = evaluate(rec)
         if rec.measured_step_s is None:
             continue
-        err = (e.step_time_s - rec.measured_step_s) / rec.measured_step_s
-        errors.append(abs(err))
-        print(f"| {rec.id} | {e.step_time_s:.3f} | {rec.measured_step_s:.3f} | {err * 100:+.1f}% | "
-              f"{e.mfu * 100:.1f} | {e.memory_per_gpu_bytes / 1e9:.1f} | "
-              f"{'yes' if e.fits else 'no'} |")
-    print(f"\nMAPE {100 * sum(errors) / len(errors):.1f}% max {100 * max(errors):.1f}% over "
-          f"{len(errors)} records")
-    return 0
+        e, _ = evaluate(rec)
+        rows.append(Row(rec.id, e.step_time_s, rec.measured_step_s, e.mfu,
+                        e.memory_per_gpu_bytes, e.fits))
+    return rows
+
+
+def summary(rows: list[Row]) -> tuple[float, float, int]:
+    """(mean absolute error, max absolute error, records), errors as fractions."""
+    errors = [abs(r.error) for r in rows]
+    return sum(errors) / len(errors), max(errors), len(errors)
+
+
+def markdown_table(rows: list[Row]) -> str:
+    """The comparison as a Markdown table and a summary line (GB = 1e9 bytes)."""
+    lines = ["| record | predicted s/step | measured s/step | error | predicted MFU % | "
+             "predicted GB/GPU | fits (model) |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.id} | {r.predicted_s:.3f} | {r.measured_s:.3f} | "
+                     f"{r.error * 100:+.1f}% | {r.mfu * 100:.1f} | {r.memory_bytes / 1e9:.1f} | "
+                     f"{'yes' if r.fits else 'no'} |")
+    mape, worst, n = summary(rows)
+    lines += ["", f"MAPE {100 * mape:.1f}% max {100 * worst:.1f}% over {n} records"]
+    return "\n".join(lines)
+
+
+def _readme_summary(rows: list[Row]) -> str:
+    mape, worst, n = summary(rows)
+    return f"{n} published runs (MAPE {100 * mape:.1f}%, max {100 * worst:.1f}%)"
+
+
+#: Generated parts of the docs: (file under the repository, marker name, renderer).
+GENERATED = (("docs/cost-model.md", "accuracy-table", markdown_table),
+             ("README.md", "accuracy-summary", _readme_summary))
+
+
+def render_docs(rows: list[Row]) -> dict[Path, str]:
+    """Each file of :data:`GENERATED` with its marked parts replaced by ``rows``' rendering.
+
+    Raises:
+        ValueError: a file lacks its ``begin generated``/``end generated`` marker pair.
+    """
+    texts: dict[Path, str] = {}
+    for rel, name, render in GENERATED:
+        path = ROOT / rel
+        text = texts.get(path, path.read_text() if path.exists() else "")
+        pattern = re.compile(rf"(<!-- begin generated: {name} [^>]*-->)(.*?)"
+                             rf"(<!-- end generated: {name} -->)", re.S)
+        if not pattern.search(text):
+            raise ValueError(f"{rel} has no '<!-- begin generated: {name} ... -->' / "
+                             f"'<!-- end generated: {name} -->' pair to fill")
+        block = render(rows)
+        sep = "\n" if "\n" in block else ""
+        texts[path] = pattern.sub(lambda m: m.group(1) + sep + block + sep + m.group(3), text,
+                                  count=1)
+    return texts
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Read records in the format of shared/reference/published_plans.json into autopar inputs.
+"""Read records in the format of benchmarks/data/published_plans.json into autopar inputs.
 
 A record's ``cluster.inter_node`` is prose ("8x InfiniBand HDR 200 Gb/s per node (one per GPU)",
 "RoCE 400 Gb/s per GPU, 3-tier Clos"); the link and NIC count are read from it here.
@@ -14,8 +14,9 @@ from pathlib import Path
 import autopar
 from autopar.models import ModelConfig
 
-DEFAULT_PLANS = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / \
-    "published_plans.json"
+#: The published runs the benchmarks and tests use, carried in the repository (each record keeps
+#: its ``source``; the format is described in benchmarks/data/README.md).
+DEFAULT_PLANS = Path(__file__).resolve().parent / "data" / "published_plans.json"
 
 _PLAN_KEYS = ("tp", "pp", "dp", "cp", "virtual_stages", "sequence_parallel", "recompute",
               "zero_stage", "schedule")

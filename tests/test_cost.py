@@ -53,7 +53,7 @@ def test_uniform_pipeline_bubble():
 
 
 def test_seed_claim_bubble_figures():
-    # shared/reference/seed_claims.md row 4
+    # docs/reference/seed_claims.md row 4
     assert bubble_fraction(4, 32) == pytest.approx(0.086, abs=5e-4)
     assert bubble_fraction(8, 32) == pytest.approx(0.179, abs=5e-4)
     assert bubble_fraction(4, 8) == pytest.approx(0.273, abs=5e-4)
@@ -119,6 +119,31 @@ def test_mfu_counts_model_flops_once(cm_7b):
     assert a.hfu == pytest.approx(a.mfu)
     assert b.hfu > b.mfu
 
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_hfu_counts_recomputed_causal_attention_at_its_executed_half(mode):
+    # issue 12 item 10: MFU counted causal attention at half, but HFU's recomputed FLOPs counted
+    # it whole (tiny-llama, s=256: hfu/mfu was 1.3793 with full and 1.1576 with selective
+    # recomputation; the executed work gives 1.3005 and 1.0788)
+    from autopar.api import model_graph
+
+    train = autopar.TrainingConfig(global_batch_size=8, seq_len=256)
+    graph = model_graph("tiny-llama", train)[0]
+    cm = CostModel(graph, autopar.Cluster.from_spec("1x1xA100-80GB"), train)
+    e = cm.estimate(autopar.ParallelConfig(tp=1, pp=1, dp=1, recompute=mode, micro_batch_size=2))
+    per_seq = 0.0
+    for layer in graph.layers:
+        if layer.kind != "block":
+            continue
+        attn = [o for o in layer.ops if o.kind == "attention"]
+        assert attn and all(o.causal for o in attn)
+        ops = layer.ops if mode == "full" else attn
+        per_seq += sum(o.fwd_flops for o in ops if o.kind in ("matmul", "attention"))
+        per_seq -= 0.5 * sum(o.fwd_flops for o in attn)
+    recomputed = per_seq * train.global_batch_size / graph.micro_batch_size
+    assert e.hfu / e.mfu == pytest.approx(1 + recomputed / e.model_flops_per_step, rel=1e-9)
+    assert e.hfu / e.mfu == pytest.approx({"full": 1.3005, "selective": 1.0788}[mode], abs=1e-4)
 
 def _scaled_cluster(spec: str, link_scale: float = 1.0, flops_scale: float = 1.0):
     import dataclasses

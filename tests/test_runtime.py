@@ -2,7 +2,7 @@
 
 Each case takes a plan from ``autopar.optimize`` with ``fixed=`` shapes, applies it in N forked
 ranks (heavy imports done once here, in the parent; FileStore rendezvous; 60 s timeout, see
-shared/PLATFORM.md) and checks three Adam steps against full-batch single-process training:
+docs/reference/platform.md) and checks three Adam steps against full-batch single-process training:
 the same losses, and parameters within 1e-5.
 """
 

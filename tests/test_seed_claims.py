@@ -1,4 +1,4 @@
-"""The seed claims audit (shared/reference/seed_claims.md): what autopar's cost model says for each
+"""The seed claims audit (docs/reference/seed_claims.md): what autopar's cost model says for each
 claim practitioners read, asserted. Each test names its row."""
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ class LayerTime:
         fwd_s: forward pass.
         bwd_s: backward pass (input and weight gradients).
         attention_fwd_s: forward time of the attention core (what selective recompute repeats).
-        fwd_flops / bwd_flops: FLOPs executed per GPU (after sharding), as counted (non-causal
-            attention), for MFU/HFU.
+        fwd_flops / bwd_flops: FLOPs per GPU (after sharding) as the graph counts them (attention
+            non-causal; the cost model takes the causal half off for MFU/HFU).
     """
 
     fwd_s: float

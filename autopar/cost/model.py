@@ -26,6 +26,11 @@ from .schedule import pipeline_step_time
 from .stages import chunk_layers
 from .types import Estimate
 
+#: Share of a causal attention op's counted (non-causal, FlopCounterMode) FLOPs that MFU and HFU
+#: leave out: the masked upper triangle a causal kernel skips (the FLOPs convention of
+#: :data:`autopar.cost.types.FLOPS_CONVENTION`; a convention, not a calibration constant).
+CAUSAL_FLOPS_SHARE = 0.5
+
 
 @dataclass(frozen=True)
 class BlockCost:
@@ -182,10 +187,14 @@ class CostModel:
             if mode == "full":
                 ef *= 1.5  # the recomputed forward dispatches again
         rec = lt.recompute_s(mode)
-        rflops = {"full": lt.fwd_flops}.get(mode, 0.0)
-        if mode == "selective":
-            rflops = sum(o.fwd_flops for o in layer.ops if o.kind == "attention") * bscale / (
-                tp * cp)
+        # FLOPs the recomputed forward repeats (HFU), in MFU's convention: a causal attention
+        # op at the half a causal kernel executes
+        attn = [o for o in layer.ops if o.kind == "attention"]
+        counted = sum(o.fwd_flops for o in attn) * bscale / (tp * cp)
+        causal = sum(o.fwd_flops for o in attn if o.causal) * bscale / (tp * cp)
+        rflops = {"full": lt.fwd_flops, "selective": counted}.get(mode, 0.0)
+        if mode != "none":
+            rflops -= CAUSAL_FLOPS_SHARE * causal
         act = mem.block_activation_bytes(layer, mode, micro_batch=bscale, tp=tp, cp=cp,
                                          sequence_parallel=sp)
         # recomputing a block re-materialises what it did not keep, one block at a time
@@ -408,7 +417,8 @@ class CostModel:
         causal = sum(o.fwd_flops for layer in g.layers for o in layer.ops
                      if o.kind == "attention" and o.causal)
         per_seq = (g.forward_flops + g.backward_flops
-                   - 0.5 * (1 + ATTENTION_BACKWARD_RATIO) * causal) / g.micro_batch_size
+                   - CAUSAL_FLOPS_SHARE * (1 + ATTENTION_BACKWARD_RATIO) * causal
+                   ) / g.micro_batch_size
         model_flops = per_seq * train.global_batch_size
         hw_flops = model_flops + recompute_flops * m * dp * tp * cp
         world = self.cluster.world_size

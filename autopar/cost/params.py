@@ -18,7 +18,7 @@ class CostParams:
 
     Attributes:
         matmul_efficiency: fraction of dense peak a large GEMM reaches, per GPU architecture
-            (:attr:`autopar.hardware.Device.architecture`). Sources (shared/reference/
+            (:attr:`autopar.hardware.Device.architecture`). Sources (docs/reference/
             hardware_and_formulas.md, "Measured single-GPU ceilings"): Ampere, Azure's A100-80GB
             FP16 GEMM at 16k^3 = 256.5 TFLOP/s = 82% of 312; Hopper, Azure's H200 GEMM at
             1366 TFLOP/s = 69% of the 1979 FP8 peak (the same GH100 tensor cores as H100/H800).

@@ -33,9 +33,9 @@ class NodeTemplate:
 
 
 _DGX_A100 = ("DGX A100: NVSwitch + 8 x ConnectX-6 HDR compute ports "
-             "(shared/reference/hardware_and_formulas.md: 'DGX A100 has 8 ports')")
+             "(docs/reference/hardware_and_formulas.md: 'DGX A100 has 8 ports')")
 _DGX_H100 = ("DGX H100 / H200: NVSwitch + 8 x ConnectX-7 NDR "
-             "(shared/reference/hardware_and_formulas.md: 'DGX H100 has 8 ports')")
+             "(docs/reference/hardware_and_formulas.md: 'DGX H100 has 8 ports')")
 _PCIE_BOX = ("commodity 8-GPU PCIe server, GPUs peer over PCIe switches and the host; one compute NIC, "
              "as in DeepSeek Fire-Flyer AI-HPC (arXiv 2408.14158: 8 x A100 PCIe + one 200 Gb/s IB NIC); "
              "assumption for other PCIe boxes")

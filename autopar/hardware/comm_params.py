@@ -32,7 +32,7 @@ class EfficiencyRow:
     source: str
 
 
-_REF = "shared/reference/hardware_and_formulas.md, NCCL AllReduce bus bandwidth table"
+_REF = "docs/reference/hardware_and_formulas.md, NCCL AllReduce bus bandwidth table"
 
 #: The efficiency table, one row per link kind.
 EFFICIENCY_ROWS: tuple[EfficiencyRow, ...] = (

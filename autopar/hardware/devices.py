@@ -2,7 +2,7 @@
 
 Figures are dense (no 2:4 sparsity) datasheet peaks in SI units: FLOP/s, bytes, bytes/s. Datasheets
 are decimal (1 GB = 1e9 bytes, 1 TB/s = 1e12 bytes/s); nothing here is in GiB. BF16/FP8/HBM/NVLink
-figures are the rows of ``shared/reference/hardware_and_formulas.md`` ("Hardware (per GPU)");
+figures are the rows of ``docs/reference/hardware_and_formulas.md`` ("Hardware (per GPU)");
 FP32, TF32 and the PCIe generation come from the same NVIDIA datasheets (A100, H100, H800, H200), where
 TF32 is quoted with sparsity and halved here.
 """
@@ -123,7 +123,7 @@ _H100_SXM_FLOPS = {
 _H100_PCIE_FLOPS = {
     "fp32": 51 * _TERA, "tf32": 378 * _TERA, "fp16": 756 * _TERA, "bf16": 756 * _TERA, "fp8": 1513 * _TERA,
 }
-_REF = "shared/reference/hardware_and_formulas.md, Hardware table"
+_REF = "docs/reference/hardware_and_formulas.md, Hardware table"
 
 
 def _row(name, flops, mem_gb, hbm_gbps, nvlink_bidir_gbps, pcie_gbps, form, source) -> Device:

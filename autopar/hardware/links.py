@@ -57,7 +57,7 @@ class LinkType:
             raise InvalidClusterSpec(f"link {self.name!r}: latency_s must be >= 0, got {self.latency_s}")
 
 
-_REF = "shared/reference/hardware_and_formulas.md"
+_REF = "docs/reference/hardware_and_formulas.md"
 _NV_LAT = ("1 us: assumption between NCCL tuning.cc hwLat NVLink LL (0.47 us) and LL128 (1.9 us)")
 _PCI_LAT = "1 us: NCCL tuning.cc hwLat PCI LL (1.0 us); assumption"
 _IB_LAT = "5 us: NCCL tuning.cc hwLat NET tree LL (5.0 us); assumption"

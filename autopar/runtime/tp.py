@@ -4,7 +4,7 @@ Roles follow the graph extractor's rule (:func:`autopar.graph.classify.linear_ro
 f/g regions): a linear fed by a replicated tensor is column-parallel, a linear fed by the output
 of a column-parallel one is row-parallel. The rule is applied to the block's *autograd* graph,
 recorded by running one block on a few tokens: unlike ``torch.fx`` this works for any eager model,
-Hugging Face ones included (fx cannot trace those, see shared/PLATFORM.md).
+Hugging Face ones included (fx cannot trace those, see docs/reference/platform.md).
 
 The sharding itself is torchtitan's Llama plan with ``parallelize_module``: column linears
 ``ColwiseParallel``, row linears ``RowwiseParallel``, the embedding vocabulary-parallel, the LM
