@@ -1,6 +1,6 @@
 """Every error class autopar raises: one example input each, and the message's three parts
 (the input, the rule, a fix). ``EXAMPLES`` doubles as the table in docs/errors.md. Also: Ctrl-C
-in ``autopar plan`` prints the best plan so far."""
+in ``autopar plan`` prints the best plan so far, and before a search exits with one line."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -116,17 +115,69 @@ def test_pinned_pp_beyond_the_layers_is_named():
         autopar.optimize(TINY, "1x8xA100", TRAIN, fixed={"pp": 4})
 
 
-def test_ctrl_c_in_the_cli_prints_the_best_plan_so_far():
+def test_ctrl_c_in_the_cli_prints_the_best_plan_so_far(tmp_path):
+    # issue 12 item 8: the signal was sent after a 2 s sleep and on a loaded machine landed in
+    # `import autopar` (traceback, rc -2). Now it is sent once the search reports progress on
+    # stderr, so it always lands in the search: a signal sent at any moment after that (even
+    # after the search ended) gives the plan found so far and exit code 0.
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out_file = tmp_path / "plan.json"
     p = subprocess.Popen([sys.executable, "-m", "autopar.cli", "plan", "--model", "gpt3-175b",
-                          "--cluster", "128x8xA100-80GB", "--global-batch", "1536", "--json"],
+                          "--cluster", "128x8xA100-80GB", "--global-batch", "1536", "--out",
+                          str(out_file)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    time.sleep(2.0)
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=120)
+    seen = []
+    for line in p.stderr:  # blocks until the child prints; no timing involved
+        seen.append(line)
+        if line.startswith("searching "):
+            p.send_signal(signal.SIGINT)
+            break
+    out, err = p.communicate(timeout=600)
+    err = "".join(seen) + err
     assert p.returncode == 0, err
-    plan = autopar.Plan.from_json(out)
-    assert plan.estimate.fits and "interrupt" in err
+    assert "interrupt: stopping with the best plan found so far" in err
+    assert "Traceback" not in err
+    plan = autopar.Plan.from_json(out_file)
+    assert plan.estimate.fits and "autopar plan: gpt3-175b" in out
+
+
+#: Child processes that send themselves SIGINT at one point of start-up, under Python's default
+#: handler, as a Ctrl-C pressed at that moment would: while torch is being imported (an import
+#: hook), or during graph extraction (autopar.api.model_graph wrapped).
+_HOOKS = {
+    "import": """
+class Hook:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, Hook())
+""",
+    "extraction": """
+import autopar.api as api
+extract = api.model_graph
+def interrupted(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGINT)
+    return extract(*args, **kwargs)
+api.model_graph = interrupted
+""",
+}
+
+
+@pytest.mark.parametrize("when", sorted(_HOOKS))
+@pytest.mark.parametrize("command", ["plan", "estimate"])
+def test_ctrl_c_during_start_up_exits_cleanly(when, command):
+    # issue 12 item 8: Ctrl-C while `import autopar` loaded torch printed a traceback (rc -2);
+    # before a search has started it is one line and exit code 130
+    script = ("import os, runpy, signal, sys\n" + _HOOKS[when]
+              + f"sys.argv = ['autopar', {command!r}, '--model', 'tiny-llama', '--cluster', "
+                "'1x8xA100-80GB', '--global-batch', '16', '--seq-len', '32']\n"
+                "runpy.run_module('autopar.cli', run_name='__main__', alter_sys=True)\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert (p.returncode, p.stderr, p.stdout) == (130, "autopar: interrupted\n", "")
 
 
 def test_unwritable_outputs_are_our_error(tmp_path):

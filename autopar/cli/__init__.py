@@ -1,5 +1,41 @@
-"""The ``autopar`` command line: ``plan``, ``estimate``, ``explain``, ``models`` (see docs/cli.md)."""
+"""The ``autopar`` command line: ``plan``, ``estimate``, ``explain``, ``models`` (see docs/cli.md).
 
-from .main import build_parser, main
+This module is the entry point (``autopar`` and ``python -m autopar.cli``) and imports nothing
+heavy: :mod:`autopar.cli.commands` (and with it torch, several seconds on a busy machine) is
+imported inside :func:`main`, so a Ctrl-C at any moment, while autopar loads, while it extracts
+the model's graph, or before a search has started, ends the command with one line and exit code
+130 rather than a traceback. Once a search runs, the first Ctrl-C stops it at the best plan
+found so far (see :mod:`autopar.cli.commands`).
+"""
 
-__all__ = ["build_parser", "main"]
+from __future__ import annotations
+
+import sys
+
+#: Exit code of a command stopped by Ctrl-C (128 + SIGINT, as shells report it).
+EXIT_INTERRUPTED = 130
+
+
+def main(argv=None) -> int:
+    """Run the ``autopar`` command with ``argv`` (default ``sys.argv[1:]``).
+
+    Returns:
+        The exit code: 0 done, 2 bad input (one line naming the problem and a fix),
+        :data:`EXIT_INTERRUPTED` when Ctrl-C stopped the command before it had a result.
+    """
+    try:
+        from .commands import run
+        return run(argv)
+    except KeyboardInterrupt:
+        # the import of torch, graph extraction or an estimate was interrupted: nothing to show
+        print("autopar: interrupted", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+
+
+def build_parser():
+    """The ``argparse`` parser of the ``autopar`` command (imports the commands)."""
+    from .commands import build_parser as build
+    return build()
+
+
+__all__ = ["EXIT_INTERRUPTED", "build_parser", "main"]

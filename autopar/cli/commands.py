@@ -11,8 +11,11 @@ presets.
 
 Every command takes ``--json`` (machine-readable output on stdout), ``--plot FILE.png`` and
 ``--tokens N --price-per-gpu-hour P`` (days and cost of the whole run). Errors autopar raises on
-purpose are printed as one line (exit code 2, as argparse does for bad flags); Ctrl-C during a
-search prints the best plan found so far. The full flag reference is docs/cli.md.
+purpose are printed as one line (exit code 2, as argparse does for bad flags). Ctrl-C before a
+search has started (while torch loads, during graph extraction, during an estimate) ends the
+command with one line and exit code 130 (:func:`autopar.cli.main`); once a search runs, the first
+Ctrl-C stops it at the best plan found so far, which is printed. The full flag reference is
+docs/cli.md.
 """
 
 from __future__ import annotations
@@ -234,9 +237,11 @@ class _Progress:
 
 
 class _Interrupt:
-    """SIGINT handling while a command runs: the first Ctrl-C asks the search to stop at its
-    best plan so far (it may be in graph extraction, or not have a plan yet); a second one
-    aborts at once. A no-op outside the main thread."""
+    """SIGINT handling from the start of a search to the end of its output: the first Ctrl-C
+    asks the search to stop at its best plan so far (it continues until it has one) and the plan
+    is printed, even if the search had just finished; a second one aborts at once. Outside this
+    context Python's default handler applies (KeyboardInterrupt, answered by
+    :func:`autopar.cli.main`). A no-op outside the main thread."""
 
     def __init__(self, console: Console):
         self.console, self.pressed, self._old = console, False, None
@@ -395,8 +400,13 @@ def _cmd_explain(args, problem, fixed, out, err, interrupt=None) -> dict:
     return data
 
 
-def main(argv=None) -> int:
-    """Entry point of the ``autopar`` command; returns the exit code (0 ok, 2 bad input)."""
+def run(argv=None) -> int:
+    """The commands behind :func:`autopar.cli.main`, which imports this module and answers a
+    KeyboardInterrupt raised here (Ctrl-C before a search has started) with exit code 130.
+
+    Returns:
+        The exit code: 0 ok, 2 bad input.
+    """
     args = build_parser().parse_args(argv)
     err = Console(stderr=True, soft_wrap=True)
     out = Console(width=None if sys.stdout.isatty() else 140)
@@ -405,23 +415,23 @@ def main(argv=None) -> int:
             from ..models import list_presets
             out.print("\n".join(list_presets()))
             return 0
-        with _Interrupt(err) as interrupt:
-            problem, par, notes = _problem(args)
-            if args.command == "estimate":
-                data = _cmd_estimate(args, problem, par, notes, out)
-            elif args.command == "plan":
-                data = _cmd_plan(args, problem, par, out, err, interrupt)
-            else:
-                data = _cmd_explain(args, problem, par, out, err, interrupt)
-        if args.json:
-            print(json.dumps(data, indent=2, sort_keys=True, default=str))
-        if args.plot and not args.json:
-            err.print(f"wrote {args.plot}", style="dim")
+        problem, par, notes = _problem(args)  # graph extraction: Ctrl-C here ends the command
+        if args.command == "estimate":
+            _finish(args, _cmd_estimate(args, problem, par, notes, out), err)
+            return 0
+        with _Interrupt(err) as interrupt:  # from here the first Ctrl-C keeps the best plan
+            cmd = _cmd_plan if args.command == "plan" else _cmd_explain
+            _finish(args, cmd(args, problem, par, out, err, interrupt), err)
         return 0
     except AutoparError as exc:
         err.print(f"autopar: {type(exc).__name__}: {exc}", style="red", markup=False,
                   soft_wrap=True, highlight=False)
         return 2
-    except KeyboardInterrupt:
-        err.print("interrupted", style="red")
-        return 130
+
+
+def _finish(args, data: dict, err: Console) -> None:
+    """Print ``data`` as JSON with ``--json``; note the plot file otherwise."""
+    if args.json:
+        print(json.dumps(data, indent=2, sort_keys=True, default=str))
+    if args.plot and not args.json:
+        err.print(f"wrote {args.plot}", style="dim")
