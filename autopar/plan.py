@@ -1,7 +1,9 @@
 """The plan: the chosen ParallelConfig, its Estimate, what it was searched for; versioned JSON.
 
 A plan file is plain JSON (``format: "autopar-plan"``, ``version``); loading it builds dataclasses
-from checked values and never executes code.
+from checked values and never executes code. Loading never trusts the file's numbers: the config
+is the plan, and every estimate is recomputed from it with the cost model
+(:mod:`autopar.reestimate`), so a hand-edited config loads with its own estimate.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from .config import ParallelConfig, TrainingConfig
 from .cost.types import Estimate
 from .errors import AutoparError, InvalidPlanFile, output_error
 from .io.planfile import PLAN_FORMAT, PLAN_VERSION, check_plan
+from .reestimate import reestimate
 from .report.summary import plan_summary
 
 
@@ -133,20 +136,31 @@ class Plan:
         return text
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Plan":
-        """Build a plan from :meth:`to_dict`'s output, checking it strictly.
+    def from_dict(cls, d: dict, *, model=None, cluster=None, params=None) -> "Plan":
+        """Build a plan from :meth:`to_dict`'s output, checking it strictly and re-estimating it.
 
-        Unknown keys, wrong types, degrees whose product is not the GPU count of the plan's
-        cluster, stage cuts that do not cover the model's blocks, and inconsistent estimates are
-        errors. The keys ``compare`` and ``run_cost`` that ``autopar plan --json`` adds are
-        accepted and ignored. Older versions are migrated (:data:`MIGRATIONS`) or refused.
+        Unknown keys, missing choices, wrong types, degrees whose product is not the GPU count of
+        the plan's cluster and stage cuts that do not cover the model's blocks are errors. The
+        keys ``compare`` and ``run_cost`` that ``autopar plan --json`` adds are accepted and
+        ignored. Older versions are migrated (:data:`MIGRATIONS`) or refused. The estimate,
+        alternatives and Pareto front are recomputed from their configurations with the cost
+        model (the written numbers are never trusted: :mod:`autopar.reestimate`).
+
+        Args:
+            d: the parsed plan file.
+            model: the ``nn.Module`` of a plan whose ``model_config`` is null (needed to
+                re-estimate it); ignored otherwise.
+            cluster: the :class:`~autopar.Cluster` of a plan whose cluster is a custom name.
+            params: :class:`~autopar.CostParams` to estimate with (default ``CostParams()``).
 
         Raises:
             InvalidPlanFile: wrong format or version, or a field that is missing, unknown,
-                mistyped or inconsistent (the message names it and says how to fix it).
+                mistyped or inconsistent (the message names it and says how to fix it); a plan
+                that cannot be re-estimated without ``model=`` or ``cluster=`` (the message says
+                which).
         """
         try:
-            kw = check_plan(d)
+            kw = reestimate(check_plan(d), model=model, cluster=cluster, params=params)
             return cls(**{**kw, "search": SearchStats(**kw["search"])})
         except InvalidPlanFile:
             raise
@@ -154,37 +168,50 @@ class Plan:
             raise InvalidPlanFile(f"invalid plan file: {exc}") from exc
 
     @classmethod
-    def from_json(cls, source: str | Path) -> "Plan":
+    def from_json(cls, source: str | Path, *, model=None, cluster=None, params=None) -> "Plan":
         """Load a plan from a JSON file path or JSON text (only ``json`` parses it: loading
-        never executes code).
+        never executes code), re-estimated with the cost model as :meth:`from_dict` does
+        (``model``, ``cluster``, ``params``: see there).
 
         Raises:
             InvalidPlanFile: unreadable, not JSON, or not a valid plan.
         """
-        if isinstance(source, (bytes, bytearray)):
-            try:
-                source = bytes(source).decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise InvalidPlanFile(f"plan bytes are not UTF-8 JSON: {exc}. Fix: pass the "
-                                      "file's path or its text.") from exc
-        if not isinstance(source, (str, Path)):
-            raise InvalidPlanFile(
-                f"a plan source must be a path or JSON text; got {type(source).__name__}. Fix: "
-                "pass e.g. 'plan.json'.")
-        text = str(source)
-        if not text.lstrip().startswith("{"):
-            shown = text if len(text) <= 80 else text[:77] + "..."
-            try:
-                text = Path(source).read_text()
-            except (OSError, ValueError) as exc:
-                raise InvalidPlanFile(
-                    f"cannot read plan file {shown!r}: {type(exc).__name__}: "
-                    f"{str(exc)[:200]}. Fix: pass the path of a plan written by "
-                    "plan.to_json() or `autopar plan --out`, or its JSON text.") from exc
+        return cls.from_dict(read_plan_json(source), model=model, cluster=cluster,
+                             params=params)
+
+
+def read_plan_json(source: str | Path) -> object:
+    """The parsed JSON of a plan file path or JSON text (only ``json`` parses it: reading never
+    executes code); :func:`autopar.io.planfile.check_plan` checks it.
+
+    Raises:
+        InvalidPlanFile: unreadable or not JSON.
+    """
+    if isinstance(source, (bytes, bytearray)):
         try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as exc:
+            source = bytes(source).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidPlanFile(f"plan bytes are not UTF-8 JSON: {exc}. Fix: pass the "
+                                  "file's path or its text.") from exc
+    if not isinstance(source, (str, Path)):
+        raise InvalidPlanFile(
+            f"a plan source must be a path or JSON text; got {type(source).__name__}. Fix: "
+            "pass e.g. 'plan.json'.")
+    text = str(source)
+    if not text.lstrip().startswith("{"):
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        try:
+            text = Path(source).read_text()
+        except (OSError, ValueError) as exc:
             raise InvalidPlanFile(
-                f"plan file is not valid JSON: {type(exc).__name__}: {str(exc)[:200]}. Fix: "
-                "regenerate it with plan.to_json() or `autopar plan --out`.") from exc
-        return cls.from_dict(data)
+                f"cannot read plan file {shown!r}: {type(exc).__name__}: "
+                f"{str(exc)[:200]}. Fix: pass the path of a plan written by "
+                "plan.to_json() or `autopar plan --out`, or its JSON text.") from exc
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise InvalidPlanFile(
+            f"plan file is not valid JSON: {type(exc).__name__}: {str(exc)[:200]}. Fix: "
+            "regenerate it with plan.to_json() or `autopar plan --out`.") from exc
+    return data
+

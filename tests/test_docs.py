@@ -3,8 +3,11 @@ outside the repository, and the examples run."""
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,3 +70,22 @@ def test_the_sources_the_code_cites_are_in_the_repository():
     assert "docs/reference/hardware_and_formulas.md" in cited
     missing = sorted(c for c in cited if not (ROOT / c).exists())
     assert not missing, f"cited but not in the repository: {missing}"
+
+
+def test_the_apply_example_runs_as_written(tmp_path):
+    # issue 12 item 12: docs/apply.md's train.py used a `model` it never built
+    doc = (ROOT / "docs" / "apply.md").read_text()
+    section = doc[doc.index("## With torchrun"):]
+    commands = re.search(r"```bash\n(.*?)```", section, re.S).group(1).strip().splitlines()
+    script = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert script.startswith("# train.py") and "build(plan.model_config" in script
+    (tmp_path / "train.py").write_text(script)
+    launch = {"autopar": [sys.executable, "-m", "autopar.cli"],
+              "torchrun": [sys.executable, "-m", "torch.distributed.run"]}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for line in commands:
+        argv = shlex.split(line)
+        p = subprocess.run(launch[argv[0]] + argv[1:], cwd=tmp_path, env=env, text=True,
+                           capture_output=True, timeout=600)
+        assert p.returncode == 0, p.stderr[-3000:]
+    assert "step 2: loss" in p.stdout, p.stdout

@@ -48,7 +48,10 @@ def test_round_trip_is_byte_identical(plan_dict):
     (lambda d: d["config"].update(stage_blocks=[1, 2]), r"cover 3 blocks but the model has 4"),
     (lambda d: d["config"].update(stage_blocks=[4]), r"pp\*virtual_stages = 2"),
     (lambda d: d["config"].update(micro_batch_size=None), r"is null"),
-    (lambda d: d["estimate"]["config"].update(zero_stage=3), r"differs from config"),
+    (lambda d: d["config"].pop("zero_stage"),
+     r"config lacks \['zero_stage'\]: a plan states every choice"),
+    (lambda d: d["estimate"]["config"].pop("recompute"),
+     r"estimate.config lacks \['recompute'\]"),
     (lambda d: d["model_config"].update(num_heads=3), r"model_config is not a valid model"),
     (lambda d: d.update(version=0), r"older than any this autopar can migrate"),
     (lambda d: d.update(version=2), r"newer autopar"),
@@ -91,12 +94,75 @@ def test_loading_never_executes_code(tmp_path, plan_dict):
     assert plan.model.startswith("__import__") and not marker.exists()
 
 
-def test_a_plan_file_cannot_claim_to_fit_above_the_gpu(tmp_path):
-    import json as _json
-
+def test_a_plan_file_cannot_claim_to_fit_above_the_gpu():
     plan = autopar.optimize("tiny-llama", "1x8xA100-80GB",
                             autopar.TrainingConfig(global_batch_size=16, seq_len=32))
-    d = _json.loads(plan.to_json())
+    d = json.loads(plan.to_json())
     d["estimate"]["memory_per_gpu_bytes"] = 1e12
-    with pytest.raises(InvalidPlanFile, match="estimate.fits"):
-        autopar.Plan.from_json(_json.dumps(d))
+    d["alternatives"][0]["mfu"] = 7.0
+    loaded = autopar.Plan.from_json(json.dumps(d))   # the written numbers are replaced
+    assert loaded.estimate == plan.estimate and loaded.alternatives == plan.alternatives
+
+
+# ------------------------------------------------------- issue 12 item 6: hand-edited plan files
+def test_an_edited_config_is_re_estimated_not_refused(plan_dict):
+    # was: "estimate.config differs from config ... regenerate", with no way to re-estimate
+    d = json.loads(json.dumps(plan_dict))
+    c = d["config"]
+    assert (c["tp"], c["dp"], c["pp"]) == (1, 4, 2)
+    c.update(tp=2, dp=2)
+    plan = _load(d)
+    assert (plan.config.tp, plan.config.dp) == (2, 2)
+    assert plan.estimate.config == plan.config
+    train = autopar.TrainingConfig(global_batch_size=16, seq_len=64)
+    assert plan.estimate == autopar.estimate(TINY, "1x8xA100-80GB", train, plan.config)
+    assert plan.estimate.step_time_s != plan_dict["estimate"]["step_time_s"]
+
+
+def test_an_edited_estimate_is_replaced(plan_dict):
+    # was: estimate.step_time_s = 0.5 loaded as written
+    d = json.loads(json.dumps(plan_dict))
+    d["estimate"]["step_time_s"] = 0.5
+    plan = _load(d)
+    assert plan.estimate.step_time_s == plan_dict["estimate"]["step_time_s"] != 0.5
+    assert _load(d).to_json() == _load(plan_dict).to_json()
+
+
+def test_a_plan_of_a_module_needs_the_module_to_load():
+    module = autopar.models.build(TINY)          # on the meta device
+    train = autopar.TrainingConfig(global_batch_size=16, seq_len=64)
+    plan = autopar.optimize(module, "1x8xA100-80GB", train, fixed={"pp": 2})
+    text = plan.to_json()
+    with pytest.raises(InvalidPlanFile, match=r"nn.Module .*Plan.from_json\(path, model=module\)"):
+        Plan.from_json(text)
+    assert Plan.from_json(text, model=module).to_json() == text
+
+
+def test_a_custom_cluster_is_passed_to_load():
+    cluster = autopar.Cluster.custom(1, 8, "A100-80GB", name="lab")
+    plan = autopar.optimize(TINY, cluster, autopar.TrainingConfig(global_batch_size=16,
+                                                                  seq_len=64))
+    with pytest.raises(InvalidPlanFile, match=r"cluster=autopar.Cluster.custom"):
+        Plan.from_json(plan.to_json())
+    assert Plan.from_json(plan.to_json(), cluster=cluster).to_json() == plan.to_json()
+
+
+def test_autopar_estimate_plan_re_estimates_an_edited_file(tmp_path, plan_dict, capsys):
+    from autopar.cli import main
+
+    d = json.loads(json.dumps(plan_dict))
+    d["config"].update(tp=2, dp=2)
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(d))
+    assert main(["estimate", "--plan", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    want = _load(d).estimate
+    assert out["config"]["tp"] == 2 and out["step_time_s"] == want.step_time_s
+    assert "of the configuration before an edit" in out["notes"][0]
+    assert main(["estimate", "--plan", str(path), "--zero", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "autopar estimate: tiny on" in text and "Verdict: fits" in text
+    del d["config"]["zero_stage"]
+    path.write_text(json.dumps(d))
+    assert main(["estimate", "--plan", str(path)]) == 2
+    assert "config lacks ['zero_stage']" in capsys.readouterr().err

@@ -30,7 +30,7 @@ from rich.console import Console
 
 from ..report import tables
 from ..config import ParallelConfig, TrainingConfig
-from ..errors import AutoparError, InvalidModelConfig, InvalidTrainingConfig
+from ..errors import AutoparError, InvalidClusterSpec, InvalidModelConfig, InvalidTrainingConfig
 from ..report.advice import fixes_to_fit, run_cost
 from ..report.explain import Problem, compare, named_alternatives, search_plan
 from ..io.importers import Imported, from_megatron_args, from_torchtitan_toml
@@ -53,8 +53,9 @@ def _positive_float(text: str) -> float:
 def _common(p: argparse.ArgumentParser, plot: str) -> None:
     p.add_argument("--model", default=None,
                    help="preset name (see `autopar models`) or a JSON file with a model dict")
-    p.add_argument("--cluster", required=True,
-                   help="cluster spec NODESxGPUSxGPU[+NICSxLINK] or TOTALxGPU, e.g. 4x8xA100-80GB")
+    p.add_argument("--cluster", default=None,
+                   help="cluster spec NODESxGPUSxGPU[+NICSxLINK] or TOTALxGPU, e.g. 4x8xA100-80GB "
+                   "(required, except with estimate --plan)")
     p.add_argument("--global-batch", type=int, default=None,
                    help="sequences per optimizer step (default: ~4M tokens, a multiple of GPUs)")
     p.add_argument("--seq-len", type=int, default=None,
@@ -130,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "--pipeline-model-parallel-size 2 --sequence-parallel\"")
     e.add_argument("--torchtitan-toml", default=None, metavar="FILE",
                    help="torchtitan job TOML ([parallelism], [activation_checkpoint], [training])")
+    e.add_argument("--plan", default=None, metavar="FILE",
+                   help="re-estimate a plan file's configuration (e.g. after editing it); its "
+                   "model, cluster and training config are used unless flags are given")
     x = sub.add_parser("explain", help="why the best plan beats the usual alternatives")
     _common(x, "the step time of each compared plan by component")
     _parallel_flags(x, what=" (pinned in the searched best plan)")
@@ -180,9 +184,56 @@ def _imported(args) -> Imported | None:
     return None
 
 
+#: Choices a changed degree invalidates in a plan file's config: they are derived again.
+_DERIVED = {"tp": ("dp",), "pp": ("dp", "stage_blocks"), "cp": ("dp",),
+            "virtual_stages": ("stage_blocks",)}
+
+
+def _plan_problem(args) -> tuple[Problem, dict, list[str]]:
+    """``estimate --plan FILE``: the plan file's problem and choices, flags overriding them.
+
+    The file is checked as :meth:`autopar.Plan.from_json` checks it (a missing choice is named),
+    but its estimate is not read: the configuration is estimated again here.
+    """
+    from ..io.planfile import check_plan
+    from ..plan import read_plan_json
+    if args.megatron_args or args.torchtitan_toml:
+        raise InvalidTrainingConfig("give --plan or --megatron-args/--torchtitan-toml, not both.")
+    kw = check_plan(read_plan_json(args.plan))
+    if kw["model_config"] is None and args.model is None:
+        raise InvalidModelConfig(
+            f"the plan {args.plan} is of an nn.Module (its model_config is null); the CLI can "
+            "rebuild presets and model dicts only. Fix: pass --model with a model dict JSON, or "
+            "from Python autopar.Plan.from_json(path, model=module).")
+    model = _model_arg(args.model) if args.model is not None else kw["model_config"]
+    t = kw["train"]
+    train = TrainingConfig(**{**t.__dict__, **{k: v for k, v in (
+        ("global_batch_size", args.global_batch), ("seq_len", args.seq_len),
+        ("precision", args.precision)) if v is not None}},
+        **({"flash_attention": False} if args.no_flash_attention else {}))
+    par = dict(kw["config"].__dict__)
+    flags = _parallel(args)
+    for key in flags:
+        for derived in _DERIVED.get(key, ()):
+            if derived not in flags:
+                par[derived] = None
+    par.update(flags)
+    written = kw["estimate"]
+    note = (f"re-estimating the configuration of {args.plan}; the file's own estimate "
+            f"({written.step_time_s:.3f} s/step, {written.memory_per_gpu_bytes / 1e9:.1f} GB per GPU"
+            f"{'' if written.config == kw['config'] else ', of the configuration before an edit'})"
+            " is not used")
+    return Problem.build(model, args.cluster or kw["cluster"], train), par, [note]
+
+
 def _problem(args) -> tuple[Problem, dict, list[str]]:
     """The problem, the parallel choices the user gave, and notes on imported settings."""
     from .. import api
+    if getattr(args, "plan", None):
+        return _plan_problem(args)
+    if args.cluster is None:
+        raise InvalidClusterSpec("--cluster is required (a spec NODESxGPUSxGPU[+NICSxLINK], e.g. "
+                                 "4x8xA100-80GB).")
     imp = _imported(args)
     model = _model_arg(args.model or (imp.model if imp else None))
     cluster = api.as_cluster(args.cluster)

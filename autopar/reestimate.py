@@ -1,0 +1,148 @@
+"""Re-estimate a loaded plan: a plan file's numbers are recomputed, never trusted as written.
+
+A plan file's ``config`` is the plan; its ``estimate`` (and each estimate of ``alternatives`` and
+``pareto``) is what the autopar that wrote the file predicted for it. :meth:`autopar.Plan.from_dict`
+checks the file (:mod:`autopar.io.planfile`) and then calls :func:`reestimate`, which rebuilds the
+cost model from the file's ``model_config``, ``cluster`` and ``train`` and estimates every
+configuration again. So:
+
+- a consistent hand edit of the config (``tp`` 2 -> 4 with ``dp`` halved, another ZeRO stage)
+  loads, with the numbers of the edited config;
+- an edited number (``estimate.step_time_s`` set to 0.5) is replaced by the cost model's;
+- a plan written by an older cost model gets this one's numbers.
+
+A plan of an ``nn.Module`` (a Hugging Face model, say) has no ``model_config``, and a plan of a
+``Cluster.custom(..., name=...)`` cluster no readable spec: the file alone cannot rebuild the cost
+model, so loading asks for the module (``model=``) or the cluster (``cluster=``), which
+:meth:`Plan.from_json` passes here. Calibrated ``CostParams`` are not in the file either: pass
+``params=`` to load with them (default: ``CostParams()``).
+
+This module sits below :mod:`autopar.plan` and beside :mod:`autopar.api` (which imports
+:mod:`autopar.plan`, so the plan cannot import it): it uses the stages directly.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import torch
+from torch import nn
+
+from .config import TrainingConfig
+from .cost.model import CostModel
+from .cost.params import CostParams
+from .errors import AutoparError, InvalidPlanFile
+from .graph import extract
+from .graph.types import ModelGraph
+from .hardware import Cluster
+from .models import ModelConfig, build
+
+#: torch dtype a training precision computes in (fp8 plans are extracted in bf16: FlopCounterMode
+#: and the meta device have no fp8 GEMMs; the cost model applies the fp8 peak).
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+                "fp8": torch.bfloat16}
+
+_HOW = "Fix: run `autopar estimate --plan FILE` to see what the cost model says of the plan"
+
+
+@functools.lru_cache(maxsize=16)
+def config_graph(cfg: ModelConfig, seq_len: int, precision: str,
+                 flash_attention: bool) -> ModelGraph:
+    """The measured graph of the built-in transformer of ``cfg`` at ``seq_len`` tokens, one
+    sequence per micro-batch (cached: loading many plans of one model extracts it once; the
+    graph is frozen data).
+
+    Raises:
+        InvalidModelConfig: ``cfg`` cannot be built.
+    """
+    built = cfg if cfg.seq_len >= seq_len else ModelConfig.from_dict(
+        {**cfg.to_dict(), "seq_len": seq_len})
+    dtype = TORCH_DTYPES[precision]
+    return extract(build(built, dtype=dtype), seq_len, 1, dtype=dtype, name=cfg.name,
+                   flash_attention=flash_attention)
+
+
+def _module_graph(module: nn.Module, train: TrainingConfig) -> ModelGraph:
+    dtype = TORCH_DTYPES[train.precision]
+    if any(t.is_floating_point() and t.dtype != dtype
+           for t in [*module.parameters(), *module.buffers()]):
+        # a meta copy in the training dtype, as autopar.api does (torch.export asserts dtypes)
+        module = copy.deepcopy(module).to("meta").to(dtype)
+    return extract(module, train.seq_len, 1, dtype=dtype, flash_attention=train.flash_attention)
+
+
+def cost_model(model_config: dict | None, cluster: str, train: TrainingConfig, *,
+               model: nn.Module | None = None, cluster_obj: Cluster | None = None,
+               params: CostParams | None = None) -> CostModel:
+    """The cost model of a plan file's problem.
+
+    Args:
+        model_config: the file's ``model_config`` (a model dict), or None for a module's plan.
+        cluster: the file's cluster spec string.
+        train: the file's training config.
+        model: the module a plan without ``model_config`` was made for (ignored when the file
+            has a ``model_config``).
+        cluster_obj: the cluster, when ``cluster`` is a custom name rather than a spec.
+        params: calibration constants (default ``CostParams()``).
+
+    Raises:
+        InvalidPlanFile: the file cannot say which model or cluster (the message says what to
+            pass), or the model cannot be extracted.
+    """
+    try:
+        if model_config is not None:
+            graph = config_graph(ModelConfig.from_dict(model_config), train.seq_len,
+                                 train.precision, train.flash_attention)
+        elif model is not None:
+            graph = _module_graph(model, train)
+        else:
+            raise InvalidPlanFile(
+                "the plan is of an nn.Module (its model_config is null), so its estimate cannot "
+                "be recomputed from the file, and loading never trusts a written estimate. Fix: "
+                "pass the module: Plan.from_json(path, model=module).")
+    except InvalidPlanFile:
+        raise
+    except AutoparError as exc:
+        raise InvalidPlanFile(f"invalid plan file: its model cannot be rebuilt to re-estimate "
+                              f"the plan: {exc}") from exc
+    if cluster_obj is None:
+        try:
+            cluster_obj = Cluster.from_spec(cluster)
+        except AutoparError as exc:
+            raise InvalidPlanFile(
+                f"the plan's cluster {cluster!r:.80} is a name, not a spec autopar can read, so "
+                f"the plan cannot be re-estimated ({exc}). Fix: pass the cluster: "
+                "Plan.from_json(path, cluster=autopar.Cluster.custom(...)).") from exc
+    return CostModel(graph, cluster_obj, train, params)
+
+
+def reestimate(kw: dict, *, model: nn.Module | None = None, cluster: Cluster | None = None,
+               params: CostParams | None = None) -> dict:
+    """``kw`` (the checked fields of a plan file, :func:`autopar.io.planfile.check_plan`) with
+    ``estimate``, ``alternatives`` and ``pareto`` recomputed from their configurations.
+
+    Raises:
+        InvalidPlanFile: the problem cannot be rebuilt (see :func:`cost_model`), or the cost model
+            refuses a configuration of the file (the message names it).
+    """
+    cm = cost_model(kw["model_config"], kw["cluster"], kw["train"], model=model,
+                    cluster_obj=cluster, params=params)
+    c = kw["config"]
+    if c.tp * c.pp * c.cp * c.dp != cm.cluster.world_size:
+        raise InvalidPlanFile(f"the cluster passed has {cm.cluster.world_size} GPUs; the plan's "
+                              f"degrees multiply to {c.tp * c.pp * c.cp * c.dp}. Fix: pass the "
+                              "plan's cluster.")
+
+    def again(config, where):
+        try:
+            return cm.estimate(config)
+        except AutoparError as exc:
+            raise InvalidPlanFile(f"invalid plan file: {where} cannot be estimated: {exc}. "
+                                  f"{_HOW}.") from exc
+
+    return {**kw, "estimate": again(kw["config"], "config"),
+            "alternatives": tuple(again(e.config, f"alternatives[{i}].config")
+                                  for i, e in enumerate(kw["alternatives"])),
+            "pareto": tuple(again(e.config, f"pareto[{i}].config")
+                            for i, e in enumerate(kw["pareto"]))}
