@@ -162,6 +162,10 @@ def test_autopar_estimate_plan_re_estimates_an_edited_file(tmp_path, plan_dict, 
     assert main(["estimate", "--plan", str(path), "--zero", "1"]) == 0
     text = capsys.readouterr().out
     assert "autopar estimate: tiny on" in text and "Verdict: fits" in text
+    assert main(["estimate", "--plan", str(path), "--no-flash-attention", "--global-batch", "32",
+                 "--tp", "1", "--json"]) == 0     # flags override the file's problem and choices
+    out = json.loads(capsys.readouterr().out)
+    assert (out["config"]["tp"], out["config"]["dp"]) == (1, 4)   # dp re-derived
     del d["config"]["zero_stage"]
     path.write_text(json.dumps(d))
     assert main(["estimate", "--plan", str(path)]) == 2

@@ -206,11 +206,11 @@ def _plan_problem(args) -> tuple[Problem, dict, list[str]]:
             "rebuild presets and model dicts only. Fix: pass --model with a model dict JSON, or "
             "from Python autopar.Plan.from_json(path, model=module).")
     model = _model_arg(args.model) if args.model is not None else kw["model_config"]
-    t = kw["train"]
-    train = TrainingConfig(**{**t.__dict__, **{k: v for k, v in (
-        ("global_batch_size", args.global_batch), ("seq_len", args.seq_len),
-        ("precision", args.precision)) if v is not None}},
-        **({"flash_attention": False} if args.no_flash_attention else {}))
+    given = {"global_batch_size": args.global_batch, "seq_len": args.seq_len,
+             "precision": args.precision,
+             "flash_attention": False if args.no_flash_attention else None}
+    train = TrainingConfig(**{**kw["train"].__dict__,
+                              **{k: v for k, v in given.items() if v is not None}})
     par = dict(kw["config"].__dict__)
     flags = _parallel(args)
     for key in flags:
