@@ -13,6 +13,7 @@ from .cost.types import Estimate
 from .errors import (
     AutoparError,
     InfeasibleError,
+    InvalidCalibration,
     InvalidClusterSpec,
     InvalidModelConfig,
     InvalidParallelConfig,
@@ -30,7 +31,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "optimize", "estimate", "Plan", "Estimate", "ParallelConfig", "TrainingConfig", "Cluster",
-    "CostParams", "AutoparError", "InfeasibleError", "InvalidClusterSpec", "InvalidModelConfig",
+    "CostParams", "AutoparError", "InfeasibleError", "InvalidCalibration", "InvalidClusterSpec", "InvalidModelConfig",
     "InvalidParallelConfig", "InvalidPlanFile", "InvalidSearchOption", "InvalidTrainingConfig",
     "MissingDependency", "OutputError", "UntraceableModelError",
 ]
