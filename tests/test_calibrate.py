@@ -16,7 +16,7 @@ import autopar
 from autopar.calibrate import calibrated, load_calibration, measured_cluster
 from autopar.calibrate.bench import gemm_shapes
 from autopar.calibrate.fit import algorithm_terms, fit_alpha_beta, fit_gemm
-from autopar.calibrate.run import Options, match_catalog, run_calibration
+from autopar.calibrate.run import Options, comparison, match_catalog, run_calibration
 from autopar.calibrate.schema import (Calibration, CollectiveSample, DeviceInfo, GemmSample,
                                       MemorySample, World, measured_fields)
 from autopar.cli.main import main
@@ -146,7 +146,7 @@ def _calibrate_worker(rank, world, store_path, out_path):
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank,
                             world_size=world)
     try:
-        cal = run_calibration(Options(model="tiny-llama", budget_s=60, min_bytes=1024,
+        cal = run_calibration(Options(model="tiny-llama", budget_s=600, min_bytes=1024,
                                       max_bytes=2 ** 16, copy_bytes=2 ** 20), torch.device("cpu"))
         if rank == 0:
             cal.to_json(out_path)
@@ -172,7 +172,8 @@ def test_calibrate_runs_on_gloo_and_its_file_prices_a_plan(tmp_path):
     cluster = measured_cluster(cal)
     assert cluster.world_size == 4 and cluster.device.name == "measured-cpu"
     train = autopar.TrainingConfig(global_batch_size=8, seq_len=32, precision="fp32")
-    est = autopar.estimate("tiny-llama", cluster, train, {"dp": 4}, calibration=cal)
+    with pytest.warns(UserWarning, match="no datasheet peak"):
+        est = autopar.estimate("tiny-llama", cluster, train, {"dp": 4}, calibration=cal)
     assert math.isfinite(est.step_time_s) and est.step_time_s > 0
     with pytest.raises(InvalidCalibration, match="CPU"):
         autopar.estimate("tiny-llama", "1x4xA100", train, {"dp": 4}, calibration=out)
@@ -196,3 +197,16 @@ def test_cli_calibrate_single_process_then_plan_with_calibration(tmp_path, capsy
     captured = capsys.readouterr()
     assert "calibrated from" in captured.err
     assert json.loads(captured.out)["estimate"]["step_time_s"] > 0
+
+
+def test_the_printed_comparison_sets_measured_against_the_catalogue():
+    rows = {q: (m, c) for q, m, c in comparison(_gpu_cal(collectives=_collectives(
+        7e-6, 2e-6, 150e9)))}
+    ceiling = rows["GEMM efficiency ceiling (16k^3)"]
+    assert ceiling[0].startswith("0.410 (half-size 256") and ceiling[1].startswith("0.820")
+    assert rows["memory copy"] == ("1500.0 GB/s", "2039 GB/s HBM (x0.82 = 1672)")
+    intra = next(v for k, v in rows.items() if k.startswith("intra-node bandwidth"))
+    assert intra[0].startswith("150.00 GB/s, alpha 2.0 us, launch 7.0 us")
+    assert intra[1].startswith("240.0 GB/s (nvlink3 x 0.80)")
+    # the fitted model reproduces every measured collective
+    assert rows["calibrated model vs measured collectives"][0].startswith("median |error| 0%")

@@ -175,9 +175,9 @@ def measured_cluster(cal: Calibration) -> Cluster:
     machine itself. Nodes = the calibration's nodes, GPUs per node = its local ranks."""
     device = measured_device(cal)
     w = cal.world
-    intra = LinkType("measured-intra", "pcie", device.pcie_bandwidth_Bps, 0.0,
+    intra = LinkType("intra", "pcie", device.pcie_bandwidth_Bps, 0.0,
                      "placeholder until calibrated() replaces it with the fit")
-    inter = (LinkType("measured-inter", "ethernet", device.pcie_bandwidth_Bps, 0.0,
+    inter = (LinkType("inter", "ethernet", device.pcie_bandwidth_Bps, 0.0,
                       "placeholder until calibrated() replaces it with the fit")
              if w.num_nodes > 1 else None)
     return Cluster.custom(w.num_nodes, w.local_world_size, device, intra=intra, inter=inter,

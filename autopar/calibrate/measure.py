@@ -32,8 +32,7 @@ _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 def _data(plan: Plan, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Random token ids [global batch, seq_len] and their next-token labels (seed 0: the same
     on every rank)."""
-    cfg = plan.model_config or {}
-    vocab = int(cfg.get("vocab_size", 256))
+    vocab = int(plan.model_config["vocab_size"])
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (plan.train.global_batch_size, plan.train.seq_len + 1),
                         generator=g)
@@ -74,9 +73,11 @@ def run_steps(plan: Plan, steps: int, warmup: int, device: torch.device) -> dict
     precision = plan.train.precision
     model = build(plan.model_config, device=device, dtype=torch.float32, seed=0)
     run = plan.apply(model)
+    del model  # the parts other ranks own are freed once apply's chunks hold this rank's
     x, y = _data(plan, device)
     low = _AUTOCAST.get(precision) if device.type == "cuda" else None
     if device.type == "cuda":
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     times, losses = [], []
     for i in range(warmup + steps):

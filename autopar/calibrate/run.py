@@ -161,7 +161,7 @@ def comparison(cal: Calibration) -> list[tuple[str, str, str]]:
     """Rows (quantity, measured, catalogue) of what was measured against the catalogue figures
     (the catalogue GPU's datasheet and its default node's links; "-" for a CPU: no datasheet),
     and how well the fitted collective model reproduces the measured collectives."""
-    rows = []
+    rows, dflt = [], CostParams()
     cat = DEVICES.get(cal.device.catalog) if cal.device.catalog else None
     if cat is not None:
         w = cal.world
@@ -178,18 +178,22 @@ def comparison(cal: Calibration) -> list[tuple[str, str, str]]:
         if peak:
             c, h, err = fit_gemm(cal, peak)
             rows.append(("GEMM efficiency ceiling (16k^3)", f"{c:.3f} (half-size {h:.0f}, "
-                         f"fit rms {err:.2f})", f"{base_params_ceiling(cat):.3f}"))
+                         f"fit rms {err:.2f})", f"{dflt.matmul_ceiling(cat.architecture):.3f} "
+                         f"(half-size {dflt.matmul_half_size:.0f})"))
     if cal.attention:
         a = cal.attention[0]
         fl = a.counted_flops * (0.5 if a.causal else 1.0) * 3.5 / a.fwd_bwd_s
         rows.append((f"attention fwd+bwd (s={a.seq_len}, {a.heads} heads)",
-                     f"{fl / 1e12:.2f} TFLOP/s", f"{peak * 0.55 / 1e12:.0f} TFLOP/s at "
-                     "efficiency 0.55" if peak else "- (no datasheet)"))
+                     f"{fl / 1e12:.2f} TFLOP/s", f"{peak * dflt.attention_efficiency / 1e12:.0f}"
+                     f" TFLOP/s at efficiency {dflt.attention_efficiency}" if peak
+                     else "- (no datasheet)"))
     if cal.memory:
         rows.append(("memory copy", f"{cal.memory.bandwidth_Bps / 1e9:.1f} GB/s",
-                     f"{cat.hbm_bandwidth_Bps / 1e9:.0f} GB/s HBM (x0.82 = "
-                     f"{cat.hbm_bandwidth_Bps * 0.82 / 1e9:.0f})" if cat else "- (no datasheet)"))
-        rows.append(("kernel launch floor", f"{cal.memory.launch_s * 1e6:.1f} us", "5.0 us"))
+                     f"{cat.hbm_bandwidth_Bps / 1e9:.0f} GB/s HBM (x{dflt.hbm_efficiency} = "
+                     f"{cat.hbm_bandwidth_Bps * dflt.hbm_efficiency / 1e9:.0f})" if cat
+                     else "- (no datasheet)"))
+        rows.append(("kernel launch floor", f"{cal.memory.launch_s * 1e6:.1f} us",
+                     f"{dflt.kernel_launch_s * 1e6:.1f} us (assumed)"))
     for scope in ("intra", "inter"):
         samples = [c for c in cal.collectives if c.scope == scope]
         if not samples:
@@ -216,7 +220,3 @@ def comparison(cal: Calibration) -> list[tuple[str, str, str]]:
                          f"{errs[-1] * 100:.0f}% ({len(errs)} points)", "-"))
     return rows
 
-
-def base_params_ceiling(device) -> float:
-    """The default :class:`CostParams` GEMM ceiling of ``device``'s architecture."""
-    return CostParams().matmul_ceiling(device.architecture)
