@@ -96,6 +96,9 @@ def run_steps(plan: Plan, steps: int, warmup: int, device: torch.device) -> dict
     notes = list(run.notes)
     if low is not None:
         notes.append(f"{precision}: torch.autocast over fp32 parameters (fp32 master weights).")
+    elif precision != "fp32":
+        notes.append(f"the plan trains in {precision}; on {device.type} this run computed in "
+                     "fp32.")
     return {"step_times_s": world_times.tolist(),
             "memory_per_rank_bytes": _gather(_peak_memory(device), device),
             "losses": losses, "notes": notes}
