@@ -24,7 +24,7 @@ _EXPORTS = {
     "ParallelConfig": "config", "TrainingConfig": "config", "Cluster": "hardware",
     "CostParams": "cost.params",
     **{name: "errors" for name in (
-        "AutoparError", "InfeasibleError", "InvalidClusterSpec", "InvalidModelConfig",
+        "AutoparError", "InfeasibleError", "InvalidCalibration", "InvalidClusterSpec", "InvalidModelConfig",
         "InvalidParallelConfig", "InvalidPlanFile", "InvalidSearchOption",
         "InvalidTrainingConfig", "MissingDependency", "OutputError", "UntraceableModelError")},
 }
@@ -35,7 +35,8 @@ _SUBMODULES = ("api", "cli", "config", "cost", "errors", "graph", "hardware", "i
 
 __all__ = [
     "optimize", "estimate", "Plan", "Estimate", "ParallelConfig", "TrainingConfig", "Cluster",
-    "CostParams", "AutoparError", "InfeasibleError", "InvalidClusterSpec", "InvalidModelConfig",
+    "CostParams", "AutoparError", "InfeasibleError", "InvalidCalibration", "InvalidClusterSpec",
+    "InvalidModelConfig",
     "InvalidParallelConfig", "InvalidPlanFile", "InvalidSearchOption", "InvalidTrainingConfig",
     "MissingDependency", "OutputError", "UntraceableModelError",
 ]

@@ -8,13 +8,17 @@ Both accept the model as an ``nn.Module`` (meta device preferred), a preset name
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import MISSING, fields
 import copy
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from .calibrate.fit import calibrated
+from .calibrate.schema import Calibration, load_calibration
 from .config import ParallelConfig, TrainingConfig
 from .cost.model import CostModel
 from .cost.params import CostParams
@@ -171,8 +175,28 @@ def _search_options(fixed, time_limit_s, top_k, progress) -> None:
             f"{type(progress).__name__}. Fix: pass a function or None.")
 
 
+def with_calibration(cluster: Cluster, params: CostParams | None,
+                     calibration: Calibration | str | Path | dict | None,
+                     precision: str) -> tuple[Cluster, CostParams | None]:
+    """``cluster`` and ``params`` with a calibration's measured constants in place of the
+    datasheet ones (:func:`autopar.calibrate.calibrated`); unchanged for ``None``. What the
+    calibration does not cover, or covers by extrapolation, is issued as a ``UserWarning``.
+
+    Raises:
+        InvalidCalibration: an unreadable or invalid file, or one measured on another device
+            (a CPU, another GPU) or at another precision than the plan's.
+    """
+    if calibration is None:
+        return cluster, params
+    cal = calibrated(cluster, params, load_calibration(calibration), precision)
+    for note in cal.notes:
+        warnings.warn(f"calibration: {note}", UserWarning, stacklevel=3)
+    return cal.cluster, cal.params
+
+
 def estimate(model: Any, cluster: Cluster | str, train: TrainingConfig | dict,
-             config: ParallelConfig | dict, *, params: CostParams | None = None) -> Estimate:
+             config: ParallelConfig | dict, *, params: CostParams | None = None,
+             calibration: Calibration | str | Path | dict | None = None) -> Estimate:
     """Predict one configuration's step time, MFU, memory per GPU and communication.
 
     Args:
@@ -182,16 +206,21 @@ def estimate(model: Any, cluster: Cluster | str, train: TrainingConfig | dict,
         config: :class:`ParallelConfig` (or its fields as a dict); ``None`` fields are filled
             with defaults (dp from the GPU count, micro-batch 1, no interleaving).
         params: cost-model calibration constants.
+        calibration: a calibration file (path), its dict or a loaded
+            :class:`autopar.calibrate.Calibration` (``autopar calibrate``): its measured
+            constants replace the datasheet ones (docs/calibrate.md).
 
     Returns:
         :class:`Estimate` (``fits`` tells whether it fits in memory).
 
     Raises:
-        AutoparError subclasses: invalid model, cluster, training or parallel config.
+        AutoparError subclasses: invalid model, cluster, training or parallel config;
+            InvalidCalibration for a calibration that is invalid or of other hardware.
     """
     cl = as_cluster(cluster)
     cfg_model = _model_config(model)
     tr = _train(train, cfg_model, cl)
+    cl, params = with_calibration(cl, params, calibration, tr.precision)
     config = _parallel(config)
     graph, _ = model_graph(model, tr)
     return CostModel(graph, cl, tr, params).estimate(config)
@@ -199,7 +228,8 @@ def estimate(model: Any, cluster: Cluster | str, train: TrainingConfig | dict,
 
 def optimize(model: Any, cluster: Cluster | str, train: TrainingConfig | dict | None = None, *,
              fixed: dict | None = None, time_limit_s: float | None = None, top_k: int = 5,
-             progress: Callable | None = None, params: CostParams | None = None) -> Plan:
+             progress: Callable | None = None, params: CostParams | None = None,
+             calibration: Calibration | str | Path | dict | None = None) -> Plan:
     """Search the fastest parallel plan that fits in memory.
 
     Args:
@@ -212,6 +242,9 @@ def optimize(model: Any, cluster: Cluster | str, train: TrainingConfig | dict | 
         top_k: how many runner-up plans to keep in ``Plan.alternatives`` (plus the best).
         progress: ``progress(stage, done, total, best_estimate_or_None)`` callback.
         params: cost-model calibration constants.
+        calibration: a calibration file, dict or :class:`autopar.calibrate.Calibration`
+            measured on the cluster's GPUs (``autopar calibrate``), used in place of the
+            datasheet constants.
 
     Returns:
         :class:`Plan` whose ``config`` has every field chosen and whose ``estimate`` fits.
@@ -219,12 +252,14 @@ def optimize(model: Any, cluster: Cluster | str, train: TrainingConfig | dict | 
     Raises:
         InfeasibleError: nothing fits (the message says what binds and what to change).
         AutoparError subclasses: invalid model, cluster, training config or fixed= choices;
-            InvalidSearchOption for a bad ``time_limit_s``, ``top_k`` or ``progress``.
+            InvalidSearchOption for a bad ``time_limit_s``, ``top_k`` or ``progress``;
+            InvalidCalibration for a calibration that is invalid or of other hardware.
     """
     _search_options(fixed, time_limit_s, top_k, progress)
     cl = as_cluster(cluster)
     cfg_model = _model_config(model)
     tr = _train(train, cfg_model, cl)
+    cl, params = with_calibration(cl, params, calibration, tr.precision)
     graph, cfg_model = model_graph(model, tr)
     cm = CostModel(graph, cl, tr, params)
     result = search(cm, fixed, time_limit_s=time_limit_s, top_k=top_k + 1, progress=progress)

@@ -58,3 +58,9 @@ def output_error(path, exc: OSError) -> OutputError:
     """The :class:`OutputError` for failing to write ``path``."""
     return OutputError(f"cannot write {path}: {exc.strerror or exc}. Fix: choose a path in an "
                        "existing, writable folder.")
+
+
+class InvalidCalibration(AutoparError, ValueError):
+    """A calibration file is malformed or of an unknown version, or it cannot stand for the
+    cluster it is used with (measured on another GPU, or on a CPU, or at another precision);
+    the message names the field or the mismatch and the fix."""

@@ -71,6 +71,10 @@ EXAMPLES = [
      _plots_without_matplotlib),
     (errors.OutputError, "plan.to_json('/nonexistent-folder/plan.json')",
      lambda: autopar.optimize(TINY, "1x8xA100", TRAIN).to_json("/nonexistent-folder/plan.json")),
+    (errors.InvalidCalibration, "estimate(..., calibration={'format': 'autopar-calibration', "
+                                "'version': 1})",
+     lambda: autopar.estimate(TINY, "1x8xA100", TRAIN, {"tp": 1},
+                              calibration={"format": "autopar-calibration", "version": 1})),
 ]
 
 

@@ -29,6 +29,7 @@ import threading
 from rich.console import Console
 
 from ..report import tables
+from . import measure_cmds
 from ..config import ParallelConfig, TrainingConfig
 from ..errors import AutoparError, InvalidClusterSpec, InvalidModelConfig, InvalidTrainingConfig
 from ..report.advice import fixes_to_fit, run_cost
@@ -71,6 +72,9 @@ def _common(p: argparse.ArgumentParser, plot: str) -> None:
                    help="tokens of the whole training run, e.g. 2e12: prints days and GPU-hours")
     p.add_argument("--price-per-gpu-hour", type=_positive_float, default=None,
                    help="rental price of one GPU for one hour (with --tokens: cost of the run)")
+    p.add_argument("--calibration", metavar="FILE", default=None,
+                   help="calibration file from `autopar calibrate` on the cluster's GPUs: its "
+                        "measurements replace the datasheet constants")
 
 
 def _parallel_flags(p: argparse.ArgumentParser, prefix: str = "", what: str = "") -> None:
@@ -140,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     _search_flags(x)
     _parallel_flags(x, "compare-", " of a hand-tuned plan to explain too")
     sub.add_parser("models", help="list model presets")
+    measure_cmds.add_parsers(sub, _positive_float, _non_negative_int)
     return ap
 
 
@@ -237,7 +242,7 @@ def _problem(args) -> tuple[Problem, dict, list[str]]:
     imp = _imported(args)
     model = _model_arg(args.model or (imp.model if imp else None))
     cluster = api.as_cluster(args.cluster)
-    par, tr, notes = {}, {}, []
+    par, tr, notes, params = {}, {}, [], None
     if imp is not None:
         cfg = api._model_config(model)
         blocks = cfg.num_layers if cfg is not None else 0
@@ -255,7 +260,14 @@ def _problem(args) -> tuple[Problem, dict, list[str]]:
                  else tr.get("seq_len") or default.seq_len),
         micro_batch_size=mbs, precision=args.precision or tr.get("precision", "bf16"),
         flash_attention=not args.no_flash_attention)
-    return Problem.build(model, cluster, train), par, notes
+    if args.calibration:
+        from ..calibrate import calibrated, load_calibration
+        cal = calibrated(cluster, None, load_calibration(args.calibration), train.precision)
+        cluster, params = cal.cluster, cal.params
+        notes += [f"calibration: {n}" for n in cal.notes]
+        notes.append(f"calibrated from {args.calibration}: "
+                     + ", ".join(sorted(k for k in cal.fitted if "." in k)))
+    return Problem.build(model, cluster, train, params=params), par, notes
 
 
 class _Progress:
@@ -466,10 +478,19 @@ def run(argv=None) -> int:
             from ..models import list_presets
             out.print("\n".join(list_presets()))
             return 0
+        if args.command in ("calibrate", "measure"):
+            run = (measure_cmds.cmd_calibrate if args.command == "calibrate"
+                   else measure_cmds.cmd_measure)
+            data = run(args, out, err)
+            if data is not None:
+                print(json.dumps(data, indent=2, sort_keys=True, default=str))
+            return 0
         problem, par, notes = _problem(args)  # graph extraction: Ctrl-C here ends the command
         if args.command == "estimate":
             _finish(args, _cmd_estimate(args, problem, par, notes, out), err)
             return 0
+        for n in notes:  # estimate prints its notes with its tables
+            err.print(f"note: {n}", style="yellow", highlight=False)
         with _Interrupt(err) as interrupt:  # from here the first Ctrl-C keeps the best plan
             cmd = _cmd_plan if args.command == "plan" else _cmd_explain
             _finish(args, cmd(args, problem, par, out, err, interrupt), err)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from .. import api
 from ..config import ParallelConfig, TrainingConfig
 from ..cost.model import CostModel
+from ..cost.params import CostParams
 from ..cost.types import Estimate
 from ..errors import AutoparError, InfeasibleError, InvalidParallelConfig
 from ..plan import Plan
@@ -72,15 +73,17 @@ class Problem:
     model_config: dict | None = None
 
     @classmethod
-    def build(cls, model, cluster, train: TrainingConfig) -> "Problem":
-        """Extract the graph and build the cost model.
+    def build(cls, model, cluster, train: TrainingConfig,
+              params: CostParams | None = None) -> "Problem":
+        """Extract the graph and build the cost model (``params``: its constants, default
+        :class:`CostParams`).
 
         Raises:
             AutoparError subclasses: an invalid model, cluster or training config.
         """
         cl = api.as_cluster(cluster)
         graph, cfg = api.model_graph(model, train)
-        return cls(model, CostModel(graph, cl, train), cfg.to_dict() if cfg else None)
+        return cls(model, CostModel(graph, cl, train, params), cfg.to_dict() if cfg else None)
 
     @property
     def cluster(self):

@@ -1,0 +1,212 @@
+"""Calibration (issue 15, item 2): the fits recover known constants, the file loads strictly,
+a calibration of other hardware is refused, and ``autopar calibrate`` runs end to end on gloo
+(4 forked ranks as 2 "nodes" of 2, FileStore rendezvous) and its file is used in an estimate."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import autopar
+from autopar.calibrate import calibrated, load_calibration, measured_cluster
+from autopar.calibrate.bench import gemm_shapes
+from autopar.calibrate.fit import algorithm_terms, fit_alpha_beta, fit_gemm
+from autopar.calibrate.run import Options, comparison, match_catalog, run_calibration
+from autopar.calibrate.schema import (Calibration, CollectiveSample, DeviceInfo, GemmSample,
+                                      MemorySample, World, measured_fields)
+from autopar.cli.main import main
+from autopar.cost.params import CostParams
+from autopar.errors import InvalidCalibration
+
+from test_runtime import run_ranks
+
+A100 = autopar.Cluster.from_spec("1x8xA100-80GB")
+#: A model whose GEMMs are large enough for compute to dominate, small enough to extract fast.
+MID = {"name": "mid-llama", "family": "llama", "num_layers": 2, "hidden_size": 2048,
+       "num_heads": 16, "vocab_size": 32000, "seq_len": 1024}
+
+
+def _collectives(launch, alpha, bw, scope="intra", n_max=8, nodes=1):
+    """Samples whose times follow the alpha-beta model exactly."""
+    out = []
+    for n in (2, 4, 8):
+        if n > n_max:
+            continue
+        for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"):
+            size = 2 if op == "send_recv" else n
+            for nbytes in (4096, 65536, 2 ** 20, 2 ** 24, 2 ** 28):
+                steps, vol = algorithm_terms(op, size, nbytes)
+                out.append(CollectiveSample(op, scope, size, nodes if scope == "inter" else 1,
+                                            nbytes, launch + steps * alpha + vol / bw))
+    return tuple(out)
+
+
+def _gpu_cal(ceiling=0.41, half=256.0, precision="bf16", catalog="A100-SXM4-80GB",
+             collectives=()) -> Calibration:
+    """A calibration whose GEMM times follow the efficiency curve of ``ceiling``/``half``."""
+    p = CostParams(matmul_efficiency={"ampere": ceiling}, matmul_half_size=half)
+    gemm = tuple(GemmSample(m, k, n, 2 * m * k * n / (312e12 * p.gemm_efficiency(m, k, n)))
+                 for m, k, n in [(4096, 8192, 8192), (4096, 1024, 8192), (512, 8192, 2048),
+                                 (4096, 8192, 28672), (256, 256, 256), (64, 4096, 4096)])
+    mem = MemorySample(2 ** 30, 2 * 2 ** 30 / 1.5e12, 4e-6)
+    return Calibration("2026-11-30T00:00:00Z", "2.13.0", "nccl",
+                       DeviceInfo("cuda", "NVIDIA A100-SXM4-80GB", catalog, 85e9),
+                       World(8, 8, 1), "llama3-8b", 8192, precision,
+                       measured_fields(gemm, (), mem, collectives), gemm, (), mem, collectives)
+
+
+def test_gemm_fit_recovers_the_curve_it_was_made_from():
+    c, h, err = fit_gemm(_gpu_cal(ceiling=0.41, half=256.0), 312e12)
+    assert c == pytest.approx(0.41, rel=1e-9) and h == 256.0 and err < 1e-9
+
+
+def test_alpha_beta_fit_recovers_launch_alpha_and_bandwidth():
+    ab = fit_alpha_beta(list(_collectives(7e-6, 2e-6, 150e9)))
+    assert ab.launch_s == pytest.approx(7e-6, rel=1e-6)
+    assert ab.alpha_s == pytest.approx(2e-6, rel=1e-6)
+    assert ab.bandwidth_Bps == pytest.approx(150e9, rel=1e-6)
+    assert ab.rms_rel_error < 1e-9
+
+
+def test_calibration_replaces_the_datasheet_constants():
+    cal = _gpu_cal(collectives=_collectives(7e-6, 2e-6, 150e9))
+    out = calibrated(A100, None, cal, "bf16")
+    assert out.params.matmul_ceiling("ampere") == pytest.approx(0.41)   # datasheet: 0.82
+    assert out.params.matmul_half_size == 256.0                          # default: 128
+    assert out.params.hbm_efficiency == pytest.approx(1.5e12 / 2.039e12)
+    assert out.params.kernel_launch_s == 4e-6
+    assert out.cluster.intra_link.bandwidth_Bps == pytest.approx(150e9, rel=1e-6)  # 300e9 x 0.8
+    assert out.cluster.comm_params.efficiency["nvswitch"] == 1.0
+    assert out.cluster.comm_params.launch_latency_s == pytest.approx(7e-6, rel=1e-6)
+    assert out.cluster.name == A100.name
+    # the calibrated cluster reproduces the measured collective: 8-rank all_reduce of 256 MiB
+    t = out.cluster.collective_time("all_reduce", 2 ** 28, range(8))
+    assert t == pytest.approx(7e-6 + 14 * 2e-6 + 1.75 * 2 ** 28 / 150e9, rel=1e-6)
+    # the cost model uses them: half the GEMM ceiling, slower steps
+    train = autopar.TrainingConfig(global_batch_size=8, seq_len=1024)
+    base = autopar.estimate(MID, A100, train, {"tp": 1})
+    cal_e = autopar.estimate(MID, A100, train, {"tp": 1}, calibration=cal)
+    assert cal_e.time_breakdown["compute"] > 1.9 * base.time_breakdown["compute"]
+
+
+def test_a_cpu_or_other_gpu_calibration_is_refused():
+    cpu = _gpu_cal(catalog=None)
+    cpu = Calibration(**{**cpu.__dict__, "device": DeviceInfo("cpu", "cpu", None, 1e10)})
+    with pytest.raises(InvalidCalibration, match="a CPU, which cannot stand for a GPU"):
+        autopar.estimate("tiny-llama", A100, autopar.TrainingConfig(8, 1024), {"tp": 1},
+                         calibration=cpu)
+    with pytest.raises(InvalidCalibration, match="the cluster's GPU is H100-SXM5-80GB"):
+        calibrated(autopar.Cluster.from_spec("1x8xH100"), None, _gpu_cal(), "bf16")
+    with pytest.raises(InvalidCalibration, match="--precision fp16"):
+        calibrated(A100, None, _gpu_cal(), "fp16")
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda d: d.update(extra=1), "unknown key(s) ['extra']"),
+    (lambda d: d["gemm"][0].update(seconds="fast"), "gemm[0].seconds must be a positive"),
+    (lambda d: d["device"].update(kind="tpu"), "device.kind = 'tpu' is not one of"),
+    (lambda d: d.update(version=2), "version = 2"),
+    (lambda d: d["world"].update(num_nodes=2), "world has local_world_size*num_nodes"),
+    (lambda d: d.update(measured_fields=["CostParams.hbm_efficiency"]),
+     "measured_fields = ['CostParams.hbm_efficiency'] does not match"),
+    (lambda d: d["collectives"][0].update(op="broadcast"), "collectives[0].op = 'broadcast'"),
+])
+def test_the_file_is_loaded_strictly(tmp_path, mutate, field):
+    cal = _gpu_cal(collectives=_collectives(7e-6, 2e-6, 150e9))
+    path = tmp_path / "cal.json"
+    cal.to_json(path)
+    assert load_calibration(path) == cal
+    d = json.loads(path.read_text())
+    mutate(d)
+    with pytest.raises(InvalidCalibration, match="Fix|fix") as exc:
+        load_calibration(d)
+    assert field in str(exc.value)
+
+
+@pytest.mark.parametrize("name, memory, expect", [
+    ("NVIDIA H100 80GB HBM3", 85.0e9, "H100-SXM5-80GB"),
+    ("NVIDIA H200", 143.7e9, "H200-SXM-141GB"),
+    ("NVIDIA A100-SXM4-40GB", 42.5e9, "A100-SXM4-40GB"),
+    ("NVIDIA A100 80GB PCIe", 85.1e9, "A100-PCIe-80GB"),
+    ("NVIDIA GeForce RTX 4090", 25.3e9, None),
+])
+def test_torch_device_names_match_the_catalogue(name, memory, expect):
+    assert match_catalog(name, memory) == expect
+
+
+# ------------------------------------------------------------------ end to end on gloo
+def _calibrate_worker(rank, world, store_path, out_path):
+    torch.set_num_threads(1)
+    os.environ["LOCAL_WORLD_SIZE"] = "2"
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank,
+                            world_size=world)
+    try:
+        cal = run_calibration(Options(model="tiny-llama", budget_s=600, min_bytes=1024,
+                                      max_bytes=2 ** 16, copy_bytes=2 ** 20), torch.device("cpu"))
+        if rank == 0:
+            cal.to_json(out_path)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_calibrate_runs_on_gloo_and_its_file_prices_a_plan(tmp_path):
+    out = tmp_path / "cal.json"
+    run_ranks(4, _calibrate_worker, str(out))
+    cal = load_calibration(out)
+    assert cal.world == World(4, 2, 2) and cal.backend == "gloo"
+    assert cal.device.kind == "cpu" and cal.device.catalog is None
+    # 4 sizes x 5 ops x (intra pairs + inter rails)
+    assert len(cal.collectives) == 40
+    assert {c.scope for c in cal.collectives} == {"intra", "inter"}
+    assert "Cluster.inter_link.bandwidth_Bps" in cal.measured_fields
+    graph, _ = autopar.api.model_graph("tiny-llama", autopar.TrainingConfig(1, 32))
+    shapes = gemm_shapes(graph)  # the model's GEMMs unsharded and as TP 2, 4, 8 shard them
+    assert [(g.m, g.k, g.n) for g in cal.gemm] == shapes and len(shapes) == 18
+    assert cal.attention[0].heads == 4 and cal.attention[0].kv_heads == 2
+    assert cal.attention[0].seq_len == 32 and cal.attention[0].head_dim == 16
+    cluster = measured_cluster(cal)
+    assert cluster.world_size == 4 and cluster.device.name == "measured-cpu"
+    train = autopar.TrainingConfig(global_batch_size=8, seq_len=32, precision="fp32")
+    with pytest.warns(UserWarning, match="no datasheet peak"):
+        est = autopar.estimate("tiny-llama", cluster, train, {"dp": 4}, calibration=cal)
+    assert math.isfinite(est.step_time_s) and est.step_time_s > 0
+    with pytest.raises(InvalidCalibration, match="CPU"):
+        autopar.estimate("tiny-llama", "1x4xA100", train, {"dp": 4}, calibration=out)
+
+
+def test_cli_calibrate_single_process_then_plan_with_calibration(tmp_path, capsys):
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", "--model", "tiny-llama", "--out", str(out), "--budget", "30",
+                 "--copy-bytes", str(2 ** 20)]) == 0
+    text = capsys.readouterr().out
+    assert "no datasheet" in text and "kernel launch floor" in text
+    cal = load_calibration(out)
+    assert cal.collectives == () and cal.world == World(1, 1, 1)
+    assert main(["plan", "--model", "tiny-llama", "--cluster", "1x1xA100", "--global-batch", "8",
+                 "--seq-len", "32", "--precision", "fp32", "--calibration", str(out)]) == 2
+    assert "cannot stand for a GPU" in capsys.readouterr().err
+    gpu = tmp_path / "gpu.json"
+    _gpu_cal(collectives=_collectives(7e-6, 2e-6, 150e9)).to_json(gpu)
+    assert main(["plan", "--model", "tiny-llama", "--cluster", "1x8xA100", "--global-batch", "8",
+                 "--seq-len", "1024", "--calibration", str(gpu), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "calibrated from" in captured.err
+    assert json.loads(captured.out)["estimate"]["step_time_s"] > 0
+
+
+def test_the_printed_comparison_sets_measured_against_the_catalogue():
+    rows = {q: (m, c) for q, m, c in comparison(_gpu_cal(collectives=_collectives(
+        7e-6, 2e-6, 150e9)))}
+    ceiling = rows["GEMM efficiency ceiling (16k^3)"]
+    assert ceiling[0].startswith("0.410 (half-size 256") and ceiling[1].startswith("0.820")
+    assert rows["memory copy"] == ("1500.0 GB/s", "2039 GB/s HBM (x0.82 = 1672)")
+    intra = next(v for k, v in rows.items() if k.startswith("intra-node bandwidth"))
+    assert intra[0].startswith("150.00 GB/s, alpha 2.0 us, launch 7.0 us")
+    assert intra[1].startswith("240.0 GB/s (nvlink3 x 0.80)")
+    # the fitted model reproduces every measured collective
+    assert rows["calibrated model vs measured collectives"][0].startswith("median |error| 0%")

@@ -1,0 +1,98 @@
+"""``autopar measure`` (issue 15, item 3): a plan's steps run with ``plan.apply`` on gloo (2
+forked ranks, and one process through the CLI), and the record is of the published-run schema:
+``benchmarks/records.py`` reads it back, with the prediction error computed from it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import autopar
+from autopar.calibrate.measure import record, run_steps
+from autopar.cli.main import main
+from benchmarks import records
+
+from test_runtime import run_ranks
+
+TRAIN = autopar.TrainingConfig(global_batch_size=2, seq_len=32, precision="fp32",
+                               optimizer="adam")
+
+
+def _plan(world: int, **fixed) -> autopar.Plan:
+    return autopar.optimize("tiny-llama", autopar.Cluster.custom(1, world, "A100-80GB"), TRAIN,
+                            fixed=dict(tp=1, pp=1, cp=1, zero_stage=0, micro_batch_size=1,
+                                       **fixed))
+
+
+def _worker(rank, world, store_path, plan, out_path):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank,
+                            world_size=world)
+    try:
+        result = run_steps(plan, steps=3, warmup=1, device=torch.device("cpu"))
+        rec = record(plan, result, 3, 1, torch.device("cpu"))
+        if rank == 0:
+            with open(out_path, "w") as f:
+                json.dump(rec, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def _check(rec: dict, plan: autopar.Plan, steps: int) -> None:
+    assert rec["training"]["framework"] == "torch"
+    assert rec["cluster"]["gpu"] == "A100-SXM4-80GB"
+    assert rec["cluster"]["num_gpus"] == plan.world_size
+    assert rec["cluster"]["ran_on"]["device"] == "cpu"
+    assert rec["plan"]["dp"] == plan.config.dp and rec["plan"]["tp"] == 1
+    m, p = rec["measured"], rec["prediction"]
+    assert len(m["step_times_s"]) == steps and all(t > 0 for t in m["step_times_s"])
+    assert m["step_time_s"] == sorted(m["step_times_s"])[steps // 2]
+    assert m["memory_gib"] is None and len(m["memory_per_rank_bytes"]) == plan.world_size
+    assert p["step_time_s"] == plan.estimate.step_time_s
+    assert p["step_time_relative_error"] == pytest.approx(
+        (plan.estimate.step_time_s - m["step_time_s"]) / m["step_time_s"])
+    assert p["comparable"] is False and "not on the plan's A100-SXM4-80GB" in rec["notes"]
+    # the loss of the synthetic data falls from ln(256) = 5.55 as the model trains
+    assert m["losses"][0] == pytest.approx(5.55, abs=0.1)
+    # benchmarks/records.py reads it as it reads the published runs
+    r = records.parse(rec)
+    assert r.measured_step_s == m["step_time_s"]
+    assert r.cluster.world_size == plan.world_size and r.train.seq_len == 32
+    assert r.fixed["dp"] == plan.config.dp
+    back = autopar.Plan.from_dict(rec["autopar_plan"])
+    assert back.config == plan.config and back.estimate == plan.estimate
+
+
+def test_measure_two_ranks_on_gloo(tmp_path):
+    plan = _plan(2, dp=2)
+    out = tmp_path / "rec.json"
+    run_ranks(2, _worker, plan, str(out))
+    _check(json.loads(out.read_text()), plan, 3)
+
+
+def test_cli_measure_single_process(tmp_path, capsys):
+    plan = _plan(1, dp=1)
+    plan_path, out = tmp_path / "plan.json", tmp_path / "rec.json"
+    plan.to_json(plan_path)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the forked ranks: the CI machine's 2 cores are shared
+    try:
+        assert main(["measure", "--plan", str(plan_path), "--steps", "3", "--warmup", "1",
+                     "--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    text = capsys.readouterr().out
+    assert "median step" in text and "predicted" in text
+    _check(json.loads(out.read_text()), plan, 3)
+    assert not dist.is_initialized()
+
+
+def test_cli_measure_refuses_zero_steps(tmp_path, capsys):
+    plan_path = tmp_path / "plan.json"
+    _plan(1, dp=1).to_json(plan_path)
+    assert main(["measure", "--plan", str(plan_path), "--steps", "0", "--out",
+                 str(tmp_path / "r.json")]) == 2
+    assert "--steps must be >= 1" in capsys.readouterr().err
