@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 import autopar
-from autopar.cli.main import main
+from autopar.cli import main
 
 #: A ~0.9B-parameter Llama: fits with fp32 Adam states on one 80 GB GPU.
 MODEL = {"name": "llama-0.9b", "family": "llama", "num_layers": 16, "hidden_size": 2048,

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 import autopar
 from autopar.calibrate.measure import record, run_steps
-from autopar.cli.main import main
+from autopar.cli import main
 from benchmarks import records
 
 from test_runtime import run_ranks
