@@ -39,7 +39,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--plans", default=None, help="published_plans.json-format file")
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table instead")
+    ap.add_argument("--cv", choices=["source"], default=None,
+                    help="leave one source out over the whole corpus (benchmarks/data): signed "
+                         "bias and MAPE per source, pooled LOSO MAPE")
+    ap.add_argument("--pairs", action="store_true",
+                    help="same-problem pairs of measured plans: share ordered as measured")
+    ap.add_argument("--memory", action="store_true",
+                    help="predicted vs published peak memory per GPU (MAPE)")
     args = ap.parse_args(argv)
+    if args.cv or args.pairs or args.memory:
+        return _validate(args)
     if args.markdown:
         return _markdown(args.plans)
     errors = []
@@ -64,6 +73,31 @@ def main(argv=None) -> int:
     if errors:
         print(f"MAPE {100 * sum(errors) / len(errors):.1f}% max {100 * max(errors):.1f}% "
               f"over {len(errors)} records")
+    return 0
+
+
+def _validate(args) -> int:
+    """--cv / --pairs / --memory over the corpus (or --plans), open fields at framework defaults."""
+    from . import validation
+    raw = validation.load_corpus([args.plans] if args.plans else None)
+    rows, skipped = validation.evaluate_all(raw)
+    print(f"{len(raw)} records, {len(rows)} evaluated, {len(skipped)} skipped "
+          "(open plan fields at the framework's documented default)")
+    for rid, why in skipped:
+        print(f"  skipped {rid}: {why}")
+    for r in rows:
+        err = r.error
+        spread = (r.fastest_s - r.predicted_s) / r.predicted_s if r.predicted_s else 0.0
+        print(f"  {r.rec.id:44s} pred {r.predicted_s:9.3f} s "
+              f"meas {r.rec.measured_step_s or float('nan'):9.3f} s "
+              f"{'' if err is None else f'{100 * err:+6.1f}%'}  fastest legal {100 * spread:+.0f}%"
+              f"  {r.chosen if r.chosen else ''}")
+    if args.cv:
+        print("\n".join(validation.loso(rows)))
+    if args.pairs:
+        print("\n".join(validation.pairs(rows)))
+    if args.memory:
+        print("\n".join(validation.memory(rows)))
     return 0
 
 
