@@ -83,6 +83,27 @@ _DEFAULTS = {
 }
 
 
+#: The fused attention kernel each framework ran, by framework kind (the record's stack):
+#: Megatron-Core/NeMo through Transformer Engine -> cuDNN fused attention; PyTorch SDPA (FSDP
+#: trainers, torchtitan) -> FlashAttention-2; llm-foundry 2023 -> its Triton FlashAttention
+#: (attn_impl: triton in scripts/train/yamls/pretrain/mpt-*.yaml), an FA1-era kernel;
+#: InternEvo -> the flash_attn package (FA2). An unnamed in-house stack (large 2024 pretraining
+#: runs) takes cuDNN's fused attention, the production kernel of Transformer Engine that such
+#: runs used; on Ampere it is FA2-class anyway.
+_KERNELS = {"nemo": "cudnn", "megatron": "cudnn", "torchtitan": "fa2", "fsdp": "fa2",
+            "llm-foundry": "fa1", "deepspeed": "fa2", "unknown": "cudnn"}
+
+
+def attention_kernel(rec: Record) -> str:
+    """The fused attention kernel the record's framework ran (see :data:`_KERNELS`)."""
+    f = rec.framework.lower().replace(" ", "").replace("-", "")
+    if "flashattentionv1" in f:
+        return "fa1"
+    if "internevo" in f or "internlm" in f or "flashattention2" in f:
+        return "fa2"
+    return _KERNELS[_kind(rec.framework)]
+
+
 def framework_defaults(rec: Record) -> dict:
     """Values for the record's open plan fields: its framework's defaults (see :data:`_DEFAULTS`);
     an interleaved schedule with an unpublished chunk count takes the smallest interleaving, 2."""
@@ -124,7 +145,7 @@ def evaluate(rec: Record) -> Row:
         autopar.AutoparError: the published plan is not one autopar can represent.
     """
     graph, _ = model_graph(rec.model, rec.train)
-    cm = CostModel(graph, rec.cluster, rec.train)
+    cm = CostModel(graph, rec.cluster, rec.train, attention_kernel=attention_kernel(rec))
     chosen = framework_defaults(rec)
     cfg = autopar.ParallelConfig(**{**chosen, **rec.fixed})
     e = cm.estimate(cfg)
