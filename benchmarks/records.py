@@ -6,17 +6,23 @@ A record's ``cluster.inter_node`` is prose ("8x InfiniBand HDR 200 Gb/s per node
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import autopar
+from autopar.hardware import get_device
+from autopar.hardware.boxes import node_template
 from autopar.models import ModelConfig
 
 #: The published runs the benchmarks and tests use, carried in the repository (each record keeps
 #: its ``source``; the format is described in benchmarks/data/README.md).
 DEFAULT_PLANS = Path(__file__).resolve().parent / "data" / "published_plans.json"
+#: GPU names records use -> catalog names.
+_GPU_ALIASES = {"H800": "H800-SXM5-80GB", "H200": "H200-SXM-141GB",
+                "NVIDIA A800": "A800-SXM4-80GB", "NVIDIA A800-SXM4-80GB": "A800-SXM4-80GB"}
 
 _PLAN_KEYS = ("tp", "pp", "dp", "cp", "virtual_stages", "sequence_parallel", "recompute",
               "zero_stage", "schedule")
@@ -35,22 +41,67 @@ class Record:
     measured_step_s: float | None
     measured_note: str
     raw: dict
+    framework: str = ""
+    source_key: str = ""
+    assumed: tuple = ()
+    measured_memory_gib: float | None = None
 
 
-def _inter_link(text: str, gpus_per_node: int) -> tuple[str, int]:
+def source_key(rec: dict) -> str:
+    """The independent source a record comes from: one document x software stack x year (the
+    document's name without its table/figure/section pointer, and the framework)."""
+    doc = re.split(r",\s*(?:table|tables|fig|figure|section|appendix|§)", rec.get("source", ""),
+                   flags=re.I)[0].strip()
+    return f"{doc} | {rec.get('training', {}).get('framework') or 'framework not stated'}"
+
+
+class RecordError(ValueError):
+    """A record autopar cannot turn into inputs (unknown GPU or interconnect, unsupported model);
+    the evaluator lists it as skipped with this reason, never guesses."""
+
+
+#: Standard HGX/DGX board: 8 GPUs per node (NVIDIA HGX A100/H100 datasheets); the evaluator's
+#: choice when a record does not publish its node size (reported in ``Record.assumed``).
+DEFAULT_GPUS_PER_NODE = 8
+
+
+def _inter_link(text: str | None, gpus_per_node: int, num_nodes: int,
+                assumed: dict) -> tuple[str | None, int | None]:
+    """(catalog link, NICs per node) from a record's prose; (None, None) = the GPU's default node.
+
+    Reads "8x InfiniBand HDR", "RoCE 400 Gb/s per GPU", "4 * 100Gb RoCE", "RoCE, 1600 Gbps ...
+    per node". A per-node total of an unnamed fabric is modelled as RoCE NICs of that total
+    (said in ``assumed``); anything else unreadable is a :class:`RecordError`, never a guess.
+    """
+    if num_nodes == 1:
+        return None, None
+    if not text:
+        assumed["inter_node"] = "not published: the GPU's default node NICs"
+        return None, None
     t = text.lower()
-    count = re.match(r"\s*(\d+)\s*x", t)
+    count = re.match(r"\s*(\d+)\s*[x*]", t)
     nics = int(count.group(1)) if count else gpus_per_node
     if "ndr" in t:
         return "ib-ndr", nics
     if "hdr" in t:
         return "ib-hdr", nics
-    for speed in ("400", "200", "100"):
-        if "roce" in t and speed in t:
-            return f"roce-{speed}g", nics
+    speeds = [int(x) for x in re.findall(r"(\d+)\s*gb", t)]
+    kind = "roce" if "roce" in t else None
+    if kind and count and speeds and speeds[0] in (100, 200, 400):
+        return f"roce-{speeds[0]}g", nics
+    if kind and "per gpu" in t and speeds and speeds[0] in (100, 200, 400):
+        return f"roce-{speeds[0]}g", gpus_per_node
+    if speeds and "per node" in t or (speeds and not count and "per gpu" not in t):
+        total = speeds[0]
+        for nic in (400, 200, 100):
+            if total % nic == 0:
+                assumed["inter_node"] = (f"{text!r}: {total // nic} x {nic} Gb/s RoCE NICs per "
+                                         "node (the published per-node total)")
+                return f"roce-{nic}g", total // nic
     if "ethernet" in t or "eth" in t:
         return ("eth-100g" if "100" in t else "eth-25g"), nics
-    return "ib-hdr", nics
+    raise RecordError(f"inter-node link {text!r} is not one autopar's catalog has (InfiniBand "
+                      "HDR/NDR, RoCE 100/200/400G, Ethernet 25/100G); not guessed")
 
 
 def _source_year(source: str) -> int:
@@ -67,14 +118,62 @@ def load(path: str | Path | None = None) -> list[dict]:
     return json.loads(Path(path or DEFAULT_PLANS).read_text())
 
 
+def _optimizer(text: str | None) -> str:
+    """"adamw (decoupled_adamw, composer)" -> "adamw"; unpublished -> "adam" (every record so
+    far trained with an Adam variant)."""
+    word = re.match(r"[a-z]+", (text or "adam").lower())
+    return word.group(0) if word else "adam"
+
+
+def _device(name: str, overrides: dict | None):
+    """The catalog GPU, with a record's ``gpu_overrides`` applied (``memory_gib``: HBM in GiB,
+    ``hbm_bandwidth_tbps``: TB/s). Other override keys are refused, not ignored."""
+    dev = get_device(_GPU_ALIASES.get(name, name))
+    if not overrides:
+        return dev
+    known = {"memory_gib": ("memory_bytes", 2 ** 30), "hbm_bandwidth_tbps": ("hbm_bandwidth_Bps", 1e12),
+             "tdp_w": (None, 0)}
+    unknown = sorted(set(overrides) - set(known))
+    if unknown:
+        raise RecordError(f"gpu_overrides keys {unknown} are not modelled (known: {sorted(known)})")
+    changes = {known[k][0]: v * known[k][1] for k, v in overrides.items() if known[k][0]}
+    # a power cap changes clocks, which the catalog does not model: said, not ignored silently
+    name = dev.name + "".join(f"[{k}={v}]" for k, v in sorted(overrides.items()))
+    return dataclasses.replace(dev, name=name, **changes)
+
+
 def parse(rec: dict) -> Record:
-    """Turn one raw record into autopar inputs (model config, cluster, training, fixed plan)."""
-    model = ModelConfig.from_dict(rec["model"])
+    """Turn one raw record into autopar inputs (model config, cluster, training, fixed plan).
+
+    Raises:
+        RecordError: the record names hardware or a model autopar cannot represent.
+    """
+    try:
+        model = ModelConfig.from_dict(rec["model"])
+    except autopar.AutoparError as exc:
+        raise RecordError(f"model: {exc}") from exc
     c = rec["cluster"]
-    gpn = c["gpus_per_node"]
-    link, nics = _inter_link(c.get("inter_node", ""), gpn)
-    cluster = autopar.Cluster.custom(c["num_gpus"] // gpn, gpn, c["gpu"], inter=link,
-                                     nics_per_node=nics)
+    assumed: dict = {}
+    if not c.get("num_gpus"):
+        raise RecordError("the GPU count is not published")
+    gpn = c.get("gpus_per_node")
+    if not gpn:
+        gpn = min(DEFAULT_GPUS_PER_NODE, c["num_gpus"])
+        assumed["gpus_per_node"] = f"not published: {gpn} (HGX/DGX board)"
+    if c["num_gpus"] % gpn:
+        raise RecordError(f"{c['num_gpus']} GPUs do not fill nodes of {gpn}")
+    link, nics = _inter_link(c.get("inter_node"), gpn, c["num_gpus"] // gpn, assumed)
+    try:
+        base = get_device(_GPU_ALIASES.get(c["gpu"], c["gpu"]))
+        device = _device(c["gpu"], c.get("gpu_overrides"))
+        tmpl = node_template(base)  # an overridden GPU keeps its board's links
+        intra = tmpl.intra_link if tmpl else None
+        if tmpl and link is None and c["num_gpus"] > gpn:
+            link, nics = tmpl.nic_link, tmpl.nics_per_node
+        cluster = autopar.Cluster.custom(c["num_gpus"] // gpn, gpn, device, intra=intra,
+                                         inter=link, nics_per_node=nics if link else 0)
+    except autopar.AutoparError as exc:
+        raise RecordError(str(exc)) from exc
     t = rec["training"]
     flash = t.get("flash_attention")
     if flash is None:
@@ -85,7 +184,7 @@ def parse(rec: dict) -> Record:
                                    seq_len=rec["model"]["seq_len"],
                                    micro_batch_size=t.get("micro_batch_size"),
                                    precision=t.get("precision", "bf16"),
-                                   optimizer=t.get("optimizer", "adam"),
+                                   optimizer=_optimizer(t.get("optimizer")),
                                    flash_attention=flash)
     plan = rec["plan"]
     fixed = {k: plan[k] for k in _PLAN_KEYS if plan.get(k) is not None}
@@ -105,7 +204,10 @@ def parse(rec: dict) -> Record:
         step = _derived_step(model, train, meas["tflops_per_gpu"] * 1e12, c["num_gpus"])
         note = "derived: (6N + 6Lhs) tokens / (tflops_per_gpu * GPUs)"
         del n
-    return Record(rec["id"], model, cluster, train, fixed, open_fields, step, note, rec)
+    return Record(rec["id"], model, cluster, train, fixed, open_fields, step, note, rec,
+                  framework=t.get("framework") or "", source_key=source_key(rec),
+                  measured_memory_gib=meas.get("memory_gib"),
+                  assumed=tuple(sorted(assumed.items())))
 
 
 def _derived_step(model: ModelConfig, train, flops_per_gpu: float, gpus: int) -> float:

@@ -1,5 +1,5 @@
 """``autopar measure``: run a plan's training steps with ``plan.apply`` on synthetic data and
-write the run as a record of the published-run schema (shared/reference/README.md), with the
+write the run as a record of the published-run schema (benchmarks/data/README.md), with the
 plan's prediction error, so that one's own runs become validation data
 (``benchmarks/records.py`` reads them like the published ones).
 
@@ -111,7 +111,7 @@ def _median(xs: list[float]) -> float:
 
 
 def record(plan: Plan, result: dict, steps: int, warmup: int, device: torch.device) -> dict:
-    """The published-run record of a measured plan (schema: shared/reference/README.md),
+    """The published-run record of a measured plan (schema: benchmarks/data/README.md),
     with ``prediction`` (the plan's estimate and its signed relative error,
     (predicted - measured) / measured) and ``autopar_plan`` (the plan file)."""
     cluster = Cluster.from_spec(plan.cluster) if _spec_ok(plan.cluster) else None

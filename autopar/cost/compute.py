@@ -44,9 +44,17 @@ class LayerTime:
         return 0.0
 
 
+#: Bytes an FP8 cast-transpose moves per element of a BF16 tensor: read 2, write the FP8 copy
+#: and its FP8 transpose, 1 each (Transformer Engine's fused ``fp8_cast_transpose``, which the
+#: FP8 recipe runs on a Linear's input and weight in forward and its output gradient in backward;
+#: the amax reduction rides in the same pass).
+FP8_CAST_BYTES_PER_ELEMENT = 4
+
+
 def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_parallel: bool,
                peak_flops: float, hbm_bandwidth: float, params: CostParams,
-               architecture: str = "ampere") -> LayerTime:
+               architecture: str = "ampere", fp8_peak_flops: float | None = None,
+               attention_kernel: str = "fa2") -> LayerTime:
     """Roofline time of ``layer`` for a micro-batch of ``micro_batch`` sequences.
 
     Args:
@@ -55,10 +63,16 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
         micro_batch: sequences per micro-batch, b.
         tp / cp: tensor- and context-parallel degrees.
         sequence_parallel: whether TP-replicated ops are sharded over the sequence.
-        peak_flops: dense peak of the compute dtype (FLOP/s).
+        peak_flops: dense peak of the compute dtype (FLOP/s); BF16 in FP8 training.
+        fp8_peak_flops: FP8 dense peak (FLOP/s) when training in FP8, else None. Only the Linear
+            GEMMs (TP role column/row) run at it and pay the FP8 casts
+            (:data:`FP8_CAST_BYTES_PER_ELEMENT`); attention, the vocabulary projection (not FP8 in
+            Megatron-Core nor in torchtitan's Float8 converter, which skips ``output``) and
+            element-wise ops run in BF16.
         hbm_bandwidth: HBM bandwidth (bytes/s).
         params: calibration constants.
-        architecture: the GPU architecture, for the per-architecture GEMM ceiling.
+        architecture: the GPU architecture, for the per-architecture GEMM and attention ceilings.
+        attention_kernel: the fused attention kernel that runs (:data:`ATTENTION_KERNELS`).
 
     Returns:
         :class:`LayerTime` in seconds and per-GPU FLOPs.
@@ -84,16 +98,22 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
                 eff = params.gemm_efficiency(m, k, n, architecture)
             else:
                 eff = params.matmul_ceiling(architecture)
-            t = flops / (peak_flops * eff)
+            fp8 = fp8_peak_flops is not None and op.tp_role in ("column", "row")
+            t = flops / ((fp8_peak_flops if fp8 else peak_flops) * eff)
             fwd += t
             bwd += 2.0 * t
+            if fp8 and op.gemm:
+                bw = hbm_bandwidth * params.hbm_efficiency
+                fwd += FP8_CAST_BYTES_PER_ELEMENT * (m * k + k * n) / bw
+                bwd += FP8_CAST_BYTES_PER_ELEMENT * m * n / bw
             fwd_flops += flops
             bwd_flops += 2.0 * flops
         elif op.kind == "attention":
             flops = op.fwd_flops * scale / tp
             if op.fused:
                 work = params.causal_attention_work if op.causal else 1.0
-                t = flops * work / (peak_flops * params.attention_efficiency)
+                t = flops * work / (peak_flops * params.attention_ceiling(attention_kernel,
+                                                                          architecture))
                 bwd += ATTENTION_BACKWARD_RATIO * t
             else:  # batched GEMMs plus the s x s scores through HBM, masked work not skipped
                 t = (flops / (peak_flops * params.matmul_ceiling(architecture))

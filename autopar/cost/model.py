@@ -95,11 +95,15 @@ class CostModel:
     """
 
     def __init__(self, graph: ModelGraph, cluster, train: TrainingConfig,
-                 params: CostParams | None = None):
+                 params: CostParams | None = None, attention_kernel: str = "fa2"):
         self.graph, self.cluster, self.train = graph, cluster, train
         self.params = params or CostParams()
         self.device = cluster.device
         self.peak = self.device.peak(train.precision)
+        # FP8 training runs only the Linear GEMMs in FP8 (Transformer Engine, torchao Float8):
+        # attention, the output layer and element-wise work stay in BF16
+        self.attention_kernel = attention_kernel
+        self.compute_peak = self.device.peak("bf16") if train.precision == "fp8" else self.peak
         self.blocks = [layer.index for layer in graph.layers if layer.kind == "block"]
         self._layer_times: dict[tuple, LayerTime] = {}
         self._groups: dict[tuple, Collectives] = {}
@@ -116,9 +120,11 @@ class CostModel:
         t = self._layer_times.get(key)
         if t is None:
             t = layer_time(layer, micro_batch=b / self.graph.micro_batch_size, tp=tp, cp=cp,
-                           sequence_parallel=sp, peak_flops=self.peak,
+                           sequence_parallel=sp, peak_flops=self.compute_peak,
+                           fp8_peak_flops=self.peak if self.train.precision == "fp8" else None,
                            hbm_bandwidth=self.device.hbm_bandwidth_Bps, params=self.params,
-                           architecture=getattr(self.device, "architecture", "ampere"))
+                           architecture=getattr(self.device, "architecture", "ampere"),
+                           attention_kernel=self.attention_kernel)
             self._layer_times[key] = t
         return t
 

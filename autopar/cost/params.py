@@ -27,8 +27,17 @@ class CostParams:
             one half of the large-size value: f(x) = x / (x + half). Small and skinny GEMMs fill
             fewer tensor-core tiles; 128 is one CTA tile of cuBLAS's large kernels (assumption, to
             be calibrated by measurement).
-        attention_efficiency: fraction of dense peak flash attention reaches. Source: Dao 2023
-            (FlashAttention-2), 50-73% of A100 peak forward, lower backward; 0.55 assumed.
+        attention_efficiency: fraction of the BF16 dense peak a fused attention kernel reaches on
+            its executed (causal) work, per ``"kernel/architecture"`` (kernels:
+            :data:`ATTENTION_KERNELS`). Sources: Dao 2023 (FlashAttention-2, arXiv 2307.08691):
+            FlashAttention-1 reaches 25-40% of A100 peak, FlashAttention-2 50-73% (0.30 and 0.60
+            taken, inside each range); Shah et al. 2024 (FlashAttention-3, arXiv 2407.08608):
+            FlashAttention-2 reaches 35% of H100 peak, FlashAttention-3 up to 75% forward with a
+            slower backward (0.60 taken for forward and backward together; cuDNN's fused
+            attention, which Transformer Engine runs, is taken as FA3-class). A kernel without a
+            figure for an architecture falls back to ``"fa2/<architecture>"``, then to
+            ``"fa2/ampere"``. Efficiency is against the BF16 peak also in FP8 runs (attention
+            stays BF16).
         causal_attention_work: fraction of the counted (non-causal) attention FLOPs a causal
             kernel executes: 0.5 (the upper triangle is skipped).
         hbm_efficiency: fraction of HBM bandwidth memory-bound kernels reach. Source: STREAM
@@ -53,7 +62,10 @@ class CostParams:
     matmul_efficiency: Mapping[str, float] = field(
         default_factory=lambda: MappingProxyType({"ampere": 0.82, "hopper": 0.69}))
     matmul_half_size: float = 128.0
-    attention_efficiency: float = 0.55
+    attention_efficiency: Mapping[str, float] = field(
+        default_factory=lambda: MappingProxyType({
+            "fa1/ampere": 0.30, "fa2/ampere": 0.60, "cudnn/ampere": 0.60,
+            "fa2/hopper": 0.35, "fa3/hopper": 0.60, "cudnn/hopper": 0.60}))
     causal_attention_work: float = 0.5
     hbm_efficiency: float = 0.82
     kernel_launch_s: float = 5e-6
@@ -64,7 +76,19 @@ class CostParams:
     fragmentation: float = 0.05
 
     def __hash__(self) -> int:
-        return hash(tuple(sorted(self.matmul_efficiency.items())))
+        return hash((tuple(sorted(self.matmul_efficiency.items())),
+                     tuple(sorted(self.attention_efficiency.items()))))
+
+    def attention_ceiling(self, kernel: str, architecture: str) -> float:
+        """Fraction of the BF16 peak the fused attention ``kernel`` reaches on ``architecture``
+        (fallbacks in the class docstring)."""
+        eff = self.attention_efficiency
+        if isinstance(eff, (int, float)):
+            return float(eff)
+        for key in (f"{kernel}/{architecture}", f"fa2/{architecture}", "fa2/ampere"):
+            if key in eff:
+                return eff[key]
+        raise ValueError(f"no attention efficiency for {kernel}/{architecture} nor fa2/ampere")
 
     def matmul_ceiling(self, architecture: str) -> float:
         """Large-GEMM efficiency of an architecture (the Ampere figure when unmeasured)."""
@@ -87,6 +111,9 @@ class CostParams:
         """Bytes of a GPU's memory the model may use (after reserve and fragmentation)."""
         return max(0.0, (memory_bytes - self.reserved_bytes) * (1.0 - self.fragmentation))
 
+
+#: Fused attention kernels the cost model knows: FlashAttention 1/2/3 and cuDNN's fused attention.
+ATTENTION_KERNELS = ("fa1", "fa2", "fa3", "cudnn")
 
 #: Weights bytes per parameter and optimizer-state bytes K per parameter (Rajbhandari et al.
 #: 2020, ZeRO, section 3.1: mixed-precision Adam keeps fp32 master weights, momentum, variance:

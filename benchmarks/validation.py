@@ -1,0 +1,252 @@
+"""Out-of-sample validation of the cost model over published runs (issue 13's honest metrics).
+
+Three questions, each over every record of the corpus (``benchmarks/data/*.json``):
+
+- ``loso``: leave one source out. Constants fitted to records would be refitted without the
+  source's records and the source predicted with them; autopar fits none
+  (:data:`FITTED_CONSTANTS` is empty: every constant comes from a datasheet, a paper or an
+  assumption named in :mod:`autopar.cost.params`), so each source's prediction is already out of
+  sample. Per source: signed bias (mean of (predicted - measured) / measured) and MAPE.
+- ``pairs``: runs of the same model, cluster and batch that differ in the plan; a pair is right
+  when the predicted order of step times is the measured one (pairs whose measured times are
+  within :data:`PAIR_TIE` of each other are not counted).
+- ``memory``: predicted vs published peak memory per GPU (GiB, as frameworks report it).
+
+Unpublished plan fields take the framework's documented default (:func:`framework_defaults`), never
+the cost model's own fastest choice; the fastest legal choice is printed beside as the spread.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import autopar
+from autopar.api import model_graph
+from autopar.cost.model import CostModel
+from autopar.search.optimize import search
+
+from .records import Record, RecordError, parse
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+#: Names of cost-model constants fitted to published records (refitted per left-out source).
+FITTED_CONSTANTS: tuple[str, ...] = ()
+#: Measured step times closer than this (relative) are a tie: no order to get right.
+PAIR_TIE = 0.01
+GIB = 2 ** 30
+
+
+def load_corpus(paths: list[str | Path] | None = None) -> list[dict]:
+    """Raw records of every corpus file (default: all ``*.json`` in :data:`DATA_DIR`)."""
+    files = [Path(p) for p in paths] if paths else sorted(DATA_DIR.glob("*.json"))
+    out = []
+    for f in files:
+        out.extend(json.loads(f.read_text()))
+    return out
+
+
+def _kind(framework: str) -> str:
+    f = framework.lower()
+    for key in ("torchtitan", "nemo", "deepspeed", "llm-foundry", "fsdp", "megatron"):
+        if key in f:
+            return key
+    return "unknown"
+
+
+#: Each framework's documented default for plan fields a source leaves open, with its source.
+#: Fields no framework defaults (the micro-batch must be given to Megatron-LM) take the smallest
+#: legal value; the printed spread shows what the fastest legal choice would give.
+_DEFAULTS = {
+    # megatron/training/arguments.py: no --use-distributed-optimizer, no recompute, no SP, no
+    # virtual pipeline (one chunk per stage: 1F1B)
+    "megatron": dict(zero_stage=0, recompute="none", sequence_parallel=False, virtual_stages=1,
+                     cp=1, micro_batch_size=1),
+    # NeMo 2.0 pretraining recipes (llm/recipes/*.py): distributed optimizer and SP on, mbs 1
+    "nemo": dict(zero_stage=1, recompute="none", sequence_parallel=True, virtual_stages=1, cp=1,
+                 micro_batch_size=1),
+    # deepspeed/runtime/constants.py: ZeRO stage 0, micro-batch 1; no activation checkpointing
+    "deepspeed": dict(zero_stage=0, recompute="none", sequence_parallel=False, virtual_stages=1,
+                      cp=1, micro_batch_size=1),
+    # torchtitan/config/job_config.py: FSDP (dp_shard=-1), selective AC, pipeline mbs 1
+    "torchtitan": dict(zero_stage=3, recompute="selective", sequence_parallel=True,
+                       virtual_stages=1, cp=1, micro_batch_size=1),
+    # FSDP FULL_SHARD is the default ShardingStrategy (torch.distributed.fsdp)
+    "fsdp": dict(zero_stage=3, recompute="none", sequence_parallel=False, virtual_stages=1, cp=1,
+                 micro_batch_size=1),
+    "llm-foundry": dict(zero_stage=3, recompute="none", sequence_parallel=False,
+                        virtual_stages=1, cp=1, micro_batch_size=1),
+    "unknown": dict(zero_stage=0, recompute="none", sequence_parallel=False, virtual_stages=1,
+                    cp=1, micro_batch_size=1),
+}
+
+
+#: The fused attention kernel each framework ran, by framework kind (the record's stack):
+#: Megatron-Core/NeMo through Transformer Engine -> cuDNN fused attention; PyTorch SDPA (FSDP
+#: trainers, torchtitan) -> FlashAttention-2; llm-foundry 2023 -> its Triton FlashAttention
+#: (attn_impl: triton in scripts/train/yamls/pretrain/mpt-*.yaml), an FA1-era kernel;
+#: InternEvo -> the flash_attn package (FA2). An unnamed in-house stack (large 2024 pretraining
+#: runs) takes cuDNN's fused attention, the production kernel of Transformer Engine that such
+#: runs used; on Ampere it is FA2-class anyway.
+_KERNELS = {"nemo": "cudnn", "megatron": "cudnn", "torchtitan": "fa2", "fsdp": "fa2",
+            "llm-foundry": "fa1", "deepspeed": "fa2", "unknown": "cudnn"}
+
+
+def attention_kernel(rec: Record) -> str:
+    """The fused attention kernel the record's framework ran (see :data:`_KERNELS`)."""
+    f = rec.framework.lower().replace(" ", "").replace("-", "")
+    if "flashattentionv1" in f:
+        return "fa1"
+    if "internevo" in f or "internlm" in f or "flashattention2" in f:
+        return "fa2"
+    return _KERNELS[_kind(rec.framework)]
+
+
+def framework_defaults(rec: Record) -> dict:
+    """Values for the record's open plan fields: its framework's defaults (see :data:`_DEFAULTS`);
+    an interleaved schedule with an unpublished chunk count takes the smallest interleaving, 2."""
+    d = dict(_DEFAULTS[_kind(rec.framework)])
+    fixed = rec.fixed
+    if fixed.get("schedule") == "interleaved-1f1b":
+        d["virtual_stages"] = 2
+    if fixed.get("tp", 1) == 1:
+        d["sequence_parallel"] = False
+    out = {k: v for k, v in d.items() if k in rec.open_fields}
+    if "dp" in rec.open_fields:
+        out.pop("dp", None)
+    return out
+
+
+@dataclass(frozen=True)
+class Row:
+    """One evaluated record: predicted step time under the framework defaults and under the
+    fastest legal choice, and memory."""
+
+    rec: Record
+    predicted_s: float
+    fastest_s: float
+    memory_gib: float
+    fits: bool
+    chosen: dict
+    mfu: float = 0.0
+
+    @property
+    def error(self) -> float | None:
+        """Signed relative error of the step time, (predicted - measured) / measured."""
+        m = self.rec.measured_step_s
+        return None if not m else (self.predicted_s - m) / m
+
+
+def evaluate(rec: Record, spread: bool = True) -> Row:
+    """Predict one record under its framework's defaults for open fields; with ``spread`` also
+    the fastest legal choice of the open fields (a search), else ``fastest_s`` is the prediction.
+
+    Raises:
+        autopar.AutoparError: the published plan is not one autopar can represent.
+    """
+    graph, _ = model_graph(rec.model, rec.train)
+    cm = CostModel(graph, rec.cluster, rec.train, attention_kernel=attention_kernel(rec))
+    chosen = framework_defaults(rec)
+    cfg = autopar.ParallelConfig(**{**chosen, **rec.fixed})
+    e = cm.estimate(cfg)
+    fastest = e.step_time_s
+    if spread and rec.open_fields:
+        try:
+            fastest = search(cm, rec.fixed, top_k=1, require_fit=False).best.step_time_s
+        except autopar.AutoparError:
+            pass
+    return Row(rec, e.step_time_s, fastest, e.memory_per_gpu_bytes / GIB, e.fits, chosen, e.mfu)
+
+
+def evaluate_all(raw: list[dict]) -> tuple[list[Row], list[tuple[str, str]]]:
+    """(evaluated rows, (id, reason) of records skipped), in corpus order."""
+    rows, skipped = [], []
+    for r in raw:
+        try:
+            rows.append(evaluate(parse(r)))
+        except (RecordError, autopar.AutoparError, KeyError, TypeError, ValueError) as exc:
+            skipped.append((r.get("id", "?"), f"{type(exc).__name__}: {str(exc)[:160]}"))
+    return rows, skipped
+
+
+def _mape(errs) -> float:
+    return 100 * sum(abs(e) for e in errs) / len(errs) if errs else math.nan
+
+
+def loso(rows: list[Row]) -> list[str]:
+    """Lines: per source its signed bias and MAPE, then the pooled leave-one-source-out line."""
+    by: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        if r.error is not None:
+            by[r.rec.source_key].append(r.error)
+    lines = [f"{'source':70s} {'n':>3s} {'bias':>7s} {'MAPE':>6s}"]
+    worst, allerr = ("", 0.0), []
+    for src in sorted(by):
+        errs = by[src]
+        bias = 100 * sum(errs) / len(errs)
+        lines.append(f"{src[:70]:70s} {len(errs):3d} {bias:+6.1f}% {_mape(errs):5.1f}%")
+        if abs(bias) >= abs(worst[1]):
+            worst = (src, bias)
+        allerr += errs
+    lines.append(f"fitted constants refitted per left-out source: {len(FITTED_CONSTANTS)} "
+                 f"({', '.join(FITTED_CONSTANTS) or 'none are fitted to records'})")
+    lines.append(f"worst source: {worst[0]} (bias {worst[1]:+.1f}%)")
+    lines.append(f"LOSO MAPE {_mape(allerr):.1f}% max {100 * max(map(abs, allerr), default=0):.1f}% "
+                 f"worst source {abs(worst[1]):.1f}% over {len(allerr)} records, {len(by)} sources")
+    return lines
+
+
+def _problem(rec: Record) -> tuple:
+    m, t = rec.model, rec.train
+    return (m.num_layers, m.hidden_size, m.num_heads, m.vocab_size, rec.cluster.device.name,
+            rec.cluster.world_size, t.global_batch_size, t.seq_len, t.precision)
+
+
+def _plan(rec: Record) -> tuple:
+    p = rec.raw.get("plan", {})
+    return tuple(sorted((k, str(v)) for k, v in p.items())) + (
+        ("micro_batch_size", rec.train.micro_batch_size),)
+
+
+def pairs(rows: list[Row]) -> list[str]:
+    """Lines: each same-problem pair of measured runs that differ in the plan, right or wrong,
+    then the accuracy. Runs with the same plan (e.g. with and without torch.compile) are not a
+    plan pair; a predicted tie counts as wrong (the planner could not tell them apart)."""
+    groups: dict[tuple, list[Row]] = defaultdict(list)
+    for r in rows:
+        if r.rec.measured_step_s:
+            groups[_problem(r.rec)].append(r)
+    lines, right, total = [], 0, 0
+    for g in groups.values():
+        for i, a in enumerate(g):
+            for b in g[i + 1:]:
+                ma, mb = a.rec.measured_step_s, b.rec.measured_step_s
+                if abs(ma - mb) / max(ma, mb) < PAIR_TIE or _plan(a.rec) == _plan(b.rec):
+                    continue
+                pa, pb = a.predicted_s, b.predicted_s
+                ok = abs(pa - pb) > 1e-9 * max(pa, pb) and (pa < pb) == (ma < mb)
+                right += ok
+                total += 1
+                lines.append(f"{'ok   ' if ok else 'WRONG'} {a.rec.id} vs {b.rec.id}: measured "
+                             f"{ma:.3f} vs {mb:.3f} s, predicted {a.predicted_s:.3f} vs "
+                             f"{b.predicted_s:.3f} s")
+    pct = 100 * right / total if total else math.nan
+    lines.append(f"pairs ordered as measured: {right} of {total} ({pct:.0f}%)")
+    return lines
+
+
+def memory(rows: list[Row]) -> list[str]:
+    """Lines: predicted vs published peak memory (GiB), then the MAPE."""
+    lines, errs = [], []
+    for r in rows:
+        m = r.rec.measured_memory_gib
+        if not m:
+            continue
+        err = (r.memory_gib - m) / m
+        errs.append(err)
+        lines.append(f"{r.rec.id:44s} predicted {r.memory_gib:6.1f} GiB measured {m:6.1f} GiB "
+                     f"{100 * err:+6.1f}%")
+    lines.append(f"memory MAPE {_mape(errs):.1f}% over {len(errs)} runs")
+    return lines

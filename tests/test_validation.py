@@ -1,0 +1,86 @@
+"""The validation harness (benchmarks/validation.py, benchmarks/records.py): records are read
+without guesses, open fields take framework defaults, pairs and sources are counted honestly."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import records, validation
+
+DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data"
+
+
+def _shared(rid: str) -> dict:
+    raw = json.loads((DATA / "published_plans.json").read_text())
+    return copy.deepcopy(next(r for r in raw if r["id"] == rid))
+
+
+def test_corpus_size_and_sources():
+    raw = validation.load_corpus()
+    assert len(raw) >= 100
+    assert len({records.source_key(r) for r in raw}) >= 10
+    assert len({r["id"] for r in raw}) == len(raw)  # ids unique across files
+
+
+def test_an_unknown_interconnect_is_refused_not_made_infiniband():
+    r = _shared("megatron-ptdp-39.1b")
+    r["cluster"]["inter_node"] = "Omni-Path 100"
+    with pytest.raises(records.RecordError, match="not one autopar's catalog has"):
+        records.parse(r)
+
+
+def test_per_node_total_of_an_unnamed_fabric_is_an_assumption_said():
+    r = _shared("megatron-ptdp-39.1b")
+    r["cluster"]["inter_node"] = "RoCE, 1600 Gbps node-node interconnect per node"
+    rec = records.parse(r)
+    assert rec.cluster.inter_link.name == "roce-400g" and rec.cluster.nics_per_node == 4
+    assert "inter_node" in dict(rec.assumed)
+
+
+def test_gpu_overrides_change_the_device():
+    r = _shared("dgxc-llama3.1-8b-bf16-8gpu")
+    r["cluster"]["gpu_overrides"] = {"memory_gib": 96, "hbm_bandwidth_tbps": 2.4}
+    rec = records.parse(r)
+    assert rec.cluster.device.memory_bytes == 96 * 2 ** 30
+    assert rec.cluster.device.hbm_bandwidth_Bps == 2.4e12
+    r["cluster"]["gpu_overrides"] = {"clock_mhz": 1500}
+    with pytest.raises(records.RecordError, match="not modelled"):
+        records.parse(r)
+
+
+def test_open_fields_take_framework_defaults_not_the_fastest():
+    rec = records.parse(_shared("megatron-ptdp-39.1b"))  # mbs and v unpublished, interleaved
+    assert validation.framework_defaults(rec) == {"virtual_stages": 2, "micro_batch_size": 1}
+    rec = records.parse(_shared("dgxc-llama3.1-8b-bf16-8gpu"))
+    assert validation._kind(rec.framework) == "nemo"
+
+
+def test_source_key_drops_the_table_pointer():
+    a, b = _shared("korthikanti-22b-sp-selective"), _shared("korthikanti-22b-full-recompute")
+    assert records.source_key(a) == records.source_key(b)
+
+
+def _row(rid, pred, meas, plan):
+    rec = records.parse(_shared("korthikanti-22b-sp-selective"))
+    rec = rec.__class__(**{**rec.__dict__, "id": rid, "measured_step_s": meas,
+                           "raw": {"plan": plan}})
+    return validation.Row(rec, pred, pred, 1.0, True, {})
+
+
+def test_pairs_count_order_and_refuse_predicted_ties_and_same_plans():
+    rows = [_row("a", 1.0, 2.0, {"tp": 1}), _row("b", 2.0, 3.0, {"tp": 2}),
+            _row("c", 2.0, 1.0, {"tp": 4}), _row("d", 9.0, 9.9, {"tp": 4})]
+    lines = validation.pairs(rows)
+    # a<b ok; a vs c wrong (measured c faster); b vs c: predicted tie -> wrong; c vs d same plan
+    assert lines[-1] == "pairs ordered as measured: 3 of 5 (60%)"
+    assert sum(l.startswith("WRONG") for l in lines) == 2
+
+
+def test_loso_line_shape():
+    rows = [_row("a", 1.1, 1.0, {}), _row("b", 0.9, 1.0, {})]
+    last = validation.loso(rows)[-1]
+    assert last == "LOSO MAPE 10.0% max 10.0% worst source 0.0% over 2 records, 1 sources"
