@@ -125,13 +125,15 @@ class FusedGLUMeta(torch.autograd.Function):
 
     forward(a [..., f], b [..., f]) -> [..., f]; saves a and b only, recomputing act(a) in
     backward, as Megatron-LM's fused ``bias_swiglu`` and Transformer Engine's SwiGLU do. Eager
-    PyTorch (``F.silu(a) * b``) also keeps act(a), one more f-wide tensor per block.
+    PyTorch (``F.silu(a) * b``) also keeps act(a), one more f-wide tensor per block. The output
+    dtype is the promoted dtype of ``a`` and ``b``, as for the eager product (Qwen3-Next's gated
+    norm multiplies a bf16 tensor by an fp32 gate).
     """
 
     @staticmethod
     def forward(ctx, a, b):  # noqa: D102 - see class docstring
         ctx.save_for_backward(a, b)
-        return torch.empty_like(b)
+        return torch.empty_like(b, dtype=torch.promote_types(a.dtype, b.dtype))
 
     @staticmethod
     def backward(ctx, grad_out):  # noqa: D102 - shapes only
