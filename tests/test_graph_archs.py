@@ -59,16 +59,16 @@ def attention(c, heads, d_qk, d_v, window=0, chunked=False) -> int:
     return 2 * heads * pairs(S, window, chunked) * (d_qk + d_v)
 
 
-def gqa(c, s=S) -> int:
+def gqa(c) -> int:
     """q, k, v, o projections of grouped-query attention."""
     h, d = c.hidden_size, c.head_dim
     q, kv = c.num_attention_heads * d, c.num_key_value_heads * d
-    return lin(s, h, q) + 2 * lin(s, h, kv) + lin(s, q, h)
+    return lin(S, h, q) + 2 * lin(S, h, kv) + lin(S, q, h)
 
 
-def glu(h, f, rows=S) -> int:
-    """Gate, up and down GEMMs of a gated MLP over ``rows`` token rows."""
-    return 3 * lin(rows, h, f)
+def glu(h, f, rows=None) -> int:
+    """Gate, up and down GEMMs of a gated MLP over ``rows`` token rows (default: S)."""
+    return 3 * lin(S if rows is None else rows, h, f)
 
 
 def moe(c, experts, k, f, shared_f=0, gate=False) -> int:
@@ -285,6 +285,18 @@ def test_gpt_oss_eager_attention_is_one_flash_op(graphs):
         assert block.activations.core == 4 * c.num_attention_heads * S  # fp32 LSE
     assert sum(o.kind == "matmul" and not o.tp_role and not o.moe_role
                for b in g.blocks for o in b.ops) == 0
+
+
+def test_gated_deltanet_saves_what_the_fused_kernel_saves(graphs):
+    """The torch chunked delta rule pads to 64-token chunks and keeps its intermediates; fla's
+    kernel keeps q, k (normalised, with 1/norms), v, g, beta and A per token: the Gated DeltaNet
+    block's saved bytes are linear in the tokens (the torch intermediates are sized by the padded
+    chunks: s = 32 and 64 both make one 64-token chunk) and no more than twice the attention
+    block's (20x before)."""
+    model, g = graphs("hf-tiny-qwen3-next")
+    a, b = g.blocks[0].activations, extract(model, 2 * S, 1).blocks[0].activations
+    assert b.tp == pytest.approx(2 * a.tp, rel=0.01) and b.seq == pytest.approx(2 * a.seq, rel=0.01)
+    assert a.total < 2 * g.blocks[3].activations.total  # the attention block's, same MoE
 
 
 @pytest.mark.parametrize("name", TINY)

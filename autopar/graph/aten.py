@@ -264,3 +264,45 @@ def _module_path(n: fx.Node) -> str | None:
 def _floating_or_bool(n: fx.Node) -> bool:
     val = n.meta.get("val")
     return isinstance(val, torch.Tensor) and (val.is_floating_point() or val.dtype == torch.bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelCall:
+    """The aten nodes of one call of a Python function that training replaces by a fused kernel.
+
+    ``nodes``: the call's nodes in order; ``inputs``: floating tensors entering it; ``out``: its
+    (first) floating output used after it.
+    """
+
+    nodes: frozenset
+    inputs: tuple
+    out: fx.Node
+
+
+def kernel_calls(graph: fx.Graph, call: str) -> dict[fx.Node, KernelCall]:
+    """{output node: :class:`KernelCall`} for each call of the function named ``call``.
+
+    torch.export records each node's Python stack; its innermost frame is the line in the module
+    that made the call, so a run of nodes whose innermost frame calls ``call(`` is that call (e.g.
+    transformers' ``torch_chunk_gated_delta_rule``, the torch version of fla's kernel).
+    """
+    runs: dict[tuple, list[fx.Node]] = {}
+    for n in graph.nodes:
+        if n.op != "call_function":
+            continue
+        frames = (n.meta.get("stack_trace") or "").rstrip().splitlines()
+        if frames and f"{call}(" in frames[-1]:
+            runs.setdefault((_module_path(n), frames[-1]), []).append(n)
+    found: dict[fx.Node, KernelCall] = {}
+    for nodes in runs.values():
+        inside = set(nodes)
+        inputs = []
+        for m in nodes:
+            for a in m.all_input_nodes:
+                if a not in inside and a not in inputs and _floating_or_bool(a):
+                    inputs.append(a)
+        outs = [m for m in nodes if _floating_or_bool(m)
+                and any(u not in inside for u in m.users)]
+        if outs:
+            found[outs[0]] = KernelCall(frozenset(inside), tuple(inputs), outs[0])
+    return found

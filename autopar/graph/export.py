@@ -277,7 +277,8 @@ def _measure(model, program, values, params, modules, path, reps, rep_of, seq_le
         if isinstance(v, torch.Tensor) and v.device.type != "meta":
             v = torch.empty(v.shape, dtype=v.dtype, device="meta")
         placeholder_values.append(v)
-    interp = ExportInterpreter(gm, meta_of, rec, params, groups, on_node, spans, eager)
+    scans = A.kernel_calls(gm.graph, "chunk_gated_delta_rule")
+    interp = ExportInterpreter(gm, meta_of, rec, params, groups, on_node, spans, eager, scans)
     for n in gm.graph.nodes:
         if n.op == "placeholder" and n.name in values and n.name not in \
                 program.graph_signature.user_inputs:

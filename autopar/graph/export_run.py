@@ -17,8 +17,9 @@ from torch import nn
 
 from . import aten as A
 from . import classify
+from ..errors import UntraceableModelError
 from .kernels import (ATTENTION_BACKWARD_RATIO, GEMM_BACKWARD_RATIO, FusedActivationMeta,
-                      FusedNormMeta, grouped_gemm_flops)
+                      FusedNormMeta, GatedDeltaRuleSavesMeta, grouped_gemm_flops)
 from .measure import MeasuringInterpreter
 from .spans import counted_pairs
 
@@ -52,8 +53,12 @@ class ExportInterpreter(MeasuringInterpreter):
     def __init__(self, gm, meta_of, rec, param_nodes: dict[str, torch.Tensor],
                  groups: dict[fx.Node, _Group], on_node,
                  spans: dict[fx.Node, tuple[str, int]] | None = None,
-                 eager: dict[fx.Node, A.EagerAttention] | None = None):
+                 eager: dict[fx.Node, A.EagerAttention] | None = None,
+                 scans: dict[fx.Node, A.KernelCall] | None = None):
         super().__init__(gm, meta_of, rec)
+        # gated delta rules (Qwen3-Next) in their torch form: FLOPs as run, saves as fla's kernel
+        self.scans = scans or {}
+        self.scan_nodes = {m for c in self.scans.values() for m in c.nodes}
         self.spans = spans or {}  # attention node -> (span kind, tokens), see spans.py
         self.param_nodes = param_nodes
         self.groups = groups
@@ -94,6 +99,7 @@ class ExportInterpreter(MeasuringInterpreter):
         # after this layer's router: what dense-routed experts save is kept at top-k size
         self.rec.routed_rows = (self.experts[0], self._tokens, self.experts[1] / self.experts[0]) \
             if self._dense_routing and self.experts[1] else None
+        self.rec.suppress = n in self.scan_nodes
         if n in self.inner:  # computed by its group's fused op
             self._node = n
             return None
@@ -226,7 +232,23 @@ class ExportInterpreter(MeasuringInterpreter):
         if n in self.routers:
             self.experts = (result.shape[-1], self.routers[n])
             self._tokens = result.numel() // result.shape[-1]
+        if n in self.scans:
+            self.rec.suppress = False
+            result = GatedDeltaRuleSavesMeta.apply(result, *self._delta_rule_inputs(self.scans[n]))
         return result
+
+    def _delta_rule_inputs(self, call: A.KernelCall) -> list[torch.Tensor]:
+        """(q, k, v, g, beta) of a gated delta rule call: the 4-D inputs in order of use (q and
+        k first), the 3-D ones (g in fp32, beta in the activations' dtype)."""
+        values = [self.env[a] for a in call.inputs]
+        four = [v for v in values if v.dim() == 4]
+        three = sorted((v for v in values if v.dim() == 3), key=lambda v: v.element_size())
+        if len(four) != 3 or len(three) != 2:
+            raise UntraceableModelError(
+                f"a gated delta rule call has inputs {[tuple(v.shape) for v in values]}; "
+                "expected q, k, v [b, s, heads, d] and g, beta [b, s, heads]. Fix: report the "
+                "model; its linear-attention layer differs from transformers' Qwen3-Next.")
+        return [*four, three[1], three[0]]
 
     def _fused(self, g: _Group, args):
         x = args[0]

@@ -75,11 +75,13 @@ class Recorder:
     #: every expert, HF Llama 4): saved tensors of E x T rows are kept at k / E of their size,
     #: what a top-k kernel keeps; None otherwise
     routed_rows: tuple[int, int, float] | None = None
+    #: True while ops run that a fused kernel replaces (their saves are the kernel's, not theirs)
+    suppress: bool = False
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         """saved_tensors_hooks pack hook: attribute a saved storage to the running op."""
         key = _storage_key(t)
-        if key in self.excluded:
+        if key in self.excluded or self.suppress:
             return t
         entry = self.saved.get(key)
         if entry is None:
