@@ -9,6 +9,7 @@ whose scores reach a ``topk`` is a MoE router. Nothing here reads module names.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 
 import torch
@@ -43,7 +44,7 @@ _REPEAT_KV = _packets("unsqueeze", "expand", "reshape", "view", "_unsafe_view", 
                       "contiguous")
 # ops a router's scores may pass through on their way to topk
 _ROUTER_PATH = _packets("_to_copy", "to", "softmax", "_softmax", "sigmoid", "view", "reshape",
-                        "add", "mul", "div")
+                        "add", "mul", "div", "masked_fill")
 
 
 def packet(target):
@@ -120,18 +121,188 @@ def kv_source(node: fx.Node, q_heads: int) -> tuple[fx.Node | None, list[fx.Node
 
 
 def routers(graph: fx.Graph) -> dict[fx.Node, int]:
-    """MoE routers: {linear node whose scores reach a ``topk``: that topk's k}."""
+    """MoE routers: {linear node whose scores reach a ``topk`` over all its outputs: that k}.
+
+    Only a top-k over the router's full width selects experts: DeepSeek-V3's group-limited
+    routing first takes top-2 inside each expert group ([tokens, groups, experts / groups]) and
+    masks the losing groups (``masked_fill``) before the top-8 over all experts.
+    """
     found: dict[fx.Node, int] = {}
     for n in graph.nodes:
         if n.op != "call_function" or packet(n.target) not in TOPK:
             continue
         k = n.args[1] if len(n.args) > 1 else n.kwargs.get("k", 0)
+        width = _last_dim(n.args[0])
         cur = n.args[0]
         while isinstance(cur, fx.Node) and cur.op == "call_function":
             if packet(cur.target) in LINEAR_LIKE:
-                found[cur] = int(k)
+                if width is not None and width == _last_dim(cur):
+                    found[cur] = int(k)
                 break
             if packet(cur.target) not in _ROUTER_PATH:
                 break
             cur = cur.args[0]
+    return found
+
+
+def _last_dim(node) -> int | None:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return int(val.shape[-1]) if isinstance(val, torch.Tensor) and val.dim() > 0 else None
+
+
+def replicated_linears(graph: fx.Graph, params: set[str], norm_inputs: set[fx.Node]) -> set[fx.Node]:
+    """Linears that tensor parallelism keeps whole: gates of width 1, and low-rank projections
+    whose output a norm normalises per token.
+
+    A norm over a token's features needs all of them, so a linear feeding one (through views
+    and splits only, with the same rows: [.., tokens, features]) cannot be column-parallel; this
+    is DeepSeek-V3's MLA ``q_a_proj`` and ``kv_a_proj_with_mqa`` (Megatron-Core MLA keeps its
+    ``linear_q_down_proj`` and ``linear_kv_down_proj`` unsharded too). Per-head norms (Qwen3's
+    ``q_norm`` on [.., tokens, heads, head_dim]) do not count: their rows are heads.
+    ``norm_inputs`` are the activation inputs of norm modules (fused groups).
+    """
+    out: set[fx.Node] = set()
+    for n in graph.nodes:
+        if n.op != "call_function" or packet(n.target) not in LINEAR_LIKE:
+            continue
+        x, w = gemm_operands(n)
+        val = n.meta.get("val")
+        if x is None or traced_param(w, params) is None or not isinstance(val, torch.Tensor):
+            continue
+        if val.shape[-1] == 1:
+            out.add(n)
+            continue
+        rows = tuple(val.shape[:-1])
+        todo, seen = [n], set()
+        while todo:  # the linear's output and its views (a residual add is not one)
+            u = todo.pop()
+            if u in seen:
+                continue
+            seen.add(u)
+            uval = u.meta.get("val")
+            if u in norm_inputs and isinstance(uval, torch.Tensor) and tuple(uval.shape[:-1]) == rows:
+                out.add(n)
+                break
+            todo.extend(v for v in u.users if v.op == "call_function" and op_kind(v) == "view")
+    return out
+
+
+_SOFTMAX = _packets("softmax", "_softmax", "_safe_softmax")
+_TRANSPOSES = _packets("transpose", "permute", "t")
+
+
+@dataclasses.dataclass(frozen=True)
+class EagerAttention:
+    """An attention written as ``softmax(q @ k^T ...) @ v`` (HF ``eager_attention_forward``).
+
+    ``out`` is the second GEMM (probabilities x values), where the fused kernel stands;
+    ``inner`` the nodes from the first GEMM up to it (scores, scaling, mask, sinks, softmax,
+    dropout), which a flash kernel never writes to memory; ``params`` the parameters they read
+    (gpt-oss's per-head sinks); ``masked`` whether a mask tensor enters (a causal decoder mask).
+    """
+
+    q: fx.Node
+    k: fx.Node
+    v: fx.Node
+    out: fx.Node
+    inner: frozenset
+    params: tuple
+    masked: bool
+
+
+def eager_attentions(graph: fx.Graph, params: set[str]) -> dict[fx.Node, EagerAttention]:
+    """{second GEMM: :class:`EagerAttention`} for each eager attention in an exported graph.
+
+    Found from the data flow: a GEMM of two activations, the second operand a transpose of the
+    last two dims, whose output reaches (inside one module, through a softmax) the first operand
+    of another activation x activation GEMM. A pattern whose intermediate values leave the module
+    (probabilities returned to the caller and used) is left alone.
+    """
+    found: dict[fx.Node, EagerAttention] = {}
+    for a in graph.nodes:
+        if a.op != "call_function" or packet(a.target) not in LINEAR_LIKE \
+                or packet(a.target) in GROUPED_GEMM:
+            continue
+        q, kt = a.args[0], a.args[1]
+        if not isinstance(kt, fx.Node) or traced_param(kt, params) is not None \
+                or traced_param(q, params) is not None or packet(kt.target) not in _TRANSPOSES:
+            continue
+        where = _module_path(a)
+        inner, todo, outs = {a}, list(a.users), []
+        ok = True
+        while todo and ok:
+            u = todo.pop()
+            if u in inner or u in outs:
+                continue
+            if u.op != "call_function" or _module_path(u) != where:
+                ok = False
+            elif packet(u.target) in LINEAR_LIKE:
+                outs.append(u)
+            else:
+                inner.add(u)
+                todo.extend(u.users)
+        if not ok or len(outs) != 1 or not any(packet(n.target) in _SOFTMAX for n in inner
+                                              if n.op == "call_function"):
+            continue
+        out = outs[0]
+        if out.args[0] not in inner or traced_param(out.args[1], params) is not None:
+            continue
+        sources = {a2 for n in inner for a2 in n.all_input_nodes if a2 not in inner}
+        used = tuple(s for s in sources if traced_param(s, params) is not None)
+        masked = any(s not in (q, kt) and s not in used and _floating_or_bool(s)
+                     for s in sources)
+        found[out] = EagerAttention(q, kt.args[0], out.args[1], out, frozenset(inner),
+                                    tuple(traced_param(s, params) for s in used), masked)
+    return found
+
+
+def _module_path(n: fx.Node) -> str | None:
+    stack = n.meta.get("nn_module_stack") or {}
+    return list(stack.values())[-1][0] if stack else None
+
+
+def _floating_or_bool(n: fx.Node) -> bool:
+    val = n.meta.get("val")
+    return isinstance(val, torch.Tensor) and (val.is_floating_point() or val.dtype == torch.bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelCall:
+    """The aten nodes of one call of a Python function that training replaces by a fused kernel.
+
+    ``nodes``: the call's nodes in order; ``inputs``: floating tensors entering it; ``out``: its
+    (first) floating output used after it.
+    """
+
+    nodes: frozenset
+    inputs: tuple
+    out: fx.Node
+
+
+def kernel_calls(graph: fx.Graph, call: str) -> dict[fx.Node, KernelCall]:
+    """{output node: :class:`KernelCall`} for each call of the function named ``call``.
+
+    torch.export records each node's Python stack; its innermost frame is the line in the module
+    that made the call, so a run of nodes whose innermost frame calls ``call(`` is that call (e.g.
+    transformers' ``torch_chunk_gated_delta_rule``, the torch version of fla's kernel).
+    """
+    runs: dict[tuple, list[fx.Node]] = {}
+    for n in graph.nodes:
+        if n.op != "call_function":
+            continue
+        frames = (n.meta.get("stack_trace") or "").rstrip().splitlines()
+        if frames and f"{call}(" in frames[-1]:
+            runs.setdefault((_module_path(n), frames[-1]), []).append(n)
+    found: dict[fx.Node, KernelCall] = {}
+    for nodes in runs.values():
+        inside = set(nodes)
+        inputs = []
+        for m in nodes:
+            for a in m.all_input_nodes:
+                if a not in inside and a not in inputs and _floating_or_bool(a):
+                    inputs.append(a)
+        outs = [m for m in nodes if _floating_or_bool(m)
+                and any(u not in inside for u in m.users)]
+        if outs:
+            found[outs[0]] = KernelCall(frozenset(inside), tuple(inputs), outs[0])
     return found

@@ -34,6 +34,7 @@ from . import aten as A
 from .assemble import add_loss, elem_bytes, finish_layer, logits_of, meta_map, reset_ops
 from .export_run import ExportInterpreter, fused_groups
 from .measure import Recorder
+from .spans import attention_span
 from .types import Layer, ModelGraph
 
 # attributes that differ between otherwise identical blocks and do not change the computation
@@ -120,13 +121,32 @@ def _layer_keys(graph: fx.Graph, path: str | None) -> dict[fx.Node, object]:
     return keys
 
 
-def _signature(nodes: list[fx.Node], cls: str) -> str:
-    parts = []
+def _signature(nodes: list[fx.Node], cls: str, spans: dict) -> str:
+    # the attention span is in the signature: a sliding-window and a global layer run the same
+    # ops on the same shapes (only the mask differs) but cost differently
+    parts = [f"{spans[n]}" for n in nodes if n in spans]
     for n in nodes:
         val = n.meta.get("val")
         shape = tuple(val.shape) if isinstance(val, torch.Tensor) else None
         parts.append(f"{A.packet(n.target)}{shape}{getattr(val, 'dtype', '')}")
     return f"{cls}:{hashlib.sha1('|'.join(parts).encode()).hexdigest()[:16]}"
+
+
+def _spans(graph: fx.Graph, modules: dict[str, nn.Module],
+           eager: dict) -> dict[fx.Node, tuple[str, int]]:
+    """{attention node: (span kind, tokens)} for attention nodes that do not see every key,
+    read from the attention module the node runs in (:func:`~autopar.graph.spans.attention_span`).
+    ``eager``: eager attentions by their last GEMM (:func:`~autopar.graph.aten.eager_attentions`)."""
+    out = {}
+    for n in graph.nodes:
+        if n not in eager and (n.op != "call_function" or A.packet(n.target) not in A.ATTENTION):
+            continue
+        stack = n.meta.get("nn_module_stack") or {}
+        module = modules.get(list(stack.values())[-1][0]) if stack else None
+        span = attention_span(module)
+        if span[0] != "full":
+            out[n] = span
+    return out
 
 
 def _failure(model: nn.Module, exc: BaseException, fx_error: str) -> UntraceableModelError:
@@ -208,6 +228,8 @@ def _measure(model, program, values, params, modules, path, reps, rep_of, seq_le
         nodes_of.setdefault(k, []).append(n)
     order = list(nodes_of)
     groups = fused_groups(gm.graph, modules, set(params))
+    eager = A.eager_attentions(gm.graph, set(params))
+    spans = _spans(gm.graph, modules, eager)
     measured: dict[object, Layer] = {}
     state = {"key": order[0] if order else "embed"}
 
@@ -222,7 +244,7 @@ def _measure(model, program, values, params, modules, path, reps, rep_of, seq_le
         # what flows on is the residual stream; masks, positions and RoPE tables are recomputable
         output = [t for t in output if t.requires_grad] or output
         cls = type(modules.get(f"{path}.{key}")).__name__ if isinstance(key, int) else str(key)
-        sig = _signature(nodes_of[key], cls) if isinstance(key, int) else str(key)
+        sig = _signature(nodes_of[key], cls, spans) if isinstance(key, int) else str(key)
         kind = "block" if isinstance(key, int) else "embedding"
         measured[key] = finish_layer(rec, meta_of, interp, index, str(key), kind, sig, inputs,
                                      output)
@@ -255,7 +277,8 @@ def _measure(model, program, values, params, modules, path, reps, rep_of, seq_le
         if isinstance(v, torch.Tensor) and v.device.type != "meta":
             v = torch.empty(v.shape, dtype=v.dtype, device="meta")
         placeholder_values.append(v)
-    interp = ExportInterpreter(gm, meta_of, rec, params, groups, on_node)
+    scans = A.kernel_calls(gm.graph, "chunk_gated_delta_rule")
+    interp = ExportInterpreter(gm, meta_of, rec, params, groups, on_node, spans, eager, scans)
     for n in gm.graph.nodes:
         if n.op == "placeholder" and n.name in values and n.name not in \
                 program.graph_signature.user_inputs:

@@ -17,9 +17,11 @@ from torch import nn
 
 from . import aten as A
 from . import classify
-from .kernels import (GEMM_BACKWARD_RATIO, FusedActivationMeta, FusedNormMeta,
-                      grouped_gemm_flops)
+from ..errors import UntraceableModelError
+from .kernels import (ATTENTION_BACKWARD_RATIO, GEMM_BACKWARD_RATIO, FusedActivationMeta,
+                      FusedNormMeta, GatedDeltaRuleSavesMeta, grouped_gemm_flops)
 from .measure import MeasuringInterpreter
+from .spans import counted_pairs
 
 
 def _is_activation(module: nn.Module) -> bool:
@@ -49,21 +51,44 @@ class ExportInterpreter(MeasuringInterpreter):
     recorded per op. Parameters are placeholders here (``param_nodes``: name -> original tensor)."""
 
     def __init__(self, gm, meta_of, rec, param_nodes: dict[str, torch.Tensor],
-                 groups: dict[fx.Node, _Group], on_node):
+                 groups: dict[fx.Node, _Group], on_node,
+                 spans: dict[fx.Node, tuple[str, int]] | None = None,
+                 eager: dict[fx.Node, A.EagerAttention] | None = None,
+                 scans: dict[fx.Node, A.KernelCall] | None = None):
         super().__init__(gm, meta_of, rec)
+        # gated delta rules (Qwen3-Next) in their torch form: FLOPs as run, saves as fla's kernel
+        self.scans = scans or {}
+        self.scan_nodes = {m for c in self.scans.values() for m in c.nodes}
+        self.spans = spans or {}  # attention node -> (span kind, tokens), see spans.py
         self.param_nodes = param_nodes
         self.groups = groups
+        self.eager = eager or {}  # eager attentions, run as one flash kernel at their last GEMM
         self.inner = {n for g in groups.values() for n in g.inner}
+        self.inner |= {n for e in self.eager.values() for n in e.inner}
         self.on_node = on_node
         self.routers = A.routers(gm.graph)
+        self.replicated = A.replicated_linears(
+            gm.graph, set(param_nodes), {g.x for g in groups.values() if g.kind == "norm"})
+        self._routed_fraction = 1.0
+        self._tokens = 0
+        # batched GEMMs over stacked expert weights with all tokens in every expert (HF Llama 4)
+        widths = {v.meta["val"].shape[-1] for v in self.routers}
+        self._dense_routing = any(
+            A.packet(n.target) is torch.ops.aten.bmm and self._expert_stack(n) in widths
+            for n in gm.graph.nodes if n.op == "call_function")
         self.gqa_views: set[fx.Node] = set()
         self.kv_of: dict[fx.Node, fx.Node] = {}
         self.param_views: dict[fx.Node, object] = {}
         self.heads = self.experts = (0, 0)
         for n in gm.graph.nodes:
+            operands = ()
             if n.op == "call_function" and A.packet(n.target) in A.SDPA:
-                q = n.args[0].meta.get("val")
-                for operand in n.args[1:3]:
+                operands = (n.args[0], *n.args[1:3])
+            elif n in self.eager:
+                operands = (self.eager[n].q, self.eager[n].k, self.eager[n].v)
+            if operands:
+                q = operands[0].meta.get("val")
+                for operand in operands[1:]:
                     src, chain = A.kv_source(operand, q.shape[1])
                     if src is not None:
                         self.kv_of[operand] = src
@@ -71,6 +96,10 @@ class ExportInterpreter(MeasuringInterpreter):
 
     def run_node(self, n: fx.Node):
         self.on_node(n)
+        # after this layer's router: what dense-routed experts save is kept at top-k size
+        self.rec.routed_rows = (self.experts[0], self._tokens, self.experts[1] / self.experts[0]) \
+            if self._dense_routing and self.experts[1] else None
+        self.rec.suppress = n in self.scan_nodes
         if n in self.inner:  # computed by its group's fused op
             self._node = n
             return None
@@ -78,6 +107,8 @@ class ExportInterpreter(MeasuringInterpreter):
 
     # -- hooks -----------------------------------------------------------------------------------
     def node_kind(self, n, module):
+        if n in self.eager:
+            return "attention"
         if n in self.groups:
             return self.groups[n].kind
         if n in self.gqa_views:
@@ -94,6 +125,11 @@ class ExportInterpreter(MeasuringInterpreter):
         x, w = A.gemm_operands(n)
         if x is None or n in self.routers or A.traced_param(w, set(self.param_nodes)) is None:
             return None  # routers stay replicated; activation x activation GEMMs are not linears
+        if n in self.replicated and "tp" not in self.input_regions(n):
+            # gates and normed low-rank projections would be column-parallel: they stay whole
+            # (aten.replicated_linears); a row-parallel linear's output is whole after its
+            # all-reduce, so Gemma 3's norm right after o_proj does not count
+            return None
         return n.meta["val"].shape[-1]
 
     def matmul_input(self, n):
@@ -101,12 +137,30 @@ class ExportInterpreter(MeasuringInterpreter):
 
     def gemm_dims(self, n, inputs, result):
         x = self.env[self.matmul_input(n)]
-        return (x.numel() // x.shape[-1], x.shape[-1], result.shape[-1])
+        rows = round(x.numel() // x.shape[-1] * self._routed_fraction)
+        return (rows, x.shape[-1], result.shape[-1])
+
+    def _expert_stack(self, n) -> int | None:
+        """Leading dim of the 3-D parameter a GEMM's weight operand is a view of, else None."""
+        w = A.traced_param(A.gemm_operands(n)[1], set(self.param_nodes))
+        val = w.meta.get("val") if w is not None else None
+        return int(val.shape[0]) if isinstance(val, torch.Tensor) and val.dim() == 3 else None
+
+    def _dense_routed(self, n) -> bool:
+        """A batched GEMM over a stacked [experts, ...] weight with every token in every expert
+        (HF Llama 4: zero scores for the experts a token is not routed to)."""
+        if A.packet(n.target) is not torch.ops.aten.bmm or not self.experts[1]:
+            return False
+        return self._expert_stack(n) == self.experts[0]
 
     def op_extras(self, n):
+        kind, window = self.spans.get(n, ("full", 0))
+        if kind != "full":
+            return {"window": window, "chunked": kind == "chunked"}
         if n in self.routers:
             return {"moe_role": "router"}
-        if n.op == "call_function" and A.packet(n.target) in A.GROUPED_GEMM:
+        if n.op == "call_function" and (A.packet(n.target) in A.GROUPED_GEMM
+                                         or self._dense_routed(n)):
             return {"moe_role": "expert"}
         return {}
 
@@ -123,6 +177,9 @@ class ExportInterpreter(MeasuringInterpreter):
 
     # -- execution -------------------------------------------------------------------------------
     def fetch_args_kwargs_from_env(self, n):
+        if n in self.eager:  # the kernel reads q, k and v (the KV heads, not repeat_kv's copies)
+            e = self.eager[n]
+            return tuple(self.env[self.kv_of.get(x, x)] for x in (e.q, e.k, e.v)), {}
         if n in self.groups:
             g = self.groups[n]
             return (self.env[g.x], *[self.env[p] for p in g.params]), {}
@@ -130,7 +187,8 @@ class ExportInterpreter(MeasuringInterpreter):
 
     def call_function(self, target, args, kwargs):
         n = self._node
-        used = self.groups[n].params if n in self.groups else n.all_input_nodes
+        used = self.groups[n].params if n in self.groups else (
+            list(self.eager[n].params) if n in self.eager else n.all_input_nodes)
         origins = [self.param_nodes[a.name] if a.name in self.param_nodes
                    else self.param_views.get(a) for a in used]
         origins = [o for o in origins if o is not None]
@@ -146,11 +204,26 @@ class ExportInterpreter(MeasuringInterpreter):
         p = A.packet(target)
         if p in A.SDPA:
             return self._sdpa(n, *args, **kwargs)
+        if n in self.eager:
+            out = self._attention(*args)
+            self._attention_causal = self.eager[n].masked
+            self._count_span(n, args[0], args[1])
+            # the eager GEMM's layout [b, h, s, d]; the next transpose makes it [b, s, h, d]
+            return out.to(n.meta["val"].dtype)
         if p in A.ATTENTION:  # fused variants: run as they are (they save what flash saves)
             q, k = args[0], args[1]
             self._heads, self._score_bytes = (q.shape[1], k.shape[1]), 0
             self._attention_causal = bool(kwargs.get("is_causal", False))
+        self._routed_fraction = 1.0
+        before = self.rec.flop_counter.get_total_flops()
         result = super().call_function(target, args, kwargs)
+        if self._dense_routed(n):
+            # a training kernel runs each token through its top-k experts only: count those rows
+            # (tokens x k of the E x tokens computed), forward and backward
+            self._routed_fraction = self.experts[1] / self.experts[0]
+            full = self.rec.flop_counter.get_total_flops() - before
+            self._flops_override = full * self._routed_fraction
+            self.rec.extra_bwd_flops += GEMM_BACKWARD_RATIO * (self._flops_override - full)
         if p in A.GROUPED_GEMM:
             flops = grouped_gemm_flops(args[0].shape, args[1].shape)
             self._flops_override = flops
@@ -158,7 +231,24 @@ class ExportInterpreter(MeasuringInterpreter):
             self.experts = (args[1].shape[0], self.experts[1])
         if n in self.routers:
             self.experts = (result.shape[-1], self.routers[n])
+            self._tokens = result.numel() // result.shape[-1]
+        if n in self.scans:
+            self.rec.suppress = False
+            result = GatedDeltaRuleSavesMeta.apply(result, *self._delta_rule_inputs(self.scans[n]))
         return result
+
+    def _delta_rule_inputs(self, call: A.KernelCall) -> list[torch.Tensor]:
+        """(q, k, v, g, beta) of a gated delta rule call: the 4-D inputs in order of use (q and
+        k first), the 3-D ones (g in fp32, beta in the activations' dtype)."""
+        values = [self.env[a] for a in call.inputs]
+        four = [v for v in values if v.dim() == 4]
+        three = sorted((v for v in values if v.dim() == 3), key=lambda v: v.element_size())
+        if len(four) != 3 or len(three) != 2:
+            raise UntraceableModelError(
+                f"a gated delta rule call has inputs {[tuple(v.shape) for v in values]}; "
+                "expected q, k, v [b, s, heads, d] and g, beta [b, s, heads]. Fix: report the "
+                "model; its linear-attention layer differs from transformers' Qwen3-Next.")
+        return [*four, three[1], three[0]]
 
     def _fused(self, g: _Group, args):
         x = args[0]
@@ -178,7 +268,19 @@ class ExportInterpreter(MeasuringInterpreter):
         out = self._attention(q, k, v, None, dropout_p, is_causal, scale)
         # a mask [.., s, s] in a decoder LM is the causal mask (HF materialises it)
         self._attention_causal = bool(is_causal) or attn_mask is not None
+        self._count_span(n, q, k)
         return out
+
+    def _count_span(self, n, q, k) -> None:
+        """Count only the keys a window-aware kernel visits (spans.py)."""
+        kind, window = self.spans.get(n, ("full", 0))
+        s_q, s_k = q.shape[-2], k.shape[-2]
+        if kind != "full" and s_q == s_k:
+            # a window-aware kernel skips the keys outside the span (spans.py)
+            full = self._flops_override
+            counted = full * counted_pairs(s_q, kind, window) / (s_q * s_k)
+            self.rec.extra_bwd_flops += ATTENTION_BACKWARD_RATIO * (counted - full)
+            self._flops_override = counted
 
 
 def fused_groups(graph: fx.Graph, modules: dict[str, nn.Module],

@@ -125,13 +125,15 @@ class FusedGLUMeta(torch.autograd.Function):
 
     forward(a [..., f], b [..., f]) -> [..., f]; saves a and b only, recomputing act(a) in
     backward, as Megatron-LM's fused ``bias_swiglu`` and Transformer Engine's SwiGLU do. Eager
-    PyTorch (``F.silu(a) * b``) also keeps act(a), one more f-wide tensor per block.
+    PyTorch (``F.silu(a) * b``) also keeps act(a), one more f-wide tensor per block. The output
+    dtype is the promoted dtype of ``a`` and ``b``, as for the eager product (Qwen3-Next's gated
+    norm multiplies a bf16 tensor by an fp32 gate).
     """
 
     @staticmethod
     def forward(ctx, a, b):  # noqa: D102 - see class docstring
         ctx.save_for_backward(a, b)
-        return torch.empty_like(b)
+        return torch.empty_like(b, dtype=torch.promote_types(a.dtype, b.dtype))
 
     @staticmethod
     def backward(ctx, grad_out):  # noqa: D102 - shapes only
@@ -152,3 +154,34 @@ def grouped_gemm_flops(x_shape, w_shape) -> float:
 
 #: Backward / forward FLOP ratio of a GEMM (input gradient + weight gradient).
 GEMM_BACKWARD_RATIO = 2.0
+
+
+#: Chunk length of fla's chunked gated delta rule (``chunk_gated_delta_rule``, BT = 64).
+DELTA_RULE_CHUNK = 64
+
+
+class GatedDeltaRuleSavesMeta(torch.autograd.Function):
+    """Identity on the output of a gated delta rule, saving what fla's fused kernel saves.
+
+    fla ``ChunkGatedDeltaRuleFunction.forward`` (flash-linear-attention,
+    ``fla/ops/gated_delta_rule/chunk.py``): ``save_for_backward(q, q_rstd, k, k_rstd, v, g, beta,
+    A, initial_state)``: the l2-normalised q and k with their fp32 1/norms, v and beta as given,
+    g's chunk-local cumulative sum in fp32, and A, the [b, s, heads, 64] inverse of the chunk's
+    UT system, in k's dtype; everything else is recomputed in backward.
+
+    forward(out, q [b,s,hk,dk], k [b,s,hk,dk], v [b,s,h,dv], g [b,s,h], beta [b,s,h]) -> out.
+    """
+
+    @staticmethod
+    def forward(ctx, out, q, k, v, g, beta):  # noqa: D102 - see class docstring
+        b, s, h = v.shape[:3]
+        ctx.save_for_backward(
+            torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32),
+            torch.empty_like(k), k.new_empty(k.shape[:-1], dtype=torch.float32), v,
+            g.new_empty(g.shape, dtype=torch.float32), beta,
+            k.new_empty((b, s, h, DELTA_RULE_CHUNK)))
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad_out):  # noqa: D102 - shapes only
+        return grad_out, None, None, None, None, None

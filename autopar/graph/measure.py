@@ -71,11 +71,17 @@ class Recorder:
     keep_alive: list[torch.Tensor] = field(default_factory=list)
     seen_params: set[int] = field(default_factory=set)
     extra_bwd_flops: float = 0.0
+    #: (experts E, tokens T, k / E) while a "dense-routed" MoE layer runs (every token through
+    #: every expert, HF Llama 4): saved tensors of E x T rows are kept at k / E of their size,
+    #: what a top-k kernel keeps; None otherwise
+    routed_rows: tuple[int, int, float] | None = None
+    #: True while ops run that a fused kernel replaces (their saves are the kernel's, not theirs)
+    suppress: bool = False
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         """saved_tensors_hooks pack hook: attribute a saved storage to the running op."""
         key = _storage_key(t)
-        if key in self.excluded:
+        if key in self.excluded or self.suppress:
             return t
         entry = self.saved.get(key)
         if entry is None:
@@ -85,6 +91,10 @@ class Recorder:
                 # a dropout mask: GPU kernels keep it as one byte per element (torch's CPU/meta
                 # kernels use the input dtype); Korthikanti et al. 2022 count 1 byte too
                 nbytes = t.numel()
+            if self.routed_rows is not None:
+                e, tokens, frac = self.routed_rows
+                if tuple(t.shape[:2]) == (e, tokens) or (t.dim() and t.shape[0] == e * tokens):
+                    nbytes = round(nbytes * frac)
             self.saved[key] = _Saved(nbytes, region, self.layer, core, self.op_is_core)
             self.keep_alive.append(t)
         else:

@@ -52,6 +52,11 @@ class Op:
         moe_role: "router" (the gate linear whose scores feed a top-k; replicated under TP),
             "expert" (a GEMM over a stacked [experts, ...] weight: kind is still "matmul", its
             FLOPs count the routed rows only, i.e. active parameters) or "".
+        window: for attention with a limited span, the tokens each query sees: the sliding
+            window (itself and window - 1 before it) or, with ``chunked``, the chunk length;
+            0 for full attention. ``fwd_flops`` already counts only the span (see
+            :mod:`autopar.graph.spans`).
+        chunked: True for chunked attention (Llama 4), False for a sliding window.
     """
 
     name: str
@@ -67,6 +72,8 @@ class Op:
     gemm: tuple[int, ...] = ()
     fused: bool = True
     moe_role: str = ""
+    window: int = 0
+    chunked: bool = False
 
 
 @dataclass(frozen=True)
