@@ -79,3 +79,18 @@ def test_parameter_count_matches_the_built_module(name):
     built = autopar.models.build(name)
     assert autopar.models.get_config(name).num_parameters == sum(
         p.numel() for p in built.parameters())
+
+
+def test_pipeline_bytes_are_what_each_rank_sends():
+    # pp=2 across two nodes (dp=4 inside each): rank 0 sends each micro-batch's activation
+    # [1, 32, 64] bf16 forward, rank 1 its gradient backward; either way one GPU sends 2 x 4096
+    # bytes over InfiniBand. Both directions used to be charged to rank 0 (16,384) and none to
+    # the last rank (0 GB "used by pp").
+    train = autopar.TrainingConfig(global_batch_size=8, seq_len=32)
+    plan = autopar.optimize("tiny-llama", autopar.Cluster.custom(2, 4, "A100-80GB"), train,
+                            fixed=dict(pp=2, dp=4, tp=1, micro_batch_size=1, zero_stage=0,
+                                       virtual_stages=1, placement=("tp", "cp", "dp", "pp")))
+    e = plan.estimate
+    assert e.group_links["pp"] == "infiniband" and e.group_links["dp"] == "nvlink"
+    assert e.num_micro_batches == 2  # 8 sequences over dp=4, one per micro-batch
+    assert e.comm_bytes_by_link["infiniband"] == pytest.approx(2 * 32 * 64 * 2)

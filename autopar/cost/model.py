@@ -59,7 +59,8 @@ class StageLayout:
         flight: micro-batch-chunk units of activations held at the peak divided by the rank's
             chunk count, i.e. the multiplier of one micro-batch's activations of its layers.
         p2p_s: pipeline send/recv seconds per micro-batch (forward + backward).
-        p2p_bytes: bytes sent per micro-batch (send/recv: bytes on the wire = the message).
+        p2p_bytes: bytes the rank sends per micro-batch: activations to the next chunk, input
+            gradients to the previous one (send/recv: bytes on the wire = the message).
         params: parameter elements on the rank (after TP sharding).
         states: (weights, gradients, optimizer states) bytes after ZeRO sharding.
         gather_bytes: ZeRO-3 working memory: the gathered parameters of the largest layer and
@@ -258,12 +259,20 @@ class CostModel:
         for rank, (layers, mine, _groups, chunks) in enumerate(self.rank_layers(pp,
                                                                              c.stage_blocks)):
             p2p_s = p2p_bytes = 0.0
+
+            def boundary_bytes(ci: int) -> float:
+                """Bytes of the activation crossing from chunk ci to ci + 1 (its gradient
+                crosses back the same size)."""
+                return (g.layers[chunks[ci][-1]].output_bytes * bscale / cp
+                        / (tp if c.sequence_parallel else 1))
+
             for ci in mine:
                 if pp > 1 and ci < len(chunks) - 1 and chunks[ci]:
-                    nbytes = (g.layers[chunks[ci][-1]].output_bytes * bscale / cp
-                              / (tp if c.sequence_parallel else 1))
+                    nbytes = boundary_bytes(ci)
                     p2p_s += 2 * pp_g.time("send_recv", nbytes)
-                    p2p_bytes += 2 * nbytes
+                    p2p_bytes += nbytes  # this rank sends the activation forward
+                if pp > 1 and ci > 0 and chunks[ci - 1]:
+                    p2p_bytes += boundary_bytes(ci - 1)  # and the input's gradient backward
             params, experts = self._rank_params(tp, c.ep, layers)
             k_opt = OPTIMIZER_STATE_BYTES[self.train.optimizer]
             dense = mem.model_state_bytes(params - experts, c.zero_stage, c.dp * c.cp,
