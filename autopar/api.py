@@ -27,6 +27,7 @@ from .errors import (InvalidClusterSpec, InvalidModelConfig, InvalidParallelConf
                      UntraceableModelError,
                      InvalidSearchOption, InvalidTrainingConfig)
 from .graph import extract
+from .graph.needs import LM_FIX, LM_NEEDS
 from .graph.types import ModelGraph
 from .hardware import Cluster
 from .models import ModelConfig, build, get_config
@@ -82,7 +83,10 @@ def model_graph(model, train: TrainingConfig) -> tuple[ModelGraph, ModelConfig |
 
     Raises:
         InvalidModelConfig: a bad preset name or dict.
-        UntraceableModelError: a module torch.fx cannot trace.
+        UntraceableModelError: a module that is not a decoder language model (no token
+            embedding, no repeated blocks; the message says what autopar needs,
+            :data:`autopar.graph.needs.LM_NEEDS`, and what to pass instead), or one neither
+            torch.fx nor torch.export can capture.
     """
     cfg = _model_config(model)
     dtype = _TORCH_DTYPES[train.precision]
@@ -92,15 +96,20 @@ def model_graph(model, train: TrainingConfig) -> tuple[ModelGraph, ModelConfig |
         module = build(built, dtype=dtype)
         return extract(module, train.seq_len, 1, dtype=dtype, name=cfg.name,
                        flash_attention=train.flash_attention), cfg
+    if not any(isinstance(m, nn.Embedding) for m in model.modules()):
+        # no token embedding: not a language model; tracing it would only fail deep in torch
+        raise UntraceableModelError(
+            f"{type(model).__name__} is not a language model autopar can plan: it has no "
+            f"nn.Embedding to take token ids. {LM_NEEDS}. {LM_FIX}.")
     graph = extract(_in_dtype(model, dtype), train.seq_len, 1,
                     flash_attention=train.flash_attention)
     if graph.num_blocks == 0:
         raise UntraceableModelError(
-            f"found no repeated decoder blocks in {type(model).__name__}: autopar plans causal "
-            "language models whose blocks sit in one nn.ModuleList of a single class, taking "
-            "input_ids [batch, seq] and returning logits. Fix: keep the blocks in an "
-            "nn.ModuleList (nn.TransformerEncoder's layers are not a decoder LM).")
+            f"found no repeated decoder blocks in {type(model).__name__}. {LM_NEEDS}. {LM_FIX}; "
+            "for your own decoder, keep its blocks in one nn.ModuleList (nn.TransformerEncoder "
+            "is not a decoder LM).")
     return graph, None
+
 
 
 def _in_dtype(model: nn.Module, dtype: torch.dtype) -> nn.Module:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -82,10 +81,9 @@ def test_llama_published_totals():
     assert n_params(build("llama3-8b")) == pytest.approx(8.03e9, rel=1e-3)
 
 
-def test_meta_build_is_fast_and_allocates_nothing():
-    start = time.perf_counter()
+def test_meta_build_allocates_nothing():
+    # how fast the build is belongs to benchmarks/extraction.py, not to a timed test
     model = build("llama3-405b")
-    assert time.perf_counter() - start < 2.0
     assert all(p.is_meta and p.dtype == torch.bfloat16 for p in model.parameters())
     assert all(b.is_meta for b in model.buffers())
 

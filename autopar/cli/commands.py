@@ -34,6 +34,7 @@ from ..config import ParallelConfig, TrainingConfig
 from ..errors import AutoparError, InvalidClusterSpec, InvalidModelConfig, InvalidTrainingConfig
 from ..report.advice import fixes_to_fit, run_cost
 from ..report.explain import Problem, compare, named_alternatives, search_plan
+from ..report.summary import plural
 from ..io.importers import Imported, from_megatron_args, from_torchtitan_toml
 
 _PARALLEL = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "zero": "zero_stage",
@@ -143,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     _parallel_flags(x, what=" (pinned in the searched best plan)")
     _search_flags(x)
     _parallel_flags(x, "compare-", " of a hand-tuned plan to explain too")
-    sub.add_parser("models", help="list model presets")
+    mo = sub.add_parser("models", help="list model presets with their size and shape")
+    mo.add_argument("--json", action="store_true", help="print the presets as JSON on stdout")
     measure_cmds.add_parsers(sub, _positive_float, _non_negative_int)
     return ap
 
@@ -364,7 +366,8 @@ def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
         return data
     e = plan.estimate
     tr = problem.train
-    out.print(f"[bold]autopar plan[/bold]: {plan.model} on {plan.cluster} ({plan.world_size} GPUs), "
+    out.print(f"[bold]autopar plan[/bold]: {plan.model} on {plan.cluster} "
+              f"({plural(plan.world_size, 'GPU')}), "
               f"global batch {tr.global_batch_size} x {tr.seq_len} tokens, {tr.precision}")
     for t in (tables.degrees_table(e), tables.stages_table(e), tables.performance_table(e),
               tables.memory_table(e), tables.comm_table(e)):
@@ -375,7 +378,8 @@ def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
     if money:
         out.print(tables.money_table(money, args.tokens))
     s = plan.search
-    out.print(f"search: {s.evaluated} configurations, {s.meshes} meshes, {s.wall_s:.1f} s"
+    out.print(f"search: {plural(s.evaluated, 'configuration')}, "
+              f"{plural(s.meshes, 'mesh', 'meshes')}, {s.wall_s:.1f} s"
               f"{'' if s.complete else ' (stopped early: best so far)'}; MFU convention: "
               f"{e.flops_convention}", style="dim", highlight=False)
     return data
@@ -400,7 +404,8 @@ def _cmd_estimate(args, problem, par, notes, out) -> dict:
         return data
     cm = problem.cost_model
     out.print(f"[bold]autopar estimate[/bold]: {cm.graph.name} on {cm.cluster.name} "
-              f"({cm.cluster.world_size} GPUs), global batch {cm.train.global_batch_size} x "
+              f"({plural(cm.cluster.world_size, 'GPU')}), global batch "
+              f"{cm.train.global_batch_size} x "
               f"{cm.train.seq_len} tokens, {cm.train.precision}")
     for n in notes:
         out.print(f"note: {n}", style="yellow", highlight=False)
@@ -475,8 +480,12 @@ def run(argv=None) -> int:
     out = Console(width=None if sys.stdout.isatty() else 140)
     try:
         if args.command == "models":
-            from ..models import list_presets
-            out.print("\n".join(list_presets()))
+            from ..models import PRESETS
+            rows = [tables.model_row(name, p.config) for name, p in PRESETS.items()]
+            if args.json:
+                print(json.dumps({"models": rows}, indent=2, sort_keys=True))
+            else:
+                out.print(tables.models_table(rows))
             return 0
         if args.command in ("calibrate", "measure"):
             run = (measure_cmds.cmd_calibrate if args.command == "calibrate"

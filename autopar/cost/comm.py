@@ -11,6 +11,13 @@ DP: gradient all-reduce, or reduce-scatter + all-gather of parameters under ZeRO
 all-gathers parameters for forward and backward and reduce-scatters gradients every micro-batch.
 CP: ring attention exchanges the K/V shard cp-1 times per block in forward, K/V and their
 gradients in backward (Liu et al. 2023), overlapped with the attention of the chunk in hand.
+
+Bytes recorded are **bytes on the wire per GPU**: what one GPU sends (and, in a ring, receives as
+much) for a collective whose message is ``nbytes`` in the nccl-tests convention, as a ring
+algorithm moves it: 2(n-1)/n x nbytes for all-reduce, (n-1)/n x nbytes for all-gather,
+reduce-scatter and all-to-all, nbytes for send/recv (nccl-tests' "bus bytes", the factor of
+:func:`autopar.hardware.collectives.bus_factor`). Tree or hierarchical algorithms, which the
+timing may pick, move about as much per GPU over the bottleneck link.
 """
 
 from __future__ import annotations
@@ -19,18 +26,21 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ..graph.types import Layer
+from ..hardware.collectives import bus_factor
 
 
 @dataclass
 class CommLedger:
-    """Bytes sent and seconds spent per link class and per parallelism, for one GPU and step."""
+    """Bytes on the wire (what one GPU sends) and seconds spent per link class and per
+    parallelism, for one GPU and step."""
 
     bytes_by_link: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     seconds_by_link: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     seconds_by_kind: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
     def add(self, kind: str, link: str, nbytes: float, seconds: float, times: float = 1.0) -> None:
-        """Record ``times`` collectives of ``nbytes`` each taking ``seconds``."""
+        """Record ``times`` collectives each sending ``nbytes`` on the wire from this GPU and
+        taking ``seconds``."""
         self.bytes_by_link[link] += nbytes * times
         self.seconds_by_link[link] += seconds * times
         self.seconds_by_kind[kind] += seconds * times
@@ -62,12 +72,26 @@ class Collectives:
             self._memo[key] = t
         return t
 
+    def wire_bytes(self, op: str, nbytes: float) -> float:
+        """Bytes one GPU of the group sends for ``op`` on a message of ``nbytes`` (nccl-tests
+        convention): ``nbytes`` x :func:`~autopar.hardware.collectives.bus_factor` (ring
+        all-reduce 2(n-1)/n, all-gather / reduce-scatter / all-to-all (n-1)/n, send/recv 1);
+        0 for one rank.
+
+        Raises:
+            InvalidParallelConfig: an unknown op.
+        """
+        if self.size <= 1 or nbytes <= 0:
+            return 0.0
+        return nbytes * bus_factor(op, self.size)
+
 
 def tp_layer_comm(layer: Layer, group: Collectives, *, micro_batch: int, cp: int,
                   sequence_parallel: bool) -> tuple[float, float, float, float]:
     """TP communication of one layer per micro-batch: (fwd_s, bwd_s, fwd_bytes, bwd_bytes).
 
-    Bytes are the unsharded activation sizes (nccl-tests convention) scaled to the micro-batch.
+    Messages are the unsharded activation sizes (nccl-tests convention) scaled to the
+    micro-batch; the bytes returned are on the wire per GPU (:meth:`Collectives.wire_bytes`).
     """
     if group.size <= 1:
         return 0.0, 0.0, 0.0, 0.0
@@ -85,27 +109,28 @@ def tp_layer_comm(layer: Layer, group: Collectives, *, micro_batch: int, cp: int
         for r in rows:  # forward reduce-scatter, backward all-gather
             fwd += group.time("reduce_scatter", r)
             bwd += group.time("all_gather", r)
-            fb += r
-            bb += r
+            fb += group.wire_bytes("reduce_scatter", r)
+            bb += group.wire_bytes("all_gather", r)
         for c in cols:  # forward all-gather, backward reduce-scatter
             fwd += group.time("all_gather", c)
             bwd += group.time("reduce_scatter", c)
-            fb += c
-            bb += c
+            fb += group.wire_bytes("all_gather", c)
+            bb += group.wire_bytes("reduce_scatter", c)
     else:
         for r in rows:
             fwd += group.time("all_reduce", r)
-            fb += r
+            fb += group.wire_bytes("all_reduce", r)
         for c in cols:
             bwd += group.time("all_reduce", c)
-            bb += c
+            bb += group.wire_bytes("all_reduce", c)
     return fwd, bwd, fb, bb
 
 
 def cp_layer_comm(layer: Layer, group: Collectives, *, micro_batch: int, tp: int,
                   attention_fwd_s: float, mode: str = "ring",
                   overlap: float = 1.0) -> tuple[float, float, float]:
-    """Exposed context-parallel communication of one block: (fwd_s, bwd_s, bytes per micro-batch).
+    """Exposed context-parallel communication of one block: (fwd_s, bwd_s, bytes on the wire per
+    GPU and micro-batch, forward + backward).
 
     Modes (sequence split over cp ranks, heads over tp):
       ring: cp - 1 steps each sending this rank's K and V shard to the ring neighbour while the
@@ -129,15 +154,18 @@ def cp_layer_comm(layer: Layer, group: Collectives, *, micro_batch: int, tp: int
     out_bytes = qkv_bytes * q_heads / (q_heads + 2 * kv)
     if mode == "ulysses":
         fwd = group.time("all_to_all", qkv_bytes / cp) + group.time("all_to_all", out_bytes / cp)
-        return fwd, fwd, 2 * (qkv_bytes + out_bytes) / cp
+        return fwd, fwd, 2 * (group.wire_bytes("all_to_all", qkv_bytes / cp)
+                              + group.wire_bytes("all_to_all", out_bytes / cp))
     if mode == "allgather":
         fwd = group.time("all_gather", kv_bytes)
         bwd = group.time("reduce_scatter", kv_bytes)
-        return fwd, bwd, 2 * kv_bytes * (cp - 1) / cp
+        return fwd, bwd, (group.wire_bytes("all_gather", kv_bytes)
+                          + group.wire_bytes("reduce_scatter", kv_bytes))
     shard = kv_bytes / cp
     step = group.time("send_recv", shard)
     steps = cp - 1
     per_step_compute = overlap * attention_fwd_s / cp
     fwd = max(0.0, steps * (step - per_step_compute))
     bwd = max(0.0, steps * (2 * step - 2.5 * per_step_compute))
+    # each step sends the K/V shard forward; backward sends K/V and dK/dV (send/recv: wire = message)
     return fwd, bwd, shard * steps * 3

@@ -37,7 +37,8 @@ class BlockCost:
     """One layer's cost per micro-batch on one GPU under one recompute mode.
 
     Times in seconds (fwd_s/bwd_s include TP and CP communication; bwd_s includes recompute),
-    bytes per micro-batch, FLOPs per GPU.
+    communication bytes on the wire per GPU and micro-batch (see :mod:`autopar.cost.comm`),
+    FLOPs per GPU.
     """
 
     fwd_s: float
@@ -63,7 +64,8 @@ class StageLayout:
         flight: micro-batch-chunk units of activations held at the peak divided by the rank's
             chunk count, i.e. the multiplier of one micro-batch's activations of its layers.
         p2p_s: pipeline send/recv seconds per micro-batch (forward + backward).
-        p2p_bytes: bytes sent per micro-batch.
+        p2p_bytes: bytes the rank sends per micro-batch: activations to the next chunk, input
+            gradients to the previous one (send/recv: bytes on the wire = the message).
         params: parameter elements on the rank (after TP sharding).
         states: (weights, gradients, optimizer states) bytes after ZeRO sharding.
         gather_bytes: ZeRO-3 working memory: the gathered parameters of the largest layer and
@@ -188,10 +190,12 @@ class CostModel:
             # the same two backward (Lepikhin et al. 2020, GShard; Megatron-LM MoE)
             routed = (layer.output_bytes * bscale * max(1, layer.experts_per_token) / cp
                       / (tp if sp else 1))
-            ef = 2 * self.group("ep", c).time("all_to_all", routed)
-            eb = 4 * routed
+            ep_g = self.group("ep", c)
+            ef = 2 * ep_g.time("all_to_all", routed)
+            eb = 4 * ep_g.wire_bytes("all_to_all", routed)
             if mode == "full":
                 ef *= 1.5  # the recomputed forward dispatches again
+                eb *= 1.5
         rec = lt.recompute_s(mode)
         # FLOPs the recomputed forward repeats (HFU), in MFU's convention: a causal attention
         # op at the half a causal kernel executes
@@ -270,12 +274,20 @@ class CostModel:
         for rank, (layers, mine, _groups, chunks) in enumerate(self.rank_layers(pp,
                                                                              c.stage_blocks)):
             p2p_s = p2p_bytes = 0.0
+
+            def boundary_bytes(ci: int) -> float:
+                """Bytes of the activation crossing from chunk ci to ci + 1 (its gradient
+                crosses back the same size)."""
+                return (g.layers[chunks[ci][-1]].output_bytes * bscale / cp
+                        / (tp if c.sequence_parallel else 1))
+
             for ci in mine:
                 if pp > 1 and ci < len(chunks) - 1 and chunks[ci]:
-                    nbytes = (g.layers[chunks[ci][-1]].output_bytes * bscale / cp
-                              / (tp if c.sequence_parallel else 1))
+                    nbytes = boundary_bytes(ci)
                     p2p_s += 2 * pp_g.time("send_recv", nbytes)
-                    p2p_bytes += 2 * nbytes
+                    p2p_bytes += nbytes  # this rank sends the activation forward
+                if pp > 1 and ci > 0 and chunks[ci - 1]:
+                    p2p_bytes += boundary_bytes(ci - 1)  # and the input's gradient backward
             params, experts = self._rank_params(tp, c.ep, layers)
             k_opt = OPTIMIZER_STATE_BYTES[self.train.optimizer]
             dense = mem.model_state_bytes(params - experts, c.zero_stage, c.dp * c.cp,
@@ -380,7 +392,9 @@ class CostModel:
                 per_mb = (2 * dp_g.time("all_gather", psi * wbytes)
                           + dp_g.time("reduce_scatter", psi * p.grad_bytes))
                 dp_exposed = m * max(0.0, per_mb - p.dp_overlap * (fwd1 + bwd1))
-                ledger.add("dp", dp_g.link, psi * (2 * wbytes + p.grad_bytes), per_mb, times=m)
+                ledger.add("dp", dp_g.link,
+                           2 * dp_g.wire_bytes("all_gather", psi * wbytes)
+                           + dp_g.wire_bytes("reduce_scatter", psi * p.grad_bytes), per_mb, times=m)
             elif c.zero_stage == 2:
                 # sharded gradients cannot accumulate locally: reduce-scatter every micro-batch,
                 # each hidden behind that micro-batch's backward; parameters gathered once
@@ -388,19 +402,22 @@ class CostModel:
                 t_param = dp_g.time("all_gather", psi * wbytes)
                 dp_exposed = (m * max(0.0, t_rs - p.dp_overlap * bwd1)
                               + max(0.0, t_param - p.dp_overlap * fwd1))
-                ledger.add("dp", dp_g.link, psi * p.grad_bytes, t_rs, times=m)
-                ledger.add("dp", dp_g.link, psi * wbytes, t_param)
+                ledger.add("dp", dp_g.link, dp_g.wire_bytes("reduce_scatter", psi * p.grad_bytes),
+                           t_rs, times=m)
+                ledger.add("dp", dp_g.link, dp_g.wire_bytes("all_gather", psi * wbytes), t_param)
             else:
                 if c.zero_stage == 0:
                     t_grad = dp_g.time("all_reduce", psi * p.grad_bytes)
                     t_param = 0.0
+                    wire = dp_g.wire_bytes("all_reduce", psi * p.grad_bytes)
                 else:
                     t_grad = dp_g.time("reduce_scatter", psi * p.grad_bytes)
                     t_param = dp_g.time("all_gather", psi * wbytes)
+                    wire = (dp_g.wire_bytes("reduce_scatter", psi * p.grad_bytes)
+                            + dp_g.wire_bytes("all_gather", psi * wbytes))
                 dp_exposed = (max(0.0, t_grad - p.dp_overlap * bwd1)
                               + max(0.0, t_param - p.dp_overlap * fwd1))
-                ledger.add("dp", dp_g.link, psi * (p.grad_bytes + (wbytes if t_param else 0)),
-                           t_grad + t_param)
+                ledger.add("dp", dp_g.link, wire, t_grad + t_param)
         opt_params = psi / (dp * cp if c.zero_stage >= 1 else 1)
         optimizer_s = opt_params * p.optimizer_bytes_per_param / (
             self.device.hbm_bandwidth_Bps * p.hbm_efficiency)

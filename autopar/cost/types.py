@@ -37,8 +37,11 @@ class Estimate:
         memory_breakdown: bytes by component on the peak GPU (see MemoryBreakdown).
         stage_memory_bytes: peak bytes of each pipeline rank.
         stage_time_s: seconds per micro-batch (forward + backward) of each pipeline rank.
-        comm_bytes_by_link: payload bytes (nccl-tests sizes, not wire bytes) of the collectives
-            one GPU of the slowest pipeline rank takes part in per step, by link class.
+        comm_bytes_by_link: bytes on the wire per step that one GPU of the slowest pipeline rank
+            sends (and, in a ring, receives as much) in its collectives and pipeline sends, by
+            link class: each message (nccl-tests size) times the ring's factor, 2(n-1)/n for
+            all-reduce, (n-1)/n for all-gather / reduce-scatter / all-to-all, 1 for send/recv
+            (:mod:`autopar.cost.comm`; plan files of earlier autopar versions hold message sizes).
         comm_seconds_by_link: seconds of those collectives per step by link class (before overlap).
         peak_stage: index of the pipeline rank with the most memory.
         stage_fwd_s / stage_bwd_s: per pipeline rank, seconds of one micro-batch's forward and

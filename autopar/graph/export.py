@@ -18,15 +18,18 @@ attention on the KV heads (HF's ``repeat_kv`` copies become views), a norm modul
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import inspect
 import linecache
+import logging
 import re
 
 import torch
 import torch.fx as fx
 from torch import nn
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..errors import UntraceableModelError
@@ -34,11 +37,36 @@ from . import aten as A
 from .assemble import add_loss, elem_bytes, finish_layer, logits_of, meta_map, reset_ops
 from .export_run import ExportInterpreter, fused_groups
 from .measure import Recorder
+from .needs import LM_FIX, LM_NEEDS
 from .spans import attention_span
 from .types import Layer, ModelGraph
 
 # attributes that differ between otherwise identical blocks and do not change the computation
 _POSITION_ATTR = re.compile(r"(idx|index|layer_id|layer_number|layer_num)$")
+
+
+@contextlib.contextmanager
+def quiet_torch_logs():
+    """Silence torch's own loggers (``torch`` and every ``torch.*`` one) for the duration.
+
+    Why: when a model cannot run under torch.export, torch logs full tracebacks on stderr
+    (e.g. ``torch._subclasses.fake_tensor`` logs "failed while attempting to run meta for
+    aten.mm.default" with ``log.exception``) before raising; autopar turns the exception into an
+    :class:`~autopar.errors.UntraceableModelError` naming the module and the fix, so the logged
+    traceback is noise. torch registers a stderr handler on many of its loggers with
+    ``propagate=False``, so each one's level is raised above CRITICAL and restored after.
+    """
+    loggers = [logging.getLogger("torch")] + [
+        lg for name, lg in sorted(logging.root.manager.loggerDict.items())
+        if name.startswith("torch.") and isinstance(lg, logging.Logger)]
+    levels = [lg.level for lg in loggers]
+    try:
+        for lg in loggers:
+            lg.setLevel(logging.CRITICAL + 1)
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 def find_block_list(model: nn.Module) -> tuple[str, nn.ModuleList] | tuple[None, None]:
@@ -161,13 +189,19 @@ def _failure(model: nn.Module, exc: BaseException, fx_error: str) -> Untraceable
             line = linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno).strip()
         tb = tb.tb_next
     text = str(exc).strip().splitlines()
+    data_dependent = (isinstance(exc, GuardOnDataDependentSymNode)
+                      or "data-dependent" in str(exc).lower())
+    if data_dependent:
+        fix = ("Fix: make that forward run on meta tensors without data-dependent Python (no "
+               ".item()/.tolist()/`if tensor:`; use torch.where or torch.cond), or mark the module "
+               "as a leaf by moving it into a block class torch.fx keeps whole.")
+    else:  # a shape or dtype error: the model does not take token ids as an LM does
+        fix = (f"That module cannot run on token ids [batch, seq] (int64) passed as input_ids. "
+               f"{LM_NEEDS}. {LM_FIX}.")
     return UntraceableModelError(
         f"cannot capture {type(model).__name__}: torch.fx failed ({fx_error}); torch.export failed "
         f"in module {where}" + (f" at `{line}`" if line else "") +
-        f": {type(exc).__name__}: {text[0] if text else ''}. Fix: make that forward run on meta "
-        "tensors without data-dependent Python (no .item()/.tolist()/`if tensor:`; use "
-        "torch.where or torch.cond), or mark the module as a leaf by moving it into a block class "
-        "torch.fx keeps whole.")
+        f": {type(exc).__name__}: {text[0].rstrip('.') if text else ''}. {fix}")
 
 
 def extract_exported(model: nn.Module, seq_len: int, micro_batch_size: int, *,
@@ -195,20 +229,21 @@ def extract_exported(model: nn.Module, seq_len: int, micro_batch_size: int, *,
     ids = torch.zeros((micro_batch_size, seq_len), dtype=torch.long, device="meta")
     was_training = model.training
     model.train()
-    try:
+    with quiet_torch_logs():
         try:
-            program, values, params, modules = _export(model, ids, path, blocks, reps)
-        except Exception:  # noqa: BLE001 - a cut model may break; the whole one is the fallback
-            if len(reps) == n_blocks:
-                raise
-            reps, rep_of = list(range(n_blocks)), list(range(n_blocks))
-            program, values, params, modules = _export(model, ids, path, blocks, reps)
-    except Exception as exc:  # noqa: BLE001 - torch.export raises many types
-        raise _failure(model, exc, fx_error) from exc
-    finally:
-        model.train(was_training)
-    return _measure(model, program, values, params, modules, path, reps, rep_of, seq_len,
-                    micro_batch_size, dtype, flash_attention, name, fx_error)
+            try:
+                program, values, params, modules = _export(model, ids, path, blocks, reps)
+            except Exception:  # noqa: BLE001 - a cut model may break; the whole one is the fallback
+                if len(reps) == n_blocks:
+                    raise
+                reps, rep_of = list(range(n_blocks)), list(range(n_blocks))
+                program, values, params, modules = _export(model, ids, path, blocks, reps)
+        except Exception as exc:  # noqa: BLE001 - torch.export raises many types
+            raise _failure(model, exc, fx_error) from exc
+        finally:
+            model.train(was_training)
+        return _measure(model, program, values, params, modules, path, reps, rep_of, seq_len,
+                        micro_batch_size, dtype, flash_attention, name, fx_error)
 
 
 def _measure(model, program, values, params, modules, path, reps, rep_of, seq_len, mbs, dtype,

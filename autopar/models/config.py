@@ -183,6 +183,27 @@ class ModelConfig:
         """Features per attention head: hidden_size // num_heads."""
         return self.hidden_size // self.num_heads
 
+    @property
+    def num_parameters(self) -> int:
+        """Parameters (elements) of the :class:`~autopar.models.transformer.Transformer` this
+        config builds, tied embeddings counted once: embedding V*h (+ seq_len*h learned
+        positions); per layer q/o projections 2*h*a*d, k/v 2*h*kv*d, MLP 3*h*f (SwiGLU) or 2*h*f
+        (GELU), two norms (h each, +h each for LayerNorm with bias) and biases when ``bias``;
+        final norm; LM head V*h unless tied."""
+        h, f, v = self.hidden_size, self.ffn_hidden_size, self.vocab_size
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        norm = h * (2 if self.norm == "layernorm" and self.bias else 1)
+        attn = h * (2 * q + 2 * kv) + ((q + 2 * kv + h) if self.bias else 0)
+        mats = 3 if self.mlp == "swiglu" else 2
+        mlp = mats * h * f + (((mats - 1) * f + h) if self.bias else 0)
+        layer = attn + mlp + 2 * norm
+        total = v * h + self.num_layers * layer + norm
+        if self.position == "learned":
+            total += self.seq_len * h
+        if not self.tied_embeddings:
+            total += v * h
+        return total
+
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:
         """Build a config from a dict shaped like a ``model`` entry of published_plans.json.

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from ..cost.types import Estimate
 from ..errors import AutoparError, MissingDependency, output_error  # noqa: F401 (re-export)
+from .summary import plural
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -248,7 +249,8 @@ def plot_schedule(est: Estimate, path: PathLike = None, *, ax: Axes | None = Non
     ax.set_xlim(0, disp_end + sum(d for _, d in tail))
     bubble = 100 * tb.get("bubble", 0.0) / est.step_time_s
     ax.set_title(title or (f"One step: {c.schedule}, pp={c.pp} v={c.virtual_stages}, "
-                           f"{est.num_micro_batches} micro-batches (simulated order); "
+                           f"{plural(est.num_micro_batches, 'micro-batch', 'micro-batches')} "
+                           "(simulated order); "
                            f"{est.step_time_s:.2f} s/step, bubble {bubble:.1f}%"), fontsize=10)
     return _finish(fig, ax, path)
 

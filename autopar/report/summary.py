@@ -4,9 +4,48 @@ from __future__ import annotations
 
 from collections import Counter
 
+from ..search.ranking import TIE_RTOL, tied
+
 
 def _gb(x: float) -> str:
     return f"{x / 1e9:.1f} GB"
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``"1 sequence"``, ``"2 sequences"``, ``"3 micro-batches"``: a count with its noun in the
+    right number (``word`` singular; ``many`` the plural, default ``word + "s"``)."""
+    return f"{n:,} {word if n == 1 else (many or word + 's')}"
+
+
+def accumulation_why(c, num_micro_batches: int) -> str:
+    """Why a step of the resolved config ``c`` runs ``num_micro_batches`` micro-batches per
+    data-parallel replica: "gradient accumulation", "gradient accumulation x pipeline" (the
+    pipeline needs them in flight; gradients still accumulate over all), or "no gradient
+    accumulation" (one)."""
+    if num_micro_batches == 1:
+        return "no gradient accumulation"
+    return "gradient accumulation x pipeline" if c.pp > 1 else "gradient accumulation"
+
+
+def micro_batch_text(c, num_micro_batches: int) -> str:
+    """``"2 sequences, 4 per step per data-parallel replica (gradient accumulation x
+    pipeline)"``: the micro-batch size of the resolved config ``c`` and how many a step takes."""
+    return (f"{plural(c.micro_batch_size, 'sequence')}, {num_micro_batches:,} per step per "
+            f"data-parallel replica ({accumulation_why(c, num_micro_batches)})")
+
+
+def gap_text(step_time_s: float, best_s: float) -> str:
+    """How much slower ``step_time_s`` is than ``best_s`` (seconds), for a person: "tie" when
+    equal within :data:`autopar.search.ranking.TIE_RTOL`, else a signed percentage with enough
+    digits that a real difference never reads "+0.0%"."""
+    if tied(step_time_s, best_s):
+        return "tie"
+    pct = 100 * (step_time_s / best_s - 1)
+    if abs(pct) >= 0.1:
+        return f"{pct:+.1f}%"
+    if abs(pct) >= 0.001:
+        return f"{pct:+.3f}%"
+    return f"{'+' if pct > 0 else '-'}<0.001%"
 
 
 def recompute_text(recompute, stage_blocks) -> list[str]:
@@ -35,8 +74,7 @@ def estimate_lines(e) -> list[str]:
         f"step time        {e.step_time_s:.3f} s   ({e.tokens_per_s:,.0f} tokens/s, "
         f"{e.seconds_per_billion_tokens / 3600:.2f} h per 1B tokens)",
         f"MFU / HFU        {e.mfu * 100:.1f}% / {e.hfu * 100:.1f}%",
-        f"micro-batches    {e.num_micro_batches} of {c.micro_batch_size} per step "
-        f"(gradient accumulation {e.num_micro_batches})",
+        f"micro-batch      {micro_batch_text(c, e.num_micro_batches)}",
         "time breakdown   " + ", ".join(f"{k} {v:.3f}s" for k, v in t.items() if v > 0),
         f"memory per GPU   {_gb(e.memory_per_gpu_bytes)} of {_gb(e.memory_limit_bytes)} "
         f"({'fits' if e.fits else 'DOES NOT FIT'}; peak on pipeline rank {e.peak_stage})",
@@ -44,8 +82,9 @@ def estimate_lines(e) -> list[str]:
     ]
     if e.comm_bytes_by_link:
         lines.append("communication    " + ", ".join(
-            f"{k}: {_gb(e.comm_bytes_by_link[k])} in {e.comm_seconds_by_link.get(k, 0):.2f}s"
-            for k in e.comm_bytes_by_link) + " per GPU per step (before overlap)")
+            f"{k}: {_gb(e.comm_bytes_by_link[k])} sent in {e.comm_seconds_by_link.get(k, 0):.2f}s"
+            for k in e.comm_bytes_by_link) + " per GPU per step (bytes on the wire; seconds "
+            "before overlap)")
     return lines
 
 
@@ -60,21 +99,24 @@ def config_text(c) -> str:
 def plan_summary(plan) -> str:
     """The readable table :meth:`autopar.Plan.summary` returns."""
     e, c = plan.estimate, plan.config
-    head = (f"autopar plan: {plan.model} on {plan.cluster} ({plan.world_size} GPUs), global batch "
-            f"{plan.train.global_batch_size} x {plan.train.seq_len} tokens, {plan.train.precision}")
+    head = (f"autopar plan: {plan.model} on {plan.cluster} ({plural(plan.world_size, 'GPU')}), "
+            f"global batch {plan.train.global_batch_size} x {plan.train.seq_len} tokens, "
+            f"{plan.train.precision}")
     lines = [head, "-" * len(head), "parallelism      " + config_text(c)]
     if e.group_links:
         lines.append("placement        " + ", ".join(
             f"{d} over {link}" for d, link in e.group_links.items() if link != "local"))
-    lines.append(f"pipeline         {c.pp} stage(s) x {c.virtual_stages} chunk(s)")
+    lines.append(f"pipeline         {plural(c.pp, 'stage')} x {plural(c.virtual_stages, 'chunk')}")
     lines += recompute_text(c.recompute, c.stage_blocks)
     lines += estimate_lines(e)
     if plan.alternatives:
-        lines.append("alternatives")
+        lines.append(f"alternatives     (one per kind of plan; \"tie\": equal step time within "
+                     f"{TIE_RTOL:g}, the simpler plan ranks first)")
         for a in plan.alternatives:
-            lines.append(f"  {a.step_time_s:.3f} s (+{(a.step_time_s / e.step_time_s - 1) * 100:.1f}%)"
+            lines.append(f"  {a.step_time_s:.3f} s ({gap_text(a.step_time_s, e.step_time_s)})"
                          f"  {_gb(a.memory_per_gpu_bytes)}  {config_text(a.config)}")
     s = plan.search
-    lines.append(f"search           {s.evaluated} configurations, {s.meshes} meshes, "
+    lines.append(f"search           {plural(s.evaluated, 'configuration')}, "
+                 f"{plural(s.meshes, 'mesh', 'meshes')}, "
                  f"{s.wall_s:.2f} s{'' if s.complete else ' (stopped by time limit: best so far)'}")
     return "\n".join(lines)

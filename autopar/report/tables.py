@@ -9,6 +9,7 @@ from rich.table import Table
 
 from ..cost.types import Estimate
 from .explain import Comparison, config_diff, link_name
+from .summary import accumulation_why, gap_text, plural
 
 _DIMS = (("tp", "tensor parallel"), ("cp", "context parallel"), ("pp", "pipeline parallel"),
          ("dp", "data parallel"))
@@ -39,8 +40,10 @@ def degrees_table(e: Estimate) -> Table:
     t.add_row("ZeRO stage", str(c.zero_stage), f"over dp x cp = {c.dp * c.cp}" if c.zero_stage else "")
     t.add_row("recompute", rc, "")
     t.add_row("schedule", f"{c.schedule}, v={c.virtual_stages}", "")
-    t.add_row("micro-batch", f"{c.micro_batch_size} seq",
-              f"{e.num_micro_batches} micro-batches per step (gradient accumulation)")
+    m = e.num_micro_batches
+    t.add_row("micro-batch", plural(c.micro_batch_size, "sequence"),
+              f"{plural(m, 'micro-batch', 'micro-batches')} per step per data-parallel replica "
+              f"({accumulation_why(c, m)})")
     return t
 
 
@@ -134,11 +137,13 @@ def memory_table(e: Estimate) -> Table:
 
 
 def comm_table(e: Estimate) -> Table:
-    """Communication per GPU per step by link class, and which dimensions use each link."""
-    t = _table("Communication per GPU per step (before overlap)")
+    """Communication of one GPU per step by link class: bytes on the wire it sends (ring
+    factors applied: :attr:`Estimate.comm_bytes_by_link`), seconds before overlap, and which
+    dimensions use each link."""
+    t = _table("Communication per GPU per step (one GPU of the slowest pipeline rank)")
     t.add_column("link")
-    t.add_column("GB", justify="right")
-    t.add_column("seconds", justify="right")
+    t.add_column("sent on the wire, GB", justify="right")
+    t.add_column("seconds (before overlap)", justify="right")
     t.add_column("used by")
     users: dict[str, list[str]] = {}
     for dim, link in (e.group_links or {}).items():
@@ -150,9 +155,14 @@ def comm_table(e: Estimate) -> Table:
     return t
 
 
+_ALTERNATIVES_TITLE = ("Top alternatives, one per kind of plan (differences from the best; "
+                       "tie = equal step time, simpler plan first)")
+
+
 def alternatives_table(best: Estimate, alts, money: list[dict] | None = None,
-                       title: str = "Top alternatives (differences from the best)") -> Table:
-    """Runner-up estimates: step time, slowdown, memory, MFU and what differs from ``best``;
+                       title: str = _ALTERNATIVES_TITLE) -> Table:
+    """Runner-up estimates: step time, slowdown (:func:`autopar.report.summary.gap_text`: "tie"
+    when equal within the search's tolerance), memory, MFU and what differs from ``best``;
     with ``money`` (one :func:`autopar.report.advice.run_cost` dict per row, best first) also days and
     cost of the whole run."""
     t = _table(title)
@@ -164,7 +174,7 @@ def alternatives_table(best: Estimate, alts, money: list[dict] | None = None,
     for i, a in enumerate([best, *alts]):
         diff = "(best)" if i == 0 else (", ".join(config_diff(best.config, a.config)) or "same")
         row = [str(i), f"{a.step_time_s:,.3f}",
-               "" if i == 0 else f"{100 * (a.step_time_s / best.step_time_s - 1):+.1f}%",
+               "" if i == 0 else gap_text(a.step_time_s, best.step_time_s),
                _gb(a.memory_per_gpu_bytes) + ("" if a.fits else " OOM"),
                f"{a.mfu * 100:.1f}%", diff]
         if money:
@@ -212,7 +222,40 @@ def comparison_table(comps: list[Comparison]) -> Table:
         t.add_row(cmp.name, f"tp={c.tp} pp={c.pp} dp={c.dp} cp={c.cp} zero={c.zero_stage} "
                   f"rc={c.recompute if isinstance(c.recompute, str) else 'mixed'} "
                   f"mbs={c.micro_batch_size} v={c.virtual_stages}",
-                  f"{o.step_time_s:,.3f}", f"{100 * cmp.slowdown_s / cmp.base.step_time_s:+.1f}%",
+                  f"{o.step_time_s:,.3f}", gap_text(o.step_time_s, cmp.base.step_time_s),
                   f"{o.mfu * 100:.1f}%",
                   _gb(o.memory_per_gpu_bytes) + ("" if o.fits else " OOM"), "; ".join(parts))
+    return t
+
+
+def _count(n: int) -> str:
+    """A parameter count for a person: 6.74B, 152.4K (B = 1e9, M = 1e6, K = 1e3)."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:,.{2 if n < 10 * scale else 1}f}{unit}"
+    return str(n)
+
+
+def model_row(name: str, config) -> dict:
+    """One preset as plain JSON: its name, family, parameter count and shape (counts)."""
+    return {"name": name, "family": config.family, "parameters": config.num_parameters,
+            "layers": config.num_layers, "hidden": config.hidden_size,
+            "heads": config.num_heads, "kv_heads": config.num_kv_heads,
+            "ffn_hidden": config.ffn_hidden_size, "vocabulary": config.vocab_size,
+            "context_length": config.seq_len}
+
+
+def models_table(rows: list[dict]) -> Table:
+    """Model presets (:func:`model_row` dicts): parameters (B = 1e9), layers, hidden size,
+    attention and KV heads, FFN width, vocabulary and context length (tokens)."""
+    t = _table("Model presets (parameters: B = 1e9, M = 1e6; context length in tokens)")
+    cols = (("name", "name"), ("family", "family"), ("parameters", "parameters"),
+            ("layers", "layers"), ("hidden", "hidden"), ("heads", "heads"),
+            ("KV heads", "kv_heads"), ("FFN", "ffn_hidden"), ("vocabulary", "vocabulary"),
+            ("context", "context_length"))
+    for title, _ in cols:
+        t.add_column(title, justify="left" if title in ("name", "family") else "right")
+    for r in rows:
+        t.add_row(*(_count(r[k]) if k == "parameters" else
+                    (f"{r[k]:,}" if isinstance(r[k], int) else str(r[k])) for _, k in cols))
     return t

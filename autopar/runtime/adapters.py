@@ -91,6 +91,21 @@ def adapter_for(model: nn.Module) -> ModelAdapter:
         "model.norm, lm_head). Fix: build the model with autopar.models.build or transformers.")
 
 
+def max_positions(model: nn.Module, adapter: ModelAdapter) -> tuple[int | None, bool]:
+    """The longest sequence (tokens) ``model`` was built for, and whether a longer one fails.
+
+    autopar's Transformer holds a RoPE or learned position table of ``config.seq_len`` rows: a
+    longer input fails inside torch. Hugging Face Llama-family models compute rotary angles per
+    position, so a sequence beyond ``config.max_position_embeddings`` runs, on positions the model
+    was not built (or trained) for. Returns ``(None, False)`` when the model does not say.
+    """
+    config = getattr(model, "config", None)
+    if adapter.family == "autopar":
+        return config.seq_len, True
+    limit = getattr(config, "max_position_embeddings", None)
+    return (limit if isinstance(limit, int) else None), False
+
+
 def tied_embeddings(model: nn.Module, adapter: ModelAdapter) -> bool:
     """True when the LM head's weight is the embedding's weight."""
     return adapter.get(model, adapter.head).weight is adapter.get(model, adapter.embed).weight

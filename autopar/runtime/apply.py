@@ -23,7 +23,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 from autopar.errors import InvalidParallelConfig
 
 from . import dp as dp_mod
-from .adapters import Chunk, adapter_for, chunk_bounds, tied_embeddings
+from .adapters import Chunk, adapter_for, chunk_bounds, max_positions, tied_embeddings
 from .errors import UnsupportedPlanError
 from .pipeline import build_schedule, local_chunk_ids
 from .recompute import apply_recompute, clean_name
@@ -216,7 +216,8 @@ def apply(plan, model: nn.Module, *, device_mesh: DeviceMesh | None = None,
     Raises:
         InvalidParallelConfig: the world size, mesh, blocks or batch do not match the plan.
         UnsupportedPlanError: context or expert parallelism, tied embeddings split by TP or PP, a model
-            layout the runtime does not know.
+            layout the runtime does not know, a model built for sequences shorter than the plan's
+            ``train.seq_len`` (checked before any collective, so every rank raises it).
     """
     c, train = plan.config, plan.train
     if c.cp > 1:
@@ -227,10 +228,23 @@ def apply(plan, model: nn.Module, *, device_mesh: DeviceMesh | None = None,
         raise UnsupportedPlanError(
             f"ep={c.ep}: expert parallelism is not applied by autopar.runtime yet. Fix: plan "
             "with fixed={'ep': 1}, or export the plan to Megatron-LM.")
+    adapter = adapter_for(model)
+    notes = []
+    limit, hard = max_positions(model, adapter)
+    if limit is not None and train.seq_len > limit:
+        if hard:
+            raise UnsupportedPlanError(
+                f"the plan trains sequences of {train.seq_len} tokens; the model was built for "
+                f"at most {limit} (its position table has {limit} rows), so the first step would "
+                "fail inside torch. Fix: build the model with max sequence length >= "
+                f"{train.seq_len}, e.g. autopar.models.build(name, seq_len={train.seq_len}), or "
+                f"plan with seq_len <= {limit}.")
+        notes.append(f"the plan trains sequences of {train.seq_len} tokens, beyond the model's "
+                     f"max_position_embeddings {limit}: positions past {limit} run, but the model "
+                     "was not built for them.")
     device = (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
               else torch.device("cpu"))
     mesh = build_mesh(c, device_mesh, device.type)
-    adapter = adapter_for(model)
     n_blocks = len(adapter.get(model, adapter.blocks))
     modes = c.block_recompute(n_blocks)
     v = c.virtual_stages or 1
@@ -274,7 +288,6 @@ def apply(plan, model: nn.Module, *, device_mesh: DeviceMesh | None = None,
                                   lm_loss, mesh["pp"].get_group(), device)
     params = list(dict.fromkeys(p for m in modules for p in m.parameters()))
     opt = optimizer(params) if optimizer else _OPTIMIZERS[train.optimizer](params, lr=lr)
-    notes = []
     if c.zero_stage == 1 and c.dp > 1:
         notes.append("zero_stage 1: optimizer states are not sharded (gradients are all-reduced "
                      "and every DP rank keeps full optimizer states).")

@@ -13,7 +13,9 @@
    (:func:`cut_candidates`: exhaustive for few cuts, a neighbourhood of the balanced cut
    otherwise). Under a time limit the best so far is returned with its gap to the smallest
    bound left unexplored.
-Ties break on memory, then on the configuration's text: the same input gives the same plan.
+Step times within :data:`autopar.search.ranking.TIE_RTOL` are equal; ties go to the simpler plan
+(fewer parallel dimensions, no CP, less memory, then the configuration's text), so the same input
+gives the same plan; runner-ups are one per kind of plan (:mod:`autopar.search.ranking`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from ..cost.types import Estimate
 from ..errors import InfeasibleError
 from . import space
 from .diagnose import infeasible_error, no_mesh_error
-from .phases import Progress, Run, coarse, mesh_groups, rank_key, refine
+from .phases import Progress, Run, coarse, mesh_groups, refine
+from .ranking import one_per_kind, ranked
 
 __all__ = ["SearchResult", "search", "Progress"]
 
@@ -37,7 +40,9 @@ class SearchResult:
 
     Attributes:
         best: the fastest fitting estimate.
-        top: up to ``top_k`` fitting estimates, fastest first (``top[0] is best``).
+        top: up to ``top_k`` fitting estimates, fastest first (``top[0] is best``), one per kind
+            of plan (:func:`autopar.search.ranking.kind_key`: runner-ups differ from the best and
+            from each other in degrees, ZeRO stage, recomputation, micro-batch or interleaving).
         pareto: fitting estimates not beaten in both step time and memory, by step time.
         evaluated: configurations estimated.
         meshes: (tp, cp, pp, dp, micro-batch, SP) groups in the space.
@@ -91,7 +96,7 @@ def search(cm: CostModel, fixed: dict | None = None, *, time_limit_s: float | No
         for i, (bound, _key_g, base) in enumerate(groups):
             if progress:
                 progress("search", i, len(groups), run.best)
-            if bound >= run.threshold():
+            if bound > run.threshold():
                 break  # every remaining group is bounded above the top-k
             if run.expired():
                 open_bound = bound
@@ -124,15 +129,15 @@ def search(cm: CostModel, fixed: dict | None = None, *, time_limit_s: float | No
             "raise time_limit_s, or pin choices with fixed= to shrink the space.")
     if run.best is None:
         raise infeasible_error(cm, run.smallest, fixed, run.deadline)
-    ranked = sorted(run.kept.values(), key=rank_key)
+    order = ranked(run.kept.values())
     pareto, best_mem = [], math.inf
-    for e in ranked:
+    for e in order:
         if e.memory_per_gpu_bytes < best_mem:
             pareto.append(e)
             best_mem = e.memory_per_gpu_bytes
-    best = ranked[0]
+    best = order[0]
     gap = 0.0 if run.complete else max(0.0, (best.step_time_s - open_bound) / best.step_time_s)
-    return SearchResult(best=best, top=tuple(ranked[:top_k]), pareto=tuple(pareto),
+    return SearchResult(best=best, top=tuple(one_per_kind(order)[:top_k]), pareto=tuple(pareto),
                         evaluated=run.evaluated, meshes=len(groups),
                         wall_s=time.monotonic() - t0, complete=run.complete,
                         gap=gap if math.isfinite(gap) else 1.0)

@@ -21,18 +21,20 @@ from ..cost.model import CostModel
 from ..cost.types import Estimate
 from ..errors import AutoparError, InvalidParallelConfig
 from . import space
+from .ranking import TIE_RTOL, better, kind_key
 from .stages import best_recompute, cut_candidates
 
 Progress = Callable[[str, int, int, "Estimate | None"], None]
 
 
-def rank_key(e: Estimate):
-    """Sort key of estimates: step time, then memory, then the configuration's text."""
-    return (e.step_time_s, e.memory_per_gpu_bytes, repr(e.config))
-
-
 class Run:
-    """State of one search: the candidates kept, the bound to beat, the deadline."""
+    """State of one search: the candidates kept, the bound to beat, the deadline.
+
+    ``kept`` holds every fitting estimate by configuration text; the bound to beat
+    (:meth:`threshold`) is the step time of the ``top_k``-th fastest *kind* of plan
+    (:func:`autopar.search.ranking.kind_key`), so runner-ups of other kinds are not pruned by
+    placement variants of the best.
+    """
 
     def __init__(self, cm: CostModel, time_limit_s: float | None, progress: Progress | None,
                  require_fit: bool, top_k: int):
@@ -46,7 +48,7 @@ class Run:
         self.evaluated = 0
         self.complete = True
         self.best: Estimate | None = None
-        self._ranked: list[Estimate] = []
+        self._kinds: list[tuple[float, tuple]] = []   # (fastest time, kind) of the top_k kinds
         self.groups_done = 0
 
     def expired(self) -> bool:
@@ -60,10 +62,23 @@ class Run:
         return False
 
     def threshold(self) -> float:
-        """Step time a candidate must beat to enter the top-k (inf until k are kept)."""
-        if len(self._ranked) < self.top_k:
+        """Step time (seconds) a candidate must reach to enter the top-k kinds: the k-th kind's
+        time plus the tie tolerance (a tie may be simpler); inf until k kinds are kept."""
+        if len(self._kinds) < self.top_k:
             return math.inf
-        return self._ranked[self.top_k - 1].step_time_s
+        return self._kinds[self.top_k - 1][0] * (1 + TIE_RTOL)
+
+    def _keep_kind(self, e: Estimate) -> None:
+        kind = kind_key(e.config)
+        for i, (t, k) in enumerate(self._kinds):
+            if k == kind:
+                if e.step_time_s >= t:
+                    return
+                del self._kinds[i]
+                break
+        self._kinds.append((e.step_time_s, kind))
+        self._kinds.sort(key=lambda x: (x[0], repr(x[1])))
+        del self._kinds[self.top_k:]
 
     def estimate(self, cfg: ParallelConfig) -> Estimate | None:
         try:
@@ -77,10 +92,8 @@ class Run:
             key = repr(e.config)
             if key not in self.kept:
                 self.kept[key] = e
-                self._ranked.append(e)
-                self._ranked.sort(key=rank_key)
-                del self._ranked[self.top_k:]
-            if self.best is None or rank_key(e) < rank_key(self.best):
+                self._keep_kind(e)
+            if self.best is None or better(e, self.best):
                 self.best = e
         return e
 

@@ -1,0 +1,96 @@
+"""How the search orders estimates: fastest first, ties to the simpler plan, one plan per kind.
+
+- Two step times are **equal** when they differ by at most :data:`TIE_RTOL` of the faster one.
+  The cost model sums thousands of floating-point terms in an order that depends on the
+  configuration (e.g. cp=2 x dp=4 and dp=8 can give the same time up to rounding), so an exact
+  comparison would break such ties on noise.
+- Among equal times the **simpler** plan wins (:func:`simplicity_key`): fewer parallel dimensions
+  of degree > 1, then no context parallelism, then less memory per GPU, then the configuration's
+  text (a stable, total last resort: the same input always gives the same plan).
+- Plans of the same **kind** (:func:`kind_key`: the same degrees, ZeRO stage, recomputation,
+  micro-batch and interleaving) differ only in choices a person rarely acts on (rank placement,
+  CP mode, stage cuts, schedule, sequence parallelism); runner-ups are shown one per kind, so
+  alternatives differ in something that matters and never repeat the best plan under another
+  placement that gives the same groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..config import ParallelConfig
+from ..cost.types import Estimate
+
+#: Relative tolerance under which two step times are equal (floating-point noise of the cost
+#: model's sums, far below any difference the model can resolve: its own error is ~10%).
+TIE_RTOL = 1e-9
+
+#: The mesh dimensions counted by :func:`simplicity_key`.
+PARALLEL_DIMS = ("tp", "cp", "pp", "dp", "ep")
+
+
+def tied(a: float, b: float) -> bool:
+    """True when step times ``a`` and ``b`` (seconds) are equal within :data:`TIE_RTOL`."""
+    return abs(a - b) <= TIE_RTOL * min(a, b)
+
+
+def simplicity_key(e: Estimate) -> tuple:
+    """Sort key among equally fast estimates: (parallel dimensions of degree > 1, CP used,
+    memory per GPU in bytes, the configuration's text); smaller is simpler."""
+    c = e.config
+    dims = sum(1 for d in PARALLEL_DIMS if getattr(c, d) > 1)
+    return (dims, c.cp > 1, e.memory_per_gpu_bytes, repr(c))
+
+
+def rank_key(e: Estimate) -> tuple:
+    """Total order by exact step time, then :func:`simplicity_key` (the first pass of
+    :func:`ranked`, which then reorders times within :data:`TIE_RTOL`)."""
+    return (e.step_time_s, *simplicity_key(e))
+
+
+def better(a: Estimate, b: Estimate) -> bool:
+    """True when ``a`` ranks before ``b``: faster beyond the tolerance, or tied and simpler."""
+    if tied(a.step_time_s, b.step_time_s):
+        return simplicity_key(a) < simplicity_key(b)
+    return a.step_time_s < b.step_time_s
+
+
+def ranked(estimates: Iterable[Estimate]) -> list[Estimate]:
+    """``estimates`` fastest first, equal times (within :data:`TIE_RTOL` of the fastest of
+    their class) ordered simplest first.
+
+    Classes are anchored at their fastest member so the order is a function of the set alone
+    (not of the order estimates were found): walking by exact time, a class takes every
+    estimate within the tolerance of its first one.
+    """
+    by_time = sorted(estimates, key=rank_key)
+    out: list[Estimate] = []
+    i = 0
+    while i < len(by_time):
+        anchor = by_time[i].step_time_s
+        j = i
+        while j < len(by_time) and tied(by_time[j].step_time_s, anchor):
+            j += 1
+        out.extend(sorted(by_time[i:j], key=simplicity_key))
+        i = j
+    return out
+
+
+def kind_key(c: ParallelConfig) -> tuple:
+    """What makes two configurations different plans to a person: the degrees (tp, cp, pp, dp,
+    ep), ZeRO stage, recomputation, micro-batch size and interleaving degree."""
+    return (c.tp, c.cp, c.pp, c.dp, c.ep, c.zero_stage, c.recompute, c.micro_batch_size,
+            c.virtual_stages)
+
+
+def one_per_kind(estimates: Iterable[Estimate]) -> list[Estimate]:
+    """The first estimate of each :func:`kind_key`, in the given order (pass :func:`ranked`
+    output to get the best of each kind)."""
+    seen: set[tuple] = set()
+    out = []
+    for e in estimates:
+        k = kind_key(e.config)
+        if k not in seen:
+            seen.add(k)
+            out.append(e)
+    return out

@@ -1,0 +1,96 @@
+"""What a person reads says what it means: micro-batches, plurals, bytes on the wire, presets."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rich.console import Console
+
+import autopar
+from autopar.cli import main
+from autopar.cost.params import CostParams
+from autopar.report import tables
+from autopar.report.summary import plural
+
+TINY8 = autopar.Cluster.custom(1, 8, "A100-80GB")
+
+
+def _plan(gbs: int, **fixed) -> autopar.Plan:
+    return autopar.optimize("tiny-llama", TINY8, autopar.TrainingConfig(global_batch_size=gbs,
+                                                                        seq_len=32), fixed=fixed)
+
+
+def _text(table) -> str:
+    console = Console(record=True, width=200)
+    console.print(table)
+    return console.export_text()
+
+
+def test_summary_says_what_the_micro_batches_are():
+    # was "micro-batches    4 of 2 per step (gradient accumulation 4)"
+    plan = _plan(16, pp=2, dp=2, tp=2, micro_batch_size=2)
+    text = plan.summary()
+    assert ("micro-batch      2 sequences, 4 per step per data-parallel replica (gradient "
+            "accumulation x pipeline)") in text
+    assert "of 2 per step" not in text and "stage(s)" not in text
+    assert "pipeline         2 stages x " in text
+
+
+def test_one_micro_batch_is_singular_everywhere():
+    plan = _plan(8, pp=1, dp=8, tp=1, micro_batch_size=1)
+    assert plan.estimate.num_micro_batches == 1
+    table = _text(tables.degrees_table(plan.estimate))
+    assert "1 micro-batch per step" in table and "1 micro-batches" not in table  # was plural
+    assert "1 sequence " in table
+    assert "1 sequence, 1 per step per data-parallel replica (no gradient accumulation)" \
+        in plan.summary()
+    assert plural(1, "mesh", "meshes") == "1 mesh" and plural(3, "GPU") == "3 GPUs"
+
+
+def test_communication_is_bytes_on_the_wire_and_says_so():
+    # ZeRO-0 over 8 GPUs: one ring all-reduce of the gradients per step. Each GPU sends
+    # 2(n-1)/n = 1.75 x the message; the table used to show the message (1 x).
+    plan = _plan(8, pp=1, dp=8, tp=1, micro_batch_size=1, zero_stage=0)
+    message = autopar.models.get_config("tiny-llama").num_parameters * CostParams().grad_bytes
+    assert plan.estimate.comm_bytes_by_link["nvlink"] == pytest.approx(1.75 * message, rel=1e-12)
+    table = _text(tables.comm_table(plan.estimate))
+    assert "sent on the wire, GB" in table and "seconds (before overlap)" in table
+    assert "bytes on the wire" in plan.summary()
+
+
+def test_models_lists_size_and_shape(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    for text in ("parameters", "KV heads", "vocabulary", "context", "llama2-70b", "69.0B",
+                 "128,256", "8,192"):
+        assert text in out, text
+    assert main(["models", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["models"]}
+    r = rows["llama2-70b"]
+    assert (r["layers"], r["hidden"], r["heads"], r["kv_heads"], r["vocabulary"],
+            r["context_length"]) == (80, 8192, 64, 8, 32000, 4096)
+    built = autopar.models.build("llama2-70b")   # meta device: shapes only
+    assert r["parameters"] == sum(p.numel() for p in built.parameters()) == 68_976_648_192
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt", "gpt-1.7b", "llama3-8b"])
+def test_parameter_count_matches_the_built_module(name):
+    built = autopar.models.build(name)
+    assert autopar.models.get_config(name).num_parameters == sum(
+        p.numel() for p in built.parameters())
+
+
+def test_pipeline_bytes_are_what_each_rank_sends():
+    # pp=2 across two nodes (dp=4 inside each): rank 0 sends each micro-batch's activation
+    # [1, 32, 64] bf16 forward, rank 1 its gradient backward; either way one GPU sends 2 x 4096
+    # bytes over InfiniBand. Both directions used to be charged to rank 0 (16,384) and none to
+    # the last rank (0 GB "used by pp").
+    train = autopar.TrainingConfig(global_batch_size=8, seq_len=32)
+    plan = autopar.optimize("tiny-llama", autopar.Cluster.custom(2, 4, "A100-80GB"), train,
+                            fixed=dict(pp=2, dp=4, tp=1, micro_batch_size=1, zero_stage=0,
+                                       virtual_stages=1, placement=("tp", "cp", "dp", "pp")))
+    e = plan.estimate
+    assert e.group_links["pp"] == "infiniband" and e.group_links["dp"] == "nvlink"
+    assert e.num_micro_batches == 2  # 8 sequences over dp=4, one per micro-batch
+    assert e.comm_bytes_by_link["infiniband"] == pytest.approx(2 * 32 * 64 * 2)

@@ -1,0 +1,35 @@
+"""Checks ``autopar.runtime.apply`` makes before any distributed work (no process group needed)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import autopar
+from autopar.runtime import apply
+from autopar.runtime.errors import UnsupportedPlanError
+
+
+def _plan(seq_len: int) -> autopar.Plan:
+    train = autopar.TrainingConfig(global_batch_size=2, seq_len=seq_len, precision="fp32",
+                                   optimizer="adam")
+    return autopar.optimize("tiny-llama", autopar.Cluster.custom(1, 1, "A100-80GB"), train)
+
+
+def test_a_model_built_for_shorter_sequences_is_refused_with_the_fix():
+    # tiny-llama's preset has seq_len 32; the plan trains 64. This used to fail at the first
+    # step inside torch: "RuntimeError: start (0) + length (64) exceeds dimension size (32)".
+    model = autopar.models.build("tiny-llama", device="cpu", dtype=torch.float32)
+    with pytest.raises(UnsupportedPlanError) as e:
+        apply(_plan(64), model)
+    text = str(e.value)
+    assert "64 tokens" in text and "at most 32" in text
+    assert "autopar.models.build(name, seq_len=64)" in text
+
+
+def test_build_takes_the_sequence_length_the_plan_needs():
+    model = autopar.models.build("tiny-llama", device="cpu", dtype=torch.float32, seq_len=64)
+    assert model.config.seq_len == 64
+    assert model(torch.zeros(1, 64, dtype=torch.long)).shape == (1, 64, 256)
+    with pytest.raises(autopar.errors.InvalidModelConfig):
+        autopar.models.build("tiny-llama", seq_len=0)
