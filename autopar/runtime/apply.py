@@ -31,7 +31,7 @@ from .adapters import Chunk, adapter_for, chunk_bounds, tied_embeddings
 from .ep import apply_ep, find_experts, is_expert_param
 from .errors import UnsupportedPlanError
 from .mesh import PlanMesh, build_mesh
-from .pipeline import build_schedule, local_chunk_ids
+from .pipeline import SPLIT_BACKWARD, build_schedule, local_chunk_ids
 from .recompute import apply_recompute, clean_name
 from .tp import apply_tp, check_tp, find_block_tp
 from .validate import check_plan, schedule_name
@@ -265,7 +265,7 @@ def apply(plan, model: nn.Module, *, device_mesh: DeviceMesh | None = None,
     model.to(device)
     if c.ep > 1:
         apply_ep(experts, mesh.group("ep"))
-    cp = cp_mod.layout(mesh.group("cp"), train.seq_len) if c.cp > 1 else None
+    cp = cp_mod.layout(mesh.group("cp"), train.seq_len, c.cp_mode) if c.cp > 1 else None
     schedule = schedule_name(c) if c.pp > 1 else None
     ids = local_chunk_ids(c.pp, mesh.rank("pp"), chunks, schedule or "1f1b")
     replicas = c.dp * c.cp
@@ -303,7 +303,12 @@ def apply(plan, model: nn.Module, *, device_mesh: DeviceMesh | None = None,
         opt = states.optimizer
     else:
         opt = make(params)
-    return ParallelRun(plan, mesh, modules, schedule, opt, mbs, tuple(_notes(c, cp)), states, cp)
+    notes = _notes(c, cp)
+    if fsdp and c.pp > 1 and schedule_name(c) in SPLIT_BACKWARD:
+        notes.append(f"schedule {schedule_name(c)!r} splits backward into input and weight "
+                     "passes: FSDP gradients are reduce-scattered once, after the last "
+                     "micro-batch (torch's behaviour), so they are held unsharded until then.")
+    return ParallelRun(plan, mesh, modules, schedule, opt, mbs, tuple(notes), states, cp)
 
 
 def _check_moe(c, experts: list) -> None:
@@ -320,7 +325,7 @@ def _check_moe(c, experts: list) -> None:
 
 def _notes(c, cp) -> list[str]:
     notes = []
-    if cp is not None and c.cp_mode != "allgather":
+    if cp is not None and c.cp_mode == "ring":
         notes.append(f"cp_mode {c.cp_mode!r} runs as all-gather context parallelism (K/V "
                      "all-gathered over the CP group): the same results, a different "
                      "communication pattern than the plan costed.")

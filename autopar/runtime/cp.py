@@ -13,8 +13,10 @@ CPU"). This implementation runs on any backend:
   collective ``all_gather_single_autograd``, whose backward reduce-scatters the K/V gradients
   back to their owners; being a functional collective, selective recompute keeps its output
   instead of gathering again. Queries attend to keys at global positions ``<=`` their own (the causal mask
-  offset by the rank's positions). Plans with ``cp_mode`` "ring" or "ulysses" run the same
-  arithmetic (the run notes it): the result is identical, the communication pattern is not.
+  offset by the rank's positions). ``cp_mode="ulysses"`` instead all-to-alls q, k and v from
+  sequence to head sharding and back (DeepSpeed-Ulysses). ``cp_mode="ring"`` runs as
+  all-gather (the run notes it): the result is identical, the communication pattern is not
+  (torch's ring ``context_parallel`` needs CUDA's attention kernels).
 - **Positions**: rotary angles and learned position embeddings use global positions.
 - **Loss**: each rank's loss is the mean over its tokens (the same count on every rank), and
   gradients are averaged over dp x cp (:mod:`autopar.runtime.dp`), so the step's gradient is
@@ -29,7 +31,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed._functional_collectives import all_gather_single_autograd
+from torch.distributed._functional_collectives import (
+    all_gather_single_autograd,
+    all_to_all_single_autograd,
+)
 
 from autopar.models.transformer import Attention
 
@@ -43,12 +48,14 @@ class CPLayout:
     Attributes:
         group: the CP process group; size: its ranks; rank: this rank's index in it.
         balanced: the load-balanced split (else contiguous).
+        mode: "allgather" (K/V all-gathered) or "ulysses" (all-to-all to head sharding).
     """
 
     group: object
     size: int
     rank: int
     balanced: bool
+    mode: str = "allgather"
 
     def positions(self, local_len: int, rank: int | None = None,
                   device: torch.device | None = None) -> torch.Tensor:
@@ -68,11 +75,12 @@ class CPLayout:
         return t.index_select(1, self.positions(local, device=t.device))
 
 
-def layout(group, seq_len: int) -> CPLayout:
+def layout(group, seq_len: int, cp_mode: str = "allgather") -> CPLayout:
     """The :class:`CPLayout` of this rank in ``group`` for sequences of ``seq_len`` tokens
-    (balanced when ``2 * cp`` divides ``seq_len``)."""
+    (balanced when ``2 * cp`` divides ``seq_len``); ``cp_mode`` "ring" runs as "allgather"."""
     size = dist.get_world_size(group)
-    return CPLayout(group, size, dist.get_rank(group), seq_len % (2 * size) == 0)
+    return CPLayout(group, size, dist.get_rank(group), seq_len % (2 * size) == 0,
+                    "ulysses" if cp_mode == "ulysses" else "allgather")
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: CPLayout, *,
@@ -85,6 +93,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: CPLayout, *
     Returns:
         [b, a, s_local, d]. Differentiable: K/V gradients flow back to their owning ranks.
     """
+    if cp.mode == "ulysses":
+        return _ulysses(q, k, v, cp, dropout_p, scale)
     s = q.size(2)
     ks = all_gather_single_autograd(k.contiguous(), 2, cp.group)
     vs = all_gather_single_autograd(v.contiguous(), 2, cp.group)
@@ -93,6 +103,41 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: CPLayout, *
     mask = k_pos.unsqueeze(0) <= q_pos.unsqueeze(1)  # [s_local, s]: True = attend
     return F.scaled_dot_product_attention(q, ks, vs, attn_mask=mask, dropout_p=dropout_p,
                                           scale=scale, enable_gqa=ks.size(1) != q.size(1))
+
+
+def _heads_to_sequence(t: torch.Tensor, cp: CPLayout) -> torch.Tensor:
+    """[b, n, s_local, d] -> [b, n / cp, cp s_local, d]: all-to-all from sequence to head
+    sharding (source rank r's tokens land r-th along the sequence)."""
+    b, n, s, d = t.shape
+    send = t.reshape(b, cp.size, n // cp.size, s, d).transpose(0, 1).contiguous()
+    recv = all_to_all_single_autograd(send, None, None, cp.group)
+    return recv.permute(1, 2, 0, 3, 4).reshape(b, n // cp.size, cp.size * s, d)
+
+
+def _sequence_to_heads(t: torch.Tensor, cp: CPLayout) -> torch.Tensor:
+    """The inverse of :func:`_heads_to_sequence`: [b, n / cp, cp s, d] -> [b, n, s, d]."""
+    b, n_local, s_all, d = t.shape
+    s = s_all // cp.size
+    send = t.reshape(b, n_local, cp.size, s, d).permute(2, 0, 1, 3, 4).contiguous()
+    recv = all_to_all_single_autograd(send, None, None, cp.group)
+    return recv.transpose(0, 1).reshape(b, cp.size * n_local, s, d)
+
+
+def _ulysses(q, k, v, cp: CPLayout, dropout_p: float, scale: float | None) -> torch.Tensor:
+    """DeepSpeed-Ulysses (Jacobs et al. 2023): all-to-all q, k, v from sequence to head
+    sharding, full-sequence causal attention on a/cp heads, all-to-all back. Heads and KV heads
+    must be divisible by cp (the search's rule for this mode)."""
+    if q.size(1) % cp.size or k.size(1) % cp.size:
+        raise UnsupportedPlanError(
+            f"cp_mode 'ulysses' needs the (TP-local) heads {q.size(1)} and KV heads {k.size(1)} "
+            f"divisible by cp={cp.size}. Fix: cp_mode='allgather'.")
+    s = q.size(2)
+    qs, ks, vs = (_heads_to_sequence(t, cp) for t in (q, k, v))
+    pos = torch.cat([cp.positions(s, r, q.device) for r in range(cp.size)])
+    mask = pos.unsqueeze(0) <= pos.unsqueeze(1)
+    out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, dropout_p=dropout_p,
+                                         scale=scale, enable_gqa=ks.size(1) != qs.size(1))
+    return _sequence_to_heads(out, cp)
 
 
 def _hf_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,

@@ -96,8 +96,12 @@ def build_mesh(config, device_type: str, device_mesh: DeviceMesh | None = None) 
                 "device_mesh=None.")
         root = device_mesh
     sub = {n: root[n] for n in names}
+    size = dict(dims)
     for flat, parts in FLATTENED.items():
         # slicing needs the dims in mesh order
         ordered = tuple(n for n in names if n in parts)
-        sub[flat] = root[ordered]._flatten(flat)
+        wide = [n for n in ordered if size[n] > 1]
+        # over at most one dim of size > 1 the group is that dim's: no new process group
+        sub[flat] = sub[wide[0] if wide else ordered[0]] if len(wide) <= 1 else \
+            root[ordered]._flatten(flat)
     return PlanMesh(root, sub)

@@ -39,6 +39,8 @@ _SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
               "zbv-zero-bubble": ScheduleZBVZeroBubble, "dualpipev": ScheduleDualPipeV}
 #: Schedules placing chunks in a V (rank r holds chunks r and 2 pp - 1 - r).
 V_SHAPED = ("zbv-zero-bubble", "dualpipev")
+#: Schedules running backward as separate input- and weight-gradient passes (zero bubble).
+SPLIT_BACKWARD = ("interleaved-zero-bubble", "zbv-zero-bubble", "dualpipev")
 
 
 def local_chunk_ids(pp: int, pp_rank: int, chunks: int, schedule: str = "1f1b") -> list[int]:
