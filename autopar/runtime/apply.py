@@ -325,10 +325,6 @@ def _check_moe(c, experts: list) -> None:
 
 def _notes(c, cp) -> list[str]:
     notes = []
-    if cp is not None and c.cp_mode == "ring":
-        notes.append(f"cp_mode {c.cp_mode!r} runs as all-gather context parallelism (K/V "
-                     "all-gathered over the CP group): the same results, a different "
-                     "communication pattern than the plan costed.")
     if cp is not None and not cp.balanced:
         notes.append(f"the sequence does not split into 2 x cp = {2 * c.cp} equal chunks: each "
                      "CP rank holds one contiguous chunk (causal work unbalanced).")

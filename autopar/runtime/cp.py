@@ -13,10 +13,12 @@ CPU"). This implementation runs on any backend:
   collective ``all_gather_single_autograd``, whose backward reduce-scatters the K/V gradients
   back to their owners; being a functional collective, selective recompute keeps its output
   instead of gathering again. Queries attend to keys at global positions ``<=`` their own (the causal mask
-  offset by the rank's positions). ``cp_mode="ulysses"`` instead all-to-alls q, k and v from
-  sequence to head sharding and back (DeepSpeed-Ulysses). ``cp_mode="ring"`` runs as
-  all-gather (the run notes it): the result is identical, the communication pattern is not
-  (torch's ring ``context_parallel`` needs CUDA's attention kernels).
+  offset by the rank's positions). ``cp_mode="ring"`` passes K/V blocks around the ring
+  (one hop per step, each an all-to-all with a single non-empty split, i.e. a send/recv
+  pair, autograd-aware) and merges the blocks' attention by log-sum-exp; it computes
+  attention in plain tensor ops (no fused kernel): torch's ring ``context_parallel`` needs
+  CUDA's attention kernels. ``cp_mode="ulysses"`` all-to-alls q, k and v from sequence to
+  head sharding and back (DeepSpeed-Ulysses).
 - **Positions**: rotary angles and learned position embeddings use global positions.
 - **Loss**: each rank's loss is the mean over its tokens (the same count on every rank), and
   gradients are averaged over dp x cp (:mod:`autopar.runtime.dp`), so the step's gradient is
@@ -48,7 +50,8 @@ class CPLayout:
     Attributes:
         group: the CP process group; size: its ranks; rank: this rank's index in it.
         balanced: the load-balanced split (else contiguous).
-        mode: "allgather" (K/V all-gathered) or "ulysses" (all-to-all to head sharding).
+        mode: "allgather" (K/V all-gathered), "ring" (K/V passed around the ring) or
+            "ulysses" (all-to-all to head sharding).
     """
 
     group: object
@@ -77,10 +80,9 @@ class CPLayout:
 
 def layout(group, seq_len: int, cp_mode: str = "allgather") -> CPLayout:
     """The :class:`CPLayout` of this rank in ``group`` for sequences of ``seq_len`` tokens
-    (balanced when ``2 * cp`` divides ``seq_len``); ``cp_mode`` "ring" runs as "allgather"."""
+    (balanced when ``2 * cp`` divides ``seq_len``), exchanging K/V by ``cp_mode``."""
     size = dist.get_world_size(group)
-    return CPLayout(group, size, dist.get_rank(group), seq_len % (2 * size) == 0,
-                    "ulysses" if cp_mode == "ulysses" else "allgather")
+    return CPLayout(group, size, dist.get_rank(group), seq_len % (2 * size) == 0, cp_mode)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: CPLayout, *,
@@ -95,6 +97,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: CPLayout, *
     """
     if cp.mode == "ulysses":
         return _ulysses(q, k, v, cp, dropout_p, scale)
+    if cp.mode == "ring":
+        return _ring(q, k, v, cp, dropout_p, scale)
     s = q.size(2)
     ks = all_gather_single_autograd(k.contiguous(), 2, cp.group)
     vs = all_gather_single_autograd(v.contiguous(), 2, cp.group)
@@ -138,6 +142,46 @@ def _ulysses(q, k, v, cp: CPLayout, dropout_p: float, scale: float | None) -> to
     out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, dropout_p=dropout_p,
                                          scale=scale, enable_gqa=ks.size(1) != qs.size(1))
     return _sequence_to_heads(out, cp)
+
+
+def _pass_on(t: torch.Tensor, cp: CPLayout) -> torch.Tensor:
+    """``t`` sent to the next CP rank, the previous rank's received (one ring hop: an
+    all-to-all with one non-empty split each way, autograd-aware; its backward is the hop
+    reversed)."""
+    n = t.numel()
+    send = [0] * cp.size
+    recv = [0] * cp.size
+    send[(cp.rank + 1) % cp.size] = n
+    recv[(cp.rank - 1) % cp.size] = n
+    out = all_to_all_single_autograd(t.contiguous().reshape(-1), recv, send, cp.group)
+    return out.reshape(t.shape)
+
+
+def _ring(q, k, v, cp: CPLayout, dropout_p: float, scale: float | None) -> torch.Tensor:
+    """Ring attention (Liu et al. 2023): K/V blocks travel around the CP ring, one hop per
+    step; each block's attention is merged into the running result by its log-sum-exp
+    (the online softmax of flash attention), so no rank holds more than two K/V blocks."""
+    s = q.size(2)
+    scale = q.size(-1) ** -0.5 if scale is None else scale
+    groups = q.size(1) // k.size(1)
+    q_pos = cp.positions(s, device=q.device)
+    outs, lses = [], []
+    kb, vb, src = k, v, cp.rank
+    for step in range(cp.size):
+        mask = cp.positions(s, src, q.device).unsqueeze(0) <= q_pos.unsqueeze(1)
+        if bool(mask.any()):  # positions are known on every rank: no data-dependent collective
+            kk, vv = kb.repeat_interleave(groups, 1), vb.repeat_interleave(groups, 1)
+            scores = (q @ kk.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf"))
+            lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+            # rows that see no key of this block: lse = -inf, weight 0 in the merge below
+            p = torch.exp(scores - torch.where(torch.isinf(lse), 0.0, lse))
+            p = F.dropout(p, dropout_p) if dropout_p > 0 else p
+            outs.append(p @ vv)
+            lses.append(lse)
+        if step < cp.size - 1:
+            kb, vb, src = _pass_on(kb, cp), _pass_on(vb, cp), (src - 1) % cp.size
+    total = torch.logsumexp(torch.stack(lses), dim=0)  # each query sees at least itself
+    return sum(torch.exp(lse - total) * out for lse, out in zip(lses, outs))
 
 
 def _hf_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
