@@ -12,10 +12,10 @@ CPU"). This implementation runs on any backend:
   all-gather CP, the plan's ``cp_mode="allgather"``) with the autograd-aware functional
   collective ``all_gather_single_autograd``, whose backward reduce-scatters the K/V gradients
   back to their owners; being a functional collective, selective recompute keeps its output
-  instead of gathering again. Queries attend to keys at global positions ``<=`` their own (the causal mask
-  offset by the rank's positions). ``cp_mode="ring"`` passes K/V blocks around the ring
-  (one hop per step, each an all-to-all with a single non-empty split, i.e. a send/recv
-  pair, autograd-aware) and merges the blocks' attention by log-sum-exp; it computes
+  instead of gathering again. Queries attend to keys at global positions ``<=`` their own
+  (the causal mask offset by the rank's positions). ``cp_mode="ring"`` passes K/V blocks
+  around the ring (one hop per step, each an all-to-all with a single non-empty split, i.e. a
+  send/recv pair, autograd-aware) and merges the blocks' attention by log-sum-exp; it computes
   attention in plain tensor ops (no fused kernel): torch's ring ``context_parallel`` needs
   CUDA's attention kernels. ``cp_mode="ulysses"`` all-to-alls q, k and v from sequence to
   head sharding and back (DeepSpeed-Ulysses).
@@ -73,7 +73,17 @@ class CPLayout:
         return torch.cat([first, torch.arange(last * half, (last + 1) * half, device=device)])
 
     def split(self, t: torch.Tensor) -> torch.Tensor:
-        """This rank's tokens of ``t`` [b, s, ...] along dim 1 (s divisible by the CP size)."""
+        """This rank's tokens of ``t`` [b, s, ...] along dim 1.
+
+        Raises:
+            UnsupportedPlanError: ``s`` does not split into the layout's chunks.
+        """
+        chunks = 2 * self.size if self.balanced else self.size
+        if t.size(1) % chunks:
+            raise UnsupportedPlanError(
+                f"a sequence of {t.size(1)} tokens does not split into {chunks} equal chunks "
+                f"for context parallelism over {self.size} ranks. Fix: sequences of the plan's "
+                "length.")
         local = t.size(1) // self.size
         return t.index_select(1, self.positions(local, device=t.device))
 
