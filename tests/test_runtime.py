@@ -55,7 +55,7 @@ CASES = {
                       BOTH, None),
     "cp2-ulysses": (2, dict(cp=2, dp=1, tp=1, pp=1, cp_mode="ulysses", micro_batch_size=2),
                     OURS, None),
-    "cp4-ring": (4, dict(cp=4, dp=1, tp=1, pp=1, cp_mode="ring", micro_batch_size=4), BOTH,
+    "cp4-ring": (4, dict(cp=4, dp=1, tp=1, pp=1, cp_mode="ring", micro_batch_size=4), OURS,
                  None),
     "cp2xdp2-ring-zero1": (4, dict(cp=2, dp=2, tp=1, pp=1, cp_mode="ring", zero_stage=1,
                                    micro_batch_size=2), OURS, "zero1"),
