@@ -148,7 +148,8 @@ class ParallelRun:
         dense, experts = [], []
         for m in self.modules:
             for name, p in m.named_parameters():
-                if p.grad is None:  # e.g. an expert no token reached: every rank must send
+                if p.grad is None and p.requires_grad:
+                    # e.g. an expert no token reached: every rank must send the same buffers
                     p.grad = torch.zeros_like(p)
                 (experts if is_expert_param(m, name) else dense).append(p)
         dp_mod.allreduce_gradients(dense, self.mesh.group("dp_cp"), replicas)

@@ -224,6 +224,11 @@ def apply_cp(blocks: nn.ModuleDict, family: str, cp: CPLayout) -> None:
                 mod.__class__ = ContextParallelAttention
                 found = True
             elif family == "hf-llama" and hasattr(mod, "o_proj") and hasattr(mod, "config"):
+                if getattr(mod.config, "sliding_window", None) is not None:
+                    raise UnsupportedPlanError(
+                        "context parallelism with sliding-window attention (config."
+                        f"sliding_window={mod.config.sliding_window}) is not implemented: the "
+                        "CP attention is plain causal. Fix: plan with cp=1.")
                 _use_hf_attention(mod)
                 found = True
             if found:
