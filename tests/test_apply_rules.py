@@ -27,6 +27,15 @@ def test_search_gives_1f1b_at_least_one_micro_batch_per_stage():
     check_plan(plan)
 
 
+def test_too_small_a_batch_for_a_1f1b_pipeline_is_named():
+    with pytest.raises(autopar.InfeasibleError, match="needs at least 4 micro-batches"):
+        autopar.optimize("tiny-llama", "1x4xA100-80GB", autopar.TrainingConfig(2, 32),
+                         fixed={"pp": 4})
+    plan = autopar.optimize("tiny-llama", "1x4xA100-80GB", autopar.TrainingConfig(2, 32),
+                            fixed={"pp": 4, "schedule": "gpipe"})
+    check_plan(plan)  # GPipe runs with fewer micro-batches than stages
+
+
 def test_check_plan_names_the_broken_schedule_rule():
     plan = autopar.optimize("tiny-llama", "1x8xA100-80GB",
                             autopar.TrainingConfig(16, 32, precision="fp32"), fixed=TINY)
