@@ -17,7 +17,7 @@ TINY = dict(name="tiny", family="llama", num_layers=4, hidden_size=64, num_heads
 def plan_dict():
     plan = autopar.optimize(TINY, "1x8xA100-80GB",
                             autopar.TrainingConfig(global_batch_size=16, seq_len=64),
-                            fixed={"pp": 2})
+                            fixed={"pp": 2, "virtual_stages": 1, "zero_stage": 1})
     return json.loads(plan.to_json())
 
 

@@ -81,11 +81,17 @@ class RotaryEmbedding(nn.Module):
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate q [b, a, s, d] and k [b, kv, s, d] by their positions 0..s-1 (s <= seq_len)."""
-        # narrow, not [:s]: fx cannot slice a real buffer with a proxied size, but narrow dispatches.
-        s = q.size(2)
-        cos, sin = self.cos.narrow(0, 0, s), self.sin.narrow(0, 0, s)
+    def forward(self, q: torch.Tensor, k: torch.Tensor,
+                positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate q [b, a, s, d] and k [b, kv, s, d] by their positions: 0..s-1 (s <= seq_len),
+        or ``positions`` (int64 [s], each < seq_len; a context-parallel rank's global ones)."""
+        if positions is None:
+            # narrow, not [:s]: fx cannot slice a real buffer with a proxied size, but narrow
+            # dispatches.
+            s = q.size(2)
+            cos, sin = self.cos.narrow(0, 0, s), self.sin.narrow(0, 0, s)
+        else:
+            cos, sin = self.cos[positions], self.sin[positions]
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
 

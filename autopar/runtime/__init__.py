@@ -1,7 +1,7 @@
 """Run a plan on stock ``torch.distributed`` (:func:`apply`) and export it to other frameworks
 (Megatron-LM, torchtitan, DeepSpeed, torchrun, Slurm). See docs/runtime.md."""
 
-from .apply import MESH_DIMS, ParallelRun, apply, lm_loss
+from .apply import ParallelRun, apply, lm_loss
 from .errors import UnsupportedPlanError
 from .export import (
     Export,
@@ -10,7 +10,10 @@ from .export import (
     to_torchtitan_toml,
 )
 from .launch import to_slurm_script, to_torchrun_command
+from .mesh import PlanMesh, mesh_dims
+from .validate import RUNTIME_SCHEDULES, check_plan
 
-__all__ = ["apply", "ParallelRun", "MESH_DIMS", "lm_loss", "UnsupportedPlanError", "Export",
+__all__ = ["apply", "check_plan", "ParallelRun", "PlanMesh", "mesh_dims", "RUNTIME_SCHEDULES",
+           "lm_loss", "UnsupportedPlanError", "Export",
            "to_megatron_args", "to_torchtitan_toml", "to_deepspeed_config", "to_torchrun_command",
            "to_slurm_script"]

@@ -57,11 +57,14 @@ class ModelAdapter:
     def run_block(self, chunk: nn.Module, block: nn.Module, x: torch.Tensor,
                   seq_len: int) -> torch.Tensor:
         """Run one decoder block on hidden states ``x`` of a sequence of ``seq_len`` tokens
-        (``x`` may hold only this rank's part of the sequence under sequence parallelism)."""
+        (``x`` may hold only this rank's part of the sequence under sequence parallelism;
+        under context parallelism ``seq_len`` is this rank's share, at ``chunk.positions``)."""
         if self.family == "autopar":
             return block(x)
         rotary = self.get(chunk, self.rotary)
-        positions = torch.arange(seq_len, device=x.device).unsqueeze(0)
+        cp = getattr(chunk, "cp", None)  # a Chunk's CP layout (the probe runs on the model)
+        positions = (cp.positions(seq_len, device=x.device) if cp is not None
+                     else torch.arange(seq_len, device=x.device)).unsqueeze(0)
         # HF rotary modules read only x's dtype and device, never its length.
         cos_sin = rotary(x if not hasattr(x, "to_local") else x.to_local(), positions)
         # attention_mask=None makes HF's SDPA path causal (is_causal=True), as the full model is.
@@ -128,6 +131,9 @@ class Chunk(nn.Module):
         #: sequence-parallel degree, set by the TP step: hidden states between blocks then hold
         #: 1/sp_degree of the sequence.
         self.sp_degree = 1
+        #: this rank's context-parallel layout (:class:`autopar.runtime.cp.CPLayout`), set by
+        #: the CP step; None: the chunk sees whole sequences.
+        self.cp = None
         blocks = adapter.get(model, adapter.blocks)
         parts = {adapter.blocks: nn.ModuleDict({str(i): blocks[i] for i in self.block_ids})}
         if has_embed:
@@ -150,7 +156,7 @@ class Chunk(nn.Module):
             h = ad.get(self, ad.embed)(x)
             pos = ad.get(self, ad.pos_embed)
             if pos is not None:
-                h = h + pos(torch.arange(seq_len, device=x.device))
+                h = h + pos(self.positions(seq_len, x.device))
             if self.extra_dropout is not None:
                 h = self.extra_dropout(h)
         else:
@@ -161,6 +167,14 @@ class Chunk(nn.Module):
         if self.has_head:
             h = ad.get(self, ad.head)(ad.get(self, ad.norm)(h))
         return h
+
+
+    def positions(self, seq_len: int, device: torch.device) -> torch.Tensor:
+        """Global positions (int64 [seq_len]) of the ``seq_len`` tokens this rank holds of each
+        sequence: ``0..seq_len-1``, or its context-parallel share."""
+        if self.cp is None:
+            return torch.arange(seq_len, device=device)
+        return self.cp.positions(seq_len, device=device)
 
 
 def _graft(root: nn.Module, path: str, module: nn.Module) -> None:

@@ -1,8 +1,11 @@
 """``apply(plan, model)``: run a plan on stock ``torch.distributed``.
 
-Order of the steps (torchtitan's): build the DeviceMesh; cut the model into this rank's
-pipeline chunks; tensor/sequence parallelism; activation checkpointing; data parallelism (FSDP2
-or gradient all-reduce, by ZeRO stage: see :mod:`autopar.runtime.dp`); pipeline schedule;
+Order of the steps (torchtitan's): check the plan (:func:`autopar.runtime.validate.check_plan`);
+build the DeviceMesh in the plan's placement order (:mod:`autopar.runtime.mesh`); split the MoE
+experts over the EP group (:mod:`autopar.runtime.ep`); cut the model into this rank's pipeline
+chunks; context parallelism (:mod:`autopar.runtime.cp`); tensor/sequence parallelism;
+activation checkpointing; data parallelism over dp x cp (FSDP2, or gradient all-reduce with
+ZeRO-1 sharded optimizer states, by ZeRO stage: :mod:`autopar.runtime.dp`); pipeline schedule;
 optimizer. The returned :class:`ParallelRun` has a ``step(batch, labels)`` that runs one
 optimizer step.
 """
@@ -17,21 +20,22 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import loss_parallel
 
 from autopar.errors import InvalidParallelConfig
 
+from . import cp as cp_mod
 from . import dp as dp_mod
 from .adapters import Chunk, adapter_for, chunk_bounds, max_positions, tied_embeddings
+from .ep import apply_ep, find_experts, is_expert_param
 from .errors import UnsupportedPlanError
-from .pipeline import build_schedule, local_chunk_ids
+from .mesh import PlanMesh, build_mesh
+from .pipeline import SPLIT_BACKWARD, build_schedule, local_chunk_ids
 from .recompute import apply_recompute, clean_name
 from .tp import apply_tp, check_tp, find_block_tp
-
-#: Mesh dimensions, outermost to innermost: TP innermost so its ranks are neighbours (one node),
-#: PP outermost (Megatron-LM's and torchtitan's order).
-MESH_DIMS = ("pp", "dp", "cp", "tp")
+from .validate import check_plan, schedule_name
+from .zero1 import ShardedStates
 
 _OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
 
@@ -50,21 +54,27 @@ class ParallelRun:
 
     Attributes:
         plan: the applied plan.
-        mesh: the DeviceMesh (dims :data:`MESH_DIMS`).
+        mesh: the :class:`~autopar.runtime.mesh.PlanMesh` (``mesh.root`` is the DeviceMesh,
+            ``mesh["tp"]``, ``mesh["dp_cp"]``... its 1-D sub-meshes).
         modules: this rank's model chunks (one when ``pp == 1``), parallelised in place.
         schedule: the ``torch.distributed.pipelining`` schedule, or None without pipelining.
-        optimizer: the optimizer over this rank's parameters.
+        optimizer: the optimizer over this rank's parameters (under ZeRO-1 over the parameters
+            this rank owns: it holds 1/(dp x cp) of the optimizer states).
         micro_batch_size: sequences per micro-batch.
-        notes: where the runtime departs from the plan (e.g. ZeRO-1 states not sharded).
+        notes: where the runtime departs from the plan's letter (e.g. ring CP run as all-gather).
     """
 
     plan: object
-    mesh: DeviceMesh
+    mesh: PlanMesh
     modules: list[nn.Module]
     schedule: object | None
     optimizer: torch.optim.Optimizer
     micro_batch_size: int
     notes: tuple[str, ...] = field(default=())
+    #: ZeRO-1's sharded optimizer states (its ``optimizer`` is :attr:`optimizer`), or None.
+    sharded_states: ShardedStates | None = None
+    #: this rank's CP layout, or None when cp = 1.
+    cp: cp_mod.CPLayout | None = None
 
     @property
     def module(self) -> nn.Module:
@@ -74,38 +84,41 @@ class ParallelRun:
                                        ".step().")
         return self.modules[0]
 
-    def _coords(self) -> dict[str, int]:
-        return {d: self.mesh[d].get_local_rank() for d in MESH_DIMS}
-
     def _local(self, t: torch.Tensor) -> torch.Tensor:
-        """This DP rank's part of a global batch (a local batch is returned as it is)."""
+        """This rank's part of a global batch: its DP slice of the sequences, then its CP share
+        of the tokens (a DP-local batch is taken as it is)."""
         c = self.plan.config
         gbs = self.plan.train.global_batch_size
         local = gbs // c.dp
         if t.size(0) == gbs and c.dp > 1:
-            r = self._coords()["dp"]
+            r = self.mesh.rank("dp")
             t = t[r * local:(r + 1) * local]
         elif t.size(0) != local:
             raise InvalidParallelConfig(
                 f"a batch of {t.size(0)} sequences: the plan trains {gbs} per step ({local} per "
                 "DP rank). Fix: pass the global batch (same on every rank) or this rank's part.")
-        return t.to(self._device())
+        t = t.to(self._device())
+        return self.cp.split(t) if self.cp is not None else t
 
     def _device(self) -> torch.device:
         return next(self.modules[0].parameters()).device
+
+    def _params(self) -> list[nn.Parameter]:
+        return list(dict.fromkeys(p for m in self.modules for p in m.parameters()))
 
     def step(self, batch: torch.Tensor, labels: torch.Tensor) -> float:
         """Run one optimizer step and return its loss.
 
         Args:
             batch: token ids [global_batch_size, seq_len], the same on every rank (each DP rank
-                takes its slice), or this DP rank's [global_batch_size / dp, seq_len].
+                takes its slice, each CP rank its tokens), or this DP rank's
+                [global_batch_size / dp, seq_len].
             labels: target ids of the same shape (already shifted: ``labels[:, t]`` is the
                 token after ``batch[:, t]``).
 
         Returns:
             The mean cross entropy over the whole global batch (the same on every rank): each
-            micro-batch's mean, averaged over micro-batches and DP ranks.
+            micro-batch's mean, averaged over micro-batches and dp x cp ranks.
         """
         x, y = self._local(batch), self._local(labels)
         c = self.plan.config
@@ -115,23 +128,41 @@ class ParallelRun:
             m.train()
         loss = (self._pipelined(x, y, ctx) if self.schedule is not None
                 else self._accumulated(x, y, ctx))
-        fsdp = dp_mod.uses_fsdp(c.zero_stage, c.dp)
-        if c.dp > 1 and not fsdp:
-            dp_mod.allreduce_gradients(self.modules, self.mesh["dp"].get_group(), c.dp)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        if c.dp > 1:
-            dist.all_reduce(loss, group=self.mesh["dp"].get_group())
-            loss /= c.dp
+        replicas = c.dp * c.cp
+        if not dp_mod.uses_fsdp(c.zero_stage, replicas) and (replicas > 1 or c.ep > 1):
+            self._reduce_gradients(replicas)
+        if self.sharded_states is not None:
+            self.sharded_states.step()
+        else:
+            self.optimizer.step()
+        for m in self.modules:
+            m.zero_grad(set_to_none=True)
+        if replicas > 1:
+            dist.all_reduce(loss, group=self.mesh.group("dp_cp"))
+            loss /= replicas
         return float(loss)
+
+    def _reduce_gradients(self, replicas: int) -> None:
+        # dense weights are the same on all dp x cp ranks; each expert on the edp x cp ranks
+        # holding it, its gradient already summed over the ep ranks that sent it tokens
+        dense, experts = [], []
+        for m in self.modules:
+            for name, p in m.named_parameters():
+                if p.grad is None and p.requires_grad:
+                    # e.g. an expert no token reached: every rank must send the same buffers
+                    p.grad = torch.zeros_like(p)
+                (experts if is_expert_param(m, name) else dense).append(p)
+        dp_mod.allreduce_gradients(dense, self.mesh.group("dp_cp"), replicas)
+        if experts:
+            dp_mod.allreduce_gradients(experts, self.mesh.group("edp_cp"), replicas)
 
     def _accumulated(self, x, y, ctx) -> torch.Tensor:
         module = self.modules[0]
+        c = self.plan.config
         xs, ys = x.split(self.micro_batch_size), y.split(self.micro_batch_size)
         total = torch.zeros((), device=x.device)
         for i, (xi, yi) in enumerate(zip(xs, ys)):
-            # FSDP reduces gradients only after the last micro-batch of the step.
-            dp_mod.set_gradient_sync([module], i == len(xs) - 1)
+            dp_mod.accumulate_sharded([module], c.zero_stage, i == len(xs) - 1)
             with ctx():
                 loss = lm_loss(module(xi), yi) / len(xs)
                 loss.backward()
@@ -141,59 +172,46 @@ class ParallelRun:
 
     def _pipelined(self, x, y, ctx) -> torch.Tensor:
         c = self.plan.config
-        rank = self._coords()["pp"]
         losses: list[torch.Tensor] = []
+        # the rank holding the last chunk (pp-1, or 0 for V-shaped schedules) computes the
+        # loss; the one holding the first chunk takes the input
+        first = any(m.has_embed for m in self.modules)
+        last = any(m.has_head for m in self.modules)
         with ctx():
-            if rank == 0:
-                self.schedule.step(x)
-            elif rank == c.pp - 1:
-                self.schedule.step(target=y, losses=losses)
+            kwargs = {}
+            if last:
+                kwargs = dict(target=y, losses=losses)
+            if first:
+                self.schedule.step(x, **kwargs)
             else:
-                self.schedule.step()
+                self.schedule.step(**kwargs)
         total = torch.zeros((), device=x.device)
         if losses:
             vals = [v.full_tensor() if hasattr(v, "full_tensor") else v for v in losses]
             total = torch.stack([v.detach().float() for v in vals]).mean()
         # Only the last stage knows the loss: a sum over the pipeline group shares it.
-        dist.all_reduce(total, group=self.mesh["pp"].get_group())
+        if c.pp > 1:
+            dist.all_reduce(total, group=self.mesh.group("pp"))
         return total
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """This rank's parameters as full (unsharded) tensors, named as in the original model.
 
-        A collective over the TP and DP groups: every rank of the same pipeline stage must call
-        it. Pipeline ranks return only their own chunks' parameters.
+        A collective over the TP, DP and EP groups: every rank of the same pipeline stage must
+        call it. Pipeline ranks return only their own chunks' parameters; expert-parallel
+        experts are gathered over the EP group into the full [E, ...] stacks.
         """
         out = {}
         for m in self.modules:
             for name, p in m.named_parameters():
                 t = p.full_tensor() if hasattr(p, "full_tensor") else p
+                if is_expert_param(m, name):
+                    parts = [torch.empty_like(t) for _ in range(self.mesh["ep"].size())]
+                    dist.all_gather(parts, t.detach().contiguous(),
+                                    group=self.mesh.group("ep"))
+                    t = torch.cat(parts)
                 out[clean_name(name)] = t.detach()
         return out
-
-
-def build_mesh(config, device_mesh: DeviceMesh | None, device_type: str) -> DeviceMesh:
-    """The plan's mesh: ``device_mesh`` checked, or a new one over the world in
-    :data:`MESH_DIMS` order.
-
-    Raises:
-        InvalidParallelConfig: the world or the given mesh does not match the plan's degrees.
-    """
-    sizes = {"pp": config.pp, "dp": config.dp, "cp": config.cp, "tp": config.tp}
-    world = dist.get_world_size()
-    need = config.pp * config.dp * config.cp * config.tp
-    if world != need:
-        raise InvalidParallelConfig(
-            f"the plan needs {need} ranks (pp {config.pp} x dp {config.dp} x cp {config.cp} x tp "
-            f"{config.tp}); the process group has {world}. Fix: launch {need} processes.")
-    if device_mesh is None:
-        return init_device_mesh(device_type, tuple(sizes.values()), mesh_dim_names=MESH_DIMS)
-    names = device_mesh.mesh_dim_names or ()
-    if tuple(names) != MESH_DIMS or tuple(device_mesh.mesh.shape) != tuple(sizes.values()):
-        raise InvalidParallelConfig(
-            f"device_mesh has dims {names} of sizes {tuple(device_mesh.mesh.shape)}; the plan "
-            f"needs {MESH_DIMS} of sizes {tuple(sizes.values())}. Fix: pass device_mesh=None.")
-    return device_mesh
 
 
 def apply(plan, model: nn.Module, *, device_mesh: DeviceMesh | None = None,
@@ -204,9 +222,10 @@ def apply(plan, model: nn.Module, *, device_mesh: DeviceMesh | None = None,
     Args:
         plan: an :class:`autopar.Plan`.
         model: the full model (autopar ``Transformer`` or a Hugging Face Llama-family causal
-            LM), the same weights on every rank, on this rank's device. It is changed in place
-            and parts of it are taken into the returned modules.
-        device_mesh: a mesh with dims :data:`MESH_DIMS` and the plan's sizes; None builds one.
+            LM, Mixtral-style MoE included), the same weights on every rank, on this rank's
+            device. It is changed in place and parts of it are taken into the returned modules.
+        device_mesh: a mesh with the dims of :func:`autopar.runtime.mesh.mesh_dims` and the
+            plan's sizes; None builds one.
         optimizer: ``optimizer(params)`` -> torch optimizer; default: the plan's optimizer
             (``plan.train.optimizer``) with learning rate ``lr``.
 
@@ -214,22 +233,17 @@ def apply(plan, model: nn.Module, *, device_mesh: DeviceMesh | None = None,
         :class:`ParallelRun`.
 
     Raises:
+        UnsupportedPlanError: a rule of :func:`~autopar.runtime.validate.check_plan`; tied
+            embeddings split by TP or PP; expert parallelism on a model without stacked experts;
+            MoE layers under sequence parallelism; a model layout the runtime does not know; a
+            model built for sequences shorter than the plan's ``train.seq_len`` (checked before
+            any collective, so every rank raises it).
         InvalidParallelConfig: the world size, mesh, blocks or batch do not match the plan.
-        UnsupportedPlanError: context or expert parallelism, tied embeddings split by TP or PP, a model
-            layout the runtime does not know, a model built for sequences shorter than the plan's
-            ``train.seq_len`` (checked before any collective, so every rank raises it).
     """
+    check_plan(plan)
     c, train = plan.config, plan.train
-    if c.cp > 1:
-        raise UnsupportedPlanError(
-            f"cp={c.cp}: context parallelism is not applied by autopar.runtime yet. Fix: plan "
-            "with fixed={'cp': 1}.")
-    if c.ep > 1:
-        raise UnsupportedPlanError(
-            f"ep={c.ep}: expert parallelism is not applied by autopar.runtime yet. Fix: plan "
-            "with fixed={'ep': 1}, or export the plan to Megatron-LM.")
     adapter = adapter_for(model)
-    notes = []
+    seq_notes = []
     limit, hard = max_positions(model, adapter)
     if limit is not None and train.seq_len > limit:
         if hard:
@@ -239,12 +253,12 @@ def apply(plan, model: nn.Module, *, device_mesh: DeviceMesh | None = None,
                 "fail inside torch. Fix: build the model with max sequence length >= "
                 f"{train.seq_len}, e.g. autopar.models.build(name, seq_len={train.seq_len}), or "
                 f"plan with seq_len <= {limit}.")
-        notes.append(f"the plan trains sequences of {train.seq_len} tokens, beyond the model's "
-                     f"max_position_embeddings {limit}: positions past {limit} run, but the model "
-                     "was not built for them.")
+        seq_notes.append(f"the plan trains sequences of {train.seq_len} tokens, beyond the "
+                         f"model's max_position_embeddings {limit}: positions past {limit} run, "
+                         "but the model was not built for them.")
     device = (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
               else torch.device("cpu"))
-    mesh = build_mesh(c, device_mesh, device.type)
+    mesh = build_mesh(c, device.type, device_mesh)
     n_blocks = len(adapter.get(model, adapter.blocks))
     modes = c.block_recompute(n_blocks)
     v = c.virtual_stages or 1
@@ -258,42 +272,87 @@ def apply(plan, model: nn.Module, *, device_mesh: DeviceMesh | None = None,
         raise UnsupportedPlanError(
             "tied input/output embeddings cannot yet be split by tensor or pipeline "
             "parallelism here. Fix: untie them, or plan with tp=1 and pp=1.")
+    experts = find_experts(model)
+    _check_moe(c, experts)
     roles = None
     if c.tp > 1:
         roles = find_block_tp(model, adapter)
         check_tp(model, adapter, roles, c.tp)
     model.to(device)
-    pp_rank = mesh["pp"].get_local_rank()
-    ids = local_chunk_ids(c.pp, pp_rank, chunks)
-    bounds = chunk_bounds(stage_blocks)
-    fsdp = dp_mod.uses_fsdp(c.zero_stage, c.dp)
+    if c.ep > 1:
+        apply_ep(experts, mesh.group("ep"))
+    cp = cp_mod.layout(mesh.group("cp"), train.seq_len, c.cp_mode) if c.cp > 1 else None
+    schedule = schedule_name(c) if c.pp > 1 else None
+    ids = local_chunk_ids(c.pp, mesh.rank("pp"), chunks, schedule or "1f1b")
+    replicas = c.dp * c.cp
+    fsdp = dp_mod.uses_fsdp(c.zero_stage, replicas)
     modules = []
     for cid in ids:
-        chunk = Chunk(model, adapter, *bounds[cid], has_embed=cid == 0, has_head=cid == chunks - 1)
+        chunk = Chunk(model, adapter, *bounds_of(stage_blocks, cid), has_embed=cid == 0,
+                      has_head=cid == chunks - 1)
+        blocks = adapter.get(chunk, adapter.blocks)
+        if cp is not None:
+            chunk.cp = cp
+            cp_mod.apply_cp(blocks, adapter.family, cp)
         if roles is not None:
             apply_tp(chunk, roles, mesh["tp"], c.sequence_parallel)
-        blocks = adapter.get(chunk, adapter.blocks)
         apply_recompute(blocks, dict(enumerate(modes)))
         if fsdp:
-            dp_mod.apply_fsdp(chunk, blocks, mesh["dp"], c.zero_stage, train.precision)
+            dp_mod.apply_fsdp(chunk, blocks, mesh["dp_cp"], c.zero_stage, train.precision,
+                              experts=find_experts(chunk) if c.ep > 1 else [],
+                              expert_mesh=mesh["edp_cp"], expert_divide_factor=replicas)
         modules.append(chunk)
     local_batch = train.global_batch_size // c.dp
     mbs = c.micro_batch_size or train.micro_batch_size or local_batch
-    if local_batch % mbs:
-        raise InvalidParallelConfig(
-            f"micro_batch_size {mbs} does not divide the {local_batch} sequences per DP rank.")
-    schedule = None
-    if c.pp > 1:
-        schedule = build_schedule(modules, ids, chunks, c.schedule or "1f1b", local_batch // mbs,
-                                  lm_loss, mesh["pp"].get_group(), device)
+    if schedule is not None:
+        schedule = build_schedule(modules, ids, chunks, schedule, local_batch // mbs, lm_loss,
+                                  mesh.group("pp"), device, c.zero_stage if fsdp else 0)
     params = list(dict.fromkeys(p for m in modules for p in m.parameters()))
-    opt = optimizer(params) if optimizer else _OPTIMIZERS[train.optimizer](params, lr=lr)
-    if c.zero_stage == 1 and c.dp > 1:
-        notes.append("zero_stage 1: optimizer states are not sharded (gradients are all-reduced "
-                     "and every DP rank keeps full optimizer states).")
-    if c.zero_stage >= 2 and c.dp == 1:
-        notes.append(f"zero_stage {c.zero_stage} with dp=1: nothing to shard; FSDP not applied.")
-    return ParallelRun(plan, mesh, modules, schedule, opt, mbs, tuple(notes))
+    make = optimizer or (lambda ps: _OPTIMIZERS[train.optimizer](ps, lr=lr))
+    states = None
+    if c.zero_stage == 1 and replicas > 1:
+        expert = list(dict.fromkeys(p for m in modules for n, p in m.named_parameters()
+                                    if is_expert_param(m, n)))
+        dense = [p for p in params if all(p is not e for e in expert)]
+        states = ShardedStates([(dense, mesh.group("dp_cp")), (expert, mesh.group("edp_cp"))],
+                               make)
+        opt = states.optimizer
+    else:
+        opt = make(params)
+    notes = seq_notes + _notes(c, cp)
+    if fsdp and c.pp > 1 and schedule_name(c) in SPLIT_BACKWARD:
+        notes.append(f"schedule {schedule_name(c)!r} splits backward into input and weight "
+                     "passes: FSDP gradients are reduce-scattered once, after the last "
+                     "micro-batch (torch's behaviour), so they are held unsharded until then.")
+    return ParallelRun(plan, mesh, modules, schedule, opt, mbs, tuple(notes), states, cp)
+
+
+def _check_moe(c, experts: list) -> None:
+    if c.ep > 1 and not experts:
+        raise UnsupportedPlanError(
+            f"ep={c.ep}: the model has no stacked-experts MoE layers (gate_up_proj/down_proj "
+            "[experts, ...]) for expert parallelism to split. Fix: plan with ep=1.")
+    if experts and c.sequence_parallel:
+        raise UnsupportedPlanError(
+            "MoE layers under sequence parallelism: the runtime keeps experts replicated over "
+            "TP ranks and cannot take sequence-sharded tokens. Fix: plan with "
+            "sequence_parallel=False.")
+
+
+def _notes(c, cp) -> list[str]:
+    notes = []
+    if cp is not None and not cp.balanced:
+        notes.append(f"the sequence does not split into 2 x cp = {2 * c.cp} equal chunks: each "
+                     "CP rank holds one contiguous chunk (causal work unbalanced).")
+    if c.zero_stage >= 2 and c.dp * c.cp == 1:
+        notes.append(f"zero_stage {c.zero_stage} with dp x cp = 1: nothing to shard; FSDP not "
+                     "applied.")
+    return notes
+
+
+def bounds_of(stage_blocks: tuple[int, ...], chunk: int) -> tuple[int, int]:
+    """(first, stop) block indices of chunk ``chunk``."""
+    return chunk_bounds(stage_blocks)[chunk]
 
 
 def _balanced(n_blocks: int, chunks: int) -> tuple[int, ...]:

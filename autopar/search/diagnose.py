@@ -65,6 +65,13 @@ def no_mesh_error(cm: CostModel, fixed: dict) -> AutoparError:
                 f"{head}: micro-batch size {mbs} does not divide the per-replica batch of any "
                 f"legal layout ({per[:10]} sequences). Fix: use a micro-batch that divides one of "
                 f"them (e.g. 1), or a global batch that is a multiple of dp*{mbs}.")
+        if all(not space.micro_batches(train, dp, fixed, limits, pp) for _, _, pp, dp in legal):
+            _, _, pp, dp = legal[0]
+            return InfeasibleError(
+                f"{head}: a 1F1B pipeline of {pp} stages needs at least {pp} micro-batches per "
+                f"step (torch.distributed.pipelining's rule); each of the {dp} data-parallel "
+                f"replicas gets {train.global_batch_size // dp} sequences. Fix: a global batch "
+                f"of at least {pp * dp}, a smaller pp, or fixed schedule='gpipe'.")
         for tp, cp, pp, dp in legal[:1]:
             try:
                 cm.resolve(ParallelConfig(**{k: v for k, v in fixed.items() if k in (

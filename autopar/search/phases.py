@@ -123,7 +123,7 @@ def mesh_groups(cm: CostModel, fixed: dict, limits) -> list[tuple[float, tuple, 
     out = []
     for tp, cp, pp, dp in space.meshes(g, cm.cluster, train, fixed, limits):
         sps = [fixed["sequence_parallel"]] if "sequence_parallel" in fixed else [tp > 1]
-        for b, sp, ep in itertools.product(space.micro_batches(train, dp, fixed, limits), sps,
+        for b, sp, ep in itertools.product(space.micro_batches(train, dp, fixed, limits, pp), sps,
                                            space.ep_options(g, dp, fixed)):
             base = dict(tp=tp, cp=cp, pp=pp, dp=dp, micro_batch_size=b, sequence_parallel=sp,
                         ep=ep)

@@ -2,7 +2,8 @@
 
 Model rules: tp divides attention and KV heads; cp divides the sequence (and leaves at least
 ``min_cp_chunk`` tokens per rank, below which ring attention cannot hide its transfers);
-pp * v <= blocks; interleaving needs the micro-batch count to be a multiple of pp.
+pp * v <= blocks; interleaving needs the micro-batch count to be a multiple of pp; 1F1B at least
+pp micro-batches.
 Cluster rules: tp stays inside a node (NVLink/PCIe domain) unless fixed otherwise.
 Batch rules: the global batch is a multiple of dp * micro-batch.
 """
@@ -108,14 +109,22 @@ def meshes(graph: ModelGraph, cluster, train: TrainingConfig, fixed: dict,
     return out
 
 
-def micro_batches(train: TrainingConfig, dp: int, fixed: dict, limits: SpaceLimits) -> list[int]:
-    """Micro-batch sizes dividing the per-replica batch, ascending."""
+def micro_batches(train: TrainingConfig, dp: int, fixed: dict, limits: SpaceLimits,
+                  pp: int = 1) -> list[int]:
+    """Micro-batch sizes dividing the per-replica batch, ascending.
+
+    With ``pp > 1`` and a 1F1B schedule (any but a pinned GPipe) at least ``pp`` micro-batches
+    per step: ``torch.distributed.pipelining``'s ``Schedule1F1B`` refuses fewer (and no 1F1B
+    pipeline fills with fewer). A pinned micro-batch is returned as it is.
+    """
     if "micro_batch_size" in fixed:
         return [fixed["micro_batch_size"]]
     if train.micro_batch_size is not None:
         return [train.micro_batch_size]
     per_replica = train.global_batch_size // dp
-    return [b for b in divisors(per_replica) if b <= limits.max_micro_batch]
+    least = pp if pp > 1 and fixed.get("schedule") != "gpipe" else 1
+    return [b for b in divisors(per_replica)
+            if b <= limits.max_micro_batch and per_replica // b >= least]
 
 
 def virtual_stage_options(pp: int, blocks: int, m: int, fixed: dict,

@@ -1,0 +1,111 @@
+"""Which plans :func:`autopar.runtime.apply` runs: :func:`check_plan`, pure (no process group,
+no model), so the search's plans can be checked against it cheaply.
+
+Rules that need the model (TP dividing heads and vocabulary, EP dividing the expert count,
+tied embeddings, a known model layout) are checked by ``apply`` once it holds the model.
+
+Pipeline rules are those ``torch.distributed.pipelining`` (torch 2.13) enforces in its schedule
+constructors (``schedules.py``): ``Schedule1F1B`` and ``ScheduleDualPipeV`` need at least as many
+micro-batches as stages; the looped schedules (interleaved 1F1B, interleaved zero bubble) need
+the micro-batch count to be a multiple of its rounds, ``max(1, m // pp)``; ``ScheduleZBVZeroBubble``
+and ``ScheduleDualPipeV`` hold exactly two chunks per rank. GPipe has no rule; a single-chunk
+schedule with fewer micro-batches than stages still runs (``Schedule1F1B`` refuses it).
+"""
+
+from __future__ import annotations
+
+from .errors import UnsupportedPlanError
+
+#: Schedules with one chunk per pipeline rank.
+SINGLE_CHUNK = ("gpipe", "1f1b")
+#: Schedules holding several chunks per rank (virtual stages), and the chunk count they need
+#: per rank (None: any >= 1).
+MULTI_CHUNK = {"interleaved-1f1b": None, "interleaved-zero-bubble": None, "zbv-zero-bubble": 2,
+               "dualpipev": 2}
+#: Every schedule name the runtime runs.
+RUNTIME_SCHEDULES = SINGLE_CHUNK + tuple(MULTI_CHUNK)
+
+
+def schedule_name(config) -> str:
+    """The schedule the runtime runs for a resolved ``config`` with ``pp > 1``: the plan's, or
+    1F1B (interleaved when ``virtual_stages > 1``), as the cost model resolves it."""
+    v = config.virtual_stages or 1
+    return config.schedule or ("interleaved-1f1b" if v > 1 else "1f1b")
+
+
+def check_schedule(schedule: str, pp: int, virtual_stages: int, microbatches: int) -> None:
+    """Check a pipeline schedule against ``torch.distributed.pipelining``'s rules.
+
+    Args:
+        schedule: a name of :data:`RUNTIME_SCHEDULES`.
+        pp: pipeline ranks; virtual_stages: chunks per rank; microbatches: per step.
+
+    Raises:
+        UnsupportedPlanError: the rule broken and a fix.
+    """
+    if schedule not in RUNTIME_SCHEDULES:
+        raise UnsupportedPlanError(f"unknown pipeline schedule {schedule!r}; the runtime runs "
+                                   f"{list(RUNTIME_SCHEDULES)}.")
+    stages = pp * virtual_stages
+    if schedule in SINGLE_CHUNK and virtual_stages != 1:
+        raise UnsupportedPlanError(
+            f"schedule {schedule!r} runs one chunk per pipeline rank; the plan has "
+            f"virtual_stages={virtual_stages}. Fix: schedule 'interleaved-1f1b' or "
+            "virtual_stages=1.")
+    need = MULTI_CHUNK.get(schedule)
+    if need is not None and virtual_stages != need:
+        raise UnsupportedPlanError(
+            f"schedule {schedule!r} needs exactly {need} chunks per pipeline rank; the plan has "
+            f"virtual_stages={virtual_stages}. Fix: virtual_stages={need}.")
+    if schedule in ("1f1b", "dualpipev") and microbatches < stages:
+        raise UnsupportedPlanError(
+            f"{microbatches} micro-batch(es) per step for {stages} pipeline stages: torch's "
+            f"{schedule} schedule needs at least one per stage. Fix: a smaller micro_batch_size "
+            "or a larger global batch (or schedule 'gpipe').")
+    if schedule in ("interleaved-1f1b", "interleaved-zero-bubble"):
+        rounds = max(1, microbatches // pp)
+        if microbatches % rounds:
+            raise UnsupportedPlanError(
+                f"{microbatches} micro-batches: torch's {schedule} schedule needs a multiple of "
+                f"its {rounds} rounds (micro-batches // pp). Fix: a micro-batch count that is a "
+                f"multiple of pp={pp}.")
+
+
+def check_plan(plan) -> None:
+    """Raise if :func:`autopar.runtime.apply` cannot run ``plan`` (an :class:`autopar.Plan`).
+
+    Pure: reads ``plan.config`` and ``plan.train`` only (no process group, no model, no torch).
+
+    Raises:
+        UnsupportedPlanError: the first broken rule, with a fix. Rules: dp divides the global
+            batch and the micro-batch divides each DP rank's share; ep divides dp (experts are
+            split over DP ranks); cp divides the sequence; the stage cut gives pp x
+            virtual_stages chunks; the pipeline schedule's rules (:func:`check_schedule`).
+    """
+    c, train = plan.config, plan.train
+    dp = c.dp or 1
+    if train.global_batch_size % dp:
+        raise UnsupportedPlanError(
+            f"dp={dp} does not divide the global batch of {train.global_batch_size} sequences. "
+            "Fix: a dp that divides the global batch.")
+    local = train.global_batch_size // dp
+    mbs = c.micro_batch_size or train.micro_batch_size or local
+    if local % mbs:
+        raise UnsupportedPlanError(
+            f"micro_batch_size {mbs} does not divide the {local} sequences per DP rank. Fix: a "
+            f"divisor of {local}.")
+    if dp % c.ep:
+        raise UnsupportedPlanError(
+            f"ep={c.ep} does not divide dp={dp}: experts are split over the innermost ep ranks "
+            "of the data-parallel dimension. Fix: an ep dividing dp.")
+    if train.seq_len % c.cp:
+        raise UnsupportedPlanError(
+            f"cp={c.cp} does not divide the sequence length {train.seq_len}. Fix: a cp dividing "
+            "it.")
+    v = c.virtual_stages or 1
+    if c.stage_blocks is not None and len(c.stage_blocks) != c.pp * v:
+        raise UnsupportedPlanError(
+            f"stage_blocks has {len(c.stage_blocks)} entries for pp x virtual_stages = "
+            f"{c.pp * v} chunks. Fix: one entry per chunk, or None for balanced cuts.")
+    if c.pp > 1:
+        check_schedule(schedule_name(c), c.pp, v, local // mbs)
