@@ -143,7 +143,10 @@ def nearest(cm: CostModel, framework: str, planned: Estimate) -> str:
     """
     c = planned.config
     found = None
-    for fixed in (dict(tp=c.tp, pp=c.pp, cp=c.cp, dp=c.dp), None):
+    tries = [None]
+    if c.cp == 1 or get_profile(framework).cp_modes:   # the planned mesh is one it can run
+        tries.insert(0, dict(tp=c.tp, pp=c.pp, cp=c.cp, dp=c.dp))
+    for fixed in tries:
         try:
             found = search(cm, fixed, top_k=1).best
             break
