@@ -321,3 +321,13 @@ def test_deepspeed_pipeline_export_is_re_estimated_as_zero_1():
     assert ex.value["zero_optimization"]["stage"] == 1 and ex.written.zero_stage == 1
     assert any(w.startswith("re-estimated under deepspeed") and "zero_stage 1 (planned 3)" in w
                for w in ex.warnings)
+
+
+def test_megatron_search_of_the_readme_problem_runs_under_megatron():
+    plan = autopar.optimize("llama2-70b", "4x8xA100-80GB",
+                            autopar.TrainingConfig(1024, 4096, framework="megatron"), top_k=10)
+    for e in (plan.estimate, *plan.alternatives):
+        assert not (e.config.zero_stage == 3 and e.config.pp > 1), e.config
+        assert e.config.zero_stage != 2 and e.config.schedule != "gpipe"
+    ex = plan.to_megatron_args()
+    assert ex.fits is True and "runs the plan as estimated" in ex.warnings[-1]
