@@ -171,11 +171,15 @@ def to_megatron_args(plan) -> Export:
                         "and reduce-scatters gradients but keeps a full gradient buffer (ZeRO-1 "
                         "memory)")
             w = w.replace(zero_stage=1)
-    elif c.zero_stage == 3 and (c.pp > 1 or c.ep > 1):
+    elif c.zero_stage == 3 and (c.pp > 1 or c.ep > 1 or m.get("tied_embeddings")
+                                or t.precision == "fp16"):
+        # arguments.py: --use-torch-fsdp2 asserts pipeline and expert parallel size 1,
+        # --untie-embeddings-and-output-weights, and no fp16
+        why = ("pipelining" if c.pp > 1 else "expert parallelism" if c.ep > 1 else
+               "tied embeddings" if m.get("tied_embeddings") else "fp16")
         a.append("--use-distributed-optimizer")
-        warn.append(f"zero_stage 3 with {'pipelining' if c.pp > 1 else 'expert parallelism'}: "
-                    "Megatron's FSDP2 path does not combine with it (arguments.py); used the "
-                    "distributed optimizer (ZeRO-1)")
+        warn.append(f"zero_stage 3 with {why}: Megatron's FSDP2 path does not combine with it "
+                    "(megatron/training/arguments.py); used the distributed optimizer (ZeRO-1)")
         w = w.replace(zero_stage=1)
     elif c.zero_stage == 3:
         a.append("--use-torch-fsdp2")
