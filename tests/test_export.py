@@ -331,3 +331,13 @@ def test_megatron_search_of_the_readme_problem_runs_under_megatron():
         assert e.config.zero_stage != 2 and e.config.schedule != "gpipe"
     ex = plan.to_megatron_args()
     assert ex.fits is True and "runs the plan as estimated" in ex.warnings[-1]
+
+
+def test_torchtitan_export_imports_back_as_the_written_configuration():
+    from autopar.io.importers import from_torchtitan_toml
+    plan = autopar.optimize("tiny-llama", autopar.Cluster.custom(1, 8, "A100-80GB"), TRAIN,
+                            fixed=dict(tp=2, pp=1, dp=4, zero_stage=1))
+    ex = plan.to_torchtitan_toml()
+    imp = from_torchtitan_toml(ex.text())
+    assert imp.parallel["zero_stage"] == ex.written.zero_stage == 2
+    assert imp.parallel["micro_batch_size"] == plan.config.micro_batch_size
