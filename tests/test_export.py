@@ -341,3 +341,25 @@ def test_torchtitan_export_imports_back_as_the_written_configuration():
     imp = from_torchtitan_toml(ex.text())
     assert imp.parallel["zero_stage"] == ex.written.zero_stage == 2
     assert imp.parallel["micro_batch_size"] == plan.config.micro_batch_size
+
+
+def test_megatron_never_writes_chunks_that_build_fewer_layers():
+    """80 layers, pp=16, 2 virtual stages: 5 layers per stage cannot split into two equal
+    chunks; the export drops interleaving (with the re-estimate) instead of writing 2 or 3
+    layers per chunk (64 or 96 layers built)."""
+    from autopar.models import get_config
+    model = {"name": "llama-80l", "family": "llama", "num_layers": 80, "hidden_size": 64,
+             "num_heads": 4, "num_kv_heads": 2, "ffn_hidden_size": 176, "vocab_size": 256,
+             "seq_len": 32}
+    train = autopar.TrainingConfig(16, 32)
+    cluster = autopar.Cluster.custom(2, 8, "A100-80GB")
+    e = autopar.estimate(model, cluster, train, dict(tp=1, pp=16, dp=1, virtual_stages=2,
+                                                     micro_batch_size=1))
+    assert len(set(e.config.stage_blocks)) > 1
+    plan = autopar.Plan(config=e.config, estimate=e, model="llama-80l", cluster=cluster.name,
+                        train=train, model_config=get_config(model).to_dict())
+    ex = plan.to_megatron_args()
+    assert "--num-layers-per-virtual-pipeline-stage" not in ex.value
+    assert ex.written.virtual_stages == 1 and sum(ex.written.stage_blocks) == 80
+    assert any("interleaving dropped" in w for w in ex.warnings)
+    assert any(w.startswith("re-estimated under megatron") for w in ex.warnings)
