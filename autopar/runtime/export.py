@@ -96,9 +96,7 @@ def _uniform(blocks: tuple[int, ...]) -> bool:
 def _finish(plan, value, warn: list[str], written: ParallelConfig, framework: str,
             comment: str = "#", train=None) -> Export:
     """The export, with the re-estimate of ``written`` under ``framework`` appended."""
-    lines = verdict(plan, written, framework, train)
-    fits = None if lines[0].startswith("not re-estimated") else (
-        "DOES NOT FIT" not in lines[0] and not any("cannot run it" in x for x in lines))
+    lines, fits = verdict(plan, written, framework, train)
     return Export(value, tuple(warn + lines), comment=comment, written=written, fits=fits)
 
 

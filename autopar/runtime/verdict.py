@@ -73,7 +73,7 @@ def _differences(planned: ParallelConfig, written: ParallelConfig) -> list[str]:
 
 
 def verdict(plan, written: ParallelConfig, framework: str,
-            train: TrainingConfig | None = None) -> list[str]:
+            train: TrainingConfig | None = None) -> tuple[list[str], bool | None]:
     """Lines saying what the exported configuration will do under ``framework``.
 
     Args:
@@ -84,10 +84,12 @@ def verdict(plan, written: ParallelConfig, framework: str,
             precision bf16 in place of fp8).
 
     Returns:
-        Text lines for the export's warnings: the re-estimate (step time in seconds, memory in
-        GB = 1e9 bytes, both against the plan's), "fits" or "DOES NOT FIT", and, when the
-        framework cannot run the plan as estimated, the nearest plan it can run. A plan without
-        ``model_config`` (a user's module) cannot be rebuilt: the line says so.
+        (lines, fits). Lines for the export's warnings: the re-estimate (step time in seconds,
+        memory in GB = 1e9 bytes, both against the plan's), "fits" or "DOES NOT FIT", and, when
+        the framework cannot run the plan as estimated, the nearest plan it can run. ``fits``:
+        the written configuration fits and the framework runs it; None when it could not be
+        re-estimated (a plan without ``model_config``, e.g. from a user's module: the line
+        says so).
     """
     profile = get_profile(framework)
     train = replace(train or plan.train, framework=profile.name)
@@ -101,17 +103,17 @@ def verdict(plan, written: ParallelConfig, framework: str,
     if same and refused is None:
         return [f"re-estimated under {profile.name}: this file runs the plan as estimated "
                 f"({pe.step_time_s:.4g} s per step, {pe.memory_per_gpu_bytes / _GB:.1f} GB of "
-                f"{pe.memory_limit_bytes / _GB:.1f} GB per GPU)"]
+                f"{pe.memory_limit_bytes / _GB:.1f} GB per GPU)"], pe.fits
     if not plan.model_config:
         return [f"not re-estimated: this file changes {', '.join(diffs) or 'the precision'} "
                 "and the plan has no model_config to rebuild the model from. Fix: plan from a "
                 "preset or model dict, or call autopar.estimate(model, cluster, train, "
-                "<the written config>) yourself"]
+                "<the written config>) yourself"], None
     try:
         cm = _cost_model(plan, train)
         e = cm.estimate(written)
     except AutoparError as exc:
-        return [f"not re-estimated: {exc}"]
+        return [f"not re-estimated: {exc}"], None
     fits = e.fits and refused is None
     head = (f"re-estimated under {profile.name}, what this file runs ("
             f"{', '.join(diffs) or 'precision ' + train.precision}): "
@@ -124,7 +126,7 @@ def verdict(plan, written: ParallelConfig, framework: str,
         lines.append(f"{profile.name} cannot run it as written: {refused}")
     if not fits:
         lines.append(nearest(cm, profile.name, pe))
-    return lines
+    return lines, fits
 
 
 def _strongest(recompute) -> str:
