@@ -154,9 +154,9 @@ def test_deepspeed_config_keys_and_batch(plan):
         assert any("stage cuts" in w for w in ex.warnings)
 
 
-def test_deepspeed_config_class_when_installed(plan, tmp_path):
+def test_deepspeed_config_class_when_installed(plan, monkeypatch):
     pytest.importorskip("deepspeed")
-    import deepspeed.comm as dscomm
+    import deepspeed.runtime.config as ds_config
     from deepspeed.runtime.config import DeepSpeedConfig
 
     c = plan.config
@@ -168,11 +168,13 @@ def test_deepspeed_config_class_when_installed(plan, tmp_path):
         def get_model_parallel_world_size(self):
             return c.tp
 
-    if not dscomm.is_initialized():
-        dscomm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, rank=0,
-                                world_size=1, init_method=f"file://{tmp_path}/store")
+    # DeepSpeedConfig asks deepspeed.comm for this process's rank (and falls back to world size
+    # 1 without a process group); answer rank 0 instead of starting a default process group,
+    # which would outlive the test and break the runtime tests' forked workers
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
     ds = DeepSpeedConfig(json.loads(to_deepspeed_config(plan).text()), mpu=MPU())
     assert ds.train_batch_size == plan.train.global_batch_size
+    assert ds.world_size == c.dp
 
 
 def test_launchers(plan):
