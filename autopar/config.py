@@ -14,6 +14,9 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 MESH_DIMS = ("tp", "cp", "dp", "pp")
 CP_MODES = ("ring", "ulysses", "allgather")
+#: Frameworks a plan may target (each has a profile in :mod:`autopar.frameworks`): ``torch`` is
+#: stock torch.distributed as ``plan.apply`` runs it.
+FRAMEWORKS = ("torch", "torchtitan", "megatron", "deepspeed")
 #: Default rank placement, innermost first: TP on consecutive ranks (inside a node), then CP, DP,
 #: and PP outermost (Megatron-LM's default order "tp-cp-ep-dp-pp").
 DEFAULT_PLACEMENT = MESH_DIMS
@@ -62,9 +65,12 @@ class TrainingConfig:
         optimizer: one of :data:`OPTIMIZERS`; Adam keeps fp32 master weights, momentum and
             variance: K = 12 bytes per parameter (Rajbhandari et al. 2020, section 3.1).
         flash_attention: attention runs as a fused kernel (no s x s activations are stored).
+        framework: what will run the plan, one of :data:`FRAMEWORKS` (default "torch",
+            ``plan.apply``); the search emits only layouts that framework can run
+            (:mod:`autopar.frameworks`).
 
     Raises:
-        InvalidTrainingConfig: a non-positive size or an unknown precision/optimizer.
+        InvalidTrainingConfig: a non-positive size or an unknown precision/optimizer/framework.
     """
 
     global_batch_size: int
@@ -73,6 +79,7 @@ class TrainingConfig:
     precision: str = "bf16"
     optimizer: str = "adam"
     flash_attention: bool = True
+    framework: str = "torch"
 
     def __post_init__(self) -> None:
         _positive_int("TrainingConfig", "global_batch_size", self.global_batch_size,
@@ -90,6 +97,10 @@ class TrainingConfig:
         if not isinstance(self.optimizer, str) or self.optimizer not in OPTIMIZERS:
             raise InvalidTrainingConfig(
                 f"optimizer {self.optimizer!r} is not one of {OPTIMIZERS}. Fix: use 'adam'.")
+        if not isinstance(self.framework, str) or self.framework not in FRAMEWORKS:
+            raise InvalidTrainingConfig(
+                f"framework {self.framework!r} is not one of {FRAMEWORKS}. Fix: use 'torch' "
+                "(plan.apply, the default), 'torchtitan', 'megatron' or 'deepspeed'.")
 
     @property
     def tokens_per_step(self) -> int:

@@ -20,6 +20,7 @@ from autopar.runtime import (
     to_torchrun_command,
     to_torchtitan_toml,
 )
+from autopar.runtime import UnsupportedPlanError
 from autopar.runtime.export import MEGATRON_FLAGS
 
 TRAIN = autopar.TrainingConfig(global_batch_size=16, seq_len=32, precision="bf16",
@@ -44,16 +45,17 @@ _MEGATRON_CHOICES = {"--recompute-granularity": {"full", "selective"},
                      "--position-embedding-type": {"learned_absolute", "rope", "none"},
                      "--fp8-format": {"e4m3", "hybrid"}, "--optimizer": {"adam", "sgd"}}
 
-#: torchtitan 0.2.x torchtitan/config/job_config.py: sections and the keys we write.
+#: torchtitan v0.2.2 torchtitan/config/job_config.py: sections and the keys we write.
 _TITAN_KEYS = {
-    "job": {"description"}, "model": {"name"},
+    "job": {"description"}, "model": {"name", "flavor"},
     "training": {"local_batch_size", "global_batch_size", "seq_len", "mixed_precision_param",
                  "mixed_precision_reduce"},
     "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree",
                     "fsdp_reshard_after_forward", "tensor_parallel_degree",
                     "pipeline_parallel_degree", "module_fqns_per_model_part",
                     "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size",
-                    "context_parallel_degree"},
+                    "context_parallel_degree", "context_parallel_rotate_method",
+                    "expert_parallel_degree"},
     "activation_checkpoint": {"mode", "selective_ac_option"},
     "optimizer": {"name", "weight_decay"},
 }
@@ -152,9 +154,9 @@ def test_deepspeed_config_keys_and_batch(plan):
         assert any("stage cuts" in w for w in ex.warnings)
 
 
-def test_deepspeed_config_class_when_installed(plan, tmp_path):
+def test_deepspeed_config_class_when_installed(plan, monkeypatch):
     pytest.importorskip("deepspeed")
-    import deepspeed.comm as dscomm
+    import deepspeed.runtime.config as ds_config
     from deepspeed.runtime.config import DeepSpeedConfig
 
     c = plan.config
@@ -166,11 +168,13 @@ def test_deepspeed_config_class_when_installed(plan, tmp_path):
         def get_model_parallel_world_size(self):
             return c.tp
 
-    if not dscomm.is_initialized():
-        dscomm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, rank=0,
-                                world_size=1, init_method=f"file://{tmp_path}/store")
+    # DeepSpeedConfig asks deepspeed.comm for this process's rank (and falls back to world size
+    # 1 without a process group); answer rank 0 instead of starting a default process group,
+    # which would outlive the test and break the runtime tests' forked workers
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
     ds = DeepSpeedConfig(json.loads(to_deepspeed_config(plan).text()), mpu=MPU())
     assert ds.train_batch_size == plan.train.global_batch_size
+    assert ds.world_size == c.dp
 
 
 def test_launchers(plan):
@@ -204,3 +208,160 @@ def test_deepspeed_batch_adds_up_when_context_parallelism_is_dropped():
     assert (cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * ds_dp
             == cfg["train_batch_size"] == 64)
     assert any("cp=2" in w and "data-parallel" in w for w in out.warnings)
+
+
+# -- what the exported file really runs (issue 12 items 1 and 2) ------------------------------
+
+def test_torchtitan_local_batch_is_the_micro_batch_without_pipelining():
+    """llama3-8b on 2x8xH100, global batch 64 x 8192: the plan runs micro-batch 1 with no
+    pipelining; local_batch_size = 4 made torchtitan run 4 sequences per forward."""
+    plan = autopar.optimize("llama3-8b", "2x8xH100", autopar.TrainingConfig(64, 8192),
+                            fixed={"pp": 1, "tp": 1, "cp": 1})
+    c = plan.config
+    doc = tomllib.loads(plan.to_torchtitan_toml().text())
+    tr, par = doc["training"], doc["parallelism"]
+    assert (c.micro_batch_size, c.dp) == (1, 16)
+    assert tr["local_batch_size"] == 1 and tr["global_batch_size"] == 64   # was 4
+    # torchtitan's gradient accumulation (train.py): 64 / (1 * 16) = 4 = the plan's micro-batches
+    dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
+    assert tr["global_batch_size"] // (tr["local_batch_size"] * dp) == plan.estimate.num_micro_batches
+    assert doc["model"] == {"name": "llama3", "flavor": "8B"}
+
+
+def test_torchtitan_batch_check_warns_on_the_old_value():
+    from autopar.runtime.export import titan_batch_check
+    par = {"pipeline_parallel_degree": 1}
+    assert titan_batch_check({"local_batch_size": 1, "global_batch_size": 64}, par, 16, 1, 64) == []
+    old = titan_batch_check({"local_batch_size": 4, "global_batch_size": 64}, par, 16, 1, 64)
+    assert len(old) == 1 and "4 sequences per forward" in old[0]
+    pp = {"pipeline_parallel_degree": 2, "pipeline_parallel_microbatch_size": 2}
+    assert titan_batch_check({"local_batch_size": 8, "global_batch_size": 64}, pp, 8, 2, 64) == []
+    assert titan_batch_check({"local_batch_size": 8, "global_batch_size": 64}, pp, 8, 1, 64)
+
+
+def test_torchtitan_pipelined_batch_splits_into_micro_batches():
+    _, fixed = SHAPES["pp-uneven"]
+    plan = autopar.optimize("tiny-llama", autopar.Cluster.custom(1, 8, "A100-80GB"), TRAIN,
+                            fixed=fixed)
+    doc = tomllib.loads(plan.to_torchtitan_toml().text())
+    tr, par = doc["training"], doc["parallelism"]
+    assert tr["local_batch_size"] == TRAIN.global_batch_size // plan.config.dp
+    assert par["pipeline_parallel_microbatch_size"] == plan.config.micro_batch_size
+    assert (tr["local_batch_size"] // par["pipeline_parallel_microbatch_size"]
+            == plan.estimate.num_micro_batches)
+
+
+def test_torchtitan_flavor_only_for_its_own_shapes():
+    ex = to_torchtitan_toml(_fixed_plan("llama2-7b", "1x8xA100-80GB", 8, 4096,
+                                        dict(tp=1, pp=1, dp=8, zero_stage=3)))
+    doc = tomllib.loads(ex.text())
+    assert doc["model"]["flavor"] == "llama2-7b"          # not "8B", not the debug model
+    assert any("no llama3 flavor" in w and "llama3_args" in w for w in ex.warnings)
+    with pytest.raises(UnsupportedPlanError, match="no architecture"):
+        to_torchtitan_toml(_fixed_plan("tiny-gpt", "1x8xA100-80GB", 16, 32,
+                                       dict(tp=1, pp=1, dp=8, zero_stage=3)))
+
+
+def test_torchtitan_never_writes_ddp_beside_tensor_parallelism():
+    """torchtitan raises 'DDP has not supported > 1D parallelism' for replicate + TP/PP."""
+    for zero in (0, 1):
+        plan = autopar.optimize("tiny-llama", autopar.Cluster.custom(1, 8, "A100-80GB"), TRAIN,
+                                fixed=dict(tp=2, pp=1, dp=4, zero_stage=zero))
+        ex = plan.to_torchtitan_toml()
+        par = tomllib.loads(ex.text())["parallelism"]
+        assert par["data_parallel_replicate_degree"] == 1
+        assert par["data_parallel_shard_degree"] == 4 and par["fsdp_reshard_after_forward"] == "never"
+        assert ex.written.zero_stage == 2
+        assert any(f"zero_stage {zero}" in w and "FSDP" in w for w in ex.warnings)
+    pure = autopar.optimize("tiny-llama", autopar.Cluster.custom(1, 8, "A100-80GB"), TRAIN,
+                            fixed=dict(tp=1, pp=1, dp=8, zero_stage=0))
+    par = tomllib.loads(pure.to_torchtitan_toml().text())["parallelism"]
+    assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) == (8, 1)
+
+
+def _fixed_plan(model, cluster, gbs, seq, config, framework="torch"):
+    """A plan for exactly ``config`` (no search): estimate it and wrap it as a Plan."""
+    from autopar.models import get_config
+    train = autopar.TrainingConfig(gbs, seq, framework=framework)
+    e = autopar.estimate(model, cluster, train, config)
+    return autopar.Plan(config=e.config, estimate=e, model=model,
+                        cluster=autopar.api.as_cluster(cluster).name, train=train,
+                        model_config=get_config(model).to_dict())
+
+
+#: The README's plan (autopar plan --model llama2-70b --cluster 4x8xA100-80GB --global-batch
+#: 1024 --seq-len 4096), pinned so the test needs no search.
+README_PLAN = dict(tp=2, pp=4, dp=1, cp=4, zero_stage=3, recompute="none", sequence_parallel=True,
+                   micro_batch_size=2, virtual_stages=1, schedule="1f1b",
+                   stage_blocks=(20, 20, 20, 20), cp_mode="ring")
+
+
+def test_megatron_export_of_the_readme_plan_says_it_does_not_fit():
+    plan = _fixed_plan("llama2-70b", "4x8xA100-80GB", 1024, 4096, README_PLAN)
+    assert plan.estimate.fits
+    ex = plan.to_megatron_args()
+    assert ex.written.zero_stage == 1 and ex.fits is False
+    text = "\n".join(ex.warnings)
+    assert "89.2 GB per GPU (plan 64.9 GB) of 80.0 GB: DOES NOT FIT" in text
+    near = next(w for w in ex.warnings if w.startswith("nearest plan megatron can run"))
+    assert "ZeRO-1" in near and "s per step" in near
+    assert "# autopar: re-estimated under megatron" in ex.text()
+
+
+def test_exports_that_run_the_plan_say_so():
+    plan = _fixed_plan("tiny-llama", "1x8xA100-80GB", 16, 32,
+                       dict(tp=2, pp=1, dp=4, zero_stage=3, sequence_parallel=True))
+    for ex in (plan.to_megatron_args(), plan.to_torchtitan_toml()):
+        assert ex.fits is True and ex.written == plan.config
+        assert "runs the plan as estimated" in ex.warnings[-1]
+
+
+def test_deepspeed_pipeline_export_is_re_estimated_as_zero_1():
+    plan = _fixed_plan("tiny-llama", "1x8xA100-80GB", 16, 32,
+                       dict(tp=1, pp=2, dp=4, zero_stage=3, micro_batch_size=1))
+    ex = plan.to_deepspeed_config()
+    assert ex.value["zero_optimization"]["stage"] == 1 and ex.written.zero_stage == 1
+    assert any(w.startswith("re-estimated under deepspeed") and "zero_stage 1 (planned 3)" in w
+               for w in ex.warnings)
+
+
+def test_megatron_search_of_the_readme_problem_runs_under_megatron():
+    plan = autopar.optimize("llama2-70b", "4x8xA100-80GB",
+                            autopar.TrainingConfig(1024, 4096, framework="megatron"), top_k=10)
+    for e in (plan.estimate, *plan.alternatives):
+        assert not (e.config.zero_stage == 3 and e.config.pp > 1), e.config
+        assert e.config.zero_stage != 2 and e.config.schedule != "gpipe"
+    ex = plan.to_megatron_args()
+    assert ex.fits is True and "runs the plan as estimated" in ex.warnings[-1]
+
+
+def test_torchtitan_export_imports_back_as_the_written_configuration():
+    from autopar.io.importers import from_torchtitan_toml
+    plan = autopar.optimize("tiny-llama", autopar.Cluster.custom(1, 8, "A100-80GB"), TRAIN,
+                            fixed=dict(tp=2, pp=1, dp=4, zero_stage=1))
+    ex = plan.to_torchtitan_toml()
+    imp = from_torchtitan_toml(ex.text())
+    assert imp.parallel["zero_stage"] == ex.written.zero_stage == 2
+    assert imp.parallel["micro_batch_size"] == plan.config.micro_batch_size
+
+
+def test_megatron_never_writes_chunks_that_build_fewer_layers():
+    """80 layers, pp=16, 2 virtual stages: 5 layers per stage cannot split into two equal
+    chunks; the export drops interleaving (with the re-estimate) instead of writing 2 or 3
+    layers per chunk (64 or 96 layers built)."""
+    from autopar.models import get_config
+    model = {"name": "llama-80l", "family": "llama", "num_layers": 80, "hidden_size": 64,
+             "num_heads": 4, "num_kv_heads": 2, "ffn_hidden_size": 176, "vocab_size": 256,
+             "seq_len": 32}
+    train = autopar.TrainingConfig(16, 32)
+    cluster = autopar.Cluster.custom(2, 8, "A100-80GB")
+    e = autopar.estimate(model, cluster, train, dict(tp=1, pp=16, dp=1, virtual_stages=2,
+                                                     micro_batch_size=1))
+    assert len(set(e.config.stage_blocks)) > 1
+    plan = autopar.Plan(config=e.config, estimate=e, model="llama-80l", cluster=cluster.name,
+                        train=train, model_config=get_config(model).to_dict())
+    ex = plan.to_megatron_args()
+    assert "--num-layers-per-virtual-pipeline-stage" not in ex.value
+    assert ex.written.virtual_stages == 1 and sum(ex.written.stage_blocks) == 80
+    assert any("interleaving dropped" in w for w in ex.warnings)
+    assert any(w.startswith("re-estimated under megatron") for w in ex.warnings)

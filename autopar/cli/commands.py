@@ -25,13 +25,16 @@ import json
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from rich.console import Console
 
 from ..report import tables
 from . import measure_cmds
-from ..config import ParallelConfig, TrainingConfig
-from ..errors import AutoparError, InvalidClusterSpec, InvalidModelConfig, InvalidTrainingConfig
+from ..config import FRAMEWORKS, ParallelConfig, TrainingConfig
+from ..errors import (AutoparError, InvalidClusterSpec, InvalidModelConfig, InvalidTrainingConfig,
+                      output_error)
+from ..frameworks import get_profile
 from ..report.advice import fixes_to_fit, run_cost
 from ..report.explain import Problem, compare, named_alternatives, search_plan
 from ..report.summary import plural
@@ -66,6 +69,9 @@ def _common(p: argparse.ArgumentParser, plot: str) -> None:
                    help="training precision (default bf16)")
     p.add_argument("--no-flash-attention", action="store_true",
                    help="model attention as the unfused path (stores s x s scores)")
+    p.add_argument("--framework", default="torch", choices=list(FRAMEWORKS),
+                   help="what will run the plan (default torch: plan.apply); the search emits "
+                   "only plans it can run, an estimate says when it cannot run the configuration")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--plot", metavar="FILE.png", default=None,
                    help=f"also draw {plot} to a PNG (needs matplotlib)")
@@ -123,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
     _parallel_flags(p, what=" (pinned; the rest is searched)")
     _search_flags(p)
     p.add_argument("--out", default=None, help="write the plan JSON to this file")
+    p.add_argument("--export", nargs=2, metavar=("FRAMEWORK", "FILE"), default=None,
+                   help=f"also write the plan for a framework ({', '.join(EXPORTERS)}: Megatron-LM"
+                   " arguments, torchtitan TOML, DeepSpeed JSON) to FILE and print what that "
+                   "file really runs (re-estimated; the nearest runnable plan when it does not "
+                   "fit)")
     _parallel_flags(p, "compare-", " of a hand-tuned plan to set against the best")
     e = sub.add_parser("estimate", help="judge one configuration, with an OOM verdict and fixes")
     _common(e, "the schedule of one step and memory per stage")
@@ -261,7 +272,7 @@ def _problem(args) -> tuple[Problem, dict, list[str]]:
         seq_len=(args.seq_len if args.seq_len is not None
                  else tr.get("seq_len") or default.seq_len),
         micro_batch_size=mbs, precision=args.precision or tr.get("precision", "bf16"),
-        flash_attention=not args.no_flash_attention)
+        flash_attention=not args.no_flash_attention, framework=args.framework)
     if args.calibration:
         from ..calibrate import calibrated, load_calibration
         cal = calibrated(cluster, None, load_calibration(args.calibration), train.precision)
@@ -344,11 +355,37 @@ def _compare_estimate(args, problem: Problem):
     return problem.estimate(ParallelConfig(**par)) if par else None
 
 
+#: ``--export`` targets: framework -> Plan method.
+EXPORTERS = {"megatron": "to_megatron_args", "torchtitan": "to_torchtitan_toml",
+             "deepspeed": "to_deepspeed_config"}
+
+
+def _export(args, plan) -> dict | None:
+    """Write ``--export FRAMEWORK FILE``; returns what was written and its verdict.
+
+    Raises:
+        InvalidTrainingConfig: an unknown framework; OutputError: FILE cannot be written.
+    """
+    if not args.export:
+        return None
+    framework, path = args.export
+    if framework not in EXPORTERS:
+        raise InvalidTrainingConfig(f"--export {framework!r}: autopar exports to "
+                                    f"{', '.join(EXPORTERS)}. Fix: e.g. --export megatron args.txt")
+    ex = getattr(plan, EXPORTERS[framework])()
+    try:
+        Path(path).write_text(ex.text())
+    except OSError as exc:
+        raise output_error(path, exc) from exc
+    return {"framework": framework, "file": path, "fits": ex.fits, "warnings": list(ex.warnings)}
+
+
 def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
     plan, result = search_plan(problem, fixed, time_limit_s=args.time_limit, top_k=args.top_k,
                                progress=_Progress(err, args.json, interrupt))
     if args.out:
         plan.to_json(args.out)
+    exported = _export(args, plan)
     ref = _compare_estimate(args, problem)
     money = _money(args, [("best", plan.estimate)]
                    + [(f"alternative {i + 1}", a) for i, a in enumerate(plan.alternatives[:3])]
@@ -362,6 +399,8 @@ def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
         data["compare"] = compare(plan.estimate, ref, "hand-tuned").to_dict()
     if money:
         data["run_cost"] = [{"plan": n, **m} for n, _, m in money]
+    if exported:
+        data["export"] = exported
     if args.json:
         return data
     e = plan.estimate
@@ -382,11 +421,20 @@ def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
               f"{plural(s.meshes, 'mesh', 'meshes')}, {s.wall_s:.1f} s"
               f"{'' if s.complete else ' (stopped early: best so far)'}; MFU convention: "
               f"{e.flops_convention}", style="dim", highlight=False)
+    if exported:
+        out.print(f"[bold]export[/bold] to {exported['framework']}: wrote {exported['file']}"
+                  + ("" if exported["fits"] is not False else
+                     " [red](what it runs does not fit: see below)[/red]"))
+        for w in exported["warnings"]:
+            out.print(f"  - {w}", highlight=False, markup=False)
     return data
 
 
 def _cmd_estimate(args, problem, par, notes, out) -> dict:
     est = problem.estimate(ParallelConfig(**par))
+    refused = get_profile(problem.train.framework).unsupported(est.config)
+    if refused:
+        notes = [*notes, f"{refused}: the framework cannot run this configuration as estimated"]
     fixes = [] if est.fits else fixes_to_fit(problem, est.config)
     money = _money(args, [("yours" + ("" if est.fits else " (OOM)"), est)]
                    + [(t, e) for t, e in fixes if e.fits][:3])

@@ -255,7 +255,9 @@ def from_torchtitan_toml(source: str | Path) -> Imported:
     if shard == -1 or shard is None and replicate == 1:
         notes.append("data_parallel_shard_degree -1 (or unset): dp takes the GPUs left over.")
     if (shard is None or shard == -1 or shard > 1):
-        par["zero_stage"] = 3  # FSDP2 over the shard group
+        # FSDP2 over the shard group; without resharding after forward the parameters stay
+        # gathered from forward to backward (ZeRO-2 memory, as autopar's torchtitan export writes)
+        par["zero_stage"] = 2 if para.get("fsdp_reshard_after_forward") == "never" else 3
         if replicate > 1:
             notes.append(f"HSDP (replicate {replicate}) is modelled as ZeRO-3 over all of dp, "
                          "which undercounts model-state memory.")

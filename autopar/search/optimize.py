@@ -90,7 +90,7 @@ def search(cm: CostModel, fixed: dict | None = None, *, time_limit_s: float | No
     if not groups:
         raise no_mesh_error(cm, fixed)
     open_bound = math.inf
-    allowed = space.recompute_modes(fixed)
+    allowed = space.recompute_modes(fixed, run.profile)
     candidates: list = []
     try:
         for i, (bound, _key_g, base) in enumerate(groups):

@@ -20,6 +20,7 @@ from ..config import ParallelConfig
 from ..cost.model import CostModel
 from ..cost.types import Estimate
 from ..errors import AutoparError, InvalidParallelConfig
+from ..frameworks import FrameworkProfile, get_profile
 from . import space
 from .ranking import TIE_RTOL, better, kind_key
 from .stages import best_recompute, cut_candidates
@@ -39,6 +40,7 @@ class Run:
     def __init__(self, cm: CostModel, time_limit_s: float | None, progress: Progress | None,
                  require_fit: bool, top_k: int):
         self.cm = cm
+        self.profile: FrameworkProfile = get_profile(cm.train.framework)
         self.require_fit = require_fit
         self.top_k = max(1, top_k)
         self.deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
@@ -81,9 +83,13 @@ class Run:
         del self._kinds[self.top_k:]
 
     def estimate(self, cfg: ParallelConfig) -> Estimate | None:
+        """Estimate ``cfg`` and keep it; None when it is invalid or the target framework
+        cannot run it (the search never returns such a plan)."""
         try:
             e = self.cm.estimate(cfg)
         except InvalidParallelConfig:
+            return None
+        if self.profile.unsupported(e.config) is not None:
             return None
         self.evaluated += 1
         if self.smallest is None or e.memory_per_gpu_bytes < self.smallest.memory_per_gpu_bytes:
@@ -120,16 +126,17 @@ def mesh_groups(cm: CostModel, fixed: dict, limits) -> list[tuple[float, tuple, 
     """(bound, tie-break key, base fields) of every (mesh, micro-batch, SP, EP) group, best
     first."""
     train, g = cm.train, cm.graph
+    profile = get_profile(train.framework)
     out = []
-    for tp, cp, pp, dp in space.meshes(g, cm.cluster, train, fixed, limits):
-        sps = [fixed["sequence_parallel"]] if "sequence_parallel" in fixed else [tp > 1]
+    for tp, cp, pp, dp in space.meshes(g, cm.cluster, train, fixed, limits, profile):
+        sps = space.sequence_parallel_options(tp, fixed, profile)
         for b, sp, ep in itertools.product(space.micro_batches(train, dp, fixed, limits, pp), sps,
-                                           space.ep_options(g, dp, fixed)):
+                                           space.ep_options(g, dp, fixed, profile)):
             base = dict(tp=tp, cp=cp, pp=pp, dp=dp, micro_batch_size=b, sequence_parallel=sp,
                         ep=ep)
             bounds = []
             for placement in space.placements(base, fixed):
-                for mode in space.cp_modes(g, base, fixed):
+                for mode in space.cp_modes(g, base, fixed, profile):
                     try:
                         c = cm.resolve(ParallelConfig(**base, placement=placement,
                                                       cp_mode=mode))
@@ -149,7 +156,7 @@ def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
     blocks = max(cm.graph.num_blocks, 1)
     m = cm.train.global_batch_size // (base["dp"] * base["micro_batch_size"])
     placement = space.placements(base, fixed)[0]
-    mode = space.cp_modes(cm.graph, base, fixed)[0]
+    mode = space.cp_modes(cm.graph, base, fixed, run.profile)[0]
     out = []
     if run.require_fit:
         # the group's most frugal variant (most ZeRO sharding, most recomputation, no
@@ -157,14 +164,14 @@ def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
         frugal = ParallelConfig(
             **base, placement=placement, cp_mode=mode,
             virtual_stages=fixed.get("virtual_stages", 1),
-            zero_stage=max(space.zero_options(base["dp"], base["cp"], fixed)),
+            zero_stage=max(space.zero_options(base, fixed, run.profile)),
             recompute=allowed[-1], schedule=fixed.get("schedule"),
             stage_blocks=fixed.get("stage_blocks"))
         e = run.estimate(frugal)
         if e is not None and e.memory_per_gpu_bytes > 1.05 * cm.device.memory_bytes:
             return out
-    for v in space.virtual_stage_options(base["pp"], blocks, m, fixed, limits):
-        for zero in space.zero_options(base["dp"], base["cp"], fixed):
+    for v in space.virtual_stage_options(base["pp"], blocks, m, fixed, limits, run.profile):
+        for zero in space.zero_options(base, fixed, run.profile):
             if run.expired():
                 return out
             cfg = ParallelConfig(**base, placement=placement, cp_mode=mode, virtual_stages=v,
@@ -192,7 +199,7 @@ def refine(run: Run, c: ParallelConfig, fixed: dict, allowed) -> None:
         if links in seen:  # same groups on the same links: the same estimate
             continue
         seen.add(links)
-        for mode in space.cp_modes(cm.graph, c.__dict__, fixed):
+        for mode in space.cp_modes(cm.graph, c.__dict__, fixed, run.profile):
             cc = c.replace(placement=placement, cp_mode=mode)
             try:
                 cc = cm.resolve(cc)
@@ -215,7 +222,20 @@ def evaluate(run: Run, c: ParallelConfig, fixed: dict, allowed) -> Estimate | No
     if modes is None:  # nothing fits: still estimated, for the infeasibility report
         return run.estimate(c.replace(recompute=allowed[-1]))
     rc = modes[0] if modes and len(set(modes)) == 1 else (modes or "none")
+    if not isinstance(rc, str) and not run.profile.per_block_recompute:
+        return _uniform_recompute(run, c, allowed)
     return run.estimate(c.replace(recompute=rc))
+
+
+def _uniform_recompute(run: Run, c: ParallelConfig, allowed) -> Estimate | None:
+    """For frameworks with one recompute policy for all blocks: the fastest fitting one (the
+    most frugal when none fits)."""
+    results = [e for e in (run.estimate(c.replace(recompute=m)) for m in allowed)
+               if e is not None]
+    fitting = [e for e in results if e.fits]
+    if fitting:
+        return min(fitting, key=rank_key)
+    return results[-1] if results else None
 
 
 
@@ -226,7 +246,7 @@ def first_fit(cm: CostModel, fixed: dict, deadline: float) -> Estimate | None:
     run = Run(cm, None, None, True, 1)
     try:
         groups = mesh_groups(cm, fixed, space.SpaceLimits())
-        allowed = space.recompute_modes(fixed)
+        allowed = space.recompute_modes(fixed, run.profile)
         for _bound, _key, base in groups:
             if run.best is not None or time.monotonic() > deadline:
                 break

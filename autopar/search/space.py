@@ -6,6 +6,9 @@ pp * v <= blocks; interleaving needs the micro-batch count to be a multiple of p
 pp micro-batches.
 Cluster rules: tp stays inside a node (NVLink/PCIe domain) unless fixed otherwise.
 Batch rules: the global batch is a multiple of dp * micro-batch.
+Framework rules (:mod:`autopar.frameworks`): only the ZeRO stages, schedules, interleavings, CP
+modes, recompute policies, sequence and expert parallelism the target framework runs
+(``TrainingConfig.framework``).
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ from itertools import permutations
 
 from ..config import ParallelConfig, TrainingConfig
 from ..errors import InvalidParallelConfig
+from ..frameworks import PROFILES, FrameworkProfile
 from ..graph.types import ModelGraph
+
+_TORCH = PROFILES["torch"]
 
 #: Keys ``fixed=`` may pin.
 FIXABLE = ("tp", "pp", "dp", "cp", "ep", "zero_stage", "recompute", "sequence_parallel",
@@ -74,8 +80,10 @@ def check_fixed(fixed: dict | None) -> dict:
 
 
 def meshes(graph: ModelGraph, cluster, train: TrainingConfig, fixed: dict,
-           limits: SpaceLimits) -> list[tuple[int, int, int, int]]:
-    """Legal (tp, cp, pp, dp) with tp * cp * pp * dp = GPUs, in a deterministic order."""
+           limits: SpaceLimits, profile: FrameworkProfile = _TORCH
+           ) -> list[tuple[int, int, int, int]]:
+    """Legal (tp, cp, pp, dp) with tp * cp * pp * dp = GPUs, in a deterministic order (cp = 1
+    only when ``profile`` has no context parallelism)."""
     world = cluster.world_size
     heads, kv = graph.attention_heads or 1, graph.kv_heads or 1
     blocks = max(graph.num_blocks, 1)
@@ -92,6 +100,8 @@ def meshes(graph: ModelGraph, cluster, train: TrainingConfig, fixed: dict,
             if "cp" in fixed and cp != fixed["cp"]:
                 continue
             if train.seq_len % cp:
+                continue
+            if "cp" not in fixed and cp > 1 and not profile.cp_modes:
                 continue
             if "cp" not in fixed and cp > 1 and train.seq_len // cp < limits.min_cp_chunk:
                 continue
@@ -128,34 +138,52 @@ def micro_batches(train: TrainingConfig, dp: int, fixed: dict, limits: SpaceLimi
 
 
 def virtual_stage_options(pp: int, blocks: int, m: int, fixed: dict,
-                          limits: SpaceLimits) -> list[int]:
-    """Interleaving degrees: 1, and v > 1 when pp > 1, pp * v <= blocks and pp divides m."""
+                          limits: SpaceLimits, profile: FrameworkProfile = _TORCH) -> list[int]:
+    """Interleaving degrees: 1, and v > 1 when pp > 1, pp * v <= blocks, pp divides m and the
+    framework interleaves (only into equal chunks, blocks % (pp * v) == 0, when its rule is
+    "equal")."""
     if "virtual_stages" in fixed:
         return [fixed["virtual_stages"]]
     if fixed.get("schedule") in ("1f1b", "gpipe"):
         return [1]
     opts = [1]
-    if pp > 1 and m % pp == 0:
-        opts += [v for v in range(2, limits.max_virtual_stages + 1) if pp * v <= blocks]
+    if pp > 1 and m % pp == 0 and "interleaved-1f1b" in profile.schedules \
+            and profile.interleaved_chunks != "none":
+        opts += [v for v in range(2, limits.max_virtual_stages + 1) if pp * v <= blocks
+                 and (profile.interleaved_chunks == "any" or blocks % (pp * v) == 0)]
     if fixed.get("schedule") == "interleaved-1f1b":
         opts = [v for v in opts if v > 1] or opts
     return opts
 
 
-def zero_options(dp: int, cp: int, fixed: dict) -> list[int]:
-    """ZeRO stages worth trying: 0 when no rank shares weights (dp * cp = 1), else 0-3
-    (the optimizer shards over dp x cp, as Megatron-LM's distributed optimizer does)."""
+def zero_options(base: dict, fixed: dict, profile: FrameworkProfile = _TORCH) -> list[int]:
+    """ZeRO stages worth trying on the mesh ``base`` (tp, pp, dp, cp, ep): 0 when no rank
+    shares weights (dp * cp = 1), else those of 0-3 the framework runs with these degrees (the
+    optimizer shards over dp x cp, as Megatron-LM's distributed optimizer does)."""
     if "zero_stage" in fixed:
         return [fixed["zero_stage"]]
-    return [0] if dp * cp == 1 else [0, 1, 2, 3]
+    if base["dp"] * base.get("cp", 1) == 1:
+        return [0]
+    return list(profile.zero_options(base.get("tp", 1), base.get("pp", 1), base.get("cp", 1),
+                                     base.get("ep", 1)))
 
 
-def recompute_modes(fixed: dict) -> tuple[str, ...]:
-    """Recompute modes blocks may take: all three, or the one pinned."""
+def recompute_modes(fixed: dict, profile: FrameworkProfile = _TORCH) -> tuple[str, ...]:
+    """Recompute modes blocks may take: those of none, selective, full the framework offers
+    (in that order), or the one pinned."""
     rc = fixed.get("recompute")
     if isinstance(rc, str):
         return (rc,)
-    return ("none", "selective", "full")
+    return tuple(m for m in ("none", "selective", "full") if m in profile.recompute_modes)
+
+
+def sequence_parallel_options(tp: int, fixed: dict,
+                              profile: FrameworkProfile = _TORCH) -> list[bool]:
+    """Sequence parallelism: on whenever tp > 1 and the framework allows it (it saves memory
+    at equal communication volume, Korthikanti et al. 2022), or the value pinned."""
+    if "sequence_parallel" in fixed:
+        return [fixed["sequence_parallel"]]
+    return [tp > 1 and True in profile.sequence_parallel]
 
 
 def placements(base: dict, fixed: dict) -> list[tuple[str, ...]]:
@@ -173,8 +201,10 @@ def placements(base: dict, fixed: dict) -> list[tuple[str, ...]]:
     return out
 
 
-def cp_modes(graph: ModelGraph, base: dict, fixed: dict) -> list[str]:
-    """Context-parallel exchange modes legal for this mesh (only "ring" when cp = 1)."""
+def cp_modes(graph: ModelGraph, base: dict, fixed: dict,
+             profile: FrameworkProfile = _TORCH) -> list[str]:
+    """Context-parallel exchange modes legal for this mesh and framework (only "ring" when
+    cp = 1)."""
     if "cp_mode" in fixed:
         return [fixed["cp_mode"]]
     if base.get("cp", 1) == 1:
@@ -183,14 +213,16 @@ def cp_modes(graph: ModelGraph, base: dict, fixed: dict) -> list[str]:
     heads, kv, n = graph.attention_heads, graph.kv_heads, base["tp"] * base["cp"]
     if heads and heads % n == 0 and kv % n == 0:
         modes.insert(1, "ulysses")
-    return modes
+    return [m for m in modes if m in profile.cp_modes] or modes[:1]
 
 
-def ep_options(graph: ModelGraph, dp: int, fixed: dict) -> list[int]:
-    """Expert-parallel degrees: divisors of both the expert count and dp (1 for dense models)."""
+def ep_options(graph: ModelGraph, dp: int, fixed: dict,
+               profile: FrameworkProfile = _TORCH) -> list[int]:
+    """Expert-parallel degrees: divisors of both the expert count and dp (1 for dense models
+    and frameworks without expert parallelism)."""
     if "ep" in fixed:
         return [fixed["ep"]]
     experts = getattr(graph, "num_experts", 0)
-    if not experts:
+    if not experts or not profile.expert_parallel:
         return [1]
     return [e for e in divisors(dp) if experts % e == 0]

@@ -1,0 +1,320 @@
+"""What each training framework can run: one frozen :class:`FrameworkProfile` per framework.
+
+A profile lists the parallel layouts a framework executes (ZeRO stages and what they combine
+with, pipeline schedules, interleaving and stage-cut rules, context-parallel exchanges, recompute
+policies, sequence and expert parallelism). The search emits only plans the target framework can
+run (:meth:`FrameworkProfile.unsupported`), and the exporters read the same profile.
+
+Every capability has its source (a file and flag of that framework) in ``sources``. The sources
+were read at these commits:
+
+- torchtitan v0.2.2 (``73a0e6979dd10b6b1904098eb3c8f62c18ab87ce``, the last release with TOML job
+  files): ``torchtitan/config/job_config.py``, ``torchtitan/train.py``,
+  ``torchtitan/distributed/pipeline_parallel.py``, ``torchtitan/models/llama3/``.
+- Megatron-LM main at ``d98e8a64ddf34856e74b24714e3bedb2f5a39553`` (2026-08-22):
+  ``megatron/training/arguments.py``, ``megatron/core/transformer/transformer_config.py``.
+- DeepSpeed 0.19.6 (``edaa7221267243c7be7fb49c5d5f5c4fb97b4641``): ``deepspeed/runtime/engine.py``,
+  ``deepspeed/runtime/pipe/engine.py``, ``deepspeed/runtime/pipe/schedule.py``.
+- torch 2.13 ``torch.distributed`` (FSDP2 ``fully_shard``, DTensor TP,
+  ``torch.distributed.pipelining``, ``torch.distributed.tensor.experimental.context_parallel``).
+
+Only capabilities live here for now; the cost parameters of a framework (attention kernel
+efficiency, which communication it overlaps, memory conventions) are to be added as further
+sourced fields (issue 13), without changing this module's interface.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Mapping
+
+from ..config import CP_MODES, FRAMEWORKS, RECOMPUTE_MODES, SCHEDULES, ParallelConfig
+from ..errors import InvalidTrainingConfig
+
+#: Stage-cut rules, most permissive first: any cut; only the first and last stage may differ
+#: from the rest; balanced only (layer counts differ by at most one).
+CUT_RULES = ("any", "first_last", "balanced")
+#: Interleaved-chunk rules: any chunk sizes; all chunks equal; no interleaving.
+CHUNK_RULES = ("any", "equal", "none")
+
+
+@dataclass(frozen=True)
+class FrameworkProfile:
+    """The parallel layouts one framework can run.
+
+    Attributes:
+        name: the framework's name, one of :data:`autopar.config.FRAMEWORKS`.
+        version: the version (or commit) the capabilities were read from.
+        zero_stages: ZeRO stages (autopar's 0-3, :class:`autopar.ParallelConfig`) it runs with
+            data parallelism alone.
+        zero_stages_with_tp: ZeRO stages it runs together with tensor or context parallelism.
+        zero_stages_with_pp: ZeRO stages it runs together with pipeline parallelism.
+        zero_stages_with_ep: ZeRO stages it runs together with expert parallelism.
+        schedules: pipeline schedules (:data:`autopar.config.SCHEDULES`) it runs.
+        interleaved_chunks: how interleaved model chunks may be sized (:data:`CHUNK_RULES`).
+        stage_cuts: how non-interleaved pipeline stages may be cut (:data:`CUT_RULES`).
+        cp_modes: context-parallel exchanges (:data:`autopar.config.CP_MODES`); empty = no CP.
+        recompute_modes: activation recompute policies (:data:`autopar.config.RECOMPUTE_MODES`).
+        per_block_recompute: a different policy per decoder block is expressible.
+        sequence_parallel: the values ``sequence_parallel`` may take under tensor parallelism.
+        expert_parallel: expert parallelism for MoE layers is supported.
+        sources: for every field above (name -> text), the file and flag of the framework it was
+            read from.
+
+    Raises:
+        InvalidTrainingConfig: at construction, a value outside autopar's vocabulary or a
+            capability without a source.
+    """
+
+    name: str
+    version: str
+    zero_stages: tuple[int, ...]
+    zero_stages_with_tp: tuple[int, ...]
+    zero_stages_with_pp: tuple[int, ...]
+    zero_stages_with_ep: tuple[int, ...]
+    schedules: tuple[str, ...]
+    interleaved_chunks: str
+    stage_cuts: str
+    cp_modes: tuple[str, ...]
+    recompute_modes: tuple[str, ...]
+    per_block_recompute: bool
+    sequence_parallel: tuple[bool, ...]
+    expert_parallel: bool
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        bad = []
+        for f in ("zero_stages", "zero_stages_with_tp", "zero_stages_with_pp",
+                  "zero_stages_with_ep"):
+            if not set(getattr(self, f)) <= {0, 1, 2, 3}:
+                bad.append(f)
+        if not set(self.schedules) <= set(SCHEDULES):
+            bad.append("schedules")
+        if not set(self.cp_modes) <= set(CP_MODES):
+            bad.append("cp_modes")
+        if not set(self.recompute_modes) <= set(RECOMPUTE_MODES) or not self.recompute_modes:
+            bad.append("recompute_modes")
+        if self.stage_cuts not in CUT_RULES:
+            bad.append("stage_cuts")
+        if self.interleaved_chunks not in CHUNK_RULES:
+            bad.append("interleaved_chunks")
+        missing = [n for n in self.capability_names() if not self.sources.get(n)]
+        if bad or missing:
+            raise InvalidTrainingConfig(
+                f"framework profile {self.name!r}: invalid {bad}, unsourced {missing}. Fix: use "
+                "autopar's names (autopar.config) and give every capability its source.")
+        object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
+
+    @classmethod
+    def capability_names(cls) -> tuple[str, ...]:
+        """Names of the capability fields (every field but name, version and sources)."""
+        return tuple(f.name for f in fields(cls) if f.name not in ("name", "version", "sources"))
+
+    def zero_options(self, tp: int, pp: int, cp: int, ep: int) -> tuple[int, ...]:
+        """ZeRO stages this framework runs on a mesh with these degrees, ascending."""
+        allowed = set(self.zero_stages)
+        if tp > 1 or cp > 1:
+            allowed &= set(self.zero_stages_with_tp)
+        if pp > 1:
+            allowed &= set(self.zero_stages_with_pp)
+        if ep > 1:
+            allowed &= set(self.zero_stages_with_ep)
+        return tuple(sorted(allowed))
+
+    def unsupported(self, c: ParallelConfig) -> str | None:
+        """Why this framework cannot run ``c``, or None when it can.
+
+        ``c`` may have ``None`` fields (choices left open); only the chosen ones are checked.
+        Stage cuts are checked against the rule when ``c.stage_blocks`` is set.
+        """
+        fw = self.name
+        shares_weights = c.dp is None or c.dp * c.cp > 1   # ZeRO means nothing on one replica
+        if shares_weights and c.zero_stage not in self.zero_options(c.tp, c.pp, c.cp, c.ep):
+            return (f"{fw} does not run ZeRO-{c.zero_stage} with tp={c.tp}, pp={c.pp}, cp={c.cp}, "
+                    f"ep={c.ep} (it runs {list(self.zero_options(c.tp, c.pp, c.cp, c.ep))}; "
+                    f"{self._src('zero_stages_with_pp' if c.pp > 1 else 'zero_stages_with_tp')})")
+        if c.cp > 1 and c.cp_mode not in self.cp_modes:
+            return (f"{fw} has no context-parallel mode {c.cp_mode!r} (it has "
+                    f"{list(self.cp_modes) or 'no context parallelism'}; {self._src('cp_modes')})")
+        if c.ep > 1 and not self.expert_parallel:
+            return f"{fw} has no expert parallelism ({self._src('expert_parallel')})"
+        if c.tp > 1 and c.sequence_parallel not in self.sequence_parallel:
+            return (f"{fw} runs tensor parallelism only with sequence_parallel="
+                    f"{self.sequence_parallel[0]} ({self._src('sequence_parallel')})")
+        modes = (c.recompute,) if isinstance(c.recompute, str) else tuple(c.recompute)
+        if not set(modes) <= set(self.recompute_modes):
+            return (f"{fw} has no recompute policy {sorted(set(modes) - set(self.recompute_modes))}"
+                    f" (it has {list(self.recompute_modes)}; {self._src('recompute_modes')})")
+        if len(set(modes)) > 1 and not self.per_block_recompute:
+            return (f"{fw} sets one recompute policy for all blocks "
+                    f"({self._src('per_block_recompute')})")
+        v = c.virtual_stages or 1
+        if c.pp > 1:
+            schedule = c.schedule or ("interleaved-1f1b" if v > 1 else None)
+            if schedule is not None and schedule not in self.schedules:
+                return (f"{fw} has no {schedule} schedule (it runs {list(self.schedules)}; "
+                        f"{self._src('schedules')})")
+            if v > 1 and self.interleaved_chunks == "none":
+                return f"{fw} has no interleaved schedule ({self._src('interleaved_chunks')})"
+            blocks = c.stage_blocks
+            if blocks and v > 1 and self.interleaved_chunks == "equal" and len(set(blocks)) > 1:
+                return (f"{fw} gives every interleaved chunk the same layers; cuts {blocks} "
+                        f"differ ({self._src('interleaved_chunks')})")
+            if blocks and v == 1:
+                why = _cut_violation(self.stage_cuts, blocks)
+                if why:
+                    return f"{fw} {why} ({self._src('stage_cuts')})"
+        return None
+
+    def _src(self, name: str) -> str:
+        return self.sources[name]
+
+
+def _cut_violation(rule: str, blocks: tuple[int, ...]) -> str | None:
+    if rule == "first_last" and len(set(blocks[1:-1])) > 1:
+        return f"sets only the first and last stage's layers; middle stages of {blocks} differ"
+    if rule == "balanced" and max(blocks) - min(blocks) > 1:
+        return f"cuts stages only evenly; {blocks} is not balanced"
+    return None
+
+
+_ALL_ZERO = (0, 1, 2, 3)
+
+TORCH = FrameworkProfile(
+    name="torch", version="torch 2.13 torch.distributed (plan.apply)",
+    zero_stages=_ALL_ZERO, zero_stages_with_tp=_ALL_ZERO, zero_stages_with_pp=_ALL_ZERO,
+    zero_stages_with_ep=_ALL_ZERO, schedules=SCHEDULES, interleaved_chunks="any",
+    stage_cuts="any", cp_modes=CP_MODES, recompute_modes=RECOMPUTE_MODES,
+    per_block_recompute=True, sequence_parallel=(True, False), expert_parallel=True,
+    sources={
+        "zero_stages": "torch.distributed.fsdp.fully_shard (reshard_after_forward=True: ZeRO-3, "
+                       "False: ZeRO-2) and DDP / ZeroRedundancyOptimizer (ZeRO-0/1)",
+        "zero_stages_with_tp": "fully_shard over a DeviceMesh dim beside DTensor TP "
+                               "(torch.distributed.tensor.parallel)",
+        "zero_stages_with_pp": "fully_shard per torch.distributed.pipelining stage module",
+        "zero_stages_with_ep": "fully_shard on the expert and non-expert parameter groups",
+        "schedules": "torch.distributed.pipelining.schedules: ScheduleGPipe, Schedule1F1B, "
+                     "ScheduleInterleaved1F1B",
+        "interleaved_chunks": "pipelining.PipelineStage takes any module per stage",
+        "stage_cuts": "pipelining.PipelineStage takes any module per stage",
+        "cp_modes": "torch.distributed.tensor.experimental.context_parallel (_RotateMethod "
+                    "ALL_TO_ALL = ring, ALL_GATHER); Ulysses has no built-in module: two "
+                    "all_to_all_single calls (Jacobs et al. 2023, arXiv 2309.14509)",
+        "recompute_modes": "torch.utils.checkpoint (full) and selective checkpointing "
+                           "(torch.utils.checkpoint.create_selective_checkpoint_contexts)",
+        "per_block_recompute": "checkpoint_wrapper is applied per module (autopar/runtime/"
+                               "recompute.py)",
+        "sequence_parallel": "torch.distributed.tensor.parallel.SequenceParallel is optional",
+        "expert_parallel": "all_to_all_single token dispatch over a DeviceMesh dim",
+    })
+
+TORCHTITAN = FrameworkProfile(
+    name="torchtitan", version="torchtitan v0.2.2 (73a0e6979dd1)",
+    zero_stages=(0, 2, 3), zero_stages_with_tp=(2, 3), zero_stages_with_pp=(2, 3),
+    zero_stages_with_ep=(2, 3), schedules=SCHEDULES, interleaved_chunks="any",
+    stage_cuts="any", cp_modes=("ring", "allgather"), recompute_modes=RECOMPUTE_MODES,
+    per_block_recompute=False, sequence_parallel=(True,), expert_parallel=True,
+    sources={
+        "zero_stages": "job_config.py Parallelism.data_parallel_replicate_degree (DDP) / "
+                       "data_parallel_shard_degree with fsdp_reshard_after_forward "
+                       "'always' (ZeRO-3) or 'never' (ZeRO-2); no optimizer-only sharding",
+        "zero_stages_with_tp": "models/llama3/infra/parallelize.py: DDP raises 'DDP has not "
+                               "supported > 1D parallelism'; FSDP/HSDP combine with TP/CP",
+        "zero_stages_with_pp": "models/llama3/infra/parallelize.py ('DDP has not supported > 1D "
+                               "parallelism'); apply_fsdp(pp_enabled=...)",
+        "zero_stages_with_ep": "models/llama4/infra/parallelize.py: experts under FSDP (efsdp mesh)",
+        "schedules": "job_config.py Parallelism.pipeline_parallel_schedule: GPipe, 1F1B, "
+                     "Interleaved1F1B (torch.distributed.pipelining names)",
+        "interleaved_chunks": "job_config.py Parallelism.module_fqns_per_model_part",
+        "stage_cuts": "job_config.py Parallelism.module_fqns_per_model_part",
+        "cp_modes": "job_config.py Parallelism.context_parallel_rotate_method: 'alltoall' "
+                    "(KV passed round the ring) or 'allgather'; no Ulysses",
+        "recompute_modes": "job_config.py ActivationCheckpoint.mode: none, selective, full",
+        "per_block_recompute": "job_config.py ActivationCheckpoint: one mode for all blocks "
+                               "(selective_ac_option N = full every N-th block)",
+        "sequence_parallel": "models/llama3/infra/parallelize.py apply_tp: norms always "
+                             "SequenceParallel under TP",
+        "expert_parallel": "job_config.py Parallelism.expert_parallel_degree (MoE models)",
+    })
+
+MEGATRON = FrameworkProfile(
+    name="megatron", version="Megatron-LM main d98e8a64ddf3 (2026-08-22)",
+    zero_stages=(0, 1, 3), zero_stages_with_tp=(0, 1, 3), zero_stages_with_pp=(0, 1),
+    zero_stages_with_ep=(0, 1), schedules=("1f1b", "interleaved-1f1b"),
+    interleaved_chunks="equal", stage_cuts="first_last", cp_modes=CP_MODES,
+    recompute_modes=RECOMPUTE_MODES, per_block_recompute=False,
+    sequence_parallel=(True, False), expert_parallel=True,
+    sources={
+        "zero_stages": "arguments.py --use-distributed-optimizer (ZeRO-1; gradients are "
+                       "reduce-scattered into a full buffer, so no ZeRO-2), --use-torch-fsdp2 "
+                       "(ZeRO-3)",
+        "zero_stages_with_tp": "arguments.py: --use-torch-fsdp2 has no TP assertion",
+        "zero_stages_with_pp": "arguments.py: '--use-torch-fsdp2 is not supported with "
+                               "pipeline parallelism'",
+        "zero_stages_with_ep": "arguments.py: '--use-torch-fsdp2 is not supported with expert "
+                               "parallelism'",
+        "schedules": "megatron/core/pipeline_parallel/schedules.py: "
+                     "forward_backward_pipelining_without_interleaving (1F1B) and "
+                     "_with_interleaving; no GPipe",
+        "interleaved_chunks": "arguments.py --num-layers-per-virtual-pipeline-stage: "
+                              "'num_layers_per_pipeline_stage % "
+                              "num_layers_per_virtual_pipeline_stage == 0'",
+        "stage_cuts": "arguments.py --decoder-first-pipeline-num-layers / "
+                      "--decoder-last-pipeline-num-layers (middle stages even)",
+        "cp_modes": "arguments.py --cp-comm-type p2p | a2a | all_gather | a2a+p2p",
+        "recompute_modes": "arguments.py --recompute-granularity full | selective",
+        "per_block_recompute": "arguments.py --recompute-method uniform | block (the first N "
+                               "layers of every stage), no per-layer list",
+        "sequence_parallel": "arguments.py --sequence-parallel (optional)",
+        "expert_parallel": "arguments.py --expert-model-parallel-size",
+    })
+
+DEEPSPEED = FrameworkProfile(
+    name="deepspeed", version="DeepSpeed 0.19.6 (edaa72212672)",
+    zero_stages=_ALL_ZERO, zero_stages_with_tp=_ALL_ZERO, zero_stages_with_pp=(0, 1),
+    zero_stages_with_ep=_ALL_ZERO, schedules=("1f1b",), interleaved_chunks="none",
+    stage_cuts="balanced", cp_modes=(), recompute_modes=("none", "full"),
+    per_block_recompute=False, sequence_parallel=(False,), expert_parallel=True,
+    sources={
+        "zero_stages": "deepspeed/runtime/zero/config.py zero_optimization.stage 0-3",
+        "zero_stages_with_tp": "deepspeed/runtime/engine.py: 'AutoTP + ZeRO stage 3 is "
+                               "supported for both inference and training'",
+        "zero_stages_with_pp": "deepspeed/runtime/pipe/engine.py: 'ZeRO-2 and ZeRO-3 are "
+                               "incompatible with pipeline parallelism'",
+        "zero_stages_with_ep": "deepspeed/moe/layer.py MoE(ep_size=...) under any ZeRO stage",
+        "schedules": "deepspeed/runtime/pipe/schedule.py TrainSchedule (1F1B-like) only",
+        "interleaved_chunks": "deepspeed/runtime/pipe/module.py PipelineModule: one "
+                              "contiguous partition per stage",
+        "stage_cuts": "deepspeed/runtime/pipe/module.py partition_method 'uniform' / "
+                      "'parameters' (no explicit cut list)",
+        "cp_modes": "Ulysses (deepspeed/sequence/layer.py DistributedAttention) needs the "
+                    "model's attention wrapped; the JSON config cannot express CP",
+        "recompute_modes": "deepspeed/runtime/activation_checkpointing/checkpointing.py: whole "
+                           "checkpointed layers (no selective attention-core recompute)",
+        "per_block_recompute": "pipe/module.py activation_checkpoint_interval: every N-th layer",
+        "sequence_parallel": "AutoTP (deepspeed/module_inject/auto_tp.py) has no Megatron-style "
+                             "sequence parallelism",
+        "expert_parallel": "deepspeed/moe/layer.py MoE(ep_size=...)",
+    })
+
+#: Every profile by framework name (read-only).
+PROFILES: Mapping[str, FrameworkProfile] = MappingProxyType(
+    {p.name: p for p in (TORCH, TORCHTITAN, MEGATRON, DEEPSPEED)})
+assert tuple(PROFILES) == FRAMEWORKS, "autopar.config.FRAMEWORKS and PROFILES disagree"
+
+
+def get_profile(framework: str | FrameworkProfile) -> FrameworkProfile:
+    """The profile of a framework name (a profile passes through).
+
+    Raises:
+        InvalidTrainingConfig: an unknown framework name (the message lists the known ones).
+    """
+    if isinstance(framework, FrameworkProfile):
+        return framework
+    try:
+        return PROFILES[framework]
+    except (KeyError, TypeError):
+        raise InvalidTrainingConfig(
+            f"framework {framework!r} is not one of {list(PROFILES)}. Fix: use 'torch' "
+            "(plan.apply), 'torchtitan', 'megatron' or 'deepspeed'.") from None

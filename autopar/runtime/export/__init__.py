@@ -1,0 +1,24 @@
+"""Exporters: a plan as Megatron-LM arguments, a torchtitan TOML, a DeepSpeed config.
+
+Each returns an :class:`Export`: the value in the framework's form and ``warnings``, one line
+per plan choice the framework cannot express, naming the nearest equivalent used. Nothing is
+dropped silently; ``Export.text()`` puts the warnings in the output as comments. Each exporter
+also builds the configuration it really writes (``Export.written``, in autopar's terms) and
+re-estimates it under that framework (:mod:`autopar.runtime.verdict`): the last warnings say the
+step time and memory of what the file runs against the plan's, whether it still fits, and when
+not, the nearest plan the framework can run (its :mod:`autopar.frameworks` profile).
+
+Which framework versions the names follow (see docs/runtime.md for how each was checked):
+Megatron-LM ``megatron/training/arguments.py`` (core_r0.12 and later), torchtitan v0.2.2
+(``torchtitan/config/job_config.py``; torchtitan 0.3 replaced TOML files with Python config
+registries), DeepSpeed 0.19 (``deepspeed/runtime/config.py``). One module per framework;
+:mod:`.common` holds what they share.
+"""
+
+from .common import Export
+from .deepspeed import to_deepspeed_config
+from .megatron import MEGATRON_FLAGS, to_megatron_args
+from .torchtitan import TITAN_LLAMA3_FLAVORS, titan_batch_check, to_torchtitan_toml
+
+__all__ = ["Export", "MEGATRON_FLAGS", "TITAN_LLAMA3_FLAVORS", "titan_batch_check",
+           "to_deepspeed_config", "to_megatron_args", "to_torchtitan_toml"]

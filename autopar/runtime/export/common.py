@@ -1,0 +1,80 @@
+"""What every exporter shares: the :class:`Export` result, per-block recompute helpers, and
+:func:`finish`, which appends the re-estimate of what an export really writes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from ...config import ParallelConfig
+from ..verdict import verdict
+
+_MODE_ORDER = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Export:
+    """An exported plan.
+
+    Attributes:
+        value: the framework's form (list of CLI arguments, TOML text, JSON-able dict, or a
+            command/script string).
+        warnings: plan choices the framework cannot express, each with the nearest equivalent
+            that ``value`` uses instead.
+        comment: the comment prefix of the text form ("#"; "" for JSON, which has none).
+        written: the configuration the value really runs, in autopar's terms (None for
+            launchers, which run the plan as it is).
+        fits: whether ``written`` fits in memory under autopar's re-estimate (None when not
+            re-estimated).
+    """
+
+    value: object
+    warnings: tuple[str, ...] = field(default=())
+    comment: str = "#"
+    written: ParallelConfig | None = None
+    fits: bool | None = None
+
+    def text(self) -> str:
+        """The value as text, warnings first as comments (for JSON: under ``"_autopar_warnings"``,
+        a key DeepSpeed ignores)."""
+        if isinstance(self.value, dict):
+            d = dict(self.value)
+            if self.warnings:
+                d["_autopar_warnings"] = list(self.warnings)
+            return json.dumps(d, indent=2) + "\n"
+        body = " ".join(self.value) if isinstance(self.value, list) else str(self.value)
+        head = "".join(f"{self.comment} autopar: {w}\n" for w in self.warnings)
+        return head + body + ("" if body.endswith("\n") else "\n")
+
+
+def block_modes(plan) -> tuple[str, ...]:
+    """The recompute mode of every decoder block of ``plan``."""
+    c = plan.config
+    if isinstance(c.recompute, str):
+        n = sum(c.stage_blocks) if c.stage_blocks else (
+            (plan.model_config or {}).get("num_layers") or 1)
+        return (c.recompute,) * n
+    return tuple(c.recompute)
+
+
+def strongest_mode(modes) -> str:
+    """The mode that saves the most memory among ``modes`` (none < selective < full)."""
+    return max(modes, key=_MODE_ORDER.index)
+
+
+def uniform(blocks: tuple[int, ...]) -> bool:
+    """All entries equal (or none)."""
+    return len(set(blocks)) <= 1
+
+
+def finish(plan, value, warn: list[str], written: ParallelConfig, framework: str,
+            comment: str = "#", train=None) -> Export:
+    """The export, with the re-estimate of ``written`` under ``framework`` appended."""
+    lines, fits = verdict(plan, written, framework, train)
+    return Export(value, tuple(warn + lines), comment=comment, written=written, fits=fits)
+
+
+def balanced_cut(total: int, parts: int) -> tuple[int, ...]:
+    """``total`` layers cut into ``parts`` stages differing by at most one, larger first."""
+    q, r = divmod(total, parts)
+    return tuple(q + (1 if i < r else 0) for i in range(parts))

@@ -1,0 +1,108 @@
+"""A DeepSpeed 0.19 config (``ds_config.json``, ``deepspeed/runtime/config.py``) for a plan."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .common import Export, balanced_cut, block_modes, finish, strongest_mode
+
+def to_deepspeed_config(plan) -> Export:
+    """A DeepSpeed config dict (``ds_config.json``) for ``plan``.
+
+    Tensor parallelism maps to DeepSpeed's AutoTP (``tensor_parallel.autotp_size``); pipeline
+    stages to the ``pipeline`` section, which a ``PipelineModule`` reads (partitioned by
+    parameter count: DeepSpeed takes no explicit cut list). Pipelines run ZeRO-1, one chunk per
+    stage, 1F1B; CP ranks become data-parallel ranks; recompute is whole layers. The written
+    configuration is re-estimated (see :class:`Export`).
+    """
+    c, t = plan.config, plan.train
+    warn: list[str] = []
+    w = c
+    mbs = c.micro_batch_size or t.micro_batch_size or 1
+    cfg: dict = {
+        "train_batch_size": t.global_batch_size,
+        "train_micro_batch_size_per_gpu": mbs,
+        "gradient_accumulation_steps": t.global_batch_size // (mbs * c.dp),
+        "zero_optimization": {"stage": c.zero_stage},
+        "gradient_clipping": 1.0,
+    }
+    if c.zero_stage == 2:
+        cfg["zero_optimization"].update(overlap_comm=True, reduce_scatter=True)
+    if t.precision in ("bf16", "fp8"):
+        cfg["bf16"] = {"enabled": True}
+        if t.precision == "fp8":
+            warn.append("precision fp8: DeepSpeed's config has no fp8 switch (Transformer "
+                        "Engine layers do it in the model); used bf16")
+    elif t.precision == "fp16":
+        cfg["fp16"] = {"enabled": True}
+    opt = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD"}[t.optimizer]
+    cfg["optimizer"] = {"type": opt, "params": {"lr": 3e-4}}
+    if c.tp > 1:
+        cfg["tensor_parallel"] = {"autotp_size": c.tp}
+        if c.sequence_parallel:
+            warn.append("sequence_parallel: DeepSpeed AutoTP has no Megatron-style sequence "
+                        "parallelism (its sequence_parallel_size is Ulysses, a different "
+                        "scheme); used TP without SP")
+            w = w.replace(sequence_parallel=False)
+    if c.ep > 1:
+        warn.append(f"ep={c.ep}: DeepSpeed sets expert parallelism in the model code "
+                    "(deepspeed.moe.layer.MoE(ep_size=...)), not in the JSON config; not set")
+    if c.cp > 1:
+        # without CP, DeepSpeed's data-parallel size is dp * cp: keep the batch arithmetic true
+        ds_dp = c.dp * c.cp
+        accum = t.global_batch_size // (mbs * ds_dp)
+        if accum >= 1 and accum * mbs * ds_dp == t.global_batch_size:
+            cfg["gradient_accumulation_steps"] = accum
+            batch_note = (f"gradient_accumulation_steps set to {accum} for DeepSpeed's "
+                          f"data-parallel size {ds_dp}")
+        else:
+            cfg["train_micro_batch_size_per_gpu"] = 1
+            cfg["gradient_accumulation_steps"] = max(1, t.global_batch_size // ds_dp)
+            batch_note = (f"micro-batch 1 and gradient_accumulation_steps "
+                          f"{cfg['gradient_accumulation_steps']} for DeepSpeed's data-parallel "
+                          f"size {ds_dp}; check the global batch is a multiple of {ds_dp}")
+        w = w.replace(cp=1, dp=ds_dp, cp_mode="ring",
+                      micro_batch_size=cfg["train_micro_batch_size_per_gpu"])
+        warn.append(f"cp={c.cp}: DeepSpeed's nearest is Ulysses sequence parallelism "
+                    "(sequence_parallel_size), which needs the model's attention wrapped; not "
+                    f"set, so the {c.cp} CP ranks become data-parallel ranks ({batch_note}); "
+                    "activation memory per GPU is higher than the plan's estimate")
+    if c.pp > 1:
+        v = c.virtual_stages or 1
+        cfg["pipeline"] = {"stages": c.pp, "partition": "parameters",
+                           "activation_checkpoint_interval": 0}
+        blocks = c.stage_blocks or ()
+        balanced = balanced_cut(sum(blocks), c.pp) if blocks else None
+        if blocks and max(blocks) - min(blocks) > 1:
+            warn.append(f"stage cuts {blocks}: DeepSpeed's PipelineModule cannot take explicit "
+                        "cuts; used partition_method 'parameters' (balances parameter counts; "
+                        f"estimated as {balanced})")
+        if v > 1:
+            warn.append(f"virtual_stages {v}: DeepSpeed has no interleaved schedule; used one "
+                        "chunk per stage (1F1B)")
+        if c.schedule == "gpipe":
+            warn.append("schedule gpipe: DeepSpeed's pipeline runs its 1F1B-style TrainSchedule")
+        w = w.replace(virtual_stages=1, schedule="1f1b", stage_blocks=balanced)
+        if c.zero_stage >= 2:
+            warn.append(f"zero_stage {c.zero_stage}: DeepSpeed pipeline parallelism supports "
+                        "ZeRO-1 only; used stage 1")
+            cfg["zero_optimization"] = {"stage": 1}
+            w = w.replace(zero_stage=1)
+    modes = block_modes(plan)
+    if set(modes) != {"none"}:
+        cfg["activation_checkpointing"] = {"partition_activations": False,
+                                           "contiguous_memory_optimization": False}
+        strongest = strongest_mode(modes)
+        if len(set(modes)) > 1 or strongest == "selective":
+            warn.append(f"recompute {modes}: DeepSpeed's activation checkpointing recomputes "
+                        "whole checkpointed layers (the model calls "
+                        "deepspeed.checkpointing.checkpoint per block); checkpoint every block "
+                        "marked full or selective")
+        if c.pp > 1:
+            cfg["pipeline"]["activation_checkpoint_interval"] = 1
+            w = w.replace(recompute="full")   # the interval checkpoints every layer
+        else:
+            full = tuple("none" if x == "none" else "full" for x in modes)
+            w = w.replace(recompute=full[0] if len(set(full)) == 1 else full)
+    t_written = t if t.precision != "fp8" else replace(t, precision="bf16")
+    return finish(plan, cfg, warn, w, "deepspeed", comment="", train=t_written)

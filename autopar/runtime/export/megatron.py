@@ -1,0 +1,176 @@
+"""Megatron-LM ``pretrain_gpt.py`` arguments for a plan (flags from
+``megatron/training/arguments.py``, core_r0.12 and later)."""
+
+from __future__ import annotations
+
+from .common import Export, balanced_cut, block_modes, finish, uniform
+
+#: Megatron-LM flags this exporter may emit (all defined in megatron/training/arguments.py).
+MEGATRON_FLAGS = frozenset({
+    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
+    "--sequence-parallel", "--num-layers-per-virtual-pipeline-stage",
+    "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+    "--micro-batch-size", "--global-batch-size", "--seq-length", "--max-position-embeddings",
+    "--use-distributed-optimizer", "--use-torch-fsdp2", "--recompute-granularity",
+    "--recompute-method", "--recompute-num-layers", "--bf16", "--fp16", "--fp8-format",
+    "--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size",
+    "--group-query-attention", "--num-query-groups", "--vocab-size", "--normalization",
+    "--norm-epsilon", "--swiglu", "--position-embedding-type", "--rotary-base",
+    "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--attention-dropout",
+    "--hidden-dropout", "--optimizer", "--expert-model-parallel-size", "--cp-comm-type",
+})
+
+
+def to_megatron_args(plan) -> Export:
+    """Megatron-LM ``pretrain_gpt.py`` arguments for ``plan`` (DP is implied by the world size).
+
+    Per-block recompute mixes become ``--recompute-method block`` with the most blocks fully
+    recomputed in any stage; ZeRO-2 becomes the distributed optimizer (ZeRO-1), ZeRO-3 FSDP2
+    (ZeRO-1 under pipeline or expert parallelism, which FSDP2 does not combine with); GPipe
+    runs as 1F1B; interleaved chunks are equal (or interleaving is dropped); middle stages are
+    cut evenly. The written configuration is re-estimated (see :class:`Export`).
+    """
+    c, t, m = plan.config, plan.train, plan.model_config or {}
+    warn: list[str] = []
+    w = c
+    a = ["--tensor-model-parallel-size", str(c.tp), "--pipeline-model-parallel-size", str(c.pp),
+         "--context-parallel-size", str(c.cp)]
+    if c.sequence_parallel:
+        a.append("--sequence-parallel")
+    if c.ep > 1:
+        a += ["--expert-model-parallel-size", str(c.ep)]
+    if c.cp > 1:
+        # Megatron-LM names the CP exchange: p2p (ring), a2a (Ulysses), all_gather
+        # (megatron/core/transformer/transformer_config.py cp_comm_type)
+        a += ["--cp-comm-type", {"ring": "p2p", "ulysses": "a2a",
+                                 "allgather": "all_gather"}[c.cp_mode]]
+    v = c.virtual_stages or 1
+    blocks = c.stage_blocks or ()
+    total = sum(blocks) if blocks else m.get("num_layers", 0)
+    if v > 1 and blocks and not uniform(blocks):
+        if total % (c.pp * v) == 0:
+            eq = (total // (c.pp * v),) * (c.pp * v)
+            warn.append(f"non-uniform interleaved chunks {blocks}: Megatron gives every virtual "
+                        f"stage the same layers; used {eq[0]} per virtual stage")
+            w = w.replace(stage_blocks=eq)
+            blocks = eq
+        else:
+            warn.append(f"interleaved chunks {blocks}: {total} layers do not split into "
+                        f"{c.pp * v} equal chunks, which Megatron requires; interleaving "
+                        "dropped (1F1B, one chunk per stage)")
+            v, blocks = 1, balanced_cut(total, c.pp)
+            w = w.replace(virtual_stages=1, schedule="1f1b", stage_blocks=blocks)
+    if v > 1:
+        a += ["--num-layers-per-virtual-pipeline-stage", str(blocks[0] if blocks else 1)]
+    elif blocks and c.pp > 1 and not uniform(blocks):
+        cut = _megatron_cut(blocks)
+        if cut != blocks:
+            warn.append(f"stage cuts {blocks}: Megatron sets only the first and last stage's "
+                        f"layers and splits the rest evenly; used {cut}")
+            w = w.replace(stage_blocks=cut)
+        if not uniform(cut):
+            a += ["--decoder-first-pipeline-num-layers", str(cut[0]),
+                  "--decoder-last-pipeline-num-layers", str(cut[-1])]
+    if c.schedule == "gpipe":
+        warn.append("schedule gpipe: Megatron runs 1F1B (the same gradients, less activation "
+                    "memory)")
+        w = w.replace(schedule="1f1b")
+    mbs = c.micro_batch_size or t.micro_batch_size or 1
+    a += ["--micro-batch-size", str(mbs), "--global-batch-size", str(t.global_batch_size),
+          "--seq-length", str(t.seq_len)]
+    if c.zero_stage in (1, 2):
+        a.append("--use-distributed-optimizer")
+        if c.zero_stage == 2:
+            warn.append("zero_stage 2: Megatron's distributed optimizer shards optimizer states "
+                        "and reduce-scatters gradients but keeps a full gradient buffer (ZeRO-1 "
+                        "memory)")
+            w = w.replace(zero_stage=1)
+    elif c.zero_stage == 3 and (c.pp > 1 or c.ep > 1 or m.get("tied_embeddings")
+                                or t.precision == "fp16"):
+        # arguments.py: --use-torch-fsdp2 asserts pipeline and expert parallel size 1,
+        # --untie-embeddings-and-output-weights, and no fp16
+        why = ("pipelining" if c.pp > 1 else "expert parallelism" if c.ep > 1 else
+               "tied embeddings" if m.get("tied_embeddings") else "fp16")
+        a.append("--use-distributed-optimizer")
+        warn.append(f"zero_stage 3 with {why}: Megatron's FSDP2 path does not combine with it "
+                    "(megatron/training/arguments.py); used the distributed optimizer (ZeRO-1)")
+        w = w.replace(zero_stage=1)
+    elif c.zero_stage == 3:
+        a.append("--use-torch-fsdp2")
+    rc_args, rc_written = _megatron_recompute(plan, warn)
+    a += rc_args
+    w = w.replace(recompute=rc_written)
+    a += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": [],
+          "fp8": ["--bf16", "--fp8-format", "hybrid"]}[t.precision]
+    a += _megatron_model(m, t)
+    if t.optimizer in ("adam", "adamw"):
+        a += ["--optimizer", "adam"]
+        if t.optimizer == "adam":
+            warn.append("optimizer adam: Megatron's adam is AdamW (decoupled weight decay); set "
+                        "--weight-decay 0 for plain Adam")
+    else:
+        a += ["--optimizer", "sgd"]
+    return finish(plan, a, warn, w, "megatron")
+
+
+def _megatron_cut(blocks: tuple[int, ...]) -> tuple[int, ...]:
+    """The nearest cut Megatron expresses: the plan's first stage, the middle stages even, the
+    remainder on the last stage (arguments.py checks the middle layers divide evenly)."""
+    pp = len(blocks)
+    if pp <= 2:
+        return blocks
+    total, first = sum(blocks), blocks[0]
+    q = (total - first - blocks[-1]) // (pp - 2)
+    return (first, *(q,) * (pp - 2), total - first - q * (pp - 2))
+
+
+def _megatron_recompute(plan, warn: list[str]) -> tuple[list[str], str | tuple[str, ...]]:
+    """(flags, the recompute written in autopar's terms: a mode or one mode per block)."""
+    modes = block_modes(plan)
+    if len(set(modes)) == 1:
+        mode = modes[0]
+        return ({"none": [], "selective": ["--recompute-granularity", "selective"],
+                 "full": ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                          "--recompute-num-layers", "1"]}[mode], plan.config.recompute)
+    # A mix: Megatron's "block" method fully recomputes the first N layers of each stage.
+    c = plan.config
+    blocks = c.stage_blocks or (len(modes),)
+    per_stage, first = [], 0
+    for n in blocks:
+        per_stage.append(sum(1 for x in modes[first:first + n] if x == "full"))
+        first += n
+    n_full = max(per_stage)
+    warn.append(f"per-block recompute {modes}: Megatron recomputes the first N layers of every "
+                f"stage; used full recompute of the first {n_full} layers per stage"
+                + (", selective blocks not recomputed" if "selective" in modes else ""))
+    if n_full == 0:
+        return ["--recompute-granularity", "selective"], "selective"
+    written = tuple("full" if i < n_full else "none" for n in blocks for i in range(n))
+    return (["--recompute-granularity", "full", "--recompute-method", "block",
+             "--recompute-num-layers", str(n_full)], written)
+
+
+def _megatron_model(m: dict, t) -> list[str]:
+    if not m:
+        return ["--max-position-embeddings", str(t.seq_len)]
+    a = ["--num-layers", str(m["num_layers"]), "--hidden-size", str(m["hidden_size"]),
+         "--num-attention-heads", str(m["num_heads"]), "--ffn-hidden-size",
+         str(m["ffn_hidden_size"]), "--vocab-size", str(m["vocab_size"]),
+         "--max-position-embeddings", str(max(m["seq_len"], t.seq_len)),
+         "--norm-epsilon", str(m.get("norm_eps", 1e-5)),
+         "--attention-dropout", str(m.get("attention_dropout", 0.0)),
+         "--hidden-dropout", str(m.get("hidden_dropout", 0.0))]
+    if m.get("num_kv_heads") and m["num_kv_heads"] != m["num_heads"]:
+        a += ["--group-query-attention", "--num-query-groups", str(m["num_kv_heads"])]
+    if m.get("norm") == "rmsnorm":
+        a += ["--normalization", "RMSNorm"]
+    if m.get("mlp") == "swiglu":
+        a.append("--swiglu")
+    if m.get("position") == "rope":
+        a += ["--position-embedding-type", "rope", "--rotary-base",
+              str(int(m.get("rope_theta", 10000)))]
+    if m.get("bias") is False:
+        a.append("--disable-bias-linear")
+    if m.get("tied_embeddings") is False:
+        a.append("--untie-embeddings-and-output-weights")
+    return a

@@ -1,0 +1,210 @@
+"""A torchtitan v0.2.2 job TOML for a plan (``torchtitan/config/job_config.py``; torchtitan 0.3
+replaced TOML files with Python config registries)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from ..errors import UnsupportedPlanError
+from .common import Export, block_modes, finish, strongest_mode
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return json.dumps(str(v))
+
+
+#: torchtitan v0.2.2 torchtitan/models/llama3/__init__.py ``llama3_args``: flavor -> (layers,
+#: hidden, heads, KV heads, FFN hidden (from ffn_dim_multiplier and multiple_of), vocabulary
+#: (TransformerModelArgs default 128256), rope_theta).
+TITAN_LLAMA3_FLAVORS = {
+    "8B": (32, 4096, 32, 8, 14336, 128256, 500000.0),
+    "70B": (80, 8192, 64, 8, 28672, 128256, 500000.0),
+    "405B": (126, 16384, 128, 8, 53248, 128256, 500000.0),
+}
+
+
+def _titan_flavor(plan, warn: list[str]) -> dict:
+    """torchtitan's model section: ``llama3`` and the flavor whose shape is the plan's model.
+
+    Raises:
+        UnsupportedPlanError: a model torchtitan has no architecture for (GPT: learned
+            positions, LayerNorm, GELU, biases).
+    """
+    m = plan.model_config or {}
+    if m and (m.get("family") == "gpt" or m.get("norm") == "layernorm"
+              or m.get("position") not in (None, "rope")):
+        raise UnsupportedPlanError(
+            f"torchtitan has no architecture for {plan.model} (GPT-style: learned positions, "
+            "LayerNorm, GELU, biases); a llama3 TOML would train a different model. Fix: "
+            "export with plan.to_megatron_args() or plan.to_deepspeed_config().")
+    shape = (m.get("num_layers"), m.get("hidden_size"), m.get("num_heads"),
+             m.get("num_kv_heads") or m.get("num_heads"), m.get("ffn_hidden_size"),
+             m.get("vocab_size"), float(m.get("rope_theta", 10000.0)))
+    for flavor, known in TITAN_LLAMA3_FLAVORS.items():
+        if shape == known:
+            return {"name": "llama3", "flavor": flavor}
+    name = str(plan.model)
+    warn.append(
+        f"model {name}: torchtitan has no llama3 flavor of this shape (it has "
+        f"{', '.join(TITAN_LLAMA3_FLAVORS)}); flavor {name!r} written so torchtitan stops at "
+        "an unknown flavor instead of training its debug model. Fix: add "
+        f"llama3_args[{name!r}] = TransformerModelArgs(dim={shape[1]}, n_layers={shape[0]}, "
+        f"n_heads={shape[2]}, n_kv_heads={shape[3]}, vocab_size={shape[5]}, "
+        f"rope_theta={shape[6]:g}, ...) with the FFN size {shape[4]} in "
+        "torchtitan/models/llama3/__init__.py")
+    return {"name": "llama3", "flavor": name}
+
+
+def titan_batch_check(train: dict, par: dict, dp: int, micro_batch: int,
+                      global_batch: int) -> list[str]:
+    """Warnings where torchtitan's batch arithmetic differs from the plan's.
+
+    torchtitan v0.2.2 ``train.py``: gradient accumulation steps = global_batch_size /
+    (local_batch_size * dp) (dp = replicate x shard, CP excluded), asserting divisibility;
+    without pipelining one forward runs ``local_batch_size`` sequences; with pipelining
+    (``distributed/pipeline_parallel.py``) a step splits local_batch_size into
+    local_batch_size / pipeline_parallel_microbatch_size micro-batches of
+    pipeline_parallel_microbatch_size sequences.
+
+    Args:
+        train, par: the TOML's training and parallelism sections.
+        dp: data-parallel degree; micro_batch: the plan's sequences per forward;
+        global_batch: the plan's sequences per optimizer step.
+    """
+    local, gbs = train["local_batch_size"], train["global_batch_size"]
+    out = []
+    if gbs != global_batch or gbs % (local * dp):
+        out.append(f"torchtitan global_batch_size {gbs} vs local_batch_size {local} x dp {dp}: "
+                   f"not the plan's {global_batch} sequences per step in whole accumulation "
+                   "steps")
+    per_forward = par.get("pipeline_parallel_microbatch_size", 1) if \
+        par.get("pipeline_parallel_degree", 1) > 1 else local
+    if per_forward != micro_batch:
+        out.append(f"torchtitan runs {per_forward} sequences per forward, the plan "
+                   f"{micro_batch} (activation memory scales with it)")
+    return out
+
+
+def to_torchtitan_toml(plan) -> Export:
+    """A torchtitan (v0.2.2, job_config.py) job TOML for ``plan``; stage cuts, interleaved
+    chunks included, are exact through ``module_fqns_per_model_part`` (torchtitan's Llama
+    names).
+
+    Batch: without pipelining ``local_batch_size`` is the plan's micro-batch and torchtitan
+    accumulates gradients global_batch_size / (local_batch_size x dp) times; with pipelining
+    ``local_batch_size`` is the per-replica batch, split into micro-batches of
+    ``pipeline_parallel_microbatch_size`` (see :func:`titan_batch_check`). Data parallelism: DDP
+    only for pure data parallelism without ZeRO (torchtitan refuses DDP with TP/PP/CP), FSDP2
+    otherwise (ZeRO-1 and ZeRO-0 under model parallelism run as FSDP without resharding after
+    forward, ZeRO-2 memory). The written configuration is re-estimated (see :class:`Export`).
+
+    Raises:
+        UnsupportedPlanError: a GPT-style model (torchtitan has no such architecture).
+    """
+    c, t = plan.config, plan.train
+    warn: list[str] = []
+    w = c
+    model = _titan_flavor(plan, warn)
+    par: dict = {"tensor_parallel_degree": c.tp, "pipeline_parallel_degree": c.pp,
+                 "context_parallel_degree": c.cp}
+    if c.ep > 1:
+        par["expert_parallel_degree"] = c.ep
+    if c.cp > 1:
+        if c.cp_mode == "ulysses":
+            warn.append("cp_mode=ulysses: torchtitan has no Ulysses context parallelism; used "
+                        "ring attention (context_parallel_rotate_method 'alltoall')")
+            w = w.replace(cp_mode="ring")
+        par["context_parallel_rotate_method"] = "allgather" if w.cp_mode == "allgather" \
+            else "alltoall"
+    model_parallel = c.tp > 1 or c.pp > 1 or c.cp > 1 or c.ep > 1
+    if c.zero_stage >= 2 or (c.dp > 1 and (c.zero_stage == 1 or model_parallel)):
+        zero = 3 if c.zero_stage == 3 else 2
+        par.update(data_parallel_replicate_degree=1, data_parallel_shard_degree=c.dp,
+                   fsdp_reshard_after_forward="always" if zero == 3 else "never")
+        if c.zero_stage < 2:
+            why = ("torchtitan has no optimizer-state-only sharding" if c.zero_stage == 1 and
+                   not model_parallel else "torchtitan refuses DDP combined with TP/PP/CP "
+                   "('DDP has not supported > 1D parallelism', models/llama3/infra/"
+                   "parallelize.py)")
+            warn.append(f"zero_stage {c.zero_stage}: {why}; used FSDP over the {c.dp} "
+                        "data-parallel ranks without resharding after forward (ZeRO-2: less "
+                        "memory, gradients reduce-scattered and parameters gathered once per "
+                        "step)")
+        w = w.replace(zero_stage=zero)
+    else:
+        par.update(data_parallel_replicate_degree=c.dp, data_parallel_shard_degree=1)
+    if c.tp > 1 and not c.sequence_parallel:
+        warn.append("sequence_parallel off: torchtitan always shards norms over the sequence "
+                    "under TP (less memory, the same numbers)")
+        w = w.replace(sequence_parallel=True)
+    mbs = c.micro_batch_size or t.micro_batch_size or 1
+    if c.pp > 1:
+        sched = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
+        par["pipeline_parallel_schedule"] = sched[c.schedule or "1f1b"]
+        par["pipeline_parallel_microbatch_size"] = mbs
+        if c.stage_blocks:
+            par["module_fqns_per_model_part"] = _fqns_per_part(c.stage_blocks)
+        local = t.global_batch_size // c.dp   # all of a step's micro-batches in one schedule
+    else:
+        local = mbs                           # one forward; torchtitan accumulates the rest
+    train = {"local_batch_size": local, "global_batch_size": t.global_batch_size,
+             "seq_len": t.seq_len,
+             "mixed_precision_param": "float32" if t.precision == "fp32" else "bfloat16",
+             "mixed_precision_reduce": "float32"}
+    warn += titan_batch_check(train, par, c.dp, mbs, t.global_batch_size)
+    t_written = t
+    if t.precision in ("fp16", "fp8"):
+        warn.append(f"precision {t.precision}: torchtitan trains in bf16 (fp8 needs a float8 "
+                    "model converter); used bf16")
+        t_written = replace(t, precision="bf16")
+    ac, modes_written = _titan_ac(block_modes(plan), warn)
+    w = w.replace(recompute=modes_written if isinstance(c.recompute, tuple) else modes_written[0])
+    opt = {"name": "AdamW" if t.optimizer in ("adam", "adamw") else "SGD"}
+    if t.optimizer == "adam":
+        opt["weight_decay"] = 0.0
+    sections = {"job": {"description": f"autopar plan for {plan.model} on {plan.cluster}"},
+                "model": model, "training": train, "parallelism": par,
+                "activation_checkpoint": ac, "optimizer": opt}
+    lines = []
+    for name, kv in sections.items():
+        lines.append(f"[{name}]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in kv.items()]
+        lines.append("")
+    return finish(plan, "\n".join(lines), warn, w, "torchtitan", train=t_written)
+
+
+def _fqns_per_part(stage_blocks) -> list[list[str]]:
+    parts, first = [], 0
+    for i, n in enumerate(stage_blocks):
+        part = (["tok_embeddings"] if i == 0 else []) + [
+            f"layers.{b}" for b in range(first, first + n)]
+        if i == len(stage_blocks) - 1:
+            part += ["norm", "output"]
+        parts.append(part)
+        first += n
+    return parts
+
+
+def _titan_ac(modes, warn) -> tuple[dict, tuple[str, ...]]:
+    """(activation_checkpoint section, the per-block modes it runs)."""
+    kinds = set(modes)
+    if len(kinds) == 1:
+        mode = modes[0]
+        return {"mode": mode} | ({"selective_ac_option": "op"} if mode == "selective"
+                                 else {}), tuple(modes)
+    full = [i for i, x in enumerate(modes) if x == "full"]
+    every = full[0] + 1 if full else 0
+    if kinds == {"none", "full"} and full == list(range(every - 1, len(modes), every)):
+        return {"mode": "selective", "selective_ac_option": str(every)}, tuple(modes)
+    strongest = strongest_mode(modes)
+    warn.append(f"per-block recompute {modes}: torchtitan sets one mode for all blocks (or full "
+                f"every N-th); used {strongest!r} everywhere (never more memory than planned)")
+    return {"mode": strongest} | (
+        {"selective_ac_option": "op"} if strongest == "selective" else {}), \
+        (strongest,) * len(modes)

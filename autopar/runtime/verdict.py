@@ -1,0 +1,164 @@
+"""What an exported file will really do: the configuration an exporter writes, re-estimated with
+autopar's cost model, against the plan; and, when the framework cannot run the plan as
+estimated, the nearest plan it can run.
+
+An exporter maps the plan onto a framework's flags; where the framework lacks a choice it writes
+the nearest one (ZeRO-3 becomes Megatron's distributed optimizer under pipelining, DeepSpeed
+pipelines run ZeRO-1, interleaved chunks become equal, ...). :func:`verdict` estimates the
+configuration actually written (``written``), under the same model, cluster and training
+configuration, and returns lines for the export's warnings: step time and memory against the
+plan's, whether it still fits, and, when it does not fit or the framework's profile refuses it,
+the best plan found by searching again restricted to the framework
+(``TrainingConfig(framework=...)``).
+
+Built from the low-level stages (models, graph, cost, search), not :mod:`autopar.api`, which
+imports the plan that calls the exporters (no import circle).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..config import ParallelConfig, TrainingConfig
+from ..cost.model import CostModel
+from ..cost.types import Estimate
+from ..errors import AutoparError
+from ..frameworks import get_profile
+from ..graph import extract
+from ..hardware import Cluster
+from ..models import ModelConfig, build
+from ..search.optimize import search
+
+#: GB in the printed verdicts: 1e9 bytes (decimal, as GPU datasheets).
+_GB = 1e9
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16"}
+
+
+def _cost_model(plan, train: TrainingConfig) -> CostModel:
+    """Cost model of the plan's model (from ``plan.model_config``) and cluster under ``train``.
+
+    Raises:
+        AutoparError: the model config or cluster spec cannot be rebuilt.
+    """
+    import torch  # the graph is measured from a module built on the meta device
+
+    cfg = ModelConfig.from_dict(dict(plan.model_config))
+    if cfg.seq_len < train.seq_len:
+        cfg = ModelConfig.from_dict({**cfg.to_dict(), "seq_len": train.seq_len})
+    dtype = getattr(torch, _DTYPES[train.precision])
+    graph = extract(build(cfg, dtype=dtype), train.seq_len, 1, dtype=dtype, name=cfg.name,
+                    flash_attention=train.flash_attention)
+    return CostModel(graph, Cluster.from_spec(plan.cluster), train)
+
+
+def describe(c: ParallelConfig) -> str:
+    """One line naming a configuration's choices: degrees, ZeRO stage, recompute, micro-batch,
+    schedule."""
+    rc = c.recompute if isinstance(c.recompute, str) else "per-block " + "/".join(
+        sorted(set(c.recompute)))
+    v = f" v={c.virtual_stages}" if (c.virtual_stages or 1) > 1 else ""
+    cp = f" ({c.cp_mode})" if c.cp > 1 else ""
+    return (f"tp={c.tp} pp={c.pp} cp={c.cp}{cp} dp={c.dp} ZeRO-{c.zero_stage} recompute {rc} "
+            f"micro-batch {c.micro_batch_size} {c.schedule}{v}")
+
+
+def _differences(planned: ParallelConfig, written: ParallelConfig) -> list[str]:
+    out = []
+    for name in ("tp", "pp", "cp", "dp", "zero_stage", "recompute", "sequence_parallel",
+                 "micro_batch_size", "virtual_stages", "schedule", "stage_blocks", "cp_mode"):
+        a, b = getattr(planned, name), getattr(written, name)
+        if a != b:
+            out.append(f"{name} {b!r} (planned {a!r})")
+    return out
+
+
+def verdict(plan, written: ParallelConfig, framework: str,
+            train: TrainingConfig | None = None) -> tuple[list[str], bool | None]:
+    """Lines saying what the exported configuration will do under ``framework``.
+
+    Args:
+        plan: the :class:`autopar.Plan` exported.
+        written: the configuration the exporter actually wrote, in autopar's terms.
+        framework: the target's name (a key of :data:`autopar.frameworks.PROFILES`).
+        train: the training configuration written, when it differs from ``plan.train`` (e.g.
+            precision bf16 in place of fp8).
+
+    Returns:
+        (lines, fits). Lines for the export's warnings: the re-estimate (step time in seconds,
+        memory in GB = 1e9 bytes, both against the plan's), "fits" or "DOES NOT FIT", and, when
+        the framework cannot run the plan as estimated, the nearest plan it can run. ``fits``:
+        the written configuration fits and the framework runs it; None when it could not be
+        re-estimated (a plan without ``model_config``, e.g. from a user's module: the line
+        says so).
+    """
+    profile = get_profile(framework)
+    train = replace(train or plan.train, framework=profile.name)
+    pe = plan.estimate
+    diffs = _differences(plan.config, written)
+    # exporters write recompute mixes in the framework's own patterns (Megatron's first-N
+    # layers per stage, torchtitan's every N-th block), which the profile's one-policy rule for
+    # the search does not cover: judge the rest
+    refused = profile.unsupported(written.replace(recompute=_strongest(written.recompute)))
+    same = not diffs and train.precision == plan.train.precision
+    if same and refused is None:
+        return [f"re-estimated under {profile.name}: this file runs the plan as estimated "
+                f"({pe.step_time_s:.4g} s per step, {pe.memory_per_gpu_bytes / _GB:.1f} GB of "
+                f"{pe.memory_limit_bytes / _GB:.1f} GB per GPU)"], pe.fits
+    if not plan.model_config:
+        return [f"not re-estimated: this file changes {', '.join(diffs) or 'the precision'} "
+                "and the plan has no model_config to rebuild the model from. Fix: plan from a "
+                "preset or model dict, or call autopar.estimate(model, cluster, train, "
+                "<the written config>) yourself"], None
+    try:
+        cm = _cost_model(plan, train)
+        e = cm.estimate(written)
+    except AutoparError as exc:
+        return [f"not re-estimated: {exc}"], None
+    fits = e.fits and refused is None
+    head = (f"re-estimated under {profile.name}, what this file runs ("
+            f"{', '.join(diffs) or 'precision ' + train.precision}): "
+            f"{e.step_time_s:.4g} s per step ({_pct(e.step_time_s, pe.step_time_s)} vs the "
+            f"plan's {pe.step_time_s:.4g} s), {e.memory_per_gpu_bytes / _GB:.1f} GB per GPU "
+            f"(plan {pe.memory_per_gpu_bytes / _GB:.1f} GB) of {e.memory_limit_bytes / _GB:.1f}"
+            f" GB: " + ("fits" if e.fits else "DOES NOT FIT"))
+    lines = [head]
+    if refused is not None:
+        lines.append(f"{profile.name} cannot run it as written: {refused}")
+    if not fits:
+        lines.append(nearest(cm, profile.name, pe))
+    return lines, fits
+
+
+def _strongest(recompute) -> str:
+    modes = (recompute,) if isinstance(recompute, str) else recompute
+    return max(modes, key=("none", "selective", "full").index)
+
+
+def _pct(x: float, ref: float) -> str:
+    return f"{100 * (x / ref - 1):+.1f}%" if ref > 0 else "n/a"
+
+
+def nearest(cm: CostModel, framework: str, planned: Estimate) -> str:
+    """The nearest plan ``framework`` can run, as one line: the best plan with the planned
+    degrees (tp, pp, cp, dp) if one fits under the framework, else the best plan of a new
+    search restricted to the framework (``optimize(..., TrainingConfig(framework=...))``).
+    """
+    c = planned.config
+    found = None
+    tries = [None]
+    if c.cp == 1 or get_profile(framework).cp_modes:   # the planned mesh is one it can run
+        tries.insert(0, dict(tp=c.tp, pp=c.pp, cp=c.cp, dp=c.dp))
+    for fixed in tries:
+        try:
+            found = search(cm, fixed, top_k=1).best
+            break
+        except AutoparError:
+            continue
+    if found is None:
+        return (f"no plan {framework} can run fits on this cluster (autopar searched with "
+                f"framework={framework!r}). Fix: more or larger GPUs, or a smaller batch")
+    return (f"nearest plan {framework} can run: {describe(found.config)}: "
+            f"{found.step_time_s:.4g} s per step ({_pct(found.step_time_s, planned.step_time_s)}"
+            f" vs the plan), {found.memory_per_gpu_bytes / _GB:.1f} GB per GPU. Fix: export "
+            f"that plan (autopar plan ... --framework {framework}, or "
+            f"autopar.optimize(..., TrainingConfig(..., framework={framework!r})))")

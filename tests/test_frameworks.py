@@ -1,0 +1,122 @@
+"""Framework profiles: each capability sourced, the search emits only what the framework runs,
+plan files written before ``TrainingConfig.framework`` still load, the CLI takes --framework."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import autopar
+from autopar.cli.main import main
+from autopar.config import FRAMEWORKS
+from autopar.errors import InvalidTrainingConfig
+from autopar.frameworks import PROFILES, FrameworkProfile, get_profile
+
+TINY = autopar.TrainingConfig(global_batch_size=16, seq_len=32)
+CLUSTER = autopar.Cluster.custom(1, 8, "A100-80GB")
+
+
+def test_every_framework_has_a_profile_and_every_capability_a_source():
+    assert tuple(PROFILES) == FRAMEWORKS == ("torch", "torchtitan", "megatron", "deepspeed")
+    for p in PROFILES.values():
+        assert set(FrameworkProfile.capability_names()) <= set(p.sources), p.name
+        assert all(p.sources[n] for n in FrameworkProfile.capability_names())
+    with pytest.raises(InvalidTrainingConfig, match="unsourced"):
+        FrameworkProfile(**{**{f: getattr(PROFILES["torch"], f) for f in
+                               ("name", "version", *FrameworkProfile.capability_names())},
+                            "sources": {}})
+
+
+def test_unknown_framework_is_our_error():
+    with pytest.raises(InvalidTrainingConfig, match="framework 'jax'"):
+        autopar.TrainingConfig(16, 32, framework="jax")
+    with pytest.raises(InvalidTrainingConfig, match="Fix"):
+        get_profile("jax")
+
+
+def test_framework_rules_from_their_sources():
+    mega, ds, titan = PROFILES["megatron"], PROFILES["deepspeed"], PROFILES["torchtitan"]
+    assert mega.zero_options(tp=8, pp=4, cp=1, ep=1) == (0, 1)      # no FSDP2 with PP
+    assert mega.zero_options(tp=8, pp=1, cp=1, ep=1) == (0, 1, 3)
+    assert ds.zero_options(tp=1, pp=2, cp=1, ep=1) == (0, 1)        # pipe/engine.py assert
+    assert titan.zero_options(tp=2, pp=1, cp=1, ep=1) == (2, 3)     # no DDP beside TP
+    c = autopar.ParallelConfig(tp=2, pp=4, dp=2, zero_stage=3, sequence_parallel=True)
+    assert "ZeRO-3" in mega.unsupported(c)
+    assert mega.unsupported(c.replace(zero_stage=1)) is None
+    assert "interleaved" in mega.unsupported(c.replace(
+        zero_stage=1, virtual_stages=2, schedule="interleaved-1f1b",
+        stage_blocks=(3, 2, 2, 2, 2, 2, 2, 1)))
+    assert "first and last" in mega.unsupported(c.replace(zero_stage=1,
+                                                          stage_blocks=(4, 3, 5, 4)))
+    assert mega.unsupported(c.replace(zero_stage=1, stage_blocks=(3, 5, 5, 3))) is None
+    assert "sequence_parallel" in ds.unsupported(c.replace(zero_stage=1))
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_search_returns_only_plans_the_framework_runs(framework):
+    train = autopar.TrainingConfig(16, 32, framework=framework)
+    profile = PROFILES[framework]
+    plan = autopar.optimize("tiny-llama", CLUSTER, train, top_k=20)
+    for e in (plan.estimate, *plan.alternatives, *plan.pareto):
+        assert profile.unsupported(e.config) is None, (framework, e.config)
+    assert plan.train.framework == framework
+
+
+def test_megatron_search_never_returns_zero3_with_pipelining():
+    """Forced onto pipelines (pp=2) with ZeRO-3 the fastest for torch, megatron gets ZeRO-1."""
+    fixed = {"pp": 2}
+    torch_plan = autopar.optimize("tiny-llama", CLUSTER, TINY, fixed=fixed, top_k=30)
+    mega = autopar.optimize("tiny-llama", CLUSTER,
+                            autopar.TrainingConfig(16, 32, framework="megatron"),
+                            fixed=fixed, top_k=30)
+    assert any(e.config.zero_stage == 3 for e in (torch_plan.estimate,
+                                                   *torch_plan.alternatives))
+    for e in (mega.estimate, *mega.alternatives):
+        assert e.config.pp == 2 and e.config.zero_stage in (0, 1)
+        assert e.config.schedule != "gpipe"
+        assert len({*e.config.stage_blocks[1:-1]}) <= 1
+    ds = autopar.optimize("tiny-llama", CLUSTER,
+                          autopar.TrainingConfig(16, 32, framework="deepspeed"), top_k=30)
+    for e in (ds.estimate, *ds.alternatives):
+        assert e.config.cp == 1 and (e.config.virtual_stages or 1) == 1
+        assert e.config.recompute in ("none", "full")
+
+
+def test_plan_files_without_framework_still_load(tmp_path):
+    plan = autopar.optimize("tiny-llama", CLUSTER,
+                            autopar.TrainingConfig(16, 32, framework="megatron"))
+    d = json.loads(plan.to_json())
+    assert d["train"]["framework"] == "megatron"
+    assert autopar.Plan.from_dict(d).train.framework == "megatron"
+    del d["train"]["framework"]
+    assert autopar.Plan.from_dict(d).train.framework == "torch"
+
+
+def test_cli_framework_and_export(tmp_path, capsys):
+    out = tmp_path / "ds.json"
+    rc = main(["plan", "--model", "tiny-llama", "--cluster", "1x8xA100-80GB", "--global-batch",
+               "16", "--seq-len", "32", "--framework", "deepspeed", "--json",
+               "--export", "deepspeed", str(out)])
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["train"]["framework"] == "deepspeed"
+    assert data["export"]["file"] == str(out) and data["export"]["fits"] is True
+    assert json.loads(out.read_text())["train_batch_size"] == 16
+    assert any(w.startswith("re-estimated under deepspeed") for w in data["export"]["warnings"])
+    rc = main(["estimate", "--model", "tiny-llama", "--cluster", "1x8xA100-80GB",
+               "--global-batch", "16", "--seq-len", "32", "--framework", "megatron", "--pp", "2",
+               "--dp", "4", "--zero", "3", "--json"])
+    assert rc == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert any("megatron does not run ZeRO-3" in n for n in notes)
+    with pytest.raises(SystemExit):   # argparse: invalid choice
+        main(["plan", "--model", "tiny-llama", "--cluster", "1x8xA100-80GB", "--framework",
+              "jax"])
+
+
+def test_cli_rejects_unknown_export_target(tmp_path, capsys):
+    rc = main(["plan", "--model", "tiny-llama", "--cluster", "1x8xA100-80GB", "--global-batch",
+               "16", "--seq-len", "32", "--export", "jax", str(tmp_path / "x")])
+    assert rc == 2
+    assert "autopar exports to megatron, torchtitan, deepspeed" in capsys.readouterr().err
