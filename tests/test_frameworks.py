@@ -8,7 +8,7 @@ import json
 import pytest
 
 import autopar
-from autopar.cli.main import main
+from autopar.cli import main
 from autopar.config import FRAMEWORKS
 from autopar.errors import InvalidTrainingConfig
 from autopar.frameworks import PROFILES, FrameworkProfile, get_profile

@@ -1,7 +1,7 @@
 """Context parallelism from plain collectives: each CP rank holds part of every sequence.
 
 Why not ``torch.distributed.tensor.experimental.context_parallel``: it shards CUDA's flash /
-efficient attention ops and does not run on CPU (shared/PLATFORM.md, "Context parallelism on
+efficient attention ops and does not run on CPU (docs/reference/platform.md, "Context parallelism on
 CPU"). This implementation runs on any backend:
 
 - **Split** (:func:`positions`): the sequence is cut into ``2 cp`` chunks and rank ``i`` holds

@@ -22,7 +22,7 @@ from ..cost.types import Estimate
 from ..errors import AutoparError, InvalidParallelConfig
 from ..frameworks import FrameworkProfile, get_profile
 from . import space
-from .ranking import TIE_RTOL, better, kind_key
+from .ranking import TIE_RTOL, better, kind_key, ranked
 from .stages import best_recompute, cut_candidates
 
 Progress = Callable[[str, int, int, "Estimate | None"], None]
@@ -234,7 +234,7 @@ def _uniform_recompute(run: Run, c: ParallelConfig, allowed) -> Estimate | None:
                if e is not None]
     fitting = [e for e in results if e.fits]
     if fitting:
-        return min(fitting, key=rank_key)
+        return ranked(fitting)[0]
     return results[-1] if results else None
 
 
