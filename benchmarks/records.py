@@ -200,10 +200,8 @@ def parse(rec: dict) -> Record:
     if step is None and meas.get("tflops_per_gpu"):
         # derived here: 6 N tokens + causal attention 6 L h s tokens (an assumption: the source
         # does not state its FLOPs convention beyond "BF16 MFU")
-        n = model.num_parameters if hasattr(model, "num_parameters") else None
         step = _derived_step(model, train, meas["tflops_per_gpu"] * 1e12, c["num_gpus"])
         note = "derived: (6N + 6Lhs) tokens / (tflops_per_gpu * GPUs)"
-        del n
     return Record(rec["id"], model, cluster, train, fixed, open_fields, step, note, rec,
                   framework=t.get("framework") or "", source_key=source_key(rec),
                   measured_memory_gib=meas.get("memory_gib"),

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..graph.types import ModelGraph
-from .schema import AttentionSample, CollectiveSample, GemmSample, MemorySample
+from .schema import AttentionSample, GemmSample, MemorySample
 
 #: Tensor-parallel degrees whose sharded GEMM shapes are measured beside the unsharded ones
 #: (the shapes plans run: column-parallel N/tp, row-parallel K/tp).

@@ -31,6 +31,7 @@ from rich.console import Console
 
 from ..report import tables
 from . import measure_cmds
+from .inputs import model_arg
 from ..config import FRAMEWORKS, ParallelConfig, TrainingConfig
 from ..errors import (AutoparError, InvalidClusterSpec, InvalidModelConfig, InvalidTrainingConfig,
                       output_error)
@@ -168,20 +169,6 @@ def _search_flags(p: argparse.ArgumentParser) -> None:
                    help="alternatives to show (default 5)")
 
 
-def _model_arg(text: str | None):
-    if text is None:
-        raise InvalidModelConfig("--model is required (a preset name from `autopar models`, or "
-                                 "a JSON file with a model dict).")
-    if text.endswith(".json"):
-        try:
-            with open(text) as f:
-                return json.load(f)
-        except (OSError, json.JSONDecodeError) as exc:
-            raise InvalidModelConfig(f"cannot read model file {text}: {exc}. Fix: give a JSON "
-                                     "file with a model dict, or a preset name.") from exc
-    return text
-
-
 def _parallel(args, prefix: str = "") -> dict:
     out = {dst: getattr(args, prefix + src) for src, dst in _PARALLEL.items()
            if getattr(args, prefix + src, None) is not None}
@@ -223,7 +210,7 @@ def _plan_problem(args) -> tuple[Problem, dict, list[str]]:
             f"the plan {args.plan} is of an nn.Module (its model_config is null); the CLI can "
             "rebuild presets and model dicts only. Fix: pass --model with a model dict JSON, or "
             "from Python autopar.Plan.from_json(path, model=module).")
-    model = _model_arg(args.model) if args.model is not None else kw["model_config"]
+    model = model_arg(args.model) if args.model is not None else kw["model_config"]
     given = {"global_batch_size": args.global_batch, "seq_len": args.seq_len,
              "precision": args.precision,
              "flash_attention": False if args.no_flash_attention else None}
@@ -253,7 +240,7 @@ def _problem(args) -> tuple[Problem, dict, list[str]]:
         raise InvalidClusterSpec("--cluster is required (a spec NODESxGPUSxGPU[+NICSxLINK], e.g. "
                                  "4x8xA100-80GB).")
     imp = _imported(args)
-    model = _model_arg(args.model or (imp.model if imp else None))
+    model = model_arg(args.model or (imp.model if imp else None))
     cluster = api.as_cluster(args.cluster)
     par, tr, notes, params = {}, {}, [], None
     if imp is not None:

@@ -3,14 +3,14 @@ user's nodes, or as one process); the measuring itself is in :mod:`autopar.calib
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import torch.distributed as dist
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import InvalidCalibration, InvalidModelConfig, InvalidPlanFile, output_error
+from ..errors import InvalidCalibration, InvalidPlanFile, output_error
+from .inputs import model_arg
 
 
 def add_parsers(sub, positive_float, non_negative_int) -> None:
@@ -57,25 +57,13 @@ def _sizes(args) -> None:
                                  f"{args.max_bytes}. Fix: swap them.")
 
 
-def _model(text: str):
-    """A preset name, or the model dict of a JSON file."""
-    if not text.endswith(".json"):
-        return text
-    try:
-        with open(text) as f:
-            return json.load(f)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InvalidModelConfig(f"cannot read model file {text}: {exc}. Fix: give a JSON file "
-                                 "with a model dict, or a preset name.") from exc
-
-
 def cmd_calibrate(args, out: Console, err: Console) -> dict | None:
     """Run the calibration; rank 0 writes ``--out`` and prints the comparison table."""
     from ..calibrate.run import Options, comparison, init_distributed, run_calibration
     _sizes(args)
     device, owned = init_distributed()
     try:
-        cal = run_calibration(Options(model=_model(args.model), seq_len=args.seq_len,
+        cal = run_calibration(Options(model=model_arg(args.model), seq_len=args.seq_len,
                                       precision=args.precision, budget_s=args.budget,
                                       min_bytes=args.min_bytes, max_bytes=args.max_bytes,
                                       copy_bytes=args.copy_bytes, catalog=args.device), device)

@@ -24,6 +24,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from ..cost.model import CostModel
 from ..cost.types import Estimate
 from ..errors import InfeasibleError
 from . import space
