@@ -365,3 +365,29 @@ def test_megatron_never_writes_chunks_that_build_fewer_layers():
     assert ex.written.virtual_stages == 1 and sum(ex.written.stage_blocks) == 80
     assert any("interleaving dropped" in w for w in ex.warnings)
     assert any(w.startswith("re-estimated under megatron") for w in ex.warnings)
+
+
+def _placed(placement):
+    return autopar.optimize("tiny-llama", autopar.Cluster.custom(1, 8, "A100-80GB"), TRAIN,
+                            fixed=dict(tp=2, pp=2, dp=2, cp=1, zero_stage=1,
+                                       placement=placement))
+
+
+def test_megatron_exports_the_rank_placement_it_has_a_flag_for():
+    # issue 15 item 4: the placement order was never exported
+    pp_inside = _placed(("tp", "cp", "pp", "dp"))
+    e = pp_inside.to_megatron_args()
+    assert "--use-tp-pp-dp-mapping" in e.value
+    assert e.written.placement == ("tp", "cp", "pp", "dp")
+    default = _placed(("tp", "cp", "dp", "pp")).to_megatron_args()
+    assert "--use-tp-pp-dp-mapping" not in default.value
+    assert not any("rank placement" in w for w in default.warnings)
+
+
+def test_a_placement_the_framework_cannot_build_is_said_and_re_estimated():
+    odd = _placed(("dp", "tp", "cp", "pp"))
+    for export in (odd.to_megatron_args(), odd.to_torchtitan_toml(),
+                   odd.to_deepspeed_config()):
+        assert any("rank placement dp-tp-cp-pp" in w for w in export.warnings)
+        assert export.written.placement == ("tp", "cp", "dp", "pp")
+        assert "--use-tp-pp-dp-mapping" not in str(export.value)

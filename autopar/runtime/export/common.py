@@ -74,6 +74,41 @@ def finish(plan, value, warn: list[str], written: ParallelConfig, framework: str
     return Export(value, tuple(warn + lines), comment=comment, written=written, fits=fits)
 
 
+#: Rank orders each framework can build, innermost dimension first (autopar's ``placement``
+#: convention), with the flag that selects each (None: the framework's default, no flag).
+#: Sources: Megatron-LM ``megatron/training/arguments.py`` ``--use-tp-pp-dp-mapping`` ("changes
+#: the order from tp-cp-ep-dp-pp to tp-cp-ep-pp-dp", read at d98e8a64ddf3); torchtitan 0.2.2
+#: ``torchtitan/distributed/parallel_dims.py`` builds its mesh as [pp, dp_replicate, dp_shard,
+#: cp, tp] with no option; DeepSpeed 0.19 ``deepspeed/runtime/pipe/topology.py``
+#: ``PipeModelDataParallelTopology`` axes [pipe, data, model], no option.
+RANK_ORDERS: dict[str, tuple[tuple[tuple[str, ...], list[str]], ...]] = {
+    "megatron": ((("tp", "cp", "dp", "pp"), []),
+                 (("tp", "cp", "pp", "dp"), ["--use-tp-pp-dp-mapping"])),
+    "torchtitan": ((("tp", "cp", "dp", "pp"), []),),
+    "deepspeed": ((("tp", "cp", "dp", "pp"), []),),
+}
+
+
+def rank_order(c: ParallelConfig, framework: str, warn: list[str]) -> tuple[list[str], tuple]:
+    """(flags selecting the plan's rank placement in ``framework``, the placement the framework
+    will really build). Only dimensions of degree > 1 decide: orders that differ only in trivial
+    dimensions are the same layout. A placement the framework cannot build is said in ``warn``
+    and replaced by the framework's default (which the re-estimate then prices)."""
+    want = tuple(c.placement or ("tp", "cp", "dp", "pp"))
+
+    def real(order):
+        return tuple(d for d in order if getattr(c, d) > 1)
+
+    for order, flags in RANK_ORDERS[framework]:
+        if real(order) == real(want):
+            return list(flags), want
+    default = RANK_ORDERS[framework][0][0]
+    warn.append(f"rank placement {'-'.join(want)} (innermost first): {framework} builds only "
+                + " or ".join("-".join(o) for o, _ in RANK_ORDERS[framework])
+                + f"; the groups are laid out as {'-'.join(default)}")
+    return [], default
+
+
 def balanced_cut(total: int, parts: int) -> tuple[int, ...]:
     """``total`` layers cut into ``parts`` stages differing by at most one, larger first."""
     q, r = divmod(total, parts)

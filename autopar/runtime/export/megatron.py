@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .common import Export, balanced_cut, block_modes, finish, uniform
+from .common import Export, balanced_cut, block_modes, finish, rank_order, uniform
 
 #: Megatron-LM flags this exporter may emit (all defined in megatron/training/arguments.py).
 MEGATRON_FLAGS = frozenset({
@@ -18,6 +18,7 @@ MEGATRON_FLAGS = frozenset({
     "--norm-epsilon", "--swiglu", "--position-embedding-type", "--rotary-base",
     "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--attention-dropout",
     "--hidden-dropout", "--optimizer", "--expert-model-parallel-size", "--cp-comm-type",
+    "--use-tp-pp-dp-mapping",
 })
 
 
@@ -37,6 +38,9 @@ def to_megatron_args(plan) -> Export:
          "--context-parallel-size", str(c.cp)]
     if c.sequence_parallel:
         a.append("--sequence-parallel")
+    order_flags, placement = rank_order(c, "megatron", warn)
+    a += order_flags
+    w = w.replace(placement=placement)
     if c.ep > 1:
         a += ["--expert-model-parallel-size", str(c.ep)]
     if c.cp > 1:

@@ -7,7 +7,7 @@ import json
 from dataclasses import replace
 
 from ..errors import UnsupportedPlanError
-from .common import Export, block_modes, finish, strongest_mode
+from .common import Export, block_modes, finish, rank_order, strongest_mode
 
 def _toml_value(v) -> str:
     if isinstance(v, bool):
@@ -109,7 +109,7 @@ def to_torchtitan_toml(plan) -> Export:
     """
     c, t = plan.config, plan.train
     warn: list[str] = []
-    w = c
+    w = c.replace(placement=rank_order(c, "torchtitan", warn)[1])
     model = _titan_flavor(plan, warn)
     par: dict = {"tensor_parallel_degree": c.tp, "pipeline_parallel_degree": c.pp,
                  "context_parallel_degree": c.cp}
