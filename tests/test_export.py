@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -26,24 +27,9 @@ from autopar.runtime.export import MEGATRON_FLAGS
 TRAIN = autopar.TrainingConfig(global_batch_size=16, seq_len=32, precision="bf16",
                                optimizer="adamw")
 
-#: Megatron-LM megatron/training/arguments.py: flags taking a value (the rest are store_true).
-_MEGATRON_VALUED = {
-    "--tensor-model-parallel-size": int, "--pipeline-model-parallel-size": int,
-    "--context-parallel-size": int, "--num-layers-per-virtual-pipeline-stage": int,
-    "--decoder-first-pipeline-num-layers": int, "--decoder-last-pipeline-num-layers": int,
-    "--micro-batch-size": int, "--global-batch-size": int, "--seq-length": int,
-    "--max-position-embeddings": int, "--recompute-granularity": str, "--recompute-method": str,
-    "--recompute-num-layers": int, "--fp8-format": str, "--num-layers": int,
-    "--hidden-size": int, "--num-attention-heads": int, "--ffn-hidden-size": int,
-    "--num-query-groups": int, "--vocab-size": int, "--normalization": str,
-    "--norm-epsilon": float, "--position-embedding-type": str, "--rotary-base": int,
-    "--attention-dropout": float, "--hidden-dropout": float, "--optimizer": str,
-}
-_MEGATRON_CHOICES = {"--recompute-granularity": {"full", "selective"},
-                     "--recompute-method": {"uniform", "block"},
-                     "--normalization": {"LayerNorm", "RMSNorm"},
-                     "--position-embedding-type": {"learned_absolute", "rope", "none"},
-                     "--fp8-format": {"e4m3", "hybrid"}, "--optimizer": {"adam", "sgd"}}
+#: Megatron-LM's own flag table (every flag its parser defines, with values and choices), read
+#: by building the parser at the commit it records: benchmarks/megatron_arguments.py.
+_MEGATRON = json.loads((Path(__file__).parent / "data" / "megatron_arguments.json").read_text())
 
 #: torchtitan v0.2.2 torchtitan/config/job_config.py: sections and the keys we write.
 _TITAN_KEYS = {
@@ -86,14 +72,23 @@ def plan(request):
 
 
 def _megatron_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(allow_abbrev=False)
-    for flag in MEGATRON_FLAGS:
-        if flag in _MEGATRON_VALUED:
-            p.add_argument(flag, type=_MEGATRON_VALUED[flag],
-                           choices=_MEGATRON_CHOICES.get(flag))
-        else:
+    """A parser with exactly Megatron-LM's flags (values as text, its choices enforced)."""
+    p = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False, add_help=False)
+    for flag, spec in _MEGATRON["flags"].items():
+        if flag in ("-h", "--help"):
+            continue
+        if not spec["value"]:
             p.add_argument(flag, action="store_true")
+        else:
+            nargs = spec["nargs"] if spec["nargs"] in ("+", "*", "?") else None
+            p.add_argument(flag, nargs=nargs, choices=spec["choices"])
     return p
+
+
+def test_every_flag_the_exporter_may_write_is_one_megatron_defines():
+    # issue 15 item 4: checked against Megatron-LM's parser, not a list from memory
+    assert _MEGATRON["commit"] == "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
+    assert MEGATRON_FLAGS <= set(_MEGATRON["flags"]), MEGATRON_FLAGS - set(_MEGATRON["flags"])
 
 
 def test_megatron_args_parse_with_documented_names(plan):
@@ -102,8 +97,9 @@ def test_megatron_args_parse_with_documented_names(plan):
     assert set(flags) <= MEGATRON_FLAGS, set(flags) - MEGATRON_FLAGS
     args = _megatron_parser().parse_args(ex.value)
     c = plan.config
-    assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size) == (c.tp, c.pp)
-    assert args.global_batch_size == plan.train.global_batch_size
+    assert (int(args.tensor_model_parallel_size), int(args.pipeline_model_parallel_size)) == (
+        c.tp, c.pp)
+    assert int(args.global_batch_size) == plan.train.global_batch_size
     assert args.sequence_parallel == c.sequence_parallel
     assert args.use_torch_fsdp2 == (c.zero_stage == 3 and c.pp == 1)
 
@@ -391,3 +387,13 @@ def test_a_placement_the_framework_cannot_build_is_said_and_re_estimated():
         assert any("rank placement dp-tp-cp-pp" in w for w in export.warnings)
         assert export.written.placement == ("tp", "cp", "dp", "pp")
         assert "--use-tp-pp-dp-mapping" not in str(export.value)
+
+
+def test_megatron_fsdp2_export_passes_megatrons_own_rule():
+    # Megatron-LM's validate_args (run on this export at d98e8a64, outside CI) refused it:
+    # "--use-torch-fsdp2 is not supported with gradient accumulation fusion" (on by default)
+    p = autopar.optimize("tiny-llama", autopar.Cluster.custom(1, 8, "A100-80GB"), TRAIN,
+                         fixed=dict(dp=8, tp=1, pp=1, cp=1, zero_stage=3))
+    value = to_megatron_args(p).value
+    assert "--use-torch-fsdp2" in value and "--no-gradient-accumulation-fusion" in value
+    _megatron_parser().parse_args(value)

@@ -18,7 +18,7 @@ MEGATRON_FLAGS = frozenset({
     "--norm-epsilon", "--swiglu", "--position-embedding-type", "--rotary-base",
     "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--attention-dropout",
     "--hidden-dropout", "--optimizer", "--expert-model-parallel-size", "--cp-comm-type",
-    "--use-tp-pp-dp-mapping",
+    "--use-tp-pp-dp-mapping", "--no-gradient-accumulation-fusion",
 })
 
 
@@ -100,7 +100,9 @@ def to_megatron_args(plan) -> Export:
                     "(megatron/training/arguments.py); used the distributed optimizer (ZeRO-1)")
         w = w.replace(zero_stage=1)
     elif c.zero_stage == 3:
-        a.append("--use-torch-fsdp2")
+        # arguments.py validate_args: "--use-torch-fsdp2 is not supported with gradient
+        # accumulation fusion", which is on by default
+        a += ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion"]
     rc_args, rc_written = _megatron_recompute(plan, warn)
     a += rc_args
     w = w.replace(recompute=rc_written)
