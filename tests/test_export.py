@@ -341,26 +341,55 @@ def test_torchtitan_export_imports_back_as_the_written_configuration():
     assert imp.parallel["micro_batch_size"] == plan.config.micro_batch_size
 
 
+def _layer_model(layers: int) -> dict:
+    return {"name": f"llama-{layers}l", "family": "llama", "num_layers": layers,
+            "hidden_size": 64, "num_heads": 4, "num_kv_heads": 2, "ffn_hidden_size": 176,
+            "vocab_size": 256, "seq_len": 32}
+
+
+def _unroll(layout: str) -> list[str]:
+    """Chunks of a Megatron layout string, ``t*n`` unrolled (Megatron's own grammar:
+    megatron/core/transformer/pipeline_parallel_layer_layout.py parse_str_to_list)."""
+    import re
+    return re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), layout).split("|")
+
+
+def _megatron_plan(layers: int, gpus: int, **fixed):
+    from autopar.models import get_config
+    model = _layer_model(layers)
+    train = autopar.TrainingConfig(16, 32)
+    cluster = autopar.Cluster.custom(gpus // 8, 8, "A100-80GB")
+    e = autopar.estimate(model, cluster, train, {"tp": 1, "dp": 1, "micro_batch_size": 1,
+                                                 **fixed})
+    return autopar.Plan(config=e.config, estimate=e, model=model["name"], cluster=cluster.name,
+                        train=train, model_config=get_config(model).to_dict())
+
+
 def test_megatron_never_writes_chunks_that_build_fewer_layers():
     """80 layers, pp=16, 2 virtual stages: 5 layers per stage cannot split into two equal
-    chunks; the export drops interleaving (with the re-estimate) instead of writing 2 or 3
-    layers per chunk (64 or 96 layers built)."""
-    from autopar.models import get_config
-    model = {"name": "llama-80l", "family": "llama", "num_layers": 80, "hidden_size": 64,
-             "num_heads": 4, "num_kv_heads": 2, "ffn_hidden_size": 176, "vocab_size": 256,
-             "seq_len": 32}
-    train = autopar.TrainingConfig(16, 32)
-    cluster = autopar.Cluster.custom(2, 8, "A100-80GB")
-    e = autopar.estimate(model, cluster, train, dict(tp=1, pp=16, dp=1, virtual_stages=2,
-                                                     micro_batch_size=1))
-    assert len(set(e.config.stage_blocks)) > 1
-    plan = autopar.Plan(config=e.config, estimate=e, model="llama-80l", cluster=cluster.name,
-                        train=train, model_config=get_config(model).to_dict())
+    chunks; per-chunk counts (2 or 3 per chunk) would build 64 or 96 layers. The export writes
+    the exact chunks in Megatron's layout string instead."""
+    plan = _megatron_plan(80, 16, pp=16, virtual_stages=2)
+    assert len(set(plan.config.stage_blocks)) > 1
     ex = plan.to_megatron_args()
     assert "--num-layers-per-virtual-pipeline-stage" not in ex.value
-    assert ex.written.virtual_stages == 1 and sum(ex.written.stage_blocks) == 80
-    assert any("interleaving dropped" in w for w in ex.warnings)
-    assert any(w.startswith("re-estimated under megatron") for w in ex.warnings)
+    layout = ex.value[ex.value.index("--pipeline-model-parallel-layout") + 1]
+    chunks = _unroll(layout)
+    assert len(chunks) == 32 and sum(ch.count("t") for ch in chunks) == 80
+    assert [ch.count("t") for ch in chunks] == list(plan.config.stage_blocks)
+    assert ex.written == plan.config
+    _megatron_parser().parse_args(ex.value)
+
+
+def test_megatron_expresses_an_uneven_cut_exactly():
+    # issue 15: 46 layers, pp=4: the (11, 12, 12, 11) cut in Megatron's own flag, not evened
+    plan = _megatron_plan(46, 8, pp=4, dp=2, stage_blocks=(11, 12, 12, 11))
+    ex = plan.to_megatron_args()
+    layout = ex.value[ex.value.index("--pipeline-model-parallel-layout") + 1]
+    assert layout == "Et*11|t*12|t*12|t*11L"
+    assert "--decoder-first-pipeline-num-layers" not in ex.value
+    assert ex.written.stage_blocks == (11, 12, 12, 11)
+    assert "'Et*11|t*12|t*12|t*11L'" in ex.text()  # quoted for the shell
 
 
 def _placed(placement):

@@ -242,7 +242,7 @@ MEGATRON = FrameworkProfile(
     name="megatron", version="Megatron-LM main d98e8a64ddf3 (2026-08-22)",
     zero_stages=(0, 1, 3), zero_stages_with_tp=(0, 1, 3), zero_stages_with_pp=(0, 1),
     zero_stages_with_ep=(0, 1), schedules=("1f1b", "interleaved-1f1b"),
-    interleaved_chunks="equal", stage_cuts="first_last", cp_modes=CP_MODES,
+    interleaved_chunks="any", stage_cuts="any", cp_modes=CP_MODES,
     recompute_modes=RECOMPUTE_MODES, per_block_recompute=False,
     sequence_parallel=(True, False), expert_parallel=True,
     sources={
@@ -257,11 +257,10 @@ MEGATRON = FrameworkProfile(
         "schedules": "megatron/core/pipeline_parallel/schedules.py: "
                      "forward_backward_pipelining_without_interleaving (1F1B) and "
                      "_with_interleaving; no GPipe",
-        "interleaved_chunks": "arguments.py --num-layers-per-virtual-pipeline-stage: "
-                              "'num_layers_per_pipeline_stage % "
-                              "num_layers_per_virtual_pipeline_stage == 0'",
-        "stage_cuts": "arguments.py --decoder-first-pipeline-num-layers / "
-                      "--decoder-last-pipeline-num-layers (middle stages even)",
+        "interleaved_chunks": "arguments.py --pipeline-model-parallel-layout (any layers per "
+                              "chunk; megatron/core/transformer/"
+                              "pipeline_parallel_layer_layout.py)",
+        "stage_cuts": "arguments.py --pipeline-model-parallel-layout (any cut)",
         "cp_modes": "arguments.py --cp-comm-type p2p | a2a | all_gather | a2a+p2p",
         "recompute_modes": "arguments.py --recompute-granularity full | selective",
         "per_block_recompute": "arguments.py --recompute-method uniform | block (the first N "

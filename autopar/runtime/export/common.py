@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass, field
 
 from ...config import ParallelConfig
@@ -42,7 +43,8 @@ class Export:
             if self.warnings:
                 d["_autopar_warnings"] = list(self.warnings)
             return json.dumps(d, indent=2) + "\n"
-        body = " ".join(self.value) if isinstance(self.value, list) else str(self.value)
+        # a list is command-line arguments: quoted for a POSIX shell (a layout string holds | and *)
+        body = shlex.join(self.value) if isinstance(self.value, list) else str(self.value)
         head = "".join(f"{self.comment} autopar: {w}\n" for w in self.warnings)
         return head + body + ("" if body.endswith("\n") else "\n")
 

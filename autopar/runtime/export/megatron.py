@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .common import Export, balanced_cut, block_modes, finish, rank_order, uniform
+from .common import Export, block_modes, finish, rank_order, uniform
 
 #: Megatron-LM flags this exporter may emit (all defined in megatron/training/arguments.py).
 MEGATRON_FLAGS = frozenset({
@@ -19,6 +19,7 @@ MEGATRON_FLAGS = frozenset({
     "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--attention-dropout",
     "--hidden-dropout", "--optimizer", "--expert-model-parallel-size", "--cp-comm-type",
     "--use-tp-pp-dp-mapping", "--no-gradient-accumulation-fusion",
+    "--pipeline-model-parallel-layout",
 })
 
 
@@ -28,8 +29,9 @@ def to_megatron_args(plan) -> Export:
     Per-block recompute mixes become ``--recompute-method block`` with the most blocks fully
     recomputed in any stage; ZeRO-2 becomes the distributed optimizer (ZeRO-1), ZeRO-3 FSDP2
     (ZeRO-1 under pipeline or expert parallelism, which FSDP2 does not combine with); GPipe
-    runs as 1F1B; interleaved chunks are equal (or interleaving is dropped); middle stages are
-    cut evenly. The written configuration is re-estimated (see :class:`Export`).
+    runs as 1F1B; uneven stage cuts and interleaved chunks are written exactly with
+    ``--pipeline-model-parallel-layout``. The written configuration is re-estimated (see
+    :class:`Export`).
     """
     c, t, m = plan.config, plan.train, plan.model_config or {}
     warn: list[str] = []
@@ -50,31 +52,13 @@ def to_megatron_args(plan) -> Export:
                                  "allgather": "all_gather"}[c.cp_mode]]
     v = c.virtual_stages or 1
     blocks = c.stage_blocks or ()
-    total = sum(blocks) if blocks else m.get("num_layers", 0)
-    if v > 1 and blocks and not uniform(blocks):
-        if total % (c.pp * v) == 0:
-            eq = (total // (c.pp * v),) * (c.pp * v)
-            warn.append(f"non-uniform interleaved chunks {blocks}: Megatron gives every virtual "
-                        f"stage the same layers; used {eq[0]} per virtual stage")
-            w = w.replace(stage_blocks=eq)
-            blocks = eq
-        else:
-            warn.append(f"interleaved chunks {blocks}: {total} layers do not split into "
-                        f"{c.pp * v} equal chunks, which Megatron requires; interleaving "
-                        "dropped (1F1B, one chunk per stage)")
-            v, blocks = 1, balanced_cut(total, c.pp)
-            w = w.replace(virtual_stages=1, schedule="1f1b", stage_blocks=blocks)
-    if v > 1:
+    if blocks and c.pp > 1 and not uniform(blocks):
+        # any cut, interleaved chunks included, exactly (arguments.py
+        # --pipeline-model-parallel-layout, parsed by megatron/core/transformer/
+        # pipeline_parallel_layer_layout.py: chunks in model order, '|' between them)
+        a += ["--pipeline-model-parallel-layout", pipeline_layout(blocks)]
+    elif v > 1:
         a += ["--num-layers-per-virtual-pipeline-stage", str(blocks[0] if blocks else 1)]
-    elif blocks and c.pp > 1 and not uniform(blocks):
-        cut = _megatron_cut(blocks)
-        if cut != blocks:
-            warn.append(f"stage cuts {blocks}: Megatron sets only the first and last stage's "
-                        f"layers and splits the rest evenly; used {cut}")
-            w = w.replace(stage_blocks=cut)
-        if not uniform(cut):
-            a += ["--decoder-first-pipeline-num-layers", str(cut[0]),
-                  "--decoder-last-pipeline-num-layers", str(cut[-1])]
     if c.schedule == "gpipe":
         warn.append("schedule gpipe: Megatron runs 1F1B (the same gradients, less activation "
                     "memory)")
@@ -119,15 +103,15 @@ def to_megatron_args(plan) -> Export:
     return finish(plan, a, warn, w, "megatron")
 
 
-def _megatron_cut(blocks: tuple[int, ...]) -> tuple[int, ...]:
-    """The nearest cut Megatron expresses: the plan's first stage, the middle stages even, the
-    remainder on the last stage (arguments.py checks the middle layers divide evenly)."""
-    pp = len(blocks)
-    if pp <= 2:
-        return blocks
-    total, first = sum(blocks), blocks[0]
-    q = (total - first - blocks[-1]) // (pp - 2)
-    return (first, *(q,) * (pp - 2), total - first - q * (pp - 2))
+def pipeline_layout(blocks: tuple[int, ...]) -> str:
+    """Megatron-LM's layout string for decoder blocks per pipeline chunk in model order
+    (``pp x virtual_stages`` entries): ``E`` the embedding, ``t`` a decoder layer, ``L`` the loss,
+    ``|`` between chunks, ``t*n`` for n layers; e.g. (11, 12, 12, 11) -> ``Et*11|t*12|t*12|t*11L``.
+    """
+    parts = [f"t*{n}" if n else "" for n in blocks]
+    parts[0] = "E" + parts[0]
+    parts[-1] = parts[-1] + "L"
+    return "|".join(parts)
 
 
 def _megatron_recompute(plan, warn: list[str]) -> tuple[list[str], str | tuple[str, ...]]:
