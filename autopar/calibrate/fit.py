@@ -25,6 +25,7 @@ import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 
 import numpy as np
@@ -36,7 +37,7 @@ from ..hardware import Cluster
 from ..hardware.comm_params import CommParams
 from ..hardware.devices import Device
 from ..hardware.links import LinkType
-from .schema import Calibration, CollectiveSample
+from .schema import Calibration, CollectiveSample, load_calibration
 
 #: Grid of ``matmul_half_size`` values the GEMM fit tries (elements; 4 to 16384, 2^(1/4) steps).
 HALF_SIZE_GRID = tuple(4.0 * 2 ** (i / 4) for i in range(49))
@@ -168,11 +169,17 @@ def measured_device(cal: Calibration) -> Device:
                 f"{cal.precision} GEMM (no datasheet peak), memory bandwidth = measured copy"))
 
 
-def measured_cluster(cal: Calibration) -> Cluster:
+def measured_cluster(cal: Calibration | str | Path | dict) -> Cluster:
     """The cluster the calibration ran on, with :func:`measured_device` as its device (a
     catalogue GPU's calibration uses the catalogue row: plan with its spec instead) and
     measured links: ``calibrated(measured_cluster(cal), ..., cal)`` then prices plans for the
-    machine itself. Nodes = the calibration's nodes, GPUs per node = its local ranks."""
+    machine itself. Nodes = the calibration's nodes, GPUs per node = its local ranks. ``cal`` may
+    be a file path (loaded strictly).
+
+    Raises:
+        InvalidCalibration: a path whose file is not a valid calibration.
+    """
+    cal = load_calibration(cal)
     device = measured_device(cal)
     w = cal.world
     intra = LinkType("intra", "pcie", device.pcie_bandwidth_Bps, 0.0,

@@ -55,6 +55,14 @@ def resolve(config: ParallelConfig, graph: ModelGraph, world_size: int,
         raise InvalidParallelConfig(
             f"cp={c.cp} must divide the sequence length {train.seq_len}. Fix: choose cp that "
             "divides it.")
+    if c.sequence_parallel and c.tp > 1 and (train.seq_len // c.cp) % c.tp:
+        # sequence parallelism shards each CP rank's tokens over the TP group (Korthikanti et
+        # al. 2022): an indivisible length makes the ranks' reduce-scatter/all-gather shapes
+        # differ (seen as a gloo size mismatch at run time)
+        raise InvalidParallelConfig(
+            f"sequence parallelism needs the tokens per CP rank ({train.seq_len} / cp={c.cp}) to "
+            f"be divisible by tp={c.tp}. Fix: a sequence length that is a multiple of "
+            f"{c.tp * c.cp}, sequence_parallel=False, or another tp.")
     mbs = c.micro_batch_size or train.micro_batch_size or 1
     if train.global_batch_size % (dp * mbs):
         raise InvalidParallelConfig(

@@ -254,9 +254,11 @@ def from_torchtitan_toml(source: str | Path) -> Imported:
         par["dp"] = replicate
     if shard == -1 or shard is None and replicate == 1:
         notes.append("data_parallel_shard_degree -1 (or unset): dp takes the GPUs left over.")
-    if (shard is None or shard == -1 or shard > 1):
-        # FSDP2 over the shard group; without resharding after forward the parameters stay
-        # gathered from forward to backward (ZeRO-2 memory, as autopar's torchtitan export writes)
+    if shard is None or shard == -1 or shard > 1 or par.get("cp", 1) > 1:
+        # FSDP2 over the shard group, which torchtitan flattens with CP (ParallelDims:
+        # fsdp_enabled = dp_shard or cp enabled; the mesh "dp_shard_cp"), so CP alone shards
+        # too; without resharding after forward the parameters stay gathered from forward to
+        # backward (ZeRO-2 memory, as autopar's torchtitan export writes)
         par["zero_stage"] = 2 if para.get("fsdp_reshard_after_forward") == "never" else 3
         if replicate > 1:
             notes.append(f"HSDP (replicate {replicate}) is modelled as ZeRO-3 over all of dp, "

@@ -79,7 +79,9 @@ class RotaryEmbedding(nn.Module):
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         half = self.head_dim // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        # the tables stay fp32 (a buffer mixed precision does not cast); computing in them would
+        # promote q and k to fp32 beside a bf16 v, which attention refuses
+        return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor,
                 positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,13 +11,15 @@ from __future__ import annotations
 from ..config import ParallelConfig
 from ..cost.types import Estimate
 from ..errors import AutoparError
+from ..frameworks import get_profile
 from .explain import Problem
 
 
 def fixes_to_fit(problem: Problem, config: ParallelConfig) -> list[tuple[str, Estimate]]:
     """Changes to ``config`` that make it fit, each re-estimated: more recomputation, ZeRO,
     sequence parallelism, a smaller micro-batch, more TP, PP or CP (dp shrinking to match), and
-    pairs of them. Fitting ones first, fastest first; then the rest by memory.
+    pairs of them, each one the training framework (``problem``'s ``train.framework``) can run.
+    Fitting ones first, fastest first; then the rest by memory.
 
     Returns:
         ``[(description, estimate)]`` (at most 8).
@@ -50,12 +52,15 @@ def fixes_to_fit(problem: Problem, config: ParallelConfig) -> list[tuple[str, Es
             if set(c1) & set(c2):
                 continue
             cands[f"{t1} + {t2}"] = {**c1, **c2}
+    profile = get_profile(cm.train.framework)
     results = []
     for text, ch in cands.items():
         try:
-            results.append((text, cm.estimate(c.replace(**ch))))
+            changed = cm.resolve(c.replace(**ch))
         except AutoparError:
             continue
+        if profile.unsupported(changed) is None:  # only what the target framework runs
+            results.append((text, cm.estimate(changed)))
     fitting = sorted((r for r in results if r[1].fits), key=lambda r: r[1].step_time_s)
     rest = sorted((r for r in results if not r[1].fits), key=lambda r: r[1].memory_per_gpu_bytes)
     return (fitting + rest)[:8]

@@ -177,12 +177,16 @@ def recompute_modes(fixed: dict, profile: FrameworkProfile = _TORCH) -> tuple[st
     return tuple(m for m in ("none", "selective", "full") if m in profile.recompute_modes)
 
 
-def sequence_parallel_options(tp: int, fixed: dict,
-                              profile: FrameworkProfile = _TORCH) -> list[bool]:
+def sequence_parallel_options(tp: int, fixed: dict, profile: FrameworkProfile = _TORCH,
+                              tokens: int | None = None) -> list[bool]:
     """Sequence parallelism: on whenever tp > 1 and the framework allows it (it saves memory
-    at equal communication volume, Korthikanti et al. 2022), or the value pinned."""
+    at equal communication volume, Korthikanti et al. 2022) and the ``tokens`` per CP rank
+    divide by tp (else off where the framework runs TP without it), or the value pinned."""
     if "sequence_parallel" in fixed:
         return [fixed["sequence_parallel"]]
+    divisible = tokens is None or tokens % tp == 0
+    if tp > 1 and not divisible:
+        return [False] if False in profile.sequence_parallel else []
     return [tp > 1 and True in profile.sequence_parallel]
 
 

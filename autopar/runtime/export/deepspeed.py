@@ -98,6 +98,12 @@ def to_deepspeed_config(plan) -> Export:
                         "whole checkpointed layers (the model calls "
                         "deepspeed.checkpointing.checkpoint per block); checkpoint every block "
                         "marked full or selective")
+        elif c.pp == 1:
+            # the JSON section only configures the checkpointing the model code does
+            warn.append("recompute full: the activation_checkpointing section only configures "
+                        "DeepSpeed's checkpointing; the model must call "
+                        "deepspeed.checkpointing.checkpoint around every block, or nothing is "
+                        "recomputed and activation memory is far above the estimate")
         if c.pp > 1:
             cfg["pipeline"]["activation_checkpoint_interval"] = 1
             w = w.replace(recompute="full")   # the interval checkpoints every layer

@@ -1,0 +1,71 @@
+"""Values a new-user pass found wrong (issue 12's "tried again as a new user would"): each test
+holds the value that was wrong."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import autopar
+from autopar.errors import InvalidParallelConfig
+from autopar.io.importers import from_torchtitan_toml
+from autopar.models.transformer import RotaryEmbedding
+from autopar.report.advice import fixes_to_fit
+from autopar.report.explain import Problem
+
+TINY = autopar.Cluster.custom(1, 8, "A100-80GB")
+
+
+def test_torchtitan_export_with_cp_imports_back_sharded():
+    # the README plan's shape (cp > 1, dp = 1, ZeRO-3) was written with
+    # data_parallel_shard_degree 1 and read back as ZeRO-0 (167 GB, "out of memory"): torchtitan
+    # shards over dp_shard x cp (parallel_dims.py: fsdp_enabled = dp_shard or cp enabled)
+    plan = autopar.optimize("tiny-llama", TINY, autopar.TrainingConfig(8, 32),
+                            fixed=dict(tp=2, cp=2, pp=2, dp=1, zero_stage=3))
+    imp = from_torchtitan_toml(plan.to_torchtitan_toml().text())
+    assert imp.parallel["cp"] == 2 and imp.parallel["zero_stage"] == 3
+
+
+def test_sequence_parallelism_needs_divisible_tokens():
+    # seq 31 with tp=2 + SP was planned, then failed at run time with a gloo size mismatch
+    train = autopar.TrainingConfig(8, 31)
+    with pytest.raises(InvalidParallelConfig, match="divisible by tp=2"):
+        autopar.estimate("tiny-llama", "1x2xA100-80GB", train,
+                         dict(tp=2, dp=1, sequence_parallel=True))
+    plan = autopar.optimize("tiny-llama", "1x2xA100-80GB", train, fixed=dict(tp=2))
+    assert plan.config.sequence_parallel is False
+
+
+def test_fixes_to_fit_are_ones_the_framework_runs():
+    # under Megatron with pp=4 the fix list offered "ZeRO-2" (76.2 GB), which the Megatron
+    # export itself turns into ZeRO-1 (89.2 GB, out of memory)
+    problem = Problem.build("llama2-70b", "4x8xA100-80GB",
+                            autopar.TrainingConfig(1024, 4096, framework="megatron"))
+    fixes = fixes_to_fit(problem, autopar.ParallelConfig(
+        tp=2, pp=4, cp=4, dp=1, zero_stage=1, sequence_parallel=True, micro_batch_size=1))
+    assert fixes and all(e.config.zero_stage in (0, 1) for _, e in fixes)
+
+
+def test_rotary_keeps_the_compute_dtype():
+    # fp32 tables promoted bf16 q/k to fp32 beside a bf16 v: "Expected query, key, and value to
+    # have the same dtype" under FSDP mixed precision (autopar measure on a ZeRO-3 bf16 plan)
+    rope = RotaryEmbedding(head_dim=8, seq_len=16, theta=10000.0)
+    q = torch.randn(1, 2, 16, 8, dtype=torch.bfloat16)
+    rq, rk = rope(q, q.clone())
+    assert rq.dtype == rk.dtype == torch.bfloat16
+
+
+def test_deepspeed_full_recompute_says_the_model_must_checkpoint():
+    plan = autopar.optimize("tiny-llama", TINY, autopar.TrainingConfig(16, 32),
+                            fixed=dict(tp=1, pp=1, dp=8, recompute="full"))
+    warnings = plan.to_deepspeed_config().warnings
+    assert any("deepspeed.checkpointing.checkpoint around every block" in w for w in warnings)
+
+
+def test_measured_cluster_takes_a_path(tmp_path):
+    from autopar.calibrate import measured_cluster
+    from autopar.errors import InvalidCalibration
+    bad = tmp_path / "cal.json"
+    bad.write_text("{}")
+    with pytest.raises(InvalidCalibration):  # a path is loaded strictly, not an AttributeError
+        measured_cluster(str(bad))
