@@ -69,3 +69,14 @@ def test_measured_cluster_takes_a_path(tmp_path):
     bad.write_text("{}")
     with pytest.raises(InvalidCalibration):  # a path is loaded strictly, not an AttributeError
         measured_cluster(str(bad))
+
+
+def test_pipeline_sends_have_seconds_beside_their_bytes():
+    # the README plan's table read "InfiniBand 8.6 GB 0.00 s, used by pp": the last rank's
+    # gradient sends were counted in bytes but their time was charged to the rank before it
+    cluster = autopar.Cluster.custom(2, 2, "A100-80GB")
+    plan = autopar.optimize("tiny-llama", cluster, autopar.TrainingConfig(16, 32),
+                            fixed=dict(tp=2, pp=2, dp=1, cp=1, placement=("tp", "cp", "dp", "pp")))
+    e = plan.estimate
+    assert e.group_links["pp"] == "infiniband"
+    assert e.comm_bytes_by_link["infiniband"] > 0 and e.comm_seconds_by_link["infiniband"] > 0

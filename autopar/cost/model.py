@@ -70,6 +70,8 @@ class StageLayout:
         states: (weights, gradients, optimizer states) bytes after ZeRO sharding.
         gather_bytes: ZeRO-3 working memory: the gathered parameters of the largest layer and
             the next one being prefetched (2 x its unsharded bytes).
+        p2p_send_s: seconds the rank's own sends (``p2p_bytes``) take per micro-batch, before
+            overlap (what the per-link ledger shows).
     """
 
     layers: tuple[int, ...]
@@ -79,6 +81,7 @@ class StageLayout:
     params: float
     states: tuple[float, float, float]
     gather_bytes: float = 0.0
+    p2p_send_s: float = 0.0
 
 
 class CostModel:
@@ -273,7 +276,7 @@ class CostModel:
         out = []
         for rank, (layers, mine, _groups, chunks) in enumerate(self.rank_layers(pp,
                                                                              c.stage_blocks)):
-            p2p_s = p2p_bytes = 0.0
+            p2p_s = p2p_bytes = p2p_send_s = 0.0
 
             def boundary_bytes(ci: int) -> float:
                 """Bytes of the activation crossing from chunk ci to ci + 1 (its gradient
@@ -286,8 +289,10 @@ class CostModel:
                     nbytes = boundary_bytes(ci)
                     p2p_s += 2 * pp_g.time("send_recv", nbytes)
                     p2p_bytes += nbytes  # this rank sends the activation forward
+                    p2p_send_s += pp_g.time("send_recv", nbytes)
                 if pp > 1 and ci > 0 and chunks[ci - 1]:
                     p2p_bytes += boundary_bytes(ci - 1)  # and the input's gradient backward
+                    p2p_send_s += pp_g.time("send_recv", boundary_bytes(ci - 1))
             params, experts = self._rank_params(tp, c.ep, layers)
             k_opt = OPTIMIZER_STATE_BYTES[self.train.optimizer]
             dense = mem.model_state_bytes(params - experts, c.zero_stage, c.dp * c.cp,
@@ -301,7 +306,8 @@ class CostModel:
             if c.zero_stage == 3:
                 gather = 2 * self.train.dtype_bytes * max(
                     mem.layer_params_per_rank(g.layers[i], tp, ep=c.ep) for i in layers)
-            out.append(StageLayout(layers, flight, p2p_s, p2p_bytes, params, states, gather))
+            out.append(StageLayout(layers, flight, p2p_s, p2p_bytes, params, states, gather,
+                                   p2p_send_s))
         self._layouts[key] = tuple(out)
         return self._layouts[key]
 
@@ -371,7 +377,9 @@ class CostModel:
             stage_parts[rank]["pp_comm"] += st.p2p_s
             stage_fwd[rank] += st.p2p_s / 2
             stage_bwd[rank] += st.p2p_s / 2
-            rank_comm[rank].append(("pp", pp_g.link, st.p2p_bytes, st.p2p_s))
+            # the ledger shows what this rank sends and how long sending it takes; the step time
+            # charges each boundary's round trip to the rank before it (p2p_s above)
+            rank_comm[rank].append(("pp", pp_g.link, st.p2p_bytes, st.p2p_send_s))
             stage_time[rank] = stage_fwd[rank] + stage_bwd[rank]
         stage_params = [st.params for st in layout]
 
