@@ -80,3 +80,16 @@ def test_pipeline_sends_have_seconds_beside_their_bytes():
     e = plan.estimate
     assert e.group_links["pp"] == "infiniband"
     assert e.comm_bytes_by_link["infiniband"] > 0 and e.comm_seconds_by_link["infiniband"] > 0
+
+
+def test_a_mistyped_plan_field_says_one_fix(tmp_path):
+    # "Fix: pass an int >= 1.. Fix: regenerate ..." (two fixes, a double full stop)
+    import json
+    plan = autopar.optimize("tiny-llama", TINY, autopar.TrainingConfig(16, 32),
+                            fixed=dict(tp=1, pp=1, dp=8))
+    d = json.loads(plan.to_json())
+    d["config"]["tp"] = "two"
+    with pytest.raises(autopar.InvalidPlanFile) as err:
+        autopar.Plan.from_dict(d)
+    text = str(err.value)
+    assert text.count("Fix:") == 1 and ".." not in text

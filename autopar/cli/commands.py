@@ -404,9 +404,10 @@ def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
     if money:
         out.print(tables.money_table(money, args.tokens))
     s = plan.search
+    stopped = "" if s.complete else (f" (stopped early: best so far, at most {s.gap:.1%} slower "
+                                     "than the best in the space)")
     out.print(f"search: {plural(s.evaluated, 'configuration')}, "
-              f"{plural(s.meshes, 'mesh', 'meshes')}, {s.wall_s:.1f} s"
-              f"{'' if s.complete else ' (stopped early: best so far)'}; MFU convention: "
+              f"{plural(s.meshes, 'mesh', 'meshes')}, {s.wall_s:.1f} s{stopped}; MFU convention: "
               f"{e.flops_convention}", style="dim", highlight=False)
     if exported:
         out.print(f"[bold]export[/bold] to {exported['framework']}: wrote {exported['file']}"
