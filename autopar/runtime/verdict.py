@@ -24,30 +24,24 @@ from ..cost.model import CostModel
 from ..cost.types import Estimate
 from ..errors import AutoparError
 from ..frameworks import get_profile
-from ..graph import extract
 from ..hardware import Cluster
-from ..models import ModelConfig, build
+from ..models import ModelConfig
+from ..reestimate import config_graph
 from ..search.optimize import search
 
 #: GB in the printed verdicts: 1e9 bytes (decimal, as GPU datasheets).
 _GB = 1e9
-_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16"}
 
 
 def _cost_model(plan, train: TrainingConfig) -> CostModel:
-    """Cost model of the plan's model (from ``plan.model_config``) and cluster under ``train``.
+    """Cost model of the plan's model (from ``plan.model_config``) and cluster under ``train``
+    (the graph is the plan-file loader's, cached: :func:`autopar.reestimate.config_graph`).
 
     Raises:
         AutoparError: the model config or cluster spec cannot be rebuilt.
     """
-    import torch  # the graph is measured from a module built on the meta device
-
-    cfg = ModelConfig.from_dict(dict(plan.model_config))
-    if cfg.seq_len < train.seq_len:
-        cfg = ModelConfig.from_dict({**cfg.to_dict(), "seq_len": train.seq_len})
-    dtype = getattr(torch, _DTYPES[train.precision])
-    graph = extract(build(cfg, dtype=dtype), train.seq_len, 1, dtype=dtype, name=cfg.name,
-                    flash_attention=train.flash_attention)
+    graph = config_graph(ModelConfig.from_dict(dict(plan.model_config)), train.seq_len,
+                         train.precision, train.flash_attention)
     return CostModel(graph, Cluster.from_spec(plan.cluster), train)
 
 
