@@ -54,7 +54,8 @@ FP8_CAST_BYTES_PER_ELEMENT = 4
 def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_parallel: bool,
                peak_flops: float, hbm_bandwidth: float, params: CostParams,
                architecture: str = "ampere", fp8_peak_flops: float | None = None,
-               attention_kernel: str = "fa2") -> LayerTime:
+               attention_kernel: str = "fa2",
+               attention_dims: tuple[float, float] = (0.0, 0.0)) -> LayerTime:
     """Roofline time of ``layer`` for a micro-batch of ``micro_batch`` sequences.
 
     Args:
@@ -73,6 +74,8 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
         params: calibration constants.
         architecture: the GPU architecture, for the per-architecture GEMM and attention ceilings.
         attention_kernel: the fused attention kernel that runs (:data:`ATTENTION_KERNELS`).
+        attention_dims: (head dim, keys each query block visits per rank) of the layer's
+            attention, for :meth:`CostParams.attention_shape_factor`; (0, 0) = unknown.
 
     Returns:
         :class:`LayerTime` in seconds and per-GPU FLOPs.
@@ -112,9 +115,14 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
             flops = op.fwd_flops * scale / tp
             if op.fused:
                 work = params.causal_attention_work if op.causal else 1.0
-                t = flops * work / (peak_flops * params.attention_ceiling(attention_kernel,
-                                                                          architecture))
-                bwd += ATTENTION_BACKWARD_RATIO * t
+                eff = (params.attention_ceiling(attention_kernel, architecture)
+                       * params.attention_shape_factor(attention_kernel, *attention_dims))
+                # the ceiling is for forward + backward; split it by the backward's relative
+                # efficiency r: fwd at eff * (1 + R / r) / (1 + R), bwd R / r times the forward
+                r = params.attention_backward_efficiency
+                ratio = ATTENTION_BACKWARD_RATIO
+                t = flops * work / (peak_flops * eff * (1 + ratio / r) / (1 + ratio))
+                bwd += ratio / r * t
             else:  # batched GEMMs plus the s x s scores through HBM, masked work not skipped
                 t = (flops / (peak_flops * params.matmul_ceiling(architecture))
                      + op.bytes_read * scale / tp / (hbm_bandwidth * params.hbm_efficiency))

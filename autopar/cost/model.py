@@ -129,9 +129,24 @@ class CostModel:
                            fp8_peak_flops=self.peak if self.train.precision == "fp8" else None,
                            hbm_bandwidth=self.device.hbm_bandwidth_Bps, params=self.params,
                            architecture=getattr(self.device, "architecture", "ampere"),
-                           attention_kernel=self.attention_kernel)
+                           attention_kernel=self.attention_kernel,
+                           attention_dims=self._attention_dims(layer, cp))
             self._layer_times[key] = t
         return t
+
+    def _attention_dims(self, layer, cp: int) -> tuple[float, float]:
+        """(head dim, keys per query block on one CP rank) of ``layer``'s fused attention:
+        head dim from its counted FLOPs, 4 * b * heads * s * span * d; keys: the span (the
+        window, or the sequence), at most the rank's s / cp (ring and load-balanced exchanges run
+        the kernel on per-rank chunks)."""
+        g = self.graph
+        for op in layer.ops:
+            if op.kind == "attention" and op.fused and layer.attention_heads:
+                s = g.seq_len
+                span = op.window if op.window else s
+                d = op.fwd_flops / (4.0 * g.micro_batch_size * layer.attention_heads * s * span)
+                return d, min(span, s / cp)
+        return 0.0, 0.0
 
     def group(self, dim: str, c: ParallelConfig) -> Collectives:
         """The representative process group (the one holding rank 0) of mesh dimension ``dim``
