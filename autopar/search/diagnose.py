@@ -75,7 +75,8 @@ def no_mesh_error(cm: CostModel, fixed: dict) -> AutoparError:
         for tp, cp, pp, dp in legal[:1]:
             try:
                 cm.resolve(ParallelConfig(**{k: v for k, v in fixed.items() if k in (
-                    "virtual_stages", "schedule", "stage_blocks", "placement", "cp_mode")},
+                    "virtual_stages", "schedule", "stage_blocks", "placement", "cp_mode",
+                    "sequence_parallel")},
                     tp=tp, cp=cp, pp=pp, dp=dp))
             except InvalidParallelConfig as exc:
                 return InfeasibleError(f"{head} with fixed={fixed}: {exc}")
