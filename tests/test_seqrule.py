@@ -73,8 +73,9 @@ def test_optimize_at_131074_never_breaks_the_rule(framework):
     profile = PROFILES[framework]
     try:
         plan = autopar.optimize("llama3-8b", H100x16, train)
-    except InfeasibleError:
+    except InfeasibleError as exc:
         assert framework == "torchtitan"   # tp = cp = 1 only: 8B at 131K tokens overflows
+        assert "131074 tokens rule out tp x cp = 1x2, 2x1" in str(exc)   # and says why
         return
     for e in (plan.estimate, *plan.alternatives, *plan.pareto):
         c = e.config
