@@ -86,7 +86,8 @@ class SeqLenRule:
                 parts.append(f"cp = {cp}")
             if sequence_parallel and tp > 1:
                 parts.append(f"cp * tp = {cp * tp} (sequence parallelism shards each CP rank's "
-                             "tokens over tp)")
+                             f"tokens, {seq_len} / cp={cp}, over tp: they must be divisible by "
+                             f"tp={tp})")
         down, up = seq_len // d * d, (seq_len // d + 1) * d
         fixes = [f"a sequence length that is a multiple of {d} (e.g. {up}"
                  + (f" or {down})" if down else ")")]
