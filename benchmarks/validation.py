@@ -56,6 +56,12 @@ def _kind(framework: str) -> str:
     return "unknown"
 
 
+def framework_kind(framework: str) -> str:
+    """The software family of a record's ``training.framework`` text: torchtitan, nemo,
+    deepspeed, llm-foundry, fsdp, megatron or unknown (first match in that order)."""
+    return _kind(framework)
+
+
 #: Each framework's documented default for plan fields a source leaves open, with its source.
 #: Fields no framework defaults (the micro-batch must be given to Megatron-LM) take the smallest
 #: legal value; the printed spread shows what the fastest legal choice would give.

@@ -38,7 +38,7 @@ from ..errors import (AutoparError, InvalidClusterSpec, InvalidModelConfig, Inva
 from ..frameworks import get_profile
 from ..report.advice import fixes_to_fit, run_cost
 from ..report.explain import Problem, compare, named_alternatives, search_plan
-from ..report.summary import plural
+from ..report.summary import plural, trust_lines
 from ..io.importers import Imported, from_megatron_args, from_torchtitan_toml
 
 _PARALLEL = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "zero": "zero_stage",
@@ -367,6 +367,13 @@ def _export(args, plan) -> dict | None:
     return {"framework": framework, "file": path, "fits": ex.fits, "warnings": list(ex.warnings)}
 
 
+def _print_trust(out: Console, e) -> None:
+    """The estimate's expected error band and plausibility warnings, under its step time."""
+    for label, text in trust_lines(e):
+        out.print(f"{label}: {text}", style="yellow" if label == "warning" else None,
+                  highlight=False, markup=False)
+
+
 def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
     plan, result = search_plan(problem, fixed, time_limit_s=args.time_limit, top_k=args.top_k,
                                progress=_Progress(err, args.json, interrupt))
@@ -395,8 +402,10 @@ def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
     out.print(f"[bold]autopar plan[/bold]: {plan.model} on {plan.cluster} "
               f"({plural(plan.world_size, 'GPU')}), "
               f"global batch {tr.global_batch_size} x {tr.seq_len} tokens, {tr.precision}")
-    for t in (tables.degrees_table(e), tables.stages_table(e), tables.performance_table(e),
-              tables.memory_table(e), tables.comm_table(e)):
+    for t in (tables.degrees_table(e), tables.stages_table(e), tables.performance_table(e)):
+        out.print(t)
+    _print_trust(out, e)
+    for t in (tables.memory_table(e), tables.comm_table(e)):
         out.print(t)
     out.print(tables.alternatives_table(e, plan.alternatives))
     if ref is not None:
@@ -445,8 +454,10 @@ def _cmd_estimate(args, problem, par, notes, out) -> dict:
               f"{cm.train.seq_len} tokens, {cm.train.precision}")
     for n in notes:
         out.print(f"note: {n}", style="yellow", highlight=False)
-    for t in (tables.degrees_table(est), tables.stages_table(est), tables.performance_table(est),
-              tables.memory_table(est), tables.comm_table(est)):
+    for t in (tables.degrees_table(est), tables.stages_table(est), tables.performance_table(est)):
+        out.print(t)
+    _print_trust(out, est)
+    for t in (tables.memory_table(est), tables.comm_table(est)):
         out.print(t)
     need, have = est.memory_per_gpu_bytes / 1e9, est.memory_limit_bytes / 1e9
     if est.fits:

@@ -21,6 +21,7 @@ from . import memory as mem
 from .comm import Collectives, CommLedger, cp_layer_comm, tp_layer_comm
 from .compute import LayerTime, layer_time
 from .params import OPTIMIZER_STATE_BYTES, CostParams
+from .regime import Regime, band_for, plausibility_warnings
 from .resolve import resolve
 from .schedule import pipeline_step_time
 from .stages import chunk_layers
@@ -477,7 +478,9 @@ class CostModel:
             "pp_comm": m * parts["pp_comm"],
             "bubble": bubble, "dp_comm_exposed": dp_exposed, "optimizer": optimizer_s,
         }
+        regime = Regime.of(train, self.device.name, c)
         return Estimate(
+            error_band=band_for(regime), warnings=plausibility_warnings(mfu, regime),
             config=c, step_time_s=step, mfu=mfu, hfu=hfu,
             tokens_per_s=train.tokens_per_step / step,
             memory_per_gpu_bytes=totals[peak_rank], memory_limit_bytes=self.device.memory_bytes,

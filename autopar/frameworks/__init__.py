@@ -3,5 +3,7 @@
 :mod:`autopar.config` and :mod:`autopar.errors`, so every stage may use it."""
 
 from .profiles import CHUNK_RULES, CUT_RULES, PROFILES, FrameworkProfile, get_profile
+from .seqrule import SeqLenRule
 
-__all__ = ["CHUNK_RULES", "CUT_RULES", "PROFILES", "FrameworkProfile", "get_profile"]
+__all__ = ["CHUNK_RULES", "CUT_RULES", "PROFILES", "FrameworkProfile", "SeqLenRule",
+           "get_profile"]

@@ -31,6 +31,7 @@ from typing import Mapping
 
 from ..config import CP_MODES, FRAMEWORKS, RECOMPUTE_MODES, SCHEDULES, ParallelConfig
 from ..errors import InvalidTrainingConfig
+from .seqrule import DEEPSPEED_RULE, MEGATRON_RULE, TORCHTITAN_RULE, SeqLenRule
 
 #: Stage-cut rules, most permissive first: any cut; only the first and last stage may differ
 #: from the rest; balanced only (layer counts differ by at most one).
@@ -61,6 +62,8 @@ class FrameworkProfile:
         expert_parallel: expert parallelism for MoE layers is supported.
         sources: for every field above (name -> text), the file and flag of the framework it was
             read from.
+        seq_rule: the sequence-length divisibility it needs for CP and SP
+            (:class:`~autopar.frameworks.seqrule.SeqLenRule`, which carries its own source).
 
     Raises:
         InvalidTrainingConfig: at construction, a value outside autopar's vocabulary or a
@@ -82,6 +85,8 @@ class FrameworkProfile:
     sequence_parallel: tuple[bool, ...]
     expert_parallel: bool
     sources: Mapping[str, str] = field(default_factory=dict)
+    # -- sequence-length divisibility for CP and SP (issue 13); sourced inside the rule --------
+    seq_rule: SeqLenRule = SeqLenRule()
 
     def __post_init__(self) -> None:
         bad = []
@@ -109,7 +114,15 @@ class FrameworkProfile:
     @classmethod
     def capability_names(cls) -> tuple[str, ...]:
         """Names of the capability fields (every field but name, version and sources)."""
-        return tuple(f.name for f in fields(cls) if f.name not in ("name", "version", "sources"))
+        return tuple(f.name for f in fields(cls)
+                     if f.name not in ("name", "version", "sources", "seq_rule"))
+
+    def seq_violation(self, seq_len: int, tp: int, cp: int, sequence_parallel: bool) -> str | None:
+        """Why this framework cannot cut sequences of ``seq_len`` tokens over tp x cp with
+        ``sequence_parallel`` (the rule, its source and a fix), or None when it can
+        (:meth:`SeqLenRule.violation`)."""
+        return self.seq_rule.violation(self.name, seq_len, tp, cp, sequence_parallel,
+                                       sp_optional=False in self.sequence_parallel)
 
     def zero_options(self, tp: int, pp: int, cp: int, ep: int) -> tuple[int, ...]:
         """ZeRO stages this framework runs on a mesh with these degrees, ascending."""
@@ -215,6 +228,7 @@ TORCHTITAN = FrameworkProfile(
     zero_stages_with_ep=(2, 3), schedules=SCHEDULES, interleaved_chunks="any",
     stage_cuts="any", cp_modes=("ring", "allgather"), recompute_modes=RECOMPUTE_MODES,
     per_block_recompute=False, sequence_parallel=(True,), expert_parallel=True,
+    seq_rule=TORCHTITAN_RULE,
     sources={
         "zero_stages": "job_config.py Parallelism.data_parallel_replicate_degree (DDP) / "
                        "data_parallel_shard_degree with fsdp_reshard_after_forward "
@@ -244,7 +258,7 @@ MEGATRON = FrameworkProfile(
     zero_stages_with_ep=(0, 1), schedules=("1f1b", "interleaved-1f1b"),
     interleaved_chunks="any", stage_cuts="any", cp_modes=CP_MODES,
     recompute_modes=RECOMPUTE_MODES, per_block_recompute=False,
-    sequence_parallel=(True, False), expert_parallel=True,
+    sequence_parallel=(True, False), expert_parallel=True, seq_rule=MEGATRON_RULE,
     sources={
         "zero_stages": "arguments.py --use-distributed-optimizer (ZeRO-1; gradients are "
                        "reduce-scattered into a full buffer, so no ZeRO-2), --use-torch-fsdp2 "
@@ -275,6 +289,7 @@ DEEPSPEED = FrameworkProfile(
     zero_stages_with_ep=_ALL_ZERO, schedules=("1f1b",), interleaved_chunks="none",
     stage_cuts="balanced", cp_modes=(), recompute_modes=("none", "full"),
     per_block_recompute=False, sequence_parallel=(False,), expert_parallel=True,
+    seq_rule=DEEPSPEED_RULE,
     sources={
         "zero_stages": "deepspeed/runtime/zero/config.py zero_optimization.stage 0-3",
         "zero_stages_with_tp": "deepspeed/runtime/engine.py: 'AutoTP + ZeRO stage 3 is "

@@ -129,7 +129,7 @@ def mesh_groups(cm: CostModel, fixed: dict, limits) -> list[tuple[float, tuple, 
     profile = get_profile(train.framework)
     out = []
     for tp, cp, pp, dp in space.meshes(g, cm.cluster, train, fixed, limits, profile):
-        sps = space.sequence_parallel_options(tp, fixed, profile, train.seq_len // cp)
+        sps = space.sequence_parallel_options(tp, fixed, profile, train.seq_len, cp)
         for b, sp, ep in itertools.product(space.micro_batches(train, dp, fixed, limits, pp), sps,
                                            space.ep_options(g, dp, fixed, profile)):
             base = dict(tp=tp, cp=cp, pp=pp, dp=dp, micro_batch_size=b, sequence_parallel=sp,
