@@ -27,6 +27,8 @@ from pathlib import Path
 import autopar
 from autopar.api import model_graph
 from autopar.cost.model import CostModel
+from autopar.frameworks import FrameworkProfile
+from autopar.frameworks.profiles import DEEPSPEED, MEGATRON, TORCH, TORCHTITAN
 from autopar.search.optimize import search
 
 from .records import Record, RecordError, parse
@@ -83,25 +85,62 @@ _DEFAULTS = {
 }
 
 
-#: The fused attention kernel each framework ran, by framework kind (the record's stack):
-#: Megatron-Core/NeMo through Transformer Engine -> cuDNN fused attention; PyTorch SDPA (FSDP
-#: trainers, torchtitan) -> FlashAttention-2; llm-foundry 2023 -> its Triton FlashAttention
-#: (attn_impl: triton in scripts/train/yamls/pretrain/mpt-*.yaml), an FA1-era kernel;
-#: InternEvo -> the flash_attn package (FA2). An unnamed in-house stack (large 2024 pretraining
-#: runs) takes cuDNN's fused attention, the production kernel of Transformer Engine that such
-#: runs used; on Ampere it is FA2-class anyway.
-_KERNELS = {"nemo": "cudnn", "megatron": "cudnn", "torchtitan": "fa2", "fsdp": "fa2",
-            "llm-foundry": "fa1", "deepspeed": "fa2", "unknown": "cudnn"}
+def record_profile(rec: Record) -> FrameworkProfile:
+    """The framework profile whose cost fields the record's stack had: the autopar profile
+    closest to it (:data:`autopar.frameworks.PROFILES`), with the cost fields its stack or
+    version sets differently, each with its source (:meth:`FrameworkProfile.with_costs`).
+
+    Kernels: Megatron-Core/NeMo through Transformer Engine -> cuDNN fused attention; PyTorch SDPA
+    (FSDP trainers, torchtitan) -> FlashAttention-2; llm-foundry 2023 -> its Triton
+    FlashAttention (attn_impl: triton in scripts/train/yamls/pretrain/mpt-*.yaml), an FA1-era
+    kernel; InternEvo -> the flash_attn package (FA2). An unnamed in-house stack (large 2024
+    pretraining runs) takes the Megatron profile (cuDNN fused attention of Transformer Engine).
+    """
+    kind = _kind(rec.framework)
+    f = rec.framework.lower().replace(" ", "").replace("-", "")
+    compiled = "torch.compile" in rec.framework.lower() and "nocompile" not in f
+    if kind == "nemo":
+        return MEGATRON.with_costs(
+            {k: "NeMo 2.0 performance recipes (nemo/collections/llm/recipes/*.py): "
+                "MegatronCommOverlapCallback(tp_comm_overlap=True), DDP overlap_grad_reduce "
+                "and overlap_param_gather True, overlap_p2p_comm True"
+             for k in ("overlap_tp_comm", "overlap_dp_grad_reduce", "overlap_pp_p2p")},
+            overlap_tp_comm=True, overlap_dp_grad_reduce=True, overlap_pp_p2p=True)
+    intern = "internevo" in f or "internlm" in f
+    if kind == "megatron" or (kind == "unknown" and not intern and "lightning" not in f):
+        if kind == "megatron":
+            return MEGATRON
+        return MEGATRON.with_costs(
+            {"overlap_dp_grad_reduce": "large 2024 in-house pretraining stacks overlap the "
+             "data-parallel reduction with backward (Megatron-Core DDP overlap_grad_reduce, as "
+             "NeMo's recipes); the stack itself is not published"},
+            overlap_dp_grad_reduce=True)
+    if kind == "deepspeed":
+        return DEEPSPEED
+    base = TORCHTITAN if kind == "torchtitan" else TORCH
+    changes, why = {}, {}
+    if compiled:
+        changes["fusion"], why["fusion"] = "compile", f"the record's stack: {rec.framework}"
+    if kind == "llm-foundry" or "flashattentionv1" in f:
+        changes["attention_kernels"] = {"*": "fa1"}
+        why["attention_kernels"] = ("llm-foundry 2023 yamls attn_impl: triton (FlashAttention-1 "
+                                    "era Triton kernel) / flash-attention v1 training code")
+    if kind == "llm-foundry":
+        changes["grad_reduce_bytes"] = 4
+        why["grad_reduce_bytes"] = ("Composer FSDP mixed_precision DEFAULT: reduce_dtype float32 "
+                                    "(the records' notes)")
+    if intern:
+        changes["fusion"] = "fused"
+        why["fusion"] = ("InternEvo internlm/model/ops: apex/flash-attn fused RMSNorm and "
+                         "fused rotary embedding")
+    return base.with_costs(why, **changes) if changes else base
 
 
 def attention_kernel(rec: Record) -> str:
-    """The fused attention kernel the record's framework ran (see :data:`_KERNELS`)."""
-    f = rec.framework.lower().replace(" ", "").replace("-", "")
-    if "flashattentionv1" in f:
-        return "fa1"
-    if "internevo" in f or "internlm" in f or "flashattention2" in f:
-        return "fa2"
-    return _KERNELS[_kind(rec.framework)]
+    """The fused attention kernel the record's framework ran on its GPU (from
+    :func:`record_profile`)."""
+    arch = getattr(rec.cluster.device, "architecture", "ampere")
+    return record_profile(rec).attention_kernel(arch)
 
 
 def framework_defaults(rec: Record) -> dict:
@@ -109,6 +148,14 @@ def framework_defaults(rec: Record) -> dict:
     an interleaved schedule with an unpublished chunk count takes the smallest interleaving, 2."""
     d = dict(_DEFAULTS[_kind(rec.framework)])
     fixed = rec.fixed
+    if (_kind(rec.framework) == "torchtitan" and "2024" in rec.framework
+            and fixed.get("pp", 1) > 1 and fixed.get("dp")):
+        # torchtitan 2024-12 (config_manager.py --experimental.pipeline_parallel_microbatches,
+        # default None -> pipelining_utils.build_pipeline_schedule: the pipeline degree): the
+        # local batch is split into pp micro-batches
+        local = rec.train.global_batch_size // fixed["dp"]
+        if local % fixed["pp"] == 0:
+            d["micro_batch_size"] = local // fixed["pp"]
     if fixed.get("schedule") == "interleaved-1f1b":
         d["virtual_stages"] = 2
     if fixed.get("tp", 1) == 1:
@@ -147,7 +194,7 @@ def evaluate(rec: Record, spread: bool = True) -> Row:
         autopar.AutoparError: the published plan is not one autopar can represent.
     """
     graph, _ = model_graph(rec.model, rec.train)
-    cm = CostModel(graph, rec.cluster, rec.train, attention_kernel=attention_kernel(rec))
+    cm = CostModel(graph, rec.cluster, rec.train, framework=record_profile(rec))
     chosen = framework_defaults(rec)
     cfg = autopar.ParallelConfig(**{**chosen, **rec.fixed})
     e = cm.estimate(cfg)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import DEFAULT_PLACEMENT, ParallelConfig, TrainingConfig
+from ..frameworks import FrameworkProfile, get_profile
 from ..graph.kernels import ATTENTION_BACKWARD_RATIO
 from ..graph.types import ModelGraph
 from . import memory as mem
@@ -36,7 +37,8 @@ CAUSAL_FLOPS_SHARE = 0.5
 class BlockCost:
     """One layer's cost per micro-batch on one GPU under one recompute mode.
 
-    Times in seconds (fwd_s/bwd_s include TP and CP communication; bwd_s includes recompute),
+    Times in seconds (fwd_s/bwd_s include TP and CP communication; bwd_s includes recompute;
+    ``tp_s`` is the exposed TP time, ``tp_link_s`` the time the TP collectives occupy the link),
     communication bytes on the wire per GPU and micro-batch (see :mod:`autopar.cost.comm`),
     FLOPs per GPU.
     """
@@ -53,6 +55,7 @@ class BlockCost:
     transient_bytes: float
     ep_s: float = 0.0
     ep_bytes: float = 0.0
+    tp_link_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,12 @@ class CostModel:
         cluster: an :class:`autopar.hardware.Cluster`.
         train: the training configuration.
         params: calibration constants (defaults documented in :class:`CostParams`).
+        attention_kernel: the fused attention kernel; None = the framework profile's kernel for
+            the GPU's architecture.
+        framework: the framework profile whose cost fields apply (attention kernel, fusion,
+            which communication overlaps compute, gradient-reduce dtype, fixed step cost);
+            None = the profile of ``train.framework``
+            (:func:`autopar.frameworks.get_profile`).
 
     Raises:
         autopar.errors.InvalidTrainingConfig: the GPU lacks the training precision (e.g. fp8 on
@@ -100,10 +109,16 @@ class CostModel:
     """
 
     def __init__(self, graph: ModelGraph, cluster, train: TrainingConfig,
-                 params: CostParams | None = None, attention_kernel: str = "fa2"):
+                 params: CostParams | None = None, attention_kernel: str | None = None,
+                 framework: FrameworkProfile | None = None):
         self.graph, self.cluster, self.train = graph, cluster, train
         self.params = params or CostParams()
         self.device = cluster.device
+        self.profile = framework or get_profile(train.framework)
+        arch = getattr(self.device, "architecture", "ampere")
+        attention_kernel = attention_kernel or self.profile.attention_kernel(arch)
+        #: bytes per gradient element in the data-parallel reduction (the profile's dtype)
+        self.reduce_bytes = self.profile.grad_reduce_bytes or self.params.grad_bytes
         self.peak = self.device.peak(train.precision)
         # FP8 training runs only the Linear GEMMs in FP8 (Transformer Engine, torchao Float8):
         # attention, the output layer and element-wise work stay in BF16
@@ -129,7 +144,8 @@ class CostModel:
                            fp8_peak_flops=self.peak if self.train.precision == "fp8" else None,
                            hbm_bandwidth=self.device.hbm_bandwidth_Bps, params=self.params,
                            architecture=getattr(self.device, "architecture", "ampere"),
-                           attention_kernel=self.attention_kernel)
+                           attention_kernel=self.attention_kernel,
+                           fusion=self.profile.fusion)
             self._layer_times[key] = t
         return t
 
@@ -184,6 +200,17 @@ class CostModel:
         if mode == "full":  # the recomputed forward repeats its collectives
             tb += tf
             bb += fb
+        tp_link_s = tf + tb
+        if self.profile.overlap_tp_comm:
+            # TP collectives split into chunks that run beside the GEMMs next to them
+            # (Transformer Engine userbuffers, Wang et al. 2023 "Overlap communication with
+            # dependent computation", ASPLOS): hidden up to dp_overlap of the GEMM time
+            gemm_f = lt.fwd_s - lt.attention_fwd_s
+            gemm_b = lt.bwd_s - ATTENTION_BACKWARD_RATIO * lt.attention_fwd_s
+            if mode == "full":
+                gemm_b += gemm_f
+            tf = max(0.0, tf - self.params.dp_overlap * gemm_f)
+            tb = max(0.0, tb - self.params.dp_overlap * gemm_b)
         cf, cb, cbytes = cp_layer_comm(layer, self.group("cp", c), micro_batch=bscale, tp=tp,
                                        attention_fwd_s=lt.attention_fwd_s, mode=c.cp_mode,
                                        overlap=self.params.dp_overlap)
@@ -216,7 +243,8 @@ class CostModel:
         bc = BlockCost(fwd_s=lt.fwd_s + tf + cf + ef / 2, bwd_s=lt.bwd_s + rec + tb + cb + ef / 2,
                        compute_s=lt.fwd_s + lt.bwd_s + rec, tp_s=tf + tb, cp_s=cf + cb,
                        tp_bytes=fb + bb, cp_bytes=cbytes, recompute_flops=rflops,
-                       act_bytes=act, transient_bytes=transient, ep_s=ef, ep_bytes=eb)
+                       act_bytes=act, transient_bytes=transient, ep_s=ef, ep_bytes=eb,
+                       tp_link_s=tp_link_s)
         self._block_costs[key] = bc
         return bc
 
@@ -352,7 +380,7 @@ class CostModel:
                     counts.setdefault(key, [li, 0])
                     counts[key][1] += 1
                 items = [(li, mode, n) for (_sig, mode), (li, n) in counts.items()]
-            tp_s = tp_b = cp_s = cp_b = ep_s = ep_b = 0.0
+            tp_s = tp_b = cp_s = cp_b = ep_s = ep_b = tp_link = 0.0
             parts = stage_parts[rank]
             for li, mode, n in items:
                 bc = self.block_cost(li, mode, c)
@@ -360,6 +388,7 @@ class CostModel:
                 stage_fwd[rank] += n * bc.fwd_s
                 stage_bwd[rank] += n * bc.bwd_s
                 tp_s += n * bc.tp_s
+                tp_link += n * bc.tp_link_s
                 tp_b += n * bc.tp_bytes
                 cp_s += n * bc.cp_s
                 cp_b += n * bc.cp_bytes
@@ -373,10 +402,12 @@ class CostModel:
             parts["ep_comm"] += ep_s
             if ep_b:
                 rank_comm[rank].append(("ep", self.group("ep", c).link, ep_b, ep_s))
-            rank_comm[rank] += [("tp", tp_g.link, tp_b, tp_s), ("cp", cp_g.link, cp_b, cp_s)]
-            stage_parts[rank]["pp_comm"] += st.p2p_s
-            stage_fwd[rank] += st.p2p_s / 2
-            stage_bwd[rank] += st.p2p_s / 2
+            rank_comm[rank] += [("tp", tp_g.link, tp_b, tp_link), ("cp", cp_g.link, cp_b, cp_s)]
+            # pipeline sends block the stage unless the framework runs them beside compute
+            p2p_exposed = 0.0 if self.profile.overlap_pp_p2p else st.p2p_s
+            stage_parts[rank]["pp_comm"] += p2p_exposed
+            stage_fwd[rank] += p2p_exposed / 2
+            stage_bwd[rank] += p2p_exposed / 2
             # the ledger shows what this rank sends and how long sending it takes; the step time
             # charges each boundary's round trip to the rank before it (p2p_s above)
             rank_comm[rank].append(("pp", pp_g.link, st.p2p_bytes, st.p2p_send_s))
@@ -394,42 +425,55 @@ class CostModel:
         psi = max(stage_params)
         wbytes = train.dtype_bytes
         dp_exposed = 0.0
+        prof = self.profile
+        gb = self.reduce_bytes
+        # share of a compute window that hides the DP collectives running beside it: none when
+        # the framework issues them after backward or gathers per parameter with syncs
+        ov_grad = p.dp_overlap if prof.overlap_dp_grad_reduce else 0.0
+        ov_gather = p.dp_overlap if prof.zero3_gather == "per_block" else 0.0
         if dp * cp > 1:
             fwd1, bwd1 = stage_fwd[bottleneck], stage_bwd[bottleneck]
-            if c.zero_stage == 3:
-                per_mb = (2 * dp_g.time("all_gather", psi * wbytes)
-                          + dp_g.time("reduce_scatter", psi * p.grad_bytes))
-                dp_exposed = m * max(0.0, per_mb - p.dp_overlap * (fwd1 + bwd1))
+            t_ag = dp_g.time("all_gather", psi * wbytes)
+            t_rs = dp_g.time("reduce_scatter", psi * gb)
+            if c.zero_stage == 3 and (pp == 1 or prof.zero3_regather_per_micro_batch):
+                # every micro-batch gathers the parameters for forward and again for backward
+                # and reduce-scatters its gradients
+                per_mb = 2 * t_ag + t_rs
+                dp_exposed = m * max(0.0, per_mb - ov_gather * (fwd1 + bwd1))
                 ledger.add("dp", dp_g.link,
                            2 * dp_g.wire_bytes("all_gather", psi * wbytes)
-                           + dp_g.wire_bytes("reduce_scatter", psi * p.grad_bytes), per_mb, times=m)
+                           + dp_g.wire_bytes("reduce_scatter", psi * gb), per_mb, times=m)
+            elif c.zero_stage == 3:
+                # under PP the framework keeps parameters gathered and gradients unsharded
+                # across the step's micro-batches: one gather behind the first forward, one
+                # reduce-scatter behind the last backward (memory pays, not time)
+                dp_exposed = (max(0.0, t_ag - ov_gather * fwd1)
+                              + max(0.0, t_rs - ov_grad * bwd1))
+                ledger.add("dp", dp_g.link, dp_g.wire_bytes("all_gather", psi * wbytes)
+                           + dp_g.wire_bytes("reduce_scatter", psi * gb), t_ag + t_rs)
             elif c.zero_stage == 2:
                 # sharded gradients cannot accumulate locally: reduce-scatter every micro-batch,
                 # each hidden behind that micro-batch's backward; parameters gathered once
-                t_rs = dp_g.time("reduce_scatter", psi * p.grad_bytes)
-                t_param = dp_g.time("all_gather", psi * wbytes)
-                dp_exposed = (m * max(0.0, t_rs - p.dp_overlap * bwd1)
-                              + max(0.0, t_param - p.dp_overlap * fwd1))
-                ledger.add("dp", dp_g.link, dp_g.wire_bytes("reduce_scatter", psi * p.grad_bytes),
+                dp_exposed = m * max(0.0, t_rs - ov_grad * bwd1) + max(0.0, t_ag - ov_grad * fwd1)
+                ledger.add("dp", dp_g.link, dp_g.wire_bytes("reduce_scatter", psi * gb),
                            t_rs, times=m)
-                ledger.add("dp", dp_g.link, dp_g.wire_bytes("all_gather", psi * wbytes), t_param)
+                ledger.add("dp", dp_g.link, dp_g.wire_bytes("all_gather", psi * wbytes), t_ag)
             else:
                 if c.zero_stage == 0:
-                    t_grad = dp_g.time("all_reduce", psi * p.grad_bytes)
+                    t_grad = dp_g.time("all_reduce", psi * gb)
                     t_param = 0.0
-                    wire = dp_g.wire_bytes("all_reduce", psi * p.grad_bytes)
+                    wire = dp_g.wire_bytes("all_reduce", psi * gb)
                 else:
-                    t_grad = dp_g.time("reduce_scatter", psi * p.grad_bytes)
-                    t_param = dp_g.time("all_gather", psi * wbytes)
-                    wire = (dp_g.wire_bytes("reduce_scatter", psi * p.grad_bytes)
+                    t_grad, t_param = t_rs, t_ag
+                    wire = (dp_g.wire_bytes("reduce_scatter", psi * gb)
                             + dp_g.wire_bytes("all_gather", psi * wbytes))
-                dp_exposed = (max(0.0, t_grad - p.dp_overlap * bwd1)
-                              + max(0.0, t_param - p.dp_overlap * fwd1))
+                dp_exposed = (max(0.0, t_grad - ov_grad * bwd1)
+                              + max(0.0, t_param - ov_grad * fwd1))
                 ledger.add("dp", dp_g.link, wire, t_grad + t_param)
         opt_params = psi / (dp * cp if c.zero_stage >= 1 else 1)
         optimizer_s = opt_params * p.optimizer_bytes_per_param / (
             self.device.hbm_bandwidth_Bps * p.hbm_efficiency)
-        step = t_pipe + dp_exposed + optimizer_s
+        step = t_pipe + dp_exposed + optimizer_s + self.profile.step_fixed_s
 
         # memory per pipeline rank
         reserved = self.reserved_bytes
