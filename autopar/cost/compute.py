@@ -58,13 +58,16 @@ FP8_CAST_BYTES_PER_ELEMENT = 4
 #: fused kernel in eager PyTorch (aten native_layer_norm) and keeps its 4 bytes.
 EAGER_RMSNORM_BYTES_PER_ELEMENT = 36
 FUSED_NORM_BYTES_PER_ELEMENT = 4
+#: Kernels of that eager RMSNorm (cast, pow, mean, add eps, rsqrt, multiply, cast, weight
+#: multiply), each paying the launch floor.
+EAGER_RMSNORM_KERNELS = 8
 
 
 def _memory_bound_ops(ops, fusion: str):
-    """(op, bytes multiplier or chain bytes) of a layer's memory-bound ops under ``fusion``.
+    """The memory-bound kernels of a layer's ops under ``fusion``.
 
-    Yields ``(op, nbytes)`` with the op's forward HBM bytes (read + written) at the graph's
-    micro-batch. ``fused``: as the graph counts them (norms as one fused kernel). ``eager``:
+    Yields ``(op, nbytes, kernels)``: the op's forward HBM bytes (read + written) at the graph's
+    micro-batch and the kernels it launches. ``fused``: as the graph counts them (norms as one fused kernel). ``eager``:
     RMSNorms at :data:`EAGER_RMSNORM_BYTES_PER_ELEMENT`. ``compile``: consecutive memory-bound
     ops (views between them ignored) form one TorchInductor kernel that reads what the chain
     takes from outside it and writes the chain's last output (an intermediate stays in
@@ -78,7 +81,7 @@ def _memory_bound_ops(ops, fusion: str):
         first, last = chain[0], chain[-1]
         reads = first.bytes_read + sum(max(0, b.bytes_read - a.bytes_written)
                                        for a, b in zip(chain, chain[1:]))
-        out = (first, reads + last.bytes_written)
+        out = (first, reads + last.bytes_written, 1)
         chain.clear()
         return out
 
@@ -98,10 +101,11 @@ def _memory_bound_ops(ops, fusion: str):
                     yield done
             chain.append(op)
             continue
-        nbytes = op.bytes_read + op.bytes_written
+        nbytes, kernels = op.bytes_read + op.bytes_written, 1
         if fusion == "eager" and op.kind == "norm" and "rmsnorm" in op.target.lower():
             nbytes *= EAGER_RMSNORM_BYTES_PER_ELEMENT / FUSED_NORM_BYTES_PER_ELEMENT
-        yield op, nbytes
+            kernels = EAGER_RMSNORM_KERNELS
+        yield op, nbytes, kernels
     done = flush()
     if done:
         yield done
@@ -181,11 +185,12 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
             attn += t
             fwd_flops += flops
             bwd_flops += ATTENTION_BACKWARD_RATIO * flops
-    for op, nbytes in _memory_bound_ops(layer.ops, fusion):
+    for op, nbytes, kernels in _memory_bound_ops(layer.ops, fusion):
         sharded = op.region == "tp" or op.tp_role in ("column", "row", "vocab") or (
             sequence_parallel)
         nbytes = nbytes * scale / (tp if sharded else 1)
-        t = max(nbytes / (hbm_bandwidth * params.hbm_efficiency), params.kernel_launch_s)
+        t = max(nbytes / (hbm_bandwidth * params.hbm_efficiency),
+                kernels * params.kernel_launch_s)
         fwd += t
         bwd += 2.0 * t
     return LayerTime(fwd_s=fwd, bwd_s=bwd, attention_fwd_s=attn, fwd_flops=fwd_flops,
