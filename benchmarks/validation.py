@@ -146,6 +146,33 @@ def attention_kernel(rec: Record) -> str:
     return record_profile(rec).attention_kernel(arch)
 
 
+def block_level_recompute(rec: Record, num_blocks: int) -> tuple[str, ...] | None:
+    """fms-fsdp's "selective" AC as per-block modes, or None for any other record.
+
+    fms-fsdp's selective activation checkpointing is block-level: full checkpointing on a
+    fraction p of the blocks, evenly spaced (fms_fsdp/policies/ac_handler.py
+    apply_fsdp_checkpointing: block i (from 1) is checkpointed when i * p reaches the next
+    half-integer). The records do not publish p; their published HFU / MFU does: the recomputed
+    forward adds one third of a block's training FLOPs (forward : backward = 1 : 2), so
+    HFU / MFU = 1 + p / 3 and p = 3 (HFU / MFU - 1), clamped to [0, 1] (read from the record,
+    not fitted).
+    """
+    if "fms" not in rec.framework.lower() or rec.fixed.get("recompute") != "selective":
+        return None
+    m = rec.raw.get("measured", {})
+    if not m.get("mfu") or not m.get("hfu"):
+        return None
+    p = min(1.0, max(0.0, 3.0 * (m["hfu"] / m["mfu"] - 1.0)))
+    modes, cut = [], 0.5
+    for i in range(1, num_blocks + 1):
+        if p > 0 and i * p >= cut:
+            cut += 1
+            modes.append("full")
+        else:
+            modes.append("none")
+    return tuple(modes)
+
+
 def framework_defaults(rec: Record) -> dict:
     """Values for the record's open plan fields: its framework's defaults (see :data:`_DEFAULTS`);
     an interleaved schedule with an unpublished chunk count takes the smallest interleaving, 2."""
@@ -199,12 +226,18 @@ def evaluate(rec: Record, spread: bool = True) -> Row:
     graph, _ = model_graph(rec.model, rec.train)
     cm = CostModel(graph, rec.cluster, rec.train, framework=record_profile(rec))
     chosen = framework_defaults(rec)
-    cfg = autopar.ParallelConfig(**{**chosen, **rec.fixed})
+    fixed = dict(rec.fixed)
+    blocks = block_level_recompute(rec, len(cm.blocks))
+    if blocks is not None:
+        fixed["recompute"] = blocks
+        chosen = {**chosen, "recompute": f"{blocks.count('full')}/{len(blocks)} blocks full"}
+    cfg = autopar.ParallelConfig(**{**chosen, **fixed} if blocks is None else
+                                 {**framework_defaults(rec), **fixed})
     e = cm.estimate(cfg)
     fastest = e.step_time_s
     if spread and rec.open_fields:
         try:
-            fastest = search(cm, rec.fixed, top_k=1, require_fit=False).best.step_time_s
+            fastest = search(cm, fixed, top_k=1, require_fit=False).best.step_time_s
         except autopar.AutoparError:
             pass
     return Row(rec, e.step_time_s, fastest, e.memory_per_gpu_bytes / GIB, e.fits, chosen, e.mfu)

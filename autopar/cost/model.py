@@ -339,6 +339,29 @@ class CostModel:
         self._layouts[key] = tuple(out)
         return self._layouts[key]
 
+    def zero3_collective_s(self, c: ParallelConfig, rank: int, nbytes_per_element: float,
+                           op: str) -> float:
+        """Seconds of one ZeRO-3 pass of ``op`` ("all_gather" of parameters or
+        "reduce_scatter" of gradients) over pipeline rank ``rank``'s layers, as the framework
+        issues it (``zero3_gather`` of the profile): one collective per layer (FSDP wraps each
+        block: ``per_block``) or one per parameter tensor (DeepSpeed ZeRO-3: ``per_parameter``),
+        so the latency terms of every call count, not one ideal collective per pass.
+        ``nbytes_per_element``: 2 for bf16 parameters, the reduce dtype's bytes for gradients."""
+        g, dp_g = self.graph, self.group("dp", c)
+        per_param = self.profile.zero3_gather == "per_parameter"
+        total = 0.0
+        for li, n in self.rank_layers(c.pp, c.stage_blocks)[rank][2]:
+            layer = g.layers[li]
+            if per_param:
+                for o in layer.ops:
+                    if o.num_parameters > 0:
+                        div = c.tp if o.tp_role in ("column", "row", "vocab") else 1
+                        total += n * dp_g.time(op, o.num_parameters / div * nbytes_per_element)
+            else:
+                total += n * dp_g.time(op, mem.layer_params_per_rank(layer, c.tp, ep=c.ep)
+                                       * nbytes_per_element)
+        return total
+
     # -- the estimate --------------------------------------------------------------------------
     def resolve(self, config: ParallelConfig) -> ParallelConfig:
         """``config`` with every open field chosen by default and checked (see resolve.py)."""
@@ -435,6 +458,9 @@ class CostModel:
             fwd1, bwd1 = stage_fwd[bottleneck], stage_bwd[bottleneck]
             t_ag = dp_g.time("all_gather", psi * wbytes)
             t_rs = dp_g.time("reduce_scatter", psi * gb)
+            if c.zero_stage == 3:   # gathered and reduced per block or per parameter
+                t_ag = self.zero3_collective_s(c, bottleneck, wbytes, "all_gather")
+                t_rs = self.zero3_collective_s(c, bottleneck, gb, "reduce_scatter")
             if c.zero_stage == 3 and (pp == 1 or prof.zero3_regather_per_micro_batch):
                 # every micro-batch gathers the parameters for forward and again for backward
                 # and reduce-scatters its gradients
