@@ -36,7 +36,7 @@ def _tokens_per_gpu(model, cluster, train, config, profile=None) -> float:
 @pytest.fixture(scope="module")
 def llama405b_512():
     dev = dataclasses.replace(get_device("H100-SXM5-80GB"), name="H100-96GB-HBM2e",
-                              memory_bytes=96e9, hbm_bandwidth_Bps=2.4e12)
+                              memory_bytes=96e9, hbm_bandwidth_Bps=2.4e12, power_limit_w=500)
     tmpl = node_template(get_device("H100-SXM5-80GB"))  # the board's NVSwitch and NDR NICs
     cluster = autopar.Cluster.custom(64, 8, dev, intra=tmpl.intra_link, inter=tmpl.nic_link,
                                      nics_per_node=tmpl.nics_per_node)
@@ -48,7 +48,8 @@ def llama405b_512():
     out = {}
     for schedule, v in (("1f1b", 1), ("interleaved-1f1b", 2)):
         cfg = autopar.ParallelConfig(tp=8, pp=8, dp=8, zero_stage=3, recompute="full",
-                                     schedule=schedule, virtual_stages=v, micro_batch_size=4)
+                                     schedule=schedule, virtual_stages=v, micro_batch_size=4,
+                                     sequence_parallel=True)   # torchtitan: SP under TP
         out[schedule] = _tokens_per_gpu("llama3-405b", cluster, train, cfg, compiled)
     return out
 

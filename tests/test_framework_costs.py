@@ -91,3 +91,23 @@ def test_per_parameter_zero3_gathers_hide_less_than_per_block():
     per_param = _cm("deepspeed", ds, spec="2x8xA100-80GB").estimate(cfg)
     per_block = _cm("deepspeed", block, spec="2x8xA100-80GB").estimate(cfg)
     assert per_param.step_time_s > per_block.step_time_s
+
+
+def test_power_cap_lowers_the_clock_by_the_cube_root_of_the_power_ratio():
+    import dataclasses
+
+    from autopar.hardware import get_device
+
+    h100 = get_device("H100-SXM5-80GB")
+    assert h100.tdp_w == 700 and h100.clock_scale == 1.0
+    capped = dataclasses.replace(h100, power_limit_w=500)
+    assert capped.clock_scale == pytest.approx((500 / 700) ** (1 / 3))
+    assert dataclasses.replace(h100, power_limit_w=900).clock_scale == 1.0
+    train = autopar.TrainingConfig(global_batch_size=16, seq_len=512)
+    graph = model_graph("tiny-llama", train)[0]
+    cfg = autopar.ParallelConfig(tp=1, pp=1, dp=8, zero_stage=0, micro_batch_size=2)
+    full = CostModel(graph, autopar.Cluster.custom(1, 8, h100), train).estimate(cfg)
+    tmpl_links = dict(intra="nvlink4", inter=None)
+    slow = CostModel(graph, autopar.Cluster.custom(1, 8, capped, **tmpl_links),
+                     train).estimate(cfg)
+    assert slow.step_time_s > full.step_time_s

@@ -119,11 +119,13 @@ class CostModel:
         attention_kernel = attention_kernel or self.profile.attention_kernel(arch)
         #: bytes per gradient element in the data-parallel reduction (the profile's dtype)
         self.reduce_bytes = self.profile.grad_reduce_bytes or self.params.grad_bytes
-        self.peak = self.device.peak(train.precision)
+        # a power cap lowers the sustained tensor-core clock (Device.clock_scale)
+        self.peak = self.device.peak(train.precision) * self.device.clock_scale
         # FP8 training runs only the Linear GEMMs in FP8 (Transformer Engine, torchao Float8):
         # attention, the output layer and element-wise work stay in BF16
         self.attention_kernel = attention_kernel
-        self.compute_peak = self.device.peak("bf16") if train.precision == "fp8" else self.peak
+        self.compute_peak = (self.device.peak("bf16") * self.device.clock_scale
+                             if train.precision == "fp8" else self.peak)
         self.blocks = [layer.index for layer in graph.layers if layer.kind == "block"]
         self._layer_times: dict[tuple, LayerTime] = {}
         self._groups: dict[tuple, Collectives] = {}
@@ -523,8 +525,9 @@ class CostModel:
         model_flops = per_seq * train.global_batch_size
         hw_flops = model_flops + recompute_flops * m * dp * tp * cp
         world = self.cluster.world_size
-        mfu = model_flops / (step * world * self.peak)
-        hfu = hw_flops / (step * world * self.peak)
+        nominal = self.device.peak(train.precision)   # MFU against the datasheet peak
+        mfu = model_flops / (step * world * nominal)
+        hfu = hw_flops / (step * world * nominal)
         parts = stage_parts[bottleneck]
         breakdown = {
             "compute": m * parts["compute"], "tp_comm": m * parts["tp_comm"],
