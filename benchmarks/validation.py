@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,9 +134,20 @@ def record_profile(rec: Record) -> FrameworkProfile:
         why["grad_reduce_bytes"] = ("Composer FSDP mixed_precision DEFAULT: reduce_dtype float32 "
                                     "(the records' notes)")
     if intern:
+        at = "InternEvo at c18bec9 (the table's commit)"
         changes["fusion"] = "fused"
-        why["fusion"] = ("InternEvo internlm/model/ops: apex/flash-attn fused RMSNorm and "
-                         "fused rotary embedding")
+        why["fusion"] = (f"{at} internlm/model/modeling_internlm.py: apex MixedFusedRMSNorm, "
+                         "flash-attn fused MLP and rotary embedding")
+        changes["overlap_dp_grad_reduce"] = False
+        why["overlap_dp_grad_reduce"] = (f"{at} hybrid_zero_optim.py _reduce_and_copy: "
+                                         "torch.cuda.synchronize() before every gradient bucket")
+        changes["zero1_param_sync"] = "broadcast"
+        why["zero1_param_sync"] = (f"{at} hybrid_zero_optim.py broadcast_params(overlap=False): "
+                                   "one dist.broadcast per ZeRO rank after the step")
+        z = re.search(r"zero1[=_](-?\d+)", rec.id + " " + rec.raw.get("notes", ""))
+        if z and int(z.group(1)) > 1:
+            changes["zero1_group_size"] = int(z.group(1))
+            why["zero1_group_size"] = "the record's parallel.zero1 (ZeRO within that many ranks)"
     return base.with_costs(why, **changes) if changes else base
 
 

@@ -364,6 +364,18 @@ class CostModel:
                                        * nbytes_per_element)
         return total
 
+    def _zero1_broadcasts_s(self, c: ParallelConfig, nbytes: float) -> float:
+        """Seconds to return ``nbytes`` of updated parameters by one broadcast per ZeRO-1 rank:
+        z broadcasts of nbytes / z over the ZeRO group (the first z ranks of the data-parallel
+        group, z = min(dp x cp, ``zero1_group_size``)); each pays its (z - 1)-hop latency, so
+        the total grows as z^2 alpha at scale (the framework waits on them after the step)."""
+        dp_g = self.group("dp", c)
+        z = min(dp_g.size, self.profile.zero1_group_size or dp_g.size)
+        if z <= 1:
+            return 0.0
+        grp = dp_g if z == dp_g.size else Collectives(self.cluster, dp_g.ranks[:z])
+        return z * grp.time("broadcast", nbytes / z)
+
     # -- the estimate --------------------------------------------------------------------------
     def resolve(self, config: ParallelConfig) -> ParallelConfig:
         """``config`` with every open field chosen by default and checked (see resolve.py)."""
@@ -495,8 +507,11 @@ class CostModel:
                     t_grad, t_param = t_rs, t_ag
                     wire = (dp_g.wire_bytes("reduce_scatter", psi * gb)
                             + dp_g.wire_bytes("all_gather", psi * wbytes))
+                ov_param = ov_grad
+                if prof.zero1_param_sync == "broadcast" and c.zero_stage == 1:
+                    t_param, ov_param = self._zero1_broadcasts_s(c, psi * wbytes), 0.0
                 dp_exposed = (max(0.0, t_grad - ov_grad * bwd1)
-                              + max(0.0, t_param - ov_grad * fwd1))
+                              + max(0.0, t_param - ov_param * fwd1))
                 ledger.add("dp", dp_g.link, wire, t_grad + t_param)
         opt_params = psi / (dp * cp if c.zero_stage >= 1 else 1)
         optimizer_s = opt_params * p.optimizer_bytes_per_param / (

@@ -54,7 +54,11 @@ ZERO3_GATHERS = ("per_block", "per_parameter")
 #: Names of the cost fields (defaults in :class:`FrameworkProfile`; sources in ``cost_sources``).
 COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_gather",
                "zero3_regather_per_micro_batch", "overlap_tp_comm", "overlap_pp_p2p",
-               "grad_reduce_bytes", "step_fixed_s")
+               "grad_reduce_bytes", "step_fixed_s", "zero1_param_sync", "zero1_group_size")
+#: How ZeRO-1 returns updated parameters after the optimizer step: one ``all_gather`` over the
+#: ZeRO group, or ``broadcast``: each rank broadcasts its shard (one broadcast per rank, as
+#: InternEvo's hybrid ZeRO and DeepSpeed's early ZeRO-1), exposed after the step.
+ZERO1_PARAM_SYNCS = ("all_gather", "broadcast")
 
 #: Sources of the default cost fields (plain PyTorch 2.x training loops).
 _DEFAULT_COST_SOURCES = {
@@ -71,6 +75,8 @@ _DEFAULT_COST_SOURCES = {
                       "the next stage op",
     "grad_reduce_bytes": "the compute dtype unless a reduce dtype is set (CostParams.grad_bytes)",
     "step_fixed_s": "no sourced fixed per-step cost",
+    "zero1_param_sync": "ZeroRedundancyOptimizer / FSDP: parameters return by all-gather",
+    "zero1_group_size": "ZeRO shards over the whole data-parallel group",
 }
 
 
@@ -113,6 +119,9 @@ class FrameworkProfile:
         grad_reduce_bytes: bytes per gradient element in the data-parallel reduction; None = the
             cost model's :attr:`~autopar.cost.params.CostParams.grad_bytes`.
         step_fixed_s: a sourced fixed cost per optimizer step (seconds); 0 when none is sourced.
+        zero1_param_sync: how ZeRO-1 returns updated parameters (:data:`ZERO1_PARAM_SYNCS`).
+        zero1_group_size: ZeRO-1 shards over at most this many data-parallel ranks (e.g.
+            InternEvo ``parallel.zero1=8``: within a node); None = the whole data-parallel group.
         cost_sources: cost field name -> its source (every cost field has one).
 
     Raises:
@@ -146,6 +155,8 @@ class FrameworkProfile:
     overlap_pp_p2p: bool = False
     grad_reduce_bytes: int | None = None
     step_fixed_s: float = 0.0
+    zero1_param_sync: str = "all_gather"
+    zero1_group_size: int | None = None
     cost_sources: Mapping[str, str] = field(default_factory=lambda: dict(_DEFAULT_COST_SOURCES))
 
     def __post_init__(self) -> None:
@@ -168,6 +179,10 @@ class FrameworkProfile:
             bad.append("fusion")
         if self.zero3_gather not in ZERO3_GATHERS:
             bad.append("zero3_gather")
+        if self.zero1_param_sync not in ZERO1_PARAM_SYNCS:
+            bad.append("zero1_param_sync")
+        if self.zero1_group_size is not None and self.zero1_group_size < 1:
+            bad.append("zero1_group_size")
         if self.grad_reduce_bytes not in (None, 1, 2, 4) or self.step_fixed_s < 0:
             bad.append("grad_reduce_bytes/step_fixed_s")
         if not self.attention_kernels or "*" not in self.attention_kernels:
@@ -187,7 +202,8 @@ class FrameworkProfile:
         return hash((self.name, self.version, tuple(sorted(self.attention_kernels.items())),
                      self.fusion, self.overlap_dp_grad_reduce, self.zero3_gather,
                      self.zero3_regather_per_micro_batch, self.overlap_tp_comm,
-                     self.overlap_pp_p2p, self.grad_reduce_bytes, self.step_fixed_s))
+                     self.overlap_pp_p2p, self.grad_reduce_bytes, self.step_fixed_s,
+                     self.zero1_param_sync, self.zero1_group_size))
 
     @classmethod
     def capability_names(cls) -> tuple[str, ...]:
