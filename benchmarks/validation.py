@@ -144,6 +144,10 @@ def record_profile(rec: Record) -> FrameworkProfile:
         changes["zero1_param_sync"] = "broadcast"
         why["zero1_param_sync"] = (f"{at} hybrid_zero_optim.py broadcast_params(overlap=False): "
                                    "one dist.broadcast per ZeRO rank after the step")
+        changes["zero1_grad_all_reduce"] = True
+        why["zero1_grad_all_reduce"] = (f"{at} hybrid_zero_optim.py: gradient hooks use "
+                                        "reduce_rank=None, so utils.reduce_tensor all-reduces "
+                                        "each 512 MB bucket over the data-parallel group")
         z = re.search(r"zero1[=_](-?\d+)", rec.id + " " + rec.raw.get("notes", ""))
         if z and int(z.group(1)) > 1:
             changes["zero1_group_size"] = int(z.group(1))

@@ -111,3 +111,16 @@ def test_power_cap_lowers_the_clock_by_the_cube_root_of_the_power_ratio():
     slow = CostModel(graph, autopar.Cluster.custom(1, 8, capped, **tmpl_links),
                      train).estimate(cfg)
     assert slow.step_time_s > full.step_time_s
+
+
+def test_zero1_per_rank_broadcasts_and_gradient_all_reduce_cost_more_at_scale():
+    base = get_profile("torch")
+    owner = base.with_costs({"zero1_param_sync": "t", "zero1_grad_all_reduce": "t"},
+                            zero1_param_sync="broadcast", zero1_grad_all_reduce=True)
+    within = owner.with_costs({"zero1_group_size": "t"}, zero1_group_size=8)
+    cfg = autopar.ParallelConfig(tp=1, pp=1, dp=64, zero_stage=1, micro_batch_size=1)
+    t = {name: _cm("torch", prof, spec="8x8xA100-80GB").estimate(cfg)
+         .time_breakdown["dp_comm_exposed"]
+         for name, prof in (("all_gather", base), ("owner", owner), ("within", within))}
+    # 64 broadcasts of 1/64 each over 64 ranks pay 64 latencies; within a node 8 over NVLink
+    assert t["owner"] > t["within"] >= t["all_gather"]

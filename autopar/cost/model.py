@@ -503,6 +503,10 @@ class CostModel:
                     t_grad = dp_g.time("all_reduce", psi * gb)
                     t_param = 0.0
                     wire = dp_g.wire_bytes("all_reduce", psi * gb)
+                elif prof.zero1_grad_all_reduce:   # full gradients all-reduced, then sharded
+                    t_grad, t_param = dp_g.time("all_reduce", psi * gb), t_ag
+                    wire = (dp_g.wire_bytes("all_reduce", psi * gb)
+                            + dp_g.wire_bytes("all_gather", psi * wbytes))
                 else:
                     t_grad, t_param = t_rs, t_ag
                     wire = (dp_g.wire_bytes("reduce_scatter", psi * gb)

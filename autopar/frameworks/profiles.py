@@ -54,7 +54,8 @@ ZERO3_GATHERS = ("per_block", "per_parameter")
 #: Names of the cost fields (defaults in :class:`FrameworkProfile`; sources in ``cost_sources``).
 COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_gather",
                "zero3_regather_per_micro_batch", "overlap_tp_comm", "overlap_pp_p2p",
-               "grad_reduce_bytes", "step_fixed_s", "zero1_param_sync", "zero1_group_size")
+               "grad_reduce_bytes", "step_fixed_s", "zero1_param_sync", "zero1_group_size",
+               "zero1_grad_all_reduce")
 #: How ZeRO-1 returns updated parameters after the optimizer step: one ``all_gather`` over the
 #: ZeRO group, or ``broadcast``: each rank broadcasts its shard (one broadcast per rank, as
 #: InternEvo's hybrid ZeRO and DeepSpeed's early ZeRO-1), exposed after the step.
@@ -77,6 +78,8 @@ _DEFAULT_COST_SOURCES = {
     "step_fixed_s": "no sourced fixed per-step cost",
     "zero1_param_sync": "ZeroRedundancyOptimizer / FSDP: parameters return by all-gather",
     "zero1_group_size": "ZeRO shards over the whole data-parallel group",
+    "zero1_grad_all_reduce": "ZeRO-1 reduce-scatters gradients (ZeroRedundancyOptimizer after "
+                             "DDP all-reduce is the exception, not costed)",
 }
 
 
@@ -122,6 +125,8 @@ class FrameworkProfile:
         zero1_param_sync: how ZeRO-1 returns updated parameters (:data:`ZERO1_PARAM_SYNCS`).
         zero1_group_size: ZeRO-1 shards over at most this many data-parallel ranks (e.g.
             InternEvo ``parallel.zero1=8``: within a node); None = the whole data-parallel group.
+        zero1_grad_all_reduce: ZeRO-1 all-reduces the full gradients (each rank then keeps its
+            shard) instead of reduce-scattering them: twice the volume on the wire.
         cost_sources: cost field name -> its source (every cost field has one).
 
     Raises:
@@ -157,6 +162,7 @@ class FrameworkProfile:
     step_fixed_s: float = 0.0
     zero1_param_sync: str = "all_gather"
     zero1_group_size: int | None = None
+    zero1_grad_all_reduce: bool = False
     cost_sources: Mapping[str, str] = field(default_factory=lambda: dict(_DEFAULT_COST_SOURCES))
 
     def __post_init__(self) -> None:
@@ -203,7 +209,7 @@ class FrameworkProfile:
                      self.fusion, self.overlap_dp_grad_reduce, self.zero3_gather,
                      self.zero3_regather_per_micro_batch, self.overlap_tp_comm,
                      self.overlap_pp_p2p, self.grad_reduce_bytes, self.step_fixed_s,
-                     self.zero1_param_sync, self.zero1_group_size))
+                     self.zero1_param_sync, self.zero1_group_size, self.zero1_grad_all_reduce))
 
     @classmethod
     def capability_names(cls) -> tuple[str, ...]:
