@@ -10,7 +10,7 @@
 Each record is estimated with its own published plan; fields the source leaves null take the
 documented default of the framework that ran it (:func:`benchmarks.validation.framework_defaults`),
 never the cost model's own fastest choice, and the kernel that framework ran
-(:func:`benchmarks.validation.attention_kernel`). The line of a record prints the defaults taken
+(the cost fields of :func:`benchmarks.validation.record_profile`). The line of a record prints the defaults taken
 and what the fastest legal choice would change (the spread). Last line:
 ``MAPE <x>% max <y>% over <n> records``. ``--cv``, ``--pairs`` and ``--memory`` run over the
 whole corpus (``benchmarks/data/*.json``; see :mod:`benchmarks.validation`).

@@ -50,11 +50,71 @@ class LayerTime:
 #: the amax reduction rides in the same pass).
 FP8_CAST_BYTES_PER_ELEMENT = 4
 
+#: HBM bytes per element an RMSNorm moves when eager PyTorch runs it as the model writes it, over
+#: the 4 (read 2, write 2) of a fused kernel. Counted from the composite of Hugging Face's
+#: LlamaRMSNorm.forward (and torch's composite rms_norm, the same ops): cast to fp32 (read 2,
+#: write 4), pow (4, 4), mean (4, ~0), multiply by rsqrt (4 + ~0, 4), cast to bf16 (4, 2),
+#: multiply by the weight (2, 2): 20 read + 16 written = 36 bytes. A LayerNorm module is one
+#: fused kernel in eager PyTorch (aten native_layer_norm) and keeps its 4 bytes.
+EAGER_RMSNORM_BYTES_PER_ELEMENT = 36
+FUSED_NORM_BYTES_PER_ELEMENT = 4
+#: Kernels of that eager RMSNorm (cast, pow, mean, add eps, rsqrt, multiply, cast, weight
+#: multiply), each paying the launch floor.
+EAGER_RMSNORM_KERNELS = 8
+
+
+def _memory_bound_ops(ops, fusion: str):
+    """The memory-bound kernels of a layer's ops under ``fusion``.
+
+    Yields ``(op, nbytes, kernels)``: the op's forward HBM bytes (read + written) at the graph's
+    micro-batch and the kernels it launches. ``fused``: as the graph counts them (norms as one fused kernel). ``eager``:
+    RMSNorms at :data:`EAGER_RMSNORM_BYTES_PER_ELEMENT`. ``compile``: consecutive memory-bound
+    ops (views between them ignored) form one TorchInductor kernel that reads what the chain
+    takes from outside it and writes the chain's last output (an intermediate stays in
+    registers); the chain is yielded as its first op with the chain's bytes.
+    """
+    chain: list = []
+
+    def flush():
+        if not chain:
+            return None
+        first, last = chain[0], chain[-1]
+        reads = first.bytes_read + sum(max(0, b.bytes_read - a.bytes_written)
+                                       for a, b in zip(chain, chain[1:]))
+        out = (first, reads + last.bytes_written, 1)
+        chain.clear()
+        return out
+
+    for op in ops:
+        if op.kind == "view":
+            continue
+        if op.kind in ("matmul", "attention"):
+            if fusion == "compile":
+                done = flush()
+                if done:
+                    yield done
+            continue
+        if fusion == "compile":
+            if chain and chain[-1].region != op.region:
+                done = flush()
+                if done:
+                    yield done
+            chain.append(op)
+            continue
+        nbytes, kernels = op.bytes_read + op.bytes_written, 1
+        if fusion == "eager" and op.kind == "norm" and "rmsnorm" in op.target.lower():
+            nbytes *= EAGER_RMSNORM_BYTES_PER_ELEMENT / FUSED_NORM_BYTES_PER_ELEMENT
+            kernels = EAGER_RMSNORM_KERNELS
+        yield op, nbytes, kernels
+    done = flush()
+    if done:
+        yield done
+
 
 def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_parallel: bool,
                peak_flops: float, hbm_bandwidth: float, params: CostParams,
                architecture: str = "ampere", fp8_peak_flops: float | None = None,
-               attention_kernel: str = "fa2",
+               attention_kernel: str = "fa2", fusion: str = "fused",
                attention_dims: tuple[float, float] = (0.0, 0.0)) -> LayerTime:
     """Roofline time of ``layer`` for a micro-batch of ``micro_batch`` sequences.
 
@@ -74,6 +134,8 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
         params: calibration constants.
         architecture: the GPU architecture, for the per-architecture GEMM and attention ceilings.
         attention_kernel: the fused attention kernel that runs (:data:`ATTENTION_KERNELS`).
+        fusion: fusion level of memory-bound ops (:data:`autopar.frameworks.profiles.
+            FUSION_LEVELS`; see :func:`_memory_bound_ops`).
         attention_dims: (head dim, keys each query block visits per rank) of the layer's
             attention, for :meth:`CostParams.attention_shape_factor`; (0, 0) = unknown.
 
@@ -84,7 +146,7 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
     fwd_flops = bwd_flops = 0.0
     scale = micro_batch / cp
     for op in layer.ops:
-        if op.kind == "view":
+        if op.kind not in ("matmul", "attention"):
             continue
         sharded = op.region == "tp" or op.tp_role in ("column", "row", "vocab") or (
             sequence_parallel)
@@ -131,10 +193,13 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
             attn += t
             fwd_flops += flops
             bwd_flops += ATTENTION_BACKWARD_RATIO * flops
-        else:
-            nbytes = (op.bytes_read + op.bytes_written) * scale / div
-            t = max(nbytes / (hbm_bandwidth * params.hbm_efficiency), params.kernel_launch_s)
-            fwd += t
-            bwd += 2.0 * t
+    for op, nbytes, kernels in _memory_bound_ops(layer.ops, fusion):
+        sharded = op.region == "tp" or op.tp_role in ("column", "row", "vocab") or (
+            sequence_parallel)
+        nbytes = nbytes * scale / (tp if sharded else 1)
+        t = max(nbytes / (hbm_bandwidth * params.hbm_efficiency),
+                kernels * params.kernel_launch_s)
+        fwd += t
+        bwd += 2.0 * t
     return LayerTime(fwd_s=fwd, bwd_s=bwd, attention_fwd_s=attn, fwd_flops=fwd_flops,
                      bwd_flops=bwd_flops)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import DEFAULT_PLACEMENT, ParallelConfig, TrainingConfig
+from ..frameworks import FrameworkProfile, get_profile
 from ..graph.kernels import ATTENTION_BACKWARD_RATIO
 from ..graph.types import ModelGraph
 from . import memory as mem
@@ -37,7 +38,8 @@ CAUSAL_FLOPS_SHARE = 0.5
 class BlockCost:
     """One layer's cost per micro-batch on one GPU under one recompute mode.
 
-    Times in seconds (fwd_s/bwd_s include TP and CP communication; bwd_s includes recompute),
+    Times in seconds (fwd_s/bwd_s include TP and CP communication; bwd_s includes recompute;
+    ``tp_s`` is the exposed TP time, ``tp_link_s`` the time the TP collectives occupy the link),
     communication bytes on the wire per GPU and micro-batch (see :mod:`autopar.cost.comm`),
     FLOPs per GPU.
     """
@@ -54,6 +56,7 @@ class BlockCost:
     transient_bytes: float
     ep_s: float = 0.0
     ep_bytes: float = 0.0
+    tp_link_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,12 @@ class CostModel:
         cluster: an :class:`autopar.hardware.Cluster`.
         train: the training configuration.
         params: calibration constants (defaults documented in :class:`CostParams`).
+        attention_kernel: the fused attention kernel; None = the framework profile's kernel for
+            the GPU's architecture.
+        framework: the framework profile whose cost fields apply (attention kernel, fusion,
+            which communication overlaps compute, gradient-reduce dtype, fixed step cost);
+            None = the profile of ``train.framework``
+            (:func:`autopar.frameworks.get_profile`).
 
     Raises:
         autopar.errors.InvalidTrainingConfig: the GPU lacks the training precision (e.g. fp8 on
@@ -101,15 +110,23 @@ class CostModel:
     """
 
     def __init__(self, graph: ModelGraph, cluster, train: TrainingConfig,
-                 params: CostParams | None = None, attention_kernel: str = "fa2"):
+                 params: CostParams | None = None, attention_kernel: str | None = None,
+                 framework: FrameworkProfile | None = None):
         self.graph, self.cluster, self.train = graph, cluster, train
         self.params = params or CostParams()
         self.device = cluster.device
-        self.peak = self.device.peak(train.precision)
+        self.profile = framework or get_profile(train.framework)
+        arch = getattr(self.device, "architecture", "ampere")
+        attention_kernel = attention_kernel or self.profile.attention_kernel(arch)
+        #: bytes per gradient element in the data-parallel reduction (the profile's dtype)
+        self.reduce_bytes = self.profile.grad_reduce_bytes or self.params.grad_bytes
+        # a power cap lowers the sustained tensor-core clock (Device.clock_scale)
+        self.peak = self.device.peak(train.precision) * self.device.clock_scale
         # FP8 training runs only the Linear GEMMs in FP8 (Transformer Engine, torchao Float8):
         # attention, the output layer and element-wise work stay in BF16
         self.attention_kernel = attention_kernel
-        self.compute_peak = self.device.peak("bf16") if train.precision == "fp8" else self.peak
+        self.compute_peak = (self.device.peak("bf16") * self.device.clock_scale
+                             if train.precision == "fp8" else self.peak)
         self.blocks = [layer.index for layer in graph.layers if layer.kind == "block"]
         self._layer_times: dict[tuple, LayerTime] = {}
         self._groups: dict[tuple, Collectives] = {}
@@ -131,6 +148,7 @@ class CostModel:
                            hbm_bandwidth=self.device.hbm_bandwidth_Bps, params=self.params,
                            architecture=getattr(self.device, "architecture", "ampere"),
                            attention_kernel=self.attention_kernel,
+                           fusion=self.profile.fusion,
                            attention_dims=self._attention_dims(layer, cp))
             self._layer_times[key] = t
         return t
@@ -200,6 +218,17 @@ class CostModel:
         if mode == "full":  # the recomputed forward repeats its collectives
             tb += tf
             bb += fb
+        tp_link_s = tf + tb
+        if self.profile.overlap_tp_comm:
+            # TP collectives split into chunks that run beside the GEMMs next to them
+            # (Transformer Engine userbuffers, Wang et al. 2023 "Overlap communication with
+            # dependent computation", ASPLOS): hidden up to dp_overlap of the GEMM time
+            gemm_f = lt.fwd_s - lt.attention_fwd_s
+            gemm_b = lt.bwd_s - ATTENTION_BACKWARD_RATIO * lt.attention_fwd_s
+            if mode == "full":
+                gemm_b += gemm_f
+            tf = max(0.0, tf - self.params.dp_overlap * gemm_f)
+            tb = max(0.0, tb - self.params.dp_overlap * gemm_b)
         cf, cb, cbytes = cp_layer_comm(layer, self.group("cp", c), micro_batch=bscale, tp=tp,
                                        attention_fwd_s=lt.attention_fwd_s, mode=c.cp_mode,
                                        overlap=self.params.dp_overlap)
@@ -232,7 +261,8 @@ class CostModel:
         bc = BlockCost(fwd_s=lt.fwd_s + tf + cf + ef / 2, bwd_s=lt.bwd_s + rec + tb + cb + ef / 2,
                        compute_s=lt.fwd_s + lt.bwd_s + rec, tp_s=tf + tb, cp_s=cf + cb,
                        tp_bytes=fb + bb, cp_bytes=cbytes, recompute_flops=rflops,
-                       act_bytes=act, transient_bytes=transient, ep_s=ef, ep_bytes=eb)
+                       act_bytes=act, transient_bytes=transient, ep_s=ef, ep_bytes=eb,
+                       tp_link_s=tp_link_s)
         self._block_costs[key] = bc
         return bc
 
@@ -327,6 +357,41 @@ class CostModel:
         self._layouts[key] = tuple(out)
         return self._layouts[key]
 
+    def zero3_collective_s(self, c: ParallelConfig, rank: int, nbytes_per_element: float,
+                           op: str) -> float:
+        """Seconds of one ZeRO-3 pass of ``op`` ("all_gather" of parameters or
+        "reduce_scatter" of gradients) over pipeline rank ``rank``'s layers, as the framework
+        issues it (``zero3_gather`` of the profile): one collective per layer (FSDP wraps each
+        block: ``per_block``) or one per parameter tensor (DeepSpeed ZeRO-3: ``per_parameter``),
+        so the latency terms of every call count, not one ideal collective per pass.
+        ``nbytes_per_element``: 2 for bf16 parameters, the reduce dtype's bytes for gradients."""
+        g, dp_g = self.graph, self.group("dp", c)
+        per_param = self.profile.zero3_gather == "per_parameter"
+        total = 0.0
+        for li, n in self.rank_layers(c.pp, c.stage_blocks)[rank][2]:
+            layer = g.layers[li]
+            if per_param:
+                for o in layer.ops:
+                    if o.num_parameters > 0:
+                        div = c.tp if o.tp_role in ("column", "row", "vocab") else 1
+                        total += n * dp_g.time(op, o.num_parameters / div * nbytes_per_element)
+            else:
+                total += n * dp_g.time(op, mem.layer_params_per_rank(layer, c.tp, ep=c.ep)
+                                       * nbytes_per_element)
+        return total
+
+    def _zero1_broadcasts_s(self, c: ParallelConfig, nbytes: float) -> float:
+        """Seconds to return ``nbytes`` of updated parameters by one broadcast per ZeRO-1 rank:
+        z broadcasts of nbytes / z over the ZeRO group (the first z ranks of the data-parallel
+        group, z = min(dp x cp, ``zero1_group_size``)); each pays its (z - 1)-hop latency, so
+        the total grows as z^2 alpha at scale (the framework waits on them after the step)."""
+        dp_g = self.group("dp", c)
+        z = min(dp_g.size, self.profile.zero1_group_size or dp_g.size)
+        if z <= 1:
+            return 0.0
+        grp = dp_g if z == dp_g.size else Collectives(self.cluster, dp_g.ranks[:z])
+        return z * grp.time("broadcast", nbytes / z)
+
     # -- the estimate --------------------------------------------------------------------------
     def resolve(self, config: ParallelConfig) -> ParallelConfig:
         """``config`` with every open field chosen by default and checked (see resolve.py)."""
@@ -368,7 +433,7 @@ class CostModel:
                     counts.setdefault(key, [li, 0])
                     counts[key][1] += 1
                 items = [(li, mode, n) for (_sig, mode), (li, n) in counts.items()]
-            tp_s = tp_b = cp_s = cp_b = ep_s = ep_b = 0.0
+            tp_s = tp_b = cp_s = cp_b = ep_s = ep_b = tp_link = 0.0
             parts = stage_parts[rank]
             for li, mode, n in items:
                 bc = self.block_cost(li, mode, c)
@@ -376,6 +441,7 @@ class CostModel:
                 stage_fwd[rank] += n * bc.fwd_s
                 stage_bwd[rank] += n * bc.bwd_s
                 tp_s += n * bc.tp_s
+                tp_link += n * bc.tp_link_s
                 tp_b += n * bc.tp_bytes
                 cp_s += n * bc.cp_s
                 cp_b += n * bc.cp_bytes
@@ -389,10 +455,12 @@ class CostModel:
             parts["ep_comm"] += ep_s
             if ep_b:
                 rank_comm[rank].append(("ep", self.group("ep", c).link, ep_b, ep_s))
-            rank_comm[rank] += [("tp", tp_g.link, tp_b, tp_s), ("cp", cp_g.link, cp_b, cp_s)]
-            stage_parts[rank]["pp_comm"] += st.p2p_s
-            stage_fwd[rank] += st.p2p_s / 2
-            stage_bwd[rank] += st.p2p_s / 2
+            rank_comm[rank] += [("tp", tp_g.link, tp_b, tp_link), ("cp", cp_g.link, cp_b, cp_s)]
+            # pipeline sends block the stage unless the framework runs them beside compute
+            p2p_exposed = 0.0 if self.profile.overlap_pp_p2p else st.p2p_s
+            stage_parts[rank]["pp_comm"] += p2p_exposed
+            stage_fwd[rank] += p2p_exposed / 2
+            stage_bwd[rank] += p2p_exposed / 2
             # the ledger shows what this rank sends and how long sending it takes; the step time
             # charges each boundary's round trip to the rank before it (p2p_s above)
             rank_comm[rank].append(("pp", pp_g.link, st.p2p_bytes, st.p2p_send_s))
@@ -410,42 +478,65 @@ class CostModel:
         psi = max(stage_params)
         wbytes = train.dtype_bytes
         dp_exposed = 0.0
+        prof = self.profile
+        gb = self.reduce_bytes
+        # share of a compute window that hides the DP collectives running beside it: none when
+        # the framework issues them after backward or gathers per parameter with syncs
+        ov_grad = p.dp_overlap if prof.overlap_dp_grad_reduce else 0.0
+        ov_gather = p.dp_overlap if prof.zero3_gather == "per_block" else 0.0
         if dp * cp > 1:
             fwd1, bwd1 = stage_fwd[bottleneck], stage_bwd[bottleneck]
-            if c.zero_stage == 3:
-                per_mb = (2 * dp_g.time("all_gather", psi * wbytes)
-                          + dp_g.time("reduce_scatter", psi * p.grad_bytes))
-                dp_exposed = m * max(0.0, per_mb - p.dp_overlap * (fwd1 + bwd1))
+            t_ag = dp_g.time("all_gather", psi * wbytes)
+            t_rs = dp_g.time("reduce_scatter", psi * gb)
+            if c.zero_stage == 3:   # gathered and reduced per block or per parameter
+                t_ag = self.zero3_collective_s(c, bottleneck, wbytes, "all_gather")
+                t_rs = self.zero3_collective_s(c, bottleneck, gb, "reduce_scatter")
+            if c.zero_stage == 3 and (pp == 1 or prof.zero3_regather_per_micro_batch):
+                # every micro-batch gathers the parameters for forward and again for backward
+                # and reduce-scatters its gradients
+                per_mb = 2 * t_ag + t_rs
+                dp_exposed = m * max(0.0, per_mb - ov_gather * (fwd1 + bwd1))
                 ledger.add("dp", dp_g.link,
                            2 * dp_g.wire_bytes("all_gather", psi * wbytes)
-                           + dp_g.wire_bytes("reduce_scatter", psi * p.grad_bytes), per_mb, times=m)
+                           + dp_g.wire_bytes("reduce_scatter", psi * gb), per_mb, times=m)
+            elif c.zero_stage == 3:
+                # under PP the framework keeps parameters gathered and gradients unsharded
+                # across the step's micro-batches: one gather behind the first forward, one
+                # reduce-scatter behind the last backward (memory pays, not time)
+                dp_exposed = (max(0.0, t_ag - ov_gather * fwd1)
+                              + max(0.0, t_rs - ov_grad * bwd1))
+                ledger.add("dp", dp_g.link, dp_g.wire_bytes("all_gather", psi * wbytes)
+                           + dp_g.wire_bytes("reduce_scatter", psi * gb), t_ag + t_rs)
             elif c.zero_stage == 2:
                 # sharded gradients cannot accumulate locally: reduce-scatter every micro-batch,
                 # each hidden behind that micro-batch's backward; parameters gathered once
-                t_rs = dp_g.time("reduce_scatter", psi * p.grad_bytes)
-                t_param = dp_g.time("all_gather", psi * wbytes)
-                dp_exposed = (m * max(0.0, t_rs - p.dp_overlap * bwd1)
-                              + max(0.0, t_param - p.dp_overlap * fwd1))
-                ledger.add("dp", dp_g.link, dp_g.wire_bytes("reduce_scatter", psi * p.grad_bytes),
+                dp_exposed = m * max(0.0, t_rs - ov_grad * bwd1) + max(0.0, t_ag - ov_grad * fwd1)
+                ledger.add("dp", dp_g.link, dp_g.wire_bytes("reduce_scatter", psi * gb),
                            t_rs, times=m)
-                ledger.add("dp", dp_g.link, dp_g.wire_bytes("all_gather", psi * wbytes), t_param)
+                ledger.add("dp", dp_g.link, dp_g.wire_bytes("all_gather", psi * wbytes), t_ag)
             else:
                 if c.zero_stage == 0:
-                    t_grad = dp_g.time("all_reduce", psi * p.grad_bytes)
+                    t_grad = dp_g.time("all_reduce", psi * gb)
                     t_param = 0.0
-                    wire = dp_g.wire_bytes("all_reduce", psi * p.grad_bytes)
-                else:
-                    t_grad = dp_g.time("reduce_scatter", psi * p.grad_bytes)
-                    t_param = dp_g.time("all_gather", psi * wbytes)
-                    wire = (dp_g.wire_bytes("reduce_scatter", psi * p.grad_bytes)
+                    wire = dp_g.wire_bytes("all_reduce", psi * gb)
+                elif prof.zero1_grad_all_reduce:   # full gradients all-reduced, then sharded
+                    t_grad, t_param = dp_g.time("all_reduce", psi * gb), t_ag
+                    wire = (dp_g.wire_bytes("all_reduce", psi * gb)
                             + dp_g.wire_bytes("all_gather", psi * wbytes))
-                dp_exposed = (max(0.0, t_grad - p.dp_overlap * bwd1)
-                              + max(0.0, t_param - p.dp_overlap * fwd1))
+                else:
+                    t_grad, t_param = t_rs, t_ag
+                    wire = (dp_g.wire_bytes("reduce_scatter", psi * gb)
+                            + dp_g.wire_bytes("all_gather", psi * wbytes))
+                ov_param = ov_grad
+                if prof.zero1_param_sync == "broadcast" and c.zero_stage == 1:
+                    t_param, ov_param = self._zero1_broadcasts_s(c, psi * wbytes), 0.0
+                dp_exposed = (max(0.0, t_grad - ov_grad * bwd1)
+                              + max(0.0, t_param - ov_param * fwd1))
                 ledger.add("dp", dp_g.link, wire, t_grad + t_param)
         opt_params = psi / (dp * cp if c.zero_stage >= 1 else 1)
         optimizer_s = opt_params * p.optimizer_bytes_per_param / (
             self.device.hbm_bandwidth_Bps * p.hbm_efficiency)
-        step = t_pipe + dp_exposed + optimizer_s
+        step = t_pipe + dp_exposed + optimizer_s + self.profile.step_fixed_s
 
         # memory per pipeline rank
         reserved = self.reserved_bytes
@@ -469,8 +560,9 @@ class CostModel:
         model_flops = per_seq * train.global_batch_size
         hw_flops = model_flops + recompute_flops * m * dp * tp * cp
         world = self.cluster.world_size
-        mfu = model_flops / (step * world * self.peak)
-        hfu = hw_flops / (step * world * self.peak)
+        nominal = self.device.peak(train.precision)   # MFU against the datasheet peak
+        mfu = model_flops / (step * world * nominal)
+        hfu = hw_flops / (step * world * nominal)
         parts = stage_parts[bottleneck]
         breakdown = {
             "compute": m * parts["compute"], "tp_comm": m * parts["tp_comm"],

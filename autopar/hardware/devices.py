@@ -10,7 +10,7 @@ TF32 is quoted with sparsity and halved here.
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Mapping
 
@@ -46,6 +46,8 @@ class Device:
         pcie_bandwidth_Bps: host PCIe x16 bandwidth per direction in bytes/s (Gen4 32e9, Gen5 64e9).
         form_factor: ``"sxm"`` or ``"pcie"``.
         source: where the figures come from.
+        tdp_w: rated board power in watts (datasheet "Max TDP"); 0 = not known.
+        power_limit_w: the power cap the GPU runs under (watts); 0 = its rated TDP.
 
     Raises:
         InvalidClusterSpec: on construction, if a figure is non-positive, a precision key is unknown
@@ -60,6 +62,23 @@ class Device:
     pcie_bandwidth_Bps: float
     form_factor: str
     source: str
+    tdp_w: float = 0.0
+    power_limit_w: float = 0.0
+
+    @property
+    def clock_scale(self) -> float:
+        """Sustained tensor-core clock under ``power_limit_w`` relative to the rated one:
+        ``min(1, (power_limit_w / tdp_w) ** (1 / 3))``; 1 when either is unknown.
+
+        Source: CMOS dynamic power P = a C V^2 f with the supply voltage scaled in proportion to
+        the clock over the DVFS range, so P ~ f^3 (Weste & Harris, CMOS VLSI Design, 4th ed.,
+        section 5.2). Assumes a GPU at its rated TDP runs at the clock its datasheet peak is
+        quoted at, and ignores static power (both make the scale an upper bound). HBM bandwidth
+        is on its own clock and is not scaled.
+        """
+        if self.tdp_w <= 0 or self.power_limit_w <= 0:
+            return 1.0
+        return min(1.0, (self.power_limit_w / self.tdp_w) ** (1.0 / 3.0))
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.peak_flops) - set(PRECISIONS))
@@ -161,6 +180,14 @@ DEVICES: Mapping[str, Device] = MappingProxyType({d.name: d for d in (
     _row("H200-SXM-141GB", _H100_SXM_FLOPS, 141, 4800, 900, 64, "sxm",
          f"{_REF} (H200 SXM: 141 GB HBM3e, 4.8 TB/s); compute as H100 SXM5 (NVIDIA H200 datasheet)"),
 )})
+
+#: Rated board power (watts) per catalog GPU, from the NVIDIA datasheets: A100 SXM 400 W, A100
+#: PCIe 40GB 250 W and 80GB 300 W, A800 SXM 400 W (A100 board); H100 SXM up to 700 W, H100 PCIe
+#: 350 W, H800 SXM 700 W (H100 board), H200 SXM up to 700 W.
+_TDP_W = {"A100-SXM4-40GB": 400, "A100-SXM4-80GB": 400, "A100-PCIe-40GB": 250,
+          "A100-PCIe-80GB": 300, "A800-SXM4-80GB": 400, "H100-SXM5-80GB": 700,
+          "H100-PCIe-80GB": 350, "H800-SXM5-80GB": 700, "H200-SXM-141GB": 700}
+DEVICES = MappingProxyType({n: replace(d, tdp_w=_TDP_W.get(n, 0.0)) for n, d in DEVICES.items()})
 
 #: Lower-case alias -> canonical name. Canonical names match case-insensitively as well.
 ALIASES: Mapping[str, str] = MappingProxyType({
