@@ -21,12 +21,13 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import autopar
 from autopar.api import model_graph
 from autopar.cost.model import CostModel
+from autopar.frameworks.memory import MemoryConventions
 from autopar.search.optimize import search
 
 from .records import Record, RecordError, parse
@@ -50,7 +51,8 @@ def load_corpus(paths: list[str | Path] | None = None) -> list[dict]:
 
 def _kind(framework: str) -> str:
     f = framework.lower()
-    for key in ("torchtitan", "nemo", "deepspeed", "llm-foundry", "fsdp", "megatron"):
+    for key in ("torchtitan", "nemo", "deepspeed", "llm-foundry", "fsdp", "megatron",
+                "internevo"):
         if key in f:
             return key
     return "unknown"
@@ -70,14 +72,18 @@ _DEFAULTS = {
     # deepspeed/runtime/constants.py: ZeRO stage 0, micro-batch 1; no activation checkpointing
     "deepspeed": dict(zero_stage=0, recompute="none", sequence_parallel=False, virtual_stages=1,
                       cp=1, micro_batch_size=1),
-    # torchtitan/config/job_config.py: FSDP (dp_shard=-1), selective AC, pipeline mbs 1
-    "torchtitan": dict(zero_stage=3, recompute="selective", sequence_parallel=True,
+    # torchtitan/config/job_config.py: FSDP (dp_shard=-1), selective AC (selective_ac_option
+    # "op": op-level SAC), pipeline mbs 1
+    "torchtitan": dict(zero_stage=3, recompute="selective-op", sequence_parallel=True,
                        virtual_stages=1, cp=1, micro_batch_size=1),
     # FSDP FULL_SHARD is the default ShardingStrategy (torch.distributed.fsdp)
     "fsdp": dict(zero_stage=3, recompute="none", sequence_parallel=False, virtual_stages=1, cp=1,
                  micro_batch_size=1),
     "llm-foundry": dict(zero_stage=3, recompute="none", sequence_parallel=False,
                         virtual_stages=1, cp=1, micro_batch_size=1),
+    # InternEvo: no documented default taken (as an unnamed stack)
+    "internevo": dict(zero_stage=0, recompute="none", sequence_parallel=False,
+                      virtual_stages=1, cp=1, micro_batch_size=1),
     "unknown": dict(zero_stage=0, recompute="none", sequence_parallel=False, virtual_stages=1,
                     cp=1, micro_batch_size=1),
 }
@@ -91,7 +97,64 @@ _DEFAULTS = {
 #: runs) takes cuDNN's fused attention, the production kernel of Transformer Engine that such
 #: runs used; on Ampere it is FA2-class anyway.
 _KERNELS = {"nemo": "cudnn", "megatron": "cudnn", "torchtitan": "fa2", "fsdp": "fa2",
-            "llm-foundry": "fa1", "deepspeed": "fa2", "unknown": "cudnn"}
+            "llm-foundry": "fa1", "deepspeed": "fa2", "internevo": "fa2", "unknown": "cudnn"}
+
+
+#: The autopar framework profile (:mod:`autopar.frameworks`) whose memory conventions describe
+#: each framework kind: NeMo runs Megatron-Core; FSDP trainers, llm-foundry, InternEvo and unnamed
+#: stacks run plain torch.distributed (torch's conventions).
+_PROFILE = {"torchtitan": "torchtitan", "megatron": "megatron", "nemo": "megatron",
+            "deepspeed": "deepspeed", "fsdp": "torch", "llm-foundry": "torch",
+            "internevo": "torch", "unknown": "torch"}
+
+_INTERNEVO = "InternEvo v0.2.1dev20231121 (the tag of its memory table)"
+_INTERNEVO_COMMON = {
+    "weight_bytes": f"{_INTERNEVO} configs/7B_sft.py model.dtype bfloat16",
+    "grad_bytes": f"{_INTERNEVO}: gradients in the bf16 model dtype (reduced in bf16 buckets)",
+    "master_weight_bytes": f"{_INTERNEVO} hybrid_zero_optim.py / fsdp_optimizer.py: fp32 copies "
+                           "of the rank's parameters",
+    "pp_unsharded_bytes": "InternEvo's FSDP mode does not combine with pipeline parallelism",
+    "unfused_score_saved_bytes": "flash attention only (the runs use flash-attn)",
+    "unfused_score_work_bytes": "flash attention only (the runs use flash-attn)",
+    "fp8_weight_cache_bytes": "bf16 runs",
+}
+#: InternEvo's memory conventions, by optimizer (ZeRO-1 = HybridZeroOptimizer, ZeRO-3 =
+#: FSDPadaptOptimizer). Both wrap torch.optim.AdamW (training_internlm.py) on torch 1.13.1
+#: (requirements/torch.txt), whose default is the single-tensor loop (foreach=None -> False):
+#: ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)`` holds two fp32
+#: temporaries the size of the largest parameter tensor.
+INTERNEVO_MEMORY = {
+    # the rank's parameters are one flat fp32 tensor per group: the two temporaries cover all of
+    # them (8 bytes); the bf16 gradients are flattened, cast to a flat fp32 gradient (4 bytes)
+    # and released (-2): 8 + 4 - 2 = 10 bytes per parameter beside the states at the step
+    1: MemoryConventions(weight_bytes=2, grad_bytes=2, master_weight_bytes=4,
+                         optimizer_step_temp_bytes=10, sources={
+                             **_INTERNEVO_COMMON,
+                             "optimizer_step_temp_bytes": f"{_INTERNEVO} hybrid_zero_optim.py "
+                             "step(): flatten(gradients), .to(fp32), release; torch 1.13 "
+                             "_single_tensor_adamw on the flat fp32 group"}),
+    # FSDP flat parameters are per wrapped module (the temporaries are one module's: left out);
+    # p.grad.to(fp32) for every parameter beside the bf16 gradients: 4 bytes
+    3: MemoryConventions(weight_bytes=2, grad_bytes=2, master_weight_bytes=4,
+                         optimizer_step_temp_bytes=4, sources={
+                             **_INTERNEVO_COMMON,
+                             "optimizer_step_temp_bytes": f"{_INTERNEVO} fsdp_optimizer.py "
+                             "step(): grad_fp32 = [p.grad.to(fp32) ...] beside the bf16 grads"}),
+}
+
+
+def conventions(rec: Record) -> MemoryConventions | None:
+    """Memory conventions of a record's framework when it has no autopar profile (InternEvo:
+    :data:`INTERNEVO_MEMORY` by its ZeRO stage), else None (the profile's)."""
+    if _kind(rec.framework) == "internevo":
+        return INTERNEVO_MEMORY.get(rec.fixed.get("zero_stage", 1))
+    return None
+
+
+def training(rec: Record) -> "autopar.TrainingConfig":
+    """The record's training config with its framework's profile (:data:`_PROFILE`), so memory
+    follows that framework's conventions."""
+    return replace(rec.train, framework=_PROFILE[_kind(rec.framework)])
 
 
 def attention_kernel(rec: Record) -> str:
@@ -146,8 +209,10 @@ def evaluate(rec: Record, spread: bool = True) -> Row:
     Raises:
         autopar.AutoparError: the published plan is not one autopar can represent.
     """
-    graph, _ = model_graph(rec.model, rec.train)
-    cm = CostModel(graph, rec.cluster, rec.train, attention_kernel=attention_kernel(rec))
+    train = training(rec)
+    graph, _ = model_graph(rec.model, train)
+    cm = CostModel(graph, rec.cluster, train, attention_kernel=attention_kernel(rec),
+                   conventions=conventions(rec))
     chosen = framework_defaults(rec)
     cfg = autopar.ParallelConfig(**{**chosen, **rec.fixed})
     e = cm.estimate(cfg)

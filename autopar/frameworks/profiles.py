@@ -31,6 +31,8 @@ from typing import Mapping
 
 from ..config import CP_MODES, FRAMEWORKS, RECOMPUTE_MODES, SCHEDULES, ParallelConfig
 from ..errors import InvalidTrainingConfig
+from .memory import (DEEPSPEED_MEMORY, MEGATRON_MEMORY, TORCH_MEMORY, TORCHTITAN_MEMORY,
+                     MemoryConventions)
 
 #: Stage-cut rules, most permissive first: any cut; only the first and last stage may differ
 #: from the rest; balanced only (layer counts differ by at most one).
@@ -82,6 +84,9 @@ class FrameworkProfile:
     sequence_parallel: tuple[bool, ...]
     expert_parallel: bool
     sources: Mapping[str, str] = field(default_factory=dict)
+    #: memory conventions (bytes per state, optimizer temporaries, what PP keeps unsharded...),
+    #: sourced inside :class:`autopar.frameworks.memory.MemoryConventions`
+    memory: MemoryConventions = field(default_factory=lambda: TORCH_MEMORY)
 
     def __post_init__(self) -> None:
         bad = []
@@ -109,7 +114,8 @@ class FrameworkProfile:
     @classmethod
     def capability_names(cls) -> tuple[str, ...]:
         """Names of the capability fields (every field but name, version and sources)."""
-        return tuple(f.name for f in fields(cls) if f.name not in ("name", "version", "sources"))
+        return tuple(f.name for f in fields(cls)
+                     if f.name not in ("name", "version", "sources", "memory"))
 
     def zero_options(self, tp: int, pp: int, cp: int, ep: int) -> tuple[int, ...]:
         """ZeRO stages this framework runs on a mesh with these degrees, ascending."""
@@ -185,8 +191,9 @@ TORCH = FrameworkProfile(
     name="torch", version="torch 2.13 torch.distributed (plan.apply)",
     zero_stages=_ALL_ZERO, zero_stages_with_tp=_ALL_ZERO, zero_stages_with_pp=_ALL_ZERO,
     zero_stages_with_ep=_ALL_ZERO, schedules=SCHEDULES, interleaved_chunks="any",
-    stage_cuts="any", cp_modes=CP_MODES, recompute_modes=RECOMPUTE_MODES,
+    stage_cuts="any", cp_modes=CP_MODES, recompute_modes=("none", "selective", "full"),
     per_block_recompute=True, sequence_parallel=(True, False), expert_parallel=True,
+    memory=TORCH_MEMORY,
     sources={
         "zero_stages": "torch.distributed.fsdp.fully_shard (reshard_after_forward=True: ZeRO-3, "
                        "False: ZeRO-2) and DDP / ZeroRedundancyOptimizer (ZeRO-0/1)",
@@ -213,8 +220,10 @@ TORCHTITAN = FrameworkProfile(
     name="torchtitan", version="torchtitan v0.2.2 (73a0e6979dd1)",
     zero_stages=(0, 2, 3), zero_stages_with_tp=(2, 3), zero_stages_with_pp=(2, 3),
     zero_stages_with_ep=(2, 3), schedules=SCHEDULES, interleaved_chunks="any",
-    stage_cuts="any", cp_modes=("ring", "allgather"), recompute_modes=RECOMPUTE_MODES,
+    stage_cuts="any", cp_modes=("ring", "allgather"),
+    recompute_modes=("none", "selective-op", "full"),
     per_block_recompute=False, sequence_parallel=(True,), expert_parallel=True,
+    memory=TORCHTITAN_MEMORY,
     sources={
         "zero_stages": "job_config.py Parallelism.data_parallel_replicate_degree (DDP) / "
                        "data_parallel_shard_degree with fsdp_reshard_after_forward "
@@ -230,7 +239,9 @@ TORCHTITAN = FrameworkProfile(
         "stage_cuts": "job_config.py Parallelism.module_fqns_per_model_part",
         "cp_modes": "job_config.py Parallelism.context_parallel_rotate_method: 'alltoall' "
                     "(KV passed round the ring) or 'allgather'; no Ulysses",
-        "recompute_modes": "job_config.py ActivationCheckpoint.mode: none, selective, full",
+        "recompute_modes": "job_config.py ActivationCheckpoint.mode: none, selective (with "
+                           "selective_ac_option 'op': op-level SAC, "
+                           "distributed/activation_checkpoint.py _custom_policy), full",
         "per_block_recompute": "job_config.py ActivationCheckpoint: one mode for all blocks "
                                "(selective_ac_option N = full every N-th block)",
         "sequence_parallel": "models/llama3/infra/parallelize.py apply_tp: norms always "
@@ -243,8 +254,8 @@ MEGATRON = FrameworkProfile(
     zero_stages=(0, 1, 3), zero_stages_with_tp=(0, 1, 3), zero_stages_with_pp=(0, 1),
     zero_stages_with_ep=(0, 1), schedules=("1f1b", "interleaved-1f1b"),
     interleaved_chunks="any", stage_cuts="any", cp_modes=CP_MODES,
-    recompute_modes=RECOMPUTE_MODES, per_block_recompute=False,
-    sequence_parallel=(True, False), expert_parallel=True,
+    recompute_modes=("none", "selective", "full"), per_block_recompute=False,
+    sequence_parallel=(True, False), expert_parallel=True, memory=MEGATRON_MEMORY,
     sources={
         "zero_stages": "arguments.py --use-distributed-optimizer (ZeRO-1; gradients are "
                        "reduce-scattered into a full buffer, so no ZeRO-2), --use-torch-fsdp2 "
@@ -275,6 +286,7 @@ DEEPSPEED = FrameworkProfile(
     zero_stages_with_ep=_ALL_ZERO, schedules=("1f1b",), interleaved_chunks="none",
     stage_cuts="balanced", cp_modes=(), recompute_modes=("none", "full"),
     per_block_recompute=False, sequence_parallel=(False,), expert_parallel=True,
+    memory=DEEPSPEED_MEMORY,
     sources={
         "zero_stages": "deepspeed/runtime/zero/config.py zero_optimization.stage 0-3",
         "zero_stages_with_tp": "deepspeed/runtime/engine.py: 'AutoTP + ZeRO stage 3 is "

@@ -93,7 +93,7 @@ def to_deepspeed_config(plan) -> Export:
         cfg["activation_checkpointing"] = {"partition_activations": False,
                                            "contiguous_memory_optimization": False}
         strongest = strongest_mode(modes)
-        if len(set(modes)) > 1 or strongest == "selective":
+        if len(set(modes)) > 1 or strongest in ("selective", "selective-op"):
             warn.append(f"recompute {modes}: DeepSpeed's activation checkpointing recomputes "
                         "whole checkpointed layers (the model calls "
                         "deepspeed.checkpointing.checkpoint per block); checkpoint every block "
