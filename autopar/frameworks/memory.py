@@ -79,7 +79,7 @@ _FSDP2_PP = ("torch 2.13 distributed/pipelining/stage.py: set_reshard_after_back
              "upcast to reduce_dtype fp32 (2 bytes bf16 weights + 4 bytes fp32 gradients)")
 
 TORCH_MEMORY = MemoryConventions(
-    optimizer_step_temp_bytes=4, pp_unsharded_bytes=6,
+    optimizer_step_temp_bytes=4, pp_unsharded_bytes=4,
     unfused_score_saved_bytes=4, unfused_score_work_bytes=8,
     sources={
         "weight_bytes": "the model's parameters in the training dtype (autopar/runtime/dp.py)",
@@ -88,7 +88,10 @@ TORCH_MEMORY = MemoryConventions(
                                "al. 2020, section 3.1)",
         "optimizer_step_temp_bytes": "torch/optim/adam.py _multi_tensor_adam (foreach, the CUDA "
                                      "default): exp_avg_sq_sqrt = torch._foreach_sqrt(...)",
-        "pp_unsharded_bytes": _FSDP2_PP,
+        "pp_unsharded_bytes": "torch 2.13 distributed/pipelining/stage.py: "
+                              "set_reshard_after_backward(False) for all but the last "
+                              "micro-batch; parameters and gradients in the training dtype "
+                              "(autopar/runtime/dp.py: no upcast for bf16 parameters): 2 + 2",
         "unfused_score_saved_bytes": _MATH_SDPA,
         "unfused_score_work_bytes": _MATH_SDPA_WORK,
         "fp8_weight_cache_bytes": "torchao Float8Linear casts the weight every forward",
