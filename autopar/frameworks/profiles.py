@@ -191,7 +191,7 @@ TORCH = FrameworkProfile(
     name="torch", version="torch 2.13 torch.distributed (plan.apply)",
     zero_stages=_ALL_ZERO, zero_stages_with_tp=_ALL_ZERO, zero_stages_with_pp=_ALL_ZERO,
     zero_stages_with_ep=_ALL_ZERO, schedules=SCHEDULES, interleaved_chunks="any",
-    stage_cuts="any", cp_modes=CP_MODES, recompute_modes=("none", "selective", "full"),
+    stage_cuts="any", cp_modes=CP_MODES, recompute_modes=RECOMPUTE_MODES,
     per_block_recompute=True, sequence_parallel=(True, False), expert_parallel=True,
     memory=TORCH_MEMORY,
     sources={
@@ -209,7 +209,9 @@ TORCH = FrameworkProfile(
                     "ALL_TO_ALL = ring, ALL_GATHER); Ulysses has no built-in module: two "
                     "all_to_all_single calls (Jacobs et al. 2023, arXiv 2309.14509)",
         "recompute_modes": "torch.utils.checkpoint (full) and selective checkpointing "
-                           "(torch.utils.checkpoint.create_selective_checkpoint_contexts)",
+                           "(torch.utils.checkpoint.create_selective_checkpoint_contexts: "
+                           "attention core, and torchtitan's op-level policy; "
+                           "autopar/runtime/recompute.py)",
         "per_block_recompute": "checkpoint_wrapper is applied per module (autopar/runtime/"
                                "recompute.py)",
         "sequence_parallel": "torch.distributed.tensor.parallel.SequenceParallel is optional",
