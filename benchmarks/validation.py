@@ -27,7 +27,7 @@ from pathlib import Path
 import autopar
 from autopar.api import model_graph
 from autopar.cost.model import CostModel
-from autopar.frameworks.memory import MemoryConventions
+from autopar.frameworks.memory import MEGATRON_MEMORY, MemoryConventions
 from autopar.search.optimize import search
 
 from .records import Record, RecordError, parse
@@ -143,11 +143,23 @@ INTERNEVO_MEMORY = {
 }
 
 
+#: NeMo runs Megatron-Core with bf16 gradient reduction in its published H100 llama recipes.
+NEMO_MEMORY = replace(MEGATRON_MEMORY, grad_bytes=2, sources={
+    **MEGATRON_MEMORY.sources,
+    "grad_bytes": "NVIDIA/NeMo-Framework-Launcher examples/training/llama/h100/llama3_8b_bf16.sh "
+                  "and llama3_70b_bf16.sh: +training.model.optim.grad_sync_dtype=bf16 (bf16 "
+                  "gradient buffers of the distributed optimizer)"})
+
+
 def conventions(rec: Record) -> MemoryConventions | None:
-    """Memory conventions of a record's framework when it has no autopar profile (InternEvo:
-    :data:`INTERNEVO_MEMORY` by its ZeRO stage), else None (the profile's)."""
-    if _kind(rec.framework) == "internevo":
+    """Memory conventions of a record's framework where they differ from its autopar profile's
+    (InternEvo: :data:`INTERNEVO_MEMORY` by its ZeRO stage; NeMo: :data:`NEMO_MEMORY`), else None
+    (the profile's)."""
+    kind = _kind(rec.framework)
+    if kind == "internevo":
         return INTERNEVO_MEMORY.get(rec.fixed.get("zero_stage", 1))
+    if kind == "nemo":
+        return NEMO_MEMORY
     return None
 
 
