@@ -117,6 +117,8 @@ _INTERNEVO_COMMON = {
     "unfused_score_saved_bytes": "flash attention only (the runs use flash-attn)",
     "unfused_score_work_bytes": "flash attention only (the runs use flash-attn)",
     "fp8_weight_cache_bytes": "bf16 runs",
+    "loss_work_bytes": f"{_INTERNEVO} internlm/model/loss.py FlashGPTLMLoss: flash_attn "
+                       "CrossEntropyLoss(inplace_backward=True)",
 }
 #: InternEvo's memory conventions, by optimizer (ZeRO-1 = HybridZeroOptimizer, ZeRO-3 =
 #: FSDPadaptOptimizer). Both wrap torch.optim.AdamW (training_internlm.py) on torch 1.13.1
@@ -128,7 +130,7 @@ INTERNEVO_MEMORY = {
     # them (8 bytes); the bf16 gradients are flattened, cast to a flat fp32 gradient (4 bytes)
     # and released (-2): 8 + 4 - 2 = 10 bytes per parameter beside the states at the step
     1: MemoryConventions(weight_bytes=2, grad_bytes=2, master_weight_bytes=4,
-                         optimizer_step_temp_bytes=10, sources={
+                         optimizer_step_temp_bytes=10, loss_work_bytes=0, sources={
                              **_INTERNEVO_COMMON,
                              "optimizer_step_temp_bytes": f"{_INTERNEVO} hybrid_zero_optim.py "
                              "step(): flatten(gradients), .to(fp32), release; torch 1.13 "
@@ -136,7 +138,7 @@ INTERNEVO_MEMORY = {
     # FSDP flat parameters are per wrapped module (the temporaries are one module's: left out);
     # p.grad.to(fp32) for every parameter beside the bf16 gradients: 4 bytes
     3: MemoryConventions(weight_bytes=2, grad_bytes=2, master_weight_bytes=4,
-                         optimizer_step_temp_bytes=4, sources={
+                         optimizer_step_temp_bytes=4, loss_work_bytes=0, sources={
                              **_INTERNEVO_COMMON,
                              "optimizer_step_temp_bytes": f"{_INTERNEVO} fsdp_optimizer.py "
                              "step(): grad_fp32 = [p.grad.to(fp32) ...] beside the bf16 grads"}),
@@ -314,8 +316,36 @@ def pairs(rows: list[Row]) -> list[str]:
     return lines
 
 
-def memory(rows: list[Row]) -> list[str]:
-    """Lines: predicted vs published peak memory (GiB), then the MAPE."""
+GPU_SWEEP = DATA_DIR / "gpu" / "h200_sweep.json"
+
+
+def measured_plans_memory(path: Path = GPU_SWEEP) -> list[tuple[str, float, float]]:
+    """(name, predicted GiB, measured GiB) of the single-GPU plans measured through
+    ``plan.apply`` (benchmarks/data/gpu/README.md): measured = ``torch.cuda.max_memory_reserved``,
+    predicted = the estimate less :attr:`autopar.CostParams.reserved_bytes` (memory outside
+    torch's allocator, which max_memory_reserved does not count). None when the file is absent."""
+    if not path.exists():
+        return []
+    from .gpu_sweep import MODELS
+    out = []
+    for r in json.loads(path.read_text()).get("plans", []):
+        if "max_reserved_bytes" not in r:
+            continue
+        train = autopar.TrainingConfig(global_batch_size=r["global_batch"],
+                                       seq_len=r["seq_len"], micro_batch_size=r["micro_batch"])
+        cfg = autopar.ParallelConfig(tp=1, pp=1, dp=1, cp=1, micro_batch_size=r["micro_batch"],
+                                     recompute=r["recompute"], zero_stage=0)
+        e = autopar.estimate(dict(MODELS[r["model"]]), "1x1xH200", train, cfg)
+        pred = e.memory_per_gpu_bytes - autopar.CostParams().reserved_bytes
+        out.append((f"h200 {r['model']} s{r['seq_len']} mb{r['micro_batch']} {r['recompute']}",
+                    pred / GIB, r["max_reserved_bytes"] / GIB))
+    return out
+
+
+def memory(rows: list[Row], measured: list[tuple[str, float, float]] | None = None
+           ) -> list[str]:
+    """Lines: predicted vs published peak memory (GiB) and the MAPE; then, when given, the
+    measured plans of :func:`measured_plans_memory` and the MAPE over both."""
     lines, errs = [], []
     for r in rows:
         m = r.rec.measured_memory_gib
@@ -326,4 +356,12 @@ def memory(rows: list[Row]) -> list[str]:
         lines.append(f"{r.rec.id:44s} predicted {r.memory_gib:6.1f} GiB measured {m:6.1f} GiB "
                      f"{100 * err:+6.1f}%")
     lines.append(f"memory MAPE {_mape(errs):.1f}% over {len(errs)} runs")
+    if measured:
+        own = []
+        for name, pred, meas in measured:
+            own.append((pred - meas) / meas)
+            lines.append(f"{name:44s} predicted {pred:6.1f} GiB measured {meas:6.1f} GiB "
+                         f"{100 * own[-1]:+6.1f}% (max_memory_reserved)")
+        lines.append(f"memory MAPE {_mape(own):.1f}% over {len(own)} measured plan.apply runs; "
+                     f"{_mape(errs + own):.1f}% over all {len(errs) + len(own)}")
     return lines

@@ -28,8 +28,9 @@ class MemoryBreakdown:
         activations: saved activations of all micro-batches in flight.
         transient: working memory of the layer being computed (its full activations when it is
             recomputed, gathered ZeRO-3 parameters).
-        reserved: context, workspaces and fragmentation the allocator cannot use (from
-            :class:`~autopar.cost.params.CostParams`).
+        reserved: context, workspaces and NCCL buffers outside the allocator, plus what the
+            allocator reserves beyond its allocated peak (fragmentation, a fraction of the other
+            components; :class:`~autopar.cost.params.CostParams`).
     """
 
     weights: float

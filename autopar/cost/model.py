@@ -248,6 +248,10 @@ class CostModel:
             layer, mode, micro_batch=bscale, tp=tp, cp=cp, sequence_parallel=sp)
         # recomputing a block re-materialises what it did not keep, one block at a time
         transient = act_none - act + conv.unfused_score_work_bytes * scores
+        if layer.kind == "head":
+            # the loss's backward: fp32 gradients of the logits beside the saved log-probs
+            logits = sum(o.bytes_written for o in layer.ops if o.kind == "loss") / 4.0
+            transient += conv.loss_work_bytes * logits * bscale / (tp * cp)
         if self.train.precision == "fp8" and layer.kind == "block":
             # the FP8 copy of the running layer's Linear weights and its transpose (1 byte each)
             transient += 2.0 * mem.layer_params_per_rank(layer, tp, ep=c.ep)
@@ -519,7 +523,6 @@ class CostModel:
         step = t_pipe + dp_exposed + optimizer_s
 
         # memory per pipeline rank
-        reserved = self.reserved_bytes
         stage_mem: list[mem.MemoryBreakdown] = []
         for rank, st in enumerate(layout):
             w, gr, o = st.states
@@ -528,6 +531,8 @@ class CostModel:
             # only where they exceed them
             transient = max(stage_transient[rank] + st.gather_bytes,
                             self.optimizer_step_bytes(c, st.params) - act)
+            # outside the allocator, plus what it reserves beyond its allocated peak
+            reserved = p.reserved_bytes + p.fragmentation * (w + gr + o + act + transient)
             stage_mem.append(mem.MemoryBreakdown(w, gr, o, act, transient, reserved))
         totals = [s.total for s in stage_mem]
         peak_rank = max(range(pp), key=lambda r: totals[r])

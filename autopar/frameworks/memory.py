@@ -37,6 +37,10 @@ class MemoryConventions:
             the saved ones while a layer runs (scores and their gradients).
         fp8_weight_cache_bytes: bytes per Linear parameter of FP8 weight copies kept across
             micro-batches in FP8 training (0: cast again each forward).
+        loss_work_bytes: bytes per logit element the loss's backward allocates beside the
+            saved fp32 log-probabilities (the graph counts those): torch's F.cross_entropy on
+            fp32 logits makes a dense nll_loss gradient and a log_softmax gradient (4 + 4); fused
+            losses write the gradient in place.
         sources: where each figure comes from, by field name.
 
     Raises:
@@ -51,6 +55,7 @@ class MemoryConventions:
     unfused_score_saved_bytes: int = 2
     unfused_score_work_bytes: int = 4
     fp8_weight_cache_bytes: int = 0
+    loss_work_bytes: int = 8
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -78,6 +83,10 @@ _FSDP2_PP = ("torch 2.13 distributed/pipelining/stage.py: set_reshard_after_back
              "fsdp/_fully_shard/_fsdp_param.py to_accumulated_grad_if_needed: unsharded grads "
              "upcast to reduce_dtype fp32 (2 bytes bf16 weights + 4 bytes fp32 gradients)")
 
+_TORCH_CE = ("F.cross_entropy(logits.float()) = log_softmax + nll_loss; backward "
+             "(torch tools/autograd/derivatives.yaml): nll_loss_backward's dense fp32 [N, V] "
+             "gradient, then _log_softmax_backward_data's, beside the saved fp32 log-probs: 4 + 4")
+
 TORCH_MEMORY = MemoryConventions(
     optimizer_step_temp_bytes=4, pp_unsharded_bytes=4,
     unfused_score_saved_bytes=4, unfused_score_work_bytes=8,
@@ -95,6 +104,7 @@ TORCH_MEMORY = MemoryConventions(
         "unfused_score_saved_bytes": _MATH_SDPA,
         "unfused_score_work_bytes": _MATH_SDPA_WORK,
         "fp8_weight_cache_bytes": "torchao Float8Linear casts the weight every forward",
+        "loss_work_bytes": "autopar/runtime/apply.py lm_loss: " + _TORCH_CE,
     })
 
 TORCHTITAN_MEMORY = MemoryConventions(
@@ -114,11 +124,12 @@ TORCHTITAN_MEMORY = MemoryConventions(
         "unfused_score_work_bytes": _MATH_SDPA_WORK,
         "fp8_weight_cache_bytes": "torchao Float8Linear (torchtitan's Float8 converter) casts "
                                   "the weight every forward",
+        "loss_work_bytes": "components/loss.py cross_entropy_loss: " + _TORCH_CE,
     })
 
 MEGATRON_MEMORY = MemoryConventions(
     grad_bytes=4, unfused_score_saved_bytes=2, unfused_score_work_bytes=4,
-    fp8_weight_cache_bytes=2,
+    fp8_weight_cache_bytes=2, loss_work_bytes=2,
     sources={
         "weight_bytes": "arguments.py --bf16: params_dtype bfloat16",
         "grad_bytes": "arguments.py (line 1207): 'bfloat16 requires gradient accumulation and "
@@ -134,6 +145,9 @@ MEGATRON_MEMORY = MemoryConventions(
         "unfused_score_work_bytes": "bf16 gradients of the probabilities and of the scores",
         "fp8_weight_cache_bytes": "Transformer Engine Linear caches the FP8 weight and its FP8 "
                                   "transpose across micro-batches (is_first_microbatch)",
+        "loss_work_bytes": "megatron/core/tensor_parallel/cross_entropy.py "
+                           "_VocabParallelCrossEntropy: backward writes the gradient into the "
+                           "saved fp32 softmax in place; its bf16 cast: 2",
     })
 
 DEEPSPEED_MEMORY = MemoryConventions(
@@ -149,4 +163,6 @@ DEEPSPEED_MEMORY = MemoryConventions(
                                      "torch SDPA's math path when not fused. " + _MATH_SDPA,
         "unfused_score_work_bytes": _MATH_SDPA_WORK,
         "fp8_weight_cache_bytes": "no FP8 weight cache in the DeepSpeed engine",
+        "loss_work_bytes": "the model's own loss (Hugging Face: F.cross_entropy on fp32 "
+                           "logits): " + _TORCH_CE,
     })
