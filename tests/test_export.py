@@ -429,3 +429,22 @@ def test_megatron_fsdp2_export_passes_megatrons_own_rule():
     value = to_megatron_args(p).value
     assert "--use-torch-fsdp2" in value and "--no-gradient-accumulation-fusion" in value
     _megatron_parser().parse_args(value)
+
+
+def test_optimizer_memory_options_are_written_or_warned():
+    """optimizer_offload and bf16 moments reach each framework's file, or a warning says why
+    not (and the re-estimate prices what the file runs)."""
+    from autopar.models import get_config
+    c = dict(tp=1, pp=1, dp=8, zero_stage=2, micro_batch_size=1)
+    train = autopar.TrainingConfig(16, 256, optimizer_offload=True, optimizer_state_dtype="bf16")
+    e = autopar.estimate("tiny-llama", "1x8xA100-80GB", train, c)
+    plan = autopar.Plan(config=e.config, estimate=e, model="tiny-llama", cluster="1x8xA100-80GB",
+                        train=train, model_config=get_config("tiny-llama").to_dict())
+    ds = plan.to_deepspeed_config()
+    assert ds.value["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert any("optimizer_state_dtype" in w for w in ds.warnings)
+    mg = plan.to_megatron_args().value
+    assert "--optimizer-cpu-offload" in mg and "--use-precision-aware-optimizer" in mg
+    assert mg[mg.index("--exp-avg-dtype") + 1] == "bf16"
+    tt = plan.to_torchtitan_toml()
+    assert any(w.startswith("optimizer_offload") for w in tt.warnings)

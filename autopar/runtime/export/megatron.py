@@ -100,6 +100,14 @@ def to_megatron_args(plan) -> Export:
                         "--weight-decay 0 for plain Adam")
     else:
         a += ["--optimizer", "sgd"]
+    # arguments.py: --optimizer-cpu-offload needs --use-precision-aware-optimizer, which also
+    # takes the moments' dtypes (--exp-avg-dtype / --exp-avg-sq-dtype)
+    if t.optimizer_offload or t.optimizer_state_dtype == "bf16":
+        a += ["--use-precision-aware-optimizer"]
+    if t.optimizer_offload:
+        a += ["--optimizer-cpu-offload"]
+    if t.optimizer_state_dtype == "bf16":
+        a += ["--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"]
     return finish(plan, a, warn, w, "megatron")
 
 

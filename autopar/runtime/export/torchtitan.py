@@ -163,6 +163,15 @@ def to_torchtitan_toml(plan) -> Export:
         warn.append(f"precision {t.precision}: torchtitan trains in bf16 (fp8 needs a float8 "
                     "model converter); used bf16")
         t_written = replace(t, precision="bf16")
+    if t.optimizer_offload:
+        warn.append("optimizer_offload: torchtitan offloads only everything together "
+                    "(training.enable_cpu_offload: parameters, gradients and optimizer states "
+                    "through FSDP2's CPUOffloadPolicy); not written, the optimizer stays on the GPU")
+        t_written = replace(t_written, optimizer_offload=False)
+    if t.optimizer_state_dtype != "fp32":
+        warn.append(f"optimizer_state_dtype {t.optimizer_state_dtype}: torchtitan's optimizers "
+                    "keep states in the parameters' dtype (fp32 shards); used fp32")
+        t_written = replace(t_written, optimizer_state_dtype="fp32")
     ac, modes_written = _titan_ac(block_modes(plan), warn)
     w = w.replace(recompute=modes_written if isinstance(c.recompute, tuple) else modes_written[0])
     opt = {"name": "AdamW" if t.optimizer in ("adam", "adamw") else "SGD"}
