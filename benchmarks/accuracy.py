@@ -155,7 +155,7 @@ def _validate(args) -> int:
     if args.pairs:
         print("\n".join(validation.pairs(rows)))
     if args.memory:
-        print("\n".join(validation.memory(rows)))
+        print("\n".join(validation.memory(rows, validation.measured_plans_memory())))
     return 0
 
 

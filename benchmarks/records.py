@@ -137,6 +137,8 @@ def _device(name: str, overrides: dict | None):
     if unknown:
         raise RecordError(f"gpu_overrides keys {unknown} are not modelled (known: {sorted(known)})")
     changes = {known[k][0]: v * known[k][1] for k, v in overrides.items() if known[k][0]}
+    if "memory_bytes" in changes:  # another memory size: the catalog's visible capacity is not it
+        changes["capacity_bytes"] = None
     # a power cap lowers the sustained clock (Device.clock_scale); the name says what changed
     name = dev.name + "".join(f"[{k}={v}]" for k, v in sorted(overrides.items()))
     return dataclasses.replace(dev, name=name, **changes)

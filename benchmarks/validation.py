@@ -22,7 +22,7 @@ import json
 import math
 import re
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import autopar
@@ -30,6 +30,7 @@ from autopar.api import model_graph
 from autopar.cost.model import CostModel
 from autopar.frameworks import FrameworkProfile
 from autopar.frameworks.profiles import DEEPSPEED, MEGATRON, TORCH, TORCHTITAN
+from autopar.frameworks.memory import MEGATRON_MEMORY, MemoryConventions
 from autopar.search.optimize import search
 
 from .records import Record, RecordError, parse
@@ -53,7 +54,8 @@ def load_corpus(paths: list[str | Path] | None = None) -> list[dict]:
 
 def _kind(framework: str) -> str:
     f = framework.lower()
-    for key in ("torchtitan", "nemo", "deepspeed", "llm-foundry", "fsdp", "megatron"):
+    for key in ("torchtitan", "nemo", "deepspeed", "llm-foundry", "fsdp", "megatron",
+                "internevo"):
         if key in f:
             return key
     return "unknown"
@@ -79,14 +81,18 @@ _DEFAULTS = {
     # deepspeed/runtime/constants.py: ZeRO stage 0, micro-batch 1; no activation checkpointing
     "deepspeed": dict(zero_stage=0, recompute="none", sequence_parallel=False, virtual_stages=1,
                       cp=1, micro_batch_size=1),
-    # torchtitan/config/job_config.py: FSDP (dp_shard=-1), selective AC, pipeline mbs 1
-    "torchtitan": dict(zero_stage=3, recompute="selective", sequence_parallel=True,
+    # torchtitan/config/job_config.py: FSDP (dp_shard=-1), selective AC (selective_ac_option
+    # "op": op-level SAC), pipeline mbs 1
+    "torchtitan": dict(zero_stage=3, recompute="selective-op", sequence_parallel=True,
                        virtual_stages=1, cp=1, micro_batch_size=1),
     # FSDP FULL_SHARD is the default ShardingStrategy (torch.distributed.fsdp)
     "fsdp": dict(zero_stage=3, recompute="none", sequence_parallel=False, virtual_stages=1, cp=1,
                  micro_batch_size=1),
     "llm-foundry": dict(zero_stage=3, recompute="none", sequence_parallel=False,
                         virtual_stages=1, cp=1, micro_batch_size=1),
+    # InternEvo: no documented default taken (as an unnamed stack)
+    "internevo": dict(zero_stage=0, recompute="none", sequence_parallel=False,
+                      virtual_stages=1, cp=1, micro_batch_size=1),
     "unknown": dict(zero_stage=0, recompute="none", sequence_parallel=False, virtual_stages=1,
                     cp=1, micro_batch_size=1),
 }
@@ -159,6 +165,77 @@ def record_profile(rec: Record) -> FrameworkProfile:
             changes["zero1_group_size"] = int(z.group(1))
             why["zero1_group_size"] = "the record's parallel.zero1 (ZeRO within that many ranks)"
     return base.with_costs(why, **changes) if changes else base
+
+
+#: The autopar framework profile (:mod:`autopar.frameworks`) whose memory conventions describe
+#: each framework kind: NeMo runs Megatron-Core; FSDP trainers, llm-foundry, InternEvo and unnamed
+#: stacks run plain torch.distributed (torch's conventions).
+_PROFILE = {"torchtitan": "torchtitan", "megatron": "megatron", "nemo": "megatron",
+            "deepspeed": "deepspeed", "fsdp": "torch", "llm-foundry": "torch",
+            "internevo": "torch", "unknown": "torch"}
+
+_INTERNEVO = "InternEvo v0.2.1dev20231121 (the tag of its memory table)"
+_INTERNEVO_COMMON = {
+    "weight_bytes": f"{_INTERNEVO} configs/7B_sft.py model.dtype bfloat16",
+    "grad_bytes": f"{_INTERNEVO}: gradients in the bf16 model dtype (reduced in bf16 buckets)",
+    "master_weight_bytes": f"{_INTERNEVO} hybrid_zero_optim.py / fsdp_optimizer.py: fp32 copies "
+                           "of the rank's parameters",
+    "pp_unsharded_bytes": "InternEvo's FSDP mode does not combine with pipeline parallelism",
+    "unfused_score_saved_bytes": "flash attention only (the runs use flash-attn)",
+    "unfused_score_work_bytes": "flash attention only (the runs use flash-attn)",
+    "fp8_weight_cache_bytes": "bf16 runs",
+    "loss_work_bytes": f"{_INTERNEVO} internlm/model/loss.py FlashGPTLMLoss: flash_attn "
+                       "CrossEntropyLoss(inplace_backward=True)",
+}
+#: InternEvo's memory conventions, by optimizer (ZeRO-1 = HybridZeroOptimizer, ZeRO-3 =
+#: FSDPadaptOptimizer). Both wrap torch.optim.AdamW (training_internlm.py) on torch 1.13.1
+#: (requirements/torch.txt), whose default is the single-tensor loop (foreach=None -> False):
+#: ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)`` holds two fp32
+#: temporaries the size of the largest parameter tensor.
+INTERNEVO_MEMORY = {
+    # the rank's parameters are one flat fp32 tensor per group: the two temporaries cover all of
+    # them (8 bytes); the bf16 gradients are flattened, cast to a flat fp32 gradient (4 bytes)
+    # and released (-2): 8 + 4 - 2 = 10 bytes per parameter beside the states at the step
+    1: MemoryConventions(weight_bytes=2, grad_bytes=2, master_weight_bytes=4,
+                         optimizer_step_temp_bytes=10, loss_work_bytes=0, sources={
+                             **_INTERNEVO_COMMON,
+                             "optimizer_step_temp_bytes": f"{_INTERNEVO} hybrid_zero_optim.py "
+                             "step(): flatten(gradients), .to(fp32), release; torch 1.13 "
+                             "_single_tensor_adamw on the flat fp32 group"}),
+    # FSDP flat parameters are per wrapped module (the temporaries are one module's: left out);
+    # p.grad.to(fp32) for every parameter beside the bf16 gradients: 4 bytes
+    3: MemoryConventions(weight_bytes=2, grad_bytes=2, master_weight_bytes=4,
+                         optimizer_step_temp_bytes=4, loss_work_bytes=0, sources={
+                             **_INTERNEVO_COMMON,
+                             "optimizer_step_temp_bytes": f"{_INTERNEVO} fsdp_optimizer.py "
+                             "step(): grad_fp32 = [p.grad.to(fp32) ...] beside the bf16 grads"}),
+}
+
+
+#: NeMo runs Megatron-Core with bf16 gradient reduction in its published H100 llama recipes.
+NEMO_MEMORY = replace(MEGATRON_MEMORY, grad_bytes=2, sources={
+    **MEGATRON_MEMORY.sources,
+    "grad_bytes": "NVIDIA/NeMo-Framework-Launcher examples/training/llama/h100/llama3_8b_bf16.sh "
+                  "and llama3_70b_bf16.sh: +training.model.optim.grad_sync_dtype=bf16 (bf16 "
+                  "gradient buffers of the distributed optimizer)"})
+
+
+def conventions(rec: Record) -> MemoryConventions | None:
+    """Memory conventions of a record's framework where they differ from its autopar profile's
+    (InternEvo: :data:`INTERNEVO_MEMORY` by its ZeRO stage; NeMo: :data:`NEMO_MEMORY`), else None
+    (the profile's)."""
+    kind = _kind(rec.framework)
+    if kind == "internevo":
+        return INTERNEVO_MEMORY.get(rec.fixed.get("zero_stage", 1))
+    if kind == "nemo":
+        return NEMO_MEMORY
+    return None
+
+
+def training(rec: Record) -> "autopar.TrainingConfig":
+    """The record's training config with its framework's profile (:data:`_PROFILE`), so memory
+    follows that framework's conventions."""
+    return replace(rec.train, framework=_PROFILE[_kind(rec.framework)])
 
 
 def attention_kernel(rec: Record) -> str:
@@ -245,8 +322,10 @@ def evaluate(rec: Record, spread: bool = True) -> Row:
     Raises:
         autopar.AutoparError: the published plan is not one autopar can represent.
     """
-    graph, _ = model_graph(rec.model, rec.train)
-    cm = CostModel(graph, rec.cluster, rec.train, framework=record_profile(rec))
+    train = training(rec)
+    graph, _ = model_graph(rec.model, train)
+    cm = CostModel(graph, rec.cluster, train, framework=record_profile(rec),
+                   conventions=conventions(rec))
     chosen = framework_defaults(rec)
     fixed = dict(rec.fixed)
     blocks = block_level_recompute(rec, len(cm.blocks))
@@ -342,8 +421,36 @@ def pairs(rows: list[Row]) -> list[str]:
     return lines
 
 
-def memory(rows: list[Row]) -> list[str]:
-    """Lines: predicted vs published peak memory (GiB), then the MAPE."""
+GPU_SWEEP = DATA_DIR / "gpu" / "h200_sweep.json"
+
+
+def measured_plans_memory(path: Path = GPU_SWEEP) -> list[tuple[str, float, float]]:
+    """(name, predicted GiB, measured GiB) of the single-GPU plans measured through
+    ``plan.apply`` (benchmarks/data/gpu/README.md): measured = ``torch.cuda.max_memory_reserved``,
+    predicted = the estimate less :attr:`autopar.CostParams.reserved_bytes` (memory outside
+    torch's allocator, which max_memory_reserved does not count). None when the file is absent."""
+    if not path.exists():
+        return []
+    from .gpu_sweep import MODELS
+    out = []
+    for r in json.loads(path.read_text()).get("plans", []):
+        if "max_reserved_bytes" not in r:
+            continue
+        train = autopar.TrainingConfig(global_batch_size=r["global_batch"],
+                                       seq_len=r["seq_len"], micro_batch_size=r["micro_batch"])
+        cfg = autopar.ParallelConfig(tp=1, pp=1, dp=1, cp=1, micro_batch_size=r["micro_batch"],
+                                     recompute=r["recompute"], zero_stage=0)
+        e = autopar.estimate(dict(MODELS[r["model"]]), "1x1xH200", train, cfg)
+        pred = e.memory_per_gpu_bytes - autopar.CostParams().reserved_bytes
+        out.append((f"h200 {r['model']} s{r['seq_len']} mb{r['micro_batch']} {r['recompute']}",
+                    pred / GIB, r["max_reserved_bytes"] / GIB))
+    return out
+
+
+def memory(rows: list[Row], measured: list[tuple[str, float, float]] | None = None
+           ) -> list[str]:
+    """Lines: predicted vs published peak memory (GiB) and the MAPE; then, when given, the
+    measured plans of :func:`measured_plans_memory` and the MAPE over both."""
     lines, errs = [], []
     for r in rows:
         m = r.rec.measured_memory_gib
@@ -354,4 +461,12 @@ def memory(rows: list[Row]) -> list[str]:
         lines.append(f"{r.rec.id:44s} predicted {r.memory_gib:6.1f} GiB measured {m:6.1f} GiB "
                      f"{100 * err:+6.1f}%")
     lines.append(f"memory MAPE {_mape(errs):.1f}% over {len(errs)} runs")
+    if measured:
+        own = []
+        for name, pred, meas in measured:
+            own.append((pred - meas) / meas)
+            lines.append(f"{name:44s} predicted {pred:6.1f} GiB measured {meas:6.1f} GiB "
+                         f"{100 * own[-1]:+6.1f}% (max_memory_reserved)")
+        lines.append(f"memory MAPE {_mape(own):.1f}% over {len(own)} measured plan.apply runs; "
+                     f"{_mape(errs + own):.1f}% over all {len(errs) + len(own)}")
     return lines

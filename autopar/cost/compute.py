@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ..graph.kernels import ATTENTION_BACKWARD_RATIO
 from ..graph.types import Layer
+from .memory import op_sac_saved
 from .params import CostParams
 
 
@@ -25,6 +26,8 @@ class LayerTime:
         fwd_s: forward pass.
         bwd_s: backward pass (input and weight gradients).
         attention_fwd_s: forward time of the attention core (what selective recompute repeats).
+        op_sac_recompute_s: forward time of the ops op-level selective checkpointing recomputes
+            (all but attention and every second matmul, :func:`autopar.cost.memory.op_sac_saved`).
         fwd_flops / bwd_flops: FLOPs per GPU (after sharding) as the graph counts them (attention
             non-causal; the cost model takes the causal half off for MFU/HFU).
     """
@@ -35,12 +38,18 @@ class LayerTime:
     fwd_flops: float
     bwd_flops: float
 
+    op_sac_recompute_s: float = 0.0
+
     def recompute_s(self, mode: str) -> float:
-        """Extra backward-time seconds a recompute mode costs (the repeated forward)."""
+        """Extra backward-time seconds a recompute mode costs (the repeated forward): all of it
+        (full), the attention core (selective), the ops op-level SAC does not save
+        (``op_sac_recompute_s``, selective-op)."""
         if mode == "full":
             return self.fwd_s
         if mode == "selective":
             return self.attention_fwd_s
+        if mode == "selective-op":
+            return self.op_sac_recompute_s
         return 0.0
 
 
@@ -145,9 +154,12 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
     fwd = bwd = attn = 0.0
     fwd_flops = bwd_flops = 0.0
     scale = micro_batch / cp
-    for op in layer.ops:
+    sac_saved = set(op_sac_saved(layer)) if layer.kind == "block" else set()
+    sac_fwd = 0.0  # forward seconds of the ops op-level SAC saves (matmuls and attention only)
+    for index, op in enumerate(layer.ops):
         if op.kind not in ("matmul", "attention"):
             continue
+        before = fwd
         sharded = op.region == "tp" or op.tp_role in ("column", "row", "vocab") or (
             sequence_parallel)
         div = tp if sharded else 1
@@ -193,6 +205,8 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
             attn += t
             fwd_flops += flops
             bwd_flops += ATTENTION_BACKWARD_RATIO * flops
+        if index in sac_saved:
+            sac_fwd += fwd - before
     for op, nbytes, kernels in _memory_bound_ops(layer.ops, fusion):
         sharded = op.region == "tp" or op.tp_role in ("column", "row", "vocab") or (
             sequence_parallel)
@@ -202,4 +216,4 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
         fwd += t
         bwd += 2.0 * t
     return LayerTime(fwd_s=fwd, bwd_s=bwd, attention_fwd_s=attn, fwd_flops=fwd_flops,
-                     bwd_flops=bwd_flops)
+                     bwd_flops=bwd_flops, op_sac_recompute_s=fwd - sac_fwd)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from ..config import DEFAULT_PLACEMENT, ParallelConfig, TrainingConfig
 from ..frameworks import FrameworkProfile, get_profile
+from ..frameworks.memory import MemoryConventions
 from ..graph.kernels import ATTENTION_BACKWARD_RATIO
 from ..graph.types import ModelGraph
 from . import memory as mem
@@ -103,6 +104,8 @@ class CostModel:
             which communication overlaps compute, gradient-reduce dtype, fixed step cost);
             None = the profile of ``train.framework``
             (:func:`autopar.frameworks.get_profile`).
+        conventions: how memory is laid out (:class:`autopar.frameworks.memory.MemoryConventions`);
+            None = those of the framework profile.
 
     Raises:
         autopar.errors.InvalidTrainingConfig: the GPU lacks the training precision (e.g. fp8 on
@@ -111,7 +114,8 @@ class CostModel:
 
     def __init__(self, graph: ModelGraph, cluster, train: TrainingConfig,
                  params: CostParams | None = None, attention_kernel: str | None = None,
-                 framework: FrameworkProfile | None = None):
+                 framework: FrameworkProfile | None = None,
+                 conventions: MemoryConventions | None = None):
         self.graph, self.cluster, self.train = graph, cluster, train
         self.params = params or CostParams()
         self.device = cluster.device
@@ -125,6 +129,8 @@ class CostModel:
         # FP8 training runs only the Linear GEMMs in FP8 (Transformer Engine, torchao Float8):
         # attention, the output layer and element-wise work stay in BF16
         self.attention_kernel = attention_kernel
+        # how the target framework lays out memory (bytes per state, PP, unfused attention)
+        self.conventions = conventions or self.profile.memory
         self.compute_peak = (self.device.peak("bf16") * self.device.clock_scale
                              if train.precision == "fp8" else self.peak)
         self.blocks = [layer.index for layer in graph.layers if layer.kind == "block"]
@@ -251,13 +257,32 @@ class CostModel:
         counted = sum(o.fwd_flops for o in attn) * bscale / (tp * cp)
         causal = sum(o.fwd_flops for o in attn if o.causal) * bscale / (tp * cp)
         rflops = {"full": lt.fwd_flops, "selective": counted}.get(mode, 0.0)
-        if mode != "none":
+        if mode == "selective-op":  # the matmuls op-level SAC does not save
+            saved = set(mem.op_sac_saved(layer))
+            rflops = sum(o.fwd_flops for i, o in enumerate(layer.ops)
+                         if o.kind == "matmul" and i not in saved) * bscale / (tp * cp)
+        elif mode != "none":
             rflops -= CAUSAL_FLOPS_SHARE * causal
-        act = mem.block_activation_bytes(layer, mode, micro_batch=bscale, tp=tp, cp=cp,
-                                         sequence_parallel=sp)
+        conv = self.conventions
+        act_none = mem.block_activation_bytes(layer, "none", micro_batch=bscale, tp=tp, cp=cp,
+                                              sequence_parallel=sp)
+        # unfused attention: the framework's softmax output beyond the 2 bytes per score the
+        # graph saves, and its score-sized working tensors (MemoryConventions)
+        scores = mem.unfused_score_elements(
+            layer, tokens=self.graph.micro_batch_size * self.train.seq_len,
+            dtype_bytes=self.train.dtype_bytes) * bscale / (tp * cp)
+        act_none += (conv.unfused_score_saved_bytes - 2) * scores
+        act = act_none if mode == "none" else mem.block_activation_bytes(
+            layer, mode, micro_batch=bscale, tp=tp, cp=cp, sequence_parallel=sp)
         # recomputing a block re-materialises what it did not keep, one block at a time
-        transient = 0.0 if mode == "none" else mem.block_activation_bytes(
-            layer, "none", micro_batch=bscale, tp=tp, cp=cp, sequence_parallel=sp) - act
+        transient = act_none - act + conv.unfused_score_work_bytes * scores
+        if layer.kind == "head":
+            # the loss's backward: fp32 gradients of the logits beside the saved log-probs
+            logits = sum(o.bytes_written for o in layer.ops if o.kind == "loss") / 4.0
+            transient += conv.loss_work_bytes * logits * bscale / (tp * cp)
+        if self.train.precision == "fp8" and layer.kind == "block":
+            # the FP8 copy of the running layer's Linear weights and its transpose (1 byte each)
+            transient += 2.0 * mem.layer_params_per_rank(layer, tp, ep=c.ep)
         bc = BlockCost(fwd_s=lt.fwd_s + tf + cf + ef / 2, bwd_s=lt.bwd_s + rec + tb + cb + ef / 2,
                        compute_s=lt.fwd_s + lt.bwd_s + rec, tp_s=tf + tb, cp_s=cf + cb,
                        tp_bytes=fb + bb, cp_bytes=cbytes, recompute_flops=rflops,
@@ -304,8 +329,10 @@ class CostModel:
 
     @property
     def reserved_bytes(self) -> float:
-        """Bytes per GPU the model cannot use (context, workspaces, fragmentation)."""
-        return self.device.memory_bytes - self.params.usable_memory(self.device.memory_bytes)
+        """Bytes per GPU the model cannot use (context, workspaces, fragmentation) of the memory
+        the framework sees (:attr:`autopar.hardware.Device.visible_memory_bytes`)."""
+        cap = self.device.visible_memory_bytes
+        return cap - self.params.usable_memory(cap)
 
     def stage_layout(self, c: ParallelConfig) -> tuple[StageLayout, ...]:
         """Per pipeline rank of the resolved config ``c``: its layers, in-flight multiplier,
@@ -340,18 +367,8 @@ class CostModel:
                     p2p_bytes += boundary_bytes(ci - 1)  # and the input's gradient backward
                     p2p_send_s += pp_g.time("send_recv", boundary_bytes(ci - 1))
             params, experts = self._rank_params(tp, c.ep, layers)
-            k_opt = OPTIMIZER_STATE_BYTES[self.train.optimizer]
-            dense = mem.model_state_bytes(params - experts, c.zero_stage, c.dp * c.cp,
-                                          self.train.dtype_bytes, self.params.grad_bytes, k_opt)
-            # each expert is replicated over dp * cp / ep ranks, and ZeRO shards it over those
-            moe = mem.model_state_bytes(experts, c.zero_stage, c.dp * c.cp // c.ep,
-                                        self.train.dtype_bytes, self.params.grad_bytes, k_opt)
-            states = tuple(a + b for a, b in zip(dense, moe))
+            states, gather = self._states(c, params, experts, layers, pp)
             flight = mem.in_flight(c.schedule, rank, pp, m, c.virtual_stages) / max(1, len(mine))
-            gather = 0.0
-            if c.zero_stage == 3:
-                gather = 2 * self.train.dtype_bytes * max(
-                    mem.layer_params_per_rank(g.layers[i], tp, ep=c.ep) for i in layers)
             out.append(StageLayout(layers, flight, p2p_s, p2p_bytes, params, states, gather,
                                    p2p_send_s))
         self._layouts[key] = tuple(out)
@@ -391,6 +408,63 @@ class CostModel:
             return 0.0
         grp = dp_g if z == dp_g.size else Collectives(self.cluster, dp_g.ranks[:z])
         return z * grp.time("broadcast", nbytes / z)
+
+    def _states(self, c: ParallelConfig, params: float, experts: float,
+                layers: tuple[int, ...], pp: int) -> tuple[tuple[float, float, float], float]:
+        """((weights, gradients, optimizer states) bytes, working bytes) of a pipeline rank
+        holding ``params`` parameter elements (``experts`` of them MoE experts) of ``layers``.
+
+        Bytes per element follow the framework's :class:`MemoryConventions` (weights and
+        gradients in their dtypes, K = master copy + moments, optimizer states on the CPU with
+        ``optimizer_offload``); ZeRO shards them over dp x cp (Rajbhandari et al. 2020). Working
+        bytes: ZeRO-3's gathered parameters of the largest layer and the one prefetched (2 x),
+        or, under pipeline parallelism where the framework keeps them, the rank's unsharded
+        parameters and gradients across micro-batches; plus cached FP8 weight copies.
+        """
+        train, conv, g = self.train, self.conventions, self.graph
+        wb = conv.weight_bytes or train.dtype_bytes
+        gb = conv.grad_bytes or self.params.grad_bytes
+        k_opt = 0 if train.optimizer_offload else mem.optimizer_state_bytes_per_param(
+            train.optimizer, conv.master_weight_bytes, train.optimizer_state_dtype)
+        dense = mem.model_state_bytes(params - experts, c.zero_stage, c.dp * c.cp, wb, gb, k_opt)
+        # each expert is replicated over dp * cp / ep ranks, and ZeRO shards it over those
+        moe = mem.model_state_bytes(experts, c.zero_stage, c.dp * c.cp // c.ep, wb, gb, k_opt)
+        states = tuple(a + b for a, b in zip(dense, moe))
+        if c.zero_stage == 2 and wb > train.dtype_bytes and c.dp * c.cp > 1:
+            # FSDP2 without resharding after forward: fp32 shards (the master copy) plus the
+            # gathered compute-dtype parameters kept between forward and backward
+            w = wb * params / (c.dp * c.cp) + train.dtype_bytes * params
+            states = (w, states[1], states[2])
+        work = 0.0
+        if c.zero_stage == 3 and c.dp * c.cp > 1:
+            if pp > 1 and conv.pp_unsharded_bytes:
+                work = conv.pp_unsharded_bytes * params
+            else:
+                work = 2 * train.dtype_bytes * max(
+                    mem.layer_params_per_rank(g.layers[i], c.tp, ep=c.ep) for i in layers)
+        if train.precision == "fp8" and conv.fp8_weight_cache_bytes:
+            work += conv.fp8_weight_cache_bytes * sum(
+                mem.layer_params_per_rank(g.layers[i], c.tp, ep=c.ep) for i in layers
+                if g.layers[i].kind == "block")
+        return states, work
+
+    def state_bytes_per_param(self) -> int:
+        """Bytes of model states per parameter before any sharding: weights + gradients +
+        optimizer states on the GPU, under the framework's :class:`MemoryConventions`."""
+        train, conv = self.train, self.conventions
+        k_opt = 0 if train.optimizer_offload else mem.optimizer_state_bytes_per_param(
+            train.optimizer, conv.master_weight_bytes, train.optimizer_state_dtype)
+        return ((conv.weight_bytes or train.dtype_bytes) + (conv.grad_bytes or self.params.grad_bytes)
+                + k_opt)
+
+    def optimizer_step_bytes(self, c: ParallelConfig, params: float) -> float:
+        """Bytes the optimizer step allocates beside the states on a rank holding ``params``
+        elements (the framework's ``optimizer_step_temp_bytes`` per optimizer-held element;
+        none when the step runs on the CPU)."""
+        if self.train.optimizer_offload:
+            return 0.0
+        held = params / (c.dp * c.cp) if c.zero_stage >= 1 else params
+        return self.conventions.optimizer_step_temp_bytes * held
 
     # -- the estimate --------------------------------------------------------------------------
     def resolve(self, config: ParallelConfig) -> ParallelConfig:
@@ -539,12 +613,16 @@ class CostModel:
         step = t_pipe + dp_exposed + optimizer_s + self.profile.step_fixed_s
 
         # memory per pipeline rank
-        reserved = self.reserved_bytes
         stage_mem: list[mem.MemoryBreakdown] = []
         for rank, st in enumerate(layout):
             w, gr, o = st.states
             act = stage_act[rank] * st.flight
-            transient = stage_transient[rank] + st.gather_bytes
+            # the step runs after backward has freed the activations: its temporaries count
+            # only where they exceed them
+            transient = max(stage_transient[rank] + st.gather_bytes,
+                            self.optimizer_step_bytes(c, st.params) - act)
+            # outside the allocator, plus what it reserves beyond its allocated peak
+            reserved = p.reserved_bytes + p.fragmentation * (w + gr + o + act + transient)
             stage_mem.append(mem.MemoryBreakdown(w, gr, o, act, transient, reserved))
         totals = [s.total for s in stage_mem]
         peak_rank = max(range(pp), key=lambda r: totals[r])
@@ -575,8 +653,9 @@ class CostModel:
             error_band=band_for(regime), warnings=plausibility_warnings(mfu, regime),
             config=c, step_time_s=step, mfu=mfu, hfu=hfu,
             tokens_per_s=train.tokens_per_step / step,
-            memory_per_gpu_bytes=totals[peak_rank], memory_limit_bytes=self.device.memory_bytes,
-            fits=totals[peak_rank] <= self.device.memory_bytes, num_micro_batches=m,
+            memory_per_gpu_bytes=totals[peak_rank],
+            memory_limit_bytes=self.device.visible_memory_bytes,
+            fits=totals[peak_rank] <= self.device.visible_memory_bytes, num_micro_batches=m,
             model_flops_per_step=model_flops, time_breakdown=breakdown,
             memory_breakdown=stage_mem[peak_rank].as_dict(),
             stage_memory_bytes=tuple(totals), stage_time_s=tuple(stage_time),

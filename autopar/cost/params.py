@@ -78,10 +78,13 @@ class CostParams:
             parameter gathers behind the previous layer, ring-attention transfers): NCCL kernels
             take SMs and HBM bandwidth from the compute they overlap. 0.8 is an assumption to be
             calibrated by measurement.
-        reserved_bytes: memory per GPU not available to the model: CUDA context, cuBLAS workspace
-            and NCCL buffers (assumption: 2e9 bytes).
-        fragmentation: fraction of the remaining memory lost to allocator fragmentation
-            (assumption: 5%).
+        reserved_bytes: memory per GPU outside the framework's allocator: CUDA context, cuBLAS
+            workspace and NCCL buffers (assumption: 2e9 bytes; the CUDA context alone measured
+            0.55e9 on an H200 with torch 2.11: total_memory - mem_get_info free after init).
+        fragmentation: memory the caching allocator reserves beyond the allocated peak, as a
+            fraction of that peak: 0.05 (measured on one H200, ten plan.apply runs,
+            benchmarks/data/gpu/h200_sweep.json: max_memory_reserved / max_memory_allocated
+            - 1 from 0.035 to 0.076, mean 0.047).
     """
 
     matmul_efficiency: Mapping[str, float] = field(
@@ -147,8 +150,10 @@ class CostParams:
         return self.matmul_ceiling(architecture) * f / ref
 
     def usable_memory(self, memory_bytes: float) -> float:
-        """Bytes of a GPU's memory the model may use (after reserve and fragmentation)."""
-        return max(0.0, (memory_bytes - self.reserved_bytes) * (1.0 - self.fragmentation))
+        """Bytes the model may allocate on a GPU of ``memory_bytes``: what is left after
+        :attr:`reserved_bytes`, less the allocator's :attr:`fragmentation` of it
+        ((m - reserved) / (1 + fragmentation))."""
+        return max(0.0, (memory_bytes - self.reserved_bytes) / (1.0 + self.fragmentation))
 
 
 #: Fused attention kernels the cost model knows: FlashAttention 1/2/3 and cuDNN's fused attention.

@@ -34,6 +34,8 @@ from typing import Mapping
 
 from ..config import CP_MODES, FRAMEWORKS, RECOMPUTE_MODES, SCHEDULES, ParallelConfig
 from ..errors import InvalidTrainingConfig
+from .memory import (DEEPSPEED_MEMORY, MEGATRON_MEMORY, TORCH_MEMORY, TORCHTITAN_MEMORY,
+                     MemoryConventions)
 from .seqrule import DEEPSPEED_RULE, MEGATRON_RULE, TORCHTITAN_RULE, SeqLenRule
 
 #: Stage-cut rules, most permissive first: any cut; only the first and last stage may differ
@@ -169,6 +171,9 @@ class FrameworkProfile:
     zero1_group_size: int | None = None
     zero1_grad_all_reduce: bool = False
     cost_sources: Mapping[str, str] = field(default_factory=lambda: dict(_DEFAULT_COST_SOURCES))
+    #: memory conventions (bytes per state, optimizer temporaries, what PP keeps unsharded...),
+    #: sourced inside :class:`autopar.frameworks.memory.MemoryConventions`
+    memory: MemoryConventions = field(default_factory=lambda: TORCH_MEMORY)
 
     def __post_init__(self) -> None:
         bad = []
@@ -221,7 +226,7 @@ class FrameworkProfile:
         """Names of the capability fields (every field but name, version, sources and the cost
         fields of :data:`COST_FIELDS`)."""
         return tuple(f.name for f in fields(cls) if f.name not in (
-            "name", "version", "sources", "cost_sources", "seq_rule") + COST_FIELDS)
+            "name", "version", "sources", "cost_sources", "seq_rule", "memory") + COST_FIELDS)
 
     def attention_kernel(self, architecture: str) -> str:
         """The fused attention kernel this framework runs on ``architecture`` (the ``"*"`` entry
@@ -327,6 +332,7 @@ TORCH = FrameworkProfile(
     zero_stages_with_ep=_ALL_ZERO, schedules=SCHEDULES, interleaved_chunks="any",
     stage_cuts="any", cp_modes=CP_MODES, recompute_modes=RECOMPUTE_MODES,
     per_block_recompute=True, sequence_parallel=(True, False), expert_parallel=True,
+    memory=TORCH_MEMORY,
     sources={
         "zero_stages": "torch.distributed.fsdp.fully_shard (reshard_after_forward=True: ZeRO-3, "
                        "False: ZeRO-2) and DDP / ZeroRedundancyOptimizer (ZeRO-0/1)",
@@ -342,7 +348,9 @@ TORCH = FrameworkProfile(
                     "ALL_TO_ALL = ring, ALL_GATHER); Ulysses has no built-in module: two "
                     "all_to_all_single calls (Jacobs et al. 2023, arXiv 2309.14509)",
         "recompute_modes": "torch.utils.checkpoint (full) and selective checkpointing "
-                           "(torch.utils.checkpoint.create_selective_checkpoint_contexts)",
+                           "(torch.utils.checkpoint.create_selective_checkpoint_contexts: "
+                           "attention core, and torchtitan's op-level policy; "
+                           "autopar/runtime/recompute.py)",
         "per_block_recompute": "checkpoint_wrapper is applied per module (autopar/runtime/"
                                "recompute.py)",
         "sequence_parallel": "torch.distributed.tensor.parallel.SequenceParallel is optional",
@@ -359,9 +367,11 @@ TORCHTITAN = FrameworkProfile(
     name="torchtitan", version="torchtitan v0.2.2 (73a0e6979dd1)",
     zero_stages=(0, 2, 3), zero_stages_with_tp=(2, 3), zero_stages_with_pp=(2, 3),
     zero_stages_with_ep=(2, 3), schedules=SCHEDULES, interleaved_chunks="any",
-    stage_cuts="any", cp_modes=("ring", "allgather"), recompute_modes=RECOMPUTE_MODES,
+    stage_cuts="any", cp_modes=("ring", "allgather"),
+    recompute_modes=("none", "selective-op", "full"),
     per_block_recompute=False, sequence_parallel=(True,), expert_parallel=True,
     seq_rule=TORCHTITAN_RULE,
+    memory=TORCHTITAN_MEMORY,
     sources={
         "zero_stages": "job_config.py Parallelism.data_parallel_replicate_degree (DDP) / "
                        "data_parallel_shard_degree with fsdp_reshard_after_forward "
@@ -377,7 +387,9 @@ TORCHTITAN = FrameworkProfile(
         "stage_cuts": "job_config.py Parallelism.module_fqns_per_model_part",
         "cp_modes": "job_config.py Parallelism.context_parallel_rotate_method: 'alltoall' "
                     "(KV passed round the ring) or 'allgather'; no Ulysses",
-        "recompute_modes": "job_config.py ActivationCheckpoint.mode: none, selective, full",
+        "recompute_modes": "job_config.py ActivationCheckpoint.mode: none, selective (with "
+                           "selective_ac_option 'op': op-level SAC, "
+                           "distributed/activation_checkpoint.py _custom_policy), full",
         "per_block_recompute": "job_config.py ActivationCheckpoint: one mode for all blocks "
                                "(selective_ac_option N = full every N-th block)",
         "sequence_parallel": "models/llama3/infra/parallelize.py apply_tp: norms always "
@@ -400,8 +412,9 @@ MEGATRON = FrameworkProfile(
     zero_stages=(0, 1, 3), zero_stages_with_tp=(0, 1, 3), zero_stages_with_pp=(0, 1),
     zero_stages_with_ep=(0, 1), schedules=("1f1b", "interleaved-1f1b"),
     interleaved_chunks="any", stage_cuts="any", cp_modes=CP_MODES,
-    recompute_modes=RECOMPUTE_MODES, per_block_recompute=False,
+    recompute_modes=("none", "selective", "full"), per_block_recompute=False,
     sequence_parallel=(True, False), expert_parallel=True, seq_rule=MEGATRON_RULE,
+    memory=MEGATRON_MEMORY,
     sources={
         "zero_stages": "arguments.py --use-distributed-optimizer (ZeRO-1; gradients are "
                        "reduce-scattered into a full buffer, so no ZeRO-2), --use-torch-fsdp2 "
@@ -448,6 +461,7 @@ DEEPSPEED = FrameworkProfile(
     stage_cuts="balanced", cp_modes=(), recompute_modes=("none", "full"),
     per_block_recompute=False, sequence_parallel=(False,), expert_parallel=True,
     seq_rule=DEEPSPEED_RULE,
+    memory=DEEPSPEED_MEMORY,
     sources={
         "zero_stages": "deepspeed/runtime/zero/config.py zero_optimization.stage 0-3",
         "zero_stages_with_tp": "deepspeed/runtime/engine.py: 'AutoTP + ZeRO stage 3 is "

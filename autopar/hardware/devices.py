@@ -48,6 +48,10 @@ class Device:
         source: where the figures come from.
         tdp_w: rated board power in watts (datasheet "Max TDP"); 0 = not known.
         power_limit_w: the power cap the GPU runs under (watts); 0 = its rated TDP.
+        capacity_bytes: memory as the framework sees it (``torch.cuda.get_device_properties().
+            total_memory``, the "total capacity" of torch's out-of-memory message): the HBM less
+            what the driver keeps; None = ``memory_bytes``. Read it through
+            :attr:`visible_memory_bytes`. Sources in :data:`VISIBLE_CAPACITY_SOURCES`.
 
     Raises:
         InvalidClusterSpec: on construction, if a figure is non-positive, a precision key is unknown
@@ -79,6 +83,14 @@ class Device:
         if self.tdp_w <= 0 or self.power_limit_w <= 0:
             return 1.0
         return min(1.0, (self.power_limit_w / self.tdp_w) ** (1.0 / 3.0))
+
+    capacity_bytes: float | None = None
+
+    @property
+    def visible_memory_bytes(self) -> float:
+        """Bytes of GPU memory the framework sees (:attr:`capacity_bytes`, else the datasheet's
+        :attr:`memory_bytes`)."""
+        return self.capacity_bytes if self.capacity_bytes else self.memory_bytes
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.peak_flops) - set(PRECISIONS))
@@ -145,8 +157,36 @@ _H100_PCIE_FLOPS = {
 _REF = "docs/reference/hardware_and_formulas.md, Hardware table"
 
 
+_GIB = 2 ** 30
+
+#: Memory the framework sees per GPU model (bytes), each from a measurement or a quoted
+#: out-of-memory message (torch prints ``total_memory`` as "GPU 0 has a total capacity of X GiB").
+VISIBLE_CAPACITY = {
+    "A100-SXM4-80GB": 79.25 * _GIB, "A100-PCIe-80GB": 79.25 * _GIB,
+    "A800-SXM4-80GB": 79.25 * _GIB,
+    "A100-SXM4-40GB": 39.50 * _GIB, "A100-PCIe-40GB": 39.50 * _GIB,
+    "H100-SXM5-80GB": 79.11 * _GIB, "H100-PCIe-80GB": 79.11 * _GIB,
+    "H800-SXM5-80GB": 79.11 * _GIB,
+    "H200-SXM-141GB": 150_109_880_320.0,
+}
+#: Where each :data:`VISIBLE_CAPACITY` figure comes from.
+VISIBLE_CAPACITY_SOURCES = {
+    "A100 80GB": "torch OOM messages on A100 80GB: 'GPU 0 has a total capacity of 79.25 GiB' "
+                 "(github.com/HiDream-ai/VAREdit/issues/6, levihsu/OOTDiffusion/issues/235); "
+                 "A800 is the same board with slower NVLink",
+    "A100 40GB": "torch OOM message on an A100 40GB: 'total capacity of 39.50 GiB' "
+                 "(github.com/TianheWu/CoSeR/issues/10)",
+    "H100 80GB": "torch OOM message on 'H100(80GB) x 8' (a vLLM DeepSeek-V3 serving issue): "
+                 "'GPU 0 has a total capacity of 79.11 GiB'; H800 is the same board",
+    "H200": "measured for autopar (2026-11-30, torch 2.11, CUDA 13.0): "
+            "torch.cuda.get_device_properties(0).total_memory = 150109880320 on an NVIDIA H200 "
+            "(nvidia-smi memory.total 143771 MiB, of which 616 MiB reserved by the driver)",
+}
+
+
 def _row(name, flops, mem_gb, hbm_gbps, nvlink_bidir_gbps, pcie_gbps, form, source) -> Device:
-    """A Device from datasheet units: GB, GB/s (HBM), GB/s bidirectional (NVLink), GB/s (PCIe)."""
+    """A Device from datasheet units: GB, GB/s (HBM), GB/s bidirectional (NVLink), GB/s (PCIe);
+    its framework-visible capacity from :data:`VISIBLE_CAPACITY`."""
     return Device(
         name=name,
         peak_flops=flops,
@@ -156,6 +196,7 @@ def _row(name, flops, mem_gb, hbm_gbps, nvlink_bidir_gbps, pcie_gbps, form, sour
         pcie_bandwidth_Bps=pcie_gbps * _GIGA,
         form_factor=form,
         source=source,
+        capacity_bytes=VISIBLE_CAPACITY.get(name),
     )
 
 

@@ -127,7 +127,7 @@ def verdict(plan, written: ParallelConfig, framework: str,
 
 def _strongest(recompute) -> str:
     modes = (recompute,) if isinstance(recompute, str) else recompute
-    return max(modes, key=("none", "selective", "full").index)
+    return max(modes, key=("none", "selective", "selective-op", "full").index)
 
 
 def _pct(x: float, ref: float) -> str:

@@ -15,7 +15,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 from ..config import ParallelConfig
-from ..cost.model import OPTIMIZER_STATE_BYTES, CostModel
+from ..cost.model import CostModel
 from ..errors import AutoparError, InfeasibleError, InvalidParallelConfig
 from ..frameworks import get_profile
 from . import space
@@ -147,9 +147,9 @@ def infeasible_error(cm: CostModel, smallest, fixed: dict,
             f"no configuration could be evaluated for fixed={fixed}. Fix: relax fixed=.")
     # probe within PROBE_BUDGET_S, and within the search's own time limit when it has one
     deadline = min(time.monotonic() + PROBE_BUDGET_S, deadline or math.inf)
-    k = OPTIMIZER_STATE_BYTES[cm.train.optimizer] + 2 * cm.train.dtype_bytes
+    k = cm.state_bytes_per_param()
     states = k * cm.graph.num_parameters
-    usable = cm.params.usable_memory(dev.memory_bytes)
+    usable = cm.params.usable_memory(dev.visible_memory_bytes)
     need = max(1, math.ceil(states / usable)) if usable > 0 else cm.cluster.world_size + 1
     changes = []
     for key in sorted(fixed):
@@ -169,7 +169,8 @@ def infeasible_error(cm: CostModel, smallest, fixed: dict,
         changes.append(blocked)
     e = smallest
     return InfeasibleError(
-        f"infeasible: memory per GPU binds: no plan fits in {dev.memory_bytes / 1e9:.0f} GB per "
+        f"infeasible: memory per GPU binds: no plan fits in "
+        f"{dev.visible_memory_bytes / 1e9:.0f} GB per "
         f"{dev.name}. The most frugal configuration tried ({_short(e.config)}) needs "
         f"{e.memory_per_gpu_bytes / 1e9:.1f} GB per GPU; model states alone are "
         f"{states / 1e9:.0f} GB ({k} bytes per parameter with {cm.train.optimizer}). Smallest "

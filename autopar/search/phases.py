@@ -168,7 +168,7 @@ def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
             recompute=allowed[-1], schedule=fixed.get("schedule"),
             stage_blocks=fixed.get("stage_blocks"))
         e = run.estimate(frugal)
-        if e is not None and e.memory_per_gpu_bytes > 1.05 * cm.device.memory_bytes:
+        if e is not None and e.memory_per_gpu_bytes > 1.05 * cm.device.visible_memory_bytes:
             return out
     for v in space.virtual_stage_options(base["pp"], blocks, m, fixed, limits, run.profile):
         for zero in space.zero_options(base, fixed, run.profile):

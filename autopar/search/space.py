@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import permutations
 
-from ..config import ParallelConfig, TrainingConfig
+from ..config import RECOMPUTE_MODES, ParallelConfig, TrainingConfig
 from ..errors import InvalidParallelConfig
 from ..frameworks import PROFILES, FrameworkProfile
 from ..graph.types import ModelGraph
@@ -174,12 +174,12 @@ def zero_options(base: dict, fixed: dict, profile: FrameworkProfile = _TORCH) ->
 
 
 def recompute_modes(fixed: dict, profile: FrameworkProfile = _TORCH) -> tuple[str, ...]:
-    """Recompute modes blocks may take: those of none, selective, full the framework offers
-    (in that order), or the one pinned."""
+    """Recompute modes blocks may take: those of :data:`autopar.config.RECOMPUTE_MODES` the
+    framework offers (in that order), or the one pinned."""
     rc = fixed.get("recompute")
     if isinstance(rc, str):
         return (rc,)
-    return tuple(m for m in ("none", "selective", "full") if m in profile.recompute_modes)
+    return tuple(m for m in RECOMPUTE_MODES if m in profile.recompute_modes)
 
 
 def sequence_parallel_options(tp: int, fixed: dict, profile: FrameworkProfile = _TORCH,
