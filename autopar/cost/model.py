@@ -22,7 +22,7 @@ from ..graph.types import ModelGraph
 from . import memory as mem
 from .comm import Collectives, CommLedger, cp_layer_comm, tp_layer_comm
 from .compute import LayerTime, layer_time
-from .params import OPTIMIZER_STATE_BYTES, CostParams
+from .params import CostParams
 from .regime import Regime, band_for, plausibility_warnings
 from .resolve import resolve
 from .schedule import pipeline_step_time
