@@ -22,6 +22,9 @@ class CostParams:
             hardware_and_formulas.md, "Measured single-GPU ceilings"): Ampere, Azure's A100-80GB
             FP16 GEMM at 16k^3 = 256.5 TFLOP/s = 82% of 312; Hopper, Azure's H200 GEMM at
             1366 TFLOP/s = 69% of the 1979 FP8 peak (the same GH100 tensor cores as H100/H800).
+            BF16 agrees: bf16 GEMMs of 4096 and more in every dimension measured on one H200
+            reach 0.61-0.73 of the 989 TFLOP/s peak, median 0.70, and FP8 ones 0.59-0.68 of 1979
+            (``benchmarks/data/gpu/h200_sweep.json``; ``tests/test_gpu_data.py``).
             Architectures without a measurement use the Ampere figure.
         matmul_half_size: GEMM dimension (elements) at which a dimension's efficiency factor is
             one half of the large-size value: f(x) = x / (x + half). Small and skinny GEMMs fill
