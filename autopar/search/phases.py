@@ -3,8 +3,8 @@
 
 - :func:`mesh_groups`: every (mesh, micro-batch, SP, EP) group with a lower bound on its step
   time, best first.
-- :func:`coarse` (phase 1): per group, every interleaving degree and ZeRO stage with the default
-  placement, CP mode and balanced cuts.
+- :func:`coarse` (phase 1): per group, every schedule, interleaving degree and ZeRO stage with
+  the default placement, CP mode and balanced cuts.
 - :func:`refine` (phase 2): per candidate, other placements, CP modes and stage cuts.
 - :func:`first_fit`: phase 1 until one configuration fits (the diagnosis's probe).
 """
@@ -170,12 +170,12 @@ def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
         e = run.estimate(frugal)
         if e is not None and e.memory_per_gpu_bytes > 1.05 * cm.device.memory_bytes:
             return out
-    for v in space.virtual_stage_options(base["pp"], blocks, m, fixed, limits, run.profile):
+    for schedule, v in space.schedule_options(base["pp"], blocks, m, fixed, limits, run.profile):
         for zero in space.zero_options(base, fixed, run.profile):
             if run.expired():
                 return out
             cfg = ParallelConfig(**base, placement=placement, cp_mode=mode, virtual_stages=v,
-                                 zero_stage=zero, schedule=fixed.get("schedule"),
+                                 zero_stage=zero, schedule=schedule,
                                  stage_blocks=fixed.get("stage_blocks"))
             try:
                 c = cm.resolve(cfg)

@@ -3,7 +3,7 @@
 Model rules: tp divides attention and KV heads; cp divides the sequence (and leaves at least
 ``min_cp_chunk`` tokens per rank, below which ring attention cannot hide its transfers);
 pp * v <= blocks; interleaving needs the micro-batch count to be a multiple of pp; 1F1B at least
-pp micro-batches.
+pp micro-batches; the split-backward schedules follow torch's rules (:func:`schedule_options`).
 Cluster rules: tp stays inside a node (NVLink/PCIe domain) unless fixed otherwise.
 Batch rules: the global batch is a multiple of dp * micro-batch.
 Framework rules (:mod:`autopar.frameworks`): only the ZeRO stages, schedules, interleavings, CP
@@ -75,7 +75,9 @@ def check_fixed(fixed: dict | None) -> dict:
     if unknown:
         raise InvalidParallelConfig(
             f"fixed= has unknown keys {unknown}. Fix: use only {list(FIXABLE)}.")
-    ParallelConfig(**{k: v for k, v in fixed.items()})  # type and range checks
+    checked = ParallelConfig(**{k: v for k, v in fixed.items()})  # type and range checks
+    if "schedule" in fixed:
+        fixed["schedule"] = checked.schedule  # an alias, normalised
     return fixed
 
 
@@ -154,6 +156,50 @@ def virtual_stage_options(pp: int, blocks: int, m: int, fixed: dict,
     if fixed.get("schedule") == "interleaved-1f1b":
         opts = [v for v in opts if v > 1] or opts
     return opts
+
+
+#: Schedules splitting backward into input- and weight-gradient passes (torch 2.13), and the
+#: chunk count per rank each needs (None: any).
+SPLIT_SCHEDULES = {"interleaved-zero-bubble": None, "zbv-zero-bubble": 2, "dualpipev": 2}
+
+
+def schedule_options(pp: int, blocks: int, m: int, fixed: dict, limits: SpaceLimits,
+                     profile: FrameworkProfile = _TORCH) -> list[tuple[str | None, int]]:
+    """(schedule, virtual_stages) pairs to try: the 1F1B family as
+    :func:`virtual_stage_options` gives it (schedule None = 1F1B, interleaved when v > 1), then,
+    with ``pp > 1`` and where the framework runs them, the split-backward schedules:
+    interleaved zero bubble at v = 1 and every interleaving degree (m a multiple of torch's
+    rounds ``max(1, m // pp)``), ZBV and DualPipeV at v = 2 (DualPipeV with m >= 2 pp).
+    Chunk counts obey ``pp * v <= blocks`` and the framework's chunk rule. A pinned schedule or
+    virtual_stages keeps only the pairs that match it.
+    """
+    want, want_v = fixed.get("schedule"), fixed.get("virtual_stages")
+    out: list[tuple[str | None, int]] = []
+    if want is None or want not in SPLIT_SCHEDULES:
+        out += [(want, v) for v in virtual_stage_options(pp, blocks, m, fixed, limits, profile)]
+    if pp == 1:
+        return out
+
+    def chunks_ok(v: int) -> bool:
+        if pp * v > blocks:
+            return False
+        if v > 1 and profile.interleaved_chunks == "none":
+            return False
+        return v == 1 or profile.interleaved_chunks == "any" or blocks % (pp * v) == 0
+
+    for name, need in SPLIT_SCHEDULES.items():
+        if name not in profile.schedules or want not in (None, name):
+            continue
+        if need is None:
+            if m % max(1, m // pp):
+                continue
+            vs = [1] + list(range(2, limits.max_virtual_stages + 1))
+        else:
+            vs = [need]
+        if name == "dualpipev" and m < 2 * pp:
+            continue
+        out += [(name, v) for v in vs if chunks_ok(v) and want_v in (None, v)]
+    return out
 
 
 def zero_options(base: dict, fixed: dict, profile: FrameworkProfile = _TORCH) -> list[int]:
