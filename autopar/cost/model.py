@@ -521,6 +521,7 @@ class CostModel:
                                   if k != "local"},
             peak_stage=peak_rank,
             stage_fwd_s=tuple(stage_fwd), stage_bwd_s=tuple(stage_bwd),
+            stage_wgrad_s=tuple(stage_wgrad),
             stage_memory_breakdown=tuple(sm.as_dict() for sm in stage_mem),
             group_links={d: grp.link for d, grp in
                          (("tp", tp_g), ("cp", cp_g), ("pp", pp_g), ("dp", dp_g),

@@ -299,7 +299,8 @@ def peak_in_flight(order: tuple[Action, ...]) -> int:
 
 def replay(orders: tuple[tuple[Action, ...], ...], num_stages: int, schedule: str,
            fwd: tuple[float, ...], inp: tuple[float, ...], wgt: tuple[float, ...],
-           overlap: tuple[float, ...] | None = None) -> tuple[float, tuple[float, ...]]:
+           overlap: tuple[float, ...] | None = None, events: list | None = None
+           ) -> tuple[float, tuple[float, ...]]:
     """Time one step: each rank runs its actions in order, each starting when the rank is free
     and its input is ready.
 
@@ -316,6 +317,8 @@ def replay(orders: tuple[tuple[Action, ...], ...], num_stages: int, schedule: st
             weight-gradient pass through ONE chunk (a full backward takes ``inp + wgt``).
         overlap: per rank, seconds an ``O`` pair saves by running its two halves at once
             (communication of one hidden behind the other's compute); None = 0.
+        events: when a list, receives ``(rank, kind, start_s, duration_s, stage, mb)`` per
+            action run (an ``O`` pair as its ``F`` and ``B``, or as one ``O`` when overlapped).
 
     Returns:
         (step seconds, per rank the seconds it is busy).
@@ -353,10 +356,15 @@ def replay(orders: tuple[tuple[Action, ...], ...], num_stages: int, schedule: st
                 if hidden > 0:  # both halves run together and finish together
                     end = max(free[r], t1, t2) + dur
                     done_f[(fs, fj)] = end
+                    if events is not None:
+                        events.append((r, "O", end - dur, dur, fs, fj))
                 else:  # torch runs the sub-actions one after the other, forward first
                     f_end = max(free[r], t1) + fwd[r]
                     done_f[(fs, fj)] = f_end
                     end = max(f_end, t2) + inp[r] + wgt[r]
+                    if events is not None:
+                        events.append((r, "F", f_end - fwd[r], fwd[r], fs, fj))
+                        events.append((r, "B", end - inp[r] - wgt[r], inp[r] + wgt[r], bs, bj))
                 done_b[(bs, bj)] = end
             else:
                 kind, s, j = a
@@ -369,6 +377,8 @@ def replay(orders: tuple[tuple[Action, ...], ...], num_stages: int, schedule: st
                     done_f[(s, j)] = end
                 elif kind != "W":
                     done_b[(s, j)] = end
+                if events is not None:
+                    events.append((r, kind, end - dur, dur, s, j))
             busy[r] += dur
             free[r] = end
             pos[r] += 1
