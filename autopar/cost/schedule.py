@@ -195,14 +195,17 @@ def split_backward_step_time(fwd, bwd, wgrad, num_micro_batches: int, virtual_st
     ``wgrad / v`` (a full backward both). The first ``m0`` micro-batches
     (:func:`replay_micro_batches`) are replayed (:func:`~autopar.cost.pipeline_orders.replay`),
     each further one adds the slowest rank's per-micro-batch time. Bubble = step - m x that time.
+    With ``overlap`` (seconds each DualPipeV forward-backward pair hides), a rank's
+    per-micro-batch time is ``t - v x overlap`` (its ``v`` forwards and ``v`` backwards form ``v``
+    pairs in the steady state).
 
     Raises:
         ValueError: the schedule cannot order these counts.
     """
     p, m, v = len(fwd), num_micro_batches, virtual_stages
     check_order_args(schedule, p, m, v)
-    totals = [f + b for f, b in zip(fwd, bwd)]
-    t_max = max(totals)
+    hidden = overlap or (0.0,) * p
+    t_max = max(f + b - v * h for f, b, h in zip(fwd, bwd, hidden))
     m0 = replay_micro_batches(schedule, p, m, v)
     w = tuple(min(max(x, 0.0), b) for x, b in zip(wgrad, bwd))
     t0 = _replay(schedule, p, m0, v, tuple(f / v for f in fwd),
