@@ -265,15 +265,27 @@ def _dualpipev(_s: str, pp: int, m: int, _v: int, r: int) -> list:
     return out
 
 
-@lru_cache(maxsize=8192)
 def rank_peak_in_flight(schedule: str, pp: int, m: int, v: int, rank: int) -> int:
     """:func:`peak_in_flight` of rank ``rank``'s order for ``m`` micro-batches (cached; builds
-    that rank's order only).
+    that rank's order only, for a shorter step with the same warm-up when there is one: the
+    peak is reached before the steady state repeats. Checked equal to the full order for
+    pp 2-8, v 1-4 and every accepted m < 160).
 
     Raises:
         ValueError: the combination breaks a rule of :func:`check_order_args`.
     """
     check_order_args(schedule, pp, m, v)
+    if schedule in V_SHAPED:
+        m = min(m, 3 * pp)
+    elif schedule in ("interleaved-1f1b", "interleaved-zero-bubble"):
+        rounds = max(1, m // pp)
+        per_round = m // rounds
+        m = next((k * per_round for k in range(3, rounds) if k * per_round // pp == k), m)
+    return _rank_peak(schedule, pp, m, v, rank)
+
+
+@lru_cache(maxsize=8192)
+def _rank_peak(schedule: str, pp: int, m: int, v: int, rank: int) -> int:
     return peak_in_flight(tuple(_MAKERS[schedule](schedule, pp, m, v, rank)))
 
 
