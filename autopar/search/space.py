@@ -49,6 +49,10 @@ class SpaceLimits:
     Attributes:
         max_micro_batch: largest micro-batch tried (sequences).
         max_virtual_stages: largest interleaving degree tried.
+        max_zero_bubble_chunks: largest v tried for interleaved zero bubble (a search-time
+            limit: its weight passes already fill most of 1F1B's bubble, and each chunk adds
+            pipeline traffic and in-flight memory; measured on benchmarks.search_speed, trying
+            every v made the GPT-3 search 3.5x slower). Pin ``virtual_stages`` to try others.
         min_cp_chunk: fewest tokens per context-parallel rank.
         tp_across_nodes: allow TP groups that span nodes.
         refine_within: phase-1 candidates within this fraction of the best get phase 2
@@ -58,6 +62,7 @@ class SpaceLimits:
 
     max_micro_batch: int = 16
     max_virtual_stages: int = 16
+    max_zero_bubble_chunks: int = 2
     min_cp_chunk: int = 1024
     tp_across_nodes: bool = False
     refine_within: float = 0.05
@@ -168,8 +173,8 @@ def schedule_options(pp: int, blocks: int, m: int, fixed: dict, limits: SpaceLim
     """(schedule, virtual_stages) pairs to try: the 1F1B family as
     :func:`virtual_stage_options` gives it (schedule None = 1F1B, interleaved when v > 1), then,
     with ``pp > 1`` and where the framework runs them, the split-backward schedules:
-    interleaved zero bubble at v = 1 and every interleaving degree (m a multiple of torch's
-    rounds ``max(1, m // pp)``), ZBV and DualPipeV at v = 2 (DualPipeV with m >= 2 pp).
+    interleaved zero bubble at v = 1 .. ``limits.max_zero_bubble_chunks`` (m a multiple of
+    torch's rounds ``max(1, m // pp)``), ZBV and DualPipeV at v = 2 (DualPipeV with m >= 2 pp).
     Chunk counts obey ``pp * v <= blocks`` and the framework's chunk rule. A pinned schedule or
     virtual_stages keeps only the pairs that match it.
     """
@@ -193,7 +198,7 @@ def schedule_options(pp: int, blocks: int, m: int, fixed: dict, limits: SpaceLim
         if need is None:
             if m % max(1, m // pp):
                 continue
-            vs = [1] + list(range(2, limits.max_virtual_stages + 1))
+            vs = [want_v] if want_v else list(range(1, limits.max_zero_bubble_chunks + 1))
         else:
             vs = [need]
         if name == "dualpipev" and m < 2 * pp:
