@@ -10,7 +10,13 @@ from .errors import InvalidParallelConfig, InvalidTrainingConfig
 
 PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
 OPTIMIZERS = ("adam", "adamw", "sgd")
-RECOMPUTE_MODES = ("none", "selective", "full")
+#: Recompute modes, weakest first: "selective" is Korthikanti et al. 2022's attention-core
+#: recomputation (Megatron-LM --recompute-granularity selective); "selective-op" is torchtitan's
+#: op-level selective checkpointing (ActivationCheckpoint.mode "selective", selective_ac_option
+#: "op": every op's output recomputed except attention, reduce-scatter and every second matmul).
+RECOMPUTE_MODES = ("none", "selective", "selective-op", "full")
+#: dtypes the optimizer's moment estimates (Adam's m and v) may be kept in.
+OPTIMIZER_STATE_DTYPES = ("fp32", "bf16")
 #: Pipeline schedules, as ``torch.distributed.pipelining`` (torch 2.13) names its classes:
 #: ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble (ZB-H1 of
 #: Qi et al. 2023 over v chunks per rank), ScheduleZBVZeroBubble (ZB-V: exactly 2 chunks per
@@ -84,6 +90,12 @@ class TrainingConfig:
         framework: what will run the plan, one of :data:`FRAMEWORKS` (default "torch",
             ``plan.apply``); the search emits only layouts that framework can run
             (:mod:`autopar.frameworks`).
+        optimizer_offload: keep the optimizer states (fp32 master weights and moments) in CPU
+            memory and run the step there (ZeRO-Offload, Ren et al. 2021; DeepSpeed
+            ``zero_optimization.offload_optimizer``): they take no GPU memory.
+        optimizer_state_dtype: dtype of the moment estimates, one of
+            :data:`OPTIMIZER_STATE_DTYPES` ("bf16" halves them, as Megatron-LM's
+            ``--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16`` with the precision-aware optimizer).
 
     Raises:
         InvalidTrainingConfig: a non-positive size or an unknown precision/optimizer/framework.
@@ -96,6 +108,8 @@ class TrainingConfig:
     optimizer: str = "adam"
     flash_attention: bool = True
     framework: str = "torch"
+    optimizer_offload: bool = False
+    optimizer_state_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
         _positive_int("TrainingConfig", "global_batch_size", self.global_batch_size,
@@ -103,6 +117,12 @@ class TrainingConfig:
         _positive_int("TrainingConfig", "seq_len", self.seq_len, maximum=MAX_SEQ_LEN)
         _positive_int("TrainingConfig", "micro_batch_size", self.micro_batch_size, allow_none=True)
         _bool("TrainingConfig", "flash_attention", self.flash_attention)
+        _bool("TrainingConfig", "optimizer_offload", self.optimizer_offload)
+        if not isinstance(self.optimizer_state_dtype, str) \
+                or self.optimizer_state_dtype not in OPTIMIZER_STATE_DTYPES:
+            raise InvalidTrainingConfig(
+                f"optimizer_state_dtype {self.optimizer_state_dtype!r} is not one of "
+                f"{OPTIMIZER_STATE_DTYPES}. Fix: use 'fp32' (default) or 'bf16'.")
         if self.micro_batch_size is not None and self.micro_batch_size > self.global_batch_size:
             raise InvalidTrainingConfig(
                 f"micro_batch_size {self.micro_batch_size} exceeds global_batch_size "
@@ -142,8 +162,9 @@ class ParallelConfig:
             data-parallel group (Megatron-LM's expert parallelism); 1 for dense models.
         zero_stage: 0 (replicated), 1 (optimizer states sharded; Megatron's distributed
             optimizer), 2 (+ gradients), 3 (+ parameters; FSDP) over the DP group.
-        recompute: "none", "selective" (attention core, Korthikanti et al. 2022), "full"
-            (only block inputs kept), or a tuple with one of those per decoder block.
+        recompute: "none", "selective" (attention core, Korthikanti et al. 2022),
+            "selective-op" (torchtitan's op-level selective checkpointing), "full" (only block
+            inputs kept), or a tuple with one of those per decoder block.
         sequence_parallel: shard the TP-replicated activations over the sequence (Korthikanti).
         micro_batch_size: sequences per micro-batch; None = choose.
         virtual_stages: model chunks per pipeline rank (interleaved 1F1B); None = choose, 1 = none.

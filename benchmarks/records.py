@@ -127,17 +127,19 @@ def _optimizer(text: str | None) -> str:
 
 def _device(name: str, overrides: dict | None):
     """The catalog GPU, with a record's ``gpu_overrides`` applied (``memory_gib``: HBM in GiB,
-    ``hbm_bandwidth_tbps``: TB/s). Other override keys are refused, not ignored."""
+    ``hbm_bandwidth_tbps``: TB/s, ``tdp_w``: the power cap in watts). Other override keys are refused, not ignored."""
     dev = get_device(_GPU_ALIASES.get(name, name))
     if not overrides:
         return dev
     known = {"memory_gib": ("memory_bytes", 2 ** 30), "hbm_bandwidth_tbps": ("hbm_bandwidth_Bps", 1e12),
-             "tdp_w": (None, 0)}
+             "tdp_w": ("power_limit_w", 1)}
     unknown = sorted(set(overrides) - set(known))
     if unknown:
         raise RecordError(f"gpu_overrides keys {unknown} are not modelled (known: {sorted(known)})")
     changes = {known[k][0]: v * known[k][1] for k, v in overrides.items() if known[k][0]}
-    # a power cap changes clocks, which the catalog does not model: said, not ignored silently
+    if "memory_bytes" in changes:  # another memory size: the catalog's visible capacity is not it
+        changes["capacity_bytes"] = None
+    # a power cap lowers the sustained clock (Device.clock_scale); the name says what changed
     name = dev.name + "".join(f"[{k}={v}]" for k, v in sorted(overrides.items()))
     return dataclasses.replace(dev, name=name, **changes)
 

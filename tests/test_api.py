@@ -32,7 +32,7 @@ def test_optimize_every_preset(name):
     c = plan.config
     assert c.tp * c.pp * c.dp * c.cp == cluster.world_size
     assert plan.estimate.fits
-    assert plan.estimate.memory_per_gpu_bytes <= cluster.device.memory_bytes
+    assert plan.estimate.memory_per_gpu_bytes <= cluster.device.visible_memory_bytes
     assert plan.estimate.step_time_s > 0
     assert 0 < plan.estimate.mfu < 1
 

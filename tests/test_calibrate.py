@@ -18,8 +18,8 @@ from autopar.calibrate import calibrated, load_calibration, measured_cluster
 from autopar.calibrate.bench import gemm_shapes
 from autopar.calibrate.fit import algorithm_terms, fit_alpha_beta, fit_gemm
 from autopar.calibrate.run import Options, comparison, match_catalog, run_calibration
-from autopar.calibrate.schema import (Calibration, CollectiveSample, DeviceInfo, GemmSample,
-                                      MemorySample, World, measured_fields)
+from autopar.calibrate.schema import (AttentionSample, Calibration, CollectiveSample, DeviceInfo,
+                                      GemmSample, MemorySample, World, measured_fields)
 from autopar.cli import main
 from autopar.cost.params import CostParams
 from autopar.errors import InvalidCalibration
@@ -218,3 +218,17 @@ def test_the_printed_comparison_sets_measured_against_the_catalogue():
     assert intra[1].startswith("240.0 GB/s (nvlink3 x 0.80)")
     # the fitted model reproduces every measured collective
     assert rows["calibrated model vs measured collectives"][0].startswith("median |error| 0%")
+
+
+def test_the_comparison_prices_measured_attention_at_its_shape():
+    # the row used to multiply the peak by the per-kernel efficiency table (a mapping): TypeError
+    base = _gpu_cal()
+    att = (AttentionSample(1, 32, 8, 8192, 128, True, 1e-3, 3.5e-3),)
+    cal = dataclasses.replace(base, attention=att, collectives=(), measured_fields=measured_fields(
+        base.gemm, att, base.memory, ()))
+    rows = {q: (m, c) for q, m, c in comparison(cal)}
+    measured, model = rows["attention fwd+bwd (s=8192, 32 heads)"]
+    p = CostParams()
+    eff = p.attention_ceiling("fa2", "ampere") * p.attention_shape_factor("fa2", 128, 8192)
+    assert model == f"{312e12 * eff / 1e12:.0f} TFLOP/s at efficiency {eff:.3f} (FA2)"
+    assert measured.endswith("TFLOP/s")

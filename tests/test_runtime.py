@@ -50,6 +50,8 @@ CASES = {
                                 OURS, "zero1"),
     "pp2-interleaved-v2": (2, dict(pp=2, dp=1, tp=1, virtual_stages=2,
                                    schedule="interleaved-1f1b", micro_batch_size=2), BOTH, None),
+    "dp2-op-sac": (2, dict(dp=2, tp=1, pp=1, recompute="selective-op", micro_batch_size=1),
+                   OURS, None),
     "pp2-gpipe": (2, dict(pp=2, dp=1, tp=1, schedule="gpipe", micro_batch_size=2), OURS, None),
     "cp2-allgather": (2, dict(cp=2, dp=1, tp=1, pp=1, cp_mode="allgather", micro_batch_size=4),
                       BOTH, None),

@@ -207,18 +207,23 @@ def test_dualpipev_needs_two_micro_batches_per_rank():
 @pytest.fixture(scope="module")
 def searched():
     out = {}
+    fixed = {"pp": 4, "tp": 2, "micro_batch_size": 1, "recompute": "selective", "zero_stage": 0}
     for fw in ("torch", "megatron"):
         train = autopar.TrainingConfig(global_batch_size=16, seq_len=2048, framework=fw)
-        out[fw] = autopar.optimize("llama2-7b", CLUSTER, train,
-                                   fixed={"pp": 4, "tp": 2, "micro_batch_size": 1,
-                                          "recompute": "selective", "zero_stage": 0})
+        out[fw] = autopar.optimize("llama2-7b", CLUSTER, train, fixed=fixed)
+    train = autopar.TrainingConfig(global_batch_size=16, seq_len=2048)
+    out["torch 1f1b family"] = min(
+        (autopar.optimize("llama2-7b", CLUSTER, train, fixed=dict(fixed, schedule=s))
+         for s in ("1f1b", "interleaved-1f1b")), key=lambda p: p.estimate.step_time_s)
     return out
 
 
 def test_search_picks_a_zero_bubble_schedule_where_the_framework_runs_one(searched):
     assert searched["torch"].config.schedule in SPLIT
     assert searched["megatron"].config.schedule in ("1f1b", "interleaved-1f1b")
-    assert searched["torch"].estimate.step_time_s < searched["megatron"].estimate.step_time_s
+    # the same search under torch with the schedule held to the 1F1B family is slower
+    assert searched["torch"].estimate.step_time_s < \
+        searched["torch 1f1b family"].estimate.step_time_s
 
 
 def test_exporters_write_or_refuse_the_schedule(searched):

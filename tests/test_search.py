@@ -108,7 +108,7 @@ def test_search_never_returns_an_oversized_plan():
     cm = CostModel(graph, autopar.Cluster.from_spec("1x8xA100-40GB"), train)
     result = search(cm, top_k=10)
     for e in result.top + result.pareto:
-        assert e.fits and e.memory_per_gpu_bytes <= cm.device.memory_bytes
+        assert e.fits and e.memory_per_gpu_bytes <= cm.device.visible_memory_bytes
     times = [e.step_time_s for e in result.pareto]
     mems = [e.memory_per_gpu_bytes for e in result.pareto]
     assert times == sorted(times) and mems == sorted(mems, reverse=True)

@@ -32,13 +32,14 @@ from rich.console import Console
 from ..report import tables
 from . import measure_cmds
 from .inputs import model_arg
-from ..config import FRAMEWORKS, ParallelConfig, TrainingConfig
+from ..config import (FRAMEWORKS, OPTIMIZER_STATE_DTYPES, RECOMPUTE_MODES, ParallelConfig,
+                      TrainingConfig)
 from ..errors import (AutoparError, InvalidClusterSpec, InvalidModelConfig, InvalidTrainingConfig,
                       output_error)
 from ..frameworks import get_profile
 from ..report.advice import fixes_to_fit, run_cost
 from ..report.explain import Problem, compare, named_alternatives, search_plan
-from ..report.summary import plural
+from ..report.summary import plural, trust_lines
 from ..io.importers import Imported, from_megatron_args, from_torchtitan_toml
 
 _PARALLEL = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "zero": "zero_stage",
@@ -70,6 +71,10 @@ def _common(p: argparse.ArgumentParser, plot: str) -> None:
                    help="training precision (default bf16)")
     p.add_argument("--no-flash-attention", action="store_true",
                    help="model attention as the unfused path (stores s x s scores)")
+    p.add_argument("--optimizer-offload", action="store_true",
+                   help="optimizer states and step on the CPU (ZeRO-Offload): no GPU memory")
+    p.add_argument("--optimizer-state-dtype", default=None, choices=list(OPTIMIZER_STATE_DTYPES),
+                   help="dtype of Adam's moments (default fp32)")
     p.add_argument("--framework", default="torch", choices=list(FRAMEWORKS),
                    help="what will run the plan (default torch: plan.apply); the search emits "
                    "only plans it can run, an estimate says when it cannot run the configuration")
@@ -99,7 +104,7 @@ def _parallel_flags(p: argparse.ArgumentParser, prefix: str = "", what: str = ""
     p.add_argument(f"{dash}zero", dest=f"{dest}zero", type=int, default=None,
                    choices=[0, 1, 2, 3], help=f"ZeRO stage{what}")
     p.add_argument(f"{dash}recompute", dest=f"{dest}recompute", default=None,
-                   choices=["none", "selective", "full"],
+                   choices=list(RECOMPUTE_MODES),
                    help=f"activation recomputation of every block{what}")
     p.add_argument(f"{dash}sp", dest=f"{dest}sequence_parallel", action="store_const",
                    const=True, default=None, help=f"sequence parallelism (with tp > 1){what}")
@@ -213,7 +218,9 @@ def _plan_problem(args) -> tuple[Problem, dict, list[str]]:
     model = model_arg(args.model) if args.model is not None else kw["model_config"]
     given = {"global_batch_size": args.global_batch, "seq_len": args.seq_len,
              "precision": args.precision,
-             "flash_attention": False if args.no_flash_attention else None}
+             "flash_attention": False if args.no_flash_attention else None,
+             "optimizer_offload": True if args.optimizer_offload else None,
+             "optimizer_state_dtype": args.optimizer_state_dtype}
     train = TrainingConfig(**{**kw["train"].__dict__,
                               **{k: v for k, v in given.items() if v is not None}})
     par = dict(kw["config"].__dict__)
@@ -259,7 +266,9 @@ def _problem(args) -> tuple[Problem, dict, list[str]]:
         seq_len=(args.seq_len if args.seq_len is not None
                  else tr.get("seq_len") or default.seq_len),
         micro_batch_size=mbs, precision=args.precision or tr.get("precision", "bf16"),
-        flash_attention=not args.no_flash_attention, framework=args.framework)
+        flash_attention=not args.no_flash_attention, framework=args.framework,
+        optimizer_offload=args.optimizer_offload,
+        optimizer_state_dtype=args.optimizer_state_dtype or "fp32")
     if args.calibration:
         from ..calibrate import calibrated, load_calibration
         cal = calibrated(cluster, None, load_calibration(args.calibration), train.precision)
@@ -367,6 +376,13 @@ def _export(args, plan) -> dict | None:
     return {"framework": framework, "file": path, "fits": ex.fits, "warnings": list(ex.warnings)}
 
 
+def _print_trust(out: Console, e) -> None:
+    """The estimate's expected error band and plausibility warnings, under its step time."""
+    for label, text in trust_lines(e):
+        out.print(f"{label}: {text}", style="yellow" if label == "warning" else None,
+                  highlight=False, markup=False)
+
+
 def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
     plan, result = search_plan(problem, fixed, time_limit_s=args.time_limit, top_k=args.top_k,
                                progress=_Progress(err, args.json, interrupt))
@@ -395,8 +411,10 @@ def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
     out.print(f"[bold]autopar plan[/bold]: {plan.model} on {plan.cluster} "
               f"({plural(plan.world_size, 'GPU')}), "
               f"global batch {tr.global_batch_size} x {tr.seq_len} tokens, {tr.precision}")
-    for t in (tables.degrees_table(e), tables.stages_table(e), tables.performance_table(e),
-              tables.memory_table(e), tables.comm_table(e)):
+    for t in (tables.degrees_table(e), tables.stages_table(e), tables.performance_table(e)):
+        out.print(t)
+    _print_trust(out, e)
+    for t in (tables.memory_table(e), tables.comm_table(e)):
         out.print(t)
     out.print(tables.alternatives_table(e, plan.alternatives))
     if ref is not None:
@@ -445,8 +463,10 @@ def _cmd_estimate(args, problem, par, notes, out) -> dict:
               f"{cm.train.seq_len} tokens, {cm.train.precision}")
     for n in notes:
         out.print(f"note: {n}", style="yellow", highlight=False)
-    for t in (tables.degrees_table(est), tables.stages_table(est), tables.performance_table(est),
-              tables.memory_table(est), tables.comm_table(est)):
+    for t in (tables.degrees_table(est), tables.stages_table(est), tables.performance_table(est)):
+        out.print(t)
+    _print_trust(out, est)
+    for t in (tables.memory_table(est), tables.comm_table(est)):
         out.print(t)
     need, have = est.memory_per_gpu_bytes / 1e9, est.memory_limit_bytes / 1e9
     if est.fits:

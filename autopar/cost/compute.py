@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ..graph.kernels import ATTENTION_BACKWARD_RATIO
 from ..graph.types import Layer
+from .memory import op_sac_saved
 from .params import CostParams
 
 
@@ -25,6 +26,8 @@ class LayerTime:
         fwd_s: forward pass.
         bwd_s: backward pass (input and weight gradients).
         attention_fwd_s: forward time of the attention core (what selective recompute repeats).
+        op_sac_recompute_s: forward time of the ops op-level selective checkpointing recomputes
+            (all but attention and every second matmul, :func:`autopar.cost.memory.op_sac_saved`).
         fwd_flops / bwd_flops: FLOPs per GPU (after sharding) as the graph counts them (attention
             non-causal; the cost model takes the causal half off for MFU/HFU).
         wgrad_s: the part of ``bwd_s`` that computes weight gradients: for a GEMM with a weight,
@@ -41,12 +44,18 @@ class LayerTime:
     bwd_flops: float
     wgrad_s: float = 0.0
 
+    op_sac_recompute_s: float = 0.0
+
     def recompute_s(self, mode: str) -> float:
-        """Extra backward-time seconds a recompute mode costs (the repeated forward)."""
+        """Extra backward-time seconds a recompute mode costs (the repeated forward): all of it
+        (full), the attention core (selective), the ops op-level SAC does not save
+        (``op_sac_recompute_s``, selective-op)."""
         if mode == "full":
             return self.fwd_s
         if mode == "selective":
             return self.attention_fwd_s
+        if mode == "selective-op":
+            return self.op_sac_recompute_s
         return 0.0
 
 
@@ -56,11 +65,72 @@ class LayerTime:
 #: the amax reduction rides in the same pass).
 FP8_CAST_BYTES_PER_ELEMENT = 4
 
+#: HBM bytes per element an RMSNorm moves when eager PyTorch runs it as the model writes it, over
+#: the 4 (read 2, write 2) of a fused kernel. Counted from the composite of Hugging Face's
+#: LlamaRMSNorm.forward (and torch's composite rms_norm, the same ops): cast to fp32 (read 2,
+#: write 4), pow (4, 4), mean (4, ~0), multiply by rsqrt (4 + ~0, 4), cast to bf16 (4, 2),
+#: multiply by the weight (2, 2): 20 read + 16 written = 36 bytes. A LayerNorm module is one
+#: fused kernel in eager PyTorch (aten native_layer_norm) and keeps its 4 bytes.
+EAGER_RMSNORM_BYTES_PER_ELEMENT = 36
+FUSED_NORM_BYTES_PER_ELEMENT = 4
+#: Kernels of that eager RMSNorm (cast, pow, mean, add eps, rsqrt, multiply, cast, weight
+#: multiply), each paying the launch floor.
+EAGER_RMSNORM_KERNELS = 8
+
+
+def _memory_bound_ops(ops, fusion: str):
+    """The memory-bound kernels of a layer's ops under ``fusion``.
+
+    Yields ``(op, nbytes, kernels)``: the op's forward HBM bytes (read + written) at the graph's
+    micro-batch and the kernels it launches. ``fused``: as the graph counts them (norms as one fused kernel). ``eager``:
+    RMSNorms at :data:`EAGER_RMSNORM_BYTES_PER_ELEMENT`. ``compile``: consecutive memory-bound
+    ops (views between them ignored) form one TorchInductor kernel that reads what the chain
+    takes from outside it and writes the chain's last output (an intermediate stays in
+    registers); the chain is yielded as its first op with the chain's bytes.
+    """
+    chain: list = []
+
+    def flush():
+        if not chain:
+            return None
+        first, last = chain[0], chain[-1]
+        reads = first.bytes_read + sum(max(0, b.bytes_read - a.bytes_written)
+                                       for a, b in zip(chain, chain[1:]))
+        out = (first, reads + last.bytes_written, 1)
+        chain.clear()
+        return out
+
+    for op in ops:
+        if op.kind == "view":
+            continue
+        if op.kind in ("matmul", "attention"):
+            if fusion == "compile":
+                done = flush()
+                if done:
+                    yield done
+            continue
+        if fusion == "compile":
+            if chain and chain[-1].region != op.region:
+                done = flush()
+                if done:
+                    yield done
+            chain.append(op)
+            continue
+        nbytes, kernels = op.bytes_read + op.bytes_written, 1
+        if fusion == "eager" and op.kind == "norm" and "rmsnorm" in op.target.lower():
+            nbytes *= EAGER_RMSNORM_BYTES_PER_ELEMENT / FUSED_NORM_BYTES_PER_ELEMENT
+            kernels = EAGER_RMSNORM_KERNELS
+        yield op, nbytes, kernels
+    done = flush()
+    if done:
+        yield done
+
 
 def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_parallel: bool,
                peak_flops: float, hbm_bandwidth: float, params: CostParams,
                architecture: str = "ampere", fp8_peak_flops: float | None = None,
-               attention_kernel: str = "fa2") -> LayerTime:
+               attention_kernel: str = "fa2", fusion: str = "fused",
+               attention_dims: tuple[float, float] = (0.0, 0.0)) -> LayerTime:
     """Roofline time of ``layer`` for a micro-batch of ``micro_batch`` sequences.
 
     Args:
@@ -79,6 +149,10 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
         params: calibration constants.
         architecture: the GPU architecture, for the per-architecture GEMM and attention ceilings.
         attention_kernel: the fused attention kernel that runs (:data:`ATTENTION_KERNELS`).
+        fusion: fusion level of memory-bound ops (:data:`autopar.frameworks.profiles.
+            FUSION_LEVELS`; see :func:`_memory_bound_ops`).
+        attention_dims: (head dim, keys each query block visits per rank) of the layer's
+            attention, for :meth:`CostParams.attention_shape_factor`; (0, 0) = unknown.
 
     Returns:
         :class:`LayerTime` in seconds and per-GPU FLOPs.
@@ -86,9 +160,12 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
     fwd = bwd = attn = wgrad = 0.0
     fwd_flops = bwd_flops = 0.0
     scale = micro_batch / cp
-    for op in layer.ops:
-        if op.kind == "view":
+    sac_saved = set(op_sac_saved(layer)) if layer.kind == "block" else set()
+    sac_fwd = 0.0  # forward seconds of the ops op-level SAC saves (matmuls and attention only)
+    for index, op in enumerate(layer.ops):
+        if op.kind not in ("matmul", "attention"):
             continue
+        before = fwd
         sharded = op.region == "tp" or op.tp_role in ("column", "row", "vocab") or (
             sequence_parallel)
         div = tp if sharded else 1
@@ -120,9 +197,14 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
             flops = op.fwd_flops * scale / tp
             if op.fused:
                 work = params.causal_attention_work if op.causal else 1.0
-                t = flops * work / (peak_flops * params.attention_ceiling(attention_kernel,
-                                                                          architecture))
-                bwd += ATTENTION_BACKWARD_RATIO * t
+                eff = (params.attention_ceiling(attention_kernel, architecture)
+                       * params.attention_shape_factor(attention_kernel, *attention_dims))
+                # the ceiling is for forward + backward; split it by the backward's relative
+                # efficiency r: fwd at eff * (1 + R / r) / (1 + R), bwd R / r times the forward
+                r = params.attention_backward_efficiency
+                ratio = ATTENTION_BACKWARD_RATIO
+                t = flops * work / (peak_flops * eff * (1 + ratio / r) / (1 + ratio))
+                bwd += ratio / r * t
             else:  # batched GEMMs plus the s x s scores through HBM, masked work not skipped
                 t = (flops / (peak_flops * params.matmul_ceiling(architecture))
                      + op.bytes_read * scale / tp / (hbm_bandwidth * params.hbm_efficiency))
@@ -131,10 +213,16 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
             attn += t
             fwd_flops += flops
             bwd_flops += ATTENTION_BACKWARD_RATIO * flops
-        else:
-            nbytes = (op.bytes_read + op.bytes_written) * scale / div
-            t = max(nbytes / (hbm_bandwidth * params.hbm_efficiency), params.kernel_launch_s)
-            fwd += t
-            bwd += 2.0 * t
+        if index in sac_saved:
+            sac_fwd += fwd - before
+    for op, nbytes, kernels in _memory_bound_ops(layer.ops, fusion):
+        sharded = op.region == "tp" or op.tp_role in ("column", "row", "vocab") or (
+            sequence_parallel)
+        nbytes = nbytes * scale / (tp if sharded else 1)
+        t = max(nbytes / (hbm_bandwidth * params.hbm_efficiency),
+                kernels * params.kernel_launch_s)
+        fwd += t
+        bwd += 2.0 * t
     return LayerTime(fwd_s=fwd, bwd_s=bwd, attention_fwd_s=attn, fwd_flops=fwd_flops,
-                     bwd_flops=bwd_flops, wgrad_s=wgrad)
+                     bwd_flops=bwd_flops, wgrad_s=wgrad,
+                     op_sac_recompute_s=fwd - sac_fwd)

@@ -31,8 +31,9 @@ class MemoryBreakdown:
         activations: saved activations of all micro-batches in flight.
         transient: working memory of the layer being computed (its full activations when it is
             recomputed, gathered ZeRO-3 parameters).
-        reserved: context, workspaces and fragmentation the allocator cannot use (from
-            :class:`~autopar.cost.params.CostParams`).
+        reserved: context, workspaces and NCCL buffers outside the allocator, plus what the
+            allocator reserves beyond its allocated peak (fragmentation, a fraction of the other
+            components; :class:`~autopar.cost.params.CostParams`).
     """
 
     weights: float
@@ -92,11 +93,15 @@ def block_activation_bytes(layer: Layer, mode: str, *, micro_batch: int, tp: int
     """Bytes one layer keeps for backward per micro-batch under a recompute mode.
 
     Korthikanti et al. 2022, Table 2: no recompute sbh(10 + 24/t + 5as/(ht)) without SP,
-    sbh(34 + 5as/h)/t with SP; selective drops the 5as/h terms; full keeps 2sbh (/t with SP).
+    sbh(34 + 5as/h)/t with SP; selective drops the 5as/h terms; full keeps 2sbh (/t with SP);
+    "selective-op" keeps what :func:`op_sac_bytes` counts.
     """
     a = layer.activations
     seq_div = tp if sequence_parallel else 1
     scale = micro_batch / cp
+    if mode == "selective-op":
+        return op_sac_bytes(layer, micro_batch=micro_batch, tp=tp, cp=cp,
+                            sequence_parallel=sequence_parallel)
     if mode == "full":
         return a.layer_input * scale / seq_div
     kept = a.seq / seq_div + a.tp / tp
@@ -122,3 +127,79 @@ def in_flight(schedule: str, stage: int, pp: int, num_micro_batches: int, virtua
     if schedule == "interleaved-1f1b" and virtual > 1:
         return float(min(m * virtual, (pp - stage - 1) * 2 + (virtual - 1) * pp + 1))
     return float(min(m, pp - stage))
+
+
+def op_sac_saved(layer: Layer) -> tuple[int, ...]:
+    """Indices of ``layer.ops`` whose outputs torchtitan's op-level selective checkpointing
+    keeps: every attention op and every odd-numbered matmul (the 1st, 3rd, ...) of the block.
+
+    Source: torchtitan v0.2.2 ``distributed/activation_checkpoint.py`` ``_custom_policy``
+    (saves the outputs of the ops in ``models/llama3/infra/parallelize.py``
+    ``_op_sac_save_list``: aten.mm, the SDPA kernels, reduce_scatter_tensor, max, "except every
+    second mm": ``meta[mm_count] % 2 == 0`` is recomputed); everything else is recomputed.
+    """
+    saved, mm = [], 0
+    for i, op in enumerate(layer.ops):
+        if op.kind == "attention":
+            saved.append(i)
+        elif op.kind == "matmul":
+            mm += 1
+            if mm % 2 == 1:
+                saved.append(i)
+    return tuple(saved)
+
+
+def op_sac_bytes(layer: Layer, *, micro_batch: float, tp: int, cp: int,
+                 sequence_parallel: bool) -> float:
+    """Bytes one block keeps per micro-batch under op-level selective checkpointing: its input
+    (the checkpoint's argument) plus the outputs :func:`op_sac_saved` names, sharded as the ops
+    run: column-parallel matmul and attention outputs by tp, a row-parallel matmul's output as
+    the unreduced partial sum (full size), plus its reduce-scatter output (/tp) under sequence
+    parallelism (reduce_scatter_tensor is in the save list). Everything scales with
+    ``micro_batch`` (in units of the graph's micro-batch) / cp. Attention's fp32 log-sum-exp
+    (1/64 of its output at head dim 128) is left out.
+    """
+    seq_div = tp if sequence_parallel else 1
+    kept = layer.activations.layer_input / seq_div
+    saved = set(op_sac_saved(layer))
+    for i, op in enumerate(layer.ops):
+        if op.tp_role == "row" and sequence_parallel and tp > 1:
+            kept += op.bytes_written / tp
+        if i not in saved:
+            continue
+        if op.kind == "attention" or op.tp_role in ("column", "vocab"):
+            kept += op.bytes_written / tp
+        elif op.tp_role == "row":
+            kept += op.bytes_written
+        else:
+            kept += op.bytes_written / (tp if op.region == "tp" else seq_div)
+    return kept * micro_batch / cp
+
+
+def unfused_score_elements(layer: Layer, *, tokens: float, dtype_bytes: int) -> float:
+    """Attention-score elements (b x heads x s_q x s_k) of the layer's unfused attention ops for
+    ``tokens`` = b x s_q tokens, 0 when its attention is fused.
+
+    From the SDPA FLOP rule (:func:`autopar.graph.kernels.sdpa_forward_flops`,
+    2 b h s_q s_k (d + d_v)) and the output b s_q h d_v, taking d = d_v (true of every preset;
+    not of multi-head latent attention).
+    """
+    n = 0.0
+    for op in layer.ops:
+        if op.kind != "attention" or op.fused or not op.bytes_written:
+            continue
+        heads = max(1, layer.attention_heads)
+        d_v = op.bytes_written / dtype_bytes / (tokens * heads)
+        n += op.fwd_flops / (4.0 * d_v)
+    return n
+
+
+def optimizer_state_bytes_per_param(optimizer: str, master_bytes: int, state_dtype: str) -> int:
+    """K, the optimizer-state bytes per parameter: a master copy plus the moments.
+
+    Source: Rajbhandari et al. 2020 (ZeRO) section 3.1: mixed-precision Adam keeps an fp32 master
+    copy, momentum and variance (K = 4 + 2 x 4 = 12); SGD with momentum one moment (K = 8).
+    Moments in bf16 take 2 bytes each (Megatron-LM --exp-avg-dtype / --exp-avg-sq-dtype bf16).
+    """
+    moments = {"adam": 2, "adamw": 2, "sgd": 1}[optimizer]
+    return master_bytes + moments * (2 if state_dtype == "bf16" else 4)

@@ -15,13 +15,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import DEFAULT_PLACEMENT, ParallelConfig, TrainingConfig
-from ..frameworks import get_profile
+from ..frameworks import FrameworkProfile, get_profile
+from ..frameworks.memory import MemoryConventions
 from ..graph.kernels import ATTENTION_BACKWARD_RATIO
 from ..graph.types import ModelGraph
 from . import memory as mem
 from .comm import Collectives, CommLedger, cp_layer_comm, tp_layer_comm
 from .compute import LayerTime, layer_time
-from .params import OPTIMIZER_STATE_BYTES, CostParams
+from .params import CostParams
+from .regime import Regime, band_for, plausibility_warnings
 from .resolve import resolve
 from .pipeline_orders import V_SHAPED, stage_rank
 from .schedule import pipeline_step_time
@@ -38,7 +40,8 @@ CAUSAL_FLOPS_SHARE = 0.5
 class BlockCost:
     """One layer's cost per micro-batch on one GPU under one recompute mode.
 
-    Times in seconds (fwd_s/bwd_s include TP and CP communication; bwd_s includes recompute),
+    Times in seconds (fwd_s/bwd_s include TP and CP communication; bwd_s includes recompute;
+    ``tp_s`` is the exposed TP time, ``tp_link_s`` the time the TP collectives occupy the link),
     communication bytes on the wire per GPU and micro-batch (see :mod:`autopar.cost.comm`),
     FLOPs per GPU.
     """
@@ -56,6 +59,7 @@ class BlockCost:
     ep_s: float = 0.0
     ep_bytes: float = 0.0
     wgrad_s: float = 0.0
+    tp_link_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,14 @@ class CostModel:
         cluster: an :class:`autopar.hardware.Cluster`.
         train: the training configuration.
         params: calibration constants (defaults documented in :class:`CostParams`).
+        attention_kernel: the fused attention kernel; None = the framework profile's kernel for
+            the GPU's architecture.
+        framework: the framework profile whose cost fields apply (attention kernel, fusion,
+            which communication overlaps compute, gradient-reduce dtype, fixed step cost);
+            None = the profile of ``train.framework``
+            (:func:`autopar.frameworks.get_profile`).
+        conventions: how memory is laid out (:class:`autopar.frameworks.memory.MemoryConventions`);
+            None = those of the framework profile.
 
     Raises:
         autopar.errors.InvalidTrainingConfig: the GPU lacks the training precision (e.g. fp8 on
@@ -103,15 +115,26 @@ class CostModel:
     """
 
     def __init__(self, graph: ModelGraph, cluster, train: TrainingConfig,
-                 params: CostParams | None = None, attention_kernel: str = "fa2"):
+                 params: CostParams | None = None, attention_kernel: str | None = None,
+                 framework: FrameworkProfile | None = None,
+                 conventions: MemoryConventions | None = None):
         self.graph, self.cluster, self.train = graph, cluster, train
         self.params = params or CostParams()
         self.device = cluster.device
-        self.peak = self.device.peak(train.precision)
+        self.profile = framework or get_profile(train.framework)
+        arch = getattr(self.device, "architecture", "ampere")
+        attention_kernel = attention_kernel or self.profile.attention_kernel(arch)
+        #: bytes per gradient element in the data-parallel reduction (the profile's dtype)
+        self.reduce_bytes = self.profile.grad_reduce_bytes or self.params.grad_bytes
+        # a power cap lowers the sustained tensor-core clock (Device.clock_scale)
+        self.peak = self.device.peak(train.precision) * self.device.clock_scale
         # FP8 training runs only the Linear GEMMs in FP8 (Transformer Engine, torchao Float8):
         # attention, the output layer and element-wise work stay in BF16
         self.attention_kernel = attention_kernel
-        self.compute_peak = self.device.peak("bf16") if train.precision == "fp8" else self.peak
+        # how the target framework lays out memory (bytes per state, PP, unfused attention)
+        self.conventions = conventions or self.profile.memory
+        self.compute_peak = (self.device.peak("bf16") * self.device.clock_scale
+                             if train.precision == "fp8" else self.peak)
         self.blocks = [layer.index for layer in graph.layers if layer.kind == "block"]
         self._layer_times: dict[tuple, LayerTime] = {}
         self._groups: dict[tuple, Collectives] = {}
@@ -132,9 +155,25 @@ class CostModel:
                            fp8_peak_flops=self.peak if self.train.precision == "fp8" else None,
                            hbm_bandwidth=self.device.hbm_bandwidth_Bps, params=self.params,
                            architecture=getattr(self.device, "architecture", "ampere"),
-                           attention_kernel=self.attention_kernel)
+                           attention_kernel=self.attention_kernel,
+                           fusion=self.profile.fusion,
+                           attention_dims=self._attention_dims(layer, cp))
             self._layer_times[key] = t
         return t
+
+    def _attention_dims(self, layer, cp: int) -> tuple[float, float]:
+        """(head dim, keys per query block on one CP rank) of ``layer``'s fused attention:
+        head dim from its counted FLOPs, 4 * b * heads * s * span * d; keys: the span (the
+        window, or the sequence), at most the rank's s / cp (ring and load-balanced exchanges run
+        the kernel on per-rank chunks)."""
+        g = self.graph
+        for op in layer.ops:
+            if op.kind == "attention" and op.fused and layer.attention_heads:
+                s = g.seq_len
+                span = op.window if op.window else s
+                d = op.fwd_flops / (4.0 * g.micro_batch_size * layer.attention_heads * s * span)
+                return d, min(span, s / cp)
+        return 0.0, 0.0
 
     def group(self, dim: str, c: ParallelConfig) -> Collectives:
         """The representative process group (the one holding rank 0) of mesh dimension ``dim``
@@ -187,6 +226,17 @@ class CostModel:
         if mode == "full":  # the recomputed forward repeats its collectives
             tb += tf
             bb += fb
+        tp_link_s = tf + tb
+        if self.profile.overlap_tp_comm:
+            # TP collectives split into chunks that run beside the GEMMs next to them
+            # (Transformer Engine userbuffers, Wang et al. 2023 "Overlap communication with
+            # dependent computation", ASPLOS): hidden up to dp_overlap of the GEMM time
+            gemm_f = lt.fwd_s - lt.attention_fwd_s
+            gemm_b = lt.bwd_s - ATTENTION_BACKWARD_RATIO * lt.attention_fwd_s
+            if mode == "full":
+                gemm_b += gemm_f
+            tf = max(0.0, tf - self.params.dp_overlap * gemm_f)
+            tb = max(0.0, tb - self.params.dp_overlap * gemm_b)
         cf, cb, cbytes = cp_layer_comm(layer, self.group("cp", c), micro_batch=bscale, tp=tp,
                                        attention_fwd_s=lt.attention_fwd_s, mode=c.cp_mode,
                                        overlap=self.params.dp_overlap)
@@ -209,20 +259,39 @@ class CostModel:
         counted = sum(o.fwd_flops for o in attn) * bscale / (tp * cp)
         causal = sum(o.fwd_flops for o in attn if o.causal) * bscale / (tp * cp)
         rflops = {"full": lt.fwd_flops, "selective": counted}.get(mode, 0.0)
-        if mode != "none":
+        if mode == "selective-op":  # the matmuls op-level SAC does not save
+            saved = set(mem.op_sac_saved(layer))
+            rflops = sum(o.fwd_flops for i, o in enumerate(layer.ops)
+                         if o.kind == "matmul" and i not in saved) * bscale / (tp * cp)
+        elif mode != "none":
             rflops -= CAUSAL_FLOPS_SHARE * causal
-        act = mem.block_activation_bytes(layer, mode, micro_batch=bscale, tp=tp, cp=cp,
-                                         sequence_parallel=sp)
+        conv = self.conventions
+        act_none = mem.block_activation_bytes(layer, "none", micro_batch=bscale, tp=tp, cp=cp,
+                                              sequence_parallel=sp)
+        # unfused attention: the framework's softmax output beyond the 2 bytes per score the
+        # graph saves, and its score-sized working tensors (MemoryConventions)
+        scores = mem.unfused_score_elements(
+            layer, tokens=self.graph.micro_batch_size * self.train.seq_len,
+            dtype_bytes=self.train.dtype_bytes) * bscale / (tp * cp)
+        act_none += (conv.unfused_score_saved_bytes - 2) * scores
+        act = act_none if mode == "none" else mem.block_activation_bytes(
+            layer, mode, micro_batch=bscale, tp=tp, cp=cp, sequence_parallel=sp)
         # recomputing a block re-materialises what it did not keep, one block at a time
-        transient = 0.0 if mode == "none" else mem.block_activation_bytes(
-            layer, "none", micro_batch=bscale, tp=tp, cp=cp, sequence_parallel=sp) - act
+        transient = act_none - act + conv.unfused_score_work_bytes * scores
+        if layer.kind == "head":
+            # the loss's backward: fp32 gradients of the logits beside the saved log-probs
+            logits = sum(o.bytes_written for o in layer.ops if o.kind == "loss") / 4.0
+            transient += conv.loss_work_bytes * logits * bscale / (tp * cp)
+        if self.train.precision == "fp8" and layer.kind == "block":
+            # the FP8 copy of the running layer's Linear weights and its transpose (1 byte each)
+            transient += 2.0 * mem.layer_params_per_rank(layer, tp, ep=c.ep)
         # the weight-gradient GEMMs (lt.wgrad_s) run apart from the rest of backward under a
         # zero-bubble schedule; recomputation and communication stay with the input gradient
         bc = BlockCost(fwd_s=lt.fwd_s + tf + cf + ef / 2, bwd_s=lt.bwd_s + rec + tb + cb + ef / 2,
                        compute_s=lt.fwd_s + lt.bwd_s + rec, tp_s=tf + tb, cp_s=cf + cb,
                        tp_bytes=fb + bb, cp_bytes=cbytes, recompute_flops=rflops,
                        act_bytes=act, transient_bytes=transient, ep_s=ef, ep_bytes=eb,
-                       wgrad_s=lt.wgrad_s)
+                       tp_link_s=tp_link_s, wgrad_s=lt.wgrad_s)
         self._block_costs[key] = bc
         return bc
 
@@ -268,8 +337,10 @@ class CostModel:
 
     @property
     def reserved_bytes(self) -> float:
-        """Bytes per GPU the model cannot use (context, workspaces, fragmentation)."""
-        return self.device.memory_bytes - self.params.usable_memory(self.device.memory_bytes)
+        """Bytes per GPU the model cannot use (context, workspaces, fragmentation) of the memory
+        the framework sees (:attr:`autopar.hardware.Device.visible_memory_bytes`)."""
+        cap = self.device.visible_memory_bytes
+        return cap - self.params.usable_memory(cap)
 
     def stage_layout(self, c: ParallelConfig) -> tuple[StageLayout, ...]:
         """Per pipeline rank of the resolved config ``c``: its layers, in-flight multiplier,
@@ -308,18 +379,8 @@ class CostModel:
                     p2p_bytes += boundary_bytes(ci - 1)  # and the input's gradient backward
                     p2p_send_s += pp_g.time("send_recv", boundary_bytes(ci - 1))
             params, experts = self._rank_params(tp, c.ep, layers)
-            k_opt = OPTIMIZER_STATE_BYTES[self.train.optimizer]
-            dense = mem.model_state_bytes(params - experts, c.zero_stage, c.dp * c.cp,
-                                          self.train.dtype_bytes, self.params.grad_bytes, k_opt)
-            # each expert is replicated over dp * cp / ep ranks, and ZeRO shards it over those
-            moe = mem.model_state_bytes(experts, c.zero_stage, c.dp * c.cp // c.ep,
-                                        self.train.dtype_bytes, self.params.grad_bytes, k_opt)
-            states = tuple(a + b for a, b in zip(dense, moe))
+            states, gather = self._states(c, params, experts, layers, pp)
             flight = mem.in_flight(c.schedule, rank, pp, m, c.virtual_stages) / max(1, len(mine))
-            gather = 0.0
-            if c.zero_stage == 3:
-                gather = 2 * self.train.dtype_bytes * max(
-                    mem.layer_params_per_rank(g.layers[i], tp, ep=c.ep) for i in layers)
             out.append(StageLayout(layers, flight, p2p_s, p2p_bytes, params, states, gather,
                                    p2p_send_s))
         self._layouts[key] = tuple(out)
@@ -351,6 +412,98 @@ class CostModel:
             ep = part["ep_comm"] / v   # forward + backward all-to-alls of one chunk
             out.append(min(ep, total / v - ep))
         return tuple(max(0.0, x) for x in out)
+
+    def zero3_collective_s(self, c: ParallelConfig, rank: int, nbytes_per_element: float,
+                           op: str) -> float:
+        """Seconds of one ZeRO-3 pass of ``op`` ("all_gather" of parameters or
+        "reduce_scatter" of gradients) over pipeline rank ``rank``'s layers, as the framework
+        issues it (``zero3_gather`` of the profile): one collective per layer (FSDP wraps each
+        block: ``per_block``) or one per parameter tensor (DeepSpeed ZeRO-3: ``per_parameter``),
+        so the latency terms of every call count, not one ideal collective per pass.
+        ``nbytes_per_element``: 2 for bf16 parameters, the reduce dtype's bytes for gradients."""
+        g, dp_g = self.graph, self.group("dp", c)
+        per_param = self.profile.zero3_gather == "per_parameter"
+        total = 0.0
+        for li, n in self.rank_layers(c.pp, c.stage_blocks, c.schedule)[rank][2]:
+            layer = g.layers[li]
+            if per_param:
+                for o in layer.ops:
+                    if o.num_parameters > 0:
+                        div = c.tp if o.tp_role in ("column", "row", "vocab") else 1
+                        total += n * dp_g.time(op, o.num_parameters / div * nbytes_per_element)
+            else:
+                total += n * dp_g.time(op, mem.layer_params_per_rank(layer, c.tp, ep=c.ep)
+                                       * nbytes_per_element)
+        return total
+
+    def _zero1_broadcasts_s(self, c: ParallelConfig, nbytes: float) -> float:
+        """Seconds to return ``nbytes`` of updated parameters by one broadcast per ZeRO-1 rank:
+        z broadcasts of nbytes / z over the ZeRO group (the first z ranks of the data-parallel
+        group, z = min(dp x cp, ``zero1_group_size``)); each pays its (z - 1)-hop latency, so
+        the total grows as z^2 alpha at scale (the framework waits on them after the step)."""
+        dp_g = self.group("dp", c)
+        z = min(dp_g.size, self.profile.zero1_group_size or dp_g.size)
+        if z <= 1:
+            return 0.0
+        grp = dp_g if z == dp_g.size else Collectives(self.cluster, dp_g.ranks[:z])
+        return z * grp.time("broadcast", nbytes / z)
+
+    def _states(self, c: ParallelConfig, params: float, experts: float,
+                layers: tuple[int, ...], pp: int) -> tuple[tuple[float, float, float], float]:
+        """((weights, gradients, optimizer states) bytes, working bytes) of a pipeline rank
+        holding ``params`` parameter elements (``experts`` of them MoE experts) of ``layers``.
+
+        Bytes per element follow the framework's :class:`MemoryConventions` (weights and
+        gradients in their dtypes, K = master copy + moments, optimizer states on the CPU with
+        ``optimizer_offload``); ZeRO shards them over dp x cp (Rajbhandari et al. 2020). Working
+        bytes: ZeRO-3's gathered parameters of the largest layer and the one prefetched (2 x),
+        or, under pipeline parallelism where the framework keeps them, the rank's unsharded
+        parameters and gradients across micro-batches; plus cached FP8 weight copies.
+        """
+        train, conv, g = self.train, self.conventions, self.graph
+        wb = conv.weight_bytes or train.dtype_bytes
+        gb = conv.grad_bytes or self.params.grad_bytes
+        k_opt = 0 if train.optimizer_offload else mem.optimizer_state_bytes_per_param(
+            train.optimizer, conv.master_weight_bytes, train.optimizer_state_dtype)
+        dense = mem.model_state_bytes(params - experts, c.zero_stage, c.dp * c.cp, wb, gb, k_opt)
+        # each expert is replicated over dp * cp / ep ranks, and ZeRO shards it over those
+        moe = mem.model_state_bytes(experts, c.zero_stage, c.dp * c.cp // c.ep, wb, gb, k_opt)
+        states = tuple(a + b for a, b in zip(dense, moe))
+        if c.zero_stage == 2 and wb > train.dtype_bytes and c.dp * c.cp > 1:
+            # FSDP2 without resharding after forward: fp32 shards (the master copy) plus the
+            # gathered compute-dtype parameters kept between forward and backward
+            w = wb * params / (c.dp * c.cp) + train.dtype_bytes * params
+            states = (w, states[1], states[2])
+        work = 0.0
+        if c.zero_stage == 3 and c.dp * c.cp > 1:
+            if pp > 1 and conv.pp_unsharded_bytes:
+                work = conv.pp_unsharded_bytes * params
+            else:
+                work = 2 * train.dtype_bytes * max(
+                    mem.layer_params_per_rank(g.layers[i], c.tp, ep=c.ep) for i in layers)
+        if train.precision == "fp8" and conv.fp8_weight_cache_bytes:
+            work += conv.fp8_weight_cache_bytes * sum(
+                mem.layer_params_per_rank(g.layers[i], c.tp, ep=c.ep) for i in layers
+                if g.layers[i].kind == "block")
+        return states, work
+
+    def state_bytes_per_param(self) -> int:
+        """Bytes of model states per parameter before any sharding: weights + gradients +
+        optimizer states on the GPU, under the framework's :class:`MemoryConventions`."""
+        train, conv = self.train, self.conventions
+        k_opt = 0 if train.optimizer_offload else mem.optimizer_state_bytes_per_param(
+            train.optimizer, conv.master_weight_bytes, train.optimizer_state_dtype)
+        return ((conv.weight_bytes or train.dtype_bytes) + (conv.grad_bytes or self.params.grad_bytes)
+                + k_opt)
+
+    def optimizer_step_bytes(self, c: ParallelConfig, params: float) -> float:
+        """Bytes the optimizer step allocates beside the states on a rank holding ``params``
+        elements (the framework's ``optimizer_step_temp_bytes`` per optimizer-held element;
+        none when the step runs on the CPU)."""
+        if self.train.optimizer_offload:
+            return 0.0
+        held = params / (c.dp * c.cp) if c.zero_stage >= 1 else params
+        return self.conventions.optimizer_step_temp_bytes * held
 
     # -- the estimate --------------------------------------------------------------------------
     def resolve(self, config: ParallelConfig) -> ParallelConfig:
@@ -394,7 +547,7 @@ class CostModel:
                     counts.setdefault(key, [li, 0])
                     counts[key][1] += 1
                 items = [(li, mode, n) for (_sig, mode), (li, n) in counts.items()]
-            tp_s = tp_b = cp_s = cp_b = ep_s = ep_b = 0.0
+            tp_s = tp_b = cp_s = cp_b = ep_s = ep_b = tp_link = 0.0
             parts = stage_parts[rank]
             for li, mode, n in items:
                 bc = self.block_cost(li, mode, c)
@@ -403,6 +556,7 @@ class CostModel:
                 stage_bwd[rank] += n * bc.bwd_s
                 stage_wgrad[rank] += n * bc.wgrad_s
                 tp_s += n * bc.tp_s
+                tp_link += n * bc.tp_link_s
                 tp_b += n * bc.tp_bytes
                 cp_s += n * bc.cp_s
                 cp_b += n * bc.cp_bytes
@@ -416,10 +570,12 @@ class CostModel:
             parts["ep_comm"] += ep_s
             if ep_b:
                 rank_comm[rank].append(("ep", self.group("ep", c).link, ep_b, ep_s))
-            rank_comm[rank] += [("tp", tp_g.link, tp_b, tp_s), ("cp", cp_g.link, cp_b, cp_s)]
-            stage_parts[rank]["pp_comm"] += st.p2p_s
-            stage_fwd[rank] += st.p2p_s / 2
-            stage_bwd[rank] += st.p2p_s / 2
+            rank_comm[rank] += [("tp", tp_g.link, tp_b, tp_link), ("cp", cp_g.link, cp_b, cp_s)]
+            # pipeline sends block the stage unless the framework runs them beside compute
+            p2p_exposed = 0.0 if self.profile.overlap_pp_p2p else st.p2p_s
+            stage_parts[rank]["pp_comm"] += p2p_exposed
+            stage_fwd[rank] += p2p_exposed / 2
+            stage_bwd[rank] += p2p_exposed / 2
             # the ledger shows what this rank sends and how long sending it takes; the step time
             # charges each boundary's round trip to the rank before it (p2p_s above)
             rank_comm[rank].append(("pp", pp_g.link, st.p2p_bytes, st.p2p_send_s))
@@ -439,50 +595,77 @@ class CostModel:
         psi = max(stage_params)
         wbytes = train.dtype_bytes
         dp_exposed = 0.0
+        prof = self.profile
+        gb = self.reduce_bytes
+        # share of a compute window that hides the DP collectives running beside it: none when
+        # the framework issues them after backward or gathers per parameter with syncs
+        ov_grad = p.dp_overlap if prof.overlap_dp_grad_reduce else 0.0
+        ov_gather = p.dp_overlap if prof.zero3_gather == "per_block" else 0.0
         if dp * cp > 1:
             fwd1, bwd1 = stage_fwd[bottleneck], stage_bwd[bottleneck]
-            if c.zero_stage == 3:
-                per_mb = (2 * dp_g.time("all_gather", psi * wbytes)
-                          + dp_g.time("reduce_scatter", psi * p.grad_bytes))
-                dp_exposed = m * max(0.0, per_mb - p.dp_overlap * (fwd1 + bwd1))
+            t_ag = dp_g.time("all_gather", psi * wbytes)
+            t_rs = dp_g.time("reduce_scatter", psi * gb)
+            if c.zero_stage == 3:   # gathered and reduced per block or per parameter
+                t_ag = self.zero3_collective_s(c, bottleneck, wbytes, "all_gather")
+                t_rs = self.zero3_collective_s(c, bottleneck, gb, "reduce_scatter")
+            if c.zero_stage == 3 and (pp == 1 or prof.zero3_regather_per_micro_batch):
+                # every micro-batch gathers the parameters for forward and again for backward
+                # and reduce-scatters its gradients
+                per_mb = 2 * t_ag + t_rs
+                dp_exposed = m * max(0.0, per_mb - ov_gather * (fwd1 + bwd1))
                 ledger.add("dp", dp_g.link,
                            2 * dp_g.wire_bytes("all_gather", psi * wbytes)
-                           + dp_g.wire_bytes("reduce_scatter", psi * p.grad_bytes), per_mb, times=m)
+                           + dp_g.wire_bytes("reduce_scatter", psi * gb), per_mb, times=m)
+            elif c.zero_stage == 3:
+                # under PP the framework keeps parameters gathered and gradients unsharded
+                # across the step's micro-batches: one gather behind the first forward, one
+                # reduce-scatter behind the last backward (memory pays, not time)
+                dp_exposed = (max(0.0, t_ag - ov_gather * fwd1)
+                              + max(0.0, t_rs - ov_grad * bwd1))
+                ledger.add("dp", dp_g.link, dp_g.wire_bytes("all_gather", psi * wbytes)
+                           + dp_g.wire_bytes("reduce_scatter", psi * gb), t_ag + t_rs)
             elif c.zero_stage == 2:
                 # sharded gradients cannot accumulate locally: reduce-scatter every micro-batch,
                 # each hidden behind that micro-batch's backward; parameters gathered once
-                t_rs = dp_g.time("reduce_scatter", psi * p.grad_bytes)
-                t_param = dp_g.time("all_gather", psi * wbytes)
-                dp_exposed = (m * max(0.0, t_rs - p.dp_overlap * bwd1)
-                              + max(0.0, t_param - p.dp_overlap * fwd1))
-                ledger.add("dp", dp_g.link, dp_g.wire_bytes("reduce_scatter", psi * p.grad_bytes),
+                dp_exposed = m * max(0.0, t_rs - ov_grad * bwd1) + max(0.0, t_ag - ov_grad * fwd1)
+                ledger.add("dp", dp_g.link, dp_g.wire_bytes("reduce_scatter", psi * gb),
                            t_rs, times=m)
-                ledger.add("dp", dp_g.link, dp_g.wire_bytes("all_gather", psi * wbytes), t_param)
+                ledger.add("dp", dp_g.link, dp_g.wire_bytes("all_gather", psi * wbytes), t_ag)
             else:
                 if c.zero_stage == 0:
-                    t_grad = dp_g.time("all_reduce", psi * p.grad_bytes)
+                    t_grad = dp_g.time("all_reduce", psi * gb)
                     t_param = 0.0
-                    wire = dp_g.wire_bytes("all_reduce", psi * p.grad_bytes)
-                else:
-                    t_grad = dp_g.time("reduce_scatter", psi * p.grad_bytes)
-                    t_param = dp_g.time("all_gather", psi * wbytes)
-                    wire = (dp_g.wire_bytes("reduce_scatter", psi * p.grad_bytes)
+                    wire = dp_g.wire_bytes("all_reduce", psi * gb)
+                elif prof.zero1_grad_all_reduce:   # full gradients all-reduced, then sharded
+                    t_grad, t_param = dp_g.time("all_reduce", psi * gb), t_ag
+                    wire = (dp_g.wire_bytes("all_reduce", psi * gb)
                             + dp_g.wire_bytes("all_gather", psi * wbytes))
-                dp_exposed = (max(0.0, t_grad - p.dp_overlap * bwd1)
-                              + max(0.0, t_param - p.dp_overlap * fwd1))
+                else:
+                    t_grad, t_param = t_rs, t_ag
+                    wire = (dp_g.wire_bytes("reduce_scatter", psi * gb)
+                            + dp_g.wire_bytes("all_gather", psi * wbytes))
+                ov_param = ov_grad
+                if prof.zero1_param_sync == "broadcast" and c.zero_stage == 1:
+                    t_param, ov_param = self._zero1_broadcasts_s(c, psi * wbytes), 0.0
+                dp_exposed = (max(0.0, t_grad - ov_grad * bwd1)
+                              + max(0.0, t_param - ov_param * fwd1))
                 ledger.add("dp", dp_g.link, wire, t_grad + t_param)
         opt_params = psi / (dp * cp if c.zero_stage >= 1 else 1)
         optimizer_s = opt_params * p.optimizer_bytes_per_param / (
             self.device.hbm_bandwidth_Bps * p.hbm_efficiency)
-        step = t_pipe + dp_exposed + optimizer_s
+        step = t_pipe + dp_exposed + optimizer_s + self.profile.step_fixed_s
 
         # memory per pipeline rank
-        reserved = self.reserved_bytes
         stage_mem: list[mem.MemoryBreakdown] = []
         for rank, st in enumerate(layout):
             w, gr, o = st.states
             act = stage_act[rank] * st.flight
-            transient = stage_transient[rank] + st.gather_bytes
+            # the step runs after backward has freed the activations: its temporaries count
+            # only where they exceed them
+            transient = max(stage_transient[rank] + st.gather_bytes,
+                            self.optimizer_step_bytes(c, st.params) - act)
+            # outside the allocator, plus what it reserves beyond its allocated peak
+            reserved = p.reserved_bytes + p.fragmentation * (w + gr + o + act + transient)
             stage_mem.append(mem.MemoryBreakdown(w, gr, o, act, transient, reserved))
         totals = [s.total for s in stage_mem]
         peak_rank = max(range(pp), key=lambda r: totals[r])
@@ -498,8 +681,9 @@ class CostModel:
         model_flops = per_seq * train.global_batch_size
         hw_flops = model_flops + recompute_flops * m * dp * tp * cp
         world = self.cluster.world_size
-        mfu = model_flops / (step * world * self.peak)
-        hfu = hw_flops / (step * world * self.peak)
+        nominal = self.device.peak(train.precision)   # MFU against the datasheet peak
+        mfu = model_flops / (step * world * nominal)
+        hfu = hw_flops / (step * world * nominal)
         parts = dict(stage_parts[bottleneck])
         if overlap:  # the all-to-all seconds hidden inside DualPipeV's pairs are not exposed
             parts["ep_comm"] -= v * overlap[bottleneck]
@@ -509,11 +693,14 @@ class CostModel:
             "pp_comm": m * parts["pp_comm"],
             "bubble": bubble, "dp_comm_exposed": dp_exposed, "optimizer": optimizer_s,
         }
+        regime = Regime.of(train, self.device.name, c)
         return Estimate(
+            error_band=band_for(regime), warnings=plausibility_warnings(mfu, regime),
             config=c, step_time_s=step, mfu=mfu, hfu=hfu,
             tokens_per_s=train.tokens_per_step / step,
-            memory_per_gpu_bytes=totals[peak_rank], memory_limit_bytes=self.device.memory_bytes,
-            fits=totals[peak_rank] <= self.device.memory_bytes, num_micro_batches=m,
+            memory_per_gpu_bytes=totals[peak_rank],
+            memory_limit_bytes=self.device.visible_memory_bytes,
+            fits=totals[peak_rank] <= self.device.visible_memory_bytes, num_micro_batches=m,
             model_flops_per_step=model_flops, time_breakdown=breakdown,
             memory_breakdown=stage_mem[peak_rank].as_dict(),
             stage_memory_bytes=tuple(totals), stage_time_s=tuple(stage_time),

@@ -33,11 +33,36 @@ class CostParams:
             FlashAttention-1 reaches 25-40% of A100 peak, FlashAttention-2 50-73% (0.30 and 0.60
             taken, inside each range); Shah et al. 2024 (FlashAttention-3, arXiv 2407.08608):
             FlashAttention-2 reaches 35% of H100 peak, FlashAttention-3 up to 75% forward with a
-            slower backward (0.60 taken for forward and backward together; cuDNN's fused
-            attention, which Transformer Engine runs, is taken as FA3-class). A kernel without a
+            slower backward (0.60 taken for forward and backward together). Hopper FA2 and cuDNN
+            (the fused attention Transformer Engine runs) are measured on one H200 at head dim
+            128, sequence -> infinity (``attention_shape``'s fit): 0.34 and 0.58 of the BF16
+            peak forward+backward (``benchmarks/data/gpu/h200_sweep.json``). A kernel without a
             figure for an architecture falls back to ``"fa2/<architecture>"``, then to
             ``"fa2/ampere"``. Efficiency is against the BF16 peak also in FP8 runs (attention
-            stays BF16).
+            stays BF16). ``fa1/hopper`` has no measurement: an Ampere-era kernel (mma.sync, no
+            TMA/wgmma) keeps its speed relative to FlashAttention-2 on Hopper, so it is taken as
+            fa2/hopper x fa1/ampere / fa2/ampere = 0.34 x 0.30 / 0.60 = 0.17 (derived, not fitted).
+        attention_shape: per kernel, ``(head_dim_half, seq_half)``: how a fused attention
+            kernel's efficiency falls at small head dims and short sequences,
+            ``f = (128 + k) / 128 * d / (d + k) * L / (L + s_half)`` for head dim ``d`` and ``L``
+            keys per query block (the sequence, or the window, per context-parallel rank).
+            Mechanism: a tile's softmax work (exponentials on the SFU) does not shrink with the
+            head dim while its matmul work does, and every query block pays a fixed prologue and
+            epilogue (loading Q, rescaling and writing O and the log-sum-exp) amortised over the
+            keys it visits, with half-wasted diagonal tiles under a causal mask. Values: least
+            squares over the forward+backward times measured on one H200
+            (``benchmarks/data/gpu/h200_sweep.json``: 21 shapes per kernel, head dims 64/128,
+            sequences 512-32768; max error 1.7% for FA2, 5% for cuDNN): ``fa2`` (21, 740),
+            ``cudnn`` (53, 620). Unmeasured kernels borrow the nearest design: ``fa1`` takes
+            FA2's, ``fa3`` cuDNN's (both Hopper warp-specialised kernels; assumption). The
+            ``attention_efficiency`` figures are at head dim 128 and long sequences, where
+            ``f`` -> 1. A calibrated scalar ``attention_efficiency`` (``autopar calibrate``,
+            measured at the planned shape) is used as is.
+        attention_backward_efficiency: a fused kernel's backward efficiency relative to its
+            forward's (the figures above are for forward and backward together). Measured on
+            one H200: 0.88 for both FA2 and cuDNN at head dim 128 (forward 0.37 / 0.64 of peak,
+            backward 0.33 / 0.56; ``benchmarks/data/gpu``); Shah et al. 2024 also report a
+            slower backward.
         causal_attention_work: fraction of the counted (non-causal) attention FLOPs a causal
             kernel executes: 0.5 (the upper triangle is skipped).
         hbm_efficiency: fraction of HBM bandwidth memory-bound kernels reach. Source: STREAM
@@ -53,10 +78,13 @@ class CostParams:
             parameter gathers behind the previous layer, ring-attention transfers): NCCL kernels
             take SMs and HBM bandwidth from the compute they overlap. 0.8 is an assumption to be
             calibrated by measurement.
-        reserved_bytes: memory per GPU not available to the model: CUDA context, cuBLAS workspace
-            and NCCL buffers (assumption: 2e9 bytes).
-        fragmentation: fraction of the remaining memory lost to allocator fragmentation
-            (assumption: 5%).
+        reserved_bytes: memory per GPU outside the framework's allocator: CUDA context, cuBLAS
+            workspace and NCCL buffers (assumption: 2e9 bytes; the CUDA context alone measured
+            0.55e9 on an H200 with torch 2.11: total_memory - mem_get_info free after init).
+        fragmentation: memory the caching allocator reserves beyond the allocated peak, as a
+            fraction of that peak: 0.05 (measured on one H200, ten plan.apply runs,
+            benchmarks/data/gpu/h200_sweep.json: max_memory_reserved / max_memory_allocated
+            - 1 from 0.035 to 0.076, mean 0.047).
     """
 
     matmul_efficiency: Mapping[str, float] = field(
@@ -65,7 +93,12 @@ class CostParams:
     attention_efficiency: Mapping[str, float] = field(
         default_factory=lambda: MappingProxyType({
             "fa1/ampere": 0.30, "fa2/ampere": 0.60, "cudnn/ampere": 0.60,
-            "fa2/hopper": 0.35, "fa3/hopper": 0.60, "cudnn/hopper": 0.60}))
+            "fa1/hopper": 0.17, "fa2/hopper": 0.34, "fa3/hopper": 0.60, "cudnn/hopper": 0.58}))
+    attention_shape: Mapping[str, tuple[float, float]] = field(
+        default_factory=lambda: MappingProxyType({
+            "fa1": (21.0, 740.0), "fa2": (21.0, 740.0), "cudnn": (53.0, 620.0),
+            "fa3": (53.0, 620.0)}))
+    attention_backward_efficiency: float = 0.88
     causal_attention_work: float = 0.5
     hbm_efficiency: float = 0.82
     kernel_launch_s: float = 5e-6
@@ -90,6 +123,15 @@ class CostParams:
                 return eff[key]
         raise ValueError(f"no attention efficiency for {kernel}/{architecture} nor fa2/ampere")
 
+    def attention_shape_factor(self, kernel: str, head_dim: float, keys: float) -> float:
+        """Efficiency factor of a fused ``kernel`` at ``head_dim`` and ``keys`` per query block,
+        relative to head dim 128 and long sequences (``attention_shape``); 1.0 when the
+        efficiency is a calibrated scalar or a size is unknown (0)."""
+        if isinstance(self.attention_efficiency, (int, float)) or head_dim <= 0 or keys <= 0:
+            return 1.0
+        k, s_half = self.attention_shape.get(kernel, self.attention_shape.get("fa2", (0, 0)))
+        return (128.0 + k) / 128.0 * head_dim / (head_dim + k) * keys / (keys + s_half)
+
     def matmul_ceiling(self, architecture: str) -> float:
         """Large-GEMM efficiency of an architecture (the Ampere figure when unmeasured)."""
         eff = self.matmul_efficiency
@@ -108,8 +150,10 @@ class CostParams:
         return self.matmul_ceiling(architecture) * f / ref
 
     def usable_memory(self, memory_bytes: float) -> float:
-        """Bytes of a GPU's memory the model may use (after reserve and fragmentation)."""
-        return max(0.0, (memory_bytes - self.reserved_bytes) * (1.0 - self.fragmentation))
+        """Bytes the model may allocate on a GPU of ``memory_bytes``: what is left after
+        :attr:`reserved_bytes`, less the allocator's :attr:`fragmentation` of it
+        ((m - reserved) / (1 + fragmentation))."""
+        return max(0.0, (memory_bytes - self.reserved_bytes) / (1.0 + self.fragmentation))
 
 
 #: Fused attention kernels the cost model knows: FlashAttention 1/2/3 and cuDNN's fused attention.

@@ -2,7 +2,10 @@
 
 The rules (each error names the rule and a fix):
   tp * pp * cp * dp = GPUs; tp divides attention heads and KV heads (Megatron-LM's head split);
-  cp divides the sequence; the global batch is a multiple of dp * micro-batch; pp * v <= blocks;
+  cp divides the sequence, and the target framework's sequence split holds
+  (:meth:`autopar.frameworks.FrameworkProfile.seq_violation`: load-balanced CP needs
+  seq % (2 cp), SP needs seq / cp % tp; torchtitan seq % (2 tp cp) always); the global batch
+  is a multiple of dp * micro-batch; pp * v <= blocks;
   interleaved 1F1B needs the micro-batch count to be a multiple of pp (Megatron-LM);
   interleaved zero bubble a multiple of its rounds ``max(1, m // pp)`` and DualPipeV at least
   ``2 pp`` micro-batches (torch 2.13 ``ScheduleInterleavedZeroBubble`` / ``ScheduleDualPipeV``
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 from ..config import DEFAULT_PLACEMENT, V_SCHEDULES, ParallelConfig, TrainingConfig
 from ..errors import InvalidParallelConfig
+from ..frameworks import get_profile
 from ..graph.types import ModelGraph
 from .stages import balanced_stage_blocks
 
@@ -58,14 +62,14 @@ def resolve(config: ParallelConfig, graph: ModelGraph, world_size: int,
         raise InvalidParallelConfig(
             f"cp={c.cp} must divide the sequence length {train.seq_len}. Fix: choose cp that "
             "divides it.")
-    if c.sequence_parallel and c.tp > 1 and (train.seq_len // c.cp) % c.tp:
-        # sequence parallelism shards each CP rank's tokens over the TP group (Korthikanti et
-        # al. 2022): an indivisible length makes the ranks' reduce-scatter/all-gather shapes
-        # differ (seen as a gloo size mismatch at run time)
-        raise InvalidParallelConfig(
-            f"sequence parallelism needs the tokens per CP rank ({train.seq_len} / cp={c.cp}) to "
-            f"be divisible by tp={c.tp}. Fix: a sequence length that is a multiple of "
-            f"{c.tp * c.cp}, sequence_parallel=False, or another tp.")
+    # the target framework's split of each sequence over CP and SP ranks (load-balanced CP in
+    # 2 cp chunks, SP shards of each CP rank's tokens: autopar.frameworks.seqrule); an
+    # indivisible length makes ranks' reduce-scatter/all-gather shapes differ (a gloo size
+    # mismatch at run time) or trips the framework's own assertion
+    why = get_profile(train.framework).seq_violation(train.seq_len, c.tp, c.cp,
+                                                     bool(c.sequence_parallel))
+    if why:
+        raise InvalidParallelConfig(why)
     mbs = c.micro_batch_size or train.micro_batch_size or 1
     if train.global_batch_size % (dp * mbs):
         raise InvalidParallelConfig(

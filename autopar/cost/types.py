@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..config import ParallelConfig
+from .regime import ErrorBand
 
 #: How MFU and HFU count FLOPs. Model FLOPs are those torch's FlopCounterMode counts for one
 #: forward pass of the extracted graph plus the measured backward (2x for GEMMs, 2.5x for
@@ -51,6 +52,11 @@ class Estimate:
         stage_memory_breakdown: per pipeline rank, bytes by component (as memory_breakdown).
         group_links: the bottleneck link class each mesh dimension's groups cross
             (e.g. {"tp": "nvlink", "dp": "infiniband"}), from the rank placement.
+        error_band: the expected relative error of ``step_time_s`` for this regime (framework
+            x precision x GPU generation x sharding kind), from the published runs' residuals
+            (:class:`autopar.cost.regime.ErrorBand`); None when no table is available.
+        warnings: plausibility warnings, e.g. an MFU above the best published for this GPU
+            generation, framework and precision (:func:`autopar.cost.regime.plausibility_warnings`).
     """
 
     config: ParallelConfig
@@ -76,6 +82,9 @@ class Estimate:
     stage_wgrad_s: tuple[float, ...] = ()
     stage_memory_breakdown: tuple[dict, ...] = ()
     flops_convention: str = FLOPS_CONVENTION
+    # -- how far to trust the numbers (issue 13; autopar.cost.regime) ------------------------
+    error_band: ErrorBand | None = None
+    warnings: tuple[str, ...] = ()
 
     @property
     def seconds_per_billion_tokens(self) -> float:

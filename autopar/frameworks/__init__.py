@@ -1,7 +1,11 @@
 """Training frameworks as data: what each can run (:class:`FrameworkProfile`), read by the search
-(only runnable plans) and by the exporters (what is really written). Imports only
-:mod:`autopar.config` and :mod:`autopar.errors`, so every stage may use it."""
+(only runnable plans) and by the exporters (what is really written), and how each lays out memory
+(:class:`MemoryConventions`, read by the cost model). Imports only :mod:`autopar.config` and
+:mod:`autopar.errors`, so every stage may use it."""
 
+from .memory import MemoryConventions
 from .profiles import CHUNK_RULES, CUT_RULES, PROFILES, FrameworkProfile, get_profile
+from .seqrule import SeqLenRule
 
-__all__ = ["CHUNK_RULES", "CUT_RULES", "PROFILES", "FrameworkProfile", "get_profile"]
+__all__ = ["CHUNK_RULES", "CUT_RULES", "PROFILES", "FrameworkProfile", "MemoryConventions",
+           "SeqLenRule", "get_profile"]

@@ -18,25 +18,72 @@ were read at these commits:
 - torch 2.13 ``torch.distributed`` (FSDP2 ``fully_shard``, DTensor TP,
   ``torch.distributed.pipelining``, ``torch.distributed.tensor.experimental.context_parallel``).
 
-Only capabilities live here for now; the cost parameters of a framework (attention kernel
-efficiency, which communication it overlaps, memory conventions) are to be added as further
-sourced fields (issue 13), without changing this module's interface.
+Besides capabilities, a profile carries the framework's **cost fields** (issue 13): which fused
+attention kernel it runs per GPU generation, how far it fuses memory-bound ops, which
+communication it overlaps with compute, the dtype it reduces gradients in, and a fixed cost per
+step. They have defaults (:data:`COST_FIELDS`), their own sources in ``cost_sources``, and the cost
+model reads them through ``TrainingConfig(framework=...)``; the physics (efficiencies, links)
+stays in :class:`autopar.cost.params.CostParams` and the hardware catalog.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Mapping
 
 from ..config import CP_MODES, FRAMEWORKS, RECOMPUTE_MODES, SCHEDULES, ParallelConfig
 from ..errors import InvalidTrainingConfig
+from .memory import (DEEPSPEED_MEMORY, MEGATRON_MEMORY, TORCH_MEMORY, TORCHTITAN_MEMORY,
+                     MemoryConventions)
+from .seqrule import DEEPSPEED_RULE, MEGATRON_RULE, TORCHTITAN_RULE, SeqLenRule
 
 #: Stage-cut rules, most permissive first: any cut; only the first and last stage may differ
 #: from the rest; balanced only (layer counts differ by at most one).
 CUT_RULES = ("any", "first_last", "balanced")
 #: Interleaved-chunk rules: any chunk sizes; all chunks equal; no interleaving.
 CHUNK_RULES = ("any", "equal", "none")
+#: Fusion levels of memory-bound (element-wise, norm) ops: ``eager`` = one kernel per PyTorch op
+#: as the model's Python writes it (norms in the model's own ops); ``compile`` = TorchInductor
+#: fuses each chain of consecutive point-wise ops into one kernel (Ansel et al. 2024, PyTorch 2,
+#: section 4: "pointwise and reduction fusion"); ``fused`` = hand-fused kernels (Apex / Transformer
+#: Engine fused norms, bias-GeLU, bias-dropout-add), costed as the graph counts them (fused norm).
+FUSION_LEVELS = ("eager", "compile", "fused")
+#: How ZeRO-3 / FSDP gathers parameters: ``per_block`` (FSDP / FSDP2: one all-gather per wrapped
+#: block, the next block's prefetched while this one computes) or ``per_parameter`` (DeepSpeed
+#: ZeRO-3: per-parameter gathers through small prefetch buckets with stream synchronisation,
+#: costed as not overlapped).
+ZERO3_GATHERS = ("per_block", "per_parameter")
+#: Names of the cost fields (defaults in :class:`FrameworkProfile`; sources in ``cost_sources``).
+COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_gather",
+               "zero3_regather_per_micro_batch", "overlap_tp_comm", "overlap_pp_p2p",
+               "grad_reduce_bytes", "step_fixed_s", "zero1_param_sync", "zero1_group_size",
+               "zero1_grad_all_reduce")
+#: How ZeRO-1 returns updated parameters after the optimizer step: one ``all_gather`` over the
+#: ZeRO group, or ``broadcast``: each rank broadcasts its shard (one broadcast per rank, as
+#: InternEvo's hybrid ZeRO and DeepSpeed's early ZeRO-1), exposed after the step.
+ZERO1_PARAM_SYNCS = ("all_gather", "broadcast")
+
+#: Sources of the default cost fields (plain PyTorch 2.x training loops).
+_DEFAULT_COST_SOURCES = {
+    "attention_kernels": "torch.nn.functional.scaled_dot_product_attention: the flash backend "
+                         "is FlashAttention-2 (torch 2.2+ release notes) on Ampere and Hopper",
+    "fusion": "eager PyTorch runs one kernel per op; norms as the model writes them",
+    "overlap_dp_grad_reduce": "DDP / FSDP bucketed gradient reduction during backward "
+                              "(torch.nn.parallel.DistributedDataParallel, fully_shard)",
+    "zero3_gather": "FSDP2 fully_shard per block with implicit forward/backward prefetch",
+    "zero3_regather_per_micro_batch": "plain gradient accumulation re-runs forward/backward, "
+                                      "and FSDP re-gathers every micro-batch",
+    "overlap_tp_comm": "DTensor TP collectives are synchronous on the compute stream",
+    "overlap_pp_p2p": "torch.distributed.pipelining waits on its batched isend/irecv before "
+                      "the next stage op",
+    "grad_reduce_bytes": "the compute dtype unless a reduce dtype is set (CostParams.grad_bytes)",
+    "step_fixed_s": "no sourced fixed per-step cost",
+    "zero1_param_sync": "ZeroRedundancyOptimizer / FSDP: parameters return by all-gather",
+    "zero1_group_size": "ZeRO shards over the whole data-parallel group",
+    "zero1_grad_all_reduce": "ZeRO-1 reduce-scatters gradients (ZeroRedundancyOptimizer after "
+                             "DDP all-reduce is the exception, not costed)",
+}
 
 
 @dataclass(frozen=True)
@@ -62,12 +109,37 @@ class FrameworkProfile:
         overlaps_ep_comm: schedules under which the framework hides expert-parallel all-to-alls
             behind the compute of another micro-batch (DualPipe-style forward-backward pairs);
             the cost model reads it (:meth:`autopar.cost.model.CostModel.estimate`).
-        sources: for every field above (name -> text), the file and flag of the framework it was
-            read from.
+        sources: for every capability field above (name -> text), the file and flag of the
+            framework it was read from.
+        seq_rule: the sequence-length divisibility it needs for CP and SP
+            (:class:`~autopar.frameworks.seqrule.SeqLenRule`, which carries its own source).
+
+    Cost fields (:data:`COST_FIELDS`, read by :class:`autopar.cost.model.CostModel`):
+        attention_kernels: GPU architecture -> the fused attention kernel the framework runs there
+            (a key of :data:`autopar.cost.params.ATTENTION_KERNELS`); ``"*"`` for any other.
+        fusion: fusion level of memory-bound ops (:data:`FUSION_LEVELS`).
+        overlap_dp_grad_reduce: the gradient reduction (or reduce-scatter) of data parallelism
+            runs during backward (bucketed, as DDP / FSDP / Megatron --overlap-grad-reduce).
+        zero3_gather: how ZeRO-3 gathers parameters (:data:`ZERO3_GATHERS`).
+        zero3_regather_per_micro_batch: under pipeline parallelism, ZeRO-3 parameters are
+            gathered (and gradients reduce-scattered) for every micro-batch; False when the
+            framework keeps them unsharded across a step's micro-batches (a memory cost, not time).
+        overlap_tp_comm: tensor-parallel collectives overlap the GEMMs beside them (userbuffers
+            ring exchange, Transformer Engine ``tp_comm_overlap``; or async TP).
+        overlap_pp_p2p: pipeline sends/receives run beside compute rather than blocking it.
+        grad_reduce_bytes: bytes per gradient element in the data-parallel reduction; None = the
+            cost model's :attr:`~autopar.cost.params.CostParams.grad_bytes`.
+        step_fixed_s: a sourced fixed cost per optimizer step (seconds); 0 when none is sourced.
+        zero1_param_sync: how ZeRO-1 returns updated parameters (:data:`ZERO1_PARAM_SYNCS`).
+        zero1_group_size: ZeRO-1 shards over at most this many data-parallel ranks (e.g.
+            InternEvo ``parallel.zero1=8``: within a node); None = the whole data-parallel group.
+        zero1_grad_all_reduce: ZeRO-1 all-reduces the full gradients (each rank then keeps its
+            shard) instead of reduce-scattering them: twice the volume on the wire.
+        cost_sources: cost field name -> its source (every cost field has one).
 
     Raises:
         InvalidTrainingConfig: at construction, a value outside autopar's vocabulary or a
-            capability without a source.
+            capability or cost field without a source.
     """
 
     name: str
@@ -86,6 +158,26 @@ class FrameworkProfile:
     expert_parallel: bool
     overlaps_ep_comm: tuple[str, ...] = ()
     sources: Mapping[str, str] = field(default_factory=dict)
+    # -- sequence-length divisibility for CP and SP (issue 13); sourced inside the rule --------
+    seq_rule: SeqLenRule = SeqLenRule()
+    # -- cost fields (issue 13): defaults are plain PyTorch's; each profile sources its own ---
+    attention_kernels: Mapping[str, str] = field(
+        default_factory=lambda: MappingProxyType({"*": "fa2"}))
+    fusion: str = "eager"
+    overlap_dp_grad_reduce: bool = True
+    zero3_gather: str = "per_block"
+    zero3_regather_per_micro_batch: bool = True
+    overlap_tp_comm: bool = False
+    overlap_pp_p2p: bool = False
+    grad_reduce_bytes: int | None = None
+    step_fixed_s: float = 0.0
+    zero1_param_sync: str = "all_gather"
+    zero1_group_size: int | None = None
+    zero1_grad_all_reduce: bool = False
+    cost_sources: Mapping[str, str] = field(default_factory=lambda: dict(_DEFAULT_COST_SOURCES))
+    #: memory conventions (bytes per state, optimizer temporaries, what PP keeps unsharded...),
+    #: sourced inside :class:`autopar.frameworks.memory.MemoryConventions`
+    memory: MemoryConventions = field(default_factory=lambda: TORCH_MEMORY)
 
     def __post_init__(self) -> None:
         bad = []
@@ -105,17 +197,70 @@ class FrameworkProfile:
             bad.append("stage_cuts")
         if self.interleaved_chunks not in CHUNK_RULES:
             bad.append("interleaved_chunks")
+        if self.fusion not in FUSION_LEVELS:
+            bad.append("fusion")
+        if self.zero3_gather not in ZERO3_GATHERS:
+            bad.append("zero3_gather")
+        if self.zero1_param_sync not in ZERO1_PARAM_SYNCS:
+            bad.append("zero1_param_sync")
+        if self.zero1_group_size is not None and self.zero1_group_size < 1:
+            bad.append("zero1_group_size")
+        if self.grad_reduce_bytes not in (None, 1, 2, 4) or self.step_fixed_s < 0:
+            bad.append("grad_reduce_bytes/step_fixed_s")
+        if not self.attention_kernels or "*" not in self.attention_kernels:
+            bad.append("attention_kernels (needs a '*' entry)")
         missing = [n for n in self.capability_names() if not self.sources.get(n)]
+        missing += [n for n in COST_FIELDS if not self.cost_sources.get(n)]
         if bad or missing:
             raise InvalidTrainingConfig(
                 f"framework profile {self.name!r}: invalid {bad}, unsourced {missing}. Fix: use "
                 "autopar's names (autopar.config) and give every capability its source.")
         object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
+        object.__setattr__(self, "cost_sources", MappingProxyType(dict(self.cost_sources)))
+        object.__setattr__(self, "attention_kernels",
+                           MappingProxyType(dict(self.attention_kernels)))
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.version, tuple(sorted(self.attention_kernels.items())),
+                     self.fusion, self.overlap_dp_grad_reduce, self.zero3_gather,
+                     self.zero3_regather_per_micro_batch, self.overlap_tp_comm,
+                     self.overlap_pp_p2p, self.grad_reduce_bytes, self.step_fixed_s,
+                     self.zero1_param_sync, self.zero1_group_size, self.zero1_grad_all_reduce))
 
     @classmethod
     def capability_names(cls) -> tuple[str, ...]:
-        """Names of the capability fields (every field but name, version and sources)."""
-        return tuple(f.name for f in fields(cls) if f.name not in ("name", "version", "sources"))
+        """Names of the capability fields (every field but name, version, sources and the cost
+        fields of :data:`COST_FIELDS`)."""
+        return tuple(f.name for f in fields(cls) if f.name not in (
+            "name", "version", "sources", "cost_sources", "seq_rule", "memory") + COST_FIELDS)
+
+    def attention_kernel(self, architecture: str) -> str:
+        """The fused attention kernel this framework runs on ``architecture`` (the ``"*"`` entry
+        when the architecture has none of its own)."""
+        return self.attention_kernels.get(architecture, self.attention_kernels["*"])
+
+    def with_costs(self, sources: Mapping[str, str], **changes) -> "FrameworkProfile":
+        """A copy with cost fields changed, each change with its source (``sources``: field ->
+        text), e.g. a framework version or recipe that differs from the profile's defaults.
+
+        Raises:
+            InvalidTrainingConfig: a change that is not a cost field, or one without a source.
+        """
+        unknown = sorted(set(changes) - set(COST_FIELDS))
+        unsourced = sorted(k for k in changes if not sources.get(k))
+        if unknown or unsourced:
+            raise InvalidTrainingConfig(
+                f"framework profile {self.name!r}: {unknown} are not cost fields "
+                f"{list(COST_FIELDS)}; {unsourced} have no source. Fix: change only cost fields "
+                "and give each change its source.")
+        return replace(self, cost_sources={**self.cost_sources, **sources}, **changes)
+
+    def seq_violation(self, seq_len: int, tp: int, cp: int, sequence_parallel: bool) -> str | None:
+        """Why this framework cannot cut sequences of ``seq_len`` tokens over tp x cp with
+        ``sequence_parallel`` (the rule, its source and a fix), or None when it can
+        (:meth:`SeqLenRule.violation`)."""
+        return self.seq_rule.violation(self.name, seq_len, tp, cp, sequence_parallel,
+                                       sp_optional=False in self.sequence_parallel)
 
     def zero_options(self, tp: int, pp: int, cp: int, ep: int) -> tuple[int, ...]:
         """ZeRO stages this framework runs on a mesh with these degrees, ascending."""
@@ -193,6 +338,7 @@ TORCH = FrameworkProfile(
     zero_stages_with_ep=_ALL_ZERO, schedules=SCHEDULES, interleaved_chunks="any",
     stage_cuts="any", cp_modes=CP_MODES, recompute_modes=RECOMPUTE_MODES,
     per_block_recompute=True, sequence_parallel=(True, False), expert_parallel=True,
+    memory=TORCH_MEMORY,
     sources={
         "zero_stages": "torch.distributed.fsdp.fully_shard (reshard_after_forward=True: ZeRO-3, "
                        "False: ZeRO-2) and DDP / ZeroRedundancyOptimizer (ZeRO-0/1)",
@@ -213,20 +359,31 @@ TORCH = FrameworkProfile(
                     "ALL_TO_ALL = ring, ALL_GATHER); Ulysses has no built-in module: two "
                     "all_to_all_single calls (Jacobs et al. 2023, arXiv 2309.14509)",
         "recompute_modes": "torch.utils.checkpoint (full) and selective checkpointing "
-                           "(torch.utils.checkpoint.create_selective_checkpoint_contexts)",
+                           "(torch.utils.checkpoint.create_selective_checkpoint_contexts: "
+                           "attention core, and torchtitan's op-level policy; "
+                           "autopar/runtime/recompute.py)",
         "per_block_recompute": "checkpoint_wrapper is applied per module (autopar/runtime/"
                                "recompute.py)",
         "sequence_parallel": "torch.distributed.tensor.parallel.SequenceParallel is optional",
         "expert_parallel": "all_to_all_single token dispatch over a DeviceMesh dim",
-    })
+    },
+    zero3_regather_per_micro_batch=False,
+    cost_sources={**_DEFAULT_COST_SOURCES,
+                  "zero3_regather_per_micro_batch": "torch/distributed/pipelining/stage.py "
+                  "backward_maybe_with_nosync: for an FSDP stage module, micro-batches before "
+                  "the last set_requires_gradient_sync(False) and set_reshard_after_backward("
+                  "False), so parameters stay gathered and gradients unsharded until the last"})
 
 TORCHTITAN = FrameworkProfile(
     name="torchtitan", version="torchtitan v0.2.2 (73a0e6979dd1)",
     zero_stages=(0, 2, 3), zero_stages_with_tp=(2, 3), zero_stages_with_pp=(2, 3),
     zero_stages_with_ep=(2, 3), schedules=SCHEDULES, interleaved_chunks="any",
-    stage_cuts="any", cp_modes=("ring", "allgather"), recompute_modes=RECOMPUTE_MODES,
+    stage_cuts="any", cp_modes=("ring", "allgather"),
+    recompute_modes=("none", "selective-op", "full"),
     per_block_recompute=False, sequence_parallel=(True,), expert_parallel=True,
     overlaps_ep_comm=("dualpipev",),
+    seq_rule=TORCHTITAN_RULE,
+    memory=TORCHTITAN_MEMORY,
     sources={
         "zero_stages": "job_config.py Parallelism.data_parallel_replicate_degree (DDP) / "
                        "data_parallel_shard_degree with fsdp_reshard_after_forward "
@@ -248,21 +405,34 @@ TORCHTITAN = FrameworkProfile(
         "stage_cuts": "job_config.py Parallelism.module_fqns_per_model_part",
         "cp_modes": "job_config.py Parallelism.context_parallel_rotate_method: 'alltoall' "
                     "(KV passed round the ring) or 'allgather'; no Ulysses",
-        "recompute_modes": "job_config.py ActivationCheckpoint.mode: none, selective, full",
+        "recompute_modes": "job_config.py ActivationCheckpoint.mode: none, selective (with "
+                           "selective_ac_option 'op': op-level SAC, "
+                           "distributed/activation_checkpoint.py _custom_policy), full",
         "per_block_recompute": "job_config.py ActivationCheckpoint: one mode for all blocks "
                                "(selective_ac_option N = full every N-th block)",
         "sequence_parallel": "models/llama3/infra/parallelize.py apply_tp: norms always "
                              "SequenceParallel under TP",
         "expert_parallel": "job_config.py Parallelism.expert_parallel_degree (MoE models)",
-    })
+    },
+    zero3_regather_per_micro_batch=False, grad_reduce_bytes=4,
+    cost_sources={**_DEFAULT_COST_SOURCES,
+                  "fusion": "job_config.py Compile.enable defaults to False (eager); the "
+                            "model's RMSNorm is torch.nn.RMSNorm",
+                  "zero3_regather_per_micro_batch": "train.py runs the pipeline schedule "
+                  "(torch.distributed.pipelining: FSDP stage modules keep parameters gathered "
+                  "and gradients unsharded until the last micro-batch); apply_fsdp sets "
+                  "reshard_after_forward False under PP ('default' policy)",
+                  "grad_reduce_bytes": "job_config.py Training.mixed_precision_reduce = "
+                                       "'float32' (FSDP MixedPrecisionPolicy reduce_dtype)"})
 
 MEGATRON = FrameworkProfile(
     name="megatron", version="Megatron-LM main d98e8a64ddf3 (2026-08-22)",
     zero_stages=(0, 1, 3), zero_stages_with_tp=(0, 1, 3), zero_stages_with_pp=(0, 1),
     zero_stages_with_ep=(0, 1), schedules=("1f1b", "interleaved-1f1b"),
     interleaved_chunks="any", stage_cuts="any", cp_modes=CP_MODES,
-    recompute_modes=RECOMPUTE_MODES, per_block_recompute=False,
-    sequence_parallel=(True, False), expert_parallel=True,
+    recompute_modes=("none", "selective", "full"), per_block_recompute=False,
+    sequence_parallel=(True, False), expert_parallel=True, seq_rule=MEGATRON_RULE,
+    memory=MEGATRON_MEMORY,
     sources={
         "zero_stages": "arguments.py --use-distributed-optimizer (ZeRO-1; gradients are "
                        "reduce-scattered into a full buffer, so no ZeRO-2), --use-torch-fsdp2 "
@@ -289,7 +459,22 @@ MEGATRON = FrameworkProfile(
                                "layers of every stage), no per-layer list",
         "sequence_parallel": "arguments.py --sequence-parallel (optional)",
         "expert_parallel": "arguments.py --expert-model-parallel-size",
-    })
+    },
+    attention_kernels={"*": "cudnn"}, fusion="fused", overlap_dp_grad_reduce=False,
+    cost_sources={**_DEFAULT_COST_SOURCES,
+                  "attention_kernels": "arguments.py --attention-backend auto: Transformer "
+                                       "Engine's DotProductAttention, cuDNN fused attention "
+                                       "(FlashAttention-2-class on Ampere)",
+                  "fusion": "arguments.py --bias-gelu-fusion, --bias-dropout-fusion, "
+                            "--masked-softmax-fusion default on; Transformer Engine / Apex "
+                            "fused LayerNorm/RMSNorm",
+                  "overlap_dp_grad_reduce": "arguments.py --overlap-grad-reduce is off by "
+                                            "default: gradients are reduced after backward",
+                  "overlap_tp_comm": "arguments.py --tp-comm-overlap is off by default",
+                  "overlap_pp_p2p": "arguments.py --overlap-p2p-communication applies to the "
+                                    "interleaved schedule only and is off by default",
+                  "grad_reduce_bytes": "CostParams.grad_bytes (bf16 reduction, as NeMo's "
+                                       "distributed optimizer)"})
 
 DEEPSPEED = FrameworkProfile(
     name="deepspeed", version="DeepSpeed 0.19.6 (edaa72212672)",
@@ -297,6 +482,8 @@ DEEPSPEED = FrameworkProfile(
     zero_stages_with_ep=_ALL_ZERO, schedules=("1f1b",), interleaved_chunks="none",
     stage_cuts="balanced", cp_modes=(), recompute_modes=("none", "full"),
     per_block_recompute=False, sequence_parallel=(False,), expert_parallel=True,
+    seq_rule=DEEPSPEED_RULE,
+    memory=DEEPSPEED_MEMORY,
     sources={
         "zero_stages": "deepspeed/runtime/zero/config.py zero_optimization.stage 0-3",
         "zero_stages_with_tp": "deepspeed/runtime/engine.py: 'AutoTP + ZeRO stage 3 is "
@@ -318,7 +505,16 @@ DEEPSPEED = FrameworkProfile(
         "sequence_parallel": "AutoTP (deepspeed/module_inject/auto_tp.py) has no Megatron-style "
                              "sequence parallelism",
         "expert_parallel": "deepspeed/moe/layer.py MoE(ep_size=...)",
-    })
+    },
+    zero3_gather="per_parameter", overlap_dp_grad_reduce=False,
+    cost_sources={**_DEFAULT_COST_SOURCES,
+                  "zero3_gather": "deepspeed/runtime/zero/partitioned_param_coordinator.py: "
+                                  "per-parameter all-gathers fetched through "
+                                  "stage3_prefetch_bucket_size (5e7 elements) with stream "
+                                  "synchronisation; costed as not overlapped (issue 13)",
+                  "overlap_dp_grad_reduce": "deepspeed/runtime/zero/config.py overlap_comm "
+                                            "defaults to False (ZeRO-0..2: reduction after "
+                                            "backward)"})
 
 #: Every profile by framework name (read-only).
 PROFILES: Mapping[str, FrameworkProfile] = MappingProxyType(

@@ -10,7 +10,7 @@ TF32 is quoted with sparsity and halved here.
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Mapping
 
@@ -46,6 +46,12 @@ class Device:
         pcie_bandwidth_Bps: host PCIe x16 bandwidth per direction in bytes/s (Gen4 32e9, Gen5 64e9).
         form_factor: ``"sxm"`` or ``"pcie"``.
         source: where the figures come from.
+        tdp_w: rated board power in watts (datasheet "Max TDP"); 0 = not known.
+        power_limit_w: the power cap the GPU runs under (watts); 0 = its rated TDP.
+        capacity_bytes: memory as the framework sees it (``torch.cuda.get_device_properties().
+            total_memory``, the "total capacity" of torch's out-of-memory message): the HBM less
+            what the driver keeps; None = ``memory_bytes``. Read it through
+            :attr:`visible_memory_bytes`. Sources in :data:`VISIBLE_CAPACITY_SOURCES`.
 
     Raises:
         InvalidClusterSpec: on construction, if a figure is non-positive, a precision key is unknown
@@ -60,6 +66,31 @@ class Device:
     pcie_bandwidth_Bps: float
     form_factor: str
     source: str
+    tdp_w: float = 0.0
+    power_limit_w: float = 0.0
+
+    @property
+    def clock_scale(self) -> float:
+        """Sustained tensor-core clock under ``power_limit_w`` relative to the rated one:
+        ``min(1, (power_limit_w / tdp_w) ** (1 / 3))``; 1 when either is unknown.
+
+        Source: CMOS dynamic power P = a C V^2 f with the supply voltage scaled in proportion to
+        the clock over the DVFS range, so P ~ f^3 (Weste & Harris, CMOS VLSI Design, 4th ed.,
+        section 5.2). Assumes a GPU at its rated TDP runs at the clock its datasheet peak is
+        quoted at, and ignores static power (both make the scale an upper bound). HBM bandwidth
+        is on its own clock and is not scaled.
+        """
+        if self.tdp_w <= 0 or self.power_limit_w <= 0:
+            return 1.0
+        return min(1.0, (self.power_limit_w / self.tdp_w) ** (1.0 / 3.0))
+
+    capacity_bytes: float | None = None
+
+    @property
+    def visible_memory_bytes(self) -> float:
+        """Bytes of GPU memory the framework sees (:attr:`capacity_bytes`, else the datasheet's
+        :attr:`memory_bytes`)."""
+        return self.capacity_bytes if self.capacity_bytes else self.memory_bytes
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.peak_flops) - set(PRECISIONS))
@@ -126,8 +157,36 @@ _H100_PCIE_FLOPS = {
 _REF = "docs/reference/hardware_and_formulas.md, Hardware table"
 
 
+_GIB = 2 ** 30
+
+#: Memory the framework sees per GPU model (bytes), each from a measurement or a quoted
+#: out-of-memory message (torch prints ``total_memory`` as "GPU 0 has a total capacity of X GiB").
+VISIBLE_CAPACITY = {
+    "A100-SXM4-80GB": 79.25 * _GIB, "A100-PCIe-80GB": 79.25 * _GIB,
+    "A800-SXM4-80GB": 79.25 * _GIB,
+    "A100-SXM4-40GB": 39.50 * _GIB, "A100-PCIe-40GB": 39.50 * _GIB,
+    "H100-SXM5-80GB": 79.11 * _GIB, "H100-PCIe-80GB": 79.11 * _GIB,
+    "H800-SXM5-80GB": 79.11 * _GIB,
+    "H200-SXM-141GB": 150_109_880_320.0,
+}
+#: Where each :data:`VISIBLE_CAPACITY` figure comes from.
+VISIBLE_CAPACITY_SOURCES = {
+    "A100 80GB": "torch OOM messages on A100 80GB: 'GPU 0 has a total capacity of 79.25 GiB' "
+                 "(github.com/HiDream-ai/VAREdit/issues/6, levihsu/OOTDiffusion/issues/235); "
+                 "A800 is the same board with slower NVLink",
+    "A100 40GB": "torch OOM message on an A100 40GB: 'total capacity of 39.50 GiB' "
+                 "(github.com/TianheWu/CoSeR/issues/10)",
+    "H100 80GB": "torch OOM message on 'H100(80GB) x 8' (a vLLM DeepSeek-V3 serving issue): "
+                 "'GPU 0 has a total capacity of 79.11 GiB'; H800 is the same board",
+    "H200": "measured for autopar (2026-11-30, torch 2.11, CUDA 13.0): "
+            "torch.cuda.get_device_properties(0).total_memory = 150109880320 on an NVIDIA H200 "
+            "(nvidia-smi memory.total 143771 MiB, of which 616 MiB reserved by the driver)",
+}
+
+
 def _row(name, flops, mem_gb, hbm_gbps, nvlink_bidir_gbps, pcie_gbps, form, source) -> Device:
-    """A Device from datasheet units: GB, GB/s (HBM), GB/s bidirectional (NVLink), GB/s (PCIe)."""
+    """A Device from datasheet units: GB, GB/s (HBM), GB/s bidirectional (NVLink), GB/s (PCIe);
+    its framework-visible capacity from :data:`VISIBLE_CAPACITY`."""
     return Device(
         name=name,
         peak_flops=flops,
@@ -137,6 +196,7 @@ def _row(name, flops, mem_gb, hbm_gbps, nvlink_bidir_gbps, pcie_gbps, form, sour
         pcie_bandwidth_Bps=pcie_gbps * _GIGA,
         form_factor=form,
         source=source,
+        capacity_bytes=VISIBLE_CAPACITY.get(name),
     )
 
 
@@ -161,6 +221,14 @@ DEVICES: Mapping[str, Device] = MappingProxyType({d.name: d for d in (
     _row("H200-SXM-141GB", _H100_SXM_FLOPS, 141, 4800, 900, 64, "sxm",
          f"{_REF} (H200 SXM: 141 GB HBM3e, 4.8 TB/s); compute as H100 SXM5 (NVIDIA H200 datasheet)"),
 )})
+
+#: Rated board power (watts) per catalog GPU, from the NVIDIA datasheets: A100 SXM 400 W, A100
+#: PCIe 40GB 250 W and 80GB 300 W, A800 SXM 400 W (A100 board); H100 SXM up to 700 W, H100 PCIe
+#: 350 W, H800 SXM 700 W (H100 board), H200 SXM up to 700 W.
+_TDP_W = {"A100-SXM4-40GB": 400, "A100-SXM4-80GB": 400, "A100-PCIe-40GB": 250,
+          "A100-PCIe-80GB": 300, "A800-SXM4-80GB": 400, "H100-SXM5-80GB": 700,
+          "H100-PCIe-80GB": 350, "H800-SXM5-80GB": 700, "H200-SXM-141GB": 700}
+DEVICES = MappingProxyType({n: replace(d, tdp_w=_TDP_W.get(n, 0.0)) for n, d in DEVICES.items()})
 
 #: Lower-case alias -> canonical name. Canonical names match case-insensitively as well.
 ALIASES: Mapping[str, str] = MappingProxyType({

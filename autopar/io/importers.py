@@ -194,7 +194,8 @@ def from_megatron_args(text: str | list[str]) -> Imported:
                     layers_per_virtual_stage=lpv)
 
 
-_TT_RECOMPUTE = {"none": "none", "selective": "selective", "full": "full"}
+#: torchtitan's "selective" mode is op-level SAC (selective_ac_option "op", its default).
+_TT_RECOMPUTE = {"none": "none", "selective": "selective-op", "full": "full"}
 
 
 def from_torchtitan_toml(source: str | Path) -> Imported:
@@ -275,7 +276,7 @@ def from_torchtitan_toml(source: str | Path) -> Imported:
         par["recompute"] = _TT_RECOMPUTE[mode]
         if mode == "selective" and str(ac.get("selective_ac_option", "op")) != "op":
             notes.append(f"selective_ac_option {ac.get('selective_ac_option')!r} (every n-th "
-                         "block fully) is modelled as selective recomputation of every block.")
+                         "block fully) is modelled as op-level selective checkpointing of every block.")
     schedule = str(para.get("pipeline_parallel_schedule", "")).lower()
     if schedule:
         # torch's names for the split-backward schedules (get_schedule_class); torchtitan runs

@@ -169,6 +169,9 @@ def _estimate(d: Any, where: str, world: int) -> Estimate:
         raise _fail(f"{where}.group_links", f"must be an object of link names; got {links!r:.80}")
     if not isinstance(d.get("flops_convention", ""), str):
         raise _fail(f"{where}.flops_convention", "must be a string")
+    # derived from the regime, recomputed with the estimate (autopar.reestimate)
+    d.pop("error_band", None)
+    d.pop("warnings", None)
     return Estimate(**d)
 
 

@@ -66,13 +66,41 @@ def recompute_text(recompute, stage_blocks) -> list[str]:
     return lines
 
 
+def runner_up_note(best, alternatives) -> str | None:
+    """The sentence saying the runner-up (``alternatives[0]``) is slower than ``best`` by less
+    than ``best``'s expected error band (the cost model cannot rank the two), or None."""
+    band = getattr(best, "error_band", None)
+    if not alternatives or band is None:
+        return None
+    a = alternatives[0]
+    if a.step_time_s > best.step_time_s * (1 + band.half_width):
+        return None
+    return (f"the runner-up ({a.step_time_s:.3f} s, {gap_text(a.step_time_s, best.step_time_s)})"
+            f" lies inside the best plan's {band.text()} error band: the cost model cannot tell "
+            "them apart; measure both before choosing")
+
+
+def trust_lines(e) -> list[tuple[str, str]]:
+    """(label, text) of how far to trust estimate ``e``: its expected error band
+    (:class:`autopar.cost.regime.ErrorBand`) and its plausibility warnings."""
+    band = getattr(e, "error_band", None)
+    out = [("expected error", band.describe())] if band else []
+    return out + [("warning", w) for w in getattr(e, "warnings", ())]
+
+
 def estimate_lines(e) -> list[str]:
-    """The numbers of an estimate, one per line."""
+    """The numbers of an estimate, one per line: step time with its expected error band
+    (:class:`autopar.cost.regime.ErrorBand`), plausibility warnings, MFU, memory, comm."""
     c = e.config
     t = e.time_breakdown
+    band = getattr(e, "error_band", None)
     lines = [
-        f"step time        {e.step_time_s:.3f} s   ({e.tokens_per_s:,.0f} tokens/s, "
+        f"step time        {e.step_time_s:.3f} s{' ' + band.text() if band else ''}   "
+        f"({e.tokens_per_s:,.0f} tokens/s, "
         f"{e.seconds_per_billion_tokens / 3600:.2f} h per 1B tokens)",
+    ]
+    lines += [f"{k:16s} {v}" for k, v in trust_lines(e)]
+    lines += [
         f"MFU / HFU        {e.mfu * 100:.1f}% / {e.hfu * 100:.1f}%",
         f"micro-batch      {micro_batch_text(c, e.num_micro_batches)}",
         "time breakdown   " + ", ".join(f"{k} {v:.3f}s" for k, v in t.items() if v > 0),
@@ -115,6 +143,9 @@ def plan_summary(plan) -> str:
         for a in plan.alternatives:
             lines.append(f"  {a.step_time_s:.3f} s ({gap_text(a.step_time_s, e.step_time_s)})"
                          f"  {_gb(a.memory_per_gpu_bytes)}  {config_text(a.config)}")
+        note = runner_up_note(e, plan.alternatives)
+        if note:
+            lines.append(f"  note: {note}")
     s = plan.search
     lines.append(f"search           {plural(s.evaluated, 'configuration')}, "
                  f"{plural(s.meshes, 'mesh', 'meshes')}, "

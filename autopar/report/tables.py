@@ -9,7 +9,7 @@ from rich.table import Table
 
 from ..cost.types import Estimate
 from .explain import Comparison, config_diff, link_name
-from .summary import accumulation_why, gap_text, plural
+from .summary import accumulation_why, gap_text, plural, runner_up_note
 
 _DIMS = (("tp", "tensor parallel"), ("cp", "context parallel"), ("pp", "pipeline parallel"),
          ("dp", "data parallel"))
@@ -114,7 +114,8 @@ def performance_table(e: Estimate) -> Table:
     t.add_column("quantity")
     t.add_column("value", justify="right")
     t.add_column("share", justify="right")
-    t.add_row("step time", f"{e.step_time_s:,.3f} s", "100%")
+    t.add_row("step time", f"{e.step_time_s:,.3f} s"
+              + (f" {e.error_band.text()}" if e.error_band else ""), "100%")
     for k, v in e.time_breakdown.items():
         if v > 0:
             t.add_row(f"  {k}", f"{v:,.3f} s", f"{100 * v / e.step_time_s:.1f}%")
@@ -181,6 +182,9 @@ def alternatives_table(best: Estimate, alts, money: list[dict] | None = None,
             m = money[i]
             row += [f"{m['days']:,.1f}", "-" if m["cost"] is None else f"${m['cost']:,.0f}"]
         t.add_row(*row)
+    note = runner_up_note(best, alts)
+    if note:
+        t.caption, t.caption_justify = f"note: {note}", "left"
     return t
 
 

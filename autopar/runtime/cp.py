@@ -33,10 +33,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed._functional_collectives import (
-    all_gather_single_autograd,
-    all_to_all_single_autograd,
-)
+from torch.distributed import _functional_collectives as funcol
 
 from autopar.models.transformer import Attention
 
@@ -110,8 +107,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: CPLayout, *
     if cp.mode == "ring":
         return _ring(q, k, v, cp, dropout_p, scale)
     s = q.size(2)
-    ks = all_gather_single_autograd(k.contiguous(), 2, cp.group)
-    vs = all_gather_single_autograd(v.contiguous(), 2, cp.group)
+    ks = funcol.all_gather_single_autograd(k.contiguous(), 2, cp.group)
+    vs = funcol.all_gather_single_autograd(v.contiguous(), 2, cp.group)
     q_pos = cp.positions(s, device=q.device)
     k_pos = torch.cat([cp.positions(s, r, q.device) for r in range(cp.size)])
     mask = k_pos.unsqueeze(0) <= q_pos.unsqueeze(1)  # [s_local, s]: True = attend
@@ -124,7 +121,7 @@ def _heads_to_sequence(t: torch.Tensor, cp: CPLayout) -> torch.Tensor:
     sharding (source rank r's tokens land r-th along the sequence)."""
     b, n, s, d = t.shape
     send = t.reshape(b, cp.size, n // cp.size, s, d).transpose(0, 1).contiguous()
-    recv = all_to_all_single_autograd(send, None, None, cp.group)
+    recv = funcol.all_to_all_single_autograd(send, None, None, cp.group)
     return recv.permute(1, 2, 0, 3, 4).reshape(b, n // cp.size, cp.size * s, d)
 
 
@@ -133,7 +130,7 @@ def _sequence_to_heads(t: torch.Tensor, cp: CPLayout) -> torch.Tensor:
     b, n_local, s_all, d = t.shape
     s = s_all // cp.size
     send = t.reshape(b, n_local, cp.size, s, d).permute(2, 0, 1, 3, 4).contiguous()
-    recv = all_to_all_single_autograd(send, None, None, cp.group)
+    recv = funcol.all_to_all_single_autograd(send, None, None, cp.group)
     return recv.transpose(0, 1).reshape(b, cp.size * n_local, s, d)
 
 
@@ -163,7 +160,7 @@ def _pass_on(t: torch.Tensor, cp: CPLayout) -> torch.Tensor:
     recv = [0] * cp.size
     send[(cp.rank + 1) % cp.size] = n
     recv[(cp.rank - 1) % cp.size] = n
-    out = all_to_all_single_autograd(t.contiguous().reshape(-1), recv, send, cp.group)
+    out = funcol.all_to_all_single_autograd(t.contiguous().reshape(-1), recv, send, cp.group)
     return out.reshape(t.shape)
 
 

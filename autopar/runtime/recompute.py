@@ -9,6 +9,10 @@
   cheap elementwise ops too would be closer to Megatron-LM, but some of them are later mutated in
   place (RMSNorm's ``add_``), which selective checkpointing refuses. Collectives are never
   recomputed, so recomputation adds no communication.
+- ``"selective-op"``: torchtitan's op-level selective checkpointing (v0.2.2
+  ``distributed/activation_checkpoint.py``): the outputs of attention kernels, reduce-scatters
+  and every second matmul of the block (the 1st, 3rd, ...) are kept, everything else is
+  recomputed (the memory :func:`autopar.cost.memory.op_sac_bytes` counts).
 - ``"none"``: nothing.
 """
 
@@ -43,12 +47,45 @@ def _selective_context():
     return create_selective_checkpoint_contexts(_policy)
 
 
+def _attention_ops() -> frozenset:
+    aten = torch.ops.aten
+    names = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math",
+             "_scaled_dot_product_flash_attention_for_cpu")
+    return frozenset(getattr(aten, n).default for n in names if hasattr(aten, n))
+
+
+#: Ops op-level SAC always keeps (torchtitan's ``_op_sac_save_list`` less aten.mm, which
+#: alternates): attention kernels, max (FP8 scaling amax) and reduce-scatter.
+_OP_SAC_SAVED = _attention_ops() | frozenset(
+    [torch.ops.aten.max.default] + [torch.ops._c10d_functional.reduce_scatter_tensor.default])
+
+
+def _op_sac_context():
+    """torchtitan's op-level policy: a fresh matmul count per block call, forward and
+    recompute counted apart so both make the same choices."""
+    counts = {"forward": 0, "recompute": 0}
+
+    def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+        if op == torch.ops.aten.mm.default:
+            key = "recompute" if ctx.is_recompute else "forward"
+            counts[key] += 1
+            return (CheckpointPolicy.MUST_SAVE if counts[key] % 2 == 1
+                    else CheckpointPolicy.PREFER_RECOMPUTE)
+        return (CheckpointPolicy.MUST_SAVE if op in _OP_SAC_SAVED
+                else CheckpointPolicy.PREFER_RECOMPUTE)
+
+    return create_selective_checkpoint_contexts(policy)
+
+
 def wrap_block(block: nn.Module, mode: str) -> nn.Module:
     """``block`` wrapped for recompute ``mode`` ("none" returns it unchanged)."""
     if mode == "full":
         return checkpoint_wrapper(block, preserve_rng_state=True)
     if mode == "selective":
         return checkpoint_wrapper(block, context_fn=_selective_context, preserve_rng_state=True)
+    if mode == "selective-op":
+        return checkpoint_wrapper(block, context_fn=_op_sac_context, preserve_rng_state=True)
     return block
 
 

@@ -92,7 +92,9 @@ def verdict(plan, written: ParallelConfig, framework: str,
     # exporters write recompute mixes in the framework's own patterns (Megatron's first-N
     # layers per stage, torchtitan's every N-th block), which the profile's one-policy rule for
     # the search does not cover: judge the rest
-    refused = profile.unsupported(written.replace(recompute=_strongest(written.recompute)))
+    refused = (profile.unsupported(written.replace(recompute=_strongest(written.recompute)))
+               or profile.seq_violation(train.seq_len, written.tp, written.cp,
+                                        bool(written.sequence_parallel)))
     same = not diffs and train.precision == plan.train.precision
     if same and refused is None:
         return [f"re-estimated under {profile.name}: this file runs the plan as estimated "
@@ -125,7 +127,7 @@ def verdict(plan, written: ParallelConfig, framework: str,
 
 def _strongest(recompute) -> str:
     modes = (recompute,) if isinstance(recompute, str) else recompute
-    return max(modes, key=("none", "selective", "full").index)
+    return max(modes, key=("none", "selective", "selective-op", "full").index)
 
 
 def _pct(x: float, ref: float) -> str:

@@ -15,8 +15,9 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 from ..config import ParallelConfig
-from ..cost.model import OPTIMIZER_STATE_BYTES, CostModel
+from ..cost.model import CostModel
 from ..errors import AutoparError, InfeasibleError, InvalidParallelConfig
+from ..frameworks import get_profile
 from . import space
 from .phases import first_fit
 
@@ -75,7 +76,8 @@ def no_mesh_error(cm: CostModel, fixed: dict) -> AutoparError:
         for tp, cp, pp, dp in legal[:1]:
             try:
                 cm.resolve(ParallelConfig(**{k: v for k, v in fixed.items() if k in (
-                    "virtual_stages", "schedule", "stage_blocks", "placement", "cp_mode")},
+                    "virtual_stages", "schedule", "stage_blocks", "placement", "cp_mode",
+                    "sequence_parallel")},
                     tp=tp, cp=cp, pp=pp, dp=dp))
             except InvalidParallelConfig as exc:
                 return InfeasibleError(f"{head} with fixed={fixed}: {exc}")
@@ -145,9 +147,9 @@ def infeasible_error(cm: CostModel, smallest, fixed: dict,
             f"no configuration could be evaluated for fixed={fixed}. Fix: relax fixed=.")
     # probe within PROBE_BUDGET_S, and within the search's own time limit when it has one
     deadline = min(time.monotonic() + PROBE_BUDGET_S, deadline or math.inf)
-    k = OPTIMIZER_STATE_BYTES[cm.train.optimizer] + 2 * cm.train.dtype_bytes
+    k = cm.state_bytes_per_param()
     states = k * cm.graph.num_parameters
-    usable = cm.params.usable_memory(dev.memory_bytes)
+    usable = cm.params.usable_memory(dev.visible_memory_bytes)
     need = max(1, math.ceil(states / usable)) if usable > 0 else cm.cluster.world_size + 1
     changes = []
     for key in sorted(fixed):
@@ -162,13 +164,37 @@ def infeasible_error(cm: CostModel, smallest, fixed: dict,
         if first_fit(CostModel(cm.graph, cm.cluster, small, cm.params), fixed, deadline):
             changes.append("use micro_batch_size=1")
     gpus = _smallest_cluster(cm, fixed, need, deadline)
+    blocked = seq_blocked(cm, fixed)
+    if blocked:
+        changes.append(blocked)
     e = smallest
     return InfeasibleError(
-        f"infeasible: memory per GPU binds: no plan fits in {dev.memory_bytes / 1e9:.0f} GB per "
+        f"infeasible: memory per GPU binds: no plan fits in "
+        f"{dev.visible_memory_bytes / 1e9:.0f} GB per "
         f"{dev.name}. The most frugal configuration tried ({_short(e.config)}) needs "
         f"{e.memory_per_gpu_bytes / 1e9:.1f} GB per GPU; model states alone are "
         f"{states / 1e9:.0f} GB ({k} bytes per parameter with {cm.train.optimizer}). Smallest "
         f"changes: {'; '.join(changes + [gpus])}. Fix: one of those, or a shorter sequence.")
+
+
+def seq_blocked(cm: CostModel, fixed: dict) -> str | None:
+    """The (tp, cp) pairs the target framework's sequence split rules out at this sequence
+    length (:meth:`autopar.frameworks.FrameworkProfile.seq_violation`), as a change to try, or
+    None when it rules out none."""
+    profile = get_profile(cm.train.framework)
+    limits, seq = space.SpaceLimits(), cm.train.seq_len
+    pairs = sorted({(m[0], m[1]) for m in space.meshes(cm.graph, cm.cluster, cm.train, fixed,
+                                                         limits)})
+    out = []
+    for tp, cp in pairs:
+        sps = space.sequence_parallel_options(tp, fixed, profile, seq, cp)
+        if not sps or profile.seq_violation(seq, tp, cp, sps[0]):
+            out.append(f"{tp}x{cp}")
+    if not out:
+        return None
+    return (f"a sequence length {profile.name} can split over more tp x cp ({seq} tokens rule "
+            f"out tp x cp = {', '.join(out[:8])}{', ...' if len(out) > 8 else ''}: "
+            f"{profile.seq_rule.source})")
 
 
 def _short(c: ParallelConfig) -> str:

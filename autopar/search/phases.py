@@ -132,7 +132,7 @@ def mesh_groups(cm: CostModel, fixed: dict, limits) -> list[tuple[float, tuple, 
     profile = get_profile(train.framework)
     out = []
     for tp, cp, pp, dp in space.meshes(g, cm.cluster, train, fixed, limits, profile):
-        sps = space.sequence_parallel_options(tp, fixed, profile, train.seq_len // cp)
+        sps = space.sequence_parallel_options(tp, fixed, profile, train.seq_len, cp)
         for b, sp, ep in itertools.product(space.micro_batches(train, dp, fixed, limits, pp), sps,
                                            space.ep_options(g, dp, fixed, profile)):
             base = dict(tp=tp, cp=cp, pp=pp, dp=dp, micro_batch_size=b, sequence_parallel=sp,
@@ -172,7 +172,7 @@ def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
             recompute=allowed[-1], schedule=fixed.get("schedule"),
             stage_blocks=fixed.get("stage_blocks"))
         e = run.estimate(frugal)
-        if e is not None and e.memory_per_gpu_bytes > 1.05 * cm.device.memory_bytes:
+        if e is not None and e.memory_per_gpu_bytes > 1.05 * cm.device.visible_memory_bytes:
             return out
     for schedule, v in space.schedule_options(base["pp"], blocks, m, fixed, limits, run.profile):
         for zero in space.zero_options(base, fixed, run.profile):

@@ -24,7 +24,7 @@ _KIB = 1024.0   # memory unit: KiB (rounded against us: activations up, budget d
 
 
 def solve_recompute(cm: CostModel, c: ParallelConfig, *, time_limit_s: float = 5.0,
-                    workers: int = 1) -> tuple[str, ...] | None:
+                    workers: int = 1, modes: tuple[str, ...] = MODES) -> tuple[str, ...] | None:
     """Per-block recompute modes for the resolved config ``c``, or None if none fits.
 
     Args:
@@ -32,6 +32,7 @@ def solve_recompute(cm: CostModel, c: ParallelConfig, *, time_limit_s: float = 5
         c: a resolved configuration (its own ``recompute`` field is ignored).
         time_limit_s: CP-SAT wall-clock limit.
         workers: CP-SAT search workers; 1 keeps the search deterministic.
+        modes: the modes blocks may take, weakest first ("none", a partial mode, "full").
 
     Returns:
         One mode per decoder block in model order, or None when even full recomputation of
@@ -41,7 +42,7 @@ def solve_recompute(cm: CostModel, c: ParallelConfig, *, time_limit_s: float = 5
     m = cm.train.global_batch_size // (c.dp * c.micro_batch_size)
     v = c.virtual_stages
     p = cm.params
-    limit = cm.device.memory_bytes
+    limit = cm.device.visible_memory_bytes
     reserved = limit - p.usable_memory(limit)
     model = cp_model.CpModel()
     rank_time = []
@@ -63,10 +64,10 @@ def solve_recompute(cm: CostModel, c: ParallelConfig, *, time_limit_s: float = 5
         transient = 0.0
         any_rc = model.NewBoolVar(f"rc{rank}")
         for gi, (sig, idx) in enumerate(by_sig.items()):
-            n = {mode: model.NewIntVar(0, len(idx), f"n{rank}_{gi}_{mode}") for mode in MODES}
+            n = {mode: model.NewIntVar(0, len(idx), f"n{rank}_{gi}_{mode}") for mode in modes}
             model.Add(sum(n.values()) == len(idx))
-            model.Add(n["selective"] + n["full"] <= len(idx) * any_rc)
-            for mode in MODES:
+            model.Add(sum(n[x] for x in modes if x != "none") <= len(idx) * any_rc)
+            for mode in modes:
                 bc = cm.block_cost(idx[0], mode, c)
                 time_terms.append(round((bc.fwd_s + bc.bwd_s) * _US) * n[mode])
                 mem_terms.append(math.ceil(bc.act_bytes * st.flight / _KIB) * n[mode])
@@ -78,7 +79,7 @@ def solve_recompute(cm: CostModel, c: ParallelConfig, *, time_limit_s: float = 5
         model.Add(sum(mem_terms) + math.ceil(transient / _KIB) * any_rc <= budget)
         horizon = round(fixed_time * _US) + sum(
             len(idx) * round(max(cm.block_cost(idx[0], mode, c).fwd_s
-                                 + cm.block_cost(idx[0], mode, c).bwd_s for mode in MODES) * _US)
+                                 + cm.block_cost(idx[0], mode, c).bwd_s for mode in modes) * _US)
             for _r, _s, idx, _n in groups if _r == rank)
         horizons.append(horizon)
         t = model.NewIntVar(0, horizon, f"t{rank}")
@@ -96,11 +97,10 @@ def solve_recompute(cm: CostModel, c: ParallelConfig, *, time_limit_s: float = 5
     status = solver.Solve(model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
-    modes = {}
+    chosen = {}
     for _rank, _sig, idx, n in groups:
-        counts = {mode: solver.Value(n[mode]) for mode in MODES}
-        order = ["full"] * counts["full"] + ["selective"] * counts["selective"] + \
-            ["none"] * counts["none"]
+        counts = {mode: solver.Value(n[mode]) for mode in modes}
+        order = [x for x in reversed(modes) for _ in range(counts[x])]  # strongest first
         for li, mode in zip(idx, order):
-            modes[li] = mode
-    return tuple(modes[li] for li in cm.blocks)
+            chosen[li] = mode
+    return tuple(chosen[li] for li in cm.blocks)

@@ -1,7 +1,9 @@
 """The search space: which degrees and choices are legal for a model, cluster and batch.
 
 Model rules: tp divides attention and KV heads; cp divides the sequence (and leaves at least
-``min_cp_chunk`` tokens per rank, below which ring attention cannot hide its transfers);
+``min_cp_chunk`` tokens per rank, below which ring attention cannot hide its transfers) and the
+framework's split of the sequence over tp x cp holds (load-balanced CP, SP:
+:meth:`~autopar.frameworks.FrameworkProfile.seq_violation`);
 pp * v <= blocks; interleaving needs the micro-batch count to be a multiple of pp; 1F1B at least
 pp micro-batches; the split-backward schedules follow torch's rules (:func:`schedule_options`).
 Cluster rules: tp stays inside a node (NVLink/PCIe domain) unless fixed otherwise.
@@ -16,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import permutations
 
-from ..config import ParallelConfig, TrainingConfig
+from ..config import RECOMPUTE_MODES, ParallelConfig, TrainingConfig
 from ..errors import InvalidParallelConfig
 from ..frameworks import PROFILES, FrameworkProfile
 from ..graph.types import ModelGraph
@@ -112,6 +114,9 @@ def meshes(graph: ModelGraph, cluster, train: TrainingConfig, fixed: dict,
                 continue
             if "cp" not in fixed and cp > 1 and train.seq_len // cp < limits.min_cp_chunk:
                 continue
+            sps = sequence_parallel_options(tp, fixed, profile, train.seq_len, cp)
+            if not sps or profile.seq_violation(train.seq_len, tp, cp, sps[0]):
+                continue  # the framework cannot split the sequence over tp x cp
             for pp in divisors(world // (tp * cp)):
                 if "pp" in fixed and pp != fixed["pp"]:
                     continue
@@ -220,25 +225,27 @@ def zero_options(base: dict, fixed: dict, profile: FrameworkProfile = _TORCH) ->
 
 
 def recompute_modes(fixed: dict, profile: FrameworkProfile = _TORCH) -> tuple[str, ...]:
-    """Recompute modes blocks may take: those of none, selective, full the framework offers
-    (in that order), or the one pinned."""
+    """Recompute modes blocks may take: those of :data:`autopar.config.RECOMPUTE_MODES` the
+    framework offers (in that order), or the one pinned."""
     rc = fixed.get("recompute")
     if isinstance(rc, str):
         return (rc,)
-    return tuple(m for m in ("none", "selective", "full") if m in profile.recompute_modes)
+    return tuple(m for m in RECOMPUTE_MODES if m in profile.recompute_modes)
 
 
 def sequence_parallel_options(tp: int, fixed: dict, profile: FrameworkProfile = _TORCH,
-                              tokens: int | None = None) -> list[bool]:
+                              seq_len: int | None = None, cp: int = 1) -> list[bool]:
     """Sequence parallelism: on whenever tp > 1 and the framework allows it (it saves memory
-    at equal communication volume, Korthikanti et al. 2022) and the ``tokens`` per CP rank
-    divide by tp (else off where the framework runs TP without it), or the value pinned."""
+    at equal communication volume, Korthikanti et al. 2022) and the framework's sequence split
+    holds for sequences of ``seq_len`` tokens over tp x ``cp``
+    (:meth:`~autopar.frameworks.FrameworkProfile.seq_violation`), else off where the framework
+    runs TP without it and that split holds; [] when neither does; or the value pinned."""
     if "sequence_parallel" in fixed:
         return [fixed["sequence_parallel"]]
-    divisible = tokens is None or tokens % tp == 0
-    if tp > 1 and not divisible:
-        return [False] if False in profile.sequence_parallel else []
-    return [tp > 1 and True in profile.sequence_parallel]
+    if tp == 1:
+        return [False]
+    return [sp for sp in (True, False) if sp in profile.sequence_parallel and (
+        seq_len is None or profile.seq_violation(seq_len, tp, cp, sp) is None)][:1]
 
 
 def placements(base: dict, fixed: dict) -> list[tuple[str, ...]]:

@@ -27,6 +27,13 @@ from .recompute import MODES, solve_recompute
 MAX_EXHAUSTIVE_CUTS = 64
 
 
+def partial_mode(allowed: tuple[str, ...]) -> str:
+    """The partial recompute mode the search weighs between none and full: Korthikanti's
+    "selective" where allowed, else torchtitan's "selective-op"."""
+    return "selective-op" if "selective-op" in allowed and "selective" not in allowed \
+        else "selective"
+
+
 def _rank_modes(cm: CostModel, c: ParallelConfig, rank: int, allowed: tuple[str, ...]):
     """Fastest fitting (n_none, n_sel, n_full) for a rank of identical blocks, or None.
 
@@ -42,49 +49,51 @@ def _rank_modes(cm: CostModel, c: ParallelConfig, rank: int, allowed: tuple[str,
             bc = cm.block_cost(i, "none", c)
             fixed += bc.act_bytes * st.flight
             fixed_time += bc.fwd_s + bc.bwd_s
-    limit = cm.device.memory_bytes
+    limit = cm.device.visible_memory_bytes
     if not blocks:
         return ({}, fixed_time) if fixed <= limit else None
     k = len(blocks)
-    opt = {m: cm.block_cost(blocks[0], m, c) for m in MODES}
-    t = {m: opt[m].fwd_s + opt[m].bwd_s for m in MODES}
-    a = {m: opt[m].act_bytes * st.flight for m in MODES}
-    tr = {m: opt[m].transient_bytes for m in MODES}
+    mid = partial_mode(allowed)
+    modes = ("none", mid, "full")
+    opt = {m: cm.block_cost(blocks[0], m, c) for m in modes}
+    t = {m: opt[m].fwd_s + opt[m].bwd_s for m in modes}
+    a = {m: opt[m].act_bytes * st.flight for m in modes}
+    tr = {m: opt[m].transient_bytes for m in modes}
     best = None
     full_range = range(k + 1) if "full" in allowed else (0,)
     for n_full in full_range:
-        sel_range = range(k - n_full + 1) if "selective" in allowed else (0,)
-        for n_sel in _sel_candidates(n_full, k, sel_range, fixed, a, tr, limit, allowed):
+        sel_range = range(k - n_full + 1) if mid in allowed else (0,)
+        for n_sel in _sel_candidates(n_full, k, sel_range, fixed, a, tr, limit, mid):
             n_none = k - n_full - n_sel
             if n_none and "none" not in allowed:
                 continue
-            transient = max(tr["full"] if n_full else 0.0, tr["selective"] if n_sel else 0.0)
-            memory = fixed + n_full * a["full"] + n_sel * a["selective"] + n_none * a["none"] \
+            transient = max(tr["full"] if n_full else 0.0, tr[mid] if n_sel else 0.0)
+            memory = fixed + n_full * a["full"] + n_sel * a[mid] + n_none * a["none"] \
                 + transient
             if memory > limit:
                 continue
-            time = fixed_time + n_full * t["full"] + n_sel * t["selective"] + n_none * t["none"]
+            time = fixed_time + n_full * t["full"] + n_sel * t[mid] + n_none * t["none"]
             key = (time, memory, n_full, n_sel)
             if best is None or key < best[0]:
                 best = (key, n_full, n_sel)
     if best is None:
         return None
     _, n_full, n_sel = best
-    order = ["full"] * n_full + ["selective"] * n_sel + ["none"] * (k - n_full - n_sel)
+    order = ["full"] * n_full + [mid] * n_sel + ["none"] * (k - n_full - n_sel)
     return dict(zip(blocks, order)), best[0][0]
 
 
-def _sel_candidates(n_full, k, sel_range, fixed, a, tr, limit, allowed):
+def _sel_candidates(n_full, k, sel_range, fixed, a, tr, limit, mid):
     """The few n_sel worth trying for a given n_full: 0, the smallest that fits, and all
     selective (memory falls linearly in n_sel, so the smallest fitting count is fastest)."""
     if len(sel_range) == 1:
         return sel_range
     rest = k - n_full
-    saving = a["none"] - a["selective"]
+    saving = a["none"] - a[mid]
     cands = {0, rest}
     if saving > 0:
         base = fixed + n_full * a["full"] + rest * a["none"] + max(
-            tr["full"] if n_full else 0.0, tr["selective"])
+            tr["full"] if n_full else 0.0, tr[mid])
         need = math.ceil((base - limit) / saving) if base > limit else 0
         for n in (need - 1, need, need + 1):
             if 0 <= n <= rest:
@@ -109,7 +118,7 @@ def best_recompute(cm: CostModel, c: ParallelConfig,
             return None
         modes.update(got[0])
     if hetero:
-        return solve_recompute(cm, c)
+        return solve_recompute(cm, c, modes=("none", partial_mode(allowed), "full"))
     return tuple(modes[i] for i in cm.blocks)
 
 

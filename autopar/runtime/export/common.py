@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from ...config import ParallelConfig
 from ..verdict import verdict
 
-_MODE_ORDER = ("none", "selective", "full")
+#: Recompute modes by what they keep, most first (autopar.config.RECOMPUTE_MODES order).
+_MODE_ORDER = ("none", "selective", "selective-op", "full")
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,7 @@ def to_deepspeed_config(plan) -> Export:
         cfg["activation_checkpointing"] = {"partition_activations": False,
                                            "contiguous_memory_optimization": False}
         strongest = strongest_mode(modes)
-        if len(set(modes)) > 1 or strongest == "selective":
+        if len(set(modes)) > 1 or strongest in ("selective", "selective-op"):
             warn.append(f"recompute {modes}: DeepSpeed's activation checkpointing recomputes "
                         "whole checkpointed layers (the model calls "
                         "deepspeed.checkpointing.checkpoint per block); checkpoint every block "
@@ -112,4 +112,16 @@ def to_deepspeed_config(plan) -> Export:
             full = tuple("none" if x == "none" else "full" for x in modes)
             w = w.replace(recompute=full[0] if len(set(full)) == 1 else full)
     t_written = t if t.precision != "fp8" else replace(t, precision="bf16")
+    if t.optimizer_offload:
+        if c.zero_stage >= 1:
+            # deepspeed/runtime/zero/config.py offload_optimizer (ZeRO-Offload, Ren et al. 2021)
+            cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        else:
+            warn.append("optimizer_offload: DeepSpeed offloads the optimizer under ZeRO 1-3 "
+                        "only; not written at ZeRO-0")
+            t_written = replace(t_written, optimizer_offload=False)
+    if t.optimizer_state_dtype != "fp32":
+        warn.append(f"optimizer_state_dtype {t.optimizer_state_dtype}: DeepSpeed's config has no "
+                    "switch for the moments' dtype; used fp32")
+        t_written = replace(t_written, optimizer_state_dtype="fp32")
     return finish(plan, cfg, warn, w, "deepspeed", comment="", train=t_written)

@@ -107,6 +107,14 @@ def to_megatron_args(plan) -> Export:
                         "--weight-decay 0 for plain Adam")
     else:
         a += ["--optimizer", "sgd"]
+    # arguments.py: --optimizer-cpu-offload needs --use-precision-aware-optimizer, which also
+    # takes the moments' dtypes (--exp-avg-dtype / --exp-avg-sq-dtype)
+    if t.optimizer_offload or t.optimizer_state_dtype == "bf16":
+        a += ["--use-precision-aware-optimizer"]
+    if t.optimizer_offload:
+        a += ["--optimizer-cpu-offload"]
+    if t.optimizer_state_dtype == "bf16":
+        a += ["--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"]
     return finish(plan, a, warn, w, "megatron")
 
 
@@ -124,6 +132,14 @@ def pipeline_layout(blocks: tuple[int, ...]) -> str:
 def _megatron_recompute(plan, warn: list[str]) -> tuple[list[str], str | tuple[str, ...]]:
     """(flags, the recompute written in autopar's terms: a mode or one mode per block)."""
     modes = block_modes(plan)
+    if "selective-op" in modes:
+        # no op-level SAC in Megatron-LM: full recompute keeps less (never more memory)
+        warn.append("recompute 'selective-op' (torchtitan's op-level checkpointing): Megatron-LM "
+                    "has no op-level policy (--recompute-granularity full | selective); used full")
+        modes = tuple("full" if m == "selective-op" else m for m in modes)
+        if len(set(modes)) == 1:
+            return (["--recompute-granularity", "full", "--recompute-method", "uniform",
+                     "--recompute-num-layers", "1"], "full")
     if len(set(modes)) == 1:
         mode = modes[0]
         return ({"none": [], "selective": ["--recompute-granularity", "selective"],

@@ -178,6 +178,15 @@ def to_torchtitan_toml(plan) -> Export:
         warn.append(f"precision {t.precision}: torchtitan trains in bf16 (fp8 needs a float8 "
                     "model converter); used bf16")
         t_written = replace(t, precision="bf16")
+    if t.optimizer_offload:
+        warn.append("optimizer_offload: torchtitan offloads only everything together "
+                    "(training.enable_cpu_offload: parameters, gradients and optimizer states "
+                    "through FSDP2's CPUOffloadPolicy); not written, the optimizer stays on the GPU")
+        t_written = replace(t_written, optimizer_offload=False)
+    if t.optimizer_state_dtype != "fp32":
+        warn.append(f"optimizer_state_dtype {t.optimizer_state_dtype}: torchtitan's optimizers "
+                    "keep states in the parameters' dtype (fp32 shards); used fp32")
+        t_written = replace(t_written, optimizer_state_dtype="fp32")
     ac, modes_written = _titan_ac(block_modes(plan), warn)
     w = w.replace(recompute=modes_written if isinstance(c.recompute, tuple) else modes_written[0])
     opt = {"name": "AdamW" if t.optimizer in ("adam", "adamw") else "SGD"}
@@ -208,11 +217,19 @@ def _fqns_per_part(stage_blocks) -> list[list[str]]:
 
 def _titan_ac(modes, warn) -> tuple[dict, tuple[str, ...]]:
     """(activation_checkpoint section, the per-block modes it runs)."""
+    if "selective" in modes:
+        # torchtitan's selective mode is op-level SAC, which keeps less than the attention-core
+        # recompute planned: never more memory than planned, a little more recompute time
+        warn.append("recompute 'selective' (attention core): torchtitan has op-level selective "
+                    "checkpointing instead (selective_ac_option 'op', autopar's 'selective-op'); "
+                    "used it")
+        modes = tuple("selective-op" if m == "selective" else m for m in modes)
     kinds = set(modes)
     if len(kinds) == 1:
         mode = modes[0]
-        return {"mode": mode} | ({"selective_ac_option": "op"} if mode == "selective"
-                                 else {}), tuple(modes)
+        if mode == "selective-op":
+            return {"mode": "selective", "selective_ac_option": "op"}, tuple(modes)
+        return {"mode": mode}, tuple(modes)
     full = [i for i, x in enumerate(modes) if x == "full"]
     every = full[0] + 1 if full else 0
     if kinds == {"none", "full"} and full == list(range(every - 1, len(modes), every)):
@@ -220,6 +237,6 @@ def _titan_ac(modes, warn) -> tuple[dict, tuple[str, ...]]:
     strongest = strongest_mode(modes)
     warn.append(f"per-block recompute {modes}: torchtitan sets one mode for all blocks (or full "
                 f"every N-th); used {strongest!r} everywhere (never more memory than planned)")
-    return {"mode": strongest} | (
-        {"selective_ac_option": "op"} if strongest == "selective" else {}), \
-        (strongest,) * len(modes)
+    section = ({"mode": "selective", "selective_ac_option": "op"} if strongest == "selective-op"
+               else {"mode": strongest})
+    return section, (strongest,) * len(modes)

@@ -1,0 +1,204 @@
+"""How far to trust an estimate: its expected error band and whether its MFU is plausible.
+
+Both come from the published-run corpus (``benchmarks/data/*.json``) through tables that a
+benchmark script generates into :mod:`autopar.cost.published` (``python -m benchmarks.bands
+--write``; ``tests/test_bands.py`` fails when the tables drift from the corpus). This module
+holds the rules: what a *regime* is, how a band is computed from residuals, and how a regime
+falls back to a coarser one when too few published runs share it.
+
+- **Regime** (:class:`Regime`): framework x precision x GPU generation x sharding kind. The
+  same plan runs at different speeds in different frameworks and the cost model's error
+  differs with them (``python -m benchmarks.accuracy --cv source``: bias from -27% to +7% by
+  source), so a band is per regime.
+- **Error band** (:class:`ErrorBand`): over the regime's published runs, the residuals
+  ``e = (predicted - measured) / measured`` of the step time, each predicted leave-one-source-
+  out (autopar fits no constant to the corpus, :data:`benchmarks.validation.FITTED_CONSTANTS`
+  is empty, so every prediction is already out of sample). The half-width is the
+  nearest-rank :data:`BAND_QUANTILE` quantile of ``|e|`` (the share of a normal distribution
+  within one standard deviation: "about two of three runs like this one landed within it"),
+  reported with the mean signed residual (the bias).
+- **Fallback** (:data:`LEVELS`): a regime with fewer than :data:`MIN_RECORDS` runs takes the
+  next coarser cell: the sharding kind is dropped first, then the GPU generation, then the
+  precision, then the framework (runs of frameworks autopar does not target count only there).
+- **Plausibility**: the best MFU measured in the corpus per framework x precision x GPU
+  generation, in autopar's FLOPs convention (:data:`autopar.cost.types.FLOPS_CONVENTION`:
+  the model FLOPs autopar counts for the run's model over its *measured* step time, so the
+  published figures' own conventions do not mix in). An estimate above it carries a warning.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from . import published
+
+#: Quantile of |residual| a band's half-width covers: 0.6827, the mass of a normal
+#: distribution within one standard deviation (a non-parametric "one sigma").
+BAND_QUANTILE = 0.6827
+#: Fewest published runs a cell needs to give a band (a nearest-rank 68% quantile of fewer
+#: than 5 values is the largest or second largest of them).
+MIN_RECORDS = 5
+#: Cells tried from the most specific to the pooled one: which of (framework, precision, gpu,
+#: sharding) each keeps ("*" stands for the dropped ones).
+LEVELS: tuple[tuple[bool, bool, bool, bool], ...] = (
+    (True, True, True, True), (True, True, True, False), (True, True, False, False),
+    (True, False, False, False), (False, True, True, True), (False, True, True, False),
+    (False, True, False, False), (False, False, False, False))
+ANY = "*"
+
+#: GPU name prefix -> architecture generation (NVIDIA's architecture whitepapers: A100/A800
+#: Ampere GA100, H100/H800/H200 Hopper GH100, B200/GB200 Blackwell, V100 Volta GV100).
+_GENERATIONS = (("GB", "blackwell"), ("B", "blackwell"), ("A", "ampere"), ("H", "hopper"),
+                ("V", "volta"))
+
+
+def gpu_generation(device_name: str) -> str:
+    """The architecture generation of a catalog GPU name ("A100-SXM4-80GB" -> "ampere"); the
+    lower-cased name itself for a GPU outside the table (it then matches no published run)."""
+    name = device_name.upper()
+    for prefix, gen in _GENERATIONS:
+        if name.startswith(prefix) and name[len(prefix):len(prefix) + 1].isdigit():
+            return gen
+    return device_name.lower()
+
+
+def sharding_kind(tp: int, pp: int, cp: int, zero_stage: int | None) -> str:
+    """The plan's dominant kind of sharding: "pipeline" (pp > 1), "tensor" (tp or cp > 1,
+    no pipeline), "fsdp" (data parallel with ZeRO-3) or "data" (data parallel, ZeRO 0-2)."""
+    if pp > 1:
+        return "pipeline"
+    if tp > 1 or cp > 1:
+        return "tensor"
+    return "fsdp" if zero_stage == 3 else "data"
+
+
+@dataclass(frozen=True)
+class Regime:
+    """What an estimate's accuracy depends on.
+
+    Attributes:
+        framework: the training framework (:data:`autopar.config.FRAMEWORKS`).
+        precision: the training precision (:data:`autopar.config.PRECISIONS`).
+        gpu: the GPU generation (:func:`gpu_generation`).
+        sharding: the sharding kind (:func:`sharding_kind`).
+    """
+
+    framework: str
+    precision: str
+    gpu: str
+    sharding: str
+
+    @classmethod
+    def of(cls, train, device_name: str, config) -> "Regime":
+        """The regime of a resolved ``config`` for ``train`` (a TrainingConfig) on a GPU."""
+        return cls(train.framework, train.precision, gpu_generation(device_name),
+                   sharding_kind(config.tp, config.pp, config.cp, config.zero_stage))
+
+    def key(self) -> tuple[str, str, str, str]:
+        """(framework, precision, gpu, sharding)."""
+        return (self.framework, self.precision, self.gpu, self.sharding)
+
+
+def cell(key: tuple[str, ...], level: tuple[bool, ...]) -> tuple[str, ...]:
+    """``key`` with the fields ``level`` drops replaced by :data:`ANY`."""
+    return tuple(k if keep else ANY for k, keep in zip(key, level))
+
+
+def nearest_rank(values: list[float], q: float = BAND_QUANTILE) -> float:
+    """The nearest-rank ``q`` quantile of ``values`` (the ceil(q n)-th smallest; Hyndman and Fan
+    1996, definition 1).
+
+    Raises:
+        ValueError: no values.
+    """
+    if not values:
+        raise ValueError("nearest_rank of no values")
+    s = sorted(values)
+    k = max(1, math.ceil(q * len(s) - 1e-9))
+    return s[k - 1]
+
+
+@dataclass(frozen=True)
+class ErrorBand:
+    """The expected relative error of an estimate's step time.
+
+    Attributes:
+        half_width: the band is step_time_s * (1 +- half_width) (a fraction, e.g. 0.09).
+        bias: mean signed residual (predicted - measured) / measured of the cell's runs
+            (negative: the runs took longer than predicted).
+        records: published runs in the cell; sources: independent sources among them.
+        cell: the (framework, precision, gpu, sharding) cell used, "*" for fields pooled.
+        quantile: the share of the cell's runs whose |residual| is within half_width.
+    """
+
+    half_width: float
+    bias: float
+    records: int
+    sources: int
+    cell: tuple[str, str, str, str]
+    quantile: float = BAND_QUANTILE
+
+    def text(self) -> str:
+        """"± 9%"."""
+        return f"± {self.half_width * 100:.0f}%"
+
+    def describe(self) -> str:
+        """One line: the band, the cell and its runs, the bias."""
+        where = " ".join(c for c in self.cell if c != ANY) or "all published runs"
+        return (f"{self.text()}: {self.quantile:.0%} of {self.records} published runs ({where}; "
+                f"{self.sources} source{'s' if self.sources != 1 else ''}) were within it; "
+                f"their mean error {self.bias * 100:+.0f}% (predicted vs measured)")
+
+
+@dataclass(frozen=True)
+class MfuCeiling:
+    """The best MFU published for a framework x precision x GPU generation, in autopar's
+    FLOPs convention (model FLOPs over the measured step time).
+
+    Attributes:
+        mfu: the fraction; record: the corpus record's id; source: its source;
+        cell: (framework, precision, gpu), "*" for a framework pooled.
+    """
+
+    mfu: float
+    record: str
+    source: str
+    cell: tuple[str, str, str]
+
+
+@lru_cache(maxsize=None)
+def band_for(regime: Regime) -> ErrorBand | None:
+    """The error band of the most specific cell of :data:`LEVELS` with published runs (at least
+    :data:`MIN_RECORDS`); None when the table is empty."""
+    for level in LEVELS:
+        c = cell(regime.key(), level)
+        row = published.BANDS.get(c)
+        if row is not None:
+            half, bias, n, sources = row
+            return ErrorBand(half, bias, n, sources, c)
+    return None
+
+
+@lru_cache(maxsize=None)
+def mfu_ceiling(framework: str, precision: str, gpu: str) -> MfuCeiling | None:
+    """The best published MFU for this framework, precision and GPU generation; for a
+    framework without published runs there, the best of any framework; None without runs."""
+    for c in ((framework, precision, gpu), (ANY, precision, gpu)):
+        row = published.MFU_CEILINGS.get(c)
+        if row is not None:
+            return MfuCeiling(row[0], row[1], row[2], c)
+    return None
+
+
+def plausibility_warnings(mfu: float, regime: Regime) -> tuple[str, ...]:
+    """Warnings for an MFU above the best published one of its regime (none when below or when
+    the corpus has no run of that precision and GPU generation)."""
+    best = mfu_ceiling(regime.framework, regime.precision, regime.gpu)
+    if best is None or mfu <= best.mfu:
+        return ()
+    who = regime.framework if best.cell[0] != ANY else "any framework"
+    return (f"MFU {mfu * 100:.1f}% exceeds the best published for {who}, {regime.precision} on "
+            f"{regime.gpu.capitalize()} GPUs ({best.mfu * 100:.1f}%: {best.record}, its measured "
+            "step time under autopar's FLOPs convention): the estimate is likely optimistic",)

@@ -1,0 +1,168 @@
+"""How a framework lays out memory: bytes per parameter of each model state, optimizer-step
+temporaries, what pipeline parallelism keeps unsharded, unfused attention's score tensors and
+FP8 weight copies. One frozen :class:`MemoryConventions` per framework profile
+(:attr:`autopar.frameworks.FrameworkProfile.memory`); every field has its source (a framework
+file and flag at the commit named in :mod:`autopar.frameworks.profiles`, or a measurement).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Mapping
+
+from ..errors import InvalidTrainingConfig
+
+
+@dataclass(frozen=True)
+class MemoryConventions:
+    """Bytes a framework keeps per parameter and per attention score.
+
+    Attributes:
+        weight_bytes: bytes per parameter of the weights ZeRO shards (None: the training dtype,
+            2 for bf16). FSDP2 under mixed precision keeps fp32 sharded parameters (4), which
+            are also the optimizer's master weights.
+        grad_bytes: bytes per parameter of the gradients ZeRO shards (None: the cost model's
+            :attr:`autopar.cost.CostParams.grad_bytes`).
+        master_weight_bytes: bytes per parameter of a separate fp32 master copy inside the
+            optimizer states (0 where the sharded weights are the master copy).
+        optimizer_step_temp_bytes: bytes per optimizer-held parameter the step allocates
+            beside the states (a multi-tensor Adam's sqrt(v) buffer; 0 for fused kernels).
+        pp_unsharded_bytes: bytes per parameter of a pipeline rank kept unsharded across its
+            micro-batches under ZeRO-3 with pipeline parallelism (the gathered weights and the
+            accumulated unsharded gradients); 0 where every micro-batch re-gathers.
+        unfused_score_saved_bytes: bytes per attention-score element the unfused attention path
+            saves for backward (the softmax output; the graph counts 2).
+        unfused_score_work_bytes: bytes per score element the unfused path allocates beside
+            the saved ones while a layer runs (scores and their gradients).
+        fp8_weight_cache_bytes: bytes per Linear parameter of FP8 weight copies kept across
+            micro-batches in FP8 training (0: cast again each forward).
+        loss_work_bytes: bytes per logit element the loss's backward allocates beside the
+            saved fp32 log-probabilities (the graph counts those): torch's F.cross_entropy on
+            fp32 logits makes a dense nll_loss gradient and a log_softmax gradient (4 + 4); fused
+            losses write the gradient in place.
+        sources: where each figure comes from, by field name.
+
+    Raises:
+        InvalidTrainingConfig: a negative figure or a field without a source.
+    """
+
+    weight_bytes: int | None = None
+    grad_bytes: int | None = None
+    master_weight_bytes: int = 4
+    optimizer_step_temp_bytes: int = 0
+    pp_unsharded_bytes: int = 0
+    unfused_score_saved_bytes: int = 2
+    unfused_score_work_bytes: int = 4
+    fp8_weight_cache_bytes: int = 0
+    loss_work_bytes: int = 8
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        names = self.field_names()
+        bad = [n for n in names if getattr(self, n) is not None and getattr(self, n) < 0]
+        missing = [n for n in names if not self.sources.get(n)]
+        if bad or missing:
+            raise InvalidTrainingConfig(
+                f"memory conventions: negative {bad}, unsourced {missing}. Fix: give every "
+                "field a non-negative byte count and its source.")
+        object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        """Names of the byte-count fields (all but ``sources``)."""
+        return tuple(f.name for f in fields(cls) if f.name != "sources")
+
+
+_MATH_SDPA = ("torch 2.13 aten _scaled_dot_product_attention_math on bf16 inputs upcasts to fp32 "
+              "(measured: saved_tensors_hooks show the fp32 [b, h, s, s] softmax output saved)")
+_MATH_SDPA_WORK = ("torch 2.13 math SDPA: fp32 scores beside the fp32 softmax output in forward; "
+                   "fp32 gradients of the probabilities and of the scores in backward (2 x 4)")
+_FSDP2_PP = ("torch 2.13 distributed/pipelining/stage.py: set_reshard_after_backward(False) and "
+             "set_requires_gradient_sync(False) for all but the last micro-batch; "
+             "fsdp/_fully_shard/_fsdp_param.py to_accumulated_grad_if_needed: unsharded grads "
+             "upcast to reduce_dtype fp32 (2 bytes bf16 weights + 4 bytes fp32 gradients)")
+
+_TORCH_CE = ("F.cross_entropy(logits.float()) = log_softmax + nll_loss; backward "
+             "(torch tools/autograd/derivatives.yaml): nll_loss_backward's dense fp32 [N, V] "
+             "gradient, then _log_softmax_backward_data's, beside the saved fp32 log-probs: 4 + 4")
+
+TORCH_MEMORY = MemoryConventions(
+    optimizer_step_temp_bytes=4, pp_unsharded_bytes=4,
+    unfused_score_saved_bytes=4, unfused_score_work_bytes=8,
+    sources={
+        "weight_bytes": "the model's parameters in the training dtype (autopar/runtime/dp.py)",
+        "grad_bytes": "gradients in the parameters' dtype (autopar/runtime/dp.py _mp_policy)",
+        "master_weight_bytes": "mixed-precision Adam keeps an fp32 master copy (Rajbhandari et "
+                               "al. 2020, section 3.1)",
+        "optimizer_step_temp_bytes": "torch/optim/adam.py _multi_tensor_adam (foreach, the CUDA "
+                                     "default): exp_avg_sq_sqrt = torch._foreach_sqrt(...)",
+        "pp_unsharded_bytes": "torch 2.13 distributed/pipelining/stage.py: "
+                              "set_reshard_after_backward(False) for all but the last "
+                              "micro-batch; parameters and gradients in the training dtype "
+                              "(autopar/runtime/dp.py: no upcast for bf16 parameters): 2 + 2",
+        "unfused_score_saved_bytes": _MATH_SDPA,
+        "unfused_score_work_bytes": _MATH_SDPA_WORK,
+        "fp8_weight_cache_bytes": "torchao Float8Linear casts the weight every forward",
+        "loss_work_bytes": "autopar/runtime/apply.py lm_loss: " + _TORCH_CE,
+    })
+
+TORCHTITAN_MEMORY = MemoryConventions(
+    weight_bytes=4, grad_bytes=4, master_weight_bytes=0, optimizer_step_temp_bytes=0,
+    pp_unsharded_bytes=6, unfused_score_saved_bytes=4, unfused_score_work_bytes=8,
+    sources={
+        "weight_bytes": "torchtitan v0.2.2 models/llama3/infra/parallelize.py apply_fsdp: "
+                        "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) over a model "
+                        "built in fp32: sharded parameters stay fp32",
+        "grad_bytes": "job_config.py Training.mixed_precision_reduce = 'float32': sharded "
+                      "gradients in fp32",
+        "master_weight_bytes": "the fp32 sharded parameters are the optimizer's weights",
+        "optimizer_step_temp_bytes": "job_config.py Optimizer.implementation = 'fused'",
+        "pp_unsharded_bytes": "parallelize.py apply_fsdp: reshard_after_forward = not "
+                              "pp_enabled ('default' policy); " + _FSDP2_PP,
+        "unfused_score_saved_bytes": _MATH_SDPA,
+        "unfused_score_work_bytes": _MATH_SDPA_WORK,
+        "fp8_weight_cache_bytes": "torchao Float8Linear (torchtitan's Float8 converter) casts "
+                                  "the weight every forward",
+        "loss_work_bytes": "components/loss.py cross_entropy_loss: " + _TORCH_CE,
+    })
+
+MEGATRON_MEMORY = MemoryConventions(
+    grad_bytes=4, unfused_score_saved_bytes=2, unfused_score_work_bytes=4,
+    fp8_weight_cache_bytes=2, loss_work_bytes=2,
+    sources={
+        "weight_bytes": "arguments.py --bf16: params_dtype bfloat16",
+        "grad_bytes": "arguments.py (line 1207): 'bfloat16 requires gradient accumulation and "
+                      "all-reduce to be performed in fp32' -> accumulate_allreduce_grads_in_fp32 "
+                      "(fp32 main_grad buffer)",
+        "master_weight_bytes": "megatron/core/optimizer: fp32 main params (--main-params-dtype "
+                               "fp32)",
+        "optimizer_step_temp_bytes": "Transformer Engine / Apex FusedAdam (multi-tensor "
+                                     "in-place kernel)",
+        "pp_unsharded_bytes": "--use-torch-fsdp2 is not supported with pipeline parallelism",
+        "unfused_score_saved_bytes": "megatron/core/fusions/fused_softmax.py FusedScaleMaskSoftmax"
+                                     ": bf16 softmax output (Korthikanti et al. 2022, 2as^2b)",
+        "unfused_score_work_bytes": "bf16 gradients of the probabilities and of the scores",
+        "fp8_weight_cache_bytes": "Transformer Engine Linear caches the FP8 weight and its FP8 "
+                                  "transpose across micro-batches (is_first_microbatch)",
+        "loss_work_bytes": "megatron/core/tensor_parallel/cross_entropy.py "
+                           "_VocabParallelCrossEntropy: backward writes the gradient into the "
+                           "saved fp32 softmax in place; its bf16 cast: 2",
+    })
+
+DEEPSPEED_MEMORY = MemoryConventions(
+    unfused_score_saved_bytes=4, unfused_score_work_bytes=8,
+    sources={
+        "weight_bytes": "bf16.enabled: bf16 module parameters",
+        "grad_bytes": "the cost model's default (bf16 gradient partitions)",
+        "master_weight_bytes": "ZeRO keeps fp32 master partitions "
+                               "(deepspeed/runtime/zero/stage_1_and_2.py)",
+        "optimizer_step_temp_bytes": "DeepSpeed FusedAdam (deepspeed/ops/adam)",
+        "pp_unsharded_bytes": "ZeRO-3 is incompatible with DeepSpeed pipeline parallelism",
+        "unfused_score_saved_bytes": "DeepSpeed runs the model's own attention: "
+                                     "torch SDPA's math path when not fused. " + _MATH_SDPA,
+        "unfused_score_work_bytes": _MATH_SDPA_WORK,
+        "fp8_weight_cache_bytes": "no FP8 weight cache in the DeepSpeed engine",
+        "loss_work_bytes": "the model's own loss (Hugging Face: F.cross_entropy on fp32 "
+                           "logits): " + _TORCH_CE,
+    })

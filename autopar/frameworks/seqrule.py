@@ -1,0 +1,124 @@
+"""How a framework cuts each sequence over context-parallel (CP) and sequence-parallel (SP) ranks,
+as a divisibility rule on the sequence length: :class:`SeqLenRule`.
+
+Two mechanisms set the rule:
+
+- **Load-balanced CP**: with causal attention, later tokens attend to more keys, so Megatron-Core
+  and torchtitan cut the sequence into ``2 * cp`` equal chunks and give CP rank ``i`` chunks
+  ``i`` and ``2 cp - 1 - i`` (Megatron-LM ``megatron/core/utils.py``
+  ``get_batch_on_this_cp_rank``; torch ``context_parallel`` "headtail" load balancer). The
+  sequence length must then be a multiple of ``2 * cp``.
+- **Sequence parallelism** (Korthikanti et al. 2022) shards each CP rank's ``seq / cp`` tokens
+  over the TP group with reduce-scatter / all-gather of equal shards, so ``seq / cp`` must be a
+  multiple of ``tp`` (Megatron-LM ``megatron/core/tensor_parallel/mappings.py``: "First dimension
+  of the tensor should be divisible by tensor parallel size").
+
+Together (Megatron-Core, CP > 1 and SP on): ``seq % (cp * lcm(2, tp)) == 0``. torchtitan asserts a
+stricter product for every job, CP and SP or not: ``seq % (tp * 2 * cp) == 0``
+(``ParallelDims.seq_len_divisor``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import lcm
+
+from ..errors import InvalidTrainingConfig
+
+
+@dataclass(frozen=True)
+class SeqLenRule:
+    """The sequence-length divisibility a framework needs for a (tp, cp, sequence_parallel).
+
+    Attributes:
+        cp_chunks: chunks each CP rank holds: 2 for the load-balanced split into ``2 * cp``
+            chunks, 1 for a contiguous split (``seq % cp`` only).
+        always: the framework asserts ``seq % (tp * cp_chunks * cp) == 0`` for every job,
+            whether CP and SP are on or not (torchtitan's ``seq_len_divisor``); otherwise the CP
+            part applies only when cp > 1 and the TP part only under sequence parallelism.
+        source: the framework file and line the rule was read from.
+
+    Raises:
+        InvalidTrainingConfig: at construction, ``cp_chunks`` not 1 or 2, or no source.
+    """
+
+    cp_chunks: int = 1
+    always: bool = False
+    source: str = ("autopar/runtime/cp.py (contiguous split when 2 cp does not divide the "
+                   "sequence) and torch.distributed.tensor.parallel SequenceParallel (equal "
+                   "shards of each CP rank's tokens over TP)")
+
+    def __post_init__(self) -> None:
+        if self.cp_chunks not in (1, 2) or not self.source:
+            raise InvalidTrainingConfig(
+                f"SeqLenRule(cp_chunks={self.cp_chunks!r}, source={self.source!r}): cp_chunks "
+                "must be 1 or 2 and the rule needs a source. Fix: pass cp_chunks=1 or 2 and the "
+                "framework file the rule comes from.")
+
+    def divisor(self, tp: int, cp: int, sequence_parallel: bool) -> int:
+        """The number the sequence length (tokens) must be a multiple of."""
+        if self.always:
+            return tp * self.cp_chunks * cp
+        d = self.cp_chunks * cp if cp > 1 else 1
+        if sequence_parallel and tp > 1:
+            d = lcm(d, cp * tp)
+        return d
+
+    def violation(self, framework: str, seq_len: int, tp: int, cp: int,
+                  sequence_parallel: bool, sp_optional: bool = True) -> str | None:
+        """Why ``framework`` cannot split sequences of ``seq_len`` tokens over tp x cp (with
+        ``sequence_parallel``), with a fix; None when it can.
+
+        ``sp_optional``: the framework runs TP without SP (then turning SP off is offered).
+        """
+        d = self.divisor(tp, cp, sequence_parallel)
+        if seq_len % d == 0:
+            return None
+        parts = []
+        if self.always:
+            parts.append(f"tp * {self.cp_chunks} * cp = {tp} * {self.cp_chunks} * {cp}")
+        else:
+            if cp > 1 and self.cp_chunks > 1:
+                parts.append(f"{self.cp_chunks} * cp = {self.cp_chunks * cp} (load-balanced "
+                             f"context parallelism cuts the sequence into {self.cp_chunks * cp} "
+                             "chunks)")
+            elif cp > 1:
+                parts.append(f"cp = {cp}")
+            if sequence_parallel and tp > 1:
+                parts.append(f"cp * tp = {cp * tp} (sequence parallelism shards each CP rank's "
+                             f"tokens, {seq_len} / cp={cp}, over tp: they must be divisible by "
+                             f"tp={tp})")
+        down, up = seq_len // d * d, (seq_len // d + 1) * d
+        fixes = [f"a sequence length that is a multiple of {d} (e.g. {up}"
+                 + (f" or {down})" if down else ")")]
+        if sequence_parallel and tp > 1 and sp_optional and not self.always \
+                and seq_len % self.divisor(tp, cp, False) == 0:
+            fixes.append("sequence_parallel=False")
+        if seq_len % self.divisor(1, 1, False) == 0:
+            fixes.append("a smaller tp or cp")
+        return (f"{framework} needs the sequence length to be a multiple of {d} with tp={tp}, "
+                f"cp={cp}, sequence_parallel={sequence_parallel}: a multiple of "
+                f"{' and of '.join(parts) or d}; {seq_len} is not ({self.source}). Fix: "
+                + ", or ".join(fixes) + ".")
+
+
+#: Megatron-Core: arguments.py asserts ``seq_length % (2 * context_parallel_size)`` when CP > 1;
+#: SP needs each CP rank's tokens divisible by TP (mappings.py).
+MEGATRON_RULE = SeqLenRule(
+    cp_chunks=2, always=False,
+    source="Megatron-LM d98e8a64ddf3 megatron/training/arguments.py: 'seq-length should be a "
+           "multiple of 2 * context-parallel-size if context-parallel-size > 1'; "
+           "megatron/core/tensor_parallel/mappings.py: 'First dimension of the tensor should be "
+           "divisible by tensor parallel size' (SP)")
+#: torchtitan v0.2.2: every model's parallelize.py asserts ``seq_len % seq_len_divisor``.
+TORCHTITAN_RULE = SeqLenRule(
+    cp_chunks=2, always=True,
+    source="torchtitan v0.2.2 torchtitan/distributed/parallel_dims.py "
+           "ParallelDims.seq_len_divisor = tp * (cp * 2), asserted in "
+           "models/llama3/infra/parallelize.py")
+#: DeepSpeed: no CP from the JSON config and no Megatron-style SP (AutoTP), so only the
+#: generic rule of a contiguous split applies.
+DEEPSPEED_RULE = SeqLenRule(
+    cp_chunks=1, always=False,
+    source="DeepSpeed 0.19.6: no context parallelism in the JSON config and no sequence "
+           "parallelism in AutoTP (deepspeed/module_inject/auto_tp.py)")

@@ -1,0 +1,171 @@
+"""Generate autopar's error-band and MFU-plausibility tables from the published-run corpus.
+
+    python -m benchmarks.bands --write     # rewrite autopar/cost/published.py from a new run
+    python -m benchmarks.bands --check     # exit 1 when it differs from what a new run gives
+    python -m benchmarks.bands             # print the cells and each record's regime
+
+Every record of ``benchmarks/data/*.json`` that autopar can estimate is predicted with its
+published plan, open fields at its framework's documented default (the same evaluation as
+``python -m benchmarks.accuracy --cv source``: :func:`benchmarks.validation.evaluate`, no
+search). Residuals ``(predicted - measured) / measured`` are leave-one-source-out by
+construction: autopar fits no constant to the corpus (``validation.FITTED_CONSTANTS`` is empty).
+The rules (regimes, quantile, fallback cells) are :mod:`autopar.cost.regime`'s; this script only
+counts. ``python -m benchmarks.accuracy --write-docs`` runs it too, so one command regenerates
+every generated table after a cost-model change. Deterministic; about a minute on one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import autopar
+from autopar.cost import regime as rg
+
+from . import validation
+from .records import RecordError, parse
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLE = ROOT / "autopar" / "cost" / "published.py"
+COMMAND = "python -m benchmarks.bands --write"
+
+#: Record software family (:func:`benchmarks.validation.framework_kind`) -> the framework
+#: autopar targets that runs the same code path: NeMo is Megatron-Core underneath; llm-foundry
+#: (Composer) and fms-fsdp / lit-gpt are PyTorch FSDP trainers, as ``plan.apply`` (``torch``)
+#: is. Stacks outside these (in-house, InternEvo, DDP scripts) count only in cells that pool
+#: the framework.
+FRAMEWORK_OF = {"megatron": "megatron", "nemo": "megatron", "torchtitan": "torchtitan",
+                "deepspeed": "deepspeed", "fsdp": "torch", "llm-foundry": "torch"}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured record: its regime key (framework may be "*"), residual, measured MFU."""
+
+    id: str
+    source: str
+    key: tuple[str, str, str, str]
+    residual: float
+    measured_mfu: float
+
+
+def points(raw: list[dict] | None = None) -> tuple[list[Point], list[tuple[str, str]]]:
+    """(points of every measured record autopar estimates, (id, reason) of those skipped), in
+    corpus order."""
+    raw = validation.load_corpus() if raw is None else raw
+    out, skipped = [], []
+    for r in raw:
+        try:
+            rec = parse(r)
+            if not rec.measured_step_s:
+                continue
+            row = validation.evaluate(rec, spread=False)
+        except (RecordError, autopar.AutoparError, KeyError, TypeError, ValueError) as exc:
+            skipped.append((r.get("id", "?"), f"{type(exc).__name__}: {str(exc)[:120]}"))
+            continue
+        plan = {**row.chosen, **rec.fixed}
+        key = (FRAMEWORK_OF.get(validation.framework_kind(rec.framework), rg.ANY),
+               rec.train.precision, rg.gpu_generation(rec.cluster.device.name),
+               rg.sharding_kind(plan.get("tp", 1), plan.get("pp", 1), plan.get("cp", 1),
+                                plan.get("zero_stage")))
+        meas = rec.measured_step_s
+        out.append(Point(rec.id, rec.source_key, key, (row.predicted_s - meas) / meas,
+                         row.mfu * row.predicted_s / meas))
+    return out, skipped
+
+
+def bands(pts: list[Point]) -> dict[tuple, tuple[float, float, int, int]]:
+    """cell -> (half-width, bias, records, sources) for every cell of every level of
+    :data:`autopar.cost.regime.LEVELS` with at least :data:`~autopar.cost.regime.MIN_RECORDS`
+    records (a record whose framework is "*" joins only cells that pool the framework)."""
+    groups: dict[tuple, list[Point]] = defaultdict(list)
+    for p in pts:
+        for level in rg.LEVELS:
+            if p.key[0] == rg.ANY and level[0]:
+                continue
+            groups[rg.cell(p.key, level)].append(p)
+    out = {}
+    for c, ps in sorted(groups.items()):
+        if len(ps) < rg.MIN_RECORDS:
+            continue
+        errs = [p.residual for p in ps]
+        out[c] = (round(rg.nearest_rank([abs(e) for e in errs]), 4),
+                  round(sum(errs) / len(errs), 4), len(ps), len({p.source for p in ps}))
+    return out
+
+
+def ceilings(pts: list[Point]) -> dict[tuple, tuple[float, str, str]]:
+    """(framework, precision, gpu) -> (best measured MFU, record id, source), per framework and
+    pooled over frameworks ("*"); ties go to the first record in corpus order."""
+    best: dict[tuple, Point] = {}
+    for p in pts:
+        fw, prec, gpu, _ = p.key
+        for c in dict.fromkeys(((fw, prec, gpu), (rg.ANY, prec, gpu))):
+            if c not in best or p.measured_mfu > best[c].measured_mfu:
+                best[c] = p
+    return {c: (round(p.measured_mfu, 4), p.id, p.source) for c, p in sorted(best.items())}
+
+
+def render(pts: list[Point]) -> str:
+    """The text of autopar/cost/published.py for these points."""
+    b, m = bands(pts), ceilings(pts)
+    lines = [
+        '"""Tables from the published-run corpus, GENERATED by',
+        f"`{COMMAND}` (do not edit by hand).",
+        "",
+        f"From {len(pts)} measured runs of benchmarks/data/*.json that autopar estimates, each "
+        "predicted",
+        "with its published plan (open fields at its framework's default). Rules and meaning:",
+        ":mod:`autopar.cost.regime`. tests/test_bands.py fails when these drift from the corpus.",
+        '"""',
+        "",
+        "#: (framework, precision, gpu generation, sharding) -> (band half-width, mean signed",
+        "#: residual (predicted - measured) / measured, runs, sources); \"*\" = pooled.",
+        "BANDS: dict[tuple[str, str, str, str], tuple[float, float, int, int]] = {",
+    ]
+    lines += [f"    {c!r}: {v!r}," for c, v in b.items()]
+    lines += ["}", "",
+              "#: (framework, precision, gpu generation) -> (best MFU measured, in autopar's FLOPs",
+              "#: convention, record id, source); \"*\" = any framework.",
+              "MFU_CEILINGS: dict[tuple[str, str, str], tuple[float, str, str]] = {"]
+    for c, (mfu, rid, src) in m.items():
+        lines.append(f"    {c!r}: ({mfu!r}, {rid!r},")
+        lines.append(f"        {src!r}),")
+    lines += ["}", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--write", action="store_true", help=f"rewrite {TABLE.relative_to(ROOT)}")
+    g.add_argument("--check", action="store_true", help="exit 1 when the table is stale")
+    args = ap.parse_args(argv)
+    pts, skipped = points()
+    text = render(pts)
+    rel = TABLE.relative_to(ROOT)
+    if args.check:
+        stale = TABLE.read_text() != text
+        print(f"{rel} {'differs from the corpus: run ' + COMMAND if stale else 'is current'}")
+        return 1 if stale else 0
+    if args.write:
+        TABLE.write_text(text)
+        print(f"wrote {rel} ({len(pts)} runs, {len(skipped)} skipped)")
+        return 0
+    for p in pts:
+        print(f"{p.id:48s} {'/'.join(p.key):36s} {100 * p.residual:+6.1f}%  "
+              f"measured MFU {100 * p.measured_mfu:5.1f}%")
+    for rid, why in skipped:
+        print(f"skipped {rid}: {why}")
+    for c, (half, bias, n, s) in bands(pts).items():
+        print(f"band {'/'.join(c):36s} +-{100 * half:4.1f}% bias {100 * bias:+5.1f}% "
+              f"n={n} sources={s}")
+    for c, (mfu, rid, _) in ceilings(pts).items():
+        print(f"best MFU {'/'.join(c):28s} {100 * mfu:5.1f}% {rid}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

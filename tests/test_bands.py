@@ -1,0 +1,131 @@
+"""How far to trust an estimate (issue 13 a, b): the error band of its regime and the
+MFU-plausibility warning, both from tables generated from the published-run corpus
+(`python -m benchmarks.bands --write`); the tables must match a new run over the corpus."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import autopar
+from autopar.cli import main
+from autopar.cost import published
+from autopar.cost.regime import (ANY, BAND_QUANTILE, LEVELS, MIN_RECORDS, Regime, band_for,
+                                 gpu_generation, mfu_ceiling, nearest_rank,
+                                 plausibility_warnings, sharding_kind)
+from autopar.report.summary import runner_up_note
+
+H100 = autopar.Cluster.custom(1, 8, "H100-SXM5-80GB")
+
+
+@pytest.fixture(scope="module")
+def corpus_points():
+    # the whole corpus estimated once (about a minute on one core)
+    from benchmarks.bands import points
+    pts, _ = points()
+    return pts
+
+
+def test_tables_are_the_corpus_output(corpus_points):
+    from benchmarks.bands import COMMAND, TABLE, render
+    assert TABLE.read_text() == render(corpus_points), (
+        f"autopar/cost/published.py differs from the corpus: run `{COMMAND}`")
+
+
+def test_each_band_covers_its_quantile_of_its_runs(corpus_points):
+    for cell, (half, bias, n, sources) in published.BANDS.items():
+        errs = [p.residual for p in corpus_points
+                if all(c in (ANY, k) for c, k in zip(cell, p.key))
+                and not (p.key[0] == ANY and cell[0] != ANY)]
+        assert len(errs) == n >= MIN_RECORDS, cell
+        inside = sum(abs(e) <= half + 1e-4 for e in errs)
+        assert inside >= BAND_QUANTILE * n, cell
+        assert abs(sum(errs) / n - bias) < 1e-4 and 1 <= sources <= n
+
+
+def test_mfu_ceilings_are_the_best_measured(corpus_points):
+    for (fw, prec, gpu), (mfu, rid, _) in published.MFU_CEILINGS.items():
+        mine = [p for p in corpus_points if p.key[1:3] == (prec, gpu)
+                and fw in (ANY, p.key[0])]
+        best = max(mine, key=lambda p: p.measured_mfu)
+        assert round(best.measured_mfu, 4) == mfu and 0 < mfu < 1
+        assert rid in {p.id for p in mine if round(p.measured_mfu, 4) == mfu}
+
+
+@given(st.lists(st.floats(0, 10, allow_nan=False), min_size=1, max_size=50))
+def test_nearest_rank_is_a_value_covering_the_quantile(values):
+    q = nearest_rank(values)
+    assert q in values
+    assert sum(v <= q for v in values) >= BAND_QUANTILE * len(values)
+    assert sum(v < q for v in values) < BAND_QUANTILE * len(values)
+
+
+def test_regimes_and_fallback():
+    assert gpu_generation("A100-SXM4-80GB[memory_gib=40]") == "ampere"
+    assert gpu_generation("H200-SXM-141GB") == "hopper"
+    assert gpu_generation("GB200") == "blackwell" and gpu_generation("MI250X") == "mi250x"
+    assert sharding_kind(8, 4, 1, 1) == "pipeline" and sharding_kind(1, 1, 2, 3) == "tensor"
+    assert sharding_kind(1, 1, 1, 3) == "fsdp" and sharding_kind(1, 1, 1, 1) == "data"
+    exact = Regime("torch", "bf16", "hopper", "fsdp")
+    assert band_for(exact).cell == exact.key()                      # 72 runs of its own
+    # no torchtitan bf16 runs: falls back past the framework to precision x GPU x sharding
+    b = band_for(Regime("torchtitan", "bf16", "hopper", "pipeline"))
+    assert b.cell == (ANY, "bf16", "hopper", "pipeline") and b.records >= MIN_RECORDS
+    # an unknown GPU: the framework's pooled cell
+    assert band_for(Regime("megatron", "bf16", "mi250x", "pipeline")).cell[2] == ANY
+    assert all(len(level) == 4 for level in LEVELS) and LEVELS[-1] == (False,) * 4
+
+
+def test_plausibility_warning_above_the_best_published_only():
+    r = Regime("megatron", "bf16", "hopper", "pipeline")
+    best = mfu_ceiling("megatron", "bf16", "hopper")
+    assert best.cell == ("megatron", "bf16", "hopper")
+    assert plausibility_warnings(best.mfu, r) == ()
+    (w,) = plausibility_warnings(best.mfu + 0.01, r)
+    assert best.record in w and "megatron" in w and "optimistic" in w
+    # torchtitan has no bf16 Hopper run: the best of any framework
+    assert mfu_ceiling("torchtitan", "bf16", "hopper").cell == (ANY, "bf16", "hopper")
+    assert plausibility_warnings(0.99, Regime("torch", "fp32", "volta", "data")) == ()
+
+
+def test_every_estimate_carries_its_band_and_the_summary_prints_it():
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=4096, framework="megatron")
+    plan = autopar.optimize("llama3-8b", H100, train)
+    e = plan.estimate
+    assert e.error_band is not None and 0 < e.error_band.half_width < 1
+    assert e.error_band.cell[0] == "megatron"
+    assert all(a.error_band is not None for a in plan.alternatives)
+    text = plan.summary()
+    assert f"{e.step_time_s:.3f} s {e.error_band.text()}" in text
+    assert "published runs" in text
+    d = json.loads(plan.to_json())
+    assert d["estimate"]["error_band"]["half_width"] == e.error_band.half_width
+    assert d["estimate"]["warnings"] == list(e.warnings)
+    loaded = autopar.Plan.from_json(plan.to_json())          # re-estimated, same band
+    assert loaded.estimate.error_band == e.error_band
+
+
+def test_runner_up_inside_the_band_is_reported():
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=4096, framework="megatron")
+    plan = autopar.optimize("llama3-8b", H100, train)
+    best, band = plan.estimate, plan.estimate.error_band
+    near = replace(best, step_time_s=best.step_time_s * (1 + band.half_width / 2))
+    far = replace(best, step_time_s=best.step_time_s * (1 + 2 * band.half_width))
+    assert "inside the best plan's" in runner_up_note(best, (near,))
+    assert runner_up_note(best, (far,)) is None and runner_up_note(best, ()) is None
+    shown = replace(plan, alternatives=(near,)).summary()
+    assert "cannot tell them apart" in shown
+    assert "cannot tell" not in replace(plan, alternatives=(far,)).summary()
+
+
+def test_cli_json_has_band_and_warnings(capsys):
+    rc = main(["estimate", "--model", "llama3-8b", "--cluster", "1x8xH100-80GB",
+               "--global-batch", "64", "--seq-len", "4096", "--framework", "megatron",
+               "--tp", "1", "--json"])
+    assert rc == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["error_band"]["cell"][0] == "megatron" and isinstance(d["warnings"], list)
