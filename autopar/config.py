@@ -17,7 +17,23 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 RECOMPUTE_MODES = ("none", "selective", "selective-op", "full")
 #: dtypes the optimizer's moment estimates (Adam's m and v) may be kept in.
 OPTIMIZER_STATE_DTYPES = ("fp32", "bf16")
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+#: Pipeline schedules, as ``torch.distributed.pipelining`` (torch 2.13) names its classes:
+#: ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble (ZB-H1 of
+#: Qi et al. 2023 over v chunks per rank), ScheduleZBVZeroBubble (ZB-V: exactly 2 chunks per
+#: rank in a V) and ScheduleDualPipeV (DeepSeek-V3's DualPipe folded into a V: 2 chunks per rank).
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zero-bubble", "zbv-zero-bubble",
+             "dualpipev")
+#: Other spellings accepted for :data:`SCHEDULES` (normalised at construction): torch's class
+#: names without "Schedule" (case-insensitive, as torchtitan's ``pipeline_parallel_schedule``)
+#: and short forms.
+SCHEDULE_ALIASES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved1f1b": "interleaved-1f1b",
+                    "interleavedzerobubble": "interleaved-zero-bubble",
+                    "interleaved-zb": "interleaved-zero-bubble",
+                    "zbvzerobubble": "zbv-zero-bubble", "zbv": "zbv-zero-bubble",
+                    "zb-v": "zbv-zero-bubble", "dualpipev": "dualpipev"}
+#: Schedules whose ranks hold exactly two chunks each, in a V (chunk c < pp on rank c, chunk
+#: c >= pp on rank 2 pp - 1 - c).
+V_SCHEDULES = ("zbv-zero-bubble", "dualpipev")
 MESH_DIMS = ("tp", "cp", "dp", "pp")
 CP_MODES = ("ring", "ulysses", "allgather")
 #: Frameworks a plan may target (each has a profile in :mod:`autopar.frameworks`): ``torch`` is
@@ -152,7 +168,10 @@ class ParallelConfig:
         sequence_parallel: shard the TP-replicated activations over the sequence (Korthikanti).
         micro_batch_size: sequences per micro-batch; None = choose.
         virtual_stages: model chunks per pipeline rank (interleaved 1F1B); None = choose, 1 = none.
-        schedule: "gpipe", "1f1b" or "interleaved-1f1b"; None = from virtual_stages.
+        schedule: one of :data:`SCHEDULES` ("gpipe", "1f1b", "interleaved-1f1b",
+            "interleaved-zero-bubble", "zbv-zero-bubble", "dualpipev"; spellings in
+            :data:`SCHEDULE_ALIASES` are normalised); None = 1F1B, interleaved when
+            virtual_stages > 1. The V-shaped ones need virtual_stages 2 (None becomes 2).
         stage_blocks: decoder blocks per pipeline chunk, in model order (pp * virtual_stages
             entries); None = balanced.
         cp_mode: how context parallelism exchanges attention inputs: "ring" (ring attention,
@@ -199,6 +218,9 @@ class ParallelConfig:
             raise InvalidParallelConfig(
                 f"recompute must be one of {RECOMPUTE_MODES} or a tuple of them per block; got "
                 f"{self.recompute!r}. Fix: e.g. recompute='selective'.")
+        if isinstance(self.schedule, str) and self.schedule not in SCHEDULES:
+            object.__setattr__(self, "schedule",
+                               SCHEDULE_ALIASES.get(self.schedule.lower(), self.schedule))
         if self.schedule is not None and (not isinstance(self.schedule, str)
                                           or self.schedule not in SCHEDULES):
             raise InvalidParallelConfig(
@@ -209,6 +231,12 @@ class ParallelConfig:
                 f"schedule {self.schedule!r} has one chunk per stage; virtual_stages="
                 f"{self.virtual_stages} needs schedule 'interleaved-1f1b'. Fix: use "
                 "schedule='interleaved-1f1b' or virtual_stages=1.")
+        if self.schedule in V_SCHEDULES:
+            if self.virtual_stages not in (None, 2):
+                raise InvalidParallelConfig(
+                    f"schedule {self.schedule!r} places exactly 2 chunks on each pipeline rank "
+                    f"(a V); virtual_stages={self.virtual_stages}. Fix: virtual_stages=2 (or "
+                    "None), or schedule 'interleaved-zero-bubble' for other chunk counts.")
         if self.sequence_parallel and self.tp == 1:
             object.__setattr__(self, "sequence_parallel", False)
         if not isinstance(self.cp_mode, str) or self.cp_mode not in CP_MODES:

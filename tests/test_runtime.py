@@ -264,22 +264,23 @@ def test_expert_parallel_plan_trains_like_one_process(case, moe_reference):
     run_ranks(world, _worker, plan, family, data, ref_losses, ref_params, check)
 
 
-#: Schedules torch.distributed.pipelining has that ParallelConfig cannot name yet (the search
-#: never picks them); the runtime runs them, so a pp2 x v2 plan is given each by hand.
-EXTRA_SCHEDULES = ("interleaved-zero-bubble", "zbv-zero-bubble", "dualpipev")
+#: The split-backward schedules of torch.distributed.pipelining (ScheduleInterleavedZeroBubble,
+#: ScheduleZBVZeroBubble, ScheduleDualPipeV), each planned by the search on pp2 x v2 with the
+#: schedule pinned (interleaved zero bubble also at v = 1, ZB-H1); the V-shaped ones put chunks
+#: 0 and 3 on rank 0.
+EXTRA_SCHEDULES = (("interleaved-zero-bubble", 2), ("interleaved-zero-bubble", 1),
+                   ("zbv-zero-bubble", 2), ("dualpipev", 2))
 
 
-@pytest.mark.parametrize("schedule", EXTRA_SCHEDULES)
-def test_zero_bubble_schedules_train_like_one_process(schedule, reference):
+@pytest.mark.parametrize("schedule,v", EXTRA_SCHEDULES)
+def test_zero_bubble_schedules_train_like_one_process(schedule, v, reference):
     family, data, ref_losses, ref_params = reference
     if family != "autopar":
         pytest.skip("autopar's model only (CI time)")
-    base = autopar.optimize("tiny-llama", autopar.Cluster.custom(1, 2, "A100-80GB"), TRAIN,
-                            fixed=dict(pp=2, dp=1, tp=1, virtual_stages=2, micro_batch_size=2,
-                                       schedule="interleaved-1f1b"))
-    config = base.config.replace(schedule="interleaved-1f1b")
-    object.__setattr__(config, "schedule", schedule)  # not a ParallelConfig value yet
-    plan = dataclasses.replace(base, config=config)
+    plan = autopar.optimize("tiny-llama", autopar.Cluster.custom(1, 2, "A100-80GB"), TRAIN,
+                            fixed=dict(pp=2, dp=1, tp=1, virtual_stages=v, micro_batch_size=2,
+                                       schedule=schedule))
+    assert plan.config.schedule == schedule
     run_ranks(2, _worker, plan, family, data, ref_losses, ref_params, None)
 
 

@@ -30,6 +30,11 @@ class LayerTime:
             (all but attention and every second matmul, :func:`autopar.cost.memory.op_sac_saved`).
         fwd_flops / bwd_flops: FLOPs per GPU (after sharding) as the graph counts them (attention
             non-causal; the cost model takes the causal half off for MFU/HFU).
+        wgrad_s: the part of ``bwd_s`` that computes weight gradients: for a GEMM with a weight,
+            one of its two backward GEMMs (dW = dY^T X beside dX = dY W; Qi et al. 2023,
+            arXiv 2401.10241, section 2: B and W each take about the forward's time). Attention,
+            element-wise ops and FP8 casts count as input-gradient work. Zero-bubble schedules
+            run this part as a separate W pass.
     """
 
     fwd_s: float
@@ -37,6 +42,7 @@ class LayerTime:
     attention_fwd_s: float
     fwd_flops: float
     bwd_flops: float
+    wgrad_s: float = 0.0
 
     op_sac_recompute_s: float = 0.0
 
@@ -151,7 +157,7 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
     Returns:
         :class:`LayerTime` in seconds and per-GPU FLOPs.
     """
-    fwd = bwd = attn = 0.0
+    fwd = bwd = attn = wgrad = 0.0
     fwd_flops = bwd_flops = 0.0
     scale = micro_batch / cp
     sac_saved = set(op_sac_saved(layer)) if layer.kind == "block" else set()
@@ -179,6 +185,8 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
             t = flops / ((fp8_peak_flops if fp8 else peak_flops) * eff)
             fwd += t
             bwd += 2.0 * t
+            if op.gemm or op.num_parameters or op.tp_role:  # a weight GEMM: dW is one of two
+                wgrad += t
             if fp8 and op.gemm:
                 bw = hbm_bandwidth * params.hbm_efficiency
                 fwd += FP8_CAST_BYTES_PER_ELEMENT * (m * k + k * n) / bw
@@ -216,4 +224,5 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
         fwd += t
         bwd += 2.0 * t
     return LayerTime(fwd_s=fwd, bwd_s=bwd, attention_fwd_s=attn, fwd_flops=fwd_flops,
-                     bwd_flops=bwd_flops, op_sac_recompute_s=fwd - sac_fwd)
+                     bwd_flops=bwd_flops, wgrad_s=wgrad,
+                     op_sac_recompute_s=fwd - sac_fwd)

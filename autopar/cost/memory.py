@@ -9,7 +9,9 @@ Korthikanti et al. 2022 Table 2 (the ``seq`` part by t only with SP, the ``tp`` 
 everything by cp); selective recompute drops the attention core, full recompute keeps only the
 block input. Micro-batches in flight per pipeline rank i of p: 1F1B min(m, p - i); interleaved
 1F1B with v chunks: (p - i - 1) * 2 + (v - 1) * p + 1 chunk-micro-batches (Narayanan et al. 2021,
-Megatron-LM's warm-up count); GPipe: all m.
+Megatron-LM's warm-up count); GPipe: all m; the split-backward schedules (interleaved zero
+bubble, ZBV, DualPipeV): counted along torch's own action order, a micro-batch held from its
+forward to its weight-gradient pass (:func:`autopar.cost.pipeline_orders.peak_in_flight`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..graph.types import Layer
+from .pipeline_orders import SPLIT_BACKWARD, rank_peak_in_flight
 
 
 @dataclass(frozen=True)
@@ -109,8 +112,14 @@ def block_activation_bytes(layer: Layer, mode: str, *, micro_batch: int, tp: int
 
 def in_flight(schedule: str, stage: int, pp: int, num_micro_batches: int, virtual: int) -> float:
     """Micro-batches (times chunks) whose activations pipeline rank ``stage`` holds at its peak,
-    in units of "one micro-batch through one chunk"."""
+    in units of "one micro-batch through one chunk".
+
+    Raises:
+        ValueError: a split-backward schedule that cannot order these counts.
+    """
     m = num_micro_batches
+    if schedule in SPLIT_BACKWARD and pp > 1:
+        return float(rank_peak_in_flight(schedule, pp, m, virtual, stage))
     if pp == 1:
         return 1.0 * virtual if schedule != "gpipe" else float(m * virtual)
     if schedule == "gpipe":

@@ -25,6 +25,7 @@ from .compute import LayerTime, layer_time
 from .params import CostParams
 from .regime import Regime, band_for, plausibility_warnings
 from .resolve import resolve
+from .pipeline_orders import V_SHAPED, stage_rank
 from .schedule import pipeline_step_time
 from .stages import chunk_layers
 from .types import Estimate
@@ -57,6 +58,7 @@ class BlockCost:
     transient_bytes: float
     ep_s: float = 0.0
     ep_bytes: float = 0.0
+    wgrad_s: float = 0.0
     tp_link_s: float = 0.0
 
 
@@ -283,18 +285,23 @@ class CostModel:
         if self.train.precision == "fp8" and layer.kind == "block":
             # the FP8 copy of the running layer's Linear weights and its transpose (1 byte each)
             transient += 2.0 * mem.layer_params_per_rank(layer, tp, ep=c.ep)
+        # the weight-gradient GEMMs (lt.wgrad_s) run apart from the rest of backward under a
+        # zero-bubble schedule; recomputation and communication stay with the input gradient
         bc = BlockCost(fwd_s=lt.fwd_s + tf + cf + ef / 2, bwd_s=lt.bwd_s + rec + tb + cb + ef / 2,
                        compute_s=lt.fwd_s + lt.bwd_s + rec, tp_s=tf + tb, cp_s=cf + cb,
                        tp_bytes=fb + bb, cp_bytes=cbytes, recompute_flops=rflops,
                        act_bytes=act, transient_bytes=transient, ep_s=ef, ep_bytes=eb,
-                       tp_link_s=tp_link_s)
+                       tp_link_s=tp_link_s, wgrad_s=lt.wgrad_s)
         self._block_costs[key] = bc
         return bc
 
-    def rank_layers(self, pp: int, stage_blocks: tuple[int, ...]) -> tuple[tuple, ...]:
+    def rank_layers(self, pp: int, stage_blocks: tuple[int, ...],
+                    schedule: str = "1f1b") -> tuple[tuple, ...]:
         """Per pipeline rank: (layer indices, chunk indices, groups) where groups lists
-        (representative layer index, count, is_block) per distinct layer signature (cached)."""
-        key = (pp, stage_blocks)
+        (representative layer index, count, is_block) per distinct layer signature (cached).
+        Chunk ``ci`` runs on rank ``ci % pp``, or in a V for the V-shaped schedules
+        (:func:`autopar.cost.pipeline_orders.stage_rank`)."""
+        key = (pp, stage_blocks, schedule in V_SHAPED)
         hit = self._rank_layers.get(key)
         if hit is not None:
             return hit
@@ -302,7 +309,8 @@ class CostModel:
         chunks = chunk_layers(len(g.layers), self.blocks, stage_blocks)
         out = []
         for rank in range(pp):
-            mine = tuple(ci for ci in range(len(chunks)) if ci % pp == rank)
+            mine = tuple(ci for ci in range(len(chunks))
+                         if (stage_rank(ci, pp, schedule) if pp > 1 else 0) == rank)
             layers = tuple(i for ci in mine for i in chunks[ci])
             groups: dict[str, list] = {}
             for i in layers:
@@ -347,8 +355,8 @@ class CostModel:
         pp_g = self.group("pp", c)
         bscale = c.micro_batch_size / g.micro_batch_size
         out = []
-        for rank, (layers, mine, _groups, chunks) in enumerate(self.rank_layers(pp,
-                                                                             c.stage_blocks)):
+        for rank, (layers, mine, _groups, chunks) in enumerate(
+                self.rank_layers(pp, c.stage_blocks, c.schedule)):
             p2p_s = p2p_bytes = p2p_send_s = 0.0
 
             def boundary_bytes(ci: int) -> float:
@@ -357,13 +365,17 @@ class CostModel:
                 return (g.layers[chunks[ci][-1]].output_bytes * bscale / cp
                         / (tp if c.sequence_parallel else 1))
 
+            def remote(ci: int) -> bool:
+                """Whether chunks ci and ci + 1 sit on different ranks (a V's turn does not)."""
+                return stage_rank(ci, pp, c.schedule) != stage_rank(ci + 1, pp, c.schedule)
+
             for ci in mine:
-                if pp > 1 and ci < len(chunks) - 1 and chunks[ci]:
+                if pp > 1 and ci < len(chunks) - 1 and chunks[ci] and remote(ci):
                     nbytes = boundary_bytes(ci)
                     p2p_s += 2 * pp_g.time("send_recv", nbytes)
                     p2p_bytes += nbytes  # this rank sends the activation forward
                     p2p_send_s += pp_g.time("send_recv", nbytes)
-                if pp > 1 and ci > 0 and chunks[ci - 1]:
+                if pp > 1 and ci > 0 and chunks[ci - 1] and remote(ci - 1):
                     p2p_bytes += boundary_bytes(ci - 1)  # and the input's gradient backward
                     p2p_send_s += pp_g.time("send_recv", boundary_bytes(ci - 1))
             params, experts = self._rank_params(tp, c.ep, layers)
@@ -373,6 +385,33 @@ class CostModel:
                                    p2p_send_s))
         self._layouts[key] = tuple(out)
         return self._layouts[key]
+
+    def _pair_overlap(self, c: ParallelConfig, parts: list[dict], stage_time: list[float]
+                      ) -> tuple[float, ...] | None:
+        """Per pipeline rank, seconds one DualPipeV forward-backward pair (of one chunk each)
+        saves by hiding expert-parallel all-to-alls behind the other half's compute, or None.
+
+        Only where the target framework runs that overlap: torchtitan v0.2.2 registers
+        ``overlap_callback`` for ``OVERLAP_F_B`` on ``ScheduleDualPipeV`` when
+        ``pipeline_parallel_expert_parallel_overlap`` is on and ep > 1
+        (torchtitan/distributed/pipeline_parallel.py ``build_pipeline_schedule``,
+        distributed/dual_pipe_v.py), which refuses activation checkpointing
+        (``get_dual_pipe_v_flag``); stock torch runs the pair's halves one after the other.
+        DeepSeek-V3 (arXiv 2412.19437, section 3.2.1) hides all-to-all this way. The hidden part
+        is the pair's all-to-all seconds, at most the pair's other work.
+        """
+        if c.schedule != "dualpipev" or c.ep == 1 or c.pp == 1:
+            return None
+        if c.schedule not in get_profile(self.train.framework).overlaps_ep_comm:
+            return None
+        if any(mode != "none" for mode in c.block_recompute(len(self.blocks))):
+            return None
+        v = c.virtual_stages
+        out = []
+        for part, total in zip(parts, stage_time):
+            ep = part["ep_comm"] / v   # forward + backward all-to-alls of one chunk
+            out.append(min(ep, total / v - ep))
+        return tuple(max(0.0, x) for x in out)
 
     def zero3_collective_s(self, c: ParallelConfig, rank: int, nbytes_per_element: float,
                            op: str) -> float:
@@ -385,7 +424,7 @@ class CostModel:
         g, dp_g = self.graph, self.group("dp", c)
         per_param = self.profile.zero3_gather == "per_parameter"
         total = 0.0
-        for li, n in self.rank_layers(c.pp, c.stage_blocks)[rank][2]:
+        for li, n in self.rank_layers(c.pp, c.stage_blocks, c.schedule)[rank][2]:
             layer = g.layers[li]
             if per_param:
                 for o in layer.ops:
@@ -487,12 +526,13 @@ class CostModel:
         ledger = CommLedger()
 
         layout = self.stage_layout(c)
-        ranks = self.rank_layers(pp, c.stage_blocks)
+        ranks = self.rank_layers(pp, c.stage_blocks, c.schedule)
         stage_time = [0.0] * pp
         stage_parts = [dict(compute=0.0, tp_comm=0.0, cp_comm=0.0, ep_comm=0.0, pp_comm=0.0)
                        for _ in range(pp)]
         stage_fwd = [0.0] * pp
         stage_bwd = [0.0] * pp
+        stage_wgrad = [0.0] * pp
         stage_act = [0.0] * pp
         stage_transient = [0.0] * pp
         recompute_flops = 0.0
@@ -514,6 +554,7 @@ class CostModel:
                 parts["compute"] += n * bc.compute_s
                 stage_fwd[rank] += n * bc.fwd_s
                 stage_bwd[rank] += n * bc.bwd_s
+                stage_wgrad[rank] += n * bc.wgrad_s
                 tp_s += n * bc.tp_s
                 tp_link += n * bc.tp_link_s
                 tp_b += n * bc.tp_bytes
@@ -544,7 +585,9 @@ class CostModel:
         # pipeline
         t_max = max(stage_time)
         bottleneck = stage_time.index(t_max)
-        t_pipe, bubble = pipeline_step_time(stage_fwd, stage_bwd, m, v, c.schedule)
+        overlap = self._pair_overlap(c, stage_parts, stage_time)
+        t_pipe, bubble = pipeline_step_time(stage_fwd, stage_bwd, m, v, c.schedule,
+                                            wgrad=stage_wgrad, overlap=overlap)
         for kind, link, nbytes, seconds in rank_comm[bottleneck]:  # per GPU: one rank's traffic
             ledger.add(kind, link, nbytes, seconds, times=m)
 
@@ -641,7 +684,9 @@ class CostModel:
         nominal = self.device.peak(train.precision)   # MFU against the datasheet peak
         mfu = model_flops / (step * world * nominal)
         hfu = hw_flops / (step * world * nominal)
-        parts = stage_parts[bottleneck]
+        parts = dict(stage_parts[bottleneck])
+        if overlap:  # the all-to-all seconds hidden inside DualPipeV's pairs are not exposed
+            parts["ep_comm"] -= v * overlap[bottleneck]
         breakdown = {
             "compute": m * parts["compute"], "tp_comm": m * parts["tp_comm"],
             "cp_comm": m * parts["cp_comm"], "ep_comm": m * parts["ep_comm"],
@@ -665,6 +710,7 @@ class CostModel:
                                   if k != "local"},
             peak_stage=peak_rank,
             stage_fwd_s=tuple(stage_fwd), stage_bwd_s=tuple(stage_bwd),
+            stage_wgrad_s=tuple(stage_wgrad),
             stage_memory_breakdown=tuple(sm.as_dict() for sm in stage_mem),
             group_links={d: grp.link for d, grp in
                          (("tp", tp_g), ("cp", cp_g), ("pp", pp_g), ("dp", dp_g),

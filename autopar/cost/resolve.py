@@ -6,12 +6,15 @@ The rules (each error names the rule and a fix):
   (:meth:`autopar.frameworks.FrameworkProfile.seq_violation`: load-balanced CP needs
   seq % (2 cp), SP needs seq / cp % tp; torchtitan seq % (2 tp cp) always); the global batch
   is a multiple of dp * micro-batch; pp * v <= blocks;
-  interleaved 1F1B needs the micro-batch count to be a multiple of pp (Megatron-LM).
+  interleaved 1F1B needs the micro-batch count to be a multiple of pp (Megatron-LM);
+  interleaved zero bubble a multiple of its rounds ``max(1, m // pp)`` and DualPipeV at least
+  ``2 pp`` micro-batches (torch 2.13 ``ScheduleInterleavedZeroBubble`` / ``ScheduleDualPipeV``
+  constructors); ZBV and DualPipeV hold 2 chunks per rank.
 """
 
 from __future__ import annotations
 
-from ..config import DEFAULT_PLACEMENT, ParallelConfig, TrainingConfig
+from ..config import DEFAULT_PLACEMENT, V_SCHEDULES, ParallelConfig, TrainingConfig
 from ..errors import InvalidParallelConfig
 from ..frameworks import get_profile
 from ..graph.types import ModelGraph
@@ -74,9 +77,9 @@ def resolve(config: ParallelConfig, graph: ModelGraph, world_size: int,
             f"{dp}*{mbs} = {dp * mbs}. Fix: make the global batch a multiple of {dp * mbs}, or "
             "change dp or the micro-batch size.")
     m = train.global_batch_size // (dp * mbs)
-    v = c.virtual_stages or 1
+    v = c.virtual_stages or (2 if c.schedule in V_SCHEDULES else 1)
     schedule = c.schedule or ("interleaved-1f1b" if v > 1 else "1f1b")
-    if schedule == "interleaved-1f1b" and c.pp == 1:
+    if schedule not in ("gpipe", "1f1b") and c.pp == 1:  # nothing to interleave or fill
         schedule, v = "1f1b", 1
     blocks = graph.num_blocks
     if c.pp * v > max(blocks, 1):
@@ -87,6 +90,16 @@ def resolve(config: ParallelConfig, graph: ModelGraph, world_size: int,
         raise InvalidParallelConfig(
             f"interleaved 1F1B needs the micro-batch count ({m}) to be a multiple of pp={c.pp}. "
             f"Fix: change the global batch, dp or micro-batch so that it is, or use v=1.")
+    if schedule == "interleaved-zero-bubble" and m % max(1, m // c.pp):
+        raise InvalidParallelConfig(
+            f"torch's interleaved zero-bubble schedule needs the micro-batch count ({m}) to be a "
+            f"multiple of its rounds max(1, m // pp) = {max(1, m // c.pp)}. Fix: a global batch, "
+            f"dp or micro-batch giving a multiple of pp={c.pp} micro-batches.")
+    if schedule == "dualpipev" and m < 2 * c.pp:
+        raise InvalidParallelConfig(
+            f"DualPipeV needs at least one micro-batch per chunk, 2 x pp = {2 * c.pp}; the "
+            f"step has {m}. Fix: a smaller micro-batch or dp, a larger global batch, or "
+            "schedule 'zbv-zero-bubble'.")
     stage_blocks = c.stage_blocks or (balanced_stage_blocks(blocks, c.pp * v) if blocks else (0,))
     if len(stage_blocks) != c.pp * v:
         raise InvalidParallelConfig(

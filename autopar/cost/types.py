@@ -47,6 +47,8 @@ class Estimate:
         peak_stage: index of the pipeline rank with the most memory.
         stage_fwd_s / stage_bwd_s: per pipeline rank, seconds of one micro-batch's forward and
             backward (incl. recompute, TP/CP communication and pipeline sends) over all its chunks.
+        stage_wgrad_s: per pipeline rank, the weight-gradient part of ``stage_bwd_s`` (what a
+            zero-bubble schedule runs as its separate W pass); empty in older plan files.
         stage_memory_breakdown: per pipeline rank, bytes by component (as memory_breakdown).
         group_links: the bottleneck link class each mesh dimension's groups cross
             (e.g. {"tp": "nvlink", "dp": "infiniband"}), from the rank placement.
@@ -77,6 +79,7 @@ class Estimate:
     group_links: dict = None  # type: ignore[assignment]
     stage_fwd_s: tuple[float, ...] = ()
     stage_bwd_s: tuple[float, ...] = ()
+    stage_wgrad_s: tuple[float, ...] = ()
     stage_memory_breakdown: tuple[dict, ...] = ()
     flops_convention: str = FLOPS_CONVENTION
     # -- how far to trust the numbers (issue 13; autopar.cost.regime) ------------------------
@@ -96,5 +99,6 @@ class Estimate:
         d["stage_time_s"] = list(self.stage_time_s)
         d["stage_fwd_s"] = list(self.stage_fwd_s)
         d["stage_bwd_s"] = list(self.stage_bwd_s)
+        d["stage_wgrad_s"] = list(self.stage_wgrad_s)
         d["stage_memory_breakdown"] = list(self.stage_memory_breakdown)
         return d

@@ -106,6 +106,9 @@ class FrameworkProfile:
         per_block_recompute: a different policy per decoder block is expressible.
         sequence_parallel: the values ``sequence_parallel`` may take under tensor parallelism.
         expert_parallel: expert parallelism for MoE layers is supported.
+        overlaps_ep_comm: schedules under which the framework hides expert-parallel all-to-alls
+            behind the compute of another micro-batch (DualPipe-style forward-backward pairs);
+            the cost model reads it (:meth:`autopar.cost.model.CostModel.estimate`).
         sources: for every capability field above (name -> text), the file and flag of the
             framework it was read from.
         seq_rule: the sequence-length divisibility it needs for CP and SP
@@ -153,6 +156,7 @@ class FrameworkProfile:
     per_block_recompute: bool
     sequence_parallel: tuple[bool, ...]
     expert_parallel: bool
+    overlaps_ep_comm: tuple[str, ...] = ()
     sources: Mapping[str, str] = field(default_factory=dict)
     # -- sequence-length divisibility for CP and SP (issue 13); sourced inside the rule --------
     seq_rule: SeqLenRule = SeqLenRule()
@@ -183,6 +187,8 @@ class FrameworkProfile:
                 bad.append(f)
         if not set(self.schedules) <= set(SCHEDULES):
             bad.append("schedules")
+        if not set(self.overlaps_ep_comm) <= set(self.schedules):
+            bad.append("overlaps_ep_comm")
         if not set(self.cp_modes) <= set(CP_MODES):
             bad.append("cp_modes")
         if not set(self.recompute_modes) <= set(RECOMPUTE_MODES) or not self.recompute_modes:
@@ -340,8 +346,13 @@ TORCH = FrameworkProfile(
                                "(torch.distributed.tensor.parallel)",
         "zero_stages_with_pp": "fully_shard per torch.distributed.pipelining stage module",
         "zero_stages_with_ep": "fully_shard on the expert and non-expert parameter groups",
-        "schedules": "torch.distributed.pipelining.schedules: ScheduleGPipe, Schedule1F1B, "
-                     "ScheduleInterleaved1F1B",
+        "schedules": "torch/distributed/pipelining/schedules.py (torch 2.13): ScheduleGPipe, "
+                     "Schedule1F1B, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble, "
+                     "ScheduleZBVZeroBubble, ScheduleDualPipeV (autopar/runtime/pipeline.py "
+                     "maps each)",
+        "overlaps_ep_comm": "none: _PipelineScheduleRuntime runs an OVERLAP_F_B action's "
+                            "sub-actions one after the other unless a custom function is "
+                            "registered (schedules.py), and plan.apply registers none",
         "interleaved_chunks": "pipelining.PipelineStage takes any module per stage",
         "stage_cuts": "pipelining.PipelineStage takes any module per stage",
         "cp_modes": "torch.distributed.tensor.experimental.context_parallel (_RotateMethod "
@@ -370,6 +381,7 @@ TORCHTITAN = FrameworkProfile(
     stage_cuts="any", cp_modes=("ring", "allgather"),
     recompute_modes=("none", "selective-op", "full"),
     per_block_recompute=False, sequence_parallel=(True,), expert_parallel=True,
+    overlaps_ep_comm=("dualpipev",),
     seq_rule=TORCHTITAN_RULE,
     memory=TORCHTITAN_MEMORY,
     sources={
@@ -381,8 +393,14 @@ TORCHTITAN = FrameworkProfile(
         "zero_stages_with_pp": "models/llama3/infra/parallelize.py ('DDP has not supported > 1D "
                                "parallelism'); apply_fsdp(pp_enabled=...)",
         "zero_stages_with_ep": "models/llama4/infra/parallelize.py: experts under FSDP (efsdp mesh)",
-        "schedules": "job_config.py Parallelism.pipeline_parallel_schedule: GPipe, 1F1B, "
-                     "Interleaved1F1B (torch.distributed.pipelining names)",
+        "schedules": "job_config.py Parallelism.pipeline_parallel_schedule, resolved by "
+                     "torch's get_schedule_class (distributed/pipeline_parallel.py): GPipe, "
+                     "1F1B, Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV",
+        "overlaps_ep_comm": "distributed/pipeline_parallel.py build_pipeline_schedule registers "
+                            "dual_pipe_v.overlap_callback for OVERLAP_F_B on ScheduleDualPipeV "
+                            "when Parallelism.pipeline_parallel_expert_parallel_overlap (default "
+                            "true) and ep > 1; it refuses activation checkpointing "
+                            "(dual_pipe_v.get_dual_pipe_v_flag)",
         "interleaved_chunks": "job_config.py Parallelism.module_fqns_per_model_part",
         "stage_cuts": "job_config.py Parallelism.module_fqns_per_model_part",
         "cp_modes": "job_config.py Parallelism.context_parallel_rotate_method: 'alltoall' "
@@ -426,7 +444,11 @@ MEGATRON = FrameworkProfile(
                                "parallelism'",
         "schedules": "megatron/core/pipeline_parallel/schedules.py: "
                      "forward_backward_pipelining_without_interleaving (1F1B) and "
-                     "_with_interleaving; no GPipe",
+                     "_with_interleaving; no GPipe, no zero-bubble or V-shaped schedule "
+                     "(--delay-wgrad-compute defers weight gradients inside 1F1B only)",
+        "overlaps_ep_comm": "not modelled: combined_1f1b.py overlaps MoE all-to-all inside "
+                            "interleaved 1F1B only under --overlap-moe-expert-parallel-comm "
+                            "(off by default)",
         "interleaved_chunks": "arguments.py --pipeline-model-parallel-layout (any layers per "
                               "chunk; megatron/core/transformer/"
                               "pipeline_parallel_layer_layout.py)",
@@ -470,6 +492,7 @@ DEEPSPEED = FrameworkProfile(
                                "incompatible with pipeline parallelism'",
         "zero_stages_with_ep": "deepspeed/moe/layer.py MoE(ep_size=...) under any ZeRO stage",
         "schedules": "deepspeed/runtime/pipe/schedule.py TrainSchedule (1F1B-like) only",
+        "overlaps_ep_comm": "none: no DualPipe-style schedule",
         "interleaved_chunks": "deepspeed/runtime/pipe/module.py PipelineModule: one "
                               "contiguous partition per stage",
         "stage_cuts": "deepspeed/runtime/pipe/module.py partition_method 'uniform' / "

@@ -279,7 +279,15 @@ def from_torchtitan_toml(source: str | Path) -> Imported:
                          "block fully) is modelled as op-level selective checkpointing of every block.")
     schedule = str(para.get("pipeline_parallel_schedule", "")).lower()
     if schedule:
-        if "interleaved" in schedule or "looped" in schedule:
+        # torch's names for the split-backward schedules (get_schedule_class); torchtitan runs
+        # 2 stages per rank for a multi-stage schedule unless told otherwise
+        # (distributed/pipeline_parallel.py pipeline_llm), which the V-shaped ones require
+        split = {"interleavedzerobubble": "interleaved-zero-bubble",
+                 "zbvzerobubble": "zbv-zero-bubble", "dualpipev": "dualpipev"}
+        if schedule in split:
+            par["schedule"] = split[schedule]
+            par["virtual_stages"] = 2
+        elif "interleaved" in schedule or "looped" in schedule:
             par["schedule"] = "interleaved-1f1b"
             par["virtual_stages"] = 2
             notes.append(f"pipeline schedule {schedule!r}: modelled as interleaved 1F1B with 2 "

@@ -153,7 +153,7 @@ def _estimate(d: Any, where: str, world: int) -> Estimate:
         _number_map(d[key], f"{where}.{key}")
     d["stage_memory_bytes"] = _floats(d["stage_memory_bytes"], f"{where}.stage_memory_bytes",
                                       c.pp)
-    for key in ("stage_time_s", "stage_fwd_s", "stage_bwd_s"):
+    for key in ("stage_time_s", "stage_fwd_s", "stage_bwd_s", "stage_wgrad_s"):
         d[key] = _floats(d.get(key, []), f"{where}.{key}", c.pp if d.get(key) else None)
     smb = d.get("stage_memory_breakdown", [])
     if not isinstance(smb, list) or (smb and len(smb) != c.pp):

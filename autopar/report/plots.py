@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Sequence
 
+from ..cost.pipeline_orders import SPLIT_BACKWARD, rank_orders, replay, stage_rank
 from ..cost.types import Estimate
 from ..errors import AutoparError, MissingDependency, output_error  # noqa: F401 (re-export)
 from .summary import plural
@@ -115,6 +116,8 @@ def schedule_events(est: Estimate) -> list[tuple[int, str, float, float, int, in
     p, v, m = c.pp, c.virtual_stages or 1, est.num_micro_batches
     fwd = list(est.stage_fwd_s) or [t / 3 for t in est.stage_time_s]
     bwd = list(est.stage_bwd_s) or [2 * t / 3 for t in est.stage_time_s]
+    if p > 1 and c.schedule in SPLIT_BACKWARD:
+        return _split_events(est, fwd, bwd)
     orders = [_rank_order(r, p, v, m, c.schedule or "1f1b") for r in range(p)]
     done: dict[tuple[str, int, int], float] = {}
     free = [0.0] * p
@@ -145,6 +148,25 @@ def schedule_events(est: Estimate) -> list[tuple[int, str, float, float, int, in
         if not progressed:  # cannot happen for the orders above; guard against a hang
             raise AutoparError("pipeline schedule simulation deadlocked (a bug in autopar).")
     return events
+
+
+def _split_events(est: Estimate, fwd: list[float], bwd: list[float]) -> list[tuple]:
+    """:func:`schedule_events` of a split-backward schedule (interleaved zero bubble, ZBV,
+    DualPipeV): torch's action order replayed (:mod:`autopar.cost.pipeline_orders`); kinds "F",
+    "B" (full backward), "I" (input gradient), "W" (weight gradient); chunks are the rank's local
+    index (0 .. v-1)."""
+    c = est.config
+    p, v, m = c.pp, c.virtual_stages, est.num_micro_batches
+    wgt = list(est.stage_wgrad_s) or [0.0] * p
+    out: list = []
+    replay(rank_orders(c.schedule, p, m, v), p * v, c.schedule, tuple(f / v for f in fwd),
+           tuple((b - w) / v for b, w in zip(bwd, wgt)), tuple(w / v for w in wgt), events=out)
+    local = {}
+    for r in range(p):
+        mine = sorted(s for s in range(p * v) if stage_rank(s, p, c.schedule) == r)
+        local.update({s: k for k, s in enumerate(mine)})
+    return [(r, "B" if kind == "O" else kind, s, d, local[stage], mb)
+            for r, kind, s, d, stage, mb in out]
 
 
 def _window(events, p: int, v: int, end: float):

@@ -3,8 +3,8 @@
 
 - :func:`mesh_groups`: every (mesh, micro-batch, SP, EP) group with a lower bound on its step
   time, best first.
-- :func:`coarse` (phase 1): per group, every interleaving degree and ZeRO stage with the default
-  placement, CP mode and balanced cuts.
+- :func:`coarse` (phase 1): per group, every schedule, interleaving degree and ZeRO stage with
+  the default placement, CP mode and balanced cuts.
 - :func:`refine` (phase 2): per candidate, other placements, CP modes and stage cuts.
 - :func:`first_fit`: phase 1 until one configuration fits (the diagnosis's probe).
 """
@@ -105,14 +105,17 @@ class Run:
 
 
 def layer_sum(cm: CostModel, c: ParallelConfig) -> float:
-    """Sum over all layers of one micro-batch's forward + backward without recomputation."""
+    """Sum over all layers of one micro-batch's forward + backward without recomputation
+    (without the expert-parallel all-to-alls where the framework can hide them, see
+    :attr:`autopar.frameworks.FrameworkProfile.overlaps_ep_comm`)."""
     total = 0.0
     counts: dict[str, list] = {}
     for layer in cm.graph.layers:
         counts.setdefault(layer.signature, [layer.index, 0])[1] += 1
+    hide = c.ep > 1 and bool(get_profile(cm.train.framework).overlaps_ep_comm)
     for li, n in counts.values():
         bc = cm.block_cost(li, "none", c)
-        total += n * (bc.fwd_s + bc.bwd_s)
+        total += n * (bc.fwd_s + bc.bwd_s - (bc.ep_s if hide else 0.0))
     return total
 
 
@@ -150,8 +153,9 @@ def mesh_groups(cm: CostModel, fixed: dict, limits) -> list[tuple[float, tuple, 
 
 
 def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
-    """Phase 1 for one group: every interleaving and ZeRO stage with the default placement and
-    CP mode and balanced cuts. Returns (time, v, zero) for phase 2."""
+    """Phase 1 for one group: every schedule and interleaving (:func:`space.schedule_options`)
+    and ZeRO stage with the default placement and CP mode and balanced cuts. Returns
+    (time, v, zero, config) for phase 2."""
     cm = run.cm
     blocks = max(cm.graph.num_blocks, 1)
     m = cm.train.global_batch_size // (base["dp"] * base["micro_batch_size"])
@@ -170,12 +174,12 @@ def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
         e = run.estimate(frugal)
         if e is not None and e.memory_per_gpu_bytes > 1.05 * cm.device.visible_memory_bytes:
             return out
-    for v in space.virtual_stage_options(base["pp"], blocks, m, fixed, limits, run.profile):
+    for schedule, v in space.schedule_options(base["pp"], blocks, m, fixed, limits, run.profile):
         for zero in space.zero_options(base, fixed, run.profile):
             if run.expired():
                 return out
             cfg = ParallelConfig(**base, placement=placement, cp_mode=mode, virtual_stages=v,
-                                 zero_stage=zero, schedule=fixed.get("schedule"),
+                                 zero_stage=zero, schedule=schedule,
                                  stage_blocks=fixed.get("stage_blocks"))
             try:
                 c = cm.resolve(cfg)

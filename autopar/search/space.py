@@ -5,7 +5,7 @@ Model rules: tp divides attention and KV heads; cp divides the sequence (and lea
 framework's split of the sequence over tp x cp holds (load-balanced CP, SP:
 :meth:`~autopar.frameworks.FrameworkProfile.seq_violation`);
 pp * v <= blocks; interleaving needs the micro-batch count to be a multiple of pp; 1F1B at least
-pp micro-batches.
+pp micro-batches; the split-backward schedules follow torch's rules (:func:`schedule_options`).
 Cluster rules: tp stays inside a node (NVLink/PCIe domain) unless fixed otherwise.
 Batch rules: the global batch is a multiple of dp * micro-batch.
 Framework rules (:mod:`autopar.frameworks`): only the ZeRO stages, schedules, interleavings, CP
@@ -51,6 +51,10 @@ class SpaceLimits:
     Attributes:
         max_micro_batch: largest micro-batch tried (sequences).
         max_virtual_stages: largest interleaving degree tried.
+        max_zero_bubble_chunks: largest v tried for interleaved zero bubble (a search-time
+            limit: its weight passes already fill most of 1F1B's bubble, and each chunk adds
+            pipeline traffic and in-flight memory; measured on benchmarks.search_speed, trying
+            every v made the GPT-3 search 3.5x slower). Pin ``virtual_stages`` to try others.
         min_cp_chunk: fewest tokens per context-parallel rank.
         tp_across_nodes: allow TP groups that span nodes.
         refine_within: phase-1 candidates within this fraction of the best get phase 2
@@ -60,6 +64,7 @@ class SpaceLimits:
 
     max_micro_batch: int = 16
     max_virtual_stages: int = 16
+    max_zero_bubble_chunks: int = 2
     min_cp_chunk: int = 1024
     tp_across_nodes: bool = False
     refine_within: float = 0.05
@@ -77,7 +82,9 @@ def check_fixed(fixed: dict | None) -> dict:
     if unknown:
         raise InvalidParallelConfig(
             f"fixed= has unknown keys {unknown}. Fix: use only {list(FIXABLE)}.")
-    ParallelConfig(**{k: v for k, v in fixed.items()})  # type and range checks
+    checked = ParallelConfig(**{k: v for k, v in fixed.items()})  # type and range checks
+    if "schedule" in fixed:
+        fixed["schedule"] = checked.schedule  # an alias, normalised
     return fixed
 
 
@@ -159,6 +166,50 @@ def virtual_stage_options(pp: int, blocks: int, m: int, fixed: dict,
     if fixed.get("schedule") == "interleaved-1f1b":
         opts = [v for v in opts if v > 1] or opts
     return opts
+
+
+#: Schedules splitting backward into input- and weight-gradient passes (torch 2.13), and the
+#: chunk count per rank each needs (None: any).
+SPLIT_SCHEDULES = {"interleaved-zero-bubble": None, "zbv-zero-bubble": 2, "dualpipev": 2}
+
+
+def schedule_options(pp: int, blocks: int, m: int, fixed: dict, limits: SpaceLimits,
+                     profile: FrameworkProfile = _TORCH) -> list[tuple[str | None, int]]:
+    """(schedule, virtual_stages) pairs to try: the 1F1B family as
+    :func:`virtual_stage_options` gives it (schedule None = 1F1B, interleaved when v > 1), then,
+    with ``pp > 1`` and where the framework runs them, the split-backward schedules:
+    interleaved zero bubble at v = 1 .. ``limits.max_zero_bubble_chunks`` (m a multiple of
+    torch's rounds ``max(1, m // pp)``), ZBV and DualPipeV at v = 2 (DualPipeV with m >= 2 pp).
+    Chunk counts obey ``pp * v <= blocks`` and the framework's chunk rule. A pinned schedule or
+    virtual_stages keeps only the pairs that match it.
+    """
+    want, want_v = fixed.get("schedule"), fixed.get("virtual_stages")
+    out: list[tuple[str | None, int]] = []
+    if want is None or want not in SPLIT_SCHEDULES:
+        out += [(want, v) for v in virtual_stage_options(pp, blocks, m, fixed, limits, profile)]
+    if pp == 1:
+        return out
+
+    def chunks_ok(v: int) -> bool:
+        if pp * v > blocks:
+            return False
+        if v > 1 and profile.interleaved_chunks == "none":
+            return False
+        return v == 1 or profile.interleaved_chunks == "any" or blocks % (pp * v) == 0
+
+    for name, need in SPLIT_SCHEDULES.items():
+        if name not in profile.schedules or want not in (None, name):
+            continue
+        if need is None:
+            if m % max(1, m // pp):
+                continue
+            vs = [want_v] if want_v else list(range(1, limits.max_zero_bubble_chunks + 1))
+        else:
+            vs = [need]
+        if name == "dualpipev" and m < 2 * pp:
+            continue
+        out += [(name, v) for v in vs if chunks_ok(v) and want_v in (None, v)]
+    return out
 
 
 def zero_options(base: dict, fixed: dict, profile: FrameworkProfile = _TORCH) -> list[int]:

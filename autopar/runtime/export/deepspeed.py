@@ -80,8 +80,9 @@ def to_deepspeed_config(plan) -> Export:
         if v > 1:
             warn.append(f"virtual_stages {v}: DeepSpeed has no interleaved schedule; used one "
                         "chunk per stage (1F1B)")
-        if c.schedule == "gpipe":
-            warn.append("schedule gpipe: DeepSpeed's pipeline runs its 1F1B-style TrainSchedule")
+        if c.schedule not in (None, "1f1b", "interleaved-1f1b"):
+            warn.append(f"schedule {c.schedule}: DeepSpeed's pipeline runs only its 1F1B-style "
+                        "TrainSchedule (deepspeed/runtime/pipe/schedule.py)")
         w = w.replace(virtual_stages=1, schedule="1f1b", stage_blocks=balanced)
         if c.zero_stage >= 2:
             warn.append(f"zero_stage {c.zero_stage}: DeepSpeed pipeline parallelism supports "

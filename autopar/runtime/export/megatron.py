@@ -29,7 +29,7 @@ def to_megatron_args(plan) -> Export:
     Per-block recompute mixes become ``--recompute-method block`` with the most blocks fully
     recomputed in any stage; ZeRO-2 becomes the distributed optimizer (ZeRO-1), ZeRO-3 FSDP2
     (ZeRO-1 under pipeline or expert parallelism, which FSDP2 does not combine with); GPipe
-    runs as 1F1B; uneven stage cuts and interleaved chunks are written exactly with
+    runs as 1F1B, the zero-bubble and V-shaped schedules as (interleaved) 1F1B; uneven stage cuts and interleaved chunks are written exactly with
     ``--pipeline-model-parallel-layout``. The written configuration is re-estimated (see
     :class:`Export`).
     """
@@ -63,6 +63,13 @@ def to_megatron_args(plan) -> Export:
         warn.append("schedule gpipe: Megatron runs 1F1B (the same gradients, less activation "
                     "memory)")
         w = w.replace(schedule="1f1b")
+    elif c.pp > 1 and c.schedule in ("interleaved-zero-bubble", "zbv-zero-bubble", "dualpipev"):
+        nearest = "interleaved-1f1b" if v > 1 else "1f1b"
+        warn.append(f"schedule {c.schedule}: Megatron-LM has no zero-bubble or V-shaped "
+                    "schedule (megatron/core/pipeline_parallel/schedules.py runs 1F1B and "
+                    f"interleaved 1F1B); written as {nearest} with the same chunks, placed "
+                    "round-robin over the pipeline ranks")
+        w = w.replace(schedule=nearest)
     mbs = c.micro_batch_size or t.micro_batch_size or 1
     a += ["--micro-batch-size", str(mbs), "--global-batch-size", str(t.global_batch_size),
           "--seq-length", str(t.seq_len)]

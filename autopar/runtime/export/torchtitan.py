@@ -91,6 +91,14 @@ def titan_batch_check(train: dict, par: dict, dp: int, micro_batch: int,
     return out
 
 
+#: autopar's schedule names -> torchtitan's ``pipeline_parallel_schedule`` values (torch's class
+#: names without "Schedule", resolved by ``torch.distributed.pipelining.schedules.
+#: get_schedule_class`` in torchtitan/distributed/pipeline_parallel.py).
+TITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
+                   "interleaved-zero-bubble": "InterleavedZeroBubble",
+                   "zbv-zero-bubble": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
+
+
 def to_torchtitan_toml(plan) -> Export:
     """A torchtitan (v0.2.2, job_config.py) job TOML for ``plan``; stage cuts, interleaved
     chunks included, are exact through ``module_fqns_per_model_part`` (torchtitan's Llama
@@ -145,8 +153,15 @@ def to_torchtitan_toml(plan) -> Export:
         w = w.replace(sequence_parallel=True)
     mbs = c.micro_batch_size or t.micro_batch_size or 1
     if c.pp > 1:
-        sched = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
-        par["pipeline_parallel_schedule"] = sched[c.schedule or "1f1b"]
+        par["pipeline_parallel_schedule"] = TITAN_SCHEDULES[c.schedule or "1f1b"]
+        if c.schedule == "dualpipev" and c.ep > 1 and set(block_modes(plan)) != {"none"}:
+            # dual_pipe_v.get_dual_pipe_v_flag raises NotImplementedError for EP + DualPipeV +
+            # activation checkpointing while the overlap is on (the default)
+            par["pipeline_parallel_expert_parallel_overlap"] = False
+            warn.append("schedule dualpipev with ep > 1 and recompute: torchtitan's all-to-all "
+                        "overlap refuses activation checkpointing; written with "
+                        "pipeline_parallel_expert_parallel_overlap = false (the all-to-alls are "
+                        "not hidden, as estimated)")
         par["pipeline_parallel_microbatch_size"] = mbs
         if c.stage_blocks:
             par["module_fqns_per_model_part"] = _fqns_per_part(c.stage_blocks)
