@@ -113,6 +113,14 @@ class TrainingConfig:
         return DTYPE_BYTES[self.precision]
 
 
+def _distinct(items: tuple) -> tuple:
+    """The distinct elements of ``items`` (all of them when some are unhashable)."""
+    try:
+        return tuple(set(items))
+    except TypeError:
+        return items
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     """Degrees and choices of a parallel layout; ``None`` means "let autopar choose".
@@ -173,8 +181,9 @@ class ParallelConfig:
         if isinstance(self.recompute, list):
             object.__setattr__(self, "recompute", tuple(self.recompute))
         modes = (self.recompute,) if isinstance(self.recompute, str) else self.recompute
+        # per-block tuples repeat a few modes: check each distinct element once
         if not isinstance(modes, tuple) or not modes or any(
-                not isinstance(m, str) or m not in RECOMPUTE_MODES for m in modes):
+                not isinstance(m, str) or m not in RECOMPUTE_MODES for m in _distinct(modes)):
             raise InvalidParallelConfig(
                 f"recompute must be one of {RECOMPUTE_MODES} or a tuple of them per block; got "
                 f"{self.recompute!r}. Fix: e.g. recompute='selective'.")

@@ -149,9 +149,69 @@ def mesh_groups(cm: CostModel, fixed: dict, limits) -> list[tuple[float, tuple, 
     return out
 
 
+#: Relative margin by which a lower bound must exceed the bar before a configuration is skipped
+#: (covers the rounding of ``step - dp_exposed`` and of the closed-form/simulated pipeline
+#: switch; far above float noise, far below any difference the search acts on).
+BOUND_RTOL = 1e-6
+
+
+def recompute_free_bound(cm: CostModel, c: ParallelConfig) -> float:
+    """Lower bound (seconds) on the step time of the resolved config ``c`` under any
+    recomputation: the pipelined time without recomputation plus the optimizer step.
+
+    Recomputation only adds time to a block (its recomputed forward, and the repeated TP
+    collectives under full recomputation: :meth:`CostModel.block_cost`), the pipeline is
+    monotone in every stage duration (closed form of Narayanan et al. 2021, section 2.2, and
+    the max-plus event simulation of :func:`autopar.cost.schedule.simulate_pipeline`), exposed
+    DP communication is >= 0 and the optimizer step does not depend on recomputation. So
+    ``step(none) - dp_exposed(none)`` bounds ``step(any recompute)`` from below; one estimate,
+    against the recompute choice, a second estimate and :func:`best_recompute` of a full
+    :func:`evaluate`. -inf when the configuration cannot be estimated (the caller evaluates it).
+    """
+    try:
+        e = cm.estimate(c.replace(recompute="none"))
+    except InvalidParallelConfig:
+        return -math.inf
+    return e.step_time_s - e.time_breakdown["dp_comm_exposed"]
+
+
+def compute_bound(cm: CostModel, c: ParallelConfig) -> float:
+    """Lower bound (seconds) on the step time of the resolved config ``c`` under any
+    recomputation, schedule overlap or communication: ``m`` times the busiest pipeline rank's
+    forward + backward compute without recomputation (a GPU runs its kernels one after another;
+    each of ``m`` micro-batches passes every rank once). Cheaper than
+    :func:`recompute_free_bound` (cached per-layer costs only, no estimate)."""
+    m = cm.train.global_batch_size // (c.dp * c.micro_batch_size)
+    busiest = 0.0
+    for _layers, _chunks, groups, _all in cm.rank_layers(c.pp, c.stage_blocks):
+        busiest = max(busiest, sum(n * (cm.block_cost(li, "none", c).fwd_s + cm.block_cost(li, "none", c).bwd_s)
+                                   for li, n in groups))
+    return m * busiest
+
+
+def beyond(run: Run, c: ParallelConfig, bar: float) -> tuple[bool, float]:
+    """(True, bound) when no recomputation can bring the resolved ``c`` to ``bar`` seconds
+    or below (:func:`compute_bound`, then :func:`recompute_free_bound`), so evaluating it
+    cannot change the result; (False, bound) otherwise (bound -inf when not computed: ``bar``
+    is inf)."""
+    if not math.isfinite(bar):
+        return False, -math.inf
+    for bound in (compute_bound, recompute_free_bound):
+        lb = bound(run.cm, c)
+        if lb > bar * (1 + BOUND_RTOL):
+            return True, lb
+    return False, lb
+
+
 def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
     """Phase 1 for one group: every interleaving and ZeRO stage with the default placement and
-    CP mode and balanced cuts. Returns (time, v, zero) for phase 2."""
+    CP mode and balanced cuts. Returns (time, v, zero, config) for phase 2.
+
+    A configuration whose :func:`recompute_free_bound` exceeds both the top-k bar
+    (:meth:`Run.threshold`) and the phase-2 bar (``refine_within`` of the best so far) is not
+    evaluated: it can neither enter the top-k nor be refined outside the exhaustive mode (the
+    best only falls). It is returned with its bound as its time, which sorts it among the
+    candidates phase 2 stops at; in the exhaustive mode phase 2 still refines it."""
     cm = run.cm
     blocks = max(cm.graph.num_blocks, 1)
     m = cm.train.global_batch_size // (base["dp"] * base["micro_batch_size"])
@@ -181,6 +241,11 @@ def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
                 c = cm.resolve(cfg)
             except InvalidParallelConfig:
                 continue
+            best = run.best.step_time_s if run.best is not None else math.inf
+            skip, lb = beyond(run, c, max(run.threshold(), best * (1 + limits.refine_within)))
+            if skip:
+                out.append((lb, v, zero, c))
+                continue
             e = evaluate(run, c, fixed, allowed)
             out.append((e.step_time_s if e is not None and (e.fits or not run.require_fit)
                         else math.inf, v, zero, c))
@@ -188,7 +253,9 @@ def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
 
 
 def refine(run: Run, c: ParallelConfig, fixed: dict, allowed) -> None:
-    """Phase 2 for one candidate: other placements, CP modes and stage cuts."""
+    """Phase 2 for one candidate: other placements, CP modes and stage cuts; a variant whose
+    :func:`recompute_free_bound` exceeds the top-k bar (:meth:`Run.threshold`) is not
+    evaluated (it could not enter the top-k nor become the best)."""
     cm = run.cm
     base = dict(tp=c.tp, cp=c.cp, pp=c.pp, dp=c.dp, ep=c.ep)
     seen = set()
@@ -210,7 +277,9 @@ def refine(run: Run, c: ParallelConfig, fixed: dict, allowed) -> None:
             for cut in cuts:
                 if run.expired():
                     return
-                evaluate(run, cc.replace(stage_blocks=cut), fixed, allowed)
+                variant = cc.replace(stage_blocks=cut)
+                if not beyond(run, variant, run.threshold())[0]:
+                    evaluate(run, variant, fixed, allowed)
 
 
 def evaluate(run: Run, c: ParallelConfig, fixed: dict, allowed) -> Estimate | None:
