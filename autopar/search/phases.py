@@ -177,15 +177,21 @@ def recompute_free_bound(cm: CostModel, c: ParallelConfig) -> float:
 
 def compute_bound(cm: CostModel, c: ParallelConfig) -> float:
     """Lower bound (seconds) on the step time of the resolved config ``c`` under any
-    recomputation, schedule overlap or communication: ``m`` times the busiest pipeline rank's
-    forward + backward compute without recomputation (a GPU runs its kernels one after another;
-    each of ``m`` micro-batches passes every rank once). Cheaper than
-    :func:`recompute_free_bound` (cached per-layer costs only, no estimate)."""
+    recomputation: ``m`` times the busiest pipeline rank's forward + backward per micro-batch
+    without recomputation, TP/CP/EP collectives included (:meth:`CostModel.block_cost`; the
+    cost model runs them in line with compute), pipeline sends left out. Each of the ``m``
+    micro-batches passes every rank once and a rank runs its work one piece after another, so
+    the pipelined time is at least this (Narayanan et al. 2021, section 2.2: ``m * max_i t_i``
+    is the steady state). Cheaper than :func:`recompute_free_bound`: cached per-layer costs
+    only, no estimate."""
     m = cm.train.global_batch_size // (c.dp * c.micro_batch_size)
     busiest = 0.0
     for _layers, _chunks, groups, _all in cm.rank_layers(c.pp, c.stage_blocks):
-        busiest = max(busiest, sum(n * (cm.block_cost(li, "none", c).fwd_s + cm.block_cost(li, "none", c).bwd_s)
-                                   for li, n in groups))
+        rank = 0.0
+        for li, n in groups:
+            bc = cm.block_cost(li, "none", c)
+            rank += n * (bc.fwd_s + bc.bwd_s)
+        busiest = max(busiest, rank)
     return m * busiest
 
 
