@@ -18,10 +18,17 @@ _CFG = {"name": "small", "family": "llama", "num_layers": 8, "hidden_size": 4096
         "num_heads": 32, "num_kv_heads": 8, "vocab_size": 32000, "seq_len": 4096}
 
 
-@pytest.fixture(scope="module")
-def cm():
+@pytest.fixture(scope="module", params=["dense", "moe"])
+def cm(request):
+    """A dense Llama-like model, and a tiny DeepSeek-V3 (dense then MoE blocks, expert
+    parallelism), each on 16 GPUs."""
     train = autopar.TrainingConfig(global_batch_size=64, seq_len=4096)
-    graph = model_graph(_CFG, train)[0]
+    if request.param == "dense":
+        graph = model_graph(_CFG, train)[0]
+    else:
+        pytest.importorskip("transformers")
+        from autopar.graph import extract, hf
+        graph = extract(hf.build("hf-tiny-deepseek-v3"), 4096, 1)
     return CostModel(graph, autopar.Cluster.from_spec("2x8xA100-40GB"), train)
 
 
@@ -29,12 +36,13 @@ def cm():
 @given(tp=st.sampled_from([1, 2, 4, 8]), pp=st.sampled_from([1, 2, 4, 8]),
        v=st.sampled_from([1, 2]), zero=st.integers(0, 3), b=st.sampled_from([1, 2, 4]),
        rc=st.sampled_from(["none", "selective", "full", "best"]),
-       placement=st.sampled_from([None, ("tp", "pp", "dp", "cp")]))
-def test_bounds_never_exceed_the_step_time(cm, tp, pp, v, zero, b, rc, placement):
+       placement=st.sampled_from([None, ("tp", "pp", "dp", "cp")]),
+       ep=st.sampled_from([1, 2, 4]))
+def test_bounds_never_exceed_the_step_time(cm, tp, pp, v, zero, b, rc, placement, ep):
     try:
         c = cm.resolve(autopar.ParallelConfig(tp=tp, pp=pp, virtual_stages=v, zero_stage=zero,
                                               micro_batch_size=b, sequence_parallel=tp > 1,
-                                              placement=placement))
+                                              placement=placement, ep=ep))
     except autopar.InvalidParallelConfig:
         return
     if rc == "best":
