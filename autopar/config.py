@@ -214,9 +214,11 @@ class ParallelConfig:
                     f"placement must order all of {MESH_DIMS} (innermost first); got "
                     f"{self.placement!r}. Fix: e.g. placement=('tp', 'cp', 'dp', 'pp').")
         if self.stage_blocks is not None:
-            if not isinstance(self.stage_blocks, (list, tuple)) or not self.stage_blocks or any(
-                    isinstance(n, bool) or not isinstance(n, int) or n < 0
-                    for n in self.stage_blocks):
+            blocks = self.stage_blocks
+            plain = isinstance(blocks, (list, tuple)) and blocks and set(map(type, blocks)) == {
+                int} and min(blocks) >= 0   # the usual case, checked without a Python loop
+            if not plain and (not isinstance(blocks, (list, tuple)) or not blocks or any(
+                    isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in blocks)):
                 raise InvalidParallelConfig(
                     f"stage_blocks must be a non-empty sequence of non-negative ints (decoder "
                     f"blocks per pipeline chunk); got {self.stage_blocks!r}. Fix: e.g. "
