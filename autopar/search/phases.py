@@ -240,7 +240,7 @@ def recompute_free_bound(cm: CostModel, c: ParallelConfig) -> float:
     configuration cannot be estimated (the caller then evaluates it).
     """
     try:
-        e = cm.estimate(c.replace(recompute="none"))
+        e = cm.estimate(c if c.recompute == "none" else c.replace(recompute="none"))
     except InvalidParallelConfig:
         return -math.inf
     return e.step_time_s - e.time_breakdown["dp_comm_exposed"]
