@@ -149,6 +149,14 @@ class TrainingConfig:
         return DTYPE_BYTES[self.precision]
 
 
+def _distinct(items: tuple) -> tuple:
+    """The distinct elements of ``items`` (all of them when some are unhashable)."""
+    try:
+        return tuple(set(items))
+    except TypeError:
+        return items
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     """Degrees and choices of a parallel layout; ``None`` means "let autopar choose".
@@ -213,8 +221,9 @@ class ParallelConfig:
         if isinstance(self.recompute, list):
             object.__setattr__(self, "recompute", tuple(self.recompute))
         modes = (self.recompute,) if isinstance(self.recompute, str) else self.recompute
+        # per-block tuples repeat a few modes: check each distinct element once
         if not isinstance(modes, tuple) or not modes or any(
-                not isinstance(m, str) or m not in RECOMPUTE_MODES for m in modes):
+                not isinstance(m, str) or m not in RECOMPUTE_MODES for m in _distinct(modes)):
             raise InvalidParallelConfig(
                 f"recompute must be one of {RECOMPUTE_MODES} or a tuple of them per block; got "
                 f"{self.recompute!r}. Fix: e.g. recompute='selective'.")
@@ -254,9 +263,11 @@ class ParallelConfig:
                     f"placement must order all of {MESH_DIMS} (innermost first); got "
                     f"{self.placement!r}. Fix: e.g. placement=('tp', 'cp', 'dp', 'pp').")
         if self.stage_blocks is not None:
-            if not isinstance(self.stage_blocks, (list, tuple)) or not self.stage_blocks or any(
-                    isinstance(n, bool) or not isinstance(n, int) or n < 0
-                    for n in self.stage_blocks):
+            blocks = self.stage_blocks
+            plain = isinstance(blocks, (list, tuple)) and blocks and set(map(type, blocks)) == {
+                int} and min(blocks) >= 0   # the usual case, checked without a Python loop
+            if not plain and (not isinstance(blocks, (list, tuple)) or not blocks or any(
+                    isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in blocks)):
                 raise InvalidParallelConfig(
                     f"stage_blocks must be a non-empty sequence of non-negative ints (decoder "
                     f"blocks per pipeline chunk); got {self.stage_blocks!r}. Fix: e.g. "

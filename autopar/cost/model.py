@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import DEFAULT_PLACEMENT, ParallelConfig, TrainingConfig
+from ..errors import InvalidParallelConfig
 from ..frameworks import FrameworkProfile, get_profile
 from ..frameworks.memory import MemoryConventions
 from ..graph.kernels import ATTENTION_BACKWARD_RATIO
@@ -142,6 +143,10 @@ class CostModel:
         self._rank_layers: dict[tuple, tuple] = {}
         self._params: dict[tuple, float] = {}
         self._layouts: dict[tuple, tuple[StageLayout, ...]] = {}
+        self._gathers: dict[tuple, float] = {}
+        self._layer_params: dict[tuple, float] = {}
+        self._resolved: dict[ParallelConfig, ParallelConfig | InvalidParallelConfig] = {}
+        self._flops_per_seq: float | None = None
 
     # -- cached pieces -------------------------------------------------------------------------
     def layer_time(self, index: int, b: int, tp: int, cp: int, sp: bool) -> LayerTime:
@@ -327,12 +332,31 @@ class CostModel:
         if hit is None:
             g = self.graph
             kinds = {g.layers[i].kind for i in layers}
-            total = sum(mem.layer_params_per_rank(
-                g.layers[i], tp, count_shared=not (g.layers[i].kind == "head"
-                                                   and "embedding" in kinds), ep=ep)
+            total = sum(self._layer_params_per_rank(
+                i, tp, not (g.layers[i].kind == "head" and "embedding" in kinds), ep)
                 for i in layers)
             experts = sum(mem.expert_params_per_rank(g.layers[i], tp, ep) for i in layers)
             hit = self._params[key] = (total, experts)
+        return hit
+
+    def _largest_layer_params(self, tp: int, ep: int, layers: tuple[int, ...]) -> float:
+        """Parameter elements on a rank of the largest of ``layers`` (what ZeRO-3 gathers at
+        once; cached: the search asks for the same ranks under many configurations)."""
+        key = (tp, ep, layers)
+        hit = self._gathers.get(key)
+        if hit is None:
+            hit = self._gathers[key] = max(
+                self._layer_params_per_rank(i, tp, True, ep) for i in layers)
+        return hit
+
+    def _layer_params_per_rank(self, index: int, tp: int, count_shared: bool, ep: int) -> float:
+        """:func:`autopar.cost.memory.layer_params_per_rank` of graph layer ``index``
+        (cached: it walks the layer's ops)."""
+        key = (index, tp, count_shared, ep)
+        hit = self._layer_params.get(key)
+        if hit is None:
+            hit = self._layer_params[key] = mem.layer_params_per_rank(
+                self.graph.layers[index], tp, count_shared=count_shared, ep=ep)
         return hit
 
     @property
@@ -505,10 +529,42 @@ class CostModel:
         held = params / (c.dp * c.cp) if c.zero_stage >= 1 else params
         return self.conventions.optimizer_step_temp_bytes * held
 
+    @property
+    def model_flops_per_sequence(self) -> float:
+        """Model FLOPs of one sequence's forward + backward (no recomputation), causal
+        attention at the half a causal kernel executes, forward and backward (the FLOPs
+        convention of :data:`autopar.cost.types.FLOPS_CONVENTION`); computed once."""
+        if self._flops_per_seq is None:
+            g = self.graph
+            causal = sum(o.fwd_flops for layer in g.layers for o in layer.ops
+                         if o.kind == "attention" and o.causal)
+            self._flops_per_seq = (g.forward_flops + g.backward_flops
+                                   - CAUSAL_FLOPS_SHARE * (1 + ATTENTION_BACKWARD_RATIO) * causal
+                                   ) / g.micro_batch_size
+        return self._flops_per_seq
+
     # -- the estimate --------------------------------------------------------------------------
     def resolve(self, config: ParallelConfig) -> ParallelConfig:
-        """``config`` with every open field chosen by default and checked (see resolve.py)."""
-        return resolve(config, self.graph, self.cluster.world_size, self.train)
+        """``config`` with every open field chosen by default and checked (see resolve.py).
+
+        Cached per configuration (a pure function of it for this model, cluster and training
+        config; the search resolves the same configurations many times).
+
+        Raises:
+            InvalidParallelConfig: the configuration breaks a rule (message names it and a fix).
+        """
+        hit = self._resolved.get(config)
+        if hit is None:
+            try:
+                hit = resolve(config, self.graph, self.cluster.world_size, self.train)
+            except InvalidParallelConfig as exc:
+                hit = exc
+            self._resolved[config] = hit
+            if isinstance(hit, ParallelConfig):
+                self._resolved.setdefault(hit, hit)   # resolving a resolved config: itself
+        if isinstance(hit, InvalidParallelConfig):
+            raise type(hit)(*hit.args)
+        return hit
 
     def estimate(self, config: ParallelConfig) -> Estimate:
         """Predict step time, MFU, memory and communication of one configuration.
@@ -673,12 +729,7 @@ class CostModel:
         # FLOPs
         # causal attention executes half of its counted (non-causal) FLOPs: count that half,
         # forward and backward, so utilisation never exceeds what the GPU can do
-        causal = sum(o.fwd_flops for layer in g.layers for o in layer.ops
-                     if o.kind == "attention" and o.causal)
-        per_seq = (g.forward_flops + g.backward_flops
-                   - CAUSAL_FLOPS_SHARE * (1 + ATTENTION_BACKWARD_RATIO) * causal
-                   ) / g.micro_batch_size
-        model_flops = per_seq * train.global_batch_size
+        model_flops = self.model_flops_per_sequence * train.global_batch_size
         hw_flops = model_flops + recompute_flops * m * dp * tp * cp
         world = self.cluster.world_size
         nominal = self.device.peak(train.precision)   # MFU against the datasheet peak

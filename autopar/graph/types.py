@@ -9,6 +9,7 @@ from the per-op ``region`` and TP roles recorded here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 #: Op kinds the extractor tells apart.
 OP_KINDS = (
@@ -206,37 +207,37 @@ class ModelGraph:
     method: str = "fx"
     notes: tuple[str, ...] = field(default=())
 
-    @property
+    @cached_property
     def forward_flops(self) -> float:
         """Forward FLOPs of one micro-batch (FLOPs)."""
         return sum(layer.fwd_flops for layer in self.layers)
 
-    @property
+    @cached_property
     def backward_flops(self) -> float:
         """Backward FLOPs of one micro-batch (FLOPs)."""
         return sum(layer.bwd_flops for layer in self.layers)
 
-    @property
+    @cached_property
     def blocks(self) -> tuple[Layer, ...]:
         """The repeated decoder blocks."""
         return tuple(layer for layer in self.layers if layer.kind == "block")
 
-    @property
+    @cached_property
     def num_blocks(self) -> int:
         """How many decoder blocks the model has."""
         return len(self.blocks)
 
-    @property
+    @cached_property
     def attention_heads(self) -> int:
         """Attention (query) heads per block; TP must divide it."""
         return max((layer.attention_heads for layer in self.layers), default=0)
 
-    @property
+    @cached_property
     def kv_heads(self) -> int:
         """Key/value heads per block (GQA); TP must divide it."""
         return max((layer.kv_heads for layer in self.layers), default=0)
 
-    @property
+    @cached_property
     def num_experts(self) -> int:
         """Experts per MoE block (0 for a dense model); expert parallelism must divide it."""
         return max((layer.num_experts for layer in self.layers), default=0)

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 import time
@@ -21,6 +22,7 @@ from ..cost.model import CostModel
 from ..cost.types import Estimate
 from ..errors import AutoparError, InvalidParallelConfig
 from ..frameworks import FrameworkProfile, get_profile
+from ..hardware.collectives import layout_of
 from . import space
 from .ranking import TIE_RTOL, better, kind_key, ranked
 from .stages import best_recompute, cut_candidates
@@ -125,37 +127,173 @@ def lower_bound(cm: CostModel, c: ParallelConfig) -> float:
     return m * layer_sum(cm, c) / c.pp
 
 
-def mesh_groups(cm: CostModel, fixed: dict, limits) -> list[tuple[float, tuple, dict]]:
-    """(bound, tie-break key, base fields) of every (mesh, micro-batch, SP, EP) group, best
-    first."""
+def compute_sum(cm: CostModel, c: ParallelConfig) -> float:
+    """Sum over all layers of one micro-batch's forward + backward compute (no communication,
+    no recomputation): at most :func:`layer_sum` (which adds non-negative collective times
+    to the same per-layer compute), and independent of placement and CP mode."""
+    total = 0.0
+    counts: dict[str, list] = {}
+    for layer in cm.graph.layers:
+        counts.setdefault(layer.signature, [layer.index, 0])[1] += 1
+    for li, n in counts.values():
+        lt = cm.layer_time(li, c.micro_batch_size, c.tp, c.cp, c.sequence_parallel)
+        total += n * (lt.fwd_s + lt.bwd_s)
+    return total
+
+
+class MeshGroups:
+    """The (mesh, micro-batch, SP, EP) groups of a search, best first by their lower bound
+    (:func:`lower_bound`, least over placements and CP modes), as (bound, tie-break key, base
+    fields).
+
+    The order is that of sorting every group by (bound, key), but a group's bound is computed
+    only when it could come next: groups wait in a heap under a cheaper bound that never
+    exceeds it (:func:`compute_sum` in place of :func:`layer_sum`); the least entry is
+    replaced by its own bound until the least one is exact (best-first search with an
+    admissible estimate, Hart, Nilsson and Raphael 1968). A search that stops at a bar never
+    prices the groups beyond it. ``len()`` counts the groups with a valid configuration.
+    """
+
+    def __init__(self, cm: CostModel, fixed: dict, entries: list):
+        self._cm, self._fixed, self._entries = cm, fixed, entries
+        self._sums: dict[tuple, float] = {}
+
+    def _bound(self, c: ParallelConfig) -> float:
+        """:func:`lower_bound` of the resolved ``c``, its :func:`layer_sum` shared by groups
+        whose layers cost the same: :meth:`CostModel.block_cost` depends on the configuration
+        only through tp, cp, SP, micro-batch, CP mode, ep and the TP, CP and EP process groups,
+        and a group's collective times and link class only through where its ranks sit
+        (:func:`autopar.hardware.collectives.layout_of`, what
+        :meth:`autopar.hardware.Cluster.collective_time` prices), not on dp, pp or the
+        placement as such."""
+        cm = self._cm
+        per_node = cm.cluster.gpus_per_node
+        key = (c.tp, c.cp, c.sequence_parallel, c.micro_batch_size, c.cp_mode, c.ep,
+               *(layout_of(cm.group(d, c).ranks, per_node) for d in ("tp", "cp", "ep")))
+        total = self._sums.get(key)
+        if total is None:
+            total = self._sums[key] = layer_sum(cm, c)
+        m = cm.train.global_batch_size // (c.dp * c.micro_batch_size)
+        return m * total / c.pp
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self):
+        heap = [(cheap, key, False, i) for i, (cheap, key, _base, _modes)
+                in enumerate(self._entries)]
+        heapq.heapify(heap)
+        while heap:
+            bound, key, exact, i = heapq.heappop(heap)
+            _cheap, _key, base, modes = self._entries[i]
+            if exact:
+                yield bound, key, base
+                continue
+            bounds = [self._bound(self._cm.resolve(ParallelConfig(
+                **base, placement=placement, cp_mode=mode)))
+                for placement in space.placements(base, self._fixed) for mode in modes]
+            heapq.heappush(heap, (min(bounds), key, True, i))
+
+
+def mesh_groups(cm: CostModel, fixed: dict, limits) -> MeshGroups:
+    """Every (mesh, micro-batch, SP, EP) group with a valid configuration, best first by a
+    lower bound on its step time (:class:`MeshGroups`; a rank placement never makes a
+    configuration invalid, so validity is checked over CP modes only)."""
     train, g = cm.train, cm.graph
     profile = get_profile(train.framework)
-    out = []
+    entries = []
     for tp, cp, pp, dp in space.meshes(g, cm.cluster, train, fixed, limits, profile):
         sps = space.sequence_parallel_options(tp, fixed, profile, train.seq_len, cp)
         for b, sp, ep in itertools.product(space.micro_batches(train, dp, fixed, limits, pp), sps,
                                            space.ep_options(g, dp, fixed, profile)):
             base = dict(tp=tp, cp=cp, pp=pp, dp=dp, micro_batch_size=b, sequence_parallel=sp,
                         ep=ep)
-            bounds = []
-            for placement in space.placements(base, fixed):
-                for mode in space.cp_modes(g, base, fixed, profile):
-                    try:
-                        c = cm.resolve(ParallelConfig(**base, placement=placement,
-                                                      cp_mode=mode))
-                    except InvalidParallelConfig:
-                        continue
-                    bounds.append(lower_bound(cm, c))
-            if bounds:
-                out.append((min(bounds), (tp, cp, pp, dp, b, sp, ep), base))
-    out.sort(key=lambda x: (x[0], x[1]))
-    return out
+            placement = space.placements(base, fixed)[0]
+            modes, c = [], None
+            for mode in space.cp_modes(g, base, fixed, profile):
+                try:
+                    c = cm.resolve(ParallelConfig(**base, placement=placement, cp_mode=mode))
+                except InvalidParallelConfig:
+                    continue
+                modes.append(mode)
+            if modes:
+                m = train.global_batch_size // (dp * b)
+                entries.append((m * compute_sum(cm, c) / pp, (tp, cp, pp, dp, b, sp, ep), base,
+                                tuple(modes)))
+    return MeshGroups(cm, fixed, entries)
+
+
+#: Relative margin by which a lower bound must exceed the bar before a configuration is skipped
+#: (covers the rounding of ``step - dp_exposed`` and of the closed-form/simulated pipeline
+#: switch; far above float noise, far below any difference the search acts on).
+BOUND_RTOL = 1e-6
+
+
+def recompute_free_bound(cm: CostModel, c: ParallelConfig) -> float:
+    """Lower bound (seconds) on the step time of the resolved config ``c`` under any
+    recomputation: the pipelined time without recomputation plus the optimizer step.
+
+    Recomputation only adds time to a block (its recomputed forward, and the repeated TP
+    collectives under full recomputation: :meth:`CostModel.block_cost`), the pipeline is
+    monotone in every stage duration (closed form of Narayanan et al. 2021, section 2.2, and
+    the max-plus event simulation of :func:`autopar.cost.schedule.simulate_pipeline`), exposed
+    DP communication is >= 0 and the optimizer step does not depend on recomputation. So
+    ``step(none) - dp_exposed(none)`` bounds ``step(any recompute)`` from below. It costs one
+    estimate where :func:`evaluate` costs :func:`best_recompute` and an estimate. -inf when the
+    configuration cannot be estimated (the caller then evaluates it).
+    """
+    try:
+        e = cm.estimate(c if c.recompute == "none" else c.replace(recompute="none"))
+    except InvalidParallelConfig:
+        return -math.inf
+    return e.step_time_s - e.time_breakdown["dp_comm_exposed"]
+
+
+def compute_bound(cm: CostModel, c: ParallelConfig) -> float:
+    """Lower bound (seconds) on the step time of the resolved config ``c`` under any
+    recomputation: ``m`` times the busiest pipeline rank's forward + backward per micro-batch
+    without recomputation, the exposed TP and CP collectives included
+    (:meth:`CostModel.block_cost`), the expert all-to-alls (which a schedule may hide) and
+    pipeline sends left out. Each of the ``m``
+    micro-batches passes every rank once and a rank runs its work one piece after another, so
+    the pipelined time is at least this (Narayanan et al. 2021, section 2.2: ``m * max_i t_i``
+    is the steady state). Cheaper than :func:`recompute_free_bound`: cached per-layer costs
+    only, no estimate."""
+    m = cm.train.global_batch_size // (c.dp * c.micro_batch_size)
+    busiest = 0.0
+    for _layers, _chunks, groups, _all in cm.rank_layers(c.pp, c.stage_blocks):
+        rank = 0.0
+        for li, n in groups:
+            bc = cm.block_cost(li, "none", c)
+            rank += n * (bc.fwd_s + bc.bwd_s - bc.ep_s)
+        busiest = max(busiest, rank)
+    return m * busiest
+
+
+def beyond(run: Run, c: ParallelConfig, bar: float) -> tuple[bool, float]:
+    """(True, bound) when no recomputation can bring the resolved ``c`` to ``bar`` seconds
+    or below (:func:`compute_bound`, then :func:`recompute_free_bound`), so evaluating it
+    cannot change the result; (False, bound) otherwise (bound -inf when not computed: ``bar``
+    is inf)."""
+    if not math.isfinite(bar):
+        return False, -math.inf
+    for bound in (compute_bound, recompute_free_bound):
+        lb = bound(run.cm, c)
+        if lb > bar * (1 + BOUND_RTOL):
+            return True, lb
+    return False, lb
 
 
 def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
     """Phase 1 for one group: every schedule and interleaving (:func:`space.schedule_options`)
     and ZeRO stage with the default placement and CP mode and balanced cuts. Returns
-    (time, v, zero, config) for phase 2."""
+    (time, v, zero, config) for phase 2.
+
+    A configuration whose :func:`recompute_free_bound` exceeds both the top-k bar
+    (:meth:`Run.threshold`) and the phase-2 bar (``refine_within`` of the best so far) is not
+    evaluated: it can neither enter the top-k nor be refined outside the exhaustive mode (the
+    best only falls). It is returned with its bound as its time, which sorts it among the
+    candidates phase 2 stops at; in the exhaustive mode phase 2 still refines it."""
     cm = run.cm
     blocks = max(cm.graph.num_blocks, 1)
     m = cm.train.global_batch_size // (base["dp"] * base["micro_batch_size"])
@@ -185,6 +323,11 @@ def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
                 c = cm.resolve(cfg)
             except InvalidParallelConfig:
                 continue
+            best = run.best.step_time_s if run.best is not None else math.inf
+            skip, lb = beyond(run, c, max(run.threshold(), best * (1 + limits.refine_within)))
+            if skip:
+                out.append((lb, v, zero, c))
+                continue
             e = evaluate(run, c, fixed, allowed)
             out.append((e.step_time_s if e is not None and (e.fits or not run.require_fit)
                         else math.inf, v, zero, c))
@@ -192,7 +335,9 @@ def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
 
 
 def refine(run: Run, c: ParallelConfig, fixed: dict, allowed) -> None:
-    """Phase 2 for one candidate: other placements, CP modes and stage cuts."""
+    """Phase 2 for one candidate: other placements, CP modes and stage cuts; a variant whose
+    :func:`recompute_free_bound` exceeds the top-k bar (:meth:`Run.threshold`) is not
+    evaluated (it could not enter the top-k nor become the best)."""
     cm = run.cm
     base = dict(tp=c.tp, cp=c.cp, pp=c.pp, dp=c.dp, ep=c.ep)
     seen = set()
@@ -214,7 +359,9 @@ def refine(run: Run, c: ParallelConfig, fixed: dict, allowed) -> None:
             for cut in cuts:
                 if run.expired():
                     return
-                evaluate(run, cc.replace(stage_blocks=cut), fixed, allowed)
+                variant = cc.replace(stage_blocks=cut)
+                if not beyond(run, variant, run.threshold())[0]:
+                    evaluate(run, variant, fixed, allowed)
 
 
 def evaluate(run: Run, c: ParallelConfig, fixed: dict, allowed) -> Estimate | None:

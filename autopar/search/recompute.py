@@ -44,13 +44,15 @@ def solve_recompute(cm: CostModel, c: ParallelConfig, *, time_limit_s: float = 5
     p = cm.params
     limit = cm.device.visible_memory_bytes
     reserved = limit - p.usable_memory(limit)
+    if any(_fixed_memory(cm, c, st, reserved) > limit for st in layout):
+        return None   # a rank's states and fixed layers alone exceed the GPU (no model needed)
     model = cp_model.CpModel()
     rank_time = []
     horizons: list[int] = []
     groups: list[tuple[int, str, list[int], dict]] = []  # (rank, sig, block indices, vars)
     for rank, st in enumerate(layout):
         fixed_time = st.p2p_s
-        fixed_mem = sum(st.states) + reserved + st.gather_bytes
+        fixed_mem = _fixed_memory(cm, c, st, reserved)
         by_sig: OrderedDict[str, list[int]] = OrderedDict()
         for li in st.layers:
             layer = cm.graph.layers[li]
@@ -59,7 +61,6 @@ def solve_recompute(cm: CostModel, c: ParallelConfig, *, time_limit_s: float = 5
             else:
                 bc = cm.block_cost(li, "none", c)
                 fixed_time += bc.fwd_s + bc.bwd_s
-                fixed_mem += bc.act_bytes * st.flight
         time_terms, mem_terms = [], []
         transient = 0.0
         any_rc = model.NewBoolVar(f"rc{rank}")
@@ -104,3 +105,13 @@ def solve_recompute(cm: CostModel, c: ParallelConfig, *, time_limit_s: float = 5
         for li, mode in zip(idx, order):
             chosen[li] = mode
     return tuple(chosen[li] for li in cm.blocks)
+
+
+def _fixed_memory(cm: CostModel, c: ParallelConfig, st, reserved: float) -> float:
+    """Bytes a pipeline rank holds whatever its blocks recompute: model states, the reserve,
+    ZeRO-3's gathered layers and the activations of its non-block layers (embedding, head)."""
+    fixed_mem = sum(st.states) + reserved + st.gather_bytes
+    for li in st.layers:
+        if cm.graph.layers[li].kind != "block":
+            fixed_mem += cm.block_cost(li, "none", c).act_bytes * st.flight
+    return fixed_mem

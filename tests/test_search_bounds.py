@@ -1,0 +1,70 @@
+"""The search's lower bounds (issue 14, item 5): they never exceed a configuration's step time
+under any recomputation, and skipping by them leaves the best plan and the top-k unchanged."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import autopar
+from autopar.api import model_graph
+from autopar.cost.model import CostModel
+from autopar.search import phases
+from autopar.search.optimize import search
+from autopar.search.stages import best_recompute
+
+_CFG = {"name": "small", "family": "llama", "num_layers": 8, "hidden_size": 4096,
+        "num_heads": 32, "num_kv_heads": 8, "vocab_size": 32000, "seq_len": 4096}
+
+
+@pytest.fixture(scope="module", params=["dense", "moe"])
+def cm(request):
+    """A dense Llama-like model, and a tiny DeepSeek-V3 (dense then MoE blocks, expert
+    parallelism), each on 16 GPUs."""
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=4096)
+    if request.param == "dense":
+        graph = model_graph(_CFG, train)[0]
+    else:
+        pytest.importorskip("transformers")
+        from autopar.graph import extract, hf
+        graph = extract(hf.build("hf-tiny-deepseek-v3"), 4096, 1)
+    return CostModel(graph, autopar.Cluster.from_spec("2x8xA100-40GB"), train)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tp=st.sampled_from([1, 2, 4, 8]), pp=st.sampled_from([1, 2, 4, 8]),
+       v=st.sampled_from([1, 2]), zero=st.integers(0, 3), b=st.sampled_from([1, 2, 4]),
+       rc=st.sampled_from(["none", "selective", "full", "best"]),
+       placement=st.sampled_from([None, ("tp", "pp", "dp", "cp")]),
+       ep=st.sampled_from([1, 2, 4]))
+def test_bounds_never_exceed_the_step_time(cm, tp, pp, v, zero, b, rc, placement, ep):
+    try:
+        c = cm.resolve(autopar.ParallelConfig(tp=tp, pp=pp, virtual_stages=v, zero_stage=zero,
+                                              micro_batch_size=b, sequence_parallel=tp > 1,
+                                              placement=placement, ep=ep))
+    except autopar.InvalidParallelConfig:
+        return
+    if rc == "best":
+        modes = best_recompute(cm, c)
+        rc = modes if modes is not None else "full"
+    t = cm.estimate(c.replace(recompute=rc)).step_time_s
+    cheap, exact = phases.compute_bound(cm, c), phases.recompute_free_bound(cm, c)
+    assert 0 < cheap <= exact * (1 + 1e-12)
+    assert exact <= t * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("model,spec,gbs,seq", [
+    ("llama2-13b", "1x8xA100-40GB", 32, 4096),     # memory binds: recomputation mixes
+    ("llama2-7b", "2x8xH100", 256, 4096),
+])
+def test_skipping_by_bound_keeps_the_best_and_top(monkeypatch, model, spec, gbs, seq):
+    train = autopar.TrainingConfig(global_batch_size=gbs, seq_len=seq)
+    graph = model_graph(model, train)[0]
+    cluster = autopar.Cluster.from_spec(spec)
+    pruned = search(CostModel(graph, cluster, train))
+    monkeypatch.setattr(phases, "beyond", lambda run, c, bar: (False, -float("inf")))
+    full = search(CostModel(graph, cluster, train))
+    assert pruned.evaluated < full.evaluated
+    assert [(repr(e.config), e.step_time_s) for e in pruned.top] == \
+        [(repr(e.config), e.step_time_s) for e in full.top]
