@@ -573,7 +573,7 @@ class CostModel:
             InvalidParallelConfig: the configuration breaks a rule of the model or cluster.
         """
         c = self.resolve(config)
-        g, p, train = self.graph, self.params, self.train
+        p, train = self.params, self.train
         tp, cp, pp, dp, b, v = c.tp, c.cp, c.pp, c.dp, c.micro_batch_size, c.virtual_stages
         m = train.global_batch_size // (dp * b)
         uniform = c.recompute if isinstance(c.recompute, str) else None
