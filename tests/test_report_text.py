@@ -94,3 +94,18 @@ def test_pipeline_bytes_are_what_each_rank_sends():
     assert e.group_links["pp"] == "infiniband" and e.group_links["dp"] == "nvlink"
     assert e.num_micro_batches == 2  # 8 sequences over dp=4, one per micro-batch
     assert e.comm_bytes_by_link["infiniband"] == pytest.approx(2 * 32 * 64 * 2)
+
+
+def test_config_diff_names_what_per_block_values_are():
+    # the alternatives table read "recompute per-block->per-block" when two per-block
+    # assignments differed, and stage cuts were also called "per-block"
+    from autopar.config import ParallelConfig
+    from autopar.report.explain import config_diff
+
+    a = ParallelConfig(tp=1, pp=2, dp=1, micro_batch_size=1, zero_stage=0,
+                       recompute=("full", "full", "none", "none"), stage_blocks=(2, 2))
+    b = ParallelConfig(tp=1, pp=2, dp=1, micro_batch_size=1, zero_stage=0,
+                       recompute=("full", "none", "none", "none"), stage_blocks=(1, 3))
+    diff = config_diff(a, b)
+    assert "recompute 2 full+2 none->1 full+3 none" in diff
+    assert "cuts 2/2->1/3" in diff

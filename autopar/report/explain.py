@@ -40,7 +40,8 @@ _MEMORY_WORDS = {"optimizer_states": "optimizer states", "transient": "transient
 
 #: Configuration fields shown when two plans differ.
 CONFIG_FIELDS = ("tp", "pp", "dp", "cp", "sequence_parallel", "zero_stage", "recompute",
-                 "micro_batch_size", "virtual_stages", "schedule", "cp_mode", "placement")
+                 "micro_batch_size", "virtual_stages", "schedule", "cp_mode", "placement",
+                 "stage_blocks")
 
 
 def fmt_s(x: float, signed: bool = False) -> str:
@@ -129,7 +130,7 @@ def config_diff(base: ParallelConfig, other: ParallelConfig) -> list[str]:
             a, b = "-".join(a or DEFAULT_PLACEMENT), "-".join(b or DEFAULT_PLACEMENT)
         if a != b:
             short = {"sequence_parallel": "sp", "zero_stage": "zero", "micro_batch_size": "mbs",
-                     "virtual_stages": "v"}.get(name, name)
+                     "virtual_stages": "v", "stage_blocks": "cuts"}.get(name, name)
             out.append(f"{short} {_value(a)}->{_value(b)}")
     return out
 
@@ -137,8 +138,13 @@ def config_diff(base: ParallelConfig, other: ParallelConfig) -> list[str]:
 def _value(v) -> str:
     if isinstance(v, bool):
         return "on" if v else "off"
+    if isinstance(v, tuple) and all(isinstance(x, str) for x in v):
+        # per-block recompute: how many blocks take each mode ("per-block" alone read the same
+        # on both sides of a difference)
+        counts = {m: v.count(m) for m in dict.fromkeys(v)}
+        return "+".join(f"{n} {m}" for m, n in counts.items())
     if isinstance(v, tuple):
-        return "per-block"
+        return "/".join(str(x) for x in v)  # stage cuts: blocks per stage
     return str(v)
 
 
