@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import DEFAULT_PLACEMENT, ParallelConfig, TrainingConfig
+from ..errors import InvalidParallelConfig
 from ..graph.kernels import ATTENTION_BACKWARD_RATIO
 from ..graph.types import ModelGraph
 from . import memory as mem
@@ -269,47 +270,83 @@ class CostModel:
         hit = self._layouts.get(key)
         if hit is not None:
             return hit
+        out = []
+        for rank, (layers, mine, _groups, chunks) in enumerate(self.rank_layers(c.pp,
+                                                                             c.stage_blocks)):
+            parts = tuple((tuple(chunks[ci]), ci == len(chunks) - 1,
+                           chunks[ci - 1][-1] if ci > 0 and chunks[ci - 1] else None)
+                          for ci in mine)
+            out.append(self._rank_layout(c, rank, layers, parts))
+        self._layouts[key] = tuple(out)
+        return self._layouts[key]
+
+    def interval_layout(self, c: ParallelConfig, rank: int, start: int, end: int) -> StageLayout:
+        """What pipeline rank ``rank`` of the resolved, non-interleaved config ``c`` holds when
+        its stage is decoder blocks ``start`` to ``end - 1`` (positions among the blocks), the
+        embedding on rank 0 and the head on the last rank; the other ranks' cuts do not matter
+        (what the stage-cut dynamic programme of :mod:`autopar.search.cuts` prices).
+
+        Raises:
+            InvalidParallelConfig: an interleaved ``c``, or an empty or out-of-range stage.
+        """
+        n, pp = len(self.blocks), c.pp
+        if (c.virtual_stages or 1) != 1 or not 0 <= start < end <= n or not 0 <= rank < pp \
+                or (rank == 0) != (start == 0) or (rank == pp - 1) != (end == n):
+            raise InvalidParallelConfig(
+                f"interval_layout needs one chunk per rank and a non-empty stage of blocks that "
+                f"starts at block 0 exactly on rank 0 and ends at the last block exactly on the "
+                f"last rank; got rank {rank} of {pp}, blocks [{start}, {end}) of {n}, "
+                f"virtual_stages={c.virtual_stages}. Fix: pass a cut of a 1F1B/GPipe pipeline.")
+        nl = len(self.graph.layers)
+        first, last = (self.blocks[0], self.blocks[-1]) if self.blocks else (nl, nl - 1)
+        layers = tuple(self.blocks[start:end])
+        if rank == 0:
+            layers = tuple(range(0, first)) + layers
+        if rank == pp - 1:
+            layers = layers + tuple(range(last + 1, nl))
+        prev = self.blocks[start - 1] if rank > 0 else None
+        return self._rank_layout(c, rank, layers, ((layers, rank == pp - 1, prev),))
+
+    def _rank_layout(self, c: ParallelConfig, rank: int, layers: tuple[int, ...],
+                     parts: tuple) -> StageLayout:
+        """One rank's :class:`StageLayout`; ``parts`` holds, per chunk of the rank, (its layer
+        indices, whether it is the model's last chunk, the last layer of the chunk before it or
+        None when there is none or it is empty)."""
         g, tp, pp, cp = self.graph, c.tp, c.pp, c.cp
         m = self.train.global_batch_size // (c.dp * c.micro_batch_size)
         pp_g = self.group("pp", c)
         bscale = c.micro_batch_size / g.micro_batch_size
-        out = []
-        for rank, (layers, mine, _groups, chunks) in enumerate(self.rank_layers(pp,
-                                                                             c.stage_blocks)):
-            p2p_s = p2p_bytes = p2p_send_s = 0.0
+        p2p_s = p2p_bytes = p2p_send_s = 0.0
 
-            def boundary_bytes(ci: int) -> float:
-                """Bytes of the activation crossing from chunk ci to ci + 1 (its gradient
-                crosses back the same size)."""
-                return (g.layers[chunks[ci][-1]].output_bytes * bscale / cp
-                        / (tp if c.sequence_parallel else 1))
+        def boundary_bytes(layer: int) -> float:
+            """Bytes of the activation a chunk ending in ``layer`` sends to the next one (its
+            gradient crosses back the same size)."""
+            return (g.layers[layer].output_bytes * bscale / cp
+                    / (tp if c.sequence_parallel else 1))
 
-            for ci in mine:
-                if pp > 1 and ci < len(chunks) - 1 and chunks[ci]:
-                    nbytes = boundary_bytes(ci)
-                    p2p_s += 2 * pp_g.time("send_recv", nbytes)
-                    p2p_bytes += nbytes  # this rank sends the activation forward
-                    p2p_send_s += pp_g.time("send_recv", nbytes)
-                if pp > 1 and ci > 0 and chunks[ci - 1]:
-                    p2p_bytes += boundary_bytes(ci - 1)  # and the input's gradient backward
-                    p2p_send_s += pp_g.time("send_recv", boundary_bytes(ci - 1))
-            params, experts = self._rank_params(tp, c.ep, layers)
-            k_opt = OPTIMIZER_STATE_BYTES[self.train.optimizer]
-            dense = mem.model_state_bytes(params - experts, c.zero_stage, c.dp * c.cp,
-                                          self.train.dtype_bytes, self.params.grad_bytes, k_opt)
-            # each expert is replicated over dp * cp / ep ranks, and ZeRO shards it over those
-            moe = mem.model_state_bytes(experts, c.zero_stage, c.dp * c.cp // c.ep,
-                                        self.train.dtype_bytes, self.params.grad_bytes, k_opt)
-            states = tuple(a + b for a, b in zip(dense, moe))
-            flight = mem.in_flight(c.schedule, rank, pp, m, c.virtual_stages) / max(1, len(mine))
-            gather = 0.0
-            if c.zero_stage == 3:
-                gather = 2 * self.train.dtype_bytes * max(
-                    mem.layer_params_per_rank(g.layers[i], tp, ep=c.ep) for i in layers)
-            out.append(StageLayout(layers, flight, p2p_s, p2p_bytes, params, states, gather,
-                                   p2p_send_s))
-        self._layouts[key] = tuple(out)
-        return self._layouts[key]
+        for chunk, is_last, prev in parts:
+            if pp > 1 and not is_last and chunk:
+                nbytes = boundary_bytes(chunk[-1])
+                p2p_s += 2 * pp_g.time("send_recv", nbytes)
+                p2p_bytes += nbytes  # this rank sends the activation forward
+                p2p_send_s += pp_g.time("send_recv", nbytes)
+            if pp > 1 and prev is not None:
+                p2p_bytes += boundary_bytes(prev)  # and the input's gradient backward
+                p2p_send_s += pp_g.time("send_recv", boundary_bytes(prev))
+        params, experts = self._rank_params(tp, c.ep, layers)
+        k_opt = OPTIMIZER_STATE_BYTES[self.train.optimizer]
+        dense = mem.model_state_bytes(params - experts, c.zero_stage, c.dp * c.cp,
+                                      self.train.dtype_bytes, self.params.grad_bytes, k_opt)
+        # each expert is replicated over dp * cp / ep ranks, and ZeRO shards it over those
+        moe = mem.model_state_bytes(experts, c.zero_stage, c.dp * c.cp // c.ep,
+                                    self.train.dtype_bytes, self.params.grad_bytes, k_opt)
+        states = tuple(a + b for a, b in zip(dense, moe))
+        flight = mem.in_flight(c.schedule, rank, pp, m, c.virtual_stages) / max(1, len(parts))
+        gather = 0.0
+        if c.zero_stage == 3:
+            gather = 2 * self.train.dtype_bytes * max(
+                mem.layer_params_per_rank(g.layers[i], tp, ep=c.ep) for i in layers)
+        return StageLayout(layers, flight, p2p_s, p2p_bytes, params, states, gather, p2p_send_s)
 
     # -- the estimate --------------------------------------------------------------------------
     def resolve(self, config: ParallelConfig) -> ParallelConfig:

@@ -23,6 +23,7 @@ from ..errors import AutoparError, InvalidParallelConfig
 from ..frameworks import FrameworkProfile, get_profile
 from . import space
 from .ranking import TIE_RTOL, better, kind_key, ranked
+from .cuts import dp_cut
 from .stages import best_recompute, cut_candidates
 
 Progress = Callable[[str, int, int, "Estimate | None"], None]
@@ -52,6 +53,7 @@ class Run:
         self.best: Estimate | None = None
         self._kinds: list[tuple[float, tuple]] = []   # (fastest time, kind) of the top_k kinds
         self.groups_done = 0
+        self.cut_memo: dict = {}   # stage-interval times shared by dp_cut calls
 
     def expired(self) -> bool:
         # before any plan exists the limit binds only once the most promising group has been
@@ -168,7 +170,8 @@ def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
             recompute=allowed[-1], schedule=fixed.get("schedule"),
             stage_blocks=fixed.get("stage_blocks"))
         e = run.estimate(frugal)
-        if e is not None and e.memory_per_gpu_bytes > 1.05 * cm.device.memory_bytes:
+        if e is not None and e.memory_per_gpu_bytes > 1.05 * cm.device.memory_bytes \
+                and not _uneven_cut_fits(run, e.config, fixed, allowed[-1:]):
             return out
     for v in space.virtual_stage_options(base["pp"], blocks, m, fixed, limits, run.profile):
         for zero in space.zero_options(base, fixed, run.profile):
@@ -182,6 +185,14 @@ def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
             except InvalidParallelConfig:
                 continue
             e = evaluate(run, c, fixed, allowed)
+            if (e is None or not e.fits) and v == 1 and "stage_blocks" not in fixed:
+                # the balanced cut does not fit: an uneven one may (fewer blocks where the
+                # embedding, the head or more in-flight micro-batches take memory)
+                cut = dp_cut(cm, c, allowed, run.cut_memo)
+                if cut is not None and cut != c.stage_blocks:
+                    e2 = evaluate(run, c.replace(stage_blocks=cut), fixed, allowed)
+                    if e2 is not None and (e is None or e2.fits):
+                        e, c = e2, c.replace(stage_blocks=cut)
             out.append((e.step_time_s if e is not None and (e.fits or not run.require_fit)
                         else math.inf, v, zero, c))
     return out
@@ -207,6 +218,10 @@ def refine(run: Run, c: ParallelConfig, fixed: dict, allowed) -> None:
                 continue
             cuts = [cc.stage_blocks] if "stage_blocks" in fixed else cut_candidates(
                 max(cm.graph.num_blocks, 1), cc.pp * cc.virtual_stages)
+            if "stage_blocks" not in fixed and cc.virtual_stages == 1 and cc.pp > 1:
+                cut = dp_cut(cm, cc, allowed, run.cut_memo)
+                if cut is not None and cut not in cuts:
+                    cuts.append(cut)
             for cut in cuts:
                 if run.expired():
                     return
@@ -238,6 +253,14 @@ def _uniform_recompute(run: Run, c: ParallelConfig, allowed) -> Estimate | None:
     return results[-1] if results else None
 
 
+
+
+def _uneven_cut_fits(run: Run, c: ParallelConfig, fixed: dict, allowed) -> bool:
+    """Whether some uneven stage cut of the resolved, non-interleaved ``c`` fits in memory
+    (False when the cut is pinned or ``c`` has one stage)."""
+    if "stage_blocks" in fixed or c.pp == 1 or c.virtual_stages != 1:
+        return False
+    return dp_cut(run.cm, c, allowed, run.cut_memo) is not None
 
 
 def first_fit(cm: CostModel, fixed: dict, deadline: float) -> Estimate | None:
