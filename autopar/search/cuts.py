@@ -59,9 +59,9 @@ def _sig_points(k: int, modes: tuple[str, ...], t: dict, a: dict, budget: float)
         counts = [0, 0, 0]
         for i, n in zip(idx, combo):
             counts[i] = n
-        memory = sum(n * a[MODES[i]] for i, n in enumerate(counts))
+        memory = sum(n * a[MODES[i]] for i, n in enumerate(counts) if n)
         if memory <= budget:
-            pts.append((memory, sum(n * t[MODES[i]] for i, n in enumerate(counts)),
+            pts.append((memory, sum(n * t[MODES[i]] for i, n in enumerate(counts) if n),
                         tuple(counts)))
     return pts
 

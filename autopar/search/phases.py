@@ -161,17 +161,19 @@ def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
     mode = space.cp_modes(cm.graph, base, fixed, run.profile)[0]
     out = []
     if run.require_fit:
-        # the group's most frugal variant (most ZeRO sharding, most recomputation, no
-        # interleaving): when even it is well over the GPU's memory, skip the whole group
-        frugal = ParallelConfig(
+        # the group's most frugal variants (most recomputation, no interleaving, each ZeRO
+        # stage: ZeRO-3's gathered layers can outweigh what it shards): when even they are
+        # well over the GPU's memory under every stage cut, skip the whole group
+        frugal = [run.estimate(ParallelConfig(
             **base, placement=placement, cp_mode=mode,
-            virtual_stages=fixed.get("virtual_stages", 1),
-            zero_stage=max(space.zero_options(base, fixed, run.profile)),
+            virtual_stages=fixed.get("virtual_stages", 1), zero_stage=zero,
             recompute=allowed[-1], schedule=fixed.get("schedule"),
-            stage_blocks=fixed.get("stage_blocks"))
-        e = run.estimate(frugal)
-        if e is not None and e.memory_per_gpu_bytes > 1.05 * cm.device.memory_bytes \
-                and not _uneven_cut_fits(run, e.config, fixed, allowed[-1:]):
+            stage_blocks=fixed.get("stage_blocks")))
+            for zero in space.zero_options(base, fixed, run.profile)]
+        frugal = [e for e in frugal if e is not None]
+        if frugal and all(e.memory_per_gpu_bytes > 1.05 * cm.device.memory_bytes
+                          and not _uneven_cut_fits(run, e.config, fixed, allowed[-1:])
+                          for e in frugal):
             return out
     for v in space.virtual_stage_options(base["pp"], blocks, m, fixed, limits, run.profile):
         for zero in space.zero_options(base, fixed, run.profile):
