@@ -158,3 +158,29 @@ def test_layerwise_search_equals_brute_force(problem):
     assert found.fits
     assert found.step_time_s <= brute.step_time_s * (1 + TIE_RTOL)
     assert sum(found.config.stage_blocks) == len(cm.blocks)
+
+
+EXPORTS = {"megatron": "to_megatron_args", "torchtitan": "to_torchtitan_toml",
+           "deepspeed": "to_deepspeed_config"}
+
+
+@pytest.mark.parametrize("framework", sorted(EXPORTS))
+@pytest.mark.parametrize("model,cluster,gbs,fixed", [
+    ("llama2-13b", "1x8xA100-40GB", 32, {"pp": 4}),
+    ("llama2-13b", "1x8xA100-40GB", 32, {"pp": 2, "tp": 4}),
+    ("llama2-7b", "1x8xA100-40GB", 64, {"pp": 8}),
+])
+def test_searched_plans_export_their_cuts_exactly(framework, model, cluster, gbs, fixed):
+    """Every plan the search returns (best and runners-up) exports with its own stage cuts, no
+    warning about cuts or chunks, and its stages hold all of the model's blocks."""
+    train = autopar.TrainingConfig(global_batch_size=gbs, seq_len=4096, framework=framework)
+    plan = autopar.optimize(model, cluster, train, fixed=fixed, top_k=3)
+    for est in (plan.estimate, *plan.alternatives):
+        p = dataclasses.replace(plan, config=est.config, estimate=est)
+        c = p.config
+        assert sum(c.stage_blocks) == p.model_config["num_layers"]
+        exp = getattr(p, EXPORTS[framework])()
+        assert not [w for w in exp.warnings if "cut" in w or "chunk" in w], exp.warnings
+        if framework != "deepspeed":   # DeepSpeed partitions by itself (balanced cuts only)
+            assert exp.written.stage_blocks == c.stage_blocks
+            assert exp.written.virtual_stages == c.virtual_stages
