@@ -54,6 +54,7 @@ class Run:
         self._kinds: list[tuple[float, tuple]] = []   # (fastest time, kind) of the top_k kinds
         self.groups_done = 0
         self.cut_memo: dict = {}   # stage-interval times shared by dp_cut calls
+        self.layerwise = True      # per-block recompute and uneven cuts (SpaceLimits.layerwise)
 
     def expired(self) -> bool:
         # before any plan exists the limit binds only once the most promising group has been
@@ -172,7 +173,8 @@ def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
             for zero in space.zero_options(base, fixed, run.profile)]
         frugal = [e for e in frugal if e is not None]
         if frugal and all(e.memory_per_gpu_bytes > 1.05 * cm.device.memory_bytes
-                          and not _uneven_cut_fits(run, e.config, fixed, allowed[-1:])
+                          and not (run.layerwise
+                                   and _uneven_cut_fits(run, e.config, fixed, allowed[-1:]))
                           for e in frugal):
             return out
     for v in space.virtual_stage_options(base["pp"], blocks, m, fixed, limits, run.profile):
@@ -187,7 +189,8 @@ def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
             except InvalidParallelConfig:
                 continue
             e = evaluate(run, c, fixed, allowed)
-            if (e is None or not e.fits) and v == 1 and "stage_blocks" not in fixed:
+            if (e is None or not e.fits) and v == 1 and "stage_blocks" not in fixed \
+                    and run.layerwise:
                 # the balanced cut does not fit: an uneven one may (fewer blocks where the
                 # embedding, the head or more in-flight micro-batches take memory)
                 cut = dp_cut(cm, c, allowed, run.cut_memo)
@@ -218,9 +221,10 @@ def refine(run: Run, c: ParallelConfig, fixed: dict, allowed) -> None:
                 cc = cm.resolve(cc)
             except InvalidParallelConfig:
                 continue
-            cuts = [cc.stage_blocks] if "stage_blocks" in fixed else cut_candidates(
-                max(cm.graph.num_blocks, 1), cc.pp * cc.virtual_stages)
-            if "stage_blocks" not in fixed and cc.virtual_stages == 1 and cc.pp > 1:
+            cuts = [cc.stage_blocks] if "stage_blocks" in fixed or not run.layerwise else \
+                cut_candidates(max(cm.graph.num_blocks, 1), cc.pp * cc.virtual_stages)
+            if "stage_blocks" not in fixed and cc.virtual_stages == 1 and cc.pp > 1 \
+                    and run.layerwise:
                 cut = dp_cut(cm, cc, allowed, run.cut_memo)
                 if cut is not None and cut not in cuts:
                     cuts.append(cut)
@@ -239,7 +243,7 @@ def evaluate(run: Run, c: ParallelConfig, fixed: dict, allowed) -> Estimate | No
     if modes is None:  # nothing fits: still estimated, for the infeasibility report
         return run.estimate(c.replace(recompute=allowed[-1]))
     rc = modes[0] if modes and len(set(modes)) == 1 else (modes or "none")
-    if not isinstance(rc, str) and not run.profile.per_block_recompute:
+    if not isinstance(rc, str) and not (run.profile.per_block_recompute and run.layerwise):
         return _uniform_recompute(run, c, allowed)
     return run.estimate(c.replace(recompute=rc))
 
