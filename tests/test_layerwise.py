@@ -115,9 +115,29 @@ def _assignments(cm: CostModel, pp: int, cut):
         yield tuple(per)
 
 
+def _keeps(cm: CostModel, pp: int, cut):
+    """Every per-block reshard_after_forward tuple up to swapping identical blocks on a rank:
+    per (rank, signature), how many blocks keep their gathered parameters."""
+    blocks = cm.blocks
+    sigs = [cm.graph.layers[i].signature for i in blocks]
+    pos, groups = 0, {}
+    for ci, n in enumerate(cut):
+        for j in range(pos, pos + n):
+            groups.setdefault((ci % pp, sigs[j]), []).append(j)
+        pos += n
+    keys = list(groups)
+    for combo in itertools.product(*(range(len(groups[k]) + 1) for k in keys)):
+        flags = [True] * len(blocks)
+        for k, n in zip(keys, combo):
+            for j in groups[k][:n]:
+                flags[j] = False
+        yield tuple(flags)
+
+
 def _brute_force(cm: CostModel, fixed: dict):
-    """Best fitting estimate over every interleaving (schedule), ZeRO stage, stage cut and
-    per-block recomputation of the pinned mesh, by plain enumeration."""
+    """Best fitting estimate over every interleaving (schedule), ZeRO stage, stage cut,
+    per-block recomputation and (ZeRO-3, pp <= 2) per-block resharding of the pinned mesh, by
+    plain enumeration."""
     n = len(cm.blocks)
     pp, dp = fixed["pp"], fixed["dp"]
     m = cm.train.global_batch_size // (dp * fixed["micro_batch_size"])
@@ -126,9 +146,13 @@ def _brute_force(cm: CostModel, fixed: dict):
         if (v > 1 and (pp == 1 or m % pp)) or pp * v > n or (zero and dp == 1):
             continue
         for cut in _compositions(n, pp * v):
-            for rc in _assignments(cm, pp, cut):
+            # per-block resharding enumerated where it stays small (pp <= 2); elsewhere the
+            # search may only beat the enumeration, which the assertion allows
+            keeps = list(_keeps(cm, pp, cut)) if zero == 3 and pp <= 2 else [None]
+            for rc, keep in itertools.product(_assignments(cm, pp, cut), keeps):
                 e = cm.estimate(autopar.ParallelConfig(
-                    **fixed, virtual_stages=v, zero_stage=zero, recompute=rc, stage_blocks=cut))
+                    **fixed, virtual_stages=v, zero_stage=zero, recompute=rc, stage_blocks=cut,
+                    reshard_after_forward=keep))
                 if e.fits and (best is None or e.step_time_s < best.step_time_s):
                     best = e
     return best

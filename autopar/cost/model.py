@@ -242,20 +242,28 @@ class CostModel:
         self._rank_layers[key] = tuple(out)
         return self._rank_layers[key]
 
-    def _rank_params(self, tp: int, ep: int, layers: tuple[int, ...]) -> tuple[float, float]:
-        """(all, expert) parameter elements on a rank holding ``layers`` (cached)."""
-        key = (tp, ep, layers)
+    def _layer_params(self, i: int, tp: int, ep: int, count_shared: bool = True
+                      ) -> tuple[float, float]:
+        """(all, expert) parameter elements of graph layer ``i`` on one rank (cached by
+        signature)."""
+        layer = self.graph.layers[i]
+        key = (layer.signature, layer.kind, tp, ep, count_shared)
         hit = self._params.get(key)
         if hit is None:
-            g = self.graph
-            kinds = {g.layers[i].kind for i in layers}
-            total = sum(mem.layer_params_per_rank(
-                g.layers[i], tp, count_shared=not (g.layers[i].kind == "head"
-                                                   and "embedding" in kinds), ep=ep)
-                for i in layers)
-            experts = sum(mem.expert_params_per_rank(g.layers[i], tp, ep) for i in layers)
-            hit = self._params[key] = (total, experts)
+            hit = self._params[key] = (
+                mem.layer_params_per_rank(layer, tp, count_shared=count_shared, ep=ep),
+                mem.expert_params_per_rank(layer, tp, ep))
         return hit
+
+    def _rank_params(self, tp: int, ep: int, layers: tuple[int, ...]) -> tuple[float, float]:
+        """(all, expert) parameter elements on a rank holding ``layers``."""
+        g = self.graph
+        kinds = {g.layers[i].kind for i in layers}
+        total = sum(self._layer_params(i, tp, ep, not (g.layers[i].kind == "head"
+                                                       and "embedding" in kinds))[0]
+                    for i in layers)
+        experts = sum(self._layer_params(i, tp, ep)[1] for i in layers)
+        return total, experts
 
     @property
     def reserved_bytes(self) -> float:
@@ -345,7 +353,7 @@ class CostModel:
         gather = 0.0
         if c.zero_stage == 3:
             gather = 2 * self.train.dtype_bytes * max(
-                mem.layer_params_per_rank(g.layers[i], tp, ep=c.ep) for i in layers)
+                self._layer_params(i, tp, c.ep)[0] for i in layers)
         return StageLayout(layers, flight, p2p_s, p2p_bytes, params, states, gather, p2p_send_s)
 
     # -- the estimate --------------------------------------------------------------------------
@@ -419,6 +427,13 @@ class CostModel:
             rank_comm[rank].append(("pp", pp_g.link, st.p2p_bytes, st.p2p_send_s))
             stage_time[rank] = stage_fwd[rank] + stage_bwd[rank]
         stage_params = [st.params for st in layout]
+        # blocks that keep their gathered parameters from forward to backward (FSDP2
+        # reshard_after_forward=False): per rank, parameter elements held unsharded
+        keep = [0.0] * pp
+        if c.zero_stage == 3 and c.reshard_after_forward is not None and dp * cp > 1:
+            kept = {li for li, f in zip(self.blocks, c.block_reshard(len(self.blocks))) if not f}
+            keep = [sum(mem.kept_params_per_rank(g.layers[i], tp, c.ep)
+                        for i in st.layers if i in kept) for st in layout]
 
         # pipeline
         t_max = max(stage_time)
@@ -434,11 +449,18 @@ class CostModel:
         if dp * cp > 1:
             fwd1, bwd1 = stage_fwd[bottleneck], stage_bwd[bottleneck]
             if c.zero_stage == 3:
-                per_mb = (2 * dp_g.time("all_gather", psi * wbytes)
+                # forward gathers every block, backward again those resharded after forward
+                # (FSDP2 fully_shard reshard_after_forward, per block); on the rank with the
+                # most parameters (the first such rank)
+                regather = psi - keep[stage_params.index(psi)]
+                per_mb = (dp_g.time("all_gather", psi * wbytes)
+                          + (dp_g.time("all_gather", regather * wbytes) if regather > 0 else 0.0)
                           + dp_g.time("reduce_scatter", psi * p.grad_bytes))
                 dp_exposed = m * max(0.0, per_mb - p.dp_overlap * (fwd1 + bwd1))
                 ledger.add("dp", dp_g.link,
-                           2 * dp_g.wire_bytes("all_gather", psi * wbytes)
+                           dp_g.wire_bytes("all_gather", psi * wbytes)
+                           + (dp_g.wire_bytes("all_gather", regather * wbytes) if regather > 0
+                              else 0.0)
                            + dp_g.wire_bytes("reduce_scatter", psi * p.grad_bytes), per_mb, times=m)
             elif c.zero_stage == 2:
                 # sharded gradients cannot accumulate locally: reduce-scatter every micro-batch,
@@ -473,6 +495,7 @@ class CostModel:
         stage_mem: list[mem.MemoryBreakdown] = []
         for rank, st in enumerate(layout):
             w, gr, o = st.states
+            w += keep[rank] * wbytes   # kept blocks' gathered parameters, forward to backward
             act = stage_act[rank] * st.flight
             transient = stage_transient[rank] + st.gather_bytes
             stage_mem.append(mem.MemoryBreakdown(w, gr, o, act, transient, reserved))

@@ -57,6 +57,9 @@ class FrameworkProfile:
         cp_modes: context-parallel exchanges (:data:`autopar.config.CP_MODES`); empty = no CP.
         recompute_modes: activation recompute policies (:data:`autopar.config.RECOMPUTE_MODES`).
         per_block_recompute: a different policy per decoder block is expressible.
+        per_block_reshard: under FSDP (ZeRO-3), each decoder block may keep or free its gathered
+            parameters between forward and backward
+            (:attr:`autopar.config.ParallelConfig.reshard_after_forward`).
         sequence_parallel: the values ``sequence_parallel`` may take under tensor parallelism.
         expert_parallel: expert parallelism for MoE layers is supported.
         sources: for every field above (name -> text), the file and flag of the framework it was
@@ -81,6 +84,7 @@ class FrameworkProfile:
     per_block_recompute: bool
     sequence_parallel: tuple[bool, ...]
     expert_parallel: bool
+    per_block_reshard: bool = False
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -149,6 +153,9 @@ class FrameworkProfile:
         if len(set(modes)) > 1 and not self.per_block_recompute:
             return (f"{fw} sets one recompute policy for all blocks "
                     f"({self._src('per_block_recompute')})")
+        if c.reshard_after_forward is not None and not self.per_block_reshard:
+            return (f"{fw} sets one FSDP reshard-after-forward policy for all blocks "
+                    f"({self._src('per_block_reshard')})")
         v = c.virtual_stages or 1
         if c.pp > 1:
             schedule = c.schedule or ("interleaved-1f1b" if v > 1 else None)
@@ -187,7 +194,10 @@ TORCH = FrameworkProfile(
     zero_stages_with_ep=_ALL_ZERO, schedules=SCHEDULES, interleaved_chunks="any",
     stage_cuts="any", cp_modes=CP_MODES, recompute_modes=RECOMPUTE_MODES,
     per_block_recompute=True, sequence_parallel=(True, False), expert_parallel=True,
+    per_block_reshard=True,
     sources={
+        "per_block_reshard": "torch.distributed.fsdp.fully_shard(block, reshard_after_forward=...)"
+                             " is called per block module (autopar/runtime/dp.py apply_fsdp)",
         "zero_stages": "torch.distributed.fsdp.fully_shard (reshard_after_forward=True: ZeRO-3, "
                        "False: ZeRO-2) and DDP / ZeroRedundancyOptimizer (ZeRO-0/1)",
         "zero_stages_with_tp": "fully_shard over a DeviceMesh dim beside DTensor TP "
@@ -216,6 +226,8 @@ TORCHTITAN = FrameworkProfile(
     stage_cuts="any", cp_modes=("ring", "allgather"), recompute_modes=RECOMPUTE_MODES,
     per_block_recompute=False, sequence_parallel=(True,), expert_parallel=True,
     sources={
+        "per_block_reshard": "job_config.py Parallelism.fsdp_reshard_after_forward: one policy "
+                             "('default', 'always', 'never') for every block",
         "zero_stages": "job_config.py Parallelism.data_parallel_replicate_degree (DDP) / "
                        "data_parallel_shard_degree with fsdp_reshard_after_forward "
                        "'always' (ZeRO-3) or 'never' (ZeRO-2); no optimizer-only sharding",
@@ -246,6 +258,8 @@ MEGATRON = FrameworkProfile(
     recompute_modes=RECOMPUTE_MODES, per_block_recompute=False,
     sequence_parallel=(True, False), expert_parallel=True,
     sources={
+        "per_block_reshard": "arguments.py --use-torch-fsdp2: one fully_shard policy for the "
+                             "model, no per-layer flag",
         "zero_stages": "arguments.py --use-distributed-optimizer (ZeRO-1; gradients are "
                        "reduce-scattered into a full buffer, so no ZeRO-2), --use-torch-fsdp2 "
                        "(ZeRO-3)",
@@ -276,6 +290,8 @@ DEEPSPEED = FrameworkProfile(
     stage_cuts="balanced", cp_modes=(), recompute_modes=("none", "full"),
     per_block_recompute=False, sequence_parallel=(False,), expert_parallel=True,
     sources={
+        "per_block_reshard": "deepspeed/runtime/zero/config.py: stage3_param_persistence_"
+                             "threshold keeps parameters by size, not per chosen layer",
         "zero_stages": "deepspeed/runtime/zero/config.py zero_optimization.stage 0-3",
         "zero_stages_with_tp": "deepspeed/runtime/engine.py: 'AutoTP + ZeRO stage 3 is "
                                "supported for both inference and training'",

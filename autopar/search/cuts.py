@@ -273,3 +273,32 @@ def dp_cut(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES,
         b = a
     cut.append(b)
     return tuple(reversed(cut))
+
+
+def some_cut_fits(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES) -> bool:
+    """Whether some stage cut of the resolved, non-interleaved config ``c`` (every stage at
+    least one block) fits every rank's memory, in O(p log n) rank evaluations.
+
+    Greedy is exact here: a rank's least memory only grows when it holds more blocks (model
+    states, activations and the largest gathered layer are monotone in the set of layers), so
+    letting each rank in turn end as late as it can fit leaves the shortest remainder, and a
+    shorter remainder is never harder to place. Returns False for interleaved ``c``.
+    """
+    n, p = len(cm.blocks), c.pp
+    if (c.virtual_stages or 1) != 1 or n < p:
+        return False
+    a = 0
+    for i in range(p):
+        if i == p - 1:
+            return rank_recompute(cm, c, cm.interval_layout(c, i, a, n), allowed) is not None
+        lo, hi = a + 1, n - (p - 1 - i)   # rank i ends somewhere in [lo, hi]
+        if rank_recompute(cm, c, cm.interval_layout(c, i, a, lo), allowed) is None:
+            return False
+        while lo < hi:                    # largest end that fits
+            mid = (lo + hi + 1) // 2
+            if rank_recompute(cm, c, cm.interval_layout(c, i, a, mid), allowed) is not None:
+                lo = mid
+            else:
+                hi = mid - 1
+        a = lo
+    return True

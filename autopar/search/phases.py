@@ -11,19 +11,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
 from typing import Callable
 
 from ..config import ParallelConfig
+from ..cost.memory import kept_params_per_rank
 from ..cost.model import CostModel
 from ..cost.types import Estimate
 from ..errors import AutoparError, InvalidParallelConfig
 from ..frameworks import FrameworkProfile, get_profile
 from . import space
 from .ranking import TIE_RTOL, better, kind_key, ranked
-from .cuts import dp_cut
+from .cuts import dp_cut, rank_recompute, some_cut_fits
 from .stages import best_recompute, cut_candidates
 
 Progress = Callable[[str, int, int, "Estimate | None"], None]
@@ -193,7 +195,8 @@ def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
                     and run.layerwise:
                 # the balanced cut does not fit: an uneven one may (fewer blocks where the
                 # embedding, the head or more in-flight micro-batches take memory)
-                cut = dp_cut(cm, c, allowed, run.cut_memo)
+                cut = dp_cut(cm, c, allowed, run.cut_memo) if c.pp > 1 and some_cut_fits(
+                    cm, c, allowed) else None
                 if cut is not None and cut != c.stage_blocks:
                     e2 = evaluate(run, c.replace(stage_blocks=cut), fixed, allowed)
                     if e2 is not None and (e is None or e2.fits):
@@ -245,7 +248,61 @@ def evaluate(run: Run, c: ParallelConfig, fixed: dict, allowed) -> Estimate | No
     rc = modes[0] if modes and len(set(modes)) == 1 else (modes or "none")
     if not isinstance(rc, str) and not (run.profile.per_block_recompute and run.layerwise):
         return _uniform_recompute(run, c, allowed)
-    return run.estimate(c.replace(recompute=rc))
+    e = run.estimate(c.replace(recompute=rc))
+    if e is not None and e.fits and c.zero_stage == 3 and c.dp * c.cp > 1 and run.layerwise \
+            and run.profile.per_block_reshard and e.time_breakdown["dp_comm_exposed"] > 0 \
+            and not ("recompute" in fixed and isinstance(fixed["recompute"], tuple)):
+        e = _keep_gathered(run, e, modes, allowed)
+    return e
+
+
+def _keep_gathered(run: Run, e0: Estimate, modes: tuple[str, ...], allowed) -> Estimate:
+    """The fastest of ``e0`` (a fitting ZeRO-3 plan whose DP traffic is exposed) and its
+    variants in which some blocks keep their gathered parameters from forward to backward
+    (``reshard_after_forward`` False: one all-gather per micro-batch fewer, the block's full
+    parameters resident), each with its ranks' fastest fitting recomputation.
+
+    Exact under the cost model: the step's ZeRO-3 traffic is that of the rank with the most
+    parameters (the first such), so keeping blocks elsewhere only costs memory; on that rank
+    identical blocks are interchangeable, so every count of kept blocks per layer signature is
+    tried, and the rank's recomputation re-solved under the memory left
+    (:func:`autopar.search.cuts.rank_recompute`).
+    """
+    cm, c = run.cm, e0.config
+    layout = cm.stage_layout(c)
+    params = [st.params for st in layout]
+    r = params.index(max(params))
+    st = layout[r]
+    layers = cm.graph.layers
+    by_sig: dict[str, list[int]] = {}
+    for li in st.layers:
+        if layers[li].kind == "block":
+            by_sig.setdefault(layers[li].signature, []).append(li)
+    per_block = {sig: kept_params_per_rank(layers[idx[0]], c.tp, c.ep)
+                 * cm.train.dtype_bytes for sig, idx in by_sig.items()}
+    position = {li: j for j, li in enumerate(cm.blocks)}
+    best = e0
+    for counts in itertools.product(*(range(len(idx) + 1) if per_block[sig] > 0 else range(1)
+                                      for sig, idx in by_sig.items())):
+        if not any(counts):
+            continue
+        extra = sum(n * per_block[sig] for n, sig in zip(counts, by_sig))
+        w, g, o = st.states
+        got = rank_recompute(cm, c, dataclasses.replace(st, states=(w + extra, g, o)), allowed)
+        if got is None:
+            continue
+        per = list(modes)
+        for li, mode in got[2].items():
+            per[position[li]] = mode
+        flags = [True] * len(cm.blocks)
+        for n, idx in zip(counts, by_sig.values()):
+            for li in idx[:n]:
+                flags[position[li]] = False
+        rc = per[0] if len(set(per)) == 1 else tuple(per)
+        e = run.estimate(c.replace(recompute=rc, reshard_after_forward=tuple(flags)))
+        if e is not None and e.fits and better(e, best):
+            best = e
+    return best
 
 
 def _uniform_recompute(run: Run, c: ParallelConfig, allowed) -> Estimate | None:
@@ -266,7 +323,7 @@ def _uneven_cut_fits(run: Run, c: ParallelConfig, fixed: dict, allowed) -> bool:
     (False when the cut is pinned or ``c`` has one stage)."""
     if "stage_blocks" in fixed or c.pp == 1 or c.virtual_stages != 1:
         return False
-    return dp_cut(run.cm, c, allowed, run.cut_memo) is not None
+    return some_cut_fits(run.cm, c, allowed)
 
 
 def first_fit(cm: CostModel, fixed: dict, deadline: float) -> Estimate | None:
