@@ -38,6 +38,9 @@ ARCHS = {
     "llama4": ("hf-tiny-llama4", {}),                                    # 3 kinds
     "qwen3next": ("hf-tiny-qwen3-next", {}),                             # DeltaNet, attention
     "gptoss": ("hf-tiny-gpt-oss", {}),                                   # sliding, full
+    "gemma3wide": ("hf-tiny-gemma3", dict(hidden_size=512, intermediate_size=2048,
+                                          vocab_size=32000, num_hidden_layers=4, layer_types=[
+                                              "sliding_attention", "full_attention"] * 2)),
 }
 
 #: (arch, GPUs, tp, pp, micro-batch, global batch, budget fraction): the budget lies at that
@@ -56,6 +59,13 @@ PROBLEMS = [
     ("qwen3next", 8, 1, 4, 1, 8, 0.25), ("qwen3next", 16, 2, 2, 2, 32, 0.3),
     ("gptoss", 4, 1, 2, 1, 8, 0.3), ("gptoss", 8, 2, 2, 1, 16, 0.5),
 ]
+
+#: ZeRO-3 problems on 25 Gb/s Ethernet, where the exposed FSDP traffic makes keeping a block's
+#: gathered parameters worth its memory: (arch, GPUs, tp, pp, micro-batch, global batch,
+#: budget fraction, zero stage, slow network).
+RESHARD_PROBLEMS = [
+    ("gemma3wide", 4, 1, 1, 1, 16, f, 3, True) for f in (2.0, 2.5, 3.0)
+] + [("gemma3wide", 8, 1, 1, 1, 16, 2.0, 3, True), ("gemma3wide", 2, 1, 1, 1, 16, 2.0, 3, True)]
 
 
 def _model(preset: str, overrides: dict):
@@ -78,9 +88,14 @@ def graph_of(arch: str):
     return _GRAPHS[arch]
 
 
-def _cluster(world: int, memory_bytes: float) -> autopar.Cluster:
+def _cluster(world: int, memory_bytes: float, slow: bool = False) -> autopar.Cluster:
+    """``world`` GPUs of ``memory_bytes`` on one NVLink node, or (``slow``) one GPU per node on
+    25 Gb/s Ethernet, where data-parallel traffic is exposed."""
     dev = dataclasses.replace(get_device("A100-80GB"), name="test-gpu",
                               memory_bytes=memory_bytes)
+    if slow:
+        return autopar.Cluster.custom(world, 1, dev, intra="nvlink3", inter="eth-25g",
+                                      nics_per_node=1)
     return autopar.Cluster.custom(1, world, dev, intra="nvlink3", inter="ib-hdr",
                                   nics_per_node=8)
 
@@ -142,7 +157,9 @@ def _brute_force(cm: CostModel, fixed: dict):
     pp, dp = fixed["pp"], fixed["dp"]
     m = cm.train.global_batch_size // (dp * fixed["micro_batch_size"])
     best = None
-    for v, zero in itertools.product(range(1, n + 1), range(4)):
+    zeros = [fixed["zero_stage"]] if "zero_stage" in fixed else range(4)
+    fixed = {k: v for k, v in fixed.items() if k != "zero_stage"}
+    for v, zero in itertools.product(range(1, n + 1), zeros):
         if (v > 1 and (pp == 1 or m % pp)) or pp * v > n or (zero and dp == 1):
             continue
         for cut in _compositions(n, pp * v):
@@ -158,21 +175,26 @@ def _brute_force(cm: CostModel, fixed: dict):
     return best
 
 
-def _problem(arch, world, tp, pp, mbs, gbs, frac):
+def _problem(arch, world, tp, pp, mbs, gbs, frac, zero=None, slow=False):
     graph = graph_of(arch)
     train = autopar.TrainingConfig(global_batch_size=gbs, seq_len=SEQ, micro_batch_size=mbs)
     dp = world // (tp * pp)
     fixed = dict(tp=tp, pp=pp, dp=dp, cp=1, ep=1, micro_batch_size=mbs,
                  sequence_parallel=tp > 1, placement=DEFAULT_ORDER, cp_mode="ring")
-    probe = CostModel(graph, _cluster(world, 80e9), train, PARAMS)
+    if zero is not None:
+        fixed["zero_stage"] = zero
+    probe = CostModel(graph, _cluster(world, 80e9, slow), train, PARAMS)
+    free = {k: v for k, v in fixed.items() if k != "zero_stage"}
     hi = probe.estimate(autopar.ParallelConfig(**fixed)).memory_per_gpu_bytes
+    zeros = [zero] if zero is not None else (range(4) if dp > 1 else (0,))
     lo = min(probe.estimate(autopar.ParallelConfig(
-        **fixed, zero_stage=z, recompute="full", stage_blocks=cut)).memory_per_gpu_bytes
-        for z in (range(4) if dp > 1 else (0,)) for cut in _compositions(len(probe.blocks), pp))
-    return CostModel(graph, _cluster(world, lo + frac * (hi - lo)), train, PARAMS), fixed
+        **free, zero_stage=z, recompute="full", stage_blocks=cut)).memory_per_gpu_bytes
+        for z in zeros for cut in _compositions(len(probe.blocks), pp))
+    return CostModel(graph, _cluster(world, lo + frac * (hi - lo), slow), train, PARAMS), fixed
 
 
-@pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: "-".join(map(str, p)))
+@pytest.mark.parametrize("problem", PROBLEMS + RESHARD_PROBLEMS,
+                         ids=lambda p: "-".join(map(str, p)))
 def test_layerwise_search_equals_brute_force(problem):
     cm, fixed = _problem(*problem)
     assert len({cm.graph.layers[i].signature for i in cm.blocks}) >= 2
@@ -182,6 +204,8 @@ def test_layerwise_search_equals_brute_force(problem):
     assert found.fits
     assert found.step_time_s <= brute.step_time_s * (1 + TIE_RTOL)
     assert sum(found.config.stage_blocks) == len(cm.blocks)
+    if problem in RESHARD_PROBLEMS:   # these are chosen where keeping a block pays
+        assert found.config.reshard_after_forward is not None
 
 
 EXPORTS = {"megatron": "to_megatron_args", "torchtitan": "to_torchtitan_toml",
@@ -208,3 +232,72 @@ def test_searched_plans_export_their_cuts_exactly(framework, model, cluster, gbs
         if framework != "deepspeed":   # DeepSpeed partitions by itself (balanced cuts only)
             assert exp.written.stage_blocks == c.stage_blocks
             assert exp.written.virtual_stages == c.virtual_stages
+
+
+TINY = dict(name="tiny", family="llama", num_layers=4, hidden_size=64, num_heads=4,
+            vocab_size=128, seq_len=64)
+
+
+@pytest.fixture(scope="module")
+def zero3_plan():
+    return autopar.optimize(TINY, "1x8xA100-80GB",
+                            autopar.TrainingConfig(global_batch_size=16, seq_len=64),
+                            fixed={"pp": 2, "virtual_stages": 1, "zero_stage": 3, "tp": 1})
+
+
+def test_kept_blocks_cost_their_gathered_parameters_and_save_a_gather(zero3_plan):
+    """A block that keeps its gathered parameters adds its parameters (2 bytes each in bf16) to
+    its rank's weights and removes one all-gather of them per micro-batch."""
+    from autopar.api import model_graph
+    plan = zero3_plan
+    c = plan.config
+    cm = CostModel(model_graph(TINY, plan.train)[0], autopar.Cluster.from_spec(plan.cluster),
+                   plan.train)
+    base = cm.estimate(c)
+    kept = cm.estimate(c.replace(reshard_after_forward=(False, True, True, True)))
+    block = cm.graph.layers[cm.blocks[0]]
+    assert kept.stage_memory_breakdown[0]["weights"] - base.stage_memory_breakdown[0][
+        "weights"] == pytest.approx(2 * block.num_parameters)
+    assert kept.stage_memory_breakdown[1] == base.stage_memory_breakdown[1]
+    assert kept.step_time_s <= base.step_time_s
+    assert kept.comm_bytes_by_link != base.comm_bytes_by_link
+
+
+def test_per_block_resharding_is_checked_and_only_torch_runs_it(zero3_plan):
+    c = zero3_plan.config
+    with pytest.raises(autopar.InvalidParallelConfig, match="zero_stage=3"):
+        c.replace(zero_stage=1, reshard_after_forward=(False, True, True, True))
+    with pytest.raises(autopar.InvalidParallelConfig, match="bools"):
+        c.replace(reshard_after_forward=(0, 1, 1, 1))
+    assert c.replace(reshard_after_forward=(True,) * 4).reshard_after_forward is None
+    from autopar.frameworks import get_profile
+    mixed = c.replace(reshard_after_forward=(False, True, True, True))
+    assert get_profile("torch").unsupported(mixed) is None
+    for fw in ("torchtitan", "megatron", "deepspeed"):
+        assert get_profile(fw).unsupported(mixed) is not None
+    assert "reshard" in get_profile("torchtitan").unsupported(mixed)
+    plan = dataclasses.replace(zero3_plan, config=mixed)
+    for method in EXPORTS.values():
+        exp = getattr(plan, method)()
+        assert any("reshard_after_forward" in w for w in exp.warnings)
+        assert exp.written.reshard_after_forward is None
+
+
+def test_plan_files_version_2_hold_per_block_resharding_and_version_1_loads(zero3_plan):
+    import json
+    from autopar import Plan
+    from autopar.io.planfile import PLAN_VERSION
+    d = json.loads(zero3_plan.to_json())
+    assert d["version"] == PLAN_VERSION == 2
+    d["config"]["reshard_after_forward"] = [False, True, True, False]
+    plan = Plan.from_json(json.dumps(d))
+    assert plan.config.reshard_after_forward == (False, True, True, False)
+    assert Plan.from_json(plan.to_json()).config == plan.config
+    old = json.loads(zero3_plan.to_json())
+    old["version"] = 1
+    for cfg in (old["config"], old["estimate"]["config"]):
+        del cfg["reshard_after_forward"]
+    assert Plan.from_json(json.dumps(old)).config.reshard_after_forward is None
+    d["config"]["reshard_after_forward"] = [False, True]
+    with pytest.raises(autopar.InvalidPlanFile, match="reshard_after_forward"):
+        Plan.from_json(json.dumps(d))
