@@ -239,6 +239,11 @@ def refine(run: Run, c: ParallelConfig, fixed: dict, allowed) -> None:
 
 def evaluate(run: Run, c: ParallelConfig, fixed: dict, allowed) -> Estimate | None:
     """Give each pipeline rank its fastest fitting recomputation and estimate the result."""
+    if "reshard_after_forward" in fixed:
+        try:
+            c = c.replace(reshard_after_forward=fixed["reshard_after_forward"])
+        except InvalidParallelConfig:
+            return None
     if "recompute" in fixed and isinstance(fixed["recompute"], tuple):
         modes = fixed["recompute"]
     else:
@@ -251,7 +256,8 @@ def evaluate(run: Run, c: ParallelConfig, fixed: dict, allowed) -> Estimate | No
     e = run.estimate(c.replace(recompute=rc))
     if e is not None and e.fits and c.zero_stage == 3 and c.dp * c.cp > 1 and run.layerwise \
             and run.profile.per_block_reshard and e.time_breakdown["dp_comm_exposed"] > 0 \
-            and not ("recompute" in fixed and isinstance(fixed["recompute"], tuple)):
+            and not ("recompute" in fixed and isinstance(fixed["recompute"], tuple)) \
+            and "reshard_after_forward" not in fixed:
         e = _keep_gathered(run, e, modes, allowed)
     return e
 

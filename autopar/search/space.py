@@ -26,7 +26,7 @@ _TORCH = PROFILES["torch"]
 #: Keys ``fixed=`` may pin.
 FIXABLE = ("tp", "pp", "dp", "cp", "ep", "zero_stage", "recompute", "sequence_parallel",
            "micro_batch_size", "virtual_stages", "schedule", "stage_blocks", "placement",
-           "cp_mode")
+           "cp_mode", "reshard_after_forward")
 
 
 def divisors(n: int) -> list[int]:
