@@ -152,6 +152,9 @@ def rank_recompute(cm: CostModel, c: ParallelConfig, st: StageLayout,
                 key = (time, memory + cap, counts)
                 if best is None or key < best[0]:
                     best = (key, counts, cap)
+                if cap == 0.0 and all(sum(cnt[1:]) == 0 for cnt in counts) and all(
+                        t["none"] <= min(t.values()) for _k, t, _a, _tr in costs):
+                    break   # no block recomputes, and no mode is faster than none
     if best is None:
         return None
     (time, memory, _), counts, _cap = best

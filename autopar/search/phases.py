@@ -234,11 +234,14 @@ def refine(run: Run, c: ParallelConfig, fixed: dict, allowed) -> None:
             for cut in cuts:
                 if run.expired():
                     return
-                evaluate(run, cc.replace(stage_blocks=cut), fixed, allowed)
+                evaluate(run, cc.replace(stage_blocks=cut), fixed, allowed, keep=True)
 
 
-def evaluate(run: Run, c: ParallelConfig, fixed: dict, allowed) -> Estimate | None:
-    """Give each pipeline rank its fastest fitting recomputation and estimate the result."""
+def evaluate(run: Run, c: ParallelConfig, fixed: dict, allowed,
+             keep: bool = False) -> Estimate | None:
+    """Give each pipeline rank its fastest fitting recomputation and estimate the result;
+    with ``keep`` (phase 2), also try ZeRO-3 blocks keeping their gathered parameters
+    (:func:`_keep_gathered`)."""
     if "reshard_after_forward" in fixed:
         try:
             c = c.replace(reshard_after_forward=fixed["reshard_after_forward"])
@@ -254,7 +257,8 @@ def evaluate(run: Run, c: ParallelConfig, fixed: dict, allowed) -> Estimate | No
     if not isinstance(rc, str) and not (run.profile.per_block_recompute and run.layerwise):
         return _uniform_recompute(run, c, allowed)
     e = run.estimate(c.replace(recompute=rc))
-    if e is not None and e.fits and c.zero_stage == 3 and c.dp * c.cp > 1 and run.layerwise \
+    if keep and e is not None and e.fits and c.zero_stage == 3 and c.dp * c.cp > 1 \
+            and run.layerwise \
             and run.profile.per_block_reshard and e.time_breakdown["dp_comm_exposed"] > 0 \
             and not ("recompute" in fixed and isinstance(fixed["recompute"], tuple)) \
             and "reshard_after_forward" not in fixed:
@@ -277,6 +281,12 @@ def _keep_gathered(run: Run, e0: Estimate, modes: tuple[str, ...], allowed) -> E
     cm, c = run.cm, e0.config
     layout = cm.stage_layout(c)
     params = [st.params for st in layout]
+    # keeping blocks saves at most every re-gather of the step (and never more than is
+    # exposed); recomputation made necessary only adds: a bound to beat the top-k with
+    saving = min(e0.time_breakdown["dp_comm_exposed"], e0.num_micro_batches * cm.group(
+        "dp", c).time("all_gather", max(params) * cm.train.dtype_bytes))
+    if e0.step_time_s - saving > run.threshold():
+        return e0
     r = params.index(max(params))
     st = layout[r]
     layers = cm.graph.layers
@@ -296,6 +306,8 @@ def _keep_gathered(run: Run, e0: Estimate, modes: tuple[str, ...], allowed) -> E
         w, g, o = st.states
         got = rank_recompute(cm, c, dataclasses.replace(st, states=(w + extra, g, o)), allowed)
         if got is None:
+            if len(counts) == 1:
+                break   # one kind of block: keeping more cannot fit either
             continue
         per = list(modes)
         for li, mode in got[2].items():
