@@ -187,6 +187,11 @@ class ParallelConfig:
             needs heads divisible by tp * cp) or "allgather" (K/V all-gathered, as Llama 3).
         placement: order in which mesh dimensions are laid on consecutive ranks, innermost
             first (a permutation of "tp", "cp", "dp", "pp"); None = :data:`DEFAULT_PLACEMENT`.
+        reshard_after_forward: with ``zero_stage=3`` only, one bool per decoder block: True
+            frees the block's gathered parameters after its forward (FSDP2 ``fully_shard(block,
+            reshard_after_forward=True)``: gathered again for backward), False keeps them until
+            its backward (one all-gather per micro-batch instead of two, the block's full
+            parameters resident). None = every block reshards (plain ZeRO-3).
 
     Raises:
         InvalidParallelConfig: a degree below 1, an unknown mode, or inconsistent choices.
@@ -206,6 +211,7 @@ class ParallelConfig:
     placement: tuple[str, ...] | None = None
     cp_mode: str = "ring"
     ep: int = 1
+    reshard_after_forward: tuple[bool, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "cp", "ep"):
@@ -273,6 +279,22 @@ class ParallelConfig:
                     f"blocks per pipeline chunk); got {self.stage_blocks!r}. Fix: e.g. "
                     "stage_blocks=(16, 16) for pp=2, or None for balanced cuts.")
             object.__setattr__(self, "stage_blocks", tuple(self.stage_blocks))
+        if self.reshard_after_forward is not None:
+            r = self.reshard_after_forward
+            if not isinstance(r, (list, tuple)) or not r or any(not isinstance(x, bool)
+                                                                 for x in r):
+                raise InvalidParallelConfig(
+                    f"reshard_after_forward must be None or a non-empty sequence of bools (one "
+                    f"per decoder block); got {r!r}. Fix: e.g. (True, False, True, True), or "
+                    "None.")
+            object.__setattr__(self, "reshard_after_forward", tuple(r))
+            if self.zero_stage != 3 and not all(r):
+                raise InvalidParallelConfig(
+                    f"reshard_after_forward {tuple(r)} keeps some blocks' gathered parameters, "
+                    f"which only FSDP (zero_stage=3) gathers; zero_stage={self.zero_stage}. "
+                    "Fix: zero_stage=3, or reshard_after_forward=None.")
+            if all(r):   # every block reshards: plain ZeRO-3, written one way only
+                object.__setattr__(self, "reshard_after_forward", None)
 
     @property
     def model_parallel_size(self) -> int:
@@ -292,6 +314,21 @@ class ParallelConfig:
                 f"recompute has {len(self.recompute)} entries but the model has {num_blocks} "
                 "blocks. Fix: give one mode per block, or a single mode.")
         return tuple(self.recompute)
+
+    def block_reshard(self, num_blocks: int) -> tuple[bool, ...]:
+        """Whether each decoder block reshards its parameters after forward (all True unless
+        ``reshard_after_forward`` says otherwise).
+
+        Raises:
+            InvalidParallelConfig: a per-block tuple of the wrong length.
+        """
+        if self.reshard_after_forward is None:
+            return (True,) * num_blocks
+        if len(self.reshard_after_forward) != num_blocks:
+            raise InvalidParallelConfig(
+                f"reshard_after_forward has {len(self.reshard_after_forward)} entries but the "
+                f"model has {num_blocks} blocks. Fix: give one bool per block, or None.")
+        return self.reshard_after_forward
 
     def replace(self, **changes) -> "ParallelConfig":
         """A copy with some fields changed (validated again)."""

@@ -43,6 +43,11 @@ CASES = {
                                BOTH, None),
     "pp2xdp2-fsdp3": (4, dict(pp=2, dp=2, tp=1, zero_stage=3, schedule="1f1b",
                               micro_batch_size=1, stage_blocks=(1, 3)), OURS, "sharded-grads"),
+    # per-block FSDP resharding: blocks 0 and 2 keep their gathered parameters to backward
+    "pp2xdp2-fsdp3-keep": (4, dict(pp=2, dp=2, tp=1, zero_stage=3, schedule="1f1b",
+                                   micro_batch_size=1, stage_blocks=(1, 3),
+                                   reshard_after_forward=(False, True, False, True)), OURS,
+                           "sharded-grads"),
     # 3-D with TP is the README shape below; this one adds ZeRO-1 and per-block recompute
     "pp2xdp2-zero1-recompute": (4, dict(pp=2, dp=2, tp=1, zero_stage=1, schedule="1f1b",
                                         micro_batch_size=1,

@@ -71,6 +71,13 @@ def expert_params_per_rank(layer: Layer, tp: int, ep: int) -> float:
     return layer.expert_parameters / (tp * ep)
 
 
+def kept_params_per_rank(layer: Layer, tp: int, ep: int) -> float:
+    """Parameter elements of ``layer`` one rank holds gathered from forward to backward when
+    the layer does not reshard after forward under FSDP (ZeRO-3): all but its MoE experts, which
+    are sharded apart and reshard (autopar/runtime/dp.py ``apply_fsdp``)."""
+    return layer_params_per_rank(layer, tp, ep=ep) - expert_params_per_rank(layer, tp, ep)
+
+
 def model_state_bytes(params: float, zero_stage: int, dp: int, weight_bytes: int,
                       grad_bytes: int, optimizer_bytes: int) -> tuple[float, float, float]:
     """(weights, gradients, optimizer states) bytes on one rank for ``params`` elements.

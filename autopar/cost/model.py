@@ -374,41 +374,81 @@ class CostModel:
         hit = self._layouts.get(key)
         if hit is not None:
             return hit
-        g, tp, pp, cp = self.graph, c.tp, c.pp, c.cp
-        m = self.train.global_batch_size // (c.dp * c.micro_batch_size)
-        pp_g = self.group("pp", c)
-        bscale = c.micro_batch_size / g.micro_batch_size
+        pp = c.pp
         out = []
         for rank, (layers, mine, _groups, chunks) in enumerate(
                 self.rank_layers(pp, c.stage_blocks, c.schedule)):
-            p2p_s = p2p_bytes = p2p_send_s = 0.0
-
-            def boundary_bytes(ci: int) -> float:
-                """Bytes of the activation crossing from chunk ci to ci + 1 (its gradient
-                crosses back the same size)."""
-                return (g.layers[chunks[ci][-1]].output_bytes * bscale / cp
-                        / (tp if c.sequence_parallel else 1))
 
             def remote(ci: int) -> bool:
                 """Whether chunks ci and ci + 1 sit on different ranks (a V's turn does not)."""
                 return stage_rank(ci, pp, c.schedule) != stage_rank(ci + 1, pp, c.schedule)
 
-            for ci in mine:
-                if pp > 1 and ci < len(chunks) - 1 and chunks[ci] and remote(ci):
-                    nbytes = boundary_bytes(ci)
-                    p2p_s += 2 * pp_g.time("send_recv", nbytes)
-                    p2p_bytes += nbytes  # this rank sends the activation forward
-                    p2p_send_s += pp_g.time("send_recv", nbytes)
-                if pp > 1 and ci > 0 and chunks[ci - 1] and remote(ci - 1):
-                    p2p_bytes += boundary_bytes(ci - 1)  # and the input's gradient backward
-                    p2p_send_s += pp_g.time("send_recv", boundary_bytes(ci - 1))
-            params, experts = self._rank_params(tp, c.ep, layers)
-            states, gather = self._states(c, params, experts, layers, pp)
-            flight = mem.in_flight(c.schedule, rank, pp, m, c.virtual_stages) / max(1, len(mine))
-            out.append(StageLayout(layers, flight, p2p_s, p2p_bytes, params, states, gather,
-                                   p2p_send_s))
+            parts = tuple(
+                (tuple(chunks[ci]), ci < len(chunks) - 1 and bool(chunks[ci]) and remote(ci),
+                 chunks[ci - 1][-1] if ci > 0 and chunks[ci - 1] and remote(ci - 1) else None)
+                for ci in mine)
+            out.append(self._rank_layout(c, rank, layers, parts))
         self._layouts[key] = tuple(out)
         return self._layouts[key]
+
+    def interval_layout(self, c: ParallelConfig, rank: int, start: int, end: int) -> StageLayout:
+        """What pipeline rank ``rank`` of the resolved, non-interleaved config ``c`` holds when
+        its stage is decoder blocks ``start`` to ``end - 1`` (positions among the blocks), the
+        embedding on rank 0 and the head on the last rank; the other ranks' cuts do not matter
+        (what the stage-cut dynamic programme of :mod:`autopar.search.cuts` prices).
+
+        Raises:
+            InvalidParallelConfig: an interleaved ``c``, or an empty or out-of-range stage.
+        """
+        n, pp = len(self.blocks), c.pp
+        if (c.virtual_stages or 1) != 1 or not 0 <= start < end <= n or not 0 <= rank < pp \
+                or (rank == 0) != (start == 0) or (rank == pp - 1) != (end == n):
+            raise InvalidParallelConfig(
+                f"interval_layout needs one chunk per rank and a non-empty stage of blocks that "
+                f"starts at block 0 exactly on rank 0 and ends at the last block exactly on the "
+                f"last rank; got rank {rank} of {pp}, blocks [{start}, {end}) of {n}, "
+                f"virtual_stages={c.virtual_stages}. Fix: pass a cut of a 1F1B/GPipe pipeline.")
+        nl = len(self.graph.layers)
+        first, last = (self.blocks[0], self.blocks[-1]) if self.blocks else (nl, nl - 1)
+        layers = tuple(self.blocks[start:end])
+        if rank == 0:
+            layers = tuple(range(0, first)) + layers
+        if rank == pp - 1:
+            layers = layers + tuple(range(last + 1, nl))
+        prev = self.blocks[start - 1] if rank > 0 else None
+        return self._rank_layout(c, rank, layers, ((layers, rank != pp - 1, prev),))
+
+    def _rank_layout(self, c: ParallelConfig, rank: int, layers: tuple[int, ...],
+                     parts: tuple) -> StageLayout:
+        """One rank's :class:`StageLayout`; ``parts`` holds, per chunk of the rank, (its layer
+        indices, whether it sends its output to another rank (not the model's last chunk, nor
+        a V's turn), the last layer of the chunk before it when that chunk sits on another rank,
+        else None)."""
+        g, tp, pp, cp = self.graph, c.tp, c.pp, c.cp
+        m = self.train.global_batch_size // (c.dp * c.micro_batch_size)
+        pp_g = self.group("pp", c)
+        bscale = c.micro_batch_size / g.micro_batch_size
+        p2p_s = p2p_bytes = p2p_send_s = 0.0
+
+        def boundary_bytes(layer: int) -> float:
+            """Bytes of the activation a chunk ending in ``layer`` sends to the next one (its
+            gradient crosses back the same size)."""
+            return (g.layers[layer].output_bytes * bscale / cp
+                    / (tp if c.sequence_parallel else 1))
+
+        for chunk, sends, prev in parts:
+            if pp > 1 and sends and chunk:
+                nbytes = boundary_bytes(chunk[-1])
+                p2p_s += 2 * pp_g.time("send_recv", nbytes)
+                p2p_bytes += nbytes  # this rank sends the activation forward
+                p2p_send_s += pp_g.time("send_recv", nbytes)
+            if pp > 1 and prev is not None:
+                p2p_bytes += boundary_bytes(prev)  # and the input's gradient backward
+                p2p_send_s += pp_g.time("send_recv", boundary_bytes(prev))
+        params, experts = self._rank_params(tp, c.ep, layers)
+        states, gather = self._states(c, params, experts, layers, pp)
+        flight = mem.in_flight(c.schedule, rank, pp, m, c.virtual_stages) / max(1, len(parts))
+        return StageLayout(layers, flight, p2p_s, p2p_bytes, params, states, gather, p2p_send_s)
 
     def _pair_overlap(self, c: ParallelConfig, parts: list[dict], stage_time: list[float]
                       ) -> tuple[float, ...] | None:
@@ -573,7 +613,7 @@ class CostModel:
             InvalidParallelConfig: the configuration breaks a rule of the model or cluster.
         """
         c = self.resolve(config)
-        p, train = self.params, self.train
+        g, p, train = self.graph, self.params, self.train
         tp, cp, pp, dp, b, v = c.tp, c.cp, c.pp, c.dp, c.micro_batch_size, c.virtual_stages
         m = train.global_batch_size // (dp * b)
         uniform = c.recompute if isinstance(c.recompute, str) else None
@@ -637,6 +677,13 @@ class CostModel:
             rank_comm[rank].append(("pp", pp_g.link, st.p2p_bytes, st.p2p_send_s))
             stage_time[rank] = stage_fwd[rank] + stage_bwd[rank]
         stage_params = [st.params for st in layout]
+        # blocks that keep their gathered parameters from forward to backward (FSDP2
+        # reshard_after_forward=False): per rank, parameter elements held unsharded
+        keep = [0.0] * pp
+        if c.zero_stage == 3 and c.reshard_after_forward is not None and dp * cp > 1:
+            kept = {li for li, f in zip(self.blocks, c.block_reshard(len(self.blocks))) if not f}
+            keep = [sum(mem.kept_params_per_rank(g.layers[i], tp, c.ep)
+                        for i in st.layers if i in kept) for st in layout]
 
         # pipeline
         t_max = max(stage_time)
@@ -665,12 +712,15 @@ class CostModel:
                 t_ag = self.zero3_collective_s(c, bottleneck, wbytes, "all_gather")
                 t_rs = self.zero3_collective_s(c, bottleneck, gb, "reduce_scatter")
             if c.zero_stage == 3 and (pp == 1 or prof.zero3_regather_per_micro_batch):
-                # every micro-batch gathers the parameters for forward and again for backward
-                # and reduce-scatters its gradients
-                per_mb = 2 * t_ag + t_rs
+                # every micro-batch gathers the parameters for forward, and again for backward
+                # those blocks resharded after forward (FSDP2 fully_shard reshard_after_forward,
+                # per block; the share on the rank with the most parameters), and
+                # reduce-scatters its gradients
+                regather = (psi - keep[stage_params.index(psi)]) / psi if psi > 0 else 1.0
+                per_mb = (1 + regather) * t_ag + t_rs
                 dp_exposed = m * max(0.0, per_mb - ov_gather * (fwd1 + bwd1))
                 ledger.add("dp", dp_g.link,
-                           2 * dp_g.wire_bytes("all_gather", psi * wbytes)
+                           (1 + regather) * dp_g.wire_bytes("all_gather", psi * wbytes)
                            + dp_g.wire_bytes("reduce_scatter", psi * gb), per_mb, times=m)
             elif c.zero_stage == 3:
                 # under PP the framework keeps parameters gathered and gradients unsharded
@@ -715,6 +765,7 @@ class CostModel:
         stage_mem: list[mem.MemoryBreakdown] = []
         for rank, st in enumerate(layout):
             w, gr, o = st.states
+            w += keep[rank] * wbytes   # kept blocks' gathered parameters, forward to backward
             act = stage_act[rank] * st.flight
             # the step runs after backward has freed the activations: its temporaries count
             # only where they exceed them

@@ -106,6 +106,7 @@ def resolve(config: ParallelConfig, graph: ModelGraph, world_size: int,
             f"stage_blocks has {len(stage_blocks)} entries; pp*virtual_stages = {c.pp * v}. "
             "Fix: give one block count per pipeline chunk.")
     c.block_recompute(blocks)  # checks a per-block tuple's length
+    c.block_reshard(blocks)
     return c.replace(dp=dp, micro_batch_size=mbs, virtual_stages=v, schedule=schedule,
                      stage_blocks=tuple(stage_blocks),
                      placement=c.placement or DEFAULT_PLACEMENT)

@@ -104,6 +104,9 @@ class FrameworkProfile:
         cp_modes: context-parallel exchanges (:data:`autopar.config.CP_MODES`); empty = no CP.
         recompute_modes: activation recompute policies (:data:`autopar.config.RECOMPUTE_MODES`).
         per_block_recompute: a different policy per decoder block is expressible.
+        per_block_reshard: under FSDP (ZeRO-3), each decoder block may keep or free its gathered
+            parameters between forward and backward
+            (:attr:`autopar.config.ParallelConfig.reshard_after_forward`).
         sequence_parallel: the values ``sequence_parallel`` may take under tensor parallelism.
         expert_parallel: expert parallelism for MoE layers is supported.
         overlaps_ep_comm: schedules under which the framework hides expert-parallel all-to-alls
@@ -157,6 +160,7 @@ class FrameworkProfile:
     sequence_parallel: tuple[bool, ...]
     expert_parallel: bool
     overlaps_ep_comm: tuple[str, ...] = ()
+    per_block_reshard: bool = False
     sources: Mapping[str, str] = field(default_factory=dict)
     # -- sequence-length divisibility for CP and SP (issue 13); sourced inside the rule --------
     seq_rule: SeqLenRule = SeqLenRule()
@@ -300,6 +304,9 @@ class FrameworkProfile:
         if len(set(modes)) > 1 and not self.per_block_recompute:
             return (f"{fw} sets one recompute policy for all blocks "
                     f"({self._src('per_block_recompute')})")
+        if c.reshard_after_forward is not None and not self.per_block_reshard:
+            return (f"{fw} sets one FSDP reshard-after-forward policy for all blocks "
+                    f"({self._src('per_block_reshard')})")
         v = c.virtual_stages or 1
         if c.pp > 1:
             schedule = c.schedule or ("interleaved-1f1b" if v > 1 else None)
@@ -339,7 +346,10 @@ TORCH = FrameworkProfile(
     stage_cuts="any", cp_modes=CP_MODES, recompute_modes=RECOMPUTE_MODES,
     per_block_recompute=True, sequence_parallel=(True, False), expert_parallel=True,
     memory=TORCH_MEMORY,
+    per_block_reshard=True,
     sources={
+        "per_block_reshard": "torch.distributed.fsdp.fully_shard(block, reshard_after_forward=...)"
+                             " is called per block module (autopar/runtime/dp.py apply_fsdp)",
         "zero_stages": "torch.distributed.fsdp.fully_shard (reshard_after_forward=True: ZeRO-3, "
                        "False: ZeRO-2) and DDP / ZeroRedundancyOptimizer (ZeRO-0/1)",
         "zero_stages_with_tp": "fully_shard over a DeviceMesh dim beside DTensor TP "
@@ -385,6 +395,8 @@ TORCHTITAN = FrameworkProfile(
     seq_rule=TORCHTITAN_RULE,
     memory=TORCHTITAN_MEMORY,
     sources={
+        "per_block_reshard": "job_config.py Parallelism.fsdp_reshard_after_forward: one policy "
+                             "('default', 'always', 'never') for every block",
         "zero_stages": "job_config.py Parallelism.data_parallel_replicate_degree (DDP) / "
                        "data_parallel_shard_degree with fsdp_reshard_after_forward "
                        "'always' (ZeRO-3) or 'never' (ZeRO-2); no optimizer-only sharding",
@@ -434,6 +446,8 @@ MEGATRON = FrameworkProfile(
     sequence_parallel=(True, False), expert_parallel=True, seq_rule=MEGATRON_RULE,
     memory=MEGATRON_MEMORY,
     sources={
+        "per_block_reshard": "arguments.py --use-torch-fsdp2: one fully_shard policy for the "
+                             "model, no per-layer flag",
         "zero_stages": "arguments.py --use-distributed-optimizer (ZeRO-1; gradients are "
                        "reduce-scattered into a full buffer, so no ZeRO-2), --use-torch-fsdp2 "
                        "(ZeRO-3)",
@@ -485,6 +499,8 @@ DEEPSPEED = FrameworkProfile(
     seq_rule=DEEPSPEED_RULE,
     memory=DEEPSPEED_MEMORY,
     sources={
+        "per_block_reshard": "deepspeed/runtime/zero/config.py: stage3_param_persistence_"
+                             "threshold keeps parameters by size, not per chosen layer",
         "zero_stages": "deepspeed/runtime/zero/config.py zero_optimization.stage 0-3",
         "zero_stages_with_tp": "deepspeed/runtime/engine.py: 'AutoTP + ZeRO stage 3 is "
                                "supported for both inference and training'",

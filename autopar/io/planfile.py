@@ -1,8 +1,8 @@
 """The plan file schema: strict checks that turn a parsed JSON object into a :class:`Plan`.
 
-Layout (version 1; :meth:`Plan.to_dict` writes it)::
+Layout (version 2; :meth:`Plan.to_dict` writes it)::
 
-    {"format": "autopar-plan", "version": 1, "model": str, "model_config": {...} | null,
+    {"format": "autopar-plan", "version": 2, "model": str, "model_config": {...} | null,
      "cluster": spec str, "train": {TrainingConfig fields}, "config": {ParallelConfig fields},
      "estimate": {Estimate fields}, "alternatives": [estimate...], "pareto": [estimate...],
      "search": {"evaluated": int, "meshes": int, "complete": bool, "gap": float}}
@@ -13,7 +13,10 @@ ignored); every value of the right JSON type; the config states every choice (a 
 degrees multiply to the GPU count of its cluster; the stage cuts give one block count per
 pipeline chunk and sum to the model's blocks; the global batch is a multiple of dp x micro-batch.
 Fields added after version 1 was first written (placement, cp_mode, ep, per-stage times, the
-Pareto front, the gap) take their defaults when missing. A version this autopar does not know is
+Pareto front, the gap) take their defaults when missing. Version 2 adds the per-block
+``config.reshard_after_forward`` (null or one bool per block); a version-1 file is migrated by
+setting it to null (every block reshards, as version 1 meant). A version this autopar does not
+know is
 refused; an older known one is migrated by :data:`MIGRATIONS`. Nothing here executes code from
 the file.
 
@@ -37,13 +40,22 @@ from ..errors import AutoparError, InvalidPlanFile
 PLAN_FORMAT = "autopar-plan"
 #: Version of the plan file layout this autopar writes; older ones it knows are migrated by
 #: :data:`MIGRATIONS`.
-PLAN_VERSION = 1
+PLAN_VERSION = 2
 
 #: Top-level keys ``autopar plan --json`` adds to a plan; accepted and ignored when loading.
 ANNOTATIONS = ("compare", "run_cost")
-#: version -> function upgrading a plan dict of that version to the next one. Version 1 is the
-#: first released layout, so there is nothing to migrate yet.
-MIGRATIONS: dict[int, Callable[[dict], dict]] = {}
+def _v1_to_v2(d: dict) -> dict:
+    """Version 1 -> 2: per-block FSDP resharding appeared; a version-1 plan reshards every
+    block (null)."""
+    d = dict(d, version=2)
+    if isinstance(d.get("config"), dict):
+        d["config"] = dict(d["config"])
+        d["config"].setdefault("reshard_after_forward", None)
+    return d
+
+
+#: version -> function upgrading a plan dict of that version to the next one.
+MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2}
 
 _FIX = "Fix: regenerate the plan with plan.to_json() or `autopar plan --out plan.json`."
 #: An example value per config key, for the message naming a missing one.
@@ -92,7 +104,7 @@ def _dataclass_keys(cls) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 #: ParallelConfig fields added after plan version 1 was first written: they take their defaults
 #: when a file lacks them. Every other field is a choice the plan must state.
-_CONFIG_LATER = ("placement", "cp_mode", "ep")
+_CONFIG_LATER = ("placement", "cp_mode", "ep", "reshard_after_forward")
 
 
 def _config(d: Any, where: str) -> ParallelConfig:
@@ -112,7 +124,7 @@ def _config(d: Any, where: str) -> ParallelConfig:
     for key in resolved:
         if d[key] is None:
             raise _fail(f"{where}.{key}", "is null; a plan has every choice made")
-    for key in ("recompute", "stage_blocks", "placement"):
+    for key in ("recompute", "stage_blocks", "placement", "reshard_after_forward"):
         if isinstance(d.get(key), list):
             d[key] = tuple(d[key])
     try:
@@ -201,6 +213,9 @@ def _check_model(c: ParallelConfig, model_config, train: TrainingConfig) -> None
     if not isinstance(c.recompute, str) and len(c.recompute) != blocks:
         raise _fail("config.recompute", f"has {len(c.recompute)} per-block modes for {blocks} "
                                         "blocks")
+    if c.reshard_after_forward is not None and len(c.reshard_after_forward) != blocks:
+        raise _fail("config.reshard_after_forward", f"has {len(c.reshard_after_forward)} "
+                                                    f"per-block flags for {blocks} blocks")
     if train.global_batch_size % (c.dp * c.micro_batch_size):
         raise _fail("config", f"dp*micro_batch_size = {c.dp}*{c.micro_batch_size} does not divide "
                               f"the global batch {train.global_batch_size}")

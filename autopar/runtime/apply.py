@@ -300,7 +300,8 @@ def apply(plan, model: nn.Module, *, device_mesh: DeviceMesh | None = None,
         if fsdp:
             dp_mod.apply_fsdp(chunk, blocks, mesh["dp_cp"], c.zero_stage, train.precision,
                               experts=find_experts(chunk) if c.ep > 1 else [],
-                              expert_mesh=mesh["edp_cp"], expert_divide_factor=replicas)
+                              expert_mesh=mesh["edp_cp"], expert_divide_factor=replicas,
+                              block_reshard=dict(enumerate(c.block_reshard(n_blocks))))
         modules.append(chunk)
     local_batch = train.global_batch_size // c.dp
     mbs = c.micro_batch_size or train.micro_batch_size or local_batch

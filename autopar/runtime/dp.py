@@ -54,9 +54,14 @@ def _mp_policy(chunk: nn.Module, precision: str) -> MixedPrecisionPolicy:
 
 def apply_fsdp(chunk: nn.Module, blocks: nn.ModuleDict, mesh, zero_stage: int, precision: str,
                experts: list[nn.Module] = (), expert_mesh=None,
-               expert_divide_factor: float | None = None) -> None:
+               expert_divide_factor: float | None = None,
+               block_reshard: dict[int, bool] | None = None) -> None:
     """``fully_shard`` the ``experts`` (over ``expert_mesh``), each block of ``chunk``, then
     ``chunk`` (over ``mesh``: 1-D = ZeRO over its ranks, 2-D = HSDP replicate x shard).
+
+    Under ZeRO-3, ``block_reshard`` (block index -> bool; missing = True) sets each block's
+    ``reshard_after_forward`` (the plan's ``reshard_after_forward``); experts, sharded apart,
+    always reshard after forward (as the cost model prices them).
 
     For bf16/fp16/fp8 plans whose parameters are fp32 the blocks compute in the low precision
     and reduce gradients in fp32 (``MixedPrecisionPolicy``); otherwise in the parameters' dtype.
@@ -71,7 +76,8 @@ def apply_fsdp(chunk: nn.Module, blocks: nn.ModuleDict, mesh, zero_stage: int, p
             # which gloo lacks
             e.set_force_sum_reduction_for_comms(True)
     for key in list(blocks.keys()):
-        fully_shard(blocks[key], mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+        own = reshard and (block_reshard or {}).get(int(key), True)
+        fully_shard(blocks[key], mesh=mesh, reshard_after_forward=own, mp_policy=mp)
     fully_shard(chunk, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
 
 

@@ -59,7 +59,8 @@ def describe(c: ParallelConfig) -> str:
 def _differences(planned: ParallelConfig, written: ParallelConfig) -> list[str]:
     out = []
     for name in ("tp", "pp", "cp", "dp", "zero_stage", "recompute", "sequence_parallel",
-                 "micro_batch_size", "virtual_stages", "schedule", "stage_blocks", "cp_mode"):
+                 "micro_batch_size", "virtual_stages", "schedule", "stage_blocks", "cp_mode",
+                 "reshard_after_forward"):
         a, b = getattr(planned, name), getattr(written, name)
         if a != b:
             out.append(f"{name} {b!r} (planned {a!r})")

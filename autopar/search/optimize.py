@@ -11,8 +11,10 @@
 3. Phase 2: candidates of phase 1 within ``refine_within`` of the best (all of them when the
    space is small) try every distinct rank placement, CP mode and stage cut
    (:func:`cut_candidates`: exhaustive for few cuts, a neighbourhood of the balanced cut
-   otherwise). Under a time limit the best so far is returned with its gap to the smallest
-   bound left unexplored.
+   otherwise, plus for one chunk per rank the dynamic-programming cut of
+   :func:`autopar.search.cuts.dp_cut`, which phase 1 also tries when the balanced cut does not
+   fit). Under a time limit the best so far is returned with its gap to the smallest bound left
+   unexplored.
 Step times within :data:`autopar.search.ranking.TIE_RTOL` are equal; ties go to the simpler plan
 (fewer parallel dimensions, no CP, less memory, then the configuration's text), so the same input
 gives the same plan; runner-ups are one per kind of plan (:mod:`autopar.search.ranking`).
@@ -87,6 +89,7 @@ def search(cm: CostModel, fixed: dict | None = None, *, time_limit_s: float | No
     fixed = space.check_fixed(fixed)
     limits = limits or space.SpaceLimits()
     run = Run(cm, time_limit_s, progress, require_fit, top_k)
+    run.layerwise = limits.layerwise
     groups = mesh_groups(cm, fixed, limits)
     if not groups:
         raise no_mesh_error(cm, fixed)

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
@@ -18,6 +19,7 @@ import time
 from typing import Callable
 
 from ..config import ParallelConfig
+from ..cost.memory import kept_params_per_rank
 from ..cost.model import CostModel
 from ..cost.types import Estimate
 from ..errors import AutoparError, InvalidParallelConfig
@@ -25,6 +27,7 @@ from ..frameworks import FrameworkProfile, get_profile
 from ..hardware.collectives import layout_of
 from . import space
 from .ranking import TIE_RTOL, better, kind_key, ranked
+from .cuts import dp_cut, rank_recompute, some_cut_fits
 from .stages import best_recompute, cut_candidates
 
 Progress = Callable[[str, int, int, "Estimate | None"], None]
@@ -54,6 +57,8 @@ class Run:
         self.best: Estimate | None = None
         self._kinds: list[tuple[float, tuple]] = []   # (fastest time, kind) of the top_k kinds
         self.groups_done = 0
+        self.cut_memo: dict = {}   # stage-interval times shared by dp_cut calls
+        self.layerwise = True      # per-block recompute and uneven cuts (SpaceLimits.layerwise)
 
     def expired(self) -> bool:
         # before any plan exists the limit binds only once the most promising group has been
@@ -301,16 +306,20 @@ def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
     mode = space.cp_modes(cm.graph, base, fixed, run.profile)[0]
     out = []
     if run.require_fit:
-        # the group's most frugal variant (most ZeRO sharding, most recomputation, no
-        # interleaving): when even it is well over the GPU's memory, skip the whole group
-        frugal = ParallelConfig(
+        # the group's most frugal variants (most recomputation, no interleaving, each ZeRO
+        # stage: ZeRO-3's gathered layers can outweigh what it shards): when even they are
+        # well over the GPU's memory under every stage cut, skip the whole group
+        frugal = [run.estimate(ParallelConfig(
             **base, placement=placement, cp_mode=mode,
-            virtual_stages=fixed.get("virtual_stages", 1),
-            zero_stage=max(space.zero_options(base, fixed, run.profile)),
+            virtual_stages=fixed.get("virtual_stages", 1), zero_stage=zero,
             recompute=allowed[-1], schedule=fixed.get("schedule"),
-            stage_blocks=fixed.get("stage_blocks"))
-        e = run.estimate(frugal)
-        if e is not None and e.memory_per_gpu_bytes > 1.05 * cm.device.visible_memory_bytes:
+            stage_blocks=fixed.get("stage_blocks")))
+            for zero in space.zero_options(base, fixed, run.profile)]
+        frugal = [e for e in frugal if e is not None]
+        if frugal and all(e.memory_per_gpu_bytes > 1.05 * cm.device.visible_memory_bytes
+                          and not (run.layerwise
+                                   and _uneven_cut_fits(run, e.config, fixed, allowed[-1:]))
+                          for e in frugal):
             return out
     for schedule, v in space.schedule_options(base["pp"], blocks, m, fixed, limits, run.profile):
         for zero in space.zero_options(base, fixed, run.profile):
@@ -329,6 +338,16 @@ def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
                 out.append((lb, v, zero, c))
                 continue
             e = evaluate(run, c, fixed, allowed)
+            if (e is None or not e.fits) and v == 1 and "stage_blocks" not in fixed \
+                    and run.layerwise:
+                # the balanced cut does not fit: an uneven one may (fewer blocks where the
+                # embedding, the head or more in-flight micro-batches take memory)
+                cut = dp_cut(cm, c, allowed, run.cut_memo) if c.pp > 1 and some_cut_fits(
+                    cm, c, allowed) else None
+                if cut is not None and cut != c.stage_blocks:
+                    e2 = evaluate(run, c.replace(stage_blocks=cut), fixed, allowed)
+                    if e2 is not None and (e is None or e2.fits):
+                        e, c = e2, c.replace(stage_blocks=cut)
             out.append((e.step_time_s if e is not None and (e.fits or not run.require_fit)
                         else math.inf, v, zero, c))
     return out
@@ -354,18 +373,31 @@ def refine(run: Run, c: ParallelConfig, fixed: dict, allowed) -> None:
                 cc = cm.resolve(cc)
             except InvalidParallelConfig:
                 continue
-            cuts = [cc.stage_blocks] if "stage_blocks" in fixed else cut_candidates(
-                max(cm.graph.num_blocks, 1), cc.pp * cc.virtual_stages)
+            cuts = [cc.stage_blocks] if "stage_blocks" in fixed or not run.layerwise else \
+                cut_candidates(max(cm.graph.num_blocks, 1), cc.pp * cc.virtual_stages)
+            if "stage_blocks" not in fixed and cc.virtual_stages == 1 and cc.pp > 1 \
+                    and run.layerwise:
+                cut = dp_cut(cm, cc, allowed, run.cut_memo)
+                if cut is not None and cut not in cuts:
+                    cuts.append(cut)
             for cut in cuts:
                 if run.expired():
                     return
                 variant = cc.replace(stage_blocks=cut)
                 if not beyond(run, variant, run.threshold())[0]:
-                    evaluate(run, variant, fixed, allowed)
+                    evaluate(run, variant, fixed, allowed, keep=True)
 
 
-def evaluate(run: Run, c: ParallelConfig, fixed: dict, allowed) -> Estimate | None:
-    """Give each pipeline rank its fastest fitting recomputation and estimate the result."""
+def evaluate(run: Run, c: ParallelConfig, fixed: dict, allowed,
+             keep: bool = False) -> Estimate | None:
+    """Give each pipeline rank its fastest fitting recomputation and estimate the result;
+    with ``keep`` (phase 2), also try ZeRO-3 blocks keeping their gathered parameters
+    (:func:`_keep_gathered`)."""
+    if "reshard_after_forward" in fixed:
+        try:
+            c = c.replace(reshard_after_forward=fixed["reshard_after_forward"])
+        except InvalidParallelConfig:
+            return None
     if "recompute" in fixed and isinstance(fixed["recompute"], tuple):
         modes = fixed["recompute"]
     else:
@@ -373,9 +405,73 @@ def evaluate(run: Run, c: ParallelConfig, fixed: dict, allowed) -> Estimate | No
     if modes is None:  # nothing fits: still estimated, for the infeasibility report
         return run.estimate(c.replace(recompute=allowed[-1]))
     rc = modes[0] if modes and len(set(modes)) == 1 else (modes or "none")
-    if not isinstance(rc, str) and not run.profile.per_block_recompute:
+    if not isinstance(rc, str) and not (run.profile.per_block_recompute and run.layerwise):
         return _uniform_recompute(run, c, allowed)
-    return run.estimate(c.replace(recompute=rc))
+    e = run.estimate(c.replace(recompute=rc))
+    if keep and e is not None and e.fits and c.zero_stage == 3 and c.dp * c.cp > 1 \
+            and run.layerwise \
+            and run.profile.per_block_reshard and e.time_breakdown["dp_comm_exposed"] > 0 \
+            and not ("recompute" in fixed and isinstance(fixed["recompute"], tuple)) \
+            and "reshard_after_forward" not in fixed:
+        e = _keep_gathered(run, e, modes, allowed)
+    return e
+
+
+def _keep_gathered(run: Run, e0: Estimate, modes: tuple[str, ...], allowed) -> Estimate:
+    """The fastest of ``e0`` (a fitting ZeRO-3 plan whose DP traffic is exposed) and its
+    variants in which some blocks keep their gathered parameters from forward to backward
+    (``reshard_after_forward`` False: one all-gather per micro-batch fewer, the block's full
+    parameters resident), each with its ranks' fastest fitting recomputation.
+
+    Exact under the cost model: the step's ZeRO-3 traffic is that of the rank with the most
+    parameters (the first such), so keeping blocks elsewhere only costs memory; on that rank
+    identical blocks are interchangeable, so every count of kept blocks per layer signature is
+    tried, and the rank's recomputation re-solved under the memory left
+    (:func:`autopar.search.cuts.rank_recompute`).
+    """
+    cm, c = run.cm, e0.config
+    layout = cm.stage_layout(c)
+    params = [st.params for st in layout]
+    # keeping blocks saves at most every re-gather of the step (and never more than is
+    # exposed); recomputation made necessary only adds: a bound to beat the top-k with
+    saving = min(e0.time_breakdown["dp_comm_exposed"], e0.num_micro_batches * cm.group(
+        "dp", c).time("all_gather", max(params) * cm.train.dtype_bytes))
+    if e0.step_time_s - saving > run.threshold():
+        return e0
+    r = params.index(max(params))
+    st = layout[r]
+    layers = cm.graph.layers
+    by_sig: dict[str, list[int]] = {}
+    for li in st.layers:
+        if layers[li].kind == "block":
+            by_sig.setdefault(layers[li].signature, []).append(li)
+    per_block = {sig: kept_params_per_rank(layers[idx[0]], c.tp, c.ep)
+                 * cm.train.dtype_bytes for sig, idx in by_sig.items()}
+    position = {li: j for j, li in enumerate(cm.blocks)}
+    best = e0
+    for counts in itertools.product(*(range(len(idx) + 1) if per_block[sig] > 0 else range(1)
+                                      for sig, idx in by_sig.items())):
+        if not any(counts):
+            continue
+        extra = sum(n * per_block[sig] for n, sig in zip(counts, by_sig))
+        w, g, o = st.states
+        got = rank_recompute(cm, c, dataclasses.replace(st, states=(w + extra, g, o)), allowed)
+        if got is None:
+            if len(counts) == 1:
+                break   # one kind of block: keeping more cannot fit either
+            continue
+        per = list(modes)
+        for li, mode in got[2].items():
+            per[position[li]] = mode
+        flags = [True] * len(cm.blocks)
+        for n, idx in zip(counts, by_sig.values()):
+            for li in idx[:n]:
+                flags[position[li]] = False
+        rc = per[0] if len(set(per)) == 1 else tuple(per)
+        e = run.estimate(c.replace(recompute=rc, reshard_after_forward=tuple(flags)))
+        if e is not None and e.fits and better(e, best):
+            best = e
+    return best
 
 
 def _uniform_recompute(run: Run, c: ParallelConfig, allowed) -> Estimate | None:
@@ -389,6 +485,14 @@ def _uniform_recompute(run: Run, c: ParallelConfig, allowed) -> Estimate | None:
     return results[-1] if results else None
 
 
+
+
+def _uneven_cut_fits(run: Run, c: ParallelConfig, fixed: dict, allowed) -> bool:
+    """Whether some uneven stage cut of the resolved, non-interleaved ``c`` fits in memory
+    (False when the cut is pinned or ``c`` has one stage)."""
+    if "stage_blocks" in fixed or c.pp == 1 or c.virtual_stages != 1:
+        return False
+    return some_cut_fits(run.cm, c, allowed)
 
 
 def first_fit(cm: CostModel, fixed: dict, deadline: float) -> Estimate | None:

@@ -28,7 +28,7 @@ _TORCH = PROFILES["torch"]
 #: Keys ``fixed=`` may pin.
 FIXABLE = ("tp", "pp", "dp", "cp", "ep", "zero_stage", "recompute", "sequence_parallel",
            "micro_batch_size", "virtual_stages", "schedule", "stage_blocks", "placement",
-           "cp_mode")
+           "cp_mode", "reshard_after_forward")
 
 
 def divisors(n: int) -> list[int]:
@@ -60,6 +60,9 @@ class SpaceLimits:
         refine_within: phase-1 candidates within this fraction of the best get phase 2
             (placements, CP modes, stage cuts).
         exhaustive_below: when phase 1 yields at most this many candidates, all get phase 2.
+        layerwise: let each block take its own recomputation and each stage its own number of
+            blocks; False restricts plans to one recompute mode for all blocks and balanced
+            cuts (the uniform baseline ``benchmarks.search_quality`` compares against).
     """
 
     max_micro_batch: int = 16
@@ -69,6 +72,7 @@ class SpaceLimits:
     tp_across_nodes: bool = False
     refine_within: float = 0.05
     exhaustive_below: int = 400
+    layerwise: bool = True
 
 
 def check_fixed(fixed: dict | None) -> dict:

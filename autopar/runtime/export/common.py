@@ -60,6 +60,20 @@ def block_modes(plan) -> tuple[str, ...]:
     return tuple(c.recompute)
 
 
+def one_reshard_policy(c: ParallelConfig, w: ParallelConfig, framework: str,
+                       warn: list[str]) -> ParallelConfig:
+    """``w`` with per-block FSDP resharding dropped (every block reshards after forward), said
+    in ``warn``, when ``c`` keeps some blocks' gathered parameters: Megatron, torchtitan and
+    DeepSpeed set one policy for all blocks (:mod:`autopar.frameworks`, ``per_block_reshard``)."""
+    if c.reshard_after_forward is None:
+        return w
+    kept = sum(1 for f in c.reshard_after_forward if not f)
+    warn.append(f"reshard_after_forward: {kept} blocks keep their gathered parameters from "
+                f"forward to backward; {framework} sets one policy for all blocks, so every block "
+                "reshards (one more all-gather per micro-batch for those blocks, less memory)")
+    return w.replace(reshard_after_forward=None)
+
+
 def strongest_mode(modes) -> str:
     """The mode that saves the most memory among ``modes`` (none < selective < full)."""
     return max(modes, key=_MODE_ORDER.index)

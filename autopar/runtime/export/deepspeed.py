@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .common import Export, balanced_cut, block_modes, finish, rank_order, strongest_mode
+from .common import (Export, balanced_cut, block_modes, finish, one_reshard_policy,
+                     rank_order, strongest_mode)
 
 def to_deepspeed_config(plan) -> Export:
     """A DeepSpeed config dict (``ds_config.json``) for ``plan``.
@@ -18,6 +19,7 @@ def to_deepspeed_config(plan) -> Export:
     c, t = plan.config, plan.train
     warn: list[str] = []
     w = c.replace(placement=rank_order(c, "deepspeed", warn)[1])
+    w = one_reshard_policy(c, w, "DeepSpeed", warn)
     mbs = c.micro_batch_size or t.micro_batch_size or 1
     cfg: dict = {
         "train_batch_size": t.global_batch_size,

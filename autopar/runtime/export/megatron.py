@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .common import Export, block_modes, finish, rank_order, uniform
+from .common import Export, block_modes, finish, one_reshard_policy, rank_order, uniform
 
 #: Megatron-LM flags this exporter may emit (all defined in megatron/training/arguments.py).
 MEGATRON_FLAGS = frozenset({
@@ -35,7 +35,7 @@ def to_megatron_args(plan) -> Export:
     """
     c, t, m = plan.config, plan.train, plan.model_config or {}
     warn: list[str] = []
-    w = c
+    w = one_reshard_policy(c, c, "Megatron-LM", warn)
     a = ["--tensor-model-parallel-size", str(c.tp), "--pipeline-model-parallel-size", str(c.pp),
          "--context-parallel-size", str(c.cp)]
     if c.sequence_parallel:

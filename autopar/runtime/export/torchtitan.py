@@ -7,7 +7,8 @@ import json
 from dataclasses import replace
 
 from ..errors import UnsupportedPlanError
-from .common import Export, block_modes, finish, rank_order, strongest_mode
+from .common import (Export, block_modes, finish, one_reshard_policy, rank_order,
+                     strongest_mode)
 
 def _toml_value(v) -> str:
     if isinstance(v, bool):
@@ -118,6 +119,7 @@ def to_torchtitan_toml(plan) -> Export:
     c, t = plan.config, plan.train
     warn: list[str] = []
     w = c.replace(placement=rank_order(c, "torchtitan", warn)[1])
+    w = one_reshard_policy(c, w, "torchtitan", warn)
     model = _titan_flavor(plan, warn)
     par: dict = {"tensor_parallel_degree": c.tp, "pipeline_parallel_degree": c.pp,
                  "context_parallel_degree": c.cp}
