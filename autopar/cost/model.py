@@ -680,7 +680,10 @@ class CostModel:
         # blocks that keep their gathered parameters from forward to backward (FSDP2
         # reshard_after_forward=False): per rank, parameter elements held unsharded
         keep = [0.0] * pp
-        if c.zero_stage == 3 and c.reshard_after_forward is not None and dp * cp > 1:
+        # (under PP a framework that keeps every parameter gathered across the step's
+        # micro-batches, zero3_regather_per_micro_batch False, has nothing left to keep)
+        if c.zero_stage == 3 and c.reshard_after_forward is not None and dp * cp > 1 and (
+                pp == 1 or self.profile.zero3_regather_per_micro_batch):
             kept = {li for li, f in zip(self.blocks, c.block_reshard(len(self.blocks))) if not f}
             keep = [sum(mem.kept_params_per_rank(g.layers[i], tp, c.ep)
                         for i in st.layers if i in kept) for st in layout]
