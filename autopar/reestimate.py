@@ -141,7 +141,11 @@ def reestimate(kw: dict, *, model: nn.Module | None = None, cluster: Cluster | N
             raise InvalidPlanFile(f"invalid plan file: {where} cannot be estimated: {exc}. "
                                   f"{_HOW}.") from exc
 
-    return {**kw, "estimate": again(kw["config"], "config"),
+    best = again(kw["config"], "config")
+    # the plan's configuration is the resolved one the estimate is for: a field the file left
+    # out (placement, schedule...) takes the value the cost model chose, so plan.config and
+    # plan.estimate.config never disagree
+    return {**kw, "config": best.config, "estimate": best,
             "alternatives": tuple(again(e.config, f"alternatives[{i}].config")
                                   for i, e in enumerate(kw["alternatives"])),
             "pareto": tuple(again(e.config, f"pareto[{i}].config")
