@@ -760,8 +760,17 @@ class CostModel:
                               + max(0.0, t_param - ov_param * fwd1))
                 ledger.add("dp", dp_g.link, wire, t_grad + t_param)
         opt_params = psi / (dp * cp if c.zero_stage >= 1 else 1)
-        optimizer_s = opt_params * p.optimizer_bytes_per_param / (
-            self.device.hbm_bandwidth_Bps * p.hbm_efficiency)
+        if train.optimizer_offload:
+            # ZeRO-Offload (Ren et al. 2021, USENIX ATC, sec. 4): gradients go to the host over
+            # PCIe, the CPU runs Adam, the updated compute-dtype parameters come back; both
+            # transfers at the GPU's host PCIe x16 bandwidth per direction (datasheet). The CPU
+            # Adam step itself is not modelled (host memory bandwidth is not in the cluster
+            # model): this is a lower bound on the offloaded step.
+            gbytes = self.conventions.grad_bytes or p.grad_bytes
+            optimizer_s = opt_params * (gbytes + train.dtype_bytes) / self.device.pcie_bandwidth_Bps
+        else:
+            optimizer_s = opt_params * p.optimizer_bytes_per_param / (
+                self.device.hbm_bandwidth_Bps * p.hbm_efficiency)
         step = t_pipe + dp_exposed + optimizer_s + self.profile.step_fixed_s
 
         # memory per pipeline rank
