@@ -448,3 +448,13 @@ def test_optimizer_memory_options_are_written_or_warned():
     assert mg[mg.index("--exp-avg-dtype") + 1] == "bf16"
     tt = plan.to_torchtitan_toml()
     assert any(w.startswith("optimizer_offload") for w in tt.warnings)
+
+
+def test_megatron_fsdp2_export_reads_back_as_zero3():
+    # a new user's round trip: the exporter writes --use-torch-fsdp2 for ZeRO-3, which the
+    # importer ignored (the plan read back as ZeRO-0, out of memory)
+    from autopar.io.importers import from_megatron_args
+
+    got = from_megatron_args("--tensor-model-parallel-size 2 --use-torch-fsdp2 "
+                             "--micro-batch-size 1 --global-batch-size 64 --seq-length 8192")
+    assert got.parallel["zero_stage"] == 3

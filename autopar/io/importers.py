@@ -17,6 +17,7 @@ Megatron-LM                                              autopar
 ``--recompute-granularity full|selective``               ``recompute``
 ``--recompute-activations``                              ``recompute="selective"``
 ``--use-distributed-optimizer``                          ``zero_stage=1``
+``--use-torch-fsdp2``                                    ``zero_stage=3``
 ``--micro-batch-size`` / ``--global-batch-size``         micro-batch / global batch
 ``--num-layers-per-virtual-pipeline-stage N``            ``virtual_stages = layers / (pp N)``
 ``--virtual-pipeline-model-parallel-size``               ``virtual_stages``
@@ -107,7 +108,7 @@ def _megatron_parser() -> argparse.ArgumentParser:
                  "data-parallel-size"):
         p.add_argument(f"--{name}", type=int, default=None)
     for name in ("sequence-parallel", "recompute-activations", "use-distributed-optimizer",
-                 "bf16", "fp16", "use-flash-attn"):
+                 "use-torch-fsdp2", "bf16", "fp16", "use-flash-attn"):
         p.add_argument(f"--{name}", action="store_true")
     p.add_argument("--recompute-granularity", choices=["full", "selective"], default=None)
     p.add_argument("--recompute-method", choices=["uniform", "block"], default=None)
@@ -156,6 +157,8 @@ def from_megatron_args(text: str | list[str]) -> Imported:
         par["recompute"] = "selective"
     if ns.use_distributed_optimizer:
         par["zero_stage"] = 1
+    if ns.use_torch_fsdp2:  # arguments.py: Megatron-Core's torch FSDP2 path (fully_shard)
+        par["zero_stage"] = 3
     if ns.micro_batch_size is not None:
         par["micro_batch_size"] = ns.micro_batch_size
         train["micro_batch_size"] = ns.micro_batch_size
