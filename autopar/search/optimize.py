@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 from ..cost.model import CostModel
 from ..cost.types import Estimate
-from ..errors import InfeasibleError
+from ..config import ParallelConfig
+from ..errors import AutoparError, InfeasibleError, InvalidParallelConfig
 from . import space
 from .diagnose import infeasible_error, no_mesh_error
 from .phases import Progress, Run, coarse, mesh_groups, refine
@@ -90,6 +91,7 @@ def search(cm: CostModel, fixed: dict | None = None, *, time_limit_s: float | No
     limits = limits or space.SpaceLimits()
     run = Run(cm, time_limit_s, progress, require_fit, top_k)
     run.layerwise = limits.layerwise
+    _pins_the_framework_runs(run.profile, fixed)
     groups = mesh_groups(cm, fixed, limits)
     if not groups:
         raise no_mesh_error(cm, fixed)
@@ -147,3 +149,32 @@ def search(cm: CostModel, fixed: dict | None = None, *, time_limit_s: float | No
                         gap=gap if math.isfinite(gap) else 1.0)
 
 
+
+
+def _pins_the_framework_runs(profile, fixed: dict) -> None:
+    """Refuse at once a pinned choice the target framework cannot run (the search would only
+    find nothing, slowly, and could not say why).
+
+    Raises:
+        InvalidParallelConfig: the reason from :meth:`FrameworkProfile.unsupported` and a fix.
+    """
+    keys = {k: v for k, v in fixed.items() if k in ParallelConfig.__dataclass_fields__
+            and k not in ("stage_blocks",)}
+    if not keys:
+        return
+    if "zero_stage" not in keys:  # an open ZeRO stage: one the framework runs on this mesh
+        options = profile.zero_options(keys.get("tp", 1), keys.get("pp", 1), keys.get("cp", 1),
+                                       keys.get("ep", 1))
+        if not options:
+            return
+        keys = {**keys, "zero_stage": options[0]}
+    try:
+        partial = ParallelConfig(**{"dp": None, **keys})
+    except AutoparError:
+        return  # inconsistent pins are refused later with their own message
+    why = profile.unsupported(partial)
+    if why:
+        raise InvalidParallelConfig(
+            f"the pinned {sorted(k for k in keys if k in fixed)} cannot run under {profile.name}: {why}. Fix: drop or "
+            f"change that pin, or plan for another framework (--framework / "
+            f"TrainingConfig(framework=...)).")
