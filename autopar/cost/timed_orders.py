@@ -28,8 +28,9 @@ _ZERO, _NONE = 0, 1
 _SB, _O = -1, -2
 
 
-def _compile(orders: tuple, num_stages: int, gpipe_sim: bool) -> tuple:
-    """(ops, last slot per rank, rank of each special op) for ``orders``.
+def _compile(orders: tuple, num_stages: int, m: int, gpipe_sim: bool) -> tuple:
+    """(ops, last slot per rank) for ``orders`` of ``m`` micro-batches over ``num_stages``
+    chunks.
 
     Slots are numbered in the order the ops are listed (0 and 1 are the constants above); an
     ``O`` pair fills two slots (its forward's end, then its backward's). A plain op is
@@ -45,60 +46,70 @@ def _compile(orders: tuple, num_stages: int, gpipe_sim: bool) -> tuple:
     """
     p = len(orders)
     last = num_stages - 1
-    slot_of: dict[tuple, int] = {}
-    waiting: dict[tuple, list[int]] = {}
+    n_keys = num_stages * m
+    slot_of = [-1] * (2 * n_keys)  # forward ends at s * m + j, backward ends at n_keys + s * m + j
+    waiting: dict[int, list[int]] = {}
     pos, free = [0] * p, [_ZERO] * p
     ops: list[tuple] = []
     slots = 2
     todo = deque(range(p))
+    code_of = {"F": 0, "I": 1, "W": 2, "B": 3}
 
-    def need(kind: str, s: int, j: int):
-        """The key of the slot an action waits for, or None (ready at the start)."""
+    def need(kind: str, s: int, j: int) -> int:
+        """Index in ``slot_of`` of what an action waits for; -1: ready at the start."""
         if kind == "F":
-            return None if s == 0 else ("F", s - 1, j)
-        if kind in ("I", "B"):
-            return ("F", s, j) if s == last else ("B", s + 1, j)
-        return None
+            return -1 if s == 0 else (s - 1) * m + j
+        if kind == "W":
+            return -1
+        return s * m + j if s == last else n_keys + (s + 1) * m + j
 
-    def wrote(key: tuple, slot: int) -> None:
+    def wrote(key: int, slot: int) -> None:
         slot_of[key] = slot
-        for k in waiting.pop(key, ()):
-            todo.append(k)
+        if key in waiting:
+            todo.extend(waiting.pop(key))
 
     while todo:
         r = todo.popleft()
         order = orders[r]
-        while pos[r] < len(order):
-            a = order[pos[r]]
-            if a[0] == "O":
+        i, n = pos[r], len(order)
+        while i < n:
+            a = order[i]
+            kind = a[0]
+            if kind == "O":
                 (fs, fj), (bs, bj) = a[1], a[2]
-                keys = (need("F", fs, fj), need("B", bs, bj))
-            else:
-                keys = (need(a[0], a[1], a[2]),)
-            missing = next((k for k in keys if k is not None and k not in slot_of), None)
-            if missing is not None:
-                waiting.setdefault(missing, []).append(r)
-                break
-            deps = [_ZERO if k is None else slot_of[k] for k in keys]
-            if a[0] == "O":
-                ops.append((free[r], deps[0], _O, deps[1], r))
-                wrote(("F", fs, fj), slots)
-                wrote(("B", bs, bj), slots + 1)
+                k1, k2 = need("F", fs, fj), need("B", bs, bj)
+                d1 = _ZERO if k1 < 0 else slot_of[k1]
+                if d1 < 0:
+                    waiting.setdefault(k1, []).append(r)
+                    break
+                d2 = _ZERO if k2 < 0 else slot_of[k2]
+                if d2 < 0:
+                    waiting.setdefault(k2, []).append(r)
+                    break
+                ops.append((free[r], d1, _O, d2, r))
+                wrote(fs * m + fj, slots)
+                wrote(n_keys + bs * m + bj, slots + 1)
                 slots += 2
                 free[r] = slots - 1
             else:
-                kind, s, j = a
+                s, j = a[1], a[2]
+                k = need(kind, s, j)
+                dep = _ZERO if k < 0 else slot_of[k]
+                if dep < 0:
+                    waiting.setdefault(k, []).append(r)
+                    break
                 if gpipe_sim and kind == "B":
-                    ops.append((free[r], deps[0], _SB, slot_of[("F", s, j)], r))
+                    ops.append((free[r], dep, _SB, slot_of[s * m + j], r))
                 else:
-                    ops.append((free[r], deps[0], "FIWB".index(kind) * p + r))
+                    ops.append((free[r], dep, code_of[kind] * p + r))
                 if kind == "F":
-                    wrote(("F", s, j), slots)
+                    wrote(s * m + j, slots)
                 elif kind != "W":
-                    wrote(("B", s, j), slots)
+                    wrote(n_keys + s * m + j, slots)
                 free[r] = slots
                 slots += 1
-            pos[r] += 1
+            i += 1
+        pos[r] = i
     if any(pos[r] < len(orders[r]) for r in range(p)):
         raise RuntimeError("pipeline replay deadlocked (a bug in autopar)")
     return tuple(ops), tuple(free)
@@ -112,7 +123,7 @@ def compiled_orders(schedule: str, pp: int, m: int, v: int) -> tuple:
         ValueError: the combination breaks a rule of
             :func:`~autopar.cost.pipeline_orders.check_order_args`.
     """
-    return _compile(rank_orders(schedule, pp, m, v), pp * v, False)
+    return _compile(rank_orders(schedule, pp, m, v), pp * v, m, False)
 
 
 @lru_cache(maxsize=512)
@@ -126,7 +137,7 @@ def compiled_simulation(schedule: str, pp: int, m: int) -> tuple:
     """
     if schedule not in ("1f1b", "gpipe"):
         raise ValueError(f"simulate_pipeline runs 1f1b or gpipe, not {schedule!r}")
-    return _compile(rank_orders(schedule, pp, m, 1), pp, True)
+    return _compile(rank_orders(schedule, pp, m, 1), pp, m, True)
 
 
 def timed_step(plan: tuple, fwd, inp, wgt, overlap=None) -> float:
