@@ -143,6 +143,7 @@ class CostModel:
         self._rank_layers: dict[tuple, tuple] = {}
         self._params: dict[tuple, float] = {}
         self._layouts: dict[tuple, tuple[StageLayout, ...]] = {}
+        self._pipe_parts: dict[tuple, tuple] = {}
         self._gathers: dict[tuple, float] = {}
         self._layer_params: dict[tuple, float] = {}
         self._resolved: dict[ParallelConfig, ParallelConfig | InvalidParallelConfig] = {}
@@ -374,6 +375,23 @@ class CostModel:
         hit = self._layouts.get(key)
         if hit is not None:
             return hit
+        out = []
+        for layers, flight, p2p_s, p2p_bytes, p2p_send_s, params, experts in self._pipe_part(c):
+            states, gather = self._states(c, params, experts, layers, c.pp)
+            out.append(StageLayout(layers, flight, p2p_s, p2p_bytes, params, states, gather,
+                                   p2p_send_s))
+        self._layouts[key] = tuple(out)
+        return self._layouts[key]
+
+    def _pipe_part(self, c: ParallelConfig) -> tuple[tuple, ...]:
+        """Per pipeline rank of the resolved ``c``: (layers, in-flight multiplier, p2p seconds,
+        p2p bytes, p2p send seconds, parameter elements, expert parameter elements): the part
+        of :meth:`stage_layout` that does not depend on the ZeRO stage (cached without it)."""
+        key = (c.tp, c.pp, c.cp, c.dp, c.micro_batch_size, c.sequence_parallel,
+               c.schedule, c.virtual_stages, c.stage_blocks, c.placement, c.ep)
+        hit = self._pipe_parts.get(key)
+        if hit is not None:
+            return hit
         g, tp, pp, cp = self.graph, c.tp, c.pp, c.cp
         m = self.train.global_batch_size // (c.dp * c.micro_batch_size)
         pp_g = self.group("pp", c)
@@ -403,12 +421,10 @@ class CostModel:
                     p2p_bytes += boundary_bytes(ci - 1)  # and the input's gradient backward
                     p2p_send_s += pp_g.time("send_recv", boundary_bytes(ci - 1))
             params, experts = self._rank_params(tp, c.ep, layers)
-            states, gather = self._states(c, params, experts, layers, pp)
             flight = mem.in_flight(c.schedule, rank, pp, m, c.virtual_stages) / max(1, len(mine))
-            out.append(StageLayout(layers, flight, p2p_s, p2p_bytes, params, states, gather,
-                                   p2p_send_s))
-        self._layouts[key] = tuple(out)
-        return self._layouts[key]
+            out.append((layers, flight, p2p_s, p2p_bytes, p2p_send_s, params, experts))
+        self._pipe_parts[key] = tuple(out)
+        return self._pipe_parts[key]
 
     def _pair_overlap(self, c: ParallelConfig, parts: list[dict], stage_time: list[float]
                       ) -> tuple[float, ...] | None:
