@@ -144,6 +144,7 @@ class CostModel:
         self._params: dict[tuple, float] = {}
         self._layouts: dict[tuple, tuple[StageLayout, ...]] = {}
         self._pipe_parts: dict[tuple, tuple] = {}
+        self._estimates: dict[ParallelConfig, Estimate] = {}
         self._gathers: dict[tuple, float] = {}
         self._layer_params: dict[tuple, float] = {}
         self._resolved: dict[ParallelConfig, ParallelConfig | InvalidParallelConfig] = {}
@@ -589,6 +590,13 @@ class CostModel:
             InvalidParallelConfig: the configuration breaks a rule of the model or cluster.
         """
         c = self.resolve(config)
+        hit = self._estimates.get(c)
+        if hit is None:   # a pure function of the resolved config (the search asks twice)
+            hit = self._estimates[c] = self._estimate(c)
+        return hit
+
+    def _estimate(self, c: ParallelConfig) -> Estimate:
+        """:meth:`estimate` of the resolved config ``c``, uncached."""
         p, train = self.params, self.train
         tp, cp, pp, dp, b, v = c.tp, c.cp, c.pp, c.dp, c.micro_batch_size, c.virtual_stages
         m = train.global_batch_size // (dp * b)

@@ -29,13 +29,14 @@ _SB, _O = -1, -2
 
 
 def _compile(orders: tuple, num_stages: int, m: int, gpipe_sim: bool) -> tuple:
-    """(ops, last slot per rank) for ``orders`` of ``m`` micro-batches over ``num_stages``
+    """(ops, last slot per rank, special ops) for ``orders`` of ``m`` micro-batches over ``num_stages``
     chunks.
 
     Slots are numbered in the order the ops are listed (0 and 1 are the constants above); an
     ``O`` pair fills two slots (its forward's end, then its backward's). A plain op is
     ``(free, dep, d)``: it ends at ``max(slot free, slot dep) + durations[d]`` with ``d = kind *
-    pp + rank`` over the kinds F, I, W, B. A special op is ``(free, dep, code, dep2, rank)``.
+    pp + rank`` over the kinds F, I, W, B. A special op is ``(free, dep, -1 - k)`` with
+    ``special[k] = (code, dep2, rank)``.
     ``gpipe_sim``: the 1F1B/GPipe simulation's rules (a backward also waits for its own forward).
 
     Each rank's actions are taken in order while their inputs exist; a rank that waits is
@@ -51,6 +52,7 @@ def _compile(orders: tuple, num_stages: int, m: int, gpipe_sim: bool) -> tuple:
     waiting: dict[int, list[int]] = {}
     pos, free = [0] * p, [_ZERO] * p
     ops: list[tuple] = []
+    special: list[tuple] = []
     slots = 2
     todo = deque(range(p))
     code_of = {"F": 0, "I": 1, "W": 2, "B": 3}
@@ -86,7 +88,8 @@ def _compile(orders: tuple, num_stages: int, m: int, gpipe_sim: bool) -> tuple:
                 if d2 < 0:
                     waiting.setdefault(k2, []).append(r)
                     break
-                ops.append((free[r], d1, _O, d2, r))
+                ops.append((free[r], d1, -1 - len(special)))
+                special.append((_O, d2, r))
                 wrote(fs * m + fj, slots)
                 wrote(n_keys + bs * m + bj, slots + 1)
                 slots += 2
@@ -99,7 +102,8 @@ def _compile(orders: tuple, num_stages: int, m: int, gpipe_sim: bool) -> tuple:
                     waiting.setdefault(k, []).append(r)
                     break
                 if gpipe_sim and kind == "B":
-                    ops.append((free[r], dep, _SB, slot_of[s * m + j], r))
+                    ops.append((free[r], dep, -1 - len(special)))
+                    special.append((_SB, slot_of[s * m + j], r))
                 else:
                     ops.append((free[r], dep, code_of[kind] * p + r))
                 if kind == "F":
@@ -112,7 +116,7 @@ def _compile(orders: tuple, num_stages: int, m: int, gpipe_sim: bool) -> tuple:
         pos[r] = i
     if any(pos[r] < len(orders[r]) for r in range(p)):
         raise RuntimeError("pipeline replay deadlocked (a bug in autopar)")
-    return tuple(ops), tuple(free)
+    return tuple(ops), tuple(free), tuple(special)
 
 
 @lru_cache(maxsize=512)
@@ -151,27 +155,26 @@ def timed_step(plan: tuple, fwd, inp, wgt, overlap=None) -> float:
             the backward as ``inp`` and zeros as ``wgt``).
         overlap: per rank, seconds an ``O`` pair hides (None = 0).
     """
-    ops, last = plan
+    ops, last, special = plan
     durs = [*fwd, *inp, *wgt, *(i + w for i, w in zip(inp, wgt))]
     end = [0.0, float("-inf")]
     put = end.append
-    for op in ops:
-        x, y = end[op[0]], end[op[1]]
-        d = op[2]
+    for a, b, d in ops:
+        x, y = end[a], end[b]
         if d >= 0:  # max(x, y) + duration, as the replay computes it (x on a tie)
             put((x if x >= y else y) + durs[d])
-        elif d == _SB:
-            r = op[4]
-            put(max(x, y, end[op[3]]) + inp[r])
+            continue
+        code, c, r = special[-1 - d]
+        if code == _SB:
+            put(max(x, y, end[c]) + inp[r])
+            continue
+        hidden = overlap[r] if overlap else 0.0
+        if hidden > 0:
+            e = max(x, y, end[c]) + (fwd[r] + inp[r] + wgt[r] - hidden)
+            put(e)
+            put(e)
         else:
-            r = op[4]
-            hidden = overlap[r] if overlap else 0.0
-            if hidden > 0:
-                e = max(x, y, end[op[3]]) + (fwd[r] + inp[r] + wgt[r] - hidden)
-                put(e)
-                put(e)
-            else:
-                f_end = max(x, y) + fwd[r]
-                put(f_end)
-                put(max(f_end, end[op[3]]) + inp[r] + wgt[r])
+            f_end = max(x, y) + fwd[r]
+            put(f_end)
+            put(max(f_end, end[c]) + inp[r] + wgt[r])
     return max(end[s] for s in last)
