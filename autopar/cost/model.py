@@ -144,6 +144,7 @@ class CostModel:
         self._params: dict[tuple, float] = {}
         self._layouts: dict[tuple, tuple[StageLayout, ...]] = {}
         self._pipe_parts: dict[tuple, tuple] = {}
+        self._p2ps: dict[tuple, tuple] = {}
         self._estimates: dict[ParallelConfig, Estimate] = {}
         self._gathers: dict[tuple, float] = {}
         self._layer_params: dict[tuple, float] = {}
@@ -393,13 +394,31 @@ class CostModel:
         hit = self._pipe_parts.get(key)
         if hit is not None:
             return hit
-        g, tp, pp, cp = self.graph, c.tp, c.pp, c.cp
+        pp = c.pp
         m = self.train.global_batch_size // (c.dp * c.micro_batch_size)
+        out = []
+        for rank, ((layers, mine, _groups, _chunks), p2p) in enumerate(zip(
+                self.rank_layers(pp, c.stage_blocks, c.schedule), self._p2p(c))):
+            params, experts = self._rank_params(c.tp, c.ep, layers)
+            flight = mem.in_flight(c.schedule, rank, pp, m, c.virtual_stages) / max(1, len(mine))
+            out.append((layers, flight, *p2p, params, experts))
+        self._pipe_parts[key] = tuple(out)
+        return self._pipe_parts[key]
+
+    def _p2p(self, c: ParallelConfig) -> tuple[tuple[float, float, float], ...]:
+        """Per pipeline rank of the resolved ``c``: (p2p seconds, p2p bytes, p2p send seconds)
+        of its chunk boundaries (cached: the same for every schedule that places chunks alike,
+        looped or V-shaped)."""
+        key = (c.tp, c.pp, c.cp, c.dp, c.micro_batch_size, c.sequence_parallel,
+               c.schedule in V_SHAPED, c.virtual_stages, c.stage_blocks, c.placement, c.ep)
+        hit = self._p2ps.get(key)
+        if hit is not None:
+            return hit
+        g, tp, pp, cp = self.graph, c.tp, c.pp, c.cp
         pp_g = self.group("pp", c)
         bscale = c.micro_batch_size / g.micro_batch_size
         out = []
-        for rank, (layers, mine, _groups, chunks) in enumerate(
-                self.rank_layers(pp, c.stage_blocks, c.schedule)):
+        for layers, mine, _groups, chunks in self.rank_layers(pp, c.stage_blocks, c.schedule):
             p2p_s = p2p_bytes = p2p_send_s = 0.0
 
             def boundary_bytes(ci: int) -> float:
@@ -421,11 +440,9 @@ class CostModel:
                 if pp > 1 and ci > 0 and chunks[ci - 1] and remote(ci - 1):
                     p2p_bytes += boundary_bytes(ci - 1)  # and the input's gradient backward
                     p2p_send_s += pp_g.time("send_recv", boundary_bytes(ci - 1))
-            params, experts = self._rank_params(tp, c.ep, layers)
-            flight = mem.in_flight(c.schedule, rank, pp, m, c.virtual_stages) / max(1, len(mine))
-            out.append((layers, flight, p2p_s, p2p_bytes, p2p_send_s, params, experts))
-        self._pipe_parts[key] = tuple(out)
-        return self._pipe_parts[key]
+            out.append((p2p_s, p2p_bytes, p2p_send_s))
+        self._p2ps[key] = tuple(out)
+        return self._p2ps[key]
 
     def _pair_overlap(self, c: ParallelConfig, parts: list[dict], stage_time: list[float]
                       ) -> tuple[float, ...] | None:
