@@ -208,10 +208,19 @@ class ParallelConfig:
     ep: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "cp", "ep"):
-            _positive_int("ParallelConfig", name, getattr(self, name))
-        for name in ("dp", "micro_batch_size", "virtual_stages"):
-            _positive_int("ParallelConfig", name, getattr(self, name), allow_none=True)
+        # the usual case (plain ints >= 1, or None where allowed) passes without the per-field
+        # calls below, which give the error messages
+        tp, pp, cp, ep, dp, mb, v = (self.tp, self.pp, self.cp, self.ep, self.dp,
+                                     self.micro_batch_size, self.virtual_stages)
+        if not (type(tp) is int and type(pp) is int and type(cp) is int and type(ep) is int
+                and tp >= 1 and pp >= 1 and cp >= 1 and ep >= 1
+                and (dp is None or type(dp) is int and dp >= 1)
+                and (mb is None or type(mb) is int and mb >= 1)
+                and (v is None or type(v) is int and v >= 1)):
+            for name in ("tp", "pp", "cp", "ep"):
+                _positive_int("ParallelConfig", name, getattr(self, name))
+            for name in ("dp", "micro_batch_size", "virtual_stages"):
+                _positive_int("ParallelConfig", name, getattr(self, name), allow_none=True)
         if isinstance(self.zero_stage, bool) or not isinstance(self.zero_stage, int) \
                 or self.zero_stage not in (0, 1, 2, 3):
             raise InvalidParallelConfig(

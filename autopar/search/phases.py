@@ -342,8 +342,8 @@ def refine(run: Run, c: ParallelConfig, fixed: dict, allowed) -> None:
     base = dict(tp=c.tp, cp=c.cp, pp=c.pp, dp=c.dp, ep=c.ep)
     seen = set()
     for placement in space.placements(base, fixed):
-        links = tuple((d, cm.group(d, c.replace(placement=placement)).link,
-                       cm.group(d, c.replace(placement=placement)).ranks)
+        placed = c.replace(placement=placement)
+        links = tuple((d, cm.group(d, placed).link, cm.group(d, placed).ranks)
                       for d in ("tp", "cp", "dp", "pp"))
         if links in seen:  # same groups on the same links: the same estimate
             continue
