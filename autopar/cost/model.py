@@ -146,6 +146,7 @@ class CostModel:
         self._pipe_parts: dict[tuple, tuple] = {}
         self._p2ps: dict[tuple, tuple] = {}
         self._estimates: dict[ParallelConfig, Estimate] = {}
+        self._steps: dict[ParallelConfig, float] = {}
         self._gathers: dict[tuple, float] = {}
         self._layer_params: dict[tuple, float] = {}
         self._resolved: dict[ParallelConfig, ParallelConfig | InvalidParallelConfig] = {}
@@ -612,8 +613,26 @@ class CostModel:
             hit = self._estimates[c] = self._estimate(c)
         return hit
 
-    def _estimate(self, c: ParallelConfig) -> Estimate:
-        """:meth:`estimate` of the resolved config ``c``, uncached."""
+    def step_without_dp_s(self, config: ParallelConfig) -> float:
+        """``step_time_s - time_breakdown["dp_comm_exposed"]`` of :meth:`estimate` (seconds),
+        bitwise, without the memory model (what a search bound needs; cached).
+
+        Raises:
+            InvalidParallelConfig: the configuration breaks a rule of the model or cluster.
+        """
+        c = self.resolve(config)
+        e = self._estimates.get(c)
+        if e is not None:
+            return e.step_time_s - e.time_breakdown["dp_comm_exposed"]
+        hit = self._steps.get(c)
+        if hit is None:
+            step, dp_exposed = self._estimate(c, time_only=True)
+            hit = self._steps[c] = step - dp_exposed
+        return hit
+
+    def _estimate(self, c: ParallelConfig, time_only: bool = False):
+        """:meth:`estimate` of the resolved config ``c``, uncached; with ``time_only``, only
+        (step seconds, exposed DP seconds)."""
         p, train = self.params, self.train
         tp, cp, pp, dp, b, v = c.tp, c.cp, c.pp, c.dp, c.micro_batch_size, c.virtual_stages
         m = train.global_batch_size // (dp * b)
@@ -751,6 +770,8 @@ class CostModel:
         optimizer_s = opt_params * p.optimizer_bytes_per_param / (
             self.device.hbm_bandwidth_Bps * p.hbm_efficiency)
         step = t_pipe + dp_exposed + optimizer_s + self.profile.step_fixed_s
+        if time_only:
+            return step, dp_exposed
 
         # memory per pipeline rank
         stage_mem: list[mem.MemoryBreakdown] = []
