@@ -491,7 +491,7 @@ class CostModel:
                         div = c.tp if o.tp_role in ("column", "row", "vocab") else 1
                         total += n * dp_g.time(op, o.num_parameters / div * nbytes_per_element)
             else:
-                total += n * dp_g.time(op, mem.layer_params_per_rank(layer, c.tp, ep=c.ep)
+                total += n * dp_g.time(op, self._layer_params_per_rank(li, c.tp, True, c.ep)
                                        * nbytes_per_element)
         return total
 
@@ -539,10 +539,10 @@ class CostModel:
                 work = conv.pp_unsharded_bytes * params
             else:
                 work = 2 * train.dtype_bytes * max(
-                    mem.layer_params_per_rank(g.layers[i], c.tp, ep=c.ep) for i in layers)
+                    self._layer_params_per_rank(i, c.tp, True, c.ep) for i in layers)
         if train.precision == "fp8" and conv.fp8_weight_cache_bytes:
             work += conv.fp8_weight_cache_bytes * sum(
-                mem.layer_params_per_rank(g.layers[i], c.tp, ep=c.ep) for i in layers
+                self._layer_params_per_rank(i, c.tp, True, c.ep) for i in layers
                 if g.layers[i].kind == "block")
         return states, work
 
