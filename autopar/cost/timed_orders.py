@@ -55,7 +55,7 @@ def _compile(orders: tuple, num_stages: int, m: int, gpipe_sim: bool) -> tuple:
     special: list[tuple] = []
     slots = 2
     todo = deque(range(p))
-    code_of = {"F": 0, "I": 1, "W": 2, "B": 3}
+    code_of = {"F": 0, "I": p, "W": 2 * p, "B": 3 * p}
 
     def need(kind: str, s: int, j: int) -> int:
         """Index in ``slot_of`` of what an action waits for; -1: ready at the start."""
@@ -73,12 +73,11 @@ def _compile(orders: tuple, num_stages: int, m: int, gpipe_sim: bool) -> tuple:
     while todo:
         r = todo.popleft()
         order = orders[r]
-        i, n = pos[r], len(order)
+        i, n, fr = pos[r], len(order), free[r]
         while i < n:
-            a = order[i]
-            kind = a[0]
+            kind, s, j = order[i]   # an O pair: s and j are its (stage, mb) halves
             if kind == "O":
-                (fs, fj), (bs, bj) = a[1], a[2]
+                (fs, fj), (bs, bj) = s, j
                 k1, k2 = need("F", fs, fj), need("B", bs, bj)
                 d1 = _ZERO if k1 < 0 else slot_of[k1]
                 if d1 < 0:
@@ -88,32 +87,41 @@ def _compile(orders: tuple, num_stages: int, m: int, gpipe_sim: bool) -> tuple:
                 if d2 < 0:
                     waiting.setdefault(k2, []).append(r)
                     break
-                ops.append((free[r], d1, -1 - len(special)))
+                ops.append((fr, d1, -1 - len(special)))
                 special.append((_O, d2, r))
                 wrote(fs * m + fj, slots)
                 wrote(n_keys + bs * m + bj, slots + 1)
                 slots += 2
-                free[r] = slots - 1
+                fr = slots - 1
+                i += 1
+                continue
+            if kind == "F":
+                k = (s - 1) * m + j if s else -1
+            elif kind == "W":
+                k = -1
             else:
-                s, j = a[1], a[2]
-                k = need(kind, s, j)
-                dep = _ZERO if k < 0 else slot_of[k]
+                k = s * m + j if s == last else n_keys + (s + 1) * m + j
+            if k < 0:
+                dep = _ZERO
+            else:
+                dep = slot_of[k]
                 if dep < 0:
                     waiting.setdefault(k, []).append(r)
                     break
-                if gpipe_sim and kind == "B":
-                    ops.append((free[r], dep, -1 - len(special)))
-                    special.append((_SB, slot_of[s * m + j], r))
-                else:
-                    ops.append((free[r], dep, code_of[kind] * p + r))
-                if kind == "F":
-                    wrote(s * m + j, slots)
-                elif kind != "W":
-                    wrote(n_keys + s * m + j, slots)
-                free[r] = slots
-                slots += 1
+            if gpipe_sim and kind == "B":
+                ops.append((fr, dep, -1 - len(special)))
+                special.append((_SB, slot_of[s * m + j], r))
+            else:
+                ops.append((fr, dep, code_of[kind] + r))
+            if kind != "W":
+                key = s * m + j if kind == "F" else n_keys + s * m + j
+                slot_of[key] = slots
+                if key in waiting:
+                    todo.extend(waiting.pop(key))
+            fr = slots
+            slots += 1
             i += 1
-        pos[r] = i
+        pos[r], free[r] = i, fr
     if any(pos[r] < len(orders[r]) for r in range(p)):
         raise RuntimeError("pipeline replay deadlocked (a bug in autopar)")
     return tuple(ops), tuple(free), tuple(special)
