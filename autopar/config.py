@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from .errors import InvalidParallelConfig, InvalidTrainingConfig
@@ -303,8 +303,14 @@ class ParallelConfig:
         return tuple(self.recompute)
 
     def replace(self, **changes) -> "ParallelConfig":
-        """A copy with some fields changed (validated again)."""
-        return replace(self, **changes)
+        """A copy with some fields changed (validated again).
+
+        Raises:
+            TypeError: a name that is not a field (as :func:`dataclasses.replace`).
+            InvalidParallelConfig: the changed configuration breaks a rule.
+        """
+        # every field is an init field: this is dataclasses.replace without its field walk
+        return type(self)(**{**self.__dict__, **changes})
 
     def to_dict(self) -> dict:
         """Plain-JSON form (tuples become lists)."""
