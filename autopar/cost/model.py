@@ -144,6 +144,7 @@ class CostModel:
         self._params: dict[tuple, float] = {}
         self._layouts: dict[tuple, tuple[StageLayout, ...]] = {}
         self._pipe_parts: dict[tuple, tuple] = {}
+        self._time_layouts: dict[tuple, tuple[StageLayout, ...]] = {}
         self._p2ps: dict[tuple, tuple] = {}
         self._estimates: dict[ParallelConfig, Estimate] = {}
         self._steps: dict[ParallelConfig, float] = {}
@@ -378,31 +379,48 @@ class CostModel:
         hit = self._layouts.get(key)
         if hit is not None:
             return hit
+        m = self.train.global_batch_size // (c.dp * c.micro_batch_size)
         out = []
-        for layers, flight, p2p_s, p2p_bytes, p2p_send_s, params, experts in self._pipe_part(c):
+        for rank, ((layers, p2p_s, p2p_bytes, p2p_send_s, params, experts), (_l, mine, _g, _c)) \
+                in enumerate(zip(self._pipe_part(c),
+                                 self.rank_layers(c.pp, c.stage_blocks, c.schedule))):
+            flight = mem.in_flight(c.schedule, rank, c.pp, m, c.virtual_stages) / max(1, len(mine))
             states, gather = self._states(c, params, experts, layers, c.pp)
             out.append(StageLayout(layers, flight, p2p_s, p2p_bytes, params, states, gather,
                                    p2p_send_s))
         self._layouts[key] = tuple(out)
         return self._layouts[key]
 
+    def _time_layout(self, c: ParallelConfig) -> tuple[StageLayout, ...]:
+        """:meth:`stage_layout` with only what the step time reads (layers, pipeline
+        communication, parameters); in-flight multiplier and model states left at 0 (cached
+        without the ZeRO stage)."""
+        key = (c.tp, c.pp, c.cp, c.dp, c.micro_batch_size, c.sequence_parallel,
+               c.schedule, c.virtual_stages, c.stage_blocks, c.placement, c.ep)
+        hit = self._time_layouts.get(key)
+        if hit is None:
+            hit = self._time_layouts[key] = tuple(
+                StageLayout(layers, 0.0, p2p_s, p2p_bytes, params, (0.0, 0.0, 0.0), 0.0,
+                            p2p_send_s)
+                for layers, p2p_s, p2p_bytes, p2p_send_s, params, _experts
+                in self._pipe_part(c))
+        return hit
+
     def _pipe_part(self, c: ParallelConfig) -> tuple[tuple, ...]:
-        """Per pipeline rank of the resolved ``c``: (layers, in-flight multiplier, p2p seconds,
-        p2p bytes, p2p send seconds, parameter elements, expert parameter elements): the part
-        of :meth:`stage_layout` that does not depend on the ZeRO stage (cached without it)."""
+        """Per pipeline rank of the resolved ``c``: (layers, p2p seconds, p2p bytes, p2p send
+        seconds, parameter elements, expert parameter elements): the part of
+        :meth:`stage_layout` that depends neither on the ZeRO stage nor on the schedule's
+        memory (cached without them)."""
         key = (c.tp, c.pp, c.cp, c.dp, c.micro_batch_size, c.sequence_parallel,
                c.schedule, c.virtual_stages, c.stage_blocks, c.placement, c.ep)
         hit = self._pipe_parts.get(key)
         if hit is not None:
             return hit
-        pp = c.pp
-        m = self.train.global_batch_size // (c.dp * c.micro_batch_size)
         out = []
-        for rank, ((layers, mine, _groups, _chunks), p2p) in enumerate(zip(
-                self.rank_layers(pp, c.stage_blocks, c.schedule), self._p2p(c))):
+        for (layers, _mine, _groups, _chunks), p2p in zip(
+                self.rank_layers(c.pp, c.stage_blocks, c.schedule), self._p2p(c)):
             params, experts = self._rank_params(c.tp, c.ep, layers)
-            flight = mem.in_flight(c.schedule, rank, pp, m, c.virtual_stages) / max(1, len(mine))
-            out.append((layers, flight, *p2p, params, experts))
+            out.append((layers, *p2p, params, experts))
         self._pipe_parts[key] = tuple(out)
         return self._pipe_parts[key]
 
@@ -641,7 +659,7 @@ class CostModel:
         tp_g, cp_g, pp_g, dp_g = (self.group(d, c) for d in ("tp", "cp", "pp", "dp"))
         ledger = CommLedger()
 
-        layout = self.stage_layout(c)
+        layout = self._time_layout(c) if time_only else self.stage_layout(c)
         ranks = self.rank_layers(pp, c.stage_blocks, c.schedule)
         stage_time = [0.0] * pp
         stage_parts = [dict(compute=0.0, tp_comm=0.0, cp_comm=0.0, ep_comm=0.0, pp_comm=0.0)
