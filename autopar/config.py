@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from .errors import InvalidParallelConfig, InvalidTrainingConfig
@@ -214,10 +214,19 @@ class ParallelConfig:
     reshard_after_forward: tuple[bool, ...] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "cp", "ep"):
-            _positive_int("ParallelConfig", name, getattr(self, name))
-        for name in ("dp", "micro_batch_size", "virtual_stages"):
-            _positive_int("ParallelConfig", name, getattr(self, name), allow_none=True)
+        # the usual case (plain ints >= 1, or None where allowed) passes without the per-field
+        # calls below, which give the error messages
+        tp, pp, cp, ep, dp, mb, v = (self.tp, self.pp, self.cp, self.ep, self.dp,
+                                     self.micro_batch_size, self.virtual_stages)
+        if not (type(tp) is int and type(pp) is int and type(cp) is int and type(ep) is int
+                and tp >= 1 and pp >= 1 and cp >= 1 and ep >= 1
+                and (dp is None or type(dp) is int and dp >= 1)
+                and (mb is None or type(mb) is int and mb >= 1)
+                and (v is None or type(v) is int and v >= 1)):
+            for name in ("tp", "pp", "cp", "ep"):
+                _positive_int("ParallelConfig", name, getattr(self, name))
+            for name in ("dp", "micro_batch_size", "virtual_stages"):
+                _positive_int("ParallelConfig", name, getattr(self, name), allow_none=True)
         if isinstance(self.zero_stage, bool) or not isinstance(self.zero_stage, int) \
                 or self.zero_stage not in (0, 1, 2, 3):
             raise InvalidParallelConfig(
@@ -331,8 +340,14 @@ class ParallelConfig:
         return self.reshard_after_forward
 
     def replace(self, **changes) -> "ParallelConfig":
-        """A copy with some fields changed (validated again)."""
-        return replace(self, **changes)
+        """A copy with some fields changed (validated again).
+
+        Raises:
+            TypeError: a name that is not a field (as :func:`dataclasses.replace`).
+            InvalidParallelConfig: the changed configuration breaks a rule.
+        """
+        # every field is an init field: this is dataclasses.replace without its field walk
+        return type(self)(**{**self.__dict__, **changes})
 
     def to_dict(self) -> dict:
         """Plain-JSON form (tuples become lists)."""

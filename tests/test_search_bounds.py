@@ -68,3 +68,24 @@ def test_skipping_by_bound_keeps_the_best_and_top(monkeypatch, model, spec, gbs,
     assert pruned.evaluated < full.evaluated
     assert [(repr(e.config), e.step_time_s) for e in pruned.top] == \
         [(repr(e.config), e.step_time_s) for e in full.top]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 4]), zero=st.integers(0, 3),
+       schedule=st.sampled_from([None, "interleaved-zero-bubble", "zbv-zero-bubble",
+                                 "dualpipev", "gpipe"]),
+       rc=st.sampled_from(["none", "selective", "full"]), ep=st.sampled_from([1, 2]))
+def test_time_only_estimate_is_the_estimate_bitwise(cm, tp, pp, zero, schedule, rc, ep):
+    """CostModel.step_without_dp_s (the bound's time part, no memory model) equals
+    step_time_s - exposed DP of the full estimate exactly, computed first or second."""
+    try:
+        c = cm.resolve(autopar.ParallelConfig(tp=tp, pp=pp, zero_stage=zero, schedule=schedule,
+                                              recompute=rc, ep=ep))
+        fresh = CostModel(cm.graph, cm.cluster, cm.train)
+        first = fresh.step_without_dp_s(c)   # time part alone, before any estimate
+    except (autopar.InvalidParallelConfig, ValueError):
+        return
+    e = cm.estimate(c)
+    assert first == e.step_time_s - e.time_breakdown["dp_comm_exposed"]
+    assert cm.step_without_dp_s(c) == first   # from the cached estimate
+    assert cm.estimate(c) is e                # estimates are cached per resolved config

@@ -143,6 +143,8 @@ class CostModel:
         self._rank_layers: dict[tuple, tuple] = {}
         self._params: dict[tuple, float] = {}
         self._layouts: dict[tuple, tuple[StageLayout, ...]] = {}
+        self._estimates: dict[ParallelConfig, Estimate] = {}
+        self._steps: dict[ParallelConfig, float] = {}
         self._gathers: dict[tuple, float] = {}
         self._layer_params: dict[tuple, float] = {}
         self._resolved: dict[ParallelConfig, ParallelConfig | InvalidParallelConfig] = {}
@@ -391,6 +393,11 @@ class CostModel:
         self._layouts[key] = tuple(out)
         return self._layouts[key]
 
+    def _time_layout(self, c: ParallelConfig) -> tuple[StageLayout, ...]:
+        """What the step time reads of :meth:`stage_layout` (layers, pipeline communication,
+        parameters; the search's time-only bound)."""
+        return self.stage_layout(c)
+
     def interval_layout(self, c: ParallelConfig, rank: int, start: int, end: int) -> StageLayout:
         """What pipeline rank ``rank`` of the resolved, non-interleaved config ``c`` holds when
         its stage is decoder blocks ``start`` to ``end - 1`` (positions among the blocks), the
@@ -496,7 +503,7 @@ class CostModel:
                         div = c.tp if o.tp_role in ("column", "row", "vocab") else 1
                         total += n * dp_g.time(op, o.num_parameters / div * nbytes_per_element)
             else:
-                total += n * dp_g.time(op, mem.layer_params_per_rank(layer, c.tp, ep=c.ep)
+                total += n * dp_g.time(op, self._layer_params_per_rank(li, c.tp, True, c.ep)
                                        * nbytes_per_element)
         return total
 
@@ -544,10 +551,10 @@ class CostModel:
                 work = conv.pp_unsharded_bytes * params
             else:
                 work = 2 * train.dtype_bytes * max(
-                    mem.layer_params_per_rank(g.layers[i], c.tp, ep=c.ep) for i in layers)
+                    self._layer_params_per_rank(i, c.tp, True, c.ep) for i in layers)
         if train.precision == "fp8" and conv.fp8_weight_cache_bytes:
             work += conv.fp8_weight_cache_bytes * sum(
-                mem.layer_params_per_rank(g.layers[i], c.tp, ep=c.ep) for i in layers
+                self._layer_params_per_rank(i, c.tp, True, c.ep) for i in layers
                 if g.layers[i].kind == "block")
         return states, work
 
@@ -613,6 +620,31 @@ class CostModel:
             InvalidParallelConfig: the configuration breaks a rule of the model or cluster.
         """
         c = self.resolve(config)
+        hit = self._estimates.get(c)
+        if hit is None:   # a pure function of the resolved config (the search asks twice)
+            hit = self._estimates[c] = self._estimate(c)
+        return hit
+
+    def step_without_dp_s(self, config: ParallelConfig) -> float:
+        """``step_time_s - time_breakdown["dp_comm_exposed"]`` of :meth:`estimate` (seconds),
+        bitwise, without the memory model (what a search bound needs; cached).
+
+        Raises:
+            InvalidParallelConfig: the configuration breaks a rule of the model or cluster.
+        """
+        c = self.resolve(config)
+        e = self._estimates.get(c)
+        if e is not None:
+            return e.step_time_s - e.time_breakdown["dp_comm_exposed"]
+        hit = self._steps.get(c)
+        if hit is None:
+            step, dp_exposed = self._estimate(c, time_only=True)
+            hit = self._steps[c] = step - dp_exposed
+        return hit
+
+    def _estimate(self, c: ParallelConfig, time_only: bool = False):
+        """:meth:`estimate` of the resolved config ``c``, uncached; with ``time_only``, only
+        (step seconds, exposed DP seconds)."""
         g, p, train = self.graph, self.params, self.train
         tp, cp, pp, dp, b, v = c.tp, c.cp, c.pp, c.dp, c.micro_batch_size, c.virtual_stages
         m = train.global_batch_size // (dp * b)
@@ -621,7 +653,7 @@ class CostModel:
         tp_g, cp_g, pp_g, dp_g = (self.group(d, c) for d in ("tp", "cp", "pp", "dp"))
         ledger = CommLedger()
 
-        layout = self.stage_layout(c)
+        layout = self._time_layout(c) if time_only else self.stage_layout(c)
         ranks = self.rank_layers(pp, c.stage_blocks, c.schedule)
         stage_time = [0.0] * pp
         stage_parts = [dict(compute=0.0, tp_comm=0.0, cp_comm=0.0, ep_comm=0.0, pp_comm=0.0)
@@ -772,6 +804,8 @@ class CostModel:
             optimizer_s = opt_params * p.optimizer_bytes_per_param / (
                 self.device.hbm_bandwidth_Bps * p.hbm_efficiency)
         step = t_pipe + dp_exposed + optimizer_s + self.profile.step_fixed_s
+        if time_only:
+            return step, dp_exposed
 
         # memory per pipeline rank
         stage_mem: list[mem.MemoryBreakdown] = []

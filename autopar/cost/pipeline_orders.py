@@ -135,27 +135,29 @@ def _looped(schedule: str, pp: int, m: int, v: int, r: int) -> list:
     def b_stage(step: int) -> int:
         return (v - 1 - ((step - warm) // per_round) % v) * pp + r
 
-    nxt = {"F": {}, "B": {}, "W": {}}
-
-    def act(kind: str, stage: int) -> tuple:
-        j = nxt[kind].get(stage, 0)
-        nxt[kind][stage] = j + 1
-        return (kind, stage, j)
-
+    # next micro-batch per global chunk, for forwards, backwards and weight passes
+    nf, nb, nw = [0] * (pp * v), [0] * (pp * v), [0] * (pp * v)
     out, b_steps, w_done = [], [], 0
     back = "I" if zb else "B"
     for step in range(total + warm):
         if step < total:
-            out.append(act("F", f_stage(step)))
+            stage = f_stage(step)
+            out.append(("F", stage, nf[stage]))
+            nf[stage] += 1
         if step >= warm:
-            kind, stage, j = act("B", b_stage(step))
-            out.append((back, stage, j))
+            stage = b_stage(step)
+            out.append((back, stage, nb[stage]))
+            nb[stage] += 1
             b_steps.append(step)
             if zb and step - warm >= r:  # rank r delays its weight passes by r steps
-                out.append(act("W", b_stage(b_steps[w_done])))
+                stage = b_stage(b_steps[w_done])
+                out.append(("W", stage, nw[stage]))
+                nw[stage] += 1
                 w_done += 1
     while zb and w_done < len(b_steps):
-        out.append(act("W", b_stage(b_steps[w_done])))
+        stage = b_stage(b_steps[w_done])
+        out.append(("W", stage, nw[stage]))
+        nw[stage] += 1
         w_done += 1
     return out
 

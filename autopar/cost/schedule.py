@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections import deque
 from functools import lru_cache
 
-from .pipeline_orders import SPLIT_BACKWARD, check_order_args, rank_orders, replay
+from .pipeline_orders import SPLIT_BACKWARD, check_order_args
+from .timed_orders import compiled_orders, compiled_simulation, timed_step
 
 
 def pipeline_time(stage_times: list[float] | tuple[float, ...], num_micro_batches: int,
@@ -163,8 +164,9 @@ def pipeline_step_time(fwd: list[float] | tuple[float, ...], bwd: list[float] | 
 @lru_cache(maxsize=4096)
 def _simulate(fwd: tuple[float, ...], bwd: tuple[float, ...], m: int, schedule: str) -> float:
     """Memoised :func:`simulate_pipeline` (configurations differing only in ZeRO stage or DP
-    placement share their pipeline)."""
-    return simulate_pipeline(fwd, bwd, m, schedule)
+    placement share their pipeline), run from its compiled order
+    (:func:`~autopar.cost.timed_orders.timed_step`: bitwise the same seconds, tested)."""
+    return timed_step(compiled_simulation(schedule, len(fwd), m), fwd, bwd, (0.0,) * len(fwd))
 
 
 def replay_micro_batches(schedule: str, pp: int, m: int, v: int) -> int:
@@ -220,5 +222,6 @@ def split_backward_step_time(fwd, bwd, wgrad, num_micro_batches: int, virtual_st
 def _replay(schedule: str, p: int, m: int, v: int, fwd: tuple, inp: tuple, wgt: tuple,
             overlap: tuple | None) -> float:
     """Memoised replay (configurations differing only in ZeRO stage or DP placement share
-    their pipeline)."""
-    return replay(rank_orders(schedule, p, m, v), p * v, schedule, fwd, inp, wgt, overlap)[0]
+    their pipeline), run from its compiled order (:func:`~autopar.cost.timed_orders.timed_step`:
+    bitwise :func:`~autopar.cost.pipeline_orders.replay`'s seconds, tested)."""
+    return timed_step(compiled_orders(schedule, p, m, v), fwd, inp, wgt, overlap)

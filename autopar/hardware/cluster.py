@@ -195,6 +195,18 @@ class Cluster:
         return self._cache["fabric"]
 
     def _layout(self, ranks: Sequence[int]) -> collectives.GroupLayout:
+        """The group's :class:`collectives.GroupLayout` (cached per rank tuple: the search
+        times many collectives over the same groups)."""
+        layouts = self._cache.setdefault("layouts", {})
+        key = ranks if type(ranks) is tuple else None
+        hit = layouts.get(key) if key is not None else None
+        if hit is None:
+            hit = self._new_layout(ranks)
+            if key is not None:
+                layouts[key] = hit
+        return hit
+
+    def _new_layout(self, ranks: Sequence[int]) -> collectives.GroupLayout:
         group = tuple(int(r) for r in ranks)
         if not group:
             raise InvalidParallelConfig("a process group needs at least one rank; got an empty sequence")

@@ -243,15 +243,15 @@ def recompute_free_bound(cm: CostModel, c: ParallelConfig) -> float:
     monotone in every stage duration (closed form of Narayanan et al. 2021, section 2.2, and
     the max-plus event simulation of :func:`autopar.cost.schedule.simulate_pipeline`), exposed
     DP communication is >= 0 and the optimizer step does not depend on recomputation. So
-    ``step(none) - dp_exposed(none)`` bounds ``step(any recompute)`` from below. It costs one
-    estimate where :func:`evaluate` costs :func:`best_recompute` and an estimate. -inf when the
-    configuration cannot be estimated (the caller then evaluates it).
+    ``step(none) - dp_exposed(none)`` bounds ``step(any recompute)`` from below. It costs the
+    time part of one estimate (:meth:`CostModel.step_without_dp_s`) where :func:`evaluate`
+    costs :func:`best_recompute` and an estimate. -inf when the configuration cannot be
+    estimated (the caller then evaluates it).
     """
     try:
-        e = cm.estimate(c if c.recompute == "none" else c.replace(recompute="none"))
+        return cm.step_without_dp_s(c if c.recompute == "none" else c.replace(recompute="none"))
     except InvalidParallelConfig:
         return -math.inf
-    return e.step_time_s - e.time_breakdown["dp_comm_exposed"]
 
 
 def compute_bound(cm: CostModel, c: ParallelConfig) -> float:
@@ -361,8 +361,8 @@ def refine(run: Run, c: ParallelConfig, fixed: dict, allowed) -> None:
     base = dict(tp=c.tp, cp=c.cp, pp=c.pp, dp=c.dp, ep=c.ep)
     seen = set()
     for placement in space.placements(base, fixed):
-        links = tuple((d, cm.group(d, c.replace(placement=placement)).link,
-                       cm.group(d, c.replace(placement=placement)).ranks)
+        placed = c.replace(placement=placement)
+        links = tuple((d, cm.group(d, placed).link, cm.group(d, placed).ranks)
                       for d in ("tp", "cp", "dp", "pp"))
         if links in seen:  # same groups on the same links: the same estimate
             continue
