@@ -132,3 +132,13 @@ def test_time_limit_returns_best_so_far():
     result = search(cm, time_limit_s=0.3)
     assert not result.complete
     assert result.best.fits and result.wall_s < 5
+
+
+def test_a_pin_the_framework_cannot_run_is_refused_at_once_with_its_reason():
+    # a new user's pin of Megatron's "selective" under torchtitan searched for ~40 s and said
+    # only "relax fixed="; open choices must not be judged (tp pinned, SP left open is fine)
+    train = autopar.TrainingConfig(global_batch_size=8, seq_len=32, framework="torchtitan")
+    with pytest.raises(autopar.InvalidParallelConfig, match="no recompute policy"):
+        autopar.optimize("tiny-llama", "1x8xA100", train, fixed={"recompute": "selective"})
+    plan = autopar.optimize("tiny-llama", "1x8xA100", train, fixed={"tp": 2, "pp": 2})
+    assert plan.config.tp == 2 and plan.config.sequence_parallel

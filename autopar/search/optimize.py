@@ -168,6 +168,11 @@ def _pins_the_framework_runs(profile, fixed: dict) -> None:
         if not options:
             return
         keys = {**keys, "zero_stage": options[0]}
+    # open choices take a value the framework runs, so only the pins are judged
+    keys.setdefault("sequence_parallel", profile.sequence_parallel[0])
+    keys.setdefault("recompute", profile.recompute_modes[0])
+    if profile.cp_modes:
+        keys.setdefault("cp_mode", profile.cp_modes[0])
     try:
         partial = ParallelConfig(**{"dp": None, **keys})
     except AutoparError:
