@@ -17,7 +17,6 @@ from autopar.cost.model import CostModel  # noqa: E402
 from autopar.cost.params import CostParams  # noqa: E402
 from autopar.graph import extract, hf  # noqa: E402
 from autopar.hardware.devices import get_device  # noqa: E402
-from autopar.search.cuts import dp_cut, rank_recompute  # noqa: E402
 from autopar.search.optimize import search  # noqa: E402
 from autopar.search.ranking import TIE_RTOL  # noqa: E402
 
@@ -111,16 +110,23 @@ def _mode_counts(k):
             for f in range(k + 1) for s in range(k - f + 1)]
 
 
-def _assignments(cm: CostModel, pp: int, cut):
-    """Every per-block recompute tuple up to swapping identical blocks on one rank (the cost
-    model prices a rank by (signature, mode) counts): per (rank, signature), the mode counts."""
-    blocks = cm.blocks
-    sigs = [cm.graph.layers[i].signature for i in blocks]
+def _rank_groups(cm: CostModel, pp: int, cut) -> dict:
+    """Block positions per (pipeline rank, layer signature) under stage cut ``cut``: blocks
+    one rank holds with the same signature are interchangeable in the cost model."""
+    sigs = [cm.graph.layers[i].signature for i in cm.blocks]
     pos, groups = 0, {}
     for ci, n in enumerate(cut):
         for j in range(pos, pos + n):
             groups.setdefault((ci % pp, sigs[j]), []).append(j)
         pos += n
+    return groups
+
+
+def _assignments(cm: CostModel, pp: int, cut):
+    """Every per-block recompute tuple up to swapping identical blocks on one rank (the cost
+    model prices a rank by (signature, mode) counts): per (rank, signature), the mode counts."""
+    blocks = cm.blocks
+    groups = _rank_groups(cm, pp, cut)
     keys = list(groups)
     for combo in itertools.product(*(_mode_counts(len(groups[k])) for k in keys)):
         per = [None] * len(blocks)
@@ -134,12 +140,7 @@ def _keeps(cm: CostModel, pp: int, cut):
     """Every per-block reshard_after_forward tuple up to swapping identical blocks on a rank:
     per (rank, signature), how many blocks keep their gathered parameters."""
     blocks = cm.blocks
-    sigs = [cm.graph.layers[i].signature for i in blocks]
-    pos, groups = 0, {}
-    for ci, n in enumerate(cut):
-        for j in range(pos, pos + n):
-            groups.setdefault((ci % pp, sigs[j]), []).append(j)
-        pos += n
+    groups = _rank_groups(cm, pp, cut)
     keys = list(groups)
     for combo in itertools.product(*(range(len(groups[k]) + 1) for k in keys)):
         flags = [True] * len(blocks)
