@@ -26,7 +26,7 @@ from .cost.types import Estimate
 from .errors import (InvalidClusterSpec, InvalidModelConfig, InvalidParallelConfig,
                      UntraceableModelError,
                      InvalidSearchOption, InvalidTrainingConfig)
-from .graph import extract
+from .graph import extract, hf
 from .graph.needs import LM_FIX, LM_NEEDS
 from .graph.types import ModelGraph
 from .hardware import Cluster
@@ -58,7 +58,7 @@ def as_cluster(cluster: Cluster | str) -> Cluster:
 
 
 def _model_config(model) -> ModelConfig | None:
-    if isinstance(model, nn.Module):
+    if isinstance(model, nn.Module) or (isinstance(model, str) and model in hf.HF_PRESETS):
         return None
     if isinstance(model, (str, dict, ModelConfig)):
         return get_config(model)
@@ -81,15 +81,23 @@ def default_training(model_cfg: ModelConfig | None, cluster: Cluster) -> Trainin
 def model_graph(model, train: TrainingConfig) -> tuple[ModelGraph, ModelConfig | None]:
     """Extract the measured graph of ``model`` for ``train``'s sequence length and precision.
 
+    ``model`` may also name a Hugging Face preset (``autopar.graph.hf.HF_PRESETS``, e.g.
+    ``"hf-deepseek-v3"``): the transformers model is built on meta and traced.
+
     Raises:
         InvalidModelConfig: a bad preset name or dict.
+        MissingDependency: an ``hf-*`` preset without transformers installed.
         UntraceableModelError: a module that is not a decoder language model (no token
             embedding, no repeated blocks; the message says what autopar needs,
             :data:`autopar.graph.needs.LM_NEEDS`, and what to pass instead), or one neither
             torch.fx nor torch.export can capture.
     """
-    cfg = _model_config(model)
     dtype = _TORCH_DTYPES[train.precision]
+    if isinstance(model, str) and model in hf.HF_PRESETS:
+        # a transformers model class on meta: its own modules are traced, not our builder's
+        return extract(hf.build(model, dtype=dtype), train.seq_len, 1, dtype=dtype, name=model,
+                       flash_attention=train.flash_attention), None
+    cfg = _model_config(model)
     if cfg is not None:
         built = cfg if cfg.seq_len >= train.seq_len else ModelConfig.from_dict(
             {**cfg.to_dict(), "seq_len": train.seq_len})

@@ -33,7 +33,7 @@ from .config import TrainingConfig
 from .cost.model import CostModel
 from .cost.params import CostParams
 from .errors import AutoparError, InvalidPlanFile
-from .graph import extract
+from .graph import extract, hf
 from .graph.types import ModelGraph
 from .hardware import Cluster
 from .models import ModelConfig, build
@@ -63,18 +63,20 @@ def config_graph(cfg: ModelConfig, seq_len: int, precision: str,
                    flash_attention=flash_attention)
 
 
-def _module_graph(module: nn.Module, train: TrainingConfig) -> ModelGraph:
+def _module_graph(module: nn.Module, train: TrainingConfig, name: str | None = None) -> ModelGraph:
     dtype = TORCH_DTYPES[train.precision]
     if any(t.is_floating_point() and t.dtype != dtype
            for t in [*module.parameters(), *module.buffers()]):
         # a meta copy in the training dtype, as autopar.api does (torch.export asserts dtypes)
         module = copy.deepcopy(module).to("meta").to(dtype)
-    return extract(module, train.seq_len, 1, dtype=dtype, flash_attention=train.flash_attention)
+    kw = {"name": name} if name else {}
+    return extract(module, train.seq_len, 1, dtype=dtype, flash_attention=train.flash_attention,
+                   **kw)
 
 
 def cost_model(model_config: dict | None, cluster: str, train: TrainingConfig, *,
                model: nn.Module | None = None, cluster_obj: Cluster | None = None,
-               params: CostParams | None = None) -> CostModel:
+               params: CostParams | None = None, name: str | None = None) -> CostModel:
     """The cost model of a plan file's problem.
 
     Args:
@@ -85,6 +87,8 @@ def cost_model(model_config: dict | None, cluster: str, train: TrainingConfig, *
             has a ``model_config``).
         cluster_obj: the cluster, when ``cluster`` is a custom name rather than a spec.
         params: calibration constants (default ``CostParams()``).
+        name: the file's ``model``; a Hugging Face preset name (``hf-*``) is rebuilt on meta
+            when neither ``model_config`` nor ``model`` is given.
 
     Raises:
         InvalidPlanFile: the file cannot say which model or cluster (the message says what to
@@ -96,6 +100,8 @@ def cost_model(model_config: dict | None, cluster: str, train: TrainingConfig, *
                                  train.precision, train.flash_attention)
         elif model is not None:
             graph = _module_graph(model, train)
+        elif name in hf.HF_PRESETS:
+            graph = _module_graph(hf.build(name), train, name)
         else:
             raise InvalidPlanFile(
                 "the plan is of an nn.Module (its model_config is null), so its estimate cannot "
@@ -127,7 +133,7 @@ def reestimate(kw: dict, *, model: nn.Module | None = None, cluster: Cluster | N
             refuses a configuration of the file (the message names it).
     """
     cm = cost_model(kw["model_config"], kw["cluster"], kw["train"], model=model,
-                    cluster_obj=cluster, params=params)
+                    cluster_obj=cluster, params=params, name=kw.get("model"))
     c = kw["config"]
     if c.tp * c.pp * c.cp * c.dp != cm.cluster.world_size:
         raise InvalidPlanFile(f"the cluster passed has {cm.cluster.world_size} GPUs; the plan's "

@@ -35,7 +35,7 @@ from .inputs import model_arg
 from ..config import (FRAMEWORKS, OPTIMIZER_STATE_DTYPES, RECOMPUTE_MODES, ParallelConfig,
                       TrainingConfig)
 from ..errors import (AutoparError, InvalidClusterSpec, InvalidModelConfig, InvalidTrainingConfig,
-                      output_error)
+                      MissingDependency, output_error)
 from ..frameworks import get_profile
 from ..report.advice import fixes_to_fit, run_cost
 from ..report.explain import Problem, compare, named_alternatives, search_plan
@@ -537,11 +537,20 @@ def run(argv=None) -> int:
     try:
         if args.command == "models":
             from ..models import PRESETS
+            from ..graph import hf
             rows = [tables.model_row(name, p.config) for name, p in PRESETS.items()]
+            try:
+                hf_rows = [hf.describe(name) for name in hf.HF_PRESETS]
+            except MissingDependency as exc:  # the built-in presets need no transformers
+                hf_rows, hf_note = [], str(exc)
+            else:
+                hf_note = None
             if args.json:
-                print(json.dumps({"models": rows}, indent=2, sort_keys=True))
+                print(json.dumps({"models": rows, "hf_models": hf_rows}, indent=2,
+                                 sort_keys=True))
             else:
                 out.print(tables.models_table(rows))
+                out.print(tables.hf_models_table(hf_rows) if hf_rows else f"note: {hf_note}")
             return 0
         if args.command in ("calibrate", "measure"):
             run = (measure_cmds.cmd_calibrate if args.command == "calibrate"

@@ -15,7 +15,7 @@ from types import MappingProxyType
 import torch
 from torch import nn
 
-from ..errors import InvalidModelConfig
+from ..errors import InvalidModelConfig, MissingDependency
 
 
 @dataclass(frozen=True)
@@ -199,12 +199,32 @@ def list_presets() -> list[str]:
     return list(HF_PRESETS)
 
 
+def describe(name: str) -> dict:
+    """Preset ``name`` as plain JSON: its transformers model class, layer count, hidden size,
+    vocabulary (counts, from the config class with the preset's arguments; no model is built)
+    and source.
+
+    Raises:
+        InvalidModelConfig: unknown preset name.
+        MissingDependency: transformers is not installed.
+    """
+    preset = HF_PRESETS.get(name)
+    if preset is None:
+        raise InvalidModelConfig(f"unknown HF preset {name!r}; fix: use one of "
+                                 f"{', '.join(HF_PRESETS)}")
+    config = getattr(_transformers(), preset.config_class)(**preset.config)
+    return {"name": name, "model_class": preset.model_class,
+            "layers": getattr(config, "num_hidden_layers", None),
+            "hidden": getattr(config, "hidden_size", None),
+            "vocabulary": getattr(config, "vocab_size", None), "source": preset.source}
+
+
 def _transformers():
     try:
         import transformers
     except ImportError as exc:  # optional dependency
-        raise ImportError("Hugging Face presets need transformers: pip install 'autopar[hf]'") \
-            from exc
+        raise MissingDependency("Hugging Face presets need transformers; fix: pip install "
+                                "'autopar[hf]' (or pip install transformers)") from exc
     return transformers
 
 
@@ -217,7 +237,7 @@ def build(name: str, *, dtype: torch.dtype = torch.bfloat16) -> nn.Module:
 
     Raises:
         InvalidModelConfig: unknown preset name.
-        ImportError: transformers is not installed.
+        MissingDependency: transformers is not installed (an ``ImportError`` too).
     """
     preset = HF_PRESETS.get(name)
     if preset is None:

@@ -116,7 +116,8 @@ def get_config(spec: str | Mapping[str, Any] | ModelConfig) -> ModelConfig:
         close = difflib.get_close_matches(key, list(PRESETS), n=1, cutoff=0.4)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise InvalidModelConfig(f"unknown model preset {spec!r}.{hint} Valid presets: "
-                                 f"{', '.join(PRESETS)}; or pass a model dict with family, "
-                                 "num_layers, hidden_size, num_heads, vocab_size, seq_len.")
+                                 f"{', '.join(PRESETS)}; a Hugging Face preset (hf-*, listed by "
+                                 "`autopar models`); or a model dict with family, num_layers, "
+                                 "hidden_size, num_heads, vocab_size, seq_len.")
     raise InvalidModelConfig(f"a model must be a preset name, a model dict or a ModelConfig, got "
                              f"{type(spec).__name__}; fix: pass e.g. 'llama3-8b'")

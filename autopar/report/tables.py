@@ -249,6 +249,19 @@ def model_row(name: str, config) -> dict:
             "context_length": config.seq_len}
 
 
+def hf_models_table(rows: list[dict]) -> Table:
+    """Hugging Face presets (:func:`autopar.graph.hf.describe` dicts): the transformers class
+    traced on meta, layers, hidden size and vocabulary (counts)."""
+    t = _table("Hugging Face presets (transformers models traced on meta; need autopar[hf])")
+    for title in ("name", "transformers class", "layers", "hidden", "vocabulary"):
+        t.add_column(title, justify="left" if title in ("name", "transformers class") else "right")
+    for r in rows:
+        t.add_row(r["name"], r["model_class"],
+                  *(f"{r[k]:,}" if isinstance(r[k], int) else "-"
+                    for k in ("layers", "hidden", "vocabulary")))
+    return t
+
+
 def models_table(rows: list[dict]) -> Table:
     """Model presets (:func:`model_row` dicts): parameters (B = 1e9), layers, hidden size,
     attention and KV heads, FFN width, vocabulary and context length (tokens)."""
