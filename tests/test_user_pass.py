@@ -93,3 +93,16 @@ def test_a_mistyped_plan_field_says_one_fix(tmp_path):
         autopar.Plan.from_dict(d)
     text = str(err.value)
     assert text.count("Fix:") == 1 and ".." not in text
+
+
+def test_pinned_interleaving_is_honoured_or_refused():
+    """A pinned virtual_stages > 1 was silently dropped on pp = 1 meshes (the plan came back
+    with v = 1); now every plan interleaves, and pp = 1 with it is refused with a fix."""
+    train = autopar.TrainingConfig(global_batch_size=16, seq_len=512)
+    plan = autopar.optimize("llama2-7b", "1x8xA100-80GB", train, fixed={"virtual_stages": 2},
+                            top_k=3)
+    for est in (plan.estimate, *plan.alternatives):
+        assert est.config.pp > 1 and est.config.virtual_stages == 2
+    with pytest.raises(autopar.errors.InfeasibleError, match="pin pp >= 2"):
+        autopar.optimize("llama2-7b", "1x8xA100-80GB", train,
+                         fixed={"pp": 1, "virtual_stages": 2})

@@ -49,6 +49,10 @@ def no_mesh_error(cm: CostModel, fixed: dict) -> AutoparError:
     limits = space.SpaceLimits()
     any_batch = SimpleNamespace(seq_len=train.seq_len, global_batch_size=world)
     head = f"no legal parallel layout for {g.name} on {world} GPUs"
+    v = fixed.get("virtual_stages") or 1
+    if v > 1 and fixed.get("pp", 2) == 1:
+        return InfeasibleError(f"{head}: virtual_stages={v} interleaves pipeline stages, but "
+                               "pp=1 is pinned. Fix: pin pp >= 2, or virtual_stages=1.")
     if space.meshes(g, cm.cluster, any_batch, fixed, limits):
         legal = space.meshes(g, cm.cluster, train, fixed, limits)
         if not legal:

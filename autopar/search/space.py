@@ -126,6 +126,8 @@ def meshes(graph: ModelGraph, cluster, train: TrainingConfig, fixed: dict,
                     continue
                 if pp > blocks:
                     continue
+                if pp == 1 and (fixed.get("virtual_stages") or 1) > 1:
+                    continue  # interleaving was pinned: it needs a pipeline
                 dp = world // (tp * cp * pp)
                 if "dp" in fixed and dp != fixed["dp"]:
                     continue
@@ -157,9 +159,10 @@ def virtual_stage_options(pp: int, blocks: int, m: int, fixed: dict,
                           limits: SpaceLimits, profile: FrameworkProfile = _TORCH) -> list[int]:
     """Interleaving degrees: 1, and v > 1 when pp > 1, pp * v <= blocks, pp divides m and the
     framework interleaves (only into equal chunks, blocks % (pp * v) == 0, when its rule is
-    "equal")."""
+    "equal"). A pinned v is the only option, and none on a mesh with pp = 1 when it is > 1."""
     if "virtual_stages" in fixed:
-        return [fixed["virtual_stages"]]
+        # a pinned v > 1 means interleaving: a mesh without a pipeline cannot honour it
+        return [fixed["virtual_stages"]] if pp > 1 or fixed["virtual_stages"] == 1 else []
     if fixed.get("schedule") in ("1f1b", "gpipe"):
         return [1]
     opts = [1]
