@@ -109,3 +109,14 @@ def test_config_diff_names_what_per_block_values_are():
     diff = config_diff(a, b)
     assert "recompute 2 full+2 none->1 full+3 none" in diff
     assert "cuts 2/2->1/3" in diff
+
+
+def test_config_diff_names_every_field_that_differs():
+    # plans differing only in ep (or reshard_after_forward) were listed as "same"
+    from autopar.config import ParallelConfig
+    from autopar.report.explain import config_diff
+    a = ParallelConfig(tp=1, dp=8, ep=1)
+    assert config_diff(a, ParallelConfig(tp=1, dp=8, ep=2)) == ["ep 1->2"]
+    assert config_diff(a, ParallelConfig(tp=1, dp=8, ep=1, reshard_after_forward=False)) == \
+        ["reshard None->False"]
+    assert config_diff(a, a) == []

@@ -12,7 +12,7 @@ Everything is in SI (seconds, bytes); the sentences convert at the edge (GB = 1e
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from .. import api
 from ..config import ParallelConfig, TrainingConfig
@@ -39,9 +39,9 @@ _TIME_WORDS = {"compute": "compute", "tp_comm": "TP all-reduce/all-gather",
 _MEMORY_WORDS = {"optimizer_states": "optimizer states", "transient": "transient buffers"}
 
 #: Configuration fields shown when two plans differ.
-CONFIG_FIELDS = ("tp", "pp", "dp", "cp", "sequence_parallel", "zero_stage", "recompute",
-                 "micro_batch_size", "virtual_stages", "schedule", "cp_mode", "placement",
-                 "stage_blocks")
+#: every field of the plan's configuration (a field left out read as "same" in the diffs of
+#: plans that differed only in it, e.g. ep)
+CONFIG_FIELDS = tuple(f.name for f in fields(ParallelConfig))
 
 
 def fmt_s(x: float, signed: bool = False) -> str:
@@ -130,7 +130,8 @@ def config_diff(base: ParallelConfig, other: ParallelConfig) -> list[str]:
             a, b = "-".join(a or DEFAULT_PLACEMENT), "-".join(b or DEFAULT_PLACEMENT)
         if a != b:
             short = {"sequence_parallel": "sp", "zero_stage": "zero", "micro_batch_size": "mbs",
-                     "virtual_stages": "v", "stage_blocks": "cuts"}.get(name, name)
+                     "virtual_stages": "v", "stage_blocks": "cuts",
+                     "reshard_after_forward": "reshard"}.get(name, name)
             out.append(f"{short} {_value(a)}->{_value(b)}")
     return out
 
