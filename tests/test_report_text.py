@@ -115,8 +115,8 @@ def test_config_diff_names_every_field_that_differs():
     # plans differing only in ep (or reshard_after_forward) were listed as "same"
     from autopar.config import ParallelConfig
     from autopar.report.explain import config_diff
-    a = ParallelConfig(tp=1, dp=8, ep=1)
-    assert config_diff(a, ParallelConfig(tp=1, dp=8, ep=2)) == ["ep 1->2"]
-    assert config_diff(a, ParallelConfig(tp=1, dp=8, ep=1, reshard_after_forward=False)) == \
-        ["reshard None->False"]
+    a = ParallelConfig(tp=1, dp=8, ep=1, zero_stage=3)
+    assert config_diff(a, ParallelConfig(tp=1, dp=8, ep=2, zero_stage=3)) == ["ep 1->2"]
+    kept = ParallelConfig(tp=1, dp=8, ep=1, zero_stage=3, reshard_after_forward=(True, False))
+    assert config_diff(a, kept) == ["reshard None->1/2 blocks"]
     assert config_diff(a, a) == []

@@ -144,6 +144,9 @@ def _value(v) -> str:
         # on both sides of a difference)
         counts = {m: v.count(m) for m in dict.fromkeys(v)}
         return "+".join(f"{n} {m}" for m, n in counts.items())
+    if isinstance(v, tuple) and all(isinstance(x, bool) for x in v):
+        # reshard_after_forward per block: how many blocks reshard
+        return f"{sum(v)}/{len(v)} blocks"
     if isinstance(v, tuple):
         return "/".join(str(x) for x in v)  # stage cuts: blocks per stage
     return str(v)
