@@ -106,3 +106,28 @@ def test_pinned_interleaving_is_honoured_or_refused():
     with pytest.raises(autopar.errors.InfeasibleError, match="pin pp >= 2"):
         autopar.optimize("llama2-7b", "1x8xA100-80GB", train,
                          fixed={"pp": 1, "virtual_stages": 2})
+
+
+@pytest.mark.parametrize("schedule", ["dualpipev", "zbv-zero-bubble", "interleaved-zero-bubble",
+                                      "interleaved-1f1b", "gpipe"])
+def test_a_pinned_schedule_is_searched(schedule):
+    # fixed={"schedule": "dualpipev"} crashed the search with InvalidParallelConfig (its memory
+    # probe built v=1); a schedule that needs a pipeline now skips pp=1 meshes
+    plan = autopar.optimize("llama2-7b", "1x8xA100-80GB",
+                            autopar.TrainingConfig(global_batch_size=16, seq_len=512),
+                            fixed={"schedule": schedule}, top_k=1)
+    assert plan.config.schedule == schedule
+    if schedule != "gpipe":
+        assert plan.config.pp > 1
+
+
+def test_cli_pins_schedule_and_ep(capsys):
+    import json
+    from autopar.cli import main
+    assert main(["plan", "--model", "llama2-7b", "--cluster", "1x8xA100-80GB", "--global-batch",
+                 "16", "--seq-len", "512", "--schedule", "zbv-zero-bubble", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["schedule"] == "zbv-zero-bubble"
+    pytest.importorskip("transformers")
+    assert main(["plan", "--model", "hf-tiny-mixtral", "--cluster", "1x8xA100-80GB",
+                 "--global-batch", "16", "--seq-len", "64", "--ep", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["ep"] == 2

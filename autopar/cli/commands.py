@@ -32,8 +32,8 @@ from rich.console import Console
 from ..report import tables
 from . import measure_cmds
 from .inputs import model_arg
-from ..config import (FRAMEWORKS, OPTIMIZER_STATE_DTYPES, RECOMPUTE_MODES, ParallelConfig,
-                      TrainingConfig)
+from ..config import (FRAMEWORKS, OPTIMIZER_STATE_DTYPES, RECOMPUTE_MODES, SCHEDULES,
+                      ParallelConfig, TrainingConfig)
 from ..errors import (AutoparError, InvalidClusterSpec, InvalidModelConfig, InvalidTrainingConfig,
                       MissingDependency, output_error)
 from ..frameworks import get_profile
@@ -44,7 +44,8 @@ from ..io.importers import Imported, from_megatron_args, from_torchtitan_toml
 
 _PARALLEL = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "zero": "zero_stage",
              "recompute": "recompute", "sequence_parallel": "sequence_parallel",
-             "virtual_stages": "virtual_stages", "micro_batch": "micro_batch_size"}
+             "virtual_stages": "virtual_stages", "micro_batch": "micro_batch_size", "ep": "ep",
+             "schedule": "schedule"}
 
 
 def _positive_float(text: str) -> float:
@@ -112,6 +113,11 @@ def _parallel_flags(p: argparse.ArgumentParser, prefix: str = "", what: str = ""
                    default=None, help=f"interleaved 1F1B chunks per pipeline rank{what}")
     p.add_argument(f"{dash}micro-batch", dest=f"{dest}micro_batch", type=int, default=None,
                    help=f"sequences per micro-batch{what}")
+    p.add_argument(f"{dash}ep", dest=f"{dest}ep", type=int, default=None,
+                   help=f"expert-parallel degree of MoE layers{what}")
+    p.add_argument(f"{dash}schedule", dest=f"{dest}schedule", default=None,
+                   choices=list(SCHEDULES),
+                   help=f"pipeline schedule (torch.distributed.pipelining's){what}")
 
 
 def _non_negative_int(text: str) -> int:

@@ -18,7 +18,7 @@ import math
 import time
 from typing import Callable
 
-from ..config import ParallelConfig
+from ..config import V_SCHEDULES, ParallelConfig
 from ..cost.memory import kept_params_per_rank
 from ..cost.model import CostModel
 from ..cost.types import Estimate
@@ -311,7 +311,9 @@ def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
         # well over the GPU's memory under every stage cut, skip the whole group
         frugal = [run.estimate(ParallelConfig(
             **base, placement=placement, cp_mode=mode,
-            virtual_stages=fixed.get("virtual_stages", 1), zero_stage=zero,
+            virtual_stages=fixed.get("virtual_stages",
+                                     2 if fixed.get("schedule") in V_SCHEDULES else 1),
+            zero_stage=zero,
             recompute=allowed[-1], schedule=fixed.get("schedule"),
             stage_blocks=fixed.get("stage_blocks")))
             for zero in space.zero_options(base, fixed, run.profile)]

@@ -126,8 +126,9 @@ def meshes(graph: ModelGraph, cluster, train: TrainingConfig, fixed: dict,
                     continue
                 if pp > blocks:
                     continue
-                if pp == 1 and (fixed.get("virtual_stages") or 1) > 1:
-                    continue  # interleaving was pinned: it needs a pipeline
+                if pp == 1 and ((fixed.get("virtual_stages") or 1) > 1 or fixed.get(
+                        "schedule") not in (None, "1f1b", "gpipe")):
+                    continue  # interleaving or a split-backward schedule was pinned: needs pp > 1
                 dp = world // (tp * cp * pp)
                 if "dp" in fixed and dp != fixed["dp"]:
                     continue
