@@ -131,3 +131,15 @@ def test_cli_pins_schedule_and_ep(capsys):
     assert main(["plan", "--model", "hf-tiny-mixtral", "--cluster", "1x8xA100-80GB",
                  "--global-batch", "16", "--seq-len", "64", "--ep", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["config"]["ep"] == 2
+
+
+def test_python_estimate_warns_when_the_framework_cannot_run_it():
+    # only the CLI said so; an Estimate from autopar.estimate carried no word of it
+    train = autopar.TrainingConfig(global_batch_size=16, seq_len=512, framework="torchtitan")
+    est = autopar.estimate("llama2-7b", "1x8xA100-80GB", train,
+                           autopar.ParallelConfig(tp=2, pp=2, zero_stage=1))
+    assert any("torchtitan does not run ZeRO-1" in w for w in est.warnings)
+    ok = autopar.estimate("llama2-7b", "1x8xA100-80GB", train,
+                          autopar.ParallelConfig(tp=2, pp=2, zero_stage=3,
+                                                 sequence_parallel=True))
+    assert not any("cannot run" in w for w in ok.warnings)

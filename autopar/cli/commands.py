@@ -36,7 +36,6 @@ from ..config import (FRAMEWORKS, OPTIMIZER_STATE_DTYPES, RECOMPUTE_MODES, SCHED
                       ParallelConfig, TrainingConfig)
 from ..errors import (AutoparError, InvalidClusterSpec, InvalidModelConfig, InvalidTrainingConfig,
                       MissingDependency, output_error)
-from ..frameworks import get_profile
 from ..report.advice import fixes_to_fit, run_cost
 from ..report.explain import Problem, compare, named_alternatives, search_plan
 from ..report.summary import plural, trust_lines
@@ -444,9 +443,6 @@ def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
 
 def _cmd_estimate(args, problem, par, notes, out) -> dict:
     est = problem.estimate(ParallelConfig(**par))
-    refused = get_profile(problem.train.framework).unsupported(est.config)
-    if refused:
-        notes = [*notes, f"{refused}: the framework cannot run this configuration as estimated"]
     fixes = [] if est.fits else fixes_to_fit(problem, est.config)
     money = _money(args, [("yours" + ("" if est.fits else " (OOM)"), est)]
                    + [(t, e) for t, e in fixes if e.fits][:3])

@@ -842,8 +842,13 @@ class CostModel:
             "bubble": bubble, "dp_comm_exposed": dp_exposed, "optimizer": optimizer_s,
         }
         regime = Regime.of(train, self.device.name, c)
+        warns = plausibility_warnings(mfu, regime)
+        refused = self.profile.unsupported(c)
+        if refused:  # the search never returns such a plan; a hand-written one can be one
+            warns = (*warns, f"{refused}: the framework cannot run this configuration as "
+                             "estimated")
         return Estimate(
-            error_band=band_for(regime), warnings=plausibility_warnings(mfu, regime),
+            error_band=band_for(regime), warnings=warns,
             config=c, step_time_s=step, mfu=mfu, hfu=hfu,
             tokens_per_s=train.tokens_per_step / step,
             memory_per_gpu_bytes=totals[peak_rank],
