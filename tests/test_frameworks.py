@@ -109,7 +109,7 @@ def test_cli_framework_and_export(tmp_path, capsys):
                "--global-batch", "16", "--seq-len", "32", "--framework", "megatron", "--pp", "2",
                "--dp", "4", "--zero", "3", "--json"])
     assert rc == 0
-    warnings = json.loads(capsys.readouterr().out)["estimate"]["warnings"]
+    warnings = json.loads(capsys.readouterr().out)["warnings"]
     assert any("megatron does not run ZeRO-3" in w for w in warnings)
     with pytest.raises(SystemExit):   # argparse: invalid choice
         main(["plan", "--model", "tiny-llama", "--cluster", "1x8xA100-80GB", "--framework",
