@@ -120,3 +120,11 @@ def test_config_diff_names_every_field_that_differs():
     kept = ParallelConfig(tp=1, dp=8, ep=1, zero_stage=3, reshard_after_forward=(True, False))
     assert config_diff(a, kept) == ["reshard None->1/2 blocks"]
     assert config_diff(a, a) == []
+
+
+def test_long_stage_cuts_are_shown_as_runs():
+    from autopar.config import ParallelConfig
+    from autopar.report.explain import config_diff
+    a = ParallelConfig(pp=16, stage_blocks=(2,) * 16)
+    b = ParallelConfig(pp=16, stage_blocks=(1,) + (2,) * 14 + (3,))
+    assert config_diff(a, b) == ["cuts 2*16->1/2*14/3"]

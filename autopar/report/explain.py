@@ -147,6 +147,15 @@ def _value(v) -> str:
     if isinstance(v, tuple) and all(isinstance(x, bool) for x in v):
         # reshard_after_forward per block: how many blocks reshard
         return f"{sum(v)}/{len(v)} blocks"
+    if isinstance(v, tuple) and len(v) > 8:
+        # many stage cuts: runs of equal counts ("2*62/3/1"), else the line fills the screen
+        runs: list[list] = []
+        for x in v:
+            if runs and runs[-1][0] == x:
+                runs[-1][1] += 1
+            else:
+                runs.append([x, 1])
+        return "/".join(f"{x}*{n}" if n > 1 else str(x) for x, n in runs)
     if isinstance(v, tuple):
         return "/".join(str(x) for x in v)  # stage cuts: blocks per stage
     return str(v)
