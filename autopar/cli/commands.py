@@ -512,10 +512,14 @@ def _cmd_explain(args, problem, fixed, out, err, interrupt=None) -> dict:
     if args.json:
         return data
     c = best.config
+    band = f" {best.error_band.text()}" if best.error_band else ""
     out.print(f"[bold]Best plan[/bold]: tp={c.tp} pp={c.pp} dp={c.dp} cp={c.cp} zero="
               f"{c.zero_stage} recompute={c.recompute if isinstance(c.recompute, str) else 'mixed'}"
-              f" mbs={c.micro_batch_size} v={c.virtual_stages}: {best.step_time_s:.3f} s/step, "
-              f"MFU {best.mfu * 100:.1f}%, {best.memory_per_gpu_bytes / 1e9:.1f} GB per GPU.")
+              f" mbs={c.micro_batch_size} v={c.virtual_stages} schedule={c.schedule}: "
+              f"{best.step_time_s:.3f} s/step{band}, MFU {best.mfu * 100:.1f}%, "
+              f"{best.memory_per_gpu_bytes / 1e9:.1f} GB per GPU.", highlight=False)
+    for label, text in trust_lines(best):
+        out.print(f"{label}: {text}", highlight=False, markup=False)
     out.print(tables.comparison_table(comps))
     for cmp in comps:
         out.print("- " + cmp.sentence(), highlight=False)
