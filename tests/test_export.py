@@ -458,3 +458,15 @@ def test_megatron_fsdp2_export_reads_back_as_zero3():
     got = from_megatron_args("--tensor-model-parallel-size 2 --use-torch-fsdp2 "
                              "--micro-batch-size 1 --global-batch-size 64 --seq-length 8192")
     assert got.parallel["zero_stage"] == 3
+
+
+def test_deepspeed_overlap_comm_is_what_the_estimate_priced():
+    # ZeRO-2 was written with overlap_comm=True while the deepspeed profile (DeepSpeed's own
+    # default for stages 1-2) prices the gradient reduction after backward
+    from autopar.frameworks import get_profile
+    train = autopar.TrainingConfig(global_batch_size=16, seq_len=32, framework="deepspeed")
+    for zero in (1, 2):
+        plan = autopar.optimize("tiny-llama", "1x8xA100-80GB", train,
+                                fixed={"zero_stage": zero, "tp": 1, "pp": 1}, top_k=1)
+        z = plan.to_deepspeed_config().value["zero_optimization"]
+        assert z["overlap_comm"] is get_profile("deepspeed").overlap_dp_grad_reduce is False

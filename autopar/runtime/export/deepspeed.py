@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ...frameworks import get_profile
 from .common import (Export, balanced_cut, block_modes, finish, one_reshard_policy,
                      rank_order, strongest_mode)
 
@@ -28,8 +29,14 @@ def to_deepspeed_config(plan) -> Export:
         "zero_optimization": {"stage": c.zero_stage},
         "gradient_clipping": 1.0,
     }
+    if c.zero_stage in (1, 2):
+        # the overlap the re-estimate assumes (the deepspeed profile's: overlap_comm's default
+        # for stages 1-2, deepspeed/runtime/zero/config.py overlap_comm_valid), not a faster
+        # setting the estimate never priced; stage 3 keeps DeepSpeed's default (True), which
+        # the profile's per-parameter gathers already describe
+        cfg["zero_optimization"]["overlap_comm"] = get_profile("deepspeed").overlap_dp_grad_reduce
     if c.zero_stage == 2:
-        cfg["zero_optimization"].update(overlap_comm=True, reduce_scatter=True)
+        cfg["zero_optimization"]["reduce_scatter"] = True
     if t.precision in ("bf16", "fp8"):
         cfg["bf16"] = {"enabled": True}
         if t.precision == "fp8":
