@@ -326,3 +326,16 @@ def test_pickle_and_copy_round_trip():
     for other in (pickle.loads(pickle.dumps(c)), copy.deepcopy(c)):
         assert other == c and hash(other) == hash(c)
         assert other.collective_time("all_reduce", GB, range(16)) == c.collective_time("all_reduce", GB, range(16))
+
+
+def test_architecture_can_be_given_for_a_name_that_does_not_say():
+    from dataclasses import replace
+    from autopar.errors import InvalidClusterSpec
+    from autopar.hardware import get_device
+    h100 = get_device("H100-SXM5-80GB")
+    custom = replace(h100, name="MyCloud-GPU")
+    assert custom.architecture == "unknown"          # read from the name: nothing to read
+    assert replace(custom, arch="hopper").architecture == "hopper"
+    assert h100.architecture == "hopper" and h100.arch == ""
+    with pytest.raises(InvalidClusterSpec, match="arch 'blackwel'"):
+        replace(custom, arch="blackwel")

@@ -30,6 +30,10 @@ def picklable(value):
     return dict(value) if isinstance(value, MappingProxyType) else value
 
 
+#: Architectures :attr:`Device.arch` may name ("" = read from the device name).
+ARCHITECTURES = ("", "ampere", "hopper", "unknown")
+
+
 @dataclass(frozen=True)
 class Device:
     """One GPU model.
@@ -85,6 +89,9 @@ class Device:
         return min(1.0, (self.power_limit_w / self.tdp_w) ** (1.0 / 3.0))
 
     capacity_bytes: float | None = None
+    #: GPU architecture ("ampere", "hopper"); "" reads it from the name (:attr:`architecture`).
+    #: Set it for a device whose name does not say (a custom entry, "MyCloud-GPU").
+    arch: str = ""
 
     @property
     def visible_memory_bytes(self) -> float:
@@ -110,6 +117,10 @@ class Device:
             raise InvalidClusterSpec(
                 f"device {self.name!r}: form_factor {self.form_factor!r} is not one of {list(FORM_FACTORS)}"
             )
+        if self.arch not in ARCHITECTURES:
+            raise InvalidClusterSpec(
+                f"device {self.name!r}: arch {self.arch!r} is not one of {list(ARCHITECTURES)}; "
+                "fix: e.g. arch='hopper', or '' to read it from the name")
         object.__setattr__(self, "peak_flops", MappingProxyType(dict(self.peak_flops)))
 
     def __reduce__(self):
@@ -118,8 +129,11 @@ class Device:
 
     @property
     def architecture(self) -> str:
-        """GPU architecture read from the name: "hopper" (H100, H800, H200), "ampere" (A100,
-        A800), else "unknown". The cost model's calibration constants are per architecture."""
+        """GPU architecture: :attr:`arch` when given, else read from the name: "hopper" (H100,
+        H800, H200), "ampere" (A100, A800), else "unknown". The cost model's efficiency
+        constants are per architecture (an "unknown" one takes the Ampere figures)."""
+        if self.arch:
+            return self.arch
         n = self.name.upper()
         if n.startswith(("H100", "H800", "H200", "H20")):
             return "hopper"
