@@ -126,11 +126,45 @@ def _memory_bound_ops(ops, fusion: str):
         yield done
 
 
+#: HBM passes over the score matrix in an unfused attention forward, counted in autopar's own
+#: ring attention (autopar/runtime/cp.py ``_ring``): q k^T written (1), scaled (read + write, 2),
+#: masked_fill (2), logsumexp read (1), minus lse (2), exp (2), p @ v read (1) = 11; the
+#: backward is taken as twice the forward, as for every unfused op here.
+UNFUSED_SCORE_PASSES = 11
+
+
+def _fused_attention_s(causal, flops, peak_flops, params, architecture, kernel, dims):
+    """(forward, backward) seconds of a fused attention kernel: the ceiling is for forward +
+    backward; it splits by the backward's relative efficiency r: forward at
+    eff * (1 + R / r) / (1 + R), backward R / r times the forward."""
+    work = params.causal_attention_work if causal else 1.0
+    eff = (params.attention_ceiling(kernel, architecture)
+           * params.attention_shape_factor(kernel, *dims))
+    r = params.attention_backward_efficiency
+    ratio = ATTENTION_BACKWARD_RATIO
+    t = flops * work / (peak_flops * eff * (1 + ratio / r) / (1 + ratio))
+    return t, ratio / r * t
+
+
+def _cp_attention_s(flops, peak_flops, hbm_bandwidth, params, architecture, dims, path):
+    """(forward, backward) seconds of a CP rank's attention run as ``path`` ("masked" or
+    "unfused", :func:`layer_time`): every pair of the rank's queries and keys is computed."""
+    if path == "masked":
+        return _fused_attention_s(False, flops, peak_flops, params, architecture, "efficient",
+                                  dims)
+    head_dim = dims[0] or 128.0
+    scores = flops / (4.0 * head_dim)   # query-key pairs x heads: flops = 4 pairs d
+    t = (flops / (peak_flops * params.matmul_ceiling(architecture))
+         + UNFUSED_SCORE_PASSES * 2 * scores / (hbm_bandwidth * params.hbm_efficiency))
+    return t, 2.0 * t
+
+
 def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_parallel: bool,
                peak_flops: float, hbm_bandwidth: float, params: CostParams,
                architecture: str = "ampere", fp8_peak_flops: float | None = None,
                attention_kernel: str = "fa2", fusion: str = "fused",
-               attention_dims: tuple[float, float] = (0.0, 0.0)) -> LayerTime:
+               attention_dims: tuple[float, float] = (0.0, 0.0),
+               cp_attention: str = "fused", cp_imbalance: float = 1.0) -> LayerTime:
     """Roofline time of ``layer`` for a micro-batch of ``micro_batch`` sequences.
 
     Args:
@@ -153,6 +187,16 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
             FUSION_LEVELS`; see :func:`_memory_bound_ops`).
         attention_dims: (head dim, keys each query block visits per rank) of the layer's
             attention, for :meth:`CostParams.attention_shape_factor`; (0, 0) = unknown.
+        cp_attention: how a context-parallel rank runs a fused attention op
+            (:data:`autopar.frameworks.profiles.CP_ATTENTION_PATHS`): ``"fused"`` (the framework's kernel, causal blocks
+            skipped), ``"masked"`` (SDPA with an explicit boolean mask: the memory-efficient
+            kernel, which cannot skip masked blocks, so all s_local x s pairs run) or
+            ``"unfused"`` (scores as plain tensor ops through HBM, all pairs:
+            :data:`UNFUSED_SCORE_PASSES` passes over them). Never cheaper than ``"fused"`` (a
+            slower implementation of the same attention).
+        cp_imbalance: the slowest CP rank's causal attention work over the average (1 for the
+            load-balanced split; ``(2 cp - 1) / cp`` for a contiguous one, whose last rank's
+            queries see the most keys).
 
     Returns:
         :class:`LayerTime` in seconds and per-GPU FLOPs.
@@ -196,15 +240,15 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
         elif op.kind == "attention":
             flops = op.fwd_flops * scale / tp
             if op.fused:
-                work = params.causal_attention_work if op.causal else 1.0
-                eff = (params.attention_ceiling(attention_kernel, architecture)
-                       * params.attention_shape_factor(attention_kernel, *attention_dims))
-                # the ceiling is for forward + backward; split it by the backward's relative
-                # efficiency r: fwd at eff * (1 + R / r) / (1 + R), bwd R / r times the forward
-                r = params.attention_backward_efficiency
-                ratio = ATTENTION_BACKWARD_RATIO
-                t = flops * work / (peak_flops * eff * (1 + ratio / r) / (1 + ratio))
-                bwd += ratio / r * t
+                t, tb = _fused_attention_s(op.causal, flops, peak_flops, params, architecture,
+                                           attention_kernel, attention_dims)
+                if cp > 1 and cp_attention != "fused":
+                    t2, tb2 = _cp_attention_s(flops, peak_flops, hbm_bandwidth, params,
+                                              architecture, attention_dims, cp_attention)
+                    t, tb = max(t, t2), max(tb, tb2)
+                if op.causal:
+                    t, tb = t * cp_imbalance, tb * cp_imbalance
+                bwd += tb
             else:  # batched GEMMs plus the s x s scores through HBM, masked work not skipped
                 t = (flops / (peak_flops * params.matmul_ceiling(architecture))
                      + op.bytes_read * scale / tp / (hbm_bandwidth * params.hbm_efficiency))

@@ -151,10 +151,21 @@ class CostModel:
         self._flops_per_seq: float | None = None
 
     # -- cached pieces -------------------------------------------------------------------------
-    def layer_time(self, index: int, b: int, tp: int, cp: int, sp: bool) -> LayerTime:
-        """Compute time of graph layer ``index`` (cached by signature and sharding)."""
+    def layer_time(self, index: int, b: int, tp: int, cp: int, sp: bool,
+                   cp_mode: str = "ulysses") -> LayerTime:
+        """Compute time of graph layer ``index`` (cached by signature and sharding).
+
+        ``cp_mode`` picks how a CP rank runs attention (the profile's ``cp_attention``) and
+        whether its causal work is balanced: a ring or all-gather split is load-balanced only
+        when ``2 cp`` divides the sequence (autopar/runtime/cp.py ``layout``; Megatron-LM and
+        torchtitan require it), else the last rank's queries see the most keys, (2 cp - 1) / cp
+        times the average. The default (Ulysses: whole sequences, fused, balanced) is the least
+        over the modes, the search's lower bound."""
         layer = self.graph.layers[index]
-        key = (layer.signature, b, tp, cp, sp)
+        path = self.profile.cp_attention.get(cp_mode, "fused") if cp > 1 else "fused"
+        skew = (2 * cp - 1) / cp if (cp > 1 and cp_mode != "ulysses"
+                                     and self.train.seq_len % (2 * cp)) else 1.0
+        key = (layer.signature, b, tp, cp, sp, path, skew)
         t = self._layer_times.get(key)
         if t is None:
             t = layer_time(layer, micro_batch=b / self.graph.micro_batch_size, tp=tp, cp=cp,
@@ -164,7 +175,8 @@ class CostModel:
                            architecture=getattr(self.device, "architecture", "ampere"),
                            attention_kernel=self.attention_kernel,
                            fusion=self.profile.fusion,
-                           attention_dims=self._attention_dims(layer, cp))
+                           attention_dims=self._attention_dims(layer, cp),
+                           cp_attention=path, cp_imbalance=skew)
             self._layer_times[key] = t
         return t
 
@@ -227,7 +239,7 @@ class CostModel:
             return hit
         tp, cp, sp = c.tp, c.cp, c.sequence_parallel
         bscale = c.micro_batch_size / self.graph.micro_batch_size
-        lt = self.layer_time(index, c.micro_batch_size, tp, cp, sp)
+        lt = self.layer_time(index, c.micro_batch_size, tp, cp, sp, c.cp_mode)
         tf, tb, fb, bb = tp_layer_comm(layer, self.group("tp", c), micro_batch=bscale, cp=cp,
                                        sequence_parallel=sp)
         if mode == "full":  # the recomputed forward repeats its collectives

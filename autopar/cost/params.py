@@ -45,6 +45,11 @@ class CostParams:
             stays BF16). ``fa1/hopper`` has no measurement: an Ampere-era kernel (mma.sync, no
             TMA/wgmma) keeps its speed relative to FlashAttention-2 on Hopper, so it is taken as
             fa2/hopper x fa1/ampere / fa2/ampere = 0.34 x 0.30 / 0.60 = 0.17 (derived, not fitted).
+            ``efficient`` is SDPA's memory-efficient backend (the xFormers CUTLASS kernel), the
+            one that runs when an explicit mask is passed: measured on one H200 at 0.145 of the
+            BF16 peak forward+backward (head dim 128, sequence 8k-32k,
+            ``benchmarks/data/gpu/h200_sweep.json``); on Ampere, unmeasured, taken as fa1's
+            0.30 (an mma.sync kernel of the same generation; assumption).
         attention_shape: per kernel, ``(head_dim_half, seq_half)``: how a fused attention
             kernel's efficiency falls at small head dims and short sequences,
             ``f = (128 + k) / 128 * d / (d + k) * L / (L + s_half)`` for head dim ``d`` and ``L``
@@ -57,7 +62,9 @@ class CostParams:
             (``benchmarks/data/gpu/h200_sweep.json``: 21 shapes per kernel, head dims 64/128,
             sequences 512-32768; max error 1.7% for FA2, 5% for cuDNN): ``fa2`` (21, 740),
             ``cudnn`` (53, 620). Unmeasured kernels borrow the nearest design: ``fa1`` takes
-            FA2's, ``fa3`` cuDNN's (both Hopper warp-specialised kernels; assumption). The
+            FA2's, ``fa3`` cuDNN's (both Hopper warp-specialised kernels; assumption),
+            ``efficient`` FA2's (its H200 efficiency at s=512 is 0.53 of its long-sequence one,
+            FA2's shape gives 0.41). The
             ``attention_efficiency`` figures are at head dim 128 and long sequences, where
             ``f`` -> 1. A calibrated scalar ``attention_efficiency`` (``autopar calibrate``,
             measured at the planned shape) is used as is.
@@ -96,11 +103,12 @@ class CostParams:
     attention_efficiency: Mapping[str, float] = field(
         default_factory=lambda: MappingProxyType({
             "fa1/ampere": 0.30, "fa2/ampere": 0.60, "cudnn/ampere": 0.60,
-            "fa1/hopper": 0.17, "fa2/hopper": 0.34, "fa3/hopper": 0.60, "cudnn/hopper": 0.58}))
+            "fa1/hopper": 0.17, "fa2/hopper": 0.34, "fa3/hopper": 0.60, "cudnn/hopper": 0.58,
+            "efficient/ampere": 0.30, "efficient/hopper": 0.145}))
     attention_shape: Mapping[str, tuple[float, float]] = field(
         default_factory=lambda: MappingProxyType({
             "fa1": (21.0, 740.0), "fa2": (21.0, 740.0), "cudnn": (53.0, 620.0),
-            "fa3": (53.0, 620.0)}))
+            "fa3": (53.0, 620.0), "efficient": (21.0, 740.0)}))
     attention_backward_efficiency: float = 0.88
     causal_attention_work: float = 0.5
     hbm_efficiency: float = 0.82
@@ -160,7 +168,7 @@ class CostParams:
 
 
 #: Fused attention kernels the cost model knows: FlashAttention 1/2/3 and cuDNN's fused attention.
-ATTENTION_KERNELS = ("fa1", "fa2", "fa3", "cudnn")
+ATTENTION_KERNELS = ("fa1", "fa2", "fa3", "cudnn", "efficient")
 
 #: Weights bytes per parameter and optimizer-state bytes K per parameter (Rajbhandari et al.
 #: 2020, ZeRO, section 3.1: mixed-precision Adam keeps fp32 master weights, momentum, variance:

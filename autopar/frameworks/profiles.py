@@ -54,11 +54,14 @@ FUSION_LEVELS = ("eager", "compile", "fused")
 #: ZeRO-3: per-parameter gathers through small prefetch buckets with stream synchronisation,
 #: costed as not overlapped).
 ZERO3_GATHERS = ("per_block", "per_parameter")
+#: How a context-parallel rank runs attention (:attr:`FrameworkProfile.cp_attention`; costed
+#: by :func:`autopar.cost.compute.layer_time`).
+CP_ATTENTION_PATHS = ("fused", "masked", "unfused")
 #: Names of the cost fields (defaults in :class:`FrameworkProfile`; sources in ``cost_sources``).
 COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_gather",
                "zero3_regather_per_micro_batch", "overlap_tp_comm", "overlap_pp_p2p",
                "grad_reduce_bytes", "step_fixed_s", "zero1_param_sync", "zero1_group_size",
-               "zero1_grad_all_reduce")
+               "zero1_grad_all_reduce", "cp_attention")
 #: How ZeRO-1 returns updated parameters after the optimizer step: one ``all_gather`` over the
 #: ZeRO group, or ``broadcast``: each rank broadcasts its shard (one broadcast per rank, as
 #: InternEvo's hybrid ZeRO and DeepSpeed's early ZeRO-1), exposed after the step.
@@ -83,6 +86,8 @@ _DEFAULT_COST_SOURCES = {
     "zero1_group_size": "ZeRO shards over the whole data-parallel group",
     "zero1_grad_all_reduce": "ZeRO-1 reduce-scatters gradients (ZeroRedundancyOptimizer after "
                              "DDP all-reduce is the exception, not costed)",
+    "cp_attention": "context parallelism runs the framework's fused attention kernel per "
+                    "chunk (ring attention with flash kernels, load-balanced split)",
 }
 
 
@@ -138,6 +143,9 @@ class FrameworkProfile:
             InternEvo ``parallel.zero1=8``: within a node); None = the whole data-parallel group.
         zero1_grad_all_reduce: ZeRO-1 all-reduces the full gradients (each rank then keeps its
             shard) instead of reduce-scattering them: twice the volume on the wire.
+        cp_attention: CP mode -> how a rank runs attention under it (:data:`CP_ATTENTION_PATHS`:
+            "fused" kernel, "masked" = SDPA with an explicit mask (memory-efficient kernel, all
+            pairs), "unfused" = plain tensor ops); a mode not listed runs "fused".
         cost_sources: cost field name -> its source (every cost field has one).
 
     Raises:
@@ -178,6 +186,7 @@ class FrameworkProfile:
     zero1_param_sync: str = "all_gather"
     zero1_group_size: int | None = None
     zero1_grad_all_reduce: bool = False
+    cp_attention: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     cost_sources: Mapping[str, str] = field(default_factory=lambda: dict(_DEFAULT_COST_SOURCES))
     #: memory conventions (bytes per state, optimizer temporaries, what PP keeps unsharded...),
     #: sourced inside :class:`autopar.frameworks.memory.MemoryConventions`
@@ -213,6 +222,9 @@ class FrameworkProfile:
             bad.append("grad_reduce_bytes/step_fixed_s")
         if not self.attention_kernels or "*" not in self.attention_kernels:
             bad.append("attention_kernels (needs a '*' entry)")
+        if not set(self.cp_attention) <= set(CP_MODES) or not set(
+                self.cp_attention.values()) <= set(CP_ATTENTION_PATHS):
+            bad.append("cp_attention")
         missing = [n for n in self.capability_names() if not self.sources.get(n)]
         missing += [n for n in COST_FIELDS if not self.cost_sources.get(n)]
         if bad or missing:
@@ -223,13 +235,15 @@ class FrameworkProfile:
         object.__setattr__(self, "cost_sources", MappingProxyType(dict(self.cost_sources)))
         object.__setattr__(self, "attention_kernels",
                            MappingProxyType(dict(self.attention_kernels)))
+        object.__setattr__(self, "cp_attention", MappingProxyType(dict(self.cp_attention)))
 
     def __hash__(self) -> int:
         return hash((self.name, self.version, tuple(sorted(self.attention_kernels.items())),
                      self.fusion, self.overlap_dp_grad_reduce, self.zero3_gather,
                      self.zero3_regather_per_micro_batch, self.overlap_tp_comm,
                      self.overlap_pp_p2p, self.grad_reduce_bytes, self.step_fixed_s,
-                     self.zero1_param_sync, self.zero1_group_size, self.zero1_grad_all_reduce))
+                     self.zero1_param_sync, self.zero1_group_size, self.zero1_grad_all_reduce,
+                     tuple(sorted(self.cp_attention.items()))))
 
     @classmethod
     def capability_names(cls) -> tuple[str, ...]:
@@ -365,9 +379,10 @@ TORCH = FrameworkProfile(
                             "registered (schedules.py), and plan.apply registers none",
         "interleaved_chunks": "pipelining.PipelineStage takes any module per stage",
         "stage_cuts": "pipelining.PipelineStage takes any module per stage",
-        "cp_modes": "torch.distributed.tensor.experimental.context_parallel (_RotateMethod "
-                    "ALL_TO_ALL = ring, ALL_GATHER); Ulysses has no built-in module: two "
-                    "all_to_all_single calls (Jacobs et al. 2023, arXiv 2309.14509)",
+        "cp_modes": "autopar/runtime/cp.py: all-gather, ring and Ulysses CP from plain "
+                    "collectives (torch.distributed.tensor.experimental.context_parallel "
+                    "needs CUDA's attention ops); Ulysses: two all_to_all_single calls "
+                    "(Jacobs et al. 2023, arXiv 2309.14509)",
         "recompute_modes": "torch.utils.checkpoint (full) and selective checkpointing "
                            "(torch.utils.checkpoint.create_selective_checkpoint_contexts: "
                            "attention core, and torchtitan's op-level policy; "
@@ -378,7 +393,13 @@ TORCH = FrameworkProfile(
         "expert_parallel": "all_to_all_single token dispatch over a DeviceMesh dim",
     },
     zero3_regather_per_micro_batch=False,
+    cp_attention={"allgather": "masked", "ring": "unfused"},
     cost_sources={**_DEFAULT_COST_SOURCES,
+                  "cp_attention": "autopar/runtime/cp.py (what plan.apply runs): all-gather CP "
+                                  "calls SDPA with an explicit boolean mask (flash refuses masks, "
+                                  "so the memory-efficient kernel runs over all pairs); ring CP "
+                                  "computes each hop's scores in plain tensor ops; Ulysses runs "
+                                  "SDPA is_causal on whole sequences (fused)",
                   "zero3_regather_per_micro_batch": "torch/distributed/pipelining/stage.py "
                   "backward_maybe_with_nosync: for an FSDP stage module, micro-batches before "
                   "the last set_requires_gradient_sync(False) and set_reshard_after_backward("
