@@ -271,3 +271,23 @@ def test_init_is_deterministic_and_dtype_independent(name):
         assert torch.equal(a.rope.cos[0], torch.ones(16)) and torch.isfinite(a.rope.sin).all()
     # bf16 runs too
     c(torch.zeros(1, 8, dtype=torch.long)).float().sum().backward()
+
+
+def test_squared_relu_mlp():
+    # Nemotron-4's MLP (Megatron-LM --squared-relu): two matrices, relu(x)^2
+    import torch
+    from autopar.models import ModelConfig, build
+    cfg = ModelConfig.from_dict(dict(name="sq", family="gpt", num_layers=2, hidden_size=64,
+                                     num_heads=4, vocab_size=128, seq_len=32, mlp="squared-relu",
+                                     bias=False))
+    model = build(cfg, device="cpu", dtype=torch.float32, seed=0)
+    assert sum(p.numel() for p in model.parameters()) == cfg.num_parameters
+    mlp = model.layers[0].mlp
+    x = torch.randn(3, 64)
+    assert torch.allclose(mlp(x), mlp.fc2(torch.relu(mlp.fc1(x)) ** 2))
+    gelu = ModelConfig.from_dict({**cfg.to_dict(), "mlp": "gelu"})
+    assert gelu.num_parameters == cfg.num_parameters
+    import autopar
+    args = autopar.optimize(cfg, "1x8xA100-80GB", autopar.TrainingConfig(8, 32),
+                            top_k=1).to_megatron_args().value
+    assert "--squared-relu" in args and "--swiglu" not in args

@@ -22,7 +22,10 @@ from autopar.errors import InvalidModelConfig
 
 FAMILIES = ("gpt", "llama")
 NORMS = ("layernorm", "rmsnorm")
-MLPS = ("gelu", "swiglu")
+#: MLP kinds: GELU (GPT), SwiGLU (Llama; Shazeer 2020), squared ReLU (So et al. 2021, Primer,
+#: arXiv 2109.08668; Nemotron-4, arXiv 2402.16819; Megatron-LM ``--squared-relu``): two
+#: matrices like GELU, activation relu(x)^2.
+MLPS = ("gelu", "swiglu", "squared-relu")
 POSITIONS = ("learned", "rope")
 
 # Family defaults for the fields left as None. Sources: Megatron-LM arguments.py (gpt), Llama
@@ -188,7 +191,7 @@ class ModelConfig:
         """Parameters (elements) of the :class:`~autopar.models.transformer.Transformer` this
         config builds, tied embeddings counted once: embedding V*h (+ seq_len*h learned
         positions); per layer q/o projections 2*h*a*d, k/v 2*h*kv*d, MLP 3*h*f (SwiGLU) or 2*h*f
-        (GELU), two norms (h each, +h each for LayerNorm with bias) and biases when ``bias``;
+        (GELU, squared ReLU), two norms (h each, +h each for LayerNorm with bias) and biases when ``bias``;
         final norm; LM head V*h unless tied."""
         h, f, v = self.hidden_size, self.ffn_hidden_size, self.vocab_size
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim

@@ -134,7 +134,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """GPT MLP: ``fc1`` h -> f, exact (erf) GELU as Megatron's default, ``fc2`` f -> h.
+    """GPT MLP: ``fc1`` h -> f, exact (erf) GELU as Megatron's default (or squared ReLU,
+    ``torch.pow(F.relu(x), 2)`` as Megatron-LM's ``--squared-relu``), ``fc2`` f -> h.
 
     Input [b, s, h] -> output [b, s, h]; biases iff ``config.bias``.
     """
@@ -143,9 +144,12 @@ class MLP(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(config.hidden_size, config.ffn_hidden_size, bias=config.bias)
         self.fc2 = nn.Linear(config.ffn_hidden_size, config.hidden_size, bias=config.bias)
+        self.squared_relu = config.mlp == "squared-relu"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x)))
+        y = self.fc1(x)
+        y = torch.pow(F.relu(y), 2) if self.squared_relu else F.gelu(y)
+        return self.fc2(y)
 
 
 class SwiGLU(nn.Module):

@@ -15,7 +15,7 @@ MEGATRON_FLAGS = frozenset({
     "--recompute-method", "--recompute-num-layers", "--bf16", "--fp16", "--fp8-format",
     "--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size",
     "--group-query-attention", "--num-query-groups", "--vocab-size", "--normalization",
-    "--norm-epsilon", "--swiglu", "--position-embedding-type", "--rotary-base",
+    "--norm-epsilon", "--swiglu", "--squared-relu", "--position-embedding-type", "--rotary-base",
     "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--attention-dropout",
     "--hidden-dropout", "--optimizer", "--expert-model-parallel-size", "--cp-comm-type",
     "--use-tp-pp-dp-mapping", "--no-gradient-accumulation-fusion",
@@ -179,6 +179,8 @@ def _megatron_model(m: dict, t) -> list[str]:
         a += ["--normalization", "RMSNorm"]
     if m.get("mlp") == "swiglu":
         a.append("--swiglu")
+    elif m.get("mlp") == "squared-relu":
+        a.append("--squared-relu")
     if m.get("position") == "rope":
         a += ["--position-embedding-type", "rope", "--rotary-base",
               str(int(m.get("rope_theta", 10000)))]
