@@ -70,8 +70,9 @@ def _inter_link(text: str | None, gpus_per_node: int, num_nodes: int,
     """(catalog link, NICs per node) from a record's prose; (None, None) = the GPU's default node.
 
     Reads "8x InfiniBand HDR", "RoCE 400 Gb/s per GPU", "4 * 100Gb RoCE", "RoCE, 1600 Gbps ...
-    per node". A per-node total of an unnamed fabric is modelled as RoCE NICs of that total
-    (said in ``assumed``); anything else unreadable is a :class:`RecordError`, never a guess.
+    per node", "3.2 Tbps ... per node", "4x200Gbps RDMA". A per-node total, or a NIC count and
+    rate, of an unnamed fabric is modelled as RoCE NICs (said in ``assumed``); anything else
+    unreadable is a :class:`RecordError`, never a guess.
     """
     if num_nodes == 1:
         return None, None
@@ -85,12 +86,21 @@ def _inter_link(text: str | None, gpus_per_node: int, num_nodes: int,
         return "ib-ndr", nics
     if "hdr" in t:
         return "ib-hdr", nics
-    speeds = [int(x) for x in re.findall(r"(\d+)\s*gb", t)]
+    # link rates in Gb/s ("400 Gbps", "3.2 Tbps": 3200)
+    speeds = [round(float(x) * (1000 if unit == "tb" else 1))
+              for x, unit in re.findall(r"(\d+(?:\.\d+)?)\s*(gb|tb)", t)]
     kind = "roce" if "roce" in t else None
     if kind and count and speeds and speeds[0] in (100, 200, 400):
         return f"roce-{speeds[0]}g", nics
     if kind and "per gpu" in t and speeds and speeds[0] in (100, 200, 400):
         return f"roce-{speeds[0]}g", gpus_per_node
+    if not kind and count and speeds and speeds[0] in (100, 200, 400) \
+            and "infiniband" not in t:
+        # "4x200Gbps RDMA", "4x 200 Gbps Slingshot-11": N NICs of that rate, fabric unnamed
+        # or not in the catalog: modelled as RoCE NICs of the rate (said in ``assumed``)
+        assumed["inter_node"] = (f"{text!r}: {nics} x {speeds[0]} Gb/s NICs per node, "
+                                 "modelled as RoCE")
+        return f"roce-{speeds[0]}g", nics
     if speeds and "per node" in t or (speeds and not count and "per gpu" not in t):
         total = speeds[0]
         for nic in (400, 200, 100):

@@ -41,6 +41,19 @@ def test_per_node_total_of_an_unnamed_fabric_is_an_assumption_said():
     assert "inter_node" in dict(rec.assumed)
 
 
+@pytest.mark.parametrize("text, link, nics", [
+    ("3.2 Tbps inter-node per node", "roce-400g", 8),          # Tbps read as 3200 Gb/s
+    ("4x200Gbps RDMA (stated for the scaling experiment)", "roce-200g", 4),
+    ("4x 200 Gbps Slingshot-11 per node (800 Gbps), dragonfly", "roce-200g", 4),  # was 1 NIC
+])
+def test_nic_counts_and_tbps_of_unnamed_fabrics(text, link, nics):
+    r = _shared("megatron-ptdp-39.1b")
+    r["cluster"]["inter_node"] = text
+    rec = records.parse(r)
+    assert (rec.cluster.inter_link.name, rec.cluster.nics_per_node) == (link, nics)
+    assert "inter_node" in dict(rec.assumed)
+
+
 def test_gpu_overrides_change_the_device():
     r = _shared("dgxc-llama3.1-8b-bf16-8gpu")
     r["cluster"]["gpu_overrides"] = {"memory_gib": 96, "hbm_bandwidth_tbps": 2.4}
