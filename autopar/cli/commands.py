@@ -427,8 +427,12 @@ def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
     if money:
         out.print(tables.money_table(money, args.tokens))
     s = plan.search
-    stopped = "" if s.complete else (f" (stopped early: best so far, at most {s.gap:.1%} slower "
-                                     "than the best in the space)")
+    # gap = (best - bound) / best, so the best plan left unseen is at most best / bound - 1
+    # faster (a gap of 1: no bound)
+    stopped = "" if s.complete else (
+        f" (stopped early: best so far, at most {s.gap / (1 - s.gap):.1%} slower than the best "
+        "in the space)" if s.gap < 1 else " (stopped early: best so far; how far it is from "
+        "the best in the space is not bounded)")
     out.print(f"search: {plural(s.evaluated, 'configuration')}, "
               f"{plural(s.meshes, 'mesh', 'meshes')}, {s.wall_s:.1f} s{stopped}; MFU convention: "
               f"{e.flops_convention}", style="dim", highlight=False)

@@ -32,7 +32,7 @@ from ..config import ParallelConfig
 from ..errors import AutoparError, InfeasibleError, InvalidParallelConfig
 from . import space
 from .diagnose import infeasible_error, no_mesh_error
-from .phases import Progress, Run, coarse, mesh_groups, refine
+from .phases import Progress, Run, coarse, lower_bound, mesh_groups, refine
 from .ranking import one_per_kind, ranked
 
 __all__ = ["SearchResult", "search", "Progress"]
@@ -118,6 +118,10 @@ def search(cm: CostModel, fixed: dict | None = None, *, time_limit_s: float | No
             if not small and t > best * (1 + limits.refine_within):
                 break
             if run.expired():
+                # the candidates left unrefined: any refinement of one is bounded by its
+                # lower bound (a stop here used to claim a gap of 0)
+                open_bound = min([open_bound] + [lower_bound(cm, cc)
+                                                 for _t, _v2, _z2, cc in candidates[i:]])
                 break
             refine(run, c, fixed, allowed)
     except KeyboardInterrupt:
