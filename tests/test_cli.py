@@ -143,6 +143,8 @@ def test_estimate_from_framework_configs(capsys, tmp_path):
     data = json.loads(out)
     assert data["config"]["tp"] == 2 and data["config"]["zero_stage"] == 1
     assert data["config"]["micro_batch_size"] == 2
+    # imported Megatron arguments are costed as Megatron runs them (were plain torch)
+    assert any("costed as megatron" in n for n in data["notes"])
     path = tmp_path / "job.toml"
     path.write_text(TOML.replace('"llama3"', '"tiny"').replace('"8B"', '"llama"')
                     .replace("8192", "512"))
@@ -151,6 +153,7 @@ def test_estimate_from_framework_configs(capsys, tmp_path):
     assert code == 0, err
     data = json.loads(out)
     assert data["config"]["tp"] == 2 and data["config"]["zero_stage"] == 3
+    assert any("costed as torchtitan" in n for n in data["notes"])
 
 
 def test_explain_words_and_json(capsys):

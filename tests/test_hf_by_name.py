@@ -50,3 +50,14 @@ def test_cli_plans_and_lists_hf_presets(capsys):
 def test_unknown_name_mentions_hf_presets():
     with pytest.raises(autopar.errors.InvalidModelConfig, match="hf-"):
         autopar.estimate("hf-nonexistent", "1x2xA100-80GB", TRAIN, autopar.ParallelConfig())
+
+
+def test_cli_estimates_a_preset_plan_file(tmp_path, capsys):
+    # `autopar estimate --plan` refused a plan of an hf-* preset ("is of an nn.Module")
+    path = tmp_path / "p.json"
+    assert main(["plan", "--model", "hf-tiny-llama", "--cluster", "1x2xA100-80GB",
+                 "--global-batch", "8", "--seq-len", "64", "--out", str(path), "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert main(["estimate", "--plan", str(path), "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["step_time_s"] == pytest.approx(planned["estimate"]["step_time_s"], rel=1e-12)

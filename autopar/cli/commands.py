@@ -29,6 +29,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from ..graph import hf
 from ..report import tables
 from . import measure_cmds
 from .inputs import model_arg
@@ -75,9 +76,10 @@ def _common(p: argparse.ArgumentParser, plot: str) -> None:
                    help="optimizer states and step on the CPU (ZeRO-Offload): no GPU memory")
     p.add_argument("--optimizer-state-dtype", default=None, choices=list(OPTIMIZER_STATE_DTYPES),
                    help="dtype of Adam's moments (default fp32)")
-    p.add_argument("--framework", default="torch", choices=list(FRAMEWORKS),
-                   help="what will run the plan (default torch: plan.apply); the search emits "
-                   "only plans it can run, an estimate says when it cannot run the configuration")
+    p.add_argument("--framework", default=None, choices=list(FRAMEWORKS),
+                   help="what will run the plan (default torch: plan.apply; megatron with "
+                   "--megatron-args, torchtitan with --torchtitan-toml); the search emits only "
+                   "plans it can run, an estimate says when it cannot run the configuration")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--plot", metavar="FILE.png", default=None,
                    help=f"also draw {plot} to a PNG (needs matplotlib)")
@@ -189,6 +191,18 @@ def _parallel(args, prefix: str = "") -> dict:
     return out
 
 
+def _framework(args) -> str:
+    """--framework, else the framework whose arguments were imported (they are its settings:
+    an import costed as plain torch read as another plan), else torch."""
+    if getattr(args, "framework", None):
+        return args.framework
+    if getattr(args, "megatron_args", None):
+        return "megatron"
+    if getattr(args, "torchtitan_toml", None):
+        return "torchtitan"
+    return "torch"
+
+
 def _imported(args) -> Imported | None:
     if getattr(args, "megatron_args", None) and getattr(args, "torchtitan_toml", None):
         raise InvalidTrainingConfig("give --megatron-args or --torchtitan-toml, not both.")
@@ -215,11 +229,14 @@ def _plan_problem(args) -> tuple[Problem, dict, list[str]]:
     if args.megatron_args or args.torchtitan_toml:
         raise InvalidTrainingConfig("give --plan or --megatron-args/--torchtitan-toml, not both.")
     kw = check_plan(read_plan_json(args.plan))
+    if kw["model_config"] is None and args.model is None and kw.get("model") in hf.HF_PRESETS:
+        args.model = kw["model"]   # a Hugging Face preset's plan: rebuilt from its name
     if kw["model_config"] is None and args.model is None:
         raise InvalidModelConfig(
             f"the plan {args.plan} is of an nn.Module (its model_config is null); the CLI can "
-            "rebuild presets and model dicts only. Fix: pass --model with a model dict JSON, or "
-            "from Python autopar.Plan.from_json(path, model=module).")
+            "rebuild presets and model dicts only. Fix: pass --model with a preset name (e.g. an "
+            "hf-* preset) or a model dict JSON, or from Python autopar.Plan.from_json(path, "
+            "model=module).")
     model = model_arg(args.model) if args.model is not None else kw["model_config"]
     given = {"global_batch_size": args.global_batch, "seq_len": args.seq_len,
              "precision": args.precision,
@@ -260,6 +277,9 @@ def _problem(args) -> tuple[Problem, dict, list[str]]:
         blocks = cfg.num_layers if cfg is not None else 0
         par, tr = imp.complete(cluster.world_size, blocks)
         notes = list(imp.notes)
+        if not args.framework:
+            notes.append(f"costed as {_framework(args)} runs it (the imported arguments' "
+                         "framework); --framework changes that")
         if imp.num_layers and blocks and imp.num_layers != blocks:
             notes.append(f"the arguments say {imp.num_layers} layers; the model has {blocks}.")
     par.update(_parallel(args))
@@ -271,7 +291,7 @@ def _problem(args) -> tuple[Problem, dict, list[str]]:
         seq_len=(args.seq_len if args.seq_len is not None
                  else tr.get("seq_len") or default.seq_len),
         micro_batch_size=mbs, precision=args.precision or tr.get("precision", "bf16"),
-        flash_attention=not args.no_flash_attention, framework=args.framework,
+        flash_attention=not args.no_flash_attention, framework=_framework(args),
         optimizer_offload=args.optimizer_offload,
         optimizer_state_dtype=args.optimizer_state_dtype or "fp32")
     if args.calibration:
@@ -547,7 +567,6 @@ def run(argv=None) -> int:
     try:
         if args.command == "models":
             from ..models import PRESETS
-            from ..graph import hf
             rows = [tables.model_row(name, p.config) for name, p in PRESETS.items()]
             try:
                 hf_rows = [hf.describe(name) for name in hf.HF_PRESETS]
