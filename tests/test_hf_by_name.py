@@ -61,3 +61,11 @@ def test_cli_estimates_a_preset_plan_file(tmp_path, capsys):
     assert main(["estimate", "--plan", str(path), "--json"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert again["step_time_s"] == pytest.approx(planned["estimate"]["step_time_s"], rel=1e-12)
+
+
+def test_megatron_export_of_a_preset_says_its_shape_is_missing():
+    plan = autopar.optimize("hf-tiny-mixtral", "1x4xA100-80GB", TRAIN, top_k=1,
+                            fixed={"pp": 1})
+    ex = plan.to_megatron_args()
+    assert "--num-layers" not in ex.value
+    assert any("shape is not written" in w and "--num-experts" in w for w in ex.warnings)

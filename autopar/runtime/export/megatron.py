@@ -100,6 +100,12 @@ def to_megatron_args(plan) -> Export:
     a += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": [],
           "fp8": ["--bf16", "--fp8-format", "hybrid"]}[t.precision]
     a += _megatron_model(m, t)
+    if not m:
+        warn.append(f"model {plan.model}: its shape is not written (a plan of a module or a "
+                    "Hugging Face preset has no model_config). Fix: add the model's own "
+                    "arguments (--num-layers, --hidden-size, --num-attention-heads, "
+                    "--ffn-hidden-size, --vocab-size...; for MoE --num-experts, "
+                    "--moe-router-topk) before running")
     if t.optimizer in ("adam", "adamw"):
         a += ["--optimizer", "adam"]
         if t.optimizer == "adam":
