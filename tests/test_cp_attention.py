@@ -89,3 +89,13 @@ def test_default_search_avoids_plain_op_ring_attention():
     ring = autopar.optimize("llama3-8b", CLUSTER, train, fixed={**fixed, "cp_mode": "ring"},
                             top_k=1)
     assert ring.estimate.step_time_s > best.estimate.step_time_s
+
+
+def test_estimate_says_when_cp_attention_is_not_fused():
+    train = autopar.TrainingConfig(global_batch_size=8, seq_len=32768)
+    ring = autopar.estimate("llama3-8b", CLUSTER, train,
+                            ParallelConfig(tp=1, cp=8, cp_mode="ring", zero_stage=3))
+    assert any("plain tensor ops" in w for w in ring.warnings)
+    uly = autopar.estimate("llama3-8b", CLUSTER, train,
+                           ParallelConfig(tp=1, cp=8, cp_mode="ulysses", zero_stage=3))
+    assert not any("context-parallel attention" in w for w in uly.warnings)

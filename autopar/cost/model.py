@@ -855,6 +855,13 @@ class CostModel:
         }
         regime = Regime.of(train, self.device.name, c)
         warns = plausibility_warnings(mfu, regime)
+        path = self.profile.cp_attention.get(c.cp_mode, "fused") if c.cp > 1 else "fused"
+        if path != "fused":
+            how = ("in plain tensor ops (scores through memory)" if path == "unfused" else
+                   "through SDPA with a mask (memory-efficient kernel, no causal skipping)")
+            warns = (*warns, f"{self.profile.name} runs {c.cp_mode} context-parallel attention "
+                             f"{how}, and this estimate prices that; cp_mode='ulysses' runs the "
+                             "fused kernel (Megatron-LM and torchtitan run fused ring attention)")
         refused = self.profile.unsupported(c)
         if refused:  # the search never returns such a plan; a hand-written one can be one
             warns = (*warns, f"{refused}: the framework cannot run this configuration as "
