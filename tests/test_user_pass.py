@@ -143,3 +143,26 @@ def test_python_estimate_warns_when_the_framework_cannot_run_it():
                           autopar.ParallelConfig(tp=2, pp=2, zero_stage=3,
                                                  sequence_parallel=True))
     assert not any("cannot run" in w for w in ok.warnings)
+
+
+def test_second_user_pass_outputs():
+    """Values the second new-user pass found: ep invisible in the tables, --ep on a dense
+    model answered 'relax fixed=', schedule shown for pp=1."""
+    from autopar.report import tables
+    from rich.console import Console
+    train = autopar.TrainingConfig(global_batch_size=16, seq_len=512)
+    with pytest.raises(autopar.errors.InfeasibleError, match="has no MoE layer"):
+        autopar.optimize("llama2-7b", "1x8xA100-80GB", train, fixed={"ep": 2})
+    est = autopar.estimate("llama2-7b", "1x8xA100-80GB", train,
+                           autopar.ParallelConfig(tp=1, dp=8, zero_stage=3))
+    console = Console(width=200, record=True)
+    console.print(tables.degrees_table(est))
+    text = console.export_text()
+    assert "no pipeline" in text and "ep (expert" not in text
+    pytest.importorskip("transformers")
+    moe = autopar.estimate("hf-tiny-mixtral", "1x8xA100-80GB",
+                           autopar.TrainingConfig(global_batch_size=16, seq_len=64),
+                           autopar.ParallelConfig(tp=1, dp=8, ep=4, zero_stage=3))
+    console = Console(width=200, record=True)
+    console.print(tables.degrees_table(moe))
+    assert "ep (expert parallel)" in console.export_text()

@@ -488,7 +488,7 @@ def _cmd_estimate(args, problem, par, notes, out) -> dict:
               f"{cm.train.global_batch_size} x "
               f"{cm.train.seq_len} tokens, {cm.train.precision}")
     for n in notes:
-        out.print(f"note: {n}", style="yellow", highlight=False)
+        out.print(f"note: {n}", style="yellow", highlight=False, markup=False)
     for t in (tables.degrees_table(est), tables.stages_table(est), tables.performance_table(est)):
         out.print(t)
     _print_trust(out, est)
@@ -496,12 +496,12 @@ def _cmd_estimate(args, problem, par, notes, out) -> dict:
         out.print(t)
     need, have = est.memory_per_gpu_bytes / 1e9, est.memory_limit_bytes / 1e9
     if est.fits:
-        out.print(f"[green]Verdict: fits[/green] ({need:.1f} of {have:.0f} GB per GPU); "
+        out.print(f"[green]Verdict: fits[/green] ({need:.1f} of {have:.1f} GB per GPU); "
                   f"MFU {est.mfu * 100:.1f}%, HFU {est.hfu * 100:.1f}%.")
     else:
         big = sorted(est.memory_breakdown.items(), key=lambda kv: -kv[1])[:2]
         out.print(f"[red]Verdict: OUT OF MEMORY[/red]: {need:.1f} GB per GPU on pipeline rank "
-                  f"{est.peak_stage}, {need - have:.1f} GB over the {have:.0f} GB GPU (largest: "
+                  f"{est.peak_stage}, {need - have:.1f} GB over the {have:.1f} GB GPU (largest: "
                   + ", ".join(f"{k} {v / 1e9:.1f} GB" for k, v in big) + "). Its MFU "
                   f"({est.mfu * 100:.1f}%) cannot be reached as configured.")
         out.print(tables.fixes_table(est, fixes))
@@ -579,7 +579,10 @@ def run(argv=None) -> int:
                                  sort_keys=True))
             else:
                 out.print(tables.models_table(rows))
-                out.print(tables.hf_models_table(hf_rows) if hf_rows else f"note: {hf_note}")
+                if hf_rows:
+                    out.print(tables.hf_models_table(hf_rows))
+                else:
+                    out.print(f"note: {hf_note}", markup=False)
             return 0
         if args.command in ("calibrate", "measure"):
             run = (measure_cmds.cmd_calibrate if args.command == "calibrate"
@@ -593,7 +596,7 @@ def run(argv=None) -> int:
             _finish(args, _cmd_estimate(args, problem, par, notes, out), err)
             return 0
         for n in notes:  # estimate prints its notes with its tables
-            err.print(f"note: {n}", style="yellow", highlight=False)
+            err.print(f"note: {n}", style="yellow", highlight=False, markup=False)
         with _Interrupt(err) as interrupt:  # from here the first Ctrl-C keeps the best plan
             cmd = _cmd_plan if args.command == "plan" else _cmd_explain
             _finish(args, cmd(args, problem, par, out, err, interrupt), err)

@@ -212,7 +212,8 @@ def describe(name: str) -> dict:
     if preset is None:
         raise InvalidModelConfig(f"unknown HF preset {name!r}; fix: use one of "
                                  f"{', '.join(HF_PRESETS)}")
-    config = getattr(_transformers(), preset.config_class)(**preset.config)
+    config = getattr(_transformers(), preset.config_class)(
+        **preset.config, bos_token_id=None, eos_token_id=None, pad_token_id=None)
     return {"name": name, "model_class": preset.model_class,
             "layers": getattr(config, "num_hidden_layers", None),
             "hidden": getattr(config, "hidden_size", None),

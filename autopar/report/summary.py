@@ -119,7 +119,8 @@ def estimate_lines(e) -> list[str]:
 def config_text(c) -> str:
     """Degrees and choices of a config on one line."""
     rc = c.recompute if isinstance(c.recompute, str) else "per-block"
-    return (f"tp={c.tp} pp={c.pp} dp={c.dp} cp={c.cp} sp={'on' if c.sequence_parallel else 'off'} "
+    return (f"tp={c.tp} pp={c.pp} dp={c.dp} cp={c.cp}" + (f" ep={c.ep}" if c.ep > 1 else "")
+            + f" sp={'on' if c.sequence_parallel else 'off'} "
             f"zero={c.zero_stage} recompute={rc} mbs={c.micro_batch_size} "
             f"v={c.virtual_stages} schedule={c.schedule}")
 

@@ -35,11 +35,14 @@ def degrees_table(e: Estimate) -> Table:
     for dim, words in _DIMS:
         deg = getattr(c, dim)
         t.add_row(f"{dim} ({words})", str(deg), link_name(links.get(dim)) if deg > 1 else "-")
+    if c.ep > 1:  # experts split over ep of the dp x cp ranks
+        t.add_row("ep (expert parallel)", str(c.ep), link_name(links.get("ep")))
     rc = c.recompute if isinstance(c.recompute, str) else "per block (see stages)"
     t.add_row("sequence parallelism", "on" if c.sequence_parallel else "off", "")
     t.add_row("ZeRO stage", str(c.zero_stage), f"over dp x cp = {c.dp * c.cp}" if c.zero_stage else "")
     t.add_row("recompute", rc, "")
-    t.add_row("schedule", f"{c.schedule}, v={c.virtual_stages}", "")
+    t.add_row("schedule", f"{c.schedule}, v={c.virtual_stages}" if c.pp > 1 else
+              "- (no pipeline)", "")
     m = e.num_micro_batches
     t.add_row("micro-batch", plural(c.micro_batch_size, "sequence"),
               f"{plural(m, 'micro-batch', 'micro-batches')} per step per data-parallel replica "
@@ -253,7 +256,7 @@ def model_row(name: str, config) -> dict:
 def hf_models_table(rows: list[dict]) -> Table:
     """Hugging Face presets (:func:`autopar.graph.hf.describe` dicts): the transformers class
     traced on meta, layers, hidden size and vocabulary (counts)."""
-    t = _table("Hugging Face presets (transformers models traced on meta; need autopar[hf])")
+    t = _table("Hugging Face presets (transformers models traced on meta; need autopar\\[hf])")
     for title in ("name", "transformers class", "layers", "hidden", "vocabulary"):
         t.add_column(title, justify="left" if title in ("name", "transformers class") else "right")
     for r in rows:

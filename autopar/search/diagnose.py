@@ -49,6 +49,10 @@ def no_mesh_error(cm: CostModel, fixed: dict) -> AutoparError:
     limits = space.SpaceLimits()
     any_batch = SimpleNamespace(seq_len=train.seq_len, global_batch_size=world)
     head = f"no legal parallel layout for {g.name} on {world} GPUs"
+    if (fixed.get("ep") or 1) > 1 and not any(getattr(l, "num_experts", 0)
+                                              for l in g.layers):
+        return InfeasibleError(f"{head}: ep={fixed['ep']} splits experts, and {g.name} has no "
+                               "MoE layer. Fix: leave ep at 1 (drop --ep / the ep pin).")
     v = fixed.get("virtual_stages") or 1
     if v > 1 and fixed.get("pp", 2) == 1:
         return InfeasibleError(f"{head}: virtual_stages={v} interleaves pipeline stages, but "
