@@ -181,7 +181,9 @@ def infeasible_error(cm: CostModel, smallest, fixed: dict,
         f"{dev.visible_memory_bytes / 1e9:.0f} GB per "
         f"{dev.name}. The most frugal configuration tried ({_short(e.config)}) needs "
         f"{e.memory_per_gpu_bytes / 1e9:.1f} GB per GPU; model states alone are "
-        f"{states / 1e9:.0f} GB ({k} bytes per parameter with {cm.train.optimizer}). Smallest "
+        f"{states / 1e9:.0f} GB in all ({k} bytes per parameter with {cm.train.optimizer}; "
+        f"{states / cm.cluster.world_size / 1e9:.1f} GB per GPU sharded over all "
+        f"{cm.cluster.world_size}). Smallest "
         f"changes: {'; '.join(changes + [gpus])}. Fix: one of those, or a shorter sequence.")
 
 
