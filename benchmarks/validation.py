@@ -188,28 +188,66 @@ _INTERNEVO_COMMON = {
                        "CrossEntropyLoss(inplace_backward=True)",
 }
 #: InternEvo's memory conventions, by optimizer (ZeRO-1 = HybridZeroOptimizer, ZeRO-3 =
-#: FSDPadaptOptimizer). Both wrap torch.optim.AdamW (training_internlm.py) on torch 1.13.1
-#: (requirements/torch.txt), whose default is the single-tensor loop (foreach=None -> False):
-#: ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)`` holds two fp32
-#: temporaries the size of the largest parameter tensor.
+#: FSDPadaptOptimizer), read at the table's tag v0.2.1dev20231121. Both wrap torch.optim.AdamW
+#: (internlm/train/training_internlm.py L166). The FSDP rows ran on torch >= 2.0.1
+#: (internlm/initialize/launch.py L94-97 asserts it for fsdp=True; requirements/torch.txt pins
+#: 1.13.1 for the rest): torch 2.0's AdamW defaults to the multi-tensor path on CUDA
+#: (adamw(): foreach from _default_to_fused_or_foreach), whose _multi_tensor_adamw allocates
+#: exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sqs) and denom = _foreach_add(exp_avg_sq_sqrt, eps)
+#: over every tensor of the group at once: 4 + 4 bytes per parameter. On HybridZero's one flat
+#: fp32 tensor per group the single-tensor path (torch 1.13) holds the same two temporaries:
+#: denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps).
 INTERNEVO_MEMORY = {
-    # the rank's parameters are one flat fp32 tensor per group: the two temporaries cover all of
-    # them (8 bytes); the bf16 gradients are flattened, cast to a flat fp32 gradient (4 bytes)
-    # and released (-2): 8 + 4 - 2 = 10 bytes per parameter beside the states at the step
+    # the bf16 gradients are flattened (hybrid_zero_optim.py L740 flatten), cast to one flat
+    # fp32 gradient (L745, 4 bytes) and released (-2): with the Adam temporaries (8) 8 + 4 - 2
+    # = 10 bytes per parameter beside the states at the step. Cached at that peak (freed
+    # earlier, and each smaller than the step's flat requests): the per-parameter bf16
+    # gradients (2, released at L741-742), the fp32 copy of every gradient the norm takes
+    # (utils.py reduce_grads L233 g.data.float(), called from step() L619/L643 through
+    # compute_norm: 4) and the flat bf16 gradient (2, released at L746): 8
     1: MemoryConventions(weight_bytes=2, grad_bytes=2, master_weight_bytes=4,
-                         optimizer_step_temp_bytes=10, loss_work_bytes=0, sources={
+                         optimizer_step_temp_bytes=10, loss_work_bytes=0, step_cached_bytes=8,
+                         sources={
                              **_INTERNEVO_COMMON,
                              "optimizer_step_temp_bytes": f"{_INTERNEVO} hybrid_zero_optim.py "
-                             "step(): flatten(gradients), .to(fp32), release; torch 1.13 "
-                             "_single_tensor_adamw on the flat fp32 group"}),
-    # FSDP flat parameters are per wrapped module (the temporaries are one module's: left out);
-    # p.grad.to(fp32) for every parameter beside the bf16 gradients: 4 bytes
+                             "_step() L738-755: flatten(gradients), .to(fp32), release; Adam's "
+                             "two fp32 temporaries on the flat group",
+                             "step_cached_bytes": f"{_INTERNEVO} hybrid_zero_optim.py L741-746 "
+                             "(per-parameter bf16 grads and the flat bf16 copy released before "
+                             "the flat fp32 requests) and solver/optimizer/utils.py reduce_grads "
+                             "L233 (fp32 copy of each gradient for the norm): 2 + 2 + 4"}),
+    # fsdp_optimizer.py L137 grad_fp32 = [p.grad.to(fp32) ...] beside the bf16 gradients (4)
+    # and torch 2.0's multi-tensor AdamW temporaries over all parameters (8): 12. The norm's
+    # fp32 gradient copies (compute_norm, L86) are per tensor and freed before L137 allocates
+    # tensors of the same shapes, which reuse them: nothing cached at the step
     3: MemoryConventions(weight_bytes=2, grad_bytes=2, master_weight_bytes=4,
-                         optimizer_step_temp_bytes=4, loss_work_bytes=0, sources={
+                         optimizer_step_temp_bytes=12, loss_work_bytes=0, sources={
                              **_INTERNEVO_COMMON,
                              "optimizer_step_temp_bytes": f"{_INTERNEVO} fsdp_optimizer.py "
-                             "step(): grad_fp32 = [p.grad.to(fp32) ...] beside the bf16 grads"}),
+                             "step() L137: grad_fp32 beside the bf16 grads (4); torch 2.0.1 "
+                             "_multi_tensor_adamw exp_avg_sq_sqrt and denom (4 + 4)",
+                             "step_cached_bytes": f"{_INTERNEVO} fsdp_optimizer.py: the norm's "
+                             "per-tensor fp32 copies are reused by grad_fp32 (same shapes)"}),
 }
+
+
+def internevo_stage_blocks(num_layers: int, pp: int) -> tuple[int, ...]:
+    """Decoder blocks per pipeline stage as InternEvo cuts them (no interleaving): every stage
+    ``num_layers // pp``, the last ``num_layers % pp`` stages one more.
+
+    Source: InternEvo v0.2.1dev20231121 internlm/solver/pipeline_utils.py partition_uniform
+    (``left = pipeline_parallel_size - partition_items % pipeline_parallel_size``; stage p gets
+    ``chunk_size + (p >= left)``), used by internlm/model/modeling_internlm.py
+    _build_generic_model_1d; the embedding goes to the first stage, the head to the last.
+
+    Raises:
+        ValueError: fewer layers than stages (InternEvo: "Some nodes in Pipeline have no
+            requests").
+    """
+    base, extra = divmod(num_layers, pp)
+    if base == 0:
+        raise ValueError(f"{num_layers} layers cannot fill {pp} pipeline stages")
+    return tuple(base + (p >= pp - extra) for p in range(pp))
 
 
 #: NeMo runs Megatron-Core with bf16 gradient reduction in its published H100 llama recipes.
@@ -334,6 +372,8 @@ def evaluate(rec: Record, spread: bool = True) -> Row:
         chosen = {**chosen, "recompute": f"{blocks.count('full')}/{len(blocks)} blocks full"}
     cfg = autopar.ParallelConfig(**{**chosen, **fixed} if blocks is None else
                                  {**framework_defaults(rec), **fixed})
+    if _kind(rec.framework) == "internevo" and cfg.pp > 1 and cfg.virtual_stages in (None, 1):
+        cfg = replace(cfg, stage_blocks=internevo_stage_blocks(len(cm.blocks), cfg.pp))
     e = cm.estimate(cfg)
     fastest = e.step_time_s
     if spread and rec.open_fields:

@@ -97,3 +97,48 @@ def test_loso_line_shape():
     rows = [_row("a", 1.1, 1.0, {}), _row("b", 0.9, 1.0, {})]
     last = validation.loso(rows)[-1]
     assert last == "LOSO MAPE 10.0% max 10.0% worst source 0.0% over 2 records, 1 sources"
+
+
+def test_internevo_stage_blocks_put_extra_layers_on_the_last_stages():
+    """InternEvo's partition_uniform (pipeline_utils.py): the last num_layers % pp stages get one
+    more block."""
+    from benchmarks.validation import internevo_stage_blocks
+    assert internevo_stage_blocks(32, 5) == (6, 6, 6, 7, 7)
+    assert internevo_stage_blocks(32, 4) == (8, 8, 8, 8)
+    assert internevo_stage_blocks(60, 16) == (3,) * 4 + (4,) * 12
+    with pytest.raises(ValueError):
+        internevo_stage_blocks(4, 8)
+
+
+def _internevo_estimate(conventions, pp=4, capacity_gib=None):
+    import autopar
+    from autopar.cost.model import CostModel
+    from autopar.api import model_graph
+    from autopar.frameworks.profiles import TORCH
+    train = autopar.TrainingConfig(global_batch_size=4, seq_len=2048, micro_batch_size=1)
+    graph, _ = model_graph("llama2-7b", train)
+    cluster = autopar.Cluster.from_spec(f"1x{pp}xA100-80GB")
+    cm = CostModel(graph, cluster, train, framework=TORCH, conventions=conventions)
+    return cm.estimate(autopar.ParallelConfig(pp=pp, dp=1, tp=1, zero_stage=1,
+                                              recompute="full", micro_batch_size=1))
+
+
+def test_step_cached_bytes_count_in_the_reported_peak_not_in_fits():
+    """HybridZero's step frees the bf16 gradients and the norm's fp32 copies before it asks for
+    flat fp32 buffers they cannot hold: the allocator keeps them reserved (8 bytes per held
+    parameter on top of the allocated peak), but releases them before reporting OOM, so they
+    never decide whether a plan fits, and the reported peak stays under the capacity."""
+    from dataclasses import replace
+    from benchmarks.validation import INTERNEVO_MEMORY
+    conv = INTERNEVO_MEMORY[1]
+    cached = _internevo_estimate(conv)
+    none = _internevo_estimate(replace(conv, step_cached_bytes=0))
+    params = cached.memory_breakdown["weights"] / 2          # bf16 weights, dp = 1
+    grown = cached.memory_per_gpu_bytes - none.memory_per_gpu_bytes
+    assert grown == pytest.approx(8 * params, rel=1e-6)
+    assert cached.fits == none.fits
+    # 3 stages: the allocated peak fits, the cached blocks would pass the capacity, so the
+    # report stops at it
+    big = _internevo_estimate(conv, pp=3)
+    assert big.fits
+    assert big.memory_per_gpu_bytes == pytest.approx(big.memory_limit_bytes)

@@ -588,6 +588,16 @@ class CostModel:
         held = params / (c.dp * c.cp) if c.zero_stage >= 1 else params
         return self.conventions.optimizer_step_temp_bytes * held
 
+    def step_cached_bytes(self, c: ParallelConfig, params: float) -> float:
+        """Bytes the caching allocator holds reserved at the optimizer step's peak beyond the
+        allocated ones on a rank holding ``params`` elements (the framework's
+        ``step_cached_bytes`` per optimizer-held element, :class:`MemoryConventions`; none
+        when the step runs on the CPU)."""
+        if self.train.optimizer_offload or not self.conventions.step_cached_bytes:
+            return 0.0
+        held = params / (c.dp * c.cp) if c.zero_stage >= 1 else params
+        return self.conventions.step_cached_bytes * held
+
     @property
     def model_flops_per_sequence(self) -> float:
         """Model FLOPs of one sequence's forward + backward (no recomputation), causal
@@ -821,16 +831,24 @@ class CostModel:
 
         # memory per pipeline rank
         stage_mem: list[mem.MemoryBreakdown] = []
+        alloc_totals: list[float] = []
         for rank, st in enumerate(layout):
             w, gr, o = st.states
             w += keep[rank] * wbytes   # kept blocks' gathered parameters, forward to backward
             act = stage_act[rank] * st.flight
             # the step runs after backward has freed the activations: its temporaries count
             # only where they exceed them
-            transient = max(stage_transient[rank] + st.gather_bytes,
-                            self.optimizer_step_bytes(c, st.params) - act)
+            step_extra = self.optimizer_step_bytes(c, st.params) - act
+            transient = max(stage_transient[rank] + st.gather_bytes, step_extra)
             # outside the allocator, plus what it reserves beyond its allocated peak
             reserved = p.reserved_bytes + p.fragmentation * (w + gr + o + act + transient)
+            allocated = w + gr + o + act + transient + reserved
+            alloc_totals.append(allocated)
+            # blocks the step freed and cannot reuse stay reserved (reported, never OOM: the
+            # allocator releases them before it fails), up to the capacity
+            cached = step_extra + self.step_cached_bytes(c, st.params) - transient
+            if cached > 0:
+                reserved += max(0.0, min(cached, self.device.visible_memory_bytes - allocated))
             stage_mem.append(mem.MemoryBreakdown(w, gr, o, act, transient, reserved))
         totals = [s.total for s in stage_mem]
         peak_rank = max(range(pp), key=lambda r: totals[r])
@@ -872,7 +890,7 @@ class CostModel:
             tokens_per_s=train.tokens_per_step / step,
             memory_per_gpu_bytes=totals[peak_rank],
             memory_limit_bytes=self.device.visible_memory_bytes,
-            fits=totals[peak_rank] <= self.device.visible_memory_bytes, num_micro_batches=m,
+            fits=max(alloc_totals) <= self.device.visible_memory_bytes, num_micro_batches=m,
             model_flops_per_step=model_flops, time_breakdown=breakdown,
             memory_breakdown=stage_mem[peak_rank].as_dict(),
             stage_memory_bytes=tuple(totals), stage_time_s=tuple(stage_time),

@@ -41,6 +41,16 @@ class MemoryConventions:
             saved fp32 log-probabilities (the graph counts those): torch's F.cross_entropy on
             fp32 logits makes a dense nll_loss gradient and a log_softmax gradient (4 + 4); fused
             losses write the gradient in place.
+        step_cached_bytes: bytes per optimizer-held parameter that torch's caching allocator
+            still holds reserved (freed, not returned to the device) at the optimizer step's
+            peak because none of the step's later, larger requests fits in them: tensors the
+            step frees before it allocates bigger flat buffers. Counted in the reported
+            (reserved) peak, capped at the device's capacity, and never in whether a plan fits:
+            the allocator frees cached blocks and retries before it reports out of memory
+            (c10/cuda/CUDACachingAllocator.cpp: a block serves only requests no larger than
+            itself, requests above 10 MB get a segment of their own, and a failed cudaMalloc
+            first releases the cached blocks). 0 where the step's requests are per tensor and
+            reuse what backward freed.
         sources: where each figure comes from, by field name.
 
     Raises:
@@ -56,6 +66,7 @@ class MemoryConventions:
     unfused_score_work_bytes: int = 4
     fp8_weight_cache_bytes: int = 0
     loss_work_bytes: int = 8
+    step_cached_bytes: int = 0
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -87,6 +98,10 @@ _TORCH_CE = ("F.cross_entropy(logits.float()) = log_softmax + nll_loss; backward
              "(torch tools/autograd/derivatives.yaml): nll_loss_backward's dense fp32 [N, V] "
              "gradient, then _log_softmax_backward_data's, beside the saved fp32 log-probs: 4 + 4")
 
+_PER_TENSOR_STEP = ("the step's temporaries are per parameter tensor (torch/optim/adam.py "
+                    "foreach), each no larger than blocks backward freed: not modelled as "
+                    "cached")
+
 TORCH_MEMORY = MemoryConventions(
     optimizer_step_temp_bytes=4, pp_unsharded_bytes=4,
     unfused_score_saved_bytes=4, unfused_score_work_bytes=8,
@@ -105,6 +120,7 @@ TORCH_MEMORY = MemoryConventions(
         "unfused_score_work_bytes": _MATH_SDPA_WORK,
         "fp8_weight_cache_bytes": "torchao Float8Linear casts the weight every forward",
         "loss_work_bytes": "autopar/runtime/apply.py lm_loss: " + _TORCH_CE,
+        "step_cached_bytes": _PER_TENSOR_STEP,
     })
 
 TORCHTITAN_MEMORY = MemoryConventions(
@@ -125,6 +141,7 @@ TORCHTITAN_MEMORY = MemoryConventions(
         "fp8_weight_cache_bytes": "torchao Float8Linear (torchtitan's Float8 converter) casts "
                                   "the weight every forward",
         "loss_work_bytes": "components/loss.py cross_entropy_loss: " + _TORCH_CE,
+        "step_cached_bytes": "fused AdamW allocates no per-step buffers; " + _PER_TENSOR_STEP,
     })
 
 MEGATRON_MEMORY = MemoryConventions(
@@ -148,6 +165,8 @@ MEGATRON_MEMORY = MemoryConventions(
         "loss_work_bytes": "megatron/core/tensor_parallel/cross_entropy.py "
                            "_VocabParallelCrossEntropy: backward writes the gradient into the "
                            "saved fp32 softmax in place; its bf16 cast: 2",
+        "step_cached_bytes": "the distributed optimizer steps in place on its persistent fp32 "
+                             "buffers (multi-tensor FusedAdam): no large step-time requests",
     })
 
 DEEPSPEED_MEMORY = MemoryConventions(
@@ -165,4 +184,6 @@ DEEPSPEED_MEMORY = MemoryConventions(
         "fp8_weight_cache_bytes": "no FP8 weight cache in the DeepSpeed engine",
         "loss_work_bytes": "the model's own loss (Hugging Face: F.cross_entropy on fp32 "
                            "logits): " + _TORCH_CE,
+        "step_cached_bytes": "ZeRO's fp32 partitions and FusedAdam step in place: no large "
+                             "step-time requests",
     })
