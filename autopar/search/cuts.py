@@ -184,6 +184,59 @@ def rank_recompute(cm: CostModel, c: ParallelConfig, st: StageLayout,
     return fixed_time + time, fixed_mem + memory, modes_of
 
 
+#: Relative margin around a rank's budget inside which :func:`rank_fits` defers to
+#: :func:`rank_recompute` (its sums add the same terms in other orders: rounding differs by a
+#: few ulps, far below this).
+FIT_RTOL = 1e-9
+
+
+def rank_fits(cm: CostModel, c: ParallelConfig, st: StageLayout,
+              allowed: tuple[str, ...] = MODES) -> bool:
+    """Whether :func:`rank_recompute` finds a fitting recomputation for this rank (the same
+    answer, without searching for the fastest one).
+
+    Some choice fits exactly when, for some transient cap (the largest transient of a
+    recomputed block, one of a few values), every block takes its least-memory mode among those
+    whose transient is within the cap and the total is within the budget: activation memory is
+    a sum over blocks, so the least total is the sum of the least per block. Totals within
+    :data:`FIT_RTOL` of a budget are settled by :func:`rank_recompute` itself.
+    """
+    layers = cm.graph.layers
+    _slots_, allowed = _slots(allowed)
+    limit = cm.device.visible_memory_bytes
+    fixed_mem = sum(st.states) + cm.reserved_bytes + st.gather_bytes
+    counts: OrderedDict[str, list] = OrderedDict()
+    for li in st.layers:
+        if layers[li].kind == "block":
+            counts.setdefault(layers[li].signature, [li, 0])[1] += 1
+        else:
+            fixed_mem += cm.block_cost(li, "none", c).act_bytes * st.flight
+    if not counts:
+        return fixed_mem <= limit
+    costs = []
+    for li, k in counts.values():
+        bcs = {mode: cm.block_cost(li, mode, c) for mode in allowed}
+        costs.append((k, {m: b.act_bytes * st.flight for m, b in bcs.items()},
+                      {m: (b.transient_bytes if m != "none" else 0.0) for m, b in bcs.items()}))
+    caps = sorted({0.0} | {tr[m] for _k, _a, tr in costs for m in allowed})
+    for cap in caps:
+        budget = limit - fixed_mem - cap
+        if budget < 0:
+            continue
+        least = 0.0
+        for k, a, tr in costs:
+            options = [a[m] for m in allowed if tr[m] <= cap]
+            if not options:
+                break
+            least += k * min(options)
+        else:
+            if least <= budget - FIT_RTOL * limit:
+                return True
+            if least <= budget + FIT_RTOL * limit:
+                return rank_recompute(cm, c, st, allowed) is not None
+    return False
+
+
 def _combine(per_sig, budget: float, slots: tuple[str, ...] = MODES):
     """Fastest (memory, time, counts per signature) over all signatures within ``budget``."""
     if len(per_sig) == 1:
@@ -312,13 +365,13 @@ def some_cut_fits(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = M
     a = 0
     for i in range(p):
         if i == p - 1:
-            return rank_recompute(cm, c, cm.interval_layout(c, i, a, n), allowed) is not None
+                return rank_fits(cm, c, cm.interval_layout(c, i, a, n), allowed)
         lo, hi = a + 1, n - (p - 1 - i)   # rank i ends somewhere in [lo, hi]
-        if rank_recompute(cm, c, cm.interval_layout(c, i, a, lo), allowed) is None:
+        if not rank_fits(cm, c, cm.interval_layout(c, i, a, lo), allowed):
             return False
         while lo < hi:                    # largest end that fits
             mid = (lo + hi + 1) // 2
-            if rank_recompute(cm, c, cm.interval_layout(c, i, a, mid), allowed) is not None:
+            if rank_fits(cm, c, cm.interval_layout(c, i, a, mid), allowed):
                 lo = mid
             else:
                 hi = mid - 1
