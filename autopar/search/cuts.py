@@ -293,13 +293,21 @@ def dp_cut(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES,
     ckey = (c.tp, c.pp, c.cp, c.dp, c.micro_batch_size, c.sequence_parallel, c.zero_stage,
             c.schedule, c.placement, c.ep, c.cp_mode, allowed)
 
+    local: dict[tuple[int, int, int], float] = {}   # this call's f by (i, a, b)
+
     def f(i: int, a: int, b: int) -> float:
+        hit = local.get((i, a, b))
+        if hit is not None:
+            return hit
         key = (ckey, i, a == 0, b == n, sigs[a - 1] if a else None, sigs[b - 1],
                tuple(prefix[s][b] - prefix[s][a] for s in kinds))
         hit = memo.get(key)
         if hit is None:
-            got = rank_recompute(cm, c, cm.interval_layout(c, i, a, b), allowed)
+            st = cm.interval_layout(c, i, a, b)
+            # rank_fits answers "nothing fits" without searching for the fastest mix
+            got = rank_recompute(cm, c, st, allowed) if rank_fits(cm, c, st, allowed) else None
             hit = memo[key] = math.inf if got is None else got[0]
+        local[(i, a, b)] = hit
         return hit
 
     inf = math.inf
@@ -311,8 +319,8 @@ def dp_cut(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES,
         last = i == p - 1
         for b in (range(n, n + 1) if last else range(i + 1, n - (p - 1 - i) + 1)):
             for a in range(i, b):
-                if best[i - 1][a] == inf:
-                    continue
+                if best[i - 1][a] >= best[i][b]:
+                    continue   # (inf included) no stage time can bring the max below best
                 val = max(best[i - 1][a], f(i, a, b))
                 if val < best[i][b]:
                     best[i][b] = val
@@ -333,8 +341,8 @@ def dp_cut(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES,
         last = i == p - 1
         for b in (range(n, n + 1) if last else range(i + 1, n - (p - 1 - i) + 1)):
             for a in range(i, b):
-                if total[i - 1][a] == inf:
-                    continue
+                if total[i - 1][a] >= total[i][b]:
+                    continue   # (inf included) stage times are >= 0: no improvement
                 t = f(i, a, b)
                 if t <= bound and total[i - 1][a] + t < total[i][b]:
                     total[i][b] = total[i - 1][a] + t
