@@ -370,18 +370,40 @@ def some_cut_fits(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = M
     n, p = len(cm.blocks), c.pp
     if (c.virtual_stages or 1) != 1 or n < p:
         return False
-    a = 0
+    def fits(i: int, a: int, b: int) -> bool:
+        return rank_fits(cm, c, cm.interval_layout(c, i, a, b), allowed)
+
+    a, length = 0, max(1, n // p)
     for i in range(p):
         if i == p - 1:
-                return rank_fits(cm, c, cm.interval_layout(c, i, a, n), allowed)
+            return fits(i, a, n)
         lo, hi = a + 1, n - (p - 1 - i)   # rank i ends somewhere in [lo, hi]
-        if not rank_fits(cm, c, cm.interval_layout(c, i, a, lo), allowed):
-            return False
-        while lo < hi:                    # largest end that fits
+        # the largest end that fits, by galloping from the previous rank's length (ranks
+        # hold similar counts, so a few probes settle it; the same end as bisecting [lo, hi])
+        guess = min(hi, max(lo, a + length))
+        if fits(i, a, guess):
+            lo, step = guess, 1
+            while lo < hi:
+                probe = min(hi, lo + step)
+                if not fits(i, a, probe):
+                    hi = probe - 1
+                    break
+                lo, step = probe, 2 * step
+        else:
+            hi, step = guess - 1, 1
+            while True:
+                if hi < lo:
+                    return False          # not even one block fits
+                probe = max(lo, hi - step + 1)
+                if fits(i, a, probe):
+                    lo = probe
+                    break
+                hi, step = probe - 1, 2 * step
+        while lo < hi:                    # bisect what is left: largest end that fits
             mid = (lo + hi + 1) // 2
-            if rank_fits(cm, c, cm.interval_layout(c, i, a, mid), allowed):
+            if fits(i, a, mid):
                 lo = mid
             else:
                 hi = mid - 1
-        a = lo
+        length, a = lo - a, lo
     return True
