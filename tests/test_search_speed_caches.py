@@ -168,3 +168,27 @@ def test_mesh_groups_come_in_the_order_of_their_bounds(cm):
     expect.sort()
     assert [(b, k) for b, k, _base in got] == expect
     assert all(math.isfinite(b) for b, _k in expect)
+
+
+@settings(max_examples=40, **_SETTINGS)
+@given(tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 4]),
+       schedule=st.sampled_from([None, "interleaved-zero-bubble", "zbv-zero-bubble", "gpipe"]),
+       b=st.sampled_from([1, 2]), ep=st.sampled_from([1, 2]),
+       rc=st.sampled_from(["none", "selective", "full"]))
+def test_zero_stages_one_to_three_share_the_recompute_free_bound(cm, tp, pp, schedule, b, ep, rc):
+    """beyond computes recompute_free_bound once for ZeRO stages 1-3 of a configuration: their
+    values agree to rounding (far inside BOUND_RTOL), and the shared one bounds each stage's
+    step time under any recomputation."""
+    bounds, steps = [], []
+    for zero in (1, 2, 3):
+        c = _config(cm, tp=tp, pp=pp, schedule=schedule, micro_batch_size=b, ep=ep,
+                    zero_stage=zero)
+        if c is None:
+            return
+        try:
+            bounds.append(phases.recompute_free_bound(cm, c))
+            steps.append(cm.estimate(c.replace(recompute=rc)).step_time_s)
+        except ValueError:
+            return
+    assert max(bounds) - min(bounds) <= 1e-12 * max(bounds)
+    assert all(bounds[0] <= s * (1 + phases.BOUND_RTOL) for s in steps)

@@ -58,6 +58,7 @@ class Run:
         self._kinds: list[tuple[float, tuple]] = []   # (fastest time, kind) of the top_k kinds
         self.groups_done = 0
         self.cut_memo: dict = {}   # stage-interval times shared by dp_cut calls
+        self.free_bounds: dict = {}   # recompute_free_bound shared by ZeRO stages (beyond)
         self.layerwise = True      # per-block recompute and uneven cuts (SpaceLimits.layerwise)
 
     def expired(self) -> bool:
@@ -296,11 +297,26 @@ def beyond(run: Run, c: ParallelConfig, bar: float) -> tuple[bool, float]:
     is inf)."""
     if not math.isfinite(bar):
         return False, -math.inf
-    for bound in (compute_bound, recompute_free_bound):
-        lb = bound(run.cm, c)
-        if lb > bar * (1 + BOUND_RTOL):
-            return True, lb
-    return False, lb
+    lb = compute_bound(run.cm, c)
+    if lb > bar * (1 + BOUND_RTOL):
+        return True, lb
+    key = (tuple(v for f, v in c.__dict__.items() if f not in _NOT_IN_FREE_BOUND),
+           min(c.zero_stage, 1))
+    lb = run.free_bounds.get(key)
+    if lb is None:
+        lb = run.free_bounds[key] = recompute_free_bound(run.cm, c)
+    return lb > bar * (1 + BOUND_RTOL), lb
+
+
+#: Fields of a configuration that :func:`recompute_free_bound` does not read (it prices no
+#: recomputation and no exposed DP traffic), or reads only as "ZeRO-0 or not": the pipelined
+#: time does not depend on them (:meth:`CostModel.step_without_dp_s`) and the optimizer step
+#: updates ``params / (dp * cp)`` elements under every ZeRO stage >= 1 (Rajbhandari et al.
+#: 2020: the optimizer states are sharded from stage 1 on), all ``params`` under ZeRO-0. So
+#: :func:`beyond` computes the bound once for ZeRO-0 and once for stages 1-3 of a
+#: configuration; the stages' values differ by rounding only (``step - dp_exposed`` with
+#: different ``dp_exposed``), far inside :data:`BOUND_RTOL` (tests/test_search_speed_caches.py).
+_NOT_IN_FREE_BOUND = ("zero_stage", "recompute", "reshard_after_forward")
 
 
 def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
