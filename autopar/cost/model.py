@@ -12,7 +12,7 @@ The object caches per-layer results (keyed by layer signature and sharding), so 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..config import DEFAULT_PLACEMENT, ParallelConfig, TrainingConfig
 from ..errors import InvalidParallelConfig
@@ -143,8 +143,11 @@ class CostModel:
         self._rank_layers: dict[tuple, tuple] = {}
         self._params: dict[tuple, float] = {}
         self._layouts: dict[tuple, tuple[StageLayout, ...]] = {}
+        self._layouts_by_mesh: dict[tuple, tuple[StageLayout, ...]] = {}   # less the ZeRO stage
         self._estimates: dict[ParallelConfig, Estimate] = {}
         self._steps: dict[ParallelConfig, float] = {}
+        self._pipelines: dict[tuple, tuple] = {}   # _pipeline, by config less ZeRO fields
+        self._time_layouts: dict[tuple, tuple[StageLayout, ...]] = {}   # _time_layout, same
         self._gathers: dict[tuple, float] = {}
         self._layer_params: dict[tuple, float] = {}
         self._resolved: dict[ParallelConfig, ParallelConfig | InvalidParallelConfig] = {}
@@ -389,6 +392,17 @@ class CostModel:
         if hit is not None:
             return hit
         pp = c.pp
+        # the layout under another ZeRO stage differs only in its model states (layers,
+        # in-flight count, pipeline traffic and parameters do not read the stage)
+        other = self._layouts_by_mesh.get(key[:6] + key[7:])
+        if other is not None:
+            out = []
+            for st in other:
+                experts = self._rank_params(c.tp, c.ep, st.layers)[1]
+                states, gather = self._states(c, st.params, experts, st.layers, pp)
+                out.append(replace(st, states=states, gather_bytes=gather))
+            self._layouts[key] = tuple(out)
+            return self._layouts[key]
         out = []
         for rank, (layers, mine, _groups, chunks) in enumerate(
                 self.rank_layers(pp, c.stage_blocks, c.schedule)):
@@ -402,13 +416,20 @@ class CostModel:
                  chunks[ci - 1][-1] if ci > 0 and chunks[ci - 1] and remote(ci - 1) else None)
                 for ci in mine)
             out.append(self._rank_layout(c, rank, layers, parts))
-        self._layouts[key] = tuple(out)
+        self._layouts[key] = self._layouts_by_mesh[key[:6] + key[7:]] = tuple(out)
         return self._layouts[key]
 
     def _time_layout(self, c: ParallelConfig) -> tuple[StageLayout, ...]:
         """What the step time reads of :meth:`stage_layout` (layers, pipeline communication,
-        parameters; the search's time-only bound)."""
-        return self.stage_layout(c)
+        parameters; the search's time-only bound): none of it depends on the ZeRO stage or the
+        kept-gathered flags, so the layout of any ZeRO stage of ``c`` serves (cached per
+        configuration less those fields; its model states are not to be read)."""
+        key = tuple(v for f, v in c.__dict__.items()
+                    if f not in ("zero_stage", "reshard_after_forward"))
+        hit = self._time_layouts.get(key)
+        if hit is None:
+            hit = self._time_layouts[key] = self.stage_layout(c)
+        return hit
 
     def interval_layout(self, c: ParallelConfig, rank: int, start: int, end: int) -> StageLayout:
         """What pipeline rank ``rank`` of the resolved, non-interleaved config ``c`` holds when
@@ -664,18 +685,28 @@ class CostModel:
             hit = self._steps[c] = step - dp_exposed
         return hit
 
-    def _estimate(self, c: ParallelConfig, time_only: bool = False):
-        """:meth:`estimate` of the resolved config ``c``, uncached; with ``time_only``, only
-        (step seconds, exposed DP seconds)."""
-        g, p, train = self.graph, self.params, self.train
-        tp, cp, pp, dp, b, v = c.tp, c.cp, c.pp, c.dp, c.micro_batch_size, c.virtual_stages
-        m = train.global_batch_size // (dp * b)
+    def _pipeline(self, c: ParallelConfig, layout: tuple[StageLayout, ...]) -> tuple:
+        """The part of :meth:`_estimate` that the ZeRO stage cannot change: per pipeline rank
+        its forward, backward and weight-gradient seconds, time parts, activation and transient
+        bytes, and traffic, the recomputed FLOPs, the bottleneck rank, DualPipeV's hidden
+        all-to-all, and the pipelined step and bubble seconds (:func:`pipeline_step_time`).
+
+        None of it reads the ZeRO stage or the kept-gathered flags: per-layer costs
+        (:meth:`block_cost`) and the pipeline traffic, layers and parameter counts of
+        ``layout`` do not depend on them (only its model states do, which this part does not
+        read). So it is cached per configuration less those two fields, and the search's
+        estimates of one configuration under several ZeRO stages share it. Returned lists are
+        shared between callers and never modified."""
+        key = tuple(v for f, v in c.__dict__.items()
+                    if f not in ("zero_stage", "reshard_after_forward"))
+        hit = self._pipelines.get(key)
+        if hit is not None:
+            return hit
+        pp, v = c.pp, c.virtual_stages
+        m = self.train.global_batch_size // (c.dp * c.micro_batch_size)
         uniform = c.recompute if isinstance(c.recompute, str) else None
         modes = None if uniform else dict(zip(self.blocks, c.block_recompute(len(self.blocks))))
-        tp_g, cp_g, pp_g, dp_g = (self.group(d, c) for d in ("tp", "cp", "pp", "dp"))
-        ledger = CommLedger()
-
-        layout = self._time_layout(c) if time_only else self.stage_layout(c)
+        tp_g, cp_g, pp_g = (self.group(d, c) for d in ("tp", "cp", "pp"))
         ranks = self.rank_layers(pp, c.stage_blocks, c.schedule)
         stage_time = [0.0] * pp
         stage_parts = [dict(compute=0.0, tp_comm=0.0, cp_comm=0.0, ep_comm=0.0, pp_comm=0.0)
@@ -730,6 +761,30 @@ class CostModel:
             # charges each boundary's round trip to the rank before it (p2p_s above)
             rank_comm[rank].append(("pp", pp_g.link, st.p2p_bytes, st.p2p_send_s))
             stage_time[rank] = stage_fwd[rank] + stage_bwd[rank]
+        # pipeline
+        t_max = max(stage_time)
+        bottleneck = stage_time.index(t_max)
+        overlap = self._pair_overlap(c, stage_parts, stage_time)
+        t_pipe, bubble = pipeline_step_time(stage_fwd, stage_bwd, m, v, c.schedule,
+                                            wgrad=stage_wgrad, overlap=overlap)
+        hit = self._pipelines[key] = (
+            stage_time, stage_parts, stage_fwd, stage_bwd, stage_wgrad, stage_act,
+            stage_transient, recompute_flops, rank_comm, bottleneck, overlap, t_pipe, bubble)
+        return hit
+
+    def _estimate(self, c: ParallelConfig, time_only: bool = False):
+        """:meth:`estimate` of the resolved config ``c``, uncached; with ``time_only``, only
+        (step seconds, exposed DP seconds)."""
+        g, p, train = self.graph, self.params, self.train
+        tp, cp, pp, dp, b, v = c.tp, c.cp, c.pp, c.dp, c.micro_batch_size, c.virtual_stages
+        m = train.global_batch_size // (dp * b)
+        tp_g, cp_g, pp_g, dp_g = (self.group(d, c) for d in ("tp", "cp", "pp", "dp"))
+        ledger = CommLedger()
+
+        layout = self._time_layout(c) if time_only else self.stage_layout(c)
+        (stage_time, stage_parts, stage_fwd, stage_bwd, stage_wgrad, stage_act, stage_transient,
+         recompute_flops, rank_comm, bottleneck, overlap, t_pipe, bubble) = self._pipeline(
+            c, layout)
         stage_params = [st.params for st in layout]
         # blocks that keep their gathered parameters from forward to backward (FSDP2
         # reshard_after_forward=False): per rank, parameter elements held unsharded
@@ -742,12 +797,6 @@ class CostModel:
             keep = [sum(mem.kept_params_per_rank(g.layers[i], tp, c.ep)
                         for i in st.layers if i in kept) for st in layout]
 
-        # pipeline
-        t_max = max(stage_time)
-        bottleneck = stage_time.index(t_max)
-        overlap = self._pair_overlap(c, stage_parts, stage_time)
-        t_pipe, bubble = pipeline_step_time(stage_fwd, stage_bwd, m, v, c.schedule,
-                                            wgrad=stage_wgrad, overlap=overlap)
         for kind, link, nbytes, seconds in rank_comm[bottleneck]:  # per GPU: one rank's traffic
             ledger.add(kind, link, nbytes, seconds, times=m)
 

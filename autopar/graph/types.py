@@ -148,14 +148,16 @@ class Layer:
     num_experts: int = 0
     experts_per_token: int = 0
 
-    @property
+    @cached_property
     def expert_parameters(self) -> int:
-        """Parameter elements of MoE expert GEMMs (sharded by expert parallelism)."""
+        """Parameter elements of MoE expert GEMMs (sharded by expert parallelism; computed once
+        per layer: the search asks for it per pipeline rank it prices)."""
         return sum(o.num_parameters for o in self.ops if getattr(o, "moe_role", "") == "expert")
 
-    @property
+    @cached_property
     def tp_sharded_parameters(self) -> int:
-        """Parameter elements in ops TP shards (column, row, vocabulary-parallel)."""
+        """Parameter elements in ops TP shards (column, row, vocabulary-parallel; computed once
+        per layer)."""
         return sum(o.num_parameters for o in self.ops if o.tp_role) + (
             self.shared_parameters if any(o.tp_role == "vocab" for o in self.ops) else 0)
 

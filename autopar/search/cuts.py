@@ -184,6 +184,59 @@ def rank_recompute(cm: CostModel, c: ParallelConfig, st: StageLayout,
     return fixed_time + time, fixed_mem + memory, modes_of
 
 
+#: Relative margin around a rank's budget inside which :func:`rank_fits` defers to
+#: :func:`rank_recompute` (its sums add the same terms in other orders: rounding differs by a
+#: few ulps, far below this).
+FIT_RTOL = 1e-9
+
+
+def rank_fits(cm: CostModel, c: ParallelConfig, st: StageLayout,
+              allowed: tuple[str, ...] = MODES) -> bool:
+    """Whether :func:`rank_recompute` finds a fitting recomputation for this rank (the same
+    answer, without searching for the fastest one).
+
+    Some choice fits exactly when, for some transient cap (the largest transient of a
+    recomputed block, one of a few values), every block takes its least-memory mode among those
+    whose transient is within the cap and the total is within the budget: activation memory is
+    a sum over blocks, so the least total is the sum of the least per block. Totals within
+    :data:`FIT_RTOL` of a budget are settled by :func:`rank_recompute` itself.
+    """
+    layers = cm.graph.layers
+    _slots_, allowed = _slots(allowed)
+    limit = cm.device.visible_memory_bytes
+    fixed_mem = sum(st.states) + cm.reserved_bytes + st.gather_bytes
+    counts: OrderedDict[str, list] = OrderedDict()
+    for li in st.layers:
+        if layers[li].kind == "block":
+            counts.setdefault(layers[li].signature, [li, 0])[1] += 1
+        else:
+            fixed_mem += cm.block_cost(li, "none", c).act_bytes * st.flight
+    if not counts:
+        return fixed_mem <= limit
+    costs = []
+    for li, k in counts.values():
+        bcs = {mode: cm.block_cost(li, mode, c) for mode in allowed}
+        costs.append((k, {m: b.act_bytes * st.flight for m, b in bcs.items()},
+                      {m: (b.transient_bytes if m != "none" else 0.0) for m, b in bcs.items()}))
+    caps = sorted({0.0} | {tr[m] for _k, _a, tr in costs for m in allowed})
+    for cap in caps:
+        budget = limit - fixed_mem - cap
+        if budget < 0:
+            continue
+        least = 0.0
+        for k, a, tr in costs:
+            options = [a[m] for m in allowed if tr[m] <= cap]
+            if not options:
+                break
+            least += k * min(options)
+        else:
+            if least <= budget - FIT_RTOL * limit:
+                return True
+            if least <= budget + FIT_RTOL * limit:
+                return rank_recompute(cm, c, st, allowed) is not None
+    return False
+
+
 def _combine(per_sig, budget: float, slots: tuple[str, ...] = MODES):
     """Fastest (memory, time, counts per signature) over all signatures within ``budget``."""
     if len(per_sig) == 1:
@@ -240,13 +293,21 @@ def dp_cut(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES,
     ckey = (c.tp, c.pp, c.cp, c.dp, c.micro_batch_size, c.sequence_parallel, c.zero_stage,
             c.schedule, c.placement, c.ep, c.cp_mode, allowed)
 
+    local: dict[tuple[int, int, int], float] = {}   # this call's f by (i, a, b)
+
     def f(i: int, a: int, b: int) -> float:
+        hit = local.get((i, a, b))
+        if hit is not None:
+            return hit
         key = (ckey, i, a == 0, b == n, sigs[a - 1] if a else None, sigs[b - 1],
                tuple(prefix[s][b] - prefix[s][a] for s in kinds))
         hit = memo.get(key)
         if hit is None:
-            got = rank_recompute(cm, c, cm.interval_layout(c, i, a, b), allowed)
+            st = cm.interval_layout(c, i, a, b)
+            # rank_fits answers "nothing fits" without searching for the fastest mix
+            got = rank_recompute(cm, c, st, allowed) if rank_fits(cm, c, st, allowed) else None
             hit = memo[key] = math.inf if got is None else got[0]
+        local[(i, a, b)] = hit
         return hit
 
     inf = math.inf
@@ -258,8 +319,8 @@ def dp_cut(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES,
         last = i == p - 1
         for b in (range(n, n + 1) if last else range(i + 1, n - (p - 1 - i) + 1)):
             for a in range(i, b):
-                if best[i - 1][a] == inf:
-                    continue
+                if best[i - 1][a] >= best[i][b]:
+                    continue   # (inf included) no stage time can bring the max below best
                 val = max(best[i - 1][a], f(i, a, b))
                 if val < best[i][b]:
                     best[i][b] = val
@@ -280,8 +341,8 @@ def dp_cut(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES,
         last = i == p - 1
         for b in (range(n, n + 1) if last else range(i + 1, n - (p - 1 - i) + 1)):
             for a in range(i, b):
-                if total[i - 1][a] == inf:
-                    continue
+                if total[i - 1][a] >= total[i][b]:
+                    continue   # (inf included) stage times are >= 0: no improvement
                 t = f(i, a, b)
                 if t <= bound and total[i - 1][a] + t < total[i][b]:
                     total[i][b] = total[i - 1][a] + t
@@ -309,18 +370,40 @@ def some_cut_fits(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = M
     n, p = len(cm.blocks), c.pp
     if (c.virtual_stages or 1) != 1 or n < p:
         return False
-    a = 0
+    def fits(i: int, a: int, b: int) -> bool:
+        return rank_fits(cm, c, cm.interval_layout(c, i, a, b), allowed)
+
+    a, length = 0, max(1, n // p)
     for i in range(p):
         if i == p - 1:
-            return rank_recompute(cm, c, cm.interval_layout(c, i, a, n), allowed) is not None
+            return fits(i, a, n)
         lo, hi = a + 1, n - (p - 1 - i)   # rank i ends somewhere in [lo, hi]
-        if rank_recompute(cm, c, cm.interval_layout(c, i, a, lo), allowed) is None:
-            return False
-        while lo < hi:                    # largest end that fits
+        # the largest end that fits, by galloping from the previous rank's length (ranks
+        # hold similar counts, so a few probes settle it; the same end as bisecting [lo, hi])
+        guess = min(hi, max(lo, a + length))
+        if fits(i, a, guess):
+            lo, step = guess, 1
+            while lo < hi:
+                probe = min(hi, lo + step)
+                if not fits(i, a, probe):
+                    hi = probe - 1
+                    break
+                lo, step = probe, 2 * step
+        else:
+            hi, step = guess - 1, 1
+            while True:
+                if hi < lo:
+                    return False          # not even one block fits
+                probe = max(lo, hi - step + 1)
+                if fits(i, a, probe):
+                    lo = probe
+                    break
+                hi, step = probe - 1, 2 * step
+        while lo < hi:                    # bisect what is left: largest end that fits
             mid = (lo + hi + 1) // 2
-            if rank_recompute(cm, c, cm.interval_layout(c, i, a, mid), allowed) is not None:
+            if fits(i, a, mid):
                 lo = mid
             else:
                 hi = mid - 1
-        a = lo
+        length, a = lo - a, lo
     return True

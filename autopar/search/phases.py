@@ -58,6 +58,7 @@ class Run:
         self._kinds: list[tuple[float, tuple]] = []   # (fastest time, kind) of the top_k kinds
         self.groups_done = 0
         self.cut_memo: dict = {}   # stage-interval times shared by dp_cut calls
+        self.free_bounds: dict = {}   # recompute_free_bound shared by ZeRO stages (beyond)
         self.layerwise = True      # per-block recompute and uneven cuts (SpaceLimits.layerwise)
 
     def expired(self) -> bool:
@@ -162,24 +163,41 @@ class MeshGroups:
     def __init__(self, cm: CostModel, fixed: dict, entries: list):
         self._cm, self._fixed, self._entries = cm, fixed, entries
         self._sums: dict[tuple, float] = {}
+        self._layouts: dict[tuple, tuple] = {}
 
-    def _bound(self, c: ParallelConfig) -> float:
-        """:func:`lower_bound` of the resolved ``c``, its :func:`layer_sum` shared by groups
-        whose layers cost the same: :meth:`CostModel.block_cost` depends on the configuration
-        only through tp, cp, SP, micro-batch, CP mode, ep and the TP, CP and EP process groups,
-        and a group's collective times and link class only through where its ranks sit
+    def _bound(self, base: dict, modes: tuple[str, ...]) -> float:
+        """The group's bound: least :func:`lower_bound` over placements and CP modes, each
+        :func:`layer_sum` shared by configurations whose layers cost the same:
+        :meth:`CostModel.block_cost` depends on the configuration only through tp, cp, SP,
+        micro-batch, CP mode, ep and the TP, CP and EP process groups, and a group's collective
+        times and link class only through where its ranks sit
         (:func:`autopar.hardware.collectives.layout_of`, what
         :meth:`autopar.hardware.Cluster.collective_time` prices), not on dp, pp or the
-        placement as such."""
+        placement as such. Where the ranks sit depends on the mesh and placement only
+        (:meth:`CostModel.group`), so it is found once per (mesh, ep, placement) and a
+        configuration is built and resolved only for a new layer sum (resolving keeps the
+        degrees, micro-batch, SP, CP mode and a given placement)."""
         cm = self._cm
         per_node = cm.cluster.gpus_per_node
-        key = (c.tp, c.cp, c.sequence_parallel, c.micro_batch_size, c.cp_mode, c.ep,
-               *(layout_of(cm.group(d, c).ranks, per_node) for d in ("tp", "cp", "ep")))
-        total = self._sums.get(key)
-        if total is None:
-            total = self._sums[key] = layer_sum(cm, c)
-        m = cm.train.global_batch_size // (c.dp * c.micro_batch_size)
-        return m * total / c.pp
+        tp, cp, pp, dp, ep = (base[k] for k in ("tp", "cp", "pp", "dp", "ep"))
+        b, sp = base["micro_batch_size"], base["sequence_parallel"]
+        m = cm.train.global_batch_size // (dp * b)
+        best = math.inf
+        for placement in space.placements(base, self._fixed):
+            mesh = (tp, cp, dp, pp, ep, placement)
+            where = self._layouts.get(mesh)
+            if where is None:
+                c0 = ParallelConfig(**base, placement=placement, cp_mode=modes[0])
+                where = self._layouts[mesh] = tuple(
+                    layout_of(cm.group(d, c0).ranks, per_node) for d in ("tp", "cp", "ep"))
+            for mode in modes:
+                key = (tp, cp, sp, b, mode, ep, *where)
+                total = self._sums.get(key)
+                if total is None:
+                    c = cm.resolve(ParallelConfig(**base, placement=placement, cp_mode=mode))
+                    total = self._sums[key] = layer_sum(cm, c)
+                best = min(best, m * total / pp)
+        return best
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -194,10 +212,7 @@ class MeshGroups:
             if exact:
                 yield bound, key, base
                 continue
-            bounds = [self._bound(self._cm.resolve(ParallelConfig(
-                **base, placement=placement, cp_mode=mode)))
-                for placement in space.placements(base, self._fixed) for mode in modes]
-            heapq.heappush(heap, (min(bounds), key, True, i))
+            heapq.heappush(heap, (self._bound(base, modes), key, True, i))
 
 
 def mesh_groups(cm: CostModel, fixed: dict, limits) -> MeshGroups:
@@ -282,11 +297,26 @@ def beyond(run: Run, c: ParallelConfig, bar: float) -> tuple[bool, float]:
     is inf)."""
     if not math.isfinite(bar):
         return False, -math.inf
-    for bound in (compute_bound, recompute_free_bound):
-        lb = bound(run.cm, c)
-        if lb > bar * (1 + BOUND_RTOL):
-            return True, lb
-    return False, lb
+    lb = compute_bound(run.cm, c)
+    if lb > bar * (1 + BOUND_RTOL):
+        return True, lb
+    key = (tuple(v for f, v in c.__dict__.items() if f not in _NOT_IN_FREE_BOUND),
+           min(c.zero_stage, 1))
+    lb = run.free_bounds.get(key)
+    if lb is None:
+        lb = run.free_bounds[key] = recompute_free_bound(run.cm, c)
+    return lb > bar * (1 + BOUND_RTOL), lb
+
+
+#: Fields of a configuration that :func:`recompute_free_bound` does not read (it prices no
+#: recomputation and no exposed DP traffic), or reads only as "ZeRO-0 or not": the pipelined
+#: time does not depend on them (:meth:`CostModel.step_without_dp_s`) and the optimizer step
+#: updates ``params / (dp * cp)`` elements under every ZeRO stage >= 1 (Rajbhandari et al.
+#: 2020: the optimizer states are sharded from stage 1 on), all ``params`` under ZeRO-0. So
+#: :func:`beyond` computes the bound once for ZeRO-0 and once for stages 1-3 of a
+#: configuration; the stages' values differ by rounding only (``step - dp_exposed`` with
+#: different ``dp_exposed``), far inside :data:`BOUND_RTOL` (tests/test_search_speed_caches.py).
+_NOT_IN_FREE_BOUND = ("zero_stage", "recompute", "reshard_after_forward")
 
 
 def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
