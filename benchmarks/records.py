@@ -70,7 +70,7 @@ def _inter_link(text: str | None, gpus_per_node: int, num_nodes: int,
     """(catalog link, NICs per node) from a record's prose; (None, None) = the GPU's default node.
 
     Reads "8x InfiniBand HDR", "RoCE 400 Gb/s per GPU", "4 * 100Gb RoCE", "RoCE, 1600 Gbps ...
-    per node". A per-node total of an unnamed fabric is modelled as RoCE NICs of that total
+    per node", "3.2 Tbps inter-node per node" (Tb/s = 1000 Gb/s). A per-node total of an unnamed fabric is modelled as RoCE NICs of that total
     (said in ``assumed``); anything else unreadable is a :class:`RecordError`, never a guess.
     """
     if num_nodes == 1:
@@ -85,7 +85,9 @@ def _inter_link(text: str | None, gpus_per_node: int, num_nodes: int,
         return "ib-ndr", nics
     if "hdr" in t:
         return "ib-hdr", nics
-    speeds = [int(x) for x in re.findall(r"(\d+)\s*gb", t)]
+    # "3.2 Tbps" is 3200 Gb/s (1 Tb = 1000 Gb, decimal as line rates are quoted)
+    speeds = [round(float(x) * 1000) for x in re.findall(r"(\d+(?:\.\d+)?)\s*tb", t)]
+    speeds += [int(x) for x in re.findall(r"(\d+)\s*gb", t)]
     kind = "roce" if "roce" in t else None
     if kind and count and speeds and speeds[0] in (100, 200, 400):
         return f"roce-{speeds[0]}g", nics

@@ -41,6 +41,16 @@ def test_per_node_total_of_an_unnamed_fabric_is_an_assumption_said():
     assert "inter_node" in dict(rec.assumed)
 
 
+def test_a_per_node_total_in_tbps_is_read_in_gigabits():
+    # the IBM/Meta FSDP blog's H100 cluster: "3.2 Tbps inter-node per node" (was skipped as an
+    # unknown interconnect); 3.2 Tb/s = 3200 Gb/s = 8 x 400 Gb/s NICs per node
+    r = _shared("megatron-ptdp-39.1b")
+    r["cluster"]["inter_node"] = "3.2 Tbps inter-node per node"
+    rec = records.parse(r)
+    assert rec.cluster.inter_link.name == "roce-400g" and rec.cluster.nics_per_node == 8
+    assert "inter_node" in dict(rec.assumed)
+
+
 def test_gpu_overrides_change_the_device():
     r = _shared("dgxc-llama3.1-8b-bf16-8gpu")
     r["cluster"]["gpu_overrides"] = {"memory_gib": 96, "hbm_bandwidth_tbps": 2.4}
