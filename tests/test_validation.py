@@ -94,3 +94,18 @@ def test_loso_line_shape():
     rows = [_row("a", 1.1, 1.0, {}), _row("b", 0.9, 1.0, {})]
     last = validation.loso(rows)[-1]
     assert last == "LOSO MAPE 10.0% max 10.0% worst source 0.0% over 2 records, 1 sources"
+
+
+def test_internevo_overlaps_its_bucketed_gradient_reduction():
+    # InternEvo c18bec9 configs/7B_sft.py zero_overlap_communication=True: 512 MB buckets are
+    # reduced on a side stream during backward (the synchronize before a bucket waits only for
+    # the previous one), so at 16 GPUs the all-reduce hides and only the broadcasts after the
+    # step stay exposed
+    raw = {r["id"]: r for r in records.load(records.DEFAULT_PLANS.parent
+                                            / "published_runs_tables.json")}
+    rec = records.parse(raw["internevo-7b-throughput-tp1-zero1_m1-16gpu"])
+    prof = validation.record_profile(rec)
+    assert prof.overlap_dp_grad_reduce is True
+    assert "zero_overlap_communication" in prof.cost_sources["overlap_dp_grad_reduce"]
+    row = validation.evaluate(rec, spread=False)
+    assert row.predicted_s == pytest.approx(3.747, rel=0.01)   # was 4.197 with no overlap
