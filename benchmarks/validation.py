@@ -137,6 +137,11 @@ def record_profile(rec: Record) -> FrameworkProfile:
     changes, why = {}, {}
     if compiled:
         changes["fusion"], why["fusion"] = "compile", f"the record's stack: {rec.framework}"
+    if "tinyllama" in f:
+        changes["fusion"] = "fused"
+        why["fusion"] = ("TinyLlama README 'Blazingly Fast' (2023): fused layernorm, fused swiglu, "
+                         "fused cross entropy and fused rotary embedding from xformers and "
+                         "flash-attn (lit_gpt/fused_rotary_embedding.py, lit_gpt/rmsnorm.py)")
     if kind == "llm-foundry" or "flashattentionv1" in f:
         changes["attention_kernels"] = {"*": "fa1"}
         why["attention_kernels"] = ("llm-foundry 2023 yamls attn_impl: triton (FlashAttention-1 "
