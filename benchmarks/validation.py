@@ -137,6 +137,11 @@ def record_profile(rec: Record) -> FrameworkProfile:
     changes, why = {}, {}
     if compiled:
         changes["fusion"], why["fusion"] = "compile", f"the record's stack: {rec.framework}"
+    if "tinyllama" in f:
+        changes["fusion"] = "fused"
+        why["fusion"] = ("TinyLlama README 'Blazingly Fast' (2023): fused layernorm, fused swiglu, "
+                         "fused cross entropy and fused rotary embedding from xformers and "
+                         "flash-attn (lit_gpt/fused_rotary_embedding.py, lit_gpt/rmsnorm.py)")
     if kind == "llm-foundry" or "flashattentionv1" in f:
         changes["attention_kernels"] = {"*": "fa1"}
         why["attention_kernels"] = ("llm-foundry 2023 yamls attn_impl: triton (FlashAttention-1 "
@@ -150,9 +155,14 @@ def record_profile(rec: Record) -> FrameworkProfile:
         changes["fusion"] = "fused"
         why["fusion"] = (f"{at} internlm/model/modeling_internlm.py: apex MixedFusedRMSNorm, "
                          "flash-attn fused MLP and rotary embedding")
-        changes["overlap_dp_grad_reduce"] = False
-        why["overlap_dp_grad_reduce"] = (f"{at} hybrid_zero_optim.py _reduce_and_copy: "
-                                         "torch.cuda.synchronize() before every gradient bucket")
+        changes["overlap_dp_grad_reduce"] = True
+        why["overlap_dp_grad_reduce"] = (
+            f"{at} configs/7B_sft.py zero_overlap_communication=True, reduce_bucket_size 512 MB; "
+            "hybrid_zero_optim.py __init__ (lines 243-249): reduction hooks and a separate "
+            "_comm_stream when overlapping; _reduce_and_copy (lines 402-406): each 512 MB bucket "
+            "is reduced on that stream during backward, torch.cuda.synchronize() before the next "
+            "one only waits for the previous bucket (one bucket in flight), not a reduction "
+            "after backward")
         changes["zero1_param_sync"] = "broadcast"
         why["zero1_param_sync"] = (f"{at} hybrid_zero_optim.py broadcast_params(overlap=False): "
                                    "one dist.broadcast per ZeRO rank after the step")

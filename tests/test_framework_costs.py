@@ -124,3 +124,17 @@ def test_zero1_per_rank_broadcasts_and_gradient_all_reduce_cost_more_at_scale():
          for name, prof in (("all_gather", base), ("owner", owner), ("within", within))}
     # 64 broadcasts of 1/64 each over 64 ranks pay 64 latencies; within a node 8 over NVLink
     assert t["owner"] > t["within"] >= t["all_gather"]
+
+
+def test_eager_runs_the_glu_activation_as_its_own_kernel():
+    # eager PyTorch runs F.silu(a) * b as aten::silu (read a, write act(a)) then aten::mul;
+    # the graph counts the fused GLU, so eager adds 2 x bytes(a) per SwiGLU, fused/compile none
+    from autopar.cost.compute import EAGER_GLU_ACT_PASSES, _memory_bound_ops
+    cm = _cm("torch")
+    block = next(layer for layer in cm.graph.layers if layer.kind == "block")
+    act = [op for op in block.ops if op.kind == "view" and op.target.lower() == "silu"]
+    assert len(act) == 1
+    eager = {op.target: b for op, b, _ in _memory_bound_ops(block.ops, "eager")}
+    assert eager["silu"] == EAGER_GLU_ACT_PASSES * act[0].bytes_read > 0
+    for fusion in ("fused", "compile"):
+        assert all(op.target != "silu" for op, _, _ in _memory_bound_ops(block.ops, fusion))

@@ -76,6 +76,14 @@ FUSED_NORM_BYTES_PER_ELEMENT = 4
 #: Kernels of that eager RMSNorm (cast, pow, mean, add eps, rsqrt, multiply, cast, weight
 #: multiply), each paying the launch floor.
 EAGER_RMSNORM_KERNELS = 8
+#: Activations the graph folds into a fused gated linear unit act(a) * b
+#: (:class:`autopar.graph.kernels.FusedGLUMeta`, recorded as a view at the activation). Eager
+#: PyTorch runs ``F.silu(a) * b`` as written: an ``aten::silu`` kernel that reads ``a`` and
+#: writes act(a) (same size and dtype), then ``aten::mul`` reading act(a) and ``b``; the
+#: product's bytes equal the fused kernel's, so eager adds the activation's read + write,
+#: :data:`EAGER_GLU_ACT_PASSES` times the bytes of ``a``, and one kernel launch.
+GLU_ACTIVATIONS = ("silu", "gelu")
+EAGER_GLU_ACT_PASSES = 2
 
 
 def _memory_bound_ops(ops, fusion: str):
@@ -83,7 +91,8 @@ def _memory_bound_ops(ops, fusion: str):
 
     Yields ``(op, nbytes, kernels)``: the op's forward HBM bytes (read + written) at the graph's
     micro-batch and the kernels it launches. ``fused``: as the graph counts them (norms as one fused kernel). ``eager``:
-    RMSNorms at :data:`EAGER_RMSNORM_BYTES_PER_ELEMENT`. ``compile``: consecutive memory-bound
+    RMSNorms at :data:`EAGER_RMSNORM_BYTES_PER_ELEMENT`, and a gated linear unit's activation
+    as its own kernel (:data:`EAGER_GLU_ACT_PASSES`). ``compile``: consecutive memory-bound
     ops (views between them ignored) form one TorchInductor kernel that reads what the chain
     takes from outside it and writes the chain's last output (an intermediate stays in
     registers); the chain is yielded as its first op with the chain's bytes.
@@ -102,6 +111,8 @@ def _memory_bound_ops(ops, fusion: str):
 
     for op in ops:
         if op.kind == "view":
+            if fusion == "eager" and op.target.lower() in GLU_ACTIVATIONS:
+                yield op, EAGER_GLU_ACT_PASSES * op.bytes_read, 1
             continue
         if op.kind in ("matmul", "attention"):
             if fusion == "compile":
