@@ -173,8 +173,8 @@ class MeshGroups:
         placement as such."""
         cm = self._cm
         per_node = cm.cluster.gpus_per_node
-        key = (c.tp, c.cp, c.sequence_parallel, c.micro_batch_size, c.cp_mode, c.ep,
-               *(layout_of(cm.group(d, c).ranks, per_node) for d in ("tp", "cp", "ep")))
+        key = (c.tp, c.cp, c.sequence_parallel, c.micro_batch_size, c.cp_mode, c.ep, c.expert_tp,
+               *(layout_of(cm.group(d, c).ranks, per_node) for d in ("tp", "cp", "ep", "etp")))
         total = self._sums.get(key)
         if total is None:
             total = self._sums[key] = layer_sum(cm, c)
@@ -209,10 +209,12 @@ def mesh_groups(cm: CostModel, fixed: dict, limits) -> MeshGroups:
     entries = []
     for tp, cp, pp, dp in space.meshes(g, cm.cluster, train, fixed, limits, profile):
         sps = space.sequence_parallel_options(tp, fixed, profile, train.seq_len, cp)
-        for b, sp, ep in itertools.product(space.micro_batches(train, dp, fixed, limits, pp), sps,
-                                           space.ep_options(g, dp, fixed, profile)):
+        for b, sp, (ep, etp) in itertools.product(
+                space.micro_batches(train, dp, fixed, limits, pp), sps,
+                space.expert_options(g, tp, cp, dp, fixed, profile,
+                                     cm.cluster.gpus_per_node)):
             base = dict(tp=tp, cp=cp, pp=pp, dp=dp, micro_batch_size=b, sequence_parallel=sp,
-                        ep=ep)
+                        ep=ep, expert_tp=etp)
             placement = space.placements(base, fixed)[0]
             modes, c = [], None
             for mode in space.cp_modes(g, base, fixed, profile):
@@ -223,8 +225,8 @@ def mesh_groups(cm: CostModel, fixed: dict, limits) -> MeshGroups:
                 modes.append(mode)
             if modes:
                 m = train.global_batch_size // (dp * b)
-                entries.append((m * compute_sum(cm, c) / pp, (tp, cp, pp, dp, b, sp, ep), base,
-                                tuple(modes)))
+                entries.append((m * compute_sum(cm, c) / pp,
+                                (tp, cp, pp, dp, b, sp, ep, etp or 0), base, tuple(modes)))
     return MeshGroups(cm, fixed, entries)
 
 

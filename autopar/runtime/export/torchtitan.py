@@ -125,6 +125,9 @@ def to_torchtitan_toml(plan) -> Export:
                  "context_parallel_degree": c.cp}
     if c.ep > 1:
         par["expert_parallel_degree"] = c.ep
+        # always written: torchtitan's default is 1, not tp (job_config.py Parallelism.
+        # expert_tensor_parallel_degree), so an unfolded plan with tp > 1 needs tp here
+        par["expert_tensor_parallel_degree"] = c.etp
     if c.cp > 1:
         if c.cp_mode == "ulysses":
             warn.append("cp_mode=ulysses: torchtitan has no Ulysses context parallelism; used "
