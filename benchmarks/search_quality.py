@@ -128,7 +128,8 @@ def _describe(e) -> str:
     rc = c.recompute if isinstance(c.recompute, str) else "/".join(
         f"{m[0]}{c.recompute.count(m)}" for m in ("none", "selective", "full")
         if m in c.recompute)
-    return (f"tp{c.tp} pp{c.pp} dp{c.dp} cp{c.cp} ep{c.ep} z{c.zero_stage} "
+    return (f"tp{c.tp} pp{c.pp} dp{c.dp} cp{c.cp} ep{c.ep}"
+            f"{f' etp{c.etp}' if c.folded else ''} z{c.zero_stage} "
             f"mbs{c.micro_batch_size} v{c.virtual_stages} rc={rc} cuts={list(c.stage_blocks)}")
 
 
