@@ -44,11 +44,14 @@ def main(argv=None) -> int:
     ap.add_argument("--no-hetero", action="store_true", help="skip the heterogeneous models")
     ap.add_argument("--hetero-only", action="store_true", help="only the heterogeneous models")
     ap.add_argument("--no-deepseek", action="store_true", help="skip the DeepSeek-V3 comparison")
+    ap.add_argument("--framework", default="torch", choices=list(autopar.config.FRAMEWORKS),
+                    help="target framework of the heterogeneous problems (default torch; "
+                         "megatron also searches MoE parallel folding)")
     args = ap.parse_args(argv)
     if not args.hetero_only:
         _published(args)
     if not args.no_hetero:
-        hetero(args.time_limit)
+        hetero(args.time_limit, args.framework)
     if not args.no_deepseek:
         deepseek_v3(args.time_limit)
     return 0
@@ -133,12 +136,15 @@ def _describe(e) -> str:
             f"mbs{c.micro_batch_size} v{c.virtual_stages} rc={rc} cuts={list(c.stage_blocks)}")
 
 
-def hetero(time_limit: float | None) -> None:
-    """Print the best uniform and the best layer-wise plan of every :data:`HETERO` problem."""
-    print(f"\n{'heterogeneous model':24s} {'cluster':14s} {'uniform s':>9s} {'layerwise s':>11s} "
+def hetero(time_limit: float | None, framework: str = "torch") -> None:
+    """Print the best uniform and the best layer-wise plan of every :data:`HETERO` problem for
+    the target ``framework`` (its profile sets the space: e.g. MoE parallel folding under
+    Megatron, shown as ``etp``)."""
+    print(f"\nframework profile: {framework}")
+    print(f"{'heterogeneous model':24s} {'cluster':14s} {'uniform s':>9s} {'layerwise s':>11s} "
           f"{'speedup':>7s}  plans (uniform | layer-wise)")
     for preset, spec, gbs, seq in HETERO:
-        train = autopar.TrainingConfig(global_batch_size=gbs, seq_len=seq)
+        train = autopar.TrainingConfig(global_batch_size=gbs, seq_len=seq, framework=framework)
         graph = extract(hf.build(preset), seq, 1, name=preset)
         cm = CostModel(graph, autopar.Cluster.from_spec(spec), train)
         got = {}

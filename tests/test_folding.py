@@ -214,3 +214,17 @@ def test_plan_files_keep_expert_tp_and_version_2_loads():
         del cfg["expert_tp"]
     from autopar.io.planfile import check_plan
     assert check_plan(old)["config"].expert_tp is None
+
+
+def test_exporters_without_folding_say_so():
+    module = hf.build("hf-tiny-deepseek-v3")
+    cluster = autopar.Cluster.from_spec("1x8xH100")
+    train = autopar.TrainingConfig(global_batch_size=16, seq_len=64, framework="megatron")
+    ex = _plan(module, cluster, train, _cfg(ep=8, expert_tp=1)).to_deepspeed_config()
+    assert ex.written.expert_tp is None
+    assert any("MoE parallel folding" in w for w in ex.warnings)
+    # torchtitan runs etp 1 or tp: etp=2 under tp=4 is written as tp
+    ex = _plan(module, cluster, train, _cfg(tp=4, dp=2, ep=2, expert_tp=2)).to_torchtitan_toml()
+    assert __import__("tomllib").loads(ex.text())["parallelism"][
+        "expert_tensor_parallel_degree"] == 4
+    assert ex.written.expert_tp is None and any("1 or tp" in w for w in ex.warnings)
