@@ -309,12 +309,24 @@ def check_plan(d: Any) -> dict:
     # the written estimate is checked for form; Plan.from_dict replaces it by a re-estimate of
     # ``config`` (it may be of the config before a hand edit)
     estimate = _estimate(d["estimate"], "estimate", world)
+    blocks = sum(config.stage_blocks)
+
+    def same_model(e: Estimate, where: str) -> Estimate:
+        # every estimate is of the plan's model: its cuts cover the same blocks
+        if sum(e.config.stage_blocks) != blocks:
+            raise _fail(f"{where}.config.stage_blocks", f"{list(e.config.stage_blocks)} cover "
+                                                       f"{sum(e.config.stage_blocks)} blocks but "
+                                                       f"the plan's cuts cover {blocks}")
+        return e
+
+    same_model(estimate, "estimate")
     others = {}
     for key in ("alternatives", "pareto"):
         items = d.get(key, [])
         if not isinstance(items, list):
             raise _fail(key, f"must be a list of estimates; got {type(items).__name__}")
-        others[key] = tuple(_estimate(e, f"{key}[{i}]", world) for i, e in enumerate(items))
+        others[key] = tuple(same_model(_estimate(e, f"{key}[{i}]", world), f"{key}[{i}]")
+                            for i, e in enumerate(items))
     s = _keys(d.get("search", {}), "search", (), tuple(_SEARCH))
     for key, kind in _SEARCH.items():
         if key in s and not (isinstance(s[key], bool) if kind is bool else
