@@ -192,6 +192,17 @@ class ParallelConfig:
             reshard_after_forward=True)``: gathered again for backward), False keeps them until
             its backward (one all-gather per micro-batch instead of two, the block's full
             parameters resident). None = every block reshards (plain ZeRO-3).
+        expert_tp: expert-tensor-parallel degree (etp) of the MoE layers' routed experts, for
+            Megatron-Core's "MoE parallel folding" (megatron/core/transformer/moe/README.md
+            "MoE Parallel Folding"; Liu et al. 2025, arXiv 2504.14960): the MoE layers get their
+            own mapping of the same GPUs, etp x ep x expert-dp over the attention's tp x cp x dp
+            ranks of a pipeline stage, etp innermost, then ep (parallel_state.py
+            ``initialize_model_parallel``: the expert RankGenerator over ``tp=
+            expert_tensor_parallel_size, ep, dp=expert_data_parallel_size, cp=1``). ep x etp
+            must divide tp x cp x dp (world_size % (etp * ep * pp) == 0, the same file); the
+            expert-data-parallel group is tp x cp x dp / (ep x etp). None (default) = equal to
+            tp, with ep carved out of dp (the mapping autopar used before; a value equal to tp
+            is stored as None, so both spellings are one plan). :attr:`etp` is the degree.
 
     Raises:
         InvalidParallelConfig: a degree below 1, an unknown mode, or inconsistent choices.
@@ -212,6 +223,7 @@ class ParallelConfig:
     cp_mode: str = "ring"
     ep: int = 1
     reshard_after_forward: tuple[bool, ...] | None = None
+    expert_tp: int | None = None
 
     def __post_init__(self) -> None:
         # the usual case (plain ints >= 1, or None where allowed) passes without the per-field
@@ -304,6 +316,21 @@ class ParallelConfig:
                     "Fix: zero_stage=3, or reshard_after_forward=None.")
             if all(r):   # every block reshards: plain ZeRO-3, written one way only
                 object.__setattr__(self, "reshard_after_forward", None)
+        if self.expert_tp is not None:
+            _positive_int("ParallelConfig", "expert_tp", self.expert_tp)
+            if self.expert_tp == self.tp:   # today's mapping, written one way only
+                object.__setattr__(self, "expert_tp", None)
+
+    @property
+    def etp(self) -> int:
+        """Expert-tensor-parallel degree: :attr:`expert_tp`, or tp when it is None."""
+        return self.tp if self.expert_tp is None else self.expert_tp
+
+    @property
+    def folded(self) -> bool:
+        """Whether the MoE layers have their own mapping (:attr:`expert_tp` differs from tp:
+        MoE parallel folding), rather than ep carved out of dp with etp = tp."""
+        return self.expert_tp is not None
 
     @property
     def model_parallel_size(self) -> int:

@@ -14,6 +14,10 @@ balanced stage cuts: ``SpaceLimits(layerwise=False)``) and the best layer-wise p
 recomputation, uneven cuts) side by side, with what layer-wise choice buys. ``--no-hetero`` skips
 them; ``--hetero-only`` skips the published records. A time marked ``*`` is the best found before
 ``--time-limit`` stopped that search.
+
+Last, DeepSeek-V3 on 2048 H800 (:func:`deepseek_v3`): its published plan (:data:`DEEPSEEK_V3_PLAN`)
+under the cost model beside the best uniform and best layer-wise searched plan for the same model,
+cluster and batch, with their ratios to the published plan. ``--no-deepseek`` skips it.
 """
 
 from __future__ import annotations
@@ -39,12 +43,76 @@ def main(argv=None) -> int:
     ap.add_argument("--time-limit", type=float, default=None, help="search limit per record (s)")
     ap.add_argument("--no-hetero", action="store_true", help="skip the heterogeneous models")
     ap.add_argument("--hetero-only", action="store_true", help="only the heterogeneous models")
+    ap.add_argument("--no-deepseek", action="store_true", help="skip the DeepSeek-V3 comparison")
+    ap.add_argument("--framework", default="torch", choices=list(autopar.config.FRAMEWORKS),
+                    help="target framework of the heterogeneous problems (default torch; "
+                         "megatron also searches MoE parallel folding)")
     args = ap.parse_args(argv)
     if not args.hetero_only:
         _published(args)
     if not args.no_hetero:
-        hetero(args.time_limit)
+        hetero(args.time_limit, args.framework)
+    if not args.no_deepseek:
+        deepseek_v3(args.time_limit)
     return 0
+
+
+#: DeepSeek-V3's published plan (DeepSeek-V3 technical report, arXiv 2412.19437, sec. 3.2: "16-way
+#: Pipeline Parallelism (PP), 64-way Expert Parallelism (EP) spanning 8 nodes, and ZeRO-1 Data
+#: Parallelism (DP)", "without using costly Tensor Parallelism"; sec. 3.2.3: "We recompute all
+#: RMSNorm operations and MLA up-projections"; sec. 4.2: sequence 4096, global batch 15360).
+#: As autopar writes it:
+#:
+#: - DualPipe (sec. 3.2.1, bidirectional, two copies of the model) -> ``dualpipev``, the nearest
+#:   schedule torch.distributed.pipelining runs (ScheduleDualPipeV: DualPipe folded into a V, two
+#:   chunks per rank, one copy of the model), so ``virtual_stages`` is 2;
+#: - the recomputation of RMSNorm and MLA up-projections -> ``selective`` (autopar's nearest
+#:   policy that recomputes a cheap part of each block; no mode is exactly that set);
+#: - dp = 2048 / 16 = 128 (derived); EP64 is carved out of it, on consecutive ranks (8 nodes);
+#: - fields the report leaves open take the documented default of the stack that runs the
+#:   schedule (plan.apply on torch.distributed: :data:`benchmarks.validation._DEFAULTS` for an
+#:   unnamed stack): micro-batch 1, no CP, no sequence parallelism, balanced stage cuts, default
+#:   placement; not the cost model's fastest choice.
+DEEPSEEK_V3_PLAN = dict(tp=1, pp=16, dp=128, cp=1, ep=64, zero_stage=1, recompute="selective",
+                        sequence_parallel=False, micro_batch_size=1, schedule="dualpipev",
+                        virtual_stages=2)
+#: The problem: (HF preset, cluster, global batch, sequence length, precision). The H800 node
+#: template carries the report's links (NVLink, 8 x 400 Gb/s InfiniBand NDR: 50 GB/s per GPU).
+#: The preset leaves out the multi-token-prediction module (not built by transformers).
+DEEPSEEK_V3 = ("hf-deepseek-v3", "256x8xH800", 15360, 4096, "fp8")
+#: The report's own throughput: 180K H800-hours per trillion tokens (sec. 1), as seconds per
+#: 15360 x 4096-token step on 2048 GPUs (a whole-run average: a reference, not a target).
+DEEPSEEK_V3_REPORTED_S = 15360 * 4096 * 180e3 * 3600 / 1e12 / 2048
+
+
+def deepseek_v3(time_limit: float | None) -> None:
+    """Print DeepSeek-V3's published plan under the cost model, the best uniform and the best
+    layer-wise searched plan for the same problem, and each one's ratio to the published plan.
+
+    All three use one cost model: the ``torch`` framework profile (what plan.apply runs: the
+    DualPipeV schedule, ZeRO-1 with expert parallelism; it does not hide the expert all-to-alls
+    behind compute as DualPipe does, for either plan). A plan that does not fit under autopar's
+    memory model is still compared on time and flagged."""
+    preset, spec, gbs, seq, precision = DEEPSEEK_V3
+    train = autopar.TrainingConfig(global_batch_size=gbs, seq_len=seq, precision=precision,
+                                   optimizer="adamw", framework="torch")
+    graph = extract(hf.build(preset), seq, 1, name=preset)
+    cm = CostModel(graph, autopar.Cluster.from_spec(spec), train)
+    pub = cm.estimate(autopar.ParallelConfig(**DEEPSEEK_V3_PLAN))
+    print(f"\nDeepSeek-V3 on {spec} (global batch {gbs}, seq {seq}, {precision}); the report's "
+          f"own average: {DEEPSEEK_V3_REPORTED_S:.1f} s per step")
+    rows = [("published (DualPipe->dualpipev)", pub, "")]
+    for name, layerwise in (("searched uniform", False), ("searched layer-wise", True)):
+        t0 = time.monotonic()
+        r = search(cm, time_limit_s=time_limit, top_k=1, limits=SpaceLimits(layerwise=layerwise))
+        rows.append((name, r.best, f"{time.monotonic() - t0:.1f} s search"
+                     + ("" if r.complete else ", time limit hit")))
+    print(f"{'plan':32s} {'step s':>8s} {'ratio':>6s} {'mem GiB':>8s}  plan")
+    for name, e, note in rows:
+        flag = "" if e.fits else "  [does not fit under our memory model]"
+        print(f"{name:32s} {e.step_time_s:8.3f} {e.step_time_s / pub.step_time_s:6.3f} "
+              f"{e.memory_per_gpu_bytes / 2 ** 30:8.1f}  {_describe(e)}"
+              f"{' (' + note + ')' if note else ''}{flag}")
 
 
 #: Heterogeneous problems: (HF preset, cluster, global batch, sequence length). Memory-tight on
@@ -63,16 +131,20 @@ def _describe(e) -> str:
     rc = c.recompute if isinstance(c.recompute, str) else "/".join(
         f"{m[0]}{c.recompute.count(m)}" for m in ("none", "selective", "full")
         if m in c.recompute)
-    return (f"tp{c.tp} pp{c.pp} dp{c.dp} cp{c.cp} ep{c.ep} z{c.zero_stage} "
+    return (f"tp{c.tp} pp{c.pp} dp{c.dp} cp{c.cp} ep{c.ep}"
+            f"{f' etp{c.etp}' if c.folded else ''} z{c.zero_stage} "
             f"mbs{c.micro_batch_size} v{c.virtual_stages} rc={rc} cuts={list(c.stage_blocks)}")
 
 
-def hetero(time_limit: float | None) -> None:
-    """Print the best uniform and the best layer-wise plan of every :data:`HETERO` problem."""
-    print(f"\n{'heterogeneous model':24s} {'cluster':14s} {'uniform s':>9s} {'layerwise s':>11s} "
+def hetero(time_limit: float | None, framework: str = "torch") -> None:
+    """Print the best uniform and the best layer-wise plan of every :data:`HETERO` problem for
+    the target ``framework`` (its profile sets the space: e.g. MoE parallel folding under
+    Megatron, shown as ``etp``)."""
+    print(f"\nframework profile: {framework}")
+    print(f"{'heterogeneous model':24s} {'cluster':14s} {'uniform s':>9s} {'layerwise s':>11s} "
           f"{'speedup':>7s}  plans (uniform | layer-wise)")
     for preset, spec, gbs, seq in HETERO:
-        train = autopar.TrainingConfig(global_batch_size=gbs, seq_len=seq)
+        train = autopar.TrainingConfig(global_batch_size=gbs, seq_len=seq, framework=framework)
         graph = extract(hf.build(preset), seq, 1, name=preset)
         cm = CostModel(graph, autopar.Cluster.from_spec(spec), train)
         got = {}

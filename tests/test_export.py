@@ -42,7 +42,7 @@ _TITAN_KEYS = {
                     "pipeline_parallel_degree", "module_fqns_per_model_part",
                     "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size",
                     "context_parallel_degree", "context_parallel_rotate_method",
-                    "expert_parallel_degree"},
+                    "expert_parallel_degree", "expert_tensor_parallel_degree"},
     "activation_checkpoint": {"mode", "selective_ac_option"},
     "optimizer": {"name", "weight_decay"},
 }

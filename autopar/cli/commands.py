@@ -45,7 +45,7 @@ from ..io.importers import Imported, from_megatron_args, from_torchtitan_toml
 _PARALLEL = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "zero": "zero_stage",
              "recompute": "recompute", "sequence_parallel": "sequence_parallel",
              "virtual_stages": "virtual_stages", "micro_batch": "micro_batch_size", "ep": "ep",
-             "schedule": "schedule"}
+             "expert_tp": "expert_tp", "schedule": "schedule"}
 
 
 def _positive_float(text: str) -> float:
@@ -116,6 +116,9 @@ def _parallel_flags(p: argparse.ArgumentParser, prefix: str = "", what: str = ""
                    help=f"sequences per micro-batch{what}")
     p.add_argument(f"{dash}ep", dest=f"{dest}ep", type=int, default=None,
                    help=f"expert-parallel degree of MoE layers{what}")
+    p.add_argument(f"{dash}expert-tp", dest=f"{dest}expert_tp", type=int, default=None,
+                   help=f"expert-tensor-parallel degree of MoE layers (MoE parallel folding; "
+                        f"default: tp){what}")
     p.add_argument(f"{dash}schedule", dest=f"{dest}schedule", default=None,
                    choices=list(SCHEDULES),
                    help=f"pipeline schedule (torch.distributed.pipelining's){what}")

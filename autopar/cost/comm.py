@@ -23,7 +23,7 @@ timing may pick, move about as much per GPU over the bottleneck link.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..graph.types import Layer
 from ..hardware.collectives import bus_factor
@@ -124,6 +124,38 @@ def tp_layer_comm(layer: Layer, group: Collectives, *, micro_batch: int, cp: int
             bwd += group.time("all_reduce", c)
             bb += group.wire_bytes("all_reduce", c)
     return fwd, bwd, fb, bb
+
+
+def split_expert_tp(layer: Layer) -> tuple[Layer, Layer]:
+    """``layer`` split into (its TP collectives without the routed experts', the routed experts'
+    alone), for MoE parallel folding, where the experts' collectives run over the
+    expert-tensor-parallel group instead of the attention's TP group.
+
+    The experts' entries of :attr:`Layer.tp_row_outputs` / :attr:`Layer.tp_column_inputs` are
+    found from the ops marked ``moe_role == "expert"``: a row-parallel expert GEMM's output
+    (``bytes_written``), a column-parallel one's input (its output scaled by K / N of its
+    ``gemm`` (M, K, N) shape; distinct inputs once, as the layer lists them). Each is taken out
+    of the layer's lists once (the entry closest in size). A layer without experts returns
+    (itself, a layer with no collectives).
+    """
+    rows, cols = list(layer.tp_row_outputs), list(layer.tp_column_inputs)
+    e_rows, e_cols = [], []
+    for o in layer.ops:
+        if getattr(o, "moe_role", "") != "expert" or not o.gemm:
+            continue
+        if o.tp_role == "row":
+            want, pool, out = float(o.bytes_written), rows, e_rows
+        elif o.tp_role == "column":
+            want, pool, out = float(o.bytes_written) * o.gemm[1] / o.gemm[2], cols, e_cols
+        else:
+            continue
+        if not pool or (o.tp_role == "column"
+                        and any(abs(x - want) <= 1e-6 * want for x in out)):
+            continue   # a second GEMM on the same routed input (separate gate and up)
+        best = min(range(len(pool)), key=lambda i: abs(pool[i] - want))
+        out.append(pool.pop(best))
+    return (replace(layer, tp_row_outputs=tuple(rows), tp_column_inputs=tuple(cols)),
+            replace(layer, tp_row_outputs=tuple(e_rows), tp_column_inputs=tuple(e_cols)))
 
 
 def cp_layer_comm(layer: Layer, group: Collectives, *, micro_batch: int, tp: int,

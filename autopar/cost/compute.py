@@ -175,7 +175,8 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
                architecture: str = "ampere", fp8_peak_flops: float | None = None,
                attention_kernel: str = "fa2", fusion: str = "fused",
                attention_dims: tuple[float, float] = (0.0, 0.0),
-               cp_attention: str = "fused", cp_imbalance: float = 1.0) -> LayerTime:
+               cp_attention: str = "fused", cp_imbalance: float = 1.0,
+               expert_tp: int | None = None) -> LayerTime:
     """Roofline time of ``layer`` for a micro-batch of ``micro_batch`` sequences.
 
     Args:
@@ -208,6 +209,13 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
         cp_imbalance: the slowest CP rank's causal attention work over the average (1 for the
             load-balanced split; ``(2 cp - 1) / cp`` for a contiguous one, whose last rank's
             queries see the most keys).
+        expert_tp: expert-tensor-parallel degree etp of the routed experts' GEMMs (ops with
+            ``moe_role == "expert"``) under MoE parallel folding; None = tp. A rank's expert
+            FLOPs do not change with etp (balanced routing: the etp ranks of an expert-TP group
+            gather etp / tp of an attention group's routed tokens and each holds 1 / etp of the
+            expert matrices: Megatron-Core MoEAlltoAllTokenDispatcher), but the GEMM shape
+            does: M x etp / tp rows, N (column) or K (row) / etp, which the efficiency curve
+            reads.
 
     Returns:
         :class:`LayerTime` in seconds and per-GPU FLOPs.
@@ -229,10 +237,13 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
             if op.gemm:
                 m, k, n = op.gemm
                 m = m * scale
+                split = tp
+                if expert_tp is not None and op.moe_role == "expert":
+                    m, split = m * expert_tp / tp, expert_tp
                 if op.tp_role in ("column", "vocab"):
-                    n = n / tp
+                    n = n / split
                 elif op.tp_role == "row":
-                    k = k / tp
+                    k = k / split
                 eff = params.gemm_efficiency(m, k, n, architecture)
             else:
                 eff = params.matmul_ceiling(architecture)

@@ -57,18 +57,21 @@ class MemoryBreakdown:
 
 
 def layer_params_per_rank(layer: Layer, tp: int, count_shared: bool = True,
-                          ep: int = 1) -> float:
-    """Parameter elements of ``layer`` on one rank: TP-sharded linears / tp (MoE experts
-    / (tp * ep): expert tensor parallelism equals tp), norms and routers replicated."""
+                          ep: int = 1, etp: int | None = None) -> float:
+    """Parameter elements of ``layer`` on one rank: TP-sharded linears / tp, routed MoE experts
+    / (etp * ep) (``etp``: expert tensor parallelism, None = tp; Megatron-Core splits each
+    expert's matrices over the expert-tensor-parallel group and the experts over the
+    expert-parallel group: parallel_state.py expert RankGenerator), norms and routers
+    replicated."""
     total = layer.num_parameters - (0 if count_shared else layer.shared_parameters)
     sharded = layer.tp_sharded_parameters - (0 if count_shared else layer.shared_parameters)
     experts = layer.expert_parameters
-    return (sharded - experts) / tp + experts / (tp * ep) + (total - sharded)
+    return (sharded - experts) / tp + experts / ((etp or tp) * ep) + (total - sharded)
 
 
-def expert_params_per_rank(layer: Layer, tp: int, ep: int) -> float:
-    """MoE expert parameter elements of ``layer`` on one rank."""
-    return layer.expert_parameters / (tp * ep)
+def expert_params_per_rank(layer: Layer, tp: int, ep: int, etp: int | None = None) -> float:
+    """MoE expert parameter elements of ``layer`` on one rank: / (etp * ep), etp None = tp."""
+    return layer.expert_parameters / ((etp or tp) * ep)
 
 
 def kept_params_per_rank(layer: Layer, tp: int, ep: int) -> float:

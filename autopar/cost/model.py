@@ -21,7 +21,7 @@ from ..frameworks.memory import MemoryConventions
 from ..graph.kernels import ATTENTION_BACKWARD_RATIO
 from ..graph.types import ModelGraph
 from . import memory as mem
-from .comm import Collectives, CommLedger, cp_layer_comm, tp_layer_comm
+from .comm import Collectives, CommLedger, cp_layer_comm, split_expert_tp, tp_layer_comm
 from .compute import LayerTime, layer_time
 from .params import CostParams
 from .regime import Regime, band_for, plausibility_warnings
@@ -155,7 +155,7 @@ class CostModel:
 
     # -- cached pieces -------------------------------------------------------------------------
     def layer_time(self, index: int, b: int, tp: int, cp: int, sp: bool,
-                   cp_mode: str = "ulysses") -> LayerTime:
+                   cp_mode: str = "ulysses", etp: int | None = None) -> LayerTime:
         """Compute time of graph layer ``index`` (cached by signature and sharding).
 
         ``cp_mode`` picks how a CP rank runs attention (the profile's ``cp_attention``) and
@@ -163,12 +163,14 @@ class CostModel:
         when ``2 cp`` divides the sequence (autopar/runtime/cp.py ``layout``; Megatron-LM and
         torchtitan require it), else the last rank's queries see the most keys, (2 cp - 1) / cp
         times the average. The default (Ulysses: whole sequences, fused, balanced) is the least
-        over the modes, the search's lower bound."""
+        over the modes, the search's lower bound. ``etp``: expert tensor parallelism of the
+        routed experts' GEMMs (None = tp; :func:`autopar.cost.compute.layer_time`)."""
         layer = self.graph.layers[index]
         path = self.profile.cp_attention.get(cp_mode, "fused") if cp > 1 else "fused"
         skew = (2 * cp - 1) / cp if (cp > 1 and cp_mode != "ulysses"
                                      and self.train.seq_len % (2 * cp)) else 1.0
-        key = (layer.signature, b, tp, cp, sp, path, skew)
+        etp = None if etp == tp else etp
+        key = (layer.signature, b, tp, cp, sp, path, skew, etp)
         t = self._layer_times.get(key)
         if t is None:
             t = layer_time(layer, micro_batch=b / self.graph.micro_batch_size, tp=tp, cp=cp,
@@ -179,7 +181,7 @@ class CostModel:
                            attention_kernel=self.attention_kernel,
                            fusion=self.profile.fusion,
                            attention_dims=self._attention_dims(layer, cp),
-                           cp_attention=path, cp_imbalance=skew)
+                           cp_attention=path, cp_imbalance=skew, expert_tp=etp)
             self._layer_times[key] = t
         return t
 
@@ -200,8 +202,14 @@ class CostModel:
     def group(self, dim: str, c: ParallelConfig) -> Collectives:
         """The representative process group (the one holding rank 0) of mesh dimension ``dim``
         under the config's placement; "dp" means the dp x cp group, over which gradients are
-        reduced and ZeRO shards (CP ranks hold the same weights); "pp" a pair of neighbours."""
-        key = (dim, c.tp, c.cp, c.dp, c.pp, c.ep, c.placement)
+        reduced and ZeRO shards (CP ranks hold the same weights); "pp" a pair of neighbours.
+
+        "ep" is the expert-parallel group: without folding, the innermost ep ranks of the DP
+        dimension; with MoE parallel folding (``c.expert_tp`` set), ep ranks ``etp`` apart among
+        the ranks of one pipeline stage in placement order, and "etp" the first etp of them
+        (the expert RankGenerator of Megatron-Core parallel_state.py: etp innermost, then ep,
+        over the tp x cp x dp ranks of a stage)."""
+        key = (dim, c.tp, c.cp, c.dp, c.pp, c.ep, c.placement, c.expert_tp)
         g = self._groups.get(key)
         if g is None:
             # rank r's coordinate along a dimension is (r // stride) % size, strides growing
@@ -213,7 +221,17 @@ class CostModel:
                 stride *= getattr(c, d)
             dims = ("cp", "dp") if dim == "dp" else (dim,)
             ranks = [0]
-            if dim == "ep":  # experts split over the innermost ep ranks of the DP dimension
+            if dim == "etp" and not c.folded:   # expert TP is the attention's TP group
+                dim, dims = "tp", ("tp",)
+            if dim in ("ep", "etp") and c.folded:
+                # the stage's ranks in placement order (innermost fastest), then etp x ep
+                stage = [0]
+                for d in order:
+                    if d != "pp":
+                        stage = [r + k * strides[d] for k in range(getattr(c, d)) for r in stage]
+                ranks = stage[:c.etp] if dim == "etp" else stage[:c.ep * c.etp:c.etp]
+                dims = ()
+            elif dim == "ep":  # experts split over the innermost ep ranks of the DP dimension
                 ranks = [k * strides["dp"] for k in range(c.ep)]
                 dims = ()
             for d in dims:
@@ -236,15 +254,28 @@ class CostModel:
         if layer.kind != "block":
             mode = "none"
         key = (layer.signature, mode, c.tp, c.cp, c.dp, c.pp, c.micro_batch_size,
-               c.sequence_parallel, c.cp_mode, c.placement, c.ep)
+               c.sequence_parallel, c.cp_mode, c.placement, c.ep, c.expert_tp)
         hit = self._block_costs.get(key)
         if hit is not None:
             return hit
         tp, cp, sp = c.tp, c.cp, c.sequence_parallel
         bscale = c.micro_batch_size / self.graph.micro_batch_size
-        lt = self.layer_time(index, c.micro_batch_size, tp, cp, sp, c.cp_mode)
-        tf, tb, fb, bb = tp_layer_comm(layer, self.group("tp", c), micro_batch=bscale, cp=cp,
-                                       sequence_parallel=sp)
+        folded = c.folded and bool(layer.num_experts)
+        lt = self.layer_time(index, c.micro_batch_size, tp, cp, sp, c.cp_mode,
+                             c.etp if folded else None)
+        attn_layer, expert_layer = split_expert_tp(layer) if folded else (layer, None)
+        tf, tb, fb, bb = tp_layer_comm(attn_layer, self.group("tp", c), micro_batch=bscale,
+                                       cp=cp, sequence_parallel=sp)
+        if expert_layer is not None:
+            # folded MoE: the routed tokens are all-gathered over the expert-TP group after the
+            # dispatch all-to-all and reduce-scattered before the combine (Megatron-Core
+            # token_dispatcher.py MoEAlltoAllTokenDispatcher: gather_from_sequence_parallel_
+            # region / reduce_scatter_to_sequence_parallel_region over expt_tp), on the etp
+            # ranks' share of the tokens: etp / tp of what one attention-TP group holds
+            xf, xb, xfb, xbb = tp_layer_comm(expert_layer, self.group("etp", c),
+                                             micro_batch=bscale * c.etp / tp, cp=cp,
+                                             sequence_parallel=True)
+            tf, tb, fb, bb = tf + xf, tb + xb, fb + xfb, bb + xbb
         if mode == "full":  # the recomputed forward repeats its collectives
             tb += tf
             bb += fb
@@ -306,7 +337,7 @@ class CostModel:
             transient += conv.loss_work_bytes * logits * bscale / (tp * cp)
         if self.train.precision == "fp8" and layer.kind == "block":
             # the FP8 copy of the running layer's Linear weights and its transpose (1 byte each)
-            transient += 2.0 * mem.layer_params_per_rank(layer, tp, ep=c.ep)
+            transient += 2.0 * mem.layer_params_per_rank(layer, tp, ep=c.ep, etp=c.etp)
         # the weight-gradient GEMMs (lt.wgrad_s) run apart from the rest of backward under a
         # zero-bubble schedule; recomputation and communication stay with the input gradient
         bc = BlockCost(fwd_s=lt.fwd_s + tf + cf + ef / 2, bwd_s=lt.bwd_s + rec + tb + cb + ef / 2,
@@ -342,38 +373,45 @@ class CostModel:
         self._rank_layers[key] = tuple(out)
         return self._rank_layers[key]
 
-    def _rank_params(self, tp: int, ep: int, layers: tuple[int, ...]) -> tuple[float, float]:
-        """(all, expert) parameter elements on a rank holding ``layers`` (cached)."""
-        key = (tp, ep, layers)
+    def _rank_params(self, tp: int, ep: int, layers: tuple[int, ...],
+                     etp: int | None = None) -> tuple[float, float]:
+        """(all, expert) parameter elements on a rank holding ``layers`` (cached); ``etp``:
+        expert tensor parallelism (None = tp)."""
+        etp = None if etp == tp else etp
+        key = (tp, ep, layers, etp)
         hit = self._params.get(key)
         if hit is None:
             g = self.graph
             kinds = {g.layers[i].kind for i in layers}
             total = sum(self._layer_params_per_rank(
-                i, tp, not (g.layers[i].kind == "head" and "embedding" in kinds), ep)
+                i, tp, not (g.layers[i].kind == "head" and "embedding" in kinds), ep, etp)
                 for i in layers)
-            experts = sum(mem.expert_params_per_rank(g.layers[i], tp, ep) for i in layers)
+            experts = sum(mem.expert_params_per_rank(g.layers[i], tp, ep, etp) for i in layers)
             hit = self._params[key] = (total, experts)
         return hit
 
-    def _largest_layer_params(self, tp: int, ep: int, layers: tuple[int, ...]) -> float:
+    def _largest_layer_params(self, tp: int, ep: int, layers: tuple[int, ...],
+                              etp: int | None = None) -> float:
         """Parameter elements on a rank of the largest of ``layers`` (what ZeRO-3 gathers at
         once; cached: the search asks for the same ranks under many configurations)."""
-        key = (tp, ep, layers)
+        etp = None if etp == tp else etp
+        key = (tp, ep, layers, etp)
         hit = self._gathers.get(key)
         if hit is None:
             hit = self._gathers[key] = max(
-                self._layer_params_per_rank(i, tp, True, ep) for i in layers)
+                self._layer_params_per_rank(i, tp, True, ep, etp) for i in layers)
         return hit
 
-    def _layer_params_per_rank(self, index: int, tp: int, count_shared: bool, ep: int) -> float:
+    def _layer_params_per_rank(self, index: int, tp: int, count_shared: bool, ep: int,
+                               etp: int | None = None) -> float:
         """:func:`autopar.cost.memory.layer_params_per_rank` of graph layer ``index``
         (cached: it walks the layer's ops)."""
-        key = (index, tp, count_shared, ep)
+        etp = None if etp == tp else etp
+        key = (index, tp, count_shared, ep, etp)
         hit = self._layer_params.get(key)
         if hit is None:
             hit = self._layer_params[key] = mem.layer_params_per_rank(
-                self.graph.layers[index], tp, count_shared=count_shared, ep=ep)
+                self.graph.layers[index], tp, count_shared=count_shared, ep=ep, etp=etp)
         return hit
 
     @property
@@ -387,7 +425,7 @@ class CostModel:
         """Per pipeline rank of the resolved config ``c``: its layers, in-flight multiplier,
         pipeline communication and model states (cached)."""
         key = (c.tp, c.pp, c.cp, c.dp, c.micro_batch_size, c.sequence_parallel, c.zero_stage,
-               c.schedule, c.virtual_stages, c.stage_blocks, c.placement, c.ep)
+               c.schedule, c.virtual_stages, c.stage_blocks, c.placement, c.ep, c.expert_tp)
         hit = self._layouts.get(key)
         if hit is not None:
             return hit
@@ -485,7 +523,7 @@ class CostModel:
             if pp > 1 and prev is not None:
                 p2p_bytes += boundary_bytes(prev)  # and the input's gradient backward
                 p2p_send_s += pp_g.time("send_recv", boundary_bytes(prev))
-        params, experts = self._rank_params(tp, c.ep, layers)
+        params, experts = self._rank_params(tp, c.ep, layers, c.etp)
         states, gather = self._states(c, params, experts, layers, pp)
         flight = mem.in_flight(c.schedule, rank, pp, m, c.virtual_stages) / max(1, len(parts))
         return StageLayout(layers, flight, p2p_s, p2p_bytes, params, states, gather, p2p_send_s)
@@ -536,7 +574,8 @@ class CostModel:
                         div = c.tp if o.tp_role in ("column", "row", "vocab") else 1
                         total += n * dp_g.time(op, o.num_parameters / div * nbytes_per_element)
             else:
-                total += n * dp_g.time(op, self._layer_params_per_rank(li, c.tp, True, c.ep)
+                total += n * dp_g.time(op, self._layer_params_per_rank(li, c.tp, True, c.ep,
+                                                                       c.etp)
                                        * nbytes_per_element)
         return total
 
@@ -570,8 +609,11 @@ class CostModel:
         k_opt = 0 if train.optimizer_offload else mem.optimizer_state_bytes_per_param(
             train.optimizer, conv.master_weight_bytes, train.optimizer_state_dtype)
         dense = mem.model_state_bytes(params - experts, c.zero_stage, c.dp * c.cp, wb, gb, k_opt)
-        # each expert is replicated over dp * cp / ep ranks, and ZeRO shards it over those
-        moe = mem.model_state_bytes(experts, c.zero_stage, c.dp * c.cp // c.ep, wb, gb, k_opt)
+        # each expert shard is replicated over the expert-data-parallel ranks, and ZeRO shards
+        # it over those: dp * cp / ep, or with MoE parallel folding tp * cp * dp / (ep * etp)
+        # (Megatron-Core parallel_state.py expert_data_parallel_size)
+        moe = mem.model_state_bytes(experts, c.zero_stage,
+                                    c.tp * c.dp * c.cp // (c.ep * c.etp), wb, gb, k_opt)
         states = tuple(a + b for a, b in zip(dense, moe))
         if c.zero_stage == 2 and wb > train.dtype_bytes and c.dp * c.cp > 1:
             # FSDP2 without resharding after forward: fp32 shards (the master copy) plus the
@@ -584,10 +626,10 @@ class CostModel:
                 work = conv.pp_unsharded_bytes * params
             else:
                 work = 2 * train.dtype_bytes * max(
-                    self._layer_params_per_rank(i, c.tp, True, c.ep) for i in layers)
+                    self._layer_params_per_rank(i, c.tp, True, c.ep, c.etp) for i in layers)
         if train.precision == "fp8" and conv.fp8_weight_cache_bytes:
             work += conv.fp8_weight_cache_bytes * sum(
-                self._layer_params_per_rank(i, c.tp, True, c.ep) for i in layers
+                self._layer_params_per_rank(i, c.tp, True, c.ep, c.etp) for i in layers
                 if g.layers[i].kind == "block")
         return states, work
 
@@ -953,5 +995,6 @@ class CostModel:
             stage_memory_breakdown=tuple(sm.as_dict() for sm in stage_mem),
             group_links={d: grp.link for d, grp in
                          (("tp", tp_g), ("cp", cp_g), ("pp", pp_g), ("dp", dp_g),
-                          ("ep", self.group("ep", c)))},
+                          ("ep", self.group("ep", c)))
+                         + ((("etp", self.group("etp", c)),) if c.folded else ())},
         )

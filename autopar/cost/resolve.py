@@ -53,7 +53,24 @@ def resolve(config: ParallelConfig, graph: ModelGraph, world_size: int,
             f"Ulysses context parallelism splits heads over tp*cp = {c.tp * c.cp}, which must "
             f"divide the {heads} heads and {kv} KV heads. Fix: use cp_mode='ring' or a smaller cp.")
     experts = getattr(graph, "num_experts", 0)
-    if c.ep > 1 and (not experts or experts % c.ep or dp % c.ep):
+    if c.folded:
+        # MoE parallel folding: Megatron-Core parallel_state.py initialize_model_parallel builds
+        # the expert grid etp x ep x expert-dp x pp and raises unless world_size % (etp * ep *
+        # pp) == 0, i.e. ep * etp divides tp * cp * dp
+        span = c.tp * c.cp * dp
+        if not experts or experts % c.ep or span % (c.ep * c.etp):
+            raise InvalidParallelConfig(
+                f"expert_tp={c.etp} with ep={c.ep} (MoE parallel folding) needs a MoE model "
+                f"whose {experts} experts ep divides, and ep*etp = {c.ep * c.etp} dividing "
+                f"tp*cp*dp = {span}. Fix: expert_tp=None (etp = tp), or ep and expert_tp with "
+                f"ep*expert_tp dividing {span}.")
+        if c.tp > 1 and not c.sequence_parallel:
+            raise InvalidParallelConfig(
+                f"expert_tp={c.etp} beside tp={c.tp}: the MoE layers of Megatron-Core take "
+                "sequence-parallel inputs when tp > 1 (transformer/moe/moe_layer.py raises "
+                "without sequence_parallel in training). Fix: sequence_parallel=True, or "
+                "expert_tp=None.")
+    elif c.ep > 1 and (not experts or experts % c.ep or dp % c.ep):
         raise InvalidParallelConfig(
             f"ep={c.ep} must divide the model's {experts} experts and dp={dp} (experts are "
             f"split over data-parallel ranks). Fix: use ep in "

@@ -43,6 +43,9 @@ from .seqrule import DEEPSPEED_RULE, MEGATRON_RULE, TORCHTITAN_RULE, SeqLenRule
 CUT_RULES = ("any", "first_last", "balanced")
 #: Interleaved-chunk rules: any chunk sizes; all chunks equal; no interleaving.
 CHUNK_RULES = ("any", "equal", "none")
+#: Expert-tensor-parallel rules (:attr:`FrameworkProfile.expert_tensor_parallel`): etp = tp only;
+#: etp = 1 or tp; any etp with ep * etp dividing tp * cp * dp (MoE parallel folding).
+ETP_RULES = ("tp", "one_or_tp", "any")
 #: Fusion levels of memory-bound (element-wise, norm) ops: ``eager`` = one kernel per PyTorch op
 #: as the model's Python writes it (norms in the model's own ops); ``compile`` = TorchInductor
 #: fuses each chain of consecutive point-wise ops into one kernel (Ansel et al. 2024, PyTorch 2,
@@ -114,6 +117,10 @@ class FrameworkProfile:
             (:attr:`autopar.config.ParallelConfig.reshard_after_forward`).
         sequence_parallel: the values ``sequence_parallel`` may take under tensor parallelism.
         expert_parallel: expert parallelism for MoE layers is supported.
+        expert_tensor_parallel: which expert-tensor-parallel degrees it runs
+            (:data:`ETP_RULES`): "tp" only etp = tp with ep inside dp (no MoE parallel folding),
+            "one_or_tp" etp = 1 (ep may span the TP ranks) or tp, "any" any etp with ep * etp
+            dividing tp * cp * dp (:attr:`autopar.config.ParallelConfig.expert_tp`).
         overlaps_ep_comm: schedules under which the framework hides expert-parallel all-to-alls
             behind the compute of another micro-batch (DualPipe-style forward-backward pairs);
             the cost model reads it (:meth:`autopar.cost.model.CostModel.estimate`).
@@ -169,6 +176,7 @@ class FrameworkProfile:
     expert_parallel: bool
     overlaps_ep_comm: tuple[str, ...] = ()
     per_block_reshard: bool = False
+    expert_tensor_parallel: str = "tp"
     sources: Mapping[str, str] = field(default_factory=dict)
     # -- sequence-length divisibility for CP and SP (issue 13); sourced inside the rule --------
     seq_rule: SeqLenRule = SeqLenRule()
@@ -206,6 +214,8 @@ class FrameworkProfile:
             bad.append("cp_modes")
         if not set(self.recompute_modes) <= set(RECOMPUTE_MODES) or not self.recompute_modes:
             bad.append("recompute_modes")
+        if self.expert_tensor_parallel not in ETP_RULES:
+            bad.append("expert_tensor_parallel")
         if self.stage_cuts not in CUT_RULES:
             bad.append("stage_cuts")
         if self.interleaved_chunks not in CHUNK_RULES:
@@ -308,6 +318,12 @@ class FrameworkProfile:
                     f"{list(self.cp_modes) or 'no context parallelism'}; {self._src('cp_modes')})")
         if c.ep > 1 and not self.expert_parallel:
             return f"{fw} has no expert parallelism ({self._src('expert_parallel')})"
+        rule = self.expert_tensor_parallel
+        if c.folded and (rule == "tp" or rule == "one_or_tp" and c.etp != 1):
+            return (f"{fw} runs expert tensor parallelism "
+                    f"{'equal to tp only' if rule == 'tp' else 'of 1 or tp only'}, not "
+                    f"expert_tp={c.etp} beside tp={c.tp} "
+                    f"({self._src('expert_tensor_parallel')})")
         if c.tp > 1 and c.sequence_parallel not in self.sequence_parallel:
             return (f"{fw} runs tensor parallelism only with sequence_parallel="
                     f"{self.sequence_parallel[0]} ({self._src('sequence_parallel')})")
@@ -391,6 +407,9 @@ TORCH = FrameworkProfile(
                                "recompute.py)",
         "sequence_parallel": "torch.distributed.tensor.parallel.SequenceParallel is optional",
         "expert_parallel": "all_to_all_single token dispatch over a DeviceMesh dim",
+        "expert_tensor_parallel": "autopar/runtime/mesh.py lays ep inside the DP dimension "
+                                  "and runtime/ep.py splits whole experts; expert matrices are "
+                                  "TP-sharded like the dense MLP's (etp = tp only)",
     },
     zero3_regather_per_micro_batch=False,
     cp_attention={"allgather": "masked", "ring": "unfused"},
@@ -412,7 +431,7 @@ TORCHTITAN = FrameworkProfile(
     stage_cuts="any", cp_modes=("ring", "allgather"),
     recompute_modes=("none", "selective-op", "full"),
     per_block_recompute=False, sequence_parallel=(True,), expert_parallel=True,
-    overlaps_ep_comm=("dualpipev",),
+    overlaps_ep_comm=("dualpipev",), expert_tensor_parallel="one_or_tp",
     seq_rule=TORCHTITAN_RULE,
     memory=TORCHTITAN_MEMORY,
     sources={
@@ -446,6 +465,11 @@ TORCHTITAN = FrameworkProfile(
         "sequence_parallel": "models/llama3/infra/parallelize.py apply_tp: norms always "
                              "SequenceParallel under TP",
         "expert_parallel": "job_config.py Parallelism.expert_parallel_degree (MoE models)",
+        "expert_tensor_parallel": "job_config.py Parallelism.expert_tensor_parallel_degree "
+                                  "and distributed/parallel_dims.py _validate: 'Currently we "
+                                  "only support ETP=TP or ETP=1'; the sparse mesh pp x "
+                                  "dp_replicate x efsdp x ep x etp with efsdp = dp_shard * cp * "
+                                  "tp / (etp * ep)",
     },
     zero3_regather_per_micro_batch=False, grad_reduce_bytes=4,
     cost_sources={**_DEFAULT_COST_SOURCES,
@@ -465,6 +489,7 @@ MEGATRON = FrameworkProfile(
     interleaved_chunks="any", stage_cuts="any", cp_modes=CP_MODES,
     recompute_modes=("none", "selective", "full"), per_block_recompute=False,
     sequence_parallel=(True, False), expert_parallel=True, seq_rule=MEGATRON_RULE,
+    expert_tensor_parallel="any",
     memory=MEGATRON_MEMORY,
     sources={
         "per_block_reshard": "arguments.py --use-torch-fsdp2: one fully_shard policy for the "
@@ -494,6 +519,10 @@ MEGATRON = FrameworkProfile(
                                "layers of every stage), no per-layer list",
         "sequence_parallel": "arguments.py --sequence-parallel (optional)",
         "expert_parallel": "arguments.py --expert-model-parallel-size",
+        "expert_tensor_parallel": "arguments.py --expert-tensor-parallel-size (default tp); "
+                                  "core/parallel_state.py initialize_model_parallel: expert "
+                                  "grid etp x ep x edp x pp, world_size % (etp * ep * pp) == 0 "
+                                  "(MoE parallel folding, transformer/moe/README.md)",
     },
     attention_kernels={"*": "cudnn"}, fusion="fused", overlap_dp_grad_reduce=False,
     cost_sources={**_DEFAULT_COST_SOURCES,
@@ -542,6 +571,11 @@ DEEPSPEED = FrameworkProfile(
         "sequence_parallel": "AutoTP (deepspeed/module_inject/auto_tp.py) has no Megatron-style "
                              "sequence parallelism",
         "expert_parallel": "deepspeed/moe/layer.py MoE(ep_size=...)",
+        "expert_tensor_parallel": "deepspeed/utils/groups.py _create_expert_data_and_model_"
+                                  "parallel: expert_tensor_parallel_world_size = tensor_"
+                                  "parallel_size_, ep must divide the dp world size; "
+                                  "expert-parallel groups are carved out of the data-parallel "
+                                  "group (no folding over the tensor-parallel ranks)",
     },
     zero3_gather="per_parameter", overlap_dp_grad_reduce=False,
     cost_sources={**_DEFAULT_COST_SOURCES,

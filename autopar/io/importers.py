@@ -22,6 +22,8 @@ Megatron-LM                                              autopar
 ``--num-layers-per-virtual-pipeline-stage N``            ``virtual_stages = layers / (pp N)``
 ``--virtual-pipeline-model-parallel-size``               ``virtual_stages``
 ``--seq-length``                                         ``seq_len``
+``--expert-model-parallel-size``                         ``ep``
+``--expert-tensor-parallel-size``                        ``expert_tp`` (MoE parallel folding)
 ``--bf16`` / ``--fp16`` / ``--fp8-format``               precision
 ======================================================  =======================================
 
@@ -29,7 +31,9 @@ torchtitan: ``parallelism.tensor_parallel_degree`` -> tp, ``pipeline_parallel_de
 ``context_parallel_degree`` -> cp, ``data_parallel_shard_degree`` x ``data_parallel_replicate_degree``
 -> dp (a shard degree > 1 is FSDP2, i.e. ZeRO-3; replicate only is DDP, ZeRO-0),
 ``activation_checkpoint.mode`` -> recompute, ``training.local_batch_size`` (or ``batch_size``),
-``training.global_batch_size``, ``training.seq_len``, ``parallelism.pipeline_parallel_microbatch_size``.
+``training.global_batch_size``, ``training.seq_len``, ``parallelism.pipeline_parallel_microbatch_size``,
+``expert_parallel_degree`` -> ep, ``expert_tensor_parallel_degree`` -> expert_tp (torchtitan's
+default 1 when ep > 1 and the key is absent: job_config.py).
 TP in torchtitan always shards the sequence between blocks (sequence parallelism on).
 """
 
@@ -105,7 +109,7 @@ def _megatron_parser() -> argparse.ArgumentParser:
                  "context-parallel-size", "micro-batch-size", "global-batch-size", "seq-length",
                  "num-layers-per-virtual-pipeline-stage", "virtual-pipeline-model-parallel-size",
                  "num-layers", "recompute-num-layers", "expert-model-parallel-size",
-                 "data-parallel-size"):
+                 "expert-tensor-parallel-size", "data-parallel-size"):
         p.add_argument(f"--{name}", type=int, default=None)
     for name in ("sequence-parallel", "recompute-activations", "use-distributed-optimizer",
                  "use-torch-fsdp2", "bf16", "fp16", "use-flash-attn"):
@@ -187,8 +191,11 @@ def from_megatron_args(text: str | list[str]) -> Imported:
         train["precision"] = "fp16"
     elif ns.bf16:
         train["precision"] = "bf16"
-    if ns.expert_model_parallel_size not in (None, 1):
-        notes.append("--expert-model-parallel-size is ignored (autopar models dense blocks).")
+    if ns.expert_model_parallel_size is not None:
+        par["ep"] = ns.expert_model_parallel_size
+    if ns.expert_tensor_parallel_size is not None:
+        # None when equal to tp (ParallelConfig stores that mapping one way)
+        par["expert_tp"] = ns.expert_tensor_parallel_size
     flags = [u for u in unknown if u.startswith("--")]
     if flags:
         notes.append("ignored (not a parallelism or batch setting autopar models): "
@@ -250,6 +257,12 @@ def from_torchtitan_toml(source: str | Path) -> Imported:
         v = integer(para, key, "parallelism")
         if v is not None:
             par[dst] = v
+    ep = integer(para, "expert_parallel_degree", "parallelism")
+    if ep is not None:
+        par["ep"] = ep
+        if ep > 1:   # job_config.py: expert_tensor_parallel_degree defaults to 1
+            etp = integer(para, "expert_tensor_parallel_degree", "parallelism")
+            par["expert_tp"] = 1 if etp is None else etp
     shard = integer(para, "data_parallel_shard_degree", "parallelism")
     replicate = integer(para, "data_parallel_replicate_degree", "parallelism") or 1
     if shard is not None and shard > 0:

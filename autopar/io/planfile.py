@@ -1,8 +1,8 @@
 """The plan file schema: strict checks that turn a parsed JSON object into a :class:`Plan`.
 
-Layout (version 2; :meth:`Plan.to_dict` writes it)::
+Layout (version 3; :meth:`Plan.to_dict` writes it)::
 
-    {"format": "autopar-plan", "version": 2, "model": str, "model_config": {...} | null,
+    {"format": "autopar-plan", "version": 3, "model": str, "model_config": {...} | null,
      "cluster": spec str, "train": {TrainingConfig fields}, "config": {ParallelConfig fields},
      "estimate": {Estimate fields}, "alternatives": [estimate...], "pareto": [estimate...],
      "search": {"evaluated": int, "meshes": int, "complete": bool, "gap": float}}
@@ -15,8 +15,10 @@ pipeline chunk and sum to the model's blocks; the global batch is a multiple of 
 Fields added after version 1 was first written (placement, cp_mode, ep, per-stage times, the
 Pareto front, the gap) take their defaults when missing. Version 2 adds the per-block
 ``config.reshard_after_forward`` (null or one bool per block); a version-1 file is migrated by
-setting it to null (every block reshards, as version 1 meant). A version this autopar does not
-know is
+setting it to null (every block reshards, as version 1 meant). Version 3 adds
+``config.expert_tp`` (null = the MoE layers' expert tensor parallelism equals tp, as version 2
+meant; an int = MoE parallel folding); a version-2 file is migrated by setting it to null. A
+version this autopar does not know is
 refused; an older known one is migrated by :data:`MIGRATIONS`. Nothing here executes code from
 the file.
 
@@ -40,7 +42,7 @@ from ..errors import AutoparError, InvalidPlanFile
 PLAN_FORMAT = "autopar-plan"
 #: Version of the plan file layout this autopar writes; older ones it knows are migrated by
 #: :data:`MIGRATIONS`.
-PLAN_VERSION = 2
+PLAN_VERSION = 3
 
 #: Top-level keys ``autopar plan --json`` adds to a plan; accepted and ignored when loading.
 ANNOTATIONS = ("compare", "run_cost")
@@ -54,8 +56,18 @@ def _v1_to_v2(d: dict) -> dict:
     return d
 
 
+def _v2_to_v3(d: dict) -> dict:
+    """Version 2 -> 3: MoE parallel folding (``config.expert_tp``) appeared; a version-2 plan's
+    expert tensor parallelism is its tp (null)."""
+    d = dict(d, version=3)
+    if isinstance(d.get("config"), dict):
+        d["config"] = dict(d["config"])
+        d["config"].setdefault("expert_tp", None)
+    return d
+
+
 #: version -> function upgrading a plan dict of that version to the next one.
-MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2}
+MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2, 2: _v2_to_v3}
 
 _FIX = "Fix: regenerate the plan with plan.to_json() or `autopar plan --out plan.json`."
 #: An example value per config key, for the message naming a missing one.
@@ -104,7 +116,7 @@ def _dataclass_keys(cls) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 #: ParallelConfig fields added after plan version 1 was first written: they take their defaults
 #: when a file lacks them. Every other field is a choice the plan must state.
-_CONFIG_LATER = ("placement", "cp_mode", "ep", "reshard_after_forward")
+_CONFIG_LATER = ("placement", "cp_mode", "ep", "reshard_after_forward", "expert_tp")
 
 
 def _config(d: Any, where: str) -> ParallelConfig:
@@ -297,12 +309,24 @@ def check_plan(d: Any) -> dict:
     # the written estimate is checked for form; Plan.from_dict replaces it by a re-estimate of
     # ``config`` (it may be of the config before a hand edit)
     estimate = _estimate(d["estimate"], "estimate", world)
+    blocks = sum(config.stage_blocks)
+
+    def same_model(e: Estimate, where: str) -> Estimate:
+        # every estimate is of the plan's model: its cuts cover the same blocks
+        if sum(e.config.stage_blocks) != blocks:
+            raise _fail(f"{where}.config.stage_blocks", f"{list(e.config.stage_blocks)} cover "
+                                                       f"{sum(e.config.stage_blocks)} blocks but "
+                                                       f"the plan's cuts cover {blocks}")
+        return e
+
+    same_model(estimate, "estimate")
     others = {}
     for key in ("alternatives", "pareto"):
         items = d.get(key, [])
         if not isinstance(items, list):
             raise _fail(key, f"must be a list of estimates; got {type(items).__name__}")
-        others[key] = tuple(_estimate(e, f"{key}[{i}]", world) for i, e in enumerate(items))
+        others[key] = tuple(same_model(_estimate(e, f"{key}[{i}]", world), f"{key}[{i}]")
+                            for i, e in enumerate(items))
     s = _keys(d.get("search", {}), "search", (), tuple(_SEARCH))
     for key, kind in _SEARCH.items():
         if key in s and not (isinstance(s[key], bool) if kind is bool else

@@ -229,7 +229,8 @@ def comparison_table(comps: list[Comparison]) -> Table:
         t.add_row(cmp.name, f"tp={c.tp} pp={c.pp} dp={c.dp} cp={c.cp} zero={c.zero_stage} "
                   f"rc={c.recompute if isinstance(c.recompute, str) else 'mixed'} "
                   f"mbs={c.micro_batch_size} v={c.virtual_stages} {c.schedule}"
-                  + (f" ep={c.ep}" if c.ep > 1 else ""),
+                  + (f" ep={c.ep}" if c.ep > 1 else "")
+                  + (f" etp={c.etp}" if c.folded else ""),
                   f"{o.step_time_s:,.3f}", gap_text(o.step_time_s, cmp.base.step_time_s),
                   f"{o.mfu * 100:.1f}%",
                   _gb(o.memory_per_gpu_bytes) + ("" if o.fits else " OOM"), "; ".join(parts))

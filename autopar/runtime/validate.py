@@ -78,8 +78,8 @@ def check_plan(plan) -> None:
 
     Raises:
         UnsupportedPlanError: the first broken rule, with a fix. Rules: dp divides the global
-            batch and the micro-batch divides each DP rank's share; ep divides dp (experts are
-            split over DP ranks); cp divides the sequence; the stage cut gives pp x
+            batch and the micro-batch divides each DP rank's share; no MoE parallel folding
+            (``expert_tp`` None); ep divides dp (experts are split over DP ranks); cp divides the sequence; the stage cut gives pp x
             virtual_stages chunks; the pipeline schedule's rules (:func:`check_schedule`).
     """
     c, train = plan.config, plan.train
@@ -94,6 +94,13 @@ def check_plan(plan) -> None:
         raise UnsupportedPlanError(
             f"micro_batch_size {mbs} does not divide the {local} sequences per DP rank. Fix: a "
             f"divisor of {local}.")
+    if c.folded:
+        raise UnsupportedPlanError(
+            f"expert_tp={c.expert_tp} beside tp={c.tp} (MoE parallel folding): plan.apply lays "
+            "experts over the innermost ep ranks of the data-parallel dimension with expert "
+            "tensor parallelism equal to tp (autopar/runtime/mesh.py). Fix: export the plan to "
+            "Megatron-LM (plan.to_megatron_args(): --expert-tensor-parallel-size), or plan "
+            "with expert_tp=None.")
     if dp % c.ep:
         raise UnsupportedPlanError(
             f"ep={c.ep} does not divide dp={dp}: experts are split over the innermost ep ranks "

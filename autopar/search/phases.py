@@ -180,18 +180,19 @@ class MeshGroups:
         cm = self._cm
         per_node = cm.cluster.gpus_per_node
         tp, cp, pp, dp, ep = (base[k] for k in ("tp", "cp", "pp", "dp", "ep"))
+        etp = base.get("expert_tp")
         b, sp = base["micro_batch_size"], base["sequence_parallel"]
         m = cm.train.global_batch_size // (dp * b)
         best = math.inf
         for placement in space.placements(base, self._fixed):
-            mesh = (tp, cp, dp, pp, ep, placement)
+            mesh = (tp, cp, dp, pp, ep, etp, placement)
             where = self._layouts.get(mesh)
             if where is None:
                 c0 = ParallelConfig(**base, placement=placement, cp_mode=modes[0])
                 where = self._layouts[mesh] = tuple(
-                    layout_of(cm.group(d, c0).ranks, per_node) for d in ("tp", "cp", "ep"))
+                    layout_of(cm.group(d, c0).ranks, per_node) for d in ("tp", "cp", "ep", "etp"))
             for mode in modes:
-                key = (tp, cp, sp, b, mode, ep, *where)
+                key = (tp, cp, sp, b, mode, ep, etp, *where)
                 total = self._sums.get(key)
                 if total is None:
                     c = cm.resolve(ParallelConfig(**base, placement=placement, cp_mode=mode))
@@ -224,10 +225,12 @@ def mesh_groups(cm: CostModel, fixed: dict, limits) -> MeshGroups:
     entries = []
     for tp, cp, pp, dp in space.meshes(g, cm.cluster, train, fixed, limits, profile):
         sps = space.sequence_parallel_options(tp, fixed, profile, train.seq_len, cp)
-        for b, sp, ep in itertools.product(space.micro_batches(train, dp, fixed, limits, pp), sps,
-                                           space.ep_options(g, dp, fixed, profile)):
+        for b, sp, (ep, etp) in itertools.product(
+                space.micro_batches(train, dp, fixed, limits, pp), sps,
+                space.expert_options(g, tp, cp, dp, fixed, profile,
+                                     cm.cluster.gpus_per_node)):
             base = dict(tp=tp, cp=cp, pp=pp, dp=dp, micro_batch_size=b, sequence_parallel=sp,
-                        ep=ep)
+                        ep=ep, expert_tp=etp)
             placement = space.placements(base, fixed)[0]
             modes, c = [], None
             for mode in space.cp_modes(g, base, fixed, profile):
@@ -238,8 +241,8 @@ def mesh_groups(cm: CostModel, fixed: dict, limits) -> MeshGroups:
                 modes.append(mode)
             if modes:
                 m = train.global_batch_size // (dp * b)
-                entries.append((m * compute_sum(cm, c) / pp, (tp, cp, pp, dp, b, sp, ep), base,
-                                tuple(modes)))
+                entries.append((m * compute_sum(cm, c) / pp,
+                                (tp, cp, pp, dp, b, sp, ep, etp or 0), base, tuple(modes)))
     return MeshGroups(cm, fixed, entries)
 
 

@@ -78,9 +78,9 @@ def ranked(estimates: Iterable[Estimate]) -> list[Estimate]:
 
 def kind_key(c: ParallelConfig) -> tuple:
     """What makes two configurations different plans to a person: the degrees (tp, cp, pp, dp,
-    ep), ZeRO stage, recomputation, micro-batch size and interleaving degree."""
+    ep, expert tp), ZeRO stage, recomputation, micro-batch size and interleaving degree."""
     return (c.tp, c.cp, c.pp, c.dp, c.ep, c.zero_stage, c.recompute, c.micro_batch_size,
-            c.virtual_stages)
+            c.virtual_stages, c.expert_tp)
 
 
 def one_per_kind(estimates: Iterable[Estimate]) -> list[Estimate]:

@@ -28,7 +28,7 @@ _TORCH = PROFILES["torch"]
 #: Keys ``fixed=`` may pin.
 FIXABLE = ("tp", "pp", "dp", "cp", "ep", "zero_stage", "recompute", "sequence_parallel",
            "micro_batch_size", "virtual_stages", "schedule", "stage_blocks", "placement",
-           "cp_mode", "reshard_after_forward")
+           "cp_mode", "reshard_after_forward", "expert_tp")
 
 
 def divisors(n: int) -> list[int]:
@@ -296,3 +296,41 @@ def ep_options(graph: ModelGraph, dp: int, fixed: dict,
     if not experts or not profile.expert_parallel:
         return [1]
     return [e for e in divisors(dp) if experts % e == 0]
+
+
+def expert_options(graph: ModelGraph, tp: int, cp: int, dp: int, fixed: dict,
+                   profile: FrameworkProfile = _TORCH, gpus_per_node: int | None = None
+                   ) -> list[tuple[int, int | None]]:
+    """(ep, expert_tp) pairs to try on a tp x cp x dp mesh: without MoE parallel folding
+    (expert_tp None) the :func:`ep_options`; with it, where the framework runs it
+    (:attr:`FrameworkProfile.expert_tensor_parallel`), every etp other than tp (the
+    framework's rule: "one_or_tp" only 1; "any" each divisor of tp x cp x dp up to
+    ``gpus_per_node``, expert tensor parallelism kept inside a node as TP is) with each ep
+    dividing the experts and tp x cp x dp / etp (Megatron-Core parallel_state.py: world_size %
+    (etp * ep * pp) == 0). Pinned ``ep`` / ``expert_tp`` are kept. Megatron's rule that folded
+    MoE under tp > 1 needs sequence parallelism is left to
+    :func:`autopar.cost.resolve.resolve`, which refuses the rest."""
+    pinned = "expert_tp" in fixed
+    etp_pin = fixed.get("expert_tp")
+    if etp_pin == tp:
+        etp_pin = None
+    out: list[tuple[int, int | None]] = []
+    if not pinned or etp_pin is None:
+        out = [(e, None) for e in ep_options(graph, dp, fixed, profile)]
+    experts = getattr(graph, "num_experts", 0)
+    rule = profile.expert_tensor_parallel
+    if not experts or not profile.expert_parallel or rule == "tp" or (pinned and etp_pin is None):
+        return out
+    span = tp * cp * dp
+    if pinned:
+        etps = [etp_pin]
+    elif rule == "one_or_tp":
+        etps = [1] if tp > 1 else []
+    else:
+        etps = [t for t in divisors(span) if t != tp
+                and (gpus_per_node is None or t <= gpus_per_node)]
+    for etp in etps:
+        for e in divisors(span // etp) if span % etp == 0 else []:
+            if experts % e == 0 and fixed.get("ep", e) == e:
+                out.append((e, etp))
+    return out

@@ -56,6 +56,12 @@ def to_deepspeed_config(plan) -> Export:
     if c.ep > 1:
         warn.append(f"ep={c.ep}: DeepSpeed sets expert parallelism in the model code "
                     "(deepspeed.moe.layer.MoE(ep_size=...)), not in the JSON config; not set")
+    if c.folded:
+        # deepspeed/utils/groups.py _create_expert_data_and_model_parallel: expert TP = TP,
+        # expert-parallel groups inside the data-parallel group
+        warn.append(f"expert_tp={c.etp} (MoE parallel folding): DeepSpeed's expert groups sit "
+                    f"inside data parallelism with expert TP = tp; written with etp = tp={c.tp}")
+        w = w.replace(expert_tp=None)
     if c.cp > 1:
         # without CP, DeepSpeed's data-parallel size is dp * cp: keep the batch arithmetic true
         ds_dp = c.dp * c.cp

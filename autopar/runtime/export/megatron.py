@@ -45,6 +45,9 @@ def to_megatron_args(plan) -> Export:
     w = w.replace(placement=placement)
     if c.ep > 1:
         a += ["--expert-model-parallel-size", str(c.ep)]
+    if c.folded:
+        # MoE parallel folding (arguments.py --expert-tensor-parallel-size, default tp)
+        a += ["--expert-tensor-parallel-size", str(c.etp)]
     if c.cp > 1:
         # Megatron-LM names the CP exchange: p2p (ring), a2a (Ulysses), all_gather
         # (megatron/core/transformer/transformer_config.py cp_comm_type)

@@ -125,6 +125,15 @@ def to_torchtitan_toml(plan) -> Export:
                  "context_parallel_degree": c.cp}
     if c.ep > 1:
         par["expert_parallel_degree"] = c.ep
+        # always written: torchtitan's default is 1, not tp (job_config.py Parallelism.
+        # expert_tensor_parallel_degree), so an unfolded plan with tp > 1 needs tp here
+        etp = c.etp
+        if etp not in (1, c.tp):
+            # distributed/parallel_dims.py: "Currently we only support ETP=TP or ETP=1"
+            warn.append(f"expert_tp={etp}: torchtitan runs expert tensor parallelism 1 or tp "
+                        f"only; written with etp = tp={c.tp}")
+            w, etp = w.replace(expert_tp=None), c.tp
+        par["expert_tensor_parallel_degree"] = etp
     if c.cp > 1:
         if c.cp_mode == "ulysses":
             warn.append("cp_mode=ulysses: torchtitan has no Ulysses context parallelism; used "
