@@ -19,17 +19,11 @@ _CFG = {"name": "small", "family": "llama", "num_layers": 8, "hidden_size": 4096
 
 
 @pytest.fixture(scope="module", params=["dense", "moe"])
-def cm(request):
+def cm(request, dense_or_tiny_moe):
     """A dense Llama-like model, and a tiny DeepSeek-V3 (dense then MoE blocks, expert
     parallelism), each on 16 GPUs."""
-    train = autopar.TrainingConfig(global_batch_size=64, seq_len=4096)
-    if request.param == "dense":
-        graph = model_graph(_CFG, train)[0]
-    else:
-        pytest.importorskip("transformers")
-        from autopar.graph import extract, hf
-        graph = extract(hf.build("hf-tiny-deepseek-v3"), 4096, 1)
-    return CostModel(graph, autopar.Cluster.from_spec("2x8xA100-40GB"), train)
+    return dense_or_tiny_moe(request.param, _CFG)
+
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -12,7 +12,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import autopar
-from autopar.api import model_graph
 from autopar.cost.model import CostModel
 from autopar.search import cuts, phases, space
 from autopar.search.cuts import rank_fits, rank_recompute, some_cut_fits
@@ -23,17 +22,11 @@ _SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scop
 
 
 @pytest.fixture(scope="module", params=["dense", "moe"])
-def cm(request):
+def cm(request, dense_or_tiny_moe):
     """A dense Llama-like model and a tiny DeepSeek-V3 (dense then MoE blocks) on 16 A100-40GB:
     memory binds for part of the space, so both answers of the fit tests occur."""
-    train = autopar.TrainingConfig(global_batch_size=64, seq_len=4096)
-    if request.param == "dense":
-        graph = model_graph(_CFG, train)[0]
-    else:
-        pytest.importorskip("transformers")
-        from autopar.graph import extract, hf
-        graph = extract(hf.build("hf-tiny-deepseek-v3"), 4096, 1)
-    return CostModel(graph, autopar.Cluster.from_spec("2x8xA100-40GB"), train)
+    return dense_or_tiny_moe(request.param, _CFG)
+
 
 
 def _config(cm, **kw):
