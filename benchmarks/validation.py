@@ -467,7 +467,7 @@ def pairs(rows: list[Row]) -> list[str]:
                              f"{ma:.3f} vs {mb:.3f} s, predicted {a.predicted_s:.3f} vs "
                              f"{b.predicted_s:.3f} s")
     pct = 100 * right / total if total else math.nan
-    lines.append(f"pairs ordered as measured: {right} of {total} ({pct:.0f}%)")
+    lines.append(f"pairs ordered as measured: {right} of {total} ({pct:.1f}%)")
     return lines
 
 
