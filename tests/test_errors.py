@@ -158,6 +158,17 @@ class Hook:
         return None
 sys.meta_path.insert(0, Hook())
 """,
+    # torch._C imports numpy from C and clears a KeyboardInterrupt raised inside that import, so
+    # the key press was lost (the whole search ran, rc 0) or numpy was left half-imported
+    "numpy": """
+class Hook:
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, Hook())
+""",
     "extraction": """
 import autopar.api as api
 extract = api.model_graph
