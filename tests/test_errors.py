@@ -4,6 +4,8 @@ in ``autopar plan`` prints the best plan so far, and before a search exits with 
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import signal
 import subprocess
@@ -112,6 +114,19 @@ def test_infeasible_names_the_batch_multiple():
 def test_infeasible_names_the_gpus_needed():
     with pytest.raises(autopar.InfeasibleError, match=r"at least \d+ GPUs of this kind"):
         autopar.optimize("llama2-7b", "1x1xA100-40GB", dict(global_batch_size=64, seq_len=4096))
+
+
+def test_infeasible_names_the_state_options_that_fit():
+    # 70B on 16 A100-80GB: 69 GB of fp32 Adam states per GPU with full sharding do not fit;
+    # bf16 moments or CPU offload do, and the message says so (both were missing)
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=4096)
+    with pytest.raises(autopar.InfeasibleError) as info:
+        autopar.optimize("llama2-70b", "2x8xA100-80GB", train)
+    msg = str(info.value)
+    assert "optimizer_state_dtype='bf16'" in msg and "--optimizer-offload" in msg, msg
+    plan = autopar.optimize("llama2-70b", "2x8xA100-80GB",
+                            dataclasses.replace(train, optimizer_state_dtype="bf16"))
+    assert plan.estimate.fits
 
 
 def test_pinned_pp_beyond_the_layers_is_named():

@@ -171,6 +171,7 @@ def infeasible_error(cm: CostModel, smallest, fixed: dict,
         small = replace(cm.train, micro_batch_size=1)
         if first_fit(CostModel(cm.graph, cm.cluster, small, cm.params), fixed, deadline):
             changes.append("use micro_batch_size=1")
+    changes += _memory_options(cm, fixed, deadline)
     gpus = _smallest_cluster(cm, fixed, need, deadline)
     blocked = seq_blocked(cm, fixed)
     if blocked:
@@ -185,6 +186,28 @@ def infeasible_error(cm: CostModel, smallest, fixed: dict,
         f"{states / cm.cluster.world_size / 1e9:.1f} GB per GPU sharded over all "
         f"{cm.cluster.world_size}). Smallest "
         f"changes: {'; '.join(changes + [gpus])}. Fix: one of those, or a shorter sequence.")
+
+
+#: Training options that take model states off the GPU, as (field, value, how to ask for it).
+_STATE_OPTIONS = (
+    ("optimizer_state_dtype", "bf16", "bf16 moment estimates (optimizer_state_dtype='bf16', "
+                                      "--optimizer-state-dtype bf16)"),
+    ("optimizer_offload", True, "the optimizer states in CPU memory (optimizer_offload=True, "
+                                "--optimizer-offload)"),
+)
+
+
+def _memory_options(cm: CostModel, fixed: dict, deadline: float) -> list[str]:
+    """The training options of :data:`_STATE_OPTIONS` not yet on under which a plan fits on
+    this cluster, each as a change to try (probed until ``deadline``)."""
+    out = []
+    for name, value, how in _STATE_OPTIONS:
+        if getattr(cm.train, name) == value or time.monotonic() >= deadline:
+            continue
+        train = replace(cm.train, **{name: value})
+        if first_fit(CostModel(cm.graph, cm.cluster, train, cm.params), fixed, deadline):
+            out.append(f"keep {how}")
+    return out
 
 
 def seq_blocked(cm: CostModel, fixed: dict) -> str | None:
