@@ -5,7 +5,6 @@ in ``autopar plan`` prints the best plan so far, and before a search exits with 
 from __future__ import annotations
 
 import dataclasses
-
 import os
 import signal
 import subprocess
