@@ -11,6 +11,7 @@ import math
 import warnings
 from dataclasses import MISSING, fields
 import copy
+import dataclasses
 from pathlib import Path
 from typing import Any, Callable
 
@@ -95,22 +96,26 @@ def model_graph(model, train: TrainingConfig) -> tuple[ModelGraph, ModelConfig |
     dtype = _TORCH_DTYPES[train.precision]
     if isinstance(model, str) and model in hf.HF_PRESETS:
         # a transformers model class on meta: its own modules are traced, not our builder's
-        return extract(hf.build(model, dtype=dtype), train.seq_len, 1, dtype=dtype, name=model,
-                       flash_attention=train.flash_attention), None
+        module = hf.build(model, dtype=dtype)
+        graph = extract(module, train.seq_len, 1, dtype=dtype, name=model,
+                        flash_attention=train.flash_attention)
+        return _with_position_warning(graph, *_max_positions(module)), None
     cfg = _model_config(model)
     if cfg is not None:
         built = cfg if cfg.seq_len >= train.seq_len else ModelConfig.from_dict(
             {**cfg.to_dict(), "seq_len": train.seq_len})
         module = build(built, dtype=dtype)
-        return extract(module, train.seq_len, 1, dtype=dtype, name=cfg.name,
-                       flash_attention=train.flash_attention), cfg
+        graph = extract(module, train.seq_len, 1, dtype=dtype, name=cfg.name,
+                        flash_attention=train.flash_attention)
+        return _with_position_warning(graph, cfg.seq_len, cfg.position, grown=True), cfg
     if not any(isinstance(m, nn.Embedding) for m in model.modules()):
         # no token embedding: not a language model; tracing it would only fail deep in torch
         raise UntraceableModelError(
             f"{type(model).__name__} is not a language model autopar can plan: it has no "
             f"nn.Embedding to take token ids. {LM_NEEDS}. {LM_FIX}.")
-    graph = extract(_in_dtype(model, dtype), train.seq_len, 1,
-                    flash_attention=train.flash_attention)
+    graph = _with_position_warning(
+        extract(_in_dtype(model, dtype), train.seq_len, 1, flash_attention=train.flash_attention),
+        *_max_positions(model))
     if graph.num_blocks == 0:
         raise UntraceableModelError(
             f"found no repeated decoder blocks in {type(model).__name__}. {LM_NEEDS}. {LM_FIX}; "
@@ -118,6 +123,40 @@ def model_graph(model, train: TrainingConfig) -> tuple[ModelGraph, ModelConfig |
             "is not a decoder LM).")
     return graph, None
 
+
+
+def _max_positions(module: nn.Module) -> tuple[int | None, str]:
+    """A Hugging Face model's ``config.max_position_embeddings`` (None when it has none) and
+    its position kind: "learned" when an embedding table has that many rows (GPT-2's ``wpe``),
+    else "rope"."""
+    cfg = getattr(module, "config", None)
+    limit = getattr(cfg, "max_position_embeddings", None)
+    if not isinstance(limit, int) or limit <= 0:
+        return None, "rope"
+    vocab = getattr(cfg, "vocab_size", None)
+    learned = any(isinstance(m, nn.Embedding) and m.num_embeddings == limit != vocab
+                  for m in module.modules())
+    return limit, "learned" if learned else "rope"
+
+
+def _with_position_warning(graph: ModelGraph, limit: int | None, position: str,
+                           grown: bool = False) -> ModelGraph:
+    """``graph`` with a warning when its sequence is longer than the model's ``limit``
+    positions: a learned table (GPT-style) cannot index past its rows (a preset's is costed
+    ``grown`` to the sequence: a different model than the one named); rotary positions (RoPE)
+    run past the limit, on positions the model was not trained on."""
+    if limit is None or graph.seq_len <= limit:
+        return graph
+    if position == "learned" and grown:
+        what = (f"its learned position table is costed with {graph.seq_len} rows, so this is a "
+                f"larger model than {graph.name} as published")
+    elif position == "learned":
+        what = f"its learned position table has {limit} rows, so it cannot run this sequence"
+    else:
+        what = "its rotary positions run past them, on positions it was not trained on"
+    text = (f"seq_len {graph.seq_len} is beyond {graph.name}'s {limit} positions: {what}. "
+            f"Fix: seq_len <= {limit}, or a model with a longer context")
+    return dataclasses.replace(graph, warnings=(*graph.warnings, text))
 
 
 def _in_dtype(model: nn.Module, dtype: torch.dtype) -> nn.Module:

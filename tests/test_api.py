@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -183,3 +184,19 @@ def test_cli_plan_and_estimate(capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["config"]["tp"] == 2 and data["config"]["dp"] == 4
     assert main(["plan", "--model", "llama2-7b", "--cluster", "9x9xZ100"]) == 2
+
+
+@pytest.mark.parametrize("model, seq, expect", [
+    ("llama2-7b", 8192, "rotary positions run past them"),
+    ("gpt3-175b", 4096, "costed with 4096 rows"),
+])
+def test_sequence_beyond_the_models_positions_is_warned(model, seq, expect):
+    # a preset trained at 4096 (2048) positions, asked for more: said, not silently costed
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=seq)
+    e = autopar.estimate(model, "4x8xA100-80GB", train,
+                         autopar.ParallelConfig(tp=8, pp=4, recompute="full"))
+    assert any(expect in w and f"seq_len {seq}" in w for w in e.warnings), e.warnings
+    inside = autopar.estimate(model, "4x8xA100-80GB",
+                              dataclasses.replace(train, seq_len=2048),
+                              autopar.ParallelConfig(tp=8, pp=4, recompute="full"))
+    assert not any("positions" in w for w in inside.warnings)

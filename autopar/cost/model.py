@@ -975,6 +975,7 @@ class CostModel:
         if refused:  # the search never returns such a plan; a hand-written one can be one
             warns = (*warns, f"{refused}: the framework cannot run this configuration as "
                              "estimated")
+        warns = (*self.graph.warnings, *warns)
         return Estimate(
             error_band=band_for(regime), warnings=warns,
             config=c, step_time_s=step, mfu=mfu, hfu=hfu,

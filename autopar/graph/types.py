@@ -196,6 +196,9 @@ class ModelGraph:
         vocab_size: rows of the (vocabulary-parallel) embedding.
         method: "fx" or "export": how the graph was extracted.
         notes: how the extraction went (e.g. why torch.fx was not used).
+        warnings: what about the model and the training config the user should know before
+            trusting a plan of it (e.g. a sequence longer than the model's positions); every
+            :class:`autopar.cost.types.Estimate` of the graph carries them.
     """
 
     name: str
@@ -208,6 +211,7 @@ class ModelGraph:
     vocab_size: int
     method: str = "fx"
     notes: tuple[str, ...] = field(default=())
+    warnings: tuple[str, ...] = field(default=())
 
     @cached_property
     def forward_flops(self) -> float:
