@@ -50,6 +50,13 @@ def test_plan_json_is_a_plan_with_extras(capsys, tmp_path):
     assert autopar.Plan.from_json(tmp_path / "p.json").config == plan.config
 
 
+def test_a_gpu_named_without_its_memory_size_is_noted(capsys):
+    code, out, err = run(capsys, "estimate", "--model", "tiny-llama", "--cluster", "1x8xA100",
+                         "--global-batch", "32", "--seq-len", "512", "--tp", "1")
+    assert code == 0, err
+    assert "note: GPU 'a100' is read as A100-SXM4-80GB (80 GB)" in out
+
+
 def test_estimate_fits_and_json(capsys):
     code, out, _ = run(capsys, "estimate", *TINY, "--tp", "2", "--pp", "2", "--zero", "1")
     assert code == 0 and "Verdict: fits" in out

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from autopar.errors import InvalidClusterSpec, InvalidParallelConfig, InvalidTrainingConfig
 from autopar.hardware import Cluster, Device, LinkType, get_device, list_devices, rank_groups
+from autopar.hardware.devices import memory_ambiguity
 from autopar.hardware.links import LINKS, get_link
 
 GB = 1e9
@@ -62,6 +63,20 @@ def test_list_devices_is_the_catalog():
 ])
 def test_device_aliases(alias, name):
     assert get_device(alias).name == name
+
+
+@pytest.mark.parametrize("name, others", [
+    ("a100", "A100-SXM4-40GB, A100-PCIe-40GB"), ("A100-SXM", "A100-SXM4-40GB"),
+    ("a100-pcie", "A100-PCIe-40GB"),
+    ("A100-80GB", None), ("a100-40gb", None), ("H100", None), ("h200", None), ("B9000", None),
+])
+def test_a_name_without_the_memory_size_is_noted(name, others):
+    # "A100" alone was read as the 80 GB part without a word; the 40 GB part OOMs such plans
+    note = memory_ambiguity(name)
+    if others is None:
+        assert note is None
+    else:
+        assert f"read as {get_device(name).name} (80 GB)" in note and others in note, note
 
 
 def test_unknown_device_lists_names_and_closest():

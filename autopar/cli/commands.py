@@ -31,6 +31,8 @@ from rich.console import Console
 
 from ..graph import hf
 from ..report import tables
+from ..hardware.devices import memory_ambiguity
+from ..hardware.spec import parse_spec
 from . import measure_cmds
 from .inputs import model_arg
 from ..config import (FRAMEWORKS, OPTIMIZER_STATE_DTYPES, RECOMPUTE_MODES, SCHEDULES,
@@ -275,6 +277,9 @@ def _problem(args) -> tuple[Problem, dict, list[str]]:
     model = model_arg(args.model or (imp.model if imp else None))
     cluster = api.as_cluster(args.cluster)
     par, tr, notes, params = {}, {}, [], None
+    ambiguous = memory_ambiguity(parse_spec(args.cluster).gpu_name)
+    if ambiguous:
+        notes.append(ambiguous)
     if imp is not None:
         cfg = api._model_config(model)
         blocks = cfg.num_layers if cfg is not None else 0

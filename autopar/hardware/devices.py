@@ -297,3 +297,24 @@ def get_device(name: str | Device) -> Device:
     raise InvalidClusterSpec(
         f"unknown GPU {name!r}.{hint} Valid names (case-insensitive): {', '.join(valid_device_names())}"
     )
+
+
+def memory_ambiguity(name: str) -> str | None:
+    """A note when the GPU name ``name`` (as a user wrote it) leaves the memory size open and
+    the catalog has the part in several sizes (``"A100"``: 40 GB and 80 GB), naming the one it
+    is read as and how to ask for the other; None when the name fixes the size or is unknown.
+
+    Sizes are the datasheets' decimal GB (:attr:`Device.memory_bytes`)."""
+    key = str(name).strip().lower()
+    if key not in _LOOKUP:
+        return None
+    chosen = DEVICES[_LOOKUP[key]]
+    tokens = key.split("-")
+    siblings = [d for n, d in DEVICES.items() if all(t in n.lower() for t in tokens)]
+    sizes = sorted({d.memory_bytes for d in siblings})
+    if len(sizes) < 2:
+        return None
+    others = ", ".join(n for n, d in DEVICES.items() if d in siblings
+                       and d.memory_bytes != chosen.memory_bytes)
+    return (f"GPU {name!r} is read as {chosen.name} ({chosen.memory_bytes / 1e9:.0f} GB); the "
+            f"catalog also has {others}: write that name if yours is one")

@@ -27,13 +27,15 @@ _NIC = re.compile(r"^(\d+)x([a-z][a-z0-9\-]*)$")
 
 @dataclass(frozen=True)
 class ParsedSpec:
-    """What a spec string says; links not given are None (the node template decides)."""
+    """What a spec string says; links not given are None (the node template decides);
+    ``gpu_name`` is the GPU part as written (lower case)."""
 
     num_nodes: int
     gpus_per_node: int
     device: Device
     nics_per_node: int | None
     nic_link: LinkType | None
+    gpu_name: str = ""
 
 
 def _positive(value: str, what: str, spec: str) -> int:
@@ -79,7 +81,7 @@ def parse_spec(spec: str) -> ParsedSpec:
             )
         num_nodes, gpus_per_node = total // DEFAULT_GPUS_PER_NODE, DEFAULT_GPUS_PER_NODE
     if not plus:
-        return ParsedSpec(num_nodes, gpus_per_node, device, None, None)
+        return ParsedSpec(num_nodes, gpus_per_node, device, None, None, gpu_name)
     n = _NIC.match(nic_part)
     if not n:
         raise InvalidClusterSpec(
@@ -91,4 +93,5 @@ def parse_spec(spec: str) -> ParsedSpec:
     except InvalidClusterSpec as err:
         raise InvalidClusterSpec(f"cluster spec {spec!r}: NIC part {nic_part!r}: {err}. Fix: use a "
                                  f"valid link name, e.g. '+8xib-ndr'") from None
-    return ParsedSpec(num_nodes, gpus_per_node, device, _positive(n.group(1), "the NIC count", spec), link)
+    return ParsedSpec(num_nodes, gpus_per_node, device,
+                      _positive(n.group(1), "the NIC count", spec), link, gpu_name)
