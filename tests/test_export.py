@@ -254,6 +254,8 @@ def test_torchtitan_flavor_only_for_its_own_shapes():
     doc = tomllib.loads(ex.text())
     assert doc["model"]["flavor"] == "llama2-7b"          # not "8B", not the debug model
     assert any("no llama3 flavor" in w and "llama3_args" in w for w in ex.warnings)
+    # the file stops at the unknown flavor: the verdict is for the file once it is added
+    assert "once the flavor 'llama2-7b' is added, this file runs" in ex.warnings[-1]
     with pytest.raises(UnsupportedPlanError, match="no architecture"):
         to_torchtitan_toml(_fixed_plan("tiny-gpt", "1x8xA100-80GB", 16, 32,
                                        dict(tp=1, pp=1, dp=8, zero_stage=3)))

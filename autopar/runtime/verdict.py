@@ -68,7 +68,7 @@ def _differences(planned: ParallelConfig, written: ParallelConfig) -> list[str]:
 
 
 def verdict(plan, written: ParallelConfig, framework: str,
-            train: TrainingConfig | None = None) -> tuple[list[str], bool | None]:
+            train: TrainingConfig | None = None, needs: str = "") -> tuple[list[str], bool | None]:
     """Lines saying what the exported configuration will do under ``framework``.
 
     Args:
@@ -77,6 +77,8 @@ def verdict(plan, written: ParallelConfig, framework: str,
         framework: the target's name (a key of :data:`autopar.frameworks.PROFILES`).
         train: the training configuration written, when it differs from ``plan.train`` (e.g.
             precision bf16 in place of fp8).
+        needs: what the user must add before the file starts (e.g. torchtitan's model flavor);
+            the lines then say what the file runs once that is done.
 
     Returns:
         (lines, fits). Lines for the export's warnings: the re-estimate (step time in seconds,
@@ -97,8 +99,9 @@ def verdict(plan, written: ParallelConfig, framework: str,
                or profile.seq_violation(train.seq_len, written.tp, written.cp,
                                         bool(written.sequence_parallel)))
     same = not diffs and train.precision == plan.train.precision
+    once = f"once {needs}, " if needs else ""
     if same and refused is None:
-        return [f"re-estimated under {profile.name}: this file runs the plan as estimated "
+        return [f"re-estimated under {profile.name}: {once}this file runs the plan as estimated "
                 f"({pe.step_time_s:.4g} s per step, {pe.memory_per_gpu_bytes / _GB:.1f} GB of "
                 f"{pe.memory_limit_bytes / _GB:.1f} GB per GPU)"], pe.fits
     if not plan.model_config:
@@ -112,7 +115,7 @@ def verdict(plan, written: ParallelConfig, framework: str,
     except AutoparError as exc:
         return [f"not re-estimated: {exc}"], None
     fits = e.fits and refused is None
-    head = (f"re-estimated under {profile.name}, what this file runs ("
+    head = (f"re-estimated under {profile.name}, what this file runs {once}("
             f"{', '.join(diffs) or 'precision ' + train.precision}): "
             f"{e.step_time_s:.4g} s per step ({_pct(e.step_time_s, pe.step_time_s)} vs the "
             f"plan's {pe.step_time_s:.4g} s), {e.memory_per_gpu_bytes / _GB:.1f} GB per GPU "

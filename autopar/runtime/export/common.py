@@ -85,9 +85,10 @@ def uniform(blocks: tuple[int, ...]) -> bool:
 
 
 def finish(plan, value, warn: list[str], written: ParallelConfig, framework: str,
-            comment: str = "#", train=None) -> Export:
-    """The export, with the re-estimate of ``written`` under ``framework`` appended."""
-    lines, fits = verdict(plan, written, framework, train)
+            comment: str = "#", train=None, needs: str = "") -> Export:
+    """The export, with the re-estimate of ``written`` under ``framework`` appended (``needs``:
+    what the user must add before the file starts, :func:`autopar.runtime.verdict.verdict`)."""
+    lines, fits = verdict(plan, written, framework, train, needs)
     return Export(value, tuple(warn + lines), comment=comment, written=written, fits=fits)
 
 

@@ -211,7 +211,9 @@ def to_torchtitan_toml(plan) -> Export:
         lines.append(f"[{name}]")
         lines += [f"{k} = {_toml_value(v)}" for k, v in kv.items()]
         lines.append("")
-    return finish(plan, "\n".join(lines), warn, w, "torchtitan", train=t_written)
+    known = model["flavor"] in TITAN_LLAMA3_FLAVORS
+    return finish(plan, "\n".join(lines), warn, w, "torchtitan", train=t_written,
+                  needs="" if known else f"the flavor {model['flavor']!r} is added")
 
 
 def _fqns_per_part(stage_blocks) -> list[list[str]]:
