@@ -199,6 +199,15 @@ def test_bad_flag_values_exit_2(capsys, argv):
     assert exc.value.code == 2
 
 
+def test_flag_errors_are_one_line_with_the_closest_option(capsys):
+    # argparse printed ~30 lines of usage before the error; a misspelt flag had no suggestion
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "--modl", "tiny-llama", "--globl-batch=8"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "usage:" not in err and len(err.strip().splitlines()) == 1
+    assert "Did you mean --model, --global-batch?" in err and "--help" in err
+
+
 def test_every_flag_is_documented():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
     parser = build_parser()

@@ -21,6 +21,7 @@ docs/cli.md.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import signal
 import sys
@@ -137,10 +138,38 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with errors in one line: the problem, the closest option for a misspelt one,
+    and where the full list is (argparse's default prints the whole usage, ~30 lines for
+    ``plan``, before the one line that matters)."""
+
+    def error(self, message):
+        hint = ""
+        if message.startswith("unrecognized arguments:"):
+            known = _option_strings(self)
+            close = [m for tok in message.split(":", 1)[1].split() if tok.startswith("-")
+                     for m in difflib.get_close_matches(tok.split("=")[0], known, n=1)]
+            if close:
+                hint = f" Did you mean {', '.join(close)}?"
+        self.exit(2, f"{self.prog}: error: {message}.{hint} Fix: see '{self.prog} --help' "
+                     "for the options.\n")
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    """Every --option of ``parser`` and its subcommands."""
+    out = []
+    for action in parser._actions:
+        out += [o for o in action.option_strings if o.startswith("--")]
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out += _option_strings(sub)
+    return sorted(set(out))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``autopar`` command."""
-    ap = argparse.ArgumentParser(prog="autopar", description="Plan parallel training of "
-                                 "transformers on GPU clusters.")
+    ap = _Parser(prog="autopar", description="Plan parallel training of "
+                 "transformers on GPU clusters.")
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="search the fastest plan that fits")
     _common(p, "the schedule of one step, memory per stage and the Pareto front")
