@@ -49,6 +49,7 @@ class Point:
     key: tuple[str, str, str, str]
     residual: float
     measured_mfu: float
+    memory_residual: float | None = None
 
 
 def points(raw: list[dict] | None = None) -> tuple[list[Point], list[tuple[str, str]]]:
@@ -70,9 +71,10 @@ def points(raw: list[dict] | None = None) -> tuple[list[Point], list[tuple[str, 
                rec.train.precision, rg.gpu_generation(rec.cluster.device.name),
                rg.sharding_kind(plan.get("tp", 1), plan.get("pp", 1), plan.get("cp", 1),
                                 plan.get("zero_stage")))
-        meas = rec.measured_step_s
+        meas, mem = rec.measured_step_s, rec.measured_memory_gib
         out.append(Point(rec.id, rec.source_key, key, (row.predicted_s - meas) / meas,
-                         row.mfu * row.predicted_s / meas))
+                         row.mfu * row.predicted_s / meas,
+                         (row.memory_gib - mem) / mem if mem else None))
     return out, skipped
 
 
@@ -94,6 +96,35 @@ def bands(pts: list[Point]) -> dict[tuple, tuple[float, float, int, int]]:
         out[c] = (round(rg.nearest_rank([abs(e) for e in errs]), 4),
                   round(sum(errs) / len(errs), 4), len(ps), len({p.source for p in ps}))
     return out
+
+
+def memory_residuals(pts: list[Point], raw: list[dict] | None = None) -> list[float]:
+    """(predicted - measured) / measured peak memory of every run with a published peak: those
+    among ``pts``, then the records with a peak but no step time (evaluated here), then the
+    plans measured through ``plan.apply`` (:func:`benchmarks.validation.measured_plans_memory`).
+    """
+    raw = validation.load_corpus() if raw is None else raw
+    out = [p.memory_residual for p in pts if p.memory_residual is not None]
+    for r in raw:
+        try:
+            rec = parse(r)
+            if rec.measured_step_s or not rec.measured_memory_gib:
+                continue
+            row = validation.evaluate(rec, spread=False)
+        except (RecordError, autopar.AutoparError, KeyError, TypeError, ValueError):
+            continue
+        out.append((row.memory_gib - rec.measured_memory_gib) / rec.measured_memory_gib)
+    own = [(pred - meas) / meas for _, pred, meas in validation.measured_plans_memory()]
+    return out + own
+
+
+def memory_band(residuals: list[float]) -> tuple[float, float, int, float]:
+    """(half-width covering :data:`~autopar.cost.regime.BAND_QUANTILE` of the runs, mean signed
+    residual, runs, the largest under-prediction as a positive fraction of the prediction:
+    measured / predicted - 1)."""
+    worst = max(max(1 / (1 + e) - 1 for e in residuals), 0.0)
+    return (round(rg.nearest_rank([abs(e) for e in residuals]), 4),
+            round(sum(residuals) / len(residuals), 4), len(residuals), round(worst, 4))
 
 
 def ceilings(pts: list[Point]) -> dict[tuple, tuple[float, str, str]]:
@@ -134,6 +165,12 @@ def render(pts: list[Point]) -> str:
         lines.append(f"    {c!r}: ({mfu!r}, {rid!r},")
         lines.append(f"        {src!r}),")
     lines += ["}", ""]
+    mem = memory_residuals(pts)
+    if mem:
+        lines += ["#: Peak memory per GPU: (band half-width, mean signed residual (predicted -",
+                  "#: measured) / measured, runs, largest under-prediction measured / predicted - 1)",
+                  "#: over the runs with a published peak and the plans measured through plan.apply.",
+                  f"MEMORY_BAND: tuple[float, float, int, float] = {memory_band(mem)!r}", ""]
     return "\n".join(lines)
 
 
@@ -164,6 +201,9 @@ def main(argv=None) -> int:
               f"n={n} sources={s}")
     for c, (mfu, rid, _) in ceilings(pts).items():
         print(f"best MFU {'/'.join(c):28s} {100 * mfu:5.1f}% {rid}")
+    half, bias, n, worst = memory_band(memory_residuals(pts))
+    print(f"memory band +-{100 * half:.1f}% bias {100 * bias:+.1f}% n={n} "
+          f"worst under-prediction {100 * worst:.1f}%")
     return 0
 
 

@@ -129,3 +129,25 @@ def test_cli_json_has_band_and_warnings(capsys):
     assert rc == 0
     d = json.loads(capsys.readouterr().out)
     assert d["error_band"]["cell"][0] == "megatron" and isinstance(d["warnings"], list)
+
+
+def test_memory_band_covers_its_quantile(corpus_points):
+    from benchmarks.bands import memory_residuals
+    half, bias, runs, worst = published.MEMORY_BAND
+    errs = memory_residuals(corpus_points)
+    assert len(errs) == runs >= MIN_RECORDS
+    assert sum(abs(e) <= half + 1e-4 for e in errs) >= BAND_QUANTILE * runs
+    assert abs(sum(errs) / runs - bias) < 1e-4
+    assert abs(max(1 / (1 + e) - 1 for e in errs) - worst) < 1e-4
+
+
+def test_a_plan_without_room_for_the_memory_error_is_warned():
+    from autopar.cost.regime import headroom_warnings
+    half = published.MEMORY_BAND[0]
+    limit = 80e9
+    tight = limit / (1 + 0.5 * half)           # within the band's growth: warned
+    roomy = limit * (1 - half) * 0.999          # a band's under-prediction still fits
+    assert headroom_warnings(tight, limit) and "may not fit on the first try" in \
+        headroom_warnings(tight, limit)[0]
+    assert headroom_warnings(roomy, limit) == ()
+    assert headroom_warnings(limit * 1.01, limit) == ()   # does not fit: the verdict says so

@@ -24,7 +24,7 @@ from . import memory as mem
 from .comm import Collectives, CommLedger, cp_layer_comm, split_expert_tp, tp_layer_comm
 from .compute import LayerTime, layer_time
 from .params import CostParams
-from .regime import Regime, band_for, plausibility_warnings
+from .regime import Regime, band_for, headroom_warnings, plausibility_warnings
 from .resolve import resolve
 from .pipeline_orders import V_SHAPED, stage_rank
 from .schedule import pipeline_step_time
@@ -975,7 +975,8 @@ class CostModel:
         if refused:  # the search never returns such a plan; a hand-written one can be one
             warns = (*warns, f"{refused}: the framework cannot run this configuration as "
                              "estimated")
-        warns = (*self.graph.warnings, *warns)
+        warns = (*self.graph.warnings, *warns,
+                 *headroom_warnings(totals[peak_rank], self.device.visible_memory_bytes))
         return Estimate(
             error_band=band_for(regime), warnings=warns,
             config=c, step_time_s=step, mfu=mfu, hfu=hfu,

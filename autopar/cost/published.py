@@ -70,3 +70,8 @@ MFU_CEILINGS: dict[tuple[str, str, str], tuple[float, str, str]] = {
     ('torchtitan', 'fp8', 'hopper'): (0.1643, 'torchtitan-llama3.1-405b-512xh100-tp8pp8fsdp8-interleaved-1f1b',
         'torchtitan benchmarks (405B row, given in issue) | torchtitan (torch.compile, Float8 linears, FSDP2; 2024)'),
 }
+
+#: Peak memory per GPU: (band half-width, mean signed residual (predicted -
+#: measured) / measured, runs, largest under-prediction measured / predicted - 1)
+#: over the runs with a published peak and the plans measured through plan.apply.
+MEMORY_BAND: tuple[float, float, int, float] = (0.1112, -0.054, 28, 0.1926)

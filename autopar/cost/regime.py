@@ -202,3 +202,24 @@ def plausibility_warnings(mfu: float, regime: Regime) -> tuple[str, ...]:
     return (f"MFU {mfu * 100:.1f}% exceeds the best published for {who}, {regime.precision} on "
             f"{regime.gpu.capitalize()} GPUs ({best.mfu * 100:.1f}%: {best.record}, its measured "
             "step time under autopar's FLOPs convention): the estimate is likely optimistic",)
+
+
+def headroom_warnings(memory_bytes: float, limit_bytes: float) -> tuple[str, ...]:
+    """A warning when a fitting estimate's peak ``memory_bytes`` leaves less of ``limit_bytes``
+    (both bytes per GPU) free than the band of :data:`published.MEMORY_BAND`: the peak memory
+    predictions of the measured runs were off by more than that for a third of them, so such a
+    plan may not fit on the first try. None when it does not fit (that verdict says it) or
+    when the corpus has no memory runs."""
+    band = getattr(published, "MEMORY_BAND", None)
+    if band is None or memory_bytes > limit_bytes or memory_bytes <= 0:
+        return ()
+    half, bias, runs, worst = band
+    free = limit_bytes / memory_bytes - 1   # how much the peak may grow before it overflows
+    # a run measured at prediction / (1 - half): the band's under-prediction, as growth
+    if half >= 1 or free >= 1 / (1 - half) - 1:
+        return ()
+    return (f"memory: {memory_bytes / 1e9:.1f} of {limit_bytes / 1e9:.1f} GB per GPU leaves "
+            f"{free:.1%} for error, less than the ±{half:.0%} that holds {BAND_QUANTILE:.0%} of "
+            f"{runs} measured runs' peak memory (mean error {bias:+.0%}, the worst measured "
+            f"{worst:.0%} above its prediction): it may not fit on the first try; a smaller "
+            "micro-batch or more recomputation leaves room",)
