@@ -33,6 +33,8 @@ class SearchStats:
             best: no plan in the space is faster than ``step_time_s * (1 - gap)``, i.e. the
             plan is at most ``gap / (1 - gap)`` slower than the best (0 when complete; 1 when
             unbounded).
+        memory_margin: fraction of each GPU's memory the search kept free for the memory
+            model's error (:mod:`autopar.search.margin`; 0: none).
     """
 
     evaluated: int = 0
@@ -40,6 +42,7 @@ class SearchStats:
     wall_s: float = 0.0
     complete: bool = True
     gap: float = 0.0
+    memory_margin: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,10 @@ class Plan:
             "pareto": [a.to_dict() for a in self.pareto],
             # wall time is left out: the same input must give the same bytes
             "search": {"evaluated": self.search.evaluated, "meshes": self.search.meshes,
-                       "complete": self.search.complete, "gap": self.search.gap},
+                       "complete": self.search.complete, "gap": self.search.gap,
+                       # only when set, so plans searched without one keep their bytes
+                       **({"memory_margin": self.search.memory_margin}
+                          if self.search.memory_margin else {})},
         }
 
     def to_json(self, path: str | Path | None = None) -> str:

@@ -76,7 +76,8 @@ _EXAMPLE = {"tp": 8, "pp": 4, "dp": 8, "cp": 1, "zero_stage": 1, "recompute": '"
             "schedule": '"1f1b"', "stage_blocks": "[20, 20, 20, 20]"}
 _TOP_REQUIRED = ("format", "version", "model", "cluster", "train", "config", "estimate")
 _TOP_OPTIONAL = ("model_config", "alternatives", "pareto", "search", "world_size")
-_SEARCH = {"evaluated": int, "meshes": int, "complete": bool, "gap": float, "wall_s": float}
+_SEARCH = {"evaluated": int, "meshes": int, "complete": bool, "gap": float, "wall_s": float,
+           "memory_margin": float}
 #: Estimate scalars that must be finite, non-negative numbers.
 _FINITE = ("step_time_s", "mfu", "hfu", "tokens_per_s", "memory_per_gpu_bytes",
            "memory_limit_bytes", "model_flops_per_step")

@@ -21,6 +21,7 @@ from ..cost.params import CostParams
 from ..cost.types import Estimate
 from ..errors import AutoparError, InfeasibleError, InvalidParallelConfig
 from ..plan import Plan
+from ..search.margin import check_margin, search_with_margin
 from ..search.optimize import SearchResult, search
 
 #: How link classes are written in sentences.
@@ -67,24 +68,30 @@ class Problem:
         model: what the user passed (preset name, dict, module).
         cost_model: the :class:`CostModel` (its graph, cluster and train).
         model_config: the model's hyperparameters when known (dict), else None.
+        memory_margin: fraction of each GPU's memory searches keep free
+            (:mod:`autopar.search.margin`).
     """
 
     model: object
     cost_model: CostModel
     model_config: dict | None = None
+    memory_margin: float = 0.0
 
     @classmethod
     def build(cls, model, cluster, train: TrainingConfig,
-              params: CostParams | None = None) -> "Problem":
+              params: CostParams | None = None, memory_margin: float = 0.0) -> "Problem":
         """Extract the graph and build the cost model (``params``: its constants, default
         :class:`CostParams`).
 
         Raises:
-            AutoparError subclasses: an invalid model, cluster or training config.
+            AutoparError subclasses: an invalid model, cluster or training config;
+                InvalidSearchOption for a bad ``memory_margin``.
         """
+        margin = check_margin(memory_margin)
         cl = api.as_cluster(cluster)
         graph, cfg = api.model_graph(model, train)
-        return cls(model, CostModel(graph, cl, train, params), cfg.to_dict() if cfg else None)
+        return cls(model, CostModel(graph, cl, train, params), cfg.to_dict() if cfg else None,
+                   margin)
 
     @property
     def cluster(self):
@@ -115,9 +122,10 @@ def search_plan(problem: Problem, fixed: dict | None = None, *, time_limit_s: fl
     Raises:
         InfeasibleError: nothing fits. InvalidParallelConfig: bad ``fixed`` choices.
     """
-    cm = problem.cost_model
-    result = search(cm, fixed, time_limit_s=time_limit_s, top_k=top_k + 1, progress=progress)
-    return api.build_plan(cm, result, problem.model_config), result
+    cm, margin = problem.cost_model, problem.memory_margin
+    result = search_with_margin(cm, fixed, memory_margin=margin,
+                                time_limit_s=time_limit_s, top_k=top_k + 1, progress=progress)
+    return api.build_plan(cm, result, problem.model_config, margin), result
 
 
 def config_diff(base: ParallelConfig, other: ParallelConfig) -> list[str]:
@@ -396,7 +404,8 @@ def best_under(problem: Problem, fixed: dict) -> tuple[Estimate, str]:
     """
     cm = problem.cost_model
     try:
-        return search(cm, fixed, top_k=1).best, ""
+        return search_with_margin(cm, fixed, memory_margin=problem.memory_margin,
+                                  top_k=1).best, ""
     except InfeasibleError as exc:
         try:
             res = search(cm, fixed, top_k=1, require_fit=False)

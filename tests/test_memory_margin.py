@@ -1,0 +1,64 @@
+"""memory_margin: the search keeps a fraction of each GPU's memory free for the memory model's
+error (autopar.search.margin), and reports the plan against the GPU's real capacity."""
+
+from __future__ import annotations
+
+import pytest
+
+import autopar
+from autopar.cli import main
+
+TRAIN = autopar.TrainingConfig(global_batch_size=64, seq_len=4096)
+CLUSTER = "1x8xA100-40GB"
+
+
+@pytest.fixture(scope="module")
+def plans():
+    # at no margin the plan fills 99.98% of the 42.5 GB an A100-40GB shows
+    return {m: autopar.optimize("llama2-13b", CLUSTER, TRAIN, memory_margin=m)
+            for m in (0.0, 0.1)}
+
+
+def test_the_margin_is_kept_and_the_plan_reported_on_the_real_gpu(plans):
+    free, tight = plans[0.1], plans[0.0]
+    limit = tight.estimate.memory_limit_bytes
+    assert free.estimate.memory_limit_bytes == limit          # the GPU's own capacity
+    assert free.estimate.memory_per_gpu_bytes <= 0.9 * limit < tight.estimate.memory_per_gpu_bytes
+    assert free.estimate.fits and free.search.memory_margin == 0.1
+    # the tight plan says it may not fit and which margin to search with
+    assert any("may not fit on the first try" in w and "memory_margin=0.12" in w
+               for w in tight.estimate.warnings), tight.estimate.warnings
+    assert free.estimate.step_time_s >= tight.estimate.step_time_s   # room costs time, or nothing
+    assert all(a.memory_per_gpu_bytes <= 0.9 * limit for a in (*free.alternatives, *free.pareto))
+    # the same configuration estimated directly gives the same numbers
+    again = autopar.estimate("llama2-13b", CLUSTER, TRAIN, free.config)
+    assert again.step_time_s == free.estimate.step_time_s
+    assert again.memory_per_gpu_bytes == free.estimate.memory_per_gpu_bytes
+
+
+def test_the_margin_survives_the_plan_file(plans):
+    loaded = autopar.Plan.from_json(plans[0.1].to_json())
+    assert loaded.search.memory_margin == 0.1 and loaded.config == plans[0.1].config
+    assert "memory_margin" not in plans[0.0].to_dict()["search"]   # old plans keep their bytes
+
+
+@pytest.mark.parametrize("bad", [-0.1, 0.6, "10%", True])
+def test_a_bad_margin_is_our_error(bad):
+    with pytest.raises(autopar.InvalidSearchOption, match="memory_margin"):
+        autopar.optimize("tiny-llama", CLUSTER, dict(global_batch_size=16, seq_len=64),
+                         memory_margin=bad)
+
+
+def test_infeasible_within_the_margin_says_so():
+    with pytest.raises(autopar.InfeasibleError, match=r"memory_margin=0.5 kept 21.2 GB"):
+        autopar.optimize("llama2-13b", CLUSTER, TRAIN, memory_margin=0.5)
+
+
+def test_cli_margin(capsys):
+    code = main(["plan", "--model", "tiny-llama", "--cluster", CLUSTER, "--global-batch", "16",
+                 "--seq-len", "64", "--memory-margin", "0.25"])
+    out = capsys.readouterr().out
+    assert code == 0 and "25% of each GPU's memory kept free" in out
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "--model", "tiny-llama", "--cluster", CLUSTER, "--memory-margin", "2"])
+    assert exc.value.code == 2 and "not a fraction" in capsys.readouterr().err
