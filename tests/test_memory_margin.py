@@ -3,6 +3,8 @@ error (autopar.search.margin), and reports the plan against the GPU's real capac
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 import autopar
@@ -50,8 +52,25 @@ def test_a_bad_margin_is_our_error(bad):
 
 
 def test_infeasible_within_the_margin_says_so():
-    with pytest.raises(autopar.InfeasibleError, match=r"memory_margin=0.5 kept 21.2 GB"):
+    with pytest.raises(autopar.InfeasibleError) as info:
         autopar.optimize("llama2-13b", CLUSTER, TRAIN, memory_margin=0.5)
+    msg = str(info.value)
+    assert "infeasible within memory_margin=0.5 (21.2 GB per GPU kept free" in msg, msg
+    assert "fills 100.0% of the GPU's memory" in msg and "memory_margin=0 (--memory-margin 0)" in msg
+    assert "--optimizer-offload" in msg   # the changes that make room are still named
+    with pytest.raises(autopar.InfeasibleError, match="nothing fits without the margin either"):
+        autopar.optimize("llama2-70b", CLUSTER, TRAIN)
+
+
+def test_the_default_margin_is_the_measured_band():
+    from autopar.cost import published
+    from autopar.search.margin import default_margin
+    assert default_margin() == math.ceil(published.MEMORY_BAND[0] * 100) / 100
+    plan = autopar.optimize("llama2-13b", CLUSTER, TRAIN)
+    assert plan.search.memory_margin == default_margin()
+    assert plan.estimate.memory_per_gpu_bytes <= (1 - default_margin()) * \
+        plan.estimate.memory_limit_bytes
+    assert not any("may not fit" in w for w in plan.estimate.warnings)
 
 
 def test_cli_margin(capsys):

@@ -213,11 +213,11 @@ def _search_flags(p: argparse.ArgumentParser) -> None:
                    help="seconds to search before returning the best so far")
     p.add_argument("--top-k", type=_non_negative_int, default=5,
                    help="alternatives to show (default 5)")
-    p.add_argument("--memory-margin", type=_margin, default=0.0, metavar="FRACTION",
+    p.add_argument("--memory-margin", type=_margin, default=None, metavar="FRACTION",
                    help="keep this fraction of each GPU's memory free for the memory model's "
-                   "error (0 to 0.5, default 0): plans use at most 1 - FRACTION of it by "
-                   "prediction; measured peaks were within 11%% of predictions for 68%% of 28 "
-                   "runs")
+                   "error (0 to 0.5; default 0.12, the measured band: peaks were within 11%% of "
+                   "their predictions for 68%% of 28 runs): plans use at most 1 - FRACTION of "
+                   "it by prediction; 0 plans to the last byte")
 
 
 def _margin(text: str) -> float:
@@ -309,7 +309,7 @@ def _plan_problem(args) -> tuple[Problem, dict, list[str]]:
             f"{'' if written.config == kw['config'] else ', of the configuration before an edit'})"
             " is not used")
     return (Problem.build(model, args.cluster or kw["cluster"], train,
-                          memory_margin=getattr(args, "memory_margin", 0.0)), par, [note])
+                          memory_margin=getattr(args, "memory_margin", None)), par, [note])
 
 
 def _problem(args) -> tuple[Problem, dict, list[str]]:
@@ -357,7 +357,7 @@ def _problem(args) -> tuple[Problem, dict, list[str]]:
         notes.append(f"calibrated from {args.calibration}: "
                      + ", ".join(sorted(k for k in cal.fitted if "." in k)))
     return (Problem.build(model, cluster, train, params=params,
-                          memory_margin=getattr(args, "memory_margin", 0.0)), par, notes)
+                          memory_margin=getattr(args, "memory_margin", None)), par, notes)
 
 
 class _Progress:

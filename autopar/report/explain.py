@@ -69,7 +69,7 @@ class Problem:
         cost_model: the :class:`CostModel` (its graph, cluster and train).
         model_config: the model's hyperparameters when known (dict), else None.
         memory_margin: fraction of each GPU's memory searches keep free
-            (:mod:`autopar.search.margin`).
+            (:mod:`autopar.search.margin`; :meth:`build`'s None is its default).
     """
 
     model: object
@@ -79,7 +79,8 @@ class Problem:
 
     @classmethod
     def build(cls, model, cluster, train: TrainingConfig,
-              params: CostParams | None = None, memory_margin: float = 0.0) -> "Problem":
+              params: CostParams | None = None, memory_margin: float | None = None
+              ) -> "Problem":
         """Extract the graph and build the cost model (``params``: its constants, default
         :class:`CostParams`).
 

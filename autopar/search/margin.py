@@ -10,8 +10,10 @@ does not depend on capacity), so the reported limit, ``fits`` and warnings are t
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
+from ..cost import published
 from ..cost.model import CostModel
 from ..errors import InfeasibleError, InvalidSearchOption
 from .optimize import SearchResult, search
@@ -20,12 +22,24 @@ from .optimize import SearchResult, search
 MAX_MEMORY_MARGIN = 0.5
 
 
+def default_margin() -> float:
+    """The margin searches keep by default: the half-width of the measured memory error band
+    (:data:`autopar.cost.published.MEMORY_BAND`, 68% of the runs with a measured peak were
+    within it), rounded up to a whole percent; 0 when the corpus has no such runs. A plan at
+    (1 - margin) of the GPU then still fits when its peak is that much above prediction."""
+    band = getattr(published, "MEMORY_BAND", None)
+    return min(math.ceil(band[0] * 100) / 100, MAX_MEMORY_MARGIN) if band else 0.0
+
+
 def check_margin(memory_margin) -> float:
-    """``memory_margin`` as a float in [0, :data:`MAX_MEMORY_MARGIN`].
+    """``memory_margin`` as a float in [0, :data:`MAX_MEMORY_MARGIN`]; None is
+    :func:`default_margin`.
 
     Raises:
         InvalidSearchOption: not a number in that range.
     """
+    if memory_margin is None:
+        return default_margin()
     if isinstance(memory_margin, bool) or not isinstance(memory_margin, (int, float)) \
             or not 0 <= memory_margin <= MAX_MEMORY_MARGIN:
         raise InvalidSearchOption(
@@ -45,10 +59,11 @@ def derated(cm: CostModel, memory_margin: float) -> CostModel:
     return CostModel(cm.graph, cluster, cm.train, cm.params)
 
 
-def search_with_margin(cm: CostModel, fixed: dict | None = None, *, memory_margin: float = 0.0,
-                       **options) -> SearchResult:
+def search_with_margin(cm: CostModel, fixed: dict | None = None, *,
+                       memory_margin: float | None = None, **options) -> SearchResult:
     """:func:`autopar.search.optimize.search` with ``memory_margin`` of each GPU's memory kept
-    free (module docstring); ``options`` go to the search unchanged.
+    free (module docstring; None: :func:`default_margin`); ``options`` go to the search
+    unchanged.
 
     Raises:
         InfeasibleError: nothing fits within the margin (the message says the margin and that a
@@ -62,8 +77,23 @@ def search_with_margin(cm: CostModel, fixed: dict | None = None, *, memory_margi
         r = search(derated(cm, memory_margin), fixed, **options)
     except InfeasibleError as exc:
         free = cm.device.visible_memory_bytes * memory_margin / 1e9
-        raise InfeasibleError(f"{exc} (memory_margin={memory_margin:g} kept {free:.1f} GB per "
-                              "GPU free; a smaller margin may fit)") from None
+        try:
+            tight = search(cm, fixed, top_k=1, time_limit_s=options.get("time_limit_s")).best
+        except InfeasibleError:
+            vis = cm.device.visible_memory_bytes
+            raise InfeasibleError(
+                f"{exc} ({vis * (1 - memory_margin) / 1e9:.0f} GB is what memory_margin="
+                f"{memory_margin:g} leaves of the GPU's {vis / 1e9:.1f} GB; nothing fits "
+                "without the margin either)") from None
+        use = tight.memory_per_gpu_bytes / tight.memory_limit_bytes
+        raise InfeasibleError(
+            f"infeasible within memory_margin={memory_margin:g} ({free:.1f} GB per GPU kept "
+            f"free for the memory model's error): the best plan without the margin "
+            f"({tight.step_time_s:.4g} s per step) fills {use:.1%} of the GPU's memory by "
+            "prediction, and measured peaks have been up to "
+            f"{_worst():.0%} above prediction. Fix: memory_margin=0 (--memory-margin 0) to "
+            "accept it, or the changes that make room: "
+            f"{str(exc).split('Smallest changes: ', 1)[-1]}") from None
     again = {}
 
     def real(e):
@@ -73,3 +103,8 @@ def search_with_margin(cm: CostModel, fixed: dict | None = None, *, memory_margi
 
     return replace(r, best=real(r.best), top=tuple(real(e) for e in r.top),
                    pareto=tuple(real(e) for e in r.pareto))
+
+
+def _worst() -> float:
+    band = getattr(published, "MEMORY_BAND", None)
+    return band[3] if band else 0.0
