@@ -11,7 +11,6 @@ import math
 import warnings
 from dataclasses import MISSING, fields
 import copy
-import dataclasses
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,6 +28,7 @@ from .errors import (InvalidClusterSpec, InvalidModelConfig, InvalidParallelConf
                      InvalidSearchOption, InvalidTrainingConfig)
 from .graph import extract, hf
 from .graph.needs import LM_FIX, LM_NEEDS
+from .graph.positions import max_positions, with_position_warning
 from .graph.types import ModelGraph
 from .hardware import Cluster
 from .models import ModelConfig, build, get_config
@@ -100,7 +100,7 @@ def model_graph(model, train: TrainingConfig) -> tuple[ModelGraph, ModelConfig |
         module = hf.build(model, dtype=dtype)
         graph = extract(module, train.seq_len, 1, dtype=dtype, name=model,
                         flash_attention=train.flash_attention)
-        return _with_position_warning(graph, *_max_positions(module)), None
+        return with_position_warning(graph, *max_positions(module)), None
     cfg = _model_config(model)
     if cfg is not None:
         built = cfg if cfg.seq_len >= train.seq_len else ModelConfig.from_dict(
@@ -108,15 +108,15 @@ def model_graph(model, train: TrainingConfig) -> tuple[ModelGraph, ModelConfig |
         module = build(built, dtype=dtype)
         graph = extract(module, train.seq_len, 1, dtype=dtype, name=cfg.name,
                         flash_attention=train.flash_attention)
-        return _with_position_warning(graph, cfg.seq_len, cfg.position, grown=True), cfg
+        return with_position_warning(graph, cfg.seq_len, cfg.position, grown=True), cfg
     if not any(isinstance(m, nn.Embedding) for m in model.modules()):
         # no token embedding: not a language model; tracing it would only fail deep in torch
         raise UntraceableModelError(
             f"{type(model).__name__} is not a language model autopar can plan: it has no "
             f"nn.Embedding to take token ids. {LM_NEEDS}. {LM_FIX}.")
-    graph = _with_position_warning(
+    graph = with_position_warning(
         extract(_in_dtype(model, dtype), train.seq_len, 1, flash_attention=train.flash_attention),
-        *_max_positions(model))
+        *max_positions(model))
     if graph.num_blocks == 0:
         raise UntraceableModelError(
             f"found no repeated decoder blocks in {type(model).__name__}. {LM_NEEDS}. {LM_FIX}; "
@@ -124,40 +124,6 @@ def model_graph(model, train: TrainingConfig) -> tuple[ModelGraph, ModelConfig |
             "is not a decoder LM).")
     return graph, None
 
-
-
-def _max_positions(module: nn.Module) -> tuple[int | None, str]:
-    """A Hugging Face model's ``config.max_position_embeddings`` (None when it has none) and
-    its position kind: "learned" when an embedding table has that many rows (GPT-2's ``wpe``),
-    else "rope"."""
-    cfg = getattr(module, "config", None)
-    limit = getattr(cfg, "max_position_embeddings", None)
-    if not isinstance(limit, int) or limit <= 0:
-        return None, "rope"
-    vocab = getattr(cfg, "vocab_size", None)
-    learned = any(isinstance(m, nn.Embedding) and m.num_embeddings == limit != vocab
-                  for m in module.modules())
-    return limit, "learned" if learned else "rope"
-
-
-def _with_position_warning(graph: ModelGraph, limit: int | None, position: str,
-                           grown: bool = False) -> ModelGraph:
-    """``graph`` with a warning when its sequence is longer than the model's ``limit``
-    positions: a learned table (GPT-style) cannot index past its rows (a preset's is costed
-    ``grown`` to the sequence: a different model than the one named); rotary positions (RoPE)
-    run past the limit, on positions the model was not trained on."""
-    if limit is None or graph.seq_len <= limit:
-        return graph
-    if position == "learned" and grown:
-        what = (f"its learned position table is costed with {graph.seq_len} rows, so this is a "
-                f"larger model than {graph.name} as published")
-    elif position == "learned":
-        what = f"its learned position table has {limit} rows, so it cannot run this sequence"
-    else:
-        what = "its rotary positions run past them, on positions it was not trained on"
-    text = (f"seq_len {graph.seq_len} is beyond {graph.name}'s {limit} positions: {what}. "
-            f"Fix: seq_len <= {limit}, or a model with a longer context")
-    return dataclasses.replace(graph, warnings=(*graph.warnings, text))
 
 
 def _in_dtype(model: nn.Module, dtype: torch.dtype) -> nn.Module:

@@ -34,6 +34,7 @@ from .cost.model import CostModel
 from .cost.params import CostParams
 from .errors import AutoparError, InvalidPlanFile
 from .graph import extract, hf
+from .graph.positions import max_positions, with_position_warning
 from .graph.types import ModelGraph
 from .hardware import Cluster
 from .models import ModelConfig, build
@@ -59,8 +60,9 @@ def config_graph(cfg: ModelConfig, seq_len: int, precision: str,
     built = cfg if cfg.seq_len >= seq_len else ModelConfig.from_dict(
         {**cfg.to_dict(), "seq_len": seq_len})
     dtype = TORCH_DTYPES[precision]
-    return extract(build(built, dtype=dtype), seq_len, 1, dtype=dtype, name=cfg.name,
-                   flash_attention=flash_attention)
+    graph = extract(build(built, dtype=dtype), seq_len, 1, dtype=dtype, name=cfg.name,
+                    flash_attention=flash_attention)
+    return with_position_warning(graph, cfg.seq_len, cfg.position, grown=True)
 
 
 def _module_graph(module: nn.Module, train: TrainingConfig, name: str | None = None) -> ModelGraph:
@@ -70,8 +72,9 @@ def _module_graph(module: nn.Module, train: TrainingConfig, name: str | None = N
         # a meta copy in the training dtype, as autopar.api does (torch.export asserts dtypes)
         module = copy.deepcopy(module).to("meta").to(dtype)
     kw = {"name": name} if name else {}
-    return extract(module, train.seq_len, 1, dtype=dtype, flash_attention=train.flash_attention,
-                   **kw)
+    graph = extract(module, train.seq_len, 1, dtype=dtype, flash_attention=train.flash_attention,
+                    **kw)
+    return with_position_warning(graph, *max_positions(module))
 
 
 def cost_model(model_config: dict | None, cluster: str, train: TrainingConfig, *,
