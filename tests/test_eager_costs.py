@@ -118,3 +118,23 @@ def test_full_recompute_does_not_repeat_what_the_framework_checkpoints_itself():
         lt.bwd_s + lt.fwd_s - lt.checkpointed_s, rel=1e-12)
     assert lt.recompute_s("full") < lt.fwd_s
     assert lt.recompute_s("none") == 0.0
+
+
+def test_eager_rmsnorm_backward_is_its_autograd_bytes():
+    from autopar.cost.compute import (EAGER_RMSNORM_BWD_BYTES_PER_ELEMENT,
+                                      EAGER_RMSNORM_BYTES_PER_ELEMENT)
+    # the derivation in the constant's docstring, term by term
+    assert EAGER_RMSNORM_BWD_BYTES_PER_ELEMENT == (
+        4 + 6 + 2 + 6 + 8 + 12 + 4 + 8 + 8 + 8 + 12 + 12 + 6) == 96
+    cm = _cm()
+    block = next(layer for layer in cm.graph.layers if layer.kind == "block")
+    rows = [r for r in _memory_bound_kernels(block, "eager") if r[0].kind == "norm"]
+    assert rows
+    for op, fwd, kernels, bwd, repeated in rows:
+        per = (op.bytes_read + op.bytes_written) / FUSED_NORM_BYTES_PER_ELEMENT
+        assert fwd == pytest.approx(EAGER_RMSNORM_BYTES_PER_ELEMENT * per)
+        assert bwd == pytest.approx(EAGER_RMSNORM_BWD_BYTES_PER_ELEMENT * per)
+        assert repeated == 0.0
+    # a fused norm keeps the element-wise rule (backward twice the forward)
+    for op, fwd, kernels, bwd, repeated in _memory_bound_kernels(block, "fused"):
+        assert bwd == 2.0 * fwd

@@ -78,6 +78,15 @@ FP8_CAST_BYTES_PER_ELEMENT = 4
 #: fused kernel in eager PyTorch (aten native_layer_norm) and keeps its 4 bytes.
 EAGER_RMSNORM_BYTES_PER_ELEMENT = 36
 FUSED_NORM_BYTES_PER_ELEMENT = 4
+#: HBM bytes per element of that eager RMSNorm's backward, as autograd runs the composite's
+#: derivatives (torch/csrc/autograd/FunctionsManual.cpp and derivatives.yaml; counted with a
+#: TorchDispatchMode census of aten calls, forward and backward, on CPU): weight multiply (grad x
+#: weight: read 2, write 2; weight gradient: grad x h read 4 write 2, sum read 2), cast back to
+#: fp32 (2, 4), the rsqrt multiply (grad x rsqrt: 4, 4; rsqrt gradient: grad x xf 8, 4, sum 4),
+#: mean's backward (expand / n: 4, 4), pow's backward (pow 4, 4; x 2: 4, 4; x grad: 8, 4), the two
+#: paths into xf added (8, 4), and the cast to the input dtype (4, 2): 96 bytes, over the 2 x 36
+#: of an element-wise op's rule.
+EAGER_RMSNORM_BWD_BYTES_PER_ELEMENT = 96
 #: Kernels of that eager RMSNorm (cast, pow, mean, add eps, rsqrt, multiply, cast, weight
 #: multiply), each paying the launch floor.
 EAGER_RMSNORM_KERNELS = 8
@@ -106,7 +115,8 @@ def _memory_bound_kernels(layer: Layer, fusion: str, eager_parts: tuple[str, ...
 
     Yields ``(op, fwd_bytes, kernels, bwd_bytes, repeated_bytes)``: :func:`_memory_bound_ops`'
     forward bytes and kernels; backward bytes, twice the forward's (an element-wise op's input
-    gradients) unless the op has a counted backward; ``repeated_bytes``, the part of the
+    gradients) unless the op has a counted backward (an eager RMSNorm,
+    :data:`EAGER_RMSNORM_BWD_BYTES_PER_ELEMENT`); ``repeated_bytes``, the part of the
     backward that repeats forward work the framework checkpoints itself (already in
     ``bwd_bytes``; a fully recomputed block does not pay it twice). ``eager_parts``
     (:data:`autopar.frameworks.profiles.EAGER_PARTS`): ``glu`` costs a gated linear unit's
@@ -126,6 +136,10 @@ def _memory_bound_kernels(layer: Layer, fusion: str, eager_parts: tuple[str, ...
             repeated = NORM_INPUT_CAST_FWD_BYTES * per if layer.kind == "block" else 0.0
             yield (op, NORM_INPUT_CAST_FWD_BYTES * per, 2,
                    NORM_INPUT_CAST_BWD_BYTES * per + repeated, repeated)
+            continue
+        if fusion == "eager" and op.kind == "norm" and "rmsnorm" in op.target.lower():
+            bwd = nbytes * EAGER_RMSNORM_BWD_BYTES_PER_ELEMENT / EAGER_RMSNORM_BYTES_PER_ELEMENT
+            yield op, nbytes, kernels, bwd, 0.0
             continue
         yield op, nbytes, kernels, 2.0 * nbytes, 0.0
 
