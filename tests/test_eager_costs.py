@@ -94,10 +94,13 @@ def test_norm_input_cast_costs_the_cast_fp32_norm_and_its_repeat():
         assert (fwd, kernels) == (NORM_INPUT_CAST_FWD_BYTES * per, 2)
         assert repeated == NORM_INPUT_CAST_FWD_BYTES * per
         assert bwd == (NORM_INPUT_CAST_BWD_BYTES + NORM_INPUT_CAST_FWD_BYTES) * per
-    # the GLU activation is its own kernel: read a, write act(a) (2 x bytes(a)), backward twice
+    # the GLU activation is its own kernel: read a, write act(a) (2 x bytes(a)); its backward
+    # (silu_backward) reads the gradient and a, writes a's gradient (3 x bytes(a))
     act = [op for op in block.ops if op.kind == "view" and op.target.lower() == "silu"]
     glu = {id(op): r for op, *r in _memory_bound_kernels(block, "fused", ("glu",))}
-    assert glu[id(act[0])] == [2 * act[0].bytes_read, 1, 4 * act[0].bytes_read, 0.0]
+    assert glu[id(act[0])] == [2 * act[0].bytes_read, 1, 3 * act[0].bytes_read, 0.0]
+    eager = {id(op): r for op, *r in _memory_bound_kernels(block, "eager")}
+    assert eager[id(act[0])] == glu[id(act[0])]
     # under fusion="eager" the GLU is already eager: not counted twice
     assert id(act[0]) in {id(op) for op, *_ in _memory_bound_kernels(block, "eager", ("glu",))}
     assert sum(1 for op, *_ in _memory_bound_kernels(block, "eager", ("glu",))
@@ -135,6 +138,6 @@ def test_eager_rmsnorm_backward_is_its_autograd_bytes():
         assert fwd == pytest.approx(EAGER_RMSNORM_BYTES_PER_ELEMENT * per)
         assert bwd == pytest.approx(EAGER_RMSNORM_BWD_BYTES_PER_ELEMENT * per)
         assert repeated == 0.0
-    # a fused norm keeps the element-wise rule (backward twice the forward)
+    # under "fused" every op keeps the element-wise rule (backward twice the forward)
     for op, fwd, kernels, bwd, repeated in _memory_bound_kernels(block, "fused"):
         assert bwd == 2.0 * fwd

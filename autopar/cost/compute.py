@@ -98,6 +98,10 @@ EAGER_RMSNORM_KERNELS = 8
 #: :data:`EAGER_GLU_ACT_PASSES` times the bytes of ``a``, and one kernel launch.
 GLU_ACTIVATIONS = ("silu", "gelu")
 EAGER_GLU_ACT_PASSES = 2
+#: Its backward: autograd's ``silu_backward`` / ``gelu_backward`` (derivatives.yaml) is one
+#: kernel reading the gradient of act(a) and ``a`` and writing the gradient of ``a``: 3 x the
+#: bytes of ``a`` (the multiply's backward is the graph's ``mul``).
+EAGER_GLU_ACT_BWD_PASSES = 3
 #: HBM bytes per element of a fused norm whose input the framework first casts to fp32
 #: (``eager_parts`` "norm_input_cast"; InternEvo c18bec9 internlm/model/modeling_internlm.py
 #: ``self.norm1(_residual.float())`` before apex ``MixedFusedRMSNorm``): forward, the cast (read 2,
@@ -116,7 +120,8 @@ def _memory_bound_kernels(layer: Layer, fusion: str, eager_parts: tuple[str, ...
     Yields ``(op, fwd_bytes, kernels, bwd_bytes, repeated_bytes)``: :func:`_memory_bound_ops`'
     forward bytes and kernels; backward bytes, twice the forward's (an element-wise op's input
     gradients) unless the op has a counted backward (an eager RMSNorm,
-    :data:`EAGER_RMSNORM_BWD_BYTES_PER_ELEMENT`); ``repeated_bytes``, the part of the
+    :data:`EAGER_RMSNORM_BWD_BYTES_PER_ELEMENT`; a GLU activation,
+    :data:`EAGER_GLU_ACT_BWD_PASSES`); ``repeated_bytes``, the part of the
     backward that repeats forward work the framework checkpoints itself (already in
     ``bwd_bytes``; a fully recomputed block does not pay it twice). ``eager_parts``
     (:data:`autopar.frameworks.profiles.EAGER_PARTS`): ``glu`` costs a gated linear unit's
@@ -128,9 +133,12 @@ def _memory_bound_kernels(layer: Layer, fusion: str, eager_parts: tuple[str, ...
     if glu:
         for op in layer.ops:
             if op.kind == "view" and op.target.lower() in GLU_ACTIVATIONS:
-                nbytes = EAGER_GLU_ACT_PASSES * op.bytes_read
-                yield op, nbytes, 1, 2.0 * nbytes, 0.0
+                yield (op, EAGER_GLU_ACT_PASSES * op.bytes_read, 1,
+                       EAGER_GLU_ACT_BWD_PASSES * op.bytes_read, 0.0)
     for op, nbytes, kernels in _memory_bound_ops(layer.ops, fusion):
+        if op.kind == "view":   # an eager GLU activation (fusion="eager")
+            yield op, nbytes, kernels, EAGER_GLU_ACT_BWD_PASSES * op.bytes_read, 0.0
+            continue
         if cast and op.kind == "norm":
             per = nbytes / FUSED_NORM_BYTES_PER_ELEMENT
             repeated = NORM_INPUT_CAST_FWD_BYTES * per if layer.kind == "block" else 0.0
