@@ -29,7 +29,8 @@ import autopar
 from autopar.api import model_graph
 from autopar.cost.model import CostModel
 from autopar.frameworks import FrameworkProfile
-from autopar.frameworks.profiles import DEEPSPEED, MEGATRON, TORCH, TORCHTITAN
+from autopar.frameworks.profiles import (DEEPSPEED, FSDP1_GRAD_COPY_PASSES, MEGATRON, TORCH,
+                                         TORCHTITAN)
 from autopar.frameworks.memory import MEGATRON_MEMORY, MemoryConventions
 from autopar.search.optimize import search
 
@@ -150,6 +151,13 @@ def record_profile(rec: Record) -> FrameworkProfile:
         changes["grad_reduce_bytes"] = 4
         why["grad_reduce_bytes"] = ("Composer FSDP mixed_precision DEFAULT: reduce_dtype float32 "
                                     "(the records' notes)")
+    if kind in ("fsdp", "llm-foundry"):
+        changes["zero_grad_copy_passes"] = FSDP1_GRAD_COPY_PASSES
+        why["zero_grad_copy_passes"] = (
+            "FSDP1 flat parameters (FSDP1_GRAD_COPY_PASSES): fms-fsdp 4ffb9bd main_training.py "
+            "wraps the model in torch.distributed.fsdp.FullyShardedDataParallel; the llm-foundry "
+            "benchmark tables' Sharding Strategy FULL_SHARD is FSDP1's ShardingStrategy "
+            "(Composer's FSDP)")
     if kind == "fsdp" and "HYBRID_SHARD" in rec.raw.get("notes", ""):
         changes["zero1_group_size"] = rec.cluster.gpus_per_node
         why["zero1_group_size"] = (

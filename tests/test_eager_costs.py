@@ -141,3 +141,27 @@ def test_eager_rmsnorm_backward_is_its_autograd_bytes():
     # under "fused" every op keeps the element-wise rule (backward twice the forward)
     for op, fwd, kernels, bwd, repeated in _memory_bound_kernels(block, "fused"):
         assert bwd == 2.0 * fwd
+
+
+def test_fsdp1_flat_parameter_gradient_copy_is_charged_per_micro_batch():
+    from autopar.frameworks.profiles import FSDP1_GRAD_COPY_PASSES
+    assert get_profile("torch").zero_grad_copy_passes == 0      # FSDP2: a tensor per parameter
+    fsdp1 = get_profile("torch").with_costs({"zero_grad_copy_passes": "t"},
+                                            zero_grad_copy_passes=FSDP1_GRAD_COPY_PASSES)
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=512)
+    graph = model_graph("tiny-llama", train)[0]
+    cluster = autopar.Cluster.from_spec("2x8xA100-80GB")
+    base, flat = (CostModel(graph, cluster, train, framework=f)
+                  for f in (get_profile("torch"), fsdp1))
+    bw = base.device.hbm_bandwidth_Bps * base.params.hbm_efficiency
+    for zero in (2, 3):
+        cfg = autopar.ParallelConfig(tp=1, pp=1, dp=16, zero_stage=zero, micro_batch_size=2)
+        a, b = base.estimate(cfg), flat.estimate(cfg)
+        psi = max(st.params for st in base.stage_layout(a.config))
+        extra = a.num_micro_batches * FSDP1_GRAD_COPY_PASSES * psi * 2 / bw   # bf16 gradients
+        assert b.step_time_s - a.step_time_s == pytest.approx(extra, rel=1e-9)
+        assert b.time_breakdown["compute"] - a.time_breakdown["compute"] == pytest.approx(
+            extra, rel=1e-9)
+    # DDP / ZeRO-1 keep no flat-parameter views
+    cfg = autopar.ParallelConfig(tp=1, pp=1, dp=16, zero_stage=1, micro_batch_size=2)
+    assert flat.estimate(cfg).step_time_s == base.estimate(cfg).step_time_s

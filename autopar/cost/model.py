@@ -922,7 +922,14 @@ class CostModel:
             # (FrameworkProfile.optimizer_step_bytes, sourced per framework)
             optimizer_s = opt_params * prof.optimizer_step_bytes / (
                 self.device.hbm_bandwidth_Bps * p.hbm_efficiency)
-        step = t_pipe + dp_exposed + optimizer_s + self.profile.step_fixed_s
+        # FSDP1's flat-parameter views: autograd concatenates the gradients into the flat
+        # gradient in every micro-batch's backward, on the compute stream
+        # (FrameworkProfile.zero_grad_copy_passes; memory-bound, rank with the most parameters)
+        grad_copy_s = 0.0
+        if c.zero_stage in (2, 3) and dp * cp > 1 and prof.zero_grad_copy_passes:
+            grad_copy_s = m * prof.zero_grad_copy_passes * psi * wbytes / (
+                self.device.hbm_bandwidth_Bps * p.hbm_efficiency)
+        step = t_pipe + grad_copy_s + dp_exposed + optimizer_s + self.profile.step_fixed_s
         if time_only:
             return step, dp_exposed
 
@@ -963,7 +970,7 @@ class CostModel:
         if overlap:  # the all-to-all seconds hidden inside DualPipeV's pairs are not exposed
             parts["ep_comm"] -= v * overlap[bottleneck]
         breakdown = {
-            "compute": m * parts["compute"], "tp_comm": m * parts["tp_comm"],
+            "compute": m * parts["compute"] + grad_copy_s, "tp_comm": m * parts["tp_comm"],
             "cp_comm": m * parts["cp_comm"], "ep_comm": m * parts["ep_comm"],
             "pp_comm": m * parts["pp_comm"],
             "bubble": bubble, "dp_comm_exposed": dp_exposed, "optimizer": optimizer_s,

@@ -64,7 +64,8 @@ CP_ATTENTION_PATHS = ("fused", "masked", "unfused")
 COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_gather",
                "zero3_regather_per_micro_batch", "overlap_tp_comm", "overlap_pp_p2p",
                "grad_reduce_bytes", "step_fixed_s", "zero1_param_sync", "zero1_group_size",
-               "zero1_grad_all_reduce", "cp_attention", "optimizer_step_bytes", "eager_parts")
+               "zero1_grad_all_reduce", "cp_attention", "optimizer_step_bytes", "eager_parts",
+               "zero_grad_copy_passes")
 #: Parts of a block that run as plain eager PyTorch ops inside a stack that is otherwise fused
 #: (:attr:`FrameworkProfile.eager_parts`; costed by :func:`autopar.cost.compute.layer_time`):
 #: ``glu``: a gated linear unit's activation as its own kernel before the multiply
@@ -92,6 +93,16 @@ FUSED_OPTIMIZER_STEP_BYTES = 40
 #: main gradient (read 2, write 4) and copying the updated fp32 main parameter back to bf16
 #: (read 4, write 2) = 52.
 MIXED_FUSED_OPTIMIZER_STEP_BYTES = 52
+
+#: Passes over every parameter's gradient that FSDP1 (torch.distributed.fsdp.
+#: FullyShardedDataParallel) adds to each backward on the compute stream: its modules' parameters
+#: are autograd views of one flat parameter (torch/distributed/fsdp/_flat_param.py
+#: ``_get_unflat_views_unaligned``: ``flat_param.split(...)`` then ``.view``), so autograd's
+#: split backward (``split_with_sizes_backward``, derivatives.yaml) concatenates the views'
+#: gradients into the flat gradient: one read and one write of every gradient element. (Its
+#: gradient pre-divide, _runtime_utils.py ``_reduce_grad`` -> ``_div_if_needed``, runs on the
+#: post-backward stream beside compute and is not charged.)
+FSDP1_GRAD_COPY_PASSES = 2
 
 #: How ZeRO-1 returns updated parameters after the optimizer step: one ``all_gather`` over the
 #: ZeRO group, or ``broadcast``: each rank broadcasts its shard (one broadcast per rank, as
@@ -122,6 +133,9 @@ _DEFAULT_COST_SOURCES = {
     "optimizer_step_bytes": "torch.optim.AdamW default foreach implementation and "
                             "clip_grad_norm_ (TORCH_OPTIMIZER_STEP_BYTES)",
     "eager_parts": "none beyond what the fusion level implies",
+    "zero_grad_copy_passes": "FSDP2 (fully_shard) keeps each parameter a tensor of its own; "
+                             "its reduce-scatter copy-in (_fsdp_collectives.py foreach_reduce, "
+                             "torch._chunk_cat) runs on the reduce-scatter stream",
 }
 
 
@@ -190,6 +204,9 @@ class FrameworkProfile:
             :data:`FUSED_OPTIMIZER_STEP_BYTES`).
         eager_parts: parts of a block run as eager ops in an otherwise fused stack
             (:data:`EAGER_PARTS`).
+        zero_grad_copy_passes: under ZeRO-2/3, passes (reads + writes) over each parameter's
+            compute-dtype gradient that the sharded-DP implementation adds to every backward on
+            the compute stream (:data:`FSDP1_GRAD_COPY_PASSES`); 0 for none.
         cost_sources: cost field name -> its source (every cost field has one).
 
     Raises:
@@ -234,6 +251,7 @@ class FrameworkProfile:
     cp_attention: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     optimizer_step_bytes: int = TORCH_OPTIMIZER_STEP_BYTES
     eager_parts: tuple[str, ...] = ()
+    zero_grad_copy_passes: int = 0
     cost_sources: Mapping[str, str] = field(default_factory=lambda: dict(_DEFAULT_COST_SOURCES))
     #: memory conventions (bytes per state, optimizer temporaries, what PP keeps unsharded...),
     #: sourced inside :class:`autopar.frameworks.memory.MemoryConventions`
@@ -269,6 +287,8 @@ class FrameworkProfile:
             bad.append("zero1_group_size")
         if self.grad_reduce_bytes not in (None, 1, 2, 4) or self.step_fixed_s < 0:
             bad.append("grad_reduce_bytes/step_fixed_s")
+        if self.zero_grad_copy_passes < 0:
+            bad.append("zero_grad_copy_passes")
         if self.optimizer_step_bytes <= 0:
             bad.append("optimizer_step_bytes")
         if not set(self.eager_parts) <= set(EAGER_PARTS):
@@ -297,7 +317,7 @@ class FrameworkProfile:
                      self.overlap_pp_p2p, self.grad_reduce_bytes, self.step_fixed_s,
                      self.zero1_param_sync, self.zero1_group_size, self.zero1_grad_all_reduce,
                      tuple(sorted(self.cp_attention.items())), self.optimizer_step_bytes,
-                     tuple(sorted(self.eager_parts))))
+                     tuple(sorted(self.eager_parts)), self.zero_grad_copy_passes))
 
     @classmethod
     def capability_names(cls) -> tuple[str, ...]:
