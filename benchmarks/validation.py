@@ -29,7 +29,8 @@ import autopar
 from autopar.api import model_graph
 from autopar.cost.model import CostModel
 from autopar.frameworks import FrameworkProfile
-from autopar.frameworks.profiles import DEEPSPEED, MEGATRON, TORCH, TORCHTITAN
+from autopar.frameworks.profiles import (DEEPSPEED, FSDP1_GRAD_COPY_PASSES, MEGATRON, TORCH,
+                                         TORCHTITAN)
 from autopar.frameworks.memory import MEGATRON_MEMORY, MemoryConventions
 from autopar.search.optimize import search
 
@@ -150,11 +151,42 @@ def record_profile(rec: Record) -> FrameworkProfile:
         changes["grad_reduce_bytes"] = 4
         why["grad_reduce_bytes"] = ("Composer FSDP mixed_precision DEFAULT: reduce_dtype float32 "
                                     "(the records' notes)")
+    if kind in ("fsdp", "llm-foundry"):
+        changes["zero_grad_copy_passes"] = FSDP1_GRAD_COPY_PASSES
+        why["zero_grad_copy_passes"] = (
+            "FSDP1 flat parameters (FSDP1_GRAD_COPY_PASSES): fms-fsdp 4ffb9bd main_training.py "
+            "wraps the model in torch.distributed.fsdp.FullyShardedDataParallel; the llm-foundry "
+            "benchmark tables' Sharding Strategy FULL_SHARD is FSDP1's ShardingStrategy "
+            "(Composer's FSDP)")
+    if kind == "fsdp" and "HYBRID_SHARD" in rec.raw.get("notes", ""):
+        changes["zero1_group_size"] = rec.cluster.gpus_per_node
+        why["zero1_group_size"] = (
+            "the record's HSDP: fms-fsdp 4ffb9bd fms_fsdp/utils/train_utils.py get_policies "
+            "('hsdp' -> ShardingStrategy.HYBRID_SHARD), which shards parameters, gradients and "
+            "optimizer states within a node and replicates them across nodes")
     if intern:
         at = "InternEvo at c18bec9 (the table's commit)"
+        changes["optimizer_step_bytes"] = 122
+        why["optimizer_step_bytes"] = (
+            f"{at} hybrid_zero_optim.py _step() on the rank's shard: compute_norm (L737-784: "
+            "g.data.float() per gradient, read 2 write 4, then its norm, read 4), flatten the "
+            "bf16 gradients (L577: 2 + 2) and .to(fp32) (L580: 2 + 4), _unscale_and_clip_grads "
+            "(L682 grad.mul_: 4 + 4), torch 1.13.1 (requirements/torch.txt) AdamW, whose default "
+            "is the single-tensor path (_single_tensor_adamw: param.mul_ 8, exp_avg.mul_.add_ "
+            "8 + 12, exp_avg_sq.mul_.addcmul_ 8 + 12, sqrt, /, add_ eps 8 x 3, param.addcdiv_ "
+            "16: 88), and fp16_param.copy_(fp32_param) (L619: 4 + 2): 122 bytes per parameter")
         changes["fusion"] = "fused"
         why["fusion"] = (f"{at} internlm/model/modeling_internlm.py: apex MixedFusedRMSNorm, "
-                         "flash-attn fused MLP and rotary embedding")
+                         "flash-attn fused rotary embedding (embedding.py rotary_emb / "
+                         "ApplyRotaryEmbQKV_) and attention")
+        changes["eager_parts"] = ("glu", "norm_input_cast")
+        why["eager_parts"] = (
+            f"{at}: the SwiGLU MLP is eager (internlm/model/linear.py FeedForward.forward: "
+            "self.w3(F.silu(self.w1(x)) * self.w2(x)); flash-attn's ParallelFusedMLP is used only "
+            "without use_swiglu); modeling_internlm.py casts the residual to fp32 before each "
+            "apex norm (L188 self.norm1(_residual.float()), L204 self.norm2(...float())) and "
+            "checkpoints dropout + cast + norm (L75 dropout_selective_checkpoint = True when "
+            "checkpoint is False; L191-208 activation_checkpoint)")
         changes["overlap_dp_grad_reduce"] = True
         why["overlap_dp_grad_reduce"] = (
             f"{at} configs/7B_sft.py zero_overlap_communication=True, reduce_bucket_size 512 MB; "

@@ -151,7 +151,8 @@ def test_op_sac_keeps_less_than_selective_and_more_than_full():
 def test_offloaded_optimizer_pays_the_pcie_round_trip():
     """ZeRO-Offload moves every gradient to the host and every updated parameter back: at least
     (2 + 2) bytes per parameter over PCIe Gen4 x16 (32e9 B/s) for Llama 3 8B on one A100, about
-    1 s, where the on-GPU step takes 0.13 s (it was costed as free)."""
+    1 s, where the on-GPU step takes 0.25 s (DeepSpeed's FusedAdam, clipping and mixed-precision
+    copies: 52 bytes per parameter at HBM speed; the offloaded step was costed as free)."""
     kw = dict(global_batch_size=1, seq_len=8192, micro_batch_size=1, optimizer="adam",
               framework="deepspeed")
     cfg = ParallelConfig(dp=1, zero_stage=2, recompute="full", micro_batch_size=1)
@@ -160,4 +161,4 @@ def test_offloaded_optimizer_pays_the_pcie_round_trip():
     off = autopar.estimate("llama3-8b", "1x1xA100-80GB", TrainingConfig(**kw), cfg)
     params = 8.03e9
     assert on.time_breakdown["optimizer"] >= 0.99 * params * 4 / 32e9
-    assert on.time_breakdown["optimizer"] > 5 * off.time_breakdown["optimizer"]
+    assert on.time_breakdown["optimizer"] > 3 * off.time_breakdown["optimizer"]

@@ -99,3 +99,54 @@ def test_untraceable_model_names_module_and_fix():
     message = str(info.value)
     assert "'gate'" in message and "_DataDependent" in message
     assert "x.sum() > 0" in message and "Fix:" in message
+
+
+class _CastsAndCopies(nn.Module):
+    """A block whose code casts to fp32 and back and copies a transposed tensor (fms-style
+    position encoding and attention output), between two linears."""
+
+    def __init__(self, h=64):
+        super().__init__()
+        self.a, self.b = nn.Linear(h, h), nn.Linear(h, h)
+
+    def forward(self, x):
+        y = self.a(x)
+        z = y.float()                              # a cast kernel: read 2, write 4 per element
+        z = z * 2.0
+        y = z.type_as(y)                           # back to bf16: read 4 (+ 2 of y), write 2
+        y = y.transpose(0, 1).contiguous()         # a layout copy: read 2, write 2
+        y = y.contiguous().float()                 # contiguous already: a view; a cast (2, 4)
+        y = y.float()                              # fp32 already: a view
+        # casts keep the transposed strides (preserve_format): this contiguous copies
+        return self.b(y.transpose(0, 1).to(x.dtype).contiguous())
+
+
+class _Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([_CastsAndCopies(), _CastsAndCopies()])
+        self.emb = nn.Embedding(100, 64)
+        self.head = nn.Linear(64, 100)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def test_casts_and_layout_copies_are_kernels_not_views():
+    """A dtype cast, a ``.contiguous()`` of a non-contiguous tensor and other calls that make a
+    new tensor run a copy kernel in eager PyTorch; a cast to the same dtype, a transpose or a
+    ``.contiguous()`` of a contiguous tensor move nothing."""
+    g = extract(_Stack().to(torch.bfloat16), 16, 2)
+    block = g.blocks[0]
+    n = 2 * 16 * 64                                # elements of one activation
+    copies = [(op.target, op.bytes_read, op.bytes_written) for op in block.ops
+              if op.kind == "elementwise" and op.target not in ("mul",)]
+    assert copies == [("float", 2 * n, 4 * n), ("type_as", 4 * n + 2 * n, 2 * n),
+                      ("contiguous", 2 * n, 2 * n), ("float", 2 * n, 4 * n),
+                      ("to", 4 * n, 2 * n), ("contiguous", 2 * n, 2 * n)]
+    views = [op.target for op in block.ops if op.kind == "view"]
+    assert views.count("transpose") == 2 and views.count("float") == 1
+    assert views.count("contiguous") == 1

@@ -156,7 +156,9 @@ def test_internevo_overlaps_its_bucketed_gradient_reduction():
     assert prof.overlap_dp_grad_reduce is True
     assert "zero_overlap_communication" in prof.cost_sources["overlap_dp_grad_reduce"]
     row = validation.evaluate(rec, spread=False)
-    assert row.predicted_s == pytest.approx(3.747, rel=0.01)   # was 4.197 with no overlap
+    # 3.871 with InternEvo's own optimizer step (122 B/param) and eager parts (norm input
+    # casts, eager SwiGLU); 3.747 before those, 4.197 with no overlap
+    assert row.predicted_s == pytest.approx(3.871, rel=0.01)
 
 
 def test_tinyllama_runs_its_fused_kernels():

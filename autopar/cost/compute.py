@@ -45,13 +45,18 @@ class LayerTime:
     wgrad_s: float = 0.0
 
     op_sac_recompute_s: float = 0.0
+    #: seconds of ``bwd_s`` that repeat forward work the framework checkpoints on its own in
+    #: every mode (e.g. InternEvo's cast + norm, :data:`NORM_INPUT_CAST_FWD_BYTES`); full
+    #: recomputation repeats the whole forward, so it does not pay them again
+    checkpointed_s: float = 0.0
 
     def recompute_s(self, mode: str) -> float:
         """Extra backward-time seconds a recompute mode costs (the repeated forward): all of it
-        (full), the attention core (selective), the ops op-level SAC does not save
-        (``op_sac_recompute_s``, selective-op)."""
+        less what backward already repeats (``checkpointed_s``) (full), the attention core
+        (selective), the ops op-level SAC does not save (``op_sac_recompute_s``,
+        selective-op)."""
         if mode == "full":
-            return self.fwd_s
+            return self.fwd_s - self.checkpointed_s
         if mode == "selective":
             return self.attention_fwd_s
         if mode == "selective-op":
@@ -73,6 +78,15 @@ FP8_CAST_BYTES_PER_ELEMENT = 4
 #: fused kernel in eager PyTorch (aten native_layer_norm) and keeps its 4 bytes.
 EAGER_RMSNORM_BYTES_PER_ELEMENT = 36
 FUSED_NORM_BYTES_PER_ELEMENT = 4
+#: HBM bytes per element of that eager RMSNorm's backward, as autograd runs the composite's
+#: derivatives (torch/csrc/autograd/FunctionsManual.cpp and derivatives.yaml; counted with a
+#: TorchDispatchMode census of aten calls, forward and backward, on CPU): weight multiply (grad x
+#: weight: read 2, write 2; weight gradient: grad x h read 4 write 2, sum read 2), cast back to
+#: fp32 (2, 4), the rsqrt multiply (grad x rsqrt: 4, 4; rsqrt gradient: grad x xf 8, 4, sum 4),
+#: mean's backward (expand / n: 4, 4), pow's backward (pow 4, 4; x 2: 4, 4; x grad: 8, 4), the two
+#: paths into xf added (8, 4), and the cast to the input dtype (4, 2): 96 bytes, over the 2 x 36
+#: of an element-wise op's rule.
+EAGER_RMSNORM_BWD_BYTES_PER_ELEMENT = 96
 #: Kernels of that eager RMSNorm (cast, pow, mean, add eps, rsqrt, multiply, cast, weight
 #: multiply), each paying the launch floor.
 EAGER_RMSNORM_KERNELS = 8
@@ -84,6 +98,58 @@ EAGER_RMSNORM_KERNELS = 8
 #: :data:`EAGER_GLU_ACT_PASSES` times the bytes of ``a``, and one kernel launch.
 GLU_ACTIVATIONS = ("silu", "gelu")
 EAGER_GLU_ACT_PASSES = 2
+#: Its backward: autograd's ``silu_backward`` / ``gelu_backward`` (derivatives.yaml) is one
+#: kernel reading the gradient of act(a) and ``a`` and writing the gradient of ``a``: 3 x the
+#: bytes of ``a`` (the multiply's backward is the graph's ``mul``).
+EAGER_GLU_ACT_BWD_PASSES = 3
+#: HBM bytes per element of a fused norm whose input the framework first casts to fp32
+#: (``eager_parts`` "norm_input_cast"; InternEvo c18bec9 internlm/model/modeling_internlm.py
+#: ``self.norm1(_residual.float())`` before apex ``MixedFusedRMSNorm``): forward, the cast (read 2,
+#: write 4) and the norm reading fp32 and writing bf16 (4 + 2) = 12, over the fused norm's 4;
+#: backward, the norm's reading the output gradient (2) and the fp32 input (4) and writing the
+#: fp32 input gradient (4), and the cast's backward turning it into bf16 (4 + 2) = 16. InternEvo
+#: checkpoints the cast and norm (``dropout_selective_checkpoint``, on whenever ``checkpoint`` is
+#: off), so a block's backward repeats their forward (12) unless the whole block is recomputed.
+NORM_INPUT_CAST_FWD_BYTES = 12
+NORM_INPUT_CAST_BWD_BYTES = 16
+
+
+def _memory_bound_kernels(layer: Layer, fusion: str, eager_parts: tuple[str, ...] = ()):
+    """The memory-bound kernels of ``layer`` with their backward.
+
+    Yields ``(op, fwd_bytes, kernels, bwd_bytes, repeated_bytes)``: :func:`_memory_bound_ops`'
+    forward bytes and kernels; backward bytes, twice the forward's (an element-wise op's input
+    gradients) unless the op has a counted backward (an eager RMSNorm,
+    :data:`EAGER_RMSNORM_BWD_BYTES_PER_ELEMENT`; a GLU activation,
+    :data:`EAGER_GLU_ACT_BWD_PASSES`); ``repeated_bytes``, the part of the
+    backward that repeats forward work the framework checkpoints itself (already in
+    ``bwd_bytes``; a fully recomputed block does not pay it twice). ``eager_parts``
+    (:data:`autopar.frameworks.profiles.EAGER_PARTS`): ``glu`` costs a gated linear unit's
+    activation as its own kernel also outside ``fusion="eager"``; ``norm_input_cast`` costs a
+    fused norm on an fp32 cast of its input (:data:`NORM_INPUT_CAST_FWD_BYTES`).
+    """
+    glu = fusion != "eager" and "glu" in eager_parts
+    cast = fusion == "fused" and "norm_input_cast" in eager_parts
+    if glu:
+        for op in layer.ops:
+            if op.kind == "view" and op.target.lower() in GLU_ACTIVATIONS:
+                yield (op, EAGER_GLU_ACT_PASSES * op.bytes_read, 1,
+                       EAGER_GLU_ACT_BWD_PASSES * op.bytes_read, 0.0)
+    for op, nbytes, kernels in _memory_bound_ops(layer.ops, fusion):
+        if op.kind == "view":   # an eager GLU activation (fusion="eager")
+            yield op, nbytes, kernels, EAGER_GLU_ACT_BWD_PASSES * op.bytes_read, 0.0
+            continue
+        if cast and op.kind == "norm":
+            per = nbytes / FUSED_NORM_BYTES_PER_ELEMENT
+            repeated = NORM_INPUT_CAST_FWD_BYTES * per if layer.kind == "block" else 0.0
+            yield (op, NORM_INPUT_CAST_FWD_BYTES * per, 2,
+                   NORM_INPUT_CAST_BWD_BYTES * per + repeated, repeated)
+            continue
+        if fusion == "eager" and op.kind == "norm" and "rmsnorm" in op.target.lower():
+            bwd = nbytes * EAGER_RMSNORM_BWD_BYTES_PER_ELEMENT / EAGER_RMSNORM_BYTES_PER_ELEMENT
+            yield op, nbytes, kernels, bwd, 0.0
+            continue
+        yield op, nbytes, kernels, 2.0 * nbytes, 0.0
 
 
 def _memory_bound_ops(ops, fusion: str):
@@ -176,7 +242,7 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
                attention_kernel: str = "fa2", fusion: str = "fused",
                attention_dims: tuple[float, float] = (0.0, 0.0),
                cp_attention: str = "fused", cp_imbalance: float = 1.0,
-               expert_tp: int | None = None) -> LayerTime:
+               expert_tp: int | None = None, eager_parts: tuple[str, ...] = ()) -> LayerTime:
     """Roofline time of ``layer`` for a micro-batch of ``micro_batch`` sequences.
 
     Args:
@@ -216,6 +282,8 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
             expert matrices: Megatron-Core MoEAlltoAllTokenDispatcher), but the GEMM shape
             does: M x etp / tp rows, N (column) or K (row) / etp, which the efficiency curve
             reads.
+        eager_parts: parts of the block the framework runs as eager ops inside a fused stack
+            (:data:`autopar.frameworks.profiles.EAGER_PARTS`; :func:`_memory_bound_kernels`).
 
     Returns:
         :class:`LayerTime` in seconds and per-GPU FLOPs.
@@ -281,14 +349,17 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
             bwd_flops += ATTENTION_BACKWARD_RATIO * flops
         if index in sac_saved:
             sac_fwd += fwd - before
-    for op, nbytes, kernels in _memory_bound_ops(layer.ops, fusion):
+    repeated_s = 0.0
+    for op, nbytes, kernels, bwd_bytes, repeated in _memory_bound_kernels(layer, fusion,
+                                                                           eager_parts):
         sharded = op.region == "tp" or op.tp_role in ("column", "row", "vocab") or (
             sequence_parallel)
-        nbytes = nbytes * scale / (tp if sharded else 1)
-        t = max(nbytes / (hbm_bandwidth * params.hbm_efficiency),
-                kernels * params.kernel_launch_s)
+        share = scale / (tp if sharded else 1)
+        bw = hbm_bandwidth * params.hbm_efficiency
+        t = max(nbytes * share / bw, kernels * params.kernel_launch_s)
         fwd += t
-        bwd += 2.0 * t
+        bwd += t * bwd_bytes / nbytes if nbytes else 2.0 * t
+        repeated_s += t * repeated / nbytes if nbytes else 0.0
     return LayerTime(fwd_s=fwd, bwd_s=bwd, attention_fwd_s=attn, fwd_flops=fwd_flops,
                      bwd_flops=bwd_flops, wgrad_s=wgrad,
-                     op_sac_recompute_s=fwd - sac_fwd)
+                     op_sac_recompute_s=fwd - sac_fwd, checkpointed_s=repeated_s)

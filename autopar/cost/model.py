@@ -181,7 +181,8 @@ class CostModel:
                            attention_kernel=self.attention_kernel,
                            fusion=self.profile.fusion,
                            attention_dims=self._attention_dims(layer, cp),
-                           cp_attention=path, cp_imbalance=skew, expert_tp=etp)
+                           cp_attention=path, cp_imbalance=skew, expert_tp=etp,
+                           eager_parts=self.profile.eager_parts)
             self._layer_times[key] = t
         return t
 
@@ -904,7 +905,10 @@ class CostModel:
                 dp_exposed = (max(0.0, t_grad - ov_grad * bwd1)
                               + max(0.0, t_param - ov_param * fwd1))
                 ledger.add("dp", dp_g.link, wire, t_grad + t_param)
-        opt_params = psi / (dp * cp if c.zero_stage >= 1 else 1)
+        # the optimizer runs on the rank's ZeRO shard: over dp x cp, or over the framework's
+        # smaller ZeRO group (zero1_group_size: InternEvo parallel.zero1, FSDP hybrid sharding)
+        shards = min(dp * cp, prof.zero1_group_size or dp * cp) if c.zero_stage >= 1 else 1
+        opt_params = psi / shards
         if train.optimizer_offload:
             # ZeRO-Offload (Ren et al. 2021, USENIX ATC, sec. 4): gradients go to the host over
             # PCIe, the CPU runs Adam, the updated compute-dtype parameters come back; both
@@ -914,9 +918,18 @@ class CostModel:
             gbytes = self.conventions.grad_bytes or p.grad_bytes
             optimizer_s = opt_params * (gbytes + train.dtype_bytes) / self.device.pcie_bandwidth_Bps
         else:
-            optimizer_s = opt_params * p.optimizer_bytes_per_param / (
+            # the framework's optimizer passes and gradient clipping, memory-bound
+            # (FrameworkProfile.optimizer_step_bytes, sourced per framework)
+            optimizer_s = opt_params * prof.optimizer_step_bytes / (
                 self.device.hbm_bandwidth_Bps * p.hbm_efficiency)
-        step = t_pipe + dp_exposed + optimizer_s + self.profile.step_fixed_s
+        # FSDP1's flat-parameter views: autograd concatenates the gradients into the flat
+        # gradient in every micro-batch's backward, on the compute stream
+        # (FrameworkProfile.zero_grad_copy_passes; memory-bound, rank with the most parameters)
+        grad_copy_s = 0.0
+        if c.zero_stage in (2, 3) and dp * cp > 1 and prof.zero_grad_copy_passes:
+            grad_copy_s = m * prof.zero_grad_copy_passes * psi * wbytes / (
+                self.device.hbm_bandwidth_Bps * p.hbm_efficiency)
+        step = t_pipe + grad_copy_s + dp_exposed + optimizer_s + self.profile.step_fixed_s
         if time_only:
             return step, dp_exposed
 
@@ -957,7 +970,7 @@ class CostModel:
         if overlap:  # the all-to-all seconds hidden inside DualPipeV's pairs are not exposed
             parts["ep_comm"] -= v * overlap[bottleneck]
         breakdown = {
-            "compute": m * parts["compute"], "tp_comm": m * parts["tp_comm"],
+            "compute": m * parts["compute"] + grad_copy_s, "tp_comm": m * parts["tp_comm"],
             "cp_comm": m * parts["cp_comm"], "ep_comm": m * parts["ep_comm"],
             "pp_comm": m * parts["pp_comm"],
             "bubble": bubble, "dp_comm_exposed": dp_exposed, "optimizer": optimizer_s,

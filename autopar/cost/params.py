@@ -81,8 +81,8 @@ class CostParams:
             latency; assumption).
         grad_bytes: bytes per gradient element (2: bf16 gradients and reduction, as NeMo's
             distributed optimizer does; set 4 for fp32 main grads as Megatron's default DDP).
-        optimizer_bytes_per_param: bytes Adam reads and writes per parameter in its step
-            (fp32 master, m, v read+written, grad read, bf16 copy written: 4*6 + 2 + 2 = 28).
+        (The optimizer step's bytes per parameter depend on the optimizer's implementation,
+        not on the GPU: :attr:`autopar.frameworks.FrameworkProfile.optimizer_step_bytes`.)
         dp_overlap: fraction of a compute window that can hide communication running beside it
             (DP gradient reduction behind backward as Megatron-LM --overlap-grad-reduce, ZeRO-3
             parameter gathers behind the previous layer, ring-attention transfers): NCCL kernels
@@ -114,7 +114,6 @@ class CostParams:
     hbm_efficiency: float = 0.82
     kernel_launch_s: float = 5e-6
     grad_bytes: int = 2
-    optimizer_bytes_per_param: int = 28
     dp_overlap: float = 0.8
     reserved_bytes: float = 2e9
     fragmentation: float = 0.05

@@ -64,7 +64,46 @@ CP_ATTENTION_PATHS = ("fused", "masked", "unfused")
 COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_gather",
                "zero3_regather_per_micro_batch", "overlap_tp_comm", "overlap_pp_p2p",
                "grad_reduce_bytes", "step_fixed_s", "zero1_param_sync", "zero1_group_size",
-               "zero1_grad_all_reduce", "cp_attention")
+               "zero1_grad_all_reduce", "cp_attention", "optimizer_step_bytes", "eager_parts",
+               "zero_grad_copy_passes")
+#: Parts of a block that run as plain eager PyTorch ops inside a stack that is otherwise fused
+#: (:attr:`FrameworkProfile.eager_parts`; costed by :func:`autopar.cost.compute.layer_time`):
+#: ``glu``: a gated linear unit's activation as its own kernel before the multiply
+#: (``F.silu(a) * b``, implied by ``fusion="eager"``); ``norm_input_cast``: the residual stream
+#: is cast to fp32 (``x.float()``) before each fused norm, which then reads fp32, and the cast
+#: and norm are checkpointed (repeated in backward).
+EAGER_PARTS = ("glu", "norm_input_cast")
+#: Bytes per parameter the optimizer step moves through HBM in the ``torch`` profile: torch.optim.
+#: AdamW as constructed by default (foreach on CUDA since torch 2.0, ``_default_to_fused_or_foreach``
+#: in torch/optim/optimizer.py), whose ``_multi_tensor_adam`` (torch/optim/adam.py, torch 2.13,
+#: decoupled weight decay, not capturable) makes eight passes over fp32 tensors: params *= (1 - lr
+#: wd) (read 4, write 4), exp_avg.lerp_(grad) (8, 4), exp_avg_sq *= beta2 (4, 4),
+#: exp_avg_sq.addcmul_(grad, grad) (8, 4), sqrt(exp_avg_sq) (4, 4), /= bias_correction2_sqrt (4, 4),
+#: += eps (4, 4), params.addcdiv_(exp_avg, denom) (12, 4): 80 bytes; plus gradient clipping by
+#: norm (torch.nn.utils.clip_grad_norm_: a norm pass reading the fp32 gradient, 4, and
+#: ``_foreach_mul_`` by the clip coefficient, 4 + 4): 92.
+TORCH_OPTIMIZER_STEP_BYTES = 92
+#: The same for a fused Adam (one multi-tensor kernel: torch ``fused=True``, apex / Transformer
+#: Engine ``FusedAdam``, DeepSpeed ``FusedAdam``): read params, grad, exp_avg, exp_avg_sq (16),
+#: write params, exp_avg, exp_avg_sq (12) = 28; plus clipping by norm as two multi-tensor passes
+#: (norm: read 4; scale: read 4, write 4) = 40.
+FUSED_OPTIMIZER_STEP_BYTES = 40
+#: A fused Adam behind a mixed-precision optimizer that keeps fp32 main copies apart from the
+#: bf16 model: :data:`FUSED_OPTIMIZER_STEP_BYTES` plus casting the bf16 gradient to the fp32
+#: main gradient (read 2, write 4) and copying the updated fp32 main parameter back to bf16
+#: (read 4, write 2) = 52.
+MIXED_FUSED_OPTIMIZER_STEP_BYTES = 52
+
+#: Passes over every parameter's gradient that FSDP1 (torch.distributed.fsdp.
+#: FullyShardedDataParallel) adds to each backward on the compute stream: its modules' parameters
+#: are autograd views of one flat parameter (torch/distributed/fsdp/_flat_param.py
+#: ``_get_unflat_views_unaligned``: ``flat_param.split(...)`` then ``.view``), so autograd's
+#: split backward (``split_with_sizes_backward``, derivatives.yaml) concatenates the views'
+#: gradients into the flat gradient: one read and one write of every gradient element. (Its
+#: gradient pre-divide, _runtime_utils.py ``_reduce_grad`` -> ``_div_if_needed``, runs on the
+#: post-backward stream beside compute and is not charged.)
+FSDP1_GRAD_COPY_PASSES = 2
+
 #: How ZeRO-1 returns updated parameters after the optimizer step: one ``all_gather`` over the
 #: ZeRO group, or ``broadcast``: each rank broadcasts its shard (one broadcast per rank, as
 #: InternEvo's hybrid ZeRO and DeepSpeed's early ZeRO-1), exposed after the step.
@@ -91,6 +130,12 @@ _DEFAULT_COST_SOURCES = {
                              "DDP all-reduce is the exception, not costed)",
     "cp_attention": "context parallelism runs the framework's fused attention kernel per "
                     "chunk (ring attention with flash kernels, load-balanced split)",
+    "optimizer_step_bytes": "torch.optim.AdamW default foreach implementation and "
+                            "clip_grad_norm_ (TORCH_OPTIMIZER_STEP_BYTES)",
+    "eager_parts": "none beyond what the fusion level implies",
+    "zero_grad_copy_passes": "FSDP2 (fully_shard) keeps each parameter a tensor of its own; "
+                             "its reduce-scatter copy-in (_fsdp_collectives.py foreach_reduce, "
+                             "torch._chunk_cat) runs on the reduce-scatter stream",
 }
 
 
@@ -153,6 +198,15 @@ class FrameworkProfile:
         cp_attention: CP mode -> how a rank runs attention under it (:data:`CP_ATTENTION_PATHS`:
             "fused" kernel, "masked" = SDPA with an explicit mask (memory-efficient kernel, all
             pairs), "unfused" = plain tensor ops); a mode not listed runs "fused".
+        optimizer_step_bytes: HBM bytes per optimizer-held parameter of one optimizer step
+            (the optimizer's passes and gradient clipping), costed at the HBM bandwidth on the
+            parameters of the rank's ZeRO shard (:data:`TORCH_OPTIMIZER_STEP_BYTES`,
+            :data:`FUSED_OPTIMIZER_STEP_BYTES`).
+        eager_parts: parts of a block run as eager ops in an otherwise fused stack
+            (:data:`EAGER_PARTS`).
+        zero_grad_copy_passes: under ZeRO-2/3, passes (reads + writes) over each parameter's
+            compute-dtype gradient that the sharded-DP implementation adds to every backward on
+            the compute stream (:data:`FSDP1_GRAD_COPY_PASSES`); 0 for none.
         cost_sources: cost field name -> its source (every cost field has one).
 
     Raises:
@@ -195,6 +249,9 @@ class FrameworkProfile:
     zero1_group_size: int | None = None
     zero1_grad_all_reduce: bool = False
     cp_attention: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    optimizer_step_bytes: int = TORCH_OPTIMIZER_STEP_BYTES
+    eager_parts: tuple[str, ...] = ()
+    zero_grad_copy_passes: int = 0
     cost_sources: Mapping[str, str] = field(default_factory=lambda: dict(_DEFAULT_COST_SOURCES))
     #: memory conventions (bytes per state, optimizer temporaries, what PP keeps unsharded...),
     #: sourced inside :class:`autopar.frameworks.memory.MemoryConventions`
@@ -230,6 +287,12 @@ class FrameworkProfile:
             bad.append("zero1_group_size")
         if self.grad_reduce_bytes not in (None, 1, 2, 4) or self.step_fixed_s < 0:
             bad.append("grad_reduce_bytes/step_fixed_s")
+        if self.zero_grad_copy_passes < 0:
+            bad.append("zero_grad_copy_passes")
+        if self.optimizer_step_bytes <= 0:
+            bad.append("optimizer_step_bytes")
+        if not set(self.eager_parts) <= set(EAGER_PARTS):
+            bad.append("eager_parts")
         if not self.attention_kernels or "*" not in self.attention_kernels:
             bad.append("attention_kernels (needs a '*' entry)")
         if not set(self.cp_attention) <= set(CP_MODES) or not set(
@@ -253,7 +316,8 @@ class FrameworkProfile:
                      self.zero3_regather_per_micro_batch, self.overlap_tp_comm,
                      self.overlap_pp_p2p, self.grad_reduce_bytes, self.step_fixed_s,
                      self.zero1_param_sync, self.zero1_group_size, self.zero1_grad_all_reduce,
-                     tuple(sorted(self.cp_attention.items()))))
+                     tuple(sorted(self.cp_attention.items())), self.optimizer_step_bytes,
+                     tuple(sorted(self.eager_parts)), self.zero_grad_copy_passes))
 
     @classmethod
     def capability_names(cls) -> tuple[str, ...]:
@@ -480,7 +544,12 @@ TORCHTITAN = FrameworkProfile(
                   "and gradients unsharded until the last micro-batch); apply_fsdp sets "
                   "reshard_after_forward False under PP ('default' policy)",
                   "grad_reduce_bytes": "job_config.py Training.mixed_precision_reduce = "
-                                       "'float32' (FSDP MixedPrecisionPolicy reduce_dtype)"})
+                                       "'float32' (FSDP MixedPrecisionPolicy reduce_dtype)",
+                  "optimizer_step_bytes": "job_config.py Optimizer.implementation = 'fused' "
+                                          "(torch's fused AdamW on fp32 FSDP shards) and "
+                                          "Training.max_norm = 1.0 (clip_grad_norm_): "
+                                          "FUSED_OPTIMIZER_STEP_BYTES"},
+    optimizer_step_bytes=FUSED_OPTIMIZER_STEP_BYTES)
 
 MEGATRON = FrameworkProfile(
     name="megatron", version="Megatron-LM main d98e8a64ddf3 (2026-08-22)",
@@ -538,7 +607,14 @@ MEGATRON = FrameworkProfile(
                   "overlap_pp_p2p": "arguments.py --overlap-p2p-communication applies to the "
                                     "interleaved schedule only and is off by default",
                   "grad_reduce_bytes": "CostParams.grad_bytes (bf16 reduction, as NeMo's "
-                                       "distributed optimizer)"})
+                                       "distributed optimizer)",
+                  "optimizer_step_bytes": "megatron/core/optimizer/__init__.py: Transformer "
+                                          "Engine or apex FusedAdam; clip_grads.py "
+                                          "multi_tensor_l2norm + multi_tensor_scale (clip_grad "
+                                          "1.0); distrib_optimizer.py _copy_model_grads_to_"
+                                          "main_grads (.float()) and _copy_main_params_to_model_"
+                                          "params: MIXED_FUSED_OPTIMIZER_STEP_BYTES"},
+    optimizer_step_bytes=MIXED_FUSED_OPTIMIZER_STEP_BYTES)
 
 DEEPSPEED = FrameworkProfile(
     name="deepspeed", version="DeepSpeed 0.19.6 (edaa72212672)",
@@ -585,7 +661,14 @@ DEEPSPEED = FrameworkProfile(
                                   "synchronisation; costed as not overlapped (issue 13)",
                   "overlap_dp_grad_reduce": "deepspeed/runtime/zero/config.py overlap_comm "
                                             "defaults to False (ZeRO-0..2: reduction after "
-                                            "backward)"})
+                                            "backward)",
+                  "optimizer_step_bytes": "deepspeed/ops/adam/fused_adam.py FusedAdam "
+                                          "(multi_tensor_adam); runtime/constants.py "
+                                          "GRADIENT_CLIPPING_DEFAULT = 1.0; zero/stage_1_and_2.py "
+                                          "step(): flat gradient .to(fp32) and the bf16 "
+                                          "partition copied from the fp32 one: "
+                                          "MIXED_FUSED_OPTIMIZER_STEP_BYTES"},
+    optimizer_step_bytes=MIXED_FUSED_OPTIMIZER_STEP_BYTES)
 
 #: Every profile by framework name (read-only).
 PROFILES: Mapping[str, FrameworkProfile] = MappingProxyType(

@@ -291,6 +291,8 @@ class MeasuringInterpreter(fx.Interpreter):
             result = FusedGLUMeta.apply(self.env[a], self.env[b])
         else:
             result = getattr(self, n.op)(n.target, args, kwargs)
+            if kind == "view" and _materializes(args, result):
+                kind = "elementwise"
         flops = self.rec.flop_counter.get_total_flops() - flops_before
         if self._flops_override is not None:  # attention, grouped GEMMs: our own rule
             flops = self._flops_override
@@ -315,6 +317,19 @@ class MeasuringInterpreter(fx.Interpreter):
         if kind == "attention":
             self.heads = self._heads
         return result
+
+
+def _materializes(args, result) -> bool:
+    """True when a call classified as a view (:func:`autopar.graph.classify.method_kind`) made a
+    new tensor: a dtype cast (``.float()``, ``.to(dtype)``, ``.type_as``), ``.contiguous()`` or a
+    ``reshape`` / ``flatten`` of a tensor whose strides allow no view, or indexing by a tensor.
+    Eager PyTorch runs each as a copy kernel (read the input, write the result); a view, or a
+    cast to the dtype the tensor already has, returns the input or a view of it (``_is_view``)
+    and moves nothing."""
+    source = args[0] if args else None
+    if not isinstance(source, torch.Tensor) or not isinstance(result, torch.Tensor):
+        return False
+    return result is not source and not result._is_view()
 
 
 #: Pointwise activations a gated linear unit may use.
