@@ -40,6 +40,7 @@ with a per-interval memory check).
 from __future__ import annotations
 
 import math
+import weakref
 from collections import OrderedDict
 
 from ..config import RECOMPUTE_MODES, ParallelConfig
@@ -101,6 +102,7 @@ def _sig_points(k: int, ts: list, ms: list, budget: float) -> list:
             level(j - 1, rest - n, mem + n * mj, time + n * ts[j], (n, *outer))
 
     level(r - 1, k, 0.0, 0.0, ())
+    del level   # the recursive closure refers to itself: leave no cycle for the collector
     return pts
 
 
@@ -158,6 +160,7 @@ def _best_of_sig(k: int, ts: list, ms: list, budget: float, tie, bound: float = 
             level(j - 1, rest - n, mem + n * mj, time + n * tj, (n, *outer))
 
     level(r - 1, k, 0.0, 0.0, ())
+    del level   # the recursive closure refers to itself: leave no cycle for the collector
     return best
 
 
@@ -203,18 +206,27 @@ def _combine(per_sig: list, budget: float):
     return best
 
 
-def _rank_costs(cm: CostModel, c: ParallelConfig, st: StageLayout, slots: tuple[str, ...]):
-    """What :func:`rank_recompute` and :func:`rank_fits` read of one rank: (bytes that do not
-    depend on recomputation (states, reserve, ZeRO-3 gathers, non-block activations), seconds
-    likewise (pipeline sends, non-block layers), the largest non-block transient in bytes,
-    the block indices per signature, per signature (blocks, {mode: seconds}, {mode: activation
-    bytes}, {mode: transient bytes}), whether the optimizer step's temporaries fit beside the
-    states)."""
+#: Per cost model: what :func:`_rank_costs` reads of the layers of a rank, by the
+#: configuration fields :meth:`CostModel.block_cost` keys on, the rank's layers and in-flight
+#: multiplier and the modes (a rank's ZeRO stage and states change none of it).
+_LAYER_COSTS: "weakref.WeakKeyDictionary[CostModel, dict]" = weakref.WeakKeyDictionary()
+
+
+def _layer_costs(cm: CostModel, c: ParallelConfig, st: StageLayout, slots: tuple[str, ...]):
+    """(per non-block layer (activation bytes x in-flight, forward + backward seconds), the
+    largest non-block transient in bytes, block indices per signature, per signature (blocks,
+    {mode: seconds}, {mode: activation bytes x in-flight}, {mode: transient bytes})) of one
+    rank, cached per cost model (:data:`_LAYER_COSTS`)."""
+    memo = _LAYER_COSTS.get(cm)
+    if memo is None:
+        memo = _LAYER_COSTS[cm] = {}
+    key = (c.tp, c.cp, c.dp, c.pp, c.micro_batch_size, c.sequence_parallel, c.cp_mode,
+           c.placement, c.ep, c.expert_tp, st.layers, st.flight, slots)
+    hit = memo.get(key)
+    if hit is not None:
+        return hit
     layers = cm.graph.layers
-    limit = cm.device.visible_memory_bytes
-    states = sum(st.states)
-    fixed_mem = states + cm.reserved_bytes + st.gather_bytes
-    fixed_time = st.p2p_s
+    fixed = []
     floor = 0.0
     by_sig: OrderedDict[str, list[int]] = OrderedDict()
     for li in st.layers:
@@ -222,8 +234,7 @@ def _rank_costs(cm: CostModel, c: ParallelConfig, st: StageLayout, slots: tuple[
             by_sig.setdefault(layers[li].signature, []).append(li)
         else:
             bc = cm.block_cost(li, "none", c)
-            fixed_mem += bc.act_bytes * st.flight
-            fixed_time += bc.fwd_s + bc.bwd_s
+            fixed.append((bc.act_bytes * st.flight, bc.fwd_s + bc.bwd_s))
             floor = max(floor, bc.transient_bytes)
     costs = []
     for idx in by_sig.values():
@@ -231,8 +242,27 @@ def _rank_costs(cm: CostModel, c: ParallelConfig, st: StageLayout, slots: tuple[
         costs.append((len(idx), {m: b.fwd_s + b.bwd_s for m, b in bcs.items()},
                       {m: b.act_bytes * st.flight for m, b in bcs.items()},
                       {m: b.transient_bytes for m, b in bcs.items()}))
+    hit = memo[key] = (tuple(fixed), floor, by_sig, costs)
+    return hit
+
+
+def _rank_costs(cm: CostModel, c: ParallelConfig, st: StageLayout, slots: tuple[str, ...]):
+    """What :func:`rank_recompute` and :func:`rank_fits` read of one rank: (bytes that do not
+    depend on recomputation (states, reserve, ZeRO-3 gathers, non-block activations), seconds
+    likewise (pipeline sends, non-block layers), the largest non-block transient in bytes,
+    the block indices per signature, per signature (blocks, {mode: seconds}, {mode: activation
+    bytes}, {mode: transient bytes}), whether the optimizer step's temporaries fit beside the
+    states)."""
+    fixed, floor, by_sig, costs = _layer_costs(cm, c, st, slots)
+    states = sum(st.states)
+    fixed_mem = states + cm.reserved_bytes + st.gather_bytes
+    fixed_time = st.p2p_s
+    for act, time in fixed:
+        fixed_mem += act
+        fixed_time += time
     # CostModel.estimate: the step's temporaries replace the activations at the step's peak
-    step_fits = states + cm.reserved_bytes + cm.optimizer_step_bytes(c, st.params) <= limit
+    step_fits = states + cm.reserved_bytes + cm.optimizer_step_bytes(c, st.params) \
+        <= cm.device.visible_memory_bytes
     return fixed_mem, fixed_time, floor, by_sig, costs, step_fits
 
 
