@@ -7,6 +7,8 @@ import dataclasses
 import itertools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("transformers")
 
@@ -378,3 +380,47 @@ def test_plan_files_version_2_hold_per_block_resharding_and_version_1_loads(zero
     d["config"]["reshard_after_forward"] = [False, True]
     with pytest.raises(autopar.InvalidPlanFile, match="reshard_after_forward"):
         Plan.from_json(json.dumps(d))
+
+
+def _solver_problem(draw_sigs, budget_frac):
+    from autopar.search import cuts
+    sigs = []
+    for k, times, mems, modes in draw_sigs:
+        t = dict(zip(cuts.MODES, times))
+        a = dict(zip(cuts.MODES, mems))
+        sigs.append((k, t, a, [m for m, keep in zip(cuts.MODES, modes) if keep] or ["full"]))
+    budget = budget_frac * sum(k * max(a.values()) for k, _t, a, _m in sigs)
+    return sigs, budget
+
+
+_COST = st.sampled_from([1.0, 1.5, 2.0, 2.5, 3.0, 0.7, 1.3])
+
+
+@settings(max_examples=300, deadline=None)
+@given(sigs=st.lists(st.tuples(st.integers(1, 6), st.lists(_COST, min_size=4, max_size=4),
+                               st.lists(_COST, min_size=4, max_size=4),
+                               st.lists(st.booleans(), min_size=4, max_size=4)),
+                     min_size=1, max_size=3),
+       frac=st.floats(0.0, 1.0))
+def test_per_rank_solver_equals_enumerating_every_mode_count(sigs, frac):
+    """The per-rank solver (any subset of the four modes, in any order of cost, equal costs
+    included) finds the least time, then the least memory, of every count vector per
+    (signature, mode) within the budget."""
+    from autopar.search import cuts
+    sigs, budget = _solver_problem(sigs, frac)
+    best = None
+    for combo in itertools.product(*(list(itertools.combinations_with_replacement(modes, k))
+                                     for k, _t, _a, modes in sigs)):
+        time = sum(t[m] for (_k, t, _a, _m), ms in zip(sigs, combo) for m in ms)
+        memory = sum(a[m] for (_k, _t, a, _m), ms in zip(sigs, combo) for m in ms)
+        if memory <= budget and (best is None or (time, memory) < best):
+            best = (time, memory)
+    per = []
+    for k, t, a, modes in sigs:
+        chain = cuts._chain(modes, t, a)
+        per.append((k, [t[m] for m in chain], [a[m] for m in chain], lambda c: c))
+    got = cuts._combine(per, budget)
+    assert (got is None) == (best is None)
+    if got is not None:
+        assert got[0] == pytest.approx(best[0], rel=1e-12)
+        assert got[1] == pytest.approx(best[1], rel=1e-12)
