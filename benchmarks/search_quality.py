@@ -11,7 +11,8 @@ and flagged. Then ``better-or-equal <k>/<n>, mean speedup <x>, max search <s> s`
 Then, on heterogeneous models (:data:`HETERO`: dense and MoE blocks, sliding and global
 attention, linear and full attention), the best uniform plan (one recompute mode for all blocks,
 balanced stage cuts: ``SpaceLimits(layerwise=False)``) and the best layer-wise plan (per-block
-recomputation, uneven cuts) side by side, with what layer-wise choice buys. ``--no-hetero`` skips
+recomputation, uneven cuts) side by side, with what layer-wise choice buys (per-block
+recomputation as blocks per mode: ``n`` none, ``s`` selective, ``o`` selective-op, ``f`` full). ``--no-hetero`` skips
 them; ``--hetero-only`` skips the published records. A time marked ``*`` is the best found before
 ``--time-limit`` stopped that search.
 
@@ -128,8 +129,9 @@ HETERO = [
 
 def _describe(e) -> str:
     c = e.config
+    short = {"none": "n", "selective": "s", "selective-op": "o", "full": "f"}
     rc = c.recompute if isinstance(c.recompute, str) else "/".join(
-        f"{m[0]}{c.recompute.count(m)}" for m in ("none", "selective", "full")
+        f"{short[m]}{c.recompute.count(m)}" for m in autopar.config.RECOMPUTE_MODES
         if m in c.recompute)
     return (f"tp{c.tp} pp{c.pp} dp{c.dp} cp{c.cp} ep{c.ep}"
             f"{f' etp{c.etp}' if c.folded else ''} z{c.zero_stage} "

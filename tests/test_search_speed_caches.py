@@ -185,3 +185,23 @@ def test_zero_stages_one_to_three_share_the_recompute_free_bound(cm, tp, pp, sch
             return
     assert max(bounds) - min(bounds) <= 1e-12 * max(bounds)
     assert all(bounds[0] <= s * (1 + phases.BOUND_RTOL) for s in steps)
+
+
+def test_a_search_leaves_no_reference_cycles(cm):
+    """The search pauses the cyclic collector (autopar.search.optimize._collector_paused): that
+    only holds memory flat if reference counting frees all it allocates, i.e. it makes no
+    reference cycles (a recursive closure left one per call before; dropped after use now)."""
+    import gc
+
+    from autopar.search.optimize import search
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        search(CostModel(cm.graph, cm.cluster, cm.train), fixed={"tp": 2})
+        gc.collect()
+        garbage = [type(o).__name__ + ":" + getattr(o, "__qualname__", "") for o in gc.garbage]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert gc.isenabled()
+    assert garbage == []

@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from ..config import ParallelConfig
+from ..config import RECOMPUTE_MODES, ParallelConfig
 from ..cost.types import Estimate
 from ..errors import AutoparError
 from ..frameworks import get_profile
@@ -28,7 +28,7 @@ def fixes_to_fit(problem: Problem, config: ParallelConfig) -> list[tuple[str, Es
     c = cm.resolve(config)
     cands: dict[str, dict] = {}
     single: list[tuple[str, dict]] = []
-    for rc in ("selective", "full"):
+    for rc in RECOMPUTE_MODES[1:]:   # the framework's own are kept below
         if c.recompute != rc:
             single.append((f"recompute {rc}", {"recompute": rc}))
     if c.dp * c.cp > 1:

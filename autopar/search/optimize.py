@@ -22,8 +22,10 @@ gives the same plan; runner-ups are one per kind of plan (:mod:`autopar.search.r
 
 from __future__ import annotations
 
+import gc
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..cost.model import CostModel
@@ -86,6 +88,33 @@ def search(cm: CostModel, fixed: dict | None = None, *, time_limit_s: float | No
         InvalidParallelConfig: ``fixed`` has unknown keys or bad values.
         InfeasibleError: nothing fits; the message names the binding constraint and a fix.
     """
+    with _collector_paused():
+        return _search(cm, fixed, time_limit_s=time_limit_s, top_k=top_k, progress=progress,
+                       limits=limits, require_fit=require_fit)
+
+
+@contextmanager
+def _collector_paused():
+    """Pause Python's cyclic garbage collector for the duration (restored after, also on
+    errors). A search allocates millions of short-lived objects beside its large caches; each
+    automatic collection of the oldest generation traverses every tracked object of the process
+    (CPython ``gc`` module documentation: collection is triggered by allocation counts, and a
+    full collection examines all tracked objects), and the search leaves no reference cycles to
+    free (tests/test_search_speed_caches.py), so those collections only cost time (about a sixth
+    of the GPT-3 175B benchmark's search). Reference counting still frees everything at once."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _search(cm: CostModel, fixed: dict | None, *, time_limit_s: float | None, top_k: int,
+            progress: Progress | None, limits: space.SpaceLimits | None,
+            require_fit: bool) -> SearchResult:
+    """:func:`search` itself (with the collector paused by the caller)."""
     t0 = time.monotonic()
     fixed = space.check_fixed(fixed)
     limits = limits or space.SpaceLimits()

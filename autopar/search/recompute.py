@@ -1,7 +1,10 @@
 """Per-block recomputation chosen by OR-Tools CP-SAT under each pipeline rank's memory.
 
-Given a resolved configuration, choose for every decoder block none / selective / full
-recomputation so as to minimise the pipelined step time
+Not the search's own solver (that is :func:`autopar.search.cuts.rank_recompute`, exact, with
+every layer's transient and the optimizer step's temporaries, which this model leaves out): a
+CP-SAT formulation kept for its determinism test. Given a resolved configuration, choose for
+every decoder block one of ``modes`` (any of :data:`autopar.config.RECOMPUTE_MODES`; by default
+none / selective / full) so as to minimise the pipelined step time
 ``m * max_i t_i + (sum_i t_i - max_i t_i) / v`` (see :mod:`autopar.cost.model`) subject to every
 rank's peak memory fitting the GPU. Identical blocks on a rank are interchangeable, so the model
 uses one integer per (rank, block signature, mode) counting how many blocks take that mode

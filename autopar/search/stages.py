@@ -3,8 +3,9 @@
 Recomputation. A faster pipeline rank never makes the step slower (the pipeline is a max-plus
 system, monotone in every duration, and a slower bottleneck hides at most ``dp_overlap`` < 1 of
 its extra time behind DP traffic while adding at least m times it), so each rank independently
-takes its fastest mix of none / selective / full recomputation that fits its memory, found
-exactly for any mix of block kinds by :func:`autopar.search.cuts.rank_recompute`.
+takes its fastest mix of the recompute modes the framework runs (none / selective /
+selective-op / full, each a choice of its own) that fits its memory, found exactly for any mix of
+block kinds by :func:`autopar.search.cuts.rank_recompute`.
 
 Stage cuts. Blocks per pipeline chunk are enumerated exhaustively when the compositions are few,
 otherwise taken from a neighbourhood of the balanced cut that moves blocks off the first and last
