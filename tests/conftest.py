@@ -1,11 +1,51 @@
-"""Shared fixtures: small graphs and clusters extracted once per session."""
+"""Shared fixtures: small graphs and clusters extracted once per session; how pytest-xdist may
+split the suite between processes."""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
 
 import autopar
 from autopar.api import model_graph
+
+#: Hypothesis defaults for every property test (a test's own ``settings`` override them):
+#: the same examples on every run (project rule: deterministic results), no example database
+#: written into the checkout (parallel workers would share it), and no per-example deadline
+#: (tests assert values, never wall-clock time; a loaded machine made deadlines flaky).
+settings.register_profile("autopar", derandomize=True, database=None, deadline=None)
+settings.load_profile("autopar")
+
+#: Test files whose tests share nothing (no module-scoped fixture, no module-level state), so
+#: pytest-xdist may run each of their tests in any worker. Every other file runs whole in one
+#: worker: its module fixtures are built once, and tests such as test_fuzz.py's total count or
+#: test_apply_rules.py's "checked varied plans" see every test of their file.
+INDEPENDENT_FILES = frozenset({"test_search.py", "test_api.py"})
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The unit of work pytest-xdist hands to one worker for the test ``nodeid``: its file, or
+    the test itself in :data:`INDEPENDENT_FILES`."""
+    path = nodeid.split("::", 1)[0]
+    return nodeid if path.rsplit("/", 1)[-1] in INDEPENDENT_FILES else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``pytest -n N`` (README's test command; xdist's default ``--dist load``), schedule by
+    :func:`xdist_scope`: pytest-xdist's ``loadscope`` scheduler (largest units first, more work
+    to a worker as it runs dry) with that unit. Written as a scheduler because pytest 9.2 items
+    ignore the node-id rename that xdist 3.8's ``--dist loadgroup`` relies on. Other ``--dist``
+    modes are left to xdist. Only called when pytest-xdist is installed."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileOrTestScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return FileOrTestScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -92,9 +92,16 @@ def test_plausibility_warning_above_the_best_published_only():
     assert plausibility_warnings(0.99, Regime("torch", "fp32", "volta", "data")) == ()
 
 
-def test_every_estimate_carries_its_band_and_the_summary_prints_it():
+@pytest.fixture(scope="module")
+def megatron_8b_plan():
+    """Llama 3 8B searched for Megatron on 8 H100 (global batch 64 x 4096), once for the
+    module."""
     train = autopar.TrainingConfig(global_batch_size=64, seq_len=4096, framework="megatron")
-    plan = autopar.optimize("llama3-8b", H100, train)
+    return autopar.optimize("llama3-8b", H100, train)
+
+
+def test_every_estimate_carries_its_band_and_the_summary_prints_it(megatron_8b_plan):
+    plan = megatron_8b_plan
     e = plan.estimate
     assert e.error_band is not None and 0 < e.error_band.half_width < 1
     assert e.error_band.cell[0] == "megatron"
@@ -109,9 +116,8 @@ def test_every_estimate_carries_its_band_and_the_summary_prints_it():
     assert loaded.estimate.error_band == e.error_band
 
 
-def test_runner_up_inside_the_band_is_reported():
-    train = autopar.TrainingConfig(global_batch_size=64, seq_len=4096, framework="megatron")
-    plan = autopar.optimize("llama3-8b", H100, train)
+def test_runner_up_inside_the_band_is_reported(megatron_8b_plan):
+    plan = megatron_8b_plan
     best, band = plan.estimate, plan.estimate.error_band
     near = replace(best, step_time_s=best.step_time_s * (1 + band.half_width / 2))
     far = replace(best, step_time_s=best.step_time_s * (1 + 2 * band.half_width))
