@@ -69,11 +69,29 @@ def _model_config(model) -> ModelConfig | None:
         f"{type(model).__name__}. Fix: e.g. autopar.optimize('llama2-70b', ...).")
 
 
-def default_training(model_cfg: ModelConfig | None, cluster: Cluster) -> TrainingConfig:
-    """The training config used when none is given: the model's sequence length (2048 for a
-    module) and a global batch of about :data:`DEFAULT_TOKENS_PER_STEP` tokens, rounded up to a
-    multiple of the GPU count."""
-    seq = model_cfg.seq_len if model_cfg else 2048
+#: Longest default sequence taken from a Hugging Face config: ``max_position_embeddings`` is
+#: the context after long-context extension (DeepSeek-V3 163840, Qwen3-Next 262144), while
+#: pretraining runs far shorter sequences (DeepSeek-V3 4096, arXiv 2412.19437 section 4.2;
+#: Llama 3 8192, arXiv 2407.21783 section 3.4).
+MAX_DEFAULT_SEQ_LEN = 8192
+
+
+def default_training(model_cfg: ModelConfig | None, cluster: Cluster, seq_len: int | None = None,
+                     model=None) -> TrainingConfig:
+    """The training config used when none is given: ``seq_len`` when given, else the model's
+    sequence length (a Hugging Face preset's ``max_position_embeddings`` up to
+    :data:`MAX_DEFAULT_SEQ_LEN`; 2048 for a module), and a global batch of about
+    :data:`DEFAULT_TOKENS_PER_STEP` tokens at that length, rounded up to a multiple of the GPU
+    count."""
+    if seq_len is not None:
+        seq = seq_len
+    elif model_cfg is not None:
+        seq = model_cfg.seq_len
+    elif isinstance(model, str) and model in hf.HF_PRESETS:
+        positions = hf.describe(model).get("positions")
+        seq = min(positions, MAX_DEFAULT_SEQ_LEN) if positions else 2048
+    else:
+        seq = 2048
     world = cluster.world_size
     gbs = max(1, DEFAULT_TOKENS_PER_STEP // seq)
     gbs = -(-gbs // world) * world
@@ -154,9 +172,9 @@ def _required(f) -> bool:
     return f.default is MISSING and f.default_factory is MISSING
 
 
-def _train(train, model_cfg, cluster) -> TrainingConfig:
+def _train(train, model_cfg, cluster, model=None) -> TrainingConfig:
     if train is None:
-        return default_training(model_cfg, cluster)
+        return default_training(model_cfg, cluster, model=model)
     if isinstance(train, dict):
         return _from_dict(TrainingConfig, train, InvalidTrainingConfig)
     if not isinstance(train, TrainingConfig):
@@ -242,7 +260,7 @@ def estimate(model: Any, cluster: Cluster | str, train: TrainingConfig | dict,
     """
     cl = as_cluster(cluster)
     cfg_model = _model_config(model)
-    tr = _train(train, cfg_model, cl)
+    tr = _train(train, cfg_model, cl, model)
     cl, params = with_calibration(cl, params, calibration, tr.precision)
     config = _parallel(config)
     graph, _ = model_graph(model, tr)
@@ -289,7 +307,7 @@ def optimize(model: Any, cluster: Cluster | str, train: TrainingConfig | dict | 
     memory_margin = check_margin(memory_margin)
     cl = as_cluster(cluster)
     cfg_model = _model_config(model)
-    tr = _train(train, cfg_model, cl)
+    tr = _train(train, cfg_model, cl, model)
     cl, params = with_calibration(cl, params, calibration, tr.precision)
     graph, cfg_model = model_graph(model, tr)
     cm = CostModel(graph, cl, tr, params)

@@ -200,3 +200,19 @@ def test_sequence_beyond_the_models_positions_is_warned(model, seq, expect):
                               dataclasses.replace(train, seq_len=2048),
                               autopar.ParallelConfig(tp=8, pp=4, recompute="full"))
     assert not any("positions" in w for w in inside.warnings)
+
+
+def test_default_batch_follows_the_sequence_asked_for():
+    # the default global batch was worked out at the model's length, not --seq-len's:
+    # llama2-7b at 100000 tokens planned 1024 sequences (102M tokens a step)
+    from autopar.api import DEFAULT_TOKENS_PER_STEP, default_training
+    cluster = autopar.Cluster.from_spec("1x8xA100-80GB")
+    for seq in (1024, 100_000):
+        tr = default_training(get_config("llama2-7b"), cluster, seq_len=seq)
+        assert tr.seq_len == seq
+        assert DEFAULT_TOKENS_PER_STEP <= tr.global_batch_size * seq \
+            < DEFAULT_TOKENS_PER_STEP + 8 * seq
+    # a Hugging Face preset: its positions (capped), not 2048
+    pytest.importorskip("transformers")
+    assert default_training(None, cluster, model="hf-tiny-llama").seq_len == 128
+    assert default_training(None, cluster, model="hf-deepseek-v3").seq_len == 8192

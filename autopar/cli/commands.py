@@ -228,7 +228,7 @@ def _margin(text: str) -> float:
         value = -1.0
     if not 0 <= value <= MAX_MEMORY_MARGIN:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a fraction in [0, {MAX_MEMORY_MARGIN}] (e.g. 0.1 keeps 10%% free)")
+            f"{text!r} is not a fraction in [0, {MAX_MEMORY_MARGIN}] (e.g. 0.1 keeps 10% free)")
     return value
 
 
@@ -338,7 +338,8 @@ def _problem(args) -> tuple[Problem, dict, list[str]]:
         if imp.num_layers and blocks and imp.num_layers != blocks:
             notes.append(f"the arguments say {imp.num_layers} layers; the model has {blocks}.")
     par.update(_parallel(args))
-    default = api.default_training(api._model_config(model), cluster)
+    default = api.default_training(api._model_config(model), cluster,
+                                   seq_len=args.seq_len or tr.get("seq_len"), model=model)
     mbs = par.get("micro_batch_size", tr.get("micro_batch_size"))
     train = TrainingConfig(
         global_batch_size=(args.global_batch if args.global_batch is not None

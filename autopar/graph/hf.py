@@ -201,8 +201,8 @@ def list_presets() -> list[str]:
 
 def describe(name: str) -> dict:
     """Preset ``name`` as plain JSON: its transformers model class, layer count, hidden size,
-    vocabulary (counts, from the config class with the preset's arguments; no model is built)
-    and source.
+    vocabulary, positions (``max_position_embeddings``; counts, from the config class with the
+    preset's arguments; no model is built) and source.
 
     Raises:
         InvalidModelConfig: unknown preset name.
@@ -217,7 +217,9 @@ def describe(name: str) -> dict:
     return {"name": name, "model_class": preset.model_class,
             "layers": getattr(config, "num_hidden_layers", None),
             "hidden": getattr(config, "hidden_size", None),
-            "vocabulary": getattr(config, "vocab_size", None), "source": preset.source}
+            "vocabulary": getattr(config, "vocab_size", None),
+            "positions": getattr(config, "max_position_embeddings", None),
+            "source": preset.source}
 
 
 def _transformers():
