@@ -472,3 +472,15 @@ def test_deepspeed_overlap_comm_is_what_the_estimate_priced():
                                 fixed={"zero_stage": zero, "tp": 1, "pp": 1}, top_k=1)
         z = plan.to_deepspeed_config().value["zero_optimization"]
         assert z["overlap_comm"] is get_profile("deepspeed").overlap_dp_grad_reduce is False
+
+
+def test_an_export_that_leaves_no_room_for_the_memory_error_says_so():
+    # the torch plan at 67.6 GB is written as Megatron runs it (ZeRO-1, 1F1B): 80.4 GB of 85.1,
+    # which the re-estimate warns about as an estimate would (the verdict only said "fits")
+    plan = _fixed_plan("llama2-70b", "4x8xA100-80GB", 1024, 4096,
+                       dict(tp=4, pp=4, dp=2, cp=1, zero_stage=2, recompute="none",
+                            sequence_parallel=True, micro_batch_size=1, virtual_stages=1,
+                            schedule="interleaved-zero-bubble"))
+    ex = plan.to_megatron_args()
+    assert any(w.startswith("memory: ") and "may not fit on the first try" in w
+               for w in ex.warnings), ex.warnings

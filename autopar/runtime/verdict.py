@@ -122,6 +122,8 @@ def verdict(plan, written: ParallelConfig, framework: str,
             f"(plan {pe.memory_per_gpu_bytes / _GB:.1f} GB) of {e.memory_limit_bytes / _GB:.1f}"
             f" GB: " + ("fits" if e.fits else "DOES NOT FIT"))
     lines = [head]
+    # the headroom warning of what the file runs (its memory differs from the plan's)
+    lines += [w for w in e.warnings if w.startswith("memory: ")]
     if refused is not None:
         lines.append(f"{profile.name} cannot run it as written: {refused}")
     if not fits:
