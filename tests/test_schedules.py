@@ -270,3 +270,18 @@ def test_the_schedule_picture_replays_the_estimate():
         assert max(start + d for _, _, start, d, _, _ in events) == pytest.approx(pipe)
         assert {k for _, k, *_ in events} >= {"F", "I", "W"} or s == "dualpipev"
         assert all(0 <= chunk < 2 for *_, chunk, _ in events)
+
+
+def test_stage_table_places_v_schedule_chunks_in_a_v():
+    # rank 0 of a V holds the first and the last chunk, so the embedding and the head; the
+    # table showed round-robin chunks (the head on the last rank) while the cost model had a V
+    from autopar.report.tables import stage_rows
+    for schedule in ("dualpipev", "zbv-zero-bubble"):
+        e = autopar.estimate("llama2-7b", "1x8xA100-80GB",
+                             autopar.TrainingConfig(global_batch_size=64, seq_len=2048),
+                             autopar.ParallelConfig(tp=2, pp=4, dp=1, schedule=schedule,
+                                                    recompute="full"))
+        rows = stage_rows(e)
+        assert rows[0]["extra"] == ["embedding", "head"], schedule
+        assert rows[0]["blocks"] == [0, 1, 2, 3, 28, 29, 30, 31], rows[0]["blocks"]
+        assert rows[3]["blocks"] == list(range(12, 20)) and rows[3]["extra"] == []

@@ -7,6 +7,7 @@ from collections import Counter
 
 from rich.table import Table
 
+from ..cost.pipeline_orders import stage_rank
 from ..cost.types import Estimate
 from .explain import Comparison, config_diff, link_name
 from .summary import accumulation_why, gap_text, plural, runner_up_note
@@ -67,7 +68,8 @@ def _ranges(blocks: list[int]) -> str:
 
 
 def stage_rows(e: Estimate) -> list[dict]:
-    """Per pipeline rank: its decoder blocks, extra layers, recompute modes and costs."""
+    """Per pipeline rank: its decoder blocks, extra layers, recompute modes and costs (chunks
+    placed as :func:`autopar.cost.pipeline_orders.stage_rank` places them)."""
     c = e.config
     counts = list(c.stage_blocks or (0,))
     nblocks = sum(counts)
@@ -75,7 +77,8 @@ def stage_rows(e: Estimate) -> list[dict]:
     starts = [sum(counts[:i]) for i in range(len(counts))]
     rows = []
     for rank in range(c.pp):
-        chunks = [ci for ci in range(len(counts)) if ci % c.pp == rank]
+        # chunk ci's rank as the cost model places it (a V for zbv-zero-bubble/dualpipev)
+        chunks = [ci for ci in range(len(counts)) if stage_rank(ci, c.pp, c.schedule) == rank]
         blocks = [b for ci in chunks for b in range(starts[ci], starts[ci] + counts[ci])]
         extra = []
         if 0 in chunks:
