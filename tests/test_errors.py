@@ -219,3 +219,12 @@ def test_unwritable_outputs_are_our_error(tmp_path):
 
     assert main(["plan", "--model", "tiny-llama", "--cluster", "1x8xA100-80GB", "--global-batch",
                  "16", "--seq-len", "32", "--plot", str(tmp_path / "nope" / "x.png")]) == 2
+
+
+def test_pinned_degrees_whose_product_does_not_divide_the_gpus_are_named():
+    # tp=4 pp=4 on 8 GPUs was reported as "pp=4 breaks: pp must divide the GPUs", which it does
+    with pytest.raises(autopar.InfeasibleError) as info:
+        autopar.optimize("llama2-7b", "1x8xA100-80GB", TRAIN, fixed={"tp": 4, "pp": 4})
+    msg = str(info.value)
+    assert "tp=4 x pp=4 = 16 GPUs per data-parallel replica do not divide the 8 GPUs" in msg
+    assert "pp in [1, 2]" in msg

@@ -90,6 +90,20 @@ def no_mesh_error(cm: CostModel, fixed: dict) -> AutoparError:
             except InvalidParallelConfig as exc:
                 return InfeasibleError(f"{head} with fixed={fixed}: {exc}")
         return InfeasibleError(f"{head} with fixed={fixed}. Fix: relax fixed=.")
+    pinned = {k: fixed[k] for k in ("tp", "cp", "pp", "dp")
+              if isinstance(fixed.get(k), int) and fixed[k] >= 1}
+    product = math.prod(pinned.values())
+    if len(pinned) > 1 and world % product:
+        names = " x ".join(f"{k}={v}" for k, v in pinned.items())
+        last = list(pinned)[-1]
+        rest = {k: v for k, v in fixed.items() if k != last}
+        options = sorted({m[("tp", "cp", "pp", "dp").index(last)]
+                          for m in space.meshes(g, cm.cluster, any_batch, rest, limits)})
+        hint = f" e.g. {last} in {options[:12]} with the others as pinned," if options else ""
+        return InfeasibleError(
+            f"{head}: the pinned degrees {names} = {product} GPUs per data-parallel replica "
+            f"do not divide the {world} GPUs (tp x cp x pp x dp = GPUs). Fix: pin degrees "
+            f"whose product divides {world},{hint} or leave some to autopar.")
     for key in sorted(k for k in fixed if k in _RULES):
         rest = {k: v for k, v in fixed.items() if k != key}
         options = sorted({m[("tp", "cp", "pp", "dp").index(key)]

@@ -77,14 +77,9 @@ def search_with_margin(cm: CostModel, fixed: dict | None = None, *,
         r = search(derated(cm, memory_margin), fixed, **options)
     except InfeasibleError as exc:
         free = cm.device.visible_memory_bytes * memory_margin / 1e9
-        try:
-            tight = search(cm, fixed, top_k=1, time_limit_s=options.get("time_limit_s")).best
-        except InfeasibleError:
-            vis = cm.device.visible_memory_bytes
-            raise InfeasibleError(
-                f"{exc} ({vis * (1 - memory_margin) / 1e9:.0f} GB is what memory_margin="
-                f"{memory_margin:g} leaves of the GPU's {vis / 1e9:.1f} GB; nothing fits "
-                "without the margin either)") from None
+        # without the margin: when nothing fits either, that search's error is the reason
+        # (a layout rule, or memory at the GPU's own capacity), and the margin is beside it
+        tight = search(cm, fixed, top_k=1, time_limit_s=options.get("time_limit_s")).best
         use = tight.memory_per_gpu_bytes / tight.memory_limit_bytes
         raise InfeasibleError(
             f"infeasible within memory_margin={memory_margin:g} ({free:.1f} GB per GPU kept "
