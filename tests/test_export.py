@@ -346,6 +346,21 @@ def test_torchtitan_export_imports_back_as_the_written_configuration():
     assert imp.parallel["micro_batch_size"] == plan.config.micro_batch_size
 
 
+@pytest.mark.parametrize("schedule, v, cuts", [
+    ("interleaved-zero-bubble", 1, (8, 8, 8, 8)),
+    ("interleaved-1f1b", 2, (3, 5, 4, 4, 4, 4, 4, 4)),
+])
+def test_torchtitan_pipeline_chunks_import_back_exactly(schedule, v, cuts):
+    # the importer ignored module_fqns_per_model_part and took torchtitan's default 2 stages
+    # per rank: a pp=8 v=1 plan came back as 16 chunks of 5 (found by the new-user pass)
+    from autopar.io.importers import from_torchtitan_toml
+    plan = _fixed_plan("llama2-7b", "1x8xA100-80GB", 64, 4096,
+                       dict(tp=2, pp=4, dp=1, schedule=schedule, virtual_stages=v,
+                            stage_blocks=cuts, recompute="full"), framework="torchtitan")
+    imp = from_torchtitan_toml(plan.to_torchtitan_toml().text())
+    assert imp.parallel["stage_blocks"] == cuts and imp.parallel["virtual_stages"] == v
+
+
 def _layer_model(layers: int) -> dict:
     return {"name": f"llama-{layers}l", "family": "llama", "num_layers": layers,
             "hidden_size": 64, "num_heads": 4, "num_kv_heads": 2, "ffn_hidden_size": 176,

@@ -312,6 +312,15 @@ def from_torchtitan_toml(source: str | Path) -> Imported:
             par["schedule"] = "gpipe"
         elif schedule != "1f1b":
             notes.append(f"pipeline schedule {schedule!r} is modelled as 1F1B.")
+    parts = para.get("module_fqns_per_model_part")
+    if isinstance(parts, list) and parts and all(isinstance(p, list) for p in parts):
+        # the exact chunks (torchtitan's pipeline_module_split; autopar's export writes them):
+        # one model part per pipeline chunk, its decoder blocks the "layers.N" entries
+        par["stage_blocks"] = tuple(sum(1 for fqn in p if str(fqn).startswith("layers."))
+                                    for p in parts)
+        pp = par.get("pp", 1)
+        if pp > 1 and len(parts) % pp == 0:
+            par["virtual_stages"] = len(parts) // pp
     local = integer(training, "local_batch_size", "training")
     if local is None:
         local = integer(training, "batch_size", "training")
