@@ -166,6 +166,11 @@ def test_autopar_estimate_plan_re_estimates_an_edited_file(tmp_path, plan_dict, 
                  "--tp", "1", "--json"]) == 0     # flags override the file's problem and choices
     out = json.loads(capsys.readouterr().out)
     assert (out["config"]["tp"], out["config"]["dp"]) == (1, 4)   # dp re-derived
+    # another cluster: dp follows its GPUs (the fix said "leave dp unset", which a file can't)
+    assert main(["estimate", "--plan", str(path), "--cluster", "2x8xA100-80GB", "--global-batch",
+                 "64", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["config"]["tp"], out["config"]["pp"], out["config"]["dp"]) == (2, 2, 4)
     del d["config"]["zero_stage"]
     path.write_text(json.dumps(d))
     assert main(["estimate", "--plan", str(path)]) == 2

@@ -298,6 +298,9 @@ def _plan_problem(args) -> tuple[Problem, dict, list[str]]:
                               **{k: v for k, v in given.items() if v is not None}})
     par = dict(kw["config"].__dict__)
     flags = _parallel(args)
+    if args.cluster and "dp" not in flags:
+        # another cluster: dp is what its GPUs leave over (as with --tp/--pp/--cp edits)
+        par["dp"] = None
     for key in flags:
         for derived in _DERIVED.get(key, ()):
             if derived not in flags:
