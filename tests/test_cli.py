@@ -218,3 +218,14 @@ def test_every_flag_is_documented():
             for flag in action.option_strings:
                 if flag.startswith("--") and flag != "--help":
                     assert f"`{flag}" in doc, f"{name} {flag} missing from docs/cli.md"
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--out", "/nonexistent-folder/p.json"], "no such folder"),
+    (["--export", "jax", "x.txt"], "autopar exports to megatron"),
+    (["--export", "megatron", "/nonexistent-folder/a.txt"], "no such folder"),
+])
+def test_outputs_are_checked_before_the_search(capsys, flags, words):
+    # these failed only after the search had run (seconds to minutes on a large problem)
+    code, out, err = run(capsys, "plan", *TINY, *flags)
+    assert code == 2 and words in err and "searching" not in err, err

@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import errno
+import importlib.util
+import os
 import json
 import signal
 import sys
@@ -441,6 +444,32 @@ EXPORTERS = {"megatron": "to_megatron_args", "torchtitan": "to_torchtitan_toml",
              "deepspeed": "to_deepspeed_config"}
 
 
+def _check_outputs(args) -> None:
+    """Fail before any search on what would fail after it: an unknown ``--export`` framework,
+    an output path in a folder that does not exist or cannot be written, ``--plot`` without
+    matplotlib.
+
+    Raises:
+        InvalidTrainingConfig, OutputError, MissingDependency: as :func:`_export`, the plan
+            writer and the plot would.
+    """
+    export = getattr(args, "export", None)
+    if export and export[0] not in EXPORTERS:
+        raise InvalidTrainingConfig(f"--export {export[0]!r}: autopar exports to "
+                                    f"{', '.join(EXPORTERS)}. Fix: e.g. --export megatron args.txt")
+    paths = [getattr(args, "out", None), export[1] if export else None,
+             getattr(args, "plot", None)]
+    for path in filter(None, paths):
+        folder = Path(path).resolve().parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise output_error(path, OSError(errno.ENOENT if not folder.is_dir() else errno.EACCES,
+                                             "no such folder" if not folder.is_dir()
+                                             else "folder not writable"))
+    if getattr(args, "plot", None) and importlib.util.find_spec("matplotlib") is None:
+        raise MissingDependency("--plot needs matplotlib, which is not installed. Fix: pip "
+                                "install \"autopar[plot]\" (or pip install matplotlib).")
+
+
 def _export(args, plan) -> dict | None:
     """Write ``--export FRAMEWORK FILE``; returns what was written and its verdict.
 
@@ -653,6 +682,7 @@ def run(argv=None) -> int:
             if data is not None:
                 print(json.dumps(data, indent=2, sort_keys=True, default=str))
             return 0
+        _check_outputs(args)
         problem, par, notes = _problem(args)  # graph extraction: Ctrl-C here ends the command
         if args.command == "estimate":
             _finish(args, _cmd_estimate(args, problem, par, notes, out), err)
