@@ -259,7 +259,8 @@ def _framework(args) -> str:
 
 def _imported(args) -> Imported | None:
     if getattr(args, "megatron_args", None) and getattr(args, "torchtitan_toml", None):
-        raise InvalidTrainingConfig("give --megatron-args or --torchtitan-toml, not both.")
+        raise InvalidTrainingConfig("give --megatron-args or --torchtitan-toml, not both. Fix: "
+                                    "drop one; they would set the same choices.")
     if getattr(args, "megatron_args", None):
         return from_megatron_args(args.megatron_args)
     if getattr(args, "torchtitan_toml", None):
@@ -281,7 +282,8 @@ def _plan_problem(args) -> tuple[Problem, dict, list[str]]:
     from ..io.planfile import check_plan
     from ..plan import read_plan_json
     if args.megatron_args or args.torchtitan_toml:
-        raise InvalidTrainingConfig("give --plan or --megatron-args/--torchtitan-toml, not both.")
+        raise InvalidTrainingConfig("give --plan or --megatron-args/--torchtitan-toml, not both. "
+                                    "Fix: drop one; they would set the same choices.")
     kw = check_plan(read_plan_json(args.plan))
     if kw["model_config"] is None and args.model is None and kw.get("model") in hf.HF_PRESETS:
         args.model = kw["model"]   # a Hugging Face preset's plan: rebuilt from its name
@@ -426,8 +428,8 @@ class _Interrupt:
 def _money(args, rows):
     if args.tokens is None:
         if args.price_per_gpu_hour is not None:
-            raise InvalidTrainingConfig("--price-per-gpu-hour needs --tokens (the run's length, "
-                                        "e.g. --tokens 2e12).")
+            raise InvalidTrainingConfig("--price-per-gpu-hour needs --tokens (the run's length). "
+                                        "Fix: add e.g. --tokens 2e12.")
         return None
     return [(name, e, run_cost(e, args.tokens, args.price_per_gpu_hour,
                                e.config.tp * e.config.pp * e.config.cp * e.config.dp))

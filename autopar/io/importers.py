@@ -87,7 +87,8 @@ class Imported:
             if num_blocks % per:
                 raise InvalidParallelConfig(
                     f"the model's {num_blocks} blocks are not a multiple of pp x "
-                    f"--num-layers-per-virtual-pipeline-stage = {per}.")
+                    f"--num-layers-per-virtual-pipeline-stage = {per}. Fix: a layer count "
+                    f"per virtual stage that splits {num_blocks} blocks evenly over pp ranks.")
             par["virtual_stages"] = num_blocks // per
         if self.local_batch_size is not None and "global_batch_size" not in train:
             mp = par.get("tp", 1) * pp * par.get("cp", 1)
@@ -100,7 +101,9 @@ class _Parser(argparse.ArgumentParser):
     """argparse that raises our error instead of exiting."""
 
     def error(self, message):  # noqa: D401 - argparse hook
-        raise InvalidParallelConfig(f"cannot read the Megatron-LM arguments: {message}.")
+        raise InvalidParallelConfig(f"cannot read the Megatron-LM arguments: {message}. Fix: "
+                                    "give them as Megatron-LM's command line takes them, e.g. "
+                                    "\"--tensor-model-parallel-size 4 --sequence-parallel\".")
 
 
 def _megatron_parser() -> argparse.ArgumentParser:
@@ -183,7 +186,9 @@ def from_megatron_args(text: str | list[str]) -> Imported:
             if ns.num_layers % per:
                 raise InvalidParallelConfig(
                     f"--num-layers {ns.num_layers} is not a multiple of pp x "
-                    f"--num-layers-per-virtual-pipeline-stage = {per}.")
+                    f"--num-layers-per-virtual-pipeline-stage = {per}. Fix: a layer count "
+                    f"per virtual stage that splits {ns.num_layers} layers evenly over pp "
+                    "ranks.")
             par["virtual_stages"] = ns.num_layers // per
     if ns.fp8_format:
         train["precision"] = "fp8"
@@ -223,7 +228,9 @@ def from_torchtitan_toml(source: str | Path) -> Imported:
         try:
             text = Path(source).read_text()
         except OSError as exc:
-            raise InvalidParallelConfig(f"cannot read torchtitan TOML {source}: {exc}.") from exc
+            raise InvalidParallelConfig(f"cannot read torchtitan TOML {source}: "
+                                        f"{exc.strerror or exc}. Fix: pass the path of an "
+                                        "existing job TOML (or its text).") from exc
     try:
         import tomllib
     except ImportError:  # Python 3.10
@@ -235,7 +242,9 @@ def from_torchtitan_toml(source: str | Path) -> Imported:
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise InvalidParallelConfig(f"torchtitan TOML is not valid TOML: {exc}.") from exc
+        raise InvalidParallelConfig(f"torchtitan TOML is not valid TOML: {exc}. Fix: the file "
+                                    "must be a torchtitan job TOML ([parallelism], [training], "
+                                    "...) as torchtitan's --job.config_file takes.") from exc
     para = doc.get("parallelism", {})
     training = doc.get("training", {})
     ac = doc.get("activation_checkpoint", {})
