@@ -159,30 +159,27 @@ def test_ctrl_c_in_the_cli_prints_the_best_plan_so_far(tmp_path):
     assert plan.estimate.fits and "autopar plan: gpt3-175b" in out
 
 
+def _on_import(module: str) -> str:
+    """Child-process code that sends itself SIGINT when ``module`` is first imported."""
+    return f"""
+class Hook:
+    def find_spec(self, name, path=None, target=None):
+        if name == {module!r}:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, Hook())
+"""
+
+
 #: Child processes that send themselves SIGINT at one point of start-up, under Python's default
 #: handler, as a Ctrl-C pressed at that moment would: while torch is being imported (an import
 #: hook), or during graph extraction (autopar.api.model_graph wrapped).
 _HOOKS = {
-    "import": """
-class Hook:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch":
-            sys.meta_path.remove(self)
-            os.kill(os.getpid(), signal.SIGINT)
-        return None
-sys.meta_path.insert(0, Hook())
-""",
+    "import": _on_import("torch"),
     # torch._C imports numpy from C and clears a KeyboardInterrupt raised inside that import, so
     # the key press was lost (the whole search ran, rc 0) or numpy was left half-imported
-    "numpy": """
-class Hook:
-    def find_spec(self, name, path=None, target=None):
-        if name == "numpy":
-            sys.meta_path.remove(self)
-            os.kill(os.getpid(), signal.SIGINT)
-        return None
-sys.meta_path.insert(0, Hook())
-""",
+    "numpy": _on_import("numpy"),
     "extraction": """
 import autopar.api as api
 extract = api.model_graph
