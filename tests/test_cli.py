@@ -229,3 +229,9 @@ def test_outputs_are_checked_before_the_search(capsys, flags, words):
     # these failed only after the search had run (seconds to minutes on a large problem)
     code, out, err = run(capsys, "plan", *TINY, *flags)
     assert code == 2 and words in err and "searching" not in err, err
+
+
+def test_sequence_parallel_at_tp_1_is_noted(capsys):
+    code, out, err = run(capsys, "estimate", *TINY, "--tp", "1", "--sp", "--json")
+    assert code == 0, err
+    assert any("needs tp > 1: ignored at tp=1" in n for n in json.loads(out)["notes"])

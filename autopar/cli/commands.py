@@ -560,6 +560,9 @@ def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
 
 def _cmd_estimate(args, problem, par, notes, out) -> dict:
     est = problem.estimate(ParallelConfig(**par))
+    if par.get("sequence_parallel") and est.config.tp == 1:
+        notes = [*notes, "sequence parallelism shards the ops tensor parallelism replicates, so "
+                         "it needs tp > 1: ignored at tp=1"]
     fixes = [] if est.fits else fixes_to_fit(problem, est.config)
     money = _money(args, [("yours" + ("" if est.fits else " (OOM)"), est)]
                    + [(t, e) for t, e in fixes if e.fits][:3])
