@@ -198,6 +198,12 @@ def record_profile(rec: Record) -> FrameworkProfile:
         changes["zero1_param_sync"] = "broadcast"
         why["zero1_param_sync"] = (f"{at} hybrid_zero_optim.py broadcast_params(overlap=False): "
                                    "one dist.broadcast per ZeRO rank after the step")
+        changes["zero1_partition"] = "per_tensor"
+        why["zero1_partition"] = (f"{at} hybrid_zero_optim.py _partition_param_list (L272-297): "
+                                  "the one parameter group's tensors (train.py "
+                                  "initialize_optimizer) sorted by numel, largest first, each "
+                                  "to the rank with the fewest elements; broadcast_params "
+                                  "(L629-649) skips ranks in param_group_no_params_ranks")
         changes["zero1_grad_all_reduce"] = True
         why["zero1_grad_all_reduce"] = (f"{at} hybrid_zero_optim.py: gradient hooks use "
                                         "reduce_rank=None, so utils.reduce_tensor all-reduces "

@@ -245,6 +245,20 @@ def test_bus_factor_definitions():
     assert A100_8.bus_bandwidth("broadcast", GB, range(8)) == pytest.approx(GB / t)
 
 
+def test_broadcast_across_nodes_pays_the_network_latency_at_every_step():
+    # NCCL tuning.cc ncclTopoTuneModel: a Broadcast ring spanning nodes is priced nsteps x the
+    # network hop latency; inside one node every step is an NVLink step
+    f = A100_2N.fabric()
+    for n in (4, 16):
+        ranks = range(16 - n, 16) if n == 4 else range(16)
+        tiny = A100_2N.collective_time("broadcast", 1, ranks)
+        steps = (n - 1) * (f.inter_latency_s if n == 16 else f.intra_latency_s)
+        assert tiny == pytest.approx(f.launch_latency_s + steps, rel=1e-3)
+    # an all-gather over the same ranks splits its steps: 14 NVLink steps and 1 network step
+    assert (A100_2N.collective_time("all_gather", 16, range(16))
+            < A100_2N.collective_time("broadcast", 1, range(16)))
+
+
 def test_nic_sharing_and_send_recv():
     c = Cluster.from_spec("2x8xH100")
     # A PP send between nodes gets one GPU's share of the NICs; inside a node it rides NVLink.

@@ -30,6 +30,7 @@ from .pipeline_orders import V_SHAPED, stage_rank
 from .schedule import pipeline_step_time
 from .stages import chunk_layers
 from .types import Estimate
+from .zero1 import greedy_shares
 
 #: Share of a causal attention op's counted (non-causal, FlopCounterMode) FLOPs that MFU and HFU
 #: leave out: the masked upper triangle a causal kernel skips (the FLOPs convention of
@@ -150,6 +151,7 @@ class CostModel:
         self._time_layouts: dict[tuple, tuple[StageLayout, ...]] = {}   # _time_layout, same
         self._gathers: dict[tuple, float] = {}
         self._layer_params: dict[tuple, float] = {}
+        self._zero1_splits: dict[tuple, tuple[float, int]] = {}
         self._resolved: dict[ParallelConfig, ParallelConfig | InvalidParallelConfig] = {}
         self._flops_per_seq: float | None = None
 
@@ -580,17 +582,54 @@ class CostModel:
                                        * nbytes_per_element)
         return total
 
-    def _zero1_broadcasts_s(self, c: ParallelConfig, nbytes: float) -> float:
-        """Seconds to return ``nbytes`` of updated parameters by one broadcast per ZeRO-1 rank:
-        z broadcasts of nbytes / z over the ZeRO group (the first z ranks of the data-parallel
-        group, z = min(dp x cp, ``zero1_group_size``)); each pays its (z - 1)-hop latency, so
-        the total grows as z^2 alpha at scale (the framework waits on them after the step)."""
+    def zero1_split(self, c: ParallelConfig, layers: tuple[int, ...],
+                    params: float) -> tuple[float, int]:
+        """(elements of the largest ZeRO-1 share, ranks holding a share) when the ZeRO group
+        (z = min(dp x cp, ``zero1_group_size``) ranks) splits the ``params`` parameter elements
+        of a pipeline rank holding graph layers ``layers`` (cached).
+
+        ``zero1_partition`` "flat": z equal slices of ``params``. "per_tensor": each op's
+        parameters are one tensor (TP-sharded ones / tp, routed experts / (etp x ep)), dealt
+        largest first to the least-loaded rank (:func:`autopar.cost.zero1.greedy_shares`,
+        InternEvo c18bec9 hybrid_zero_optim.py ``_partition_param_list``): the largest share is
+        at least the largest tensor, and at most as many ranks as tensors hold one."""
+        z = max(1, min(c.dp * c.cp, self.profile.zero1_group_size or c.dp * c.cp))
+        etp = None if c.etp == c.tp else c.etp
+        if self.profile.zero1_partition == "flat":
+            return params / z, z
+        key = (z, c.tp, c.ep, etp, layers)
+        hit = self._zero1_splits.get(key)
+        if hit is None:
+            sizes = []
+            for li in layers:
+                for o in self.graph.layers[li].ops:
+                    if o.num_parameters <= 0:
+                        continue
+                    if o.moe_role == "expert":
+                        sizes.append(o.num_parameters / ((etp or c.tp) * c.ep))
+                    elif o.tp_role in ("column", "row", "vocab"):
+                        sizes.append(o.num_parameters / c.tp)
+                    else:
+                        sizes.append(float(o.num_parameters))
+            shares = greedy_shares(tuple(sizes), z)
+            hit = self._zero1_splits[key] = (max(shares), sum(1 for s in shares if s > 0))
+        return hit
+
+    def _zero1_broadcasts_s(self, c: ParallelConfig, nbytes: float, owners: int) -> float:
+        """Seconds to return ``nbytes`` of updated parameters by one broadcast per ZeRO-1 rank
+        that holds a share (``owners`` of them, :meth:`zero1_split`; InternEvo c18bec9
+        hybrid_zero_optim.py ``broadcast_params`` skips the ranks without parameters) over the
+        ZeRO group (the first z ranks of the data-parallel group, z = min(dp x cp,
+        ``zero1_group_size``)), issued back to back on one communicator and waited on after the
+        step. Each broadcast pays the group's chain latency (:mod:`autopar.hardware.collectives`:
+        every rank of a ring broadcast that spans nodes is a network step), so the total grows
+        as owners x z alpha at scale; the bytes cross the chain's bottleneck once in all."""
         dp_g = self.group("dp", c)
         z = min(dp_g.size, self.profile.zero1_group_size or dp_g.size)
-        if z <= 1:
+        if z <= 1 or owners < 1:
             return 0.0
         grp = dp_g if z == dp_g.size else Collectives(self.cluster, dp_g.ranks[:z])
-        return z * grp.time("broadcast", nbytes / z)
+        return owners * grp.time("broadcast", nbytes / owners)
 
     def _states(self, c: ParallelConfig, params: float, experts: float,
                 layers: tuple[int, ...], pp: int) -> tuple[tuple[float, float, float], float]:
@@ -901,14 +940,18 @@ class CostModel:
                             + dp_g.wire_bytes("all_gather", psi * wbytes))
                 ov_param = ov_grad
                 if prof.zero1_param_sync == "broadcast" and c.zero_stage == 1:
-                    t_param, ov_param = self._zero1_broadcasts_s(c, psi * wbytes), 0.0
+                    owners = self.zero1_split(c, layout[stage_params.index(psi)].layers, psi)[1]
+                    t_param, ov_param = self._zero1_broadcasts_s(c, psi * wbytes, owners), 0.0
                 dp_exposed = (max(0.0, t_grad - ov_grad * bwd1)
                               + max(0.0, t_param - ov_param * fwd1))
                 ledger.add("dp", dp_g.link, wire, t_grad + t_param)
         # the optimizer runs on the rank's ZeRO shard: over dp x cp, or over the framework's
-        # smaller ZeRO group (zero1_group_size: InternEvo parallel.zero1, FSDP hybrid sharding)
-        shards = min(dp * cp, prof.zero1_group_size or dp * cp) if c.zero_stage >= 1 else 1
-        opt_params = psi / shards
+        # smaller ZeRO group (zero1_group_size: InternEvo parallel.zero1, FSDP hybrid sharding);
+        # the largest share paces the step (zero1_partition: whole tensors bound it below)
+        if c.zero_stage >= 1:
+            opt_params = self.zero1_split(c, layout[stage_params.index(psi)].layers, psi)[0]
+        else:
+            opt_params = psi
         if train.optimizer_offload:
             # ZeRO-Offload (Ren et al. 2021, USENIX ATC, sec. 4): gradients go to the host over
             # PCIe, the CPU runs Adam, the updated compute-dtype parameters come back; both

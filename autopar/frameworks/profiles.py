@@ -65,7 +65,7 @@ COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_g
                "zero3_regather_per_micro_batch", "overlap_tp_comm", "overlap_pp_p2p",
                "grad_reduce_bytes", "step_fixed_s", "zero1_param_sync", "zero1_group_size",
                "zero1_grad_all_reduce", "cp_attention", "optimizer_step_bytes", "eager_parts",
-               "zero_grad_copy_passes")
+               "zero_grad_copy_passes", "zero1_partition")
 #: Parts of a block that run as plain eager PyTorch ops inside a stack that is otherwise fused
 #: (:attr:`FrameworkProfile.eager_parts`; costed by :func:`autopar.cost.compute.layer_time`):
 #: ``glu``: a gated linear unit's activation as its own kernel before the multiply
@@ -108,6 +108,12 @@ FSDP1_GRAD_COPY_PASSES = 2
 #: ZeRO group, or ``broadcast``: each rank broadcasts its shard (one broadcast per rank, as
 #: InternEvo's hybrid ZeRO and DeepSpeed's early ZeRO-1), exposed after the step.
 ZERO1_PARAM_SYNCS = ("all_gather", "broadcast")
+#: How ZeRO-1 splits the optimizer's parameters over its group: ``flat`` (equal slices of one
+#: flat buffer: Megatron's distributed optimizer, DeepSpeed ZeRO) or ``per_tensor`` (whole
+#: tensors dealt largest first to the least-loaded rank, :func:`autopar.cost.zero1.greedy_shares`:
+#: InternEvo's hybrid ZeRO), which bounds the largest share below by the largest tensor and
+#: leaves ranks beyond the tensor count without a share (and without a broadcast).
+ZERO1_PARTITIONS = ("flat", "per_tensor")
 
 #: Sources of the default cost fields (plain PyTorch 2.x training loops).
 _DEFAULT_COST_SOURCES = {
@@ -133,6 +139,7 @@ _DEFAULT_COST_SOURCES = {
     "optimizer_step_bytes": "torch.optim.AdamW default foreach implementation and "
                             "clip_grad_norm_ (TORCH_OPTIMIZER_STEP_BYTES)",
     "eager_parts": "none beyond what the fusion level implies",
+    "zero1_partition": "ZeRO-1 costed as equal slices of the parameters (flat buffer)",
     "zero_grad_copy_passes": "FSDP2 (fully_shard) keeps each parameter a tensor of its own; "
                              "its reduce-scatter copy-in (_fsdp_collectives.py foreach_reduce, "
                              "torch._chunk_cat) runs on the reduce-scatter stream",
@@ -195,6 +202,9 @@ class FrameworkProfile:
             InternEvo ``parallel.zero1=8``: within a node); None = the whole data-parallel group.
         zero1_grad_all_reduce: ZeRO-1 all-reduces the full gradients (each rank then keeps its
             shard) instead of reduce-scattering them: twice the volume on the wire.
+        zero1_partition: how ZeRO-1 splits the parameters over its group
+            (:data:`ZERO1_PARTITIONS`): the optimizer step runs on the largest share, and a
+            ``broadcast`` parameter sync issues one broadcast per rank that holds a share.
         cp_attention: CP mode -> how a rank runs attention under it (:data:`CP_ATTENTION_PATHS`:
             "fused" kernel, "masked" = SDPA with an explicit mask (memory-efficient kernel, all
             pairs), "unfused" = plain tensor ops); a mode not listed runs "fused".
@@ -248,6 +258,7 @@ class FrameworkProfile:
     zero1_param_sync: str = "all_gather"
     zero1_group_size: int | None = None
     zero1_grad_all_reduce: bool = False
+    zero1_partition: str = "flat"
     cp_attention: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     optimizer_step_bytes: int = TORCH_OPTIMIZER_STEP_BYTES
     eager_parts: tuple[str, ...] = ()
@@ -283,6 +294,8 @@ class FrameworkProfile:
             bad.append("zero3_gather")
         if self.zero1_param_sync not in ZERO1_PARAM_SYNCS:
             bad.append("zero1_param_sync")
+        if self.zero1_partition not in ZERO1_PARTITIONS:
+            bad.append("zero1_partition")
         if self.zero1_group_size is not None and self.zero1_group_size < 1:
             bad.append("zero1_group_size")
         if self.grad_reduce_bytes not in (None, 1, 2, 4) or self.step_fixed_s < 0:
@@ -317,7 +330,8 @@ class FrameworkProfile:
                      self.overlap_pp_p2p, self.grad_reduce_bytes, self.step_fixed_s,
                      self.zero1_param_sync, self.zero1_group_size, self.zero1_grad_all_reduce,
                      tuple(sorted(self.cp_attention.items())), self.optimizer_step_bytes,
-                     tuple(sorted(self.eager_parts)), self.zero_grad_copy_passes))
+                     tuple(sorted(self.eager_parts)), self.zero_grad_copy_passes,
+                     self.zero1_partition))
 
     @classmethod
     def capability_names(cls) -> tuple[str, ...]:

@@ -12,7 +12,12 @@ Algorithms (each a sum of a launch latency, per-hop alphas and bytes over the bo
 
 * ``ring``: all_reduce 2(n-1) steps moving 2(n-1)/n x nbytes per rank; all_gather / reduce_scatter n-1
   steps moving (n-1)/n x nbytes; broadcast a pipelined chain of n-1 hops moving nbytes. Of the steps,
-  2(N-1) (resp. N-1) cross nodes, N being the nodes spanned (NCCL tuning.cc's latency split).
+  2(N-1) (resp. N-1) cross nodes, N being the nodes spanned (NCCL tuning.cc's latency split). A
+  broadcast spanning nodes pays the network latency at every one of its steps: NCCL's tuner
+  (src/graph/tuning.cc ``ncclTopoTuneModel``, NVIDIA/nccl at 01afd20 and b647562) prices
+  Broadcast and Reduce rings as ``nsteps * hwLat[hw]`` with ``hw = NCCL_HW_NET`` whenever the
+  communicator spans nodes, where it splits all-reduce and all-gather steps into intra- and
+  inter-node ones.
 * ``tree`` (all_reduce over several nodes; NCCL does not use it inside one node): chain inside each node, binary tree across nodes; latency
   2((m-1) alpha_intra + ceil(log2 N) alpha_inter), bandwidth term 2 x nbytes / bw (NCCL's model:
   tree algbw = busbw / 2). It wins only on latency, for small messages over many nodes.
@@ -119,8 +124,8 @@ def _ring(op: str, M: float, g: GroupLayout, f: Fabric) -> float:
         steps, inter, vol = 2 * (n - 1), 2 * (N - 1), 2 * (n - 1) / n * M
     elif op in ("all_gather", "reduce_scatter"):
         steps, inter, vol = n - 1, N - 1, (n - 1) / n * M
-    else:  # broadcast: pipelined chain
-        steps, inter, vol = n - 1, N - 1, M
+    else:  # broadcast: pipelined chain; across nodes every step is priced as a network step
+        steps, inter, vol = n - 1, (n - 1 if N > 1 else 0), M
     alpha = (steps - inter) * f.intra_latency_s + inter * f.inter_latency_s
     return f.launch_latency_s + alpha + vol / _ring_bw(g, f)
 
