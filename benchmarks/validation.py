@@ -195,6 +195,12 @@ def record_profile(rec: Record) -> FrameworkProfile:
             "is reduced on that stream during backward, torch.cuda.synchronize() before the next "
             "one only waits for the previous bucket (one bucket in flight), not a reduction "
             "after backward")
+        changes["sync_grad_bucket_elements"] = 512 * 1024 * 1024
+        why["sync_grad_bucket_elements"] = (
+            f"{at} configs/7B_sft.py hybrid_zero_optimizer reduce_bucket_size=512 * 1024 * 1024 "
+            "(compared with numel: elements); hybrid_zero_optim.py _reduce_and_copy (L402-406) "
+            "torch.cuda.synchronize() before each bucket's reduction, step() (L508-514) "
+            "reduces the last bucket after backward and synchronizes")
         changes["zero1_param_sync"] = "broadcast"
         why["zero1_param_sync"] = (f"{at} hybrid_zero_optim.py broadcast_params(overlap=False): "
                                    "one dist.broadcast per ZeRO rank after the step")

@@ -63,3 +63,30 @@ def test_per_tensor_zero1_paces_the_step_on_the_largest_tensor_and_caps_the_broa
         flat.time_breakdown["optimizer"] * biggest / (psi / 256), rel=1e-9)
     # fewer broadcasts (one per rank holding tensors), each paying the 256-rank chain latency
     assert per_tensor.time_breakdown["dp_comm_exposed"] < flat.time_breakdown["dp_comm_exposed"]
+
+
+def _bucketed(elements, spec="2x8xA100-80GB"):
+    prof = get_profile("torch").with_costs(
+        {"sync_grad_bucket_elements": "t"}, sync_grad_bucket_elements=elements)
+    train = autopar.TrainingConfig(global_batch_size=16, seq_len=512)
+    graph = model_graph("tiny-llama", train)[0]
+    cm = CostModel(graph, autopar.Cluster.from_spec(spec), train, framework=prof)
+    c = cm.resolve(autopar.ParallelConfig(tp=1, pp=1, dp=16, zero_stage=0, micro_batch_size=1))
+    st_ = cm.stage_layout(c)[0]
+    return cm, c, st_
+
+
+def test_sync_buckets_hide_each_bucket_only_behind_the_next_and_expose_the_last():
+    # InternEvo c18bec9 _reduce_and_copy: torch.cuda.synchronize() before each bucket; step()
+    # reduces the last bucket after backward
+    cm, c, st_ = _bucketed(10**15)
+    dp_g = cm.group("dp", c)
+    # one bucket holds every gradient: all of it is reduced after backward
+    assert cm.sync_bucket_exposed_s(c, st_.layers, "all_reduce", 2, 0.8) == pytest.approx(
+        dp_g.time("all_reduce", st_.params * 2), rel=1e-12)
+    cm, c, st_ = _bucketed(st_.params // 8)
+    hidden = cm.sync_bucket_exposed_s(c, st_.layers, "all_reduce", 2, 0.8)
+    bare = cm.sync_bucket_exposed_s(c, st_.layers, "all_reduce", 2, 0.0)
+    assert 0 < hidden < bare
+    # the estimate charges it: the last bucket's reduction at least
+    assert cm.estimate(c).time_breakdown["dp_comm_exposed"] >= hidden > 0

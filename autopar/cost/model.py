@@ -615,6 +615,47 @@ class CostModel:
             hit = self._zero1_splits[key] = (max(shares), sum(1 for s in shares if s > 0))
         return hit
 
+    def sync_bucket_exposed_s(self, c: ParallelConfig, layers: tuple[int, ...], op: str,
+                              nbytes_per_element: float, overlap: float) -> float:
+        """Exposed seconds of a data-parallel gradient reduction run as buckets of at most
+        ``sync_grad_bucket_elements`` elements with one bucket in flight, over the last
+        micro-batch's backward of a pipeline rank holding graph layers ``layers``.
+
+        Source: InternEvo c18bec9 hybrid_zero_optim.py. Each parameter's gradient hook
+        (``_store_and_try_reduce_grads_by_bucket``, L329-352) adds it to the bucket, and when
+        the next one would overflow the bucket it reduces the stored one: ``_reduce_and_copy``
+        (L402-418) first calls ``torch.cuda.synchronize()``, which waits for the compute issued
+        so far and for the previous bucket's reduction, then launches this bucket's ``op`` on
+        the communication stream. So a bucket's reduction hides only behind the backward
+        compute up to the next bucket's launch (``overlap`` of it, the cost model's
+        ``dp_overlap``), and ``step()`` (L508-514) reduces the last bucket after backward and
+        synchronizes: fully exposed. Hooks fire in backward order (the layers reversed, each
+        op's parameters one tensor, TP-sharded ones / tp); a layer's backward seconds
+        (:meth:`block_cost`) are split over its tensors by their elements. ``op`` over the
+        data-parallel group, ``nbytes_per_element``: the reduce dtype's bytes.
+        """
+        cap = self.profile.sync_grad_bucket_elements
+        dp_g = self.group("dp", c)
+        uniform = c.recompute if isinstance(c.recompute, str) else None
+        modes = None if uniform else dict(zip(self.blocks, c.block_recompute(len(self.blocks))))
+        fill = in_flight = since = exposed = 0.0
+        for li in reversed(layers):
+            layer = self.graph.layers[li]
+            bwd = self.block_cost(li, uniform or modes.get(li, "none"), c).bwd_s
+            sizes = [o.num_parameters / (c.tp if o.tp_role in ("column", "row", "vocab") else 1)
+                     for o in reversed(layer.ops) if o.num_parameters > 0]
+            total = sum(sizes)
+            if not total:
+                since += bwd
+            for size in sizes:
+                since += bwd * size / total
+                if fill > 0 and fill + size > cap:
+                    exposed += max(0.0, in_flight - overlap * since)
+                    in_flight, since, fill = dp_g.time(op, fill * nbytes_per_element), 0.0, 0.0
+                fill += size
+        return exposed + max(0.0, in_flight - overlap * since) + dp_g.time(
+            op, fill * nbytes_per_element)
+
     def _zero1_broadcasts_s(self, c: ParallelConfig, nbytes: float, owners: int) -> float:
         """Seconds to return ``nbytes`` of updated parameters by one broadcast per ZeRO-1 rank
         that holds a share (``owners`` of them, :meth:`zero1_split`; InternEvo c18bec9
@@ -942,8 +983,15 @@ class CostModel:
                 if prof.zero1_param_sync == "broadcast" and c.zero_stage == 1:
                     owners = self.zero1_split(c, layout[stage_params.index(psi)].layers, psi)[1]
                     t_param, ov_param = self._zero1_broadcasts_s(c, psi * wbytes, owners), 0.0
-                dp_exposed = (max(0.0, t_grad - ov_grad * bwd1)
-                              + max(0.0, t_param - ov_param * fwd1))
+                grad_exposed = max(0.0, t_grad - ov_grad * bwd1)
+                if prof.sync_grad_bucket_elements and ov_grad > 0:
+                    # one bucket in flight, each launched after a device-wide sync, the last
+                    # one after backward (FrameworkProfile.sync_grad_bucket_elements)
+                    op = ("all_reduce" if c.zero_stage == 0 or prof.zero1_grad_all_reduce
+                          else "reduce_scatter")
+                    grad_exposed = self.sync_bucket_exposed_s(
+                        c, layout[stage_params.index(psi)].layers, op, gb, ov_grad)
+                dp_exposed = grad_exposed + max(0.0, t_param - ov_param * fwd1)
                 ledger.add("dp", dp_g.link, wire, t_grad + t_param)
         # the optimizer runs on the rank's ZeRO shard: over dp x cp, or over the framework's
         # smaller ZeRO group (zero1_group_size: InternEvo parallel.zero1, FSDP hybrid sharding);

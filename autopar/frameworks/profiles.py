@@ -65,7 +65,7 @@ COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_g
                "zero3_regather_per_micro_batch", "overlap_tp_comm", "overlap_pp_p2p",
                "grad_reduce_bytes", "step_fixed_s", "zero1_param_sync", "zero1_group_size",
                "zero1_grad_all_reduce", "cp_attention", "optimizer_step_bytes", "eager_parts",
-               "zero_grad_copy_passes", "zero1_partition")
+               "zero_grad_copy_passes", "zero1_partition", "sync_grad_bucket_elements")
 #: Parts of a block that run as plain eager PyTorch ops inside a stack that is otherwise fused
 #: (:attr:`FrameworkProfile.eager_parts`; costed by :func:`autopar.cost.compute.layer_time`):
 #: ``glu``: a gated linear unit's activation as its own kernel before the multiply
@@ -140,6 +140,8 @@ _DEFAULT_COST_SOURCES = {
                             "clip_grad_norm_ (TORCH_OPTIMIZER_STEP_BYTES)",
     "eager_parts": "none beyond what the fusion level implies",
     "zero1_partition": "ZeRO-1 costed as equal slices of the parameters (flat buffer)",
+    "sync_grad_bucket_elements": "DDP / FSDP keep several gradient buckets in flight without "
+                                 "device-wide syncs: the reduction overlaps backward as a whole",
     "zero_grad_copy_passes": "FSDP2 (fully_shard) keeps each parameter a tensor of its own; "
                              "its reduce-scatter copy-in (_fsdp_collectives.py foreach_reduce, "
                              "torch._chunk_cat) runs on the reduce-scatter stream",
@@ -205,6 +207,12 @@ class FrameworkProfile:
         zero1_partition: how ZeRO-1 splits the parameters over its group
             (:data:`ZERO1_PARTITIONS`): the optimizer step runs on the largest share, and a
             ``broadcast`` parameter sync issues one broadcast per rank that holds a share.
+        sync_grad_bucket_elements: when > 0 (and ``overlap_dp_grad_reduce``), ZeRO-0/1
+            gradients are reduced in buckets of at most this many elements, one in flight:
+            each bucket is launched after a device-wide synchronize, so it hides only behind
+            the backward compute until the next launch, and the last bucket is reduced after
+            backward (:meth:`autopar.cost.model.CostModel.sync_bucket_exposed_s`); 0 = the
+            reduction overlaps backward as a whole.
         cp_attention: CP mode -> how a rank runs attention under it (:data:`CP_ATTENTION_PATHS`:
             "fused" kernel, "masked" = SDPA with an explicit mask (memory-efficient kernel, all
             pairs), "unfused" = plain tensor ops); a mode not listed runs "fused".
@@ -259,6 +267,7 @@ class FrameworkProfile:
     zero1_group_size: int | None = None
     zero1_grad_all_reduce: bool = False
     zero1_partition: str = "flat"
+    sync_grad_bucket_elements: int = 0
     cp_attention: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     optimizer_step_bytes: int = TORCH_OPTIMIZER_STEP_BYTES
     eager_parts: tuple[str, ...] = ()
@@ -300,8 +309,8 @@ class FrameworkProfile:
             bad.append("zero1_group_size")
         if self.grad_reduce_bytes not in (None, 1, 2, 4) or self.step_fixed_s < 0:
             bad.append("grad_reduce_bytes/step_fixed_s")
-        if self.zero_grad_copy_passes < 0:
-            bad.append("zero_grad_copy_passes")
+        if self.zero_grad_copy_passes < 0 or self.sync_grad_bucket_elements < 0:
+            bad.append("zero_grad_copy_passes/sync_grad_bucket_elements")
         if self.optimizer_step_bytes <= 0:
             bad.append("optimizer_step_bytes")
         if not set(self.eager_parts) <= set(EAGER_PARTS):
@@ -331,7 +340,7 @@ class FrameworkProfile:
                      self.zero1_param_sync, self.zero1_group_size, self.zero1_grad_all_reduce,
                      tuple(sorted(self.cp_attention.items())), self.optimizer_step_bytes,
                      tuple(sorted(self.eager_parts)), self.zero_grad_copy_passes,
-                     self.zero1_partition))
+                     self.zero1_partition, self.sync_grad_bucket_elements))
 
     @classmethod
     def capability_names(cls) -> tuple[str, ...]:
