@@ -14,10 +14,12 @@ Algorithms (each a sum of a launch latency, per-hop alphas and bytes over the bo
   steps moving (n-1)/n x nbytes; broadcast a pipelined chain of n-1 hops moving nbytes. Of the steps,
   2(N-1) (resp. N-1) cross nodes, N being the nodes spanned (NCCL tuning.cc's latency split). A
   broadcast spanning nodes pays the network latency at every one of its steps: NCCL's tuner
-  (src/graph/tuning.cc ``ncclTopoTuneModel``, NVIDIA/nccl at 01afd20 and b647562) prices
-  Broadcast and Reduce rings as ``nsteps * hwLat[hw]`` with ``hw = NCCL_HW_NET`` whenever the
-  communicator spans nodes, where it splits all-reduce and all-gather steps into intra- and
-  inter-node ones.
+  (src/graph/tuning.cc ``ncclTopoTuneModel``, NVIDIA/nccl at 01afd20 and b647562) prices a
+  Broadcast (and Reduce) ring with ``hw = NCCL_HW_NET`` whenever the communicator spans nodes,
+  as ``nsteps = nRanks`` steps of ``hwLat[NET][ring][protocol]`` (LL 2.7 us, LL128 4.0 us; the
+  Simple protocol takes the tree's chunk latency) unless its rings are duplicates
+  (``sameChannels``: one step), where it splits all-reduce and all-gather steps into intra- and
+  inter-node ones. autopar takes the per-step branch, at the inter-node link's own latency.
 * ``tree`` (all_reduce over several nodes; NCCL does not use it inside one node): chain inside each node, binary tree across nodes; latency
   2((m-1) alpha_intra + ceil(log2 N) alpha_inter), bandwidth term 2 x nbytes / bw (NCCL's model:
   tree algbw = busbw / 2). It wins only on latency, for small messages over many nodes.
