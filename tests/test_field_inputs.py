@@ -122,6 +122,12 @@ def test_interleaved_rank_holds_only_its_later_chunks_gradients_at_its_peak():
     from autopar.cost.memory import layer_params_per_rank
     later = sum(layer_params_per_rank(cm.graph.layers[i], 8) for i in chunks[mine[1]])
     assert inter.gather_bytes == pytest.approx(2 * inter.params + 4 * later, rel=1e-6)
+    # the last rank's head (its chunk holds one micro-batch at the peak, the rank's first
+    # chunk eight): the head's log-probabilities count once, not at the rank's mean of 4.5
+    last = cm.stage_layout(cm.resolve(ParallelConfig(**base, schedule="interleaved-1f1b",
+                                                     virtual_stages=2)))[7]
+    head = [li for li in last.layers if cm.graph.layers[li].kind == "head"]
+    assert last.flight == 4.5 and [last.flight_of(li) for li in head] == [1.0]
 
 
 def test_visible_capacity_is_what_torch_reports():

@@ -12,6 +12,7 @@ import autopar
 from autopar.cost.pipeline_orders import (
     ORDERED,
     check_order_args,
+    chunk_counts_at_peak,
     held_chunks_at_peak,
     peak_in_flight,
     rank_orders,
@@ -142,6 +143,21 @@ def test_chunks_holding_fsdp_state_at_the_activation_peak(pp):
     # GPipe: every forward, then the first backward allocates the gradients
     assert held_chunks_at_peak("gpipe", pp, m, 1, 0) == ((frozenset({0}), frozenset()),
                                                           (frozenset({0}), frozenset({0})))
+
+
+@pytest.mark.parametrize("pp", [2, 4, 8])
+def test_chunk_counts_at_the_peak(pp):
+    """Interleaved 1F1B, m = pp: the last rank holds its first chunk's m micro-batches and one
+    of its last chunk's (the head's), not (m + 1) / 2 of each; 1F1B: p - r of its one chunk."""
+    m = pp
+    assert chunk_counts_at_peak("interleaved-1f1b", pp, m, 2, pp - 1) == {pp - 1: m,
+                                                                          2 * pp - 1: 1}
+    for r in range(pp):
+        assert chunk_counts_at_peak("1f1b", pp, m, 1, r) == {r: pp - r}
+        # at one instant the counts add up to the peak; over all instants each is at most it
+        counts = chunk_counts_at_peak("interleaved-1f1b", pp, m, 2, r)
+        peak = rank_peak_in_flight("interleaved-1f1b", pp, m, 2, r)
+        assert sum(counts.values()) >= peak and max(counts.values()) <= peak
 
 
 @settings(max_examples=40, deadline=None)

@@ -26,7 +26,7 @@ from .compute import LayerTime, layer_time
 from .params import CostParams
 from .regime import Regime, band_for, headroom_warnings, plausibility_warnings
 from .resolve import resolve
-from .pipeline_orders import V_SHAPED, held_chunks_at_peak, stage_rank
+from .pipeline_orders import V_SHAPED, chunk_counts_at_peak, held_chunks_at_peak, stage_rank
 from .schedule import pipeline_step_time
 from .stages import chunk_layers
 from .types import Estimate
@@ -80,6 +80,10 @@ class StageLayout:
             the next one being prefetched (2 x its unsharded bytes).
         p2p_send_s: seconds the rank's own sends (``p2p_bytes``) take per micro-batch, before
             overlap (what the per-link ledger shows).
+        edge_flight: (layer index, micro-batches) of the rank's non-block layers (embedding,
+            head) whose chunk holds a count other than ``flight`` at the rank's peak (a rank
+            with several chunks: :func:`autopar.cost.pipeline_orders.chunk_counts_at_peak`);
+            the others take ``flight``.
     """
 
     layers: tuple[int, ...]
@@ -90,6 +94,15 @@ class StageLayout:
     states: tuple[float, float, float]
     gather_bytes: float = 0.0
     p2p_send_s: float = 0.0
+    edge_flight: tuple[tuple[int, float], ...] = ()
+
+    def flight_of(self, layer: int) -> float:
+        """Micro-batches of graph layer ``layer``'s activations the rank holds at its peak
+        (``edge_flight`` where it names the layer, else ``flight``)."""
+        for li, f in self.edge_flight:
+            if li == layer:
+                return f
+        return self.flight
 
 
 class CostModel:
@@ -527,7 +540,31 @@ class CostModel:
         params, experts = self._rank_params(tp, c.ep, layers, c.etp)
         states, gather = self._states(c, params, experts, layers, pp, rank)
         flight = mem.in_flight(c.schedule, rank, pp, m, c.virtual_stages) / max(1, len(parts))
-        return StageLayout(layers, flight, p2p_s, p2p_bytes, params, states, gather, p2p_send_s)
+        edge = self._edge_flight(c, rank, layers, flight) if len(parts) > 1 and pp > 1 else ()
+        return StageLayout(layers, flight, p2p_s, p2p_bytes, params, states, gather, p2p_send_s,
+                           edge)
+
+    def _edge_flight(self, c: ParallelConfig, rank: int, layers: tuple[int, ...],
+                     flight: float) -> tuple[tuple[int, float], ...]:
+        """:attr:`StageLayout.edge_flight` of pipeline rank ``rank`` holding several chunks:
+        each non-block layer at the micro-batches its own chunk holds at the rank's peak
+        (:func:`autopar.cost.pipeline_orders.chunk_counts_at_peak`, the most at any instant of
+        that peak), where that differs from the rank's mean ``flight``. Orders torch cannot
+        build keep the mean."""
+        m = self.train.global_batch_size // (c.dp * c.micro_batch_size)
+        try:
+            counts = chunk_counts_at_peak(c.schedule, c.pp, m, c.virtual_stages, rank)
+        except ValueError:
+            return ()
+        _l, mine, _g, chunks = self.rank_layers(c.pp, c.stage_blocks, c.schedule)[rank]
+        kinds = self.graph.layers
+        out = []
+        for ci in mine:
+            for li in chunks[ci]:
+                if li in layers and kinds[li].kind != "block" \
+                        and float(counts.get(ci, 0)) != flight:
+                    out.append((li, float(counts.get(ci, 0))))
+        return tuple(out)
 
     def _pair_overlap(self, c: ParallelConfig, parts: list[dict], stage_time: list[float]
                       ) -> tuple[float, ...] | None:
@@ -980,7 +1017,9 @@ class CostModel:
         for rank, st in enumerate(layout):
             w, gr, o = st.states
             w += keep[rank] * wbytes   # kept blocks' gathered parameters, forward to backward
-            act = stage_act[rank] * st.flight
+            act = stage_act[rank] * st.flight + sum(
+                self.block_cost(li, "none", c).act_bytes * (f - st.flight)
+                for li, f in st.edge_flight)
             # the step runs after backward has freed the activations: its temporaries count
             # only where they exceed them
             step_extra = self.optimizer_step_bytes(c, st.params) - act

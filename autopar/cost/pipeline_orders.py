@@ -392,6 +392,46 @@ def _held_chunks_at_peak(schedule: str, pp: int, m: int, v: int, rank: int
     return tuple(out)
 
 
+def chunk_counts_at_peak(schedule: str, pp: int, m: int, v: int, rank: int
+                         ) -> dict[int, int]:
+    """Per global chunk of rank ``rank``: the most micro-batches it holds activations for at an
+    instant where the rank holds its :func:`peak_in_flight` chunk-micro-batches (same walk and
+    instants as :func:`held_chunks_at_peak`). Under interleaved 1F1B with m = pp the last rank
+    holds its first chunk's m micro-batches but only one of its last chunk's (the one with the
+    output head), not the rank's mean of (m + 1) / 2.
+
+    Raises:
+        ValueError: the combination breaks a rule of :func:`check_order_args`.
+    """
+    check_order_args(schedule, pp, m, v)
+    return dict(_chunk_counts_at_peak(schedule, pp, m, v, rank))
+
+
+@lru_cache(maxsize=4096)
+def _chunk_counts_at_peak(schedule: str, pp: int, m: int, v: int, rank: int
+                          ) -> tuple[tuple[int, int], ...]:
+    order = _MAKERS[schedule](schedule, pp, m, v, rank)
+    peak = peak_in_flight(tuple(order))
+    held: dict[int, int] = {}
+    best: dict[int, int] = {}
+
+    def note() -> None:
+        if sum(held.values()) == peak:
+            for c, n in held.items():
+                best[c] = max(best.get(c, 0), n)
+
+    for a in order:
+        steps = (("F", a[1][0]), ("B", a[2][0])) if a[0] == "O" else ((a[0], a[1]),)
+        for kind, stage in steps:
+            if kind == "F":
+                held[stage] = held.get(stage, 0) + 1
+                note()
+            elif kind in ("B", "W"):
+                note()
+                held[stage] -= 1
+    return tuple(sorted(best.items()))
+
+
 def replay(orders: tuple[tuple[Action, ...], ...], num_stages: int, schedule: str,
            fwd: tuple[float, ...], inp: tuple[float, ...], wgt: tuple[float, ...],
            overlap: tuple[float, ...] | None = None, events: list | None = None
