@@ -235,6 +235,7 @@ _INTERNEVO_COMMON = {
     "master_weight_bytes": f"{_INTERNEVO} hybrid_zero_optim.py / fsdp_optimizer.py: fp32 copies "
                            "of the rank's parameters",
     "pp_unsharded_bytes": "InternEvo's FSDP mode does not combine with pipeline parallelism",
+    "pp_unsharded_forward_bytes": "as pp_unsharded_bytes: none",
     "unfused_score_saved_bytes": "flash attention only (the runs use flash-attn)",
     "unfused_score_work_bytes": "flash attention only (the runs use flash-attn)",
     "fp8_weight_cache_bytes": "bf16 runs",

@@ -10,7 +10,10 @@ from hypothesis import strategies as st
 
 import autopar
 from autopar.cost.pipeline_orders import (
+    ORDERED,
     check_order_args,
+    chunk_counts_at_peak,
+    held_chunks_at_peak,
     peak_in_flight,
     rank_orders,
     rank_peak_in_flight,
@@ -123,6 +126,54 @@ def test_in_flight_micro_batches(pp, m):
     # DualPipeV: PP + 1 chunk activations, PP = 2p (DeepSeek-V3 report table 2)
     assert peaks("dualpipev", 2) == [2 * pp + 1] * pp
     assert rank_peak_in_flight("dualpipev", pp, m, 2, 0) == 2 * pp + 1
+
+
+@pytest.mark.parametrize("pp", [2, 4, 8])
+def test_chunks_holding_fsdp_state_at_the_activation_peak(pp):
+    """FSDP under PP: a chunk holds gathered parameters from its first forward and gradients
+    from its first backward until its last backward. 1F1B peaks at (or after) the rank's first
+    backward: its one chunk holds both. Interleaved 1F1B with m = pp (torchtitan's default
+    micro-batch count): the earlier chunk has not begun its backward at the peak."""
+    m = pp
+    for r in range(pp):
+        assert held_chunks_at_peak("1f1b", pp, m, 1, r)[-1] == (frozenset({r}), frozenset({r}))
+        sets = held_chunks_at_peak("interleaved-1f1b", pp, m, 2, r)
+        assert all(f == {r, r + pp} for f, _b in sets)
+        assert {b for _f, b in sets} == {frozenset(), frozenset({r + pp})}
+    # GPipe: every forward, then the first backward allocates the gradients
+    assert held_chunks_at_peak("gpipe", pp, m, 1, 0) == ((frozenset({0}), frozenset()),
+                                                          (frozenset({0}), frozenset({0})))
+
+
+@pytest.mark.parametrize("pp", [2, 4, 8])
+def test_chunk_counts_at_the_peak(pp):
+    """Interleaved 1F1B, m = pp: the last rank holds its first chunk's m micro-batches and one
+    of its last chunk's (the head's), not (m + 1) / 2 of each; 1F1B: p - r of its one chunk."""
+    m = pp
+    assert chunk_counts_at_peak("interleaved-1f1b", pp, m, 2, pp - 1) == {pp - 1: m,
+                                                                          2 * pp - 1: 1}
+    for r in range(pp):
+        assert chunk_counts_at_peak("1f1b", pp, m, 1, r) == {r: pp - r}
+        # at one instant the counts add up to the peak; over all instants each is at most it
+        counts = chunk_counts_at_peak("interleaved-1f1b", pp, m, 2, r)
+        peak = rank_peak_in_flight("interleaved-1f1b", pp, m, 2, r)
+        assert sum(counts.values()) >= peak and max(counts.values()) <= peak
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(ORDERED), st.integers(2, 4), st.integers(1, 4), st.integers(1, 3))
+def test_state_at_peak_only_names_chunks_the_rank_runs(schedule, pp, rounds, v):
+    v = 2 if schedule in ("zbv-zero-bubble", "dualpipev") else (
+        1 if schedule in ("gpipe", "1f1b") else v)
+    m = max(2 * pp, rounds * pp) if schedule == "dualpipev" else rounds * pp
+    orders = rank_orders(schedule, pp, m, v)
+    for r in range(pp):
+        mine = {a[1] for a in orders[r] if a[0] != "O"} | {
+            x[0] for a in orders[r] if a[0] == "O" for x in a[1:]}
+        sets = held_chunks_at_peak(schedule, pp, m, v, r)
+        assert sets
+        for f, b in sets:
+            assert b <= mine and f <= mine
 
 
 def test_long_steps_are_extrapolated_from_a_replayed_prefix():

@@ -26,7 +26,7 @@ from .compute import LayerTime, layer_time
 from .params import CostParams
 from .regime import Regime, band_for, headroom_warnings, plausibility_warnings
 from .resolve import resolve
-from .pipeline_orders import V_SHAPED, stage_rank
+from .pipeline_orders import V_SHAPED, chunk_counts_at_peak, held_chunks_at_peak, stage_rank
 from .schedule import pipeline_step_time
 from .stages import chunk_layers
 from .types import Estimate
@@ -81,6 +81,10 @@ class StageLayout:
             the next one being prefetched (2 x its unsharded bytes).
         p2p_send_s: seconds the rank's own sends (``p2p_bytes``) take per micro-batch, before
             overlap (what the per-link ledger shows).
+        edge_flight: (layer index, micro-batches) of the rank's non-block layers (embedding,
+            head) whose chunk holds a count other than ``flight`` at the rank's peak (a rank
+            with several chunks: :func:`autopar.cost.pipeline_orders.chunk_counts_at_peak`);
+            the others take ``flight``.
     """
 
     layers: tuple[int, ...]
@@ -91,6 +95,15 @@ class StageLayout:
     states: tuple[float, float, float]
     gather_bytes: float = 0.0
     p2p_send_s: float = 0.0
+    edge_flight: tuple[tuple[int, float], ...] = ()
+
+    def flight_of(self, layer: int) -> float:
+        """Micro-batches of graph layer ``layer``'s activations the rank holds at its peak
+        (``edge_flight`` where it names the layer, else ``flight``)."""
+        for li, f in self.edge_flight:
+            if li == layer:
+                return f
+        return self.flight
 
 
 class CostModel:
@@ -438,9 +451,9 @@ class CostModel:
         other = self._layouts_by_mesh.get(key[:6] + key[7:])
         if other is not None:
             out = []
-            for st in other:
+            for rank, st in enumerate(other):
                 experts = self._rank_params(c.tp, c.ep, st.layers)[1]
-                states, gather = self._states(c, st.params, experts, st.layers, pp)
+                states, gather = self._states(c, st.params, experts, st.layers, pp, rank)
                 out.append(replace(st, states=states, gather_bytes=gather))
             self._layouts[key] = tuple(out)
             return self._layouts[key]
@@ -527,9 +540,33 @@ class CostModel:
                 p2p_bytes += boundary_bytes(prev)  # and the input's gradient backward
                 p2p_send_s += pp_g.time("send_recv", boundary_bytes(prev))
         params, experts = self._rank_params(tp, c.ep, layers, c.etp)
-        states, gather = self._states(c, params, experts, layers, pp)
+        states, gather = self._states(c, params, experts, layers, pp, rank)
         flight = mem.in_flight(c.schedule, rank, pp, m, c.virtual_stages) / max(1, len(parts))
-        return StageLayout(layers, flight, p2p_s, p2p_bytes, params, states, gather, p2p_send_s)
+        edge = self._edge_flight(c, rank, layers, flight) if len(parts) > 1 and pp > 1 else ()
+        return StageLayout(layers, flight, p2p_s, p2p_bytes, params, states, gather, p2p_send_s,
+                           edge)
+
+    def _edge_flight(self, c: ParallelConfig, rank: int, layers: tuple[int, ...],
+                     flight: float) -> tuple[tuple[int, float], ...]:
+        """:attr:`StageLayout.edge_flight` of pipeline rank ``rank`` holding several chunks:
+        each non-block layer at the micro-batches its own chunk holds at the rank's peak
+        (:func:`autopar.cost.pipeline_orders.chunk_counts_at_peak`, the most at any instant of
+        that peak), where that differs from the rank's mean ``flight``. Orders torch cannot
+        build keep the mean."""
+        m = self.train.global_batch_size // (c.dp * c.micro_batch_size)
+        try:
+            counts = chunk_counts_at_peak(c.schedule, c.pp, m, c.virtual_stages, rank)
+        except ValueError:
+            return ()
+        _l, mine, _g, chunks = self.rank_layers(c.pp, c.stage_blocks, c.schedule)[rank]
+        kinds = self.graph.layers
+        out = []
+        for ci in mine:
+            for li in chunks[ci]:
+                if li in layers and kinds[li].kind != "block" \
+                        and float(counts.get(ci, 0)) != flight:
+                    out.append((li, float(counts.get(ci, 0))))
+        return tuple(out)
 
     def _pair_overlap(self, c: ParallelConfig, parts: list[dict], stage_time: list[float]
                       ) -> tuple[float, ...] | None:
@@ -673,7 +710,8 @@ class CostModel:
         return owners * grp.time("broadcast", nbytes / owners)
 
     def _states(self, c: ParallelConfig, params: float, experts: float,
-                layers: tuple[int, ...], pp: int) -> tuple[tuple[float, float, float], float]:
+                layers: tuple[int, ...], pp: int, rank: int = 0
+                ) -> tuple[tuple[float, float, float], float]:
         """((weights, gradients, optimizer states) bytes, working bytes) of a pipeline rank
         holding ``params`` parameter elements (``experts`` of them MoE experts) of ``layers``.
 
@@ -681,8 +719,9 @@ class CostModel:
         gradients in their dtypes, K = master copy + moments, optimizer states on the CPU with
         ``optimizer_offload``); ZeRO shards them over dp x cp (Rajbhandari et al. 2020). Working
         bytes: ZeRO-3's gathered parameters of the largest layer and the one prefetched (2 x),
-        or, under pipeline parallelism where the framework keeps them, the rank's unsharded
-        parameters and gradients across micro-batches; plus cached FP8 weight copies.
+        or, under pipeline parallelism where the framework keeps them, the unsharded
+        parameters and gradients its chunks hold at pipeline rank ``rank``'s activation peak
+        (:meth:`_pp_unsharded_bytes`); plus cached FP8 weight copies.
         """
         train, conv, g = self.train, self.conventions, self.graph
         wb = conv.weight_bytes or train.dtype_bytes
@@ -704,7 +743,10 @@ class CostModel:
         work = 0.0
         if c.zero_stage == 3 and c.dp * c.cp > 1:
             if pp > 1 and conv.pp_unsharded_bytes:
-                work = conv.pp_unsharded_bytes * params
+                work = max(self._pp_unsharded_bytes(c, rank, params),
+                           2 * train.dtype_bytes * max(
+                               self._layer_params_per_rank(i, c.tp, True, c.ep, c.etp)
+                               for i in layers))
             else:
                 work = 2 * train.dtype_bytes * max(
                     self._layer_params_per_rank(i, c.tp, True, c.ep, c.etp) for i in layers)
@@ -713,6 +755,42 @@ class CostModel:
                 self._layer_params_per_rank(i, c.tp, True, c.ep, c.etp) for i in layers
                 if g.layers[i].kind == "block")
         return states, work
+
+    def _pp_unsharded_bytes(self, c: ParallelConfig, rank: int, params: float) -> float:
+        """Bytes of unsharded parameters and gradients pipeline rank ``rank`` (holding
+        ``params`` elements over its chunks) keeps at the instants its activations peak, for a
+        framework that keeps them across micro-batches under PP with ZeRO-3
+        (``MemoryConventions.pp_unsharded_bytes``): each chunk holds
+        ``pp_unsharded_forward_bytes`` per parameter from its first forward and the rest from
+        its first backward, until its last backward reduces its gradients
+        (:func:`autopar.cost.pipeline_orders.held_chunks_at_peak`, with torch's sources).
+
+        Under 1F1B (one chunk) that is every byte, as the rank's activations peak at its first
+        backward; under interleaved 1F1B a rank's earlier chunk has not begun its backward when
+        its activations peak, so only the later chunk's gradients count. A chunk's parameters
+        are its layers' (a tied embedding counted once per rank, shared in proportion).
+        Orders torch cannot build (a micro-batch count it refuses) keep every byte.
+        """
+        conv = self.conventions
+        m = self.train.global_batch_size // (c.dp * c.micro_batch_size)
+        v = c.virtual_stages or 1
+        if v == 1:
+            per = {rank: params}
+        else:
+            _layers, mine, _groups, chunks = self.rank_layers(c.pp, c.stage_blocks,
+                                                              c.schedule)[rank]
+            raw = {ci: self._rank_params(c.tp, c.ep, tuple(chunks[ci]), c.etp)[0]
+                   for ci in mine}
+            total = sum(raw.values())
+            per = {ci: params * x / total if total else 0.0 for ci, x in raw.items()}
+        try:
+            sets = held_chunks_at_peak(c.schedule, c.pp, m, v, rank)
+        except ValueError:
+            return conv.pp_unsharded_bytes * params
+        fwd_b = conv.pp_unsharded_forward_bytes
+        bwd_b = conv.pp_unsharded_bytes - fwd_b
+        return max(sum(fwd_b * per.get(ci, 0.0) for ci in fwd)
+                   + sum(bwd_b * per.get(ci, 0.0) for ci in bwd) for fwd, bwd in sets)
 
     def state_bytes_per_param(self) -> int:
         """Bytes of model states per parameter before any sharding: weights + gradients +
@@ -1030,7 +1108,9 @@ class CostModel:
         for rank, st in enumerate(layout):
             w, gr, o = st.states
             w += keep[rank] * wbytes   # kept blocks' gathered parameters, forward to backward
-            act = stage_act[rank] * st.flight
+            act = stage_act[rank] * st.flight + sum(
+                self.block_cost(li, "none", c).act_bytes * (f - st.flight)
+                for li, f in st.edge_flight)
             # the step runs after backward has freed the activations: its temporaries count
             # only where they exceed them
             step_extra = self.optimizer_step_bytes(c, st.params) - act

@@ -30,7 +30,15 @@ class MemoryConventions:
             beside the states (a multi-tensor Adam's sqrt(v) buffer; 0 for fused kernels).
         pp_unsharded_bytes: bytes per parameter of a pipeline rank kept unsharded across its
             micro-batches under ZeRO-3 with pipeline parallelism (the gathered weights and the
-            accumulated unsharded gradients); 0 where every micro-batch re-gathers.
+            accumulated unsharded gradients); 0 where every micro-batch re-gathers. A chunk
+            holds them from its first backward (from its first forward for the
+            ``pp_unsharded_forward_bytes`` part) until its last backward's gradient reduction,
+            counted at the instants its rank's activations peak
+            (:func:`autopar.cost.pipeline_orders.held_chunks_at_peak`).
+        pp_unsharded_forward_bytes: of ``pp_unsharded_bytes``, the bytes per parameter already
+            held from the chunk's first forward (parameters not resharded after forward);
+            the rest (gradients, and parameters first kept after a backward) from its first
+            backward.
         unfused_score_saved_bytes: bytes per attention-score element the unfused attention path
             saves for backward (the softmax output; the graph counts 2).
         unfused_score_work_bytes: bytes per score element the unfused path allocates beside
@@ -62,6 +70,7 @@ class MemoryConventions:
     master_weight_bytes: int = 4
     optimizer_step_temp_bytes: int = 0
     pp_unsharded_bytes: int = 0
+    pp_unsharded_forward_bytes: int = 0
     unfused_score_saved_bytes: int = 2
     unfused_score_work_bytes: int = 4
     fp8_weight_cache_bytes: int = 0
@@ -72,6 +81,8 @@ class MemoryConventions:
     def __post_init__(self) -> None:
         names = self.field_names()
         bad = [n for n in names if getattr(self, n) is not None and getattr(self, n) < 0]
+        if self.pp_unsharded_forward_bytes > self.pp_unsharded_bytes:
+            bad.append("pp_unsharded_forward_bytes (above pp_unsharded_bytes)")
         missing = [n for n in names if not self.sources.get(n)]
         if bad or missing:
             raise InvalidTrainingConfig(
@@ -116,6 +127,10 @@ TORCH_MEMORY = MemoryConventions(
                               "set_reshard_after_backward(False) for all but the last "
                               "micro-batch; parameters and gradients in the training dtype "
                               "(autopar/runtime/dp.py: no upcast for bf16 parameters): 2 + 2",
+        "pp_unsharded_forward_bytes": "autopar/runtime/dp.py apply_fsdp: ZeRO-3 blocks "
+                                      "reshard after forward, so a chunk's parameters stay "
+                                      "gathered only from its first backward "
+                                      "(set_reshard_after_backward(False)): 0",
         "unfused_score_saved_bytes": _MATH_SDPA,
         "unfused_score_work_bytes": _MATH_SDPA_WORK,
         "fp8_weight_cache_bytes": "torchao Float8Linear casts the weight every forward",
@@ -125,7 +140,8 @@ TORCH_MEMORY = MemoryConventions(
 
 TORCHTITAN_MEMORY = MemoryConventions(
     weight_bytes=4, grad_bytes=4, master_weight_bytes=0, optimizer_step_temp_bytes=0,
-    pp_unsharded_bytes=6, unfused_score_saved_bytes=4, unfused_score_work_bytes=8,
+    pp_unsharded_bytes=6, pp_unsharded_forward_bytes=2, unfused_score_saved_bytes=4,
+    unfused_score_work_bytes=8,
     sources={
         "weight_bytes": "torchtitan v0.2.2 models/llama3/infra/parallelize.py apply_fsdp: "
                         "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) over a model "
@@ -136,6 +152,12 @@ TORCHTITAN_MEMORY = MemoryConventions(
         "optimizer_step_temp_bytes": "job_config.py Optimizer.implementation = 'fused'",
         "pp_unsharded_bytes": "parallelize.py apply_fsdp: reshard_after_forward = not "
                               "pp_enabled ('default' policy); " + _FSDP2_PP,
+        "pp_unsharded_forward_bytes": "parallelize.py apply_fsdp: under PP no block reshards "
+                                      "after forward (also at 3f20451bc, 2024-12-27: 'For PP, "
+                                      "do not reshard after forward to avoid per-microbatch "
+                                      "all-gathers'): the bf16 parameters (2) from the chunk's "
+                                      "first forward; the fp32 gradients (4) from its first "
+                                      "backward",
         "unfused_score_saved_bytes": _MATH_SDPA,
         "unfused_score_work_bytes": _MATH_SDPA_WORK,
         "fp8_weight_cache_bytes": "torchao Float8Linear (torchtitan's Float8 converter) casts "
@@ -157,6 +179,7 @@ MEGATRON_MEMORY = MemoryConventions(
         "optimizer_step_temp_bytes": "Transformer Engine / Apex FusedAdam (multi-tensor "
                                      "in-place kernel)",
         "pp_unsharded_bytes": "--use-torch-fsdp2 is not supported with pipeline parallelism",
+        "pp_unsharded_forward_bytes": "as pp_unsharded_bytes: none",
         "unfused_score_saved_bytes": "megatron/core/fusions/fused_softmax.py FusedScaleMaskSoftmax"
                                      ": bf16 softmax output (Korthikanti et al. 2022, 2as^2b)",
         "unfused_score_work_bytes": "bf16 gradients of the probabilities and of the scores",
@@ -178,6 +201,7 @@ DEEPSPEED_MEMORY = MemoryConventions(
                                "(deepspeed/runtime/zero/stage_1_and_2.py)",
         "optimizer_step_temp_bytes": "DeepSpeed FusedAdam (deepspeed/ops/adam)",
         "pp_unsharded_bytes": "ZeRO-3 is incompatible with DeepSpeed pipeline parallelism",
+        "pp_unsharded_forward_bytes": "as pp_unsharded_bytes: none",
         "unfused_score_saved_bytes": "DeepSpeed runs the model's own attention: "
                                      "torch SDPA's math path when not fused. " + _MATH_SDPA,
         "unfused_score_work_bytes": _MATH_SDPA_WORK,

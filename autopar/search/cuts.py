@@ -221,7 +221,7 @@ def _layer_costs(cm: CostModel, c: ParallelConfig, st: StageLayout, slots: tuple
     if memo is None:
         memo = _LAYER_COSTS[cm] = {}
     key = (c.tp, c.cp, c.dp, c.pp, c.micro_batch_size, c.sequence_parallel, c.cp_mode,
-           c.placement, c.ep, c.expert_tp, st.layers, st.flight, slots)
+           c.placement, c.ep, c.expert_tp, st.layers, st.flight, st.edge_flight, slots)
     hit = memo.get(key)
     if hit is not None:
         return hit
@@ -234,7 +234,7 @@ def _layer_costs(cm: CostModel, c: ParallelConfig, st: StageLayout, slots: tuple
             by_sig.setdefault(layers[li].signature, []).append(li)
         else:
             bc = cm.block_cost(li, "none", c)
-            fixed.append((bc.act_bytes * st.flight, bc.fwd_s + bc.bwd_s))
+            fixed.append((bc.act_bytes * st.flight_of(li), bc.fwd_s + bc.bwd_s))
             floor = max(floor, bc.transient_bytes)
     costs = []
     for idx in by_sig.values():

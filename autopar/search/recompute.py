@@ -116,5 +116,5 @@ def _fixed_memory(cm: CostModel, c: ParallelConfig, st, reserved: float) -> floa
     fixed_mem = sum(st.states) + reserved + st.gather_bytes
     for li in st.layers:
         if cm.graph.layers[li].kind != "block":
-            fixed_mem += cm.block_cost(li, "none", c).act_bytes * st.flight
+            fixed_mem += cm.block_cost(li, "none", c).act_bytes * st.flight_of(li)
     return fixed_mem
