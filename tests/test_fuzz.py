@@ -196,10 +196,13 @@ def test_fuzz_plan_from_json(plan_dict, data):
         loaded = out.to_dict()
         assert _within({k: v for k, v in d.items() if k not in _ESTIMATES}, loaded), path
         assert out.estimate.config == out.config
+        # the file's own estimate is replaced by a re-estimate of the plan's config (its config
+        # may be of the plan before a hand edit: autopar/io/planfile.py check_plan), so only the
+        # alternatives' and the front's configurations come back as written
         for key in _ESTIMATES:
-            given = d[key] if key == "estimate" else d.get(key, [])
-            for g, l in (zip(given, loaded[key]) if key != "estimate" else [(given, loaded[key])]):
-                assert _within(g["config"], l["config"]), path
+            if key != "estimate":
+                for g, l in zip(d.get(key, []), loaded[key]):
+                    assert _within(g["config"], l["config"]), path
         assert Plan.from_json(out.to_json()).to_json() == out.to_json()
 
 

@@ -19,11 +19,15 @@ def test_equal_plans_prefer_dp_over_cp_and_alternatives_differ_in_kind():
                             autopar.TrainingConfig(global_batch_size=64, seq_len=8192),
                             memory_margin=0)
     c = plan.config
-    assert (c.dp, c.cp, c.tp, c.pp, c.micro_batch_size, c.zero_stage) == (8, 1, 1, 1, 2, 3)
+    assert (c.dp, c.cp, c.tp, c.pp, c.micro_batch_size, c.zero_stage) == (8, 1, 1, 1, 2, 2)
     kinds = [kind_key(e.config) for e in (plan.estimate, *plan.alternatives)]
     assert len(set(kinds)) == len(kinds) == 6
     text = plan.summary()
-    assert "+0.0%" not in text and "(tie)" in text
+    # (the tie itself is gone since the compute beside each overlapped reduce-scatter is slowed
+    # by the SMs NCCL holds: cp=8 with mbs 8 runs twice the micro-batches, so twice the
+    # per-micro-batch ZeRO-2 reduce-scatters, of dp=8 with mbs 2; ties rank as the next test
+    # builds them)
+    assert "+0.0%" not in text
 
 
 def _est(plan, step_time_s, memory, **config):

@@ -165,10 +165,11 @@ def test_internevo_overlaps_its_bucketed_gradient_reduction():
 
 def test_tinyllama_runs_its_fused_kernels():
     # TinyLlama README 'Blazingly Fast': fused RMSNorm, SwiGLU, rotary and cross entropy; costed
-    # as eager PyTorch it was +12% (eager GLU activation) / +9% slow, fused it is -7%
+    # as eager PyTorch it was +12% (eager GLU activation) / +9% slow, fused it was -7%, and -6%
+    # with the compute slowed by the FSDP collectives it overlaps (the SMs NCCL holds)
     raw = {r["id"]: r for r in records.load(records.DEFAULT_PLANS.parent
                                             / "published_runs_tables.json")}
     rec = records.parse(raw["tinyllama-1.1b-16xa100-40g"])
     assert validation.record_profile(rec).fusion == "fused"
     row = validation.evaluate(rec, spread=False)
-    assert row.predicted_s == pytest.approx(5.067, rel=0.01)
+    assert row.predicted_s == pytest.approx(5.143, rel=0.01)

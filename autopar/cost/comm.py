@@ -201,3 +201,29 @@ def cp_layer_comm(layer: Layer, group: Collectives, *, micro_batch: int, tp: int
     bwd = max(0.0, steps * (2 * step - 2.5 * per_step_compute))
     # each step sends the K/V shard forward; backward sends K/V and dK/dV (send/recv: wire = message)
     return fwd, bwd, shard * steps * 3
+
+
+def overlapped_comm(comm_s: float, window_s: float, share: float) -> tuple[float, float]:
+    """(exposed seconds, compute-slowdown seconds) of a collective of ``comm_s`` seconds issued
+    beside ``window_s`` seconds of compute that would run alone in that time, when compute
+    progresses at ``1 - share`` of its rate while the collective is in flight (``share``: the
+    SMs its thread blocks hold, :func:`autopar.hardware.nccl.compute_share_taken`).
+
+    Both end at ``max(comm_s, window_s + share x comm_s)`` when the compute outlasts the
+    collective (it ran ``comm_s`` seconds at the reduced rate, then the rest alone), else at
+    ``comm_s`` (compute finished inside it after ``window_s / (1 - share)`` seconds). The time
+    beyond ``window_s`` is split into the slowdown, ``share`` x the seconds compute ran beside
+    the collective, and the exposed rest: ``share x min(comm_s, window_s / (1 - share))`` and
+    ``max(0, comm_s - window_s / (1 - share))``. With ``share = 0`` this is the ideal overlap
+    ``max(0, comm_s - window_s)``; with no window the collective is exposed whole.
+
+    Raises:
+        ValueError: a negative time, or ``share`` outside [0, 1).
+    """
+    if comm_s < 0 or window_s < 0 or not 0.0 <= share < 1.0:
+        raise ValueError(f"overlapped_comm needs comm_s, window_s >= 0 and 0 <= share < 1; got "
+                         f"{comm_s}, {window_s}, {share}")
+    if comm_s == 0.0:
+        return 0.0, 0.0
+    reach = window_s / (1.0 - share)   # seconds the slowed compute lasts
+    return max(0.0, comm_s - reach), share * min(comm_s, reach)

@@ -4,7 +4,9 @@ Step time (Narayanan et al. 2021, section 2.2): with m micro-batches, per-micro-
 t_i (forward + backward + recompute + TP/CP communication + pipeline sends) and v virtual stages,
 ``T_pipe = m * max_i t_i + (sum_i t_i - max_i t_i) / v``; for uniform stages this is
 ``(m + (p - 1) / v) * t``, the 1F1B bubble (p - 1) / (v m) of the ideal time. Then the exposed
-data-parallel communication and the optimizer step are added.
+data-parallel communication, the slowdown of the compute it runs beside (NCCL's thread blocks
+hold SMs while a collective is in flight: :mod:`autopar.hardware.nccl`) and the optimizer step
+are added.
 
 The object caches per-layer results (keyed by layer signature and sharding), so a search calling
 :meth:`CostModel.estimate` thousands of times pays for each distinct layer once.
@@ -21,7 +23,10 @@ from ..frameworks.memory import MemoryConventions
 from ..graph.kernels import ATTENTION_BACKWARD_RATIO
 from ..graph.types import ModelGraph
 from . import memory as mem
-from .comm import Collectives, CommLedger, cp_layer_comm, split_expert_tp, tp_layer_comm
+from ..hardware.collectives import layout_of
+from ..hardware.nccl import compute_share_taken
+from .comm import (Collectives, CommLedger, cp_layer_comm, overlapped_comm, split_expert_tp,
+                   tp_layer_comm)
 from .compute import LayerTime, layer_time
 from .params import CostParams
 from .regime import Regime, band_for, headroom_warnings, plausibility_warnings
@@ -167,6 +172,7 @@ class CostModel:
         self._zero1_splits: dict[tuple, tuple[float, int]] = {}
         self._resolved: dict[ParallelConfig, ParallelConfig | InvalidParallelConfig] = {}
         self._flops_per_seq: float | None = None
+        self._shares: dict[tuple, float] = {}
 
     # -- cached pieces -------------------------------------------------------------------------
     def layer_time(self, index: int, b: int, tp: int, cp: int, sp: bool,
@@ -664,8 +670,8 @@ class CostModel:
         (L402-418) first calls ``torch.cuda.synchronize()``, which waits for the compute issued
         so far and for the previous bucket's reduction, then launches this bucket's ``op`` on
         the communication stream. So a bucket's reduction hides only behind the backward
-        compute up to the next bucket's launch (``overlap`` of it, the cost model's
-        ``dp_overlap``), and ``step()`` (L508-514) reduces the last bucket after backward and
+        compute up to the next bucket's launch (``overlap`` of it; the estimate passes 1
+        and charges the compute slowdown beside the buckets itself, :func:`overlapped_comm`), and ``step()`` (L508-514) reduces the last bucket after backward and
         synchronizes: fully exposed. Hooks fire in backward order (the layers reversed, each
         op's parameters one tensor, TP-sharded ones / tp); a layer's backward seconds
         (:meth:`block_cost`) are split over its tensors by their elements. ``op`` over the
@@ -692,6 +698,23 @@ class CostModel:
                 fill += size
         return exposed + max(0.0, in_flight - overlap * since) + dp_g.time(
             op, fill * nbytes_per_element)
+
+    def comm_share(self, grp: Collectives) -> float:
+        """Share of this GPU's SMs a collective over ``grp`` holds while in flight
+        (:func:`autopar.hardware.nccl.compute_share_taken`: NCCL's CTAs for the group's link
+        class over the device's SM count); compute beside it runs at ``1 - share`` of its
+        rate. The group's ranks on one node use ``k x nics_per_node / gpus_per_node`` NICs
+        (``k``: most ranks of the group on a node; the NIC share the collective model gives each
+        member, :meth:`autopar.hardware.Cluster.fabric`)."""
+        cl = self.cluster
+        if grp.size <= 1:
+            return 0.0
+        hit = self._shares.get(grp.ranks)
+        if hit is None:
+            k = layout_of(grp.ranks, cl.gpus_per_node).max_per_node
+            hit = self._shares[grp.ranks] = compute_share_taken(
+                self.device, grp.link, k * cl.nics_per_node / cl.gpus_per_node)
+        return hit
 
     def _zero1_broadcasts_s(self, c: ParallelConfig, nbytes: float, owners: int) -> float:
         """Seconds to return ``nbytes`` of updated parameters by one broadcast per ZeRO-1 rank
@@ -870,8 +893,10 @@ class CostModel:
         return hit
 
     def step_without_dp_s(self, config: ParallelConfig) -> float:
-        """``step_time_s - time_breakdown["dp_comm_exposed"]`` of :meth:`estimate` (seconds),
-        bitwise, without the memory model (what a search bound needs; cached).
+        """``step_time_s - (time_breakdown["dp_comm_exposed"] +
+        time_breakdown["overlap_slowdown"])`` of :meth:`estimate` (seconds): the step less
+        everything the data-parallel collectives cost, bitwise, without the memory model (what
+        a search bound needs; cached).
 
         Raises:
             InvalidParallelConfig: the configuration breaks a rule of the model or cluster.
@@ -879,7 +904,8 @@ class CostModel:
         c = self.resolve(config)
         e = self._estimates.get(c)
         if e is not None:
-            return e.step_time_s - e.time_breakdown["dp_comm_exposed"]
+            tb = e.time_breakdown
+            return e.step_time_s - (tb["dp_comm_exposed"] + tb["overlap_slowdown"])
         hit = self._steps.get(c)
         if hit is None:
             step, dp_exposed = self._estimate(c, time_only=True)
@@ -1007,10 +1033,25 @@ class CostModel:
         dp_exposed = 0.0
         prof = self.profile
         gb = self.reduce_bytes
-        # share of a compute window that hides the DP collectives running beside it: none when
-        # the framework issues them after backward or gathers per parameter with syncs
-        ov_grad = p.dp_overlap if prof.overlap_dp_grad_reduce else 0.0
-        ov_gather = p.dp_overlap if prof.zero3_gather == "per_block" else 0.0
+        # whether the framework runs the DP collectives beside compute: not when it issues them
+        # after backward or gathers per parameter with syncs. Beside compute, a collective's
+        # NCCL thread blocks hold their SMs while in flight and the compute slows
+        # (overlapped_comm; autopar/hardware/nccl.py): ``dp_slow`` seconds
+        ov_grad = prof.overlap_dp_grad_reduce
+        ov_gather = prof.zero3_gather == "per_block"
+        share = self.comm_share(dp_g)
+        dp_slow = 0.0
+
+        def beside(comm_s: float, window_s: float, overlapped: bool) -> float:
+            """Exposed seconds of a collective run beside ``window_s`` of compute (all of it
+            when not overlapped); adds its compute slowdown to ``dp_slow``."""
+            nonlocal dp_slow
+            if not overlapped:
+                return comm_s
+            exposed, slow = overlapped_comm(comm_s, window_s, share)
+            dp_slow += slow
+            return exposed
+
         if dp * cp > 1:
             fwd1, bwd1 = stage_fwd[bottleneck], stage_bwd[bottleneck]
             t_ag = dp_g.time("all_gather", psi * wbytes)
@@ -1025,7 +1066,8 @@ class CostModel:
                 # reduce-scatters its gradients
                 regather = (psi - keep[stage_params.index(psi)]) / psi if psi > 0 else 1.0
                 per_mb = (1 + regather) * t_ag + t_rs
-                dp_exposed = m * max(0.0, per_mb - ov_gather * (fwd1 + bwd1))
+                dp_exposed = m * beside(per_mb, fwd1 + bwd1, ov_gather)
+                dp_slow *= m
                 ledger.add("dp", dp_g.link,
                            (1 + regather) * dp_g.wire_bytes("all_gather", psi * wbytes)
                            + dp_g.wire_bytes("reduce_scatter", psi * gb), per_mb, times=m)
@@ -1033,14 +1075,15 @@ class CostModel:
                 # under PP the framework keeps parameters gathered and gradients unsharded
                 # across the step's micro-batches: one gather behind the first forward, one
                 # reduce-scatter behind the last backward (memory pays, not time)
-                dp_exposed = (max(0.0, t_ag - ov_gather * fwd1)
-                              + max(0.0, t_rs - ov_grad * bwd1))
+                dp_exposed = beside(t_ag, fwd1, ov_gather) + beside(t_rs, bwd1, ov_grad)
                 ledger.add("dp", dp_g.link, dp_g.wire_bytes("all_gather", psi * wbytes)
                            + dp_g.wire_bytes("reduce_scatter", psi * gb), t_ag + t_rs)
             elif c.zero_stage == 2:
                 # sharded gradients cannot accumulate locally: reduce-scatter every micro-batch,
                 # each hidden behind that micro-batch's backward; parameters gathered once
-                dp_exposed = m * max(0.0, t_rs - ov_grad * bwd1) + max(0.0, t_ag - ov_grad * fwd1)
+                dp_exposed = m * beside(t_rs, bwd1, ov_grad)
+                dp_slow *= m
+                dp_exposed += beside(t_ag, fwd1, ov_grad)
                 ledger.add("dp", dp_g.link, dp_g.wire_bytes("reduce_scatter", psi * gb),
                            t_rs, times=m)
                 ledger.add("dp", dp_g.link, dp_g.wire_bytes("all_gather", psi * wbytes), t_ag)
@@ -1060,16 +1103,19 @@ class CostModel:
                 ov_param = ov_grad
                 if prof.zero1_param_sync == "broadcast" and c.zero_stage == 1:
                     owners = self.zero1_split(c, layout[stage_params.index(psi)].layers, psi)[1]
-                    t_param, ov_param = self._zero1_broadcasts_s(c, psi * wbytes, owners), 0.0
-                grad_exposed = max(0.0, t_grad - ov_grad * bwd1)
-                if prof.sync_grad_bucket_elements and ov_grad > 0:
+                    t_param, ov_param = self._zero1_broadcasts_s(c, psi * wbytes, owners), False
+                if prof.sync_grad_bucket_elements and ov_grad:
                     # one bucket in flight, each launched after a device-wide sync, the last
-                    # one after backward (FrameworkProfile.sync_grad_bucket_elements)
+                    # one after backward (FrameworkProfile.sync_grad_bucket_elements); the
+                    # buckets' hidden seconds slow the compute beside them (overlapped_comm)
                     op = ("all_reduce" if c.zero_stage == 0 or prof.zero1_grad_all_reduce
                           else "reduce_scatter")
                     grad_exposed = self.sync_bucket_exposed_s(
-                        c, layout[stage_params.index(psi)].layers, op, gb, ov_grad)
-                dp_exposed = grad_exposed + max(0.0, t_param - ov_param * fwd1)
+                        c, layout[stage_params.index(psi)].layers, op, gb, 1.0)
+                    dp_slow += share * max(0.0, t_grad - grad_exposed)
+                else:
+                    grad_exposed = beside(t_grad, bwd1, ov_grad)
+                dp_exposed = grad_exposed + beside(t_param, fwd1, ov_param)
                 ledger.add("dp", dp_g.link, wire, t_grad + t_param)
         # the optimizer runs on the rank's ZeRO shard: over dp x cp, or over the framework's
         # smaller ZeRO group (zero1_group_size: InternEvo parallel.zero1, FSDP hybrid sharding);
@@ -1098,9 +1144,10 @@ class CostModel:
         if c.zero_stage in (2, 3) and dp * cp > 1 and prof.zero_grad_copy_passes:
             grad_copy_s = m * prof.zero_grad_copy_passes * psi * wbytes / (
                 self.device.hbm_bandwidth_Bps * p.hbm_efficiency)
-        step = t_pipe + grad_copy_s + dp_exposed + optimizer_s + self.profile.step_fixed_s
+        step = (t_pipe + grad_copy_s + dp_exposed + dp_slow + optimizer_s
+                + self.profile.step_fixed_s)
         if time_only:
-            return step, dp_exposed
+            return step, dp_exposed + dp_slow
 
         # memory per pipeline rank
         stage_mem: list[mem.MemoryBreakdown] = []
@@ -1144,7 +1191,8 @@ class CostModel:
             "compute": m * parts["compute"] + grad_copy_s, "tp_comm": m * parts["tp_comm"],
             "cp_comm": m * parts["cp_comm"], "ep_comm": m * parts["ep_comm"],
             "pp_comm": m * parts["pp_comm"],
-            "bubble": bubble, "dp_comm_exposed": dp_exposed, "optimizer": optimizer_s,
+            "bubble": bubble, "dp_comm_exposed": dp_exposed, "overlap_slowdown": dp_slow,
+            "optimizer": optimizer_s,
         }
         regime = Regime.of(train, self.device.name, c)
         warns = plausibility_warnings(mfu, regime)

@@ -83,11 +83,12 @@ class CostParams:
             distributed optimizer does; set 4 for fp32 main grads as Megatron's default DDP).
         (The optimizer step's bytes per parameter depend on the optimizer's implementation,
         not on the GPU: :attr:`autopar.frameworks.FrameworkProfile.optimizer_step_bytes`.)
-        dp_overlap: fraction of a compute window that can hide communication running beside it
-            (DP gradient reduction behind backward as Megatron-LM --overlap-grad-reduce, ZeRO-3
-            parameter gathers behind the previous layer, ring-attention transfers): NCCL kernels
-            take SMs and HBM bandwidth from the compute they overlap. 0.8 is an assumption to be
-            calibrated by measurement.
+        dp_overlap: fraction of a compute window that can hide the tensor-parallel collectives
+            Transformer Engine overlaps with GEMMs (``tp_comm_overlap``) and ring-attention
+            transfers: those kernels take SMs and HBM bandwidth from the compute they overlap.
+            0.8 is an assumption to be calibrated by measurement. (Data-parallel collectives
+            no longer use it: their cost beside compute is the slowdown of the SMs NCCL holds,
+            :func:`autopar.cost.comm.overlapped_comm`, with the whole window.)
         reserved_bytes: memory per GPU outside the framework's allocator: CUDA context, cuBLAS
             workspace and NCCL buffers (assumption: 2e9 bytes; the CUDA context alone measured
             0.55e9 on an H200 with torch 2.11: total_memory - mem_get_info free after init).

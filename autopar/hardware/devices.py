@@ -52,6 +52,9 @@ class Device:
         source: where the figures come from.
         tdp_w: rated board power in watts (datasheet "Max TDP"); 0 = not known.
         power_limit_w: the power cap the GPU runs under (watts); 0 = its rated TDP.
+        sm_count: streaming multiprocessors on the GPU (NVIDIA architecture whitepapers; sources
+            in :data:`SM_COUNT_SOURCES`); 0 = not known. What share of the GPU a communication
+            kernel's thread blocks hold (:mod:`autopar.hardware.nccl`) is read against it.
         capacity_bytes: memory as the framework sees it (``torch.cuda.get_device_properties().
             total_memory``, the "total capacity" of torch's out-of-memory message): the HBM less
             what the driver keeps; None = ``memory_bytes``. Read it through
@@ -92,6 +95,7 @@ class Device:
     #: GPU architecture ("ampere", "hopper"); "" reads it from the name (:attr:`architecture`).
     #: Set it for a device whose name does not say (a custom entry, "MyCloud-GPU").
     arch: str = ""
+    sm_count: int = 0
 
     @property
     def visible_memory_bytes(self) -> float:
@@ -117,6 +121,11 @@ class Device:
             raise InvalidClusterSpec(
                 f"device {self.name!r}: form_factor {self.form_factor!r} is not one of {list(FORM_FACTORS)}"
             )
+        if isinstance(self.sm_count, bool) or not isinstance(self.sm_count, int) \
+                or self.sm_count < 0:
+            raise InvalidClusterSpec(
+                f"device {self.name!r}: sm_count must be an int >= 0 (0 = not known), got "
+                f"{self.sm_count!r}; fix: e.g. sm_count=132 for an H100 SXM5")
         if self.arch not in ARCHITECTURES:
             raise InvalidClusterSpec(
                 f"device {self.name!r}: arch {self.arch!r} is not one of {list(ARCHITECTURES)}; "
@@ -242,7 +251,22 @@ DEVICES: Mapping[str, Device] = MappingProxyType({d.name: d for d in (
 _TDP_W = {"A100-SXM4-40GB": 400, "A100-SXM4-80GB": 400, "A100-PCIe-40GB": 250,
           "A100-PCIe-80GB": 300, "A800-SXM4-80GB": 400, "H100-SXM5-80GB": 700,
           "H100-PCIe-80GB": 350, "H800-SXM5-80GB": 700, "H200-SXM-141GB": 700}
-DEVICES = MappingProxyType({n: replace(d, tdp_w=_TDP_W.get(n, 0.0)) for n, d in DEVICES.items()})
+#: Streaming multiprocessors per catalog GPU (the enabled SMs of the shipped part).
+SM_COUNT = {"A100-SXM4-40GB": 108, "A100-SXM4-80GB": 108, "A100-PCIe-40GB": 108,
+            "A100-PCIe-80GB": 108, "A800-SXM4-80GB": 108, "H100-SXM5-80GB": 132,
+            "H100-PCIe-80GB": 114, "H800-SXM5-80GB": 132, "H200-SXM-141GB": 132}
+#: Where each :data:`SM_COUNT` figure comes from.
+SM_COUNT_SOURCES = {
+    "A100": "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020): the A100 product has "
+            "108 SMs enabled (of 128 on the full GA100); A800 is the same board",
+    "H100": "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): H100 SXM5 132 SMs, "
+            "H100 PCIe 114 SMs",
+    "H800": "DeepSeek-V3 technical report (arXiv 2412.19437, section 3.2.2): 'out of the 132 "
+            "SMs available in the H800 GPU'",
+    "H200": "NVIDIA H200 datasheet: the GH100 GPU of H100 SXM5 with HBM3e (132 SMs)",
+}
+DEVICES = MappingProxyType({n: replace(d, tdp_w=_TDP_W.get(n, 0.0), sm_count=SM_COUNT.get(n, 0))
+                           for n, d in DEVICES.items()})
 
 #: Lower-case alias -> canonical name. Canonical names match case-insensitively as well.
 ALIASES: Mapping[str, str] = MappingProxyType({

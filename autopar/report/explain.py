@@ -30,11 +30,13 @@ LINK_NAMES = {"nvlink": "NVLink", "nvswitch": "NVSwitch", "pcie": "PCIe",
               "local": "no link"}
 
 #: Which mesh dimension's link each time component travels over.
-_COMPONENT_DIM = {"tp_comm": "tp", "cp_comm": "cp", "pp_comm": "pp", "dp_comm_exposed": "dp"}
+_COMPONENT_DIM = {"tp_comm": "tp", "cp_comm": "cp", "pp_comm": "pp", "dp_comm_exposed": "dp",
+                  "overlap_slowdown": "dp"}
 
 _TIME_WORDS = {"compute": "compute", "tp_comm": "TP all-reduce/all-gather",
                "cp_comm": "context-parallel K/V exchange", "pp_comm": "pipeline send/recv",
                "bubble": "pipeline bubble", "dp_comm_exposed": "exposed data-parallel sync",
+               "overlap_slowdown": "compute slowed by the data-parallel sync beside it",
                "optimizer": "optimizer step"}
 
 _MEMORY_WORDS = {"optimizer_states": "optimizer states", "transient": "transient buffers"}

@@ -260,8 +260,9 @@ def recompute_free_bound(cm: CostModel, c: ParallelConfig) -> float:
     collectives under full recomputation: :meth:`CostModel.block_cost`), the pipeline is
     monotone in every stage duration (closed form of Narayanan et al. 2021, section 2.2, and
     the max-plus event simulation of :func:`autopar.cost.schedule.simulate_pipeline`), exposed
-    DP communication is >= 0 and the optimizer step does not depend on recomputation. So
-    ``step(none) - dp_exposed(none)`` bounds ``step(any recompute)`` from below. It costs the
+    DP communication and the slowdown of the compute it overlaps are >= 0 and the optimizer
+    step does not depend on recomputation. So ``step(none) - dp_cost(none)`` (``dp_cost``:
+    exposed DP seconds plus that slowdown) bounds ``step(any recompute)`` from below. It costs the
     time part of one estimate (:meth:`CostModel.step_without_dp_s`) where :func:`evaluate`
     costs :func:`best_recompute` and an estimate. -inf when the configuration cannot be
     estimated (the caller then evaluates it).
@@ -445,11 +446,19 @@ def evaluate(run: Run, c: ParallelConfig, fixed: dict, allowed,
     e = run.estimate(c.replace(recompute=rc))
     if keep and e is not None and e.fits and c.zero_stage == 3 and c.dp * c.cp > 1 \
             and run.layerwise \
-            and run.profile.per_block_reshard and e.time_breakdown["dp_comm_exposed"] > 0 \
+            and run.profile.per_block_reshard and _dp_cost(e) > 0 \
             and not ("recompute" in fixed and isinstance(fixed["recompute"], tuple)) \
             and "reshard_after_forward" not in fixed:
         e = _keep_gathered(run, e, modes, allowed)
     return e
+
+
+def _dp_cost(e: Estimate) -> float:
+    """Seconds the data-parallel collectives add to ``e``'s step: exposed, plus the slowdown
+    of the compute they overlap (``time_breakdown`` keys ``dp_comm_exposed`` and
+    ``overlap_slowdown``; the latter absent from estimates of older plan files)."""
+    tb = e.time_breakdown
+    return tb["dp_comm_exposed"] + tb.get("overlap_slowdown", 0.0)
 
 
 def _keep_gathered(run: Run, e0: Estimate, modes: tuple[str, ...], allowed) -> Estimate:
@@ -467,9 +476,10 @@ def _keep_gathered(run: Run, e0: Estimate, modes: tuple[str, ...], allowed) -> E
     cm, c = run.cm, e0.config
     layout = cm.stage_layout(c)
     params = [st.params for st in layout]
-    # keeping blocks saves at most every re-gather of the step (and never more than is
-    # exposed); recomputation made necessary only adds: a bound to beat the top-k with
-    saving = min(e0.time_breakdown["dp_comm_exposed"], e0.num_micro_batches * cm.group(
+    # keeping blocks saves at most every re-gather of the step (and never more than the DP
+    # collectives cost: exposed, and the slowdown of the compute beside them);
+    # recomputation made necessary only adds: a bound to beat the top-k with
+    saving = min(_dp_cost(e0), e0.num_micro_batches * cm.group(
         "dp", c).time("all_gather", max(params) * cm.train.dtype_bytes))
     if e0.step_time_s - saving > run.threshold():
         return e0

@@ -1,8 +1,9 @@
 """Inside one configuration: per-rank recomputation and pipeline stage cuts.
 
 Recomputation. A faster pipeline rank never makes the step slower (the pipeline is a max-plus
-system, monotone in every duration, and a slower bottleneck hides at most ``dp_overlap`` < 1 of
-its extra time behind DP traffic while adding at least m times it), so each rank independently
+system, monotone in every duration, and a slower bottleneck takes at most its extra time off
+the DP traffic it overlaps, exposed plus slowdown (:func:`autopar.cost.comm.overlapped_comm`),
+while adding at least that to the pipeline), so each rank independently
 takes its fastest mix of the recompute modes the framework runs (none / selective /
 selective-op / full, each a choice of its own) that fits its memory, found exactly for any mix of
 block kinds by :func:`autopar.search.cuts.rank_recompute`.

@@ -1,0 +1,108 @@
+"""Compute slowed by the data-parallel collectives it overlaps (issue 13): NCCL's thread blocks
+hold SMs while a collective is in flight (autopar/hardware/nccl.py), and the compute beside it
+runs on the rest (autopar.cost.comm.overlapped_comm)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import autopar
+from autopar.api import model_graph
+from autopar.cost.comm import overlapped_comm
+from autopar.cost.model import CostModel
+from autopar.errors import InvalidClusterSpec
+from autopar.hardware import get_device
+from autopar.hardware.nccl import collective_ctas, compute_share_taken
+
+times = st.floats(min_value=0.0, max_value=100.0, allow_nan=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(comm=times, window=times, share=st.floats(min_value=0.0, max_value=0.5))
+def test_overlap_ends_when_the_slowed_compute_or_the_collective_ends(comm, window, share):
+    exposed, slow = overlapped_comm(comm, window, share)
+    assert exposed >= 0 and slow >= 0
+    if window > 0 and comm > 0:
+        # both end at max(comm, window + share x comm): compute ran beside the collective at
+        # 1 - share of its rate, then alone
+        end = comm if comm * (1 - share) >= window else window + share * comm
+        assert window + exposed + slow == pytest.approx(end, rel=1e-9, abs=1e-12)
+    # no share: the ideal overlap; a larger share never costs less
+    assert overlapped_comm(comm, window, 0.0) == (max(0.0, comm - window), 0.0)
+    assert sum(overlapped_comm(comm, window, min(0.5, share + 0.1))) >= exposed + slow - 1e-12
+
+
+def test_overlapped_comm_refuses_bad_input():
+    with pytest.raises(ValueError):
+        overlapped_comm(-1.0, 1.0, 0.1)
+    with pytest.raises(ValueError):
+        overlapped_comm(1.0, 1.0, 1.0)
+
+
+def test_ctas_follow_nccl_channel_counts():
+    # a DGX with 8 NICs: 16 SMs (NVIDIA/nccl #689); one NIC: 2; NVSwitch node: 24 channels
+    assert collective_ctas("infiniband", 8) == 16
+    assert collective_ctas("roce", 1) == 2
+    assert collective_ctas("infiniband", 0.5) == 2
+    assert collective_ctas("infiniband", 64) == 32   # NCCL MAXCHANNELS
+    assert collective_ctas("nvlink", 8) == 24
+    assert collective_ctas("local", 0) == 0
+    with pytest.raises(InvalidClusterSpec, match="fix"):
+        collective_ctas("carrier-pigeon", 1)
+    with pytest.raises(InvalidClusterSpec, match="nics_per_node"):
+        collective_ctas("infiniband", 0)
+
+
+def test_share_is_ctas_over_the_gpu_sms():
+    a100, h100 = get_device("A100-SXM4-80GB"), get_device("H100-SXM5-80GB")
+    assert (a100.sm_count, h100.sm_count, get_device("H100-PCIe-80GB").sm_count) == (108, 132, 114)
+    assert compute_share_taken(a100, "infiniband", 8) == pytest.approx(16 / 108)
+    assert compute_share_taken(h100, "nvlink", 8) == pytest.approx(24 / 132)
+    # an unknown SM count charges nothing
+    assert compute_share_taken(dataclasses.replace(a100, sm_count=0), "infiniband", 8) == 0.0
+    with pytest.raises(InvalidClusterSpec, match="sm_count"):
+        dataclasses.replace(a100, sm_count=-1)
+
+
+@pytest.fixture(scope="module")
+def fsdp_70b():
+    cluster = autopar.Cluster.from_spec("8x8xA100-80GB")
+    train = autopar.TrainingConfig(global_batch_size=128, seq_len=4096, framework="torchtitan",
+                                   micro_batch_size=2)
+    graph, _ = model_graph("llama2-70b", train)
+    return cluster, train, graph
+
+
+def test_fsdp_step_pays_the_slowdown_of_its_overlapped_collectives(fsdp_70b):
+    cluster, train, graph = fsdp_70b
+    cfg = autopar.ParallelConfig(tp=1, pp=1, dp=64, zero_stage=3, recompute="full",
+                                 micro_batch_size=2)
+    e = CostModel(graph, cluster, train).estimate(cfg)
+    tb = e.time_breakdown
+    assert sum(tb.values()) == pytest.approx(e.step_time_s, rel=1e-12)
+    # hidden behind compute (none exposed), the whole collective time slows compute by the
+    # 16 of 108 SMs NCCL holds on an 8-NIC A100 node
+    assert tb["dp_comm_exposed"] == 0.0
+    assert tb["overlap_slowdown"] == pytest.approx(
+        16 / 108 * e.comm_seconds_by_link["infiniband"], rel=1e-9)
+    # a GPU of unknown SM count pays none, and is that much faster
+    bare = dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, sm_count=0))
+    e0 = CostModel(graph, bare, train).estimate(cfg)
+    assert e0.time_breakdown["overlap_slowdown"] == 0.0
+    assert e.step_time_s - e0.step_time_s == pytest.approx(tb["overlap_slowdown"], rel=1e-9)
+
+
+def test_collectives_not_overlapped_slow_nothing(fsdp_70b):
+    # Megatron-LM without --overlap-grad-reduce reduces after backward: exposed, no slowdown
+    cluster, _, graph = fsdp_70b
+    train = autopar.TrainingConfig(global_batch_size=128, seq_len=4096, framework="megatron",
+                                   micro_batch_size=1)
+    e = CostModel(graph, cluster, train).estimate(
+        autopar.ParallelConfig(tp=8, pp=4, dp=2, zero_stage=1, recompute="full",
+                               micro_batch_size=1))
+    assert e.time_breakdown["overlap_slowdown"] == 0.0
+    assert e.time_breakdown["dp_comm_exposed"] > 0.0
