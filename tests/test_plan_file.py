@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -175,3 +176,22 @@ def test_autopar_estimate_plan_re_estimates_an_edited_file(tmp_path, plan_dict, 
     path.write_text(json.dumps(d))
     assert main(["estimate", "--plan", str(path)]) == 2
     assert "config lacks ['zero_stage']" in capsys.readouterr().err
+
+
+def test_autopar_estimate_plan_takes_framework(tmp_path, plan_dict, capsys):
+    """``--framework`` with ``--plan`` costs the file's plan as that framework runs it (it was
+    dropped: the file's own framework was used)."""
+    from autopar.cli import main
+
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan_dict))
+    runs = {}
+    for fw in ("torch", "deepspeed"):
+        assert main(["estimate", "--plan", str(path), "--framework", fw, "--json"]) == 0
+        runs[fw] = json.loads(capsys.readouterr().out)
+    loaded = _load(plan_dict)
+    want = autopar.estimate(TINY, loaded.cluster,
+                            dataclasses.replace(loaded.train, framework="deepspeed"),
+                            loaded.config)
+    assert runs["deepspeed"]["step_time_s"] == pytest.approx(want.step_time_s, rel=1e-12)
+    assert runs["deepspeed"]["error_band"] != runs["torch"]["error_band"]

@@ -298,7 +298,8 @@ def _plan_problem(args) -> tuple[Problem, dict, list[str]]:
              "precision": args.precision,
              "flash_attention": False if args.no_flash_attention else None,
              "optimizer_offload": True if args.optimizer_offload else None,
-             "optimizer_state_dtype": args.optimizer_state_dtype}
+             "optimizer_state_dtype": args.optimizer_state_dtype,
+             "framework": getattr(args, "framework", None)}
     train = TrainingConfig(**{**kw["train"].__dict__,
                               **{k: v for k, v in given.items() if v is not None}})
     par = dict(kw["config"].__dict__)

@@ -148,6 +148,8 @@ def config_diff(base: ParallelConfig, other: ParallelConfig) -> list[str]:
 
 
 def _value(v) -> str:
+    if v is None:   # a choice left to its default (e.g. ZeRO-3's resharding of every block)
+        return "default"
     if isinstance(v, bool):
         return "on" if v else "off"
     if isinstance(v, tuple) and all(isinstance(x, str) for x in v):
@@ -279,7 +281,11 @@ def _time_words(key: str, est: Estimate, ref: Estimate) -> str:
     words = _TIME_WORDS.get(key, key.replace("_", " "))
     dim = _COMPONENT_DIM.get(key)
     if dim:
-        src = est if getattr(est.config, dim) > 1 else ref
+        # the link of the plan that spends the time (a saving names the other plan's link)
+        mine, theirs = est.time_breakdown.get(key, 0.0), ref.time_breakdown.get(key, 0.0)
+        src = est if getattr(est.config, dim) > 1 and mine >= theirs else ref
+        if getattr(src.config, dim) <= 1:
+            src = est
         words += f" on {link_name((src.group_links or {}).get(dim))}"
     if key == "compute" and est.config.recompute != ref.config.recompute:
         words += (f" (recompute {_value(est.config.recompute)} vs "
