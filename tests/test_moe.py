@@ -77,3 +77,11 @@ def test_dualpipev_hides_all_to_all_only_where_the_framework_overlaps_it(cm):
                          - c.time_breakdown["overlap_slowdown"])
     assert t.time_breakdown["overlap_slowdown"] > c.time_breakdown["overlap_slowdown"]
     assert t.time_breakdown["optimizer"] < c.time_breakdown["optimizer"]
+
+
+def test_ep_on_a_dense_model_says_the_model_has_no_experts():
+    # it said "must divide the model's 0 experts ... Fix: use ep in []"
+    with pytest.raises(autopar.InvalidParallelConfig,
+                       match=r"ep=2 needs a mixture-of-experts model.*Fix: ep=1"):
+        autopar.estimate("tiny-gpt", "1x8xH100", autopar.TrainingConfig(global_batch_size=16, seq_len=64),
+                         autopar.ParallelConfig(dp=8, ep=2))

@@ -70,7 +70,11 @@ def resolve(config: ParallelConfig, graph: ModelGraph, world_size: int,
                 "sequence-parallel inputs when tp > 1 (transformer/moe/moe_layer.py raises "
                 "without sequence_parallel in training). Fix: sequence_parallel=True, or "
                 "expert_tp=None.")
-    elif c.ep > 1 and (not experts or experts % c.ep or dp % c.ep):
+    elif c.ep > 1 and not experts:
+        raise InvalidParallelConfig(
+            f"ep={c.ep} needs a mixture-of-experts model; this model is dense (no experts). "
+            "Fix: ep=1 (drop --ep).")
+    elif c.ep > 1 and (experts % c.ep or dp % c.ep):
         raise InvalidParallelConfig(
             f"ep={c.ep} must divide the model's {experts} experts and dp={dp} (experts are "
             f"split over data-parallel ranks). Fix: use ep in "
