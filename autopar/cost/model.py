@@ -35,7 +35,7 @@ from .pipeline_orders import V_SHAPED, chunk_counts_at_peak, held_chunks_at_peak
 from .schedule import pipeline_step_time
 from .stages import chunk_layers
 from .types import Estimate
-from .zero1 import greedy_shares
+from .zero1 import greedy_shares, owners
 
 #: Share of a causal attention op's counted (non-causal, FlopCounterMode) FLOPs that MFU and HFU
 #: leave out: the masked upper triangle a causal kernel skips (the FLOPs convention of
@@ -654,12 +654,12 @@ class CostModel:
                         sizes.append(o.num_parameters / c.tp)
                     else:
                         sizes.append(float(o.num_parameters))
-            shares = greedy_shares(tuple(sizes), z)
-            hit = self._zero1_splits[key] = (max(shares), sum(1 for s in shares if s > 0))
+            sizes_t = tuple(sizes)
+            hit = self._zero1_splits[key] = (max(greedy_shares(sizes_t, z)), owners(sizes_t, z))
         return hit
 
     def sync_bucket_exposed_s(self, c: ParallelConfig, layers: tuple[int, ...], op: str,
-                              nbytes_per_element: float, overlap: float) -> float:
+                              nbytes_per_element: float, overlap: float = 1.0) -> float:
         """Exposed seconds of a data-parallel gradient reduction run as buckets of at most
         ``sync_grad_bucket_elements`` elements with one bucket in flight, over the last
         micro-batch's backward of a pipeline rank holding graph layers ``layers``.
@@ -670,9 +670,9 @@ class CostModel:
         (L402-418) first calls ``torch.cuda.synchronize()``, which waits for the compute issued
         so far and for the previous bucket's reduction, then launches this bucket's ``op`` on
         the communication stream. So a bucket's reduction hides only behind the backward
-        compute up to the next bucket's launch (``overlap`` of it; the estimate passes 1
-        and charges the compute slowdown beside the buckets itself, :func:`overlapped_comm`), and ``step()`` (L508-514) reduces the last bucket after backward and
-        synchronizes: fully exposed. Hooks fire in backward order (the layers reversed, each
+        compute up to the next bucket's launch (``overlap`` of it, 1 in the estimate, which
+        charges the compute slowdown beside the buckets, :func:`overlapped_comm`), and ``step()`` (L508-514) reduces the
+        last bucket after backward and synchronizes: fully exposed. Hooks fire in backward order (the layers reversed, each
         op's parameters one tensor, TP-sharded ones / tp); a layer's backward seconds
         (:meth:`block_cost`) are split over its tensors by their elements. ``op`` over the
         data-parallel group, ``nbytes_per_element``: the reduce dtype's bytes.
@@ -765,14 +765,10 @@ class CostModel:
             states = (w, states[1], states[2])
         work = 0.0
         if c.zero_stage == 3 and c.dp * c.cp > 1:
+            work = 2 * train.dtype_bytes * max(
+                self._layer_params_per_rank(i, c.tp, True, c.ep, c.etp) for i in layers)
             if pp > 1 and conv.pp_unsharded_bytes:
-                work = max(self._pp_unsharded_bytes(c, rank, params),
-                           2 * train.dtype_bytes * max(
-                               self._layer_params_per_rank(i, c.tp, True, c.ep, c.etp)
-                               for i in layers))
-            else:
-                work = 2 * train.dtype_bytes * max(
-                    self._layer_params_per_rank(i, c.tp, True, c.ep, c.etp) for i in layers)
+                work = max(self._pp_unsharded_bytes(c, rank, params), work)
         if train.precision == "fp8" and conv.fp8_weight_cache_bytes:
             work += conv.fp8_weight_cache_bytes * sum(
                 self._layer_params_per_rank(i, c.tp, True, c.ep, c.etp) for i in layers
@@ -1111,7 +1107,7 @@ class CostModel:
                     op = ("all_reduce" if c.zero_stage == 0 or prof.zero1_grad_all_reduce
                           else "reduce_scatter")
                     grad_exposed = self.sync_bucket_exposed_s(
-                        c, layout[stage_params.index(psi)].layers, op, gb, 1.0)
+                        c, layout[stage_params.index(psi)].layers, op, gb)
                     dp_slow += share * max(0.0, t_grad - grad_exposed)
                 else:
                     grad_exposed = beside(t_grad, bwd1, ov_grad)

@@ -45,6 +45,7 @@ own order alone (:func:`peak_in_flight`), independent of timing.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 from functools import lru_cache
 
 #: Schedules whose ranks each hold exactly two chunks in a V.
@@ -311,6 +312,17 @@ def peak_in_flight(order: tuple[Action, ...]) -> int:
     return peak
 
 
+def _chunk_steps(order) -> Iterator[tuple[str, int]]:
+    """(kind, global chunk) of each pass in a rank's order, an ``O`` pair as its ``F`` then its
+    ``B`` (the walk :func:`held_chunks_at_peak` and :func:`chunk_counts_at_peak` share)."""
+    for a in order:
+        if a[0] == "O":
+            yield "F", a[1][0]
+            yield "B", a[2][0]
+        else:
+            yield a[0], a[1]
+
+
 def held_chunks_at_peak(schedule: str, pp: int, m: int, v: int, rank: int
                          ) -> tuple[tuple[frozenset, frozenset], ...]:
     """Which of rank ``rank``'s chunks hold per-chunk data-parallel state at the instants its
@@ -372,23 +384,21 @@ def _held_chunks_at_peak(schedule: str, pp: int, m: int, v: int, rank: int
         if held == peak:
             out.setdefault((frozenset(fwd_open), frozenset(bwd_open)), None)
 
-    for a in order:
-        steps = (("F", a[1][0]), ("B", a[2][0])) if a[0] == "O" else ((a[0], a[1]),)
-        for kind, stage in steps:
-            if kind == "F":
-                held += 1
-                if stage not in seen_f:
-                    seen_f.add(stage)
-                    fwd_open.add(stage)
-                note()
-            elif kind in ("B", "W"):
-                bwd_open.add(stage)
-                note()
-                held -= 1
-                done_b[stage] = done_b.get(stage, 0) + 1
-                if done_b[stage] == m:
-                    fwd_open.discard(stage)
-                    bwd_open.discard(stage)
+    for kind, stage in _chunk_steps(order):
+        if kind == "F":
+            held += 1
+            if stage not in seen_f:
+                seen_f.add(stage)
+                fwd_open.add(stage)
+            note()
+        elif kind in ("B", "W"):
+            bwd_open.add(stage)
+            note()
+            held -= 1
+            done_b[stage] = done_b.get(stage, 0) + 1
+            if done_b[stage] == m:
+                fwd_open.discard(stage)
+                bwd_open.discard(stage)
     return tuple(out)
 
 
@@ -420,15 +430,13 @@ def _chunk_counts_at_peak(schedule: str, pp: int, m: int, v: int, rank: int
             for c, n in held.items():
                 best[c] = max(best.get(c, 0), n)
 
-    for a in order:
-        steps = (("F", a[1][0]), ("B", a[2][0])) if a[0] == "O" else ((a[0], a[1]),)
-        for kind, stage in steps:
-            if kind == "F":
-                held[stage] = held.get(stage, 0) + 1
-                note()
-            elif kind in ("B", "W"):
-                note()
-                held[stage] -= 1
+    for kind, stage in _chunk_steps(order):
+        if kind == "F":
+            held[stage] = held.get(stage, 0) + 1
+            note()
+        elif kind in ("B", "W"):
+            note()
+            held[stage] -= 1
     return tuple(sorted(best.items()))
 
 
