@@ -130,8 +130,11 @@ def record_profile(rec: Record) -> FrameworkProfile:
         return MEGATRON.with_costs(
             {"overlap_dp_grad_reduce": "large 2024 in-house pretraining stacks overlap the "
              "data-parallel reduction with backward (Megatron-Core DDP overlap_grad_reduce, as "
-             "NeMo's recipes); the stack itself is not published"},
-            overlap_dp_grad_reduce=True)
+             "NeMo's recipes); the stack itself is not published",
+             "fsdp2_copies": "the in-house stack's sharding code is not published, and torch's "
+             "FSDP2 (fully_shard, torch 2.4, July 2024) postdates these runs: its copies are "
+             "not charged"},
+            overlap_dp_grad_reduce=True, fsdp2_copies=False)
     if kind == "deepspeed":
         return DEEPSPEED
     base = TORCHTITAN if kind == "torchtitan" else TORCH
@@ -158,6 +161,12 @@ def record_profile(rec: Record) -> FrameworkProfile:
             "wraps the model in torch.distributed.fsdp.FullyShardedDataParallel; the llm-foundry "
             "benchmark tables' Sharding Strategy FULL_SHARD is FSDP1's ShardingStrategy "
             "(Composer's FSDP)")
+    if kind in ("fsdp", "llm-foundry"):
+        changes["fsdp2_copies"] = False
+        why["fsdp2_copies"] = ("FSDP1 all-gathers into its flat parameter in place "
+                               "(torch/distributed/fsdp/_flat_param.py _all_gather_flat_param) "
+                               "and casts and reduces its flat gradient on the post-backward "
+                               "stream (_runtime_utils.py _reduce_grad)")
     if kind == "fsdp" and "HYBRID_SHARD" in rec.raw.get("notes", ""):
         changes["zero1_group_size"] = rec.cluster.gpus_per_node
         why["zero1_group_size"] = (

@@ -165,3 +165,37 @@ def test_fsdp1_flat_parameter_gradient_copy_is_charged_per_micro_batch():
     # DDP / ZeRO-1 keep no flat-parameter views
     cfg = autopar.ParallelConfig(tp=1, pp=1, dp=16, zero_stage=1, micro_batch_size=2)
     assert flat.estimate(cfg).step_time_s == base.estimate(cfg).step_time_s
+
+
+def test_fsdp2_copy_out_and_copy_in_are_charged_per_gather_and_reduce_scatter():
+    """FSDP2's all-gather copy-out (read + write the gathered bf16 parameters) and reduce-scatter
+    copy-in (read the bf16 gradients, write the reduce dtype) run on the compute stream."""
+    torch_p = get_profile("torch")
+    assert torch_p.fsdp2_copies and get_profile("torchtitan").fsdp2_copies
+    assert not get_profile("deepspeed").fsdp2_copies
+    off = torch_p.with_costs({"fsdp2_copies": "t"}, fsdp2_copies=False)
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=512)
+    graph = model_graph("tiny-llama", train)[0]
+    cluster = autopar.Cluster.from_spec("2x8xA100-80GB")
+    on_m, off_m = (CostModel(graph, cluster, train, framework=f) for f in (torch_p, off))
+    bw = on_m.device.hbm_bandwidth_Bps * on_m.params.hbm_efficiency
+    gb = on_m.reduce_bytes
+    for zero, gathers_per_mb in ((3, 2), (2, None)):
+        cfg = autopar.ParallelConfig(tp=1, pp=1, dp=16, zero_stage=zero, micro_batch_size=2)
+        a, b = on_m.estimate(cfg), off_m.estimate(cfg)
+        m = a.num_micro_batches
+        assert m == 2
+        psi = max(st.params for st in on_m.stage_layout(a.config))
+        # ZeRO-3 gathers forward and again backward every micro-batch; ZeRO-2 once a step
+        gathers = m * gathers_per_mb if gathers_per_mb else 1
+        extra = psi * (gathers * 2 * 2 + m * (2 + gb)) / bw
+        assert a.step_time_s - b.step_time_s == pytest.approx(extra, rel=1e-9)
+        assert a.time_breakdown["compute"] - b.time_breakdown["compute"] == pytest.approx(
+            extra, rel=1e-9)
+    # ZeRO-1 and single-rank runs run no FSDP collectives
+    cfg = autopar.ParallelConfig(tp=1, pp=1, dp=16, zero_stage=1, micro_batch_size=2)
+    assert on_m.estimate(cfg).step_time_s == off_m.estimate(cfg).step_time_s
+    one = autopar.Cluster.from_spec("1x2xA100-80GB")
+    cfg = autopar.ParallelConfig(tp=2, pp=1, dp=1, zero_stage=3, micro_batch_size=2)
+    assert (CostModel(graph, one, train, framework=torch_p).estimate(cfg).step_time_s
+            == CostModel(graph, one, train, framework=off).estimate(cfg).step_time_s)

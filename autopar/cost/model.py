@@ -1048,6 +1048,8 @@ class CostModel:
             dp_slow += slow
             return exposed
 
+        # sharded-DP all-gathers and reduce-scatters per step, for the copies around them
+        gathers = reduces = 0.0
         if dp * cp > 1:
             fwd1, bwd1 = stage_fwd[bottleneck], stage_bwd[bottleneck]
             t_ag = dp_g.time("all_gather", psi * wbytes)
@@ -1062,6 +1064,7 @@ class CostModel:
                 # reduce-scatters its gradients
                 regather = (psi - keep[stage_params.index(psi)]) / psi if psi > 0 else 1.0
                 per_mb = (1 + regather) * t_ag + t_rs
+                gathers, reduces = m * (1 + regather), m
                 dp_exposed = m * beside(per_mb, fwd1 + bwd1, ov_gather)
                 dp_slow *= m
                 ledger.add("dp", dp_g.link,
@@ -1072,6 +1075,7 @@ class CostModel:
                 # across the step's micro-batches: one gather behind the first forward, one
                 # reduce-scatter behind the last backward (memory pays, not time)
                 dp_exposed = beside(t_ag, fwd1, ov_gather) + beside(t_rs, bwd1, ov_grad)
+                gathers, reduces = 1, 1
                 ledger.add("dp", dp_g.link, dp_g.wire_bytes("all_gather", psi * wbytes)
                            + dp_g.wire_bytes("reduce_scatter", psi * gb), t_ag + t_rs)
             elif c.zero_stage == 2:
@@ -1080,6 +1084,7 @@ class CostModel:
                 dp_exposed = m * beside(t_rs, bwd1, ov_grad)
                 dp_slow *= m
                 dp_exposed += beside(t_ag, fwd1, ov_grad)
+                gathers, reduces = 1, m
                 ledger.add("dp", dp_g.link, dp_g.wire_bytes("reduce_scatter", psi * gb),
                            t_rs, times=m)
                 ledger.add("dp", dp_g.link, dp_g.wire_bytes("all_gather", psi * wbytes), t_ag)
@@ -1139,6 +1144,12 @@ class CostModel:
         grad_copy_s = 0.0
         if c.zero_stage in (2, 3) and dp * cp > 1 and prof.zero_grad_copy_passes:
             grad_copy_s = m * prof.zero_grad_copy_passes * psi * wbytes / (
+                self.device.hbm_bandwidth_Bps * p.hbm_efficiency)
+        # FSDP2's copies on the compute stream (FrameworkProfile.fsdp2_copies): each gather's
+        # copy-out reads and writes the gathered parameters; each reduce-scatter's copy-in reads
+        # the gradients and writes them in the reduce dtype
+        if prof.fsdp2_copies and c.zero_stage in (2, 3):
+            grad_copy_s += psi * (gathers * 2 * wbytes + reduces * (wbytes + gb)) / (
                 self.device.hbm_bandwidth_Bps * p.hbm_efficiency)
         step = (t_pipe + grad_copy_s + dp_exposed + dp_slow + optimizer_s
                 + self.profile.step_fixed_s)

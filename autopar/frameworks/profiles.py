@@ -65,7 +65,8 @@ COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_g
                "zero3_regather_per_micro_batch", "overlap_tp_comm", "overlap_pp_p2p",
                "grad_reduce_bytes", "step_fixed_s", "zero1_param_sync", "zero1_group_size",
                "zero1_grad_all_reduce", "cp_attention", "optimizer_step_bytes", "eager_parts",
-               "zero_grad_copy_passes", "zero1_partition", "sync_grad_bucket_elements")
+               "zero_grad_copy_passes", "zero1_partition", "sync_grad_bucket_elements",
+               "fsdp2_copies")
 #: Parts of a block that run as plain eager PyTorch ops inside a stack that is otherwise fused
 #: (:attr:`FrameworkProfile.eager_parts`; costed by :func:`autopar.cost.compute.layer_time`):
 #: ``glu``: a gated linear unit's activation as its own kernel before the multiply
@@ -142,9 +143,15 @@ _DEFAULT_COST_SOURCES = {
     "zero1_partition": "ZeRO-1 costed as equal slices of the parameters (flat buffer)",
     "sync_grad_bucket_elements": "DDP / FSDP keep several gradient buckets in flight without "
                                  "device-wide syncs: the reduction overlaps backward as a whole",
-    "zero_grad_copy_passes": "FSDP2 (fully_shard) keeps each parameter a tensor of its own; "
-                             "its reduce-scatter copy-in (_fsdp_collectives.py foreach_reduce, "
-                             "torch._chunk_cat) runs on the reduce-scatter stream",
+    "zero_grad_copy_passes": "FSDP2 (fully_shard) keeps each parameter a tensor of its own: "
+                             "autograd writes each gradient in place, no flat-gradient concat "
+                             "(its own copies are fsdp2_copies)",
+    "fsdp2_copies": "torch 2.13 torch/distributed/fsdp/_fully_shard: _fsdp_param_group.py "
+                    "wait_for_unshard calls _fsdp_collectives.py foreach_all_gather_copy_out "
+                    "(split_with_sizes_copy) and post_backward calls foreach_reduce, whose "
+                    "foreach_reduce_scatter_copy_in (chunk_cat) runs before "
+                    "reduce_scatter_stream.wait_stream(current_stream): both on the compute "
+                    "stream",
 }
 
 
@@ -225,6 +232,15 @@ class FrameworkProfile:
         zero_grad_copy_passes: under ZeRO-2/3, passes (reads + writes) over each parameter's
             compute-dtype gradient that the sharded-DP implementation adds to every backward on
             the compute stream (:data:`FSDP1_GRAD_COPY_PASSES`); 0 for none.
+        fsdp2_copies: under ZeRO-2/3 the framework shards with FSDP2 (``fully_shard``), which
+            copies on the compute stream around every collective: after each all-gather the
+            gathered flat buffer into the unsharded parameters (read and write the gathered
+            dtype, :func:`~torch.distributed.fsdp` ``foreach_all_gather_copy_out``), before
+            each reduce-scatter the unsharded gradients into one buffer of the reduce dtype
+            (read the gradient dtype, write the reduce dtype, ``foreach_reduce_scatter_copy_in``);
+            costed at the HBM bandwidth on the rank's parameters, per gather and per
+            reduce-scatter of the step. False for FSDP1 (gathers into its flat parameter in
+            place) and DeepSpeed ZeRO.
         cost_sources: cost field name -> its source (every cost field has one).
 
     Raises:
@@ -272,6 +288,7 @@ class FrameworkProfile:
     optimizer_step_bytes: int = TORCH_OPTIMIZER_STEP_BYTES
     eager_parts: tuple[str, ...] = ()
     zero_grad_copy_passes: int = 0
+    fsdp2_copies: bool = True
     cost_sources: Mapping[str, str] = field(default_factory=lambda: dict(_DEFAULT_COST_SOURCES))
     #: memory conventions (bytes per state, optimizer temporaries, what PP keeps unsharded...),
     #: sourced inside :class:`autopar.frameworks.memory.MemoryConventions`
@@ -340,7 +357,8 @@ class FrameworkProfile:
                      self.zero1_param_sync, self.zero1_group_size, self.zero1_grad_all_reduce,
                      tuple(sorted(self.cp_attention.items())), self.optimizer_step_bytes,
                      tuple(sorted(self.eager_parts)), self.zero_grad_copy_passes,
-                     self.zero1_partition, self.sync_grad_bucket_elements))
+                     self.zero1_partition, self.sync_grad_bucket_elements,
+                     self.fsdp2_copies))
 
     @classmethod
     def capability_names(cls) -> tuple[str, ...]:
@@ -676,8 +694,15 @@ DEEPSPEED = FrameworkProfile(
                                   "expert-parallel groups are carved out of the data-parallel "
                                   "group (no folding over the tensor-parallel ranks)",
     },
-    zero3_gather="per_parameter", overlap_dp_grad_reduce=False,
+    zero3_gather="per_parameter", overlap_dp_grad_reduce=False, fsdp2_copies=False,
     cost_sources={**_DEFAULT_COST_SOURCES,
+                  "fsdp2_copies": "not FSDP2: partitioned_param_coordinator.py "
+                                  "fetch_sub_module waits on each gather (partition_parameters"
+                                  ".py AllGatherCoalescedHandle.wait, whose torch.cat of the "
+                                  "partitions is its copy-out) inside the allgather stream, "
+                                  "part of the per-parameter gather (zero3_gather); stage3.py "
+                                  "__add_grad_to_ipg_bucket copies gradients into the bucket "
+                                  "on reduce_and_partition_stream",
                   "zero3_gather": "deepspeed/runtime/zero/partitioned_param_coordinator.py: "
                                   "per-parameter all-gathers fetched through "
                                   "stage3_prefetch_bucket_size (5e7 elements) with stream "
