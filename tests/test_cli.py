@@ -235,3 +235,14 @@ def test_sequence_parallel_at_tp_1_is_noted(capsys):
     code, out, err = run(capsys, "estimate", *TINY, "--tp", "1", "--sp", "--json")
     assert code == 0, err
     assert any("needs tp > 1: ignored at tp=1" in n for n in json.loads(out)["notes"])
+
+
+def test_explain_compares_each_plan_once(capsys):
+    """A runner-up that is also a canonical layout's best plan gets one row, and the other name
+    is listed as skipped."""
+    code, out, _ = run(capsys, "explain", *TINY, "--json")
+    assert code == 0
+    data = json.loads(out)
+    configs = [json.dumps(c["config"], sort_keys=True) for c in data["comparisons"]]
+    assert len(configs) == len(set(configs))
+    assert any("the same plan as 'pure data parallel" in s for s in data["skipped"])

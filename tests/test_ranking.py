@@ -19,7 +19,8 @@ def test_equal_plans_prefer_dp_over_cp_and_alternatives_differ_in_kind():
                             autopar.TrainingConfig(global_batch_size=64, seq_len=8192),
                             memory_margin=0)
     c = plan.config
-    assert (c.dp, c.cp, c.tp, c.pp, c.micro_batch_size, c.zero_stage) == (8, 1, 1, 1, 2, 2)
+    # (ZeRO-1 at mbs 1 since FSDP2's copy-in before each ZeRO-2 reduce-scatter is charged)
+    assert (c.dp, c.cp, c.tp, c.pp, c.micro_batch_size, c.zero_stage) == (8, 1, 1, 1, 1, 1)
     kinds = [kind_key(e.config) for e in (plan.estimate, *plan.alternatives)]
     assert len(set(kinds)) == len(kinds) == 6
     text = plan.summary()

@@ -128,3 +128,16 @@ def test_long_stage_cuts_are_shown_as_runs():
     a = ParallelConfig(pp=16, stage_blocks=(2,) * 16)
     b = ParallelConfig(pp=16, stage_blocks=(1,) + (2,) * 14 + (3,))
     assert config_diff(a, b) == ["cuts 2*16->1/2*14/3"]
+
+
+def test_plans_that_keep_fsdp_blocks_gathered_say_so():
+    from types import SimpleNamespace
+
+    from autopar.report.summary import config_text, reshard_text
+    kept = autopar.ParallelConfig(dp=8, zero_stage=3, reshard_after_forward=(False,) * 3 + (True,))
+    assert reshard_text(kept) == "FSDP keeps 3 of 4 blocks gathered forward to backward"
+    assert config_text(kept).endswith("(FSDP keeps 3 of 4 blocks gathered forward to backward)")
+    for c in (autopar.ParallelConfig(dp=8, zero_stage=3),
+              autopar.ParallelConfig(dp=8, zero_stage=3, reshard_after_forward=(True,) * 4),
+              SimpleNamespace(zero_stage=1)):
+        assert reshard_text(c) == ""

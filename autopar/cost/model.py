@@ -658,6 +658,25 @@ class CostModel:
             hit = self._zero1_splits[key] = (max(greedy_shares(sizes_t, z)), owners(sizes_t, z))
         return hit
 
+    def _no_effect_notes(self, c: ParallelConfig) -> tuple[str, ...]:
+        """Notes for choices that change nothing in this plan (a hand-written plan can hold
+        them; the search never emits them), and for a device whose missing SM count leaves
+        the overlap slowdown uncharged."""
+        notes = []
+        if c.zero_stage and c.dp * c.cp == 1:
+            notes.append(f"zero_stage={c.zero_stage} with dp x cp = 1: no rank shares weights, "
+                         "so ZeRO shards nothing and changes nothing here; fix: zero_stage=0, "
+                         "or dp > 1")
+        if c.pp == 1 and c.schedule not in (None, "1f1b"):
+            notes.append(f"schedule {c.schedule!r} at pp=1: there is no pipeline, so the "
+                         "schedule changes nothing here; fix: drop it, or pp > 1")
+        if c.dp * c.cp > 1 and not self.device.sm_count:
+            notes.append(f"device {self.device.name!r} has no sm_count: the compute slowdown "
+                         "beside overlapped collectives (autopar.hardware.nccl) is not charged, "
+                         "so this estimate is optimistic; fix: give the device's SM count "
+                         "(dataclasses.replace(device, sm_count=...))")
+        return tuple(notes)
+
     def sync_bucket_exposed_s(self, c: ParallelConfig, layers: tuple[int, ...], op: str,
                               nbytes_per_element: float, overlap: float = 1.0) -> float:
         """Exposed seconds of a data-parallel gradient reduction run as buckets of at most
@@ -890,9 +909,9 @@ class CostModel:
 
     def step_without_dp_s(self, config: ParallelConfig) -> float:
         """``step_time_s - (time_breakdown["dp_comm_exposed"] +
-        time_breakdown["overlap_slowdown"])`` of :meth:`estimate` (seconds): the step less
-        everything the data-parallel collectives cost, bitwise, without the memory model (what
-        a search bound needs; cached).
+        time_breakdown["overlap_slowdown"] + time_breakdown["dp_copies"])`` of :meth:`estimate`
+        (seconds): the step less everything the data-parallel collectives cost, bitwise, without
+        the memory model (what a search bound needs, the same for ZeRO stages 1-3; cached).
 
         Raises:
             InvalidParallelConfig: the configuration breaks a rule of the model or cluster.
@@ -901,7 +920,8 @@ class CostModel:
         e = self._estimates.get(c)
         if e is not None:
             tb = e.time_breakdown
-            return e.step_time_s - (tb["dp_comm_exposed"] + tb["overlap_slowdown"])
+            return e.step_time_s - (tb["dp_comm_exposed"] + tb["overlap_slowdown"]
+                                    + tb["dp_copies"])
         hit = self._steps.get(c)
         if hit is None:
             step, dp_exposed = self._estimate(c, time_only=True)
@@ -1154,7 +1174,7 @@ class CostModel:
         step = (t_pipe + grad_copy_s + dp_exposed + dp_slow + optimizer_s
                 + self.profile.step_fixed_s)
         if time_only:
-            return step, dp_exposed + dp_slow
+            return step, dp_exposed + dp_slow + grad_copy_s
 
         # memory per pipeline rank
         stage_mem: list[mem.MemoryBreakdown] = []
@@ -1195,11 +1215,11 @@ class CostModel:
         if overlap:  # the all-to-all seconds hidden inside DualPipeV's pairs are not exposed
             parts["ep_comm"] -= v * overlap[bottleneck]
         breakdown = {
-            "compute": m * parts["compute"] + grad_copy_s, "tp_comm": m * parts["tp_comm"],
+            "compute": m * parts["compute"], "tp_comm": m * parts["tp_comm"],
             "cp_comm": m * parts["cp_comm"], "ep_comm": m * parts["ep_comm"],
             "pp_comm": m * parts["pp_comm"],
             "bubble": bubble, "dp_comm_exposed": dp_exposed, "overlap_slowdown": dp_slow,
-            "optimizer": optimizer_s,
+            "dp_copies": grad_copy_s, "optimizer": optimizer_s,
         }
         regime = Regime.of(train, self.device.name, c)
         warns = plausibility_warnings(mfu, regime)
@@ -1214,6 +1234,7 @@ class CostModel:
         if refused:  # the search never returns such a plan; a hand-written one can be one
             warns = (*warns, f"{refused}: the framework cannot run this configuration as "
                              "estimated")
+        warns = (*warns, *self._no_effect_notes(c))
         warns = (*self.graph.warnings, *warns,
                  *headroom_warnings(totals[peak_rank], self.device.visible_memory_bytes))
         return Estimate(

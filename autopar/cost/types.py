@@ -34,12 +34,16 @@ class Estimate:
         num_micro_batches: micro-batches per step per pipeline (gradient accumulation steps).
         model_flops_per_step: FLOPs of one step (all GPUs), MFU's numerator times step time.
         time_breakdown: seconds by component: compute, tp_comm, cp_comm, pp_comm, bubble,
-            dp_comm_exposed, overlap_slowdown, optimizer (they add up to step_time_s).
+            dp_comm_exposed, overlap_slowdown, dp_copies, optimizer (they add up to
+            step_time_s). ``dp_copies`` is the sharded-DP implementation's memory-bound copies
+            on the compute stream (FSDP1's flat-gradient concat, FSDP2's all-gather copy-out
+            and reduce-scatter copy-in: ``FrameworkProfile.zero_grad_copy_passes``,
+            ``fsdp2_copies``).
             ``overlap_slowdown`` is what the data-parallel collectives the framework runs
             beside compute cost by taking SMs from it (NCCL's thread blocks,
             :mod:`autopar.hardware.nccl`; :func:`autopar.cost.comm.overlapped_comm`), beyond
             ``dp_comm_exposed``, the part no compute hides. Plan files of earlier autopar
-            versions have no ``overlap_slowdown``.
+            versions have no ``overlap_slowdown`` or ``dp_copies``.
         memory_breakdown: bytes by component on the peak GPU (see MemoryBreakdown).
         stage_memory_bytes: peak bytes of each pipeline rank.
         stage_time_s: seconds per micro-batch (forward + backward) of each pipeline rank.

@@ -31,12 +31,13 @@ LINK_NAMES = {"nvlink": "NVLink", "nvswitch": "NVSwitch", "pcie": "PCIe",
 
 #: Which mesh dimension's link each time component travels over.
 _COMPONENT_DIM = {"tp_comm": "tp", "cp_comm": "cp", "pp_comm": "pp", "dp_comm_exposed": "dp",
-                  "overlap_slowdown": "dp"}
+                  "overlap_slowdown": "dp", "dp_copies": "dp"}
 
 _TIME_WORDS = {"compute": "compute", "tp_comm": "TP all-reduce/all-gather",
                "cp_comm": "context-parallel K/V exchange", "pp_comm": "pipeline send/recv",
                "bubble": "pipeline bubble", "dp_comm_exposed": "exposed data-parallel sync",
                "overlap_slowdown": "compute slowed by the data-parallel sync beside it",
+               "dp_copies": "FSDP's copies around its gathers and reduce-scatters",
                "optimizer": "optimizer step"}
 
 _MEMORY_WORDS = {"optimizer_states": "optimizer states", "transient": "transient buffers"}
@@ -380,6 +381,16 @@ def named_alternatives(problem: Problem, plan: Plan, extra=()) -> tuple[list[Com
     best = plan.estimate
     comps: list[Comparison] = []
     skipped: list[str] = []
+    seen: dict[str, str] = {}   # config repr -> the name it was first compared under
+
+    def add(est: Estimate, name: str, note: str = "") -> None:
+        key = repr(est.config)
+        if key in seen:   # one row per plan: a runner-up can be a canonical layout's best
+            skipped.append(f"{name}: the same plan as {seen[key]!r}.")
+            return
+        seen[key] = name
+        comps.append(compare(best, est, name, note))
+
     for name, pins in canonical_alternatives(problem):
         try:
             est, note = best_under(problem, pins)
@@ -389,17 +400,17 @@ def named_alternatives(problem: Problem, plan: Plan, extra=()) -> tuple[list[Com
         if repr(est.config) == repr(best.config):
             skipped.append(f"{name}: it is the best plan itself.")
         else:
-            comps.append(compare(best, est, name, note))
+            add(est, name, note)
         if name.startswith("TP=") and "inside" in name:
             wide = tp_across_nodes(problem, est)
             if wide is not None:
-                comps.append(compare(best, wide[1], wide[0]))
+                add(wide[1], wide[0])
     wide = wide_tp_note(problem)
     if wide:
         skipped.append(wide)
     for i, a in enumerate(plan.alternatives[:3]):
-        comps.append(compare(best, a, f"alternative {i + 1}"))
-    for name, est in extra:
+        add(a, f"alternative {i + 1}")
+    for name, est in extra:   # asked for by name: always its own row
         comps.append(compare(best, est, name))
     return comps, skipped
 

@@ -31,7 +31,8 @@ COLORS = {"forward": "#0072B2", "backward": "#E69F00", "communication": "#CC79A7
           "weights": "#0072B2", "gradients": "#56B4E9", "optimizer_states": "#009E73",
           "activations": "#E69F00", "transient": "#CC79A7", "reserved": "#999999",
           "compute": "#0072B2", "tp_comm": "#CC79A7", "cp_comm": "#F0E442",
-          "pp_comm": "#56B4E9", "dp_comm_exposed": "#D55E00", "overlap_slowdown": "#8C3A00"}
+          "pp_comm": "#56B4E9", "dp_comm_exposed": "#D55E00", "overlap_slowdown": "#8C3A00",
+          "dp_copies": "#B07A52"}
 
 
 def _pyplot():
@@ -230,7 +231,8 @@ def plot_schedule(est: Estimate, path: PathLike = None, *, ax: Axes | None = Non
         boxes[(r, name)] += pieces(s, d * (1 - comm_share))
         if comm_share > 0:
             boxes[(r, "communication")] += pieces(s + d * (1 - comm_share), d * comm_share)
-    tail = [("dp_sync", tb.get("dp_comm_exposed", 0.0) + tb.get("overlap_slowdown", 0.0)),
+    tail = [("dp_sync", tb.get("dp_comm_exposed", 0.0) + tb.get("overlap_slowdown", 0.0)
+             + tb.get("dp_copies", 0.0)),
             ("optimizer", tb.get("optimizer", 0.0))]
     disp_end = end - (shift if r_right > w_left else 0.0)
     for r in range(c.pp):

@@ -116,13 +116,24 @@ def estimate_lines(e) -> list[str]:
     return lines
 
 
+def reshard_text(c) -> str:
+    """How many decoder blocks FSDP keeps gathered from forward to backward
+    (``ParallelConfig.reshard_after_forward`` False), e.g. "FSDP keeps 80 of 80 blocks
+    gathered"; "" when it reshards every block (the default) or the plan is not ZeRO-3."""
+    r = getattr(c, "reshard_after_forward", None)
+    if c.zero_stage != 3 or r is None or all(r):
+        return ""
+    return f"FSDP keeps {sum(1 for x in r if not x)} of {len(r)} blocks gathered forward to backward"
+
+
 def config_text(c) -> str:
     """Degrees and choices of a config on one line."""
     rc = c.recompute if isinstance(c.recompute, str) else "per-block"
+    kept = reshard_text(c)
     return (f"tp={c.tp} pp={c.pp} dp={c.dp} cp={c.cp}" + (f" ep={c.ep}" if c.ep > 1 else "")
             + f" sp={'on' if c.sequence_parallel else 'off'} "
             f"zero={c.zero_stage} recompute={rc} mbs={c.micro_batch_size} "
-            f"v={c.virtual_stages} schedule={c.schedule}")
+            f"v={c.virtual_stages} schedule={c.schedule}" + (f" ({kept})" if kept else ""))
 
 
 def plan_summary(plan) -> str:

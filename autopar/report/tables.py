@@ -10,7 +10,7 @@ from rich.table import Table
 from ..cost.pipeline_orders import stage_rank
 from ..cost.types import Estimate
 from .explain import Comparison, config_diff, link_name
-from .summary import accumulation_why, gap_text, plural, runner_up_note
+from .summary import accumulation_why, gap_text, plural, reshard_text, runner_up_note
 
 _DIMS = (("tp", "tensor parallel"), ("cp", "context parallel"), ("pp", "pipeline parallel"),
          ("dp", "data parallel"))
@@ -41,6 +41,8 @@ def degrees_table(e: Estimate) -> Table:
     rc = c.recompute if isinstance(c.recompute, str) else "per block (see stages)"
     t.add_row("sequence parallelism", "on" if c.sequence_parallel else "off", "")
     t.add_row("ZeRO stage", str(c.zero_stage), f"over dp x cp = {c.dp * c.cp}" if c.zero_stage else "")
+    if reshard_text(c):
+        t.add_row("FSDP reshard", "per block", reshard_text(c))
     t.add_row("recompute", rc, "")
     t.add_row("schedule", f"{c.schedule}, v={c.virtual_stages}" if c.pp > 1 else
               "- (no pipeline)", "")

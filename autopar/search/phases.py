@@ -319,7 +319,8 @@ def beyond(run: Run, c: ParallelConfig, bar: float) -> tuple[bool, float]:
 #: 2020: the optimizer states are sharded from stage 1 on), all ``params`` under ZeRO-0. So
 #: :func:`beyond` computes the bound once for ZeRO-0 and once for stages 1-3 of a
 #: configuration; the stages' values differ by rounding only (``step - dp_exposed`` with
-#: different ``dp_exposed``), far inside :data:`BOUND_RTOL` (tests/test_search_speed_caches.py).
+#: different ``dp_exposed``, the sharded-DP copies counted in it), far inside
+#: :data:`BOUND_RTOL` (tests/test_search_speed_caches.py).
 _NOT_IN_FREE_BOUND = ("zero_stage", "recompute", "reshard_after_forward")
 
 
@@ -455,10 +456,11 @@ def evaluate(run: Run, c: ParallelConfig, fixed: dict, allowed,
 
 def _dp_cost(e: Estimate) -> float:
     """Seconds the data-parallel collectives add to ``e``'s step: exposed, plus the slowdown
-    of the compute they overlap (``time_breakdown`` keys ``dp_comm_exposed`` and
-    ``overlap_slowdown``; the latter absent from estimates of older plan files)."""
+    of the compute they overlap, plus the copies around them (``time_breakdown`` keys
+    ``dp_comm_exposed``, ``overlap_slowdown`` and ``dp_copies``; the latter two absent from
+    estimates of older plan files)."""
     tb = e.time_breakdown
-    return tb["dp_comm_exposed"] + tb.get("overlap_slowdown", 0.0)
+    return tb["dp_comm_exposed"] + tb.get("overlap_slowdown", 0.0) + tb.get("dp_copies", 0.0)
 
 
 def _keep_gathered(run: Run, e0: Estimate, modes: tuple[str, ...], allowed) -> Estimate:
@@ -476,11 +478,14 @@ def _keep_gathered(run: Run, e0: Estimate, modes: tuple[str, ...], allowed) -> E
     cm, c = run.cm, e0.config
     layout = cm.stage_layout(c)
     params = [st.params for st in layout]
-    # keeping blocks saves at most every re-gather of the step (and never more than the DP
-    # collectives cost: exposed, and the slowdown of the compute beside them);
-    # recomputation made necessary only adds: a bound to beat the top-k with
-    saving = min(_dp_cost(e0), e0.num_micro_batches * cm.group(
-        "dp", c).time("all_gather", max(params) * cm.train.dtype_bytes))
+    # keeping blocks saves at most every re-gather of the step and its copy-out (and never
+    # more than the DP collectives cost: exposed, the slowdown of the compute beside them, the
+    # copies); recomputation made necessary only adds: a bound to beat the top-k with
+    gathered = max(params) * cm.train.dtype_bytes
+    copy_out = (2 * gathered / (cm.device.hbm_bandwidth_Bps * cm.params.hbm_efficiency)
+                if run.profile.fsdp2_copies else 0.0)
+    saving = min(_dp_cost(e0), e0.num_micro_batches * (
+        cm.group("dp", c).time("all_gather", gathered) + copy_out))
     if e0.step_time_s - saving > run.threshold():
         return e0
     r = params.index(max(params))
