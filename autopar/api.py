@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, fields, replace
 import copy
 from pathlib import Path
 from typing import Any, Callable
@@ -26,6 +26,7 @@ from .cost.types import Estimate
 from .errors import (InvalidClusterSpec, InvalidModelConfig, InvalidParallelConfig,
                      UntraceableModelError,
                      InvalidSearchOption, InvalidTrainingConfig)
+from .frameworks import FrameworkProfile
 from .graph import extract, hf
 from .graph.needs import LM_FIX, LM_NEEDS
 from .graph.positions import max_positions, with_position_warning
@@ -237,7 +238,8 @@ def with_calibration(cluster: Cluster, params: CostParams | None,
 
 def estimate(model: Any, cluster: Cluster | str, train: TrainingConfig | dict,
              config: ParallelConfig | dict, *, params: CostParams | None = None,
-             calibration: Calibration | str | Path | dict | None = None) -> Estimate:
+             calibration: Calibration | str | Path | dict | None = None,
+             profile: FrameworkProfile | None = None) -> Estimate:
     """Predict one configuration's step time, MFU, memory per GPU and communication.
 
     Args:
@@ -250,6 +252,9 @@ def estimate(model: Any, cluster: Cluster | str, train: TrainingConfig | dict,
         calibration: a calibration file (path), its dict or a loaded
             :class:`autopar.calibrate.Calibration` (``autopar calibrate``): its measured
             constants replace the datasheet ones (docs/calibrate.md).
+        profile: a copied and edited framework profile to cost with
+            (:meth:`autopar.frameworks.FrameworkProfile.with_costs`); it names the framework
+            (``train.framework`` becomes its name). Default: ``train.framework``'s own.
 
     Returns:
         :class:`Estimate` (``fits`` tells whether it fits in memory).
@@ -260,18 +265,35 @@ def estimate(model: Any, cluster: Cluster | str, train: TrainingConfig | dict,
     """
     cl = as_cluster(cluster)
     cfg_model = _model_config(model)
-    tr = _train(train, cfg_model, cl, model)
+    tr = _with_profile(_train(train, cfg_model, cl, model), profile)
     cl, params = with_calibration(cl, params, calibration, tr.precision)
     config = _parallel(config)
     graph, _ = model_graph(model, tr)
-    return CostModel(graph, cl, tr, params).estimate(config)
+    return CostModel(graph, cl, tr, params, framework=profile).estimate(config)
+
+
+def _with_profile(train: TrainingConfig, profile) -> TrainingConfig:
+    """``train`` naming ``profile``'s framework (unchanged when ``profile`` is None).
+
+    Raises:
+        InvalidTrainingConfig: ``profile`` is not a FrameworkProfile.
+    """
+    if profile is None:
+        return train
+    if not isinstance(profile, FrameworkProfile):
+        raise InvalidTrainingConfig(
+            f"profile must be a FrameworkProfile, got {type(profile).__name__}. Fix: e.g. "
+            "autopar.frameworks.get_profile('megatron').with_costs({'overlap_tp_comm': 'why'}, "
+            "overlap_tp_comm=True), or name a framework in TrainingConfig(framework=...).")
+    return train if train.framework == profile.name else replace(train, framework=profile.name)
 
 
 def optimize(model: Any, cluster: Cluster | str, train: TrainingConfig | dict | None = None, *,
              fixed: dict | None = None, time_limit_s: float | None = None, top_k: int = 5,
              progress: Callable | None = None, params: CostParams | None = None,
              calibration: Calibration | str | Path | dict | None = None,
-             memory_margin: float | None = None) -> Plan:
+             memory_margin: float | None = None,
+             profile: FrameworkProfile | None = None) -> Plan:
     """Search the fastest parallel plan that fits in memory.
 
     Args:
@@ -292,6 +314,8 @@ def optimize(model: Any, cluster: Cluster | str, train: TrainingConfig | dict | 
             prediction (:mod:`autopar.search.margin`). Default None: the measured band
             (:func:`autopar.search.margin.default_margin`, 0.12: peaks were within ±11% of
             their predictions for 68% of 28 measured runs); 0 plans to the last byte.
+        profile: a copied and edited framework profile to search and cost with (see
+            :func:`estimate`); the plan records its framework's name only.
 
     Returns:
         :class:`Plan` whose ``config`` has every field chosen and whose ``estimate`` fits.
@@ -307,10 +331,10 @@ def optimize(model: Any, cluster: Cluster | str, train: TrainingConfig | dict | 
     memory_margin = check_margin(memory_margin)
     cl = as_cluster(cluster)
     cfg_model = _model_config(model)
-    tr = _train(train, cfg_model, cl, model)
+    tr = _with_profile(_train(train, cfg_model, cl, model), profile)
     cl, params = with_calibration(cl, params, calibration, tr.precision)
     graph, cfg_model = model_graph(model, tr)
-    cm = CostModel(graph, cl, tr, params)
+    cm = CostModel(graph, cl, tr, params, framework=profile)
     result = search_with_margin(cm, fixed, memory_margin=memory_margin,
                                 time_limit_s=time_limit_s, top_k=top_k + 1, progress=progress)
     return build_plan(cm, result, cfg_model.to_dict() if cfg_model else None, memory_margin)

@@ -119,13 +119,19 @@ def record_profile(rec: Record) -> FrameworkProfile:
         # bias, i.e. the exposed TP charge still stands in for Hopper compute that the cost
         # model predicts too fast (issue 13 item 2, open until the compute side is sourced)
         return MEGATRON.with_costs(
-            {k: "NeMo 2.0 performance recipes (nemo/collections/llm/recipes/*.py): DDP "
-                "overlap_grad_reduce and overlap_param_gather True, overlap_p2p_comm True"
-             for k in ("overlap_dp_grad_reduce", "overlap_pp_p2p")},
-            overlap_dp_grad_reduce=True, overlap_pp_p2p=True)
+            {"overlap_dp_grad_reduce": "NeMo 2.0 performance recipes (nemo/collections/llm/"
+             "recipes/*.py): DDP overlap_grad_reduce and overlap_param_gather True"},
+            overlap_dp_grad_reduce=True)
     intern = "internevo" in f or "internlm" in f
     if kind == "megatron" or (kind == "unknown" and not intern and "lightning" not in f):
         if kind == "megatron":
+            year = re.search(r"(20\d\d)", rec.framework)
+            if year and int(year.group(1)) <= 2023:
+                return MEGATRON.with_costs(
+                    {"overlap_pp_p2p": "Megatron-LM before 4eeff55d1f (2023-10-12, 'Make "
+                     "overlap_p2p_comm the default') overlapped pipeline sends only under "
+                     "--overlap-p2p-communication, off by default; the record's stack is of "
+                     f"{year.group(1)}"}, overlap_pp_p2p=())
             return MEGATRON
         return MEGATRON.with_costs(
             {"overlap_dp_grad_reduce": "large 2024 in-house pretraining stacks overlap the "

@@ -30,8 +30,9 @@ def test_zero_at_dp_1_is_noted_and_costs_nothing():
 
 def test_pipeline_schedule_at_pp_1_is_noted():
     cm = _model()
-    est = cm.estimate(autopar.ParallelConfig(dp=16, schedule="gpipe", micro_batch_size=2))
-    assert len(_notes(est, "schedule 'gpipe' at pp=1")) == 1
+    for schedule in ("gpipe", "dualpipev", "interleaved-1f1b"):
+        est = cm.estimate(autopar.ParallelConfig(dp=16, schedule=schedule, micro_batch_size=2))
+        assert len(_notes(est, f"schedule {schedule!r} at pp=1")) == 1
     assert not _notes(cm.estimate(autopar.ParallelConfig(dp=16, micro_batch_size=2)), "pp=1")
 
 

@@ -47,6 +47,7 @@ from ..report.advice import fixes_to_fit, run_cost
 from ..report.explain import Problem, compare, named_alternatives, search_plan
 from ..report.summary import plural, trust_lines
 from ..io.importers import Imported, from_megatron_args, from_torchtitan_toml
+from ..frameworks import get_profile
 
 _PARALLEL = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "zero": "zero_stage",
              "recompute": "recompute", "sequence_parallel": "sequence_parallel",
@@ -332,7 +333,7 @@ def _problem(args) -> tuple[Problem, dict, list[str]]:
     imp = _imported(args)
     model = model_arg(args.model or (imp.model if imp else None))
     cluster = api.as_cluster(args.cluster)
-    par, tr, notes, params = {}, {}, [], None
+    par, tr, notes, params, profile = {}, {}, [], None, None
     ambiguous = memory_ambiguity(parse_spec(args.cluster).gpu_name)
     if ambiguous:
         notes.append(ambiguous)
@@ -346,6 +347,13 @@ def _problem(args) -> tuple[Problem, dict, list[str]]:
                          "framework); --framework changes that")
         if imp.num_layers and blocks and imp.num_layers != blocks:
             notes.append(f"the arguments say {imp.num_layers} layers; the model has {blocks}.")
+        if imp.costs and _framework(args) == "megatron":
+            profile = get_profile("megatron").with_costs(imp.cost_sources, **imp.costs)
+            notes.append("costed with Megatron-LM's overlaps as imported: "
+                         + ", ".join(sorted(imp.cost_sources.values())))
+        elif imp.costs:
+            notes.append(f"ignored for {_framework(args)}: Megatron-LM's "
+                         + ", ".join(sorted(imp.cost_sources.values())))
     par.update(_parallel(args))
     default = api.default_training(api._model_config(model), cluster,
                                    seq_len=args.seq_len or tr.get("seq_len"), model=model)
@@ -367,7 +375,8 @@ def _problem(args) -> tuple[Problem, dict, list[str]]:
         notes.append(f"calibrated from {args.calibration}: "
                      + ", ".join(sorted(k for k in cal.fitted if "." in k)))
     return (Problem.build(model, cluster, train, params=params,
-                          memory_margin=getattr(args, "memory_margin", None)), par, notes)
+                          memory_margin=getattr(args, "memory_margin", None), framework=profile),
+            par, notes)
 
 
 class _Progress:

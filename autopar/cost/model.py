@@ -139,6 +139,7 @@ class CostModel:
                  framework: FrameworkProfile | None = None,
                  conventions: MemoryConventions | None = None):
         self.graph, self.cluster, self.train = graph, cluster, train
+        self._given = (params, attention_kernel, framework, conventions)   # for rebuilt()
         self.params = params or CostParams()
         self.device = cluster.device
         self.profile = framework or get_profile(train.framework)
@@ -590,7 +591,7 @@ class CostModel:
         """
         if c.schedule != "dualpipev" or c.ep == 1 or c.pp == 1:
             return None
-        if c.schedule not in get_profile(self.train.framework).overlaps_ep_comm:
+        if c.schedule not in self.profile.overlaps_ep_comm:
             return None
         if any(mode != "none" for mode in c.block_recompute(len(self.blocks))):
             return None
@@ -659,17 +660,15 @@ class CostModel:
         return hit
 
     def _no_effect_notes(self, c: ParallelConfig) -> tuple[str, ...]:
-        """Notes for choices that change nothing in this plan (a hand-written plan can hold
-        them; the search never emits them), and for a device whose missing SM count leaves
-        the overlap slowdown uncharged."""
+        """Notes for a ZeRO stage that changes nothing in this plan (a hand-written plan can
+        hold one; the search never emits it), and for a device whose missing SM count leaves
+        the overlap slowdown uncharged. (A schedule at pp=1 is noted by :meth:`estimate`:
+        resolving drops it.)"""
         notes = []
         if c.zero_stage and c.dp * c.cp == 1:
             notes.append(f"zero_stage={c.zero_stage} with dp x cp = 1: no rank shares weights, "
                          "so ZeRO shards nothing and changes nothing here; fix: zero_stage=0, "
                          "or dp > 1")
-        if c.pp == 1 and c.schedule not in (None, "1f1b"):
-            notes.append(f"schedule {c.schedule!r} at pp=1: there is no pipeline, so the "
-                         "schedule changes nothing here; fix: drop it, or pp > 1")
         if c.dp * c.cp > 1 and not self.device.sm_count:
             notes.append(f"device {self.device.name!r} has no sm_count: the compute slowdown "
                          "beside overlapped collectives (autopar.hardware.nccl) is not charged, "
@@ -895,6 +894,12 @@ class CostModel:
             raise type(hit)(*hit.args)
         return hit
 
+    def rebuilt(self, cluster=None, train: TrainingConfig | None = None) -> "CostModel":
+        """This cost model on another ``cluster`` and/or ``train`` (None = the same), with the
+        same graph, constants, attention kernel, framework profile and memory conventions as
+        given to this one (a copied and edited profile stays in force)."""
+        return CostModel(self.graph, cluster or self.cluster, train or self.train, *self._given)
+
     def estimate(self, config: ParallelConfig) -> Estimate:
         """Predict step time, MFU, memory and communication of one configuration.
 
@@ -905,6 +910,11 @@ class CostModel:
         hit = self._estimates.get(c)
         if hit is None:   # a pure function of the resolved config (the search asks twice)
             hit = self._estimates[c] = self._estimate(c)
+        if config.pp == 1 and config.schedule not in (None, "1f1b"):
+            # resolving dropped the schedule (nothing to pipeline): say so, not silently
+            hit = replace(hit, warnings=(*hit.warnings, (
+                f"schedule {config.schedule!r} at pp=1: there is no pipeline, so the schedule "
+                "changes nothing here; fix: drop it, or pp > 1")))
         return hit
 
     def step_without_dp_s(self, config: ParallelConfig) -> float:
@@ -996,7 +1006,7 @@ class CostModel:
                 rank_comm[rank].append(("ep", self.group("ep", c).link, ep_b, ep_s))
             rank_comm[rank] += [("tp", tp_g.link, tp_b, tp_link), ("cp", cp_g.link, cp_b, cp_s)]
             # pipeline sends block the stage unless the framework runs them beside compute
-            p2p_exposed = 0.0 if self.profile.overlap_pp_p2p else st.p2p_s
+            p2p_exposed = 0.0 if c.schedule in self.profile.overlap_pp_p2p else st.p2p_s
             stage_parts[rank]["pp_comm"] += p2p_exposed
             stage_fwd[rank] += p2p_exposed / 2
             stage_bwd[rank] += p2p_exposed / 2

@@ -128,7 +128,7 @@ _DEFAULT_COST_SOURCES = {
                                       "and FSDP re-gathers every micro-batch",
     "overlap_tp_comm": "DTensor TP collectives are synchronous on the compute stream",
     "overlap_pp_p2p": "torch.distributed.pipelining waits on its batched isend/irecv before "
-                      "the next stage op",
+                      "the next stage op, under every schedule",
     "grad_reduce_bytes": "the compute dtype unless a reduce dtype is set (CostParams.grad_bytes)",
     "step_fixed_s": "no sourced fixed per-step cost",
     "zero1_param_sync": "ZeroRedundancyOptimizer / FSDP: parameters return by all-gather",
@@ -202,7 +202,8 @@ class FrameworkProfile:
             framework keeps them unsharded across a step's micro-batches (a memory cost, not time).
         overlap_tp_comm: tensor-parallel collectives overlap the GEMMs beside them (userbuffers
             ring exchange, Transformer Engine ``tp_comm_overlap``; or async TP).
-        overlap_pp_p2p: pipeline sends/receives run beside compute rather than blocking it.
+        overlap_pp_p2p: the schedules (of :data:`autopar.config.SCHEDULES`) under which
+            pipeline sends/receives run beside compute rather than blocking it; () for none.
         grad_reduce_bytes: bytes per gradient element in the data-parallel reduction; None = the
             cost model's :attr:`~autopar.cost.params.CostParams.grad_bytes`.
         step_fixed_s: a sourced fixed cost per optimizer step (seconds); 0 when none is sourced.
@@ -276,7 +277,7 @@ class FrameworkProfile:
     zero3_gather: str = "per_block"
     zero3_regather_per_micro_batch: bool = True
     overlap_tp_comm: bool = False
-    overlap_pp_p2p: bool = False
+    overlap_pp_p2p: tuple[str, ...] = ()
     grad_reduce_bytes: int | None = None
     step_fixed_s: float = 0.0
     zero1_param_sync: str = "all_gather"
@@ -304,6 +305,8 @@ class FrameworkProfile:
             bad.append("schedules")
         if not set(self.overlaps_ep_comm) <= set(self.schedules):
             bad.append("overlaps_ep_comm")
+        if isinstance(self.overlap_pp_p2p, str) or not set(self.overlap_pp_p2p) <= set(SCHEDULES):
+            bad.append("overlap_pp_p2p (a tuple of schedule names)")
         if not set(self.cp_modes) <= set(CP_MODES):
             bad.append("cp_modes")
         if not set(self.recompute_modes) <= set(RECOMPUTE_MODES) or not self.recompute_modes:
@@ -634,6 +637,7 @@ MEGATRON = FrameworkProfile(
                                   "grid etp x ep x edp x pp, world_size % (etp * ep * pp) == 0 "
                                   "(MoE parallel folding, transformer/moe/README.md)",
     },
+    overlap_pp_p2p=("interleaved-1f1b",),
     attention_kernels={"*": "cudnn"}, fusion="fused", overlap_dp_grad_reduce=False,
     cost_sources={**_DEFAULT_COST_SOURCES,
                   "attention_kernels": "arguments.py --attention-backend auto: Transformer "
@@ -645,8 +649,10 @@ MEGATRON = FrameworkProfile(
                   "overlap_dp_grad_reduce": "arguments.py --overlap-grad-reduce is off by "
                                             "default: gradients are reduced after backward",
                   "overlap_tp_comm": "arguments.py --tp-comm-overlap is off by default",
-                  "overlap_pp_p2p": "arguments.py --overlap-p2p-communication applies to the "
-                                    "interleaved schedule only and is off by default",
+                  "overlap_pp_p2p": "arguments.py --no-overlap-p2p-communication: "
+                                    "overlap_p2p_comm is on by default (since 4eeff55d1f, "
+                                    "2023-10-12), and validate_args turns it off unless the "
+                                    "schedule is interleaved",
                   "grad_reduce_bytes": "CostParams.grad_bytes (bf16 reduction, as NeMo's "
                                        "distributed optimizer)",
                   "optimizer_step_bytes": "megatron/core/optimizer/__init__.py: Transformer "

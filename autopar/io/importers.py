@@ -62,6 +62,10 @@ class Imported:
             ``--num-layers`` was not given (resolved against the model in :meth:`complete`).
         local_batch_size: torchtitan's per-rank batch when no global batch is given (the global
             batch is then ``local_batch_size * dp``, resolved in :meth:`complete`).
+        costs: framework-profile cost fields the source sets (e.g. Megatron-LM's
+            ``--overlap-grad-reduce`` -> ``overlap_dp_grad_reduce=True``), for
+            :meth:`autopar.frameworks.FrameworkProfile.with_costs` of the source's framework.
+        cost_sources: the flag that set each of ``costs`` (the source with_costs records).
     """
 
     parallel: dict = field(default_factory=dict)
@@ -71,6 +75,8 @@ class Imported:
     notes: tuple[str, ...] = ()
     layers_per_virtual_stage: int | None = None
     local_batch_size: int | None = None
+    costs: dict = field(default_factory=dict)
+    cost_sources: dict = field(default_factory=dict)
 
     def complete(self, world_size: int, num_blocks: int) -> tuple[dict, dict]:
         """(parallel, train) keyword dicts with the fields that depend on the cluster's GPU count
@@ -115,7 +121,9 @@ def _megatron_parser() -> argparse.ArgumentParser:
                  "expert-tensor-parallel-size", "data-parallel-size"):
         p.add_argument(f"--{name}", type=int, default=None)
     for name in ("sequence-parallel", "recompute-activations", "use-distributed-optimizer",
-                 "use-torch-fsdp2", "bf16", "fp16", "use-flash-attn"):
+                 "use-torch-fsdp2", "bf16", "fp16", "use-flash-attn", "overlap-grad-reduce",
+                 "overlap-param-gather", "tp-comm-overlap", "no-overlap-p2p-communication",
+                 "overlap-p2p-communication"):
         p.add_argument(f"--{name}", action="store_true")
     p.add_argument("--recompute-granularity", choices=["full", "selective"], default=None)
     p.add_argument("--recompute-method", choices=["uniform", "block"], default=None)
@@ -201,12 +209,40 @@ def from_megatron_args(text: str | list[str]) -> Imported:
     if ns.expert_tensor_parallel_size is not None:
         # None when equal to tp (ParallelConfig stores that mapping one way)
         par["expert_tp"] = ns.expert_tensor_parallel_size
+    costs, sources = _megatron_overlaps(ns, par, notes)
     flags = [u for u in unknown if u.startswith("--")]
     if flags:
         notes.append("ignored (not a parallelism or batch setting autopar models): "
                      + " ".join(flags))
     return Imported(parallel=par, train=train, num_layers=ns.num_layers, notes=tuple(notes),
-                    layers_per_virtual_stage=lpv)
+                    layers_per_virtual_stage=lpv, costs=costs, cost_sources=sources)
+
+
+def _megatron_overlaps(ns, par: dict, notes: list) -> tuple[dict, dict]:
+    """The megatron profile's overlap cost fields that Megatron-LM's overlap flags set
+    (megatron/training/arguments.py at d98e8a64: --overlap-grad-reduce, --overlap-param-gather,
+    which needs it, --tp-comm-overlap, --no-overlap-p2p-communication; the pre-2023-10 spelling
+    --overlap-p2p-communication turns on what is now the default)."""
+    costs: dict = {}
+    sources: dict = {}
+    if ns.overlap_grad_reduce:
+        costs["overlap_dp_grad_reduce"] = True
+        sources["overlap_dp_grad_reduce"] = "imported --overlap-grad-reduce"
+        if par.get("zero_stage") == 1 and not ns.overlap_param_gather:
+            notes.append("--overlap-grad-reduce without --overlap-param-gather: the distributed "
+                         "optimizer's parameter all-gather is costed as overlapped too (autopar "
+                         "has one switch for both).")
+    elif ns.overlap_param_gather:
+        notes.append("--overlap-param-gather without --overlap-grad-reduce: Megatron-LM refuses "
+                     "it ('Must use --overlap-param-gather with --overlap-grad-reduce'); costed "
+                     "without either overlap.")
+    if ns.tp_comm_overlap:
+        costs["overlap_tp_comm"] = True
+        sources["overlap_tp_comm"] = "imported --tp-comm-overlap"
+    if ns.no_overlap_p2p_communication:
+        costs["overlap_pp_p2p"] = ()
+        sources["overlap_pp_p2p"] = "imported --no-overlap-p2p-communication"
+    return costs, sources
 
 
 #: torchtitan's "selective" mode is op-level SAC (selective_ac_option "op", its default).

@@ -11,7 +11,6 @@ from __future__ import annotations
 from ..config import RECOMPUTE_MODES, ParallelConfig
 from ..cost.types import Estimate
 from ..errors import AutoparError
-from ..frameworks import get_profile
 from .explain import Problem
 
 
@@ -52,7 +51,7 @@ def fixes_to_fit(problem: Problem, config: ParallelConfig) -> list[tuple[str, Es
             if set(c1) & set(c2):
                 continue
             cands[f"{t1} + {t2}"] = {**c1, **c2}
-    profile = get_profile(cm.train.framework)
+    profile = cm.profile
     results = []
     for text, ch in cands.items():
         try:

@@ -82,10 +82,11 @@ class Problem:
 
     @classmethod
     def build(cls, model, cluster, train: TrainingConfig,
-              params: CostParams | None = None, memory_margin: float | None = None
-              ) -> "Problem":
+              params: CostParams | None = None, memory_margin: float | None = None,
+              framework=None) -> "Problem":
         """Extract the graph and build the cost model (``params``: its constants, default
-        :class:`CostParams`).
+        :class:`CostParams`; ``framework``: a :class:`~autopar.frameworks.FrameworkProfile`
+        to cost with, default that of ``train.framework``).
 
         Raises:
             AutoparError subclasses: an invalid model, cluster or training config;
@@ -94,8 +95,8 @@ class Problem:
         margin = check_margin(memory_margin)
         cl = api.as_cluster(cluster)
         graph, cfg = api.model_graph(model, train)
-        return cls(model, CostModel(graph, cl, train, params), cfg.to_dict() if cfg else None,
-                   margin)
+        return cls(model, CostModel(graph, cl, train, params, framework=framework),
+                   cfg.to_dict() if cfg else None, margin)
 
     @property
     def cluster(self):

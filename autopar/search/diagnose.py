@@ -17,7 +17,6 @@ from types import SimpleNamespace
 from ..config import ParallelConfig
 from ..cost.model import CostModel
 from ..errors import AutoparError, InfeasibleError, InvalidParallelConfig
-from ..frameworks import get_profile
 from . import space
 from .phases import first_fit
 
@@ -123,7 +122,7 @@ def _with_nodes(cm: CostModel, nodes: int) -> CostModel:
     bigger = Cluster(nodes, c.gpus_per_node, c.device, c.intra_link,
                      c.inter_link if c.inter_link is not None else _default_nic(c),
                      c.nics_per_node or 1, comm_params=c.comm_params)
-    return CostModel(cm.graph, bigger, cm.train, cm.params)
+    return cm.rebuilt(bigger)
 
 
 def _default_nic(cluster):
@@ -183,7 +182,7 @@ def infeasible_error(cm: CostModel, smallest, fixed: dict,
             changes.append(f"unpin {key}={fixed[key]!r} ({key}={val!r} fits)")
     if cm.train.micro_batch_size not in (None, 1) and "micro_batch_size" not in fixed:
         small = replace(cm.train, micro_batch_size=1)
-        if first_fit(CostModel(cm.graph, cm.cluster, small, cm.params), fixed, deadline):
+        if first_fit(cm.rebuilt(train=small), fixed, deadline):
             changes.append("use micro_batch_size=1")
     changes += _memory_options(cm, fixed, deadline)
     gpus = _smallest_cluster(cm, fixed, need, deadline)
@@ -219,7 +218,7 @@ def _memory_options(cm: CostModel, fixed: dict, deadline: float) -> list[str]:
         if getattr(cm.train, name) == value or time.monotonic() >= deadline:
             continue
         train = replace(cm.train, **{name: value})
-        if first_fit(CostModel(cm.graph, cm.cluster, train, cm.params), fixed, deadline):
+        if first_fit(cm.rebuilt(train=train), fixed, deadline):
             out.append(f"keep {how}")
     return out
 
@@ -228,7 +227,7 @@ def seq_blocked(cm: CostModel, fixed: dict) -> str | None:
     """The (tp, cp) pairs the target framework's sequence split rules out at this sequence
     length (:meth:`autopar.frameworks.FrameworkProfile.seq_violation`), as a change to try, or
     None when it rules out none."""
-    profile = get_profile(cm.train.framework)
+    profile = cm.profile
     limits, seq = space.SpaceLimits(), cm.train.seq_len
     pairs = sorted({(m[0], m[1]) for m in space.meshes(cm.graph, cm.cluster, cm.train, fixed,
                                                          limits)})

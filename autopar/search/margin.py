@@ -56,7 +56,7 @@ def derated(cm: CostModel, memory_margin: float) -> CostModel:
     device = replace(dev, capacity_bytes=dev.visible_memory_bytes * (1 - memory_margin))
     cluster = Cluster(c.num_nodes, c.gpus_per_node, device, c.intra_link, c.inter_link,
                       c.nics_per_node, c.name, c.comm_params)
-    return CostModel(cm.graph, cluster, cm.train, cm.params)
+    return cm.rebuilt(cluster)
 
 
 def search_with_margin(cm: CostModel, fixed: dict | None = None, *,

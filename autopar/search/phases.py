@@ -23,7 +23,7 @@ from ..cost.memory import kept_params_per_rank
 from ..cost.model import CostModel
 from ..cost.types import Estimate
 from ..errors import AutoparError, InvalidParallelConfig
-from ..frameworks import FrameworkProfile, get_profile
+from ..frameworks import FrameworkProfile
 from ..hardware.collectives import layout_of
 from . import space
 from .ranking import TIE_RTOL, better, kind_key, ranked
@@ -45,7 +45,7 @@ class Run:
     def __init__(self, cm: CostModel, time_limit_s: float | None, progress: Progress | None,
                  require_fit: bool, top_k: int):
         self.cm = cm
-        self.profile: FrameworkProfile = get_profile(cm.train.framework)
+        self.profile: FrameworkProfile = cm.profile
         self.require_fit = require_fit
         self.top_k = max(1, top_k)
         self.deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
@@ -120,7 +120,7 @@ def layer_sum(cm: CostModel, c: ParallelConfig) -> float:
     counts: dict[str, list] = {}
     for layer in cm.graph.layers:
         counts.setdefault(layer.signature, [layer.index, 0])[1] += 1
-    hide = c.ep > 1 and bool(get_profile(cm.train.framework).overlaps_ep_comm)
+    hide = c.ep > 1 and bool(cm.profile.overlaps_ep_comm)
     for li, n in counts.values():
         bc = cm.block_cost(li, "none", c)
         total += n * (bc.fwd_s + bc.bwd_s - (bc.ep_s if hide else 0.0))
@@ -221,7 +221,7 @@ def mesh_groups(cm: CostModel, fixed: dict, limits) -> MeshGroups:
     lower bound on its step time (:class:`MeshGroups`; a rank placement never makes a
     configuration invalid, so validity is checked over CP modes only)."""
     train, g = cm.train, cm.graph
-    profile = get_profile(train.framework)
+    profile = cm.profile
     entries = []
     for tp, cp, pp, dp in space.meshes(g, cm.cluster, train, fixed, limits, profile):
         sps = space.sequence_parallel_options(tp, fixed, profile, train.seq_len, cp)
