@@ -286,7 +286,8 @@ class CostModel:
                              c.etp if folded else None)
         attn_layer, expert_layer = split_expert_tp(layer) if folded else (layer, None)
         tf, tb, fb, bb = tp_layer_comm(attn_layer, self.group("tp", c), micro_batch=bscale,
-                                       cp=cp, sequence_parallel=sp)
+                                       cp=cp, sequence_parallel=sp,
+                                       mlp_per_linear=self.profile.tp_mlp_reduce_per_linear)
         if expert_layer is not None:
             # folded MoE: the routed tokens are all-gathered over the expert-TP group after the
             # dispatch all-to-all and reduce-scattered before the combine (Megatron-Core

@@ -65,7 +65,8 @@ COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_g
                "zero3_regather_per_micro_batch", "overlap_tp_comm", "overlap_pp_p2p",
                "grad_reduce_bytes", "step_fixed_s", "zero1_param_sync", "zero1_group_size",
                "zero1_grad_all_reduce", "cp_attention", "optimizer_step_bytes", "eager_parts",
-               "zero_grad_copy_passes", "zero1_partition", "sync_grad_bucket_elements")
+               "zero_grad_copy_passes", "zero1_partition", "sync_grad_bucket_elements",
+               "tp_mlp_reduce_per_linear")
 #: Parts of a block that run as plain eager PyTorch ops inside a stack that is otherwise fused
 #: (:attr:`FrameworkProfile.eager_parts`; costed by :func:`autopar.cost.compute.layer_time`):
 #: ``glu``: a gated linear unit's activation as its own kernel before the multiply
@@ -142,6 +143,9 @@ _DEFAULT_COST_SOURCES = {
     "zero1_partition": "ZeRO-1 costed as equal slices of the parameters (flat buffer)",
     "sync_grad_bucket_elements": "DDP / FSDP keep several gradient buckets in flight without "
                                  "device-wide syncs: the reduction overlaps backward as a whole",
+    "tp_mlp_reduce_per_linear": "Megatron-Core fuses the gated MLP's gate and up projections "
+                                "into one linear_fc1, and DTensor TP reduces the input gradient "
+                                "of a shared input once (the input's redistribution)",
     "zero_grad_copy_passes": "FSDP2 (fully_shard) keeps each parameter a tensor of its own; "
                              "its reduce-scatter copy-in (_fsdp_collectives.py foreach_reduce, "
                              "torch._chunk_cat) runs on the reduce-scatter stream",
@@ -222,6 +226,11 @@ class FrameworkProfile:
             :data:`FUSED_OPTIMIZER_STEP_BYTES`).
         eager_parts: parts of a block run as eager ops in an otherwise fused stack
             (:data:`EAGER_PARTS`).
+        tp_mlp_reduce_per_linear: under tensor parallelism, each column-parallel linear of the
+            MLP is a module that reduces its own input gradient in backward, so a gated MLP's
+            separate gate and up projections reduce the MLP input twice instead of once
+            (:func:`autopar.cost.comm.mlp_linear_reductions`); the attention's projections
+            still reduce their shared input once.
         zero_grad_copy_passes: under ZeRO-2/3, passes (reads + writes) over each parameter's
             compute-dtype gradient that the sharded-DP implementation adds to every backward on
             the compute stream (:data:`FSDP1_GRAD_COPY_PASSES`); 0 for none.
@@ -272,6 +281,7 @@ class FrameworkProfile:
     optimizer_step_bytes: int = TORCH_OPTIMIZER_STEP_BYTES
     eager_parts: tuple[str, ...] = ()
     zero_grad_copy_passes: int = 0
+    tp_mlp_reduce_per_linear: bool = False
     cost_sources: Mapping[str, str] = field(default_factory=lambda: dict(_DEFAULT_COST_SOURCES))
     #: memory conventions (bytes per state, optimizer temporaries, what PP keeps unsharded...),
     #: sourced inside :class:`autopar.frameworks.memory.MemoryConventions`
@@ -340,7 +350,8 @@ class FrameworkProfile:
                      self.zero1_param_sync, self.zero1_group_size, self.zero1_grad_all_reduce,
                      tuple(sorted(self.cp_attention.items())), self.optimizer_step_bytes,
                      tuple(sorted(self.eager_parts)), self.zero_grad_copy_passes,
-                     self.zero1_partition, self.sync_grad_bucket_elements))
+                     self.zero1_partition, self.sync_grad_bucket_elements,
+                     self.tp_mlp_reduce_per_linear))
 
     @classmethod
     def capability_names(cls) -> tuple[str, ...]:
