@@ -216,6 +216,21 @@ def record_profile(rec: Record) -> FrameworkProfile:
             "(compared with numel: elements); hybrid_zero_optim.py _reduce_and_copy (L402-406) "
             "torch.cuda.synchronize() before each bucket's reduction, step() (L508-514) "
             "reduces the last bucket after backward and synchronizes")
+        changes["tp_mlp_reduce_per_linear"] = True
+        why["tp_mlp_reduce_per_linear"] = (
+            f"{at} internlm/model/linear.py FeedForward: w1 and w2 are two flash-attn "
+            "ColumnParallelLinear modules (w3 a RowParallelLinear), and the pinned flash-attn "
+            "submodule (d2f4324, flash_attn/ops/fused_dense.py FusedDenseFunc.backward) "
+            "all-reduces each linear's own input gradient (all_reduce_raw, sequence_parallel="
+            "False); the attention's QKV is one fused Wqkv (multi_head_attention.py MHA). The "
+            "all-reduce is issued async before the weight-gradient GEMM, but without "
+            "CUDA_DEVICE_MAX_CONNECTIONS=1 (not set at c18bec9) the GEMM can take the SMs first "
+            "and the all-reduce runs after it (Megatron-LM d98e8a6 core/tensor_parallel/"
+            "layers.py LinearWithGradAccumulationAndAsyncCommunication: the ordering is "
+            "'necessary for a speedup'; NVIDIA/Megatron-LM issue #533; NeMo PR #12875: 'the "
+            "communication kernel will be pushed to the end of the GEMM kernel'; ColossalAI PR "
+            "#5891: async_grad_allreduce under TP overlapped only once it was set), so TP "
+            "collectives stay priced exposed (overlap_tp_comm False)")
         changes["zero1_param_sync"] = "broadcast"
         why["zero1_param_sync"] = (f"{at} hybrid_zero_optim.py broadcast_params(overlap=False): "
                                    "one dist.broadcast per ZeRO rank after the step")

@@ -138,3 +138,37 @@ def test_eager_runs_the_glu_activation_as_its_own_kernel():
     assert eager["silu"] == EAGER_GLU_ACT_PASSES * act[0].bytes_read > 0
     for fusion in ("fused", "compile"):
         assert all(op.target != "silu" for op, _, _ in _memory_bound_ops(block.ops, fusion))
+
+
+def test_mlp_linears_reducing_their_own_input_gradient_add_one_backward_all_reduce():
+    # a gated MLP's gate and up read one input: a framework whose two column-parallel linears
+    # each all-reduce their input gradient (InternEvo's FeedForward on flash-attn fused_dense)
+    # reduces it twice; the attention's projections and the forward are unchanged
+    from autopar.cost.comm import Collectives, mlp_linear_reductions, tp_layer_comm
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=512)
+    graph = model_graph("tiny-llama", train)[0]
+    block = next(layer for layer in graph.layers if layer.kind == "block")
+    assert mlp_linear_reductions(block) == (block.tp_column_inputs[-1],)
+    gpt = next(layer for layer in model_graph("tiny-gpt", train)[0].layers
+               if layer.kind == "block")
+    assert mlp_linear_reductions(gpt) == ()          # one column linear per input
+    assert mlp_linear_reductions(graph.layers[0]) == ()   # no attention: nothing
+    grp = Collectives(autopar.Cluster.from_spec("1x8xA100-80GB"), (0, 1))
+    kw = dict(micro_batch=2, cp=1, sequence_parallel=False)
+    f0, b0, fb0, bb0 = tp_layer_comm(block, grp, **kw)
+    f1, b1, fb1, bb1 = tp_layer_comm(block, grp, mlp_per_linear=True, **kw)
+    assert (f1, fb1) == (f0, fb0)
+    mlp_in = 2 * block.tp_column_inputs[-1]
+    assert b1 - b0 == pytest.approx(grp.time("all_reduce", mlp_in))
+    assert bb1 - bb0 == pytest.approx(grp.wire_bytes("all_reduce", mlp_in))
+
+
+def test_per_linear_mlp_reductions_cost_tp_time_only_under_tp():
+    base = get_profile("torch")
+    per = base.with_costs({"tp_mlp_reduce_per_linear": "test"}, tp_mlp_reduce_per_linear=True)
+    assert hash(per) != hash(base) and per != base
+    for tp in (1, 2):
+        cfg = autopar.ParallelConfig(tp=tp, pp=1, dp=16 // tp, micro_batch_size=1)
+        a = _cm("torch", base).estimate(cfg).time_breakdown["tp_comm"]
+        b = _cm("torch", per).estimate(cfg).time_breakdown["tp_comm"]
+        assert (b > a) if tp > 1 else (a == b == 0.0)

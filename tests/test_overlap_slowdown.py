@@ -16,7 +16,7 @@ from autopar.cost.comm import overlapped_comm
 from autopar.cost.model import CostModel
 from autopar.errors import InvalidClusterSpec
 from autopar.hardware import get_device
-from autopar.hardware.nccl import collective_ctas, compute_share_taken
+from autopar.hardware.nccl import collective_ctas, compute_share_taken, local_nics
 
 times = st.floats(min_value=0.0, max_value=100.0, allow_nan=False)
 
@@ -66,6 +66,39 @@ def test_share_is_ctas_over_the_gpu_sms():
     assert compute_share_taken(dataclasses.replace(a100, sm_count=0), "infiniband", 8) == 0.0
     with pytest.raises(InvalidClusterSpec, match="sm_count"):
         dataclasses.replace(a100, sm_count=-1)
+
+
+def test_a_group_uses_the_nics_local_to_its_ranks():
+    # 8 GPUs and 4 NICs per node: NIC j on the PCIe switch of GPUs 2j and 2j + 1
+    assert local_nics(tuple(range(16)), 8, 4) == 4            # a whole node's GPUs: every NIC
+    assert local_nics(tuple(range(0, 16, 2)), 8, 4) == 4      # one TP rank of TP = 2: a GPU per NIC
+    assert local_nics((0, 1, 2, 3, 8, 9, 10, 11), 8, 4) == 2  # half a node's switches
+    assert local_nics(tuple(range(0, 32, 8)), 8, 4) == 1      # one GPU per node
+    assert local_nics((0, 4, 8, 12), 8, 4) == 2
+    # as many NICs as GPUs: one each; more NICs than GPUs: each GPU has its own several
+    assert local_nics(tuple(range(0, 16, 2)), 8, 8) == 4
+    assert local_nics((0, 8), 8, 16) == 2
+    # NCCL keeps the fewest channels over the nodes (an uneven group)
+    assert local_nics((0, 2, 4, 6, 8), 8, 4) == 1
+    assert local_nics((0, 1), 8, 0) == 0
+    with pytest.raises(InvalidClusterSpec, match="fix"):
+        local_nics((), 8, 4)
+
+
+def test_tp_peers_dp_groups_each_run_every_local_nic_channel():
+    # under TP = 2 the DP group of one TP rank has 4 GPUs a node, one on each NIC's switch: its
+    # communicator runs 2 channels per NIC (8 CTAs) though it gets half the NICs' bandwidth
+    cluster = autopar.Cluster.from_spec("4x8xA100-80GB+4xroce-100g")
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=2048)
+    graph, _ = model_graph("llama2-7b", train)
+    cm = CostModel(graph, cluster, train)
+    tp2 = cm.resolve(autopar.ParallelConfig(tp=2, dp=16))
+    tp1 = cm.resolve(autopar.ParallelConfig(tp=1, dp=32))
+    a100 = cluster.device
+    assert cm.comm_share(cm.group("dp", tp2)) == pytest.approx(8 / a100.sm_count)
+    assert cm.comm_share(cm.group("dp", tp1)) == pytest.approx(8 / a100.sm_count)
+    tp8 = cm.resolve(autopar.ParallelConfig(tp=8, dp=4))
+    assert cm.comm_share(cm.group("dp", tp8)) == pytest.approx(2 / a100.sm_count)
 
 
 @pytest.fixture(scope="module")

@@ -173,3 +173,14 @@ def test_tinyllama_runs_its_fused_kernels():
     assert validation.record_profile(rec).fusion == "fused"
     row = validation.evaluate(rec, spread=False)
     assert row.predicted_s == pytest.approx(5.143, rel=0.01)
+
+
+def test_internevo_mlp_linears_reduce_their_own_input_gradients():
+    # InternEvo c18bec9 FeedForward: w1, w2 are two flash-attn ColumnParallelLinear, each
+    # all-reducing its input gradient; TP collectives stay exposed (no CUDA_DEVICE_MAX_CONNECTIONS=1)
+    raw = {r["id"]: r for r in records.load(records.DEFAULT_PLANS.parent
+                                            / "published_runs_tables.json")}
+    rec = records.parse(raw["internevo-7b-throughput-tp2-zero1_4-16gpu"])
+    prof = validation.record_profile(rec)
+    assert prof.tp_mlp_reduce_per_linear is True and prof.overlap_tp_comm is False
+    assert "FeedForward" in prof.cost_sources["tp_mlp_reduce_per_linear"]

@@ -86,12 +86,46 @@ class Collectives:
         return nbytes * bus_factor(op, self.size)
 
 
+def mlp_linear_reductions(layer: Layer) -> tuple[float, ...]:
+    """Input bytes of the reductions a layer adds when every column-parallel linear after its
+    attention core reduces its own input gradient (per micro-batch of the graph, unsharded),
+    beyond the one per distinct input that :attr:`Layer.tp_column_inputs` counts.
+
+    A framework whose MLP projections are separate column-parallel modules, each with its own
+    backward all-reduce of the input gradient, reduces a gated MLP's input twice: InternEvo
+    c18bec9 internlm/model/linear.py ``FeedForward`` builds ``w1`` and ``w2`` as two flash-attn
+    ``ColumnParallelLinear`` (flash-attn d2f4324, the submodule InternEvo pins,
+    flash_attn/ops/fused_dense.py ``FusedDenseFunc.backward``: ``all_reduce_raw(grad_input)``
+    per linear), where Megatron-Core runs one fused ``linear_fc1``. The linears are the layer's
+    non-expert column-parallel GEMMs after its last attention op; their input is
+    ``bytes_written`` x K / N of the GEMM's (M, K, N), and those reading inputs of one size are
+    taken to read one tensor (a gated MLP's gate and up), which the graph already counts once.
+    A layer without attention, or with one column GEMM per input, adds nothing.
+    """
+    last = max((i for i, o in enumerate(layer.ops) if o.kind == "attention"), default=None)
+    if last is None:
+        return ()
+    seen, extra = set(), []
+    for o in layer.ops[last + 1:]:
+        if (o.kind != "matmul" or o.tp_role != "column" or not o.gemm
+                or getattr(o, "moe_role", "") == "expert"):
+            continue
+        size = float(o.bytes_written) * o.gemm[1] / o.gemm[2]
+        if size in seen:
+            extra.append(size)
+        seen.add(size)
+    return tuple(extra)
+
+
 def tp_layer_comm(layer: Layer, group: Collectives, *, micro_batch: int, cp: int,
-                  sequence_parallel: bool) -> tuple[float, float, float, float]:
+                  sequence_parallel: bool,
+                  mlp_per_linear: bool = False) -> tuple[float, float, float, float]:
     """TP communication of one layer per micro-batch: (fwd_s, bwd_s, fwd_bytes, bwd_bytes).
 
     Messages are the unsharded activation sizes (nccl-tests convention) scaled to the
     micro-batch; the bytes returned are on the wire per GPU (:meth:`Collectives.wire_bytes`).
+    ``mlp_per_linear``: each column-parallel linear of the MLP reduces its own input gradient
+    (:func:`mlp_linear_reductions`; with sequence parallelism, gathers its own input too).
     """
     if group.size <= 1:
         return 0.0, 0.0, 0.0, 0.0
@@ -99,6 +133,8 @@ def tp_layer_comm(layer: Layer, group: Collectives, *, micro_batch: int, cp: int
     fwd = bwd = fb = bb = 0.0
     rows = [r * scale for r in layer.tp_row_outputs]
     cols = [c * scale for c in layer.tp_column_inputs]
+    if mlp_per_linear:
+        cols += [c * scale for c in mlp_linear_reductions(layer)]
     vocab_out = layer.kind == "embedding" and any(o.tp_role == "vocab" for o in layer.ops)
     head_in = layer.kind == "head" and any(o.tp_role == "vocab" for o in layer.ops)
     if vocab_out:

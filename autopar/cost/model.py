@@ -23,8 +23,7 @@ from ..frameworks.memory import MemoryConventions
 from ..graph.kernels import ATTENTION_BACKWARD_RATIO
 from ..graph.types import ModelGraph
 from . import memory as mem
-from ..hardware.collectives import layout_of
-from ..hardware.nccl import compute_share_taken
+from ..hardware.nccl import compute_share_taken, local_nics
 from .comm import (Collectives, CommLedger, cp_layer_comm, overlapped_comm, split_expert_tp,
                    tp_layer_comm)
 from .compute import LayerTime, layer_time
@@ -288,7 +287,8 @@ class CostModel:
                              c.etp if folded else None)
         attn_layer, expert_layer = split_expert_tp(layer) if folded else (layer, None)
         tf, tb, fb, bb = tp_layer_comm(attn_layer, self.group("tp", c), micro_batch=bscale,
-                                       cp=cp, sequence_parallel=sp)
+                                       cp=cp, sequence_parallel=sp,
+                                       mlp_per_linear=self.profile.tp_mlp_reduce_per_linear)
         if expert_layer is not None:
             # folded MoE: the routed tokens are all-gathered over the expert-TP group after the
             # dispatch all-to-all and reduce-scattered before the combine (Megatron-Core
@@ -721,17 +721,16 @@ class CostModel:
         """Share of this GPU's SMs a collective over ``grp`` holds while in flight
         (:func:`autopar.hardware.nccl.compute_share_taken`: NCCL's CTAs for the group's link
         class over the device's SM count); compute beside it runs at ``1 - share`` of its
-        rate. The group's ranks on one node use ``k x nics_per_node / gpus_per_node`` NICs
-        (``k``: most ranks of the group on a node; the NIC share the collective model gives each
-        member, :meth:`autopar.hardware.Cluster.fabric`)."""
+        rate. An inter-node group's channels are those of the NICs local to its ranks on a
+        node (:func:`autopar.hardware.nccl.local_nics`; NCCL's channel count follows the
+        communicator's topology, not the bandwidth share other groups leave it)."""
         cl = self.cluster
         if grp.size <= 1:
             return 0.0
         hit = self._shares.get(grp.ranks)
         if hit is None:
-            k = layout_of(grp.ranks, cl.gpus_per_node).max_per_node
             hit = self._shares[grp.ranks] = compute_share_taken(
-                self.device, grp.link, k * cl.nics_per_node / cl.gpus_per_node)
+                self.device, grp.link, local_nics(grp.ranks, cl.gpus_per_node, cl.nics_per_node))
         return hit
 
     def _zero1_broadcasts_s(self, c: ParallelConfig, nbytes: float, owners: int) -> float:

@@ -66,7 +66,7 @@ COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_g
                "grad_reduce_bytes", "step_fixed_s", "zero1_param_sync", "zero1_group_size",
                "zero1_grad_all_reduce", "cp_attention", "optimizer_step_bytes", "eager_parts",
                "zero_grad_copy_passes", "zero1_partition", "sync_grad_bucket_elements",
-               "fsdp2_copies")
+               "fsdp2_copies", "tp_mlp_reduce_per_linear")
 #: Parts of a block that run as plain eager PyTorch ops inside a stack that is otherwise fused
 #: (:attr:`FrameworkProfile.eager_parts`; costed by :func:`autopar.cost.compute.layer_time`):
 #: ``glu``: a gated linear unit's activation as its own kernel before the multiply
@@ -152,6 +152,9 @@ _DEFAULT_COST_SOURCES = {
                     "foreach_reduce_scatter_copy_in (chunk_cat) runs before "
                     "reduce_scatter_stream.wait_stream(current_stream): both on the compute "
                     "stream",
+    "tp_mlp_reduce_per_linear": "Megatron-Core fuses the gated MLP's gate and up projections "
+                                "into one linear_fc1, and DTensor TP reduces the input gradient "
+                                "of a shared input once (the input's redistribution)",
 }
 
 
@@ -230,6 +233,11 @@ class FrameworkProfile:
             :data:`FUSED_OPTIMIZER_STEP_BYTES`).
         eager_parts: parts of a block run as eager ops in an otherwise fused stack
             (:data:`EAGER_PARTS`).
+        tp_mlp_reduce_per_linear: under tensor parallelism, each column-parallel linear of the
+            MLP is a module that reduces its own input gradient in backward, so a gated MLP's
+            separate gate and up projections reduce the MLP input twice instead of once
+            (:func:`autopar.cost.comm.mlp_linear_reductions`); the attention's projections
+            still reduce their shared input once.
         zero_grad_copy_passes: under ZeRO-2/3, passes (reads + writes) over each parameter's
             compute-dtype gradient that the sharded-DP implementation adds to every backward on
             the compute stream (:data:`FSDP1_GRAD_COPY_PASSES`); 0 for none.
@@ -290,6 +298,7 @@ class FrameworkProfile:
     eager_parts: tuple[str, ...] = ()
     zero_grad_copy_passes: int = 0
     fsdp2_copies: bool = True
+    tp_mlp_reduce_per_linear: bool = False
     cost_sources: Mapping[str, str] = field(default_factory=lambda: dict(_DEFAULT_COST_SOURCES))
     #: memory conventions (bytes per state, optimizer temporaries, what PP keeps unsharded...),
     #: sourced inside :class:`autopar.frameworks.memory.MemoryConventions`
@@ -361,7 +370,7 @@ class FrameworkProfile:
                      tuple(sorted(self.cp_attention.items())), self.optimizer_step_bytes,
                      tuple(sorted(self.eager_parts)), self.zero_grad_copy_passes,
                      self.zero1_partition, self.sync_grad_bucket_elements,
-                     self.fsdp2_copies))
+                     self.fsdp2_copies, self.tp_mlp_reduce_per_linear))
 
     @classmethod
     def capability_names(cls) -> tuple[str, ...]:

@@ -14,10 +14,17 @@ group, so the network's channel count applies to an inter-node ring):
   at least 2 and at most NCCL's 32 (MAXCHANNELS): NCCL's topology search finds one ring per
   NIC and the execution channels are typically twice the search channels (NVIDIA/nccl issue
   #1041, S. Jeaugey), which gives the 16 SMs of a DGX with 8 NICs and the 2 of a one-NIC
-  system quoted above. A group member uses its node's ``nics_per_node / gpus_per_node`` NICs
-  (the share the collective model gives it, :meth:`autopar.hardware.Cluster.fabric`), so a
-  group of ``k`` ranks per node uses ``k x nics_per_node / gpus_per_node`` of them: a DP group
-  of one GPU per node drives one NIC and takes 2 SMs, not 16;
+  system quoted above. The search channels are a property of the communicator's topology,
+  not of the traffic beside it: NCCL sets ``nChannels`` to "the number of channels the graph
+  search discovered based on the node topology", then doubles it (NVIDIA/nccl issue #524,
+  S. Jeaugey), and an inter-node ring enters and leaves a node through a NIC. So a group uses
+  the NICs local to its ranks on a node (:func:`local_nics`: NIC ``j`` of ``n`` sits on the
+  PCIe switch of GPUs ``j g / n`` to ``(j + 1) g / n - 1`` of ``g``, as a DGX pairs GPUs and
+  NICs), the fewest over the nodes it spans (NCCL keeps the smallest channel count of its
+  ranks). A DP group of one GPU per node drives one NIC and takes 2 SMs, not 16; the DP group
+  of one TP rank under TP = 2 on 8 GPUs and 4 NICs has a GPU on every NIC's switch and runs
+  all 8 channels, though the other TP rank's group shares those NICs' bandwidth
+  (:meth:`autopar.hardware.Cluster.fabric` splits the bandwidth, not the channels);
 - ``nvlink`` (an NVSwitch node of 8 GPUs): 24, the channels NCCL runs all-reduce with on HGX
   A100 (NVIDIA/nccl-tests issue #100 log: "Channel 23/24"; NVIDIA/nccl issue #1225: "for
   dgxA100, 12 nvlink and 24 cta for allreduce") and on H100 (NVIDIA/nccl issue #1367: 12 search
@@ -46,6 +53,31 @@ INTRA_NODE_CTAS = {"nvlink": 24, "pcie": 2}
 LINK_CLASSES = ("local", "nvlink", "pcie", "infiniband", "roce", "ethernet")
 #: Largest share of the SMs a collective is taken to hold (keeps compute progressing).
 MAX_SM_SHARE = 0.5
+
+
+def local_nics(ranks, gpus_per_node: int, nics_per_node: int) -> int:
+    """Compute NICs local to a group's ranks on a node, the fewest over the nodes it spans:
+    the NICs its inter-node rings can use, one search channel each (module docstring). Global
+    rank ``r`` is GPU ``r % gpus_per_node`` of node ``r // gpus_per_node``; NIC ``j`` is local
+    to GPUs ``j g // n`` to ``(j + 1) g // n - 1`` (``g`` GPUs, ``n`` NICs per node; with more
+    NICs than GPUs, GPU ``i`` has NICs ``j`` with ``j g // n == i``). 0 when the node has no NIC.
+
+    Raises:
+        InvalidClusterSpec: an empty group, or ``gpus_per_node`` < 1 or ``nics_per_node`` < 0.
+    """
+    if gpus_per_node < 1 or nics_per_node < 0 or not ranks:
+        raise InvalidClusterSpec(
+            f"local_nics needs ranks, gpus_per_node >= 1 and nics_per_node >= 0; got "
+            f"{len(ranks)} ranks, {gpus_per_node}, {nics_per_node}; fix: describe the node")
+    g, n = gpus_per_node, nics_per_node
+    if n == 0:
+        return 0
+    per_node: dict[int, set[int]] = {}
+    for r in ranks:
+        i = r % g
+        nics = ({j for j in range(n) if j * g // n == i} if n >= g else {i * n // g})
+        per_node.setdefault(r // g, set()).update(nics)
+    return min(len(s) for s in per_node.values())
 
 
 def collective_ctas(link_class: str, nics_used: float) -> int:
