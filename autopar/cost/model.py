@@ -141,6 +141,9 @@ class CostModel:
         self._given = (params, attention_kernel, framework, conventions)   # for rebuilt()
         self.params = params or CostParams()
         self.device = cluster.device
+        #: bytes/s memory-bound kernels move through HBM (CostParams.hbm_efficiency of the
+        #: datasheet bandwidth)
+        self.hbm_Bps = self.device.hbm_bandwidth_Bps * self.params.hbm_efficiency
         self.profile = framework or get_profile(train.framework)
         arch = getattr(self.device, "architecture", "ampere")
         attention_kernel = attention_kernel or self.profile.attention_kernel(arch)
@@ -1165,21 +1168,18 @@ class CostModel:
         else:
             # the framework's optimizer passes and gradient clipping, memory-bound
             # (FrameworkProfile.optimizer_step_bytes, sourced per framework)
-            optimizer_s = opt_params * prof.optimizer_step_bytes / (
-                self.device.hbm_bandwidth_Bps * p.hbm_efficiency)
+            optimizer_s = opt_params * prof.optimizer_step_bytes / self.hbm_Bps
         # FSDP1's flat-parameter views: autograd concatenates the gradients into the flat
         # gradient in every micro-batch's backward, on the compute stream
         # (FrameworkProfile.zero_grad_copy_passes; memory-bound, rank with the most parameters)
         grad_copy_s = 0.0
         if c.zero_stage in (2, 3) and dp * cp > 1 and prof.zero_grad_copy_passes:
-            grad_copy_s = m * prof.zero_grad_copy_passes * psi * wbytes / (
-                self.device.hbm_bandwidth_Bps * p.hbm_efficiency)
+            grad_copy_s = m * prof.zero_grad_copy_passes * psi * wbytes / self.hbm_Bps
         # FSDP2's copies on the compute stream (FrameworkProfile.fsdp2_copies): each gather's
         # copy-out reads and writes the gathered parameters; each reduce-scatter's copy-in reads
         # the gradients and writes them in the reduce dtype
         if prof.fsdp2_copies and c.zero_stage in (2, 3):
-            grad_copy_s += psi * (gathers * 2 * wbytes + reduces * (wbytes + gb)) / (
-                self.device.hbm_bandwidth_Bps * p.hbm_efficiency)
+            grad_copy_s += psi * (gathers * 2 * wbytes + reduces * (wbytes + gb)) / self.hbm_Bps
         step = (t_pipe + grad_copy_s + dp_exposed + dp_slow + optimizer_s
                 + self.profile.step_fixed_s)
         if time_only:

@@ -482,8 +482,7 @@ def _keep_gathered(run: Run, e0: Estimate, modes: tuple[str, ...], allowed) -> E
     # more than the DP collectives cost: exposed, the slowdown of the compute beside them, the
     # copies); recomputation made necessary only adds: a bound to beat the top-k with
     gathered = max(params) * cm.train.dtype_bytes
-    copy_out = (2 * gathered / (cm.device.hbm_bandwidth_Bps * cm.params.hbm_efficiency)
-                if run.profile.fsdp2_copies else 0.0)
+    copy_out = 2 * gathered / cm.hbm_Bps if run.profile.fsdp2_copies else 0.0
     saving = min(_dp_cost(e0), e0.num_micro_batches * (
         cm.group("dp", c).time("all_gather", gathered) + copy_out))
     if e0.step_time_s - saving > run.threshold():
