@@ -26,7 +26,7 @@ from .cost.types import Estimate
 from .errors import (InvalidClusterSpec, InvalidModelConfig, InvalidParallelConfig,
                      UntraceableModelError,
                      InvalidSearchOption, InvalidTrainingConfig)
-from .frameworks import FrameworkProfile
+from .frameworks import FrameworkProfile, profile_edits
 from .graph import extract, hf
 from .graph.needs import LM_FIX, LM_NEEDS
 from .graph.positions import max_positions, with_position_warning
@@ -273,10 +273,14 @@ def estimate(model: Any, cluster: Cluster | str, train: TrainingConfig | dict,
 
 
 def _with_profile(train: TrainingConfig, profile) -> TrainingConfig:
-    """``train`` naming ``profile``'s framework (unchanged when ``profile`` is None).
+    """``train`` naming ``profile``'s framework (unchanged when ``profile`` is None). A
+    ``train`` left at the default framework ("torch") takes the profile's; one naming another
+    framework is a conflict.
 
     Raises:
-        InvalidTrainingConfig: ``profile`` is not a FrameworkProfile.
+        InvalidTrainingConfig: ``profile`` is not a FrameworkProfile, names another framework
+            than a non-default ``train.framework``, or differs from its stock profile outside
+            the cost fields (:func:`autopar.frameworks.profile_edits`).
     """
     if profile is None:
         return train
@@ -285,7 +289,15 @@ def _with_profile(train: TrainingConfig, profile) -> TrainingConfig:
             f"profile must be a FrameworkProfile, got {type(profile).__name__}. Fix: e.g. "
             "autopar.frameworks.get_profile('megatron').with_costs({'overlap_tp_comm': 'why'}, "
             "overlap_tp_comm=True), or name a framework in TrainingConfig(framework=...).")
-    return train if train.framework == profile.name else replace(train, framework=profile.name)
+    profile_edits(profile)   # only cost-field edits travel with a plan
+    if train.framework == profile.name:
+        return train
+    if train.framework != "torch":
+        raise InvalidTrainingConfig(
+            f"TrainingConfig(framework={train.framework!r}) and a {profile.name!r} profile "
+            f"disagree on what runs the plan. Fix: framework={profile.name!r}, or a profile "
+            f"of {train.framework!r} (get_profile({train.framework!r}).with_costs(...)).")
+    return replace(train, framework=profile.name)
 
 
 def optimize(model: Any, cluster: Cluster | str, train: TrainingConfig | dict | None = None, *,
@@ -349,6 +361,7 @@ def build_plan(cm: CostModel, result: SearchResult, model_config: dict | None,
         config=best.config, estimate=best, model=cm.graph.name, cluster=cm.cluster.name,
         train=cm.train, model_config=model_config,
         alternatives=tuple(result.top[1:]), pareto=tuple(result.pareto),
+        profile_edits=profile_edits(cm.profile),
         search=SearchStats(evaluated=result.evaluated, meshes=result.meshes,
                            wall_s=round(result.wall_s, 3), complete=result.complete,
                            gap=round(result.gap, 6), memory_margin=memory_margin),

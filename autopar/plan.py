@@ -60,6 +60,10 @@ class Plan:
         pareto: the searched time/memory Pareto front (fitting estimates no other beats in both
             step time and memory), fastest first.
         search: :class:`SearchStats`.
+        profile_edits: the cost fields of the framework profile the plan was costed with that
+            differ from the stock one (``{field: {"value", "source"}}``,
+            :func:`autopar.frameworks.profile_edits`); {} for the stock profile. They are
+            written to JSON, re-applied on loading, and the exporters write those they can.
     """
 
     config: ParallelConfig
@@ -71,6 +75,7 @@ class Plan:
     alternatives: tuple[Estimate, ...] = field(default=())
     pareto: tuple[Estimate, ...] = field(default=())
     search: SearchStats = field(default_factory=SearchStats)
+    profile_edits: dict = field(default_factory=dict)
 
     @property
     def world_size(self) -> int:
@@ -131,6 +136,8 @@ class Plan:
                        # only when set, so plans searched without one keep their bytes
                        **({"memory_margin": self.search.memory_margin}
                           if self.search.memory_margin else {})},
+            # only when edited, so plans of stock profiles keep their bytes
+            **({"profile_edits": self.profile_edits} if self.profile_edits else {}),
         }
 
     def to_json(self, path: str | Path | None = None) -> str:

@@ -33,6 +33,7 @@ from .config import TrainingConfig
 from .cost.model import CostModel
 from .cost.params import CostParams
 from .errors import AutoparError, InvalidPlanFile
+from .frameworks import FrameworkProfile, with_edits
 from .graph import extract, hf
 from .graph.positions import max_positions, with_position_warning
 from .graph.types import ModelGraph
@@ -79,7 +80,8 @@ def _module_graph(module: nn.Module, train: TrainingConfig, name: str | None = N
 
 def cost_model(model_config: dict | None, cluster: str, train: TrainingConfig, *,
                model: nn.Module | None = None, cluster_obj: Cluster | None = None,
-               params: CostParams | None = None, name: str | None = None) -> CostModel:
+               params: CostParams | None = None, name: str | None = None,
+               profile: FrameworkProfile | None = None) -> CostModel:
     """The cost model of a plan file's problem.
 
     Args:
@@ -92,6 +94,8 @@ def cost_model(model_config: dict | None, cluster: str, train: TrainingConfig, *
         params: calibration constants (default ``CostParams()``).
         name: the file's ``model``; a Hugging Face preset name (``hf-*``) is rebuilt on meta
             when neither ``model_config`` nor ``model`` is given.
+        profile: the framework profile to cost with (the file's ``profile_edits`` applied,
+            :func:`autopar.frameworks.with_edits`); None = that of ``train.framework``.
 
     Raises:
         InvalidPlanFile: the file cannot say which model or cluster (the message says what to
@@ -123,7 +127,7 @@ def cost_model(model_config: dict | None, cluster: str, train: TrainingConfig, *
                 f"the plan's cluster {cluster!r:.80} is a name, not a spec autopar can read, so "
                 f"the plan cannot be re-estimated ({exc}). Fix: pass the cluster: "
                 "Plan.from_json(path, cluster=autopar.Cluster.custom(...)).") from exc
-    return CostModel(graph, cluster_obj, train, params)
+    return CostModel(graph, cluster_obj, train, params, framework=profile)
 
 
 def reestimate(kw: dict, *, model: nn.Module | None = None, cluster: Cluster | None = None,
@@ -136,7 +140,8 @@ def reestimate(kw: dict, *, model: nn.Module | None = None, cluster: Cluster | N
             refuses a configuration of the file (the message names it).
     """
     cm = cost_model(kw["model_config"], kw["cluster"], kw["train"], model=model,
-                    cluster_obj=cluster, params=params, name=kw.get("model"))
+                    cluster_obj=cluster, params=params, name=kw.get("model"),
+                    profile=with_edits(kw["train"].framework, kw.get("profile_edits")))
     c = kw["config"]
     if c.tp * c.pp * c.cp * c.dp != cm.cluster.world_size:
         raise InvalidPlanFile(f"the cluster passed has {cm.cluster.world_size} GPUs; the plan's "

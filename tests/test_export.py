@@ -255,7 +255,9 @@ def test_torchtitan_flavor_only_for_its_own_shapes():
     assert doc["model"]["flavor"] == "llama2-7b"          # not "8B", not the debug model
     assert any("no llama3 flavor" in w and "llama3_args" in w for w in ex.warnings)
     # the file stops at the unknown flavor: the verdict is for the file once it is added
-    assert "once the flavor 'llama2-7b' is added, this file runs" in ex.warnings[-1]
+    # (the plan is torch's: the file is re-estimated as torchtitan runs it)
+    assert "what this file runs once the flavor 'llama2-7b' is added (the plan, costed for " \
+        "torch)" in ex.warnings[-1]
     with pytest.raises(UnsupportedPlanError, match="no architecture"):
         to_torchtitan_toml(_fixed_plan("tiny-gpt", "1x8xA100-80GB", 16, 32,
                                        dict(tp=1, pp=1, dp=8, zero_stage=3)))
@@ -310,11 +312,16 @@ def test_megatron_export_of_the_readme_plan_says_it_does_not_fit():
 
 
 def test_exports_that_run_the_plan_say_so():
-    plan = _fixed_plan("tiny-llama", "1x8xA100-80GB", 16, 32,
-                       dict(tp=2, pp=1, dp=4, zero_stage=3, sequence_parallel=True))
-    for ex in (plan.to_megatron_args(), plan.to_torchtitan_toml()):
+    cfg = dict(tp=2, pp=1, dp=4, zero_stage=3, sequence_parallel=True)
+    for framework, method in (("megatron", "to_megatron_args"),
+                              ("torchtitan", "to_torchtitan_toml")):
+        plan = _fixed_plan("tiny-llama", "1x8xA100-80GB", 16, 32, cfg, framework)
+        ex = getattr(plan, method)()
         assert ex.fits is True and ex.written == plan.config
         assert "runs the plan as estimated" in ex.warnings[-1]
+        # the same configuration planned for torch is re-estimated as the framework runs it
+        other = getattr(_fixed_plan("tiny-llama", "1x8xA100-80GB", 16, 32, cfg), method)()
+        assert "(the plan, costed for torch)" in other.warnings[-1]
 
 
 def test_deepspeed_pipeline_export_is_re_estimated_as_zero_1():

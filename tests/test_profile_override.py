@@ -68,8 +68,78 @@ def test_cli_costs_megatron_args_with_their_overlaps(capsys):
         assert main([*base, args + extra]) == 0
         out[key] = json.loads(capsys.readouterr().out)
     assert out["overlap"]["step_time_s"] < out["plain"]["step_time_s"]
-    assert any("imported --overlap-grad-reduce" in n for n in out["overlap"]["notes"])
+    assert any("imported --overlap-grad-reduce --overlap-param-gather" in n
+               for n in out["overlap"]["notes"])
     # for another framework the Megatron flags are named as ignored
     assert main([*base, args + " --overlap-grad-reduce", "--framework", "torch"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert any("ignored for torch" in n for n in data["notes"])
+
+
+def _edited_plan():
+    return autopar.optimize("tiny-llama", "2x8xA100-80GB", TRAIN,
+                            fixed={"tp": 2, "pp": 2, "zero_stage": 1, "micro_batch_size": 2},
+                            profile=get_profile("megatron").with_costs(
+                                {"overlap_tp_comm": "our launcher", "overlap_dp_grad_reduce":
+                                 "our launcher"}, overlap_tp_comm=True,
+                                overlap_dp_grad_reduce=True))
+
+
+def test_plan_keeps_its_profile_edits_through_json_and_the_cli(tmp_path, capsys):
+    import json
+    plan = _edited_plan()
+    assert plan.profile_edits == {
+        "overlap_tp_comm": {"value": True, "source": "our launcher"},
+        "overlap_dp_grad_reduce": {"value": True, "source": "our launcher"}}
+    assert "costed with edited profile fields" in plan.summary()
+    path = tmp_path / "p.json"
+    plan.to_json(path)
+    back = autopar.Plan.from_json(path)
+    assert back.profile_edits == plan.profile_edits
+    assert back.estimate.step_time_s == plan.estimate.step_time_s
+    stock = autopar.estimate("tiny-llama", "2x8xA100-80GB", TRAIN, plan.config)
+    assert stock.step_time_s > plan.estimate.step_time_s   # the edits are what made it faster
+    assert main(["estimate", "--plan", str(path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["step_time_s"] == pytest.approx(plan.estimate.step_time_s, rel=1e-12)
+    assert any("edited megatron profile fields" in n for n in data["notes"])
+    # a stock plan's file has no profile_edits key (its bytes are unchanged)
+    plain = autopar.optimize("tiny-llama", "2x8xA100-80GB", TRAIN, fixed={"tp": 2})
+    assert "profile_edits" not in json.loads(plain.to_json())
+
+
+def test_exports_write_the_edits_they_can_and_say_the_rest():
+    plan = _edited_plan()
+    ex = plan.to_megatron_args()
+    assert "--tp-comm-overlap" in ex.value and "--overlap-grad-reduce" in ex.value
+    assert "--overlap-param-gather" in ex.value          # ZeRO-1: the distributed optimizer
+    assert any("runs the plan as estimated" in w for w in ex.warnings)
+    tt = plan.to_torchtitan_toml()                       # another framework: re-estimated
+    assert not any("runs the plan as estimated" in w for w in tt.warnings)
+    # a Megatron plan whose edits the file cannot carry says so and re-estimates without them
+    odd = autopar.optimize("tiny-llama", "2x8xA100-80GB", TRAIN, fixed={"tp": 2},
+                           profile=get_profile("megatron").with_costs(
+                               {"step_fixed_s": "measured launch overhead"}, step_fixed_s=0.5))
+    ex = odd.to_megatron_args()
+    assert any("does not set (step_fixed_s=0.5)" in w for w in ex.warnings)
+    assert not any("runs the plan as estimated" in w for w in ex.warnings)
+
+
+def test_a_profile_of_another_framework_than_the_training_config_is_refused():
+    with pytest.raises(autopar.InvalidTrainingConfig, match="disagree"):
+        autopar.estimate("tiny-llama", "2x8xA100-80GB",
+                         autopar.TrainingConfig(global_batch_size=64, seq_len=512,
+                                                framework="deepspeed"), CFG,
+                         profile=_overlapped())
+    import dataclasses
+    odd = dataclasses.replace(get_profile("megatron"), zero_stages=(0, 1, 2, 3))
+    with pytest.raises(autopar.InvalidTrainingConfig, match="cannot record"):
+        autopar.estimate("tiny-llama", "2x8xA100-80GB", TRAIN, CFG, profile=odd)
+
+
+def test_overlap_param_gather_needs_the_distributed_optimizer():
+    imp = from_megatron_args("--overlap-grad-reduce --overlap-param-gather")
+    assert any("--use-distributed-optimizer" in n and "refuses" in n for n in imp.notes)
+    ok = from_megatron_args("--use-distributed-optimizer --overlap-grad-reduce "
+                            "--overlap-param-gather")
+    assert not any("refuses" in n for n in ok.notes)

@@ -47,7 +47,7 @@ from ..report.advice import fixes_to_fit, run_cost
 from ..report.explain import Problem, compare, named_alternatives, search_plan
 from ..report.summary import plural, trust_lines
 from ..io.importers import Imported, from_megatron_args, from_torchtitan_toml
-from ..frameworks import get_profile
+from ..frameworks import edits_text, get_profile, with_edits
 
 _PARALLEL = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "zero": "zero_stage",
              "recompute": "recompute", "sequence_parallel": "sequence_parallel",
@@ -318,8 +318,17 @@ def _plan_problem(args) -> tuple[Problem, dict, list[str]]:
             f"({written.step_time_s:.3f} s/step, {written.memory_per_gpu_bytes / 1e9:.1f} GB per GPU"
             f"{'' if written.config == kw['config'] else ', of the configuration before an edit'})"
             " is not used")
+    notes, edits = [note], kw.get("profile_edits") or {}
+    if edits and train.framework != kw["train"].framework:
+        notes.append(f"the plan's edits of the {kw['train'].framework} profile "
+                     f"({edits_text(edits)}) do not apply to {train.framework}")
+        edits = {}
+    elif edits:
+        notes.append(f"costed with the plan's edited {train.framework} profile fields: "
+                     f"{edits_text(edits)}")
     return (Problem.build(model, args.cluster or kw["cluster"], train,
-                          memory_margin=getattr(args, "memory_margin", None)), par, [note])
+                          memory_margin=getattr(args, "memory_margin", None),
+                          framework=with_edits(train.framework, edits)), par, notes)
 
 
 def _problem(args) -> tuple[Problem, dict, list[str]]:

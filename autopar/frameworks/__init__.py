@@ -3,9 +3,10 @@
 (:class:`MemoryConventions`, read by the cost model). Imports only :mod:`autopar.config` and
 :mod:`autopar.errors`, so every stage may use it."""
 
+from .edits import edits_text, profile_edits, with_edits
 from .memory import MemoryConventions
 from .profiles import CHUNK_RULES, CUT_RULES, PROFILES, FrameworkProfile, get_profile
 from .seqrule import SeqLenRule
 
 __all__ = ["CHUNK_RULES", "CUT_RULES", "PROFILES", "FrameworkProfile", "MemoryConventions",
-           "SeqLenRule", "get_profile"]
+           "SeqLenRule", "edits_text", "get_profile", "profile_edits", "with_edits"]

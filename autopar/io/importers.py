@@ -227,7 +227,12 @@ def _megatron_overlaps(ns, par: dict, notes: list) -> tuple[dict, dict]:
     sources: dict = {}
     if ns.overlap_grad_reduce:
         costs["overlap_dp_grad_reduce"] = True
-        sources["overlap_dp_grad_reduce"] = "imported --overlap-grad-reduce"
+        sources["overlap_dp_grad_reduce"] = "imported --overlap-grad-reduce" + (
+            " --overlap-param-gather" if ns.overlap_param_gather else "")
+        if ns.overlap_param_gather and par.get("zero_stage") not in (1, 3):
+            notes.append("--overlap-param-gather without --use-distributed-optimizer (or "
+                         "Megatron FSDP): Megatron-LM refuses it ('--overlap-param-gather only "
+                         "supported with distributed optimizer, megatron fsdp, or dist_muon').")
         if par.get("zero_stage") == 1 and not ns.overlap_param_gather:
             notes.append("--overlap-grad-reduce without --overlap-param-gather: the distributed "
                          "optimizer's parameter all-gather is costed as overlapped too (autopar "

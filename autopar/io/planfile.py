@@ -38,6 +38,7 @@ from typing import Any, Callable
 from ..config import ParallelConfig, TrainingConfig
 from ..cost.types import Estimate
 from ..errors import AutoparError, InvalidPlanFile
+from ..frameworks import with_edits
 
 PLAN_FORMAT = "autopar-plan"
 #: Version of the plan file layout this autopar writes; older ones it knows are migrated by
@@ -75,7 +76,8 @@ _EXAMPLE = {"tp": 8, "pp": 4, "dp": 8, "cp": 1, "zero_stage": 1, "recompute": '"
             "sequence_parallel": "true", "micro_batch_size": 1, "virtual_stages": 1,
             "schedule": '"1f1b"', "stage_blocks": "[20, 20, 20, 20]"}
 _TOP_REQUIRED = ("format", "version", "model", "cluster", "train", "config", "estimate")
-_TOP_OPTIONAL = ("model_config", "alternatives", "pareto", "search", "world_size")
+_TOP_OPTIONAL = ("model_config", "alternatives", "pareto", "search", "world_size",
+                 "profile_edits")
 _SEARCH = {"evaluated": int, "meshes": int, "complete": bool, "gap": float, "wall_s": float,
            "memory_margin": float}
 #: Estimate scalars that must be finite, non-negative numbers.
@@ -335,6 +337,12 @@ def check_plan(d: Any) -> dict:
                                  isinstance(s[key], int) and not isinstance(s[key], bool))))):
             raise _fail(f"search.{key}", f"must be a {'bool' if kind is bool else 'number >= 0'}"
                                          f"{' (int)' if kind is int else ''}; got {s[key]!r:.80}")
+    edits = d.get("profile_edits", {})
+    try:
+        with_edits(train.framework, edits if isinstance(edits, dict) else {"?": edits})
+    except AutoparError as exc:
+        raise _fail("profile_edits", f"are not edits of the {train.framework!r} profile: "
+                                     f"{exc}") from exc
     return dict(config=config, estimate=estimate, model=d["model"], cluster=d["cluster"],
                 train=train, model_config=mc, alternatives=others["alternatives"],
-                pareto=others["pareto"], search=s)
+                pareto=others["pareto"], search=s, profile_edits=edits)

@@ -143,6 +143,11 @@ def plan_summary(plan) -> str:
             f"global batch {plan.train.global_batch_size} x {plan.train.seq_len} tokens, "
             f"{plan.train.precision}")
     lines = [head, "-" * len(head), "parallelism      " + config_text(c)]
+    edits = getattr(plan, "profile_edits", None)
+    if edits:
+        lines.append(f"framework        {plan.train.framework}, costed with edited profile "
+                     f"fields: " + ", ".join(f"{k}={v['value']!r} ({v['source']})"
+                                             for k, v in sorted(edits.items())))
     if e.group_links:
         lines.append("placement        " + ", ".join(
             f"{d} over {link}" for d, link in e.group_links.items() if link != "local"))

@@ -23,7 +23,7 @@ from ..config import ParallelConfig, TrainingConfig
 from ..cost.model import CostModel
 from ..cost.types import Estimate
 from ..errors import AutoparError
-from ..frameworks import get_profile
+from ..frameworks import edits_text, get_profile, with_edits
 from ..hardware import Cluster
 from ..models import ModelConfig
 from ..reestimate import config_graph
@@ -33,7 +33,7 @@ from ..search.optimize import search
 _GB = 1e9
 
 
-def _cost_model(plan, train: TrainingConfig) -> CostModel:
+def _cost_model(plan, train: TrainingConfig, profile=None) -> CostModel:
     """Cost model of the plan's model (from ``plan.model_config``) and cluster under ``train``
     (the graph is the plan-file loader's, cached: :func:`autopar.reestimate.config_graph`).
 
@@ -42,7 +42,7 @@ def _cost_model(plan, train: TrainingConfig) -> CostModel:
     """
     graph = config_graph(ModelConfig.from_dict(dict(plan.model_config)), train.seq_len,
                          train.precision, train.flash_attention)
-    return CostModel(graph, Cluster.from_spec(plan.cluster), train)
+    return CostModel(graph, Cluster.from_spec(plan.cluster), train, framework=profile)
 
 
 def describe(c: ParallelConfig) -> str:
@@ -68,7 +68,8 @@ def _differences(planned: ParallelConfig, written: ParallelConfig) -> list[str]:
 
 
 def verdict(plan, written: ParallelConfig, framework: str,
-            train: TrainingConfig | None = None, needs: str = "") -> tuple[list[str], bool | None]:
+            train: TrainingConfig | None = None, needs: str = "",
+            wrote_edits: tuple[str, ...] = ()) -> tuple[list[str], bool | None]:
     """Lines saying what the exported configuration will do under ``framework``.
 
     Args:
@@ -79,6 +80,9 @@ def verdict(plan, written: ParallelConfig, framework: str,
             precision bf16 in place of fp8).
         needs: what the user must add before the file starts (e.g. torchtitan's model flavor);
             the lines then say what the file runs once that is done.
+        wrote_edits: the plan's profile edits (``plan.profile_edits``) the file sets (e.g.
+            Megatron-LM's ``--tp-comm-overlap``); the others are said, and the re-estimate runs
+            the framework's defaults for them.
 
     Returns:
         (lines, fits). Lines for the export's warnings: the re-estimate (step time in seconds,
@@ -88,17 +92,24 @@ def verdict(plan, written: ParallelConfig, framework: str,
         re-estimated (a plan without ``model_config``, e.g. from a user's module: the line
         says so).
     """
-    profile = get_profile(framework)
+    edits = dict(getattr(plan, "profile_edits", None) or {}) \
+        if framework == plan.train.framework else {}
+    unwritten = {k: e for k, e in edits.items() if k not in wrote_edits}
+    profile = with_edits(framework, {k: e for k, e in edits.items() if k in wrote_edits})
     train = replace(train or plan.train, framework=profile.name)
     pe = plan.estimate
     diffs = _differences(plan.config, written)
+    edited = ([f"the plan was costed with edited {framework} profile fields this file does not "
+               f"set ({edits_text(unwritten)}); the re-estimate runs {framework}'s defaults "
+               "for them"] if unwritten else [])
     # exporters write recompute mixes in the framework's own patterns (Megatron's first-N
     # layers per stage, torchtitan's every N-th block), which the profile's one-policy rule for
     # the search does not cover: judge the rest
     refused = (profile.unsupported(written.replace(recompute=_strongest(written.recompute)))
                or profile.seq_violation(train.seq_len, written.tp, written.cp,
                                         bool(written.sequence_parallel)))
-    same = not diffs and train.precision == plan.train.precision
+    same = (not diffs and train.precision == plan.train.precision and not unwritten
+            and framework == plan.train.framework)
     once = f"once {needs}, " if needs else ""
     if same and refused is None:
         return [f"re-estimated under {profile.name}: {once}this file runs the plan as estimated "
@@ -110,18 +121,22 @@ def verdict(plan, written: ParallelConfig, framework: str,
                 "preset or model dict, or call autopar.estimate(model, cluster, train, "
                 "<the written config>) yourself"], None
     try:
-        cm = _cost_model(plan, train)
+        cm = _cost_model(plan, train, profile)
         e = cm.estimate(written)
     except AutoparError as exc:
         return [f"not re-estimated: {exc}"], None
     fits = e.fits and refused is None
-    head = (f"re-estimated under {profile.name}, what this file runs {once}("
-            f"{', '.join(diffs) or 'precision ' + train.precision}): "
+    what = (diffs or ([f"precision {train.precision}"] if train.precision != plan.train.precision
+                      else []) or (["defaults for the edited fields"] if unwritten else [])
+            or [f"the plan, costed for {plan.train.framework}"])
+    head = (f"re-estimated under {profile.name}, what this file runs"
+            f"{' once ' + needs if needs else ''} ("
+            f"{', '.join(what)}): "
             f"{e.step_time_s:.4g} s per step ({_pct(e.step_time_s, pe.step_time_s)} vs the "
             f"plan's {pe.step_time_s:.4g} s), {e.memory_per_gpu_bytes / _GB:.1f} GB per GPU "
             f"(plan {pe.memory_per_gpu_bytes / _GB:.1f} GB) of {e.memory_limit_bytes / _GB:.1f}"
             f" GB: " + ("fits" if e.fits else "DOES NOT FIT"))
-    lines = [head]
+    lines = [*edited, head]
     # the headroom warning of what the file runs (its memory differs from the plan's)
     lines += [w for w in e.warnings if w.startswith("memory: ")]
     if refused is not None:

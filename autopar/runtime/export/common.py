@@ -85,10 +85,12 @@ def uniform(blocks: tuple[int, ...]) -> bool:
 
 
 def finish(plan, value, warn: list[str], written: ParallelConfig, framework: str,
-            comment: str = "#", train=None, needs: str = "") -> Export:
+            comment: str = "#", train=None, needs: str = "",
+            wrote_edits: tuple[str, ...] = ()) -> Export:
     """The export, with the re-estimate of ``written`` under ``framework`` appended (``needs``:
-    what the user must add before the file starts, :func:`autopar.runtime.verdict.verdict`)."""
-    lines, fits = verdict(plan, written, framework, train, needs)
+    what the user must add before the file starts; ``wrote_edits``: the plan's profile edits
+    the file sets; :func:`autopar.runtime.verdict.verdict`)."""
+    lines, fits = verdict(plan, written, framework, train, needs, wrote_edits)
     return Export(value, tuple(warn + lines), comment=comment, written=written, fits=fits)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...frameworks import get_profile
+from ...frameworks import with_edits
 from .common import (Export, balanced_cut, block_modes, finish, one_reshard_policy,
                      rank_order, strongest_mode)
 
@@ -34,7 +34,7 @@ def to_deepspeed_config(plan) -> Export:
         # for stages 1-2, deepspeed/runtime/zero/config.py overlap_comm_valid), not a faster
         # setting the estimate never priced; stage 3 keeps DeepSpeed's default (True), which
         # the profile's per-parameter gathers already describe
-        cfg["zero_optimization"]["overlap_comm"] = get_profile("deepspeed").overlap_dp_grad_reduce
+        cfg["zero_optimization"]["overlap_comm"] = _profile(plan).overlap_dp_grad_reduce
     if c.zero_stage == 2:
         cfg["zero_optimization"]["reduce_scatter"] = True
     if t.precision in ("bf16", "fp8"):
@@ -139,4 +139,18 @@ def to_deepspeed_config(plan) -> Export:
         warn.append(f"optimizer_state_dtype {t.optimizer_state_dtype}: DeepSpeed's config has no "
                     "switch for the moments' dtype; used fp32")
         t_written = replace(t_written, optimizer_state_dtype="fp32")
-    return finish(plan, cfg, warn, w, "deepspeed", comment="", train=t_written)
+    wrote = (("overlap_dp_grad_reduce",) if c.zero_stage in (1, 2)
+             and "overlap_dp_grad_reduce" in _edits(plan) else ())
+    return finish(plan, cfg, warn, w, "deepspeed", comment="", train=t_written,
+                  wrote_edits=wrote)
+
+
+def _edits(plan) -> dict:
+    """The plan's edits of the deepspeed profile (none when it was planned for another)."""
+    return (getattr(plan, "profile_edits", None) or {}) \
+        if plan.train.framework == "deepspeed" else {}
+
+
+def _profile(plan):
+    """The deepspeed profile the plan was costed with (its edits applied)."""
+    return with_edits("deepspeed", _edits(plan))

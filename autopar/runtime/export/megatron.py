@@ -124,7 +124,32 @@ def to_megatron_args(plan) -> Export:
         a += ["--optimizer-cpu-offload"]
     if t.optimizer_state_dtype == "bf16":
         a += ["--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"]
-    return finish(plan, a, warn, w, "megatron")
+    flags, wrote = _overlap_flags(plan, w)
+    a += flags
+    return finish(plan, a, warn, w, "megatron", wrote_edits=wrote)
+
+
+def _overlap_flags(plan, w) -> tuple[list[str], tuple[str, ...]]:
+    """Megatron-LM flags for the plan's edits of the megatron profile's overlaps
+    (``plan.profile_edits``; arguments.py at d98e8a64: --overlap-grad-reduce, with
+    --overlap-param-gather under the distributed optimizer, which needs it; --tp-comm-overlap;
+    --no-overlap-p2p-communication), and the edits they set."""
+    edits = (getattr(plan, "profile_edits", None) or {}) \
+        if plan.train.framework == "megatron" else {}
+    flags, wrote = [], []
+    value = {k: e["value"] for k, e in edits.items()}
+    if value.get("overlap_dp_grad_reduce") is True:
+        flags.append("--overlap-grad-reduce")
+        if w.zero_stage == 1:
+            flags.append("--overlap-param-gather")
+        wrote.append("overlap_dp_grad_reduce")
+    if value.get("overlap_tp_comm") is True:
+        flags.append("--tp-comm-overlap")
+        wrote.append("overlap_tp_comm")
+    if "overlap_pp_p2p" in value and not value["overlap_pp_p2p"]:
+        flags.append("--no-overlap-p2p-communication")
+        wrote.append("overlap_pp_p2p")
+    return flags, tuple(wrote)
 
 
 def pipeline_layout(blocks: tuple[int, ...]) -> str:
