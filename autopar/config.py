@@ -36,6 +36,11 @@ SCHEDULE_ALIASES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved1f1b": "interl
 V_SCHEDULES = ("zbv-zero-bubble", "dualpipev")
 MESH_DIMS = ("tp", "cp", "dp", "pp")
 CP_MODES = ("ring", "ulysses", "allgather")
+#: Fused attention kernels the cost model knows (:attr:`autopar.cost.params.CostParams.
+#: attention_efficiency` is keyed by them; a framework profile's ``attention_kernels`` names them):
+#: FlashAttention 1/2/3, cuDNN's fused attention and SDPA's memory-efficient kernel. Here, beside
+#: the other names, so that :mod:`autopar.frameworks` checks them without importing the cost model.
+ATTENTION_KERNELS = ("fa1", "fa2", "fa3", "cudnn", "efficient")
 #: Frameworks a plan may target (each has a profile in :mod:`autopar.frameworks`): ``torch`` is
 #: stock torch.distributed as ``plan.apply`` runs it.
 FRAMEWORKS = ("torch", "torchtitan", "megatron", "deepspeed")

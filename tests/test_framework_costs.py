@@ -25,7 +25,7 @@ def test_with_costs_refuses_unsourced_or_non_cost_changes():
     tt = get_profile("torchtitan")
     with pytest.raises(InvalidTrainingConfig, match="source"):
         tt.with_costs({}, fusion="compile")
-    with pytest.raises(InvalidTrainingConfig, match="not cost fields"):
+    with pytest.raises(InvalidTrainingConfig, match="schedules is a capability, not a cost field"):
         tt.with_costs({"schedules": "x"}, schedules=("1f1b",))
     with pytest.raises(InvalidTrainingConfig):
         tt.with_costs({"fusion": "a source"}, fusion="jit")

@@ -22,7 +22,7 @@ def test_every_framework_has_a_profile_and_every_capability_a_source():
     for p in PROFILES.values():
         assert set(FrameworkProfile.capability_names()) <= set(p.sources), p.name
         assert all(p.sources[n] for n in FrameworkProfile.capability_names())
-    with pytest.raises(InvalidTrainingConfig, match="unsourced"):
+    with pytest.raises(InvalidTrainingConfig, match="need sources"):
         FrameworkProfile(**{**{f: getattr(PROFILES["torch"], f) for f in
                                ("name", "version", *FrameworkProfile.capability_names())},
                             "sources": {}})

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
+from ..config import ATTENTION_KERNELS  # re-exported: the kernels attention_efficiency is keyed by
+
 
 @dataclass(frozen=True)
 class CostParams:
@@ -167,8 +169,6 @@ class CostParams:
         return max(0.0, (memory_bytes - self.reserved_bytes) / (1.0 + self.fragmentation))
 
 
-#: Fused attention kernels the cost model knows: FlashAttention 1/2/3 and cuDNN's fused attention.
-ATTENTION_KERNELS = ("fa1", "fa2", "fa3", "cudnn", "efficient")
 
 #: Weights bytes per parameter and optimizer-state bytes K per parameter (Rajbhandari et al.
 #: 2020, ZeRO, section 3.1: mixed-precision Adam keeps fp32 master weights, momentum, variance:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Mapping
 
-from ..errors import InvalidTrainingConfig
+from .checks import FieldCheck
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,11 @@ class MemoryConventions:
         sources: where each figure comes from, by field name.
 
     Raises:
-        InvalidTrainingConfig: a negative figure or a field without a source.
+        InvalidTrainingConfig: one error naming every problem with its fix
+            (:class:`~autopar.frameworks.checks.FieldCheck`): a figure that is not a whole
+            number >= 0 (>= 1 for ``weight_bytes`` / ``grad_bytes``, which may also be None;
+            NaN, infinity, bools and text are refused), ``pp_unsharded_forward_bytes`` above
+            ``pp_unsharded_bytes``, a field without a source, a source for no field.
     """
 
     weight_bytes: int | None = None
@@ -79,22 +83,45 @@ class MemoryConventions:
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        names = self.field_names()
-        bad = [n for n in names if getattr(self, n) is not None and getattr(self, n) < 0]
-        if self.pp_unsharded_forward_bytes > self.pp_unsharded_bytes:
-            bad.append("pp_unsharded_forward_bytes (above pp_unsharded_bytes)")
-        missing = [n for n in names if not self.sources.get(n)]
-        if bad or missing:
-            raise InvalidTrainingConfig(
-                f"memory conventions: negative {bad}, unsourced {missing}. Fix: give every "
-                "field a non-negative byte count and its source.")
-        object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
+        check = FieldCheck("memory conventions")
+        for name in self.field_names():
+            unit, example = _UNITS[name]
+            value = check.number(name, getattr(self, name), 1 if name in _NONE_MEANS else 0,
+                                 unit, example, integer=True,
+                                 none_means=_NONE_MEANS.get(name, ""))
+            object.__setattr__(self, name, value)
+        fwd, held = self.pp_unsharded_forward_bytes, self.pp_unsharded_bytes
+        if not check.problems and fwd > held:
+            check.bad("pp_unsharded_forward_bytes", fwd,
+                      f"must be <= pp_unsharded_bytes={held} (it is a part of them)", held)
+        object.__setattr__(self, "sources", check.sources(
+            "sources", self.sources, self.field_names(),
+            "sources={{..., '{field}': 'the framework file and flag, or the measurement'}}"))
+        check.raise_if_any()
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
         """Names of the byte-count fields (all but ``sources``)."""
         return tuple(f.name for f in fields(cls) if f.name != "sources")
 
+
+#: Per field: the unit its rule names, and the example value a fix shows.
+_UNITS = {
+    "weight_bytes": ("bytes per parameter", 2),
+    "grad_bytes": ("bytes per parameter", 4),
+    "master_weight_bytes": ("bytes per parameter", 4),
+    "optimizer_step_temp_bytes": ("bytes per optimizer-held parameter", 0),
+    "pp_unsharded_bytes": ("bytes per parameter", 0),
+    "pp_unsharded_forward_bytes": ("bytes per parameter", 0),
+    "unfused_score_saved_bytes": ("bytes per attention-score element", 2),
+    "unfused_score_work_bytes": ("bytes per attention-score element", 4),
+    "fp8_weight_cache_bytes": ("bytes per Linear parameter", 0),
+    "loss_work_bytes": ("bytes per logit element", 8),
+    "step_cached_bytes": ("bytes per optimizer-held parameter", 0),
+}
+#: Fields that may be None, and what None stands for.
+_NONE_MEANS = {"weight_bytes": "the training dtype's bytes",
+               "grad_bytes": "the cost model's CostParams.grad_bytes"}
 
 _MATH_SDPA = ("torch 2.13 aten _scaled_dot_product_attention_math on bf16 inputs upcasts to fp32 "
               "(measured: saved_tensors_hooks show the fp32 [b, h, s, s] softmax output saved)")

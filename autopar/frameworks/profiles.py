@@ -32,8 +32,10 @@ from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Mapping
 
-from ..config import CP_MODES, FRAMEWORKS, RECOMPUTE_MODES, SCHEDULES, ParallelConfig
+from ..config import (ATTENTION_KERNELS, CP_MODES, FRAMEWORKS, RECOMPUTE_MODES, SCHEDULES,
+                      ParallelConfig)
 from ..errors import InvalidTrainingConfig
+from .checks import FieldCheck, close_names
 from .memory import (DEEPSPEED_MEMORY, MEGATRON_MEMORY, TORCH_MEMORY, TORCHTITAN_MEMORY,
                      MemoryConventions)
 from .seqrule import DEEPSPEED_RULE, MEGATRON_RULE, TORCHTITAN_RULE, SeqLenRule
@@ -253,8 +255,16 @@ class FrameworkProfile:
         cost_sources: cost field name -> its source (every cost field has one).
 
     Raises:
-        InvalidTrainingConfig: at construction, a value outside autopar's vocabulary or a
-            capability or cost field without a source.
+        InvalidTrainingConfig: at construction (also through ``dataclasses.replace`` and
+            :meth:`with_costs`), one error naming every problem, each with the field, its value,
+            the rule and a fix (:class:`~autopar.frameworks.checks.FieldCheck`): a name outside
+            autopar's vocabulary (:mod:`autopar.config`, the rule tuples of this module;
+            ``attention_kernels`` values from :data:`autopar.config.ATTENTION_KERNELS`), a
+            bool field that is not a ``bool``, a number that is not finite or out of its range
+            (``step_fixed_s`` >= 0 s; ``optimizer_step_bytes`` >= 1, ``zero1_group_size`` >= 1
+            or None, ``sync_grad_bucket_elements`` and ``zero_grad_copy_passes`` >= 0, whole
+            numbers; ``grad_reduce_bytes`` None, 1, 2 or 4), a capability or cost field without
+            a source, a source for no field. Lists given for tuple fields become tuples.
     """
 
     name: str
@@ -305,61 +315,13 @@ class FrameworkProfile:
     memory: MemoryConventions = field(default_factory=lambda: TORCH_MEMORY)
 
     def __post_init__(self) -> None:
-        bad = []
-        for f in ("zero_stages", "zero_stages_with_tp", "zero_stages_with_pp",
-                  "zero_stages_with_ep"):
-            if not set(getattr(self, f)) <= {0, 1, 2, 3}:
-                bad.append(f)
-        if not set(self.schedules) <= set(SCHEDULES):
-            bad.append("schedules")
-        if not set(self.overlaps_ep_comm) <= set(self.schedules):
-            bad.append("overlaps_ep_comm")
-        if isinstance(self.overlap_pp_p2p, str) or not set(self.overlap_pp_p2p) <= set(SCHEDULES):
-            bad.append("overlap_pp_p2p (a tuple of schedule names)")
-        if not set(self.cp_modes) <= set(CP_MODES):
-            bad.append("cp_modes")
-        if not set(self.recompute_modes) <= set(RECOMPUTE_MODES) or not self.recompute_modes:
-            bad.append("recompute_modes")
-        if self.expert_tensor_parallel not in ETP_RULES:
-            bad.append("expert_tensor_parallel")
-        if self.stage_cuts not in CUT_RULES:
-            bad.append("stage_cuts")
-        if self.interleaved_chunks not in CHUNK_RULES:
-            bad.append("interleaved_chunks")
-        if self.fusion not in FUSION_LEVELS:
-            bad.append("fusion")
-        if self.zero3_gather not in ZERO3_GATHERS:
-            bad.append("zero3_gather")
-        if self.zero1_param_sync not in ZERO1_PARAM_SYNCS:
-            bad.append("zero1_param_sync")
-        if self.zero1_partition not in ZERO1_PARTITIONS:
-            bad.append("zero1_partition")
-        if self.zero1_group_size is not None and self.zero1_group_size < 1:
-            bad.append("zero1_group_size")
-        if self.grad_reduce_bytes not in (None, 1, 2, 4) or self.step_fixed_s < 0:
-            bad.append("grad_reduce_bytes/step_fixed_s")
-        if self.zero_grad_copy_passes < 0 or self.sync_grad_bucket_elements < 0:
-            bad.append("zero_grad_copy_passes/sync_grad_bucket_elements")
-        if self.optimizer_step_bytes <= 0:
-            bad.append("optimizer_step_bytes")
-        if not set(self.eager_parts) <= set(EAGER_PARTS):
-            bad.append("eager_parts")
-        if not self.attention_kernels or "*" not in self.attention_kernels:
-            bad.append("attention_kernels (needs a '*' entry)")
-        if not set(self.cp_attention) <= set(CP_MODES) or not set(
-                self.cp_attention.values()) <= set(CP_ATTENTION_PATHS):
-            bad.append("cp_attention")
-        missing = [n for n in self.capability_names() if not self.sources.get(n)]
-        missing += [n for n in COST_FIELDS if not self.cost_sources.get(n)]
-        if bad or missing:
-            raise InvalidTrainingConfig(
-                f"framework profile {self.name!r}: invalid {bad}, unsourced {missing}. Fix: use "
-                "autopar's names (autopar.config) and give every capability its source.")
-        object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
-        object.__setattr__(self, "cost_sources", MappingProxyType(dict(self.cost_sources)))
-        object.__setattr__(self, "attention_kernels",
-                           MappingProxyType(dict(self.attention_kernels)))
-        object.__setattr__(self, "cp_attention", MappingProxyType(dict(self.cp_attention)))
+        check = FieldCheck(f"framework profile {self.name!r}")
+        values = _checked_fields({f.name: getattr(self, f.name) for f in fields(self)}, check,
+                                 "cost_sources={{..., '{field}': 'where this value comes "
+                                 "from'}}")
+        check.raise_if_any()
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
 
     def __hash__(self) -> int:
         return hash((self.name, self.version, tuple(sorted(self.attention_kernels.items())),
@@ -388,17 +350,51 @@ class FrameworkProfile:
         """A copy with cost fields changed, each change with its source (``sources``: field ->
         text), e.g. a framework version or recipe that differs from the profile's defaults.
 
+        A list given for a tuple field (``overlap_pp_p2p``, ``eager_parts``) becomes a tuple;
+        the changed values are checked as at construction.
+
         Raises:
-            InvalidTrainingConfig: a change that is not a cost field, or one without a source.
+            InvalidTrainingConfig: one error naming every problem, each with its fix: a change
+                that is not a cost field (capabilities change with ``dataclasses.replace`` and
+                their source in ``sources``), a change without a source, a source keyed by a
+                name that is not a cost field, a value that breaks its field's rule (see the
+                class's Raises).
         """
-        unknown = sorted(set(changes) - set(COST_FIELDS))
-        unsourced = sorted(k for k in changes if not sources.get(k))
-        if unknown or unsourced:
-            raise InvalidTrainingConfig(
-                f"framework profile {self.name!r}: {unknown} are not cost fields "
-                f"{list(COST_FIELDS)}; {unsourced} have no source. Fix: change only cost fields "
-                "and give each change its source.")
-        return replace(self, cost_sources={**self.cost_sources, **sources}, **changes)
+        check = FieldCheck(f"framework profile {self.name!r}")
+        if not isinstance(sources, Mapping):
+            check.add(f"sources={sources!r}: must be a mapping cost field -> where its value "
+                      "comes from; fix: e.g. with_costs({'fusion': 'the recipe flag that sets "
+                      "it'}, fusion='fused')")
+            sources = {}
+        own = {f.name for f in fields(self)}
+        for k in changes:
+            if k in self.capability_names():
+                check.add(f"{k} is a capability, not a cost field; fix: dataclasses.replace("
+                          f"profile, {k}=..., sources={{**profile.sources, {k!r}: 'the "
+                          "framework file and flag it was read from'})")
+            elif k in own and k not in COST_FIELDS:
+                check.add(f"{k} is not a cost field; fix: dataclasses.replace(profile, {k}=...)")
+            elif k not in COST_FIELDS:
+                check.add(f"{k} is not a field of FrameworkProfile"
+                          f"{close_names(k, COST_FIELDS)}; fix: change only cost fields "
+                          f"({', '.join(COST_FIELDS)})")
+        for k in sources:
+            if k not in COST_FIELDS and k not in changes:
+                check.add(f"sources has {k!r}, which is not a cost field"
+                          f"{close_names(k, COST_FIELDS)}; fix: key each source by the cost "
+                          "field it sources")
+        known = {k: v for k, v in changes.items() if k in COST_FIELDS}
+        for k, v in known.items():
+            src = sources.get(k)
+            if not isinstance(src, str) or not src.strip():
+                check.add(f"{k} needs a source: with_costs({{{k!r}: 'where this value comes "
+                          f"from'}}, {k}={v!r})")
+        merged = {**self.cost_sources, **{k: s for k, s in sources.items() if k in COST_FIELDS
+                                          and isinstance(s, str) and s.strip()}}
+        _checked_fields({**{f.name: getattr(self, f.name) for f in fields(self)}, **known,
+                         "cost_sources": merged}, check, "")
+        check.raise_if_any()
+        return replace(self, cost_sources=merged, **known)
 
     def seq_violation(self, seq_len: int, tp: int, cp: int, sequence_parallel: bool) -> str | None:
         """Why this framework cannot cut sequences of ``seq_len`` tokens over tp x cp with
@@ -482,6 +478,86 @@ def _cut_violation(rule: str, blocks: tuple[int, ...]) -> str | None:
     if rule == "balanced" and max(blocks) - min(blocks) > 1:
         return f"cuts stages only evenly; {blocks} is not balanced"
     return None
+
+
+_ZERO_STAGE_FIELDS = ("zero_stages", "zero_stages_with_tp", "zero_stages_with_pp",
+                      "zero_stages_with_ep")
+_BOOL_FIELDS = ("per_block_recompute", "expert_parallel", "per_block_reshard",
+                "overlap_dp_grad_reduce", "zero3_regather_per_micro_batch", "overlap_tp_comm",
+                "zero1_grad_all_reduce", "fsdp2_copies", "tp_mlp_reduce_per_linear")
+
+
+def _checked_fields(v: dict, check: FieldCheck, cost_fix: str) -> dict:
+    """Every field of a :class:`FrameworkProfile` (``v``: name -> value) checked against its rule
+    (the class's Attributes), problems recorded in ``check``; returns the values normalised
+    (lists as tuples, mappings read-only, numbers as int/float). ``cost_fix`` is the fix for a
+    missing cost source (``{field}`` formatted), empty when the caller reports those itself."""
+    out = dict(v)
+    out["name"] = check.text("name", v["name"], "torch")
+    out["version"] = check.text("version", v["version"], "torch 2.13")
+    for f in _ZERO_STAGE_FIELDS:
+        out[f] = check.names(f, v[f], (0, 1, 2, 3), (0, 1, 2, 3), what="ZeRO stages")
+    out["schedules"] = check.names("schedules", v["schedules"], SCHEDULES, ("1f1b",))
+    out["overlaps_ep_comm"] = check.names("overlaps_ep_comm", v["overlaps_ep_comm"], SCHEDULES,
+                                          ())
+    if isinstance(out["overlaps_ep_comm"], tuple) and isinstance(out["schedules"], tuple):
+        extra = [s for s in out["overlaps_ep_comm"] if s not in out["schedules"]]
+        if extra and set(extra) <= set(SCHEDULES):
+            check.bad("overlaps_ep_comm", out["overlaps_ep_comm"],
+                      f"{extra} not among the schedules it runs {list(out['schedules'])}",
+                      tuple(s for s in out["overlaps_ep_comm"] if s in out["schedules"]))
+    out["overlap_pp_p2p"] = check.names("overlap_pp_p2p", v["overlap_pp_p2p"], SCHEDULES,
+                                        ("interleaved-1f1b",), what="schedule names")
+    out["cp_modes"] = check.names("cp_modes", v["cp_modes"], CP_MODES, CP_MODES,
+                                  what="empty: no context parallelism")
+    out["recompute_modes"] = check.names("recompute_modes", v["recompute_modes"],
+                                         RECOMPUTE_MODES, ("none", "full"), nonempty=True)
+    out["sequence_parallel"] = check.names("sequence_parallel", v["sequence_parallel"],
+                                           (True, False), (True, False), nonempty=True,
+                                           what="the values sequence_parallel may take")
+    out["eager_parts"] = check.names("eager_parts", v["eager_parts"], EAGER_PARTS, ())
+    for f, choices in (("interleaved_chunks", CHUNK_RULES), ("stage_cuts", CUT_RULES),
+                       ("expert_tensor_parallel", ETP_RULES), ("fusion", FUSION_LEVELS),
+                       ("zero3_gather", ZERO3_GATHERS), ("zero1_param_sync", ZERO1_PARAM_SYNCS),
+                       ("zero1_partition", ZERO1_PARTITIONS)):
+        out[f] = check.choice(f, v[f], choices, choices[0])
+    for f in _BOOL_FIELDS:
+        out[f] = check.boolean(f, v[f])
+    out["grad_reduce_bytes"] = check.choice(
+        "grad_reduce_bytes", v["grad_reduce_bytes"], (None, 1, 2, 4), 4,
+        what="bytes per gradient element; None = the cost model's CostParams.grad_bytes")
+    out["step_fixed_s"] = check.number("step_fixed_s", v["step_fixed_s"], 0, "seconds", 0.0)
+    out["zero1_group_size"] = check.number(
+        "zero1_group_size", v["zero1_group_size"], 1, "data-parallel ranks", 8, integer=True,
+        none_means="the whole data-parallel group")
+    out["sync_grad_bucket_elements"] = check.number(
+        "sync_grad_bucket_elements", v["sync_grad_bucket_elements"], 0,
+        "gradient elements per bucket; 0 = the reduction overlaps backward as a whole", 0,
+        integer=True)
+    out["optimizer_step_bytes"] = check.number(
+        "optimizer_step_bytes", v["optimizer_step_bytes"], 1,
+        "HBM bytes per optimizer-held parameter", FUSED_OPTIMIZER_STEP_BYTES, integer=True)
+    out["zero_grad_copy_passes"] = check.number(
+        "zero_grad_copy_passes", v["zero_grad_copy_passes"], 0,
+        "passes over each gradient per backward", 0, integer=True)
+    out["attention_kernels"] = check.mapping(
+        "attention_kernels", v["attention_kernels"], ATTENTION_KERNELS, {"*": "fa2"},
+        required=("*",), what="GPU architecture -> attention kernel; '*' for any other")
+    out["cp_attention"] = check.mapping(
+        "cp_attention", v["cp_attention"], CP_ATTENTION_PATHS, {}, keys=CP_MODES,
+        what="CP mode -> how a rank runs attention under it")
+    out["seq_rule"] = check.instance("seq_rule", v["seq_rule"], SeqLenRule, "SeqLenRule()")
+    out["memory"] = check.instance("memory", v["memory"], MemoryConventions,
+                                   "autopar.frameworks.memory.TORCH_MEMORY")
+    out["sources"] = check.sources(
+        "sources", v["sources"], FrameworkProfile.capability_names(),
+        "sources={{..., '{field}': 'the framework file and flag it was read from'}}")
+    if cost_fix:
+        out["cost_sources"] = check.sources("cost_sources", v["cost_sources"], COST_FIELDS,
+                                            cost_fix)
+    else:
+        out["cost_sources"] = MappingProxyType(dict(v["cost_sources"]))
+    return out
 
 
 _ALL_ZERO = (0, 1, 2, 3)
