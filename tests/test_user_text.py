@@ -56,3 +56,65 @@ def test_cli_schedule_at_pp_1(capsys):
                        "--pp", "1")
     assert code == 2
     assert "schedule='dualpipev' is a pipeline schedule and pp=1 is pinned" in err
+
+
+@pytest.fixture(scope="module")
+def kept_plan(tmp_path_factory):
+    """A ZeRO-3 plan with dp=16 on 16 GPUs that keeps 3 of its 4 blocks gathered."""
+    path = tmp_path_factory.mktemp("plans") / "p.json"
+    plan = autopar.optimize("tiny-llama", autopar.Cluster.custom(2, 8, "A100-80GB"),
+                            autopar.TrainingConfig(global_batch_size=32, seq_len=32),
+                            fixed=dict(dp=16, tp=1, pp=1, zero_stage=3,
+                                       reshard_after_forward=(False, True, False, False)))
+    plan.to_json(path)
+    return path
+
+
+def _estimate_json(capsys, *argv):
+    code, out, err = run(capsys, "estimate", *argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_plan_on_a_smaller_cluster_says_dp_changed(capsys, kept_plan):
+    # dp=16 on 16 GPUs silently became dp=8 on 8
+    data = _estimate_json(capsys, "--plan", str(kept_plan), "--cluster", "1x8xA100-80GB")
+    assert data["config"]["dp"] == 8
+    assert "dp 16 -> 8 for the 8 GPUs of the new cluster (tp x cp x pp = 1 x 1 x 1)" \
+        in data["notes"]
+    same = _estimate_json(capsys, "--plan", str(kept_plan), "--cluster", "2x8xA100-80GB")
+    assert same["config"]["dp"] == 16 and not [n for n in same["notes"] if "dp 16" in n]
+
+
+def test_plan_with_another_degree_says_what_it_derived(capsys, kept_plan):
+    data = _estimate_json(capsys, "--plan", str(kept_plan), "--pp", "2")
+    assert data["config"]["dp"] == 8 and data["config"]["pp"] == 2
+    assert "dp 16 -> 8 for the 16 GPUs (tp x cp x pp = 1 x 1 x 2)" in data["notes"]
+    assert "stage cuts 4 (blocks per pipeline chunk) -> balanced for pp=2" in data["notes"]
+    # a flag equal to the plan's own value derives nothing again
+    data = _estimate_json(capsys, "--plan", str(kept_plan), "--tp", "1", "--zero", "3")
+    assert data["config"]["reshard_after_forward"] == [False, True, False, False]
+    assert len(data["notes"]) == 1 and data["notes"][0].startswith("re-estimating")
+
+
+def test_plan_with_another_zero_stage_drops_per_block_resharding(capsys, kept_plan):
+    # failed with a dump of the booleans and "Fix: ... reshard_after_forward=None", which the
+    # command line cannot pass
+    data = _estimate_json(capsys, "--plan", str(kept_plan), "--zero", "2")
+    assert data["config"]["zero_stage"] == 2 and data["config"]["reshard_after_forward"] is None
+    assert ("zero 3 -> 2: the plan's per-block FSDP resharding (FSDP keeps 3 of 4 blocks "
+            "gathered forward to backward) is dropped; only ZeRO-3 gathers parameters to keep"
+            ) in data["notes"]
+
+
+@pytest.mark.parametrize("flag", ["--megatron-args", "--torchtitan-toml"])
+@pytest.mark.parametrize("value", ["", "  "])
+def test_empty_import_flags_are_refused(capsys, flag, value, kept_plan):
+    # an empty --megatron-args was costed as plain torch with no note
+    base = ["estimate", "--model", "tiny-llama", "--cluster", "1x8xA100-80GB",
+            "--global-batch", "16", "--seq-len", "32"]
+    code, _, err = run(capsys, *base, f"{flag}={value}")
+    assert code == 2 and f"InvalidTrainingConfig: {flag} is empty" in err
+    assert "Fix:" in err and "drop the flag" in err
+    code, _, err = run(capsys, "estimate", "--plan", str(kept_plan), f"{flag}={value}")
+    assert code == 2 and f"{flag} is empty" in err
