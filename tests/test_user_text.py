@@ -118,3 +118,34 @@ def test_empty_import_flags_are_refused(capsys, flag, value, kept_plan):
     assert "Fix:" in err and "drop the flag" in err
     code, _, err = run(capsys, "estimate", "--plan", str(kept_plan), f"{flag}={value}")
     assert code == 2 and f"{flag} is empty" in err
+
+
+def test_explain_counts_blocks_kept_gathered_as_the_plan_table_does():
+    # explain printed "reshard default->10/32 blocks" where the table said "keeps 22 of 32"
+    from autopar.report.explain import config_diff
+    from autopar.report.summary import reshard_text
+    base = autopar.ParallelConfig(dp=8, zero_stage=3)
+    kept = autopar.ParallelConfig(dp=8, zero_stage=3,
+                                  reshard_after_forward=(False,) * 22 + (True,) * 10)
+    assert reshard_text(kept).startswith("FSDP keeps 22 of 32 blocks gathered")
+    assert config_diff(base, kept) == ["FSDP keeps 0->22 of 32 blocks gathered"]
+    other = autopar.ParallelConfig(dp=8, zero_stage=3,
+                                   reshard_after_forward=(True,) * 10 + (False,) * 22)
+    assert config_diff(kept, other) == ["FSDP keeps 22 of 32 blocks gathered (other blocks)"]
+    assert config_diff(kept, autopar.ParallelConfig(dp=8, zero_stage=2)) == [
+        "zero 3->2", "FSDP keeps 22->0 of 32 blocks gathered"]
+
+
+def test_explain_does_not_put_fsdp_copies_on_a_link():
+    # dp_copies (copies in GPU memory on the compute stream) read "... on InfiniBand"
+    from autopar.report.explain import compare
+    cluster = autopar.Cluster.custom(2, 8, "A100-80GB")
+    train = autopar.TrainingConfig(global_batch_size=32, seq_len=32)
+    plain = autopar.estimate("tiny-llama", cluster, train, autopar.ParallelConfig(dp=16))
+    fsdp = autopar.estimate("tiny-llama", cluster, train,
+                            autopar.ParallelConfig(dp=16, zero_stage=3))
+    assert fsdp.group_links["dp"] == "infiniband" and fsdp.time_breakdown["dp_copies"] > 0
+    words = {d.component: d.words for d in compare(plain, fsdp, "zero-3").time}
+    assert "GPU-memory copies" in words["dp_copies"] and "no link" in words["dp_copies"]
+    assert "InfiniBand" not in words["dp_copies"]
+    assert words["overlap_slowdown"].endswith("on InfiniBand")   # a collective still has one
