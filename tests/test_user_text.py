@@ -149,3 +149,17 @@ def test_explain_does_not_put_fsdp_copies_on_a_link():
     assert "GPU-memory copies" in words["dp_copies"] and "no link" in words["dp_copies"]
     assert "InfiniBand" not in words["dp_copies"]
     assert words["overlap_slowdown"].endswith("on InfiniBand")   # a collective still has one
+
+
+def test_mfu_warning_never_prints_two_equal_percentages():
+    # "MFU 45.7% exceeds the best published ... (45.7%: ...)"
+    from autopar.cost.regime import Regime, distinct_percents, mfu_ceiling, plausibility_warnings
+    r = Regime("torch", "bf16", "hopper", "fsdp")
+    best = mfu_ceiling(r.framework, r.precision, r.gpu).mfu
+    for above in (1e-5, 3e-4, 1e-3, 0.02):
+        (w,) = plausibility_warnings(best + above, r)
+        ours, theirs = distinct_percents(best + above, best)
+        assert ours != theirs and f"MFU {ours} exceeds" in w and f"({theirs}: " in w
+    assert distinct_percents(0.45712, 0.45695) == ("45.71%", "45.70%")
+    assert distinct_percents(0.5, 0.4) == ("50.0%", "40.0%")   # one decimal when it differs
+    assert distinct_percents(0.457, 0.457) == ("45.7%", "45.7%")
