@@ -163,3 +163,33 @@ def test_mfu_warning_never_prints_two_equal_percentages():
     assert distinct_percents(0.45712, 0.45695) == ("45.71%", "45.70%")
     assert distinct_percents(0.5, 0.4) == ("50.0%", "40.0%")   # one decimal when it differs
     assert distinct_percents(0.457, 0.457) == ("45.7%", "45.7%")
+
+
+def test_zero_refusal_cites_the_capability_that_refuses():
+    # Megatron's ZeRO-2 refusal cited "--use-torch-fsdp2 has no TP assertion"
+    from autopar.frameworks import get_profile
+    mg = get_profile("megatron")
+    for tp, pp in ((1, 1), (2, 1), (2, 2)):
+        why = mg.unsupported(autopar.ParallelConfig(tp=tp, pp=pp, dp=8 // (tp * pp),
+                                                    zero_stage=2, sequence_parallel=tp > 1))
+        assert why.startswith("megatron does not run ZeRO-2 (it runs [0, 1, 3]; ")
+        assert mg.sources["zero_stages"] in why and "TP assertion" not in why
+    why = mg.unsupported(autopar.ParallelConfig(tp=2, pp=2, dp=2, zero_stage=3,
+                                                sequence_parallel=True))
+    assert "with tp=2, pp=2" in why and mg.sources["zero_stages_with_pp"] in why
+    why = mg.unsupported(autopar.ParallelConfig(dp=4, ep=2, zero_stage=3))
+    assert mg.sources["zero_stages_with_ep"] in why
+    tt = get_profile("torchtitan")   # DDP beside TP: the TP capability refuses ZeRO-0
+    why = tt.unsupported(autopar.ParallelConfig(tp=2, dp=4, zero_stage=0,
+                                                sequence_parallel=True))
+    assert tt.sources["zero_stages_with_tp"] in why
+
+
+def test_cli_megatron_zero_2_warning_cites_no_zero_2(capsys):
+    code, out, err = run(capsys, "estimate", "--model", "tiny-llama", "--cluster",
+                         "1x8xA100-80GB", "--global-batch", "16", "--seq-len", "32",
+                         "--framework", "megatron", "--zero", "2", "--json")
+    assert code == 0, err
+    text = " ".join(json.loads(out)["warnings"])
+    assert "megatron does not run ZeRO-2" in text and "so no ZeRO-2" in text
+    assert "TP assertion" not in text
