@@ -36,6 +36,20 @@ def test_pipeline_schedule_at_pp_1_is_noted():
     assert not _notes(cm.estimate(autopar.ParallelConfig(dp=16, micro_batch_size=2)), "pp=1")
 
 
+def test_interleaving_at_pp_1_is_noted_and_costs_nothing():
+    # virtual_stages=4 at pp=1 was dropped silently (costed as v=1), while a schedule got a note
+    cm = _model()
+    plain = cm.estimate(autopar.ParallelConfig(dp=16, micro_batch_size=2))
+    est = cm.estimate(autopar.ParallelConfig(dp=16, virtual_stages=4, micro_batch_size=2))
+    assert est.step_time_s == plain.step_time_s and est.config.virtual_stages == 1
+    assert len(_notes(est, "virtual_stages=4 at pp=1")) == 1
+    assert "drop it, or pp > 1" in _notes(est, "virtual_stages=4")[0]
+    assert not _notes(cm.estimate(autopar.ParallelConfig(dp=16, virtual_stages=1,
+                                                         micro_batch_size=2)), "virtual_stages")
+    piped = cm.estimate(autopar.ParallelConfig(pp=2, dp=8, virtual_stages=2, micro_batch_size=2))
+    assert piped.config.virtual_stages == 2 and not _notes(piped, "virtual_stages")
+
+
 def test_device_without_sm_count_is_noted_and_pays_no_slowdown():
     train = autopar.TrainingConfig(global_batch_size=64, seq_len=512)
     graph = model_graph("tiny-llama", train)[0]

@@ -118,7 +118,10 @@ def test_config_diff_names_every_field_that_differs():
     a = ParallelConfig(tp=1, dp=8, ep=1, zero_stage=3)
     assert config_diff(a, ParallelConfig(tp=1, dp=8, ep=2, zero_stage=3)) == ["ep 1->2"]
     kept = ParallelConfig(tp=1, dp=8, ep=1, zero_stage=3, reshard_after_forward=(True, False))
-    assert config_diff(a, kept) == ["reshard default->1/2 blocks"]   # not Python's None
+    # in the plan table's words and count (blocks kept gathered); was "reshard default->1/2
+    # blocks", which counted the blocks that reshard
+    assert config_diff(a, kept) == ["FSDP keeps 0->1 of 2 blocks gathered"]
+    assert config_diff(kept, a) == ["FSDP keeps 1->0 of 2 blocks gathered"]
     assert config_diff(a, a) == []
 
 

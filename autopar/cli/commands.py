@@ -30,6 +30,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 from rich.console import Console
 
@@ -45,7 +46,7 @@ from ..errors import (AutoparError, InvalidClusterSpec, InvalidModelConfig, Inva
                       MissingDependency, output_error)
 from ..report.advice import fixes_to_fit, run_cost
 from ..report.explain import Problem, compare, named_alternatives, search_plan
-from ..report.summary import plural, trust_lines
+from ..report.summary import plural, reshard_text, trust_lines
 from ..io.importers import Imported, from_megatron_args, from_torchtitan_toml
 from ..frameworks import edits_text, get_profile, with_edits
 
@@ -258,6 +259,22 @@ def _framework(args) -> str:
     return "torch"
 
 
+def _check_imports(args) -> None:
+    """Refuse an empty ``--megatron-args`` or ``--torchtitan-toml``: either was read as absent
+    (costed as plain torch, with no note), though the user meant to import something.
+
+    Raises:
+        InvalidTrainingConfig: naming the empty flag and the fix.
+    """
+    for flag, what in (("megatron_args", "Megatron-LM arguments as one string, e.g. "
+                                         "\"--tensor-model-parallel-size 4\""),
+                       ("torchtitan_toml", "the path of a torchtitan job TOML")):
+        value = getattr(args, flag, None)
+        if value is not None and not value.strip():
+            raise InvalidTrainingConfig(
+                f"--{flag.replace('_', '-')} is empty. Fix: give {what}, or drop the flag.")
+
+
 def _imported(args) -> Imported | None:
     if getattr(args, "megatron_args", None) and getattr(args, "torchtitan_toml", None):
         raise InvalidTrainingConfig("give --megatron-args or --torchtitan-toml, not both. Fix: "
@@ -269,9 +286,35 @@ def _imported(args) -> Imported | None:
     return None
 
 
-#: Choices a changed degree invalidates in a plan file's config: they are derived again.
+#: Choices a changed degree invalidates in a plan file's config: they are derived again
+#: (FSDP's per-block reshard_after_forward exists only under ZeRO-3).
 _DERIVED = {"tp": ("dp",), "pp": ("dp", "stage_blocks"), "cp": ("dp",),
-            "virtual_stages": ("stage_blocks",)}
+            "virtual_stages": ("stage_blocks",), "zero_stage": ("reshard_after_forward",)}
+
+
+def _derived_notes(before: dict, after: dict, world: int, new_cluster: bool) -> list[str]:
+    """What ``estimate --plan`` derives again (``after``'s None where ``before``, the plan
+    file's config, had a value), as notes naming the old and new value: dp from the GPUs left
+    over by tp x cp x pp on ``world`` GPUs, the stage cuts, FSDP's per-block resharding."""
+    notes = []
+    if before.get("dp") is not None and after.get("dp") is None:
+        tp, cp, pp = (after.get(k) or 1 for k in ("tp", "cp", "pp"))
+        dp = world // (tp * cp * pp) if world % (tp * cp * pp) == 0 else None
+        if dp is not None and dp != before["dp"]:   # else resolving names the problem
+            notes.append(f"dp {before['dp']} -> {dp} for the {plural(world, 'GPU')}"
+                         f"{' of the new cluster' if new_cluster else ''} (tp x cp x pp = "
+                         f"{tp} x {cp} x {pp})")
+    if before.get("stage_blocks") is not None and after.get("stage_blocks") is None:
+        notes.append(f"stage cuts {'/'.join(map(str, before['stage_blocks']))} (blocks per "
+                     f"pipeline chunk) -> balanced for pp={after.get('pp') or 1}")
+    if before.get("reshard_after_forward") is not None and after.get(
+            "reshard_after_forward") is None:
+        kept = reshard_text(SimpleNamespace(zero_stage=3,
+                                            reshard_after_forward=before["reshard_after_forward"]))
+        notes.append(f"zero {before.get('zero_stage')} -> {after.get('zero_stage')}: the plan's "
+                     f"per-block FSDP resharding ({kept}) is dropped; only ZeRO-3 gathers "
+                     "parameters to keep")
+    return notes
 
 
 def _plan_problem(args) -> tuple[Problem, dict, list[str]]:
@@ -304,11 +347,14 @@ def _plan_problem(args) -> tuple[Problem, dict, list[str]]:
     train = TrainingConfig(**{**kw["train"].__dict__,
                               **{k: v for k, v in given.items() if v is not None}})
     par = dict(kw["config"].__dict__)
+    before = dict(par)
     flags = _parallel(args)
     if args.cluster and "dp" not in flags:
         # another cluster: dp is what its GPUs leave over (as with --tp/--pp/--cp edits)
         par["dp"] = None
     for key in flags:
+        if flags[key] == before.get(key):
+            continue   # the plan's own value: nothing derived from it changes
         for derived in _DERIVED.get(key, ()):
             if derived not in flags:
                 par[derived] = None
@@ -326,14 +372,17 @@ def _plan_problem(args) -> tuple[Problem, dict, list[str]]:
     elif edits:
         notes.append(f"costed with the plan's edited {train.framework} profile fields: "
                      f"{edits_text(edits)}")
-    return (Problem.build(model, args.cluster or kw["cluster"], train,
-                          memory_margin=getattr(args, "memory_margin", None),
-                          framework=with_edits(train.framework, edits)), par, notes)
+    problem = Problem.build(model, args.cluster or kw["cluster"], train,
+                            memory_margin=getattr(args, "memory_margin", None),
+                            framework=with_edits(train.framework, edits))
+    world = problem.cost_model.cluster.world_size
+    return problem, par, [*notes, *_derived_notes(before, par, world, bool(args.cluster))]
 
 
 def _problem(args) -> tuple[Problem, dict, list[str]]:
     """The problem, the parallel choices the user gave, and notes on imported settings."""
     from .. import api
+    _check_imports(args)
     if getattr(args, "plan", None):
         return _plan_problem(args)
     if args.cluster is None:

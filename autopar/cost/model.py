@@ -917,6 +917,12 @@ class CostModel:
             hit = replace(hit, warnings=(*hit.warnings, (
                 f"schedule {config.schedule!r} at pp=1: there is no pipeline, so the schedule "
                 "changes nothing here; fix: drop it, or pp > 1")))
+        if config.pp == 1 and (config.virtual_stages or 1) > 1:
+            # resolving dropped the interleaving too (no pipeline ranks to give chunks to)
+            hit = replace(hit, warnings=(*hit.warnings, (
+                f"virtual_stages={config.virtual_stages} at pp=1: there is no pipeline to "
+                "interleave, so it changes nothing here (costed as v=1); fix: drop it, or "
+                "pp > 1")))
         return hit
 
     def step_without_dp_s(self, config: ParallelConfig) -> float:

@@ -199,9 +199,21 @@ def plausibility_warnings(mfu: float, regime: Regime) -> tuple[str, ...]:
     if best is None or mfu <= best.mfu:
         return ()
     who = regime.framework if best.cell[0] != ANY else "any framework"
-    return (f"MFU {mfu * 100:.1f}% exceeds the best published for {who}, {regime.precision} on "
-            f"{regime.gpu.capitalize()} GPUs ({best.mfu * 100:.1f}%: {best.record}, its measured "
+    ours, theirs = distinct_percents(mfu, best.mfu)
+    return (f"MFU {ours} exceeds the best published for {who}, {regime.precision} on "
+            f"{regime.gpu.capitalize()} GPUs ({theirs}: {best.record}, its measured "
             "step time under autopar's FLOPs convention): the estimate is likely optimistic",)
+
+
+def distinct_percents(a: float, b: float, max_decimals: int = 6) -> tuple[str, str]:
+    """Fractions ``a`` and ``b`` as percentages with one decimal, or the fewest more decimals
+    (up to ``max_decimals``) at which the two texts differ when ``a != b`` ("45.7%" vs "45.7%"
+    for 0.45712 and 0.45695 read as a tie: "45.71%" vs "45.70%")."""
+    for d in range(1, max_decimals + 1):
+        ta, tb = f"{a * 100:.{d}f}%", f"{b * 100:.{d}f}%"
+        if ta != tb or a == b:
+            break
+    return ta, tb
 
 
 def headroom_warnings(memory_bytes: float, limit_bytes: float) -> tuple[str, ...]:

@@ -423,9 +423,16 @@ class FrameworkProfile:
         fw = self.name
         shares_weights = c.dp is None or c.dp * c.cp > 1   # ZeRO means nothing on one replica
         if shares_weights and c.zero_stage not in self.zero_options(c.tp, c.pp, c.cp, c.ep):
+            if c.zero_stage not in self.zero_stages:   # on no mesh: cite that, not a degree
+                return (f"{fw} does not run ZeRO-{c.zero_stage} (it runs "
+                        f"{list(self.zero_stages)}; {self._src('zero_stages')})")
+            # the first degree whose capability refuses the stage, and that capability's source
+            refusing = next(name for name, on in (
+                ("zero_stages_with_tp", c.tp > 1 or c.cp > 1), ("zero_stages_with_pp", c.pp > 1),
+                ("zero_stages_with_ep", c.ep > 1)) if on and c.zero_stage not in getattr(self, name))
             return (f"{fw} does not run ZeRO-{c.zero_stage} with tp={c.tp}, pp={c.pp}, cp={c.cp}, "
                     f"ep={c.ep} (it runs {list(self.zero_options(c.tp, c.pp, c.cp, c.ep))}; "
-                    f"{self._src('zero_stages_with_pp' if c.pp > 1 else 'zero_stages_with_tp')})")
+                    f"{self._src(refusing)})")
         if c.cp > 1 and c.cp_mode not in self.cp_modes:
             return (f"{fw} has no context-parallel mode {c.cp_mode!r} (it has "
                     f"{list(self.cp_modes) or 'no context parallelism'}; {self._src('cp_modes')})")

@@ -29,15 +29,18 @@ LINK_NAMES = {"nvlink": "NVLink", "nvswitch": "NVSwitch", "pcie": "PCIe",
               "infiniband": "InfiniBand", "roce": "RoCE", "ethernet": "Ethernet",
               "local": "no link"}
 
-#: Which mesh dimension's link each time component travels over.
+#: Which mesh dimension's link each time component travels over (``dp_copies`` crosses none:
+#: the sharded-DP implementation's copies in GPU memory on the compute stream, see
+#: :class:`autopar.cost.types.Estimate`).
 _COMPONENT_DIM = {"tp_comm": "tp", "cp_comm": "cp", "pp_comm": "pp", "dp_comm_exposed": "dp",
-                  "overlap_slowdown": "dp", "dp_copies": "dp"}
+                  "overlap_slowdown": "dp"}
 
 _TIME_WORDS = {"compute": "compute", "tp_comm": "TP all-reduce/all-gather",
                "cp_comm": "context-parallel K/V exchange", "pp_comm": "pipeline send/recv",
                "bubble": "pipeline bubble", "dp_comm_exposed": "exposed data-parallel sync",
                "overlap_slowdown": "compute slowed by the data-parallel sync beside it",
-               "dp_copies": "FSDP's copies around its gathers and reduce-scatters",
+               "dp_copies": "sharded data parallelism's GPU-memory copies around its gathers "
+                            "and reduce-scatters (on the compute stream, no link)",
                "optimizer": "optimizer step"}
 
 _MEMORY_WORDS = {"optimizer_states": "optimizer states", "transient": "transient buffers"}
@@ -134,23 +137,37 @@ def search_plan(problem: Problem, fixed: dict | None = None, *, time_limit_s: fl
 
 
 def config_diff(base: ParallelConfig, other: ParallelConfig) -> list[str]:
-    """The fields where ``other`` differs from ``base``, as ``"tp 2->8"`` strings."""
+    """The fields where ``other`` differs from ``base``, as ``"tp 2->8"`` strings; FSDP's
+    per-block ``reshard_after_forward`` as the blocks it keeps gathered, in the plan table's
+    words (:func:`autopar.report.summary.reshard_text`): ``"FSDP keeps 0->22 of 32 blocks
+    gathered"``."""
     out = []
     for name in CONFIG_FIELDS:
         a, b = getattr(base, name, None), getattr(other, name, None)
         if name == "placement":
             from ..config import DEFAULT_PLACEMENT
             a, b = "-".join(a or DEFAULT_PLACEMENT), "-".join(b or DEFAULT_PLACEMENT)
-        if a != b:
+        if name == "reshard_after_forward" and a != b:
+            # None: every block reshards (ZeRO-3's default), i.e. none is kept gathered
+            blocks = len(a if a is not None else b)
+            ka, kb = _kept(a), _kept(b)
+            out.append(f"FSDP keeps {ka}->{kb} of {blocks} blocks gathered" if ka != kb else
+                       f"FSDP keeps {ka} of {blocks} blocks gathered (other blocks)")
+        elif a != b:
             short = {"sequence_parallel": "sp", "zero_stage": "zero", "micro_batch_size": "mbs",
-                     "virtual_stages": "v", "stage_blocks": "cuts",
-                     "reshard_after_forward": "reshard"}.get(name, name)
+                     "virtual_stages": "v", "stage_blocks": "cuts"}.get(name, name)
             out.append(f"{short} {_value(a)}->{_value(b)}")
     return out
 
 
+def _kept(reshard: tuple[bool, ...] | None) -> int:
+    """Blocks FSDP keeps gathered forward to backward under ``reshard_after_forward`` (False
+    entries; None: every block reshards)."""
+    return 0 if reshard is None else sum(1 for x in reshard if not x)
+
+
 def _value(v) -> str:
-    if v is None:   # a choice left to its default (e.g. ZeRO-3's resharding of every block)
+    if v is None:   # a choice left to its default (e.g. expert_tp: etp = tp)
         return "default"
     if isinstance(v, bool):
         return "on" if v else "off"
@@ -159,9 +176,6 @@ def _value(v) -> str:
         # on both sides of a difference)
         counts = {m: v.count(m) for m in dict.fromkeys(v)}
         return "+".join(f"{n} {m}" for m, n in counts.items())
-    if isinstance(v, tuple) and all(isinstance(x, bool) for x in v):
-        # reshard_after_forward per block: how many blocks reshard
-        return f"{sum(v)}/{len(v)} blocks"
     if isinstance(v, tuple) and len(v) > 8:
         # many stage cuts: runs of equal counts ("2*62/3/1"), else the line fills the screen
         runs: list[list] = []

@@ -47,7 +47,7 @@ def no_mesh_error(cm: CostModel, fixed: dict) -> AutoparError:
     g, world, train = cm.graph, cm.cluster.world_size, cm.train
     limits = space.SpaceLimits()
     any_batch = SimpleNamespace(seq_len=train.seq_len, global_batch_size=world)
-    head = f"no legal parallel layout for {g.name} on {world} GPUs"
+    head = f"no legal parallel layout for {g.name} on {world} GPU{'' if world == 1 else 's'}"
     if (fixed.get("ep") or 1) > 1 and not any(getattr(l, "num_experts", 0)
                                               for l in g.layers):
         return InfeasibleError(f"{head}: ep={fixed['ep']} splits experts, and {g.name} has no "
@@ -56,6 +56,9 @@ def no_mesh_error(cm: CostModel, fixed: dict) -> AutoparError:
     if v > 1 and fixed.get("pp", 2) == 1:
         return InfeasibleError(f"{head}: virtual_stages={v} interleaves pipeline stages, but "
                                "pp=1 is pinned. Fix: pin pp >= 2, or virtual_stages=1.")
+    piped = _pipeline_schedule_error(cm, fixed, head, any_batch, limits)
+    if piped is not None:
+        return piped
     if space.meshes(g, cm.cluster, any_batch, fixed, limits):
         legal = space.meshes(g, cm.cluster, train, fixed, limits)
         if not legal:
@@ -114,6 +117,35 @@ def no_mesh_error(cm: CostModel, fixed: dict) -> AutoparError:
     return InfeasibleError(
         f"{head} with fixed={fixed}: {'; '.join(_fmt(r, cm) for r in _RULES.values())}. "
         "Fix: relax fixed=, or use a GPU count with more divisors.")
+
+
+def _pipeline_schedule_error(cm: CostModel, fixed: dict, head: str, any_batch,
+                             limits: space.SpaceLimits) -> AutoparError | None:
+    """The error when the pinned pipeline schedule is the one pin no layout can honour: it
+    needs pp > 1 (:func:`space.meshes` keeps only 1F1B and GPipe at pp = 1, where they are a
+    plain step) and pp is pinned to 1 or no legal layout has a pipeline. None when another
+    rule binds (a layout exists with the schedule, or none exists without it)."""
+    sched = fixed.get("schedule")
+    if sched in (None, "1f1b", "gpipe"):
+        return None
+    g, cluster = cm.graph, cm.cluster
+    if space.meshes(g, cluster, any_batch, fixed, limits):
+        return None
+    rest = {k: v for k, v in fixed.items() if k != "schedule"}
+    if not space.meshes(g, cluster, any_batch, rest, limits):
+        return None
+    pps = sorted({m[2] for m in space.meshes(
+        g, cluster, any_batch, {k: v for k, v in fixed.items() if k != "pp"}, limits)})
+    if fixed.get("pp") == 1:
+        return InfeasibleError(
+            f"{head}: schedule={sched!r} is a pipeline schedule and pp=1 is pinned: without a "
+            "pipeline there is nothing to schedule. Fix: drop the schedule (--schedule) to "
+            "train without a pipeline, or pin pp > 1"
+            + (f" (pp in {pps[:12]})." if pps else "."))
+    return InfeasibleError(
+        f"{head}: schedule={sched!r} needs a pipeline (pp > 1), and no legal layout "
+        f"{'with the other pins ' if rest else ''}has one ({_fmt(_RULES['pp'], cm)}). Fix: "
+        "drop the schedule (--schedule), or use more GPUs.")
 
 
 def _with_nodes(cm: CostModel, nodes: int) -> CostModel:

@@ -1,0 +1,195 @@
+"""What a new user read and misread (user pass of 2026-12-01): errors name the real conflict, a
+re-estimated plan file says what it changed, explain's words match the plan table's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import autopar
+from autopar.cli import main
+from autopar.errors import InfeasibleError
+
+TINY8 = autopar.Cluster.custom(1, 8, "A100-80GB")
+TRAIN = autopar.TrainingConfig(global_batch_size=16, seq_len=32)
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+@pytest.mark.parametrize("schedule", ["dualpipev", "zbv-zero-bubble", "interleaved-1f1b"])
+def test_pipeline_schedule_pinned_at_pp_1_names_the_schedule(schedule):
+    # was "fixed pp=1 breaks a rule: pp must divide the GPUs and be at most the model's blocks",
+    # which pp=1 does not break
+    with pytest.raises(InfeasibleError) as info:
+        autopar.optimize("tiny-llama", TINY8, TRAIN, fixed={"schedule": schedule, "pp": 1})
+    msg = str(info.value)
+    assert f"schedule={schedule!r} is a pipeline schedule and pp=1 is pinned" in msg
+    assert "drop the schedule" in msg and "pp in [2, 4]" in msg
+    assert "breaks a rule" not in msg
+
+
+def test_pipeline_schedule_without_any_pipeline_names_the_schedule():
+    # one GPU: no layout has a pipeline, pp not pinned
+    one = autopar.Cluster.custom(1, 1, "A100-80GB")
+    with pytest.raises(InfeasibleError) as info:
+        autopar.optimize("tiny-llama", one, TRAIN, fixed={"schedule": "dualpipev"})
+    msg = str(info.value)
+    assert "on 1 GPU:" in msg and "schedule='dualpipev' needs a pipeline (pp > 1)" in msg
+    assert "drop the schedule" in msg
+
+
+def test_plain_schedules_at_pp_1_still_plan():
+    for schedule in ("1f1b", "gpipe"):
+        plan = autopar.optimize("tiny-llama", TINY8, TRAIN, fixed={"schedule": schedule,
+                                                                   "pp": 1})
+        assert plan.config.pp == 1
+
+
+def test_cli_schedule_at_pp_1(capsys):
+    code, _, err = run(capsys, "plan", "--model", "tiny-llama", "--cluster", "1x8xA100-80GB",
+                       "--global-batch", "16", "--seq-len", "32", "--schedule", "dualpipev",
+                       "--pp", "1")
+    assert code == 2
+    assert "schedule='dualpipev' is a pipeline schedule and pp=1 is pinned" in err
+
+
+@pytest.fixture(scope="module")
+def kept_plan(tmp_path_factory):
+    """A ZeRO-3 plan with dp=16 on 16 GPUs that keeps 3 of its 4 blocks gathered."""
+    path = tmp_path_factory.mktemp("plans") / "p.json"
+    plan = autopar.optimize("tiny-llama", autopar.Cluster.custom(2, 8, "A100-80GB"),
+                            autopar.TrainingConfig(global_batch_size=32, seq_len=32),
+                            fixed=dict(dp=16, tp=1, pp=1, zero_stage=3,
+                                       reshard_after_forward=(False, True, False, False)))
+    plan.to_json(path)
+    return path
+
+
+def _estimate_json(capsys, *argv):
+    code, out, err = run(capsys, "estimate", *argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_plan_on_a_smaller_cluster_says_dp_changed(capsys, kept_plan):
+    # dp=16 on 16 GPUs silently became dp=8 on 8
+    data = _estimate_json(capsys, "--plan", str(kept_plan), "--cluster", "1x8xA100-80GB")
+    assert data["config"]["dp"] == 8
+    assert "dp 16 -> 8 for the 8 GPUs of the new cluster (tp x cp x pp = 1 x 1 x 1)" \
+        in data["notes"]
+    same = _estimate_json(capsys, "--plan", str(kept_plan), "--cluster", "2x8xA100-80GB")
+    assert same["config"]["dp"] == 16 and not [n for n in same["notes"] if "dp 16" in n]
+
+
+def test_plan_with_another_degree_says_what_it_derived(capsys, kept_plan):
+    data = _estimate_json(capsys, "--plan", str(kept_plan), "--pp", "2")
+    assert data["config"]["dp"] == 8 and data["config"]["pp"] == 2
+    assert "dp 16 -> 8 for the 16 GPUs (tp x cp x pp = 1 x 1 x 2)" in data["notes"]
+    assert "stage cuts 4 (blocks per pipeline chunk) -> balanced for pp=2" in data["notes"]
+    # a flag equal to the plan's own value derives nothing again
+    data = _estimate_json(capsys, "--plan", str(kept_plan), "--tp", "1", "--zero", "3")
+    assert data["config"]["reshard_after_forward"] == [False, True, False, False]
+    assert len(data["notes"]) == 1 and data["notes"][0].startswith("re-estimating")
+
+
+def test_plan_with_another_zero_stage_drops_per_block_resharding(capsys, kept_plan):
+    # failed with a dump of the booleans and "Fix: ... reshard_after_forward=None", which the
+    # command line cannot pass
+    data = _estimate_json(capsys, "--plan", str(kept_plan), "--zero", "2")
+    assert data["config"]["zero_stage"] == 2 and data["config"]["reshard_after_forward"] is None
+    assert ("zero 3 -> 2: the plan's per-block FSDP resharding (FSDP keeps 3 of 4 blocks "
+            "gathered forward to backward) is dropped; only ZeRO-3 gathers parameters to keep"
+            ) in data["notes"]
+
+
+@pytest.mark.parametrize("flag", ["--megatron-args", "--torchtitan-toml"])
+@pytest.mark.parametrize("value", ["", "  "])
+def test_empty_import_flags_are_refused(capsys, flag, value, kept_plan):
+    # an empty --megatron-args was costed as plain torch with no note
+    base = ["estimate", "--model", "tiny-llama", "--cluster", "1x8xA100-80GB",
+            "--global-batch", "16", "--seq-len", "32"]
+    code, _, err = run(capsys, *base, f"{flag}={value}")
+    assert code == 2 and f"InvalidTrainingConfig: {flag} is empty" in err
+    assert "Fix:" in err and "drop the flag" in err
+    code, _, err = run(capsys, "estimate", "--plan", str(kept_plan), f"{flag}={value}")
+    assert code == 2 and f"{flag} is empty" in err
+
+
+def test_explain_counts_blocks_kept_gathered_as_the_plan_table_does():
+    # explain printed "reshard default->10/32 blocks" where the table said "keeps 22 of 32"
+    from autopar.report.explain import config_diff
+    from autopar.report.summary import reshard_text
+    base = autopar.ParallelConfig(dp=8, zero_stage=3)
+    kept = autopar.ParallelConfig(dp=8, zero_stage=3,
+                                  reshard_after_forward=(False,) * 22 + (True,) * 10)
+    assert reshard_text(kept).startswith("FSDP keeps 22 of 32 blocks gathered")
+    assert config_diff(base, kept) == ["FSDP keeps 0->22 of 32 blocks gathered"]
+    other = autopar.ParallelConfig(dp=8, zero_stage=3,
+                                   reshard_after_forward=(True,) * 10 + (False,) * 22)
+    assert config_diff(kept, other) == ["FSDP keeps 22 of 32 blocks gathered (other blocks)"]
+    assert config_diff(kept, autopar.ParallelConfig(dp=8, zero_stage=2)) == [
+        "zero 3->2", "FSDP keeps 22->0 of 32 blocks gathered"]
+
+
+def test_explain_does_not_put_fsdp_copies_on_a_link():
+    # dp_copies (copies in GPU memory on the compute stream) read "... on InfiniBand"
+    from autopar.report.explain import compare
+    cluster = autopar.Cluster.custom(2, 8, "A100-80GB")
+    train = autopar.TrainingConfig(global_batch_size=32, seq_len=32)
+    plain = autopar.estimate("tiny-llama", cluster, train, autopar.ParallelConfig(dp=16))
+    fsdp = autopar.estimate("tiny-llama", cluster, train,
+                            autopar.ParallelConfig(dp=16, zero_stage=3))
+    assert fsdp.group_links["dp"] == "infiniband" and fsdp.time_breakdown["dp_copies"] > 0
+    words = {d.component: d.words for d in compare(plain, fsdp, "zero-3").time}
+    assert "GPU-memory copies" in words["dp_copies"] and "no link" in words["dp_copies"]
+    assert "InfiniBand" not in words["dp_copies"]
+    assert words["overlap_slowdown"].endswith("on InfiniBand")   # a collective still has one
+
+
+def test_mfu_warning_never_prints_two_equal_percentages():
+    # "MFU 45.7% exceeds the best published ... (45.7%: ...)"
+    from autopar.cost.regime import Regime, distinct_percents, mfu_ceiling, plausibility_warnings
+    r = Regime("torch", "bf16", "hopper", "fsdp")
+    best = mfu_ceiling(r.framework, r.precision, r.gpu).mfu
+    for above in (1e-5, 3e-4, 1e-3, 0.02):
+        (w,) = plausibility_warnings(best + above, r)
+        ours, theirs = distinct_percents(best + above, best)
+        assert ours != theirs and f"MFU {ours} exceeds" in w and f"({theirs}: " in w
+    assert distinct_percents(0.45712, 0.45695) == ("45.71%", "45.70%")
+    assert distinct_percents(0.5, 0.4) == ("50.0%", "40.0%")   # one decimal when it differs
+    assert distinct_percents(0.457, 0.457) == ("45.7%", "45.7%")
+
+
+def test_zero_refusal_cites_the_capability_that_refuses():
+    # Megatron's ZeRO-2 refusal cited "--use-torch-fsdp2 has no TP assertion"
+    from autopar.frameworks import get_profile
+    mg = get_profile("megatron")
+    for tp, pp in ((1, 1), (2, 1), (2, 2)):
+        why = mg.unsupported(autopar.ParallelConfig(tp=tp, pp=pp, dp=8 // (tp * pp),
+                                                    zero_stage=2, sequence_parallel=tp > 1))
+        assert why.startswith("megatron does not run ZeRO-2 (it runs [0, 1, 3]; ")
+        assert mg.sources["zero_stages"] in why and "TP assertion" not in why
+    why = mg.unsupported(autopar.ParallelConfig(tp=2, pp=2, dp=2, zero_stage=3,
+                                                sequence_parallel=True))
+    assert "with tp=2, pp=2" in why and mg.sources["zero_stages_with_pp"] in why
+    why = mg.unsupported(autopar.ParallelConfig(dp=4, ep=2, zero_stage=3))
+    assert mg.sources["zero_stages_with_ep"] in why
+    tt = get_profile("torchtitan")   # DDP beside TP: the TP capability refuses ZeRO-0
+    why = tt.unsupported(autopar.ParallelConfig(tp=2, dp=4, zero_stage=0,
+                                                sequence_parallel=True))
+    assert tt.sources["zero_stages_with_tp"] in why
+
+
+def test_cli_megatron_zero_2_warning_cites_no_zero_2(capsys):
+    code, out, err = run(capsys, "estimate", "--model", "tiny-llama", "--cluster",
+                         "1x8xA100-80GB", "--global-batch", "16", "--seq-len", "32",
+                         "--framework", "megatron", "--zero", "2", "--json")
+    assert code == 0, err
+    text = " ".join(json.loads(out)["warnings"])
+    assert "megatron does not run ZeRO-2" in text and "so no ZeRO-2" in text
+    assert "TP assertion" not in text
