@@ -143,6 +143,14 @@ def test_eager_rmsnorm_backward_is_its_autograd_bytes():
         assert bwd == 2.0 * fwd
 
 
+def _assert_copies_add(more, less, extra: float) -> None:
+    """``more`` costs ``extra`` seconds over ``less``, all of them in ``dp_copies``."""
+    assert more.step_time_s - less.step_time_s == pytest.approx(extra, rel=1e-9)
+    assert more.time_breakdown["dp_copies"] - less.time_breakdown["dp_copies"] == pytest.approx(
+        extra, rel=1e-9)
+    assert more.time_breakdown["compute"] == less.time_breakdown["compute"]
+
+
 def test_fsdp1_flat_parameter_gradient_copy_is_charged_per_micro_batch():
     from autopar.frameworks.profiles import FSDP1_GRAD_COPY_PASSES
     assert get_profile("torch").zero_grad_copy_passes == 0      # FSDP2: a tensor per parameter
@@ -159,10 +167,7 @@ def test_fsdp1_flat_parameter_gradient_copy_is_charged_per_micro_batch():
         a, b = base.estimate(cfg), flat.estimate(cfg)
         psi = max(st.params for st in base.stage_layout(a.config))
         extra = a.num_micro_batches * FSDP1_GRAD_COPY_PASSES * psi * 2 / bw   # bf16 gradients
-        assert b.step_time_s - a.step_time_s == pytest.approx(extra, rel=1e-9)
-        assert b.time_breakdown["dp_copies"] - a.time_breakdown["dp_copies"] == pytest.approx(
-            extra, rel=1e-9)
-        assert b.time_breakdown["compute"] == a.time_breakdown["compute"]
+        _assert_copies_add(b, a, extra)
     # DDP / ZeRO-1 keep no flat-parameter views
     cfg = autopar.ParallelConfig(tp=1, pp=1, dp=16, zero_stage=1, micro_batch_size=2)
     assert flat.estimate(cfg).step_time_s == base.estimate(cfg).step_time_s
@@ -190,10 +195,7 @@ def test_fsdp2_copy_out_and_copy_in_are_charged_per_gather_and_reduce_scatter():
         # ZeRO-3 gathers forward and again backward every micro-batch; ZeRO-2 once a step
         gathers = m * gathers_per_mb if gathers_per_mb else 1
         extra = psi * (gathers * 2 * 2 + m * (2 + gb)) / bw
-        assert a.step_time_s - b.step_time_s == pytest.approx(extra, rel=1e-9)
-        assert a.time_breakdown["dp_copies"] - b.time_breakdown["dp_copies"] == pytest.approx(
-            extra, rel=1e-9)
-        assert a.time_breakdown["compute"] == b.time_breakdown["compute"]
+        _assert_copies_add(a, b, extra)
     # ZeRO-1 and single-rank runs run no FSDP collectives
     cfg = autopar.ParallelConfig(tp=1, pp=1, dp=16, zero_stage=1, micro_batch_size=2)
     assert on_m.estimate(cfg).step_time_s == off_m.estimate(cfg).step_time_s
