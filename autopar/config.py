@@ -41,6 +41,9 @@ CP_MODES = ("ring", "ulysses", "allgather")
 #: FlashAttention 1/2/3, cuDNN's fused attention and SDPA's memory-efficient kernel. Here, beside
 #: the other names, so that :mod:`autopar.frameworks` checks them without importing the cost model.
 ATTENTION_KERNELS = ("fa1", "fa2", "fa3", "cudnn", "efficient")
+#: GPU architectures (:attr:`autopar.hardware.Device.arch` names one; "" = read it from the
+#: device name), here for the same reason: a profile's ``attention_kernels`` is keyed by them.
+ARCHITECTURES = ("", "ampere", "hopper", "unknown")
 #: Frameworks a plan may target (each has a profile in :mod:`autopar.frameworks`): ``torch`` is
 #: stock torch.distributed as ``plan.apply`` runs it.
 FRAMEWORKS = ("torch", "torchtitan", "megatron", "deepspeed")

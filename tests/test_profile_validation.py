@@ -214,3 +214,12 @@ def test_memory_conventions_messages():
     assert "pp_unsharded_forward_bytes=8: must be <= pp_unsharded_bytes=4" in msg
     msg = _refusal(lambda: MemoryConventions())
     assert "need sources: sources={..., 'weight_bytes':" in msg
+
+
+def test_attention_kernel_keys_are_architectures():
+    with pytest.raises(InvalidTrainingConfig, match="did you mean .hopper."):
+        get_profile("torch").with_costs({"attention_kernels": "t"},
+                                        attention_kernels={"*": "fa2", "Hopper": "fa3"})
+    ok = get_profile("torch").with_costs({"attention_kernels": "t"},
+                                         attention_kernels={"*": "fa2", "hopper": "fa3"})
+    assert ok.attention_kernel("hopper") == "fa3" and ok.attention_kernel("ampere") == "fa2"

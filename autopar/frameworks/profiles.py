@@ -32,8 +32,8 @@ from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Mapping
 
-from ..config import (ATTENTION_KERNELS, CP_MODES, FRAMEWORKS, RECOMPUTE_MODES, SCHEDULES,
-                      ParallelConfig)
+from ..config import (ARCHITECTURES, ATTENTION_KERNELS, CP_MODES, FRAMEWORKS, RECOMPUTE_MODES,
+                      SCHEDULES, ParallelConfig)
 from ..errors import InvalidTrainingConfig
 from .checks import FieldCheck, close_names
 from .memory import (DEEPSPEED_MEMORY, MEGATRON_MEMORY, TORCH_MEMORY, TORCHTITAN_MEMORY,
@@ -549,7 +549,8 @@ def _checked_fields(v: dict, check: FieldCheck, cost_fix: str) -> dict:
         "passes over each gradient per backward", 0, integer=True)
     out["attention_kernels"] = check.mapping(
         "attention_kernels", v["attention_kernels"], ATTENTION_KERNELS, {"*": "fa2"},
-        required=("*",), what="GPU architecture -> attention kernel; '*' for any other")
+        keys=("*", *(a for a in ARCHITECTURES if a)), required=("*",),
+        what="GPU architecture -> attention kernel; '*' for any other")
     out["cp_attention"] = check.mapping(
         "cp_attention", v["cp_attention"], CP_ATTENTION_PATHS, {}, keys=CP_MODES,
         what="CP mode -> how a rank runs attention under it")

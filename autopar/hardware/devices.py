@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Mapping
 
+from autopar.config import ARCHITECTURES
 from autopar.errors import InvalidClusterSpec, InvalidTrainingConfig
 
 #: Precisions a device may list in ``peak_flops``.
@@ -30,8 +31,6 @@ def picklable(value):
     return dict(value) if isinstance(value, MappingProxyType) else value
 
 
-#: Architectures :attr:`Device.arch` may name ("" = read from the device name).
-ARCHITECTURES = ("", "ampere", "hopper", "unknown")
 
 
 @dataclass(frozen=True)
