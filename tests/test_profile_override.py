@@ -143,3 +143,39 @@ def test_overlap_param_gather_needs_the_distributed_optimizer():
     ok = from_megatron_args("--use-distributed-optimizer --overlap-grad-reduce "
                             "--overlap-param-gather")
     assert not any("refuses" in n for n in ok.notes)
+
+
+def test_edited_fixed_step_cost_is_its_own_time_component():
+    prof = get_profile("megatron").with_costs({"step_fixed_s": "measured"}, step_fixed_s=0.25)
+    e = autopar.estimate("tiny-llama", "2x8xA100-80GB", TRAIN, CFG, profile=prof)
+    assert e.time_breakdown["fixed_step"] == 0.25
+    assert sum(e.time_breakdown.values()) == pytest.approx(e.step_time_s, rel=1e-12)
+
+
+def test_tp_comm_overlap_needs_sequence_parallelism():
+    prof = get_profile("megatron").with_costs({"overlap_tp_comm": "t"}, overlap_tp_comm=True)
+    for sp in (False, True):
+        cfg = autopar.ParallelConfig(tp=2, dp=8, zero_stage=1, micro_batch_size=2,
+                                     sequence_parallel=sp)
+        stock = autopar.estimate("tiny-llama", "2x8xA100-80GB", TRAIN, cfg)
+        edited = autopar.estimate("tiny-llama", "2x8xA100-80GB", TRAIN, cfg, profile=prof)
+        # Megatron-LM asserts sequence parallelism for --tp-comm-overlap: without it, nothing
+        if sp:
+            assert edited.time_breakdown["tp_comm"] < stock.time_breakdown["tp_comm"]
+        else:
+            assert edited.step_time_s == stock.step_time_s
+    plan = autopar.optimize("tiny-llama", "2x8xA100-80GB", TRAIN, profile=prof,
+                            fixed={"tp": 2, "sequence_parallel": False, "zero_stage": 1})
+    ex = plan.to_megatron_args()
+    assert "--tp-comm-overlap" not in ex.value and "--sequence-parallel" not in ex.value
+    assert any("runs the plan as estimated" in w for w in ex.warnings)
+
+
+def test_fa3_off_hopper_is_noted():
+    prof = get_profile("torch").with_costs({"attention_kernels": "t"},
+                                           attention_kernels={"*": "fa3"})
+    torch_train = autopar.TrainingConfig(global_batch_size=64, seq_len=512)
+    a100 = autopar.estimate("tiny-llama", "2x8xA100-80GB", torch_train, CFG, profile=prof)
+    assert any("fa3 (FlashAttention-3) runs on Hopper GPUs only" in w for w in a100.warnings)
+    h100 = autopar.estimate("tiny-llama", "2x8xH100", torch_train, CFG, profile=prof)
+    assert not any("FlashAttention-3" in w for w in h100.warnings)

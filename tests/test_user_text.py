@@ -132,8 +132,8 @@ def test_explain_counts_blocks_kept_gathered_as_the_plan_table_does():
     other = autopar.ParallelConfig(dp=8, zero_stage=3,
                                    reshard_after_forward=(True,) * 10 + (False,) * 22)
     assert config_diff(kept, other) == ["FSDP keeps 22 of 32 blocks gathered (other blocks)"]
-    assert config_diff(kept, autopar.ParallelConfig(dp=8, zero_stage=2)) == [
-        "zero 3->2", "FSDP keeps 22->0 of 32 blocks gathered"]
+    # only ZeRO-3 gathers: against ZeRO-2 the zero change says it all
+    assert config_diff(kept, autopar.ParallelConfig(dp=8, zero_stage=2)) == ["zero 3->2"]
 
 
 def test_explain_does_not_put_fsdp_copies_on_a_link():
@@ -193,3 +193,13 @@ def test_cli_megatron_zero_2_warning_cites_no_zero_2(capsys):
     text = " ".join(json.loads(out)["warnings"])
     assert "megatron does not run ZeRO-2" in text and "so no ZeRO-2" in text
     assert "TP assertion" not in text
+
+
+def test_explain_counts_kept_blocks_only_between_zero3_plans():
+    from autopar.report.explain import config_diff
+    kept = autopar.ParallelConfig(dp=8, zero_stage=3, reshard_after_forward=(False,) * 3 + (True,))
+    plain = autopar.ParallelConfig(dp=8, zero_stage=1)
+    assert not any("FSDP keeps" in d for d in config_diff(kept, plain))
+    assert "zero 3->1" in config_diff(kept, plain)
+    both = config_diff(autopar.ParallelConfig(dp=8, zero_stage=3), kept)
+    assert "FSDP keeps 0->3 of 4 blocks gathered" in both

@@ -306,10 +306,13 @@ class CostModel:
             tb += tf
             bb += fb
         tp_link_s = tf + tb
-        if self.profile.overlap_tp_comm:
+        if self.profile.overlap_tp_comm and sp:
             # TP collectives split into chunks that run beside the GEMMs next to them
             # (Transformer Engine userbuffers, Wang et al. 2023 "Overlap communication with
-            # dependent computation", ASPLOS): hidden up to dp_overlap of the GEMM time
+            # dependent computation", ASPLOS): hidden up to dp_overlap of the GEMM time. Only
+            # the all-gather / reduce-scatter of sequence parallelism is chunked so (Megatron-LM
+            # arguments.py: "Tensor parallel communication/GEMM overlap can happen only when
+            # sequence parallelism is enabled"; torch's async TP fuses the same pair)
             gemm_f = lt.fwd_s - lt.attention_fwd_s
             gemm_b = lt.bwd_s - ATTENTION_BACKWARD_RATIO * lt.attention_fwd_s
             if mode == "full":
@@ -664,14 +667,20 @@ class CostModel:
 
     def _no_effect_notes(self, c: ParallelConfig) -> tuple[str, ...]:
         """Notes for a ZeRO stage that changes nothing in this plan (a hand-written plan can
-        hold one; the search never emits it), and for a device whose missing SM count leaves
-        the overlap slowdown uncharged. (A schedule at pp=1 is noted by :meth:`estimate`:
+        hold one; the search never emits it), for FlashAttention-3 priced off Hopper, and for a
+        device whose missing SM count leaves the overlap slowdown uncharged. (A schedule at pp=1 is noted by :meth:`estimate`:
         resolving drops it.)"""
         notes = []
         if c.zero_stage and c.dp * c.cp == 1:
             notes.append(f"zero_stage={c.zero_stage} with dp x cp = 1: no rank shares weights, "
                          "so ZeRO shards nothing and changes nothing here; fix: zero_stage=0, "
                          "or dp > 1")
+        if self.attention_kernel == "fa3" and self.device.architecture != "hopper":
+            notes.append(f"attention kernel fa3 (FlashAttention-3) runs on Hopper GPUs only "
+                         f"(Shah et al. 2024, FlashAttention-3: wgmma and TMA); "
+                         f"{self.device.name!r} is {self.device.architecture}, so this estimate "
+                         "prices a kernel it cannot run; fix: attention_kernels {'*': 'fa2'} for "
+                         "it")
         if c.dp * c.cp > 1 and not self.device.sm_count:
             notes.append(f"device {self.device.name!r} has no sm_count: the compute slowdown "
                          "beside overlapped collectives (autopar.hardware.nccl) is not charged, "
@@ -1235,6 +1244,7 @@ class CostModel:
             "pp_comm": m * parts["pp_comm"],
             "bubble": bubble, "dp_comm_exposed": dp_exposed, "overlap_slowdown": dp_slow,
             "dp_copies": grad_copy_s, "optimizer": optimizer_s,
+            "fixed_step": self.profile.step_fixed_s,
         }
         regime = Regime.of(train, self.device.name, c)
         warns = plausibility_warnings(mfu, regime)

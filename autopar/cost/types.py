@@ -34,7 +34,8 @@ class Estimate:
         num_micro_batches: micro-batches per step per pipeline (gradient accumulation steps).
         model_flops_per_step: FLOPs of one step (all GPUs), MFU's numerator times step time.
         time_breakdown: seconds by component: compute, tp_comm, cp_comm, pp_comm, bubble,
-            dp_comm_exposed, overlap_slowdown, dp_copies, optimizer (they add up to
+            dp_comm_exposed, overlap_slowdown, dp_copies, optimizer, fixed_step (the
+            framework profile's ``step_fixed_s``) (they add up to
             step_time_s). ``dp_copies`` is the sharded-DP implementation's memory-bound copies
             on the compute stream (FSDP1's flat-gradient concat, FSDP2's all-gather copy-out
             and reduce-scatter copy-in: ``FrameworkProfile.zero_grad_copy_passes``,

@@ -41,7 +41,8 @@ _TIME_WORDS = {"compute": "compute", "tp_comm": "TP all-reduce/all-gather",
                "overlap_slowdown": "compute slowed by the data-parallel sync beside it",
                "dp_copies": "sharded data parallelism's GPU-memory copies around its gathers "
                             "and reduce-scatters (on the compute stream, no link)",
-               "optimizer": "optimizer step"}
+               "optimizer": "optimizer step",
+               "fixed_step": "the framework profile's fixed cost per step"}
 
 _MEMORY_WORDS = {"optimizer_states": "optimizer states", "transient": "transient buffers"}
 
@@ -140,13 +141,16 @@ def config_diff(base: ParallelConfig, other: ParallelConfig) -> list[str]:
     """The fields where ``other`` differs from ``base``, as ``"tp 2->8"`` strings; FSDP's
     per-block ``reshard_after_forward`` as the blocks it keeps gathered, in the plan table's
     words (:func:`autopar.report.summary.reshard_text`): ``"FSDP keeps 0->22 of 32 blocks
-    gathered"``."""
+    gathered"``, when both plans are ZeRO-3 (else the ZeRO change says it)."""
     out = []
     for name in CONFIG_FIELDS:
         a, b = getattr(base, name, None), getattr(other, name, None)
         if name == "placement":
             from ..config import DEFAULT_PLACEMENT
             a, b = "-".join(a or DEFAULT_PLACEMENT), "-".join(b or DEFAULT_PLACEMENT)
+        if name == "reshard_after_forward" and a != b and not (
+                base.zero_stage == other.zero_stage == 3):
+            continue   # only ZeRO-3 gathers: the zero change says it (no count of "kept")
         if name == "reshard_after_forward" and a != b:
             # None: every block reshards (ZeRO-3's default), i.e. none is kept gathered
             blocks = len(a if a is not None else b)

@@ -144,7 +144,10 @@ def _overlap_flags(plan, w) -> tuple[list[str], tuple[str, ...]]:
             flags.append("--overlap-param-gather")
         wrote.append("overlap_dp_grad_reduce")
     if value.get("overlap_tp_comm") is True:
-        flags.append("--tp-comm-overlap")
+        # arguments.py asserts sequence parallelism for it; without it (or TP) the edit was
+        # not costed either, so the file runs the estimate without the flag
+        if w.tp > 1 and w.sequence_parallel:
+            flags.append("--tp-comm-overlap")
         wrote.append("overlap_tp_comm")
     if "overlap_pp_p2p" in value and not value["overlap_pp_p2p"]:
         flags.append("--no-overlap-p2p-communication")
