@@ -506,3 +506,19 @@ def test_an_export_that_leaves_no_room_for_the_memory_error_says_so():
     ex = plan.to_megatron_args()
     assert any(w.startswith("memory: ") and "may not fit on the first try" in w
                for w in ex.warnings), ex.warnings
+
+
+def test_megatron_args_of_an_edited_profile_parse_with_documented_names():
+    from autopar.frameworks import get_profile
+    prof = get_profile("megatron").with_costs(
+        {k: "launcher" for k in ("overlap_dp_grad_reduce", "overlap_tp_comm", "overlap_pp_p2p")},
+        overlap_dp_grad_reduce=True, overlap_tp_comm=True, overlap_pp_p2p=())
+    train = autopar.TrainingConfig(64, 512, framework="megatron", optimizer_state_dtype="bf16")
+    plan = autopar.optimize("tiny-llama", "2x8xA100-80GB", train, profile=prof,
+                            fixed={"tp": 2, "sequence_parallel": True, "zero_stage": 1})
+    ex = to_megatron_args(plan)
+    flags = [a for a in ex.value if a.startswith("--")]
+    assert {"--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
+            "--no-overlap-p2p-communication", "--exp-avg-dtype"} <= set(flags)
+    assert set(flags) <= MEGATRON_FLAGS, set(flags) - MEGATRON_FLAGS
+    _megatron_parser().parse_args(ex.value)

@@ -67,6 +67,13 @@ def _differences(planned: ParallelConfig, written: ParallelConfig) -> list[str]:
     return out
 
 
+def plan_edits(plan, framework: str) -> dict:
+    """The plan's edits of ``framework``'s profile (``plan.profile_edits``); {} when the plan
+    was costed for another framework (its edits are that one's) or with the stock profile."""
+    return dict(getattr(plan, "profile_edits", None) or {}) \
+        if framework == plan.train.framework else {}
+
+
 def verdict(plan, written: ParallelConfig, framework: str,
             train: TrainingConfig | None = None, needs: str = "",
             wrote_edits: tuple[str, ...] = ()) -> tuple[list[str], bool | None]:
@@ -92,8 +99,7 @@ def verdict(plan, written: ParallelConfig, framework: str,
         re-estimated (a plan without ``model_config``, e.g. from a user's module: the line
         says so).
     """
-    edits = dict(getattr(plan, "profile_edits", None) or {}) \
-        if framework == plan.train.framework else {}
+    edits = plan_edits(plan, framework)
     unwritten = {k: e for k, e in edits.items() if k not in wrote_edits}
     profile = with_edits(framework, {k: e for k, e in edits.items() if k in wrote_edits})
     train = replace(train or plan.train, framework=profile.name)

@@ -7,6 +7,7 @@ from dataclasses import replace
 from ...frameworks import with_edits
 from .common import (Export, balanced_cut, block_modes, finish, one_reshard_policy,
                      rank_order, strongest_mode)
+from ..verdict import plan_edits
 
 def to_deepspeed_config(plan) -> Export:
     """A DeepSpeed config dict (``ds_config.json``) for ``plan``.
@@ -140,17 +141,11 @@ def to_deepspeed_config(plan) -> Export:
                     "switch for the moments' dtype; used fp32")
         t_written = replace(t_written, optimizer_state_dtype="fp32")
     wrote = (("overlap_dp_grad_reduce",) if c.zero_stage in (1, 2)
-             and "overlap_dp_grad_reduce" in _edits(plan) else ())
+             and "overlap_dp_grad_reduce" in plan_edits(plan, "deepspeed") else ())
     return finish(plan, cfg, warn, w, "deepspeed", comment="", train=t_written,
                   wrote_edits=wrote)
 
 
-def _edits(plan) -> dict:
-    """The plan's edits of the deepspeed profile (none when it was planned for another)."""
-    return (getattr(plan, "profile_edits", None) or {}) \
-        if plan.train.framework == "deepspeed" else {}
-
-
 def _profile(plan):
     """The deepspeed profile the plan was costed with (its edits applied)."""
-    return with_edits("deepspeed", _edits(plan))
+    return with_edits("deepspeed", plan_edits(plan, "deepspeed"))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from ..verdict import plan_edits
 from .common import Export, block_modes, finish, one_reshard_policy, rank_order, uniform
 
 #: Megatron-LM flags this exporter may emit (all defined in megatron/training/arguments.py).
@@ -19,7 +20,11 @@ MEGATRON_FLAGS = frozenset({
     "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--attention-dropout",
     "--hidden-dropout", "--optimizer", "--expert-model-parallel-size", "--cp-comm-type",
     "--use-tp-pp-dp-mapping", "--no-gradient-accumulation-fusion",
-    "--pipeline-model-parallel-layout",
+    "--pipeline-model-parallel-layout", "--use-precision-aware-optimizer",
+    "--optimizer-cpu-offload", "--exp-avg-dtype", "--exp-avg-sq-dtype",
+    # the profile edits a plan was costed with (_overlap_flags)
+    "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
+    "--no-overlap-p2p-communication",
 })
 
 
@@ -134,8 +139,7 @@ def _overlap_flags(plan, w) -> tuple[list[str], tuple[str, ...]]:
     (``plan.profile_edits``; arguments.py at d98e8a64: --overlap-grad-reduce, with
     --overlap-param-gather under the distributed optimizer, which needs it; --tp-comm-overlap;
     --no-overlap-p2p-communication), and the edits they set."""
-    edits = (getattr(plan, "profile_edits", None) or {}) \
-        if plan.train.framework == "megatron" else {}
+    edits = plan_edits(plan, "megatron")
     flags, wrote = [], []
     value = {k: e["value"] for k, e in edits.items()}
     if value.get("overlap_dp_grad_reduce") is True:
