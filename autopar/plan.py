@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .config import ParallelConfig, TrainingConfig
 from .cost.types import Estimate
@@ -18,6 +19,12 @@ from .errors import AutoparError, InvalidPlanFile, output_error
 from .io.planfile import PLAN_FORMAT, PLAN_VERSION, check_plan
 from .reestimate import reestimate
 from .report.summary import plan_summary
+
+if TYPE_CHECKING:
+    import torch
+
+    from .cost.params import CostParams
+    from .hardware.cluster import Cluster
 
 
 @dataclass(frozen=True)
@@ -152,7 +159,8 @@ class Plan:
         return text
 
     @classmethod
-    def from_dict(cls, d: dict, *, model=None, cluster=None, params=None) -> "Plan":
+    def from_dict(cls, d: dict, *, model: torch.nn.Module | None = None,
+                  cluster: Cluster | None = None, params: CostParams | None = None) -> "Plan":
         """Build a plan from :meth:`to_dict`'s output, checking it strictly and re-estimating it.
 
         Unknown keys, missing choices, wrong types, degrees whose product is not the GPU count of
@@ -184,7 +192,8 @@ class Plan:
             raise InvalidPlanFile(f"invalid plan file: {exc}") from exc
 
     @classmethod
-    def from_json(cls, source: str | Path, *, model=None, cluster=None, params=None) -> "Plan":
+    def from_json(cls, source: str | Path, *, model: torch.nn.Module | None = None,
+                  cluster: Cluster | None = None, params: CostParams | None = None) -> "Plan":
         """Load a plan from a JSON file path or JSON text (only ``json`` parses it: loading
         never executes code), re-estimated with the cost model as :meth:`from_dict` does
         (``model``, ``cluster``, ``params``: see there).

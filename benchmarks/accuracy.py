@@ -31,7 +31,7 @@ from pathlib import Path
 
 import autopar
 
-from . import bands, validation
+from . import bands, docgen, validation
 from .records import load, parse
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,16 +68,11 @@ def main(argv=None) -> int:
         return 0
     if args.write_docs or args.check_docs:
         # the error-band and MFU tables (autopar/cost/published.py) come from the same cost
-        # model over the whole corpus: regenerated (or checked) by the same command
+        # model over the whole corpus: regenerated (or checked) by the same command, as is the
+        # out-of-sample summary in docs/cost-model.md (about two minutes in all)
         tables_stale = bands.main(["--check" if args.check_docs else "--write"])
-        stale = {path: text for path, text in render_docs(run(args.plans)).items()
-                 if path.read_text() != text}
-        for path, text in stale.items():
-            if args.check_docs:
-                print(f"{path.relative_to(ROOT)} differs from the benchmark: run {_COMMAND}")
-            else:
-                path.write_text(text)
-                print(f"wrote {path.relative_to(ROOT)}")
+        texts = render_docs(run(args.plans), validation_lines(args.plans))
+        stale = docgen.write_or_check(texts, _COMMAND, args.check_docs)
         return 1 if (stale or tables_stale) and args.check_docs else 0
     errors = []
     print(f"{'id':36s} {'pred s':>9s} {'meas s':>9s} {'err':>7s}  {'MFU':>5s} {'mem GB':>6s}  "
@@ -135,28 +130,62 @@ def run(plans=None) -> list[Row]:
     return rows
 
 
-def _validate(args) -> int:
-    """--cv / --pairs / --memory over the corpus (or --plans), open fields at framework defaults."""
-    raw = validation.load_corpus([args.plans] if args.plans else None)
+def validation_lines(plans=None, cv: bool = True, pairs: bool = True,
+                     memory: bool = True) -> list[str]:
+    """The lines ``--cv source --pairs --memory`` prints (``plans``: a corpus file instead of
+    ``benchmarks/data``), open fields at the framework's documented defaults."""
+    raw = validation.load_corpus([plans] if plans else None)
     rows, skipped = validation.evaluate_all(raw)
-    print(f"{len(raw)} records, {len(rows)} evaluated, {len(skipped)} skipped "
-          "(open plan fields at the framework's documented default)")
-    for rid, why in skipped:
-        print(f"  skipped {rid}: {why}")
+    lines = [f"{len(raw)} records, {len(rows)} evaluated, {len(skipped)} skipped "
+             "(open plan fields at the framework's documented default)"]
+    lines += [f"  skipped {rid}: {why}" for rid, why in skipped]
     for r in rows:
         err = r.error
         spread = (r.fastest_s - r.predicted_s) / r.predicted_s if r.predicted_s else 0.0
-        print(f"  {r.rec.id:44s} pred {r.predicted_s:9.3f} s "
-              f"meas {r.rec.measured_step_s or float('nan'):9.3f} s "
-              f"{'' if err is None else f'{100 * err:+6.1f}%'}  fastest legal {100 * spread:+.0f}%"
-              f"  {r.chosen if r.chosen else ''}")
-    if args.cv:
-        print("\n".join(validation.loso(rows)))
-    if args.pairs:
-        print("\n".join(validation.pairs(rows)))
-    if args.memory:
-        print("\n".join(validation.memory(rows, validation.measured_plans_memory())))
+        lines.append(f"  {r.rec.id:44s} pred {r.predicted_s:9.3f} s "
+                     f"meas {r.rec.measured_step_s or float('nan'):9.3f} s "
+                     f"{'' if err is None else f'{100 * err:+6.1f}%'}  fastest legal "
+                     f"{100 * spread:+.0f}%  {r.chosen if r.chosen else ''}")
+    if cv:
+        lines += validation.loso(rows)
+    if pairs:
+        lines += validation.pairs(rows)
+    if memory:
+        lines += validation.memory(rows, validation.measured_plans_memory())
+    return lines
+
+
+def _validate(args) -> int:
+    """--cv / --pairs / --memory over the corpus (or --plans)."""
+    print("\n".join(validation_lines(args.plans, bool(args.cv), args.pairs, args.memory)))
     return 0
+
+
+def _one(pattern: str, lines: list[str]) -> re.Match:
+    """The match of ``pattern`` in the one line of ``lines`` it matches first."""
+    for line in lines:
+        m = re.match(pattern, line)
+        if m:
+            return m
+    raise ValueError(f"no line of the validation output matches {pattern!r}")
+
+
+def out_of_sample_summary(lines: list[str]) -> str:
+    """The sentence docs/cost-model.md gives for the whole corpus, from :func:`validation_lines`
+    (all three parts)."""
+    corpus = _one(r"(\d+) records, (\d+) evaluated", lines)
+    loso = _one(r"LOSO MAPE ([\d.]+)% max ([\d.]+)% worst source [\d.]+% over (\d+) records, "
+                r"(\d+) sources", lines)
+    worst = _one(r"worst source: (.*?)[ ,(].*\(bias ([-+\d.]+)%\)$", lines)
+    pairs = _one(r"pairs ordered as measured: (\d+) of (\d+) \(([\d.]+)%\)", lines)
+    mem = _one(r"memory MAPE ([\d.]+)% over (\d+) runs", lines)
+    own = _one(r"memory MAPE ([\d.]+)% over (\d+) measured plan.apply runs", lines)
+    return (f"({corpus[1]} published runs, {loso[3]} with a step time autopar can model, "
+            f"{loso[4]} sources) gives a leave-one-source-out MAPE of {loso[1]}% (max {loso[2]}%, "
+            f"worst source's bias {worst[2]}%: {worst[1]}), {pairs[1]} of {pairs[2]} measured plan "
+            f"pairs in the measured order ({pairs[3]}%), and a peak-memory MAPE of {mem[1]}% over "
+            f"{mem[2]} published runs ({own[1]}% over {own[2]} runs measured here through "
+            "plan.apply)")
 
 
 def summary(rows: list[Row]) -> tuple[float, float, int]:
@@ -183,31 +212,24 @@ def _readme_summary(rows: list[Row]) -> str:
     return f"{n} published runs (MAPE {100 * mape:.1f}%, max {100 * worst:.1f}%)"
 
 
-#: Generated parts of the docs: (file under the repository, marker name, renderer).
+#: Generated parts of the docs from the 29 records: (file under the repository, marker name,
+#: renderer of :func:`run`'s rows).
 GENERATED = (("docs/cost-model.md", "accuracy-table", markdown_table),
              ("README.md", "accuracy-summary", _readme_summary))
 
 
-def render_docs(rows: list[Row]) -> dict[Path, str]:
-    """Each file of :data:`GENERATED` with its marked parts replaced by ``rows``' rendering.
+def render_docs(rows: list[Row], validation: list[str] | None = None) -> dict[Path, str]:
+    """Each file of :data:`GENERATED` with its marked parts replaced by ``rows``' rendering, and
+    docs/cost-model.md's ``out-of-sample`` part by :func:`out_of_sample_summary` of
+    ``validation`` (:func:`validation_lines`) when given.
 
     Raises:
         ValueError: a file lacks its ``begin generated``/``end generated`` marker pair.
     """
-    texts: dict[Path, str] = {}
-    for rel, name, render in GENERATED:
-        path = ROOT / rel
-        text = texts.get(path, path.read_text() if path.exists() else "")
-        pattern = re.compile(rf"(<!-- begin generated: {name} [^>]*-->)(.*?)"
-                             rf"(<!-- end generated: {name} -->)", re.S)
-        if not pattern.search(text):
-            raise ValueError(f"{rel} has no '<!-- begin generated: {name} ... -->' / "
-                             f"'<!-- end generated: {name} -->' pair to fill")
-        block = render(rows)
-        sep = "\n" if "\n" in block else ""
-        texts[path] = pattern.sub(lambda m: m.group(1) + sep + block + sep + m.group(3), text,
-                                  count=1)
-    return texts
+    parts = [(rel, name, render(rows)) for rel, name, render in GENERATED]
+    if validation is not None:
+        parts.append(("docs/cost-model.md", "out-of-sample", out_of_sample_summary(validation)))
+    return docgen.render(parts)
 
 
 if __name__ == "__main__":

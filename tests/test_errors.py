@@ -1,6 +1,7 @@
 """Every error class autopar raises: one example input each, and the message's three parts
-(the input, the rule, a fix). ``EXAMPLES`` doubles as the table in docs/errors.md. Also: Ctrl-C
-in ``autopar plan`` prints the best plan so far, and before a search exits with one line."""
+(the input, the rule, a fix). ``EXAMPLES`` (benchmarks/docs_examples.py) generates the table in
+docs/errors.md. Also: Ctrl-C in ``autopar plan`` prints the best plan so far, and before a
+search exits with one line."""
 
 from __future__ import annotations
 
@@ -12,71 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 import autopar
 from autopar import errors
+from benchmarks.docs_examples import EXAMPLES, TINY, TRAIN
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = dict(name="tiny", family="llama", num_layers=2, hidden_size=64, num_heads=4,
-            vocab_size=128, seq_len=64)
-TRAIN = dict(global_batch_size=16, seq_len=64)
-
-
-class _Blockless(torch.nn.Module):
-    def forward(self, x):
-        if x.sum() > 0:  # data-dependent control flow: fx cannot trace it
-            return x
-        return -x
-
-
-def _plots_without_matplotlib():
-    import builtins
-    from autopar.report import plots
-    real = builtins.__import__
-
-    def fake(name, *a, **k):
-        if name.startswith("matplotlib"):
-            raise ImportError("no matplotlib")
-        return real(name, *a, **k)
-    builtins.__import__ = fake
-    try:
-        plots._pyplot()
-    finally:
-        builtins.__import__ = real
-
-
-#: (error class, example input as text, the call) for every AutoparError subclass.
-EXAMPLES = [
-    (errors.InvalidModelConfig, "optimize({..., 'hidden_size': 100, 'num_heads': 8}, ...)",
-     lambda: autopar.optimize({**TINY, "hidden_size": 100, "num_heads": 8}, "1x8xA100", TRAIN)),
-    (errors.InvalidClusterSpec, "Cluster.from_spec('4x8xB9000')",
-     lambda: autopar.Cluster.from_spec("4x8xB9000")),
-    (errors.InvalidTrainingConfig, "TrainingConfig(global_batch_size=0, seq_len=2048)",
-     lambda: autopar.TrainingConfig(global_batch_size=0, seq_len=2048)),
-    (errors.InvalidParallelConfig, "estimate('llama2-7b', '1x8xA100', ..., ParallelConfig(tp=3))",
-     lambda: autopar.estimate(TINY, "1x8xA100", TRAIN, autopar.ParallelConfig(tp=3))),
-    (errors.InfeasibleError, "optimize('llama2-7b', '1x1xA100-40GB', gbs=64, seq=4096)",
-     lambda: autopar.optimize("llama2-7b", "1x1xA100-40GB",
-                              dict(global_batch_size=64, seq_len=4096))),
-    (errors.InfeasibleError, "optimize(tiny, '1x8xA100', gbs=7, fixed={'tp': 1})",
-     lambda: autopar.optimize(TINY, "1x8xA100", dict(global_batch_size=7, seq_len=64),
-                              fixed={"tp": 1, "pp": 1})),
-    (errors.UntraceableModelError, "optimize(module with data-dependent `if`, ...)",
-     lambda: autopar.optimize(_Blockless(), "1x8xA100", TRAIN)),
-    (errors.InvalidPlanFile, "Plan.from_json('{\"format\": \"autopar-plan\", \"version\": 2}')",
-     lambda: autopar.Plan.from_json('{"format": "autopar-plan", "version": 2}')),
-    (errors.InvalidSearchOption, "optimize(..., time_limit_s=-1)",
-     lambda: autopar.optimize(TINY, "1x8xA100", TRAIN, time_limit_s=-1)),
-    (errors.MissingDependency, "plots.plot_schedule(...) without matplotlib",
-     _plots_without_matplotlib),
-    (errors.OutputError, "plan.to_json('/nonexistent-folder/plan.json')",
-     lambda: autopar.optimize(TINY, "1x8xA100", TRAIN).to_json("/nonexistent-folder/plan.json")),
-    (errors.InvalidCalibration, "estimate(..., calibration={'format': 'autopar-calibration', "
-                                "'version': 1})",
-     lambda: autopar.estimate(TINY, "1x8xA100", TRAIN, {"tp": 1},
-                              calibration={"format": "autopar-calibration", "version": 1})),
-]
 
 
 def _unsupported_plan():
