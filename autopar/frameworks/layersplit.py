@@ -169,7 +169,8 @@ class MegatronLayerSplit:
         if not bad and virtual_stages and len(chunks) != pp * virtual_stages:
             bad = f"its {len(chunks)} chunks are not pp x v = {pp} x {virtual_stages}"
         if not bad and sum(c.count("t") for c in chunks) != num_layers:
-            bad = f"it holds {sum(c.count('t') for c in chunks)} decoder layers ('t'), not {num_layers}"
+            held = sum(c.count("t") for c in chunks)
+            bad = f"it holds {held} decoder layers ('t'), not {num_layers}"
         flat = "".join(chunks)
         if not bad and (flat.count("E") != 1 or flat.count("L") != 1 or flat[:1] != "E"
                         or flat[-1:] != "L"):
