@@ -180,7 +180,8 @@ def test_launchers(plan):
     nodes = max(1, plan.world_size // 8)
     assert f"--nnodes={nodes}" in run.value and run.value.endswith("train.py --plan plan.json")
     assert f"#SBATCH --nodes={nodes}" in slurm.value
-    assert "srun torchrun" in slurm.value and "--rdzv-endpoint=$MASTER_ADDR" in slurm.value
+    assert "srun --cpus-per-task=$SLURM_CPUS_PER_TASK torchrun" in slurm.value
+    assert "--rdzv-endpoint=$MASTER_ADDR" in slurm.value
     if nodes == 1:
         assert "--standalone" in run.value
 

@@ -398,7 +398,8 @@ def _problem(args) -> tuple[Problem, dict, list[str]]:
     if imp is not None:
         cfg = api._model_config(model)
         blocks = cfg.num_layers if cfg is not None else 0
-        par, tr = imp.complete(cluster.world_size, blocks)
+        # the flags override the import before Megatron-LM's layer split is applied
+        par, tr = imp.complete(cluster.world_size, blocks, overrides=_parallel(args))
         notes = list(imp.notes)
         if not args.framework:
             notes.append(f"costed as {_framework(args)} runs it (the imported arguments' "

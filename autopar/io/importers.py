@@ -20,7 +20,11 @@ Megatron-LM                                              autopar
 ``--use-torch-fsdp2``                                    ``zero_stage=3``
 ``--micro-batch-size`` / ``--global-batch-size``         micro-batch / global batch
 ``--num-layers-per-virtual-pipeline-stage N``            ``virtual_stages = layers / (pp N)``
-``--virtual-pipeline-model-parallel-size``               ``virtual_stages``
+``--num-virtual-stages-per-pipeline-rank``               ``virtual_stages``
+``--virtual-pipeline-model-parallel-size`` (older name)  ``virtual_stages``
+``--decoder-first/last-pipeline-num-layers``             ``stage_blocks`` as Megatron splits
+``--account-for-embedding/loss-in-pipeline-split``       ``stage_blocks`` as Megatron splits
+``--pipeline-model-parallel-layout``                     ``stage_blocks``, ``virtual_stages``
 ``--seq-length``                                         ``seq_len``
 ``--expert-model-parallel-size``                         ``ep``
 ``--expert-tensor-parallel-size``                        ``expert_tp`` (MoE parallel folding)
@@ -35,6 +39,11 @@ torchtitan: ``parallelism.tensor_parallel_degree`` -> tp, ``pipeline_parallel_de
 ``expert_parallel_degree`` -> ep, ``expert_tensor_parallel_degree`` -> expert_tp (torchtitan's
 default 1 when ep > 1 and the key is absent: job_config.py).
 TP in torchtitan always shards the sequence between blocks (sequence parallelism on).
+
+Megatron-LM refuses layer counts its pipeline cannot split (e.g. 46 layers on pp=4 without
+uneven-stage flags); the importer refuses them too, with the layers of ``--num-layers`` when given
+and with the model's in :meth:`Imported.complete`
+(:meth:`~autopar.frameworks.layersplit.MegatronLayerSplit.chunks`).
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InvalidParallelConfig
+from ..frameworks.layersplit import MegatronLayerSplit, layout_chunks
 
 
 @dataclass(frozen=True)
@@ -58,14 +68,14 @@ class Imported:
             ``model.flavor``), else None.
         num_layers: the layer count the source states (to cross-check the model), else None.
         notes: what was approximated or ignored, one sentence each.
-        layers_per_virtual_stage: Megatron's ``--num-layers-per-virtual-pipeline-stage`` when
-            ``--num-layers`` was not given (resolved against the model in :meth:`complete`).
         local_batch_size: torchtitan's per-rank batch when no global batch is given (the global
             batch is then ``local_batch_size * dp``, resolved in :meth:`complete`).
         costs: framework-profile cost fields the source sets (e.g. Megatron-LM's
             ``--overlap-grad-reduce`` -> ``overlap_dp_grad_reduce=True``), for
             :meth:`autopar.frameworks.FrameworkProfile.with_costs` of the source's framework.
         cost_sources: the flag that set each of ``costs`` (the source with_costs records).
+        layer_split: Megatron-LM's flags that split the layers over pipeline chunks (checked
+            and applied in :meth:`complete`); None for a torchtitan TOML.
     """
 
     parallel: dict = field(default_factory=dict)
@@ -73,29 +83,40 @@ class Imported:
     model: str | None = None
     num_layers: int | None = None
     notes: tuple[str, ...] = ()
-    layers_per_virtual_stage: int | None = None
     local_batch_size: int | None = None
     costs: dict = field(default_factory=dict)
     cost_sources: dict = field(default_factory=dict)
+    layer_split: MegatronLayerSplit | None = None
 
-    def complete(self, world_size: int, num_blocks: int) -> tuple[dict, dict]:
+    def complete(self, world_size: int, num_blocks: int,
+                 overrides: dict | None = None) -> tuple[dict, dict]:
         """(parallel, train) keyword dicts with the fields that depend on the cluster's GPU count
         and the model's block count filled in.
 
+        Args:
+            world_size: GPUs of the cluster.
+            num_blocks: the model's decoder blocks (0 when unknown: ``--num-layers`` is used).
+            overrides: :class:`~autopar.config.ParallelConfig` fields that replace the imported
+                ones (e.g. the CLI's ``--pp``); Megatron-LM's layer split is applied with them.
+
         Raises:
-            InvalidParallelConfig: the layers do not split into the virtual stages, or the degrees
-                do not divide the GPUs.
+            InvalidParallelConfig: Megatron-LM would refuse to split the layers over the
+                pipeline (:meth:`MegatronLayerSplit.chunks`), or the degrees do not divide the
+                GPUs.
         """
-        par, train = dict(self.parallel), dict(self.train)
+        par, train = {**self.parallel, **(overrides or {})}, dict(self.train)
         pp = par.get("pp", 1)
-        if self.layers_per_virtual_stage is not None:
-            per = self.layers_per_virtual_stage * pp
-            if num_blocks % per:
-                raise InvalidParallelConfig(
-                    f"the model's {num_blocks} blocks are not a multiple of pp x "
-                    f"--num-layers-per-virtual-pipeline-stage = {per}. Fix: a layer count "
-                    f"per virtual stage that splits {num_blocks} blocks evenly over pp ranks.")
-            par["virtual_stages"] = num_blocks // per
+        layers = num_blocks or self.num_layers
+        if self.layer_split is not None and layers:
+            given_v = (overrides or {}).get("virtual_stages")
+            chunks = self.layer_split.chunks(layers, pp, given_v)
+            if self.layer_split.sets_virtual_stages or given_v:
+                par["virtual_stages"] = len(chunks) // pp
+            # uneven chunks are what Megatron builds; even ones are autopar's default cut
+            if len(set(chunks)) > 1:
+                par["stage_blocks"] = chunks
+            else:
+                par.pop("stage_blocks", None)
         if self.local_batch_size is not None and "global_batch_size" not in train:
             mp = par.get("tp", 1) * pp * par.get("cp", 1)
             dp = par.get("dp") or max(1, world_size // mp)
@@ -117,13 +138,17 @@ def _megatron_parser() -> argparse.ArgumentParser:
     for name in ("tensor-model-parallel-size", "pipeline-model-parallel-size",
                  "context-parallel-size", "micro-batch-size", "global-batch-size", "seq-length",
                  "num-layers-per-virtual-pipeline-stage", "virtual-pipeline-model-parallel-size",
+                 "num-virtual-stages-per-pipeline-rank", "decoder-first-pipeline-num-layers",
+                 "decoder-last-pipeline-num-layers",
                  "num-layers", "recompute-num-layers", "expert-model-parallel-size",
                  "expert-tensor-parallel-size", "data-parallel-size"):
         p.add_argument(f"--{name}", type=int, default=None)
+    p.add_argument("--pipeline-model-parallel-layout", default=None)
     for name in ("sequence-parallel", "recompute-activations", "use-distributed-optimizer",
                  "use-torch-fsdp2", "bf16", "fp16", "use-flash-attn", "overlap-grad-reduce",
                  "overlap-param-gather", "tp-comm-overlap", "no-overlap-p2p-communication",
-                 "overlap-p2p-communication"):
+                 "overlap-p2p-communication", "account-for-embedding-in-pipeline-split",
+                 "account-for-loss-in-pipeline-split"):
         p.add_argument(f"--{name}", action="store_true")
     p.add_argument("--recompute-granularity", choices=["full", "selective"], default=None)
     p.add_argument("--recompute-method", choices=["uniform", "block"], default=None)
@@ -143,7 +168,9 @@ def from_megatron_args(text: str | list[str]) -> Imported:
         :class:`Imported`; flags autopar does not model are named in ``notes``.
 
     Raises:
-        InvalidParallelConfig: unbalanced quotes, or a value that is not a number.
+        InvalidParallelConfig: unbalanced quotes, a value that is not a number, or (with
+            ``--num-layers``) a layer count Megatron-LM cannot split over the pipeline as the
+            flags ask (:meth:`MegatronLayerSplit.chunks`).
     """
     try:
         argv = shlex.split(text) if isinstance(text, str) else list(text)
@@ -153,7 +180,6 @@ def from_megatron_args(text: str | list[str]) -> Imported:
     par: dict = {}
     train: dict = {}
     notes: list[str] = []
-    lpv = None
     for src, dst in (("tensor_model_parallel_size", "tp"), ("pipeline_model_parallel_size", "pp"),
                      ("context_parallel_size", "cp")):
         if getattr(ns, src) is not None:
@@ -181,23 +207,20 @@ def from_megatron_args(text: str | list[str]) -> Imported:
         train["global_batch_size"] = ns.global_batch_size
     if ns.seq_length is not None:
         train["seq_len"] = ns.seq_length
-    if ns.virtual_pipeline_model_parallel_size is not None:
-        par["virtual_stages"] = ns.virtual_pipeline_model_parallel_size
-    elif ns.num_layers_per_virtual_pipeline_stage is not None:
+    split = _megatron_split(ns, notes)
+    if ns.num_layers is not None:
+        # Megatron-LM refuses these arguments as given: so does the import
         pp = par.get("pp", 1)
-        if ns.num_layers is None:
-            notes.append("--num-layers-per-virtual-pipeline-stage needs --num-layers to give the "
-                         "virtual stage count; the model's block count is used instead.")
-            lpv = ns.num_layers_per_virtual_pipeline_stage
-        else:
-            per = ns.num_layers_per_virtual_pipeline_stage * pp
-            if ns.num_layers % per:
-                raise InvalidParallelConfig(
-                    f"--num-layers {ns.num_layers} is not a multiple of pp x "
-                    f"--num-layers-per-virtual-pipeline-stage = {per}. Fix: a layer count "
-                    f"per virtual stage that splits {ns.num_layers} layers evenly over pp "
-                    "ranks.")
-            par["virtual_stages"] = ns.num_layers // per
+        chunks = split.chunks(ns.num_layers, pp)
+        if split.sets_virtual_stages:
+            par["virtual_stages"] = len(chunks) // pp
+        if len(set(chunks)) > 1:
+            par["stage_blocks"] = chunks
+    elif split.virtual_stages is not None:
+        par["virtual_stages"] = split.virtual_stages
+    elif split.layers_per_virtual_stage is not None:
+        notes.append("--num-layers-per-virtual-pipeline-stage needs --num-layers to give the "
+                     "virtual stage count; the model's block count is used instead.")
     if ns.fp8_format:
         train["precision"] = "fp8"
     elif ns.fp16:
@@ -215,7 +238,31 @@ def from_megatron_args(text: str | list[str]) -> Imported:
         notes.append("ignored (not a parallelism or batch setting autopar models): "
                      + " ".join(flags))
     return Imported(parallel=par, train=train, num_layers=ns.num_layers, notes=tuple(notes),
-                    layers_per_virtual_stage=lpv, costs=costs, cost_sources=sources)
+                    costs=costs, cost_sources=sources,
+                    layer_split=split)
+
+
+def _megatron_split(ns, notes: list) -> MegatronLayerSplit:
+    """Megatron-LM's flags that split the layers over pipeline chunks, as one record."""
+    vpp = ns.num_virtual_stages_per_pipeline_rank
+    if ns.virtual_pipeline_model_parallel_size is not None:
+        # Megatron-LM's name from 2021 (commit dd88906264, renamed in dcef906978), still NeMo's
+        if vpp is not None and vpp != ns.virtual_pipeline_model_parallel_size:
+            raise InvalidParallelConfig(
+                f"--virtual-pipeline-model-parallel-size {ns.virtual_pipeline_model_parallel_size}"
+                f" and --num-virtual-stages-per-pipeline-rank {vpp} disagree. Fix: give one "
+                "(--num-virtual-stages-per-pipeline-rank is Megatron-LM's current name).")
+        vpp = ns.virtual_pipeline_model_parallel_size
+    if ns.pipeline_model_parallel_layout and "m" in "".join(
+            layout_chunks(ns.pipeline_model_parallel_layout)):
+        notes.append("the layout's MTP layers ('m') are not modelled.")
+    return MegatronLayerSplit(
+        first=ns.decoder_first_pipeline_num_layers, last=ns.decoder_last_pipeline_num_layers,
+        embedding=ns.account_for_embedding_in_pipeline_split,
+        loss=ns.account_for_loss_in_pipeline_split, virtual_stages=vpp,
+        layers_per_virtual_stage=ns.num_layers_per_virtual_pipeline_stage,
+        layout=ns.pipeline_model_parallel_layout,
+        overlap_p2p=not ns.no_overlap_p2p_communication)
 
 
 def _megatron_overlaps(ns, par: dict, notes: list) -> tuple[dict, dict]:

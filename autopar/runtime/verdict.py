@@ -56,6 +56,44 @@ def describe(c: ParallelConfig) -> str:
             f"micro-batch {c.micro_batch_size} {c.schedule}{v}")
 
 
+def per_block_text(values, words: dict | None = None, runs_shown: int = 4) -> str:
+    """A per-block tuple in words and counts, each value with its blocks as ranges, e.g.
+    ``("full",) * 60 + ("none",) * 20`` -> ``"full on 60 of 80 blocks (0-59), none on 20
+    (60-79)"``; ``words`` names values (e.g. ``{False: "kept gathered"}``); at most
+    ``runs_shown`` ranges per value, then how many more."""
+    values = tuple(values)
+    order = list(dict.fromkeys(values))
+    if len(order) == 1:
+        return f"{(words or {}).get(order[0], order[0])} on all {len(values)} blocks"
+    parts = []
+    for i, v in enumerate(order):
+        idx = [b for b, x in enumerate(values) if x == v]
+        runs, start = [], idx[0]
+        for a, b in zip(idx, idx[1:] + [None]):
+            if b != a + 1:
+                runs.append(f"{start}-{a}" if a > start else f"{start}")
+                start = b
+        shown = ", ".join(runs[:runs_shown]) + (
+            f", and {len(runs) - runs_shown} more runs" if len(runs) > runs_shown else "")
+        of = f" of {len(values)} blocks" if i == 0 else ""
+        parts.append(f"{(words or {}).get(v, v)} on {len(idx)}{of} ({shown})")
+    return ", ".join(parts)
+
+
+#: How the per-block FSDP flags read (ParallelConfig.reshard_after_forward).
+_RESHARD_WORDS = {True: "resharded after forward", False: "kept gathered to backward"}
+
+
+def _value_text(name: str, value) -> str:
+    """A configuration field's value for a person: per-block tuples in words and counts."""
+    if name == "recompute" and isinstance(value, tuple):
+        return f"per block: {per_block_text(value)}"
+    if name == "reshard_after_forward":
+        return ("every block resharded after forward" if value is None
+                else f"per block: {per_block_text(value, _RESHARD_WORDS)}")
+    return repr(value)
+
+
 def _differences(planned: ParallelConfig, written: ParallelConfig) -> list[str]:
     out = []
     for name in ("tp", "pp", "cp", "dp", "zero_stage", "recompute", "sequence_parallel",
@@ -63,7 +101,7 @@ def _differences(planned: ParallelConfig, written: ParallelConfig) -> list[str]:
                  "reshard_after_forward"):
         a, b = getattr(planned, name), getattr(written, name)
         if a != b:
-            out.append(f"{name} {b!r} (planned {a!r})")
+            out.append(f"{name} {_value_text(name, b)} (planned {_value_text(name, a)})")
     return out
 
 

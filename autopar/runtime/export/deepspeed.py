@@ -7,7 +7,7 @@ from dataclasses import replace
 from ...frameworks import with_edits
 from .common import (Export, balanced_cut, block_modes, finish, one_reshard_policy,
                      rank_order, strongest_mode)
-from ..verdict import plan_edits
+from ..verdict import per_block_text, plan_edits
 
 def to_deepspeed_config(plan) -> Export:
     """A DeepSpeed config dict (``ds_config.json``) for ``plan``.
@@ -111,7 +111,8 @@ def to_deepspeed_config(plan) -> Export:
                                            "contiguous_memory_optimization": False}
         strongest = strongest_mode(modes)
         if len(set(modes)) > 1 or strongest in ("selective", "selective-op"):
-            warn.append(f"recompute {modes}: DeepSpeed's activation checkpointing recomputes "
+            warn.append(f"recompute ({per_block_text(modes)}): DeepSpeed's activation "
+                        "checkpointing recomputes "
                         "whole checkpointed layers (the model calls "
                         "deepspeed.checkpointing.checkpoint per block); checkpoint every block "
                         "marked full or selective")

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ..verdict import plan_edits
+from ..verdict import per_block_text, plan_edits
 from .common import Export, block_modes, finish, one_reshard_policy, rank_order, uniform
 
 #: Megatron-LM flags this exporter may emit (all defined in megatron/training/arguments.py).
@@ -194,7 +194,8 @@ def _megatron_recompute(plan, warn: list[str]) -> tuple[list[str], str | tuple[s
         per_stage.append(sum(1 for x in modes[first:first + n] if x == "full"))
         first += n
     n_full = max(per_stage)
-    warn.append(f"per-block recompute {modes}: Megatron recomputes the first N layers of every "
+    warn.append(f"per-block recompute ({per_block_text(modes)}): Megatron recomputes the "
+                "first N layers of every "
                 f"stage; used full recompute of the first {n_full} layers per stage"
                 + (", selective blocks not recomputed" if "selective" in modes else ""))
     if n_full == 0:

@@ -7,6 +7,7 @@ import json
 from dataclasses import replace
 
 from ..errors import UnsupportedPlanError
+from ..verdict import per_block_text
 from .common import (Export, block_modes, finish, one_reshard_policy, rank_order,
                      strongest_mode)
 
@@ -248,7 +249,8 @@ def _titan_ac(modes, warn) -> tuple[dict, tuple[str, ...]]:
     if kinds == {"none", "full"} and full == list(range(every - 1, len(modes), every)):
         return {"mode": "selective", "selective_ac_option": str(every)}, tuple(modes)
     strongest = strongest_mode(modes)
-    warn.append(f"per-block recompute {modes}: torchtitan sets one mode for all blocks (or full "
+    warn.append(f"per-block recompute ({per_block_text(modes)}): torchtitan sets one mode "
+                "for all blocks (or full "
                 f"every N-th); used {strongest!r} everywhere (never more memory than planned)")
     section = ({"mode": "selective", "selective_ac_option": "op"} if strongest == "selective-op"
                else {"mode": strongest})
