@@ -200,8 +200,10 @@ def _problem(arch, world, tp, pp, mbs, gbs, frac, zero=None, slow=False):
     graph = graph_of(arch)
     train = autopar.TrainingConfig(global_batch_size=gbs, seq_len=SEQ, micro_batch_size=mbs)
     dp = world // (tp * pp)
+    # torch (plan.apply) runs MoE layers only without sequence parallelism
     fixed = dict(tp=tp, pp=pp, dp=dp, cp=1, ep=1, micro_batch_size=mbs,
-                 sequence_parallel=tp > 1, placement=DEFAULT_ORDER, cp_mode="ring")
+                 sequence_parallel=tp > 1 and not graph.num_experts, placement=DEFAULT_ORDER,
+                 cp_mode="ring")
     if zero is not None:
         fixed["zero_stage"] = zero
     probe = CostModel(graph, _cluster(world, 80e9, slow), train, PARAMS)

@@ -116,8 +116,9 @@ def _parallel_flags(p: argparse.ArgumentParser, prefix: str = "", what: str = ""
     p.add_argument(f"{dash}recompute", dest=f"{dest}recompute", default=None,
                    choices=list(RECOMPUTE_MODES),
                    help=f"activation recomputation of every block{what}")
-    p.add_argument(f"{dash}sp", dest=f"{dest}sequence_parallel", action="store_const",
-                   const=True, default=None, help=f"sequence parallelism (with tp > 1){what}")
+    p.add_argument(f"{dash}sp", dest=f"{dest}sequence_parallel",
+                   action=argparse.BooleanOptionalAction, default=None,
+                   help=f"sequence parallelism on (with tp > 1) or off{what}")
     p.add_argument(f"{dash}virtual-stages", dest=f"{dest}virtual_stages", type=int,
                    default=None, help=f"interleaved 1F1B chunks per pipeline rank{what}")
     p.add_argument(f"{dash}micro-batch", dest=f"{dest}micro_batch", type=int, default=None,

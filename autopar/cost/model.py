@@ -1255,7 +1255,7 @@ class CostModel:
             warns = (*warns, f"{self.profile.name} runs {c.cp_mode} context-parallel attention "
                              f"{how}, and this estimate prices that; cp_mode='ulysses' runs the "
                              "fused kernel (Megatron-LM and torchtitan run fused ring attention)")
-        refused = self.profile.unsupported(c)
+        refused = self.profile.unsupported(c, moe=self.graph.num_experts > 0)
         if refused:  # the search never returns such a plan; a hand-written one can be one
             warns = (*warns, f"{refused}: the framework cannot run this configuration as "
                              "estimated")

@@ -182,6 +182,10 @@ class FrameworkProfile:
             parameters between forward and backward
             (:attr:`autopar.config.ParallelConfig.reshard_after_forward`).
         sequence_parallel: the values ``sequence_parallel`` may take under tensor parallelism.
+        moe_sequence_parallel: the values ``sequence_parallel`` may take under tensor
+            parallelism on a model with MoE layers, as the framework's MoE layer takes
+            sequence-sharded tokens (True), whole sequences (False) or either
+            (:meth:`sequence_parallel_values`, :meth:`moe_sp_violation`).
         expert_parallel: expert parallelism for MoE layers is supported.
         expert_tensor_parallel: which expert-tensor-parallel degrees it runs
             (:data:`ETP_RULES`): "tp" only etp = tp with ep inside dp (no MoE parallel folding),
@@ -282,6 +286,7 @@ class FrameworkProfile:
     sequence_parallel: tuple[bool, ...]
     expert_parallel: bool
     overlaps_ep_comm: tuple[str, ...] = ()
+    moe_sequence_parallel: tuple[bool, ...] = (True, False)
     per_block_reshard: bool = False
     expert_tensor_parallel: str = "tp"
     sources: Mapping[str, str] = field(default_factory=dict)
@@ -403,6 +408,25 @@ class FrameworkProfile:
         return self.seq_rule.violation(self.name, seq_len, tp, cp, sequence_parallel,
                                        sp_optional=False in self.sequence_parallel)
 
+    def sequence_parallel_values(self, moe: bool = False) -> tuple[bool, ...]:
+        """The values ``sequence_parallel`` may take under tensor parallelism, in the order the
+        search tries them; on a model with MoE layers (``moe``) only those its MoE layers take
+        too (:attr:`moe_sequence_parallel`); () when none."""
+        return tuple(v for v in self.sequence_parallel
+                     if not moe or v in self.moe_sequence_parallel)
+
+    def moe_sp_violation(self, tp: int, sequence_parallel: bool) -> str | None:
+        """Why this framework's MoE layers cannot run under tp with ``sequence_parallel`` (the
+        rule, its source and a fix), or None when they can. The one place of the rule: the
+        search (:meth:`sequence_parallel_values`), :meth:`unsupported` and, for ``torch``,
+        :func:`autopar.runtime.apply` read it."""
+        if tp == 1 or bool(sequence_parallel) in self.moe_sequence_parallel:
+            return None
+        want = self.moe_sequence_parallel[0]
+        return (f"{self.name} runs MoE layers under tensor parallelism only with "
+                f"sequence_parallel={want} ({self._src('moe_sequence_parallel')}); fix: "
+                f"sequence_parallel={want} ({'--sp' if want else '--no-sp'}), or tp=1")
+
     def zero_options(self, tp: int, pp: int, cp: int, ep: int) -> tuple[int, ...]:
         """ZeRO stages this framework runs on a mesh with these degrees, ascending."""
         allowed = set(self.zero_stages)
@@ -414,8 +438,9 @@ class FrameworkProfile:
             allowed &= set(self.zero_stages_with_ep)
         return tuple(sorted(allowed))
 
-    def unsupported(self, c: ParallelConfig) -> str | None:
-        """Why this framework cannot run ``c``, or None when it can.
+    def unsupported(self, c: ParallelConfig, moe: bool = False) -> str | None:
+        """Why this framework cannot run ``c`` (on a model with MoE layers when ``moe``), or
+        None when it can.
 
         ``c`` may have ``None`` fields (choices left open); only the chosen ones are checked.
         Stage cuts are checked against the rule when ``c.stage_blocks`` is set.
@@ -447,6 +472,8 @@ class FrameworkProfile:
         if c.tp > 1 and c.sequence_parallel not in self.sequence_parallel:
             return (f"{fw} runs tensor parallelism only with sequence_parallel="
                     f"{self.sequence_parallel[0]} ({self._src('sequence_parallel')})")
+        if moe and c.tp > 1 and (why := self.moe_sp_violation(c.tp, c.sequence_parallel)):
+            return why
         modes = (c.recompute,) if isinstance(c.recompute, str) else tuple(c.recompute)
         if not set(modes) <= set(self.recompute_modes):
             return (f"{fw} has no recompute policy {sorted(set(modes) - set(self.recompute_modes))}"
@@ -522,6 +549,9 @@ def _checked_fields(v: dict, check: FieldCheck, cost_fix: str) -> dict:
     out["sequence_parallel"] = check.names("sequence_parallel", v["sequence_parallel"],
                                            (True, False), (True, False), nonempty=True,
                                            what="the values sequence_parallel may take")
+    out["moe_sequence_parallel"] = check.names(
+        "moe_sequence_parallel", v["moe_sequence_parallel"], (True, False), (True, False),
+        nonempty=True, what="the values sequence_parallel may take on MoE layers")
     out["eager_parts"] = check.names("eager_parts", v["eager_parts"], EAGER_PARTS, ())
     for f, choices in (("interleaved_chunks", CHUNK_RULES), ("stage_cuts", CUT_RULES),
                        ("expert_tensor_parallel", ETP_RULES), ("fusion", FUSION_LEVELS),
@@ -576,6 +606,7 @@ TORCH = FrameworkProfile(
     zero_stages_with_ep=_ALL_ZERO, schedules=SCHEDULES, interleaved_chunks="any",
     stage_cuts="any", cp_modes=CP_MODES, recompute_modes=RECOMPUTE_MODES,
     per_block_recompute=True, sequence_parallel=(True, False), expert_parallel=True,
+    moe_sequence_parallel=(False,),
     memory=TORCH_MEMORY,
     per_block_reshard=True,
     sources={
@@ -607,6 +638,9 @@ TORCH = FrameworkProfile(
         "per_block_recompute": "checkpoint_wrapper is applied per module (autopar/runtime/"
                                "recompute.py)",
         "sequence_parallel": "torch.distributed.tensor.parallel.SequenceParallel is optional",
+        "moe_sequence_parallel": "autopar/runtime/tp.py shards nn.Linear layers only: the "
+                                 "stacked experts stay whole on each TP rank and route whole "
+                                 "sequences (runtime/apply.py check_moe)",
         "expert_parallel": "all_to_all_single token dispatch over a DeviceMesh dim",
         "expert_tensor_parallel": "autopar/runtime/mesh.py lays ep inside the DP dimension "
                                   "and runtime/ep.py splits whole experts; expert matrices are "
@@ -632,7 +666,8 @@ TORCHTITAN = FrameworkProfile(
     stage_cuts="any", cp_modes=("ring", "allgather"),
     recompute_modes=("none", "selective-op", "full"),
     per_block_recompute=False, sequence_parallel=(True,), expert_parallel=True,
-    overlaps_ep_comm=("dualpipev",), expert_tensor_parallel="one_or_tp",
+    moe_sequence_parallel=(True,), overlaps_ep_comm=("dualpipev",),
+    expert_tensor_parallel="one_or_tp",
     seq_rule=TORCHTITAN_RULE,
     memory=TORCHTITAN_MEMORY,
     sources={
@@ -665,6 +700,9 @@ TORCHTITAN = FrameworkProfile(
                                "(selective_ac_option N = full every N-th block)",
         "sequence_parallel": "models/llama3/infra/parallelize.py apply_tp: norms always "
                              "SequenceParallel under TP",
+        "moe_sequence_parallel": "models/llama4/infra/parallelize.py apply_moe_ep_tp: the "
+                                 "'moe' module's input layout is Shard(1) (sequence-sharded, "
+                                 "all-gathered in, reduce-scattered out)",
         "expert_parallel": "job_config.py Parallelism.expert_parallel_degree (MoE models)",
         "expert_tensor_parallel": "job_config.py Parallelism.expert_tensor_parallel_degree "
                                   "and distributed/parallel_dims.py _validate: 'Currently we "
@@ -695,6 +733,7 @@ MEGATRON = FrameworkProfile(
     interleaved_chunks="any", stage_cuts="any", cp_modes=CP_MODES,
     recompute_modes=("none", "selective", "full"), per_block_recompute=False,
     sequence_parallel=(True, False), expert_parallel=True, seq_rule=MEGATRON_RULE,
+    moe_sequence_parallel=(True,),
     expert_tensor_parallel="any",
     memory=MEGATRON_MEMORY,
     sources={
@@ -724,6 +763,9 @@ MEGATRON = FrameworkProfile(
         "per_block_recompute": "arguments.py --recompute-method uniform | block (the first N "
                                "layers of every stage), no per-layer list",
         "sequence_parallel": "arguments.py --sequence-parallel (optional)",
+        "moe_sequence_parallel": "megatron/core/transformer/moe/moe_layer.py MoELayer.forward "
+                                 "raises in training when the TP group has > 1 rank and "
+                                 "sequence_parallel is off (read at 001199898c4b)",
         "expert_parallel": "arguments.py --expert-model-parallel-size",
         "expert_tensor_parallel": "arguments.py --expert-tensor-parallel-size (default tp); "
                                   "core/parallel_state.py initialize_model_parallel: expert "
@@ -762,7 +804,7 @@ DEEPSPEED = FrameworkProfile(
     zero_stages_with_ep=_ALL_ZERO, schedules=("1f1b",), interleaved_chunks="none",
     stage_cuts="balanced", cp_modes=(), recompute_modes=("none", "full"),
     per_block_recompute=False, sequence_parallel=(False,), expert_parallel=True,
-    seq_rule=DEEPSPEED_RULE,
+    moe_sequence_parallel=(False,), seq_rule=DEEPSPEED_RULE,
     memory=DEEPSPEED_MEMORY,
     sources={
         "per_block_reshard": "deepspeed/runtime/zero/config.py: stage3_param_persistence_"
@@ -786,6 +828,8 @@ DEEPSPEED = FrameworkProfile(
         "per_block_recompute": "pipe/module.py activation_checkpoint_interval: every N-th layer",
         "sequence_parallel": "AutoTP (deepspeed/module_inject/auto_tp.py) has no Megatron-style "
                              "sequence parallelism",
+        "moe_sequence_parallel": "deepspeed/moe/layer.py MoE gates each rank's whole sequences; "
+                                 "no sequence parallelism to pair it with (sequence_parallel)",
         "expert_parallel": "deepspeed/moe/layer.py MoE(ep_size=...)",
         "expert_tensor_parallel": "deepspeed/utils/groups.py _create_expert_data_and_model_"
                                   "parallel: expert_tensor_parallel_world_size = tensor_"

@@ -58,7 +58,8 @@ def fixes_to_fit(problem: Problem, config: ParallelConfig) -> list[tuple[str, Es
             changed = cm.resolve(c.replace(**ch))
         except AutoparError:
             continue
-        if profile.unsupported(changed) is None:  # only what the target framework runs
+        # only what the target framework runs
+        if profile.unsupported(changed, moe=cm.graph.num_experts > 0) is None:
             results.append((text, cm.estimate(changed)))
     fitting = sorted((r for r in results if r[1].fits), key=lambda r: r[1].step_time_s)
     rest = sorted((r for r in results if not r[1].fits), key=lambda r: r[1].memory_per_gpu_bytes)

@@ -24,6 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import loss_parallel
 
 from autopar.errors import InvalidParallelConfig
+from autopar.frameworks import get_profile
 
 from . import cp as cp_mod
 from . import dp as dp_mod
@@ -273,7 +274,7 @@ def apply(plan, model: nn.Module, *, device_mesh: DeviceMesh | None = None,
             "tied input/output embeddings cannot yet be split by tensor or pipeline "
             "parallelism here. Fix: untie them, or plan with tp=1 and pp=1.")
     experts = find_experts(model)
-    _check_moe(c, experts)
+    check_moe(c, experts)
     roles = None
     if c.tp > 1:
         roles = find_block_tp(model, adapter)
@@ -328,16 +329,24 @@ def apply(plan, model: nn.Module, *, device_mesh: DeviceMesh | None = None,
     return ParallelRun(plan, mesh, modules, schedule, opt, mbs, tuple(notes), states, cp)
 
 
-def _check_moe(c, experts: list) -> None:
+def check_moe(c, experts: list) -> None:
+    """Raise if :func:`apply` cannot run the MoE layers ``experts`` (:func:`find_experts` of the
+    model; [] for a dense model) under the resolved configuration ``c``. Pure: no process
+    group; the model may be on the meta device.
+
+    Raises:
+        UnsupportedPlanError: ep > 1 on a model without stacked experts; MoE layers under
+            sequence parallelism (the ``torch`` profile's rule,
+            :meth:`autopar.frameworks.FrameworkProfile.moe_sp_violation`, which the search
+            reads too).
+    """
     if c.ep > 1 and not experts:
         raise UnsupportedPlanError(
             f"ep={c.ep}: the model has no stacked-experts MoE layers (gate_up_proj/down_proj "
             "[experts, ...]) for expert parallelism to split. Fix: plan with ep=1.")
-    if experts and c.sequence_parallel:
-        raise UnsupportedPlanError(
-            "MoE layers under sequence parallelism: the runtime keeps experts replicated over "
-            "TP ranks and cannot take sequence-sharded tokens. Fix: plan with "
-            "sequence_parallel=False.")
+    why = get_profile("torch").moe_sp_violation(c.tp, c.sequence_parallel) if experts else None
+    if why:
+        raise UnsupportedPlanError(f"MoE layers under sequence parallelism: {why}.")
 
 
 def _notes(c, cp) -> list[str]:

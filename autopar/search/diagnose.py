@@ -265,7 +265,8 @@ def seq_blocked(cm: CostModel, fixed: dict) -> str | None:
                                                          limits)})
     out = []
     for tp, cp in pairs:
-        sps = space.sequence_parallel_options(tp, fixed, profile, seq, cp)
+        sps = space.sequence_parallel_options(tp, fixed, profile, seq, cp,
+                                              moe=cm.graph.num_experts > 0)
         if not sps or profile.seq_violation(seq, tp, cp, sps[0]):
             out.append(f"{tp}x{cp}")
     if not out:

@@ -120,7 +120,7 @@ def _search(cm: CostModel, fixed: dict | None, *, time_limit_s: float | None, to
     limits = limits or space.SpaceLimits()
     run = Run(cm, time_limit_s, progress, require_fit, top_k)
     run.layerwise = limits.layerwise
-    _pins_the_framework_runs(run.profile, fixed)
+    _pins_the_framework_runs(run.profile, fixed, moe=cm.graph.num_experts > 0)
     groups = mesh_groups(cm, fixed, limits)
     if not groups:
         raise no_mesh_error(cm, fixed)
@@ -184,9 +184,9 @@ def _search(cm: CostModel, fixed: dict | None, *, time_limit_s: float | None, to
 
 
 
-def _pins_the_framework_runs(profile, fixed: dict) -> None:
-    """Refuse at once a pinned choice the target framework cannot run (the search would only
-    find nothing, slowly, and could not say why).
+def _pins_the_framework_runs(profile, fixed: dict, moe: bool = False) -> None:
+    """Refuse at once a pinned choice the target framework cannot run on the model (with MoE
+    layers when ``moe``): the search would only find nothing, slowly, and could not say why.
 
     Raises:
         InvalidParallelConfig: the reason from :meth:`FrameworkProfile.unsupported` and a fix.
@@ -202,7 +202,8 @@ def _pins_the_framework_runs(profile, fixed: dict) -> None:
             return
         keys = {**keys, "zero_stage": options[0]}
     # open choices take a value the framework runs, so only the pins are judged
-    keys.setdefault("sequence_parallel", profile.sequence_parallel[0])
+    keys.setdefault("sequence_parallel", (profile.sequence_parallel_values(moe)
+                                          or profile.sequence_parallel)[0])
     keys.setdefault("recompute", profile.recompute_modes[0])
     if profile.cp_modes:
         keys.setdefault("cp_mode", profile.cp_modes[0])
@@ -210,7 +211,7 @@ def _pins_the_framework_runs(profile, fixed: dict) -> None:
         partial = ParallelConfig(**{"dp": None, **keys})
     except AutoparError:
         return  # inconsistent pins are refused later with their own message
-    why = profile.unsupported(partial)
+    why = profile.unsupported(partial, moe)
     if why:
         raise InvalidParallelConfig(
             f"the pinned {sorted(k for k in keys if k in fixed)} cannot run under {profile.name}: {why}. Fix: drop or "

@@ -97,7 +97,7 @@ class Run:
             e = self.cm.estimate(cfg)
         except InvalidParallelConfig:
             return None
-        if self.profile.unsupported(e.config) is not None:
+        if self.profile.unsupported(e.config, moe=self.cm.graph.num_experts > 0) is not None:
             return None
         self.evaluated += 1
         if self.smallest is None or e.memory_per_gpu_bytes < self.smallest.memory_per_gpu_bytes:
@@ -224,7 +224,8 @@ def mesh_groups(cm: CostModel, fixed: dict, limits) -> MeshGroups:
     profile = cm.profile
     entries = []
     for tp, cp, pp, dp in space.meshes(g, cm.cluster, train, fixed, limits, profile):
-        sps = space.sequence_parallel_options(tp, fixed, profile, train.seq_len, cp)
+        sps = space.sequence_parallel_options(tp, fixed, profile, train.seq_len, cp,
+                                              moe=g.num_experts > 0)
         for b, sp, (ep, etp) in itertools.product(
                 space.micro_batches(train, dp, fixed, limits, pp), sps,
                 space.expert_options(g, tp, cp, dp, fixed, profile,

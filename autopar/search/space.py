@@ -118,7 +118,8 @@ def meshes(graph: ModelGraph, cluster, train: TrainingConfig, fixed: dict,
                 continue
             if "cp" not in fixed and cp > 1 and train.seq_len // cp < limits.min_cp_chunk:
                 continue
-            sps = sequence_parallel_options(tp, fixed, profile, train.seq_len, cp)
+            sps = sequence_parallel_options(tp, fixed, profile, train.seq_len, cp,
+                                            moe=getattr(graph, "num_experts", 0) > 0)
             if not sps or profile.seq_violation(train.seq_len, tp, cp, sps[0]):
                 continue  # the framework cannot split the sequence over tp x cp
             for pp in divisors(world // (tp * cp)):
@@ -242,17 +243,20 @@ def recompute_modes(fixed: dict, profile: FrameworkProfile = _TORCH) -> tuple[st
 
 
 def sequence_parallel_options(tp: int, fixed: dict, profile: FrameworkProfile = _TORCH,
-                              seq_len: int | None = None, cp: int = 1) -> list[bool]:
+                              seq_len: int | None = None, cp: int = 1,
+                              moe: bool = False) -> list[bool]:
     """Sequence parallelism: on whenever tp > 1 and the framework allows it (it saves memory
-    at equal communication volume, Korthikanti et al. 2022) and the framework's sequence split
-    holds for sequences of ``seq_len`` tokens over tp x ``cp``
+    at equal communication volume, Korthikanti et al. 2022), on a model with MoE layers
+    (``moe``) only where its MoE layers take it
+    (:meth:`~autopar.frameworks.FrameworkProfile.sequence_parallel_values`), and the
+    framework's sequence split holds for sequences of ``seq_len`` tokens over tp x ``cp``
     (:meth:`~autopar.frameworks.FrameworkProfile.seq_violation`), else off where the framework
     runs TP without it and that split holds; [] when neither does; or the value pinned."""
     if "sequence_parallel" in fixed:
         return [fixed["sequence_parallel"]]
     if tp == 1:
         return [False]
-    return [sp for sp in (True, False) if sp in profile.sequence_parallel and (
+    return [sp for sp in (True, False) if sp in profile.sequence_parallel_values(moe) and (
         seq_len is None or profile.seq_violation(seq_len, tp, cp, sp) is None)][:1]
 
 
