@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import MISSING, fields, replace
-import copy
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,6 +27,7 @@ from .errors import (InvalidClusterSpec, InvalidModelConfig, InvalidParallelConf
                      InvalidSearchOption, InvalidTrainingConfig)
 from .frameworks import FrameworkProfile, profile_edits
 from .graph import extract, hf
+from .graph.assemble import meta_copy
 from .graph.needs import LM_FIX, LM_NEEDS
 from .graph.positions import max_positions, with_position_warning
 from .graph.types import ModelGraph
@@ -152,8 +152,7 @@ def _in_dtype(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     tensors = list(model.parameters()) + list(model.buffers())
     if all(t.dtype == dtype for t in tensors if t.is_floating_point()):
         return model
-    clone = copy.deepcopy(model).to("meta")
-    return clone.to(dtype)
+    return meta_copy(model).to(dtype)
 
 
 def _from_dict(cls, d: dict, err):

@@ -23,7 +23,6 @@ This module sits below :mod:`autopar.plan` and beside :mod:`autopar.api` (which 
 
 from __future__ import annotations
 
-import copy
 import functools
 
 import torch
@@ -35,6 +34,7 @@ from .cost.params import CostParams
 from .errors import AutoparError, InvalidPlanFile
 from .frameworks import FrameworkProfile, with_edits
 from .graph import extract, hf
+from .graph.assemble import meta_copy
 from .graph.positions import max_positions, with_position_warning
 from .graph.types import ModelGraph
 from .hardware import Cluster
@@ -71,7 +71,7 @@ def _module_graph(module: nn.Module, train: TrainingConfig, name: str | None = N
     if any(t.is_floating_point() and t.dtype != dtype
            for t in [*module.parameters(), *module.buffers()]):
         # a meta copy in the training dtype, as autopar.api does (torch.export asserts dtypes)
-        module = copy.deepcopy(module).to("meta").to(dtype)
+        module = meta_copy(module).to(dtype)
     kw = {"name": name} if name else {}
     graph = extract(module, train.seq_len, 1, dtype=dtype, flash_attention=train.flash_attention,
                     **kw)
