@@ -221,7 +221,8 @@ def with_calibration(cluster: Cluster, params: CostParams | None,
                      precision: str) -> tuple[Cluster, CostParams | None]:
     """``cluster`` and ``params`` with a calibration's measured constants in place of the
     datasheet ones (:func:`autopar.calibrate.calibrated`); unchanged for ``None``. What the
-    calibration does not cover, or covers by extrapolation, is issued as a ``UserWarning``.
+    calibration does not cover, or covers by extrapolation, and each fit that misses its own
+    measurements (``Calibrated.warnings``), is issued as a ``UserWarning``.
 
     Raises:
         InvalidCalibration: an unreadable or invalid file, or one measured on another device
@@ -232,6 +233,8 @@ def with_calibration(cluster: Cluster, params: CostParams | None,
     cal = calibrated(cluster, params, load_calibration(calibration), precision)
     for note in cal.notes:
         warnings.warn(f"calibration: {note}", UserWarning, stacklevel=3)
+    for warning in cal.warnings:
+        warnings.warn(f"calibration warning: {warning}", UserWarning, stacklevel=3)
     return cal.cluster, cal.params
 
 
