@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import MISSING, fields, replace
-import copy
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,6 +27,7 @@ from .errors import (InvalidClusterSpec, InvalidModelConfig, InvalidParallelConf
                      InvalidSearchOption, InvalidTrainingConfig)
 from .frameworks import FrameworkProfile, profile_edits
 from .graph import extract, hf
+from .graph.assemble import meta_copy
 from .graph.needs import LM_FIX, LM_NEEDS
 from .graph.positions import max_positions, with_position_warning
 from .graph.types import ModelGraph
@@ -152,8 +152,7 @@ def _in_dtype(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     tensors = list(model.parameters()) + list(model.buffers())
     if all(t.dtype == dtype for t in tensors if t.is_floating_point()):
         return model
-    clone = copy.deepcopy(model).to("meta")
-    return clone.to(dtype)
+    return meta_copy(model).to(dtype)
 
 
 def _from_dict(cls, d: dict, err):
@@ -222,7 +221,8 @@ def with_calibration(cluster: Cluster, params: CostParams | None,
                      precision: str) -> tuple[Cluster, CostParams | None]:
     """``cluster`` and ``params`` with a calibration's measured constants in place of the
     datasheet ones (:func:`autopar.calibrate.calibrated`); unchanged for ``None``. What the
-    calibration does not cover, or covers by extrapolation, is issued as a ``UserWarning``.
+    calibration does not cover, or covers by extrapolation, and each fit that misses its own
+    measurements (``Calibrated.warnings``), is issued as a ``UserWarning``.
 
     Raises:
         InvalidCalibration: an unreadable or invalid file, or one measured on another device
@@ -233,6 +233,8 @@ def with_calibration(cluster: Cluster, params: CostParams | None,
     cal = calibrated(cluster, params, load_calibration(calibration), precision)
     for note in cal.notes:
         warnings.warn(f"calibration: {note}", UserWarning, stacklevel=3)
+    for warning in cal.warnings:
+        warnings.warn(f"calibration warning: {warning}", UserWarning, stacklevel=3)
     return cal.cluster, cal.params
 
 

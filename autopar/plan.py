@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from .config import ParallelConfig, TrainingConfig
 from .cost.types import Estimate
-from .errors import AutoparError, InvalidPlanFile, output_error
+from .errors import AutoparError, InvalidCalibration, InvalidPlanFile, output_error
 from .io.planfile import PLAN_FORMAT, PLAN_VERSION, check_plan
 from .reestimate import reestimate
 from .report.summary import plan_summary
@@ -23,6 +23,7 @@ from .report.summary import plan_summary
 if TYPE_CHECKING:
     import torch
 
+    from .calibrate.schema import Calibration
     from .cost.params import CostParams
     from .hardware.cluster import Cluster
 
@@ -160,7 +161,8 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: dict, *, model: torch.nn.Module | None = None,
-                  cluster: Cluster | None = None, params: CostParams | None = None) -> "Plan":
+                  cluster: Cluster | None = None, params: CostParams | None = None,
+                  calibration: str | Path | dict | Calibration | None = None) -> "Plan":
         """Build a plan from :meth:`to_dict`'s output, checking it strictly and re-estimating it.
 
         Unknown keys, missing choices, wrong types, degrees whose product is not the GPU count of
@@ -176,33 +178,40 @@ class Plan:
                 re-estimate it); ignored otherwise.
             cluster: the :class:`~autopar.Cluster` of a plan whose cluster is a custom name.
             params: :class:`~autopar.CostParams` to estimate with (default ``CostParams()``).
+            calibration: the calibration the plan was priced with (a file path, its dict or a
+                :class:`~autopar.calibrate.Calibration`): re-estimated with its fits, on its
+                measured cluster for a plan priced on
+                :func:`~autopar.calibrate.measured_cluster` (:mod:`autopar.reestimate`).
 
         Raises:
             InvalidPlanFile: wrong format or version, or a field that is missing, unknown,
                 mistyped or inconsistent (the message names it and says how to fix it); a plan
                 that cannot be re-estimated without ``model=`` or ``cluster=`` (the message says
                 which).
+            InvalidCalibration: ``calibration`` is invalid, or of another device or precision.
         """
         try:
-            kw = reestimate(check_plan(d), model=model, cluster=cluster, params=params)
+            kw = reestimate(check_plan(d), model=model, cluster=cluster, params=params,
+                            calibration=calibration)
             return cls(**{**kw, "search": SearchStats(**kw["search"])})
-        except InvalidPlanFile:
-            raise
+        except (InvalidPlanFile, InvalidCalibration):
+            raise  # a calibration's fault is not the file's
         except AutoparError as exc:
             raise InvalidPlanFile(f"invalid plan file: {exc}") from exc
 
     @classmethod
     def from_json(cls, source: str | Path, *, model: torch.nn.Module | None = None,
-                  cluster: Cluster | None = None, params: CostParams | None = None) -> "Plan":
+                  cluster: Cluster | None = None, params: CostParams | None = None,
+                  calibration: str | Path | dict | Calibration | None = None) -> "Plan":
         """Load a plan from a JSON file path or JSON text (only ``json`` parses it: loading
         never executes code), re-estimated with the cost model as :meth:`from_dict` does
-        (``model``, ``cluster``, ``params``: see there).
+        (``model``, ``cluster``, ``params``, ``calibration``: see there).
 
         Raises:
             InvalidPlanFile: unreadable, not JSON, or not a valid plan.
         """
         return cls.from_dict(read_plan_json(source), model=model, cluster=cluster,
-                             params=params)
+                             params=params, calibration=calibration)
 
 
 def read_plan_json(source: str | Path) -> object:

@@ -15,7 +15,10 @@ A plan of an ``nn.Module`` (a Hugging Face model, say) has no ``model_config``, 
 ``Cluster.custom(..., name=...)`` cluster no readable spec: the file alone cannot rebuild the cost
 model, so loading asks for the module (``model=``) or the cluster (``cluster=``), which
 :meth:`Plan.from_json` passes here. Calibrated ``CostParams`` are not in the file either: pass
-``params=`` to load with them (default: ``CostParams()``).
+``params=`` to load with them (default: ``CostParams()``), or ``calibration=`` (the file the
+plan was priced with): its fits are applied to the plan's cluster as when planning, and a plan
+priced on :func:`autopar.calibrate.measured_cluster` (a CPU, an unlisted GPU: its cluster is a
+name such as ``1x2xmeasured-cpu``, not a spec) gets that cluster back from the calibration.
 
 This module sits below :mod:`autopar.plan` and beside :mod:`autopar.api` (which imports
 :mod:`autopar.plan`, so the plan cannot import it): it uses the stages directly.
@@ -23,18 +26,20 @@ This module sits below :mod:`autopar.plan` and beside :mod:`autopar.api` (which 
 
 from __future__ import annotations
 
-import copy
 import functools
+import warnings
 
 import torch
 from torch import nn
 
+from .calibrate import calibrated, load_calibration, measured_cluster
 from .config import TrainingConfig
 from .cost.model import CostModel
 from .cost.params import CostParams
 from .errors import AutoparError, InvalidPlanFile
 from .frameworks import FrameworkProfile, with_edits
 from .graph import extract, hf
+from .graph.assemble import meta_copy
 from .graph.positions import max_positions, with_position_warning
 from .graph.types import ModelGraph
 from .hardware import Cluster
@@ -71,7 +76,7 @@ def _module_graph(module: nn.Module, train: TrainingConfig, name: str | None = N
     if any(t.is_floating_point() and t.dtype != dtype
            for t in [*module.parameters(), *module.buffers()]):
         # a meta copy in the training dtype, as autopar.api does (torch.export asserts dtypes)
-        module = copy.deepcopy(module).to("meta").to(dtype)
+        module = meta_copy(module).to(dtype)
     kw = {"name": name} if name else {}
     graph = extract(module, train.seq_len, 1, dtype=dtype, flash_attention=train.flash_attention,
                     **kw)
@@ -126,19 +131,62 @@ def cost_model(model_config: dict | None, cluster: str, train: TrainingConfig, *
             raise InvalidPlanFile(
                 f"the plan's cluster {cluster!r:.80} is a name, not a spec autopar can read, so "
                 f"the plan cannot be re-estimated ({exc}). Fix: pass the cluster: "
-                "Plan.from_json(path, cluster=autopar.Cluster.custom(...)).") from exc
+                "Plan.from_json(path, cluster=autopar.Cluster.custom(...)); for a plan priced "
+                "on autopar.calibrate.measured_cluster, pass its calibration: "
+                "Plan.from_json(path, calibration=FILE) (`autopar measure --calibration "
+                "FILE`).") from exc
     return CostModel(graph, cluster_obj, train, params, framework=profile)
 
 
+def plan_calibration(spec: str, train: TrainingConfig, calibration, *,
+                     cluster: Cluster | None = None,
+                     params: CostParams | None = None) -> tuple[Cluster, CostParams]:
+    """The cluster and constants a plan priced with ``calibration`` was priced on: ``cluster``
+    (default: the plan's ``spec`` read as a spec, else the calibration's
+    :func:`~autopar.calibrate.measured_cluster` when the plan's cluster is its name) with the
+    calibration's fits (:func:`~autopar.calibrate.calibrated`; its notes and warnings are
+    issued as ``UserWarning``, as when planning).
+
+    Raises:
+        InvalidCalibration: an invalid file, or one of another device or precision.
+        InvalidPlanFile: the plan's cluster is neither a spec nor the calibration's machine.
+    """
+    cal = load_calibration(calibration)
+    if cluster is None:
+        try:
+            cluster = Cluster.from_spec(spec)
+        except AutoparError:
+            measured = measured_cluster(cal) if cal.gemm and cal.memory else None
+            if measured is None or measured.name != spec:
+                raise InvalidPlanFile(
+                    f"the plan's cluster {spec!r:.80} is neither a spec autopar can read nor the "
+                    f"machine this calibration measured "
+                    f"({measured.name if measured else 'none: it has no GEMM or copy timings'}"
+                    "). Fix: pass the calibration the plan was priced with, or the cluster "
+                    "(cluster= / --cluster SPEC).") from None
+            cluster = measured
+    c = calibrated(cluster, params, cal, train.precision)
+    for text in (*(f"calibration: {n}" for n in c.notes),
+                 *(f"calibration warning: {w}" for w in c.warnings)):
+        warnings.warn(text, UserWarning, stacklevel=4)
+    return c.cluster, c.params
+
+
 def reestimate(kw: dict, *, model: nn.Module | None = None, cluster: Cluster | None = None,
-               params: CostParams | None = None) -> dict:
+               params: CostParams | None = None, calibration=None) -> dict:
     """``kw`` (the checked fields of a plan file, :func:`autopar.io.planfile.check_plan`) with
-    ``estimate``, ``alternatives`` and ``pareto`` recomputed from their configurations.
+    ``estimate``, ``alternatives`` and ``pareto`` recomputed from their configurations;
+    with ``calibration`` (a path, dict or :class:`~autopar.calibrate.Calibration`), on the
+    cluster and constants of :func:`plan_calibration`.
 
     Raises:
         InvalidPlanFile: the problem cannot be rebuilt (see :func:`cost_model`), or the cost model
             refuses a configuration of the file (the message names it).
+        InvalidCalibration: see :func:`plan_calibration`.
     """
+    if calibration is not None:
+        cluster, params = plan_calibration(kw["cluster"], kw["train"], calibration,
+                                           cluster=cluster, params=params)
     cm = cost_model(kw["model_config"], kw["cluster"], kw["train"], model=model,
                     cluster_obj=cluster, params=params, name=kw.get("model"),
                     profile=with_edits(kw["train"].framework, kw.get("profile_edits")))

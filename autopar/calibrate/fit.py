@@ -42,6 +42,14 @@ from .schema import Calibration, CollectiveSample, load_calibration
 #: Grid of ``matmul_half_size`` values the GEMM fit tries (elements; 4 to 16384, 2^(1/4) steps).
 HALF_SIZE_GRID = tuple(4.0 * 2 ** (i / 4) for i in range(49))
 
+#: Largest root-mean-square relative error of a fit (GEMM curve, alpha-beta) on its own
+#: measurements that passes without a warning. 0.25 is about 3x the cost model's own error on
+#: published runs (a 68% band of about +-9%, ``autopar.cost.published.BANDS``): a fit that
+#: misses the very timings it was made from by more does not describe them (noisy timings on a
+#: loaded machine, or hardware whose times do not follow the model's curve, as a CPU's GEMMs),
+#: and its constants would add more error to a prediction than the datasheet's remove.
+FIT_WARN_RMS_REL_ERROR = 0.25
+
 
 @dataclass(frozen=True)
 class AlphaBeta:
@@ -61,12 +69,16 @@ class AlphaBeta:
 class Calibrated:
     """The cost model's inputs after a calibration: the cluster (links and comm constants
     replaced where measured, same name), the :class:`CostParams`, the fitted figures by field
-    name (what replaced what), and notes on what was not measured or does not transfer."""
+    name (what replaced what), notes on what was not measured or does not transfer, and
+    warnings on fits that miss their own measurements (:data:`FIT_WARN_RMS_REL_ERROR`)."""
 
     cluster: Cluster
     params: CostParams
     fitted: dict
     notes: tuple[str, ...]
+    #: fits that reproduce their own measurements poorly (:func:`fit_warning`): the constants
+    #: they set are suspect
+    warnings: tuple[str, ...] = ()
 
 
 def algorithm_terms(op: str, n: int, nbytes: float) -> tuple[float, float]:
@@ -144,6 +156,20 @@ def fit_gemm(cal: Calibration, peak_flops: float) -> tuple[float, float, float]:
         if best is None or err < best[2] - 1e-12:
             best = (c, h, err)
     return best
+
+
+def fit_warning(what: str, rms_rel_error: float, points: int, sets: str,
+                unlike: str) -> str | None:
+    """A warning when a fit's rms relative error on its ``points`` measurements exceeds
+    :data:`FIT_WARN_RMS_REL_ERROR` (``what`` names the fit, ``sets`` the constants it gives,
+    ``unlike`` hardware known not to follow its model); None for a good fit."""
+    if not rms_rel_error > FIT_WARN_RMS_REL_ERROR:
+        return None
+    return (f"the {what} fit misses its own {points} measurements by {rms_rel_error:.0%} rms "
+            f"(warned above {FIT_WARN_RMS_REL_ERROR:.0%}): {sets} do not describe this hardware, "
+            "and predictions priced with them can be off by as much. The timings are noisy (a "
+            f"busy machine) or do not follow the fitted model ({unlike}). Fix: rerun `autopar "
+            "calibrate` on an idle machine, or plan without the calibration.")
 
 
 def measured_device(cal: Calibration) -> Device:
@@ -226,7 +252,7 @@ def calibrated(cluster: Cluster, params: CostParams | None, cal: Calibration,
     check_applies(cal, cluster, precision)
     params = params or CostParams()
     dev = cluster.device
-    fitted, notes, changes = {}, [], {}
+    fitted, notes, changes, warns = {}, [], {}, []
     if cal.gemm:
         ceiling, half, err = fit_gemm(cal, dev.peak(precision))
         eff = dict(params.matmul_efficiency) if not isinstance(
@@ -236,6 +262,9 @@ def calibrated(cluster: Cluster, params: CostParams | None, cal: Calibration,
         fitted["CostParams.matmul_efficiency"] = {dev.architecture: ceiling}
         fitted["CostParams.matmul_half_size"] = half
         fitted["gemm_fit_rms_rel_error"] = err
+        warns.append(fit_warning("GEMM efficiency curve", err, len(cal.gemm),
+                                 "matmul_efficiency and matmul_half_size", "a CPU's GEMMs "
+                                 "need not"))
         if dev.name == f"measured-{cal.device.kind}":
             notes.append(f"{cal.device.name} has no datasheet peak: efficiencies are relative "
                          "to its fastest measured GEMM.")
@@ -255,11 +284,13 @@ def calibrated(cluster: Cluster, params: CostParams | None, cal: Calibration,
         fitted["CostParams.hbm_efficiency"] = changes["hbm_efficiency"]
         fitted["CostParams.kernel_launch_s"] = cal.memory.launch_s
     new_params = dataclasses.replace(params, **changes)
-    new_cluster = _calibrated_links(cluster, cal, fitted, notes)
-    return Calibrated(new_cluster, new_params, fitted, tuple(notes))
+    new_cluster = _calibrated_links(cluster, cal, fitted, notes, warns)
+    return Calibrated(new_cluster, new_params, fitted, tuple(notes),
+                      tuple(w for w in warns if w))
 
 
-def _calibrated_links(cluster: Cluster, cal: Calibration, fitted: dict, notes: list) -> Cluster:
+def _calibrated_links(cluster: Cluster, cal: Calibration, fitted: dict, notes: list,
+                      warns: list) -> Cluster:
     intra_s = [c for c in cal.collectives if c.scope == "intra"]
     inter_s = [c for c in cal.collectives if c.scope == "inter"]
     if not cal.collectives:
@@ -281,6 +312,9 @@ def _calibrated_links(cluster: Cluster, cal: Calibration, fitted: dict, notes: l
         fitted["Cluster.intra_link.latency_s"] = ab.alpha_s
         fitted["CommParams.launch_latency_s"] = ab.launch_s
         fitted["intra_fit_rms_rel_error"] = ab.rms_rel_error
+        warns.append(fit_warning("intra-node alpha-beta", ab.rms_rel_error, ab.points,
+                                 "the intra-node link's bandwidth and latency",
+                                 "gloo on a shared CPU need not"))
         if cluster.gpus_per_node > cal.world.local_world_size:
             notes.append(f"intra-node groups measured up to {cal.world.local_world_size} GPUs; "
                          f"the cluster has {cluster.gpus_per_node} per node (extrapolated).")
@@ -301,6 +335,9 @@ def _calibrated_links(cluster: Cluster, cal: Calibration, fitted: dict, notes: l
         fitted["Cluster.inter_link.bandwidth_Bps"] = bw
         fitted["Cluster.inter_link.latency_s"] = ab.alpha_s
         fitted["inter_fit_rms_rel_error"] = ab.rms_rel_error
+        warns.append(fit_warning("inter-node alpha-beta", ab.rms_rel_error, ab.points,
+                                 "the inter-node link's bandwidth and latency",
+                                 "gloo on a shared CPU need not"))
         if cluster.gpus_per_node != cal.world.local_world_size:
             notes.append(f"the NIC share was measured with {cal.world.local_world_size} ranks "
                          f"per node; the cluster has {cluster.gpus_per_node}.")

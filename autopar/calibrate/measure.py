@@ -24,7 +24,9 @@ from ..errors import AutoparError, InvalidPlanFile
 from ..hardware import Cluster
 from ..models import build
 from ..plan import Plan
-from .run import match_catalog
+from .fit import measured_cluster
+from .run import device_info, match_catalog
+from .schema import load_calibration
 
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -110,11 +112,19 @@ def _median(xs: list[float]) -> float:
     return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
-def record(plan: Plan, result: dict, steps: int, warmup: int, device: torch.device) -> dict:
+def record(plan: Plan, result: dict, steps: int, warmup: int, device: torch.device,
+           calibration=None) -> dict:
     """The published-run record of a measured plan (schema: benchmarks/data/README.md),
     with ``prediction`` (the plan's estimate and its signed relative error,
-    (predicted - measured) / measured) and ``autopar_plan`` (the plan file)."""
+    (predicted - measured) / measured) and ``autopar_plan`` (the plan file). ``calibration``:
+    the one the plan was priced with; a plan on its :func:`~.fit.measured_cluster` (a CPU, say)
+    run on the device it measured is comparable."""
+    cal = load_calibration(calibration) if calibration is not None else None
     cluster = Cluster.from_spec(plan.cluster) if _spec_ok(plan.cluster) else None
+    own = None  # the calibrated machine, when the plan was priced on it
+    if cluster is None and cal is not None and cal.gemm and cal.memory:
+        own = measured_cluster(cal)
+        cluster = own if own.name == plan.cluster else None
     gpu = cluster.device.name if cluster else None
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -123,6 +133,9 @@ def record(plan: Plan, result: dict, steps: int, warmup: int, device: torch.devi
     else:
         ran_on, ran_catalog = "cpu", None
     comparable = ran_catalog is not None and ran_catalog == gpu
+    if own is not None and cluster is own:
+        # priced on the calibrated machine itself: comparable when this is that device
+        comparable = device_info(device, None).name == cal.device.name
     step = _median(result["step_times_s"])
     mem = result["memory_per_rank_bytes"]
     c, tr = plan.config, plan.train

@@ -22,7 +22,7 @@ from ..config import TrainingConfig
 from ..cost.params import CostParams
 from ..errors import InvalidCalibration
 from ..hardware import Cluster
-from ..hardware.devices import DEVICES
+from ..hardware.devices import DEVICES, Device
 from ..models import get_config
 from .bench import Clock, attention_shape, bench_attention, bench_gemms, bench_memory, gemm_shapes
 from .comm_bench import bench_collectives, sizes
@@ -68,7 +68,14 @@ def match_catalog(name: str, memory_bytes: float) -> str | None:
     return min(rows, key=lambda d: (abs(d.memory_bytes - memory_bytes), d.name)).name
 
 
-def _device_info(device: torch.device, catalog: str | None) -> DeviceInfo:
+def device_info(device: torch.device, catalog: str | None) -> DeviceInfo:
+    """What a calibration file records of ``device``: kind, torch's name (a CPU's names its
+    architecture and thread count), catalogue GPU (``catalog``, else :func:`match_catalog`),
+    memory in bytes.
+
+    Raises:
+        InvalidCalibration: ``catalog`` is not a catalogue GPU.
+    """
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         name = props.name
@@ -126,7 +133,7 @@ def run_calibration(opts: Options, device: torch.device) -> Calibration:
                                  f"{list(PRECISIONS)}.")
     if precision == "tf32" and device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
-    info = _device_info(device, opts.catalog)
+    info = device_info(device, opts.catalog)
     world = world_layout()
     clock = Clock(start + opts.budget_s, device)
     gemm, attention, seq_len, model_name = [], [], opts.seq_len or 0, None
@@ -157,29 +164,51 @@ def run_calibration(opts: Options, device: torch.device) -> Calibration:
         attention=tuple(attention), memory=memory, collectives=tuple(coll))
 
 
+def flops_text(flops_per_s: float) -> str:
+    """FLOP/s in the largest of T, G, M, k that keeps the figure >= 1 (a CPU's GEMMs read
+    "67.39 GFLOP/s", not "0.07 TFLOP/s", or "0.00" on a slower one)."""
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if flops_per_s >= scale:
+            return f"{flops_per_s / scale:.2f} {prefix}FLOP/s"
+    return f"{flops_per_s:.2f} FLOP/s"
+
+
+def _base(cal: Calibration) -> tuple[Device | None, Cluster | None]:
+    """(catalogue device or None, the cluster the calibration ran on or None): the catalogue
+    GPU's default node, else :func:`measured_cluster` when the file can build one."""
+    cat = DEVICES.get(cal.device.catalog) if cal.device.catalog else None
+    if cat is not None:
+        w = cal.world
+        return cat, Cluster.custom(w.num_nodes, w.local_world_size, cat)
+    return None, (measured_cluster(cal) if cal.gemm and cal.memory else None)
+
+
+def fit_warnings(cal: Calibration) -> list[str]:
+    """The warnings of :func:`calibrated` on the cluster the calibration ran on: each fit that
+    misses its own measurements by more than :data:`~.fit.FIT_WARN_RMS_REL_ERROR` rms."""
+    _, base = _base(cal)
+    return [] if base is None else list(calibrated(base, None, cal, cal.precision).warnings)
+
+
 def comparison(cal: Calibration) -> list[tuple[str, str, str]]:
     """Rows (quantity, measured, catalogue) of what was measured against the catalogue figures
     (the catalogue GPU's datasheet and its default node's links; "-" for a CPU: no datasheet),
     and how well the fitted collective model reproduces the measured collectives."""
     rows, dflt = [], CostParams()
-    cat = DEVICES.get(cal.device.catalog) if cal.device.catalog else None
-    if cat is not None:
-        w = cal.world
-        base = Cluster.custom(w.num_nodes, w.local_world_size, cat)
-        peak = cat.peak(cal.precision)
-    else:
-        base = measured_cluster(cal) if cal.gemm and cal.memory else None
-        peak = None
+    cat, base = _base(cal)
+    peak = cat.peak(cal.precision) if cat is not None else None
     if cal.gemm:
         best = max(cal.gemm, key=lambda g: g.flops_per_s)
         rows.append((f"GEMM {cal.precision} best ({best.m}x{best.k}x{best.n})",
-                     f"{best.flops_per_s / 1e12:.2f} TFLOP/s",
+                     flops_text(best.flops_per_s),
                      f"{peak / 1e12:.0f} TFLOP/s peak" if peak else "- (no datasheet)"))
-        if peak:
-            c, h, err = fit_gemm(cal, peak)
-            rows.append(("GEMM efficiency ceiling (16k^3)", f"{c:.3f} (half-size {h:.0f}, "
-                         f"fit rms {err:.2f})", f"{dflt.matmul_ceiling(cat.architecture):.3f} "
-                         f"(half-size {dflt.matmul_half_size:.0f})"))
+        # no datasheet: the curve is fitted against the fastest GEMM, as measured_device does
+        c, h, err = fit_gemm(cal, peak or best.flops_per_s)
+        rows.append(("GEMM efficiency ceiling (16k^3)" if peak else
+                     "GEMM efficiency ceiling (16k^3, of the fastest GEMM)",
+                     f"{c:.3f} (half-size {h:.0f}, fit rms {err:.2f})",
+                     f"{dflt.matmul_ceiling(cat.architecture):.3f} (half-size "
+                     f"{dflt.matmul_half_size:.0f})" if peak else "- (no datasheet)"))
     if cal.attention:
         a = cal.attention[0]
         fl = a.counted_flops * (0.5 if a.causal else 1.0) * 3.5 / a.fwd_bwd_s
@@ -187,7 +216,7 @@ def comparison(cal: Calibration) -> list[tuple[str, str, str]]:
         eff = (dflt.attention_ceiling("fa2", cat.architecture)
                * dflt.attention_shape_factor("fa2", a.head_dim, a.seq_len)) if cat else 0.0
         rows.append((f"attention fwd+bwd (s={a.seq_len}, {a.heads} heads)",
-                     f"{fl / 1e12:.2f} TFLOP/s", f"{peak * eff / 1e12:.0f}"
+                     flops_text(fl), f"{peak * eff / 1e12:.0f}"
                      f" TFLOP/s at efficiency {eff:.3f} (FA2)" if peak and cat
                      else "- (no datasheet)"))
     if cal.memory:

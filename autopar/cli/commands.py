@@ -432,6 +432,7 @@ def _problem(args) -> tuple[Problem, dict, list[str]]:
         cal = calibrated(cluster, None, load_calibration(args.calibration), train.precision)
         cluster, params = cal.cluster, cal.params
         notes += [f"calibration: {n}" for n in cal.notes]
+        notes += [f"calibration warning: {w}" for w in cal.warnings]
         notes.append(f"calibrated from {args.calibration}: "
                      + ", ".join(sorted(k for k in cal.fitted if "." in k)))
     return (Problem.build(model, cluster, train, params=params,

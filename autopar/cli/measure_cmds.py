@@ -4,6 +4,7 @@ user's nodes, or as one process); the measuring itself is in :mod:`autopar.calib
 from __future__ import annotations
 
 import json
+import warnings
 
 import torch.distributed as dist
 from rich.console import Console
@@ -44,6 +45,14 @@ def add_parsers(sub, positive_float, non_negative_int) -> None:
                    help="measured steps (default 10)")
     m.add_argument("--warmup", type=non_negative_int, default=3,
                    help="warm-up steps before measuring (default 3)")
+    m.add_argument("--calibration", metavar="FILE", default=None,
+                   help="the calibration file the plan was priced with (autopar plan "
+                        "--calibration, or measured_cluster in Python): the prediction is "
+                        "re-estimated with its fits; needed for a plan priced on a CPU's or "
+                        "unlisted GPU's measured cluster (e.g. 1x2xmeasured-cpu)")
+    m.add_argument("--cluster", metavar="SPEC", default=None,
+                   help="cluster spec to re-estimate the plan on, when its cluster is a custom "
+                        "name (Cluster.custom(..., name=...)); e.g. 1x8xH100-80GB")
     m.add_argument("--json", action="store_true", help="print the record JSON")
 
 
@@ -59,7 +68,8 @@ def _sizes(args) -> None:
 
 def cmd_calibrate(args, out: Console, err: Console) -> dict | None:
     """Run the calibration; rank 0 writes ``--out`` and prints the comparison table."""
-    from ..calibrate.run import Options, comparison, init_distributed, run_calibration
+    from ..calibrate.run import (Options, comparison, fit_warnings, init_distributed,
+                                 run_calibration)
     _sizes(args)
     device, owned = init_distributed()
     try:
@@ -74,7 +84,10 @@ def cmd_calibrate(args, out: Console, err: Console) -> dict | None:
     if rank != 0:
         return None
     cal.to_json(args.out)
+    warns = [f"warning: {w}" for w in fit_warnings(cal)]
     if args.json:
+        for w in warns:  # on stderr, so that --json's output stays the file
+            err.print(w, style="bold yellow", highlight=False)
         return cal.to_dict()
     w = cal.world
     out.print(f"[bold]autopar calibrate[/bold]: {cal.device.name} (catalogue: "
@@ -88,6 +101,8 @@ def cmd_calibrate(args, out: Console, err: Console) -> dict | None:
     if not cal.collectives:
         out.print("no collectives measured (one process): run under torchrun "
                   "--nproc-per-node=GPUS to measure links.", style="yellow")
+    for w in warns:
+        out.print(w, style="bold yellow", highlight=False)
     err.print(f"wrote {args.out}", style="dim")
     return None
 
@@ -96,14 +111,18 @@ def cmd_measure(args, out: Console, err: Console) -> dict | None:
     """Run the plan's steps; rank 0 writes the record to ``--out``."""
     from ..calibrate.measure import record, run_steps
     from ..calibrate.run import init_distributed
+    from ..hardware import Cluster
     from ..plan import Plan
     if args.steps < 1:
         raise InvalidPlanFile("--steps must be >= 1 (steps to measure).")
-    plan = Plan.from_json(args.plan)
+    cluster = Cluster.from_spec(args.cluster) if args.cluster else None
+    with warnings.catch_warnings(record=True) as caught:  # the calibration's notes: rank 0 prints
+        warnings.simplefilter("always", UserWarning)
+        plan = Plan.from_json(args.plan, cluster=cluster, calibration=args.calibration)
     device, owned = init_distributed(single_group=True)
     try:
         result = run_steps(plan, args.steps, args.warmup, device)
-        rec = record(plan, result, args.steps, args.warmup, device)
+        rec = record(plan, result, args.steps, args.warmup, device, args.calibration)
         rank = dist.get_rank()
     finally:
         if owned:
@@ -116,6 +135,8 @@ def cmd_measure(args, out: Console, err: Console) -> dict | None:
             f.write("\n")
     except OSError as exc:
         raise output_error(args.out, exc) from exc
+    for w in caught:  # on stderr, so that --json's output stays the record
+        err.print(str(w.message), style="yellow", highlight=False)
     if args.json:
         return rec
     m, p = rec["measured"], rec["prediction"]

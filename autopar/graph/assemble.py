@@ -8,6 +8,8 @@ only this layer's backward runs), and the saved tensors attributed to it by the
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -33,6 +35,25 @@ def meta_map(model: nn.Module, dtype: torch.dtype | None) -> dict[int, torch.Ten
             out[id(t)] = torch.empty(t.shape, dtype=target, device="meta").requires_grad_(
                 t.requires_grad)
     return out
+
+
+def meta_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose parameters and buffers are on the meta device, dtypes kept and
+    tied weights still tied; no tensor data is copied (a real model's weights are not duplicated
+    in memory) and ``model`` is not changed. Equal to ``copy.deepcopy(model).to("meta")``.
+    """
+    memo: dict = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        if id(t) not in memo:
+            m = torch.empty_like(t, device="meta")
+            memo[id(t)] = (nn.Parameter(m, requires_grad=t.requires_grad)
+                           if isinstance(t, nn.Parameter) else m)
+    return copy.deepcopy(model, memo)
+
+
+def on_meta(model: nn.Module) -> bool:
+    """Whether every parameter and buffer of ``model`` is on the meta device."""
+    return all(t.device.type == "meta" for t in [*model.parameters(), *model.buffers()])
 
 
 def elem_bytes(dtype: torch.dtype | None, model: nn.Module) -> int:

@@ -34,7 +34,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ..errors import UntraceableModelError
 from . import aten as A
-from .assemble import add_loss, elem_bytes, finish_layer, logits_of, meta_map, reset_ops
+from .assemble import (add_loss, elem_bytes, finish_layer, logits_of, meta_copy, meta_map,
+                       on_meta, reset_ops)
 from .export_run import ExportInterpreter, fused_groups
 from .measure import Recorder
 from .needs import LM_FIX, LM_NEEDS
@@ -217,6 +218,11 @@ def extract_exported(model: nn.Module, seq_len: int, micro_batch_size: int, *,
         UntraceableModelError: torch.export cannot capture the model, or the captured graph
             cannot run on meta tensors; the message names the module and op and what to do.
     """
+    if not on_meta(model):
+        # torch.export records the devices real tensors are on (Hugging Face RoPE moves its
+        # inv_freq buffer with ``.to(x.device)``), and the captured graph then copies meta
+        # tensors to the CPU, which fails: export a meta copy, as for a model built on meta
+        model = meta_copy(model)
     path, blocks = find_block_list(model)
     n_blocks = len(blocks) if blocks is not None else 0
     fingerprints = [block_fingerprint(b) for b in blocks] if blocks is not None else []
