@@ -36,7 +36,8 @@ class SearchStats:
         evaluated: configurations the cost model estimated.
         meshes: (tp, cp, pp, dp) meshes considered.
         wall_s: search wall time (seconds).
-        complete: False when a time limit stopped the search (the plan is the best so far).
+        complete: False when a time limit or Ctrl-C stopped the search (the plan is the best
+            so far).
         gap: relative optimality gap of the plan in the searched space, (best - lower bound) /
             best: no plan in the space is faster than ``step_time_s * (1 - gap)``, i.e. the
             plan is at most ``gap / (1 - gap)`` slower than the best (0 when complete; 1 when

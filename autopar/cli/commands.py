@@ -45,7 +45,7 @@ from ..config import (FRAMEWORKS, OPTIMIZER_STATE_DTYPES, RECOMPUTE_MODES, SCHED
 from ..errors import (AutoparError, InvalidClusterSpec, InvalidModelConfig, InvalidTrainingConfig,
                       MissingDependency, output_error)
 from ..report.advice import fixes_to_fit, run_cost
-from ..report.explain import Problem, compare, named_alternatives, search_plan
+from ..report.explain import UNREACHED, Problem, compare, named_alternatives, search_plan
 from ..report.summary import plural, reshard_text, trust_lines
 from ..io.importers import Imported, from_megatron_args, from_torchtitan_toml
 from ..frameworks import edits_text, get_profile, with_edits
@@ -443,12 +443,19 @@ def _problem(args) -> tuple[Problem, dict, list[str]]:
 class _Progress:
     """The search's progress callback: stage, share done and the best step time so far
     (printed unless ``quiet``); after a first Ctrl-C it stops the search as soon as a plan
-    exists, so the best plan so far is printed (see :class:`_Interrupt`)."""
+    exists, so the best plan so far is printed (see :class:`_Interrupt`). :meth:`stopped`
+    says where a stopped search ended."""
+
+    #: What each stage counts, as the lines name it (``search``: the mesh groups of
+    #: :func:`autopar.search.phases.mesh_groups`, counted as ``meshes`` in the plan's summary).
+    WHAT = {"search": "meshes", "refine": "refinement of the best candidates"}
 
     def __init__(self, console: Console, quiet: bool = False, interrupt: "_Interrupt | None" = None):
         self.console, self.last, self.quiet, self.interrupt = console, None, quiet, interrupt
+        self.at: tuple[str, int, int] | None = None   # the last (stage, done, total) reported
 
     def __call__(self, stage, done, total, best):
+        self.at = (stage, done, total)
         if self.interrupt is not None and self.interrupt.pressed and best is not None \
                 and done < total:
             raise KeyboardInterrupt  # the search catches it and returns the best so far
@@ -459,14 +466,35 @@ class _Progress:
         if key == self.last:
             return
         self.last = key
-        what = {"meshes": "meshes", "recompute": "CP-SAT recompute refinement",
-                "search": "candidates",
-                "refine": "refinement of the best candidates"}.get(stage, stage)
-        msg = f"searching {what}: {done}/{total}"
+        msg = f"searching {self.WHAT.get(stage, stage)}: {done}/{total}"
         if best is not None:
             msg += (f", best so far {best.step_time_s:.3f} s/step (tp={best.config.tp} "
                     f"pp={best.config.pp} dp={best.config.dp} cp={best.config.cp})")
         self.console.print(msg, style="dim", highlight=False)
+
+    def cause(self) -> str:
+        """What stopped an incomplete search: ``"interrupt"`` (Ctrl-C) or ``"time limit"``."""
+        return ("interrupt" if self.interrupt is not None and self.interrupt.pressed
+                else "time limit")
+
+    def why(self) -> str:
+        """:meth:`cause` for a sentence: ``"the interrupt"`` or ``"the time limit"``."""
+        return f"the {self.cause()}"
+
+    def stopped(self, search) -> None:
+        """After a search that did not finish (``search``: the plan's
+        :class:`~autopar.plan.SearchStats`): the line that says where it stopped and why, e.g.
+        ``search stopped by the interrupt at 12/210 meshes (35 configurations estimated)``."""
+        if self.quiet or search.complete:
+            return
+        where = ""
+        if self.at is not None:
+            stage, done, total = self.at
+            where = f" at {done}/{total} {self.WHAT.get(stage, stage)}"
+        self.console.print(f"search stopped by {self.why()}{where} "
+                           f"({plural(search.evaluated, 'configuration')} estimated): the plan "
+                           "is the best found before it, not necessarily the best in the space",
+                           style="yellow", highlight=False)
 
 
 class _Interrupt:
@@ -571,8 +599,10 @@ def _print_trust(out: Console, e) -> None:
 
 
 def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
+    progress = _Progress(err, args.json, interrupt)
     plan, result = search_plan(problem, fixed, time_limit_s=args.time_limit, top_k=args.top_k,
-                               progress=_Progress(err, args.json, interrupt))
+                               progress=progress)
+    progress.stopped(plan.search)
     if args.out:
         plan.to_json(args.out)
     exported = _export(args, plan)
@@ -612,9 +642,9 @@ def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
     # gap = (best - bound) / best, so the best plan left unseen is at most best / bound - 1
     # faster (a gap of 1: no bound)
     stopped = "" if s.complete else (
-        f" (stopped early: best so far, at most {s.gap / (1 - s.gap):.1%} slower than the best "
-        "in the space)" if s.gap < 1 else " (stopped early: best so far; how far it is from "
-        "the best in the space is not bounded)")
+        f" (stopped by {progress.why()}: best so far, at most {s.gap / (1 - s.gap):.1%} slower "
+        "than the best in the space)" if s.gap < 1 else f" (stopped by {progress.why()}: best "
+        "so far; how far it is from the best in the space is not bounded)")
     margin = (f"; {s.memory_margin:.0%} of each GPU's memory kept free" if s.memory_margin
               else "")
     out.print(f"search: {plural(s.evaluated, 'configuration')}, "
@@ -686,8 +716,10 @@ def _cmd_estimate(args, problem, par, notes, out) -> dict:
 
 
 def _cmd_explain(args, problem, fixed, out, err, interrupt=None) -> dict:
+    progress = _Progress(err, args.json, interrupt)
     plan, _ = search_plan(problem, fixed, time_limit_s=args.time_limit, top_k=args.top_k,
-                          progress=_Progress(err, args.json, interrupt))
+                          progress=progress)
+    progress.stopped(plan.search)
     best = plan.estimate
     ref = _compare_estimate(args, problem)
     comps, skipped = named_alternatives(problem, plan,
@@ -696,22 +728,34 @@ def _cmd_explain(args, problem, fixed, out, err, interrupt=None) -> dict:
     if args.plot:
         from ..report.plots import plot_comparison
         plot_comparison([("best", best)] + [(c.name, c.other) for c in comps], args.plot)
+    s = plan.search
     data = {"best": best.to_dict(), "comparisons": [c.to_dict() for c in comps],
-            "skipped": skipped}
+            "skipped": skipped,
+            "search": {"complete": s.complete, "gap": s.gap, "evaluated": s.evaluated,
+                       "meshes": s.meshes,
+                       "stopped_by": None if s.complete else progress.cause()}}
     if money:
         data["run_cost"] = [{"plan": n, **m} for n, _, m in money]
     if args.json:
         return data
     c = best.config
     band = f" {best.error_band.text()}" if best.error_band else ""
-    out.print(f"[bold]Best plan[/bold]: tp={c.tp} pp={c.pp} dp={c.dp} cp={c.cp} zero="
+    head = "Best plan" if s.complete else f"Best plan found before {progress.why()}"
+    out.print(f"[bold]{head}[/bold]: tp={c.tp} pp={c.pp} dp={c.dp} cp={c.cp} zero="
               f"{c.zero_stage} recompute={c.recompute if isinstance(c.recompute, str) else 'mixed'}"
               f" mbs={c.micro_batch_size} v={c.virtual_stages} schedule={c.schedule}: "
               f"{best.step_time_s:.3f} s/step{band}, MFU {best.mfu * 100:.1f}%, "
               f"{best.memory_per_gpu_bytes / 1e9:.1f} GB per GPU.", highlight=False)
     for label, text in trust_lines(best):
         out.print(f"{label}: {text}", highlight=False, markup=False)
-    out.print(tables.comparison_table(comps))
+    if not s.complete:
+        faster = [cmp.name for cmp in comps if UNREACHED in cmp.note]
+        out.print(f"The search was stopped by {progress.why()}: this plan is the best it had "
+                  "found, not necessarily the best in the space"
+                  + (f"; faster layouts below it had not reached: {', '.join(faster)}"
+                     if faster else "") + ". Run without the stop for the best plan.",
+                  style="yellow", highlight=False, markup=False)
+    out.print(tables.comparison_table(comps, s.complete))
     for cmp in comps:
         out.print("- " + cmp.sentence(), highlight=False)
     for s in skipped:

@@ -12,7 +12,7 @@ Everything is in SI (seconds, bytes); the sentences convert at the edge (GB = 1e
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from .. import api
 from ..config import ParallelConfig, TrainingConfig
@@ -23,6 +23,7 @@ from ..errors import AutoparError, InfeasibleError, InvalidParallelConfig
 from ..plan import Plan
 from ..search.margin import check_margin, search_with_margin
 from ..search.optimize import SearchResult, search
+from ..search.ranking import tied
 
 #: How link classes are written in sentences.
 LINK_NAMES = {"nvlink": "NVLink", "nvswitch": "NVSwitch", "pcie": "PCIe",
@@ -241,6 +242,8 @@ class Comparison:
         memory: memory components that differ, largest first.
         comm: communication seconds per link class that differ, largest first.
         note: why no fitting plan exists under this name, when none does.
+        base_name: how sentences name ``base`` ("the best"; "the plan found" when a stopped
+            search found it).
     """
 
     name: str
@@ -250,6 +253,7 @@ class Comparison:
     memory: tuple[Difference, ...]
     comm: tuple[Difference, ...]
     note: str = ""
+    base_name: str = "the best"
 
     @property
     def slowdown_s(self) -> float:
@@ -263,7 +267,7 @@ class Comparison:
         verdict = "slower" if self.slowdown_s > 0 else "faster"
         diff = ", ".join(config_diff(b.config, o.config)) or "same configuration"
         if abs(pct) < 0.05:
-            head = f"{self.name} ({diff}): same step time as the best within 0.05%"
+            head = f"{self.name} ({diff}): same step time as {self.base_name} within 0.05%"
         else:
             head = (f"{self.name} ({diff}): {fmt_s(abs(self.slowdown_s))}/step {verdict} "
                     f"({pct:+.1f}%), MFU {o.mfu * 100:.1f}% vs {b.mfu * 100:.1f}%")
@@ -392,12 +396,15 @@ def named_alternatives(problem: Problem, plan: Plan, extra=()) -> tuple[list[Com
                                                                          list[str]]:
     """Compare ``plan`` with the canonical layouts (:func:`canonical_alternatives`, each the
     best plan with those choices pinned), TP laid across nodes, the plan's first three runners-up
-    and ``extra`` ``(name, estimate)`` pairs.
+    and ``extra`` ``(name, estimate)`` pairs. When ``plan``'s search was stopped
+    (``plan.search.complete`` False), sentences name it "the plan found" and a fitting layout
+    faster than it says so in its note (:data:`UNREACHED`).
 
     Returns:
         (comparisons, skipped): the comparisons, and one sentence per layout left out and why.
     """
     best = plan.estimate
+    complete = plan.search.complete
     comps: list[Comparison] = []
     skipped: list[str] = []
     seen: dict[str, str] = {}   # config repr -> the name it was first compared under
@@ -417,7 +424,7 @@ def named_alternatives(problem: Problem, plan: Plan, extra=()) -> tuple[list[Com
             skipped.append(f"{name}: {exc}")
             continue
         if repr(est.config) == repr(best.config):
-            skipped.append(f"{name}: it is the best plan itself.")
+            skipped.append(f"{name}: it is the {'best ' if complete else ''}plan itself.")
         else:
             add(est, name, note)
         if name.startswith("TP=") and "inside" in name:
@@ -431,7 +438,26 @@ def named_alternatives(problem: Problem, plan: Plan, extra=()) -> tuple[list[Com
         add(a, f"alternative {i + 1}")
     for name, est in extra:   # asked for by name: always its own row
         comps.append(compare(best, est, name))
+    if not complete:
+        comps = [_stopped(c) for c in comps]
     return comps, skipped
+
+
+#: The note on a layout faster than the plan of a search that was stopped (time limit, Ctrl-C).
+UNREACHED = ("Faster than the plan found: the search was stopped before it reached this "
+             "layout.")
+
+
+def _stopped(c: Comparison) -> Comparison:
+    """``c`` against the plan of a stopped search: its base named "the plan found", and
+    :data:`UNREACHED` added to its note when its plan fits and is faster than the base (beyond
+    :data:`autopar.search.ranking.TIE_RTOL`), which a sentence saying "faster" next to "the
+    best plan" hid."""
+    o, b = c.other, c.base
+    c = replace(c, base_name="the plan found")
+    if not o.fits or o.step_time_s >= b.step_time_s or tied(o.step_time_s, b.step_time_s):
+        return c
+    return replace(c, note=" ".join(filter(None, (c.note, UNREACHED))))
 
 
 def best_under(problem: Problem, fixed: dict) -> tuple[Estimate, str]:

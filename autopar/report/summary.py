@@ -166,5 +166,5 @@ def plan_summary(plan) -> str:
     s = plan.search
     lines.append(f"search           {plural(s.evaluated, 'configuration')}, "
                  f"{plural(s.meshes, 'mesh', 'meshes')}, "
-                 f"{s.wall_s:.2f} s{'' if s.complete else ' (stopped by time limit: best so far)'}")
+                 f"{s.wall_s:.2f} s{'' if s.complete else ' (stopped early: best so far)'}")
     return "\n".join(lines)

@@ -219,11 +219,16 @@ def fixes_table(base: Estimate, fixes: list[tuple[str, Estimate]]) -> Table:
     return t
 
 
-def comparison_table(comps: list[Comparison]) -> Table:
-    """One row per compared plan: slowdown, MFU, memory and the largest differences."""
-    t = _table("Why the best plan wins (differences: compared plan minus best)")
-    for col in ("plan", "config", "step s", "vs best", "MFU", "memory GB", "largest differences"):
-        t.add_column(col, justify="right" if col in ("step s", "vs best", "MFU", "memory GB")
+def comparison_table(comps: list[Comparison], complete: bool = True) -> Table:
+    """One row per compared plan: slowdown, MFU, memory and the largest differences
+    (``complete`` False: the base is the best plan a stopped search found, and is named so)."""
+    base = "best" if complete else "found"
+    t = _table("Why the best plan wins (differences: compared plan minus best)" if complete else
+               "The plan found before the search stopped, against other layouts (differences: "
+               "compared plan minus the plan found)")
+    for col in ("plan", "config", "step s", f"vs {base}", "MFU", "memory GB",
+                "largest differences"):
+        t.add_column(col, justify="right" if col in ("step s", f"vs {base}", "MFU", "memory GB")
                      else "left")
     for cmp in comps:
         o = cmp.other

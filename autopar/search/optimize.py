@@ -79,7 +79,12 @@ def search(cm: CostModel, fixed: dict | None = None, *, time_limit_s: float | No
         time_limit_s: stop after this many seconds and return the best so far with its gap
             (the limit binds once a first fitting plan is found).
         top_k: how many distinct plans to keep (the bound prunes against the k-th best).
-        progress: called as ``progress(stage, done, total, best_so_far)``.
+        progress: called as ``progress(stage, done, total, best_so_far)`` as the search goes
+            (stage ``"search"``: mesh groups, then ``"refine"``: phase-2 candidates), in that
+            order; the last call says where it ended: ``done == total`` when that stage
+            finished (what it left was bounded out), ``done < total`` (groups or candidates
+            searched) when a time limit or a KeyboardInterrupt stopped it. A callback may raise
+            KeyboardInterrupt to stop the search at its best so far.
         limits: bounds of the enumeration.
         require_fit: keep only configurations that fit in memory (False ranks everything by
             time: for judging published runs the memory model disagrees with).
@@ -127,6 +132,9 @@ def _search(cm: CostModel, fixed: dict | None, *, time_limit_s: float | None, to
     open_bound = math.inf
     allowed = space.recompute_modes(fixed, run.profile)
     candidates: list = []
+    # the last progress report: the stage the search was in and how far it got (a report of
+    # the end claimed every group searched after an interrupt, and came after phase 2's)
+    stage, refined = "search", 0
     try:
         for i, (bound, _key_g, base) in enumerate(groups):
             if progress:
@@ -138,11 +146,13 @@ def _search(cm: CostModel, fixed: dict | None, *, time_limit_s: float | None, to
                 break
             candidates.extend(coarse(run, base, fixed, limits, allowed))
             run.groups_done += 1
+        if run.complete:
+            if progress:  # every group searched or bounded out
+                progress("search", len(groups), len(groups), run.best)
+            stage = "refine"
         candidates.sort(key=lambda x: (x[0], repr(x[3])))
         small = len(candidates) <= limits.exhaustive_below
         for i, (t, _v, _zero, c) in enumerate(candidates):
-            if progress:
-                progress("refine", i, len(candidates), run.best)
             best = run.best.step_time_s if run.best is not None else math.inf
             if not small and t > best * (1 + limits.refine_within):
                 break
@@ -152,7 +162,10 @@ def _search(cm: CostModel, fixed: dict | None, *, time_limit_s: float | None, to
                 open_bound = min([open_bound] + [lower_bound(cm, cc)
                                                  for _t, _v2, _z2, cc in candidates[i:]])
                 break
+            if progress:
+                progress("refine", i, len(candidates), run.best)
             refine(run, c, fixed, allowed)
+            refined = i + 1
     except KeyboardInterrupt:
         # Ctrl-C: keep what was found; an empty result re-raises so the caller can stop
         if run.best is None:
@@ -160,7 +173,17 @@ def _search(cm: CostModel, fixed: dict | None, *, time_limit_s: float | None, to
         run.complete = False
         open_bound = 0.0
     if progress:
-        progress("search", len(groups), len(groups), run.best)
+        total = len(groups) if stage == "search" else len(candidates)
+        # stopped: how far the stage got; finished: all of it (the rest bounded out)
+        done = (run.groups_done if stage == "search" else refined) if not run.complete \
+            else total
+        try:
+            progress(stage, done, total, run.best)
+        except KeyboardInterrupt:
+            # a callback stops a search by raising it (the CLI's first Ctrl-C); this one has
+            # stopped: keep its result
+            if run.best is None:
+                raise
     if run.best is None and not run.complete:
         raise InfeasibleError(
             f"no fitting plan found within time_limit_s={time_limit_s} ({run.groups_done} of "

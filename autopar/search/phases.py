@@ -26,7 +26,7 @@ from ..errors import AutoparError, InvalidParallelConfig
 from ..frameworks import FrameworkProfile
 from ..hardware.collectives import layout_of
 from . import space
-from .ranking import TIE_RTOL, better, kind_key, ranked
+from .ranking import TIE_RTOL, better, kind_key, more_frugal, ranked
 from .cuts import dp_cut, rank_recompute, some_cut_fits
 from .stages import best_recompute, cut_candidates
 
@@ -51,7 +51,7 @@ class Run:
         self.deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
         self.progress = progress
         self.kept: dict[str, Estimate] = {}
-        self.smallest: Estimate | None = None   # least memory seen, for infeasibility reports
+        self.smallest: Estimate | None = None   # most frugal seen, for infeasibility reports
         self.evaluated = 0
         self.complete = True
         self.best: Estimate | None = None
@@ -100,7 +100,7 @@ class Run:
         if self.profile.unsupported(e.config, moe=self.cm.graph.num_experts > 0) is not None:
             return None
         self.evaluated += 1
-        if self.smallest is None or e.memory_per_gpu_bytes < self.smallest.memory_per_gpu_bytes:
+        if self.smallest is None or more_frugal(e, self.smallest):
             self.smallest = e
         if e.fits or not self.require_fit:
             key = repr(e.config)

@@ -9,16 +9,20 @@
   text (a stable, total last resort: the same input always gives the same plan).
 - Plans of the same **kind** (:func:`kind_key`: the same degrees, ZeRO stage, recomputation,
   micro-batch and interleaving) differ only in choices a person rarely acts on (rank placement,
-  CP mode, stage cuts, schedule, sequence parallelism); runner-ups are shown one per kind, so
-  alternatives differ in something that matters and never repeat the best plan under another
-  placement that gives the same groups.
+  CP mode, stage cuts, schedule, sequence parallelism, FSDP's kept blocks, the blocks that
+  recompute otherwise than most); runner-ups are shown one per kind, so alternatives differ in
+  something that matters and never repeat the best plan under another placement that gives the
+  same groups.
+- The **most frugal** of a set (:func:`more_frugal`) takes the least memory per GPU; among equal
+  memory (within :data:`TIE_RTOL`) the smaller micro-batch, then the simpler plan.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
-from ..config import ParallelConfig
+from ..config import RECOMPUTE_MODES, ParallelConfig
 from ..cost.types import Estimate
 
 #: Relative tolerance under which two step times are equal (floating-point noise of the cost
@@ -78,9 +82,33 @@ def ranked(estimates: Iterable[Estimate]) -> list[Estimate]:
 
 def kind_key(c: ParallelConfig) -> tuple:
     """What makes two configurations different plans to a person: the degrees (tp, cp, pp, dp,
-    ep, expert tp), ZeRO stage, recomputation, micro-batch size and interleaving degree."""
-    return (c.tp, c.cp, c.pp, c.dp, c.ep, c.zero_stage, c.recompute, c.micro_batch_size,
+    ep, expert tp), ZeRO stage, recomputation, micro-batch size and interleaving degree.
+
+    A per-block recomputation (a tuple of modes) counts as the mode most of its blocks take
+    (of equal counts, the one that recomputes less): which few blocks differ follows from the stage cuts and the
+    memory left on each rank (e.g. by blocks that keep FSDP's gathered parameters), not from a
+    choice of its own. Counted per tuple, runner-ups that differed only in that
+    (``recompute 26 full+54 selective-op->29 full+51 selective-op, FSDP keeps 0->1 of 80 blocks
+    gathered``) were listed as different kinds."""
+    rc = c.recompute
+    if not isinstance(rc, str):
+        counts = Counter(rc)
+        rc = max(counts, key=lambda m: (counts[m], -RECOMPUTE_MODES.index(m)))
+    return (c.tp, c.cp, c.pp, c.dp, c.ep, c.zero_stage, rc, c.micro_batch_size,
             c.virtual_stages, c.expert_tp)
+
+
+def more_frugal(a: Estimate, b: Estimate) -> bool:
+    """True when ``a`` is more memory-frugal than ``b``: less memory per GPU beyond
+    :data:`TIE_RTOL`, or equal memory and a smaller micro-batch, then simpler
+    (:func:`simplicity_key`). Memory often ties exactly across micro-batches (under full
+    recomputation the peak can be the optimizer step's, the same for every micro-batch); the
+    first one seen then used to be named, e.g. mbs 8 when mbs 1 needs as much."""
+    ma, mb = a.memory_per_gpu_bytes, b.memory_per_gpu_bytes
+    if tied(ma, mb):
+        return ((a.config.micro_batch_size, *simplicity_key(a))
+                < (b.config.micro_batch_size, *simplicity_key(b)))
+    return ma < mb
 
 
 def one_per_kind(estimates: Iterable[Estimate]) -> list[Estimate]:
