@@ -44,6 +44,13 @@ _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.fl
 #: GPT-3's and Llama 2's batches: Brown et al. 2020 Table 2.1; Touvron et al. 2023).
 DEFAULT_TOKENS_PER_STEP = 2 ** 22
 
+#: Most tokens per step of a default global batch: 16M (2**24), the batch Llama 3 405B reached
+#: on 16,384 H100 (Dubey et al. 2024, arXiv 2407.21783, section 3.4.1: "we double the batch
+#: size again to 16M"). Rounding ~4M tokens up to a multiple of the GPU count gave 100,000 GPUs
+#: 819M tokens per step; past this cap the default is a multiple of a divisor of the GPU count
+#: (a data-parallel degree the search can pick) of at most 16M tokens.
+MAX_DEFAULT_TOKENS_PER_STEP = 2 ** 24
+
 
 def as_cluster(cluster: Cluster | str) -> Cluster:
     """A :class:`Cluster` from a cluster or a spec string.
@@ -78,12 +85,14 @@ MAX_DEFAULT_SEQ_LEN = 8192
 
 
 def default_training(model_cfg: ModelConfig | None, cluster: Cluster, seq_len: int | None = None,
-                     model=None) -> TrainingConfig:
+                     model=None, unit: int | None = None) -> TrainingConfig:
     """The training config used when none is given: ``seq_len`` when given, else the model's
     sequence length (a Hugging Face preset's ``max_position_embeddings`` up to
     :data:`MAX_DEFAULT_SEQ_LEN`; 2048 for a module), and a global batch of about
     :data:`DEFAULT_TOKENS_PER_STEP` tokens at that length, rounded up to a multiple of the GPU
-    count."""
+    count, or, where that would exceed :data:`MAX_DEFAULT_TOKENS_PER_STEP` tokens, the largest
+    multiple of the largest divisor of the GPU count that stays within it
+    (:func:`default_batch_note` says which). ``unit``: as :func:`default_global_batch`."""
     if seq_len is not None:
         seq = seq_len
     elif model_cfg is not None:
@@ -93,10 +102,49 @@ def default_training(model_cfg: ModelConfig | None, cluster: Cluster, seq_len: i
         seq = min(positions, MAX_DEFAULT_SEQ_LEN) if positions else 2048
     else:
         seq = 2048
-    world = cluster.world_size
-    gbs = max(1, DEFAULT_TOKENS_PER_STEP // seq)
-    gbs = -(-gbs // world) * world
-    return TrainingConfig(global_batch_size=gbs, seq_len=seq)
+    return TrainingConfig(global_batch_size=default_global_batch(cluster.world_size, seq, unit),
+                          seq_len=seq)
+
+
+def default_global_batch(world: int, seq_len: int, unit: int | None = None) -> int:
+    """Sequences per step when none is given, for ``world`` GPUs and ``seq_len`` tokens per
+    sequence (:func:`default_training`): about :data:`DEFAULT_TOKENS_PER_STEP` tokens rounded up
+    to a multiple of ``unit`` (default ``world``), at most :data:`MAX_DEFAULT_TOKENS_PER_STEP`
+    tokens unless one ``unit`` of sequences is more. ``unit``: the data-parallel degree times
+    the micro-batch when the user fixed them (the batch must be a multiple of it); left None,
+    past the cap the batch is a multiple of the largest divisor of ``world`` within it, so a
+    searched data-parallel degree divides it."""
+    base = max(1, DEFAULT_TOKENS_PER_STEP // seq_len)
+    cap = max(1, MAX_DEFAULT_TOKENS_PER_STEP // seq_len)
+    step = unit or world
+    gbs = -(-base // step) * step
+    if gbs <= cap:
+        return gbs
+    if unit is not None:
+        return max(unit, cap // unit * unit)
+    d = max(k for k in range(1, min(world, cap) + 1) if world % k == 0)
+    return cap // d * d
+
+
+def default_batch_note(train: TrainingConfig, world: int, unit: int | None = None) -> str:
+    """A note stating a defaulted global batch (:func:`default_global_batch` of ``world`` GPUs
+    and ``unit``), why it has that size, and how to set it."""
+    gbs, seq = train.global_batch_size, train.seq_len
+    tokens = gbs * seq
+    step = unit or world
+    of = f"the {world:,} GPUs" if unit is None else f"dp x micro-batch = {unit:,}"
+    why = f"about {DEFAULT_TOKENS_PER_STEP / 2 ** 20:.0f}M tokens rounded up to a multiple of {of}"
+    cap = (f"{MAX_DEFAULT_TOKENS_PER_STEP / 2 ** 20:.0f}M tokens, the batch Llama 3 405B reached "
+           f"on 16,384 H100 (arXiv 2407.21783, sec. 3.4.1)")
+    if tokens > MAX_DEFAULT_TOKENS_PER_STEP:
+        why += f"; above the default's cap of {cap}: one sequence per data-parallel replica"
+    elif -(-max(1, DEFAULT_TOKENS_PER_STEP // seq) // step) * step != gbs:
+        why = (f"capped at {cap}; a multiple of "
+               + ("the largest divisor of the " + f"{world:,} GPUs" if unit is None else of)
+               + " within it")
+    return (f"no global batch given: using {gbs:,} sequences x {seq:,} tokens = "
+            f"{tokens / 1e6:,.1f}M tokens per step ({why}); set it with --global-batch "
+            "(TrainingConfig(global_batch_size=...) in Python)")
 
 
 def model_graph(model, train: TrainingConfig) -> tuple[ModelGraph, ModelConfig | None]:

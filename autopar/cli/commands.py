@@ -73,7 +73,8 @@ def _common(p: argparse.ArgumentParser, plot: str) -> None:
                    help="cluster spec NODESxGPUSxGPU[+NICSxLINK] or TOTALxGPU, e.g. 4x8xA100-80GB "
                    "(required, except with estimate --plan)")
     p.add_argument("--global-batch", type=int, default=None,
-                   help="sequences per optimizer step (default: ~4M tokens, a multiple of GPUs)")
+                   help="sequences per optimizer step (default: ~4M tokens, a multiple of GPUs, "
+                        "at most 16M tokens; a note states it)")
     p.add_argument("--seq-len", type=int, default=None,
                    help="tokens per sequence (default: the model's)")
     p.add_argument("--precision", default=None, choices=["bf16", "fp16", "fp32", "fp8"],
@@ -94,7 +95,11 @@ def _common(p: argparse.ArgumentParser, plot: str) -> None:
     p.add_argument("--tokens", type=_positive_float, default=None,
                    help="tokens of the whole training run, e.g. 2e12: prints days and GPU-hours")
     p.add_argument("--price-per-gpu-hour", type=_positive_float, default=None,
-                   help="rental price of one GPU for one hour (with --tokens: cost of the run)")
+                   help="rental price of one GPU for one hour (with --tokens: cost of the run), "
+                        "in --currency")
+    p.add_argument("--currency", default="USD",
+                   help="ISO 4217 code of --price-per-gpu-hour's currency, stated with the cost "
+                        "(default USD; autopar converts nothing)")
     p.add_argument("--calibration", metavar="FILE", default=None,
                    help="calibration file from `autopar calibrate` on the cluster's GPUs: its "
                         "measurements replace the datasheet constants")
@@ -380,6 +385,36 @@ def _plan_problem(args) -> tuple[Problem, dict, list[str]]:
     return problem, par, [*notes, *_derived_notes(before, par, world, bool(args.cluster))]
 
 
+def free_fraction(e) -> float:
+    """The share of the GPU's memory an estimate leaves free (negative when it does not fit)."""
+    return 1.0 - e.memory_per_gpu_bytes / e.memory_limit_bytes
+
+
+def _plan_command(args, train: TrainingConfig) -> str:
+    """The ``autopar plan`` command that searches the problem ``estimate`` was given."""
+    words = ["autopar plan", f"--model {args.model}" if args.model else "",
+             f"--cluster {args.cluster}" if args.cluster else "",
+             f"--global-batch {train.global_batch_size}", f"--seq-len {train.seq_len}",
+             f"--precision {train.precision}" if train.precision != "bf16" else "",
+             f"--framework {train.framework}" if train.framework != "torch" else "",
+             "--no-flash-attention" if not train.flash_attention else "",
+             "--optimizer-offload" if train.optimizer_offload else ""]
+    return " ".join(w for w in words if w)
+
+
+def _batch_unit(args, par: dict, world: int) -> int | None:
+    """What a defaulted global batch must be a multiple of: dp x micro-batch when the user fixed
+    dp, or, for ``estimate``, when the degrees given leave it (dp = the GPUs over tp x pp x cp);
+    None when the search picks dp (:func:`autopar.api.default_global_batch`)."""
+    dp = par.get("dp")
+    if dp is None and args.command == "estimate":
+        rest = par.get("tp", 1) * par.get("pp", 1) * par.get("cp", 1)
+        dp = world // rest if rest > 0 and world % rest == 0 else None
+    if dp is None:
+        return None
+    return dp * (par.get("micro_batch_size") or 1)
+
+
 def _problem(args) -> tuple[Problem, dict, list[str]]:
     """The problem, the parallel choices the user gave, and notes on imported settings."""
     from .. import api
@@ -415,8 +450,10 @@ def _problem(args) -> tuple[Problem, dict, list[str]]:
             notes.append(f"ignored for {_framework(args)}: Megatron-LM's "
                          + ", ".join(sorted(imp.cost_sources.values())))
     par.update(_parallel(args))
+    unit = _batch_unit(args, par, cluster.world_size)
     default = api.default_training(api._model_config(model), cluster,
-                                   seq_len=args.seq_len or tr.get("seq_len"), model=model)
+                                   seq_len=args.seq_len or tr.get("seq_len"), model=model,
+                                   unit=unit)
     mbs = par.get("micro_batch_size", tr.get("micro_batch_size"))
     train = TrainingConfig(
         global_batch_size=(args.global_batch if args.global_batch is not None
@@ -427,6 +464,8 @@ def _problem(args) -> tuple[Problem, dict, list[str]]:
         flash_attention=not args.no_flash_attention, framework=_framework(args),
         optimizer_offload=args.optimizer_offload,
         optimizer_state_dtype=args.optimizer_state_dtype or "fp32")
+    if args.global_batch is None and not tr.get("global_batch_size"):
+        notes.append(api.default_batch_note(train, cluster.world_size, unit))
     if args.calibration:
         from ..calibrate import calibrated, load_calibration
         cal = calibrated(cluster, None, load_calibration(args.calibration), train.precision)
@@ -530,9 +569,38 @@ def _money(args, rows):
             raise InvalidTrainingConfig("--price-per-gpu-hour needs --tokens (the run's length). "
                                         "Fix: add e.g. --tokens 2e12.")
         return None
+    currency = _currency(args)
     return [(name, e, run_cost(e, args.tokens, args.price_per_gpu_hour,
-                               e.config.tp * e.config.pp * e.config.cp * e.config.dp))
+                               e.config.tp * e.config.pp * e.config.cp * e.config.dp,
+                               currency=currency))
             for name, e in rows]
+
+
+def _currency(args) -> str:
+    """``--currency`` as an upper-case ISO 4217 code.
+
+    Raises:
+        InvalidTrainingConfig: not three letters.
+    """
+    code = str(getattr(args, "currency", None) or "USD")
+    if not (len(code) == 3 and code.isascii() and code.isalpha()):
+        raise InvalidTrainingConfig(f"--currency {code!r} is not an ISO 4217 currency code. Fix: "
+                                    "three letters, e.g. --currency EUR (default USD)")
+    return code.upper()
+
+
+def json_units(currency: str) -> dict:
+    """The ``units`` object of the JSON output: the unit of each field whose name carries none
+    (top-level names end in ``_s``, ``_bytes``, ``_per_s``), wherever that field appears (a
+    plan's estimate and alternatives, explain's best plan and comparisons)."""
+    return {"time_breakdown": "s", "memory_breakdown": "bytes",
+            "stage_memory_breakdown": "bytes", "mfu": "fraction of peak FLOP/s",
+            "hfu": "fraction of peak FLOP/s",
+            "error_band": {"half_width": "fraction of step_time_s", "bias": "fraction"},
+            "free_memory_fraction": "fraction of memory_limit_bytes",
+            "search_memory_margin": "fraction of memory_limit_bytes",
+            "run_cost": {"seconds": "s", "days": "days of 86,400 s", "gpu_hours": "GPU-hours",
+                         "cost": currency, "price_per_gpu_hour": f"{currency} per GPU-hour"}}
 
 
 def _compare_estimate(args, problem: Problem):
@@ -670,11 +738,18 @@ def _cmd_estimate(args, problem, par, notes, out) -> dict:
     if args.plot:
         from ..report.plots import plot_overview
         plot_overview(est, args.plot)
+    from ..search.margin import default_margin
+    margin = default_margin()
     data = {**est.to_dict(), "notes": notes,
             "verdict": "fits" if est.fits else "out of memory",
             "fixes": [{"change": t, "fits": e.fits, "step_time_s": e.step_time_s, "mfu": e.mfu,
                        "hfu": e.hfu, "memory_per_gpu_bytes": e.memory_per_gpu_bytes,
+                       "free_memory_fraction": free_fraction(e),
+                       "below_search_margin": e.fits and free_fraction(e) < margin,
                        "config": e.config.to_dict()} for t, e in fixes]}
+    if fixes:
+        data["search_memory_margin"] = margin
+        data["plan_command"] = _plan_command(args, problem.cost_model.train)
     if money:
         data["run_cost"] = [{"plan": n, **m} for n, _, m in money]
     if args.json:
@@ -701,15 +776,25 @@ def _cmd_estimate(args, problem, par, notes, out) -> dict:
                   f"{est.peak_stage}, {need - have:.1f} GB over the {have:.1f} GB GPU (largest: "
                   + ", ".join(f"{k} {v / 1e9:.1f} GB" for k, v in big) + "). Its MFU "
                   f"({est.mfu * 100:.1f}%) cannot be reached as configured.")
-        out.print(tables.fixes_table(est, fixes))
+        out.print(tables.fixes_table(est, fixes, margin))
         fit = [(t, e) for t, e in fixes if e.fits]
+        command = data["plan_command"]
         if fit:
             t, e = fit[0]
             out.print(f"Fastest change that fits: {t}: {e.step_time_s:.3f} s/step, MFU "
                       f"{e.mfu * 100:.1f}% (HFU {e.hfu * 100:.1f}%), "
                       f"{e.memory_per_gpu_bytes / 1e9:.1f} GB per GPU.", highlight=False)
+            if free_fraction(e) < margin:
+                out.print(f"[yellow]It leaves {free_fraction(e):.1%} of the GPU's memory free, "
+                          f"less than the {margin:.0%} the search keeps for the memory model's "
+                          "error[/yellow] (--memory-margin): it may not fit on the first try.",
+                          highlight=False)
+            out.print("These are one or two changes to your configuration; the search weighs "
+                      "every mesh, recomputation and schedule and may find a faster plan that "
+                      f"fits: {command}", highlight=False, markup=False)
         else:
-            out.print("None of these single or paired changes fits; try `autopar plan`.")
+            out.print("None of these single or paired changes fits; the search weighs every "
+                      f"mesh and recomputation: {command}", highlight=False, markup=False)
     if money:
         out.print(tables.money_table(money, args.tokens))
     return data
@@ -822,6 +907,7 @@ def run(argv=None) -> int:
 def _finish(args, data: dict, err: Console) -> None:
     """Print ``data`` as JSON with ``--json``; note the plot file otherwise."""
     if args.json:
+        data = {**data, "units": json_units(_currency(args))}
         print(json.dumps(data, indent=2, sort_keys=True, default=str))
     if args.plot and not args.json:
         err.print(f"wrote {args.plot}", style="dim")

@@ -16,8 +16,10 @@ Bytes recorded are **bytes on the wire per GPU**: what one GPU sends (and, in a 
 much) for a collective whose message is ``nbytes`` in the nccl-tests convention, as a ring
 algorithm moves it: 2(n-1)/n x nbytes for all-reduce, (n-1)/n x nbytes for all-gather,
 reduce-scatter and all-to-all, nbytes for send/recv (nccl-tests' "bus bytes", the factor of
-:func:`autopar.hardware.collectives.bus_factor`). Tree or hierarchical algorithms, which the
-timing may pick, move about as much per GPU over the bottleneck link.
+:func:`autopar.hardware.collectives.bus_factor`). The per-link ledger books them to the links the
+algorithm the timing picks really uses (:func:`autopar.hardware.collectives.link_load`): a
+hierarchical all-reduce sends most of them over NVLink and a 1/g shard through the NICs, g
+being the group's GPUs per node, so a link's bytes over its seconds never exceed its bandwidth.
 """
 
 from __future__ import annotations
@@ -26,24 +28,37 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from ..graph.types import Layer
-from ..hardware.collectives import bus_factor
+from ..hardware.collectives import NO_LOAD, LinkLoad, bus_factor
 
 
 @dataclass
 class CommLedger:
-    """Bytes on the wire (what one GPU sends) and seconds spent per link class and per
-    parallelism, for one GPU and step."""
+    """Bytes on the wire (what one GPU sends) and the seconds each link class carries them, per
+    link class, and bytes per parallelism, for one GPU and step.
 
+    Attributes:
+        intra, inter: the cluster's link class names (:attr:`autopar.hardware.Cluster.link_classes`),
+            where a :class:`LinkLoad`'s intra-node and NIC parts are booked.
+    """
+
+    intra: str
+    inter: str | None = None
     bytes_by_link: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     seconds_by_link: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    seconds_by_kind: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    bytes_by_kind: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    kinds_by_link: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
 
-    def add(self, kind: str, link: str, nbytes: float, seconds: float, times: float = 1.0) -> None:
-        """Record ``times`` collectives each sending ``nbytes`` on the wire from this GPU and
-        taking ``seconds``."""
-        self.bytes_by_link[link] += nbytes * times
-        self.seconds_by_link[link] += seconds * times
-        self.seconds_by_kind[kind] += seconds * times
+    def add(self, kind: str, load: LinkLoad, times: float = 1.0) -> None:
+        """Record ``times`` x ``load`` (bytes this GPU sends and seconds each link carries
+        them) for parallelism ``kind`` ("tp", "dp", ...); links that carry nothing stay out."""
+        for link, nbytes, seconds in ((self.intra, load.intra_bytes, load.intra_s),
+                                      (self.inter, load.inter_bytes, load.inter_s)):
+            if nbytes > 0 or seconds > 0:
+                self.bytes_by_link[link] += nbytes * times
+                self.seconds_by_link[link] += seconds * times
+                if kind not in self.kinds_by_link[link]:
+                    self.kinds_by_link[link].append(kind)
+        self.bytes_by_kind[kind] += load.nbytes * times
 
 
 class Collectives:
@@ -60,6 +75,7 @@ class Collectives:
         self.size = len(self.ranks)
         self.link = cluster.link_class(self.ranks) if self.size > 1 else "local"
         self._memo: dict[tuple[str, float], float] = {}
+        self._loads: dict[tuple[str, float], LinkLoad] = {}
 
     def time(self, op: str, nbytes: float) -> float:
         """Seconds for ``op`` on ``nbytes`` (nccl-tests size convention); 0 for one rank."""
@@ -71,6 +87,21 @@ class Collectives:
             t = self.cluster.collective_time(op, nbytes, self.ranks)
             self._memo[key] = t
         return t
+
+    def load(self, op: str, nbytes: float) -> LinkLoad:
+        """What ``op`` on ``nbytes`` puts on each link class per GPU, bytes and seconds
+        (:meth:`autopar.hardware.Cluster.collective_load`); nothing for one rank.
+
+        Raises:
+            InvalidParallelConfig: an unknown op.
+        """
+        if self.size <= 1 or nbytes <= 0:
+            return NO_LOAD
+        key = (op, float(nbytes))
+        hit = self._loads.get(key)
+        if hit is None:
+            hit = self._loads[key] = self.cluster.collective_load(op, nbytes, self.ranks)
+        return hit
 
     def wire_bytes(self, op: str, nbytes: float) -> float:
         """Bytes one GPU of the group sends for ``op`` on a message of ``nbytes`` (nccl-tests
@@ -119,18 +150,20 @@ def mlp_linear_reductions(layer: Layer) -> tuple[float, ...]:
 
 def tp_layer_comm(layer: Layer, group: Collectives, *, micro_batch: int, cp: int,
                   sequence_parallel: bool,
-                  mlp_per_linear: bool = False) -> tuple[float, float, float, float]:
-    """TP communication of one layer per micro-batch: (fwd_s, bwd_s, fwd_bytes, bwd_bytes).
+                  mlp_per_linear: bool = False) -> tuple[float, float, LinkLoad, LinkLoad]:
+    """TP communication of one layer per micro-batch: (fwd_s, bwd_s, fwd_load, bwd_load).
 
     Messages are the unsharded activation sizes (nccl-tests convention) scaled to the
-    micro-batch; the bytes returned are on the wire per GPU (:meth:`Collectives.wire_bytes`).
+    micro-batch; the loads are bytes on the wire per GPU and seconds per link
+    (:meth:`Collectives.load`).
     ``mlp_per_linear``: each column-parallel linear of the MLP reduces its own input gradient
     (:func:`mlp_linear_reductions`; with sequence parallelism, gathers its own input too).
     """
     if group.size <= 1:
-        return 0.0, 0.0, 0.0, 0.0
+        return 0.0, 0.0, NO_LOAD, NO_LOAD
     scale = micro_batch / cp
-    fwd = bwd = fb = bb = 0.0
+    fwd = bwd = 0.0
+    fb = bb = NO_LOAD
     rows = [r * scale for r in layer.tp_row_outputs]
     cols = [c * scale for c in layer.tp_column_inputs]
     if mlp_per_linear:
@@ -145,20 +178,20 @@ def tp_layer_comm(layer: Layer, group: Collectives, *, micro_batch: int, cp: int
         for r in rows:  # forward reduce-scatter, backward all-gather
             fwd += group.time("reduce_scatter", r)
             bwd += group.time("all_gather", r)
-            fb += group.wire_bytes("reduce_scatter", r)
-            bb += group.wire_bytes("all_gather", r)
+            fb += group.load("reduce_scatter", r)
+            bb += group.load("all_gather", r)
         for c in cols:  # forward all-gather, backward reduce-scatter
             fwd += group.time("all_gather", c)
             bwd += group.time("reduce_scatter", c)
-            fb += group.wire_bytes("all_gather", c)
-            bb += group.wire_bytes("reduce_scatter", c)
+            fb += group.load("all_gather", c)
+            bb += group.load("reduce_scatter", c)
     else:
         for r in rows:
             fwd += group.time("all_reduce", r)
-            fb += group.wire_bytes("all_reduce", r)
+            fb += group.load("all_reduce", r)
         for c in cols:
             bwd += group.time("all_reduce", c)
-            bb += group.wire_bytes("all_reduce", c)
+            bb += group.load("all_reduce", c)
     return fwd, bwd, fb, bb
 
 
@@ -196,9 +229,10 @@ def split_expert_tp(layer: Layer) -> tuple[Layer, Layer]:
 
 def cp_layer_comm(layer: Layer, group: Collectives, *, micro_batch: int, tp: int,
                   attention_fwd_s: float, mode: str = "ring",
-                  overlap: float = 1.0) -> tuple[float, float, float]:
-    """Exposed context-parallel communication of one block: (fwd_s, bwd_s, bytes on the wire per
-    GPU and micro-batch, forward + backward).
+                  overlap: float = 1.0) -> tuple[float, float, LinkLoad]:
+    """Exposed context-parallel communication of one block: (fwd_s, bwd_s, the load: bytes on
+    the wire per GPU and micro-batch, forward + backward, and the seconds the links carry them
+    before overlap).
 
     Modes (sequence split over cp ranks, heads over tp):
       ring: cp - 1 steps each sending this rank's K and V shard to the ring neighbour while the
@@ -210,7 +244,7 @@ def cp_layer_comm(layer: Layer, group: Collectives, *, micro_batch: int, tp: int
         (Llama 3, Dubey et al. 2024, section 3.3.2). Exposed.
     """
     if group.size <= 1 or layer.attention_heads == 0:
-        return 0.0, 0.0, 0.0
+        return 0.0, 0.0, NO_LOAD
     attn = [o for o in layer.ops if o.kind == "attention"]
     cp = group.size
     q_heads, kv = layer.attention_heads, layer.kv_heads
@@ -222,13 +256,12 @@ def cp_layer_comm(layer: Layer, group: Collectives, *, micro_batch: int, tp: int
     out_bytes = qkv_bytes * q_heads / (q_heads + 2 * kv)
     if mode == "ulysses":
         fwd = group.time("all_to_all", qkv_bytes / cp) + group.time("all_to_all", out_bytes / cp)
-        return fwd, fwd, 2 * (group.wire_bytes("all_to_all", qkv_bytes / cp)
-                              + group.wire_bytes("all_to_all", out_bytes / cp))
+        return fwd, fwd, (group.load("all_to_all", qkv_bytes / cp)
+                          + group.load("all_to_all", out_bytes / cp)).scaled(2)
     if mode == "allgather":
         fwd = group.time("all_gather", kv_bytes)
         bwd = group.time("reduce_scatter", kv_bytes)
-        return fwd, bwd, (group.wire_bytes("all_gather", kv_bytes)
-                          + group.wire_bytes("reduce_scatter", kv_bytes))
+        return fwd, bwd, group.load("all_gather", kv_bytes) + group.load("reduce_scatter", kv_bytes)
     shard = kv_bytes / cp
     step = group.time("send_recv", shard)
     steps = cp - 1
@@ -236,7 +269,7 @@ def cp_layer_comm(layer: Layer, group: Collectives, *, micro_batch: int, tp: int
     fwd = max(0.0, steps * (step - per_step_compute))
     bwd = max(0.0, steps * (2 * step - 2.5 * per_step_compute))
     # each step sends the K/V shard forward; backward sends K/V and dK/dV (send/recv: wire = message)
-    return fwd, bwd, shard * steps * 3
+    return fwd, bwd, group.load("send_recv", shard).scaled(steps * 3)
 
 
 def overlapped_comm(comm_s: float, window_s: float, share: float) -> tuple[float, float]:

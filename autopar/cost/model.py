@@ -23,6 +23,7 @@ from ..frameworks.memory import MemoryConventions
 from ..graph.kernels import ATTENTION_BACKWARD_RATIO
 from ..graph.types import ModelGraph
 from . import memory as mem
+from ..hardware.collectives import NO_LOAD, LinkLoad
 from ..hardware.nccl import compute_share_taken, local_nics
 from .comm import (Collectives, CommLedger, cp_layer_comm, overlapped_comm, split_expert_tp,
                    tp_layer_comm)
@@ -47,9 +48,9 @@ class BlockCost:
     """One layer's cost per micro-batch on one GPU under one recompute mode.
 
     Times in seconds (fwd_s/bwd_s include TP and CP communication; bwd_s includes recompute;
-    ``tp_s`` is the exposed TP time, ``tp_link_s`` the time the TP collectives occupy the link),
-    communication bytes on the wire per GPU and micro-batch (see :mod:`autopar.cost.comm`),
-    FLOPs per GPU.
+    ``tp_s`` is the exposed TP time), communication per GPU and micro-batch as
+    :class:`~autopar.hardware.collectives.LinkLoad` (bytes on the wire and the seconds each link
+    carries them before overlap, see :mod:`autopar.cost.comm`), FLOPs per GPU.
     """
 
     fwd_s: float
@@ -57,15 +58,29 @@ class BlockCost:
     compute_s: float
     tp_s: float
     cp_s: float
-    tp_bytes: float
-    cp_bytes: float
+    tp_load: LinkLoad
+    cp_load: LinkLoad
     recompute_flops: float
     act_bytes: float
     transient_bytes: float
     ep_s: float = 0.0
-    ep_bytes: float = 0.0
+    ep_load: LinkLoad = NO_LOAD
     wgrad_s: float = 0.0
-    tp_link_s: float = 0.0
+
+    @property
+    def tp_bytes(self) -> float:
+        """TP bytes on the wire per GPU and micro-batch, all links."""
+        return self.tp_load.nbytes
+
+    @property
+    def cp_bytes(self) -> float:
+        """CP bytes on the wire per GPU and micro-batch, all links."""
+        return self.cp_load.nbytes
+
+    @property
+    def ep_bytes(self) -> float:
+        """EP all-to-all bytes on the wire per GPU and micro-batch, all links."""
+        return self.ep_load.nbytes
 
 
 @dataclass(frozen=True)
@@ -77,14 +92,14 @@ class StageLayout:
         flight: micro-batch-chunk units of activations held at the peak divided by the rank's
             chunk count, i.e. the multiplier of one micro-batch's activations of its layers.
         p2p_s: pipeline send/recv seconds per micro-batch (forward + backward).
-        p2p_bytes: bytes the rank sends per micro-batch: activations to the next chunk, input
-            gradients to the previous one (send/recv: bytes on the wire = the message).
+        p2p_load: what the rank sends per micro-batch, activations to the next chunk and input
+            gradients to the previous one (send/recv: bytes on the wire = the message), and the
+            seconds those sends take before overlap, on the link they cross (what the per-link
+            ledger shows).
         params: parameter elements on the rank (after TP sharding).
         states: (weights, gradients, optimizer states) bytes after ZeRO sharding.
         gather_bytes: ZeRO-3 working memory: the gathered parameters of the largest layer and
             the next one being prefetched (2 x its unsharded bytes).
-        p2p_send_s: seconds the rank's own sends (``p2p_bytes``) take per micro-batch, before
-            overlap (what the per-link ledger shows).
         edge_flight: (layer index, micro-batches) of the rank's non-block layers (embedding,
             head) whose chunk holds a count other than ``flight`` at the rank's peak (a rank
             with several chunks: :func:`autopar.cost.pipeline_orders.chunk_counts_at_peak`);
@@ -94,11 +109,10 @@ class StageLayout:
     layers: tuple[int, ...]
     flight: float
     p2p_s: float
-    p2p_bytes: float
+    p2p_load: LinkLoad
     params: float
     states: tuple[float, float, float]
     gather_bytes: float = 0.0
-    p2p_send_s: float = 0.0
     edge_flight: tuple[tuple[int, float], ...] = ()
 
     def flight_of(self, layer: int) -> float:
@@ -305,7 +319,6 @@ class CostModel:
         if mode == "full":  # the recomputed forward repeats its collectives
             tb += tf
             bb += fb
-        tp_link_s = tf + tb
         if self.profile.overlap_tp_comm and sp:
             # TP collectives split into chunks that run beside the GEMMs next to them
             # (Transformer Engine userbuffers, Wang et al. 2023 "Overlap communication with
@@ -319,10 +332,10 @@ class CostModel:
                 gemm_b += gemm_f
             tf = max(0.0, tf - self.params.dp_overlap * gemm_f)
             tb = max(0.0, tb - self.params.dp_overlap * gemm_b)
-        cf, cb, cbytes = cp_layer_comm(layer, self.group("cp", c), micro_batch=bscale, tp=tp,
+        cf, cb, cload = cp_layer_comm(layer, self.group("cp", c), micro_batch=bscale, tp=tp,
                                        attention_fwd_s=lt.attention_fwd_s, mode=c.cp_mode,
                                        overlap=self.params.dp_overlap)
-        ef = eb = 0.0
+        ef, eload = 0.0, NO_LOAD
         if c.ep > 1 and layer.num_experts:
             # dispatch and combine all-to-alls of the routed tokens (k copies of each) forward,
             # the same two backward (Lepikhin et al. 2020, GShard; Megatron-LM MoE)
@@ -330,10 +343,11 @@ class CostModel:
                       / (tp if sp else 1))
             ep_g = self.group("ep", c)
             ef = 2 * ep_g.time("all_to_all", routed)
-            eb = 4 * ep_g.wire_bytes("all_to_all", routed)
+            # the ledger's load: four all-to-alls, each on the link as long as it takes
+            eload = ep_g.load("all_to_all", routed).scaled(4)
             if mode == "full":
                 ef *= 1.5  # the recomputed forward dispatches again
-                eb *= 1.5
+                eload = eload.scaled(1.5)
         rec = lt.recompute_s(mode)
         # FLOPs the recomputed forward repeats (HFU), in MFU's convention: a causal attention
         # op at the half a causal kernel executes
@@ -371,9 +385,9 @@ class CostModel:
         # zero-bubble schedule; recomputation and communication stay with the input gradient
         bc = BlockCost(fwd_s=lt.fwd_s + tf + cf + ef / 2, bwd_s=lt.bwd_s + rec + tb + cb + ef / 2,
                        compute_s=lt.fwd_s + lt.bwd_s + rec, tp_s=tf + tb, cp_s=cf + cb,
-                       tp_bytes=fb + bb, cp_bytes=cbytes, recompute_flops=rflops,
-                       act_bytes=act, transient_bytes=transient, ep_s=ef, ep_bytes=eb,
-                       tp_link_s=tp_link_s, wgrad_s=lt.wgrad_s)
+                       tp_load=fb + bb, cp_load=cload, recompute_flops=rflops,
+                       act_bytes=act, transient_bytes=transient, ep_s=ef, ep_load=eload,
+                       wgrad_s=lt.wgrad_s)
         self._block_costs[key] = bc
         return bc
 
@@ -535,7 +549,7 @@ class CostModel:
         m = self.train.global_batch_size // (c.dp * c.micro_batch_size)
         pp_g = self.group("pp", c)
         bscale = c.micro_batch_size / g.micro_batch_size
-        p2p_s = p2p_bytes = p2p_send_s = 0.0
+        p2p_s, p2p_load = 0.0, NO_LOAD
 
         def boundary_bytes(layer: int) -> float:
             """Bytes of the activation a chunk ending in ``layer`` sends to the next one (its
@@ -547,17 +561,15 @@ class CostModel:
             if pp > 1 and sends and chunk:
                 nbytes = boundary_bytes(chunk[-1])
                 p2p_s += 2 * pp_g.time("send_recv", nbytes)
-                p2p_bytes += nbytes  # this rank sends the activation forward
-                p2p_send_s += pp_g.time("send_recv", nbytes)
+                p2p_load += pp_g.load("send_recv", nbytes)  # this rank sends the activation forward
             if pp > 1 and prev is not None:
-                p2p_bytes += boundary_bytes(prev)  # and the input's gradient backward
-                p2p_send_s += pp_g.time("send_recv", boundary_bytes(prev))
+                # and the input's gradient backward
+                p2p_load += pp_g.load("send_recv", boundary_bytes(prev))
         params, experts = self._rank_params(tp, c.ep, layers, c.etp)
         states, gather = self._states(c, params, experts, layers, pp, rank)
         flight = mem.in_flight(c.schedule, rank, pp, m, c.virtual_stages) / max(1, len(parts))
         edge = self._edge_flight(c, rank, layers, flight) if len(parts) > 1 and pp > 1 else ()
-        return StageLayout(layers, flight, p2p_s, p2p_bytes, params, states, gather, p2p_send_s,
-                           edge)
+        return StageLayout(layers, flight, p2p_s, p2p_load, params, states, gather, edge)
 
     def _edge_flight(self, c: ParallelConfig, rank: int, layers: tuple[int, ...],
                      flight: float) -> tuple[tuple[int, float], ...]:
@@ -616,21 +628,36 @@ class CostModel:
         block: ``per_block``) or one per parameter tensor (DeepSpeed ZeRO-3: ``per_parameter``),
         so the latency terms of every call count, not one ideal collective per pass.
         ``nbytes_per_element``: 2 for bf16 parameters, the reduce dtype's bytes for gradients."""
-        g, dp_g = self.graph, self.group("dp", c)
-        per_param = self.profile.zero3_gather == "per_parameter"
+        dp_g = self.group("dp", c)
         total = 0.0
+        for n, nbytes in self._zero3_messages(c, rank, nbytes_per_element):
+            total += n * dp_g.time(op, nbytes)
+        return total
+
+    def zero3_collective_load(self, c: ParallelConfig, rank: int, nbytes_per_element: float,
+                              op: str) -> LinkLoad:
+        """The per-link :class:`LinkLoad` of the collectives :meth:`zero3_collective_s` times."""
+        dp_g = self.group("dp", c)
+        total = NO_LOAD
+        for n, nbytes in self._zero3_messages(c, rank, nbytes_per_element):
+            total += dp_g.load(op, nbytes).scaled(n)
+        return total
+
+    def _zero3_messages(self, c: ParallelConfig, rank: int, nbytes_per_element: float):
+        """(count, message bytes) of each ZeRO-3 collective one pass over pipeline rank
+        ``rank``'s layers issues (:meth:`zero3_collective_s`)."""
+        g = self.graph
+        per_param = self.profile.zero3_gather == "per_parameter"
         for li, n in self.rank_layers(c.pp, c.stage_blocks, c.schedule)[rank][2]:
             layer = g.layers[li]
             if per_param:
                 for o in layer.ops:
                     if o.num_parameters > 0:
                         div = c.tp if o.tp_role in ("column", "row", "vocab") else 1
-                        total += n * dp_g.time(op, o.num_parameters / div * nbytes_per_element)
+                        yield n, o.num_parameters / div * nbytes_per_element
             else:
-                total += n * dp_g.time(op, self._layer_params_per_rank(li, c.tp, True, c.ep,
-                                                                       c.etp)
-                                       * nbytes_per_element)
-        return total
+                yield n, self._layer_params_per_rank(li, c.tp, True, c.ep,
+                                                     c.etp) * nbytes_per_element
 
     def zero1_split(self, c: ParallelConfig, layers: tuple[int, ...],
                     params: float) -> tuple[float, int]:
@@ -754,12 +781,26 @@ class CostModel:
         step. Each broadcast pays the group's chain latency (:mod:`autopar.hardware.collectives`:
         every rank of a ring broadcast that spans nodes is a network step), so the total grows
         as owners x z alpha at scale; the bytes cross the chain's bottleneck once in all."""
+        grp = self._zero1_group(c)
+        if grp is None or owners < 1:
+            return 0.0
+        return owners * grp.time("broadcast", nbytes / owners)
+
+    def _zero1_broadcasts_load(self, c: ParallelConfig, nbytes: float, owners: int) -> LinkLoad:
+        """The per-link :class:`LinkLoad` of the broadcasts :meth:`_zero1_broadcasts_s` times."""
+        grp = self._zero1_group(c)
+        if grp is None or owners < 1:
+            return NO_LOAD
+        return grp.load("broadcast", nbytes / owners).scaled(owners)
+
+    def _zero1_group(self, c: ParallelConfig) -> Collectives | None:
+        """The ZeRO group (the first z = min(dp x cp, ``zero1_group_size``) ranks of the
+        data-parallel group), or None when it has one rank."""
         dp_g = self.group("dp", c)
         z = min(dp_g.size, self.profile.zero1_group_size or dp_g.size)
-        if z <= 1 or owners < 1:
-            return 0.0
-        grp = dp_g if z == dp_g.size else Collectives(self.cluster, dp_g.ranks[:z])
-        return owners * grp.time("broadcast", nbytes / owners)
+        if z <= 1:
+            return None
+        return dp_g if z == dp_g.size else Collectives(self.cluster, dp_g.ranks[:z])
 
     def _states(self, c: ParallelConfig, params: float, experts: float,
                 layers: tuple[int, ...], pp: int, rank: int = 0
@@ -976,7 +1017,6 @@ class CostModel:
         m = self.train.global_batch_size // (c.dp * c.micro_batch_size)
         uniform = c.recompute if isinstance(c.recompute, str) else None
         modes = None if uniform else dict(zip(self.blocks, c.block_recompute(len(self.blocks))))
-        tp_g, cp_g, pp_g = (self.group(d, c) for d in ("tp", "cp", "pp"))
         ranks = self.rank_layers(pp, c.stage_blocks, c.schedule)
         stage_time = [0.0] * pp
         stage_parts = [dict(compute=0.0, tp_comm=0.0, cp_comm=0.0, ep_comm=0.0, pp_comm=0.0)
@@ -998,7 +1038,8 @@ class CostModel:
                     counts.setdefault(key, [li, 0])
                     counts[key][1] += 1
                 items = [(li, mode, n) for (_sig, mode), (li, n) in counts.items()]
-            tp_s = tp_b = cp_s = cp_b = ep_s = ep_b = tp_link = 0.0
+            tp_s = cp_s = ep_s = 0.0
+            tp_l = cp_l = ep_l = NO_LOAD
             parts = stage_parts[rank]
             for li, mode, n in items:
                 bc = self.block_cost(li, mode, c)
@@ -1007,21 +1048,18 @@ class CostModel:
                 stage_bwd[rank] += n * bc.bwd_s
                 stage_wgrad[rank] += n * bc.wgrad_s
                 tp_s += n * bc.tp_s
-                tp_link += n * bc.tp_link_s
-                tp_b += n * bc.tp_bytes
                 cp_s += n * bc.cp_s
-                cp_b += n * bc.cp_bytes
                 ep_s += n * bc.ep_s
-                ep_b += n * bc.ep_bytes
+                tp_l += bc.tp_load.scaled(n)
+                cp_l += bc.cp_load.scaled(n)
+                ep_l += bc.ep_load.scaled(n)
                 recompute_flops += n * bc.recompute_flops
                 stage_act[rank] += n * bc.act_bytes
                 stage_transient[rank] = max(stage_transient[rank], bc.transient_bytes)
             parts["tp_comm"] += tp_s
             parts["cp_comm"] += cp_s
             parts["ep_comm"] += ep_s
-            if ep_b:
-                rank_comm[rank].append(("ep", self.group("ep", c).link, ep_b, ep_s))
-            rank_comm[rank] += [("tp", tp_g.link, tp_b, tp_link), ("cp", cp_g.link, cp_b, cp_s)]
+            rank_comm[rank] += [("tp", tp_l), ("cp", cp_l), ("ep", ep_l)]
             # pipeline sends block the stage unless the framework runs them beside compute
             p2p_exposed = 0.0 if c.schedule in self.profile.overlap_pp_p2p else st.p2p_s
             stage_parts[rank]["pp_comm"] += p2p_exposed
@@ -1029,7 +1067,7 @@ class CostModel:
             stage_bwd[rank] += p2p_exposed / 2
             # the ledger shows what this rank sends and how long sending it takes; the step time
             # charges each boundary's round trip to the rank before it (p2p_s above)
-            rank_comm[rank].append(("pp", pp_g.link, st.p2p_bytes, st.p2p_send_s))
+            rank_comm[rank].append(("pp", st.p2p_load))
             stage_time[rank] = stage_fwd[rank] + stage_bwd[rank]
         # pipeline
         t_max = max(stage_time)
@@ -1049,7 +1087,7 @@ class CostModel:
         tp, cp, pp, dp, b, v = c.tp, c.cp, c.pp, c.dp, c.micro_batch_size, c.virtual_stages
         m = train.global_batch_size // (dp * b)
         tp_g, cp_g, pp_g, dp_g = (self.group(d, c) for d in ("tp", "cp", "pp", "dp"))
-        ledger = CommLedger()
+        ledger = CommLedger(*self.cluster.link_classes)
 
         layout = self._time_layout(c) if time_only else self.stage_layout(c)
         (stage_time, stage_parts, stage_fwd, stage_bwd, stage_wgrad, stage_act, stage_transient,
@@ -1067,8 +1105,8 @@ class CostModel:
             keep = [sum(mem.kept_params_per_rank(g.layers[i], tp, c.ep)
                         for i in st.layers if i in kept) for st in layout]
 
-        for kind, link, nbytes, seconds in rank_comm[bottleneck]:  # per GPU: one rank's traffic
-            ledger.add(kind, link, nbytes, seconds, times=m)
+        for kind, load in rank_comm[bottleneck]:  # per GPU: one rank's traffic
+            ledger.add(kind, load, times=m)
 
         # data parallel and optimizer, on the rank with the most parameters
         psi = max(stage_params)
@@ -1101,9 +1139,17 @@ class CostModel:
             fwd1, bwd1 = stage_fwd[bottleneck], stage_bwd[bottleneck]
             t_ag = dp_g.time("all_gather", psi * wbytes)
             t_rs = dp_g.time("reduce_scatter", psi * gb)
+            # what those put on each link, for the ledger (not needed for the time alone)
+            l_ag = l_rs = NO_LOAD
+            if not time_only:
+                l_ag = dp_g.load("all_gather", psi * wbytes)
+                l_rs = dp_g.load("reduce_scatter", psi * gb)
             if c.zero_stage == 3:   # gathered and reduced per block or per parameter
                 t_ag = self.zero3_collective_s(c, bottleneck, wbytes, "all_gather")
                 t_rs = self.zero3_collective_s(c, bottleneck, gb, "reduce_scatter")
+                if not time_only:
+                    l_ag = self.zero3_collective_load(c, bottleneck, wbytes, "all_gather")
+                    l_rs = self.zero3_collective_load(c, bottleneck, gb, "reduce_scatter")
             if c.zero_stage == 3 and (pp == 1 or prof.zero3_regather_per_micro_batch):
                 # every micro-batch gathers the parameters for forward, and again for backward
                 # those blocks resharded after forward (FSDP2 fully_shard reshard_after_forward,
@@ -1114,17 +1160,14 @@ class CostModel:
                 gathers, reduces = m * (1 + regather), m
                 dp_exposed = m * beside(per_mb, fwd1 + bwd1, ov_gather)
                 dp_slow *= m
-                ledger.add("dp", dp_g.link,
-                           (1 + regather) * dp_g.wire_bytes("all_gather", psi * wbytes)
-                           + dp_g.wire_bytes("reduce_scatter", psi * gb), per_mb, times=m)
+                ledger.add("dp", l_ag.scaled(1 + regather) + l_rs, times=m)
             elif c.zero_stage == 3:
                 # under PP the framework keeps parameters gathered and gradients unsharded
                 # across the step's micro-batches: one gather behind the first forward, one
                 # reduce-scatter behind the last backward (memory pays, not time)
                 dp_exposed = beside(t_ag, fwd1, ov_gather) + beside(t_rs, bwd1, ov_grad)
                 gathers, reduces = 1, 1
-                ledger.add("dp", dp_g.link, dp_g.wire_bytes("all_gather", psi * wbytes)
-                           + dp_g.wire_bytes("reduce_scatter", psi * gb), t_ag + t_rs)
+                ledger.add("dp", l_ag + l_rs)
             elif c.zero_stage == 2:
                 # sharded gradients cannot accumulate locally: reduce-scatter every micro-batch,
                 # each hidden behind that micro-batch's backward; parameters gathered once
@@ -1132,26 +1175,24 @@ class CostModel:
                 dp_slow *= m
                 dp_exposed += beside(t_ag, fwd1, ov_grad)
                 gathers, reduces = 1, m
-                ledger.add("dp", dp_g.link, dp_g.wire_bytes("reduce_scatter", psi * gb),
-                           t_rs, times=m)
-                ledger.add("dp", dp_g.link, dp_g.wire_bytes("all_gather", psi * wbytes), t_ag)
+                ledger.add("dp", l_rs, times=m)
+                ledger.add("dp", l_ag)
             else:
                 if c.zero_stage == 0:
                     t_grad = dp_g.time("all_reduce", psi * gb)
                     t_param = 0.0
-                    wire = dp_g.wire_bytes("all_reduce", psi * gb)
+                    l_grad, l_param = dp_g.load("all_reduce", psi * gb), NO_LOAD
                 elif prof.zero1_grad_all_reduce:   # full gradients all-reduced, then sharded
                     t_grad, t_param = dp_g.time("all_reduce", psi * gb), t_ag
-                    wire = (dp_g.wire_bytes("all_reduce", psi * gb)
-                            + dp_g.wire_bytes("all_gather", psi * wbytes))
+                    l_grad, l_param = dp_g.load("all_reduce", psi * gb), l_ag
                 else:
                     t_grad, t_param = t_rs, t_ag
-                    wire = (dp_g.wire_bytes("reduce_scatter", psi * gb)
-                            + dp_g.wire_bytes("all_gather", psi * wbytes))
+                    l_grad, l_param = l_rs, l_ag
                 ov_param = ov_grad
                 if prof.zero1_param_sync == "broadcast" and c.zero_stage == 1:
                     owners = self.zero1_split(c, layout[stage_params.index(psi)].layers, psi)[1]
                     t_param, ov_param = self._zero1_broadcasts_s(c, psi * wbytes, owners), False
+                    l_param = self._zero1_broadcasts_load(c, psi * wbytes, owners)
                 if prof.sync_grad_bucket_elements and ov_grad:
                     # one bucket in flight, each launched after a device-wide sync, the last
                     # one after backward (FrameworkProfile.sync_grad_bucket_elements); the
@@ -1164,7 +1205,7 @@ class CostModel:
                 else:
                     grad_exposed = beside(t_grad, bwd1, ov_grad)
                 dp_exposed = grad_exposed + beside(t_param, fwd1, ov_param)
-                ledger.add("dp", dp_g.link, wire, t_grad + t_param)
+                ledger.add("dp", l_grad + l_param)
         # the optimizer runs on the rank's ZeRO shard: over dp x cp, or over the framework's
         # smaller ZeRO group (zero1_group_size: InternEvo parallel.zero1, FSDP hybrid sharding);
         # the largest share paces the step (zero1_partition: whole tensors bound it below)
@@ -1276,6 +1317,7 @@ class CostModel:
                                 if k != "local"},
             comm_seconds_by_link={k: v for k, v in sorted(ledger.seconds_by_link.items())
                                   if k != "local"},
+            comm_dims_by_link={k: tuple(v) for k, v in sorted(ledger.kinds_by_link.items())},
             peak_stage=peak_rank,
             stage_fwd_s=tuple(stage_fwd), stage_bwd_s=tuple(stage_bwd),
             stage_wgrad_s=tuple(stage_wgrad),

@@ -62,6 +62,9 @@ class Estimate:
         stage_memory_breakdown: per pipeline rank, bytes by component (as memory_breakdown).
         group_links: the bottleneck link class each mesh dimension's groups cross
             (e.g. {"tp": "nvlink", "dp": "infiniband"}), from the rank placement.
+        comm_dims_by_link: per link class of ``comm_bytes_by_link``, the mesh dimensions whose
+            traffic it carries (a DP group spanning nodes also reduces over NVLink inside each
+            node); None in plan files of earlier autopar versions.
         error_band: the expected relative error of ``step_time_s`` for this regime (framework
             x precision x GPU generation x sharding kind), from the published runs' residuals
             (:class:`autopar.cost.regime.ErrorBand`); None when no table is available.
@@ -87,6 +90,7 @@ class Estimate:
     comm_seconds_by_link: dict
     peak_stage: int = 0
     group_links: dict = None  # type: ignore[assignment]
+    comm_dims_by_link: dict | None = None
     stage_fwd_s: tuple[float, ...] = ()
     stage_bwd_s: tuple[float, ...] = ()
     stage_wgrad_s: tuple[float, ...] = ()

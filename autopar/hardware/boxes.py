@@ -57,6 +57,14 @@ NODE_TEMPLATES: Mapping[str, NodeTemplate] = MappingProxyType({t.device: t for t
 )})
 
 
+def default_nics(template: NodeTemplate, gpus_per_node: int) -> int:
+    """Compute NICs of a node of ``gpus_per_node`` GPUs built like ``template``: its NICs, but
+    no more than one per GPU. The DGX / HGX boxes give each GPU its own NIC (a "rail", the
+    sources of :data:`NODE_TEMPLATES`), so a 2-GPU node of them has 2 NICs, not the 8-GPU box's
+    8; a PCIe box's single NIC stays 1."""
+    return min(template.nics_per_node, gpus_per_node)
+
+
 def node_template(device: Device) -> NodeTemplate | None:
     """The default :class:`NodeTemplate` for ``device``, or None for a GPU not in the catalog
     (a hand-built :class:`Device`), whose links must then be given explicitly."""

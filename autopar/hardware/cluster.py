@@ -14,7 +14,7 @@ import networkx as nx
 
 from autopar.errors import InvalidClusterSpec, InvalidParallelConfig
 from autopar.hardware import collectives
-from autopar.hardware.boxes import node_template
+from autopar.hardware.boxes import default_nics, node_template
 from autopar.hardware.comm_params import DEFAULT_COMM_PARAMS, CommParams
 from autopar.hardware.devices import Device, picklable, get_device
 from autopar.hardware.links import INTRA_KINDS, NETWORK_KINDS, LinkType, get_link
@@ -114,7 +114,8 @@ class Cluster:
 
         Links not in the spec come from the GPU's default node (``boxes.NODE_TEMPLATES``): SXM GPUs
         get NVSwitch and one NIC per GPU (DGX A100: 8 x ib-hdr; DGX H100/H200 and HGX H800: 8 x
-        ib-ndr; HGX A800: 8 x ib-hdr); PCIe GPUs get PCIe between GPUs and 1 NIC.
+        ib-ndr; HGX A800: 8 x ib-hdr), so a node of fewer GPUs gets as many NICs as GPUs
+        (:func:`boxes.default_nics`); PCIe GPUs get PCIe between GPUs and 1 NIC.
 
         Raises:
             InvalidClusterSpec: naming the unreadable part and listing the valid names.
@@ -151,7 +152,8 @@ class Cluster:
             )
         intra_link = get_link(intra if intra is not None else tmpl.intra_link)
         inter_link = get_link(inter) if inter is not None else (get_link(tmpl.nic_link) if tmpl else None)
-        nics = nics_per_node if nics_per_node is not None else (tmpl.nics_per_node if tmpl else 0)
+        nics = nics_per_node if nics_per_node is not None else (
+            default_nics(tmpl, gpus_per_node) if tmpl else 0)
         return cls(num_nodes, gpus_per_node, device, intra_link, inter_link, nics, name, comm_params)
 
     # ----------------------------------------------------------------- structure
@@ -233,6 +235,23 @@ class Cluster:
                 duplicate ranks or ranks outside the cluster.
         """
         return collectives.collective_seconds(op, float(nbytes), self._layout(ranks), self.fabric(), algorithm)
+
+    def collective_load(self, op: str, nbytes: float, ranks: Sequence[int]) -> collectives.LinkLoad:
+        """Bytes one GPU of the group sends over each link class, and seconds each link carries
+        them, for ``op`` on ``nbytes`` under the algorithm :meth:`collective_time` picks
+        (:func:`autopar.hardware.collectives.link_load`; the links are :attr:`link_classes`).
+
+        Raises:
+            InvalidParallelConfig: as :meth:`collective_time`.
+        """
+        return collectives.link_load(op, float(nbytes), self._layout(ranks), self.fabric())
+
+    @property
+    def link_classes(self) -> tuple[str, str | None]:
+        """(the intra-node link class, the NIC link class or None): the names
+        :meth:`link_class` reports and :class:`collectives.LinkLoad`'s intra / inter parts."""
+        return (_LINK_CLASS[self.intra_link.kind],
+                _LINK_CLASS[self.inter_link.kind] if self.inter_link is not None else None)
 
     def bus_bandwidth(self, op: str, nbytes: float, ranks: Sequence[int], *, algorithm: str = "auto") -> float:
         """nccl-tests bus bandwidth in bytes/s: (nbytes / time) x factor, the factor being 2(n-1)/n

@@ -137,16 +137,23 @@ def _tree_all_reduce(M: float, g: GroupLayout, f: Fabric) -> float:
     return f.launch_latency_s + alpha + 2 * M / _ring_bw(g, f)
 
 
-def _hierarchical(op: str, M: float, g: GroupLayout, f: Fabric) -> float:
+def _hierarchical_parts(op: str, M: float, g: GroupLayout, f: Fabric) -> tuple[float, float, bool]:
+    """(seconds inside nodes incl. the launch, seconds between nodes, whether the inter-node
+    all-reduce is a tree) of the hierarchical algorithm; the phases run one after another."""
     m, N = g.max_per_node, g.nodes
     node_bw = g.min_per_node * f.inter_per_gpu_Bps
     intra = (m - 1) * f.intra_latency_s + (m - 1) / m * M / f.intra_Bps  # one RS or AG inside the node
     if op == "all_reduce":
         ring = 2 * (N - 1) * f.inter_latency_s + 2 * (N - 1) / N * M / node_bw
         tree = 2 * math.ceil(math.log2(N)) * f.inter_latency_s + 2 * M / node_bw
-        return f.launch_latency_s + 2 * intra + min(ring, tree)
+        return f.launch_latency_s + 2 * intra, min(ring, tree), tree < ring
     inter = (N - 1) * f.inter_latency_s + (N - 1) / N * M / node_bw
-    return f.launch_latency_s + intra + inter
+    return f.launch_latency_s + intra, inter, False
+
+
+def _hierarchical(op: str, M: float, g: GroupLayout, f: Fabric) -> float:
+    intra_s, inter_s, _ = _hierarchical_parts(op, M, g, f)
+    return intra_s + inter_s
 
 
 def _pairwise_all_to_all(M: float, g: GroupLayout, f: Fabric) -> float:
@@ -207,3 +214,80 @@ def collective_seconds(op: str, nbytes: float, g: GroupLayout, f: Fabric, algori
         f"algorithm {algorithm!r} does not apply to {op} over {g.size} ranks on {g.nodes} node(s); "
         f"use 'auto' or one of {sorted(times)}"
     )
+
+
+@dataclass(frozen=True)
+class LinkLoad:
+    """What one collective puts on each link class, per GPU of the group.
+
+    Attributes:
+        intra_bytes / inter_bytes: bytes one GPU sends over the intra-node link / through its
+            node's NICs (the group's average GPU), under the algorithm the timing picks.
+        intra_s / inter_s: seconds that link carries the collective. Phases that run one after
+            another (hierarchical) split the collective's time; pipelined ones (ring, tree,
+            pairwise) keep both links busy for all of it, so the two may sum to more than the
+            collective's seconds. Bytes / seconds never exceeds the link's per-GPU bandwidth.
+    """
+
+    intra_bytes: float = 0.0
+    intra_s: float = 0.0
+    inter_bytes: float = 0.0
+    inter_s: float = 0.0
+
+    def __add__(self, other: "LinkLoad") -> "LinkLoad":
+        return LinkLoad(self.intra_bytes + other.intra_bytes, self.intra_s + other.intra_s,
+                        self.inter_bytes + other.inter_bytes, self.inter_s + other.inter_s)
+
+    def scaled(self, k: float) -> "LinkLoad":
+        """The load of ``k`` such collectives."""
+        return LinkLoad(k * self.intra_bytes, k * self.intra_s, k * self.inter_bytes,
+                        k * self.inter_s)
+
+    @property
+    def nbytes(self) -> float:
+        """Bytes one GPU sends over both link classes."""
+        return self.intra_bytes + self.inter_bytes
+
+
+#: The load of a collective that moves nothing (one rank, zero bytes).
+NO_LOAD = LinkLoad()
+
+
+def link_load(op: str, nbytes: float, g: GroupLayout, f: Fabric) -> LinkLoad:
+    """The :class:`LinkLoad` of ``op`` on ``nbytes`` under the fastest algorithm (the one
+    :func:`collective_seconds` times with ``"auto"``).
+
+    With ``m = n / N`` members per node on average, per GPU: a ring sends its bus bytes
+    (``nbytes`` x :func:`bus_factor`), ``1 / m`` of them through the NICs (one of each node's
+    ``m`` ring edges leaves the node); a tree all-reduce sends 2 x ``nbytes``, ``1 / m`` of it
+    through the NICs; hierarchical sends ``(m-1)/m`` x ``nbytes`` over the intra-node link per
+    reduce-scatter or all-gather inside the node and the inter-node part on a ``1 / m`` shard;
+    pairwise all-to-all sends ``(m-1)/n`` x ``nbytes`` to node peers and the rest,
+    ``(n-m)/n`` x ``nbytes``, through the NICs; send/recv sends ``nbytes`` over the hop's link.
+    Derivation and sources: the module docstring and docs/cost-model.md.
+
+    Raises:
+        InvalidParallelConfig: for an unknown op or negative ``nbytes``.
+    """
+    times = algorithm_times(op, nbytes, g, f)
+    name, seconds = min(times, key=lambda kv: kv[1])
+    if seconds == 0.0:
+        return NO_LOAD
+    M, n, N = nbytes, g.size, g.nodes
+    if name == "direct":   # send_recv: one hop, inside or between nodes
+        return LinkLoad(inter_bytes=M, inter_s=seconds) if g.crosses_nodes_p2p else \
+            LinkLoad(intra_bytes=M, intra_s=seconds)
+    if N == 1:
+        return LinkLoad(intra_bytes=M * bus_factor(op, n), intra_s=seconds)
+    m = n / N
+    if name == "hierarchical":
+        intra_s, inter_s, tree = _hierarchical_parts(op, M, g, f)
+        phases = 2 if op == "all_reduce" else 1
+        inter = (2 * M if tree else 2 * (N - 1) / N * M) if op == "all_reduce" else (N - 1) / N * M
+        return LinkLoad(phases * (m - 1) / m * M, intra_s, inter / m, inter_s)
+    if name == "pairwise":
+        intra, inter = (m - 1) / n * M, (n - m) / n * M
+    else:   # ring (bus bytes) or tree (2 x nbytes): 1 / m of it leaves the node
+        total = 2 * M if name == "tree" else M * bus_factor(op, n)
+        intra, inter = total * (m - 1) / m, total / m
+    return LinkLoad(intra, seconds if intra > 0 else 0.0, inter, seconds)

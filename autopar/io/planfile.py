@@ -7,8 +7,8 @@ Layout (version 3; :meth:`Plan.to_dict` writes it)::
      "estimate": {Estimate fields}, "alternatives": [estimate...], "pareto": [estimate...],
      "search": {"evaluated": int, "meshes": int, "complete": bool, "gap": float}}
 
-Rules: no unknown keys (``compare`` and ``run_cost``, which ``autopar plan --json`` adds, are
-ignored); every value of the right JSON type; the config states every choice (a missing
+Rules: no unknown keys (``compare``, ``run_cost`` and ``units``, which ``autopar plan --json``
+adds, are ignored); every value of the right JSON type; the config states every choice (a missing
 ``zero_stage`` is an error naming it, not the default: a plan is every choice made); the plan's
 degrees multiply to the GPU count of its cluster; the stage cuts give one block count per
 pipeline chunk and sum to the model's blocks; the global batch is a multiple of dp x micro-batch.
@@ -46,7 +46,7 @@ PLAN_FORMAT = "autopar-plan"
 PLAN_VERSION = 3
 
 #: Top-level keys ``autopar plan --json`` adds to a plan; accepted and ignored when loading.
-ANNOTATIONS = ("compare", "run_cost")
+ANNOTATIONS = ("compare", "run_cost", "units")
 def _v1_to_v2(d: dict) -> dict:
     """Version 1 -> 2: per-block FSDP resharding appeared; a version-1 plan reshards every
     block (null)."""
@@ -194,6 +194,14 @@ def _estimate(d: Any, where: str, world: int) -> Estimate:
     if links is not None and (not isinstance(links, dict)
                               or any(not isinstance(x, str) for x in links.values())):
         raise _fail(f"{where}.group_links", f"must be an object of link names; got {links!r:.80}")
+    dims = d.get("comm_dims_by_link")
+    if dims is not None:
+        if not isinstance(dims, dict) or any(
+                not isinstance(x, list) or not all(isinstance(y, str) for y in x)
+                for x in dims.values()):
+            raise _fail(f"{where}.comm_dims_by_link",
+                        f"must be an object of lists of dimension names; got {dims!r:.80}")
+        d["comm_dims_by_link"] = {k: tuple(v) for k, v in dims.items()}
     if not isinstance(d.get("flops_convention", ""), str):
         raise _fail(f"{where}.flops_convention", "must be a string")
     # derived from the regime, recomputed with the estimate (autopar.reestimate)

@@ -67,15 +67,17 @@ def fixes_to_fit(problem: Problem, config: ParallelConfig) -> list[tuple[str, Es
 
 
 def run_cost(est: Estimate, tokens: float, price_per_gpu_hour: float | None,
-             gpus: int) -> dict:
+             gpus: int, currency: str = "USD") -> dict:
     """Wall-clock time and money to train on ``tokens`` tokens at this estimate's throughput.
 
     Returns:
-        ``{"seconds", "days", "gpu_hours", "cost"}`` (cost None without a price), where
-        ``seconds = tokens / tokens_per_s``, ``gpu_hours = gpus * seconds / 3600`` and
-        ``cost = gpu_hours * price_per_gpu_hour``.
+        ``{"seconds", "days", "gpu_hours", "cost", "price_per_gpu_hour", "currency"}`` (cost None
+        without a price), where ``seconds = tokens / tokens_per_s``, ``gpu_hours = gpus *
+        seconds / 3600`` and ``cost = gpu_hours * price_per_gpu_hour``, in ``currency`` (the
+        price's own: nothing is converted).
     """
     seconds = tokens / est.tokens_per_s
     gpu_hours = gpus * seconds / 3600
     return {"seconds": seconds, "days": seconds / 86400, "gpu_hours": gpu_hours,
-            "cost": None if price_per_gpu_hour is None else gpu_hours * price_per_gpu_hour}
+            "cost": None if price_per_gpu_hour is None else gpu_hours * price_per_gpu_hour,
+            "price_per_gpu_hour": price_per_gpu_hour, "currency": currency}

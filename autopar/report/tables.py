@@ -154,10 +154,11 @@ def comm_table(e: Estimate) -> Table:
     t.add_column("sent on the wire, GB", justify="right")
     t.add_column("seconds (before overlap)", justify="right")
     t.add_column("used by")
-    users: dict[str, list[str]] = {}
-    for dim, link in (e.group_links or {}).items():
-        if getattr(e.config, dim) > 1:
-            users.setdefault(link, []).append(dim)
+    users: dict[str, list[str]] = {k: list(v) for k, v in (e.comm_dims_by_link or {}).items()}
+    if e.comm_dims_by_link is None:   # plan files of earlier versions: the bottleneck links
+        for dim, link in (e.group_links or {}).items():
+            if getattr(e.config, dim) > 1:
+                users.setdefault(link, []).append(dim)
     for k, nbytes in e.comm_bytes_by_link.items():
         t.add_row(link_name(k), _gb(nbytes), f"{e.comm_seconds_by_link.get(k, 0.0):,.2f}",
                   ", ".join(users.get(k, [])))
@@ -179,7 +180,7 @@ def alternatives_table(best: Estimate, alts, money: list[dict] | None = None,
         t.add_column(col, justify="left" if col == "differs from best" else "right")
     if money:
         t.add_column("days", justify="right")
-        t.add_column("cost", justify="right")
+        t.add_column(f"cost, {money[0].get('currency', 'USD')}", justify="right")
     for i, a in enumerate([best, *alts]):
         diff = "(best)" if i == 0 else (", ".join(config_diff(best.config, a.config)) or "same")
         row = [str(i), f"{a.step_time_s:,.3f}",
@@ -188,7 +189,7 @@ def alternatives_table(best: Estimate, alts, money: list[dict] | None = None,
                f"{a.mfu * 100:.1f}%", diff]
         if money:
             m = money[i]
-            row += [f"{m['days']:,.1f}", "-" if m["cost"] is None else f"${m['cost']:,.0f}"]
+            row += [f"{m['days']:,.1f}", "-" if m["cost"] is None else f"{m['cost']:,.0f}"]
         t.add_row(*row)
     note = runner_up_note(best, alts)
     if note:
@@ -199,21 +200,27 @@ def alternatives_table(best: Estimate, alts, money: list[dict] | None = None,
 def money_table(rows: list[tuple[str, Estimate, dict]], tokens: float) -> Table:
     """Wall-clock days, GPU-hours and cost of training on ``tokens`` tokens, per plan."""
     t = _table(f"Whole run: {tokens:.3g} tokens")
-    for col in ("plan", "tokens/s", "days", "GPU-hours", "cost"):
+    currency = rows[0][2].get("currency", "USD") if rows else "USD"
+    for col in ("plan", "tokens/s", "days", "GPU-hours", f"cost, {currency}"):
         t.add_column(col, justify="left" if col == "plan" else "right")
     for name, e, m in rows:
         t.add_row(name, f"{e.tokens_per_s:,.0f}", f"{m['days']:,.1f}", f"{m['gpu_hours']:,.0f}",
-                  "-" if m["cost"] is None else f"${m['cost']:,.0f}")
+                  "-" if m["cost"] is None else f"{m['cost']:,.0f}")
     return t
 
 
-def fixes_table(base: Estimate, fixes: list[tuple[str, Estimate]]) -> Table:
-    """Changes to an estimate's config, each re-estimated: memory, fit, time, MFU."""
+def fixes_table(base: Estimate, fixes: list[tuple[str, Estimate]], margin: float = 0.0) -> Table:
+    """Changes to an estimate's config, each re-estimated: memory, fit, time, MFU. A fitting
+    change that leaves less than ``margin`` (a fraction) of the GPU's memory free, the search's
+    memory margin, reads "yes, <margin free"."""
     t = _table("What to change to fit (each re-estimated)")
     for col in ("change", "memory GB", "fits", "step s", "vs yours", "MFU / HFU"):
         t.add_column(col, justify="left" if col == "change" else "right")
     for text, e in fixes:
-        t.add_row(text, _gb(e.memory_per_gpu_bytes), "yes" if e.fits else "no",
+        free = 1.0 - e.memory_per_gpu_bytes / e.memory_limit_bytes
+        fits = ("no" if not e.fits else "yes" if free >= margin else
+                f"yes, {free:.0%} free < {margin:.0%}")
+        t.add_row(text, _gb(e.memory_per_gpu_bytes), fits,
                   f"{e.step_time_s:,.3f}", f"{100 * (e.step_time_s / base.step_time_s - 1):+.1f}%",
                   f"{e.mfu * 100:.1f}% / {e.hfu * 100:.1f}%")
     return t
