@@ -152,3 +152,63 @@ def test_traced_graph_names_what_eager_pricing_reads(graphs):
     assert not embed & {"le", "eq", "__and__", "index", "new_ones"}, embed
     assert {"cos", "sin"} <= embed
 
+
+
+# -- issue 23 item 10 (part): what a user sees when a model cannot be planned -------------------
+
+class _Gate(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(gate, x):   # noqa: N805 - the first argument need not be called self
+        if x.sum() > 0:
+            return x + gate.proj(x)
+        return x
+
+
+class _BranchyLM(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(64, 16)
+        self.blocks = torch.nn.ModuleList([_Gate(), _Gate()])
+        self.head = torch.nn.Linear(16, 64)
+
+    def forward(self, input_ids):
+        x = self.embed(input_ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def test_data_dependent_branch_is_one_clear_error(capfd):
+    """torch.export printed its partial graph (~50 lines a try) on stderr before autopar's
+    error, and the error quoted a torch line (``return forward_call(...)``) when the module's
+    ``forward`` names its first argument other than ``self``; now one error names the module,
+    the model's own line and a fix."""
+    with torch.device("meta"):
+        model = _BranchyLM()
+    with pytest.raises(autopar.UntraceableModelError) as info:
+        autopar.estimate(model, "1x2xA100-80GB", dict(global_batch_size=8, seq_len=32),
+                         autopar.ParallelConfig())
+    out, err = capfd.readouterr()
+    assert "def forward" not in out + err and len((out + err).splitlines()) < 3, out + err
+    msg = str(info.value)
+    assert "'blocks.0' (_Gate)" in msg and "at `if x.sum() > 0:`" in msg, msg
+    assert "test_issue23_eager.py:" in msg and "torch.where" in msg and "Fix:" in msg, msg
+    assert "forward_call" not in msg and "Eq(u0" not in msg, msg
+
+
+def test_unknown_preset_lists_every_required_key_of_a_model_dict():
+    """The unknown-preset message listed a model dict's keys without ``name``; a dict written
+    from it was refused for lacking ``name``."""
+    d = dict(family="llama", num_layers=2, hidden_size=64, num_heads=4, vocab_size=128,
+             seq_len=64)
+    with pytest.raises(autopar.errors.InvalidModelConfig) as info:
+        autopar.models.get_config("my-model")
+    listed = str(info.value).rsplit("model dict with keys ", 1)[1].rstrip(".").split(", ")
+    assert set(d) < set(listed) and "name" in listed
+    with pytest.raises(autopar.errors.InvalidModelConfig, match=r"missing required key\(s\) "
+                                                               r"\['name'\]"):
+        autopar.models.get_config(d)
+    assert autopar.models.get_config({k: d.get(k, "my-model") for k in listed}).name == "my-model"
