@@ -32,13 +32,40 @@ README_PROBLEM = ("llama2-70b", "4x8xA100-80GB",
                   dict(global_batch_size=1024, seq_len=4096))
 
 
-class Blockless(torch.nn.Module):
-    """A module whose forward branches on tensor data, as an untraceable model does."""
+class BranchyBlock(torch.nn.Module):
+    """A decoder block whose forward branches on tensor data, as an untraceable model does."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
 
     def forward(self, x):
-        if x.sum() > 0:  # data-dependent control flow: fx cannot trace it
-            return x
-        return -x
+        # data-dependent control flow: tracing on meta tensors cannot decide it
+        if x.sum() > 0:
+            return x + self.proj(x)
+        return x
+
+
+class BranchyLM(torch.nn.Module):
+    """A language model (embedding, blocks, head) whose blocks are :class:`BranchyBlock`."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(64, 16)
+        self.blocks = torch.nn.ModuleList([BranchyBlock(), BranchyBlock()])
+        self.head = torch.nn.Linear(16, 64)
+
+    def forward(self, input_ids):
+        x = self.embed(input_ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _branchy_lm():
+    with torch.device("meta"):
+        model = BranchyLM()
+    autopar.optimize(model, "1x8xA100", TRAIN)
 
 
 def _plots_without_matplotlib():
@@ -89,8 +116,8 @@ EXAMPLES = [
     (errors.InfeasibleError, "`optimize(tiny, '1x8xA100', gbs=7, fixed={'tp': 1, 'pp': 1})`",
      lambda: autopar.optimize(TINY, "1x8xA100", dict(global_batch_size=7, seq_len=64),
                               fixed={"tp": 1, "pp": 1})),
-    (errors.UntraceableModelError, "`optimize(module with a data-dependent if, ...)`",
-     lambda: autopar.optimize(Blockless(), "1x8xA100", TRAIN)),
+    (errors.UntraceableModelError, "`optimize(language model whose block has a data-dependent if, ...)`",
+     _branchy_lm),
     (errors.InvalidPlanFile, "`Plan.from_json` of a file from a newer autopar",
      _newer_plan_file),
     (errors.InvalidSearchOption, "`optimize(..., time_limit_s=-1)`",

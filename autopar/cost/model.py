@@ -233,7 +233,7 @@ class CostModel:
         for op in layer.ops:
             if op.kind == "attention" and op.fused and layer.attention_heads:
                 s = g.seq_len
-                span = op.window if op.window else s
+                span = min(op.window, s) if op.window else s   # a window past s limits nothing
                 d = op.fwd_flops / (4.0 * g.micro_batch_size * layer.attention_heads * s * span)
                 return d, min(span, s / cp)
         return 0.0, 0.0

@@ -256,6 +256,44 @@ def eager_attentions(graph: fx.Graph, params: set[str]) -> dict[fx.Node, EagerAt
     return found
 
 
+def attention_mask_arg(n: fx.Node) -> fx.Node | None:
+    """The ``attn_mask`` operand of an SDPA node, else None."""
+    mask = n.args[3] if len(n.args) > 3 else n.kwargs.get("attn_mask")
+    return mask if isinstance(mask, fx.Node) else None
+
+
+def mask_only(graph: fx.Graph, eager: dict[fx.Node, EagerAttention]) -> set[fx.Node]:
+    """Nodes whose results reach only attention masks: an SDPA's ``attn_mask`` or the inside of
+    an eager attention (:func:`eager_attentions`).
+
+    Why: Hugging Face builds the causal mask (``masking_utils.create_causal_mask``: position
+    ranges, comparisons, ``[b, 1, s, s]`` boolean tensors) while tracing, but skips it in a
+    training run without padding (``sdpa_mask``'s ``allow_is_causal_skip``: the kernel runs
+    ``is_causal``), and a flash kernel never reads a causal mask; so these are not kernels of
+    the run. A node with any other consumer (positions that also feed RoPE) is kept.
+    """
+    # what enters an eager attention other than through its q @ k^T GEMM is its mask
+    inner = {m for e in eager.values() for m in e.inner if packet(m.target) not in LINEAR_LIKE}
+
+    def check(u: fx.Node) -> bool:   # _assert_tensor_metadata: no result, no users
+        return u.op == "call_function" and not u.users and u.meta.get("val") is None
+
+    def masks(u: fx.Node, n: fx.Node) -> bool:
+        return (u.op == "call_function" and packet(u.target) in SDPA
+                and attention_mask_arg(u) is n and n not in u.args[:3])
+
+    eager_nodes = {m for e in eager.values() for m in e.inner}
+    found: set[fx.Node] = set()
+    for n in reversed(graph.nodes):
+        if n.op != "call_function" or n in eager_nodes or check(n):
+            continue
+        users = [u for u in n.users if not check(u)]
+        if users and all(u in found or u in inner or masks(u, n) for u in users):
+            found.add(n)
+    found |= {u for n in found for u in n.users if check(u)}
+    return found
+
+
 def _module_path(n: fx.Node) -> str | None:
     stack = n.meta.get("nn_module_stack") or {}
     return list(stack.values())[-1][0] if stack else None

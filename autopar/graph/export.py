@@ -22,9 +22,12 @@ import contextlib
 import dataclasses
 import hashlib
 import inspect
+import io
 import linecache
 import logging
+import os
 import re
+import sys
 
 import torch
 import torch.fx as fx
@@ -70,6 +73,22 @@ def quiet_torch_logs():
             lg.setLevel(level)
 
 
+@contextlib.contextmanager
+def _held_output():
+    """Hold what is printed to stdout and stderr; print it only if the block succeeds.
+
+    Why: when torch.export fails on a data-dependent branch it prints the partial graph it
+    traced (``print(e.partial_fx_graph, file=sys.stderr)`` in torch/export/_trace.py
+    ``_log_export_wrapper``), about 50 lines per attempt, before raising; autopar raises its
+    own error naming the module, the line and the fix instead.
+    """
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        yield
+    sys.stdout.write(out.getvalue())
+    sys.stderr.write(err.getvalue())
+
+
 def find_block_list(model: nn.Module) -> tuple[str, nn.ModuleList] | tuple[None, None]:
     """(path, list) of the repeated decoder blocks: the one-class ModuleList with most parameters."""
     best, best_params = (None, None), -1
@@ -112,7 +131,8 @@ def _export(model, ids, path, blocks, keep: list[int]):
         setattr(owner, attr, nn.ModuleList([blocks[i] for i in keep]))
     try:
         args, kwargs = _inputs_kwargs(model, ids)
-        program = torch.export.export(model, args, kwargs)
+        with _held_output():
+            program = torch.export.export(model, args, kwargs)
         values, params = {}, {}
         user = iter(list(args) + list(kwargs.values()))
         for spec in program.graph_signature.input_specs:
@@ -179,30 +199,43 @@ def _spans(graph: fx.Graph, modules: dict[str, nn.Module],
 
 
 def _failure(model: nn.Module, exc: BaseException, fx_error: str) -> UntraceableModelError:
-    """An error naming the innermost module of ``model`` on the traceback and its code line."""
+    """An error naming the innermost module of ``model`` on the traceback and the line of the
+    model's own code (not torch's) where it failed."""
     names = {id(m): (p or "<root>") for p, m in model.named_modules()}
-    where, line = type(model).__name__, ""
+    where, line, place = type(model).__name__, "", ""
+    # the model's own code: not torch's, nor autopar's (which only called torch.export)
+    library = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
     tb = exc.__traceback__
     while tb is not None:
-        owner = tb.tb_frame.f_locals.get("self")
+        frame, code = tb.tb_frame, tb.tb_frame.f_code
+        # the module a method runs on: its first argument, whatever it is named
+        owner = frame.f_locals.get(code.co_varnames[0]) if code.co_argcount else None
         if id(owner) in names:
             where = f"'{names[id(owner)]}' ({type(owner).__name__})"
-            line = linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno).strip()
+        if not code.co_filename.startswith(library):
+            text = linecache.getline(code.co_filename, tb.tb_lineno).strip()
+            if text:
+                line = text
+                place = f"{os.path.basename(code.co_filename)}:{tb.tb_lineno}"
         tb = tb.tb_next
     text = str(exc).strip().splitlines()
     data_dependent = (isinstance(exc, GuardOnDataDependentSymNode)
                       or "data-dependent" in str(exc).lower())
+    at = f" at `{line}` ({place})" if line else ""
     if data_dependent:
-        fix = ("Fix: make that forward run on meta tensors without data-dependent Python (no "
-               ".item()/.tolist()/`if tensor:`; use torch.where or torch.cond), or mark the module "
-               "as a leaf by moving it into a block class torch.fx keeps whole.")
-    else:  # a shape or dtype error: the model does not take token ids as an LM does
-        fix = (f"That module cannot run on token ids [batch, seq] (int64) passed as input_ids. "
-               f"{LM_NEEDS}. {LM_FIX}.")
+        return UntraceableModelError(
+            f"cannot capture {type(model).__name__}: module {where} reads a tensor's value in "
+            f"Python (a branch on a tensor, .item(), .tolist()){at}; autopar traces on meta "
+            "tensors, which have shapes but no values, so neither torch.fx nor torch.export can "
+            "follow it. Fix: compute both sides and select with torch.where (or torch.cond), or "
+            "move the check out of forward.")
+    # a shape or dtype error: the model does not take token ids as an LM does
+    fix = (f"That module cannot run on token ids [batch, seq] (int64) passed as input_ids. "
+           f"{LM_NEEDS}. {LM_FIX}.")
     return UntraceableModelError(
         f"cannot capture {type(model).__name__}: torch.fx failed ({fx_error}); torch.export failed "
-        f"in module {where}" + (f" at `{line}`" if line else "") +
-        f": {type(exc).__name__}: {text[0].rstrip('.') if text else ''}. {fix}")
+        f"in module {where}{at}: {type(exc).__name__}: {text[0].rstrip('.') if text else ''}. "
+        f"{fix}")
 
 
 def extract_exported(model: nn.Module, seq_len: int, micro_batch_size: int, *,

@@ -44,6 +44,7 @@ class _Group:
     params: list[fx.Node]
     out: fx.Node
     inner: list[fx.Node]
+    module: str = ""          # the module's class name (``LlamaRMSNorm``): the op's target
 
 
 class ExportInterpreter(MeasuringInterpreter):
@@ -65,6 +66,7 @@ class ExportInterpreter(MeasuringInterpreter):
         self.eager = eager or {}  # eager attentions, run as one flash kernel at their last GEMM
         self.inner = {n for g in groups.values() for n in g.inner}
         self.inner |= {n for e in self.eager.values() for n in e.inner}
+        self.inner |= A.mask_only(gm.graph, self.eager)  # not run in training (aten.mask_only)
         self.on_node = on_node
         self.routers = A.routers(gm.graph)
         self.replicated = A.replicated_linears(
@@ -163,6 +165,28 @@ class ExportInterpreter(MeasuringInterpreter):
                                          or self._dense_routed(n)):
             return {"moe_role": "expert"}
         return {}
+
+    def op_target(self, n, module):
+        # as the fx path names them: a fused module by its class (what eager pricing reads, e.g.
+        # an RMSNorm run as its decomposition, autopar.cost.compute), an aten op by its name
+        # without the overload (aten.silu.default -> "silu", as F.silu)
+        if n in self.groups:
+            return self.groups[n].module
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+            return n.target.overloadpacket.__name__
+        return super().op_target(n, module)
+
+    def read_tensors(self, n, args, kwargs):
+        if n.op == "call_function" and A.packet(n.target) in A.SDPA:
+            # a GQA flash kernel reads q and the KV heads (not repeat_kv's copies), and a causal
+            # one no mask (HF materialises the causal mask; training runs is_causal)
+            return [self.env[self.kv_of.get(a, a)] for a in n.args[:3]]
+        return super().read_tensors(n, args, kwargs)
+
+    def materializes(self, n, args, result):
+        # repeat_kv's expand + reshape copies the KV heads in eager PyTorch, but the GQA
+        # attention kernel reads the KV heads themselves (kv_of), so no copy is run
+        return n not in self.gqa_views and super().materializes(n, args, result)
 
     def activation_input(self, n):
         if n in self.groups:  # a decomposed activation module, fused
@@ -266,8 +290,9 @@ class ExportInterpreter(MeasuringInterpreter):
         k = self.env[self.kv_of[n.args[1]]] if n.args[1] in self.kv_of else k
         v = self.env[self.kv_of[n.args[2]]] if n.args[2] in self.kv_of else v
         out = self._attention(q, k, v, None, dropout_p, is_causal, scale)
-        # a mask [.., s, s] in a decoder LM is the causal mask (HF materialises it)
-        self._attention_causal = bool(is_causal) or attn_mask is not None
+        # a mask [.., s, s] in a decoder LM is the causal mask (HF materialises it; its nodes
+        # are not run here, aten.mask_only, so the node says whether there is one)
+        self._attention_causal = bool(is_causal) or A.attention_mask_arg(n) is not None
         self._count_span(n, q, k)
         return out
 
@@ -312,5 +337,5 @@ def fused_groups(graph: fx.Graph, modules: dict[str, nn.Module],
         out = used_out[0]
         groups[out] = _Group(kind, acts[0], sorted((a for a in outside if a.name in params),
                                                    key=lambda a: a.name),
-                             out, [m for m in nodes if m is not out])
+                             out, [m for m in nodes if m is not out], type(module).__name__)
     return groups

@@ -251,6 +251,18 @@ class MeasuringInterpreter(fx.Interpreter):
         """Extra :class:`Op` fields for a node (the export interpreter adds ``moe_role``)."""
         return {}
 
+    def op_target(self, n: fx.Node, module: nn.Module | None) -> str:
+        """The :attr:`Op.target` of a node: the module class, or the function or method name."""
+        return classify.target_name(n.target, module)
+
+    def read_tensors(self, n: fx.Node, args, kwargs) -> list[torch.Tensor]:
+        """The tensors the node's kernel reads (its :attr:`Op.bytes_read`): its tensor arguments."""
+        return tensors_of((args, kwargs))
+
+    def materializes(self, n: fx.Node, args, result) -> bool:
+        """True when a node classified as a view runs as a copy kernel (:func:`_materializes`)."""
+        return _materializes(args, result)
+
     # -- per node ------------------------------------------------------------------------------
     def run_node(self, n: fx.Node):
         self._node = n
@@ -291,22 +303,26 @@ class MeasuringInterpreter(fx.Interpreter):
             result = FusedGLUMeta.apply(self.env[a], self.env[b])
         else:
             result = getattr(self, n.op)(n.target, args, kwargs)
-            if kind == "view" and _materializes(args, result):
+            if kind == "view" and self.materializes(n, args, result):
                 kind = "elementwise"
         flops = self.rec.flop_counter.get_total_flops() - flops_before
         if self._flops_override is not None:  # attention, grouped GEMMs: our own rule
             flops = self._flops_override
         self.rec.produced(result, region, kind == "attention")
         new = [self.layer_params[i] for i in set(self.layer_params) - params_before]
-        inputs = tensors_of((args, kwargs))
+        inputs = self.read_tensors(n, args, kwargs)
+        # a parameter passed as an argument (an aten linear's weight) is read once, not again as
+        # the op's new parameter
+        passed = {_storage_key(t) for t in inputs}
+        new_read = [m for m in (self._meta(p) for p in new) if _storage_key(m) not in passed]
         gemm: tuple[int, ...] = ()
         if out_features is not None and inputs:
             gemm = self.gemm_dims(n, inputs, result)
         self.op_nodes.append(n)
         self.ops.append(Op(
-            name=n.name, kind=kind, target=classify.target_name(n.target, module),
+            name=n.name, kind=kind, target=self.op_target(n, module),
             fwd_flops=float(flops),
-            bytes_read=sum(tensor_nbytes(t) for t in inputs) + sum(tensor_nbytes(self._meta(p)) for p in new)
+            bytes_read=sum(tensor_nbytes(t) for t in inputs + new_read)
             + (self._score_bytes if kind == "attention" else 0),
             bytes_written=0 if kind == "view" else sum(tensor_nbytes(t) for t in tensors_of(result)),
             num_parameters=self.rec.new_params(new), region=region, tp_role=role,

@@ -45,7 +45,9 @@ _INT_FIELDS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hi
 MAX_SIZE = {"num_layers": 4096, "hidden_size": 2 ** 20, "num_heads": 2 ** 16,
             "num_kv_heads": 2 ** 16, "ffn_hidden_size": 2 ** 22, "vocab_size": 2 ** 24,
             "seq_len": 2 ** 24}
-_REQUIRED = ("name", "family", "num_layers", "hidden_size", "num_heads", "vocab_size", "seq_len")
+#: Keys a model dict must have (:meth:`ModelConfig.from_dict`).
+REQUIRED_KEYS = ("name", "family", "num_layers", "hidden_size", "num_heads", "vocab_size",
+                 "seq_len")
 
 
 def _fail(name: str, message: str) -> InvalidModelConfig:
@@ -230,10 +232,10 @@ class ModelConfig:
             hint = "; ".join(f"{k!r} -> did you mean {v[0]!r}?" for k, v in hints.items() if v)
             raise _fail(label, f"unknown key(s) {unknown}; valid keys are {valid}"
                                + (f"; {hint}" if hint else ""))
-        missing = [k for k in _REQUIRED if k not in d]
+        missing = [k for k in REQUIRED_KEYS if k not in d]
         if missing:
             raise _fail(label, f"missing required key(s) {missing}; fix: add them "
-                               f"(required: {list(_REQUIRED)})")
+                               f"(required: {list(REQUIRED_KEYS)})")
         return cls(**dict(d))
 
     def to_dict(self) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from types import MappingProxyType
 from typing import Any
 
 from autopar.errors import InvalidModelConfig
-from autopar.models.config import ModelConfig
+from autopar.models.config import REQUIRED_KEYS, ModelConfig
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def get_config(spec: str | Mapping[str, Any] | ModelConfig) -> ModelConfig:
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise InvalidModelConfig(f"unknown model preset {spec!r}.{hint} Valid presets: "
                                  f"{', '.join(PRESETS)}; a Hugging Face preset (hf-*, listed by "
-                                 "`autopar models`); or a model dict with family, num_layers, "
-                                 "hidden_size, num_heads, vocab_size, seq_len.")
+                                 f"`autopar models`); or a model dict with keys "
+                                 f"{', '.join(REQUIRED_KEYS)}.")
     raise InvalidModelConfig(f"a model must be a preset name, a model dict or a ModelConfig, got "
                              f"{type(spec).__name__}; fix: pass e.g. 'llama3-8b'")
