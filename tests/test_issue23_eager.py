@@ -24,6 +24,7 @@ from autopar.cost.model import CostModel  # noqa: E402
 from autopar.frameworks import get_profile  # noqa: E402
 from autopar.graph import extract  # noqa: E402
 from autopar.models import ModelConfig, build  # noqa: E402
+from benchmarks.docs_examples import BranchyLM  # noqa: E402
 
 SEQ = 1024
 CLUSTER = autopar.Cluster.from_spec("1x8xH100")
@@ -167,18 +168,13 @@ class _Gate(torch.nn.Module):
         return x
 
 
-class _BranchyLM(torch.nn.Module):
+class _BranchyLM(BranchyLM):
+    """docs/errors.md's example model with blocks whose ``forward`` does not call its first
+    argument ``self``."""
+
     def __init__(self):
         super().__init__()
-        self.embed = torch.nn.Embedding(64, 16)
         self.blocks = torch.nn.ModuleList([_Gate(), _Gate()])
-        self.head = torch.nn.Linear(16, 64)
-
-    def forward(self, input_ids):
-        x = self.embed(input_ids)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
 
 
 def test_data_dependent_branch_is_one_clear_error(capfd):
