@@ -21,6 +21,15 @@ from benchmarks.docs_examples import EXAMPLES, TINY, TRAIN
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _as_from_a_shell() -> None:
+    """SIGINT as a shell leaves it to a command it starts: default action, not blocked. A test
+    process may have it ignored or blocked (both are inherited across exec), e.g. after another
+    test in the same pytest-xdist worker started process groups; the child then never saw the
+    Ctrl-C these tests send (rc 0 after the whole search)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def _unsupported_plan():
     from autopar.runtime.errors import UnsupportedPlanError
     return UnsupportedPlanError
@@ -85,7 +94,8 @@ def test_ctrl_c_in_the_cli_prints_the_best_plan_so_far(tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "autopar.cli", "plan", "--model", "gpt3-175b",
                           "--cluster", "128x8xA100-80GB", "--global-batch", "1536", "--out",
                           str(out_file)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         preexec_fn=_as_from_a_shell)
     seen = []
     for line in p.stderr:  # blocks until the child prints; no timing involved
         seen.append(line)
@@ -144,7 +154,7 @@ def test_ctrl_c_during_start_up_exits_cleanly(when, command):
                 "runpy.run_module('autopar.cli', run_name='__main__', alter_sys=True)\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
-                       timeout=300)
+                       timeout=300, preexec_fn=_as_from_a_shell)
     assert (p.returncode, p.stderr, p.stdout) == (130, "autopar: interrupted\n", "")
 
 

@@ -135,9 +135,11 @@ def _config(d: Any, where: str) -> ParallelConfig:
                 f"{_EXAMPLE.get(missing[0], '...')}), then check the edited plan with `autopar "
                 "estimate --plan FILE`; or regenerate the plan with `autopar plan --out plan.json`.")
     d = dict(_keys(d, where, choices, _CONFIG_LATER))
+    # placement may be missing (a version-1 file: the default order) but not null: a written
+    # plan states its order, and a null read as the default would load another plan than written
     resolved = ("dp", "micro_batch_size", "virtual_stages", "schedule", "stage_blocks")
-    for key in resolved:
-        if d[key] is None:
+    for key in resolved + ("placement",):
+        if key in d and d[key] is None:
             raise _fail(f"{where}.{key}", "is null; a plan has every choice made")
     for key in ("recompute", "stage_blocks", "placement", "reshard_after_forward"):
         if isinstance(d.get(key), list):
