@@ -29,7 +29,7 @@ def test_the_margin_is_kept_and_the_plan_reported_on_the_real_gpu(plans):
     assert free.estimate.memory_per_gpu_bytes <= 0.9 * limit < tight.estimate.memory_per_gpu_bytes
     assert free.estimate.fits and free.search.memory_margin == 0.1
     # the tight plan says it may not fit and which margin to search with
-    assert any("may not fit on the first try" in w and "memory_margin=0.12" in w
+    assert any("may not fit on the first try" in w and "memory_margin >= 0.12" in w
                for w in tight.estimate.warnings), tight.estimate.warnings
     assert free.estimate.step_time_s >= tight.estimate.step_time_s   # room costs time, or nothing
     assert all(a.memory_per_gpu_bytes <= 0.9 * limit for a in (*free.alternatives, *free.pareto))

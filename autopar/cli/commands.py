@@ -837,7 +837,7 @@ def _cmd_explain(args, problem, fixed, out, err, interrupt=None) -> dict:
         faster = [cmp.name for cmp in comps if UNREACHED in cmp.note]
         out.print(f"The search was stopped by {progress.why()}: this plan is the best it had "
                   "found, not necessarily the best in the space"
-                  + (f"; faster layouts below it had not reached: {', '.join(faster)}"
+                  + (f"; faster layouts below it the search had not reached: {', '.join(faster)}"
                      if faster else "") + ". Run without the stop for the best plan.",
                   style="yellow", highlight=False, markup=False)
     out.print(tables.comparison_table(comps, s.complete))

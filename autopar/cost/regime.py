@@ -233,5 +233,7 @@ def headroom_warnings(memory_bytes: float, limit_bytes: float) -> tuple[str, ...
     return (f"memory: {memory_bytes / 1e9:.1f} of {limit_bytes / 1e9:.1f} GB per GPU leaves "
             f"{free:.1%} for error, less than the ±{half:.0%} that holds {BAND_QUANTILE:.0%} of "
             f"{runs} measured runs' peak memory (mean error {bias:+.0%}, the worst measured "
-            f"{worst:.0%} above its prediction): it may not fit on the first try; search with "
-            f"memory_margin={math.ceil(half * 100) / 100:g} (--memory-margin) to keep that free",)
+            f"{worst:.0%} above its prediction): it may not fit on the first try; a plan searched "
+            f"for the framework that runs it (autopar plan --framework NAME) with "
+            f"memory_margin >= {math.ceil(half * 100) / 100:g} (--memory-margin) keeps that "
+            "free",)

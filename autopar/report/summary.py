@@ -164,7 +164,7 @@ def plan_summary(plan) -> str:
         if note:
             lines.append(f"  note: {note}")
     s = plan.search
-    lines.append(f"search           {plural(s.evaluated, 'configuration')}, "
-                 f"{plural(s.meshes, 'mesh', 'meshes')}, "
+    lines.append(f"search           {plural(s.evaluated, 'configuration')} estimated, "
+                 f"{plural(s.meshes, 'mesh', 'meshes')} in the space, "
                  f"{s.wall_s:.2f} s{'' if s.complete else ' (stopped early: best so far)'}")
     return "\n".join(lines)

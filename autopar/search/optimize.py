@@ -236,7 +236,9 @@ def _pins_the_framework_runs(profile, fixed: dict, moe: bool = False) -> None:
         return  # inconsistent pins are refused later with their own message
     why = profile.unsupported(partial, moe)
     if why:
-        raise InvalidParallelConfig(
-            f"the pinned {sorted(k for k in keys if k in fixed)} cannot run under {profile.name}: {why}. Fix: drop or "
-            f"change that pin, or plan for another framework (--framework / "
-            f"TrainingConfig(framework=...)).")
+        other = ("drop or change that pin, or plan for another framework (--framework / "
+                 "TrainingConfig(framework=...))")
+        # a rule that names its own fix gets the others after it, not a second "Fix:"
+        fix = f"; or {other}" if "fix:" in why.lower() else f". Fix: {other}"
+        raise InvalidParallelConfig(f"the pinned {sorted(k for k in keys if k in fixed)} cannot "
+                                    f"run under {profile.name}: {why}{fix}.")
