@@ -93,6 +93,10 @@ def test_cli_measure_single_process(tmp_path, capsys):
 def test_cli_measure_refuses_zero_steps(tmp_path, capsys):
     plan_path = tmp_path / "plan.json"
     _plan(1, dp=1).to_json(plan_path)
-    assert main(["measure", "--plan", str(plan_path), "--steps", "0", "--out",
-                 str(tmp_path / "r.json")]) == 2
-    assert "--steps must be >= 1" in capsys.readouterr().err
+    # refused by the parser, as every other bad flag (it was an InvalidPlanFile without a fix)
+    with pytest.raises(SystemExit) as info:
+        main(["measure", "--plan", str(plan_path), "--steps", "0", "--out",
+              str(tmp_path / "r.json")])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --steps: '0' must be >= 1" in err and "Fix:" in err

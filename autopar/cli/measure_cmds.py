@@ -3,6 +3,7 @@ user's nodes, or as one process); the measuring itself is in :mod:`autopar.calib
 
 from __future__ import annotations
 
+import argparse
 import json
 import warnings
 
@@ -10,7 +11,7 @@ import torch.distributed as dist
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import InvalidCalibration, InvalidPlanFile, output_error
+from ..errors import InvalidCalibration, output_error
 from .inputs import model_arg
 
 
@@ -41,7 +42,13 @@ def add_parsers(sub, positive_float, non_negative_int) -> None:
                        "torchrun) and record step time, memory and the prediction error")
     m.add_argument("--plan", required=True, help="plan file (autopar plan --out)")
     m.add_argument("--out", required=True, help="record file to write (published-run JSON)")
-    m.add_argument("--steps", type=non_negative_int, default=10,
+    def at_least_one(text: str) -> int:
+        n = non_negative_int(text)
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"{text!r} must be >= 1 (steps to measure)")
+        return n
+
+    m.add_argument("--steps", type=at_least_one, default=10,
                    help="measured steps (default 10)")
     m.add_argument("--warmup", type=non_negative_int, default=3,
                    help="warm-up steps before measuring (default 3)")
@@ -113,8 +120,6 @@ def cmd_measure(args, out: Console, err: Console) -> dict | None:
     from ..calibrate.run import init_distributed
     from ..hardware import Cluster
     from ..plan import Plan
-    if args.steps < 1:
-        raise InvalidPlanFile("--steps must be >= 1 (steps to measure).")
     cluster = Cluster.from_spec(args.cluster) if args.cluster else None
     with warnings.catch_warnings(record=True) as caught:  # the calibration's notes: rank 0 prints
         warnings.simplefilter("always", UserWarning)

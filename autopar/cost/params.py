@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
-from ..config import ATTENTION_KERNELS  # re-exported: the kernels attention_efficiency is keyed by
+from ..config import ATTENTION_KERNELS  # noqa: F401  (re-exported: the kernels attention_efficiency is keyed by)
 
 
 @dataclass(frozen=True)

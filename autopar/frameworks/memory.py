@@ -8,7 +8,6 @@ file and flag at the commit named in :mod:`autopar.frameworks.profiles`, or a me
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from types import MappingProxyType
 from typing import Mapping
 
 from .checks import FieldCheck
