@@ -116,3 +116,25 @@ def test_cli_sp_and_no_sp_pin_sequence_parallelism(capsys):
         assert parser.parse_args([*base, "--sp"]).sequence_parallel is True
     assert parser.parse_args(["explain", "--model", "m", "--cluster", "c",
                               "--no-compare-sp"]).compare_sequence_parallel is False
+
+
+def test_experts_kept_whole_under_tp_are_not_searched_and_a_pinned_tp_is_warned():
+    # plan.apply keeps each rank's stacked experts whole under TP (runtime/tp.py shards nn.Linear
+    # only), while the cost model splits them over tp: such plans were priced up to tp times too
+    # cheap in expert FLOPs and memory. The search no longer proposes them under torch or
+    # DeepSpeed (experts_tp_sharded=False); a pinned one says its estimate is optimistic.
+    assert get_profile("torch").experts_tp_sharded is False
+    assert get_profile("deepspeed").experts_tp_sharded is False
+    assert get_profile("megatron").experts_tp_sharded and get_profile("torchtitan").experts_tp_sharded
+    plan = autopar.optimize("hf-tiny-mixtral", CLUSTER, TRAIN, top_k=5)
+    assert all(e.config.tp == 1 for e in (plan.estimate, *plan.alternatives, *plan.pareto))
+    assert not any("keeps experts whole" in w for w in plan.estimate.warnings)
+    pinned = autopar.optimize("hf-tiny-mixtral", CLUSTER, TRAIN, fixed={"tp": 2}, top_k=1)
+    assert any("torch keeps experts whole on every TP rank" in w and "optimistic" in w
+               for w in pinned.estimate.warnings), pinned.estimate.warnings
+    mega = autopar.optimize("hf-tiny-mixtral", CLUSTER,
+                            dataclasses.replace(TRAIN, framework="megatron"), fixed={"tp": 2},
+                            top_k=1)
+    assert not any("keeps experts whole" in w for w in mega.estimate.warnings)
+    dense = autopar.optimize("hf-tiny-llama", CLUSTER, TRAIN, fixed={"tp": 2}, top_k=1)
+    assert not any("keeps experts whole" in w for w in dense.estimate.warnings)

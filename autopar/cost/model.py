@@ -1296,6 +1296,13 @@ class CostModel:
             warns = (*warns, f"{self.profile.name} runs {c.cp_mode} context-parallel attention "
                              f"{how}, and this estimate prices that; cp_mode='ulysses' runs the "
                              "fused kernel (Megatron-LM and torchtitan run fused ring attention)")
+        if self.graph.num_experts and c.etp > 1 and not self.profile.experts_tp_sharded:
+            warns = (*warns, f"{self.profile.name} keeps experts whole on every TP rank "
+                             f"({self.profile.sources.get('experts_tp_sharded', 'its profile')}); this estimate "
+                             f"prices them split over tp={c.tp}, so its step time and memory "
+                             "are optimistic. Fix: tp=1 (--tp 1) for MoE models under this "
+                             "framework, or plan for a framework that splits experts "
+                             "(--framework megatron or torchtitan)")
         refused = self.profile.unsupported(c, moe=self.graph.num_experts > 0)
         if refused:  # the search never returns such a plan; a hand-written one can be one
             warns = (*warns, f"{refused}: the framework cannot run this configuration as "

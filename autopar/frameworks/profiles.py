@@ -191,6 +191,10 @@ class FrameworkProfile:
             (:data:`ETP_RULES`): "tp" only etp = tp with ep inside dp (no MoE parallel folding),
             "one_or_tp" etp = 1 (ep may span the TP ranks) or tp, "any" any etp with ep * etp
             dividing tp * cp * dp (:attr:`autopar.config.ParallelConfig.expert_tp`).
+        experts_tp_sharded: under tp > 1 the expert matrices are split over the expert-TP ranks
+            (False: each TP rank holds its experts whole and runs them on every token it holds).
+            The cost model prices experts as split; an estimate of a framework that replicates
+            them says its time and memory are optimistic (not yet priced as it runs).
         overlaps_ep_comm: schedules under which the framework hides expert-parallel all-to-alls
             behind the compute of another micro-batch (DualPipe-style forward-backward pairs);
             the cost model reads it (:meth:`autopar.cost.model.CostModel.estimate`).
@@ -289,6 +293,7 @@ class FrameworkProfile:
     moe_sequence_parallel: tuple[bool, ...] = (True, False)
     per_block_reshard: bool = False
     expert_tensor_parallel: str = "tp"
+    experts_tp_sharded: bool = True
     sources: Mapping[str, str] = field(default_factory=dict)
     # -- sequence-length divisibility for CP and SP (issue 13); sourced inside the rule --------
     seq_rule: SeqLenRule = SeqLenRule()
@@ -518,7 +523,8 @@ _ZERO_STAGE_FIELDS = ("zero_stages", "zero_stages_with_tp", "zero_stages_with_pp
                       "zero_stages_with_ep")
 _BOOL_FIELDS = ("per_block_recompute", "expert_parallel", "per_block_reshard",
                 "overlap_dp_grad_reduce", "zero3_regather_per_micro_batch", "overlap_tp_comm",
-                "zero1_grad_all_reduce", "fsdp2_copies", "tp_mlp_reduce_per_linear")
+                "zero1_grad_all_reduce", "fsdp2_copies", "tp_mlp_reduce_per_linear",
+                "experts_tp_sharded")
 
 
 def _checked_fields(v: dict, check: FieldCheck, cost_fix: str) -> dict:
@@ -606,7 +612,7 @@ TORCH = FrameworkProfile(
     zero_stages_with_ep=_ALL_ZERO, schedules=SCHEDULES, interleaved_chunks="any",
     stage_cuts="any", cp_modes=CP_MODES, recompute_modes=RECOMPUTE_MODES,
     per_block_recompute=True, sequence_parallel=(True, False), expert_parallel=True,
-    moe_sequence_parallel=(False,),
+    moe_sequence_parallel=(False,), experts_tp_sharded=False,
     memory=TORCH_MEMORY,
     per_block_reshard=True,
     sources={
@@ -643,8 +649,10 @@ TORCH = FrameworkProfile(
                                  "sequences (runtime/apply.py check_moe)",
         "expert_parallel": "all_to_all_single token dispatch over a DeviceMesh dim",
         "expert_tensor_parallel": "autopar/runtime/mesh.py lays ep inside the DP dimension "
-                                  "and runtime/ep.py splits whole experts; expert matrices are "
-                                  "TP-sharded like the dense MLP's (etp = tp only)",
+                                  "and runtime/ep.py splits whole experts (etp = tp only)",
+        "experts_tp_sharded": "autopar/runtime/tp.py shards nn.Linear layers only and "
+                              "runtime/ep.py keeps each rank's stacked experts whole, so under "
+                              "tp > 1 every TP rank runs its experts on all the TP group's tokens",
     },
     zero3_regather_per_micro_batch=False,
     cp_attention={"allgather": "masked", "ring": "unfused"},
@@ -703,6 +711,8 @@ TORCHTITAN = FrameworkProfile(
         "moe_sequence_parallel": "models/llama4/infra/parallelize.py apply_moe_ep_tp: the "
                                  "'moe' module's input layout is Shard(1) (sequence-sharded, "
                                  "all-gathered in, reduce-scattered out)",
+        "experts_tp_sharded": "models/llama4/infra/parallelize.py apply_moe_ep_tp: the "
+                              "experts are tensor-parallel over the TP mesh (etp = tp)",
         "expert_parallel": "job_config.py Parallelism.expert_parallel_degree (MoE models)",
         "expert_tensor_parallel": "job_config.py Parallelism.expert_tensor_parallel_degree "
                                   "and distributed/parallel_dims.py _validate: 'Currently we "
@@ -766,6 +776,8 @@ MEGATRON = FrameworkProfile(
         "moe_sequence_parallel": "megatron/core/transformer/moe/moe_layer.py MoELayer.forward "
                                  "raises in training when the TP group has > 1 rank and "
                                  "sequence_parallel is off (read at 001199898c4b)",
+        "experts_tp_sharded": "arguments.py --expert-tensor-parallel-size (default: "
+                              "--tensor-model-parallel-size): expert GEMMs split over etp ranks",
         "expert_parallel": "arguments.py --expert-model-parallel-size",
         "expert_tensor_parallel": "arguments.py --expert-tensor-parallel-size (default tp); "
                                   "core/parallel_state.py initialize_model_parallel: expert "
@@ -804,7 +816,7 @@ DEEPSPEED = FrameworkProfile(
     zero_stages_with_ep=_ALL_ZERO, schedules=("1f1b",), interleaved_chunks="none",
     stage_cuts="balanced", cp_modes=(), recompute_modes=("none", "full"),
     per_block_recompute=False, sequence_parallel=(False,), expert_parallel=True,
-    moe_sequence_parallel=(False,), seq_rule=DEEPSPEED_RULE,
+    moe_sequence_parallel=(False,), experts_tp_sharded=False, seq_rule=DEEPSPEED_RULE,
     memory=DEEPSPEED_MEMORY,
     sources={
         "per_block_reshard": "deepspeed/runtime/zero/config.py: stage3_param_persistence_"
@@ -830,6 +842,8 @@ DEEPSPEED = FrameworkProfile(
                              "sequence parallelism",
         "moe_sequence_parallel": "deepspeed/moe/layer.py MoE gates each rank's whole sequences; "
                                  "no sequence parallelism to pair it with (sequence_parallel)",
+        "experts_tp_sharded": "deepspeed/moe/layer.py MoE(enable_expert_tensor_parallelism="
+                              "False), the documented default: experts are not cut by TP",
         "expert_parallel": "deepspeed/moe/layer.py MoE(ep_size=...)",
         "expert_tensor_parallel": "deepspeed/utils/groups.py _create_expert_data_and_model_"
                                   "parallel: expert_tensor_parallel_world_size = tensor_"

@@ -109,6 +109,10 @@ def meshes(graph: ModelGraph, cluster, train: TrainingConfig, fixed: dict,
                 continue
             if not limits.tp_across_nodes and tp > cluster.gpus_per_node:
                 continue
+            if tp > 1 and getattr(graph, "num_experts", 0) and not profile.experts_tp_sharded:
+                # the framework keeps experts whole on every TP rank, which the cost model does
+                # not price yet (it splits them): such plans would win only in the model
+                continue
         for cp in divisors(world // tp):
             if "cp" in fixed and cp != fixed["cp"]:
                 continue
