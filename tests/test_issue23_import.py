@@ -233,3 +233,17 @@ def test_slurm_script_rendezvous_id_is_the_jobs_and_it_asks_for_cpus(two_node_pl
     with pytest.raises(InvalidClusterSpec):
         to_slurm_script(plan, cpus_per_gpu=0)
     assert issubclass(InvalidClusterSpec, AutoparError)
+
+
+def test_exports_of_a_hugging_face_preset_plan_are_re_estimated():
+    # a new user's pass: every export of an hf-* preset's plan said "not re-estimated ... the plan
+    # has no model_config"; the preset is rebuilt on meta from its name, as loading the plan does
+    pytest.importorskip("transformers")
+    plan = autopar.optimize("hf-tiny-mixtral", "1x8xH100",
+                            autopar.TrainingConfig(global_batch_size=16, seq_len=32))
+    assert plan.model_config is None
+    for export in (plan.to_megatron_args(), plan.to_torchtitan_toml(),
+                   plan.to_deepspeed_config()):
+        assert not any(w.startswith("not re-estimated") for w in export.warnings), export.warnings
+        assert any(w.startswith("re-estimated under") for w in export.warnings), export.warnings
+        assert export.fits is not None

@@ -24,9 +24,8 @@ from ..cost.model import CostModel
 from ..cost.types import Estimate
 from ..errors import AutoparError
 from ..frameworks import edits_text, get_profile, with_edits
-from ..hardware import Cluster
-from ..models import ModelConfig
-from ..reestimate import config_graph
+from ..graph import hf
+from ..reestimate import cost_model
 from ..search.optimize import search
 
 #: GB in the printed verdicts: 1e9 bytes (decimal, as GPU datasheets).
@@ -34,15 +33,15 @@ _GB = 1e9
 
 
 def _cost_model(plan, train: TrainingConfig, profile=None) -> CostModel:
-    """Cost model of the plan's model (from ``plan.model_config``) and cluster under ``train``
-    (the graph is the plan-file loader's, cached: :func:`autopar.reestimate.config_graph`).
+    """Cost model of the plan's model (from ``plan.model_config``, or a Hugging Face preset
+    rebuilt on meta from its name) and cluster under ``train``, as the plan-file loader builds
+    it (:func:`autopar.reestimate.cost_model`; graphs cached).
 
     Raises:
-        AutoparError: the model config or cluster spec cannot be rebuilt.
+        AutoparError: the model or cluster spec cannot be rebuilt.
     """
-    graph = config_graph(ModelConfig.from_dict(dict(plan.model_config)), train.seq_len,
-                         train.precision, train.flash_attention)
-    return CostModel(graph, Cluster.from_spec(plan.cluster), train, framework=profile)
+    config = dict(plan.model_config) if plan.model_config else None
+    return cost_model(config, plan.cluster, train, name=plan.model, profile=profile)
 
 
 def describe(c: ParallelConfig) -> str:
@@ -159,7 +158,7 @@ def verdict(plan, written: ParallelConfig, framework: str,
         return [f"re-estimated under {profile.name}: {once}this file runs the plan as estimated "
                 f"({pe.step_time_s:.4g} s per step, {pe.memory_per_gpu_bytes / _GB:.1f} GB of "
                 f"{pe.memory_limit_bytes / _GB:.1f} GB per GPU)"], pe.fits
-    if not plan.model_config:
+    if not plan.model_config and plan.model not in hf.HF_PRESETS:
         return [f"not re-estimated: this file changes {', '.join(diffs) or 'the precision'} "
                 "and the plan has no model_config to rebuild the model from. Fix: plan from a "
                 "preset or model dict, or call autopar.estimate(model, cluster, train, "
