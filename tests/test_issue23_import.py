@@ -247,3 +247,21 @@ def test_exports_of_a_hugging_face_preset_plan_are_re_estimated():
         assert not any(w.startswith("not re-estimated") for w in export.warnings), export.warnings
         assert any(w.startswith("re-estimated under") for w in export.warnings), export.warnings
         assert export.fits is not None
+
+
+def test_fixes_fill_the_cluster_and_num_layers_must_be_the_models(capsys):
+    # a new user's pass: 60 layers on pp=8 with tp=8 on 128 GPUs was told "pp=6 or pp=10",
+    # neither of which divides the 16 GPUs per tensor-parallel group; and --num-layers 60 on a
+    # 96-layer model was checked as 60 layers at import and as 96 when completed
+    base = ["estimate", "--model", "gpt-76.1b", "--cluster", "16x8xA100-80GB",
+            "--global-batch", "1536", "--megatron-args"]
+    assert main([*base, "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 8"]) == 2
+    err = capsys.readouterr().err
+    assert "Fix: pp=4;" in err and "pp=6" not in err and "pp=10" not in err, err
+    imp = from_megatron_args("--tensor-model-parallel-size 8 --pipeline-model-parallel-size 16 "
+                               "--num-layers 60 --decoder-first-pipeline-num-layers 2 "
+                               "--decoder-last-pipeline-num-layers 2")
+    with pytest.raises(InvalidParallelConfig, match="--num-layers 60 does not match the "
+                                                    "model's 96 decoder layers"):
+        imp.complete(128, 96)
+    assert imp.complete(128, 60)[0]["pp"] == 16

@@ -440,8 +440,6 @@ def _problem(args) -> tuple[Problem, dict, list[str]]:
         if not args.framework:
             notes.append(f"costed as {_framework(args)} runs it (the imported arguments' "
                          "framework); --framework changes that")
-        if imp.num_layers and blocks and imp.num_layers != blocks:
-            notes.append(f"the arguments say {imp.num_layers} layers; the model has {blocks}.")
         if imp.costs and _framework(args) == "megatron":
             profile = get_profile("megatron").with_costs(imp.cost_sources, **imp.costs)
             notes.append("costed with Megatron-LM's overlaps as imported: "

@@ -47,6 +47,9 @@ class MegatronLayerSplit:
         layers_per_virtual_stage: ``--num-layers-per-virtual-pipeline-stage``, or None.
         layout: ``--pipeline-model-parallel-layout``, or None.
         overlap_p2p: P2P overlap on (off with ``--no-overlap-p2p-communication``).
+        pp_divides: when known, the GPUs per tensor x context parallel group (world / (tp x
+            cp)): a pipeline size proposed as a fix must divide it, or the degrees would not
+            fill the cluster; None = any.
     """
 
     first: int | None = None
@@ -57,6 +60,7 @@ class MegatronLayerSplit:
     layers_per_virtual_stage: int | None = None
     layout: str | None = None
     overlap_p2p: bool = True
+    pp_divides: int | None = None
 
     @property
     def sets_virtual_stages(self) -> bool:
@@ -199,7 +203,8 @@ class MegatronLayerSplit:
         n = num_layers + int(self.embedding) + int(self.loss)
         lpv = self.layers_per_virtual_stage
         legal = [p for p in range(2, n + 1) if n % (p * v) == 0 and p != pp
-                 and (lpv is None or (n // p) % lpv == 0)]
+                 and (lpv is None or (n // p) % lpv == 0)
+                 and (self.pp_divides is None or self.pp_divides % p == 0)]
         pps = [p for p in (max((p for p in legal if p < pp), default=None),
                            min((p for p in legal if p > pp), default=None)) if p]
         vflag = f" and {v} virtual stages" if v > 1 else ""

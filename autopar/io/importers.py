@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import InvalidParallelConfig
@@ -106,10 +106,21 @@ class Imported:
         """
         par, train = {**self.parallel, **(overrides or {})}, dict(self.train)
         pp = par.get("pp", 1)
+        if num_blocks and self.num_layers and num_blocks != self.num_layers:
+            # the split was checked for --num-layers; the model would be cut by its own count
+            raise InvalidParallelConfig(
+                f"--num-layers {self.num_layers} does not match the model's {num_blocks} decoder "
+                "layers, which autopar estimates and splits over the pipeline. Fix: drop "
+                f"--num-layers (or give {num_blocks}), or choose a model with "
+                f"{self.num_layers} layers.")
         layers = num_blocks or self.num_layers
         if self.layer_split is not None and layers:
             given_v = (overrides or {}).get("virtual_stages")
-            chunks = self.layer_split.chunks(layers, pp, given_v)
+            # a pp proposed as a fix must fill this cluster with the given tp and cp
+            mp = par.get("tp", 1) * par.get("cp", 1)
+            split = replace(self.layer_split,
+                            pp_divides=world_size // mp if world_size % mp == 0 else None)
+            chunks = split.chunks(layers, pp, given_v)
             if self.layer_split.sets_virtual_stages or given_v:
                 par["virtual_stages"] = len(chunks) // pp
             # uneven chunks are what Megatron builds; even ones are autopar's default cut
