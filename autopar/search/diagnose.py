@@ -81,8 +81,10 @@ def no_mesh_error(cm: CostModel, fixed: dict) -> AutoparError:
             return InfeasibleError(
                 f"{head}: a 1F1B pipeline of {pp} stages needs at least {pp} micro-batches per "
                 f"step (torch.distributed.pipelining's rule); each of the {dp} data-parallel "
-                f"replicas gets {train.global_batch_size // dp} sequences. Fix: a global batch "
-                f"of at least {pp * dp}, a smaller pp, or fixed schedule='gpipe'.")
+                f"replicas gets {train.global_batch_size // dp} "
+                f"sequence{'' if train.global_batch_size // dp == 1 else 's'}. Fix: a global batch "
+                f"of at least {pp * dp}, a smaller pp, or the GPipe schedule "
+                "(fixed={'schedule': 'gpipe'}, --schedule gpipe).")
         for tp, cp, pp, dp in legal[:1]:
             try:
                 cm.resolve(ParallelConfig(**{k: v for k, v in fixed.items() if k in (
