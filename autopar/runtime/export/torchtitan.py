@@ -52,6 +52,15 @@ def _titan_flavor(plan, warn: list[str]) -> dict:
         if shape == known:
             return {"name": "llama3", "flavor": flavor}
     name = str(plan.model)
+    if not m:
+        # a module's or Hugging Face preset's plan: no shape to write a flavor from
+        warn.append(
+            f"model {name}: the plan has no model_config, so no torchtitan flavor can be matched "
+            f"or written for it; flavor {name!r} written so torchtitan stops at an unknown "
+            "flavor instead of training its debug model. Fix: register a flavor of that name "
+            "with the model's sizes in the torchtitan model it matches (llama3 for a dense "
+            "Llama-shaped model; its MoE models, e.g. deepseek_v3 or llama4, for experts)")
+        return {"name": "llama3", "flavor": name}
     warn.append(
         f"model {name}: torchtitan has no llama3 flavor of this shape (it has "
         f"{', '.join(TITAN_LLAMA3_FLAVORS)}); flavor {name!r} written so torchtitan stops at "
