@@ -242,3 +242,13 @@ def test_json_states_units_and_the_currency(capsys):
     code, out, err = _run(capsys, "estimate", "--model", "tiny-llama", "--cluster",
                           "1x8xA100-80GB", "--tp", "1", "--tokens", "1e9", "--currency", "euro")
     assert code == 2 and "ISO 4217" in err
+
+
+def test_a_gpu_count_beyond_the_limit_is_not_answered_with_a_spec_the_limit_refuses():
+    # a new user's pass: '99999999999xH100' was told to write '1x99999999999xh100', which the
+    # 2**20-GPU limit then refused
+    with pytest.raises(autopar.InvalidClusterSpec) as info:
+        autopar.Cluster.from_spec("99999999999xH100")
+    assert "1x99999999999" not in str(info.value) and "at most 1048576 GPUs" in str(info.value)
+    with pytest.raises(autopar.InvalidClusterSpec, match="e.g. '1x13xh100'"):
+        autopar.Cluster.from_spec("13xH100")

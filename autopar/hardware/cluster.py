@@ -18,14 +18,10 @@ from autopar.hardware.boxes import default_nics, node_template
 from autopar.hardware.comm_params import DEFAULT_COMM_PARAMS, CommParams
 from autopar.hardware.devices import Device, picklable, get_device
 from autopar.hardware.links import INTRA_KINDS, NETWORK_KINDS, LinkType, get_link
-from autopar.hardware.spec import parse_spec
+from autopar.hardware.spec import MAX_WORLD_SIZE, parse_spec
 from autopar.hardware.topology import build_graph
 
 #: link kind -> the class name ``Cluster.link_class`` reports.
-#: Most GPUs a cluster may have: 2**20, ten times the largest clusters built (~100k GPUs); the
-#: search enumerates divisors of the GPU count, so absurd counts (typos) are refused up front.
-MAX_WORLD_SIZE = 2 ** 20
-
 _LINK_CLASS = {"nvlink": "nvlink", "nvswitch": "nvlink", "pcie": "pcie",
                "infiniband": "infiniband", "roce": "roce", "ethernet": "ethernet"}
 

@@ -17,6 +17,10 @@ from autopar.errors import InvalidClusterSpec
 from autopar.hardware.devices import Device, get_device, valid_device_names
 from autopar.hardware.links import LinkType, get_link, list_links
 
+#: Most GPUs a cluster may have: 2**20, ten times the largest clusters built (~100k GPUs); the
+#: search enumerates divisors of the GPU count, so absurd counts (typos) are refused up front.
+MAX_WORLD_SIZE = 2 ** 20
+
 #: GPUs per node assumed by the ``TOTALxGPU`` form (DGX/HGX boards carry 8).
 DEFAULT_GPUS_PER_NODE = 8
 
@@ -75,10 +79,13 @@ def parse_spec(spec: str) -> ParsedSpec:
     else:
         total = _positive(first, "the GPU count", spec)
         if total % DEFAULT_GPUS_PER_NODE:
+            # a suggestion the size check would refuse next is no fix
+            fix = (f"write NODESxGPUSxGPU instead, e.g. '1x{total}x{gpu_name}'"
+                   if total <= MAX_WORLD_SIZE else
+                   f"check the GPU count: autopar plans for at most {MAX_WORLD_SIZE} GPUs")
             raise InvalidClusterSpec(
                 f"cluster spec {spec!r}: GPU count {total} in {main!r} is not a multiple of "
-                f"{DEFAULT_GPUS_PER_NODE}; write NODESxGPUSxGPU instead, e.g. '1x{total}x{gpu_name}'"
-            )
+                f"{DEFAULT_GPUS_PER_NODE}; {fix}")
         num_nodes, gpus_per_node = total // DEFAULT_GPUS_PER_NODE, DEFAULT_GPUS_PER_NODE
     if not plus:
         return ParsedSpec(num_nodes, gpus_per_node, device, None, None, gpu_name)
