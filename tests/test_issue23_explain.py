@@ -179,3 +179,19 @@ def test_runner_ups_shown_one_per_kind_differ_in_more_than_which_blocks_recomput
     assert kind_key(c) == kind_key(c.replace(recompute=mixed(29, 51)))
     assert kind_key(c) != kind_key(c.replace(recompute=mixed(61, 19)))
     assert kind_key(c.replace(recompute=mixed(79, 1))) == kind_key(c.replace(recompute="full"))
+
+
+def test_explain_names_why_each_tensor_parallel_layout_is_left_out():
+    # a new user's pass: on one node of 8 GPUs with a 4-head model, TP=8 inside the node was
+    # dropped without a word and TP=16 "across two nodes" was refused for its heads only
+    from autopar.report.explain import left_out_notes
+
+    problem = Problem.build("tiny-llama", "1x8xH100",
+                            autopar.TrainingConfig(global_batch_size=16, seq_len=32))
+    assert left_out_notes(problem) == [
+        "TP=8 inside each node is not possible: TP must divide the 4 attention heads and 2 KV "
+        "heads.",
+        "TP=16 across two nodes is not possible: the cluster has 8 GPUs (1 node)."]
+    wide = Problem.build("llama2-7b", "2x8xA100-80GB",
+                         autopar.TrainingConfig(global_batch_size=64, seq_len=4096))
+    assert left_out_notes(wide) == []

@@ -359,15 +359,23 @@ def canonical_alternatives(problem: Problem) -> list[tuple[str, dict]]:
     return out
 
 
-def wide_tp_note(problem: Problem) -> str:
-    """Why TP cannot span nodes for this model, or "" when it can."""
-    g, node = problem.cost_model.graph, problem.cluster.gpus_per_node
-    wide = 2 * node
+def left_out_notes(problem: Problem) -> list[str]:
+    """Why each tensor-parallel layout of :func:`canonical_alternatives` is left out, one
+    sentence each (none when both are compared)."""
+    g, cl = problem.cost_model.graph, problem.cluster
+    node, world = cl.gpus_per_node, cl.world_size
     heads, kv = g.attention_heads or 1, g.kv_heads or 1
-    if heads % wide or kv % wide:
-        return (f"TP={wide} across two nodes is not possible: TP must divide the {heads} "
-                f"attention heads and {kv} KV heads.")
-    return ""
+    out = []
+    for tp, name in ((node, f"TP={node} inside each node"),
+                     (2 * node, f"TP={2 * node} across two nodes")):
+        if world % tp:
+            out.append(f"{name} is not possible: the cluster has {world} GPU"
+                       f"{'' if world == 1 else 's'} ({cl.num_nodes} node"
+                       f"{'' if cl.num_nodes == 1 else 's'}).")
+        elif heads % tp or kv % tp:
+            out.append(f"{name} is not possible: TP must divide the {heads} attention heads and "
+                       f"{kv} KV heads.")
+    return out
 
 
 def tp_across_nodes(problem: Problem, est: Estimate) -> tuple[str, Estimate] | None:
@@ -431,9 +439,7 @@ def named_alternatives(problem: Problem, plan: Plan, extra=()) -> tuple[list[Com
             wide = tp_across_nodes(problem, est)
             if wide is not None:
                 add(wide[1], wide[0])
-    wide = wide_tp_note(problem)
-    if wide:
-        skipped.append(wide)
+    skipped += left_out_notes(problem)
     for i, a in enumerate(plan.alternatives[:3]):
         add(a, f"alternative {i + 1}")
     for name, est in extra:   # asked for by name: always its own row
