@@ -85,3 +85,16 @@ def test_ep_on_a_dense_model_says_the_model_has_no_experts():
                        match=r"ep=2 needs a mixture-of-experts model.*Fix: ep=1"):
         autopar.estimate("tiny-gpt", "1x8xH100", autopar.TrainingConfig(global_batch_size=16, seq_len=64),
                          autopar.ParallelConfig(dp=8, ep=2))
+
+
+def test_each_moe_block_pays_four_all_to_alls(cm):
+    # dispatch and combine forward, the same two backward: the step was charged two in all,
+    # half of what the communication ledger counted for the same collectives
+    c = cm.resolve(autopar.ParallelConfig(tp=1, pp=1, ep=8, zero_stage=1, recompute="none"))
+    i = next(i for i, layer in enumerate(cm.graph.layers) if layer.num_experts)
+    layer = cm.graph.layers[i]
+    routed = (layer.output_bytes * c.micro_batch_size / cm.graph.micro_batch_size
+              * layer.experts_per_token)
+    one = cm.group("ep", c).time("all_to_all", routed)
+    bc = cm.block_cost(i, "none", c)
+    assert bc.ep_s == pytest.approx(4 * one, rel=1e-12)

@@ -342,7 +342,9 @@ class CostModel:
             routed = (layer.output_bytes * bscale * max(1, layer.experts_per_token) / cp
                       / (tp if sp else 1))
             ep_g = self.group("ep", c)
-            ef = 2 * ep_g.time("all_to_all", routed)
+            # four all-to-alls of the routed tokens: two forward, two backward (half each side
+            # below); it was two in all, half the ledger's count of the same collectives
+            ef = 4 * ep_g.time("all_to_all", routed)
             # the ledger's load: four all-to-alls, each on the link as long as it takes
             eload = ep_g.load("all_to_all", routed).scaled(4)
             if mode == "full":
