@@ -257,8 +257,8 @@ def test_torchtitan_flavor_only_for_its_own_shapes():
     assert any("no llama3 flavor" in w and "llama3_args" in w for w in ex.warnings)
     # the file stops at the unknown flavor: the verdict is for the file once it is added
     # (the plan is torch's: the file is re-estimated as torchtitan runs it)
-    assert "what this file runs once the flavor 'llama2-7b' is added (the plan, costed for " \
-        "torch)" in ex.warnings[-1]
+    assert ("what this file runs once the flavor 'llama2-7b' is added (the plan's own "
+            "configuration, which was costed for torch)") in ex.warnings[-1]
     with pytest.raises(UnsupportedPlanError, match="no architecture"):
         to_torchtitan_toml(_fixed_plan("tiny-gpt", "1x8xA100-80GB", 16, 32,
                                        dict(tp=1, pp=1, dp=8, zero_stage=3)))
@@ -322,7 +322,7 @@ def test_exports_that_run_the_plan_say_so():
         assert "runs the plan as estimated" in ex.warnings[-1]
         # the same configuration planned for torch is re-estimated as the framework runs it
         other = getattr(_fixed_plan("tiny-llama", "1x8xA100-80GB", 16, 32, cfg), method)()
-        assert "(the plan, costed for torch)" in other.warnings[-1]
+        assert "(the plan's own configuration, which was costed for torch)" in other.warnings[-1]
 
 
 def test_deepspeed_pipeline_export_is_re_estimated_as_zero_1():

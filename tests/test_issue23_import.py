@@ -267,3 +267,11 @@ def test_fixes_fill_the_cluster_and_num_layers_must_be_the_models(capsys):
                                                     "model's 96 decoder layers"):
         imp.complete(128, 96)
     assert imp.complete(128, 60)[0]["pp"] == 16
+
+
+def test_a_torchtitan_toml_with_a_non_integer_degree_says_how_to_fix_it():
+    from autopar.io.importers import from_torchtitan_toml
+
+    with pytest.raises(InvalidParallelConfig, match=r"tensor_parallel_degree must be an integer; "
+                                                    r"got 'x'\. Fix: write it as a whole number"):
+        from_torchtitan_toml('[parallelism]\ntensor_parallel_degree = "x"\n')

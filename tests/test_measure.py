@@ -100,3 +100,6 @@ def test_cli_measure_refuses_zero_steps(tmp_path, capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "argument --steps: '0' must be >= 1" in err and "Fix:" in err
+    with pytest.raises(SystemExit):   # the bound named for -1 was ">= 0"
+        main(["measure", "--plan", str(plan_path), "--steps", "-1"])
+    assert "argument --steps: '-1' must be >= 1" in capsys.readouterr().err

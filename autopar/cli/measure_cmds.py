@@ -43,7 +43,10 @@ def add_parsers(sub, positive_float, non_negative_int) -> None:
     m.add_argument("--plan", required=True, help="plan file (autopar plan --out)")
     m.add_argument("--out", required=True, help="record file to write (published-run JSON)")
     def at_least_one(text: str) -> int:
-        n = non_negative_int(text)
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
         if n < 1:
             raise argparse.ArgumentTypeError(f"{text!r} must be >= 1 (steps to measure)")
         return n

@@ -355,7 +355,8 @@ def from_torchtitan_toml(source: str | Path) -> Imported:
         if v is None:
             return None
         if isinstance(v, bool) or not isinstance(v, int):
-            raise InvalidParallelConfig(f"torchtitan {where}.{key} must be an integer; got {v!r}.")
+            raise InvalidParallelConfig(f"torchtitan {where}.{key} must be an integer; got {v!r}. "
+                                        f"Fix: write it as a whole number, e.g. {key} = 1.")
         return v
 
     par: dict = {}

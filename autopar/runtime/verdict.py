@@ -171,7 +171,7 @@ def verdict(plan, written: ParallelConfig, framework: str,
     fits = e.fits and refused is None
     what = (diffs or ([f"precision {train.precision}"] if train.precision != plan.train.precision
                       else []) or (["defaults for the edited fields"] if unwritten else [])
-            or [f"the plan, costed for {plan.train.framework}"])
+            or [f"the plan's own configuration, which was costed for {plan.train.framework}"])
     head = (f"re-estimated under {profile.name}, what this file runs"
             f"{' once ' + needs if needs else ''} ("
             f"{', '.join(what)}): "
