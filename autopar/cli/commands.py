@@ -138,15 +138,20 @@ def _parallel_flags(p: argparse.ArgumentParser, prefix: str = "", what: str = ""
                    help=f"pipeline schedule (torch.distributed.pipelining's){what}")
 
 
-def _non_negative_int(text: str) -> int:
-    """argparse type: an int >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-    return value
+def _int_at_least(low: int):
+    """argparse type: an int >= ``low``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{text!r} must be >= {low}")
+        return value
+    return parse
+
+
+_non_negative_int = _int_at_least(0)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -215,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     _parallel_flags(x, "compare-", " of a hand-tuned plan to explain too")
     mo = sub.add_parser("models", help="list model presets with their size and shape")
     mo.add_argument("--json", action="store_true", help="print the presets as JSON on stdout")
-    measure_cmds.add_parsers(sub, _positive_float, _non_negative_int)
+    measure_cmds.add_parsers(sub, _positive_float, _int_at_least)
     return ap
 
 

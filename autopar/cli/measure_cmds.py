@@ -3,7 +3,6 @@ user's nodes, or as one process); the measuring itself is in :mod:`autopar.calib
 
 from __future__ import annotations
 
-import argparse
 import json
 import warnings
 
@@ -15,7 +14,7 @@ from ..errors import InvalidCalibration, output_error
 from .inputs import model_arg
 
 
-def add_parsers(sub, positive_float, non_negative_int) -> None:
+def add_parsers(sub, positive_float, int_at_least) -> None:
     """Add the ``calibrate`` and ``measure`` subcommands to ``sub`` (argparse subparsers)."""
     c = sub.add_parser("calibrate", help="measure this cluster (run under torchrun) and write a "
                        "calibration file for --calibration")
@@ -42,18 +41,9 @@ def add_parsers(sub, positive_float, non_negative_int) -> None:
                        "torchrun) and record step time, memory and the prediction error")
     m.add_argument("--plan", required=True, help="plan file (autopar plan --out)")
     m.add_argument("--out", required=True, help="record file to write (published-run JSON)")
-    def at_least_one(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if n < 1:
-            raise argparse.ArgumentTypeError(f"{text!r} must be >= 1 (steps to measure)")
-        return n
-
-    m.add_argument("--steps", type=at_least_one, default=10,
+    m.add_argument("--steps", type=int_at_least(1), default=10,
                    help="measured steps (default 10)")
-    m.add_argument("--warmup", type=non_negative_int, default=3,
+    m.add_argument("--warmup", type=int_at_least(0), default=3,
                    help="warm-up steps before measuring (default 3)")
     m.add_argument("--calibration", metavar="FILE", default=None,
                    help="the calibration file the plan was priced with (autopar plan "
