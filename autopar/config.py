@@ -42,8 +42,8 @@ CP_MODES = ("ring", "ulysses", "allgather")
 #: the other names, so that :mod:`autopar.frameworks` checks them without importing the cost model.
 ATTENTION_KERNELS = ("fa1", "fa2", "fa3", "cudnn", "efficient")
 #: GPU architectures (:attr:`autopar.hardware.Device.arch` names one; "" = read it from the
-#: device name), here for the same reason: a profile's ``attention_kernels`` is keyed by them.
-ARCHITECTURES = ("", "ampere", "hopper", "unknown")
+#: device name; :func:`autopar.hardware.gpu.architecture` returns one), here for the same reason: a profile's ``attention_kernels`` is keyed by them.
+ARCHITECTURES = ("", "ampere", "hopper", "blackwell", "volta", "unknown")
 #: Frameworks a plan may target (each has a profile in :mod:`autopar.frameworks`): ``torch`` is
 #: stock torch.distributed as ``plan.apply`` runs it.
 FRAMEWORKS = ("torch", "torchtitan", "megatron", "deepspeed")

@@ -32,6 +32,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from ..hardware.gpu import architecture
 from . import published
 
 #: Quantile of |residual| a band's half-width covers: 0.6827, the mass of a normal
@@ -48,20 +49,13 @@ LEVELS: tuple[tuple[bool, bool, bool, bool], ...] = (
     (False, True, False, False), (False, False, False, False))
 ANY = "*"
 
-#: GPU name prefix -> architecture generation (NVIDIA's architecture whitepapers: A100/A800
-#: Ampere GA100, H100/H800/H200 Hopper GH100, B200/GB200 Blackwell, V100 Volta GV100).
-_GENERATIONS = (("GB", "blackwell"), ("B", "blackwell"), ("A", "ampere"), ("H", "hopper"),
-                ("V", "volta"))
-
 
 def gpu_generation(device_name: str) -> str:
-    """The architecture generation of a catalog GPU name ("A100-SXM4-80GB" -> "ampere"); the
-    lower-cased name itself for a GPU outside the table (it then matches no published run)."""
-    name = device_name.upper()
-    for prefix, gen in _GENERATIONS:
-        if name.startswith(prefix) and name[len(prefix):len(prefix) + 1].isdigit():
-            return gen
-    return device_name.lower()
+    """The architecture generation of a GPU name ("A100-SXM4-80GB" -> "ampere"), as
+    :func:`autopar.hardware.gpu.architecture` reads it; the lower-cased name itself for a GPU
+    that function does not know (it then matches no published run)."""
+    arch = architecture(device_name)
+    return device_name.lower() if arch == "unknown" else arch
 
 
 def sharding_kind(tp: int, pp: int, cp: int, zero_stage: int | None) -> str:

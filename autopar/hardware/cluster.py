@@ -14,9 +14,9 @@ import networkx as nx
 
 from autopar.errors import InvalidClusterSpec, InvalidParallelConfig
 from autopar.hardware import collectives
-from autopar.hardware.boxes import default_nics, node_template
+from autopar.hardware.catalog import Catalog
 from autopar.hardware.comm_params import DEFAULT_COMM_PARAMS, CommParams
-from autopar.hardware.devices import Device, picklable, get_device
+from autopar.hardware.devices import CATALOG, Device, picklable
 from autopar.hardware.links import INTRA_KINDS, NETWORK_KINDS, LinkType, get_link
 from autopar.hardware.spec import MAX_WORLD_SIZE, parse_spec
 from autopar.hardware.topology import build_graph
@@ -104,20 +104,22 @@ class Cluster:
 
     # ----------------------------------------------------------------- construction
     @classmethod
-    def from_spec(cls, spec: str) -> "Cluster":
+    def from_spec(cls, spec: str, catalog: Catalog = CATALOG) -> "Cluster":
         """A cluster from a spec string such as ``"4x8xA100-80GB"``, ``"2048xH100"`` or
         ``"2x8xA800-80GB+1xeth-25g"`` (case-insensitive; grammar in ``autopar.hardware.spec``).
 
-        Links not in the spec come from the GPU's default node (``boxes.NODE_TEMPLATES``): SXM GPUs
-        get NVSwitch and one NIC per GPU (DGX A100: 8 x ib-hdr; DGX H100/H200 and HGX H800: 8 x
-        ib-ndr; HGX A800: 8 x ib-hdr), so a node of fewer GPUs gets as many NICs as GPUs
-        (:func:`boxes.default_nics`); PCIe GPUs get PCIe between GPUs and 1 NIC.
+        GPU names and the links not in the spec come from ``catalog`` (default: the rows of
+        ``devices.py``), the links from the GPU's default box: SXM GPUs get NVSwitch and one NIC
+        per GPU (DGX A100: 8 x ib-hdr; DGX H100/H200 and HGX H800: 8 x ib-ndr; HGX A800: 8 x
+        ib-hdr), so a node of fewer GPUs gets as many NICs as GPUs (:meth:`catalog.Box.nics`);
+        PCIe GPUs get PCIe between GPUs and 1 NIC.
 
         Raises:
             InvalidClusterSpec: naming the unreadable part and listing the valid names.
         """
-        p = parse_spec(spec)
-        return cls.custom(p.num_nodes, p.gpus_per_node, p.device, inter=p.nic_link, nics_per_node=p.nics_per_node)
+        p = parse_spec(spec, catalog)
+        return cls.custom(p.num_nodes, p.gpus_per_node, p.device, inter=p.nic_link,
+                          nics_per_node=p.nics_per_node, catalog=catalog)
 
     @classmethod
     def custom(
@@ -131,16 +133,18 @@ class Cluster:
         nics_per_node: int | None = None,
         name: str = "",
         comm_params: CommParams = DEFAULT_COMM_PARAMS,
+        catalog: Catalog = CATALOG,
     ) -> "Cluster":
         """A cluster built from parts; any of ``intra``, ``inter``, ``nics_per_node`` left as None
-        comes from the GPU's default node. Links are catalog names or :class:`LinkType` objects.
+        comes from the GPU's default box in ``catalog``. Links are link catalog names or
+        :class:`LinkType` objects.
 
         Raises:
             InvalidClusterSpec: for an unknown GPU or link name, a hand-built GPU without explicit
                 links, or any constructor check.
         """
-        device = get_device(gpu)
-        tmpl = node_template(device)
+        device = catalog.device(gpu)
+        tmpl = catalog.box(device)
         if tmpl is None and (intra is None or (inter is None and num_nodes > 1) or nics_per_node is None):
             raise InvalidClusterSpec(
                 f"GPU {device.name!r} is not in the catalog, so it has no default node; pass intra=, "
@@ -149,7 +153,7 @@ class Cluster:
         intra_link = get_link(intra if intra is not None else tmpl.intra_link)
         inter_link = get_link(inter) if inter is not None else (get_link(tmpl.nic_link) if tmpl else None)
         nics = nics_per_node if nics_per_node is not None else (
-            default_nics(tmpl, gpus_per_node) if tmpl else 0)
+            tmpl.nics(gpus_per_node) if tmpl else 0)
         return cls(num_nodes, gpus_per_node, device, intra_link, inter_link, nics, name, comm_params)
 
     # ----------------------------------------------------------------- structure

@@ -14,7 +14,8 @@ import re
 from dataclasses import dataclass
 
 from autopar.errors import InvalidClusterSpec
-from autopar.hardware.devices import Device, get_device, valid_device_names
+from autopar.hardware.catalog import Catalog
+from autopar.hardware.devices import CATALOG, Device
 from autopar.hardware.links import LinkType, get_link, list_links
 
 #: Most GPUs a cluster may have: 2**20, ten times the largest clusters built (~100k GPUs); the
@@ -50,8 +51,9 @@ def _positive(value: str, what: str, spec: str) -> int:
     return n
 
 
-def parse_spec(spec: str) -> ParsedSpec:
-    """Read a cluster spec string (grammar in the module docstring).
+def parse_spec(spec: str, catalog: Catalog = CATALOG) -> ParsedSpec:
+    """Read a cluster spec string (grammar in the module docstring); GPU names resolve in
+    ``catalog`` (default: :data:`autopar.hardware.devices.CATALOG`).
 
     Raises:
         InvalidClusterSpec: naming the part that could not be read (the node/GPU part, the GPU name,
@@ -65,11 +67,11 @@ def parse_spec(spec: str) -> ParsedSpec:
     if not m:
         raise InvalidClusterSpec(
             f"cannot read {main!r} in cluster spec {spec!r}: expected {_GRAMMAR}. "
-            f"Valid GPUs: {', '.join(valid_device_names())}"
+            f"Valid GPUs: {', '.join(catalog.valid_names())}"
         )
     first, second, gpu_name = m.groups()
     try:
-        device = get_device(gpu_name)
+        device = catalog.device(gpu_name)
     except InvalidClusterSpec as err:
         raise InvalidClusterSpec(f"cluster spec {spec!r}: GPU part {gpu_name!r}: {err}. Fix: use a "
                                  f"valid GPU name, e.g. '4x8xA100-80GB'") from None
