@@ -9,17 +9,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import autopar
-from autopar.cost.pipeline_orders import (
+from autopar.cost.pipeline.orders import (
     ORDERED,
     check_order_args,
-    chunk_counts_at_peak,
-    held_chunks_at_peak,
     peak_in_flight,
     rank_orders,
     rank_peak_in_flight,
-    replay,
 )
-from autopar.cost.schedule import pipeline_step_time, split_backward_step_time
+from autopar.cost.pipeline.held import chunk_counts_at_peak, held_chunks_at_peak
+from autopar.cost.pipeline.replay import replay
+from autopar.cost.pipeline.schedule import pipeline_step_time, split_backward_step_time
 
 SPLIT = ("interleaved-zero-bubble", "zbv-zero-bubble", "dualpipev")
 

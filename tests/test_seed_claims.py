@@ -9,7 +9,7 @@ import autopar
 from autopar.api import model_graph
 from autopar.cost import memory as mem
 from autopar.cost.model import CostModel
-from autopar.cost.schedule import bubble_fraction
+from autopar.cost.pipeline.schedule import bubble_fraction
 
 T, P = autopar.TrainingConfig, autopar.ParallelConfig
 
