@@ -94,6 +94,7 @@ class CostModel:
         self.pipeline = PipelineTimer(inp, self.ranks, self.blocks_cost)
         self._estimates: dict[ParallelConfig, Estimate] = {}
         self._steps: dict[ParallelConfig, float] = {}
+        self._noted: dict[ParallelConfig, tuple[Estimate, Estimate]] = {}
         self._resolved: dict[ParallelConfig, ParallelConfig | InvalidParallelConfig] = {}
 
     # -- the parts' answers, under the names callers use ----------------------------------------
@@ -200,8 +201,12 @@ class CostModel:
         if hit is None:   # a pure function of the resolved config (the search asks twice)
             hit = self._estimates[c] = self._estimate(c)
         notes = resolve_notes(config)
-        if notes:
-            hit = replace(hit, warnings=(*hit.warnings, *notes))
+        if notes:   # the noted estimate is cached too: one object per configuration asked
+            noted = self._noted.get(config)
+            if noted is None or noted[0] is not hit:
+                noted = self._noted[config] = (hit, replace(
+                    hit, warnings=(*hit.warnings, *notes)))
+            hit = noted[1]
         return hit
 
     def step_without_dp_s(self, config: ParallelConfig) -> float:
