@@ -232,9 +232,8 @@ def plot_schedule(est: Estimate, path: PathLike = None, *, ax: Axes | None = Non
         boxes[(r, name)] += pieces(s, d * (1 - comm_share))
         if comm_share > 0:
             boxes[(r, "communication")] += pieces(s + d * (1 - comm_share), d * comm_share)
-    tail = [("dp_sync", tb.get("dp_comm_exposed", 0.0) + tb.get("overlap_slowdown", 0.0)
-             + tb.get("dp_copies", 0.0)),
-            ("optimizer", tb.get("optimizer", 0.0))]
+    tail = [("dp_sync", tb.dp_comm_exposed + tb.overlap_slowdown + tb.dp_copies),
+            ("optimizer", tb.optimizer)]
     disp_end = end - (shift if r_right > w_left else 0.0)
     for r in range(c.pp):
         y = c.pp - 1 - r
@@ -273,7 +272,7 @@ def plot_schedule(est: Estimate, path: PathLike = None, *, ax: Axes | None = Non
     ax.set_ylabel("pipeline rank")
     ax.set_xlabel("time in the step (s)")
     ax.set_xlim(0, disp_end + sum(d for _, d in tail))
-    bubble = 100 * tb.get("bubble", 0.0) / est.step_time_s
+    bubble = 100 * tb.bubble / est.step_time_s
     ax.set_title(title or (f"One step: {c.schedule}, pp={c.pp} v={c.virtual_stages}, "
                            f"{plural(est.num_micro_batches, 'micro-batch', 'micro-batches')} "
                            "(simulated order); "
