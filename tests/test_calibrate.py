@@ -92,7 +92,7 @@ def test_calibration_replaces_the_datasheet_constants():
     train = autopar.TrainingConfig(global_batch_size=8, seq_len=1024)
     base = autopar.estimate(MID, A100, train, {"tp": 1})
     cal_e = autopar.estimate(MID, A100, train, {"tp": 1}, calibration=cal)
-    assert cal_e.time_breakdown["compute"] > 1.9 * base.time_breakdown["compute"]
+    assert cal_e.time_breakdown.compute > 1.9 * base.time_breakdown.compute
 
 
 def test_a_cpu_or_other_gpu_calibration_is_refused():

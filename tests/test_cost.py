@@ -8,7 +8,7 @@ from hypothesis import assume, given, settings, strategies as st
 import autopar
 from autopar.cost import memory as mem
 from autopar.cost.model import CostModel
-from autopar.cost.schedule import bubble_fraction, pipeline_time
+from autopar.cost.pipeline.schedule import bubble_fraction, pipeline_time
 
 
 def _korthikanti(case, s, b, h, a, t):
@@ -192,7 +192,7 @@ def test_flops_are_conserved_under_sharding(graph_7b, tp, cp, b, sp):
 
 
 def test_simulation_matches_closed_form_on_uniform_stages():
-    from autopar.cost.schedule import simulate_pipeline
+    from autopar.cost.pipeline.schedule import simulate_pipeline
 
     for p, m in [(1, 1), (2, 3), (4, 8), (8, 32)]:
         assert simulate_pipeline([1.0] * p, [2.0] * p, m) == pytest.approx(3 * (m + p - 1))
@@ -204,7 +204,7 @@ def test_simulation_matches_closed_form_on_uniform_stages():
 @given(p=st.integers(2, 12), m=st.integers(1, 120),
        times=st.lists(st.floats(0.5, 2.0), min_size=12, max_size=12))
 def test_extrapolated_simulation_tracks_a_full_run(p, m, times):
-    from autopar.cost.schedule import pipeline_step_time, simulate_pipeline
+    from autopar.cost.pipeline.schedule import pipeline_step_time, simulate_pipeline
 
     fwd = times[:p]
     bwd = [2 * t for t in fwd]

@@ -49,7 +49,7 @@ def test_masked_and_unfused_attention_by_hand():
     op = next(o for o in layer.ops if o.kind == "attention")
     p = CostParams()
     peak, hbm = cm.compute_peak, cm.device.hbm_bandwidth_Bps
-    d, keys = cm._attention_dims(layer, 8)
+    d, keys = cm.blocks_cost.attention_dims(layer, 8)
     kw = dict(micro_batch=1, tp=1, cp=8, sequence_parallel=False, peak_flops=peak,
               hbm_bandwidth=hbm, params=p, architecture="hopper", attention_dims=(d, keys))
     flops = op.fwd_flops / 8

@@ -44,17 +44,17 @@ def test_optimizer_time_is_its_bytes_on_the_zero_shard_at_hbm_bandwidth():
     e = cm.estimate(cfg)
     psi = max(st.params for st in cm.stage_layout(e.config))
     bw = cm.device.hbm_bandwidth_Bps * cm.params.hbm_efficiency
-    assert e.time_breakdown["optimizer"] == pytest.approx(psi / 16 * 92 / bw, rel=1e-12)
+    assert e.time_breakdown.optimizer == pytest.approx(psi / 16 * 92 / bw, rel=1e-12)
     # a ZeRO group of 8 (InternEvo parallel.zero1=8, FSDP hybrid sharding in a node): each rank
     # steps 1/8 of the parameters, not 1/16
     grouped = get_profile("torch").with_costs({"zero1_group_size": "t"}, zero1_group_size=8)
     g = _cm(profile=grouped).estimate(cfg)
-    assert g.time_breakdown["optimizer"] == pytest.approx(
-        2 * e.time_breakdown["optimizer"], rel=1e-12)
+    assert g.time_breakdown.optimizer == pytest.approx(
+        2 * e.time_breakdown.optimizer, rel=1e-12)
     # without ZeRO every rank steps all of its parameters
     z0 = cm.estimate(autopar.ParallelConfig(tp=1, pp=1, dp=16, zero_stage=0,
                                             micro_batch_size=1))
-    assert z0.time_breakdown["optimizer"] == pytest.approx(psi * 92 / bw, rel=1e-12)
+    assert z0.time_breakdown.optimizer == pytest.approx(psi * 92 / bw, rel=1e-12)
 
 
 @settings(max_examples=6, deadline=None)
@@ -146,9 +146,9 @@ def test_eager_rmsnorm_backward_is_its_autograd_bytes():
 def _assert_copies_add(more, less, extra: float) -> None:
     """``more`` costs ``extra`` seconds over ``less``, all of them in ``dp_copies``."""
     assert more.step_time_s - less.step_time_s == pytest.approx(extra, rel=1e-9)
-    assert more.time_breakdown["dp_copies"] - less.time_breakdown["dp_copies"] == pytest.approx(
+    assert more.time_breakdown.dp_copies - less.time_breakdown.dp_copies == pytest.approx(
         extra, rel=1e-9)
-    assert more.time_breakdown["compute"] == less.time_breakdown["compute"]
+    assert more.time_breakdown.compute == less.time_breakdown.compute
 
 
 def test_fsdp1_flat_parameter_gradient_copy_is_charged_per_micro_batch():

@@ -26,7 +26,7 @@ def test_unfused_attention_7b_micro_batch_16_runs_out_of_memory():
                          ParallelConfig(dp=8, zero_stage=3, recompute="full", micro_batch_size=16))
     assert not e.fits
     # the working memory of one recomputed layer holds more than the fp32 scores
-    assert e.memory_breakdown["transient"] > 32 * GIB
+    assert e.memory_breakdown.transient > 32 * GIB
     # the same run with flash attention fits
     flash = autopar.estimate("llama2-7b", "1x8xA100-80GB",
                              TrainingConfig(global_batch_size=128, seq_len=4096,
@@ -58,7 +58,7 @@ def test_llama3_8b_zero2_one_gpu_fits_only_with_optimizer_offload(offload, fits)
     e = autopar.estimate("llama3-8b", "1x1xA100-80GB", train,
                          ParallelConfig(dp=1, zero_stage=2, recompute="full", micro_batch_size=1))
     assert e.fits is fits
-    assert (e.memory_breakdown["optimizer_states"] == 0) is offload
+    assert (e.memory_breakdown.optimizer_states == 0) is offload
 
 
 def _record(rid: str):
@@ -148,8 +148,8 @@ def test_bf16_optimizer_states_take_less_memory():
     bf16 = autopar.estimate("llama3-8b", "1x8xA100-80GB",
                             TrainingConfig(**base, optimizer_state_dtype="bf16"), cfg)
     # Adam moments 8 -> 4 bytes, master copy kept: K 12 -> 8
-    assert bf16.memory_breakdown["optimizer_states"] == pytest.approx(
-        fp32.memory_breakdown["optimizer_states"] * 8 / 12)
+    assert bf16.memory_breakdown.optimizer_states == pytest.approx(
+        fp32.memory_breakdown.optimizer_states * 8 / 12)
     with pytest.raises(InvalidTrainingConfig, match="optimizer_state_dtype"):
         TrainingConfig(**base, optimizer_state_dtype="fp16")
 
@@ -160,8 +160,8 @@ def test_megatron_keeps_fp32_main_grads_and_fp8_weight_copies():
     torch_ = autopar.estimate("llama3-8b", "1x8xH100-80GB", TrainingConfig(**kw), cfg)
     mega = autopar.estimate("llama3-8b", "1x8xH100-80GB",
                             TrainingConfig(**kw, framework="megatron"), cfg)
-    assert mega.memory_breakdown["gradients"] == pytest.approx(
-        2 * torch_.memory_breakdown["gradients"])
+    assert mega.memory_breakdown.gradients == pytest.approx(
+        2 * torch_.memory_breakdown.gradients)
     bf16 = autopar.estimate("llama3-8b", "1x8xH100-80GB",
                             TrainingConfig(**kw, framework="megatron"), cfg)
     fp8 = autopar.estimate("llama3-8b", "1x8xH100-80GB",
@@ -176,7 +176,7 @@ def test_op_sac_keeps_less_than_selective_and_more_than_full():
         e = autopar.estimate("llama2-7b", "1x8xA100-80GB", train,
                              ParallelConfig(dp=8, zero_stage=3, recompute=mode,
                                             micro_batch_size=1))
-        acts[mode] = (e.memory_breakdown["activations"], e.step_time_s)
+        acts[mode] = (e.memory_breakdown.activations, e.step_time_s)
     assert acts["full"][0] < acts["selective-op"][0] < acts["selective"][0] < acts["none"][0]
     # op SAC recomputes more than the attention core, less than the whole block
     assert acts["selective"][1] < acts["selective-op"][1] < acts["full"][1]
@@ -194,5 +194,5 @@ def test_offloaded_optimizer_pays_the_pcie_round_trip():
                           cfg)
     off = autopar.estimate("llama3-8b", "1x1xA100-80GB", TrainingConfig(**kw), cfg)
     params = 8.03e9
-    assert on.time_breakdown["optimizer"] >= 0.99 * params * 4 / 32e9
-    assert on.time_breakdown["optimizer"] > 3 * off.time_breakdown["optimizer"]
+    assert on.time_breakdown.optimizer >= 0.99 * params * 4 / 32e9
+    assert on.time_breakdown.optimizer > 3 * off.time_breakdown.optimizer

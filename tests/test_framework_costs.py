@@ -72,7 +72,7 @@ def test_zero3_kept_gathered_across_micro_batches_under_pp_is_not_slower():
     kept = _cm("torchtitan", tt).estimate(cfg)
     again = _cm("torchtitan", regather).estimate(cfg)
     assert kept.step_time_s <= again.step_time_s
-    assert kept.time_breakdown["dp_comm_exposed"] <= again.time_breakdown["dp_comm_exposed"]
+    assert kept.time_breakdown.dp_comm_exposed <= again.time_breakdown.dp_comm_exposed
 
 
 def test_fusion_levels_order_memory_bound_time():
@@ -81,7 +81,7 @@ def test_fusion_levels_order_memory_bound_time():
     for fusion in FUSION_LEVELS:
         prof = base.with_costs({"fusion": "test"}, fusion=fusion)
         cfg = autopar.ParallelConfig(tp=1, pp=1, dp=16, zero_stage=0, micro_batch_size=1)
-        times[fusion] = _cm("torch", prof).estimate(cfg).time_breakdown["compute"]
+        times[fusion] = _cm("torch", prof).estimate(cfg).time_breakdown.compute
     # eager RMSNorm moves 9x the bytes of a fused one; compile fuses point-wise chains
     assert times["compile"] < times["fused"] < times["eager"]
 
@@ -122,7 +122,7 @@ def test_zero1_per_rank_broadcasts_and_gradient_all_reduce_cost_more_at_scale():
     within = owner.with_costs({"zero1_group_size": "t"}, zero1_group_size=8)
     cfg = autopar.ParallelConfig(tp=1, pp=1, dp=64, zero_stage=1, micro_batch_size=1)
     t = {name: _cm("torch", prof, spec="8x8xA100-80GB").estimate(cfg)
-         .time_breakdown["dp_comm_exposed"]
+         .time_breakdown.dp_comm_exposed
          for name, prof in (("all_gather", base), ("owner", owner), ("within", within))}
     # 64 broadcasts of 1/64 each over 64 ranks pay 64 latencies; within a node 8 over NVLink
     assert t["owner"] > t["within"] >= t["all_gather"]
@@ -171,6 +171,6 @@ def test_per_linear_mlp_reductions_cost_tp_time_only_under_tp():
     assert hash(per) != hash(base) and per != base
     for tp in (1, 2):
         cfg = autopar.ParallelConfig(tp=tp, pp=1, dp=16 // tp, micro_batch_size=1)
-        a = _cm("torch", base).estimate(cfg).time_breakdown["tp_comm"]
-        b = _cm("torch", per).estimate(cfg).time_breakdown["tp_comm"]
+        a = _cm("torch", base).estimate(cfg).time_breakdown.tp_comm
+        b = _cm("torch", per).estimate(cfg).time_breakdown.tp_comm
         assert (b > a) if tp > 1 else (a == b == 0.0)

@@ -97,12 +97,12 @@ def test_booked_bytes_over_booked_seconds_stay_under_each_links_bandwidth(
     e = autopar.estimate(model, cluster, autopar.TrainingConfig(gbs, seq),
                          autopar.ParallelConfig(**cfg))
     bw = _link_bandwidth(cluster)
-    assert e.comm_bytes_by_link
-    for link, nbytes in e.comm_bytes_by_link.items():
-        seconds = e.comm_seconds_by_link[link]
+    assert e.comm_by_link
+    for lc in e.comm_by_link:
+        link, nbytes, seconds = lc.link, lc.nbytes, lc.seconds
         assert nbytes > 0 and seconds > 0, link
         assert nbytes / seconds <= bw[link], (link, nbytes / seconds / 1e9, bw[link] / 1e9)
-    assert set(e.comm_dims_by_link) == set(e.comm_bytes_by_link)
+        assert lc.dims, link
 
 
 def test_dp_over_nodes_books_its_nvlink_traffic_too():
@@ -111,10 +111,10 @@ def test_dp_over_nodes_books_its_nvlink_traffic_too():
     cluster = autopar.Cluster.from_spec("4x8xA100-80GB")
     e = autopar.estimate("llama2-7b", cluster, autopar.TrainingConfig(256, 4096),
                          autopar.ParallelConfig(tp=1, pp=1, dp=32, zero_stage=0))
-    ib, nv = e.comm_bytes_by_link["infiniband"], e.comm_bytes_by_link["nvlink"]
+    ib, nv = e.link_comm("infiniband").nbytes, e.link_comm("nvlink").nbytes
     assert ib / (ib + nv) == pytest.approx(1 / 8, rel=1e-9)   # one of 8 ring hops leaves the node
-    assert e.comm_bytes_by_link["infiniband"] / e.comm_seconds_by_link["infiniband"] <= 25e9
-    assert e.comm_dims_by_link == {"infiniband": ("dp",), "nvlink": ("dp",)}
+    assert e.link_comm("infiniband").nbytes / e.link_comm("infiniband").seconds <= 25e9
+    assert {lc.link: lc.dims for lc in e.comm_by_link} == {"infiniband": ("dp",), "nvlink": ("dp",)}
 
 
 # ---------------------------------------------------------------- item 9: the default batch

@@ -184,7 +184,7 @@ def test_from_json_with_the_calibration_gives_the_planned_estimate(tmp_path):
     cal_path, plan_path = tmp_path / "cal.json", tmp_path / "plan.json"
     cal.to_json(cal_path)
     plan = _cpu_plan(cal, plan_path)
-    assert plan.config.dp == 2 and plan.estimate.comm_bytes_by_link
+    assert plan.config.dp == 2 and plan.estimate.comm_by_link
     with pytest.warns(UserWarning, match="no datasheet peak"):
         back = autopar.Plan.from_json(plan_path, calibration=cal_path)
     assert back.estimate == plan.estimate and back.alternatives == plan.alternatives

@@ -33,9 +33,9 @@ def test_expert_parallelism_shards_experts_and_adds_all_to_all(cm):
     base = dict(tp=2, pp=2, zero_stage=1, sequence_parallel=True, recompute="selective")
     e1 = cm.estimate(autopar.ParallelConfig(**base, ep=1))
     e4 = cm.estimate(autopar.ParallelConfig(**base, ep=4))
-    assert e4.memory_breakdown["weights"] < 0.4 * e1.memory_breakdown["weights"]
-    assert e1.time_breakdown["ep_comm"] == 0 < e4.time_breakdown["ep_comm"]
-    assert e4.comm_bytes_by_link.get("nvlink", 0) > e1.comm_bytes_by_link.get("nvlink", 0)
+    assert e4.memory_breakdown.weights < 0.4 * e1.memory_breakdown.weights
+    assert e1.time_breakdown.ep_comm == 0 < e4.time_breakdown.ep_comm
+    assert e4.link_comm("nvlink").nbytes > e1.link_comm("nvlink").nbytes
     with pytest.raises(autopar.InvalidParallelConfig, match="ep=3"):
         cm.estimate(autopar.ParallelConfig(**base, ep=3))
 
@@ -62,8 +62,8 @@ def test_dualpipev_hides_all_to_all_only_where_the_framework_overlaps_it(cm):
                 schedule="dualpipev")
     plain = cm.estimate(autopar.ParallelConfig(**base, recompute="none"))
     hidden = titan.estimate(autopar.ParallelConfig(**base, recompute="none"))
-    assert hidden.time_breakdown["ep_comm"] < plain.time_breakdown["ep_comm"]
-    assert hidden.time_breakdown["bubble"] >= 0
+    assert hidden.time_breakdown.ep_comm < plain.time_breakdown.ep_comm
+    assert hidden.time_breakdown.bubble >= 0
     # a pair starts only when both its inputs have arrived (overlap_callback waits on both
     # receives), so hiding pays only when the all-to-alls are long, as here (ep 8 over nodes)
     assert hidden.step_time_s < plain.step_time_s
@@ -72,11 +72,11 @@ def test_dualpipev_hides_all_to_all_only_where_the_framework_overlaps_it(cm):
     # hidden gradient reduce-scatter (torchtitan reduces in fp32: twice the seconds)
     rc = dict(base, recompute="selective")
     t, c = (m.estimate(autopar.ParallelConfig(**rc)) for m in (titan, cm))
-    assert t.step_time_s - t.time_breakdown["optimizer"] - t.time_breakdown["overlap_slowdown"] \
-        == pytest.approx(c.step_time_s - c.time_breakdown["optimizer"]
-                         - c.time_breakdown["overlap_slowdown"])
-    assert t.time_breakdown["overlap_slowdown"] > c.time_breakdown["overlap_slowdown"]
-    assert t.time_breakdown["optimizer"] < c.time_breakdown["optimizer"]
+    assert t.step_time_s - t.time_breakdown.optimizer - t.time_breakdown.overlap_slowdown \
+        == pytest.approx(c.step_time_s - c.time_breakdown.optimizer
+                         - c.time_breakdown.overlap_slowdown)
+    assert t.time_breakdown.overlap_slowdown > c.time_breakdown.overlap_slowdown
+    assert t.time_breakdown.optimizer < c.time_breakdown.optimizer
 
 
 def test_ep_on_a_dense_model_says_the_model_has_no_experts():

@@ -60,5 +60,5 @@ def test_device_without_sm_count_is_noted_and_pays_no_slowdown():
     cfg = autopar.ParallelConfig(dp=16, zero_stage=3, micro_batch_size=2)
     est = CostModel(graph, unknown, train).estimate(cfg)
     assert len(_notes(est, "has no sm_count")) == 1
-    assert est.time_breakdown["overlap_slowdown"] == 0.0
+    assert est.time_breakdown.overlap_slowdown == 0.0
     assert not _notes(CostModel(graph, known, train).estimate(cfg), "sm_count")

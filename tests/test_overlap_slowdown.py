@@ -116,17 +116,17 @@ def test_fsdp_step_pays_the_slowdown_of_its_overlapped_collectives(fsdp_70b):
                                  micro_batch_size=2)
     e = CostModel(graph, cluster, train).estimate(cfg)
     tb = e.time_breakdown
-    assert sum(tb.values()) == pytest.approx(e.step_time_s, rel=1e-12)
+    assert tb.total == pytest.approx(e.step_time_s, rel=1e-12)
     # hidden behind compute (none exposed), the whole collective time slows compute by the
     # 16 of 108 SMs NCCL holds on an 8-NIC A100 node
-    assert tb["dp_comm_exposed"] == 0.0
-    assert tb["overlap_slowdown"] == pytest.approx(
-        16 / 108 * e.comm_seconds_by_link["infiniband"], rel=1e-9)
+    assert tb.dp_comm_exposed == 0.0
+    assert tb.overlap_slowdown == pytest.approx(
+        16 / 108 * e.link_comm("infiniband").seconds, rel=1e-9)
     # a GPU of unknown SM count pays none, and is that much faster
     bare = dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, sm_count=0))
     e0 = CostModel(graph, bare, train).estimate(cfg)
-    assert e0.time_breakdown["overlap_slowdown"] == 0.0
-    assert e.step_time_s - e0.step_time_s == pytest.approx(tb["overlap_slowdown"], rel=1e-9)
+    assert e0.time_breakdown.overlap_slowdown == 0.0
+    assert e.step_time_s - e0.step_time_s == pytest.approx(tb.overlap_slowdown, rel=1e-9)
 
 
 def test_collectives_not_overlapped_slow_nothing(fsdp_70b):
@@ -137,5 +137,5 @@ def test_collectives_not_overlapped_slow_nothing(fsdp_70b):
     e = CostModel(graph, cluster, train).estimate(
         autopar.ParallelConfig(tp=8, pp=4, dp=2, zero_stage=1, recompute="full",
                                micro_batch_size=1))
-    assert e.time_breakdown["overlap_slowdown"] == 0.0
-    assert e.time_breakdown["dp_comm_exposed"] > 0.0
+    assert e.time_breakdown.overlap_slowdown == 0.0
+    assert e.time_breakdown.dp_comm_exposed > 0.0

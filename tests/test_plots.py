@@ -37,8 +37,8 @@ def test_schedule_simulation_orders_and_bounds(problem, pp, v):
         spans = sorted((s, s + d) for r, _, s, d, _, _ in events if r == rank)
         assert all(a[1] <= b[0] + 1e-12 for a, b in zip(spans, spans[1:]))
     # the simulated pipeline is close to the cost model's pipeline time (step minus tail)
-    tail = sum(est.time_breakdown.get(k, 0) for k in ("dp_comm_exposed", "overlap_slowdown",
-                                                      "dp_copies", "optimizer"))
+    tb = est.time_breakdown
+    tail = tb.dp_comm_exposed + tb.overlap_slowdown + tb.dp_copies + tb.optimizer
     assert end == pytest.approx(est.step_time_s - tail, rel=0.15)
 
 

@@ -23,7 +23,7 @@ def test_estimate_and_optimize_cost_with_the_given_profile():
     plain = autopar.estimate("tiny-llama", "2x8xA100-80GB", TRAIN, CFG)
     edited = autopar.estimate("tiny-llama", "2x8xA100-80GB", TRAIN, CFG, profile=_overlapped())
     # Megatron's default reduces gradients after backward; the edited profile overlaps them
-    assert edited.time_breakdown["dp_comm_exposed"] < plain.time_breakdown["dp_comm_exposed"]
+    assert edited.time_breakdown.dp_comm_exposed < plain.time_breakdown.dp_comm_exposed
     assert edited.step_time_s < plain.step_time_s
     # a torch TrainingConfig with a megatron profile is costed as megatron (edited)
     torch_train = autopar.TrainingConfig(global_batch_size=64, seq_len=512)
@@ -148,8 +148,8 @@ def test_overlap_param_gather_needs_the_distributed_optimizer():
 def test_edited_fixed_step_cost_is_its_own_time_component():
     prof = get_profile("megatron").with_costs({"step_fixed_s": "measured"}, step_fixed_s=0.25)
     e = autopar.estimate("tiny-llama", "2x8xA100-80GB", TRAIN, CFG, profile=prof)
-    assert e.time_breakdown["fixed_step"] == 0.25
-    assert sum(e.time_breakdown.values()) == pytest.approx(e.step_time_s, rel=1e-12)
+    assert e.time_breakdown.fixed_step == 0.25
+    assert e.time_breakdown.total == pytest.approx(e.step_time_s, rel=1e-12)
 
 
 def test_tp_comm_overlap_needs_sequence_parallelism():
@@ -161,7 +161,7 @@ def test_tp_comm_overlap_needs_sequence_parallelism():
         edited = autopar.estimate("tiny-llama", "2x8xA100-80GB", TRAIN, cfg, profile=prof)
         # Megatron-LM asserts sequence parallelism for --tp-comm-overlap: without it, nothing
         if sp:
-            assert edited.time_breakdown["tp_comm"] < stock.time_breakdown["tp_comm"]
+            assert edited.time_breakdown.tp_comm < stock.time_breakdown.tp_comm
         else:
             assert edited.step_time_s == stock.step_time_s
     plan = autopar.optimize("tiny-llama", "2x8xA100-80GB", TRAIN, profile=prof,

@@ -53,7 +53,7 @@ def test_communication_is_bytes_on_the_wire_and_says_so():
     # 2(n-1)/n = 1.75 x the message; the table used to show the message (1 x).
     plan = _plan(8, pp=1, dp=8, tp=1, micro_batch_size=1, zero_stage=0)
     message = autopar.models.get_config("tiny-llama").num_parameters * CostParams().grad_bytes
-    assert plan.estimate.comm_bytes_by_link["nvlink"] == pytest.approx(1.75 * message, rel=1e-12)
+    assert plan.estimate.link_comm("nvlink").nbytes == pytest.approx(1.75 * message, rel=1e-12)
     table = _text(tables.comm_table(plan.estimate))
     assert "sent on the wire, GB" in table and "seconds (before overlap)" in table
     assert "bytes on the wire" in plan.summary()
@@ -91,9 +91,9 @@ def test_pipeline_bytes_are_what_each_rank_sends():
                             fixed=dict(pp=2, dp=4, tp=1, micro_batch_size=1, zero_stage=0,
                                        virtual_stages=1, placement=("tp", "cp", "dp", "pp")))
     e = plan.estimate
-    assert e.group_links["pp"] == "infiniband" and e.group_links["dp"] == "nvlink"
+    assert e.group_links.pp == "infiniband" and e.group_links.dp == "nvlink"
     assert e.num_micro_batches == 2  # 8 sequences over dp=4, one per micro-batch
-    assert e.comm_bytes_by_link["infiniband"] == pytest.approx(2 * 32 * 64 * 2)
+    assert e.link_comm("infiniband").nbytes == pytest.approx(2 * 32 * 64 * 2)
 
 
 def test_config_diff_names_what_per_block_values_are():

@@ -9,17 +9,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import autopar
-from autopar.cost.pipeline_orders import (
+from autopar.cost.pipeline.orders import (
     ORDERED,
     check_order_args,
-    chunk_counts_at_peak,
-    held_chunks_at_peak,
     peak_in_flight,
     rank_orders,
     rank_peak_in_flight,
-    replay,
 )
-from autopar.cost.schedule import pipeline_step_time, split_backward_step_time
+from autopar.cost.pipeline.held import chunk_counts_at_peak, held_chunks_at_peak
+from autopar.cost.pipeline.replay import replay
+from autopar.cost.pipeline.schedule import pipeline_step_time, split_backward_step_time
 
 SPLIT = ("interleaved-zero-bubble", "zbv-zero-bubble", "dualpipev")
 
@@ -233,7 +232,7 @@ def test_estimates_rank_the_schedules_and_place_the_v():
     est = {s: autopar.estimate("llama2-7b", CLUSTER, train, autopar.ParallelConfig(
         **base, schedule=s, virtual_stages=1 if s in ("1f1b", "gpipe") else 2))
         for s in ("1f1b", "interleaved-1f1b") + SPLIT}
-    bubble = {s: e.time_breakdown["bubble"] for s, e in est.items()}
+    bubble = {s: e.time_breakdown.bubble for s, e in est.items()}
     assert bubble["interleaved-1f1b"] < bubble["1f1b"]
     for s in SPLIT:
         assert est[s].config.virtual_stages == 2
@@ -317,7 +316,7 @@ def test_the_schedule_picture_replays_the_estimate():
         e = autopar.estimate("llama2-7b", CLUSTER, train, autopar.ParallelConfig(
             tp=2, pp=4, micro_batch_size=1, schedule=s, virtual_stages=2))
         events = schedule_events(e)
-        pipe = e.step_time_s - e.time_breakdown["dp_comm_exposed"] - e.time_breakdown["optimizer"]
+        pipe = e.step_time_s - e.time_breakdown.dp_comm_exposed - e.time_breakdown.optimizer
         assert max(start + d for _, _, start, d, _, _ in events) == pytest.approx(pipe)
         assert {k for _, k, *_ in events} >= {"F", "I", "W"} or s == "dualpipev"
         assert all(0 <= chunk < 2 for *_, chunk, _ in events)

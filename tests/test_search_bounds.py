@@ -82,8 +82,7 @@ def test_time_only_estimate_is_the_estimate_bitwise(cm, tp, pp, zero, schedule, 
         return
     e = cm.estimate(c)
     tb = e.time_breakdown
-    assert first == e.step_time_s - (tb["dp_comm_exposed"] + tb["overlap_slowdown"]
-                                     + tb["dp_copies"])
+    assert first == e.step_time_s - (tb.dp_comm_exposed + tb.overlap_slowdown + tb.dp_copies)
     assert cm.step_without_dp_s(c) == first   # from the cached estimate
     assert cm.estimate(c) is e                # estimates are cached per resolved config
 

@@ -38,8 +38,8 @@ def _config(cm, **kw):
 
 def _fields(e):
     return (e.step_time_s, e.memory_per_gpu_bytes, e.fits, e.time_breakdown,
-            e.memory_breakdown, e.stage_memory_bytes, e.stage_time_s, e.comm_bytes_by_link,
-            e.comm_seconds_by_link, e.stage_fwd_s, e.stage_bwd_s, e.peak_stage)
+            e.memory_breakdown, e.stage_memory_bytes, e.stage_time_s, e.comm_by_link,
+            e.stage_fwd_s, e.stage_bwd_s, e.peak_stage)
 
 
 @settings(max_examples=40, **_SETTINGS)

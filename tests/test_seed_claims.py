@@ -9,7 +9,7 @@ import autopar
 from autopar.api import model_graph
 from autopar.cost import memory as mem
 from autopar.cost.model import CostModel
-from autopar.cost.schedule import bubble_fraction
+from autopar.cost.pipeline.schedule import bubble_fraction
 
 T, P = autopar.TrainingConfig, autopar.ParallelConfig
 
@@ -31,7 +31,7 @@ def test_row1_gradient_sync_is_gigabytes_not_megabytes(cm70):
 
 def test_row2_no_dp_sync_at_dp1_and_seconds_at_dp2(cm70):
     e1 = cm70.estimate(P(tp=8, pp=4, dp=1, recompute="full"))
-    assert e1.group_links["dp"] == "local" and e1.time_breakdown["dp_comm_exposed"] == 0
+    assert e1.group_links.dp == "local" and e1.time_breakdown.dp_comm_exposed == 0
     c = cm70.resolve(P(tp=8, pp=2, dp=2, recompute="full"))
     dp = cm70.group("dp", c)
     grads = max(st.params for st in cm70.stage_layout(c)) * 2
@@ -53,7 +53,7 @@ def test_row3_72_percent_mfu_on_32_a800_is_implausible():
         fits[rc] = e
     # model states alone exceed 80 GB without a distributed optimizer
     plain = autopar.estimate("llama2-70b", spec, train, P(tp=4, pp=2, dp=4, recompute="full"))
-    assert not plain.fits and plain.memory_breakdown["optimizer_states"] > 80e9
+    assert not plain.fits and plain.memory_breakdown.optimizer_states > 80e9
     # with it, only full recomputation fits, and then MFU is far below 72.1%
     assert not fits["none"].fits and not fits["selective"].fits and fits["full"].fits
     assert fits["full"].mfu < 0.6 and fits["full"].hfu < 0.82
@@ -109,7 +109,8 @@ def test_row7_one_node_of_a100_cannot_train_70b():
     train = T(global_batch_size=64, seq_len=4096)
     e = autopar.estimate("llama2-70b", "1x8xA100-80GB", train, P(tp=8, recompute="full"))
     assert not e.fits
-    states = sum(e.memory_breakdown[k] for k in ("weights", "gradients", "optimizer_states"))
+    states = (e.memory_breakdown.weights + e.memory_breakdown.gradients
+              + e.memory_breakdown.optimizer_states)
     assert states * 8 == pytest.approx(1.1e12, rel=0.03)
     with pytest.raises(autopar.InfeasibleError, match="at least"):
         autopar.optimize("llama2-70b", "1x8xA100-80GB", train)

@@ -2,9 +2,10 @@
 
 from hypothesis import given, settings, strategies as st
 
-from autopar.cost.pipeline_orders import ORDERED, check_order_args, rank_orders, replay
-from autopar.cost.schedule import simulate_pipeline
-from autopar.cost.timed_orders import compiled_orders, compiled_simulation, timed_step
+from autopar.cost.pipeline.orders import ORDERED, check_order_args, rank_orders
+from autopar.cost.pipeline.replay import replay
+from autopar.cost.pipeline.schedule import simulate_pipeline
+from autopar.cost.pipeline.timed_orders import compiled_orders, compiled_simulation, timed_step
 
 times = st.floats(min_value=0.0, max_value=10.0, allow_nan=False, allow_infinity=False)
 

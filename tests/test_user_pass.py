@@ -78,8 +78,8 @@ def test_pipeline_sends_have_seconds_beside_their_bytes():
     plan = autopar.optimize("tiny-llama", cluster, autopar.TrainingConfig(16, 32),
                             fixed=dict(tp=2, pp=2, dp=1, cp=1, placement=("tp", "cp", "dp", "pp")))
     e = plan.estimate
-    assert e.group_links["pp"] == "infiniband"
-    assert e.comm_bytes_by_link["infiniband"] > 0 and e.comm_seconds_by_link["infiniband"] > 0
+    assert e.group_links.pp == "infiniband"
+    assert e.link_comm("infiniband").nbytes > 0 and e.link_comm("infiniband").seconds > 0
 
 
 def test_a_mistyped_plan_field_says_one_fix(tmp_path):

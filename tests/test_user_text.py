@@ -144,7 +144,7 @@ def test_explain_does_not_put_fsdp_copies_on_a_link():
     plain = autopar.estimate("tiny-llama", cluster, train, autopar.ParallelConfig(dp=16))
     fsdp = autopar.estimate("tiny-llama", cluster, train,
                             autopar.ParallelConfig(dp=16, zero_stage=3))
-    assert fsdp.group_links["dp"] == "infiniband" and fsdp.time_breakdown["dp_copies"] > 0
+    assert fsdp.group_links.dp == "infiniband" and fsdp.time_breakdown.dp_copies > 0
     words = {d.component: d.words for d in compare(plain, fsdp, "zero-3").time}
     assert "GPU-memory copies" in words["dp_copies"] and "no link" in words["dp_copies"]
     assert "InfiniBand" not in words["dp_copies"]

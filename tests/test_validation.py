@@ -133,7 +133,7 @@ def test_step_cached_bytes_count_in_the_reported_peak_not_in_fits():
     conv = INTERNEVO_MEMORY[1]
     cached = _internevo_estimate(conv)
     none = _internevo_estimate(replace(conv, step_cached_bytes=0))
-    params = cached.memory_breakdown["weights"] / 2          # bf16 weights, dp = 1
+    params = cached.memory_breakdown.weights / 2          # bf16 weights, dp = 1
     grown = cached.memory_per_gpu_bytes - none.memory_per_gpu_bytes
     assert grown == pytest.approx(8 * params, rel=1e-6)
     assert cached.fits == none.fits

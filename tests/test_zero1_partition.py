@@ -59,10 +59,10 @@ def test_per_tensor_zero1_paces_the_step_on_the_largest_tensor_and_caps_the_broa
     assert holders == tensors and largest == biggest > psi / 256
     _, _, _, flat = _estimate("flat", 256)
     # the optimizer step runs on the embedding's share, not on psi / 256
-    assert per_tensor.time_breakdown["optimizer"] == pytest.approx(
-        flat.time_breakdown["optimizer"] * biggest / (psi / 256), rel=1e-9)
+    assert per_tensor.time_breakdown.optimizer == pytest.approx(
+        flat.time_breakdown.optimizer * biggest / (psi / 256), rel=1e-9)
     # fewer broadcasts (one per rank holding tensors), each paying the 256-rank chain latency
-    assert per_tensor.time_breakdown["dp_comm_exposed"] < flat.time_breakdown["dp_comm_exposed"]
+    assert per_tensor.time_breakdown.dp_comm_exposed < flat.time_breakdown.dp_comm_exposed
 
 
 def _bucketed(elements, spec="2x8xA100-80GB"):
@@ -89,4 +89,4 @@ def test_sync_buckets_hide_each_bucket_only_behind_the_next_and_expose_the_last(
     bare = cm.sync_bucket_exposed_s(c, st_.layers, "all_reduce", 2, 0.0)
     assert 0 < hidden < bare
     # the estimate charges it: the last bucket's reduction at least
-    assert cm.estimate(c).time_breakdown["dp_comm_exposed"] >= hidden > 0
+    assert cm.estimate(c).time_breakdown.dp_comm_exposed >= hidden > 0

@@ -774,7 +774,7 @@ def _cmd_estimate(args, problem, par, notes, out) -> dict:
         out.print(f"[green]Verdict: fits[/green] ({need:.1f} of {have:.1f} GB per GPU); "
                   f"MFU {est.mfu * 100:.1f}%, HFU {est.hfu * 100:.1f}%.")
     else:
-        big = sorted(est.memory_breakdown.items(), key=lambda kv: -kv[1])[:2]
+        big = sorted(est.memory_breakdown.as_dict().items(), key=lambda kv: -kv[1])[:2]
         out.print(f"[red]Verdict: OUT OF MEMORY[/red]: {need:.1f} GB per GPU on pipeline rank "
                   f"{est.peak_stage}, {need - have:.1f} GB over the {have:.1f} GB GPU (largest: "
                   + ", ".join(f"{k} {v / 1e9:.1f} GB" for k, v in big) + "). Its MFU "

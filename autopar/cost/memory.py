@@ -11,7 +11,7 @@ block input. Micro-batches in flight per pipeline rank i of p: 1F1B min(m, p - i
 1F1B with v chunks: (p - i - 1) * 2 + (v - 1) * p + 1 chunk-micro-batches (Narayanan et al. 2021,
 Megatron-LM's warm-up count); GPipe: all m; the split-backward schedules (interleaved zero
 bubble, ZBV, DualPipeV): counted along torch's own action order, a micro-batch held from its
-forward to its weight-gradient pass (:func:`autopar.cost.pipeline_orders.peak_in_flight`).
+forward to its weight-gradient pass (:func:`autopar.cost.pipeline.orders.peak_in_flight`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..graph.types import Layer
-from .pipeline_orders import SPLIT_BACKWARD, rank_peak_in_flight
+from .pipeline.orders import SPLIT_BACKWARD, rank_peak_in_flight
 
 
 @dataclass(frozen=True)

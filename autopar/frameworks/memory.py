@@ -33,7 +33,7 @@ class MemoryConventions:
             holds them from its first backward (from its first forward for the
             ``pp_unsharded_forward_bytes`` part) until its last backward's gradient reduction,
             counted at the instants its rank's activations peak
-            (:func:`autopar.cost.pipeline_orders.held_chunks_at_peak`).
+            (:func:`autopar.cost.pipeline.held.held_chunks_at_peak`).
         pp_unsharded_forward_bytes: of ``pp_unsharded_bytes``, the bytes per parameter already
             held from the chunk's first forward (parameters not resharded after forward);
             the rest (gradients, and parameters first kept after a backward) from its first

@@ -32,11 +32,13 @@ import :mod:`autopar.plan` or :mod:`autopar.api`: see tests/test_layout.py).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import MISSING, fields
 from typing import Any, Callable
 
 from ..config import ParallelConfig, TrainingConfig
-from ..cost.types import Estimate
+from ..cost.types import (Estimate, GroupLinks, LinkComm, TimeBreakdown,
+                          memory_breakdown_from_dict)
 from ..errors import AutoparError, InvalidPlanFile
 from ..frameworks import with_edits
 
@@ -164,8 +166,41 @@ def _number_map(v: Any, where: str) -> dict:
     return v
 
 
+#: Keys of a stored estimate (:meth:`Estimate.to_dict`) every version has written; the others
+#: (:data:`Estimate.JSON_KEYS` less these) were added later or are recomputed.
+_ESTIMATE_REQUIRED = ("config", "step_time_s", "mfu", "hfu", "tokens_per_s",
+                      "memory_per_gpu_bytes", "memory_limit_bytes", "fits", "num_micro_batches",
+                      "model_flops_per_step", "time_breakdown", "memory_breakdown",
+                      "stage_memory_bytes", "stage_time_s", "comm_bytes_by_link",
+                      "comm_seconds_by_link")
+
+
+def _records(d: dict, where: str) -> dict:
+    """``d``'s breakdown dicts (checked for form) as the records :class:`Estimate` holds."""
+    def read(key, make, value):
+        try:
+            return make(value)
+        except InvalidPlanFile as exc:   # name where in the file
+            raise _fail(f"{where}.{key}", re.sub(r"^invalid plan file: \S+ ", "", str(exc))) from exc
+
+    d["time_breakdown"] = read("time_breakdown", TimeBreakdown.from_dict, d["time_breakdown"])
+    d["memory_breakdown"] = read("memory_breakdown", memory_breakdown_from_dict,
+                                 d["memory_breakdown"])
+    d["stage_memory_breakdown"] = tuple(read("stage_memory_breakdown", memory_breakdown_from_dict,
+                                             x) for x in d["stage_memory_breakdown"])
+    if d.get("group_links") is not None:
+        d["group_links"] = read("group_links", GroupLinks.from_dict, d["group_links"])
+    nbytes, seconds = d.pop("comm_bytes_by_link"), d.pop("comm_seconds_by_link")
+    dims = d.pop("comm_dims_by_link", None)
+    d["comm_by_link"] = tuple(
+        LinkComm(k, v, seconds.get(k, 0.0), None if dims is None else dims.get(k, ()))
+        for k, v in nbytes.items())
+    return d
+
+
 def _estimate(d: Any, where: str, world: int) -> Estimate:
-    req, opt = _dataclass_keys(Estimate)
+    req = _ESTIMATE_REQUIRED
+    opt = tuple(k for k in Estimate.JSON_KEYS if k not in req)
     d = dict(_keys(d, where, req, opt))
     c = d["config"] = _config(d["config"], f"{where}.config")
     _check_world(c, world, f"{where}.config")
@@ -209,7 +244,7 @@ def _estimate(d: Any, where: str, world: int) -> Estimate:
     # derived from the regime, recomputed with the estimate (autopar.reestimate)
     d.pop("error_band", None)
     d.pop("warnings", None)
-    return Estimate(**d)
+    return Estimate(**_records(d, where))
 
 
 def _check_world(c: ParallelConfig, world: int, where: str) -> None:

@@ -306,11 +306,12 @@ def _time_words(key: str, est: Estimate, ref: Estimate) -> str:
     dim = _COMPONENT_DIM.get(key)
     if dim:
         # the link of the plan that spends the time (a saving names the other plan's link)
-        mine, theirs = est.time_breakdown.get(key, 0.0), ref.time_breakdown.get(key, 0.0)
+        mine = est.time_breakdown.as_dict().get(key, 0.0)
+        theirs = ref.time_breakdown.as_dict().get(key, 0.0)
         src = est if getattr(est.config, dim) > 1 and mine >= theirs else ref
         if getattr(src.config, dim) <= 1:
             src = est
-        words += f" on {link_name((src.group_links or {}).get(dim))}"
+        words += f" on {link_name(src.group_links.of(dim) if src.group_links else None)}"
     if key == "compute" and est.config.recompute != ref.config.recompute:
         words += (f" (recompute {_value(est.config.recompute)} vs "
                   f"{_value(ref.config.recompute)})")
@@ -326,11 +327,12 @@ def compare(base: Estimate, other: Estimate, name: str, note: str = "") -> Compa
         return tuple(sorted(out, key=lambda d: -abs(d.delta)))
     return Comparison(
         name=name, base=base, other=other,
-        time=diffs("time", base.time_breakdown, other.time_breakdown,
+        time=diffs("time", base.time_breakdown.as_dict(), other.time_breakdown.as_dict(),
                    lambda k: _time_words(k, other, base)),
-        memory=diffs("memory", base.memory_breakdown, other.memory_breakdown,
+        memory=diffs("memory", base.memory_breakdown.as_dict(), other.memory_breakdown.as_dict(),
                      lambda k: _MEMORY_WORDS.get(k, k.replace("_", " "))),
-        comm=diffs("comm", base.comm_seconds_by_link, other.comm_seconds_by_link,
+        comm=diffs("comm", {lc.link: lc.seconds for lc in base.comm_by_link},
+                   {lc.link: lc.seconds for lc in other.comm_by_link},
                    lambda k: f"communication on {link_name(k)} (before overlap)"),
         note=note)
 
@@ -391,8 +393,8 @@ def tp_across_nodes(problem: Problem, est: Estimate) -> tuple[str, Estimate] | N
         moved = problem.cost_model.estimate(c.replace(placement=order))
     except AutoparError:
         return None
-    link = (moved.group_links or {}).get("tp")
-    if link == (est.group_links or {}).get("tp"):
+    link = moved.group_links.tp if moved.group_links else None
+    if link == (est.group_links.tp if est.group_links else None):
         return None
     stride = 1
     for d in others:

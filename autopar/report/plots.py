@@ -15,7 +15,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Sequence
 
-from ..cost.pipeline_orders import SPLIT_BACKWARD, rank_orders, replay, stage_rank
+from ..cost.pipeline.orders import SPLIT_BACKWARD, rank_orders, stage_rank
+from ..cost.pipeline.replay import replay
 from ..cost.types import Estimate
 from ..errors import AutoparError, MissingDependency, output_error  # noqa: F401 (re-export)
 from .summary import plural
@@ -153,7 +154,7 @@ def schedule_events(est: Estimate) -> list[tuple[int, str, float, float, int, in
 
 def _split_events(est: Estimate, fwd: list[float], bwd: list[float]) -> list[tuple]:
     """:func:`schedule_events` of a split-backward schedule (interleaved zero bubble, ZBV,
-    DualPipeV): torch's action order replayed (:mod:`autopar.cost.pipeline_orders`); kinds "F",
+    DualPipeV): torch's action order replayed (:mod:`autopar.cost.pipeline.orders`); kinds "F",
     "B" (full backward), "I" (input gradient), "W" (weight gradient); chunks are the rank's local
     index (0 .. v-1)."""
     c = est.config
@@ -205,8 +206,8 @@ def plot_schedule(est: Estimate, path: PathLike = None, *, ax: Axes | None = Non
     fig, ax = _axes(ax, (13, 1.4 + 0.45 * c.pp))
     events = schedule_events(est)
     tb = est.time_breakdown
-    work = tb.get("compute", 0) + tb.get("tp_comm", 0) + tb.get("cp_comm", 0) + tb.get("pp_comm", 0)
-    comm_share = (work - tb.get("compute", 0)) / work if work > 0 else 0.0
+    work = tb.compute + tb.tp_comm + tb.cp_comm + tb.pp_comm
+    comm_share = (work - tb.compute) / work if work > 0 else 0.0
     end = max(s + d for _, _, s, d, _, _ in events)
     w_left, r_right = _window(events, c.pp, c.virtual_stages or 1, end)
     gap = 0.04 * (w_left + end - r_right) if r_right > w_left else 0.0
@@ -231,9 +232,8 @@ def plot_schedule(est: Estimate, path: PathLike = None, *, ax: Axes | None = Non
         boxes[(r, name)] += pieces(s, d * (1 - comm_share))
         if comm_share > 0:
             boxes[(r, "communication")] += pieces(s + d * (1 - comm_share), d * comm_share)
-    tail = [("dp_sync", tb.get("dp_comm_exposed", 0.0) + tb.get("overlap_slowdown", 0.0)
-             + tb.get("dp_copies", 0.0)),
-            ("optimizer", tb.get("optimizer", 0.0))]
+    tail = [("dp_sync", tb.dp_comm_exposed + tb.overlap_slowdown + tb.dp_copies),
+            ("optimizer", tb.optimizer)]
     disp_end = end - (shift if r_right > w_left else 0.0)
     for r in range(c.pp):
         y = c.pp - 1 - r
@@ -272,7 +272,7 @@ def plot_schedule(est: Estimate, path: PathLike = None, *, ax: Axes | None = Non
     ax.set_ylabel("pipeline rank")
     ax.set_xlabel("time in the step (s)")
     ax.set_xlim(0, disp_end + sum(d for _, d in tail))
-    bubble = 100 * tb.get("bubble", 0.0) / est.step_time_s
+    bubble = 100 * tb.bubble / est.step_time_s
     ax.set_title(title or (f"One step: {c.schedule}, pp={c.pp} v={c.virtual_stages}, "
                            f"{plural(est.num_micro_batches, 'micro-batch', 'micro-batches')} "
                            "(simulated order); "
@@ -290,7 +290,7 @@ def plot_memory(est: Estimate, path: PathLike = None, *, ax: Axes | None = None,
         The matplotlib axes. Raises MissingDependency without matplotlib.
     """
     fig, ax = _axes(ax, (max(6, 0.45 * est.config.pp + 4), 4.5))
-    rows = list(est.stage_memory_breakdown) or [est.memory_breakdown]
+    rows = [r.as_dict() for r in (est.stage_memory_breakdown or (est.memory_breakdown,))]
     comps = list(rows[0].keys())
     xs = list(range(len(rows)))
     bottom = [0.0] * len(rows)
@@ -384,11 +384,12 @@ def plot_comparison(estimates: list[tuple[str, Estimate]], path: PathLike = None
         The matplotlib axes. Raises MissingDependency without matplotlib.
     """
     fig, ax = _axes(ax, (11, 1.2 + 0.6 * len(estimates)))
-    keys = list(dict.fromkeys(k for _, e in estimates for k in e.time_breakdown))
+    parts = [e.time_breakdown.as_dict() for _, e in estimates]
+    keys = list(dict.fromkeys(k for tb in parts for k in tb))
     ys = list(range(len(estimates)))[::-1]
     left = [0.0] * len(estimates)
     for k in keys:
-        vals = [e.time_breakdown.get(k, 0.0) for _, e in estimates]
+        vals = [tb.get(k, 0.0) for tb in parts]
         ax.barh(ys, vals, left=left, color=COLORS.get(k), label=k.replace("_", " "))
         left = [a + b for a, b in zip(left, vals)]
     ax.set_yticks(ys)

@@ -103,15 +103,16 @@ def estimate_lines(e) -> list[str]:
     lines += [
         f"MFU / HFU        {e.mfu * 100:.1f}% / {e.hfu * 100:.1f}%",
         f"micro-batch      {micro_batch_text(c, e.num_micro_batches)}",
-        "time breakdown   " + ", ".join(f"{k} {v:.3f}s" for k, v in t.items() if v > 0),
+        "time breakdown   " + ", ".join(f"{k} {v:.3f}s" for k, v in t.as_dict().items()
+                                          if v > 0),
         f"memory per GPU   {_gb(e.memory_per_gpu_bytes)} of {_gb(e.memory_limit_bytes)} "
         f"({'fits' if e.fits else 'DOES NOT FIT'}; peak on pipeline rank {e.peak_stage})",
-        "  " + ", ".join(f"{k} {_gb(v)}" for k, v in e.memory_breakdown.items()),
+        "  " + ", ".join(f"{k} {_gb(v)}" for k, v in e.memory_breakdown.as_dict().items()),
     ]
-    if e.comm_bytes_by_link:
+    if e.comm_by_link:
         lines.append("communication    " + ", ".join(
-            f"{k}: {_gb(e.comm_bytes_by_link[k])} sent in {e.comm_seconds_by_link.get(k, 0):.2f}s"
-            for k in e.comm_bytes_by_link) + " per GPU per step (bytes on the wire; seconds "
+            f"{lc.link}: {_gb(lc.nbytes)} sent in {lc.seconds:.2f}s"
+            for lc in e.comm_by_link) + " per GPU per step (bytes on the wire; seconds "
             "before overlap)")
     return lines
 
@@ -148,9 +149,10 @@ def plan_summary(plan) -> str:
         lines.append(f"framework        {plan.train.framework}, costed with edited profile "
                      f"fields: " + ", ".join(f"{k}={v['value']!r} ({v['source']})"
                                              for k, v in sorted(edits.items())))
-    if e.group_links:
+    if e.group_links and e.group_links.as_dict():
         lines.append("placement        " + ", ".join(
-            f"{d} over {link}" for d, link in e.group_links.items() if link != "local"))
+            f"{d} over {link}" for d, link in e.group_links.as_dict().items()
+            if link != "local"))
     lines.append(f"pipeline         {plural(c.pp, 'stage')} x {plural(c.virtual_stages, 'chunk')}")
     lines += recompute_text(c.recompute, c.stage_blocks)
     lines += estimate_lines(e)

@@ -7,8 +7,8 @@ from collections import Counter
 
 from rich.table import Table
 
-from ..cost.pipeline_orders import stage_rank
-from ..cost.types import Estimate
+from ..cost.pipeline.orders import stage_rank
+from ..cost.types import Estimate, GroupLinks
 from .explain import Comparison, config_diff, link_name
 from .summary import accumulation_why, gap_text, plural, reshard_text, runner_up_note
 
@@ -32,12 +32,12 @@ def degrees_table(e: Estimate) -> Table:
     t.add_column("dimension")
     t.add_column("degree", justify="right")
     t.add_column("groups cross")
-    links = e.group_links or {}
+    links = e.group_links or GroupLinks()
     for dim, words in _DIMS:
         deg = getattr(c, dim)
-        t.add_row(f"{dim} ({words})", str(deg), link_name(links.get(dim)) if deg > 1 else "-")
+        t.add_row(f"{dim} ({words})", str(deg), link_name(links.of(dim)) if deg > 1 else "-")
     if c.ep > 1:  # experts split over ep of the dp x cp ranks
-        t.add_row("ep (expert parallel)", str(c.ep), link_name(links.get("ep")))
+        t.add_row("ep (expert parallel)", str(c.ep), link_name(links.ep))
     rc = c.recompute if isinstance(c.recompute, str) else "per block (see stages)"
     t.add_row("sequence parallelism", "on" if c.sequence_parallel else "off", "")
     t.add_row("ZeRO stage", str(c.zero_stage), f"over dp x cp = {c.dp * c.cp}" if c.zero_stage else "")
@@ -71,7 +71,7 @@ def _ranges(blocks: list[int]) -> str:
 
 def stage_rows(e: Estimate) -> list[dict]:
     """Per pipeline rank: its decoder blocks, extra layers, recompute modes and costs (chunks
-    placed as :func:`autopar.cost.pipeline_orders.stage_rank` places them)."""
+    placed as :func:`autopar.cost.pipeline.orders.stage_rank` places them)."""
     c = e.config
     counts = list(c.stage_blocks or (0,))
     nblocks = sum(counts)
@@ -124,7 +124,7 @@ def performance_table(e: Estimate) -> Table:
     t.add_column("share", justify="right")
     t.add_row("step time", f"{e.step_time_s:,.3f} s"
               + (f" {e.error_band.text()}" if e.error_band else ""), "100%")
-    for k, v in e.time_breakdown.items():
+    for k, v in e.time_breakdown.as_dict().items():
         if v > 0:
             t.add_row(f"  {k}", f"{v:,.3f} s", f"{100 * v / e.step_time_s:.1f}%")
     t.add_row("tokens/s (cluster)", f"{e.tokens_per_s:,.0f}", "")
@@ -138,7 +138,7 @@ def memory_table(e: Estimate) -> Table:
     t = _table(f"Memory per GPU (pipeline rank {e.peak_stage}): {verdict}")
     t.add_column("component")
     t.add_column("GB", justify="right")
-    for k, v in e.memory_breakdown.items():
+    for k, v in e.memory_breakdown.as_dict().items():
         t.add_row(k, _gb(v))
     t.add_row("total", _gb(e.memory_per_gpu_bytes), style="bold")
     t.add_row("GPU memory", _gb(e.memory_limit_bytes))
@@ -147,21 +147,23 @@ def memory_table(e: Estimate) -> Table:
 
 def comm_table(e: Estimate) -> Table:
     """Communication of one GPU per step by link class: bytes on the wire it sends (ring
-    factors applied: :attr:`Estimate.comm_bytes_by_link`), seconds before overlap, and which
+    factors applied: :attr:`Estimate.comm_by_link`), seconds before overlap, and which
     dimensions use each link."""
     t = _table("Communication per GPU per step (one GPU of the slowest pipeline rank)")
     t.add_column("link")
     t.add_column("sent on the wire, GB", justify="right")
     t.add_column("seconds (before overlap)", justify="right")
     t.add_column("used by")
-    users: dict[str, list[str]] = {k: list(v) for k, v in (e.comm_dims_by_link or {}).items()}
-    if e.comm_dims_by_link is None:   # plan files of earlier versions: the bottleneck links
-        for dim, link in (e.group_links or {}).items():
+    users: dict[str, list[str]] = {lc.link: list(lc.dims) for lc in e.comm_by_link
+                                   if lc.dims is not None}
+    if any(lc.dims is None for lc in e.comm_by_link):   # plan files of earlier versions:
+        users = {}                                       # the bottleneck links
+        for dim, link in (e.group_links.as_dict() if e.group_links else {}).items():
             if getattr(e.config, dim) > 1:
                 users.setdefault(link, []).append(dim)
-    for k, nbytes in e.comm_bytes_by_link.items():
-        t.add_row(link_name(k), _gb(nbytes), f"{e.comm_seconds_by_link.get(k, 0.0):,.2f}",
-                  ", ".join(users.get(k, [])))
+    for lc in e.comm_by_link:
+        t.add_row(link_name(lc.link), _gb(lc.nbytes), f"{lc.seconds:,.2f}",
+                  ", ".join(users.get(lc.link, [])))
     return t
 
 

@@ -260,7 +260,7 @@ def recompute_free_bound(cm: CostModel, c: ParallelConfig) -> float:
     Recomputation only adds time to a block (its recomputed forward, and the repeated TP
     collectives under full recomputation: :meth:`CostModel.block_cost`), the pipeline is
     monotone in every stage duration (closed form of Narayanan et al. 2021, section 2.2, and
-    the max-plus event simulation of :func:`autopar.cost.schedule.simulate_pipeline`), exposed
+    the max-plus event simulation of :func:`autopar.cost.pipeline.schedule.simulate_pipeline`), exposed
     DP communication and the slowdown of the compute it overlaps are >= 0 and the optimizer
     step does not depend on recomputation. So ``step(none) - dp_cost(none)`` (``dp_cost``:
     exposed DP seconds plus that slowdown) bounds ``step(any recompute)`` from below. It costs the
@@ -457,11 +457,11 @@ def evaluate(run: Run, c: ParallelConfig, fixed: dict, allowed,
 
 def _dp_cost(e: Estimate) -> float:
     """Seconds the data-parallel collectives add to ``e``'s step: exposed, plus the slowdown
-    of the compute they overlap, plus the copies around them (``time_breakdown`` keys
-    ``dp_comm_exposed``, ``overlap_slowdown`` and ``dp_copies``; the latter two absent from
+    of the compute they overlap, plus the copies around them (``time_breakdown`` components
+    ``dp_comm_exposed``, ``overlap_slowdown`` and ``dp_copies``; the latter two 0 in
     estimates of older plan files)."""
     tb = e.time_breakdown
-    return tb["dp_comm_exposed"] + tb.get("overlap_slowdown", 0.0) + tb.get("dp_copies", 0.0)
+    return tb.dp_comm_exposed + tb.overlap_slowdown + tb.dp_copies
 
 
 def _keep_gathered(run: Run, e0: Estimate, modes: tuple[str, ...], allowed) -> Estimate:

@@ -8,7 +8,7 @@ the slowest stage paces the steady state and the others fill the warm-up and coo
 
 The schedules that split backward into input- and weight-gradient passes (interleaved zero
 bubble, ZBV zero bubble, DualPipeV) have no closed form for arbitrary pass times: their step is
-the timed replay of torch's own action order (:mod:`autopar.cost.pipeline_orders`). With equal
+the timed replay of torch's own action order (:mod:`autopar.cost.pipeline.orders`). With equal
 forward, input- and weight-gradient times per chunk the replay gives the published bubbles
 (tests/test_schedules.py): ZB-H1 ``(p - 1)(F + B - 2W)`` (Qi et al. 2023, arXiv 2401.10241;
 DeepSeek-V3 report, arXiv 2412.19437, table 2) and, with DualPipeV's forward-backward pairs run
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import deque
 from functools import lru_cache
 
-from .pipeline_orders import SPLIT_BACKWARD, check_order_args
+from .orders import SPLIT_BACKWARD, check_order_args
 from .timed_orders import compiled_orders, compiled_simulation, timed_step
 
 
@@ -131,7 +131,7 @@ def pipeline_step_time(fwd: list[float] | tuple[float, ...], bwd: list[float] | 
     non-uniform 1F1B/GPipe pipelines are simulated (:func:`simulate_pipeline`) for the first
     ``m0 = min(m, 4p)`` (2p beyond 16 ranks) micro-batches, after which the slowest rank is saturated and each further
     micro-batch adds exactly its time (extrapolation error < 1.5% in tests against a full run).
-    The split-backward schedules (:data:`~autopar.cost.pipeline_orders.SPLIT_BACKWARD`) replay
+    The split-backward schedules (:data:`~autopar.cost.pipeline.orders.SPLIT_BACKWARD`) replay
     torch's order (:func:`split_backward_step_time`).
 
     Args:
@@ -144,7 +144,7 @@ def pipeline_step_time(fwd: list[float] | tuple[float, ...], bwd: list[float] | 
 
     Raises:
         ValueError: the schedule cannot order these counts (see
-            :func:`~autopar.cost.pipeline_orders.check_order_args`).
+            :func:`~autopar.cost.pipeline.orders.check_order_args`).
     """
     if schedule in SPLIT_BACKWARD and len(fwd) > 1:
         return split_backward_step_time(fwd, bwd, wgrad or (0.0,) * len(fwd), num_micro_batches,
@@ -165,7 +165,7 @@ def pipeline_step_time(fwd: list[float] | tuple[float, ...], bwd: list[float] | 
 def _simulate(fwd: tuple[float, ...], bwd: tuple[float, ...], m: int, schedule: str) -> float:
     """Memoised :func:`simulate_pipeline` (configurations differing only in ZeRO stage or DP
     placement share their pipeline), run from its compiled order
-    (:func:`~autopar.cost.timed_orders.timed_step`: bitwise the same seconds, tested)."""
+    (:func:`~autopar.cost.pipeline.timed_orders.timed_step`: bitwise the same seconds, tested)."""
     return timed_step(compiled_simulation(schedule, len(fwd), m), fwd, bwd, (0.0,) * len(fwd))
 
 
@@ -174,7 +174,7 @@ def replay_micro_batches(schedule: str, pp: int, m: int, v: int) -> int:
     ``3 pp`` (warm-up, one steady round and cool-down; the slowest rank is then saturated and
     each further micro-batch adds its own time: worst error 0.43% against a full replay over
     150 random non-uniform pipelines, pp 2-16, v 1-4, m 4-10 pp), else the smallest count from
-    there up that the schedule accepts (:func:`~autopar.cost.pipeline_orders.
+    there up that the schedule accepts (:func:`~autopar.cost.pipeline.orders.
     check_order_args`)."""
     cap = 3 * pp
     if m <= cap:
@@ -196,7 +196,7 @@ def split_backward_step_time(fwd, bwd, wgrad, num_micro_batches: int, virtual_st
     Each rank's per-micro-batch times are split evenly over its ``v`` chunks; a chunk's
     forward takes ``fwd / v``, its input-gradient pass ``(bwd - wgrad) / v`` and its weight pass
     ``wgrad / v`` (a full backward both). The first ``m0`` micro-batches
-    (:func:`replay_micro_batches`) are replayed (:func:`~autopar.cost.pipeline_orders.replay`),
+    (:func:`replay_micro_batches`) are replayed (:func:`~autopar.cost.pipeline.replay.replay`),
     each further one adds the slowest rank's per-micro-batch time. Bubble = step - m x that time.
     With ``overlap`` (seconds each DualPipeV forward-backward pair hides), a rank's
     per-micro-batch time is ``t - v x overlap`` (its ``v`` forwards and ``v`` backwards form ``v``
@@ -222,6 +222,6 @@ def split_backward_step_time(fwd, bwd, wgrad, num_micro_batches: int, virtual_st
 def _replay(schedule: str, p: int, m: int, v: int, fwd: tuple, inp: tuple, wgt: tuple,
             overlap: tuple | None) -> float:
     """Memoised replay (configurations differing only in ZeRO stage or DP placement share
-    their pipeline), run from its compiled order (:func:`~autopar.cost.timed_orders.timed_step`:
-    bitwise :func:`~autopar.cost.pipeline_orders.replay`'s seconds, tested)."""
+    their pipeline), run from its compiled order (:func:`~autopar.cost.pipeline.timed_orders.timed_step`:
+    bitwise :func:`~autopar.cost.pipeline.replay.replay`'s seconds, tested)."""
     return timed_step(compiled_orders(schedule, p, m, v), fwd, inp, wgt, overlap)

@@ -1,7 +1,7 @@
 """Fast timing of pipeline action orders: the orders compiled once into a flat dependency list.
 
-Which action waits for which (:func:`autopar.cost.pipeline_orders.replay`'s rules, and
-:func:`autopar.cost.schedule.simulate_pipeline`'s) depends only on the orders, never on the
+Which action waits for which (:func:`autopar.cost.pipeline.replay.replay`'s rules, and
+:func:`autopar.cost.pipeline.schedule.simulate_pipeline`'s) depends only on the orders, never on the
 durations: the event replay discovers the same topological order for any times. So the orders of a
 ``(schedule, pp, m, v)`` are compiled once (cached) into a list of slots, each finishing at
 ``max(end of its predecessors) + duration``, in an order where every predecessor comes first;
@@ -9,7 +9,7 @@ timing a step is then one pass over that list. Every slot does the same floating
 operations, in the same order, as the event replay (``max`` then one addition; an ``O`` pair run
 one half after the other adds its backward's two passes one at a time, as the replay does), so
 the result is bitwise the replay's (tests/test_timed_orders.py checks equality, not closeness).
-Source: the replay itself (:mod:`autopar.cost.pipeline_orders`); this module only reorders
+Source: the replay itself (:mod:`autopar.cost.pipeline.orders`); this module only reorders
 its work.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import deque
 from functools import lru_cache
 
-from .pipeline_orders import rank_orders
+from .orders import rank_orders
 
 #: Slot 0 always holds 0.0 (an input ready at the start); slot 1 holds -inf (no predecessor).
 _ZERO, _NONE = 0, 1
@@ -129,18 +129,18 @@ def _compile(orders: tuple, num_stages: int, m: int, gpipe_sim: bool) -> tuple:
 
 @lru_cache(maxsize=512)
 def compiled_orders(schedule: str, pp: int, m: int, v: int) -> tuple:
-    """The compiled :func:`~autopar.cost.pipeline_orders.rank_orders` of a schedule (cached).
+    """The compiled :func:`~autopar.cost.pipeline.orders.rank_orders` of a schedule (cached).
 
     Raises:
         ValueError: the combination breaks a rule of
-            :func:`~autopar.cost.pipeline_orders.check_order_args`.
+            :func:`~autopar.cost.pipeline.orders.check_order_args`.
     """
     return _compile(rank_orders(schedule, pp, m, v), pp * v, m, False)
 
 
 @lru_cache(maxsize=512)
 def compiled_simulation(schedule: str, pp: int, m: int) -> tuple:
-    """The compiled order of :func:`autopar.cost.schedule.simulate_pipeline` (one chunk per
+    """The compiled order of :func:`autopar.cost.pipeline.schedule.simulate_pipeline` (one chunk per
     rank; a backward waits for the next rank's backward, or on the last rank for its own
     forward, and for its own forward) (cached).
 
@@ -154,7 +154,7 @@ def compiled_simulation(schedule: str, pp: int, m: int) -> tuple:
 
 def timed_step(plan: tuple, fwd, inp, wgt, overlap=None) -> float:
     """Step seconds of a compiled order (:func:`compiled_orders`): bitwise
-    :func:`~autopar.cost.pipeline_orders.replay`'s first result for the same durations.
+    :func:`~autopar.cost.pipeline.replay.replay`'s first result for the same durations.
 
     Args:
         plan: from :func:`compiled_orders` or :func:`compiled_simulation`.

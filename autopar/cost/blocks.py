@@ -1,0 +1,243 @@
+"""Per-layer compute: one layer's seconds, FLOPs and bytes per micro-batch on one GPU under one
+recompute mode and sharding (:class:`BlockCost`, cached by :class:`BlockCosts` per layer
+signature), and the model FLOPs of one sequence."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import ParallelConfig
+from ..graph.kernels import ATTENTION_BACKWARD_RATIO
+from ..hardware.collectives import NO_LOAD, LinkLoad
+from . import memory as mem
+from .comm import cp_layer_comm, split_expert_tp, tp_layer_comm
+from .compute import LayerTime, layer_time
+from .context import CostInputs
+from .groups import Groups
+
+#: Share of a causal attention op's counted (non-causal, FlopCounterMode) FLOPs that MFU and HFU
+#: leave out: the masked upper triangle a causal kernel skips (the FLOPs convention of
+#: :data:`autopar.cost.types.FLOPS_CONVENTION`; a convention, not a calibration constant).
+CAUSAL_FLOPS_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class BlockCost:
+    """One layer's cost per micro-batch on one GPU under one recompute mode.
+
+    Times in seconds (fwd_s/bwd_s include TP and CP communication; bwd_s includes recompute;
+    ``tp_s`` is the exposed TP time), communication per GPU and micro-batch as
+    :class:`~autopar.hardware.collectives.LinkLoad` (bytes on the wire and the seconds each link
+    carries them before overlap, see :mod:`autopar.cost.comm`), FLOPs per GPU.
+    """
+
+    fwd_s: float
+    bwd_s: float
+    compute_s: float
+    tp_s: float
+    cp_s: float
+    tp_load: LinkLoad
+    cp_load: LinkLoad
+    recompute_flops: float
+    act_bytes: float
+    transient_bytes: float
+    ep_s: float = 0.0
+    ep_load: LinkLoad = NO_LOAD
+    wgrad_s: float = 0.0
+
+    @property
+    def tp_bytes(self) -> float:
+        """TP bytes on the wire per GPU and micro-batch, all links."""
+        return self.tp_load.nbytes
+
+    @property
+    def cp_bytes(self) -> float:
+        """CP bytes on the wire per GPU and micro-batch, all links."""
+        return self.cp_load.nbytes
+
+    @property
+    def ep_bytes(self) -> float:
+        """EP all-to-all bytes on the wire per GPU and micro-batch, all links."""
+        return self.ep_load.nbytes
+
+
+class BlockCosts:
+    """Per-layer costs of one cost model's graph, cached by layer signature and sharding.
+
+    Args:
+        inputs: the cost model's :class:`~autopar.cost.context.CostInputs`.
+        groups: its process groups (TP, CP, EP and expert-TP collectives).
+    """
+
+    def __init__(self, inputs: CostInputs, groups: Groups):
+        self.inputs, self.groups = inputs, groups
+        self._layer_times: dict[tuple, LayerTime] = {}
+        self._block_costs: dict[tuple, BlockCost] = {}
+        self._flops_per_seq: float | None = None
+
+    def layer_time(self, index: int, b: int, tp: int, cp: int, sp: bool,
+                   cp_mode: str = "ulysses", etp: int | None = None) -> LayerTime:
+        """Compute time of graph layer ``index`` (cached by signature and sharding).
+
+        ``cp_mode`` picks how a CP rank runs attention (the profile's ``cp_attention``) and
+        whether its causal work is balanced: a ring or all-gather split is load-balanced only
+        when ``2 cp`` divides the sequence (autopar/runtime/cp.py ``layout``; Megatron-LM and
+        torchtitan require it), else the last rank's queries see the most keys, (2 cp - 1) / cp
+        times the average. The default (Ulysses: whole sequences, fused, balanced) is the least
+        over the modes, the search's lower bound. ``etp``: expert tensor parallelism of the
+        routed experts' GEMMs (None = tp; :func:`autopar.cost.compute.layer_time`)."""
+        inp = self.inputs
+        layer = inp.graph.layers[index]
+        path = inp.profile.cp_attention.get(cp_mode, "fused") if cp > 1 else "fused"
+        skew = (2 * cp - 1) / cp if (cp > 1 and cp_mode != "ulysses"
+                                     and inp.train.seq_len % (2 * cp)) else 1.0
+        etp = None if etp == tp else etp
+        key = (layer.signature, b, tp, cp, sp, path, skew, etp)
+        t = self._layer_times.get(key)
+        if t is None:
+            t = layer_time(layer, micro_batch=b / inp.graph.micro_batch_size, tp=tp, cp=cp,
+                           sequence_parallel=sp, peak_flops=inp.compute_peak,
+                           fp8_peak_flops=inp.peak if inp.train.precision == "fp8" else None,
+                           hbm_bandwidth=inp.device.hbm_bandwidth_Bps, params=inp.params,
+                           architecture=getattr(inp.device, "architecture", "ampere"),
+                           attention_kernel=inp.attention_kernel,
+                           fusion=inp.profile.fusion,
+                           attention_dims=self.attention_dims(layer, cp),
+                           cp_attention=path, cp_imbalance=skew, expert_tp=etp,
+                           eager_parts=inp.profile.eager_parts)
+            self._layer_times[key] = t
+        return t
+
+    def attention_dims(self, layer, cp: int) -> tuple[float, float]:
+        """(head dim, keys per query block on one CP rank) of ``layer``'s fused attention:
+        head dim from its counted FLOPs, 4 * b * heads * s * span * d; keys: the span (the
+        window, or the sequence), at most the rank's s / cp (ring and load-balanced exchanges run
+        the kernel on per-rank chunks)."""
+        g = self.inputs.graph
+        for op in layer.ops:
+            if op.kind == "attention" and op.fused and layer.attention_heads:
+                s = g.seq_len
+                span = min(op.window, s) if op.window else s   # a window past s limits nothing
+                d = op.fwd_flops / (4.0 * g.micro_batch_size * layer.attention_heads * s * span)
+                return d, min(span, s / cp)
+        return 0.0, 0.0
+
+    def block_cost(self, index: int, mode: str, c: ParallelConfig) -> "BlockCost":
+        """Per-micro-batch cost of graph layer ``index`` under recompute ``mode`` and the
+        resolved config ``c`` (cached). Non-block layers ignore ``mode``."""
+        layer = self.inputs.graph.layers[index]
+        if layer.kind != "block":
+            mode = "none"
+        key = (layer.signature, mode, c.tp, c.cp, c.dp, c.pp, c.micro_batch_size,
+               c.sequence_parallel, c.cp_mode, c.placement, c.ep, c.expert_tp)
+        hit = self._block_costs.get(key)
+        if hit is not None:
+            return hit
+        tp, cp, sp = c.tp, c.cp, c.sequence_parallel
+        bscale = c.micro_batch_size / self.inputs.graph.micro_batch_size
+        folded = c.folded and bool(layer.num_experts)
+        lt = self.layer_time(index, c.micro_batch_size, tp, cp, sp, c.cp_mode,
+                             c.etp if folded else None)
+        attn_layer, expert_layer = split_expert_tp(layer) if folded else (layer, None)
+        tf, tb, fb, bb = tp_layer_comm(attn_layer, self.groups.group("tp", c), micro_batch=bscale,
+                                       cp=cp, sequence_parallel=sp,
+                                       mlp_per_linear=self.inputs.profile.tp_mlp_reduce_per_linear)
+        if expert_layer is not None:
+            # folded MoE: the routed tokens are all-gathered over the expert-TP group after the
+            # dispatch all-to-all and reduce-scattered before the combine (Megatron-Core
+            # token_dispatcher.py MoEAlltoAllTokenDispatcher: gather_from_sequence_parallel_
+            # region / reduce_scatter_to_sequence_parallel_region over expt_tp), on the etp
+            # ranks' share of the tokens: etp / tp of what one attention-TP group holds
+            xf, xb, xfb, xbb = tp_layer_comm(expert_layer, self.groups.group("etp", c),
+                                             micro_batch=bscale * c.etp / tp, cp=cp,
+                                             sequence_parallel=True)
+            tf, tb, fb, bb = tf + xf, tb + xb, fb + xfb, bb + xbb
+        if mode == "full":  # the recomputed forward repeats its collectives
+            tb += tf
+            bb += fb
+        if self.inputs.profile.overlap_tp_comm and sp:
+            # TP collectives split into chunks that run beside the GEMMs next to them
+            # (Transformer Engine userbuffers, Wang et al. 2023 "Overlap communication with
+            # dependent computation", ASPLOS): hidden up to dp_overlap of the GEMM time. Only
+            # the all-gather / reduce-scatter of sequence parallelism is chunked so (Megatron-LM
+            # arguments.py: "Tensor parallel communication/GEMM overlap can happen only when
+            # sequence parallelism is enabled"; torch's async TP fuses the same pair)
+            gemm_f = lt.fwd_s - lt.attention_fwd_s
+            gemm_b = lt.bwd_s - ATTENTION_BACKWARD_RATIO * lt.attention_fwd_s
+            if mode == "full":
+                gemm_b += gemm_f
+            tf = max(0.0, tf - self.inputs.params.dp_overlap * gemm_f)
+            tb = max(0.0, tb - self.inputs.params.dp_overlap * gemm_b)
+        cf, cb, cload = cp_layer_comm(layer, self.groups.group("cp", c), micro_batch=bscale, tp=tp,
+                                       attention_fwd_s=lt.attention_fwd_s, mode=c.cp_mode,
+                                       overlap=self.inputs.params.dp_overlap)
+        ef, eload = 0.0, NO_LOAD
+        if c.ep > 1 and layer.num_experts:
+            # dispatch and combine all-to-alls of the routed tokens (k copies of each) forward,
+            # the same two backward (Lepikhin et al. 2020, GShard; Megatron-LM MoE)
+            routed = (layer.output_bytes * bscale * max(1, layer.experts_per_token) / cp
+                      / (tp if sp else 1))
+            ep_g = self.groups.group("ep", c)
+            # four all-to-alls of the routed tokens: two forward, two backward (half each side
+            # below); it was two in all, half the ledger's count of the same collectives
+            ef = 4 * ep_g.time("all_to_all", routed)
+            # the ledger's load: four all-to-alls, each on the link as long as it takes
+            eload = ep_g.load("all_to_all", routed).scaled(4)
+            if mode == "full":
+                ef *= 1.5  # the recomputed forward dispatches again
+                eload = eload.scaled(1.5)
+        rec = lt.recompute_s(mode)
+        # FLOPs the recomputed forward repeats (HFU), in MFU's convention: a causal attention
+        # op at the half a causal kernel executes
+        attn = [o for o in layer.ops if o.kind == "attention"]
+        counted = sum(o.fwd_flops for o in attn) * bscale / (tp * cp)
+        causal = sum(o.fwd_flops for o in attn if o.causal) * bscale / (tp * cp)
+        rflops = {"full": lt.fwd_flops, "selective": counted}.get(mode, 0.0)
+        if mode == "selective-op":  # the matmuls op-level SAC does not save
+            saved = set(mem.op_sac_saved(layer))
+            rflops = sum(o.fwd_flops for i, o in enumerate(layer.ops)
+                         if o.kind == "matmul" and i not in saved) * bscale / (tp * cp)
+        elif mode != "none":
+            rflops -= CAUSAL_FLOPS_SHARE * causal
+        conv = self.inputs.conventions
+        act_none = mem.block_activation_bytes(layer, "none", micro_batch=bscale, tp=tp, cp=cp,
+                                              sequence_parallel=sp)
+        # unfused attention: the framework's softmax output beyond the 2 bytes per score the
+        # graph saves, and its score-sized working tensors (MemoryConventions)
+        scores = mem.unfused_score_elements(
+            layer, tokens=self.inputs.graph.micro_batch_size * self.inputs.train.seq_len,
+            dtype_bytes=self.inputs.train.dtype_bytes) * bscale / (tp * cp)
+        act_none += (conv.unfused_score_saved_bytes - 2) * scores
+        act = act_none if mode == "none" else mem.block_activation_bytes(
+            layer, mode, micro_batch=bscale, tp=tp, cp=cp, sequence_parallel=sp)
+        # recomputing a block re-materialises what it did not keep, one block at a time
+        transient = act_none - act + conv.unfused_score_work_bytes * scores
+        if layer.kind == "head":
+            # the loss's backward: fp32 gradients of the logits beside the saved log-probs
+            logits = sum(o.bytes_written for o in layer.ops if o.kind == "loss") / 4.0
+            transient += conv.loss_work_bytes * logits * bscale / (tp * cp)
+        if self.inputs.train.precision == "fp8" and layer.kind == "block":
+            # the FP8 copy of the running layer's Linear weights and its transpose (1 byte each)
+            transient += 2.0 * mem.layer_params_per_rank(layer, tp, ep=c.ep, etp=c.etp)
+        # the weight-gradient GEMMs (lt.wgrad_s) run apart from the rest of backward under a
+        # zero-bubble schedule; recomputation and communication stay with the input gradient
+        bc = BlockCost(fwd_s=lt.fwd_s + tf + cf + ef / 2, bwd_s=lt.bwd_s + rec + tb + cb + ef / 2,
+                       compute_s=lt.fwd_s + lt.bwd_s + rec, tp_s=tf + tb, cp_s=cf + cb,
+                       tp_load=fb + bb, cp_load=cload, recompute_flops=rflops,
+                       act_bytes=act, transient_bytes=transient, ep_s=ef, ep_load=eload,
+                       wgrad_s=lt.wgrad_s)
+        self._block_costs[key] = bc
+        return bc
+
+    def model_flops_per_sequence(self) -> float:
+        """Model FLOPs of one sequence's forward + backward (no recomputation), causal
+        attention at the half a causal kernel executes, forward and backward (the FLOPs
+        convention of :data:`autopar.cost.types.FLOPS_CONVENTION`); computed once."""
+        if self._flops_per_seq is None:
+            g = self.inputs.graph
+            causal = sum(o.fwd_flops for layer in g.layers for o in layer.ops
+                         if o.kind == "attention" and o.causal)
+            self._flops_per_seq = (g.forward_flops + g.backward_flops
+                                   - CAUSAL_FLOPS_SHARE * (1 + ATTENTION_BACKWARD_RATIO) * causal
+                                   ) / g.micro_batch_size
+        return self._flops_per_seq

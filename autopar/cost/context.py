@@ -1,0 +1,95 @@
+"""What every part of the cost model reads: the graph, cluster, training config, constants and
+framework profile of one :class:`~autopar.cost.model.CostModel`, with the rates derived from
+them once (:class:`CostInputs`); and the check that the graph was measured at the training
+sequence length."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import TrainingConfig
+from ..errors import InvalidTrainingConfig
+from ..frameworks import FrameworkProfile
+from ..frameworks.memory import MemoryConventions
+from ..graph.types import ModelGraph
+from .params import CostParams
+
+
+@dataclass(frozen=True, eq=False)
+class CostInputs:
+    """The inputs of one cost model and what follows from them alone.
+
+    Attributes:
+        graph, cluster, train, params, profile, conventions: as given to the cost model (the
+            profile and conventions resolved from ``train.framework`` where not given).
+        attention_kernel: the fused attention kernel priced.
+        peak: the GPU's dense FLOP/s at the training precision, times its clock scale (a power
+            cap lowers the sustained tensor-core clock: ``Device.clock_scale``).
+        compute_peak: FLOP/s of the work that stays in BF16 under FP8 training (Transformer
+            Engine and torchao run only the Linear GEMMs in FP8); ``peak`` otherwise.
+        hbm_Bps: bytes/s memory-bound kernels move through HBM (``CostParams.hbm_efficiency``
+            of the datasheet bandwidth).
+        reduce_bytes: bytes per gradient element in the data-parallel reduction (the
+            profile's dtype, else ``CostParams.grad_bytes``).
+        blocks: graph indices of the decoder blocks, in model order.
+    """
+
+    graph: ModelGraph
+    cluster: object
+    train: TrainingConfig
+    params: CostParams
+    profile: FrameworkProfile
+    conventions: MemoryConventions
+    attention_kernel: str
+    peak: float
+    compute_peak: float
+    hbm_Bps: float
+    reduce_bytes: float
+    blocks: tuple[int, ...]
+
+    @property
+    def device(self):
+        """The cluster's :class:`~autopar.hardware.Device`."""
+        return self.cluster.device
+
+    @classmethod
+    def build(cls, graph: ModelGraph, cluster, train: TrainingConfig,
+              params: CostParams | None, attention_kernel: str | None,
+              profile: FrameworkProfile, conventions: MemoryConventions | None) -> "CostInputs":
+        """The inputs with defaults filled in (see :class:`~autopar.cost.model.CostModel`)."""
+        params = params or CostParams()
+        device = cluster.device
+        arch = getattr(device, "architecture", "ampere")
+        peak = device.peak(train.precision) * device.clock_scale
+        return cls(
+            graph=graph, cluster=cluster, train=train, params=params, profile=profile,
+            conventions=conventions or profile.memory,
+            attention_kernel=attention_kernel or profile.attention_kernel(arch),
+            peak=peak,
+            compute_peak=(device.peak("bf16") * device.clock_scale
+                          if train.precision == "fp8" else peak),
+            hbm_Bps=device.hbm_bandwidth_Bps * params.hbm_efficiency,
+            reduce_bytes=profile.grad_reduce_bytes or params.grad_bytes,
+            blocks=tuple(layer.index for layer in graph.layers if layer.kind == "block"))
+
+    def micro_batches(self, c) -> int:
+        """Micro-batches per step per pipeline of config ``c``."""
+        return self.train.global_batch_size // (c.dp * c.micro_batch_size)
+
+
+def check_seq_len(graph: ModelGraph, train: TrainingConfig) -> None:
+    """Refuse a graph measured at another sequence length than the one trained: its FLOPs,
+    activation bytes and attention spans are those of ``graph.seq_len`` tokens, so pricing it
+    for ``train.seq_len`` would be off by up to the ratio (a 512-token graph priced for 2,048
+    tokens gave MFU 0.0016 instead of 0.0136).
+
+    Raises:
+        InvalidTrainingConfig: the two lengths differ (the message names both and the fix).
+    """
+    if graph.seq_len != train.seq_len:
+        raise InvalidTrainingConfig(
+            f"the model graph {graph.name!r} was extracted at seq_len={graph.seq_len} tokens but "
+            f"the training config has seq_len={train.seq_len}; the cost model prices the graph's "
+            "measured FLOPs and activations, which depend on the sequence length. Fix: "
+            f"re-extract the graph at the training length (autopar.graph.extract(model, "
+            f"{train.seq_len})), or set TrainingConfig(seq_len={graph.seq_len}).")

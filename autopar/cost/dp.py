@@ -1,0 +1,306 @@
+"""Data-parallel cost: the gradient reductions and parameter gathers of (sharded) data
+parallelism, how much of them no compute hides, the compute slowdown beside the hidden part,
+the framework's copies around them and the optimizer step (:class:`DPCost`, from
+:class:`DataParallel`).
+
+Which mechanisms apply is the framework profile's: overlap of the gradient reduce
+(``overlap_dp_grad_reduce``), how ZeRO-3 gathers (``zero3_gather``, per block or per
+parameter; ``zero3_regather_per_micro_batch`` under PP), FSDP1's flat-gradient copies
+(``zero_grad_copy_passes``), FSDP2's copy-in/out (``fsdp2_copies``), ZeRO-1 with full
+all-reduce (``zero1_grad_all_reduce``) or broadcast parameter sync (``zero1_param_sync``),
+bucketed reduction with device syncs (``sync_grad_bucket_elements``), and the ZeRO group and
+partition (``zero1_group_size``, ``zero1_partition``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import ParallelConfig
+from ..hardware.collectives import NO_LOAD, LinkLoad
+from .blocks import BlockCosts
+from .comm import overlapped_comm
+from .context import CostInputs
+from .groups import Groups
+from .ranks import RankLayers
+from .states import ModelStates
+
+
+@dataclass(frozen=True)
+class DPCost:
+    """Seconds per step of data parallelism and the optimizer on the rank with the most
+    parameters.
+
+    Attributes:
+        exposed_s: collective seconds no compute hides.
+        slowdown_s: what the collectives run beside compute cost it by holding SMs
+            (:func:`autopar.cost.comm.overlapped_comm`).
+        copies_s: the sharded-DP implementation's memory-bound copies on the compute stream.
+        optimizer_s: the optimizer step (or, offloaded, the PCIe transfers around it).
+        loads: what one GPU puts on the links, as (load, times) in booking order (empty when
+            only the time was asked for).
+    """
+
+    exposed_s: float
+    slowdown_s: float
+    copies_s: float
+    optimizer_s: float
+    loads: tuple[tuple[LinkLoad, float], ...] = ()
+
+
+class DataParallel:
+    """The :class:`DPCost` of configs of one cost model.
+
+    Args:
+        inputs: the cost model's :class:`~autopar.cost.context.CostInputs`.
+        groups, ranks, states, blocks: its process groups, rank layers, model states and
+            per-layer costs.
+    """
+
+    def __init__(self, inputs: CostInputs, groups: Groups, ranks: RankLayers,
+                 states: ModelStates, blocks: BlockCosts):
+        self.inputs, self.groups, self.ranks = inputs, groups, ranks
+        self.states, self.blocks = states, blocks
+
+    def cost(self, c: ParallelConfig, layout: tuple, bottleneck: int, fwd1: float,
+             bwd1: float, keep: tuple[float, ...], with_loads: bool = True) -> DPCost:
+        """The :class:`DPCost` of the resolved config ``c`` whose pipeline ranks hold
+        ``layout``; ``bottleneck``: the slowest pipeline rank (whose layers ZeRO-3's
+        collectives are issued over), ``fwd1``/``bwd1``: one micro-batch's forward and backward
+        seconds on it (what the collectives hide behind); ``keep``: per rank, parameter
+        elements kept gathered (:meth:`ModelStates.kept_gathered`). With ``with_loads`` False
+        the link loads are not built (the search's time-only bound)."""
+        inp = self.inputs
+        train, prof, p = inp.train, inp.profile, inp.params
+        dp, cp, pp = c.dp, c.cp, c.pp
+        m = inp.micro_batches(c)
+        dp_g = self.groups.group("dp", c)
+        stage_params = [st.params for st in layout]
+        psi = max(stage_params)
+        rank = stage_params.index(psi)
+        wbytes = train.dtype_bytes
+        gb = inp.reduce_bytes
+        loads: list[tuple[LinkLoad, float]] = []
+        dp_exposed = 0.0
+        # whether the framework runs the DP collectives beside compute: not when it issues them
+        # after backward or gathers per parameter with syncs. Beside compute, a collective's
+        # NCCL thread blocks hold their SMs while in flight and the compute slows
+        # (overlapped_comm; autopar/hardware/nccl.py): ``dp_slow`` seconds
+        ov_grad = prof.overlap_dp_grad_reduce
+        ov_gather = prof.zero3_gather == "per_block"
+        share = self.groups.comm_share(dp_g)
+        dp_slow = 0.0
+
+        def beside(comm_s: float, window_s: float, overlapped: bool) -> float:
+            """Exposed seconds of a collective run beside ``window_s`` of compute (all of it
+            when not overlapped); adds its compute slowdown to ``dp_slow``."""
+            nonlocal dp_slow
+            if not overlapped:
+                return comm_s
+            exposed, slow = overlapped_comm(comm_s, window_s, share)
+            dp_slow += slow
+            return exposed
+
+        # sharded-DP all-gathers and reduce-scatters per step, for the copies around them
+        gathers = reduces = 0.0
+        if dp * cp > 1:
+            t_ag = dp_g.time("all_gather", psi * wbytes)
+            t_rs = dp_g.time("reduce_scatter", psi * gb)
+            # what those put on each link, for the ledger (not needed for the time alone)
+            l_ag = l_rs = NO_LOAD
+            if with_loads:
+                l_ag = dp_g.load("all_gather", psi * wbytes)
+                l_rs = dp_g.load("reduce_scatter", psi * gb)
+            if c.zero_stage == 3:   # gathered and reduced per block or per parameter
+                t_ag = self.zero3_collective_s(c, bottleneck, wbytes, "all_gather")
+                t_rs = self.zero3_collective_s(c, bottleneck, gb, "reduce_scatter")
+                if with_loads:
+                    l_ag = self.zero3_collective_load(c, bottleneck, wbytes, "all_gather")
+                    l_rs = self.zero3_collective_load(c, bottleneck, gb, "reduce_scatter")
+            if c.zero_stage == 3 and (pp == 1 or prof.zero3_regather_per_micro_batch):
+                # every micro-batch gathers the parameters for forward, and again for backward
+                # those blocks resharded after forward (FSDP2 fully_shard reshard_after_forward,
+                # per block; the share on the rank with the most parameters), and
+                # reduce-scatters its gradients
+                regather = (psi - keep[rank]) / psi if psi > 0 else 1.0
+                per_mb = (1 + regather) * t_ag + t_rs
+                gathers, reduces = m * (1 + regather), m
+                dp_exposed = m * beside(per_mb, fwd1 + bwd1, ov_gather)
+                dp_slow *= m
+                loads.append((l_ag.scaled(1 + regather) + l_rs, m))
+            elif c.zero_stage == 3:
+                # under PP the framework keeps parameters gathered and gradients unsharded
+                # across the step's micro-batches: one gather behind the first forward, one
+                # reduce-scatter behind the last backward (memory pays, not time)
+                dp_exposed = beside(t_ag, fwd1, ov_gather) + beside(t_rs, bwd1, ov_grad)
+                gathers, reduces = 1, 1
+                loads.append((l_ag + l_rs, 1.0))
+            elif c.zero_stage == 2:
+                # sharded gradients cannot accumulate locally: reduce-scatter every micro-batch,
+                # each hidden behind that micro-batch's backward; parameters gathered once
+                dp_exposed = m * beside(t_rs, bwd1, ov_grad)
+                dp_slow *= m
+                dp_exposed += beside(t_ag, fwd1, ov_grad)
+                gathers, reduces = 1, m
+                loads.append((l_rs, m))
+                loads.append((l_ag, 1.0))
+            else:
+                if c.zero_stage == 0:
+                    t_grad = dp_g.time("all_reduce", psi * gb)
+                    t_param = 0.0
+                    l_grad, l_param = dp_g.load("all_reduce", psi * gb), NO_LOAD
+                elif prof.zero1_grad_all_reduce:   # full gradients all-reduced, then sharded
+                    t_grad, t_param = dp_g.time("all_reduce", psi * gb), t_ag
+                    l_grad, l_param = dp_g.load("all_reduce", psi * gb), l_ag
+                else:
+                    t_grad, t_param = t_rs, t_ag
+                    l_grad, l_param = l_rs, l_ag
+                ov_param = ov_grad
+                if prof.zero1_param_sync == "broadcast" and c.zero_stage == 1:
+                    owners = self.states.zero1_split(c, layout[rank].layers, psi)[1]
+                    t_param, ov_param = self.zero1_broadcasts_s(c, psi * wbytes, owners), False
+                    l_param = self.zero1_broadcasts_load(c, psi * wbytes, owners)
+                if prof.sync_grad_bucket_elements and ov_grad:
+                    # one bucket in flight, each launched after a device-wide sync, the last
+                    # one after backward (FrameworkProfile.sync_grad_bucket_elements); the
+                    # buckets' hidden seconds slow the compute beside them (overlapped_comm)
+                    op = ("all_reduce" if c.zero_stage == 0 or prof.zero1_grad_all_reduce
+                          else "reduce_scatter")
+                    grad_exposed = self.sync_bucket_exposed_s(c, layout[rank].layers, op, gb)
+                    dp_slow += share * max(0.0, t_grad - grad_exposed)
+                else:
+                    grad_exposed = beside(t_grad, bwd1, ov_grad)
+                dp_exposed = grad_exposed + beside(t_param, fwd1, ov_param)
+                loads.append((l_grad + l_param, 1.0))
+        # the optimizer runs on the rank's ZeRO shard: over dp x cp, or over the framework's
+        # smaller ZeRO group (zero1_group_size: InternEvo parallel.zero1, FSDP hybrid sharding);
+        # the largest share paces the step (zero1_partition: whole tensors bound it below)
+        if c.zero_stage >= 1:
+            opt_params = self.states.zero1_split(c, layout[rank].layers, psi)[0]
+        else:
+            opt_params = psi
+        if train.optimizer_offload:
+            # ZeRO-Offload (Ren et al. 2021, USENIX ATC, sec. 4): gradients go to the host over
+            # PCIe, the CPU runs Adam, the updated compute-dtype parameters come back; both
+            # transfers at the GPU's host PCIe x16 bandwidth per direction (datasheet). The CPU
+            # Adam step itself is not modelled (host memory bandwidth is not in the cluster
+            # model): this is a lower bound on the offloaded step.
+            gbytes = inp.conventions.grad_bytes or p.grad_bytes
+            optimizer_s = opt_params * (gbytes + train.dtype_bytes) / inp.device.pcie_bandwidth_Bps
+        else:
+            # the framework's optimizer passes and gradient clipping, memory-bound
+            # (FrameworkProfile.optimizer_step_bytes, sourced per framework)
+            optimizer_s = opt_params * prof.optimizer_step_bytes / inp.hbm_Bps
+        # FSDP1's flat-parameter views: autograd concatenates the gradients into the flat
+        # gradient in every micro-batch's backward, on the compute stream
+        # (FrameworkProfile.zero_grad_copy_passes; memory-bound, rank with the most parameters)
+        grad_copy_s = 0.0
+        if c.zero_stage in (2, 3) and dp * cp > 1 and prof.zero_grad_copy_passes:
+            grad_copy_s = m * prof.zero_grad_copy_passes * psi * wbytes / inp.hbm_Bps
+        # FSDP2's copies on the compute stream (FrameworkProfile.fsdp2_copies): each gather's
+        # copy-out reads and writes the gathered parameters; each reduce-scatter's copy-in reads
+        # the gradients and writes them in the reduce dtype
+        if prof.fsdp2_copies and c.zero_stage in (2, 3):
+            grad_copy_s += psi * (gathers * 2 * wbytes + reduces * (wbytes + gb)) / inp.hbm_Bps
+        return DPCost(dp_exposed, dp_slow, grad_copy_s, optimizer_s, tuple(loads))
+
+    def zero3_collective_s(self, c: ParallelConfig, rank: int, nbytes_per_element: float,
+                           op: str) -> float:
+        """Seconds of one ZeRO-3 pass of ``op`` ("all_gather" of parameters or
+        "reduce_scatter" of gradients) over pipeline rank ``rank``'s layers, as the framework
+        issues it (``zero3_gather`` of the profile): one collective per layer (FSDP wraps each
+        block: ``per_block``) or one per parameter tensor (DeepSpeed ZeRO-3: ``per_parameter``),
+        so the latency terms of every call count, not one ideal collective per pass.
+        ``nbytes_per_element``: 2 for bf16 parameters, the reduce dtype's bytes for gradients."""
+        dp_g = self.groups.group("dp", c)
+        total = 0.0
+        for n, nbytes in self.zero3_messages(c, rank, nbytes_per_element):
+            total += n * dp_g.time(op, nbytes)
+        return total
+
+    def zero3_collective_load(self, c: ParallelConfig, rank: int, nbytes_per_element: float,
+                              op: str) -> LinkLoad:
+        """The per-link :class:`LinkLoad` of the collectives :meth:`zero3_collective_s` times."""
+        dp_g = self.groups.group("dp", c)
+        total = NO_LOAD
+        for n, nbytes in self.zero3_messages(c, rank, nbytes_per_element):
+            total += dp_g.load(op, nbytes).scaled(n)
+        return total
+
+    def zero3_messages(self, c: ParallelConfig, rank: int, nbytes_per_element: float):
+        """(count, message bytes) of each ZeRO-3 collective one pass over pipeline rank
+        ``rank``'s layers issues (:meth:`zero3_collective_s`)."""
+        g = self.inputs.graph
+        per_param = self.inputs.profile.zero3_gather == "per_parameter"
+        for li, n in self.ranks.rank_layers(c.pp, c.stage_blocks, c.schedule)[rank][2]:
+            layer = g.layers[li]
+            if per_param:
+                for o in layer.ops:
+                    if o.num_parameters > 0:
+                        div = c.tp if o.tp_role in ("column", "row", "vocab") else 1
+                        yield n, o.num_parameters / div * nbytes_per_element
+            else:
+                yield n, self.ranks.layer_params_per_rank(li, c.tp, True, c.ep,
+                                                     c.etp) * nbytes_per_element
+
+    def sync_bucket_exposed_s(self, c: ParallelConfig, layers: tuple[int, ...], op: str,
+                              nbytes_per_element: float, overlap: float = 1.0) -> float:
+        """Exposed seconds of a data-parallel gradient reduction run as buckets of at most
+        ``sync_grad_bucket_elements`` elements with one bucket in flight, over the last
+        micro-batch's backward of a pipeline rank holding graph layers ``layers``.
+
+        Source: InternEvo c18bec9 hybrid_zero_optim.py. Each parameter's gradient hook
+        (``_store_and_try_reduce_grads_by_bucket``, L329-352) adds it to the bucket, and when
+        the next one would overflow the bucket it reduces the stored one: ``_reduce_and_copy``
+        (L402-418) first calls ``torch.cuda.synchronize()``, which waits for the compute issued
+        so far and for the previous bucket's reduction, then launches this bucket's ``op`` on
+        the communication stream. So a bucket's reduction hides only behind the backward
+        compute up to the next bucket's launch (``overlap`` of it, 1 in the estimate, which
+        charges the compute slowdown beside the buckets, :func:`overlapped_comm`), and ``step()`` (L508-514) reduces the
+        last bucket after backward and synchronizes: fully exposed. Hooks fire in backward order (the layers reversed, each
+        op's parameters one tensor, TP-sharded ones / tp); a layer's backward seconds
+        (:meth:`BlockCosts.block_cost`) are split over its tensors by their elements. ``op`` over the
+        data-parallel group, ``nbytes_per_element``: the reduce dtype's bytes.
+        """
+        cap = self.inputs.profile.sync_grad_bucket_elements
+        dp_g = self.groups.group("dp", c)
+        uniform = c.recompute if isinstance(c.recompute, str) else None
+        modes = None if uniform else dict(zip(self.inputs.blocks, c.block_recompute(len(self.inputs.blocks))))
+        fill = in_flight = since = exposed = 0.0
+        for li in reversed(layers):
+            layer = self.inputs.graph.layers[li]
+            bwd = self.blocks.block_cost(li, uniform or modes.get(li, "none"), c).bwd_s
+            sizes = [o.num_parameters / (c.tp if o.tp_role in ("column", "row", "vocab") else 1)
+                     for o in reversed(layer.ops) if o.num_parameters > 0]
+            total = sum(sizes)
+            if not total:
+                since += bwd
+            for size in sizes:
+                since += bwd * size / total
+                if fill > 0 and fill + size > cap:
+                    exposed += max(0.0, in_flight - overlap * since)
+                    in_flight, since, fill = dp_g.time(op, fill * nbytes_per_element), 0.0, 0.0
+                fill += size
+        return exposed + max(0.0, in_flight - overlap * since) + dp_g.time(
+            op, fill * nbytes_per_element)
+
+    def zero1_broadcasts_s(self, c: ParallelConfig, nbytes: float, owners: int) -> float:
+        """Seconds to return ``nbytes`` of updated parameters by one broadcast per ZeRO-1 rank
+        that holds a share (``owners`` of them, :meth:`ModelStates.zero1_split`; InternEvo c18bec9
+        hybrid_zero_optim.py ``broadcast_params`` skips the ranks without parameters) over the
+        ZeRO group (the first z ranks of the data-parallel group, z = min(dp x cp,
+        ``zero1_group_size``)), issued back to back on one communicator and waited on after the
+        step. Each broadcast pays the group's chain latency (:mod:`autopar.hardware.collectives`:
+        every rank of a ring broadcast that spans nodes is a network step), so the total grows
+        as owners x z alpha at scale; the bytes cross the chain's bottleneck once in all."""
+        grp = self.groups.zero1_group(c)
+        if grp is None or owners < 1:
+            return 0.0
+        return owners * grp.time("broadcast", nbytes / owners)
+
+    def zero1_broadcasts_load(self, c: ParallelConfig, nbytes: float, owners: int) -> LinkLoad:
+        """The per-link :class:`LinkLoad` of the broadcasts :meth:`zero1_broadcasts_s` times."""
+        grp = self.groups.zero1_group(c)
+        if grp is None or owners < 1:
+            return NO_LOAD
+        return grp.load("broadcast", nbytes / owners).scaled(owners)

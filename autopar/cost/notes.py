@@ -1,0 +1,75 @@
+"""What an estimate warns about beside its numbers: prices the framework would not run as
+estimated, choices that change nothing, and inputs that leave a cost uncharged."""
+
+from __future__ import annotations
+
+from ..config import ParallelConfig
+from .context import CostInputs
+
+
+def estimate_notes(inputs: CostInputs, c: ParallelConfig) -> tuple[str, ...]:
+    """Warnings of the estimate of the resolved config ``c`` about how it is priced (a CP
+    attention path the framework runs unfused, experts split where the framework keeps them
+    whole, a configuration the framework refuses), then :func:`no_effect_notes`."""
+    prof, graph = inputs.profile, inputs.graph
+    warns: tuple[str, ...] = ()
+    path = prof.cp_attention.get(c.cp_mode, "fused") if c.cp > 1 else "fused"
+    if path != "fused":
+        how = ("in plain tensor ops (scores through memory)" if path == "unfused" else
+               "through SDPA with a mask (memory-efficient kernel, no causal skipping)")
+        warns = (*warns, f"{prof.name} runs {c.cp_mode} context-parallel attention "
+                         f"{how}, and this estimate prices that; cp_mode='ulysses' runs the "
+                         "fused kernel (Megatron-LM and torchtitan run fused ring attention)")
+    if graph.num_experts and c.etp > 1 and not prof.experts_tp_sharded:
+        warns = (*warns, f"{prof.name} keeps experts whole on every TP rank "
+                         f"({prof.sources.get('experts_tp_sharded', 'its profile')}); this estimate "
+                         f"prices them split over tp={c.tp}, so its step time and memory "
+                         "are optimistic. Fix: tp=1 (--tp 1) for MoE models under this "
+                         "framework, or plan for a framework that splits experts "
+                         "(--framework megatron or torchtitan)")
+    refused = prof.unsupported(c, moe=graph.num_experts > 0)
+    if refused:  # the search never returns such a plan; a hand-written one can be one
+        warns = (*warns, f"{refused}: the framework cannot run this configuration as "
+                         "estimated")
+    return (*warns, *no_effect_notes(inputs, c))
+
+
+def resolve_notes(config: ParallelConfig) -> tuple[str, ...]:
+    """Warnings for fields of the unresolved ``config`` that resolving drops at pp=1 (a
+    schedule, interleaving): said, not silently."""
+    notes = []
+    if config.pp == 1 and config.schedule not in (None, "1f1b"):
+        notes.append(
+            f"schedule {config.schedule!r} at pp=1: there is no pipeline, so the schedule "
+            "changes nothing here; fix: drop it, or pp > 1")
+    if config.pp == 1 and (config.virtual_stages or 1) > 1:
+        # resolving dropped the interleaving too (no pipeline ranks to give chunks to)
+        notes.append(
+            f"virtual_stages={config.virtual_stages} at pp=1: there is no pipeline to "
+            "interleave, so it changes nothing here (costed as v=1); fix: drop it, or "
+            "pp > 1")
+    return tuple(notes)
+
+
+def no_effect_notes(inputs: CostInputs, c: ParallelConfig) -> tuple[str, ...]:
+    """Notes for a ZeRO stage that changes nothing in this plan (a hand-written plan can
+    hold one; the search never emits it), for FlashAttention-3 priced off Hopper, and for a
+    device whose missing SM count leaves the overlap slowdown uncharged. (A schedule at pp=1 is
+    noted by :func:`resolve_notes`: resolving drops it.)"""
+    notes = []
+    if c.zero_stage and c.dp * c.cp == 1:
+        notes.append(f"zero_stage={c.zero_stage} with dp x cp = 1: no rank shares weights, "
+                     "so ZeRO shards nothing and changes nothing here; fix: zero_stage=0, "
+                     "or dp > 1")
+    if inputs.attention_kernel == "fa3" and inputs.device.architecture != "hopper":
+        notes.append(f"attention kernel fa3 (FlashAttention-3) runs on Hopper GPUs only "
+                     f"(Shah et al. 2024, FlashAttention-3: wgmma and TMA); "
+                     f"{inputs.device.name!r} is {inputs.device.architecture}, so this estimate "
+                     "prices a kernel it cannot run; fix: attention_kernels {'*': 'fa2'} for "
+                     "it")
+    if c.dp * c.cp > 1 and not inputs.device.sm_count:
+        notes.append(f"device {inputs.device.name!r} has no sm_count: the compute slowdown "
+                     "beside overlapped collectives (autopar.hardware.nccl) is not charged, "
+                     "so this estimate is optimistic; fix: give the device's SM count "
+                     "(dataclasses.replace(device, sm_count=...))")
+    return tuple(notes)

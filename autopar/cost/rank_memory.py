@@ -1,0 +1,64 @@
+"""Memory per pipeline rank at its peak: model states, activations in flight, transient and
+reserved bytes (:class:`RankMemory`, from :func:`rank_memory`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import ParallelConfig
+from .blocks import BlockCosts
+from .context import CostInputs
+from .memory import MemoryBreakdown
+from .pipeline.timing import PipelineTiming
+from .states import ModelStates
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """Bytes per pipeline rank (rank order).
+
+    Attributes:
+        breakdowns: each rank's :class:`MemoryBreakdown` (what it reports, reserved included).
+        allocated: bytes each rank needs to run (what decides whether the plan fits): the
+            breakdown less the blocks the optimizer step freed and cannot reuse, which the
+            allocator releases before it fails.
+    """
+
+    breakdowns: tuple[MemoryBreakdown, ...]
+    allocated: tuple[float, ...]
+
+    @property
+    def totals(self) -> tuple[float, ...]:
+        """Peak bytes of each rank."""
+        return tuple(b.total for b in self.breakdowns)
+
+
+def rank_memory(inputs: CostInputs, c: ParallelConfig, layout: tuple, timing: PipelineTiming,
+                keep: tuple[float, ...], blocks: BlockCosts, states: ModelStates) -> RankMemory:
+    """The :class:`RankMemory` of the resolved config ``c`` whose ranks hold ``layout``
+    (:class:`~autopar.cost.layout.StageLayout`) and run ``timing``; ``keep``: per rank, the
+    parameter elements kept gathered forward to backward."""
+    p, wbytes, device = inputs.params, inputs.train.dtype_bytes, inputs.device
+    stage_mem: list[MemoryBreakdown] = []
+    alloc_totals: list[float] = []
+    for rank, st in enumerate(layout):
+        w, gr, o = st.states
+        w += keep[rank] * wbytes   # kept blocks' gathered parameters, forward to backward
+        act = timing.stage_act[rank] * st.flight + sum(
+            blocks.block_cost(li, "none", c).act_bytes * (f - st.flight)
+            for li, f in st.edge_flight)
+        # the step runs after backward has freed the activations: its temporaries count
+        # only where they exceed them
+        step_extra = states.optimizer_step_bytes(c, st.params) - act
+        transient = max(timing.stage_transient[rank] + st.gather_bytes, step_extra)
+        # outside the allocator, plus what it reserves beyond its allocated peak
+        reserved = p.reserved_bytes + p.fragmentation * (w + gr + o + act + transient)
+        allocated = w + gr + o + act + transient + reserved
+        alloc_totals.append(allocated)
+        # blocks the step freed and cannot reuse stay reserved (reported, never OOM: the
+        # allocator releases them before it fails), up to the capacity
+        cached = step_extra + states.step_cached_bytes(c, st.params) - transient
+        if cached > 0:
+            reserved += max(0.0, min(cached, device.visible_memory_bytes - allocated))
+        stage_mem.append(MemoryBreakdown(w, gr, o, act, transient, reserved))
+    return RankMemory(tuple(stage_mem), tuple(alloc_totals))

@@ -1,0 +1,195 @@
+"""Model states per pipeline rank: weights, gradients and optimizer states after ZeRO sharding,
+ZeRO-3's working bytes, the optimizer step's temporaries, the largest ZeRO-1 share, and the
+parameters FSDP keeps gathered from forward to backward (:class:`ModelStates`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import ParallelConfig
+from . import memory as mem
+from .context import CostInputs
+from .pipeline.held import held_chunks_at_peak
+from .ranks import RankLayers
+from .zero1 import greedy_shares, owners
+
+
+@dataclass(frozen=True)
+class RankStates:
+    """Model-state bytes of one pipeline rank.
+
+    Attributes:
+        states: (weights, gradients, optimizer states) bytes after ZeRO sharding.
+        working_bytes: ZeRO-3's gathered parameters of the largest layer and the one
+            prefetched (or, under PP where the framework keeps them, the unsharded parameters
+            and gradients held at the rank's activation peak), plus cached FP8 weight copies.
+    """
+
+    states: tuple[float, float, float]
+    working_bytes: float
+
+
+class ModelStates:
+    """Model-state bytes under one cost model's framework conventions.
+
+    Args:
+        inputs: the cost model's :class:`~autopar.cost.context.CostInputs`.
+        ranks: its :class:`~autopar.cost.ranks.RankLayers`.
+    """
+
+    def __init__(self, inputs: CostInputs, ranks: RankLayers):
+        self.inputs, self.ranks = inputs, ranks
+        self._zero1_splits: dict[tuple, tuple[float, int]] = {}
+
+    def kept_gathered(self, c: ParallelConfig, layouts) -> tuple[float, ...]:
+        """Per pipeline rank, parameter elements held unsharded from forward to backward by the
+        blocks that keep their gathered parameters (FSDP2 ``reshard_after_forward=False``);
+        ``layouts``: the ranks' :class:`~autopar.cost.layout.StageLayout`. Under PP a framework
+        that keeps every parameter gathered across the step's micro-batches
+        (``zero3_regather_per_micro_batch`` False) has nothing left to keep."""
+        g, blocks = self.inputs.graph, self.inputs.blocks
+        if c.zero_stage == 3 and c.reshard_after_forward is not None and c.dp * c.cp > 1 and (
+                c.pp == 1 or self.inputs.profile.zero3_regather_per_micro_batch):
+            kept = {li for li, f in zip(blocks, c.block_reshard(len(blocks))) if not f}
+            return tuple(sum(mem.kept_params_per_rank(g.layers[i], c.tp, c.ep)
+                             for i in st.layers if i in kept) for st in layouts)
+        return (0.0,) * c.pp
+
+    def rank_states(self, c: ParallelConfig, params: float, experts: float,
+                    layers: tuple[int, ...], pp: int, rank: int = 0) -> RankStates:
+        """The :class:`RankStates` of a pipeline rank
+        holding ``params`` parameter elements (``experts`` of them MoE experts) of ``layers``.
+
+        Bytes per element follow the framework's :class:`MemoryConventions` (weights and
+        gradients in their dtypes, K = master copy + moments, optimizer states on the CPU with
+        ``optimizer_offload``); ZeRO shards them over dp x cp (Rajbhandari et al. 2020). Working
+        bytes: ZeRO-3's gathered parameters of the largest layer and the one prefetched (2 x),
+        or, under pipeline parallelism where the framework keeps them, the unsharded
+        parameters and gradients its chunks hold at pipeline rank ``rank``'s activation peak
+        (:meth:`pp_unsharded_bytes`); plus cached FP8 weight copies.
+        """
+        train, conv, g = self.inputs.train, self.inputs.conventions, self.inputs.graph
+        wb = conv.weight_bytes or train.dtype_bytes
+        gb = conv.grad_bytes or self.inputs.params.grad_bytes
+        k_opt = 0 if train.optimizer_offload else mem.optimizer_state_bytes_per_param(
+            train.optimizer, conv.master_weight_bytes, train.optimizer_state_dtype)
+        dense = mem.model_state_bytes(params - experts, c.zero_stage, c.dp * c.cp, wb, gb, k_opt)
+        # each expert shard is replicated over the expert-data-parallel ranks, and ZeRO shards
+        # it over those: dp * cp / ep, or with MoE parallel folding tp * cp * dp / (ep * etp)
+        # (Megatron-Core parallel_state.py expert_data_parallel_size)
+        moe = mem.model_state_bytes(experts, c.zero_stage,
+                                    c.tp * c.dp * c.cp // (c.ep * c.etp), wb, gb, k_opt)
+        states = tuple(a + b for a, b in zip(dense, moe))
+        if c.zero_stage == 2 and wb > train.dtype_bytes and c.dp * c.cp > 1:
+            # FSDP2 without resharding after forward: fp32 shards (the master copy) plus the
+            # gathered compute-dtype parameters kept between forward and backward
+            w = wb * params / (c.dp * c.cp) + train.dtype_bytes * params
+            states = (w, states[1], states[2])
+        work = 0.0
+        if c.zero_stage == 3 and c.dp * c.cp > 1:
+            work = 2 * train.dtype_bytes * max(
+                self.ranks.layer_params_per_rank(i, c.tp, True, c.ep, c.etp) for i in layers)
+            if pp > 1 and conv.pp_unsharded_bytes:
+                work = max(self.pp_unsharded_bytes(c, rank, params), work)
+        if train.precision == "fp8" and conv.fp8_weight_cache_bytes:
+            work += conv.fp8_weight_cache_bytes * sum(
+                self.ranks.layer_params_per_rank(i, c.tp, True, c.ep, c.etp) for i in layers
+                if g.layers[i].kind == "block")
+        return RankStates(states, work)
+
+    def pp_unsharded_bytes(self, c: ParallelConfig, rank: int, params: float) -> float:
+        """Bytes of unsharded parameters and gradients pipeline rank ``rank`` (holding
+        ``params`` elements over its chunks) keeps at the instants its activations peak, for a
+        framework that keeps them across micro-batches under PP with ZeRO-3
+        (``MemoryConventions.pp_unsharded_bytes``): each chunk holds
+        ``pp_unsharded_forward_bytes`` per parameter from its first forward and the rest from
+        its first backward, until its last backward reduces its gradients
+        (:func:`autopar.cost.pipeline_orders.held_chunks_at_peak`, with torch's sources).
+
+        Under 1F1B (one chunk) that is every byte, as the rank's activations peak at its first
+        backward; under interleaved 1F1B a rank's earlier chunk has not begun its backward when
+        its activations peak, so only the later chunk's gradients count. A chunk's parameters
+        are its layers' (a tied embedding counted once per rank, shared in proportion).
+        Orders torch cannot build (a micro-batch count it refuses) keep every byte.
+        """
+        conv = self.inputs.conventions
+        m = self.inputs.train.global_batch_size // (c.dp * c.micro_batch_size)
+        v = c.virtual_stages or 1
+        if v == 1:
+            per = {rank: params}
+        else:
+            _layers, mine, _groups, chunks = self.ranks.rank_layers(c.pp, c.stage_blocks,
+                                                              c.schedule)[rank]
+            raw = {ci: self.ranks.rank_params(c.tp, c.ep, tuple(chunks[ci]), c.etp)[0]
+                   for ci in mine}
+            total = sum(raw.values())
+            per = {ci: params * x / total if total else 0.0 for ci, x in raw.items()}
+        try:
+            sets = held_chunks_at_peak(c.schedule, c.pp, m, v, rank)
+        except ValueError:
+            return conv.pp_unsharded_bytes * params
+        fwd_b = conv.pp_unsharded_forward_bytes
+        bwd_b = conv.pp_unsharded_bytes - fwd_b
+        return max(sum(fwd_b * per.get(ci, 0.0) for ci in fwd)
+                   + sum(bwd_b * per.get(ci, 0.0) for ci in bwd) for fwd, bwd in sets)
+
+    def state_bytes_per_param(self) -> int:
+        """Bytes of model states per parameter before any sharding: weights + gradients +
+        optimizer states on the GPU, under the framework's :class:`MemoryConventions`."""
+        train, conv = self.inputs.train, self.inputs.conventions
+        k_opt = 0 if train.optimizer_offload else mem.optimizer_state_bytes_per_param(
+            train.optimizer, conv.master_weight_bytes, train.optimizer_state_dtype)
+        return ((conv.weight_bytes or train.dtype_bytes) + (conv.grad_bytes or self.inputs.params.grad_bytes)
+                + k_opt)
+
+    def optimizer_step_bytes(self, c: ParallelConfig, params: float) -> float:
+        """Bytes the optimizer step allocates beside the states on a rank holding ``params``
+        elements (the framework's ``optimizer_step_temp_bytes`` per optimizer-held element;
+        none when the step runs on the CPU)."""
+        if self.inputs.train.optimizer_offload:
+            return 0.0
+        held = params / (c.dp * c.cp) if c.zero_stage >= 1 else params
+        return self.inputs.conventions.optimizer_step_temp_bytes * held
+
+    def step_cached_bytes(self, c: ParallelConfig, params: float) -> float:
+        """Bytes the caching allocator holds reserved at the optimizer step's peak beyond the
+        allocated ones on a rank holding ``params`` elements (the framework's
+        ``step_cached_bytes`` per optimizer-held element, :class:`MemoryConventions`; none
+        when the step runs on the CPU)."""
+        if self.inputs.train.optimizer_offload or not self.inputs.conventions.step_cached_bytes:
+            return 0.0
+        held = params / (c.dp * c.cp) if c.zero_stage >= 1 else params
+        return self.inputs.conventions.step_cached_bytes * held
+
+    def zero1_split(self, c: ParallelConfig, layers: tuple[int, ...],
+                    params: float) -> tuple[float, int]:
+        """(elements of the largest ZeRO-1 share, ranks holding a share) when the ZeRO group
+        (z = min(dp x cp, ``zero1_group_size``) ranks) splits the ``params`` parameter elements
+        of a pipeline rank holding graph layers ``layers`` (cached).
+
+        ``zero1_partition`` "flat": z equal slices of ``params``. "per_tensor": each op's
+        parameters are one tensor (TP-sharded ones / tp, routed experts / (etp x ep)), dealt
+        largest first to the least-loaded rank (:func:`autopar.cost.zero1.greedy_shares`,
+        InternEvo c18bec9 hybrid_zero_optim.py ``_partition_param_list``): the largest share is
+        at least the largest tensor, and at most as many ranks as tensors hold one."""
+        z = max(1, min(c.dp * c.cp, self.inputs.profile.zero1_group_size or c.dp * c.cp))
+        etp = None if c.etp == c.tp else c.etp
+        if self.inputs.profile.zero1_partition == "flat":
+            return params / z, z
+        key = (z, c.tp, c.ep, etp, layers)
+        hit = self._zero1_splits.get(key)
+        if hit is None:
+            sizes = []
+            for li in layers:
+                for o in self.inputs.graph.layers[li].ops:
+                    if o.num_parameters <= 0:
+                        continue
+                    if o.moe_role == "expert":
+                        sizes.append(o.num_parameters / ((etp or c.tp) * c.ep))
+                    elif o.tp_role in ("column", "row", "vocab"):
+                        sizes.append(o.num_parameters / c.tp)
+                    else:
+                        sizes.append(float(o.num_parameters))
+            sizes_t = tuple(sizes)
+            hit = self._zero1_splits[key] = (max(greedy_shares(sizes_t, z)), owners(sizes_t, z))
+        return hit
