@@ -1,16 +1,14 @@
 """``inhouse-2024``: an unnamed in-house pretraining stack of 2024 (large runs whose papers do not
 publish the software: Meta's Llama 3, DeepSeek's HAI-LLM, Skywork). Costed as Megatron-LM
 (capabilities, Transformer Engine kernels, fused optimizer) with the data-parallel reduction
-overlapping backward and without FSDP2's copies, and with plain torch's memory conventions
-(:data:`~autopar.frameworks.memory.TORCH_MEMORY`); every value beyond Megatron-LM's is an
-assumption named in its source, not read from the stack."""
+overlapping backward and without FSDP2's copies (memory conventions as Megatron-LM's); every
+value beyond Megatron-LM's is an assumption named in its source, not read from the stack."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 from ..choices import Choices, capabilities_of, compose
-from ..memory import TORCH_MEMORY
 from . import megatron
 
 SHARDED_DP = replace(
@@ -27,7 +25,5 @@ SHARDED_DP = replace(
 
 CHOICES: Choices = replace(megatron.CHOICES, sharded_dp=SHARDED_DP)
 
-# memory as plain torch.distributed lays it out: the stack's own conventions are not published
-PROFILE = compose(CHOICES, **{**capabilities_of(megatron.PROFILE), "memory": TORCH_MEMORY},
-                  name="inhouse-2024",
+PROFILE = compose(CHOICES, **capabilities_of(megatron.PROFILE), name="inhouse-2024",
                   version="unnamed in-house stack, 2024 (Megatron-LM-like)")
