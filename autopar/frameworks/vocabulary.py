@@ -1,5 +1,5 @@
-"""The names a framework profile's fields take (stage-cut, interleaving, expert-TP, fusion,
-gather, ZeRO-1 rules), the names of its cost fields, the optimizer-step byte counts with their
+"""The names the fields of a :class:`~autopar.frameworks.profiles.FrameworkProfile` take
+(stage-cut, interleaving, expert-TP, fusion, gather, ZeRO-1 rules), the names of its cost fields, the optimizer-step byte counts with their
 derivations, and the default cost sources (plain PyTorch 2.x). Re-exported by
 :mod:`autopar.frameworks.profiles`; imports nothing of autopar, so every module may use it.
 """
@@ -10,13 +10,13 @@ from __future__ import annotations
 #: from the rest; balanced only (layer counts differ by at most one).
 CUT_RULES = ("any", "first_last", "balanced")
 #: Where an even split of decoder blocks over pipeline stages puts the remainder when no cut is
-#: given (:attr:`~autopar.frameworks.profiles.FrameworkProfile.stage_split`): ``middle`` = the cost model's own balanced cut
+#: given (:attr:`FrameworkProfile.stage_split`): ``middle`` = the cost model's balanced cut
 #: (:func:`autopar.cost.stages.balanced_stage_blocks`: extra blocks to the middle stages);
 #: ``last`` = the last ``blocks % pp`` stages take one more (InternEvo's partition_uniform).
 STAGE_SPLITS = ("middle", "last")
 #: Interleaved-chunk rules: any chunk sizes; all chunks equal; no interleaving.
 CHUNK_RULES = ("any", "equal", "none")
-#: Expert-tensor-parallel rules (:attr:`~autopar.frameworks.profiles.FrameworkProfile.expert_tensor_parallel`): etp = tp only;
+#: Expert-tensor-parallel rules (:attr:`FrameworkProfile.expert_tensor_parallel`): etp = tp only;
 #: etp = 1 or tp; any etp with ep * etp dividing tp * cp * dp (MoE parallel folding).
 ETP_RULES = ("tp", "one_or_tp", "any")
 #: Fusion levels of memory-bound (element-wise, norm) ops: ``eager`` = one kernel per PyTorch op
@@ -30,7 +30,7 @@ FUSION_LEVELS = ("eager", "compile", "fused")
 #: ZeRO-3: per-parameter gathers through small prefetch buckets with stream synchronisation,
 #: costed as not overlapped).
 ZERO3_GATHERS = ("per_block", "per_parameter")
-#: How a context-parallel rank runs attention (:attr:`~autopar.frameworks.profiles.FrameworkProfile.cp_attention`; costed
+#: How a context-parallel rank runs attention (:attr:`FrameworkProfile.cp_attention`; costed
 #: by :func:`autopar.cost.compute.layer_time`).
 CP_ATTENTION_PATHS = ("fused", "masked", "unfused")
 #: Names of the cost fields (defaults in
@@ -42,7 +42,7 @@ COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_g
                "zero_grad_copy_passes", "zero1_partition", "sync_grad_bucket_elements",
                "fsdp2_copies", "tp_mlp_reduce_per_linear")
 #: Parts of a block that run as plain eager PyTorch ops inside a stack that is otherwise fused
-#: (:attr:`~autopar.frameworks.profiles.FrameworkProfile.eager_parts`; costed by :func:`autopar.cost.compute.layer_time`):
+#: (:attr:`FrameworkProfile.eager_parts`; costed by :func:`autopar.cost.compute.layer_time`):
 #: ``glu``: a gated linear unit's activation as its own kernel before the multiply
 #: (``F.silu(a) * b``, implied by ``fusion="eager"``); ``norm_input_cast``: the residual stream
 #: is cast to fp32 (``x.float()``) before each fused norm, which then reads fp32, and the cast

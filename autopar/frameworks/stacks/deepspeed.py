@@ -45,9 +45,18 @@ FUSED_ADAM = OptimizerStep(
                                 "MIXED_FUSED_OPTIMIZER_STEP_BYTES",
         "step_fixed_s": DEFAULT_COST_SOURCES["step_fixed_s"]})
 
-CHOICES = Choices(sharded_dp=ZERO, optimizer_step=FUSED_ADAM, attention=SDPA_FLASH,
-                  fusion=EAGER, tensor_parallel=DTENSOR_TP, pipeline=TORCH_PIPELINING,
-                  context_parallel=FUSED_CP)
+# the engine runs the model's own attention and ops, and its TP and pipeline sends as the
+# defaults are costed (synchronous, waited on); the records keep the default sources
+CHOICES = Choices(
+    sharded_dp=ZERO, optimizer_step=FUSED_ADAM,
+    attention=replace(SDPA_FLASH, name="model-sdpa-flash",
+                      summary="the model's own SDPA attention (flash backend)"),
+    fusion=replace(EAGER, name="model-eager", summary="the model's own eager ops"),
+    tensor_parallel=replace(DTENSOR_TP, name="deepspeed-autotp",
+                            summary="AutoTP: synchronous TP collectives"),
+    pipeline=replace(TORCH_PIPELINING, name="deepspeed-pipe",
+                     summary="PipelineEngine: sends waited on before the next step"),
+    context_parallel=FUSED_CP)
 
 PROFILE = compose(
     CHOICES,

@@ -31,17 +31,17 @@ HYBRID_ZERO = replace(
     sources={
         **pytorch.SHARDED_DP.sources,
         "overlap_dp_grad_reduce":
-        f"{AT} configs/7B_sft.py zero_overlap_communication=True, reduce_bucket_size 512 MB; "
-        "hybrid_zero_optim.py __init__ (lines 243-249): reduction hooks and a separate "
-        "_comm_stream when overlapping; _reduce_and_copy (lines 402-406): each 512 MB bucket "
-        "is reduced on that stream during backward, torch.cuda.synchronize() before the next "
-        "one only waits for the previous bucket (one bucket in flight), not a reduction "
-        "after backward",
+            f"{AT} configs/7B_sft.py zero_overlap_communication=True, reduce_bucket_size 512 MB; "
+            "hybrid_zero_optim.py __init__ (lines 243-249): reduction hooks and a separate "
+            "_comm_stream when overlapping; _reduce_and_copy (lines 402-406): each 512 MB bucket "
+            "is reduced on that stream during backward, torch.cuda.synchronize() before the next "
+            "one only waits for the previous bucket (one bucket in flight), not a reduction "
+            "after backward",
         "sync_grad_bucket_elements":
-        f"{AT} configs/7B_sft.py hybrid_zero_optimizer reduce_bucket_size=512 * 1024 * 1024 "
-        "(compared with numel: elements); hybrid_zero_optim.py _reduce_and_copy (L402-406) "
-        "torch.cuda.synchronize() before each bucket's reduction, step() (L508-514) "
-        "reduces the last bucket after backward and synchronizes",
+            f"{AT} configs/7B_sft.py hybrid_zero_optimizer reduce_bucket_size=512 * 1024 * 1024 "
+            "(compared with numel: elements); hybrid_zero_optim.py _reduce_and_copy (L402-406) "
+            "torch.cuda.synchronize() before each bucket's reduction, step() (L508-514) "
+            "reduces the last bucket after backward and synchronizes",
         "zero1_param_sync": f"{AT} hybrid_zero_optim.py broadcast_params(overlap=False): "
         "one dist.broadcast per ZeRO rank after the step",
         "zero1_partition": f"{AT} hybrid_zero_optim.py _partition_param_list (L272-297): "
@@ -58,13 +58,13 @@ HYBRID_ZERO_STEP = OptimizerStep(
                                                "cast, torch 1.13 single-tensor AdamW, copy back",
     optimizer_step_bytes=122, step_fixed_s=0.0, sources={
         "optimizer_step_bytes":
-        f"{AT} hybrid_zero_optim.py _step() on the rank's shard: compute_norm (L737-784: "
-        "g.data.float() per gradient, read 2 write 4, then its norm, read 4), flatten the "
-        "bf16 gradients (L577: 2 + 2) and .to(fp32) (L580: 2 + 4), _unscale_and_clip_grads "
-        "(L682 grad.mul_: 4 + 4), torch 1.13.1 (requirements/torch.txt) AdamW, whose default "
-        "is the single-tensor path (_single_tensor_adamw: param.mul_ 8, exp_avg.mul_.add_ "
-        "8 + 12, exp_avg_sq.mul_.addcmul_ 8 + 12, sqrt, /, add_ eps 8 x 3, param.addcdiv_ "
-        "16: 88), and fp16_param.copy_(fp32_param) (L619: 4 + 2): 122 bytes per parameter",
+            f"{AT} hybrid_zero_optim.py _step() on the rank's shard: compute_norm (L737-784: "
+            "g.data.float() per gradient, read 2 write 4, then its norm, read 4), flatten the "
+            "bf16 gradients (L577: 2 + 2) and .to(fp32) (L580: 2 + 4), _unscale_and_clip_grads "
+            "(L682 grad.mul_: 4 + 4), torch 1.13.1 (requirements/torch.txt) AdamW, whose default "
+            "is the single-tensor path (_single_tensor_adamw: param.mul_ 8, exp_avg.mul_.add_ "
+            "8 + 12, exp_avg_sq.mul_.addcmul_ 8 + 12, sqrt, /, add_ eps 8 x 3, param.addcdiv_ "
+            "16: 88), and fp16_param.copy_(fp32_param) (L619: 4 + 2): 122 bytes per parameter",
         "step_fixed_s": DEFAULT_COST_SOURCES["step_fixed_s"]})
 
 FLASH_ATTN_2 = AttentionKernels(
@@ -81,12 +81,12 @@ APEX_FLASH_FUSED = Fusion(
         "flash-attn fused rotary embedding (embedding.py rotary_emb / "
         "ApplyRotaryEmbQKV_) and attention",
         "eager_parts":
-        f"{AT}: the SwiGLU MLP is eager (internlm/model/linear.py FeedForward.forward: "
-        "self.w3(F.silu(self.w1(x)) * self.w2(x)); flash-attn's ParallelFusedMLP is used only "
-        "without use_swiglu); modeling_internlm.py casts the residual to fp32 before each "
-        "apex norm (L188 self.norm1(_residual.float()), L204 self.norm2(...float())) and "
-        "checkpoints dropout + cast + norm (L75 dropout_selective_checkpoint = True when "
-        "checkpoint is False; L191-208 activation_checkpoint)"})
+            f"{AT}: the SwiGLU MLP is eager (internlm/model/linear.py FeedForward.forward: "
+            "self.w3(F.silu(self.w1(x)) * self.w2(x)); flash-attn's ParallelFusedMLP is used only "
+            "without use_swiglu); modeling_internlm.py casts the residual to fp32 before each "
+            "apex norm (L188 self.norm1(_residual.float()), L204 self.norm2(...float())) and "
+            "checkpoints dropout + cast + norm (L75 dropout_selective_checkpoint = True when "
+            "checkpoint is False; L191-208 activation_checkpoint)"})
 
 PER_LINEAR_TP = TensorParallelComm(
     name="flash-attn-fused-dense-tp", summary="flash-attn Column/RowParallelLinear: each MLP "
@@ -94,19 +94,19 @@ PER_LINEAR_TP = TensorParallelComm(
     overlap_tp_comm=False, tp_mlp_reduce_per_linear=True, sources={
         "overlap_tp_comm": DEFAULT_COST_SOURCES["overlap_tp_comm"],
         "tp_mlp_reduce_per_linear":
-        f"{AT} internlm/model/linear.py FeedForward: w1 and w2 are two flash-attn "
-        "ColumnParallelLinear modules (w3 a RowParallelLinear), and the pinned flash-attn "
-        "submodule (d2f4324, flash_attn/ops/fused_dense.py FusedDenseFunc.backward) "
-        "all-reduces each linear's own input gradient (all_reduce_raw, sequence_parallel="
-        "False); the attention's QKV is one fused Wqkv (multi_head_attention.py MHA). The "
-        "all-reduce is issued async before the weight-gradient GEMM, but without "
-        "CUDA_DEVICE_MAX_CONNECTIONS=1 (not set at c18bec9) the GEMM can take the SMs first "
-        "and the all-reduce runs after it (Megatron-LM d98e8a6 core/tensor_parallel/"
-        "layers.py LinearWithGradAccumulationAndAsyncCommunication: the ordering is "
-        "'necessary for a speedup'; NVIDIA/Megatron-LM issue #533; NeMo PR #12875: 'the "
-        "communication kernel will be pushed to the end of the GEMM kernel'; ColossalAI PR "
-        "#5891: async_grad_allreduce under TP overlapped only once it was set), so TP "
-        "collectives stay priced exposed (overlap_tp_comm False)"})
+            f"{AT} internlm/model/linear.py FeedForward: w1 and w2 are two flash-attn "
+            "ColumnParallelLinear modules (w3 a RowParallelLinear), and the pinned flash-attn "
+            "submodule (d2f4324, flash_attn/ops/fused_dense.py FusedDenseFunc.backward) "
+            "all-reduces each linear's own input gradient (all_reduce_raw, sequence_parallel="
+            "False); the attention's QKV is one fused Wqkv (multi_head_attention.py MHA). The "
+            "all-reduce is issued async before the weight-gradient GEMM, but without "
+            "CUDA_DEVICE_MAX_CONNECTIONS=1 (not set at c18bec9) the GEMM can take the SMs first "
+            "and the all-reduce runs after it (Megatron-LM d98e8a6 core/tensor_parallel/"
+            "layers.py LinearWithGradAccumulationAndAsyncCommunication: the ordering is "
+            "'necessary for a speedup'; NVIDIA/Megatron-LM issue #533; NeMo PR #12875: 'the "
+            "communication kernel will be pushed to the end of the GEMM kernel'; ColossalAI PR "
+            "#5891: async_grad_allreduce under TP overlapped only once it was set), so TP "
+            "collectives stay priced exposed (overlap_tp_comm False)"})
 
 CHOICES: Choices = replace(pytorch.CHOICES, sharded_dp=HYBRID_ZERO,
                            optimizer_step=HYBRID_ZERO_STEP, attention=FLASH_ATTN_2,
