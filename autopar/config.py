@@ -42,11 +42,15 @@ CP_MODES = ("ring", "ulysses", "allgather")
 #: the other names, so that :mod:`autopar.frameworks` checks them without importing the cost model.
 ATTENTION_KERNELS = ("fa1", "fa2", "fa3", "cudnn", "efficient")
 #: GPU architectures (:attr:`autopar.hardware.Device.arch` names one; "" = read it from the
-#: device name; :func:`autopar.hardware.gpu.architecture` returns one), here for the same reason: a profile's ``attention_kernels`` is keyed by them.
+#: device name; :func:`autopar.hardware.gpu.architecture` returns one), here for the same reason: a
+#: profile's ``attention_kernels`` is keyed by them.
 ARCHITECTURES = ("", "ampere", "hopper", "blackwell", "volta", "unknown")
-#: Frameworks a plan may target (each has a profile in :mod:`autopar.frameworks`): ``torch`` is
-#: stock torch.distributed as ``plan.apply`` runs it.
-FRAMEWORKS = ("torch", "torchtitan", "megatron", "deepspeed")
+#: Frameworks a plan may target (each has a profile in :mod:`autopar.frameworks.stacks`):
+#: ``torch`` is stock torch.distributed as ``plan.apply`` runs it; the first four have exporters,
+#: the others are published stacks (a release, a recipe or a trainer built on one of them).
+FRAMEWORKS = ("torch", "torchtitan", "megatron", "deepspeed", "megatron-2023", "nemo",
+              "inhouse-2024", "fsdp1", "llm-foundry", "tinyllama", "flash-attention-training",
+              "internevo", "internevo-fsdp")
 #: Default rank placement, innermost first: TP on consecutive ranks (inside a node), then CP, DP,
 #: and PP outermost (Megatron-LM's default order "tp-cp-ep-dp-pp").
 DEFAULT_PLACEMENT = MESH_DIMS
@@ -144,7 +148,8 @@ class TrainingConfig:
         if not isinstance(self.framework, str) or self.framework not in FRAMEWORKS:
             raise InvalidTrainingConfig(
                 f"framework {self.framework!r} is not one of {FRAMEWORKS}. Fix: use 'torch' "
-                "(plan.apply, the default), 'torchtitan', 'megatron' or 'deepspeed'.")
+                "(plan.apply, the default), 'torchtitan', 'megatron', 'deepspeed' or another "
+                "of those names.")
 
     @property
     def tokens_per_step(self) -> int:

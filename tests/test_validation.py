@@ -101,24 +101,26 @@ def test_loso_line_shape():
 
 def test_internevo_stage_blocks_put_extra_layers_on_the_last_stages():
     """InternEvo's partition_uniform (pipeline_utils.py): the last num_layers % pp stages get one
-    more block."""
-    from benchmarks.validation import internevo_stage_blocks
-    assert internevo_stage_blocks(32, 5) == (6, 6, 6, 7, 7)
-    assert internevo_stage_blocks(32, 4) == (8, 8, 8, 8)
-    assert internevo_stage_blocks(60, 16) == (3,) * 4 + (4,) * 12
+    more block (the internevo profile's stage_split)."""
+    from autopar.frameworks import get_profile
+    split = get_profile("internevo").split_stages
+    assert split(32, 5) == (6, 6, 6, 7, 7)
+    assert split(32, 4) == (8, 8, 8, 8)
+    assert split(60, 16) == (3,) * 4 + (4,) * 12
     with pytest.raises(ValueError):
-        internevo_stage_blocks(4, 8)
+        split(4, 8)
 
 
 def _internevo_estimate(conventions, pp=4, capacity_gib=None):
     import autopar
     from autopar.cost.model import CostModel
     from autopar.api import model_graph
-    from autopar.frameworks.profiles import TORCH
+    from autopar.frameworks import get_profile
     train = autopar.TrainingConfig(global_batch_size=4, seq_len=2048, micro_batch_size=1)
     graph, _ = model_graph("llama2-7b", train)
     cluster = autopar.Cluster.from_spec(f"1x{pp}xA100-80GB")
-    cm = CostModel(graph, cluster, train, framework=TORCH, conventions=conventions)
+    cm = CostModel(graph, cluster, train, framework=get_profile("torch"),
+                   conventions=conventions)
     return cm.estimate(autopar.ParallelConfig(pp=pp, dp=1, tp=1, zero_stage=1,
                                               recompute="full", micro_batch_size=1))
 
@@ -129,7 +131,7 @@ def test_step_cached_bytes_count_in_the_reported_peak_not_in_fits():
     parameter on top of the allocated peak), but releases them before reporting OOM, so they
     never decide whether a plan fits, and the reported peak stays under the capacity."""
     from dataclasses import replace
-    from benchmarks.validation import INTERNEVO_MEMORY
+    from autopar.frameworks.stacks.internevo import INTERNEVO_MEMORY
     conv = INTERNEVO_MEMORY[1]
     cached = _internevo_estimate(conv)
     none = _internevo_estimate(replace(conv, step_cached_bytes=0))

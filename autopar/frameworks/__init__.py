@@ -5,8 +5,10 @@
 
 from .edits import edits_text, profile_edits, with_edits
 from .memory import MemoryConventions
-from .profiles import CHUNK_RULES, CUT_RULES, PROFILES, FrameworkProfile, get_profile
+from .profiles import CHUNK_RULES, CUT_RULES, FrameworkProfile
+from .stacks import PROFILES, get_profile, shard_within
 from .seqrule import SeqLenRule
 
 __all__ = ["CHUNK_RULES", "CUT_RULES", "PROFILES", "FrameworkProfile", "MemoryConventions",
-           "SeqLenRule", "edits_text", "get_profile", "profile_edits", "with_edits"]
+           "SeqLenRule", "edits_text", "get_profile", "profile_edits", "shard_within",
+           "with_edits"]

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import fields
 
 from ..errors import InvalidTrainingConfig
-from .profiles import COST_FIELDS, FrameworkProfile, get_profile
+from .profiles import COST_FIELDS, FrameworkProfile
+from .stacks import get_profile
 
 
 def _jsonable(value):

@@ -1,0 +1,251 @@
+"""How a framework implements each costed mechanism, as named, sourced choices.
+
+A framework profile's cost fields (:data:`autopar.frameworks.profiles.COST_FIELDS`) fall into
+seven mechanisms; each framework picks one implementation of each, a frozen :class:`Choice`
+record with a name, a one-line summary and a source for every value:
+
+- :class:`ShardedDataParallel`: how data parallelism fetches (ZeRO-3 all-gathers), reduces and
+  overlaps gradients, how ZeRO-1 shards and returns parameters, and the copies it adds;
+- :class:`OptimizerStep`: HBM bytes per parameter of the optimizer step, fixed per-step cost;
+- :class:`AttentionKernels`: the fused attention kernel per GPU architecture;
+- :class:`Fusion`: how far memory-bound ops are fused, and parts left eager;
+- :class:`TensorParallelComm`, :class:`PipelineComm`, :class:`ContextParallelAttention`: which
+  TP and pipeline communication overlaps compute, and how a CP rank runs attention.
+
+:class:`Choices` bundles one of each; :func:`compose` builds a
+:class:`~autopar.frameworks.profiles.FrameworkProfile` from them and the framework's
+capabilities, and :func:`with_choice` swaps one choice of a profile (e.g. :data:`TORCH_COMPILE`).
+The records shared by several frameworks are here; a framework's own are in its module of
+:mod:`autopar.frameworks.stacks`. Values are checked when the profile is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import ClassVar, Mapping
+
+from .checks import FieldCheck
+from .profiles import COST_FIELDS, TORCH_OPTIMIZER_STEP_BYTES, FrameworkProfile
+from .profiles import DEFAULT_COST_SOURCES as _D
+
+#: Fields of a choice that are not cost fields.
+_META = ("name", "summary", "sources", "group_option")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Choice:
+    """One named implementation of a mechanism: its cost fields (those of the subclass, named
+    as :class:`~autopar.frameworks.profiles.FrameworkProfile`'s), each with a source.
+
+    Attributes:
+        name: the implementation's name, e.g. ``"fsdp2"``.
+        summary: one line saying what it is and where it runs.
+        sources: cost field -> where its value comes from (a file and flag, a paper).
+
+    Raises:
+        InvalidTrainingConfig: an empty name or summary, a cost field without a source, a
+            source for no field of this kind (one error naming each, with its fix).
+    """
+
+    KIND: ClassVar[str] = "mechanism"
+    name: str
+    summary: str
+    sources: Mapping[str, str]
+
+    def __post_init__(self) -> None:
+        check = FieldCheck(f"{self.KIND} choice {self.name!r}")
+        check.text("name", self.name, "fsdp2")
+        check.text("summary", self.summary, "what it is, in one line")
+        object.__setattr__(self, "sources", check.sources(
+            "sources", self.sources, self.cost_fields(),
+            "sources={{..., '{field}': 'the framework file and flag it was read from'}}"))
+        check.raise_if_any()
+
+    @classmethod
+    def cost_fields(cls) -> tuple[str, ...]:
+        """The profile cost fields this kind of choice sets."""
+        return tuple(f.name for f in fields(cls) if f.name not in _META)
+
+    def costs(self) -> dict:
+        """Cost field -> value."""
+        return {f: getattr(self, f) for f in self.cost_fields()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardedDataParallel(Choice):
+    """How data parallelism runs: ZeRO-3 gathers, gradient reduction and its overlap, ZeRO-1's
+    shard group, partition and parameter return, and the copies on the compute stream. Each
+    field means what the profile field of that name means (:class:`FrameworkProfile`).
+
+    ``group_option``: how a user limits the shard group to fewer ranks than the data-parallel
+    group in this implementation (HSDP, InternEvo ``parallel.zero1``), "" when it cannot
+    (:func:`autopar.frameworks.stacks.shard_within`)."""
+
+    KIND: ClassVar[str] = "sharded data parallel"
+    overlap_dp_grad_reduce: bool
+    zero3_gather: str
+    zero3_regather_per_micro_batch: bool
+    grad_reduce_bytes: int | None
+    zero1_param_sync: str
+    zero1_group_size: int | None
+    zero1_grad_all_reduce: bool
+    zero1_partition: str
+    sync_grad_bucket_elements: int
+    zero_grad_copy_passes: int
+    fsdp2_copies: bool
+    group_option: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerStep(Choice):
+    """How the optimizer step runs: HBM bytes per optimizer-held parameter (its passes and
+    gradient clipping) and a sourced fixed cost per step (seconds)."""
+
+    KIND: ClassVar[str] = "optimizer step"
+    optimizer_step_bytes: int
+    step_fixed_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionKernels(Choice):
+    """The fused attention kernel per GPU architecture (``"*"`` for any other)."""
+
+    KIND: ClassVar[str] = "attention kernel"
+    attention_kernels: Mapping[str, str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fusion(Choice):
+    """How far memory-bound ops fuse (:data:`~autopar.frameworks.profiles.FUSION_LEVELS`) and
+    the parts of a block left eager in an otherwise fused stack."""
+
+    KIND: ClassVar[str] = "fusion"
+    fusion: str
+    eager_parts: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TensorParallelComm(Choice):
+    """Whether TP collectives overlap the GEMMs beside them, and whether each MLP linear
+    reduces its own input gradient."""
+
+    KIND: ClassVar[str] = "tensor-parallel communication"
+    overlap_tp_comm: bool
+    tp_mlp_reduce_per_linear: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineComm(Choice):
+    """The pipeline schedules whose send/receive overlaps compute."""
+
+    KIND: ClassVar[str] = "pipeline communication"
+    overlap_pp_p2p: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContextParallelAttention(Choice):
+    """CP mode -> how a rank runs attention under it (a mode not listed: fused)."""
+
+    KIND: ClassVar[str] = "context-parallel attention"
+    cp_attention: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Choices:
+    """One choice per mechanism: what a framework profile's cost fields are built from."""
+
+    sharded_dp: ShardedDataParallel
+    optimizer_step: OptimizerStep
+    attention: AttentionKernels
+    fusion: Fusion
+    tensor_parallel: TensorParallelComm
+    pipeline: PipelineComm
+    context_parallel: ContextParallelAttention
+
+    def each(self) -> tuple[Choice, ...]:
+        """The seven choices, in field order."""
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+    def costs(self) -> dict:
+        """Every cost field -> its value."""
+        return {k: v for c in self.each() for k, v in c.costs().items()}
+
+    def cost_sources(self) -> dict[str, str]:
+        """Every cost field -> its source."""
+        return {k: v for c in self.each() for k, v in c.sources.items()}
+
+    def names(self) -> dict[str, str]:
+        """Mechanism -> the chosen implementation's name."""
+        return {f.name: getattr(self, f.name).name for f in fields(self)}
+
+
+def compose(choices: Choices, **profile) -> FrameworkProfile:
+    """A framework profile with the cost fields of ``choices`` and the other fields (name,
+    version, capabilities, sources, seq_rule, memory) given.
+
+    Raises:
+        InvalidTrainingConfig: as :class:`FrameworkProfile` (a value breaking its rule).
+    """
+    return FrameworkProfile(**profile, **choices.costs(), cost_sources=choices.cost_sources())
+
+
+def with_choice(profile: FrameworkProfile, choice: Choice) -> FrameworkProfile:
+    """``profile`` with the cost fields of one choice swapped in, each with its source (an edit
+    of the stock profile, so it travels with a plan: :func:`autopar.frameworks.profile_edits`).
+
+    Raises:
+        InvalidTrainingConfig: as :meth:`FrameworkProfile.with_costs`.
+    """
+    return profile.with_costs(dict(choice.sources), **choice.costs())
+
+
+def capabilities_of(profile: FrameworkProfile) -> dict:
+    """The fields of ``profile`` that are not cost fields (capabilities, their sources, the
+    sequence rule, memory), for a framework that runs the same layouts as ``profile``."""
+    cost = set(COST_FIELDS) | {"cost_sources", "name", "version"}
+    return {f.name: getattr(profile, f.name) for f in fields(profile) if f.name not in cost}
+
+
+# -- choices shared by several frameworks (plain PyTorch 2.x unless said) --------------------
+
+FSDP2 = ShardedDataParallel(
+    name="fsdp2", summary="torch FSDP2 (fully_shard) per block, DDP / ZeroRedundancyOptimizer "
+                          "for ZeRO-0/1, reduction overlapping backward",
+    overlap_dp_grad_reduce=True, zero3_gather="per_block", zero3_regather_per_micro_batch=True,
+    grad_reduce_bytes=None, zero1_param_sync="all_gather", zero1_group_size=None,
+    zero1_grad_all_reduce=False, zero1_partition="flat", sync_grad_bucket_elements=0,
+    zero_grad_copy_passes=0, fsdp2_copies=True,
+    sources={k: _D[k] for k in ShardedDataParallel.cost_fields()})
+
+TORCH_FOREACH_ADAMW = OptimizerStep(
+    name="torch-adamw-foreach", summary="torch.optim.AdamW, default foreach path, with "
+                                        "clip_grad_norm_",
+    optimizer_step_bytes=TORCH_OPTIMIZER_STEP_BYTES, step_fixed_s=0.0,
+    sources={k: _D[k] for k in OptimizerStep.cost_fields()})
+
+SDPA_FLASH = AttentionKernels(
+    name="sdpa-flash", summary="torch SDPA's flash backend (FlashAttention-2)",
+    attention_kernels={"*": "fa2"}, sources={"attention_kernels": _D["attention_kernels"]})
+
+EAGER = Fusion(name="eager", summary="eager PyTorch, one kernel per op", fusion="eager",
+               eager_parts=(), sources={k: _D[k] for k in Fusion.cost_fields()})
+
+TORCH_COMPILE = Fusion(
+    name="torch.compile", summary="torch.compile: TorchInductor fuses point-wise chains",
+    fusion="compile", eager_parts=(),
+    sources={"fusion": "torch.compile (TorchInductor) fuses each chain of consecutive "
+                       "point-wise ops into one kernel (Ansel et al. 2024, PyTorch 2, section 4)",
+             "eager_parts": _D["eager_parts"]})
+
+DTENSOR_TP = TensorParallelComm(
+    name="dtensor-tp", summary="DTensor tensor parallelism, synchronous collectives",
+    overlap_tp_comm=False, tp_mlp_reduce_per_linear=False,
+    sources={k: _D[k] for k in TensorParallelComm.cost_fields()})
+
+TORCH_PIPELINING = PipelineComm(
+    name="torch-pipelining", summary="torch.distributed.pipelining, P2P waited on",
+    overlap_pp_p2p=(), sources={"overlap_pp_p2p": _D["overlap_pp_p2p"]})
+
+FUSED_CP = ContextParallelAttention(
+    name="fused-per-chunk", summary="the framework's fused attention kernel per CP chunk",
+    cp_attention={}, sources={"cp_attention": _D["cp_attention"]})

@@ -1,0 +1,91 @@
+"""Every framework profile autopar knows, one module per framework, and the registry.
+
+=============================  ===================================================================
+name                           what runs the plan
+=============================  ===================================================================
+``torch``                      stock torch.distributed as ``plan.apply`` runs it (:mod:`.pytorch`)
+``torchtitan``                 torchtitan v0.2.2 (:mod:`.torchtitan`)
+``megatron``                   Megatron-LM main d98e8a64ddf3 (:mod:`.megatron`)
+``deepspeed``                  DeepSpeed 0.19.6 (:mod:`.deepspeed`)
+``megatron-2023``              Megatron-LM before 4eeff55d1f (2023-10-12): no P2P overlap
+``nemo``                       NeMo 2.0 on Megatron-Core (:mod:`.nemo`)
+``inhouse-2024``               an unnamed in-house stack of 2024, costed as Megatron-LM with
+                               overlapped DP reduction (:mod:`.inhouse`)
+``fsdp1``                      torch FSDP1 (flat parameters) loops such as fms-fsdp (:mod:`.fsdp1`)
+``llm-foundry``                llm-foundry on Composer FSDP1 (:mod:`.llm_foundry`)
+``tinyllama``                  TinyLlama's fused lit-gpt on Fabric FSDP1 (:mod:`.tinyllama`)
+``flash-attention-training``   flash-attention's 2022 training code (:mod:`.flash_attention`)
+``internevo``                  InternEvo, hybrid ZeRO (:mod:`.internevo`)
+``internevo-fsdp``             InternEvo, FSDP mode (:mod:`.internevo`)
+=============================  ===================================================================
+
+The first four have exporters; all are selectable with ``TrainingConfig(framework=...)``,
+``--framework`` and in plan files. Options on top of a profile: :func:`shard_within` (HSDP,
+InternEvo ``parallel.zero1``) and :func:`autopar.frameworks.choices.with_choice` (e.g.
+``TORCH_COMPILE``).
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Mapping
+
+from ...config import FRAMEWORKS
+from ...errors import InvalidTrainingConfig
+from ..choices import Choices
+from ..profiles import FrameworkProfile
+from . import (deepspeed, flash_attention, fsdp1, inhouse, internevo, llm_foundry, megatron,
+               nemo, pytorch, tinyllama, torchtitan)
+
+_BUILT = ((pytorch.PROFILE, pytorch.CHOICES), (torchtitan.PROFILE, torchtitan.CHOICES),
+          (megatron.PROFILE, megatron.CHOICES), (deepspeed.PROFILE, deepspeed.CHOICES),
+          (megatron.PROFILE_2023, megatron.CHOICES_2023), (nemo.PROFILE, nemo.CHOICES),
+          (inhouse.PROFILE, inhouse.CHOICES), (fsdp1.PROFILE, fsdp1.CHOICES),
+          (llm_foundry.PROFILE, llm_foundry.CHOICES), (tinyllama.PROFILE, tinyllama.CHOICES),
+          (flash_attention.PROFILE, flash_attention.CHOICES),
+          (internevo.PROFILE, internevo.CHOICES), (internevo.PROFILE_FSDP, internevo.CHOICES))
+
+#: Every profile by framework name (read-only).
+PROFILES: Mapping[str, FrameworkProfile] = MappingProxyType({p.name: p for p, _ in _BUILT})
+#: The implementation choices each profile's cost fields are built from, by framework name.
+CHOICES: Mapping[str, Choices] = MappingProxyType({p.name: c for p, c in _BUILT})
+assert tuple(PROFILES) == FRAMEWORKS, "autopar.config.FRAMEWORKS and PROFILES disagree"
+
+
+def get_profile(framework: str | FrameworkProfile) -> FrameworkProfile:
+    """The profile of a framework name (a profile passes through).
+
+    Raises:
+        InvalidTrainingConfig: an unknown framework name (the message lists the known ones).
+    """
+    if isinstance(framework, FrameworkProfile):
+        return framework
+    try:
+        return PROFILES[framework]
+    except (KeyError, TypeError):
+        raise InvalidTrainingConfig(
+            f"framework {framework!r} is not one of {list(PROFILES)}. Fix: use 'torch' "
+            "(plan.apply), 'torchtitan', 'megatron', 'deepspeed', or a profile of a published "
+            "stack listed here.") from None
+
+
+def shard_within(profile: str | FrameworkProfile, ranks: int) -> FrameworkProfile:
+    """``profile`` with ZeRO sharding over groups of ``ranks`` data-parallel ranks, replicated
+    across groups (HSDP with ``ranks`` = GPUs per node; InternEvo ``parallel.zero1=ranks``), as
+    its sharded data parallelism sets it (``CHOICES[name].sharded_dp.group_option``, the source).
+
+    Raises:
+        InvalidTrainingConfig: an unknown framework; one whose sharded data parallelism has no
+            such option; ``ranks`` not a whole number >= 1.
+    """
+    p = get_profile(profile)
+    option = CHOICES[p.name].sharded_dp.group_option
+    if not option:
+        with_option = [n for n, c in CHOICES.items() if c.sharded_dp.group_option]
+        raise InvalidTrainingConfig(
+            f"{p.name} ({CHOICES[p.name].sharded_dp.name}) has no option to shard within fewer "
+            f"ranks than the data-parallel group. Fix: use one of {with_option}, or "
+            "profile.with_costs({'zero1_group_size': 'where it comes from'}, "
+            "zero1_group_size=N).")
+    return p.with_costs({"zero1_group_size": f"{option}: {ranks} ranks"},
+                        zero1_group_size=ranks)

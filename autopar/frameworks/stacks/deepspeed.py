@@ -1,0 +1,104 @@
+"""``deepspeed``: DeepSpeed 0.19.6 (edaa72212672): ``deepspeed/runtime/engine.py``,
+``runtime/pipe/engine.py``, ``runtime/pipe/schedule.py``, ``runtime/zero/``."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..choices import (DTENSOR_TP, EAGER, FSDP2, FUSED_CP, SDPA_FLASH, TORCH_PIPELINING, Choices,
+                       OptimizerStep, compose)
+from ..memory import DEEPSPEED_MEMORY
+from ..seqrule import DEEPSPEED_RULE
+from ..vocabulary import DEFAULT_COST_SOURCES, MIXED_FUSED_OPTIMIZER_STEP_BYTES
+
+ALL_ZERO = (0, 1, 2, 3)
+
+#: DeepSpeed ZeRO: per-parameter ZeRO-3 gathers, reduction after backward (overlap_comm off).
+ZERO = replace(
+    FSDP2, name="deepspeed-zero", zero3_gather="per_parameter", overlap_dp_grad_reduce=False,
+    fsdp2_copies=False, summary="DeepSpeed ZeRO 1-3 (stage_1_and_2.py, stage3.py), "
+                                "overlap_comm off",
+    sources={**FSDP2.sources,
+             "fsdp2_copies": "not FSDP2: partitioned_param_coordinator.py "
+                             "fetch_sub_module waits on each gather (partition_parameters"
+                             ".py AllGatherCoalescedHandle.wait, whose torch.cat of the "
+                             "partitions is its copy-out) inside the allgather stream, "
+                             "part of the per-parameter gather (zero3_gather); stage3.py "
+                             "__add_grad_to_ipg_bucket copies gradients into the bucket "
+                             "on reduce_and_partition_stream",
+             "zero3_gather": "deepspeed/runtime/zero/partitioned_param_coordinator.py: "
+                             "per-parameter all-gathers fetched through "
+                             "stage3_prefetch_bucket_size (5e7 elements) with stream "
+                             "synchronisation; costed as not overlapped (issue 13)",
+             "overlap_dp_grad_reduce": "deepspeed/runtime/zero/config.py overlap_comm "
+                                       "defaults to False (ZeRO-0..2: reduction after "
+                                       "backward)"})
+
+FUSED_ADAM = OptimizerStep(
+    name="deepspeed-fused-adam", summary="DeepSpeed FusedAdam on fp32 partitions",
+    optimizer_step_bytes=MIXED_FUSED_OPTIMIZER_STEP_BYTES, step_fixed_s=0.0, sources={
+        "optimizer_step_bytes": "deepspeed/ops/adam/fused_adam.py FusedAdam "
+                                "(multi_tensor_adam); runtime/constants.py "
+                                "GRADIENT_CLIPPING_DEFAULT = 1.0; zero/stage_1_and_2.py "
+                                "step(): flat gradient .to(fp32) and the bf16 "
+                                "partition copied from the fp32 one: "
+                                "MIXED_FUSED_OPTIMIZER_STEP_BYTES",
+        "step_fixed_s": DEFAULT_COST_SOURCES["step_fixed_s"]})
+
+# the engine runs the model's own attention and ops, and its TP and pipeline sends as the
+# defaults are costed (synchronous, waited on); the records keep the default sources
+CHOICES = Choices(
+    sharded_dp=ZERO, optimizer_step=FUSED_ADAM,
+    attention=replace(SDPA_FLASH, name="model-sdpa-flash",
+                      summary="the model's own SDPA attention (flash backend)"),
+    fusion=replace(EAGER, name="model-eager", summary="the model's own eager ops"),
+    tensor_parallel=replace(DTENSOR_TP, name="deepspeed-autotp",
+                            summary="AutoTP: synchronous TP collectives"),
+    pipeline=replace(TORCH_PIPELINING, name="deepspeed-pipe",
+                     summary="PipelineEngine: sends waited on before the next step"),
+    context_parallel=FUSED_CP)
+
+PROFILE = compose(
+    CHOICES,
+    name="deepspeed", version="DeepSpeed 0.19.6 (edaa72212672)",
+    zero_stages=ALL_ZERO, zero_stages_with_tp=ALL_ZERO, zero_stages_with_pp=(0, 1),
+    zero_stages_with_ep=ALL_ZERO, schedules=("1f1b",), interleaved_chunks="none",
+    stage_cuts="balanced", cp_modes=(), recompute_modes=("none", "full"),
+    per_block_recompute=False, sequence_parallel=(False,), expert_parallel=True,
+    moe_sequence_parallel=(False,), experts_tp_sharded=False, seq_rule=DEEPSPEED_RULE,
+    memory=DEEPSPEED_MEMORY,
+    sources={
+        "per_block_reshard": "deepspeed/runtime/zero/config.py: stage3_param_persistence_"
+                             "threshold keeps parameters by size, not per chosen layer",
+        "zero_stages": "deepspeed/runtime/zero/config.py zero_optimization.stage 0-3",
+        "zero_stages_with_tp": "deepspeed/runtime/engine.py: 'AutoTP + ZeRO stage 3 is "
+                               "supported for both inference and training'",
+        "zero_stages_with_pp": "deepspeed/runtime/pipe/engine.py: 'ZeRO-2 and ZeRO-3 are "
+                               "incompatible with pipeline parallelism'",
+        "zero_stages_with_ep": "deepspeed/moe/layer.py MoE(ep_size=...) under any ZeRO stage",
+        "schedules": "deepspeed/runtime/pipe/schedule.py TrainSchedule (1F1B-like) only",
+        "overlaps_ep_comm": "none: no DualPipe-style schedule",
+        "interleaved_chunks": "deepspeed/runtime/pipe/module.py PipelineModule: one "
+                              "contiguous partition per stage",
+        "stage_cuts": "deepspeed/runtime/pipe/module.py partition_method 'uniform' / "
+                      "'parameters' (no explicit cut list)",
+        "cp_modes": "Ulysses (deepspeed/sequence/layer.py DistributedAttention) needs the "
+                    "model's attention wrapped; the JSON config cannot express CP",
+        "recompute_modes": "deepspeed/runtime/activation_checkpointing/checkpointing.py: whole "
+                           "checkpointed layers (no selective attention-core recompute)",
+        "per_block_recompute": "pipe/module.py activation_checkpoint_interval: every N-th layer",
+        "sequence_parallel": "AutoTP (deepspeed/module_inject/auto_tp.py) has no Megatron-style "
+                             "sequence parallelism",
+        "moe_sequence_parallel": "deepspeed/moe/layer.py MoE gates each rank's whole sequences; "
+                                 "no sequence parallelism to pair it with (sequence_parallel)",
+        "experts_tp_sharded": "deepspeed/moe/layer.py MoE(enable_expert_tensor_parallelism="
+                              "False), the documented default: experts are not cut by TP",
+        "expert_parallel": "deepspeed/moe/layer.py MoE(ep_size=...)",
+        "expert_tensor_parallel": "deepspeed/utils/groups.py _create_expert_data_and_model_"
+                                  "parallel: expert_tensor_parallel_world_size = tensor_"
+                                  "parallel_size_, ep must divide the dp world size; "
+                                  "expert-parallel groups are carved out of the data-parallel "
+                                  "group (no folding over the tensor-parallel ranks)",
+        "stage_split": "deepspeed/runtime/pipe/module.py partition_method 'uniform': costed "
+                       "as the cost model's balanced cut",
+    })

@@ -1,0 +1,41 @@
+"""``fsdp1``: PyTorch FSDP1 (``torch.distributed.fsdp.FullyShardedDataParallel``, flat
+parameters) training loops, as fms-fsdp (4ffb9bd, main_training.py) runs them: the torch profile's
+capabilities and kernels, FSDP1's gradient copies instead of FSDP2's. Its hybrid sharding (HSDP:
+ZeRO within a node, replicas across nodes) is :func:`autopar.frameworks.stacks.shard_within`;
+torch.compile is :func:`autopar.frameworks.choices.with_choice` with ``TORCH_COMPILE``."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..choices import Choices, capabilities_of, compose
+from ..vocabulary import FSDP1_GRAD_COPY_PASSES
+from . import pytorch
+
+#: FSDP1's flat parameter: gradient concat on the compute stream, gathers in place.
+FLAT_PARAM = replace(
+    pytorch.SHARDED_DP, name="fsdp1-flat-param", zero_grad_copy_passes=FSDP1_GRAD_COPY_PASSES,
+    fsdp2_copies=False,
+    summary="torch FSDP1 FullyShardedDataParallel (flat parameters), FULL_SHARD by default",
+    group_option="ShardingStrategy.HYBRID_SHARD (fms-fsdp 4ffb9bd fms_fsdp/utils/"
+                 "train_utils.py get_policies: 'hsdp' -> HYBRID_SHARD), which shards "
+                 "parameters, gradients and optimizer states within a node and replicates "
+                 "them across nodes",
+    sources={**pytorch.SHARDED_DP.sources,
+             "zero_grad_copy_passes": "FSDP1 flat parameters (FSDP1_GRAD_COPY_PASSES): "
+             "fms-fsdp 4ffb9bd main_training.py wraps the model in torch.distributed.fsdp."
+             "FullyShardedDataParallel; the llm-foundry benchmark tables' Sharding Strategy "
+             "FULL_SHARD is FSDP1's ShardingStrategy (Composer's FSDP)",
+             "fsdp2_copies": "FSDP1 all-gathers into its flat parameter in place "
+             "(torch/distributed/fsdp/_flat_param.py _all_gather_flat_param) and casts and "
+             "reduces its flat gradient on the post-backward stream (_runtime_utils.py "
+             "_reduce_grad)",
+             "zero3_regather_per_micro_batch": "as the torch profile (torch.distributed."
+             "pipelining keeps FSDP stage modules gathered across micro-batches); FSDP1 "
+             "loops without pipelining do not read it"})
+
+CHOICES: Choices = replace(pytorch.CHOICES, sharded_dp=FLAT_PARAM)
+
+PROFILE = compose(CHOICES, **capabilities_of(pytorch.PROFILE), name="fsdp1",
+                  version="torch.distributed.fsdp FullyShardedDataParallel (FSDP1), as "
+                          "fms-fsdp 4ffb9bd (capabilities as the torch profile)")

@@ -1,0 +1,29 @@
+"""``inhouse-2024``: an unnamed in-house pretraining stack of 2024 (large runs whose papers do not
+publish the software: Meta's Llama 3, DeepSeek's HAI-LLM, Skywork). Costed as Megatron-LM
+(capabilities, Transformer Engine kernels, fused optimizer) with the data-parallel reduction
+overlapping backward and without FSDP2's copies (memory conventions as Megatron-LM's); every
+value beyond Megatron-LM's is an assumption named in its source, not read from the stack."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..choices import Choices, capabilities_of, compose
+from . import megatron
+
+SHARDED_DP = replace(
+    megatron.DISTRIBUTED_OPTIMIZER, name="inhouse-2024-dp", overlap_dp_grad_reduce=True,
+    fsdp2_copies=False,
+    summary="an unpublished sharded data parallelism assumed to overlap its reduction",
+    sources={**megatron.DISTRIBUTED_OPTIMIZER.sources,
+             "overlap_dp_grad_reduce": "large 2024 in-house pretraining stacks overlap the "
+             "data-parallel reduction with backward (Megatron-Core DDP overlap_grad_reduce, as "
+             "NeMo's recipes); the stack itself is not published",
+             "fsdp2_copies": "the in-house stack's sharding code is not published, and torch's "
+             "FSDP2 (fully_shard, torch 2.4, July 2024) postdates these runs: its copies are "
+             "not charged"})
+
+CHOICES: Choices = replace(megatron.CHOICES, sharded_dp=SHARDED_DP)
+
+PROFILE = compose(CHOICES, **capabilities_of(megatron.PROFILE), name="inhouse-2024",
+                  version="unnamed in-house stack, 2024 (Megatron-LM-like)")

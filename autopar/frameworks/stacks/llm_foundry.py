@@ -1,0 +1,28 @@
+"""``llm-foundry``: MosaicML llm-foundry on Composer (2023 yamls): Composer's FSDP is FSDP1
+(:mod:`.fsdp1`) with fp32 gradient reduction, and attention is its Triton FlashAttention
+(``attn_impl: triton``), an FA1-era kernel. Capabilities as the torch profile."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..choices import AttentionKernels, Choices, capabilities_of, compose
+from . import fsdp1, pytorch
+
+COMPOSER_FSDP = replace(
+    fsdp1.FLAT_PARAM, name="composer-fsdp1", grad_reduce_bytes=4,
+    summary="Composer FSDP (FSDP1 FULL_SHARD) with mixed_precision DEFAULT",
+    sources={**fsdp1.FLAT_PARAM.sources,
+             "grad_reduce_bytes": "Composer FSDP mixed_precision DEFAULT: reduce_dtype float32 "
+                                  "(the records' notes)"})
+
+TRITON_FLASH_V1 = AttentionKernels(
+    name="triton-flash-v1", summary="llm-foundry attn_impl: triton (FlashAttention-1 era)",
+    attention_kernels={"*": "fa1"}, sources={
+        "attention_kernels": "llm-foundry 2023 yamls attn_impl: triton (FlashAttention-1 "
+                             "era Triton kernel) / flash-attention v1 training code"})
+
+CHOICES: Choices = replace(fsdp1.CHOICES, sharded_dp=COMPOSER_FSDP, attention=TRITON_FLASH_V1)
+
+PROFILE = compose(CHOICES, **capabilities_of(pytorch.PROFILE), name="llm-foundry",
+                  version="llm-foundry on Composer FSDP1, 2023 (scripts/train/yamls/pretrain)")

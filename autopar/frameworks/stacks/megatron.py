@@ -1,0 +1,143 @@
+"""``megatron``: Megatron-LM main at d98e8a64ddf3 (2026-08-22): ``megatron/training/arguments.py``,
+``megatron/core/transformer/transformer_config.py``; and ``megatron-2023``, the same code path
+as released before 4eeff55d1f (2023-10-12), when pipeline P2P overlap was off by default."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ...config import CP_MODES
+from ..choices import (FSDP2, FUSED_CP, AttentionKernels, Choices, Fusion, OptimizerStep,
+                       PipelineComm, TensorParallelComm, compose)
+from ..memory import MEGATRON_MEMORY
+from ..seqrule import MEGATRON_RULE
+from ..vocabulary import DEFAULT_COST_SOURCES, MIXED_FUSED_OPTIMIZER_STEP_BYTES
+
+#: The distributed optimizer (ZeRO-1) and DDP with Megatron-LM's defaults: reduction after
+#: backward; ZeRO-3 is torch FSDP2 (--use-torch-fsdp2).
+DISTRIBUTED_OPTIMIZER = replace(
+    FSDP2, name="megatron-distributed-optimizer", overlap_dp_grad_reduce=False,
+    summary="Megatron-Core DDP / distributed optimizer, --overlap-grad-reduce off; ZeRO-3 "
+            "through --use-torch-fsdp2",
+    sources={**FSDP2.sources,
+             "overlap_dp_grad_reduce": "arguments.py --overlap-grad-reduce is off by "
+                                       "default: gradients are reduced after backward",
+             "grad_reduce_bytes": "CostParams.grad_bytes (bf16 reduction, as NeMo's "
+                                  "distributed optimizer)"})
+
+#: Transformer Engine / apex FusedAdam behind fp32 main parameters.
+MIXED_FUSED_ADAM = OptimizerStep(
+    name="megatron-fused-adam", summary="TE / apex FusedAdam on fp32 main copies, "
+                                        "multi-tensor clipping",
+    optimizer_step_bytes=MIXED_FUSED_OPTIMIZER_STEP_BYTES, step_fixed_s=0.0, sources={
+        "optimizer_step_bytes": "megatron/core/optimizer/__init__.py: Transformer "
+                                "Engine or apex FusedAdam; clip_grads.py "
+                                "multi_tensor_l2norm + multi_tensor_scale (clip_grad "
+                                "1.0); distrib_optimizer.py _copy_model_grads_to_"
+                                "main_grads (.float()) and _copy_main_params_to_model_"
+                                "params: MIXED_FUSED_OPTIMIZER_STEP_BYTES",
+        "step_fixed_s": DEFAULT_COST_SOURCES["step_fixed_s"]})
+
+TE_CUDNN = AttentionKernels(
+    name="te-cudnn", summary="Transformer Engine DotProductAttention, cuDNN fused attention",
+    attention_kernels={"*": "cudnn"}, sources={
+        "attention_kernels": "arguments.py --attention-backend auto: Transformer "
+                             "Engine's DotProductAttention, cuDNN fused attention "
+                             "(FlashAttention-2-class on Ampere)"})
+
+TE_FUSED = Fusion(
+    name="te-apex-fused", summary="hand-fused kernels (bias-GeLU, bias-dropout-add, softmax, "
+                                  "norms)",
+    fusion="fused", eager_parts=(), sources={
+        "fusion": "arguments.py --bias-gelu-fusion, --bias-dropout-fusion, "
+                  "--masked-softmax-fusion default on; Transformer Engine / Apex "
+                  "fused LayerNorm/RMSNorm",
+        "eager_parts": DEFAULT_COST_SOURCES["eager_parts"]})
+
+MEGATRON_TP = TensorParallelComm(
+    name="megatron-tp", summary="Megatron-Core TP, --tp-comm-overlap off, fused gate/up fc1",
+    overlap_tp_comm=False, tp_mlp_reduce_per_linear=False, sources={
+        "overlap_tp_comm": "arguments.py --tp-comm-overlap is off by default",
+        "tp_mlp_reduce_per_linear": DEFAULT_COST_SOURCES["tp_mlp_reduce_per_linear"]})
+
+#: P2P overlap as Megatron-LM runs it since 4eeff55d1f (2023-10-12).
+OVERLAP_P2P = PipelineComm(
+    name="megatron-overlap-p2p", summary="overlap_p2p_comm on under the interleaved schedule",
+    overlap_pp_p2p=("interleaved-1f1b",), sources={
+        "overlap_pp_p2p": "arguments.py --no-overlap-p2p-communication: "
+                          "overlap_p2p_comm is on by default (since 4eeff55d1f, "
+                          "2023-10-12), and validate_args turns it off unless the "
+                          "schedule is interleaved"})
+
+#: P2P as Megatron-LM ran it before 4eeff55d1f.
+P2P_2023 = PipelineComm(
+    name="megatron-p2p-2023", summary="no P2P overlap unless --overlap-p2p-communication",
+    overlap_pp_p2p=(), sources={
+        "overlap_pp_p2p": "Megatron-LM before 4eeff55d1f (2023-10-12, 'Make "
+                          "overlap_p2p_comm the default') overlapped pipeline sends only under "
+                          "--overlap-p2p-communication, off by default"})
+
+CHOICES = Choices(sharded_dp=DISTRIBUTED_OPTIMIZER, optimizer_step=MIXED_FUSED_ADAM,
+                  attention=TE_CUDNN, fusion=TE_FUSED, tensor_parallel=MEGATRON_TP,
+                  pipeline=OVERLAP_P2P, context_parallel=FUSED_CP)
+
+PROFILE = compose(
+    CHOICES,
+    name="megatron", version="Megatron-LM main d98e8a64ddf3 (2026-08-22)",
+    zero_stages=(0, 1, 3), zero_stages_with_tp=(0, 1, 3), zero_stages_with_pp=(0, 1),
+    zero_stages_with_ep=(0, 1), schedules=("1f1b", "interleaved-1f1b"),
+    interleaved_chunks="any", stage_cuts="any", cp_modes=CP_MODES,
+    recompute_modes=("none", "selective", "full"), per_block_recompute=False,
+    sequence_parallel=(True, False), expert_parallel=True, seq_rule=MEGATRON_RULE,
+    moe_sequence_parallel=(True,),
+    expert_tensor_parallel="any",
+    memory=MEGATRON_MEMORY,
+    sources={
+        "per_block_reshard": "arguments.py --use-torch-fsdp2: one fully_shard policy for the "
+                             "model, no per-layer flag",
+        "zero_stages": "arguments.py --use-distributed-optimizer (ZeRO-1; gradients are "
+                       "reduce-scattered into a full buffer, so no ZeRO-2), --use-torch-fsdp2 "
+                       "(ZeRO-3)",
+        "zero_stages_with_tp": "arguments.py: --use-torch-fsdp2 has no TP assertion",
+        "zero_stages_with_pp": "arguments.py: '--use-torch-fsdp2 is not supported with "
+                               "pipeline parallelism'",
+        "zero_stages_with_ep": "arguments.py: '--use-torch-fsdp2 is not supported with expert "
+                               "parallelism'",
+        "schedules": "megatron/core/pipeline_parallel/schedules.py: "
+                     "forward_backward_pipelining_without_interleaving (1F1B) and "
+                     "_with_interleaving; no GPipe, no zero-bubble or V-shaped schedule "
+                     "(--delay-wgrad-compute defers weight gradients inside 1F1B only)",
+        "overlaps_ep_comm": "not modelled: combined_1f1b.py overlaps MoE all-to-all inside "
+                            "interleaved 1F1B only under --overlap-moe-expert-parallel-comm "
+                            "(off by default)",
+        "interleaved_chunks": "arguments.py --pipeline-model-parallel-layout (any layers per "
+                              "chunk; megatron/core/transformer/"
+                              "pipeline_parallel_layer_layout.py)",
+        "stage_cuts": "arguments.py --pipeline-model-parallel-layout (any cut)",
+        "cp_modes": "arguments.py --cp-comm-type p2p | a2a | all_gather | a2a+p2p",
+        "recompute_modes": "arguments.py --recompute-granularity full | selective",
+        "per_block_recompute": "arguments.py --recompute-method uniform | block (the first N "
+                               "layers of every stage), no per-layer list",
+        "sequence_parallel": "arguments.py --sequence-parallel (optional)",
+        "moe_sequence_parallel": "megatron/core/transformer/moe/moe_layer.py MoELayer.forward "
+                                 "raises in training when the TP group has > 1 rank and "
+                                 "sequence_parallel is off (read at 001199898c4b)",
+        "experts_tp_sharded": "arguments.py --expert-tensor-parallel-size (default: "
+                              "--tensor-model-parallel-size): expert GEMMs split over etp ranks",
+        "expert_parallel": "arguments.py --expert-model-parallel-size",
+        "expert_tensor_parallel": "arguments.py --expert-tensor-parallel-size (default tp); "
+                                  "core/parallel_state.py initialize_model_parallel: expert "
+                                  "grid etp x ep x edp x pp, world_size % (etp * ep * pp) == 0 "
+                                  "(MoE parallel folding, transformer/moe/README.md)",
+        "stage_split": "arguments.py: no layout flag builds layers % pp == 0 stages "
+                       "(autopar.frameworks.layersplit); an uneven cut is given explicitly",
+    })
+
+CHOICES_2023 = replace(CHOICES, pipeline=P2P_2023)
+
+#: Megatron-LM as released through 2023 (before 4eeff55d1f): the same capabilities.
+PROFILE_2023 = compose(
+    CHOICES_2023,
+    **{**{k: getattr(PROFILE, k) for k in ("seq_rule", "memory", "sources")},
+       **{k: getattr(PROFILE, k) for k in PROFILE.capability_names()}},
+    name="megatron-2023", version="Megatron-LM before 4eeff55d1f (2023-10-12)")

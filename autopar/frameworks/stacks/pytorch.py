@@ -1,0 +1,88 @@
+"""``torch``: stock torch.distributed as :func:`autopar.runtime.apply` runs a plan (FSDP2,
+DTensor TP, torch.distributed.pipelining, autopar's own CP), torch 2.13."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ...config import CP_MODES, RECOMPUTE_MODES, SCHEDULES
+from ..choices import (DTENSOR_TP, EAGER, FSDP2, SDPA_FLASH, TORCH_FOREACH_ADAMW,
+                       TORCH_PIPELINING, Choices, ContextParallelAttention, compose)
+from ..memory import TORCH_MEMORY
+
+ALL_ZERO = (0, 1, 2, 3)
+
+#: FSDP2 as plan.apply runs it: under pipelining, parameters stay gathered across micro-batches.
+SHARDED_DP = replace(FSDP2, name="fsdp2-pipelining", zero3_regather_per_micro_batch=False, sources={
+    **FSDP2.sources,
+    "zero3_regather_per_micro_batch": "torch/distributed/pipelining/stage.py "
+    "backward_maybe_with_nosync: for an FSDP stage module, micro-batches before "
+    "the last set_requires_gradient_sync(False) and set_reshard_after_backward("
+    "False), so parameters stay gathered and gradients unsharded until the last"})
+
+#: autopar/runtime/cp.py: the attention each CP exchange runs.
+PLAN_APPLY_CP = ContextParallelAttention(
+    name="plan-apply-cp", summary="autopar/runtime/cp.py: masked SDPA (all-gather), plain ops "
+                                  "(ring), fused SDPA (Ulysses)",
+    cp_attention={"allgather": "masked", "ring": "unfused"}, sources={
+        "cp_attention": "autopar/runtime/cp.py (what plan.apply runs): all-gather CP "
+                        "calls SDPA with an explicit boolean mask (flash refuses masks, "
+                        "so the memory-efficient kernel runs over all pairs); ring CP "
+                        "computes each hop's scores in plain tensor ops; Ulysses runs "
+                        "SDPA is_causal on whole sequences (fused)"})
+
+CHOICES = Choices(sharded_dp=SHARDED_DP, optimizer_step=TORCH_FOREACH_ADAMW,
+                  attention=SDPA_FLASH, fusion=EAGER, tensor_parallel=DTENSOR_TP,
+                  pipeline=TORCH_PIPELINING, context_parallel=PLAN_APPLY_CP)
+
+PROFILE = compose(
+    CHOICES,
+    name="torch", version="torch 2.13 torch.distributed (plan.apply)",
+    zero_stages=ALL_ZERO, zero_stages_with_tp=ALL_ZERO, zero_stages_with_pp=ALL_ZERO,
+    zero_stages_with_ep=ALL_ZERO, schedules=SCHEDULES, interleaved_chunks="any",
+    stage_cuts="any", cp_modes=CP_MODES, recompute_modes=RECOMPUTE_MODES,
+    per_block_recompute=True, sequence_parallel=(True, False), expert_parallel=True,
+    moe_sequence_parallel=(False,), experts_tp_sharded=False,
+    memory=TORCH_MEMORY,
+    per_block_reshard=True,
+    sources={
+        "per_block_reshard": "torch.distributed.fsdp.fully_shard(block, reshard_after_forward=...)"
+                             " is called per block module (autopar/runtime/dp.py apply_fsdp)",
+        "zero_stages": "torch.distributed.fsdp.fully_shard (reshard_after_forward=True: ZeRO-3, "
+                       "False: ZeRO-2) and DDP / ZeroRedundancyOptimizer (ZeRO-0/1)",
+        "zero_stages_with_tp": "fully_shard over a DeviceMesh dim beside DTensor TP "
+                               "(torch.distributed.tensor.parallel)",
+        "zero_stages_with_pp": "fully_shard per torch.distributed.pipelining stage module",
+        "zero_stages_with_ep": "fully_shard on the expert and non-expert parameter groups",
+        "schedules": "torch/distributed/pipelining/schedules.py (torch 2.13): ScheduleGPipe, "
+                     "Schedule1F1B, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble, "
+                     "ScheduleZBVZeroBubble, ScheduleDualPipeV (autopar/runtime/pipeline.py "
+                     "maps each)",
+        "overlaps_ep_comm": "none: _PipelineScheduleRuntime runs an OVERLAP_F_B action's "
+                            "sub-actions one after the other unless a custom function is "
+                            "registered (schedules.py), and plan.apply registers none",
+        "interleaved_chunks": "pipelining.PipelineStage takes any module per stage",
+        "stage_cuts": "pipelining.PipelineStage takes any module per stage",
+        "cp_modes": "autopar/runtime/cp.py: all-gather, ring and Ulysses CP from plain "
+                    "collectives (torch.distributed.tensor.experimental.context_parallel "
+                    "needs CUDA's attention ops); Ulysses: two all_to_all_single calls "
+                    "(Jacobs et al. 2023, arXiv 2309.14509)",
+        "recompute_modes": "torch.utils.checkpoint (full) and selective checkpointing "
+                           "(torch.utils.checkpoint.create_selective_checkpoint_contexts: "
+                           "attention core, and torchtitan's op-level policy; "
+                           "autopar/runtime/recompute.py)",
+        "per_block_recompute": "checkpoint_wrapper is applied per module (autopar/runtime/"
+                               "recompute.py)",
+        "sequence_parallel": "torch.distributed.tensor.parallel.SequenceParallel is optional",
+        "moe_sequence_parallel": "autopar/runtime/tp.py shards nn.Linear layers only: the "
+                                 "stacked experts stay whole on each TP rank and route whole "
+                                 "sequences (runtime/apply.py check_moe)",
+        "expert_parallel": "all_to_all_single token dispatch over a DeviceMesh dim",
+        "expert_tensor_parallel": "autopar/runtime/mesh.py lays ep inside the DP dimension "
+                                  "and runtime/ep.py splits whole experts (etp = tp only)",
+        "experts_tp_sharded": "autopar/runtime/tp.py shards nn.Linear layers only and "
+                              "runtime/ep.py keeps each rank's stacked experts whole, so under "
+                              "tp > 1 every TP rank runs its experts on all the TP group's tokens",
+        "stage_split": "autopar/runtime/apply.py: stage_blocks as planned, else the cost "
+                       "model's balanced cut (autopar.cost.stages.balanced_stage_blocks)",
+    })

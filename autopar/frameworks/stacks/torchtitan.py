@@ -1,0 +1,101 @@
+"""``torchtitan``: torchtitan v0.2.2 (73a0e6979dd1), the last release with TOML job files
+(``torchtitan/config/job_config.py``, ``train.py``, ``distributed/``, ``models/llama3/``)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ...config import SCHEDULES
+from ..choices import (DTENSOR_TP, EAGER, FSDP2, FUSED_CP, SDPA_FLASH, TORCH_PIPELINING, Choices,
+                       OptimizerStep, compose)
+from ..memory import TORCHTITAN_MEMORY
+from ..seqrule import TORCHTITAN_RULE
+from ..vocabulary import FUSED_OPTIMIZER_STEP_BYTES
+
+#: FSDP2 as torchtitan applies it: fp32 gradient reduction, parameters kept gathered under PP.
+SHARDED_DP = replace(
+    FSDP2, name="fsdp2-torchtitan", zero3_regather_per_micro_batch=False, grad_reduce_bytes=4,
+    summary="torch FSDP2 (apply_fsdp) with MixedPrecisionPolicy reduce_dtype float32",
+    sources={**FSDP2.sources,
+             "zero3_regather_per_micro_batch": "train.py runs the pipeline schedule "
+             "(torch.distributed.pipelining: FSDP stage modules keep parameters gathered "
+             "and gradients unsharded until the last micro-batch); apply_fsdp sets "
+             "reshard_after_forward False under PP ('default' policy)",
+             "grad_reduce_bytes": "job_config.py Training.mixed_precision_reduce = "
+                                  "'float32' (FSDP MixedPrecisionPolicy reduce_dtype)"})
+
+#: torch's fused AdamW on the fp32 FSDP shards, with clip_grad_norm_.
+FUSED_ADAMW = OptimizerStep(
+    name="torch-adamw-fused", summary="torch.optim.AdamW(fused=True) with clip_grad_norm_",
+    optimizer_step_bytes=FUSED_OPTIMIZER_STEP_BYTES, step_fixed_s=0.0, sources={
+        "optimizer_step_bytes": "job_config.py Optimizer.implementation = 'fused' "
+                                "(torch's fused AdamW on fp32 FSDP shards) and "
+                                "Training.max_norm = 1.0 (clip_grad_norm_): "
+                                "FUSED_OPTIMIZER_STEP_BYTES",
+        "step_fixed_s": TORCH_PIPELINING.sources and EAGER.sources and
+        "no sourced fixed per-step cost"})
+
+CHOICES = Choices(
+    sharded_dp=SHARDED_DP, optimizer_step=FUSED_ADAMW, attention=SDPA_FLASH,
+    fusion=replace(EAGER, sources={**EAGER.sources, "fusion": "job_config.py Compile.enable "
+                                   "defaults to False (eager); the model's RMSNorm is "
+                                   "torch.nn.RMSNorm"}),
+    tensor_parallel=DTENSOR_TP, pipeline=TORCH_PIPELINING, context_parallel=FUSED_CP)
+
+PROFILE = compose(
+    CHOICES,
+    name="torchtitan", version="torchtitan v0.2.2 (73a0e6979dd1)",
+    zero_stages=(0, 2, 3), zero_stages_with_tp=(2, 3), zero_stages_with_pp=(2, 3),
+    zero_stages_with_ep=(2, 3), schedules=SCHEDULES, interleaved_chunks="any",
+    stage_cuts="any", cp_modes=("ring", "allgather"),
+    recompute_modes=("none", "selective-op", "full"),
+    per_block_recompute=False, sequence_parallel=(True,), expert_parallel=True,
+    moe_sequence_parallel=(True,), overlaps_ep_comm=("dualpipev",),
+    expert_tensor_parallel="one_or_tp",
+    seq_rule=TORCHTITAN_RULE,
+    memory=TORCHTITAN_MEMORY,
+    sources={
+        "per_block_reshard": "job_config.py Parallelism.fsdp_reshard_after_forward: one policy "
+                             "('default', 'always', 'never') for every block",
+        "zero_stages": "job_config.py Parallelism.data_parallel_replicate_degree (DDP) / "
+                       "data_parallel_shard_degree with fsdp_reshard_after_forward "
+                       "'always' (ZeRO-3) or 'never' (ZeRO-2); no optimizer-only sharding",
+        "zero_stages_with_tp": "models/llama3/infra/parallelize.py: DDP raises 'DDP has not "
+                               "supported > 1D parallelism'; FSDP/HSDP combine with TP/CP",
+        "zero_stages_with_pp": "models/llama3/infra/parallelize.py ('DDP has not supported > 1D "
+                               "parallelism'); apply_fsdp(pp_enabled=...)",
+        "zero_stages_with_ep": "models/llama4/infra/parallelize.py: experts under FSDP (efsdp mesh)",
+        "schedules": "job_config.py Parallelism.pipeline_parallel_schedule, resolved by "
+                     "torch's get_schedule_class (distributed/pipeline_parallel.py): GPipe, "
+                     "1F1B, Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV",
+        "overlaps_ep_comm": "distributed/pipeline_parallel.py build_pipeline_schedule registers "
+                            "dual_pipe_v.overlap_callback for OVERLAP_F_B on ScheduleDualPipeV "
+                            "when Parallelism.pipeline_parallel_expert_parallel_overlap (default "
+                            "true) and ep > 1; it refuses activation checkpointing "
+                            "(dual_pipe_v.get_dual_pipe_v_flag)",
+        "interleaved_chunks": "job_config.py Parallelism.module_fqns_per_model_part",
+        "stage_cuts": "job_config.py Parallelism.module_fqns_per_model_part",
+        "cp_modes": "job_config.py Parallelism.context_parallel_rotate_method: 'alltoall' "
+                    "(KV passed round the ring) or 'allgather'; no Ulysses",
+        "recompute_modes": "job_config.py ActivationCheckpoint.mode: none, selective (with "
+                           "selective_ac_option 'op': op-level SAC, "
+                           "distributed/activation_checkpoint.py _custom_policy), full",
+        "per_block_recompute": "job_config.py ActivationCheckpoint: one mode for all blocks "
+                               "(selective_ac_option N = full every N-th block)",
+        "sequence_parallel": "models/llama3/infra/parallelize.py apply_tp: norms always "
+                             "SequenceParallel under TP",
+        "moe_sequence_parallel": "models/llama4/infra/parallelize.py apply_moe_ep_tp: the "
+                                 "'moe' module's input layout is Shard(1) (sequence-sharded, "
+                                 "all-gathered in, reduce-scattered out)",
+        "experts_tp_sharded": "models/llama4/infra/parallelize.py apply_moe_ep_tp: the "
+                              "experts are tensor-parallel over the TP mesh (etp = tp)",
+        "expert_parallel": "job_config.py Parallelism.expert_parallel_degree (MoE models)",
+        "expert_tensor_parallel": "job_config.py Parallelism.expert_tensor_parallel_degree "
+                                  "and distributed/parallel_dims.py _validate: 'Currently we "
+                                  "only support ETP=TP or ETP=1'; the sparse mesh pp x "
+                                  "dp_replicate x efsdp x ep x etp with efsdp = dp_shard * cp * "
+                                  "tp / (etp * ep)",
+        "stage_split": "job_config.py Parallelism.module_fqns_per_model_part, else "
+                       "pipeline_parallel.py generate_llm_fqn_per_model_part: costed as the cost "
+                       "model's balanced cut",
+    })

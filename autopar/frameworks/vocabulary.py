@@ -1,0 +1,132 @@
+"""The names the fields of a :class:`~autopar.frameworks.profiles.FrameworkProfile` take
+(stage-cut, interleaving, expert-TP, fusion, gather, ZeRO-1 rules), the names of its cost fields, the optimizer-step byte counts with their
+derivations, and the default cost sources (plain PyTorch 2.x). Re-exported by
+:mod:`autopar.frameworks.profiles`; imports nothing of autopar, so every module may use it.
+"""
+
+from __future__ import annotations
+
+#: Stage-cut rules, most permissive first: any cut; only the first and last stage may differ
+#: from the rest; balanced only (layer counts differ by at most one).
+CUT_RULES = ("any", "first_last", "balanced")
+#: Where an even split of decoder blocks over pipeline stages puts the remainder when no cut is
+#: given (:attr:`FrameworkProfile.stage_split`): ``middle`` = the cost model's balanced cut
+#: (:func:`autopar.cost.stages.balanced_stage_blocks`: extra blocks to the middle stages);
+#: ``last`` = the last ``blocks % pp`` stages take one more (InternEvo's partition_uniform).
+STAGE_SPLITS = ("middle", "last")
+#: Interleaved-chunk rules: any chunk sizes; all chunks equal; no interleaving.
+CHUNK_RULES = ("any", "equal", "none")
+#: Expert-tensor-parallel rules (:attr:`FrameworkProfile.expert_tensor_parallel`): etp = tp only;
+#: etp = 1 or tp; any etp with ep * etp dividing tp * cp * dp (MoE parallel folding).
+ETP_RULES = ("tp", "one_or_tp", "any")
+#: Fusion levels of memory-bound (element-wise, norm) ops: ``eager`` = one kernel per PyTorch op
+#: as the model's Python writes it (norms in the model's own ops); ``compile`` = TorchInductor
+#: fuses each chain of consecutive point-wise ops into one kernel (Ansel et al. 2024, PyTorch 2,
+#: section 4: "pointwise and reduction fusion"); ``fused`` = hand-fused kernels (Apex / Transformer
+#: Engine fused norms, bias-GeLU, bias-dropout-add), costed as the graph counts them (fused norm).
+FUSION_LEVELS = ("eager", "compile", "fused")
+#: How ZeRO-3 / FSDP gathers parameters: ``per_block`` (FSDP / FSDP2: one all-gather per wrapped
+#: block, the next block's prefetched while this one computes) or ``per_parameter`` (DeepSpeed
+#: ZeRO-3: per-parameter gathers through small prefetch buckets with stream synchronisation,
+#: costed as not overlapped).
+ZERO3_GATHERS = ("per_block", "per_parameter")
+#: How a context-parallel rank runs attention (:attr:`FrameworkProfile.cp_attention`; costed
+#: by :func:`autopar.cost.compute.layer_time`).
+CP_ATTENTION_PATHS = ("fused", "masked", "unfused")
+#: Names of the cost fields (defaults in
+#: :class:`~autopar.frameworks.profiles.FrameworkProfile`; sources in ``cost_sources``).
+COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_gather",
+               "zero3_regather_per_micro_batch", "overlap_tp_comm", "overlap_pp_p2p",
+               "grad_reduce_bytes", "step_fixed_s", "zero1_param_sync", "zero1_group_size",
+               "zero1_grad_all_reduce", "cp_attention", "optimizer_step_bytes", "eager_parts",
+               "zero_grad_copy_passes", "zero1_partition", "sync_grad_bucket_elements",
+               "fsdp2_copies", "tp_mlp_reduce_per_linear")
+#: Parts of a block that run as plain eager PyTorch ops inside a stack that is otherwise fused
+#: (:attr:`FrameworkProfile.eager_parts`; costed by :func:`autopar.cost.compute.layer_time`):
+#: ``glu``: a gated linear unit's activation as its own kernel before the multiply
+#: (``F.silu(a) * b``, implied by ``fusion="eager"``); ``norm_input_cast``: the residual stream
+#: is cast to fp32 (``x.float()``) before each fused norm, which then reads fp32, and the cast
+#: and norm are checkpointed (repeated in backward).
+EAGER_PARTS = ("glu", "norm_input_cast")
+#: Bytes per parameter the optimizer step moves through HBM in the ``torch`` profile: torch.optim.
+#: AdamW as constructed by default (foreach on CUDA since torch 2.0, ``_default_to_fused_or_foreach``
+#: in torch/optim/optimizer.py), whose ``_multi_tensor_adam`` (torch/optim/adam.py, torch 2.13,
+#: decoupled weight decay, not capturable) makes eight passes over fp32 tensors: params *= (1 - lr
+#: wd) (read 4, write 4), exp_avg.lerp_(grad) (8, 4), exp_avg_sq *= beta2 (4, 4),
+#: exp_avg_sq.addcmul_(grad, grad) (8, 4), sqrt(exp_avg_sq) (4, 4), /= bias_correction2_sqrt (4, 4),
+#: += eps (4, 4), params.addcdiv_(exp_avg, denom) (12, 4): 80 bytes; plus gradient clipping by
+#: norm (torch.nn.utils.clip_grad_norm_: a norm pass reading the fp32 gradient, 4, and
+#: ``_foreach_mul_`` by the clip coefficient, 4 + 4): 92.
+TORCH_OPTIMIZER_STEP_BYTES = 92
+#: The same for a fused Adam (one multi-tensor kernel: torch ``fused=True``, apex / Transformer
+#: Engine ``FusedAdam``, DeepSpeed ``FusedAdam``): read params, grad, exp_avg, exp_avg_sq (16),
+#: write params, exp_avg, exp_avg_sq (12) = 28; plus clipping by norm as two multi-tensor passes
+#: (norm: read 4; scale: read 4, write 4) = 40.
+FUSED_OPTIMIZER_STEP_BYTES = 40
+#: A fused Adam behind a mixed-precision optimizer that keeps fp32 main copies apart from the
+#: bf16 model: :data:`FUSED_OPTIMIZER_STEP_BYTES` plus casting the bf16 gradient to the fp32
+#: main gradient (read 2, write 4) and copying the updated fp32 main parameter back to bf16
+#: (read 4, write 2) = 52.
+MIXED_FUSED_OPTIMIZER_STEP_BYTES = 52
+
+#: Passes over every parameter's gradient that FSDP1 (torch.distributed.fsdp.
+#: FullyShardedDataParallel) adds to each backward on the compute stream: its modules' parameters
+#: are autograd views of one flat parameter (torch/distributed/fsdp/_flat_param.py
+#: ``_get_unflat_views_unaligned``: ``flat_param.split(...)`` then ``.view``), so autograd's
+#: split backward (``split_with_sizes_backward``, derivatives.yaml) concatenates the views'
+#: gradients into the flat gradient: one read and one write of every gradient element. (Its
+#: gradient pre-divide, _runtime_utils.py ``_reduce_grad`` -> ``_div_if_needed``, runs on the
+#: post-backward stream beside compute and is not charged.)
+FSDP1_GRAD_COPY_PASSES = 2
+
+#: How ZeRO-1 returns updated parameters after the optimizer step: one ``all_gather`` over the
+#: ZeRO group, or ``broadcast``: each rank broadcasts its shard (one broadcast per rank, as
+#: InternEvo's hybrid ZeRO and DeepSpeed's early ZeRO-1), exposed after the step.
+ZERO1_PARAM_SYNCS = ("all_gather", "broadcast")
+#: How ZeRO-1 splits the optimizer's parameters over its group: ``flat`` (equal slices of one
+#: flat buffer: Megatron's distributed optimizer, DeepSpeed ZeRO) or ``per_tensor`` (whole
+#: tensors dealt largest first to the least-loaded rank, :func:`autopar.cost.zero1.greedy_shares`:
+#: InternEvo's hybrid ZeRO), which bounds the largest share below by the largest tensor and
+#: leaves ranks beyond the tensor count without a share (and without a broadcast).
+ZERO1_PARTITIONS = ("flat", "per_tensor")
+
+#: Sources of the default cost fields (plain PyTorch 2.x training loops).
+DEFAULT_COST_SOURCES = {
+    "attention_kernels": "torch.nn.functional.scaled_dot_product_attention: the flash backend "
+                         "is FlashAttention-2 (torch 2.2+ release notes) on Ampere and Hopper",
+    "fusion": "eager PyTorch runs one kernel per op; norms as the model writes them",
+    "overlap_dp_grad_reduce": "DDP / FSDP bucketed gradient reduction during backward "
+                              "(torch.nn.parallel.DistributedDataParallel, fully_shard)",
+    "zero3_gather": "FSDP2 fully_shard per block with implicit forward/backward prefetch",
+    "zero3_regather_per_micro_batch": "plain gradient accumulation re-runs forward/backward, "
+                                      "and FSDP re-gathers every micro-batch",
+    "overlap_tp_comm": "DTensor TP collectives are synchronous on the compute stream",
+    "overlap_pp_p2p": "torch.distributed.pipelining waits on its batched isend/irecv before "
+                      "the next stage op, under every schedule",
+    "grad_reduce_bytes": "the compute dtype unless a reduce dtype is set (CostParams.grad_bytes)",
+    "step_fixed_s": "no sourced fixed per-step cost",
+    "zero1_param_sync": "ZeroRedundancyOptimizer / FSDP: parameters return by all-gather",
+    "zero1_group_size": "ZeRO shards over the whole data-parallel group",
+    "zero1_grad_all_reduce": "ZeRO-1 reduce-scatters gradients (ZeroRedundancyOptimizer after "
+                             "DDP all-reduce is the exception, not costed)",
+    "cp_attention": "context parallelism runs the framework's fused attention kernel per "
+                    "chunk (ring attention with flash kernels, load-balanced split)",
+    "optimizer_step_bytes": "torch.optim.AdamW default foreach implementation and "
+                            "clip_grad_norm_ (TORCH_OPTIMIZER_STEP_BYTES)",
+    "eager_parts": "none beyond what the fusion level implies",
+    "zero1_partition": "ZeRO-1 costed as equal slices of the parameters (flat buffer)",
+    "sync_grad_bucket_elements": "DDP / FSDP keep several gradient buckets in flight without "
+                                 "device-wide syncs: the reduction overlaps backward as a whole",
+    "zero_grad_copy_passes": "FSDP2 (fully_shard) keeps each parameter a tensor of its own: "
+                             "autograd writes each gradient in place, no flat-gradient concat "
+                             "(its own copies are fsdp2_copies)",
+    "fsdp2_copies": "torch 2.13 torch/distributed/fsdp/_fully_shard: _fsdp_param_group.py "
+                    "wait_for_unshard calls _fsdp_collectives.py foreach_all_gather_copy_out "
+                    "(split_with_sizes_copy) and post_backward calls foreach_reduce, whose "
+                    "foreach_reduce_scatter_copy_in (chunk_cat) runs before "
+                    "reduce_scatter_stream.wait_stream(current_stream): both on the compute "
+                    "stream",
+    "tp_mlp_reduce_per_linear": "Megatron-Core fuses the gated MLP's gate and up projections "
+                                "into one linear_fc1, and DTensor TP reduces the input gradient "
+                                "of a shared input once (the input's redistribution)",
+}
