@@ -27,7 +27,6 @@ from .io.planfile import PLAN_FORMAT, PLAN_VERSION, check_plan
 if TYPE_CHECKING:
     import torch
 
-    from .calibrate.schema import Calibration
     from .cost.params import CostParams
     from .hardware.cluster import Cluster
 
@@ -162,7 +161,7 @@ class Plan:
     @classmethod
     def from_dict(cls, d: dict, *, model: torch.nn.Module | None = None,
                   cluster: Cluster | None = None, params: CostParams | None = None,
-                  calibration: str | Path | dict | Calibration | None = None) -> "Plan":
+                  calibration: object = None) -> "Plan":
         """Build a plan from :meth:`to_dict`'s output, checking it strictly and re-estimating it.
 
         Unknown keys, missing choices, wrong types, degrees whose product is not the GPU count of
@@ -202,7 +201,7 @@ class Plan:
     @classmethod
     def from_json(cls, source: str | Path, *, model: torch.nn.Module | None = None,
                   cluster: Cluster | None = None, params: CostParams | None = None,
-                  calibration: str | Path | dict | Calibration | None = None) -> "Plan":
+                  calibration: object = None) -> "Plan":
         """Load a plan from a JSON file path or JSON text (only ``json`` parses it: loading
         never executes code), re-estimated with the cost model as :meth:`from_dict` does
         (``model``, ``cluster``, ``params``, ``calibration``: see there).
