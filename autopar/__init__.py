@@ -92,6 +92,7 @@ def _nearest(cm, framework: str, planned) -> str:
 for _name, _fn in (("plan_summary", _plan_summary), ("apply", _apply), ("export", _export),
                    ("reestimate", _reestimate), ("nearest", _nearest)):
     _hooks.provide(_name, _fn)
+del _name, _fn
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ loads these
     from .api import estimate, optimize
