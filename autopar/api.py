@@ -19,13 +19,13 @@ from .config import ParallelConfig, TrainingConfig
 from .cost.model import CostModel
 from .cost.params import CostParams
 from .cost.types import Estimate
-from .errors import (InvalidParallelConfig, InvalidSearchOption, InvalidTrainingConfig)
+from .errors import InvalidParallelConfig, InvalidSearchOption, InvalidTrainingConfig
 from .frameworks import FrameworkProfile, profile_edits
 from .graph import hf
 from .hardware import Cluster
 from .models import ModelConfig
 from .plan import Plan, SearchStats
-# as_cluster and model_graph are re-exported: they were defined here before the problem layer
+# as_cluster and model_graph were defined here before the problem layer: importable as before
 from .problem import Problem, as_cluster, model_config_of, model_graph  # noqa: F401
 from .search.margin import check_margin, search_with_margin
 from .search.optimize import SearchResult

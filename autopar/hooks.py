@@ -42,6 +42,12 @@ def provide(name: str, fn: Callable) -> None:
     _provided[name] = fn
 
 
+def provided() -> frozenset[str]:
+    """The names of the services provided so far (every key of :data:`SERVICES` once
+    ``autopar`` is imported)."""
+    return frozenset(_provided)
+
+
 def call(name: str, *args, **kwargs):
     """Call the service ``name`` with ``args`` and ``kwargs`` and return its result.
 
