@@ -45,6 +45,8 @@ _PARALLEL = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "zero": "zero_stage
 
 
 def parallel_choices(args, prefix: str = "") -> dict:
+    """The ``ParallelConfig`` fields the flags give (``prefix``: ``"compare_"`` for the
+    ``--compare-*`` flags), by field name; flags not given are left out."""
     out = {dst: getattr(args, prefix + src) for src, dst in _PARALLEL.items()
            if getattr(args, prefix + src, None) is not None}
     if not prefix and getattr(args, "placement", None):

@@ -100,6 +100,13 @@ class Interrupt:
 
 
 def run_costs(args, rows):
+    """``[(name, estimate, run cost)]`` of ``rows`` (``[(name, estimate)]``) for ``--tokens``
+    at ``--price-per-gpu-hour`` (:func:`autopar.report.advice.run_cost`); None without
+    ``--tokens``.
+
+    Raises:
+        InvalidTrainingConfig: a price without ``--tokens``, or a bad ``--currency``.
+    """
     if args.tokens is None:
         if args.price_per_gpu_hour is not None:
             raise InvalidTrainingConfig("--price-per-gpu-hour needs --tokens (the run's length). "

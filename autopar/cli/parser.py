@@ -13,6 +13,7 @@ from .exports import EXPORTERS
 
 
 def positive_float(text: str) -> float:
+    """argparse type: a positive finite number."""
     try:
         v = float(text)
     except ValueError:
