@@ -16,6 +16,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from . import hooks as _hooks
+
 __version__ = "0.1.0"
 
 #: Public name -> the module (under autopar) that defines it.
@@ -57,6 +59,40 @@ def __getattr__(name: str):
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__) | set(_SUBMODULES))
 
+
+# -- the services lower layers call (autopar.hooks): provided here, at the top of the layer
+# order, each importing its layer on first use (so `import autopar` stays free of torch)
+
+
+def _plan_summary(plan):
+    from .report.summary import plan_summary
+    return plan_summary(plan)
+
+
+def _apply(plan, model, **kwargs):
+    from .runtime import apply
+    return apply(plan, model, **kwargs)
+
+
+def _export(name: str, plan, *args, **kwargs):
+    from . import runtime
+    return getattr(runtime, name)(plan, *args, **kwargs)
+
+
+def _reestimate(kw: dict, **kwargs) -> dict:
+    from .reestimate import reestimate
+    return reestimate(kw, **kwargs)
+
+
+def _nearest(cm, framework: str, planned) -> str:
+    from .alternatives import nearest
+    return nearest(cm, framework, planned)
+
+
+for _name, _fn in (("plan_summary", _plan_summary), ("apply", _apply), ("export", _export),
+                   ("reestimate", _reestimate), ("nearest", _nearest)):
+    _hooks.provide(_name, _fn)
+del _name, _fn
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ loads these
     from .api import estimate, optimize

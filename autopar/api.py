@@ -13,32 +13,22 @@ from dataclasses import MISSING, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
-from torch import nn
-
 from .calibrate.fit import calibrated
 from .calibrate.schema import Calibration, load_calibration
 from .config import ParallelConfig, TrainingConfig
 from .cost.model import CostModel
 from .cost.params import CostParams
 from .cost.types import Estimate
-from .errors import (InvalidClusterSpec, InvalidModelConfig, InvalidParallelConfig,
-                     UntraceableModelError,
-                     InvalidSearchOption, InvalidTrainingConfig)
+from .errors import InvalidParallelConfig, InvalidSearchOption, InvalidTrainingConfig
 from .frameworks import FrameworkProfile, profile_edits
-from .graph import extract, hf
-from .graph.assemble import meta_copy
-from .graph.needs import LM_FIX, LM_NEEDS
-from .graph.positions import max_positions, with_position_warning
-from .graph.types import ModelGraph
+from .graph import hf
 from .hardware import Cluster
-from .models import ModelConfig, build, get_config
+from .models import ModelConfig
 from .plan import Plan, SearchStats
+# as_cluster and model_graph were defined here before the problem layer: importable as before
+from .problem import Problem, as_cluster, model_config_of, model_graph  # noqa: F401
 from .search.margin import check_margin, search_with_margin
 from .search.optimize import SearchResult
-
-_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
-                 "fp8": torch.bfloat16}
 
 #: Tokens per step of the default global batch when none is given (about 4M, the order of
 #: GPT-3's and Llama 2's batches: Brown et al. 2020 Table 2.1; Touvron et al. 2023).
@@ -50,31 +40,6 @@ DEFAULT_TOKENS_PER_STEP = 2 ** 22
 #: 819M tokens per step; past this cap the default is a multiple of a divisor of the GPU count
 #: (a data-parallel degree the search can pick) of at most 16M tokens.
 MAX_DEFAULT_TOKENS_PER_STEP = 2 ** 24
-
-
-def as_cluster(cluster: Cluster | str) -> Cluster:
-    """A :class:`Cluster` from a cluster or a spec string.
-
-    Raises:
-        InvalidClusterSpec: an unreadable spec or another type.
-    """
-    if isinstance(cluster, Cluster):
-        return cluster
-    if isinstance(cluster, str):
-        return Cluster.from_spec(cluster)
-    raise InvalidClusterSpec(
-        f"cluster must be an autopar.Cluster or a spec string; got {type(cluster).__name__}. "
-        "Fix: e.g. '4x8xA100-80GB' or autopar.Cluster.from_spec('4x8xA100-80GB').")
-
-
-def _model_config(model) -> ModelConfig | None:
-    if isinstance(model, nn.Module) or (isinstance(model, str) and model in hf.HF_PRESETS):
-        return None
-    if isinstance(model, (str, dict, ModelConfig)):
-        return get_config(model)
-    raise InvalidModelConfig(
-        f"model must be an nn.Module, a preset name, a model dict or a ModelConfig; got "
-        f"{type(model).__name__}. Fix: e.g. autopar.optimize('llama2-70b', ...).")
 
 
 #: Longest default sequence taken from a Hugging Face config: ``max_position_embeddings`` is
@@ -145,62 +110,6 @@ def default_batch_note(train: TrainingConfig, world: int, unit: int | None = Non
     return (f"no global batch given: using {gbs:,} sequences x {seq:,} tokens = "
             f"{tokens / 1e6:,.1f}M tokens per step ({why}); set it with --global-batch "
             "(TrainingConfig(global_batch_size=...) in Python)")
-
-
-def model_graph(model, train: TrainingConfig) -> tuple[ModelGraph, ModelConfig | None]:
-    """Extract the measured graph of ``model`` for ``train``'s sequence length and precision.
-
-    ``model`` may also name a Hugging Face preset (``autopar.graph.hf.HF_PRESETS``, e.g.
-    ``"hf-deepseek-v3"``): the transformers model is built on meta and traced.
-
-    Raises:
-        InvalidModelConfig: a bad preset name or dict.
-        MissingDependency: an ``hf-*`` preset without transformers installed.
-        UntraceableModelError: a module that is not a decoder language model (no token
-            embedding, no repeated blocks; the message says what autopar needs,
-            :data:`autopar.graph.needs.LM_NEEDS`, and what to pass instead), or one neither
-            torch.fx nor torch.export can capture.
-    """
-    dtype = _TORCH_DTYPES[train.precision]
-    if isinstance(model, str) and model in hf.HF_PRESETS:
-        # a transformers model class on meta: its own modules are traced, not our builder's
-        module = hf.build(model, dtype=dtype)
-        graph = extract(module, train.seq_len, 1, dtype=dtype, name=model,
-                        flash_attention=train.flash_attention)
-        return with_position_warning(graph, *max_positions(module)), None
-    cfg = _model_config(model)
-    if cfg is not None:
-        built = cfg if cfg.seq_len >= train.seq_len else ModelConfig.from_dict(
-            {**cfg.to_dict(), "seq_len": train.seq_len})
-        module = build(built, dtype=dtype)
-        graph = extract(module, train.seq_len, 1, dtype=dtype, name=cfg.name,
-                        flash_attention=train.flash_attention)
-        return with_position_warning(graph, cfg.seq_len, cfg.position, grown=True), cfg
-    if not any(isinstance(m, nn.Embedding) for m in model.modules()):
-        # no token embedding: not a language model; tracing it would only fail deep in torch
-        raise UntraceableModelError(
-            f"{type(model).__name__} is not a language model autopar can plan: it has no "
-            f"nn.Embedding to take token ids. {LM_NEEDS}. {LM_FIX}.")
-    graph = with_position_warning(
-        extract(_in_dtype(model, dtype), train.seq_len, 1, flash_attention=train.flash_attention),
-        *max_positions(model))
-    if graph.num_blocks == 0:
-        raise UntraceableModelError(
-            f"found no repeated decoder blocks in {type(model).__name__}. {LM_NEEDS}. {LM_FIX}; "
-            "for your own decoder, keep its blocks in one nn.ModuleList (nn.TransformerEncoder "
-            "is not a decoder LM).")
-    return graph, None
-
-
-
-def _in_dtype(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """``model`` with floating parameters and buffers in the training dtype: a meta-device copy
-    when it is not (the user's module is never changed; torch.export asserts dtypes, so casting
-    inside the extractor is not enough for Hugging Face models built in fp32)."""
-    tensors = list(model.parameters()) + list(model.buffers())
-    if all(t.dtype == dtype for t in tensors if t.is_floating_point()):
-        return model
-    return meta_copy(model).to(dtype)
 
 
 def _from_dict(cls, d: dict, err):
@@ -314,12 +223,11 @@ def estimate(model: Any, cluster: Cluster | str, train: TrainingConfig | dict,
             InvalidCalibration for a calibration that is invalid or of other hardware.
     """
     cl = as_cluster(cluster)
-    cfg_model = _model_config(model)
+    cfg_model = model_config_of(model)
     tr = _with_profile(_train(train, cfg_model, cl, model), profile)
     cl, params = with_calibration(cl, params, calibration, tr.precision)
     config = _parallel(config)
-    graph, _ = model_graph(model, tr)
-    return CostModel(graph, cl, tr, params, framework=profile).estimate(config)
+    return Problem.build(model, cl, tr, params, framework=profile).estimate(config)
 
 
 def _with_profile(train: TrainingConfig, profile) -> TrainingConfig:
@@ -392,14 +300,27 @@ def optimize(model: Any, cluster: Cluster | str, train: TrainingConfig | dict | 
     _search_options(fixed, time_limit_s, top_k, progress)
     memory_margin = check_margin(memory_margin)
     cl = as_cluster(cluster)
-    cfg_model = _model_config(model)
-    tr = _with_profile(_train(train, cfg_model, cl, model), profile)
+    tr = _with_profile(_train(train, model_config_of(model), cl, model), profile)
     cl, params = with_calibration(cl, params, calibration, tr.precision)
-    graph, cfg_model = model_graph(model, tr)
-    cm = CostModel(graph, cl, tr, params, framework=profile)
-    result = search_with_margin(cm, fixed, memory_margin=memory_margin,
+    problem = Problem.build(model, cl, tr, params, memory_margin=memory_margin,
+                            framework=profile)
+    return search_plan(problem, fixed, time_limit_s=time_limit_s, top_k=top_k,
+                       progress=progress)[0]
+
+
+def search_plan(problem: Problem, fixed: dict | None = None, *, time_limit_s: float | None = None,
+                top_k: int = 5, progress: Callable | None = None) -> tuple[Plan, SearchResult]:
+    """Search ``problem`` as :func:`optimize` does (``fixed``, ``time_limit_s``, ``top_k``,
+    ``progress``: see there; the memory margin is ``problem.memory_margin``), and also return
+    the :class:`SearchResult` (its time/memory Pareto front feeds the plots).
+
+    Raises:
+        InfeasibleError: nothing fits. InvalidParallelConfig: bad ``fixed`` choices.
+    """
+    cm, margin = problem.cost_model, problem.memory_margin
+    result = search_with_margin(cm, fixed, memory_margin=margin,
                                 time_limit_s=time_limit_s, top_k=top_k + 1, progress=progress)
-    return build_plan(cm, result, cfg_model.to_dict() if cfg_model else None, memory_margin)
+    return build_plan(cm, result, problem.model_config, margin), result
 
 
 def build_plan(cm: CostModel, result: SearchResult, model_config: dict | None,

@@ -4,6 +4,11 @@ A plan file is plain JSON (``format: "autopar-plan"``, ``version``); loading it 
 from checked values and never executes code. Loading never trusts the file's numbers: the config
 is the plan, and every estimate is recomputed from it with the cost model
 (:mod:`autopar.reestimate`), so a hand-edited config loads with its own estimate.
+
+A plan is data: this module imports no layer above it (docs/design.md, "Layer order"). Its
+conveniences (:meth:`Plan.summary`, :meth:`Plan.apply`, the exporters, the re-estimate of
+:meth:`Plan.from_dict`) call the report, the runtime and :mod:`autopar.reestimate` through
+:mod:`autopar.hooks`.
 """
 
 from __future__ import annotations
@@ -13,17 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import hooks
 from .config import ParallelConfig, TrainingConfig
 from .cost.types import Estimate
 from .errors import AutoparError, InvalidCalibration, InvalidPlanFile, output_error
 from .io.planfile import PLAN_FORMAT, PLAN_VERSION, check_plan
-from .reestimate import reestimate
-from .report.summary import plan_summary
 
 if TYPE_CHECKING:
     import torch
 
-    from .calibrate.schema import Calibration
     from .cost.params import CostParams
     from .hardware.cluster import Cluster
 
@@ -93,40 +96,35 @@ class Plan:
         return c.tp * c.pp * c.cp * c.dp
 
     def summary(self) -> str:
-        """A readable table: degrees, stages, recompute, time, MFU, memory, communication."""
-        return plan_summary(self)
+        """A readable table: degrees, stages, recompute, time, MFU, memory, communication
+        (:func:`autopar.report.summary.plan_summary`)."""
+        return hooks.call("plan_summary", self)
 
-    # -- runtime and exporters (autopar.runtime; imported on use: it pulls in torch.distributed) --
+    # -- runtime and exporters (autopar.runtime, which loads torch.distributed on first use) --
     def apply(self, model, *, device_mesh=None, **kwargs):
         """Parallelise ``model`` by this plan inside a process group: see
         :func:`autopar.runtime.apply` (returns a ``ParallelRun`` with ``step(batch, labels)``)."""
-        from .runtime import apply
-        return apply(self, model, device_mesh=device_mesh, **kwargs)
+        return hooks.call("apply", self, model, device_mesh=device_mesh, **kwargs)
 
     def to_megatron_args(self):
         """Megatron-LM arguments: :func:`autopar.runtime.to_megatron_args`."""
-        from .runtime import to_megatron_args
-        return to_megatron_args(self)
+        return hooks.call("export", "to_megatron_args", self)
 
     def to_torchtitan_toml(self):
         """torchtitan job TOML: :func:`autopar.runtime.to_torchtitan_toml`."""
-        from .runtime import to_torchtitan_toml
-        return to_torchtitan_toml(self)
+        return hooks.call("export", "to_torchtitan_toml", self)
 
     def to_deepspeed_config(self):
         """DeepSpeed config: :func:`autopar.runtime.to_deepspeed_config`."""
-        from .runtime import to_deepspeed_config
-        return to_deepspeed_config(self)
+        return hooks.call("export", "to_deepspeed_config", self)
 
     def to_torchrun_command(self, script: str = "train.py", **kwargs):
         """torchrun command: :func:`autopar.runtime.to_torchrun_command`."""
-        from .runtime import to_torchrun_command
-        return to_torchrun_command(self, script, **kwargs)
+        return hooks.call("export", "to_torchrun_command", self, script, **kwargs)
 
     def to_slurm_script(self, script: str = "train.py", **kwargs):
         """Slurm batch script: :func:`autopar.runtime.to_slurm_script`."""
-        from .runtime import to_slurm_script
-        return to_slurm_script(self, script, **kwargs)
+        return hooks.call("export", "to_slurm_script", self, script, **kwargs)
 
     # -- JSON ----------------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -163,7 +161,7 @@ class Plan:
     @classmethod
     def from_dict(cls, d: dict, *, model: torch.nn.Module | None = None,
                   cluster: Cluster | None = None, params: CostParams | None = None,
-                  calibration: str | Path | dict | Calibration | None = None) -> "Plan":
+                  calibration: object = None) -> "Plan":
         """Build a plan from :meth:`to_dict`'s output, checking it strictly and re-estimating it.
 
         Unknown keys, missing choices, wrong types, degrees whose product is not the GPU count of
@@ -192,8 +190,8 @@ class Plan:
             InvalidCalibration: ``calibration`` is invalid, or of another device or precision.
         """
         try:
-            kw = reestimate(check_plan(d), model=model, cluster=cluster, params=params,
-                            calibration=calibration)
+            kw = hooks.call("reestimate", check_plan(d), model=model, cluster=cluster,
+                            params=params, calibration=calibration)
             return cls(**{**kw, "search": SearchStats(**kw["search"])})
         except (InvalidPlanFile, InvalidCalibration):
             raise  # a calibration's fault is not the file's
@@ -203,7 +201,7 @@ class Plan:
     @classmethod
     def from_json(cls, source: str | Path, *, model: torch.nn.Module | None = None,
                   cluster: Cluster | None = None, params: CostParams | None = None,
-                  calibration: str | Path | dict | Calibration | None = None) -> "Plan":
+                  calibration: object = None) -> "Plan":
         """Load a plan from a JSON file path or JSON text (only ``json`` parses it: loading
         never executes code), re-estimated with the cost model as :meth:`from_dict` does
         (``model``, ``cluster``, ``params``, ``calibration``: see there).

@@ -126,19 +126,19 @@ sys.meta_path.insert(0, Hook())
 
 #: Child processes that send themselves SIGINT at one point of start-up, under Python's default
 #: handler, as a Ctrl-C pressed at that moment would: while torch is being imported (an import
-#: hook), or during graph extraction (autopar.api.model_graph wrapped).
+#: hook), or during graph extraction (autopar.problem.model_graph wrapped).
 _HOOKS = {
     "import": _on_import("torch"),
     # torch._C imports numpy from C and clears a KeyboardInterrupt raised inside that import, so
     # the key press was lost (the whole search ran, rc 0) or numpy was left half-imported
     "numpy": _on_import("numpy"),
     "extraction": """
-import autopar.api as api
-extract = api.model_graph
+import autopar.problem as problem
+extract = problem.model_graph
 def interrupted(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGINT)
     return extract(*args, **kwargs)
-api.model_graph = interrupted
+problem.model_graph = interrupted
 """,
 }
 

@@ -29,18 +29,18 @@ SEVEN_B = ["--model", "llama2-7b", "--cluster", "1x8xA100-80GB", "--global-batch
 
 def _ctrl_c_at(monkeypatch, n: int) -> list:
     """Make the CLI's progress callback take a Ctrl-C just before its ``n``-th report (the
-    handler :class:`commands._Interrupt` installs for SIGINT, called directly); returns the
-    list the reports are recorded in, as (stage, done, total)."""
+    handler :class:`autopar.cli.output.Interrupt` installs for SIGINT, called directly);
+    returns the list the reports are recorded in, as (stage, done, total)."""
     calls: list = []
 
-    class Pressed(commands._Progress):
+    class Pressed(commands.Progress):
         def __call__(self, stage, done, total, best):
             calls.append((stage, done, total))
             if len(calls) == n and self.interrupt is not None:
                 self.interrupt._handler(signal.SIGINT, None)
             return super().__call__(stage, done, total, best)
 
-    monkeypatch.setattr(commands, "_Progress", Pressed)
+    monkeypatch.setattr(commands, "Progress", Pressed)
     return calls
 
 

@@ -6,7 +6,8 @@ import pytest
 
 import autopar
 from autopar.report import plots
-from autopar.report.explain import Problem, search_plan
+from autopar.api import search_plan
+from autopar.problem import Problem
 
 pytest.importorskip("matplotlib")
 

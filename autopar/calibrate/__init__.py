@@ -4,8 +4,9 @@ calibration file (:mod:`.schema`) that the cost model then uses in place of data
 (:mod:`.fit`); ``autopar measure`` runs a plan's training steps and records the run with the
 prediction's error (:mod:`.measure`). See docs/calibrate.md.
 
-Only the file format and the mapping are imported here (``autopar.api`` uses them); the
-benchmark runners import torch.distributed machinery and are imported where they run.
+Only the file format and the mapping are imported here (``autopar.api`` and
+``autopar.reestimate`` use them); the benchmark runners import torch.distributed machinery and
+are imported where they run.
 """
 
 from .fit import Calibrated, calibrated, measured_cluster, measured_device

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..api import model_graph
+from ..problem import model_graph
 from ..config import TrainingConfig
 from ..cost.params import CostParams
 from ..errors import InvalidCalibration

@@ -64,7 +64,7 @@ def _import_commands(load=_load_run):
 
 def build_parser():
     """The ``argparse`` parser of the ``autopar`` command (imports the commands)."""
-    from .commands import build_parser as build
+    from .parser import build_parser as build
     return build()
 
 

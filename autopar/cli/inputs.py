@@ -1,11 +1,22 @@
-"""Reading command-line inputs shared by the commands: a model given as a preset name or a JSON
-file of a model dict."""
+"""Reading command-line inputs: a model given as a preset name or a JSON file of a model dict,
+the parallel choices of the flags, and the problem they describe (a model, cluster and training
+configuration, from the flags, an imported Megatron-LM or torchtitan configuration, or a plan
+file), with notes on what was imported or derived."""
 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
-from ..errors import InvalidModelConfig
+from ..config import TrainingConfig
+from ..errors import InvalidClusterSpec, InvalidModelConfig, InvalidTrainingConfig
+from ..frameworks import edits_text, get_profile, with_edits
+from ..graph import hf
+from ..hardware.devices import memory_ambiguity
+from ..hardware.spec import parse_spec
+from ..io.importers import Imported, from_megatron_args, from_torchtitan_toml
+from ..problem import Problem, model_config_of
+from ..report.summary import plural, reshard_text
 
 
 def model_arg(text: str | None):
@@ -25,3 +36,228 @@ def model_arg(text: str | None):
     except (OSError, json.JSONDecodeError) as exc:
         raise InvalidModelConfig(f"cannot read model file {text}: {exc}. Fix: give a JSON "
                                  "file with a model dict, or a preset name.") from exc
+
+
+_PARALLEL = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "zero": "zero_stage",
+             "recompute": "recompute", "sequence_parallel": "sequence_parallel",
+             "virtual_stages": "virtual_stages", "micro_batch": "micro_batch_size", "ep": "ep",
+             "expert_tp": "expert_tp", "schedule": "schedule"}
+
+
+def parallel_choices(args, prefix: str = "") -> dict:
+    """The ``ParallelConfig`` fields the flags give (``prefix``: ``"compare_"`` for the
+    ``--compare-*`` flags), by field name; flags not given are left out."""
+    out = {dst: getattr(args, prefix + src) for src, dst in _PARALLEL.items()
+           if getattr(args, prefix + src, None) is not None}
+    if not prefix and getattr(args, "placement", None):
+        out["placement"] = tuple(d.strip() for d in args.placement.split(","))
+    if not prefix and getattr(args, "cp_mode", None):
+        out["cp_mode"] = args.cp_mode
+    return out
+
+
+def _framework(args) -> str:
+    """--framework, else the framework whose arguments were imported (they are its settings:
+    an import costed as plain torch read as another plan), else torch."""
+    if getattr(args, "framework", None):
+        return args.framework
+    if getattr(args, "megatron_args", None):
+        return "megatron"
+    if getattr(args, "torchtitan_toml", None):
+        return "torchtitan"
+    return "torch"
+
+
+def _check_imports(args) -> None:
+    """Refuse an empty ``--megatron-args`` or ``--torchtitan-toml``: either was read as absent
+    (costed as plain torch, with no note), though the user meant to import something.
+
+    Raises:
+        InvalidTrainingConfig: naming the empty flag and the fix.
+    """
+    for flag, what in (("megatron_args", "Megatron-LM arguments as one string, e.g. "
+                                         "\"--tensor-model-parallel-size 4\""),
+                       ("torchtitan_toml", "the path of a torchtitan job TOML")):
+        value = getattr(args, flag, None)
+        if value is not None and not value.strip():
+            raise InvalidTrainingConfig(
+                f"--{flag.replace('_', '-')} is empty. Fix: give {what}, or drop the flag.")
+
+
+def _imported(args) -> Imported | None:
+    if getattr(args, "megatron_args", None) and getattr(args, "torchtitan_toml", None):
+        raise InvalidTrainingConfig("give --megatron-args or --torchtitan-toml, not both. Fix: "
+                                    "drop one; they would set the same choices.")
+    if getattr(args, "megatron_args", None):
+        return from_megatron_args(args.megatron_args)
+    if getattr(args, "torchtitan_toml", None):
+        return from_torchtitan_toml(args.torchtitan_toml)
+    return None
+
+
+#: Choices a changed degree invalidates in a plan file's config: they are derived again
+#: (FSDP's per-block reshard_after_forward exists only under ZeRO-3).
+_DERIVED = {"tp": ("dp",), "pp": ("dp", "stage_blocks"), "cp": ("dp",),
+            "virtual_stages": ("stage_blocks",), "zero_stage": ("reshard_after_forward",)}
+
+
+def _derived_notes(before: dict, after: dict, world: int, new_cluster: bool) -> list[str]:
+    """What ``estimate --plan`` derives again (``after``'s None where ``before``, the plan
+    file's config, had a value), as notes naming the old and new value: dp from the GPUs left
+    over by tp x cp x pp on ``world`` GPUs, the stage cuts, FSDP's per-block resharding."""
+    notes = []
+    if before.get("dp") is not None and after.get("dp") is None:
+        tp, cp, pp = (after.get(k) or 1 for k in ("tp", "cp", "pp"))
+        dp = world // (tp * cp * pp) if world % (tp * cp * pp) == 0 else None
+        if dp is not None and dp != before["dp"]:   # else resolving names the problem
+            notes.append(f"dp {before['dp']} -> {dp} for the {plural(world, 'GPU')}"
+                         f"{' of the new cluster' if new_cluster else ''} (tp x cp x pp = "
+                         f"{tp} x {cp} x {pp})")
+    if before.get("stage_blocks") is not None and after.get("stage_blocks") is None:
+        notes.append(f"stage cuts {'/'.join(map(str, before['stage_blocks']))} (blocks per "
+                     f"pipeline chunk) -> balanced for pp={after.get('pp') or 1}")
+    if before.get("reshard_after_forward") is not None and after.get(
+            "reshard_after_forward") is None:
+        kept = reshard_text(SimpleNamespace(zero_stage=3,
+                                            reshard_after_forward=before["reshard_after_forward"]))
+        notes.append(f"zero {before.get('zero_stage')} -> {after.get('zero_stage')}: the plan's "
+                     f"per-block FSDP resharding ({kept}) is dropped; only ZeRO-3 gathers "
+                     "parameters to keep")
+    return notes
+
+
+def _plan_problem(args) -> tuple[Problem, dict, list[str]]:
+    """``estimate --plan FILE``: the plan file's problem and choices, flags overriding them.
+
+    The file is checked as :meth:`autopar.Plan.from_json` checks it (a missing choice is named),
+    but its estimate is not read: the configuration is estimated again here.
+    """
+    from ..io.planfile import check_plan
+    from ..plan import read_plan_json
+    if args.megatron_args or args.torchtitan_toml:
+        raise InvalidTrainingConfig("give --plan or --megatron-args/--torchtitan-toml, not both. "
+                                    "Fix: drop one; they would set the same choices.")
+    kw = check_plan(read_plan_json(args.plan))
+    if kw["model_config"] is None and args.model is None and kw.get("model") in hf.HF_PRESETS:
+        args.model = kw["model"]   # a Hugging Face preset's plan: rebuilt from its name
+    if kw["model_config"] is None and args.model is None:
+        raise InvalidModelConfig(
+            f"the plan {args.plan} is of an nn.Module (its model_config is null); the CLI can "
+            "rebuild presets and model dicts only. Fix: pass --model with a preset name (e.g. an "
+            "hf-* preset) or a model dict JSON, or from Python autopar.Plan.from_json(path, "
+            "model=module).")
+    model = model_arg(args.model) if args.model is not None else kw["model_config"]
+    given = {"global_batch_size": args.global_batch, "seq_len": args.seq_len,
+             "precision": args.precision,
+             "flash_attention": False if args.no_flash_attention else None,
+             "optimizer_offload": True if args.optimizer_offload else None,
+             "optimizer_state_dtype": args.optimizer_state_dtype,
+             "framework": getattr(args, "framework", None)}
+    train = TrainingConfig(**{**kw["train"].__dict__,
+                              **{k: v for k, v in given.items() if v is not None}})
+    par = dict(kw["config"].__dict__)
+    before = dict(par)
+    flags = parallel_choices(args)
+    if args.cluster and "dp" not in flags:
+        # another cluster: dp is what its GPUs leave over (as with --tp/--pp/--cp edits)
+        par["dp"] = None
+    for key in flags:
+        if flags[key] == before.get(key):
+            continue   # the plan's own value: nothing derived from it changes
+        for derived in _DERIVED.get(key, ()):
+            if derived not in flags:
+                par[derived] = None
+    par.update(flags)
+    written = kw["estimate"]
+    note = (f"re-estimating the configuration of {args.plan}; the file's own estimate "
+            f"({written.step_time_s:.3f} s/step, {written.memory_per_gpu_bytes / 1e9:.1f} GB per GPU"
+            f"{'' if written.config == kw['config'] else ', of the configuration before an edit'})"
+            " is not used")
+    notes, edits = [note], kw.get("profile_edits") or {}
+    if edits and train.framework != kw["train"].framework:
+        notes.append(f"the plan's edits of the {kw['train'].framework} profile "
+                     f"({edits_text(edits)}) do not apply to {train.framework}")
+        edits = {}
+    elif edits:
+        notes.append(f"costed with the plan's edited {train.framework} profile fields: "
+                     f"{edits_text(edits)}")
+    problem = Problem.build(model, args.cluster or kw["cluster"], train,
+                            memory_margin=getattr(args, "memory_margin", None),
+                            framework=with_edits(train.framework, edits))
+    world = problem.cost_model.cluster.world_size
+    return problem, par, [*notes, *_derived_notes(before, par, world, bool(args.cluster))]
+
+
+def _batch_unit(args, par: dict, world: int) -> int | None:
+    """What a defaulted global batch must be a multiple of: dp x micro-batch when the user fixed
+    dp, or, for ``estimate``, when the degrees given leave it (dp = the GPUs over tp x pp x cp);
+    None when the search picks dp (:func:`autopar.api.default_global_batch`)."""
+    dp = par.get("dp")
+    if dp is None and args.command == "estimate":
+        rest = par.get("tp", 1) * par.get("pp", 1) * par.get("cp", 1)
+        dp = world // rest if rest > 0 and world % rest == 0 else None
+    if dp is None:
+        return None
+    return dp * (par.get("micro_batch_size") or 1)
+
+
+def read_problem(args) -> tuple[Problem, dict, list[str]]:
+    """The problem, the parallel choices the user gave, and notes on imported settings."""
+    from .. import api
+    _check_imports(args)
+    if getattr(args, "plan", None):
+        return _plan_problem(args)
+    if args.cluster is None:
+        raise InvalidClusterSpec("--cluster is required (a spec NODESxGPUSxGPU[+NICSxLINK], e.g. "
+                                 "4x8xA100-80GB).")
+    imp = _imported(args)
+    model = model_arg(args.model or (imp.model if imp else None))
+    cluster = api.as_cluster(args.cluster)
+    par, tr, notes, params, profile = {}, {}, [], None, None
+    ambiguous = memory_ambiguity(parse_spec(args.cluster).gpu_name)
+    if ambiguous:
+        notes.append(ambiguous)
+    if imp is not None:
+        cfg = model_config_of(model)
+        blocks = cfg.num_layers if cfg is not None else 0
+        # the flags override the import before Megatron-LM's layer split is applied
+        par, tr = imp.complete(cluster.world_size, blocks, overrides=parallel_choices(args))
+        notes = list(imp.notes)
+        if not args.framework:
+            notes.append(f"costed as {_framework(args)} runs it (the imported arguments' "
+                         "framework); --framework changes that")
+        if imp.costs and _framework(args) == "megatron":
+            profile = get_profile("megatron").with_costs(imp.cost_sources, **imp.costs)
+            notes.append("costed with Megatron-LM's overlaps as imported: "
+                         + ", ".join(sorted(imp.cost_sources.values())))
+        elif imp.costs:
+            notes.append(f"ignored for {_framework(args)}: Megatron-LM's "
+                         + ", ".join(sorted(imp.cost_sources.values())))
+    par.update(parallel_choices(args))
+    unit = _batch_unit(args, par, cluster.world_size)
+    default = api.default_training(model_config_of(model), cluster,
+                                   seq_len=args.seq_len or tr.get("seq_len"), model=model,
+                                   unit=unit)
+    mbs = par.get("micro_batch_size", tr.get("micro_batch_size"))
+    train = TrainingConfig(
+        global_batch_size=(args.global_batch if args.global_batch is not None
+                           else tr.get("global_batch_size") or default.global_batch_size),
+        seq_len=(args.seq_len if args.seq_len is not None
+                 else tr.get("seq_len") or default.seq_len),
+        micro_batch_size=mbs, precision=args.precision or tr.get("precision", "bf16"),
+        flash_attention=not args.no_flash_attention, framework=_framework(args),
+        optimizer_offload=args.optimizer_offload,
+        optimizer_state_dtype=args.optimizer_state_dtype or "fp32")
+    if args.global_batch is None and not tr.get("global_batch_size"):
+        notes.append(api.default_batch_note(train, cluster.world_size, unit))
+    if args.calibration:
+        from ..calibrate import calibrated, load_calibration
+        cal = calibrated(cluster, None, load_calibration(args.calibration), train.precision)
+        cluster, params = cal.cluster, cal.params
+        notes += [f"calibration: {n}" for n in cal.notes]
+        notes += [f"calibration warning: {w}" for w in cal.warnings]
+        notes.append(f"calibrated from {args.calibration}: "
+                     + ", ".join(sorted(k for k in cal.fitted if "." in k)))
+    return (Problem.build(model, cluster, train, params=params,
+                          memory_margin=getattr(args, "memory_margin", None), framework=profile),
+            par, notes)

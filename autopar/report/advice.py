@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..config import RECOMPUTE_MODES, ParallelConfig
 from ..cost.types import Estimate
 from ..errors import AutoparError
-from .explain import Problem
+from ..problem import Problem
 
 
 def fixes_to_fit(problem: Problem, config: ParallelConfig) -> list[tuple[str, Estimate]]:

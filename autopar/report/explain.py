@@ -2,28 +2,27 @@
 component, re-estimated with the same cost model.
 
     problem = Problem.build("llama2-70b", "4x8xA100-80GB", TrainingConfig(1024, 4096))
-    plan, result = search_plan(problem)
+    plan, result = autopar.api.search_plan(problem)
     for name, fixed in canonical_alternatives(problem):
-        alt = best_under(problem, fixed)          # the best plan with those choices pinned
-        print(compare(plan.estimate, alt.estimate, name).sentence())
+        alt, note = autopar.alternatives.best_under(problem, fixed)   # those choices pinned
+        print(compare(plan.estimate, alt, name, note).sentence())
+
+The searches (the best plan under pinned choices, the comparisons of ``autopar explain``:
+:func:`autopar.alternatives.named_alternatives`) are above the report (docs/design.md, "Layer
+order"); this module compares estimates it is given and re-estimates one configuration at most.
 
 Everything is in SI (seconds, bytes); the sentences convert at the edge (GB = 1e9 bytes).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
-from .. import api
-from ..config import ParallelConfig, TrainingConfig
-from ..cost.model import CostModel
-from ..cost.params import CostParams
+from ..config import ParallelConfig
 from ..cost.types import Estimate
-from ..errors import AutoparError, InfeasibleError, InvalidParallelConfig
-from ..plan import Plan
-from ..search.margin import check_margin, search_with_margin
-from ..search.optimize import SearchResult, search
-from ..search.ranking import tied
+from ..errors import AutoparError
+# defined here before the problem layer (autopar.problem); importable from here as before
+from ..problem import Problem
 
 #: How link classes are written in sentences.
 LINK_NAMES = {"nvlink": "NVLink", "nvswitch": "NVSwitch", "pcie": "PCIe",
@@ -66,76 +65,6 @@ def fmt_s(x: float, signed: bool = False) -> str:
 def link_name(kind: str | None) -> str:
     """A link class as written in sentences (``infiniband`` -> ``InfiniBand``)."""
     return LINK_NAMES.get(kind or "local", str(kind))
-
-
-@dataclass
-class Problem:
-    """One model, cluster and training config, with its cost model built once.
-
-    Attributes:
-        model: what the user passed (preset name, dict, module).
-        cost_model: the :class:`CostModel` (its graph, cluster and train).
-        model_config: the model's hyperparameters when known (dict), else None.
-        memory_margin: fraction of each GPU's memory searches keep free
-            (:mod:`autopar.search.margin`; :meth:`build`'s None is its default).
-    """
-
-    model: object
-    cost_model: CostModel
-    model_config: dict | None = None
-    memory_margin: float = 0.0
-
-    @classmethod
-    def build(cls, model, cluster, train: TrainingConfig,
-              params: CostParams | None = None, memory_margin: float | None = None,
-              framework=None) -> "Problem":
-        """Extract the graph and build the cost model (``params``: its constants, default
-        :class:`CostParams`; ``framework``: a :class:`~autopar.frameworks.FrameworkProfile`
-        to cost with, default that of ``train.framework``).
-
-        Raises:
-            AutoparError subclasses: an invalid model, cluster or training config;
-                InvalidSearchOption for a bad ``memory_margin``.
-        """
-        margin = check_margin(memory_margin)
-        cl = api.as_cluster(cluster)
-        graph, cfg = api.model_graph(model, train)
-        return cls(model, CostModel(graph, cl, train, params, framework=framework),
-                   cfg.to_dict() if cfg else None, margin)
-
-    @property
-    def cluster(self):
-        """The :class:`autopar.Cluster`."""
-        return self.cost_model.cluster
-
-    @property
-    def train(self) -> TrainingConfig:
-        """The :class:`TrainingConfig`."""
-        return self.cost_model.train
-
-    def estimate(self, config: ParallelConfig | dict) -> Estimate:
-        """The cost model's estimate of one configuration.
-
-        Raises:
-            InvalidParallelConfig: the configuration breaks a rule of the model or cluster.
-        """
-        if isinstance(config, dict):
-            config = ParallelConfig(**config)
-        return self.cost_model.estimate(config)
-
-
-def search_plan(problem: Problem, fixed: dict | None = None, *, time_limit_s: float | None = None,
-                top_k: int = 5, progress=None) -> tuple[Plan, SearchResult]:
-    """Search as :func:`autopar.optimize` does, and also return the :class:`SearchResult` (its
-    time/memory Pareto front feeds the plots).
-
-    Raises:
-        InfeasibleError: nothing fits. InvalidParallelConfig: bad ``fixed`` choices.
-    """
-    cm, margin = problem.cost_model, problem.memory_margin
-    result = search_with_margin(cm, fixed, memory_margin=margin,
-                                time_limit_s=time_limit_s, top_k=top_k + 1, progress=progress)
-    return api.build_plan(cm, result, problem.model_config, margin), result
 
 
 def config_diff(base: ParallelConfig, other: ParallelConfig) -> list[str]:
@@ -402,87 +331,6 @@ def tp_across_nodes(problem: Problem, est: Estimate) -> tuple[str, Estimate] | N
     return f"TP={c.tp} across nodes (ranks strided by {stride}, over {link_name(link)})", moved
 
 
-def named_alternatives(problem: Problem, plan: Plan, extra=()) -> tuple[list[Comparison],
-                                                                         list[str]]:
-    """Compare ``plan`` with the canonical layouts (:func:`canonical_alternatives`, each the
-    best plan with those choices pinned), TP laid across nodes, the plan's first three runners-up
-    and ``extra`` ``(name, estimate)`` pairs. When ``plan``'s search was stopped
-    (``plan.search.complete`` False), sentences name it "the plan found" and a fitting layout
-    faster than it says so in its note (:data:`UNREACHED`).
-
-    Returns:
-        (comparisons, skipped): the comparisons, and one sentence per layout left out and why.
-    """
-    best = plan.estimate
-    complete = plan.search.complete
-    comps: list[Comparison] = []
-    skipped: list[str] = []
-    seen: dict[str, str] = {}   # config repr -> the name it was first compared under
-
-    def add(est: Estimate, name: str, note: str = "") -> None:
-        key = repr(est.config)
-        if key in seen:   # one row per plan: a runner-up can be a canonical layout's best
-            skipped.append(f"{name}: the same plan as {seen[key]!r}.")
-            return
-        seen[key] = name
-        comps.append(compare(best, est, name, note))
-
-    for name, pins in canonical_alternatives(problem):
-        try:
-            est, note = best_under(problem, pins)
-        except AutoparError as exc:
-            skipped.append(f"{name}: {exc}")
-            continue
-        if repr(est.config) == repr(best.config):
-            skipped.append(f"{name}: it is the {'best ' if complete else ''}plan itself.")
-        else:
-            add(est, name, note)
-        if name.startswith("TP=") and "inside" in name:
-            wide = tp_across_nodes(problem, est)
-            if wide is not None:
-                add(wide[1], wide[0])
-    skipped += left_out_notes(problem)
-    for i, a in enumerate(plan.alternatives[:3]):
-        add(a, f"alternative {i + 1}")
-    for name, est in extra:   # asked for by name: always its own row
-        comps.append(compare(best, est, name))
-    if not complete:
-        comps = [_stopped(c) for c in comps]
-    return comps, skipped
-
-
 #: The note on a layout faster than the plan of a search that was stopped (time limit, Ctrl-C).
 UNREACHED = ("Faster than the plan found: the search was stopped before it reached this "
              "layout.")
-
-
-def _stopped(c: Comparison) -> Comparison:
-    """``c`` against the plan of a stopped search: its base named "the plan found", and
-    :data:`UNREACHED` added to its note when its plan fits and is faster than the base (beyond
-    :data:`autopar.search.ranking.TIE_RTOL`), which a sentence saying "faster" next to "the
-    best plan" hid."""
-    o, b = c.other, c.base
-    c = replace(c, base_name="the plan found")
-    if not o.fits or o.step_time_s >= b.step_time_s or tied(o.step_time_s, b.step_time_s):
-        return c
-    return replace(c, note=" ".join(filter(None, (c.note, UNREACHED))))
-
-
-def best_under(problem: Problem, fixed: dict) -> tuple[Estimate, str]:
-    """The fastest fitting estimate with ``fixed`` choices pinned, and "" ; when nothing fits,
-    the most memory-frugal estimate tried and why it does not fit.
-
-    Raises:
-        InvalidParallelConfig: no legal mesh at all for these choices.
-    """
-    cm = problem.cost_model
-    try:
-        return search_with_margin(cm, fixed, memory_margin=problem.memory_margin,
-                                  top_k=1).best, ""
-    except InfeasibleError as exc:
-        try:
-            res = search(cm, fixed, top_k=1, require_fit=False)
-        except InfeasibleError:
-            raise InvalidParallelConfig(str(exc)) from exc
-        frugal = min(res.pareto, key=lambda e: e.memory_per_gpu_bytes)
-        return frugal, "Nothing with these choices fits; shown: its most frugal variant."

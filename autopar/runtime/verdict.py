@@ -11,37 +11,37 @@ plan's, whether it still fits, and, when it does not fit or the framework's prof
 the best plan found by searching again restricted to the framework
 (``TrainingConfig(framework=...)``).
 
-Built from the low-level stages (models, graph, cost, search), not :mod:`autopar.api`, which
-imports the plan that calls the exporters (no import circle).
+The cost model is the problem layer's (:func:`autopar.problem.plan_cost_model`); the search for
+the nearest plan is above the runtime (:func:`autopar.alternatives.nearest`), reached through
+:mod:`autopar.hooks` (docs/design.md, "Layer order").
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from .. import hooks
 from ..config import ParallelConfig, TrainingConfig
 from ..cost.model import CostModel
-from ..cost.types import Estimate
 from ..errors import AutoparError
-from ..frameworks import edits_text, get_profile, with_edits
+from ..frameworks import edits_text, with_edits
 from ..graph import hf
-from ..reestimate import cost_model
-from ..search.optimize import search
+from ..problem import plan_cost_model
 
 #: GB in the printed verdicts: 1e9 bytes (decimal, as GPU datasheets).
-_GB = 1e9
+GB = 1e9
 
 
 def _cost_model(plan, train: TrainingConfig, profile=None) -> CostModel:
     """Cost model of the plan's model (from ``plan.model_config``, or a Hugging Face preset
     rebuilt on meta from its name) and cluster under ``train``, as the plan-file loader builds
-    it (:func:`autopar.reestimate.cost_model`; graphs cached).
+    it (:func:`autopar.problem.plan_cost_model`; graphs cached).
 
     Raises:
         AutoparError: the model or cluster spec cannot be rebuilt.
     """
     config = dict(plan.model_config) if plan.model_config else None
-    return cost_model(config, plan.cluster, train, name=plan.model, profile=profile)
+    return plan_cost_model(config, plan.cluster, train, name=plan.model, profile=profile)
 
 
 def describe(c: ParallelConfig) -> str:
@@ -156,8 +156,8 @@ def verdict(plan, written: ParallelConfig, framework: str,
     once = f"once {needs}, " if needs else ""
     if same and refused is None:
         return [f"re-estimated under {profile.name}: {once}this file runs the plan as estimated "
-                f"({pe.step_time_s:.4g} s per step, {pe.memory_per_gpu_bytes / _GB:.1f} GB of "
-                f"{pe.memory_limit_bytes / _GB:.1f} GB per GPU)"], pe.fits
+                f"({pe.step_time_s:.4g} s per step, {pe.memory_per_gpu_bytes / GB:.1f} GB of "
+                f"{pe.memory_limit_bytes / GB:.1f} GB per GPU)"], pe.fits
     if not plan.model_config and plan.model not in hf.HF_PRESETS:
         return [f"not re-estimated: this file changes {', '.join(diffs) or 'the precision'} "
                 "and the plan has no model_config to rebuild the model from. Fix: plan from a "
@@ -175,9 +175,9 @@ def verdict(plan, written: ParallelConfig, framework: str,
     head = (f"re-estimated under {profile.name}, what this file runs"
             f"{' once ' + needs if needs else ''} ("
             f"{', '.join(what)}): "
-            f"{e.step_time_s:.4g} s per step ({_pct(e.step_time_s, pe.step_time_s)} vs the "
-            f"plan's {pe.step_time_s:.4g} s), {e.memory_per_gpu_bytes / _GB:.1f} GB per GPU "
-            f"(plan {pe.memory_per_gpu_bytes / _GB:.1f} GB) of {e.memory_limit_bytes / _GB:.1f}"
+            f"{e.step_time_s:.4g} s per step ({pct_text(e.step_time_s, pe.step_time_s)} vs the "
+            f"plan's {pe.step_time_s:.4g} s), {e.memory_per_gpu_bytes / GB:.1f} GB per GPU "
+            f"(plan {pe.memory_per_gpu_bytes / GB:.1f} GB) of {e.memory_limit_bytes / GB:.1f}"
             f" GB: " + ("fits" if e.fits else "DOES NOT FIT"))
     lines = [*edited, head]
     # the headroom warning of what the file runs (its memory differs from the plan's)
@@ -185,7 +185,8 @@ def verdict(plan, written: ParallelConfig, framework: str,
     if refused is not None:
         lines.append(f"{profile.name} cannot run it as written: {refused}")
     if not fits:
-        lines.append(nearest(cm, profile.name, pe))
+        # a search: done above the runtime (autopar.alternatives.nearest)
+        lines.append(hooks.call("nearest", cm, profile.name, pe))
     return lines, fits
 
 
@@ -194,31 +195,7 @@ def _strongest(recompute) -> str:
     return max(modes, key=("none", "selective", "selective-op", "full").index)
 
 
-def _pct(x: float, ref: float) -> str:
+def pct_text(x: float, ref: float) -> str:
+    """``x`` against ``ref`` as a signed percentage, e.g. ``"+12.5%"``; ``"n/a"`` when
+    ``ref`` is not positive."""
     return f"{100 * (x / ref - 1):+.1f}%" if ref > 0 else "n/a"
-
-
-def nearest(cm: CostModel, framework: str, planned: Estimate) -> str:
-    """The nearest plan ``framework`` can run, as one line: the best plan with the planned
-    degrees (tp, pp, cp, dp) if one fits under the framework, else the best plan of a new
-    search restricted to the framework (``optimize(..., TrainingConfig(framework=...))``).
-    """
-    c = planned.config
-    found = None
-    tries = [None]
-    if c.cp == 1 or get_profile(framework).cp_modes:   # the planned mesh is one it can run
-        tries.insert(0, dict(tp=c.tp, pp=c.pp, cp=c.cp, dp=c.dp))
-    for fixed in tries:
-        try:
-            found = search(cm, fixed, top_k=1).best
-            break
-        except AutoparError:
-            continue
-    if found is None:
-        return (f"no plan {framework} can run fits on this cluster (autopar searched with "
-                f"framework={framework!r}). Fix: more or larger GPUs, or a smaller batch")
-    return (f"nearest plan {framework} can run: {describe(found.config)}: "
-            f"{found.step_time_s:.4g} s per step ({_pct(found.step_time_s, planned.step_time_s)}"
-            f" vs the plan), {found.memory_per_gpu_bytes / _GB:.1f} GB per GPU. Fix: export "
-            f"that plan (autopar plan ... --framework {framework}, or "
-            f"autopar.optimize(..., TrainingConfig(..., framework={framework!r})))")

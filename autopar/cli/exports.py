@@ -1,0 +1,62 @@
+"""``autopar plan --export FRAMEWORK FILE``: the exporters it offers, the output paths checked
+before a search, and the export written with its verdict (what the file really runs)."""
+
+from __future__ import annotations
+
+import errno
+import importlib.util
+import os
+from pathlib import Path
+
+from ..errors import InvalidTrainingConfig, MissingDependency, output_error
+
+
+#: ``--export`` targets: framework -> Plan method.
+EXPORTERS = {"megatron": "to_megatron_args", "torchtitan": "to_torchtitan_toml",
+             "deepspeed": "to_deepspeed_config"}
+
+
+def check_outputs(args) -> None:
+    """Fail before any search on what would fail after it: an unknown ``--export`` framework,
+    an output path in a folder that does not exist or cannot be written, ``--plot`` without
+    matplotlib.
+
+    Raises:
+        InvalidTrainingConfig, OutputError, MissingDependency: as :func:`export_plan`, the plan
+            writer and the plot would.
+    """
+    export = getattr(args, "export", None)
+    if export and export[0] not in EXPORTERS:
+        raise InvalidTrainingConfig(f"--export {export[0]!r}: autopar exports to "
+                                    f"{', '.join(EXPORTERS)}. Fix: e.g. --export megatron args.txt")
+    paths = [getattr(args, "out", None), export[1] if export else None,
+             getattr(args, "plot", None)]
+    for path in filter(None, paths):
+        folder = Path(path).resolve().parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise output_error(path, OSError(errno.ENOENT if not folder.is_dir() else errno.EACCES,
+                                             "no such folder" if not folder.is_dir()
+                                             else "folder not writable"))
+    if getattr(args, "plot", None) and importlib.util.find_spec("matplotlib") is None:
+        raise MissingDependency("--plot needs matplotlib, which is not installed. Fix: pip "
+                                "install \"autopar[plot]\" (or pip install matplotlib).")
+
+
+def export_plan(args, plan) -> dict | None:
+    """Write ``--export FRAMEWORK FILE``; returns what was written and its verdict.
+
+    Raises:
+        InvalidTrainingConfig: an unknown framework; OutputError: FILE cannot be written.
+    """
+    if not args.export:
+        return None
+    framework, path = args.export
+    if framework not in EXPORTERS:
+        raise InvalidTrainingConfig(f"--export {framework!r}: autopar exports to "
+                                    f"{', '.join(EXPORTERS)}. Fix: e.g. --export megatron args.txt")
+    ex = getattr(plan, EXPORTERS[framework])()
+    try:
+        Path(path).write_text(ex.text())
+    except OSError as exc:
+        raise output_error(path, exc) from exc
+    return {"framework": framework, "file": path, "fits": ex.fits, "warnings": list(ex.warnings)}

@@ -1,0 +1,205 @@
+"""The ``autopar`` command's argument parser: the flags of ``plan``, ``estimate``, ``explain`` and
+``models`` (``calibrate`` and ``measure``: :mod:`autopar.cli.measure_cmds`), their argparse types,
+and one-line errors for bad flags. The full flag reference is docs/cli.md."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+
+from ..config import FRAMEWORKS, OPTIMIZER_STATE_DTYPES, RECOMPUTE_MODES, SCHEDULES
+from . import measure_cmds
+from .exports import EXPORTERS
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a positive finite number."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive finite number")
+    return v
+
+
+def _common(p: argparse.ArgumentParser, plot: str) -> None:
+    p.add_argument("--model", default=None,
+                   help="preset name (see `autopar models`) or a JSON file with a model dict")
+    p.add_argument("--cluster", default=None,
+                   help="cluster spec NODESxGPUSxGPU[+NICSxLINK] or TOTALxGPU, e.g. 4x8xA100-80GB "
+                   "(required, except with estimate --plan)")
+    p.add_argument("--global-batch", type=int, default=None,
+                   help="sequences per optimizer step (default: ~4M tokens, a multiple of GPUs, "
+                        "at most 16M tokens; a note states it)")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="tokens per sequence (default: the model's)")
+    p.add_argument("--precision", default=None, choices=["bf16", "fp16", "fp32", "fp8"],
+                   help="training precision (default bf16)")
+    p.add_argument("--no-flash-attention", action="store_true",
+                   help="model attention as the unfused path (stores s x s scores)")
+    p.add_argument("--optimizer-offload", action="store_true",
+                   help="optimizer states and step on the CPU (ZeRO-Offload): no GPU memory")
+    p.add_argument("--optimizer-state-dtype", default=None, choices=list(OPTIMIZER_STATE_DTYPES),
+                   help="dtype of Adam's moments (default fp32)")
+    p.add_argument("--framework", default=None, choices=list(FRAMEWORKS),
+                   help="what will run the plan (default torch: plan.apply; megatron with "
+                   "--megatron-args, torchtitan with --torchtitan-toml); the search emits only "
+                   "plans it can run, an estimate says when it cannot run the configuration")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--plot", metavar="FILE.png", default=None,
+                   help=f"also draw {plot} to a PNG (needs matplotlib)")
+    p.add_argument("--tokens", type=positive_float, default=None,
+                   help="tokens of the whole training run, e.g. 2e12: prints days and GPU-hours")
+    p.add_argument("--price-per-gpu-hour", type=positive_float, default=None,
+                   help="rental price of one GPU for one hour (with --tokens: cost of the run), "
+                        "in --currency")
+    p.add_argument("--currency", default="USD",
+                   help="ISO 4217 code of --price-per-gpu-hour's currency, stated with the cost "
+                        "(default USD; autopar converts nothing)")
+    p.add_argument("--calibration", metavar="FILE", default=None,
+                   help="calibration file from `autopar calibrate` on the cluster's GPUs: its "
+                        "measurements replace the datasheet constants")
+
+
+def _parallel_flags(p: argparse.ArgumentParser, prefix: str = "", what: str = "") -> None:
+    dash = f"--{prefix}" if prefix else "--"
+    dest = prefix.replace("-", "_")
+    p.add_argument(f"{dash}tp", dest=f"{dest}tp", type=int, default=None,
+                   help=f"tensor-parallel degree{what}")
+    p.add_argument(f"{dash}pp", dest=f"{dest}pp", type=int, default=None,
+                   help=f"pipeline-parallel degree{what}")
+    p.add_argument(f"{dash}dp", dest=f"{dest}dp", type=int, default=None,
+                   help=f"data-parallel degree{what}")
+    p.add_argument(f"{dash}cp", dest=f"{dest}cp", type=int, default=None,
+                   help=f"context-parallel degree{what}")
+    p.add_argument(f"{dash}zero", dest=f"{dest}zero", type=int, default=None,
+                   choices=[0, 1, 2, 3], help=f"ZeRO stage{what}")
+    p.add_argument(f"{dash}recompute", dest=f"{dest}recompute", default=None,
+                   choices=list(RECOMPUTE_MODES),
+                   help=f"activation recomputation of every block{what}")
+    p.add_argument(f"{dash}sp", dest=f"{dest}sequence_parallel",
+                   action=argparse.BooleanOptionalAction, default=None,
+                   help=f"sequence parallelism on (with tp > 1) or off{what}")
+    p.add_argument(f"{dash}virtual-stages", dest=f"{dest}virtual_stages", type=int,
+                   default=None, help=f"interleaved 1F1B chunks per pipeline rank{what}")
+    p.add_argument(f"{dash}micro-batch", dest=f"{dest}micro_batch", type=int, default=None,
+                   help=f"sequences per micro-batch{what}")
+    p.add_argument(f"{dash}ep", dest=f"{dest}ep", type=int, default=None,
+                   help=f"expert-parallel degree of MoE layers{what}")
+    p.add_argument(f"{dash}expert-tp", dest=f"{dest}expert_tp", type=int, default=None,
+                   help=f"expert-tensor-parallel degree of MoE layers (MoE parallel folding; "
+                        f"default: tp){what}")
+    p.add_argument(f"{dash}schedule", dest=f"{dest}schedule", default=None,
+                   choices=list(SCHEDULES),
+                   help=f"pipeline schedule (torch.distributed.pipelining's){what}")
+
+
+def int_at_least(low: int):
+    """argparse type: an int >= ``low``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{text!r} must be >= {low}")
+        return value
+    return parse
+
+
+_non_negative_int = int_at_least(0)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with errors in one line: the problem, the closest option for a misspelt one,
+    and where the full list is (argparse's default prints the whole usage, ~30 lines for
+    ``plan``, before the one line that matters)."""
+
+    def error(self, message):
+        hint = ""
+        if message.startswith("unrecognized arguments:"):
+            known = _option_strings(self)
+            close = [m for tok in message.split(":", 1)[1].split() if tok.startswith("-")
+                     for m in difflib.get_close_matches(tok.split("=")[0], known, n=1)]
+            if close:
+                hint = f" Did you mean {', '.join(close)}?"
+        self.exit(2, f"{self.prog}: error: {message}.{hint} Fix: see '{self.prog} --help' "
+                     "for the options.\n")
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    """Every --option of ``parser`` and its subcommands."""
+    out = []
+    for action in parser._actions:
+        out += [o for o in action.option_strings if o.startswith("--")]
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out += _option_strings(sub)
+    return sorted(set(out))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``autopar`` command."""
+    ap = _Parser(prog="autopar", description="Plan parallel training of "
+                 "transformers on GPU clusters.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("plan", help="search the fastest plan that fits")
+    _common(p, "the schedule of one step, memory per stage and the Pareto front")
+    _parallel_flags(p, what=" (pinned; the rest is searched)")
+    _search_flags(p)
+    p.add_argument("--out", default=None, help="write the plan JSON to this file")
+    p.add_argument("--export", nargs=2, metavar=("FRAMEWORK", "FILE"), default=None,
+                   help=f"also write the plan for a framework ({', '.join(EXPORTERS)}: Megatron-LM"
+                   " arguments, torchtitan TOML, DeepSpeed JSON) to FILE and print what that "
+                   "file really runs (re-estimated; the nearest runnable plan when it does not "
+                   "fit)")
+    _parallel_flags(p, "compare-", " of a hand-tuned plan to set against the best")
+    e = sub.add_parser("estimate", help="judge one configuration, with an OOM verdict and fixes")
+    _common(e, "the schedule of one step and memory per stage")
+    _parallel_flags(e, what=" (overrides --megatron-args / --torchtitan-toml)")
+    e.add_argument("--placement", default=None, metavar="DIMS",
+                   help="rank placement, innermost first, e.g. tp,cp,dp,pp (the default)")
+    e.add_argument("--cp-mode", default=None, choices=["ring", "ulysses", "allgather"],
+                   help="how context parallelism exchanges K/V (default ring)")
+    e.add_argument("--megatron-args", default=None, metavar="ARGS",
+                   help="Megatron-LM arguments as one string, e.g. \"--tensor-model-parallel-size 4 "
+                   "--pipeline-model-parallel-size 2 --sequence-parallel\"")
+    e.add_argument("--torchtitan-toml", default=None, metavar="FILE",
+                   help="torchtitan job TOML ([parallelism], [activation_checkpoint], [training])")
+    e.add_argument("--plan", default=None, metavar="FILE",
+                   help="re-estimate a plan file's configuration (e.g. after editing it); its "
+                   "model, cluster and training config are used unless flags are given")
+    x = sub.add_parser("explain", help="why the best plan beats the usual alternatives")
+    _common(x, "the step time of each compared plan by component")
+    _parallel_flags(x, what=" (pinned in the searched best plan)")
+    _search_flags(x)
+    _parallel_flags(x, "compare-", " of a hand-tuned plan to explain too")
+    mo = sub.add_parser("models", help="list model presets with their size and shape")
+    mo.add_argument("--json", action="store_true", help="print the presets as JSON on stdout")
+    measure_cmds.add_parsers(sub, positive_float, int_at_least)
+    return ap
+
+
+def _search_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--time-limit", type=positive_float, default=None,
+                   help="seconds to search before returning the best so far")
+    p.add_argument("--top-k", type=_non_negative_int, default=5,
+                   help="alternatives to show (default 5)")
+    p.add_argument("--memory-margin", type=_margin, default=None, metavar="FRACTION",
+                   help="keep this fraction of each GPU's memory free for the memory model's "
+                   "error (0 to 0.5; default 0.12, the measured band: peaks were within 11%% of "
+                   "their predictions for 68%% of 28 runs): plans use at most 1 - FRACTION of "
+                   "it by prediction; 0 plans to the last byte")
+
+
+def _margin(text: str) -> float:
+    from ..search.margin import MAX_MEMORY_MARGIN
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= MAX_MEMORY_MARGIN:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a fraction in [0, {MAX_MEMORY_MARGIN}] (e.g. 0.1 keeps 10% free)")
+    return value
