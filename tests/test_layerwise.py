@@ -410,7 +410,7 @@ def test_per_rank_solver_equals_enumerating_every_mode_count(sigs, frac):
     """The per-rank solver (any subset of the four modes, in any order of cost, equal costs
     included) finds the least time, then the least memory, of every count vector per
     (signature, mode) within the budget."""
-    from autopar.search import cuts
+    from autopar.search import rank_dp
     sigs, budget = _solver_problem(sigs, frac)
     best = None
     for combo in itertools.product(*(list(itertools.combinations_with_replacement(modes, k))
@@ -421,9 +421,9 @@ def test_per_rank_solver_equals_enumerating_every_mode_count(sigs, frac):
             best = (time, memory)
     per = []
     for k, t, a, modes in sigs:
-        chain = cuts._chain(modes, t, a)
+        chain = rank_dp.chain(modes, t, a)
         per.append((k, [t[m] for m in chain], [a[m] for m in chain], lambda c: c))
-    got = cuts._combine(per, budget)
+    got = rank_dp.combine(per, budget)
     assert (got is None) == (best is None)
     if got is not None:
         assert got[0] == pytest.approx(best[0], rel=1e-12)

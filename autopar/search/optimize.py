@@ -34,7 +34,9 @@ from ..config import ParallelConfig
 from ..errors import AutoparError, InfeasibleError, InvalidParallelConfig
 from . import space
 from .diagnose import infeasible_error, no_mesh_error
-from .phases import Progress, Run, coarse, lower_bound, mesh_groups, refine
+from .bounds import lower_bound
+from .groups import mesh_groups
+from .phases import Progress, Run, coarse, refine
 from .ranking import one_per_kind, ranked
 
 __all__ = ["SearchResult", "search", "Progress"]
@@ -56,6 +58,10 @@ class SearchResult:
         complete: False when a time limit or Ctrl-C stopped the search (best so far returned).
         gap: relative optimality gap of ``best``: 0 when complete, else
             (best - smallest lower bound left unexplored) / best.
+        assignments: per-rank recomputations solved by the OR-Tools CP-SAT model
+            (:mod:`autopar.search.recompute`: ranks of mixed blocks where memory binds).
+        assignment_gap: the largest relative gap (found - bound) / found of those assignments
+            when CP-SAT's work limit ended one before it proved it optimal; 0 when all were.
     """
 
     best: Estimate
@@ -66,6 +72,8 @@ class SearchResult:
     wall_s: float
     complete: bool
     gap: float = 0.0
+    assignments: int = 0
+    assignment_gap: float = 0.0
 
 
 def search(cm: CostModel, fixed: dict | None = None, *, time_limit_s: float | None = None,
@@ -202,7 +210,8 @@ def _search(cm: CostModel, fixed: dict | None, *, time_limit_s: float | None, to
     return SearchResult(best=best, top=tuple(one_per_kind(order)[:top_k]), pareto=tuple(pareto),
                         evaluated=run.evaluated, meshes=len(groups),
                         wall_s=time.monotonic() - t0, complete=run.complete,
-                        gap=gap if math.isfinite(gap) else 1.0)
+                        gap=gap if math.isfinite(gap) else 1.0,
+                        assignments=run.log.solves, assignment_gap=run.log.gap)
 
 
 

@@ -1,18 +1,21 @@
 """The search's phases, as functions over one :class:`Run` (used by the driver in
 :mod:`autopar.search.optimize` and by :mod:`autopar.search.diagnose`).
 
-- :func:`mesh_groups`: every (mesh, micro-batch, SP, EP) group with a lower bound on its step
-  time, best first.
+- :func:`autopar.search.groups.mesh_groups`: every (mesh, micro-batch, SP, EP) group with a
+  lower bound on its step time, best first (re-exported here, as are the bounds of
+  :mod:`autopar.search.bounds`).
 - :func:`coarse` (phase 1): per group, every schedule, interleaving degree and ZeRO stage with
   the default placement, CP mode and balanced cuts.
 - :func:`refine` (phase 2): per candidate, other placements, CP modes and stage cuts.
 - :func:`first_fit`: phase 1 until one configuration fits (the diagnosis's probe).
+
+Every rank's per-block recomputation goes through :func:`autopar.search.cuts.rank_recompute`
+(CP-SAT where a rank's blocks differ and memory binds); :attr:`Run.log` counts those solves.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import itertools
 import math
 import time
@@ -24,11 +27,15 @@ from ..cost.model import CostModel
 from ..cost.types import Estimate
 from ..errors import AutoparError, InvalidParallelConfig
 from ..frameworks import FrameworkProfile
-from ..hardware.collectives import layout_of
 from . import space
 from .ranking import TIE_RTOL, better, kind_key, more_frugal, ranked
 from .cuts import dp_cut, rank_recompute, some_cut_fits
+from .recompute import SolveLog
 from .stages import best_recompute, cut_candidates
+# the bounds and the groups live in their own modules; their names stay importable from here
+from .bounds import (BOUND_RTOL, beyond, compute_bound, compute_sum, layer_sum,  # noqa: F401
+                     lower_bound, recompute_free_bound)
+from .groups import MeshGroups, mesh_groups  # noqa: F401
 
 Progress = Callable[[str, int, int, "Estimate | None"], None]
 
@@ -60,6 +67,7 @@ class Run:
         self.cut_memo: dict = {}   # stage-interval times shared by dp_cut calls
         self.free_bounds: dict = {}   # recompute_free_bound shared by ZeRO stages (beyond)
         self.layerwise = True      # per-block recompute and uneven cuts (SpaceLimits.layerwise)
+        self.log = SolveLog()      # the CP-SAT rank models solved (per-block recomputation)
 
     def expired(self) -> bool:
         # before any plan exists the limit binds only once the most promising group has been
@@ -110,219 +118,6 @@ class Run:
             if self.best is None or better(e, self.best):
                 self.best = e
         return e
-
-
-def layer_sum(cm: CostModel, c: ParallelConfig) -> float:
-    """Sum over all layers of one micro-batch's forward + backward without recomputation
-    (without the expert-parallel all-to-alls where the framework can hide them, see
-    :attr:`autopar.frameworks.FrameworkProfile.overlaps_ep_comm`)."""
-    total = 0.0
-    counts: dict[str, list] = {}
-    for layer in cm.graph.layers:
-        counts.setdefault(layer.signature, [layer.index, 0])[1] += 1
-    hide = c.ep > 1 and bool(cm.profile.overlaps_ep_comm)
-    for li, n in counts.values():
-        bc = cm.block_cost(li, "none", c)
-        total += n * (bc.fwd_s + bc.bwd_s - (bc.ep_s if hide else 0.0))
-    return total
-
-
-def lower_bound(cm: CostModel, c: ParallelConfig) -> float:
-    """Lower bound on the step time of any completion of the resolved config ``c``."""
-    m = cm.train.global_batch_size // (c.dp * c.micro_batch_size)
-    return m * layer_sum(cm, c) / c.pp
-
-
-def compute_sum(cm: CostModel, c: ParallelConfig) -> float:
-    """Sum over all layers of one micro-batch's forward + backward compute (no communication,
-    no recomputation): at most :func:`layer_sum` (which adds non-negative collective times
-    to the same per-layer compute), and independent of placement and CP mode."""
-    total = 0.0
-    counts: dict[str, list] = {}
-    for layer in cm.graph.layers:
-        counts.setdefault(layer.signature, [layer.index, 0])[1] += 1
-    for li, n in counts.values():
-        lt = cm.layer_time(li, c.micro_batch_size, c.tp, c.cp, c.sequence_parallel)
-        total += n * (lt.fwd_s + lt.bwd_s)
-    return total
-
-
-class MeshGroups:
-    """The (mesh, micro-batch, SP, EP) groups of a search, best first by their lower bound
-    (:func:`lower_bound`, least over placements and CP modes), as (bound, tie-break key, base
-    fields).
-
-    The order is that of sorting every group by (bound, key), but a group's bound is computed
-    only when it could come next: groups wait in a heap under a cheaper bound that never
-    exceeds it (:func:`compute_sum` in place of :func:`layer_sum`); the least entry is
-    replaced by its own bound until the least one is exact (best-first search with an
-    admissible estimate, Hart, Nilsson and Raphael 1968). A search that stops at a bar never
-    prices the groups beyond it. ``len()`` counts the groups with a valid configuration.
-    """
-
-    def __init__(self, cm: CostModel, fixed: dict, entries: list):
-        self._cm, self._fixed, self._entries = cm, fixed, entries
-        self._sums: dict[tuple, float] = {}
-        self._layouts: dict[tuple, tuple] = {}
-
-    def _bound(self, base: dict, modes: tuple[str, ...]) -> float:
-        """The group's bound: least :func:`lower_bound` over placements and CP modes, each
-        :func:`layer_sum` shared by configurations whose layers cost the same:
-        :meth:`CostModel.block_cost` depends on the configuration only through tp, cp, SP,
-        micro-batch, CP mode, ep and the TP, CP and EP process groups, and a group's collective
-        times and link class only through where its ranks sit
-        (:func:`autopar.hardware.collectives.layout_of`, what
-        :meth:`autopar.hardware.Cluster.collective_time` prices), not on dp, pp or the
-        placement as such. Where the ranks sit depends on the mesh and placement only
-        (:meth:`CostModel.group`), so it is found once per (mesh, ep, placement) and a
-        configuration is built and resolved only for a new layer sum (resolving keeps the
-        degrees, micro-batch, SP, CP mode and a given placement)."""
-        cm = self._cm
-        per_node = cm.cluster.gpus_per_node
-        tp, cp, pp, dp, ep = (base[k] for k in ("tp", "cp", "pp", "dp", "ep"))
-        etp = base.get("expert_tp")
-        b, sp = base["micro_batch_size"], base["sequence_parallel"]
-        m = cm.train.global_batch_size // (dp * b)
-        best = math.inf
-        for placement in space.placements(base, self._fixed):
-            mesh = (tp, cp, dp, pp, ep, etp, placement)
-            where = self._layouts.get(mesh)
-            if where is None:
-                c0 = ParallelConfig(**base, placement=placement, cp_mode=modes[0])
-                where = self._layouts[mesh] = tuple(
-                    layout_of(cm.group(d, c0).ranks, per_node) for d in ("tp", "cp", "ep", "etp"))
-            for mode in modes:
-                key = (tp, cp, sp, b, mode, ep, etp, *where)
-                total = self._sums.get(key)
-                if total is None:
-                    c = cm.resolve(ParallelConfig(**base, placement=placement, cp_mode=mode))
-                    total = self._sums[key] = layer_sum(cm, c)
-                best = min(best, m * total / pp)
-        return best
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __iter__(self):
-        heap = [(cheap, key, False, i) for i, (cheap, key, _base, _modes)
-                in enumerate(self._entries)]
-        heapq.heapify(heap)
-        while heap:
-            bound, key, exact, i = heapq.heappop(heap)
-            _cheap, _key, base, modes = self._entries[i]
-            if exact:
-                yield bound, key, base
-                continue
-            heapq.heappush(heap, (self._bound(base, modes), key, True, i))
-
-
-def mesh_groups(cm: CostModel, fixed: dict, limits) -> MeshGroups:
-    """Every (mesh, micro-batch, SP, EP) group with a valid configuration, best first by a
-    lower bound on its step time (:class:`MeshGroups`; a rank placement never makes a
-    configuration invalid, so validity is checked over CP modes only)."""
-    train, g = cm.train, cm.graph
-    profile = cm.profile
-    entries = []
-    for tp, cp, pp, dp in space.meshes(g, cm.cluster, train, fixed, limits, profile):
-        sps = space.sequence_parallel_options(tp, fixed, profile, train.seq_len, cp,
-                                              moe=g.num_experts > 0)
-        for b, sp, (ep, etp) in itertools.product(
-                space.micro_batches(train, dp, fixed, limits, pp), sps,
-                space.expert_options(g, tp, cp, dp, fixed, profile,
-                                     cm.cluster.gpus_per_node)):
-            base = dict(tp=tp, cp=cp, pp=pp, dp=dp, micro_batch_size=b, sequence_parallel=sp,
-                        ep=ep, expert_tp=etp)
-            placement = space.placements(base, fixed)[0]
-            modes, c = [], None
-            for mode in space.cp_modes(g, base, fixed, profile):
-                try:
-                    c = cm.resolve(ParallelConfig(**base, placement=placement, cp_mode=mode))
-                except InvalidParallelConfig:
-                    continue
-                modes.append(mode)
-            if modes:
-                m = train.global_batch_size // (dp * b)
-                entries.append((m * compute_sum(cm, c) / pp,
-                                (tp, cp, pp, dp, b, sp, ep, etp or 0), base, tuple(modes)))
-    return MeshGroups(cm, fixed, entries)
-
-
-#: Relative margin by which a lower bound must exceed the bar before a configuration is skipped
-#: (covers the rounding of ``step - dp_exposed`` and of the closed-form/simulated pipeline
-#: switch; far above float noise, far below any difference the search acts on).
-BOUND_RTOL = 1e-6
-
-
-def recompute_free_bound(cm: CostModel, c: ParallelConfig) -> float:
-    """Lower bound (seconds) on the step time of the resolved config ``c`` under any
-    recomputation: the pipelined time without recomputation plus the optimizer step.
-
-    Recomputation only adds time to a block (its recomputed forward, and the repeated TP
-    collectives under full recomputation: :meth:`CostModel.block_cost`), the pipeline is
-    monotone in every stage duration (closed form of Narayanan et al. 2021, section 2.2, and
-    the max-plus event simulation of :func:`autopar.cost.pipeline.schedule.simulate_pipeline`), exposed
-    DP communication and the slowdown of the compute it overlaps are >= 0 and the optimizer
-    step does not depend on recomputation. So ``step(none) - dp_cost(none)`` (``dp_cost``:
-    exposed DP seconds plus that slowdown) bounds ``step(any recompute)`` from below. It costs the
-    time part of one estimate (:meth:`CostModel.step_without_dp_s`) where :func:`evaluate`
-    costs :func:`best_recompute` and an estimate. -inf when the configuration cannot be
-    estimated (the caller then evaluates it).
-    """
-    try:
-        return cm.step_without_dp_s(c if c.recompute == "none" else c.replace(recompute="none"))
-    except InvalidParallelConfig:
-        return -math.inf
-
-
-def compute_bound(cm: CostModel, c: ParallelConfig) -> float:
-    """Lower bound (seconds) on the step time of the resolved config ``c`` under any
-    recomputation: ``m`` times the busiest pipeline rank's forward + backward per micro-batch
-    without recomputation, the exposed TP and CP collectives included
-    (:meth:`CostModel.block_cost`), the expert all-to-alls (which a schedule may hide) and
-    pipeline sends left out. Each of the ``m``
-    micro-batches passes every rank once and a rank runs its work one piece after another, so
-    the pipelined time is at least this (Narayanan et al. 2021, section 2.2: ``m * max_i t_i``
-    is the steady state). Cheaper than :func:`recompute_free_bound`: cached per-layer costs
-    only, no estimate."""
-    m = cm.train.global_batch_size // (c.dp * c.micro_batch_size)
-    busiest = 0.0
-    for _layers, _chunks, groups, _all in cm.rank_layers(c.pp, c.stage_blocks):
-        rank = 0.0
-        for li, n in groups:
-            bc = cm.block_cost(li, "none", c)
-            rank += n * (bc.fwd_s + bc.bwd_s - bc.ep_s)
-        busiest = max(busiest, rank)
-    return m * busiest
-
-
-def beyond(run: Run, c: ParallelConfig, bar: float) -> tuple[bool, float]:
-    """(True, bound) when no recomputation can bring the resolved ``c`` to ``bar`` seconds
-    or below (:func:`compute_bound`, then :func:`recompute_free_bound`), so evaluating it
-    cannot change the result; (False, bound) otherwise (bound -inf when not computed: ``bar``
-    is inf)."""
-    if not math.isfinite(bar):
-        return False, -math.inf
-    lb = compute_bound(run.cm, c)
-    if lb > bar * (1 + BOUND_RTOL):
-        return True, lb
-    key = (tuple(v for f, v in c.__dict__.items() if f not in _NOT_IN_FREE_BOUND),
-           min(c.zero_stage, 1))
-    lb = run.free_bounds.get(key)
-    if lb is None:
-        lb = run.free_bounds[key] = recompute_free_bound(run.cm, c)
-    return lb > bar * (1 + BOUND_RTOL), lb
-
-
-#: Fields of a configuration that :func:`recompute_free_bound` does not read (it prices no
-#: recomputation and no exposed DP traffic), or reads only as "ZeRO-0 or not": the pipelined
-#: time does not depend on them (:meth:`CostModel.step_without_dp_s`) and the optimizer step
-#: updates ``params / (dp * cp)`` elements under every ZeRO stage >= 1 (Rajbhandari et al.
-#: 2020: the optimizer states are sharded from stage 1 on), all ``params`` under ZeRO-0. So
-#: :func:`beyond` computes the bound once for ZeRO-0 and once for stages 1-3 of a
-#: configuration; the stages' values differ by rounding only (``step - dp_exposed`` with
-#: different ``dp_exposed``, the sharded-DP copies counted in it), far inside
-#: :data:`BOUND_RTOL` (tests/test_search_speed_caches.py).
-_NOT_IN_FREE_BOUND = ("zero_stage", "recompute", "reshard_after_forward")
 
 
 def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
@@ -380,7 +175,7 @@ def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
                     and run.layerwise:
                 # the balanced cut does not fit: an uneven one may (fewer blocks where the
                 # embedding, the head or more in-flight micro-batches take memory)
-                cut = dp_cut(cm, c, allowed, run.cut_memo) if c.pp > 1 and some_cut_fits(
+                cut = dp_cut(cm, c, allowed, run.cut_memo, run.log) if c.pp > 1 and some_cut_fits(
                     cm, c, allowed) else None
                 if cut is not None and cut != c.stage_blocks:
                     e2 = evaluate(run, c.replace(stage_blocks=cut), fixed, allowed)
@@ -415,7 +210,7 @@ def refine(run: Run, c: ParallelConfig, fixed: dict, allowed) -> None:
                 cut_candidates(max(cm.graph.num_blocks, 1), cc.pp * cc.virtual_stages)
             if "stage_blocks" not in fixed and cc.virtual_stages == 1 and cc.pp > 1 \
                     and run.layerwise:
-                cut = dp_cut(cm, cc, allowed, run.cut_memo)
+                cut = dp_cut(cm, cc, allowed, run.cut_memo, run.log)
                 if cut is not None and cut not in cuts:
                     cuts.append(cut)
             for cut in cuts:
@@ -439,7 +234,7 @@ def evaluate(run: Run, c: ParallelConfig, fixed: dict, allowed,
     if "recompute" in fixed and isinstance(fixed["recompute"], tuple):
         modes = fixed["recompute"]
     else:
-        modes = best_recompute(run.cm, c, allowed)
+        modes = best_recompute(run.cm, c, allowed, run.log)
     if modes is None:  # nothing fits: still estimated, for the infeasibility report
         return run.estimate(c.replace(recompute=allowed[-1]))
     rc = modes[0] if modes and len(set(modes)) == 1 else (modes or "none")
@@ -505,7 +300,8 @@ def _keep_gathered(run: Run, e0: Estimate, modes: tuple[str, ...], allowed) -> E
             continue
         extra = sum(n * per_block[sig] for n, sig in zip(counts, by_sig))
         w, g, o = st.states
-        got = rank_recompute(cm, c, dataclasses.replace(st, states=(w + extra, g, o)), allowed)
+        got = rank_recompute(cm, c, dataclasses.replace(st, states=(w + extra, g, o)), allowed,
+                             run.log)
         if got is None:
             if len(counts) == 1:
                 break   # one kind of block: keeping more cannot fit either

@@ -1,120 +1,295 @@
-"""Per-block recomputation chosen by OR-Tools CP-SAT under each pipeline rank's memory.
+"""Per-block recomputation of one pipeline rank as an OR-Tools CP-SAT model.
 
-Not the search's own solver (that is :func:`autopar.search.cuts.rank_recompute`, exact, with
-every layer's transient and the optimizer step's temporaries, which this model leaves out): a
-CP-SAT formulation kept for its determinism test. Given a resolved configuration, choose for
-every decoder block one of ``modes`` (any of :data:`autopar.config.RECOMPUTE_MODES`; by default
-none / selective / full) so as to minimise the pipelined step time
-``m * max_i t_i + (sum_i t_i - max_i t_i) / v`` (see :mod:`autopar.cost.model`) subject to every
-rank's peak memory fitting the GPU. Identical blocks on a rank are interchangeable, so the model
-uses one integer per (rank, block signature, mode) counting how many blocks take that mode
-instead of one boolean per block: repeated layers are solved once.
+The search calls it (through :func:`autopar.search.cuts.rank_recompute`) for every rank whose
+blocks are of more than one kind (MoE blocks beside dense ones, leading dense layers, blocks
+that differ in cost) and whose blocks do not all fit in their fastest modes; ranks of one kind
+of block, and ranks where memory does not bind, are solved by the exact enumeration of
+:mod:`autopar.search.rank_dp` (O(blocks) for one kind: far faster than building and solving a
+model, which the speed targets need). Both give the same optimum (tests/test_issue24_search.py).
+
+The model (:class:`autopar.search.rankcost.RankCosts`: identical blocks are interchangeable, so
+one integer per (signature, mode) counts the blocks in that mode):
+
+- ``sum_m n[s, m] = blocks[s]``; ``u[s, m] = (n[s, m] > 0)`` where mode m's transient is above
+  the non-block layers' (``floor``);
+  ``cap = max(floor, max over used (s, m) of transient[s, m])``;
+- memory: ``sum n[s, m] * act[s, m] + cap <= limit - fixed bytes``;
+- objective, lexicographic as the enumeration's: least time ``sum n[s, m] * time[s, m]``
+  (solve 1), then among the assignments of that time the least memory, then the fewest blocks
+  in the strongest modes, signature by signature (solve 2 enumerates them; a third solve
+  minimises memory first when they are many).
+
+Integer scaling: seconds in picoseconds (rounded), bytes rounded down per term and the budget
+up (the integer model is a relaxation), and the chosen assignment is checked against the float
+budget; the rare pick that fails it (within a few bytes of the GPU's memory) is settled by the
+enumeration (:attr:`SolveLog.fallbacks` counts them). Deterministic: one worker, a fixed seed,
+and a deterministic work limit (:data:`LIMIT`), not wall time; when the limit ends solve 1
+early, its best assignment is returned with the proven bound and gap (:class:`RankAssignment`).
 """
 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
 from ..config import ParallelConfig
 from ..cost.model import CostModel
+from . import rank_dp
+from .rankcost import STRENGTH, RankCosts, rank_costs, slots
 
+#: Seconds per time unit of the integer model: picoseconds (block times are >= microseconds,
+#: so rounding never reorders assignments a float comparison tells apart).
+TIME_UNIT_S = 1e-12
+#: CP-SAT's deterministic work limit per solve (its ``max_deterministic_time``, in its own
+#: deterministic seconds): far above what the search's rank models need (about 1e-3).
+LIMIT = 10.0
+#: Largest number of equally fast assignments solve 2 enumerates before it minimises memory
+#: with a solve of its own.
+MAX_TIES = 64
 MODES = ("none", "selective", "full")
-_US = 1e6       # time unit of the integer model: microseconds (keeps sums far below 2**63)
-_KIB = 1024.0   # memory unit: KiB (rounded against us: activations up, budget down)
 
 
-def solve_recompute(cm: CostModel, c: ParallelConfig, *, time_limit_s: float = 5.0,
+@dataclass(frozen=True)
+class RankAssignment:
+    """A rank's per-block recomputation found by CP-SAT.
+
+    Attributes:
+        time_s: the blocks' forward + backward seconds per micro-batch.
+        peak_bytes: the blocks' activations (x in-flight) plus the rank's largest transient.
+        by_mode: per signature (:attr:`RankCosts.by_sig` order), blocks per mode.
+        optimal: whether CP-SAT proved it optimal within :data:`LIMIT`.
+        bound_s: the least block time CP-SAT proved possible (``time_s`` when optimal).
+        gap: ``(time_s - bound_s) / time_s``: 0 when optimal.
+    """
+
+    time_s: float
+    peak_bytes: float
+    by_mode: tuple[dict, ...]
+    optimal: bool
+    bound_s: float
+    gap: float
+
+
+class SolveLog:
+    """What one search's CP-SAT rank models did (owned by its run, surfaced in
+    :class:`autopar.search.optimize.SearchResult`): models solved, assignments the float
+    budget check sent to the enumeration, and the largest gap of an assignment used."""
+
+    def __init__(self) -> None:
+        self.solves = 0
+        self.fallbacks = 0
+        self.gap = 0.0
+
+    def record(self, got: RankAssignment | None) -> None:
+        self.solves += 1
+        if got is not None:
+            self.gap = max(self.gap, got.gap)
+
+
+def _solver(time_limit: float, workers: int) -> cp_model.CpSolver:
+    solver = cp_model.CpSolver()
+    solver.parameters.max_deterministic_time = float(time_limit)
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = 0
+    return solver
+
+
+def _float_value(rc: RankCosts, counts: list[dict]) -> tuple[float, float, bool]:
+    """(seconds, bytes at the peak, within the float budget) of per-signature ``counts``."""
+    time = acts = 0.0
+    cap = rc.floor_bytes
+    for (_k, t, a, tr), n in zip(rc.sigs, counts):
+        for m, cnt in n.items():
+            if cnt:
+                time += cnt * t[m]
+                acts += cnt * a[m]
+                cap = max(cap, tr[m])
+    return time, acts + cap, acts <= rc.budget_bytes - cap
+
+
+def _least_memory(rc: RankCosts, modes: tuple[str, ...]) -> list[dict] | None:
+    """An assignment within the float budget, or None: per transient cap, each block in its
+    least-memory mode under it (the feasibility answer of :func:`autopar.search.cuts.rank_fits`);
+    the hint and the fallback of a solve the work limit ends without a solution."""
+    for cap in rc.caps():
+        counts = []
+        for k, _t, a, tr in rc.sigs:
+            options = [m for m in modes if tr[m] <= cap]
+            if not options:
+                break
+            counts.append({min(options, key=lambda m: (a[m], -STRENGTH[m])): k})
+        else:
+            if _float_value(rc, counts)[2]:
+                return counts
+    return None
+
+
+def solve_rank(rc: RankCosts, modes: tuple[str, ...], *, time_limit: float = LIMIT,
+               workers: int = 1, log: SolveLog | None = None) -> RankAssignment | None:
+    """The fastest fitting per-block recomputation of the rank ``rc`` by CP-SAT (module
+    docstring): ties in time to less memory, then to fewer blocks in the strongest modes.
+
+    Args:
+        rc: the rank's problem (:func:`autopar.search.rankcost.rank_costs`); its
+            ``step_fits`` is the caller's to check.
+        modes: the modes a block may take, weakest first.
+        time_limit: CP-SAT's deterministic work limit per solve.
+        workers: CP-SAT search workers (1: deterministic).
+        log: where the solve is counted (a search's :class:`SolveLog`).
+
+    Returns:
+        The assignment, or None when nothing fits. Raises nothing of its own.
+    """
+    got = _solve(rc, modes, time_limit, workers)
+    if got is _UNSETTLED:
+        # the integer optimum is over the float budget by rounding: the enumeration settles it
+        exact = rank_dp.solve(rc, modes)
+        got = None if exact is None else RankAssignment(exact[0], exact[1], exact[2], True,
+                                                        exact[0], 0.0)
+        if log is not None:
+            log.fallbacks += 1
+    if log is not None:
+        log.record(got)
+    return got
+
+
+#: What :func:`_solve` returns when its optimum fails the float budget check.
+_UNSETTLED = object()
+
+
+def _solve(rc: RankCosts, modes: tuple[str, ...], time_limit: float, workers: int):
+    """:func:`solve_rank`'s model and solves; :data:`_UNSETTLED` when the integer optimum is
+    not within the float budget."""
+    model = cp_model.CpModel()
+    floor_int = math.floor(rc.floor_bytes)
+    big = max([floor_int] + [math.floor(tr[m]) for _k, _t, _a, tr in rc.sigs for m in modes])
+    cap = model.NewIntVar(floor_int, big, "cap")
+    n, time_terms, mem_terms, tops = [], [], [], [floor_int]
+    for s, (k, t, a, tr) in enumerate(rc.sigs):
+        ns = {m: model.NewIntVar(0, k, f"n{s}{m}") for m in modes}
+        model.Add(sum(ns.values()) == k)
+        for m in modes:
+            if math.floor(tr[m]) > floor_int:   # raises the cap: used[s, m] = (n[s, m] > 0)
+                used = model.NewBoolVar(f"u{s}{m}")
+                model.Add(ns[m] >= used)
+                model.Add(ns[m] <= k * used)
+                tops.append(math.floor(tr[m]) * used)
+            time_terms.append(round(t[m] / TIME_UNIT_S) * ns[m])
+            mem_terms.append(math.floor(a[m]) * ns[m])
+        n.append(ns)
+    model.AddMaxEquality(cap, tops)
+    memory = sum(mem_terms) + cap
+    model.Add(memory <= math.ceil(rc.budget_bytes))
+    time = sum(time_terms)
+    hint = _least_memory(rc, modes)
+    if hint is not None:
+        for ns, h in zip(n, hint):
+            for m in modes:
+                model.AddHint(ns[m], h.get(m, 0))
+    model.Minimize(time)
+    solver = _solver(time_limit, workers)
+    status = solver.Solve(model)
+    if status == cp_model.INFEASIBLE or (status == cp_model.UNKNOWN and hint is None):
+        return None
+    unit = TIME_UNIT_S
+    if status != cp_model.OPTIMAL:
+        # the work limit ended it: the best assignment found (or the hint) with its gap
+        options = [hint] if hint is not None else []
+        if status == cp_model.FEASIBLE and _float_value(rc, _values(solver, n))[2]:
+            options.append(_values(solver, n))
+        if not options:
+            return _UNSETTLED
+        counts = min(options, key=lambda cnt: _float_value(rc, cnt)[0])
+        got_s, peak, _fits = _float_value(rc, counts)
+        # every block in its fastest mode is a bound too (before CP-SAT has proved one)
+        fastest = sum(k * min(t[m] for m in modes) for k, t, _a, _tr in rc.sigs)
+        proved = solver.BestObjectiveBound() * unit if status == cp_model.FEASIBLE else 0.0
+        bound_s = min(got_s, max(fastest, proved))
+        return RankAssignment(got_s, peak, tuple(counts), False, bound_s,
+                              (got_s - bound_s) / got_s if got_s > 0 else 0.0)
+    best_time = round(solver.ObjectiveValue())
+    model.ClearObjective()
+    model.ClearHints()
+    model.Add(time == best_time)
+    counts = _tied(model, n, rc, modes, memory, time_limit, workers)
+    if counts is None:
+        return _UNSETTLED
+    got_s, peak, _fits = _float_value(rc, counts)
+    return RankAssignment(got_s, peak, tuple(counts), True, got_s, 0.0)
+
+
+def _values(solver: cp_model.CpSolver, n: list[dict]) -> list[dict]:
+    return [{m: solver.Value(v) for m, v in ns.items()} for ns in n]
+
+
+def _order_key(rc: RankCosts, modes: tuple[str, ...], counts: list[dict]) -> tuple:
+    """(bytes at the peak, blocks per mode strongest first, signature by signature)."""
+    strong = tuple(reversed(modes))
+    return (_float_value(rc, counts)[1],
+            tuple(tuple(n.get(m, 0) for m in strong) for n in counts))
+
+
+def _tied(model, n, rc: RankCosts, modes, memory, time_limit: float,
+          workers: int) -> list[dict] | None:
+    """Of the assignments of the least time (constrained in ``model``), the one within the
+    float budget of least memory, then fewest blocks in the strongest modes; None when none is
+    within the float budget."""
+    found: list[list[dict]] = []
+
+    class Collect(cp_model.CpSolverSolutionCallback):
+        def on_solution_callback(self) -> None:
+            found.append([{m: self.Value(v) for m, v in ns.items()} for ns in n])
+            if len(found) > MAX_TIES:
+                self.StopSearch()
+
+    solver = _solver(time_limit, workers)
+    solver.parameters.enumerate_all_solutions = True
+    status = solver.Solve(model, Collect())
+    if len(found) > MAX_TIES or status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        # many ties: the least memory by a solve of its own, then enumerate those
+        model.Minimize(memory)
+        solver = _solver(time_limit, workers)
+        if solver.Solve(model) != cp_model.OPTIMAL:
+            return None
+        model.ClearObjective()
+        model.Add(memory == round(solver.ObjectiveValue()))
+        found.clear()
+        solver = _solver(time_limit, workers)
+        solver.parameters.enumerate_all_solutions = True
+        solver.Solve(model, Collect())
+    fits = [c for c in found if _float_value(rc, c)[2]]
+    return min(fits, key=lambda c: _order_key(rc, modes, c)) if fits else None
+
+
+def solve_recompute(cm: CostModel, c: ParallelConfig, *, time_limit_s: float = LIMIT,
                     workers: int = 1, modes: tuple[str, ...] = MODES) -> tuple[str, ...] | None:
-    """Per-block recompute modes for the resolved config ``c``, or None if none fits.
+    """Per-block recompute modes for the resolved config ``c`` with every pipeline rank solved
+    by the CP-SAT model (:func:`solve_rank`) whatever its blocks; None if some rank cannot fit.
 
     Args:
         cm: the cost model (supplies per-block costs and per-rank layouts).
         c: a resolved configuration (its own ``recompute`` field is ignored).
-        time_limit_s: CP-SAT wall-clock limit.
+        time_limit_s: CP-SAT's deterministic work limit per solve.
         workers: CP-SAT search workers; 1 keeps the search deterministic.
-        modes: the modes blocks may take, weakest first ("none", a partial mode, "full").
+        modes: the modes blocks may take (any of :data:`autopar.config.RECOMPUTE_MODES`).
 
     Returns:
-        One mode per decoder block in model order, or None when even full recomputation of
-        every block does not fit.
+        One mode per decoder block in model order, or None when no choice fits.
     """
-    layout = cm.stage_layout(c)
-    m = cm.train.global_batch_size // (c.dp * c.micro_batch_size)
-    v = c.virtual_stages
-    p = cm.params
-    limit = cm.device.visible_memory_bytes
-    reserved = limit - p.usable_memory(limit)
-    if any(_fixed_memory(cm, c, st, reserved) > limit for st in layout):
-        return None   # a rank's states and fixed layers alone exceed the GPU (no model needed)
-    model = cp_model.CpModel()
-    rank_time = []
-    horizons: list[int] = []
-    groups: list[tuple[int, str, list[int], dict]] = []  # (rank, sig, block indices, vars)
-    for rank, st in enumerate(layout):
-        fixed_time = st.p2p_s
-        fixed_mem = _fixed_memory(cm, c, st, reserved)
-        by_sig: OrderedDict[str, list[int]] = OrderedDict()
-        for li in st.layers:
-            layer = cm.graph.layers[li]
-            if layer.kind == "block":
-                by_sig.setdefault(layer.signature, []).append(li)
-            else:
-                bc = cm.block_cost(li, "none", c)
-                fixed_time += bc.fwd_s + bc.bwd_s
-        time_terms, mem_terms = [], []
-        transient = 0.0
-        any_rc = model.NewBoolVar(f"rc{rank}")
-        for gi, (sig, idx) in enumerate(by_sig.items()):
-            n = {mode: model.NewIntVar(0, len(idx), f"n{rank}_{gi}_{mode}") for mode in modes}
-            model.Add(sum(n.values()) == len(idx))
-            model.Add(sum(n[x] for x in modes if x != "none") <= len(idx) * any_rc)
-            for mode in modes:
-                bc = cm.block_cost(idx[0], mode, c)
-                time_terms.append(round((bc.fwd_s + bc.bwd_s) * _US) * n[mode])
-                mem_terms.append(math.ceil(bc.act_bytes * st.flight / _KIB) * n[mode])
-                transient = max(transient, bc.transient_bytes)
-            groups.append((rank, sig, idx, n))
-        budget = math.floor((limit - fixed_mem) / _KIB)
-        if budget < 0:
+    allowed = slots(modes)
+    chosen: dict[int, str] = {}
+    for st in cm.stage_layout(c):
+        rc = rank_costs(cm, c, st, allowed)
+        if not rc.step_fits:
             return None
-        model.Add(sum(mem_terms) + math.ceil(transient / _KIB) * any_rc <= budget)
-        horizon = round(fixed_time * _US) + sum(
-            len(idx) * round(max(cm.block_cost(idx[0], mode, c).fwd_s
-                                 + cm.block_cost(idx[0], mode, c).bwd_s for mode in modes) * _US)
-            for _r, _s, idx, _n in groups if _r == rank)
-        horizons.append(horizon)
-        t = model.NewIntVar(0, horizon, f"t{rank}")
-        model.Add(t == round(fixed_time * _US) + sum(time_terms))
-        rank_time.append(t)
-    t_max = model.NewIntVar(0, max(1, sum(horizons)), "tmax")
-    model.AddMaxEquality(t_max, rank_time)
-    # v * T_pipe = (m v - 1) * t_max + sum_i t_i : minimising it minimises the step time
-    model.Minimize((m * v - 1) * t_max + sum(rank_time))
-    solver = cp_model.CpSolver()
-    # a deterministic work limit (not wall-clock) keeps the answer independent of machine load
-    solver.parameters.max_deterministic_time = float(time_limit_s)
-    solver.parameters.num_search_workers = workers
-    solver.parameters.random_seed = 0
-    status = solver.Solve(model)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None
-    chosen = {}
-    for _rank, _sig, idx, n in groups:
-        counts = {mode: solver.Value(n[mode]) for mode in modes}
-        order = [x for x in reversed(modes) for _ in range(counts[x])]  # strongest first
-        for li, mode in zip(idx, order):
-            chosen[li] = mode
+        if not rc.by_sig:
+            if rc.fixed_bytes + rc.floor_bytes > rc.limit_bytes:
+                return None
+            continue
+        got = solve_rank(rc, allowed, time_limit=time_limit_s, workers=workers)
+        if got is None:
+            return None
+        chosen.update(rc.modes_of(got.by_mode))
     return tuple(chosen[li] for li in cm.blocks)
-
-
-def _fixed_memory(cm: CostModel, c: ParallelConfig, st, reserved: float) -> float:
-    """Bytes a pipeline rank holds whatever its blocks recompute: model states, the reserve,
-    ZeRO-3's gathered layers and the activations of its non-block layers (embedding, head)."""
-    fixed_mem = sum(st.states) + reserved + st.gather_bytes
-    for li in st.layers:
-        if cm.graph.layers[li].kind != "block":
-            fixed_mem += cm.block_cost(li, "none", c).act_bytes * st.flight_of(li)
-    return fixed_mem

@@ -6,7 +6,9 @@ the DP traffic it overlaps, exposed plus slowdown (:func:`autopar.cost.comm.over
 while adding at least that to the pipeline), so each rank independently
 takes its fastest mix of the recompute modes the framework runs (none / selective /
 selective-op / full, each a choice of its own) that fits its memory, found exactly for any mix of
-block kinds by :func:`autopar.search.cuts.rank_recompute`.
+block kinds by :func:`autopar.search.cuts.rank_recompute` (the OR-Tools CP-SAT model of
+:mod:`autopar.search.recompute` where a rank's blocks differ and memory binds, the exact
+enumeration of :mod:`autopar.search.rank_dp` elsewhere).
 
 Stage cuts. Blocks per pipeline chunk are enumerated exhaustively when the compositions are few,
 otherwise taken from a neighbourhood of the balanced cut that moves blocks off the first and last
@@ -23,20 +25,22 @@ from ..config import ParallelConfig
 from ..cost.model import CostModel
 from ..cost.stages import balanced_stage_blocks
 from .cuts import MODES, rank_recompute
+from .recompute import SolveLog
 
 #: Largest number of stage-cut compositions enumerated exhaustively per configuration.
 MAX_EXHAUSTIVE_CUTS = 64
 
 
-def best_recompute(cm: CostModel, c: ParallelConfig,
-                   allowed: tuple[str, ...] = MODES) -> tuple[str, ...] | None:
+def best_recompute(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES,
+                   log: SolveLog | None = None) -> tuple[str, ...] | None:
     """Per-block recompute modes giving every pipeline rank its fastest fitting mix, for the
     resolved config ``c`` (its own ``recompute`` is ignored); None when some rank cannot fit.
     Each rank is solved exactly, whatever mix of block kinds it holds
-    (:func:`autopar.search.cuts.rank_recompute`)."""
+    (:func:`autopar.search.cuts.rank_recompute`: CP-SAT for ranks of mixed blocks where memory
+    binds, counted in ``log``)."""
     modes: dict[int, str] = {}
     for st in cm.stage_layout(c):
-        got = rank_recompute(cm, c, st, allowed)
+        got = rank_recompute(cm, c, st, allowed, log)
         if got is None:
             return None
         modes.update(got[2])

@@ -1,0 +1,178 @@
+"""Issue 24, item 7: the per-block recomputation of a pipeline rank whose blocks differ and whose
+memory binds is an OR-Tools CP-SAT model (autopar/search/recompute.py) that the search calls;
+its answer equals brute force and the exact enumeration (autopar/search/rank_dp.py), the
+search's plans are the enumeration's, and a work limit returns the best assignment with its gap.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import autopar
+from autopar.cost.model import CostModel
+from autopar.search import cuts, rank_dp, recompute
+from autopar.search.margin import derated
+from autopar.search.optimize import search
+from autopar.search.rankcost import MODES, RankCosts, rank_costs, slots
+
+
+def _brute(rc: RankCosts, modes) -> tuple[float, float] | None:
+    """(seconds, bytes at the peak) of the fastest fitting per-block assignment, then least
+    memory, by trying every mode for every block."""
+    blocks = [(t, a, tr) for k, t, a, tr in rc.sigs for _ in range(k)]
+    best = None
+    for pick in itertools.product(modes, repeat=len(blocks)):
+        time = sum(t[m] for (t, _a, _tr), m in zip(blocks, pick))
+        acts = sum(a[m] for (_t, a, _tr), m in zip(blocks, pick))
+        cap = max([rc.floor_bytes] + [tr[m] for (_t, _a, tr), m in zip(blocks, pick)])
+        if acts + cap <= rc.budget_bytes and (best is None or (time, acts + cap) < best):
+            best = (time, acts + cap)
+    return best
+
+
+_T = st.sampled_from([1.0, 1.25, 1.5, 2.0, 2.5, 3.0])
+_B = st.sampled_from([0, 1, 2, 3, 5, 8])
+
+
+@settings(max_examples=150, deadline=None)
+@given(sigs=st.lists(st.tuples(st.integers(1, 3), st.lists(_T, min_size=4, max_size=4),
+                               st.lists(_B, min_size=4, max_size=4),
+                               st.lists(_B, min_size=4, max_size=4)), min_size=1, max_size=3),
+       modes=st.sampled_from([m for r in (2, 3) for m in itertools.combinations(MODES, r)]),
+       floor=_B, budget=st.integers(0, 40))
+def test_cp_sat_equals_brute_force_on_small_mixed_problems(sigs, modes, floor, budget):
+    """A few blocks of 1-3 kinds, 2-3 modes, equal costs included: CP-SAT's assignment has the
+    brute force's time and memory, and the enumeration's."""
+    costs = [(k, dict(zip(MODES, t)), dict(zip(MODES, map(float, a))),
+              dict(zip(MODES, map(float, tr)))) for k, t, a, tr in sigs]
+    by_sig = OrderedDict((f"s{i}", list(range(10 * i, 10 * i + k)))
+                         for i, (k, *_r) in enumerate(costs))
+    rc = RankCosts(0.0, 0.0, float(floor), by_sig, costs, True, float(budget))
+    got, exact, brute = recompute.solve_rank(rc, modes), rank_dp.solve(rc, modes), _brute(rc, modes)
+    assert (got is None) == (brute is None) == (exact is None)
+    if got is not None:
+        assert (got.time_s, got.peak_bytes) == pytest.approx(brute, rel=1e-12)
+        assert (exact[0], exact[1]) == pytest.approx(brute, rel=1e-12)
+        assert got.optimal and got.gap == 0.0 and got.bound_s == got.time_s
+        # the same assignment as the enumeration, ties included
+        norm = [{m: n for m, n in d.items() if n} for d in got.by_mode]
+        assert norm == [{m: n for m, n in d.items() if n} for d in exact[2]]
+
+
+@pytest.fixture(scope="module")
+def mixed():
+    """A small DeepSeek-V3 (one dense block, then three MoE blocks) on 8 A100-40GB, and the
+    memory (bytes) of its best plan when memory does not bind."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from autopar.graph import extract
+    cfg = transformers.DeepseekV3Config(
+        vocab_size=32000, hidden_size=1024, intermediate_size=2816, moe_intermediate_size=512,
+        num_hidden_layers=4, first_k_dense_replace=1, num_attention_heads=16,
+        num_key_value_heads=16, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
+        n_group=1, topk_group=1, q_lora_rank=256, kv_lora_rank=128, qk_rope_head_dim=32,
+        qk_nope_head_dim=64, v_head_dim=64, max_position_embeddings=4096,
+        tie_word_embeddings=False, attn_implementation="sdpa")
+    with torch.device("meta"):
+        model = transformers.DeepseekV3ForCausalLM(cfg)
+    graph = extract(model.to(torch.bfloat16), 4096, 1)
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=4096)
+    cm = CostModel(graph, autopar.Cluster.from_spec("1x8xA100-40GB"), train)
+    return cm, search(cm).best.memory_per_gpu_bytes
+
+
+def _squeezed(mixed, fraction: float) -> CostModel:
+    """The mixed model on GPUs of ``fraction`` of its unconstrained best plan's memory."""
+    cm, peak = mixed
+    return derated(cm, 1 - fraction * peak / cm.device.visible_memory_bytes)
+
+
+@pytest.mark.parametrize("fraction", [0.9, 0.5])
+def test_cp_sat_equals_brute_force_on_the_ranks_of_a_mixed_model(mixed, fraction):
+    """Every rank of 1-3 pipeline ranks of a dense-then-MoE model under binding memory, with
+    2-3 modes: CP-SAT's time and memory are brute force's."""
+    cm = _squeezed(mixed, fraction)
+    seen = 0
+    for pp, modes in itertools.product((1, 2, 3), [("none", "full"),
+                                                   ("none", "selective", "full")]):
+        try:
+            c = cm.resolve(autopar.ParallelConfig(pp=pp, tp=8 // (pp if pp != 3 else 1)
+                                                  if pp != 3 else 1, dp=None))
+        except autopar.InvalidParallelConfig:
+            continue
+        for st_ in cm.stage_layout(c):
+            rc = rank_costs(cm, c, st_, slots(modes))
+            if len(rc.sigs) < 2 or not rc.step_fits:
+                continue
+            seen += 1
+            got, brute = recompute.solve_rank(rc, modes), _brute(rc, modes)
+            assert (got is None) == (brute is None)
+            if got is not None:
+                assert (got.time_s, got.peak_bytes) == pytest.approx(brute, rel=1e-12)
+    assert seen > 0
+
+
+@pytest.mark.parametrize("fraction", [0.9, 0.5])
+def test_the_search_calls_cp_sat_where_blocks_differ_and_memory_binds(mixed, fraction,
+                                                                      monkeypatch):
+    """The search solves ranks of mixed blocks under binding memory with CP-SAT (observed by
+    a recording wrapper and by the result's count), and returns the plan the enumeration
+    alone gives (the search before CP-SAT was on its path)."""
+    cm = _squeezed(mixed, fraction)
+    calls = []
+    solve = recompute.solve_rank
+
+    def recording(rc, modes, **kw):
+        calls.append(len(rc.sigs))
+        return solve(rc, modes, **kw)
+
+    monkeypatch.setattr(recompute, "solve_rank", recording)
+    with_cp_sat = search(CostModel(cm.graph, cm.cluster, cm.train))
+    assert calls and min(calls) >= 2
+    assert with_cp_sat.assignments == len(calls) and with_cp_sat.assignment_gap == 0.0
+    monkeypatch.setattr(cuts, "uses_cp_sat", lambda rc, modes: False)
+    calls.clear()
+    alone = search(CostModel(cm.graph, cm.cluster, cm.train))
+    assert not calls and alone.assignments == 0
+    for a, b in zip((with_cp_sat.best, *with_cp_sat.top), (alone.best, *alone.top)):
+        assert a.config == b.config and a.step_time_s == b.step_time_s
+    assert len(with_cp_sat.top) == len(alone.top)
+
+
+def test_homogeneous_blocks_stay_with_the_enumeration(dense_or_tiny_moe, monkeypatch):
+    """A model of one kind of block never reaches CP-SAT, memory binding or not (the speed
+    problems' case: the enumeration is exact there, and O(blocks))."""
+    cfg = {"name": "small", "family": "llama", "num_layers": 12, "hidden_size": 5120,
+           "num_heads": 40, "num_kv_heads": 8, "vocab_size": 32000, "seq_len": 4096}
+    cm = dense_or_tiny_moe("dense", cfg)
+    monkeypatch.setattr(recompute, "solve_rank", lambda *a, **k: pytest.fail("CP-SAT called"))
+    r = search(cm)
+    assert r.assignments == 0
+    assert not isinstance(r.best.config.recompute, str) or r.best.config.recompute != "none" \
+        or r.best.fits
+
+
+def test_a_work_limit_returns_the_best_assignment_with_its_gap():
+    """Stopped before it proves optimality, the model returns a fitting assignment, the bound
+    it proved and the gap between them; the same input gives the same answer."""
+    k = 40
+    costs = [(k, {"none": 1.0 + i / 7, "selective": 1.1 + i / 5, "full": 1.4 + i / 3},
+              {"none": 9.0 + i, "selective": 6.0 + i, "full": 1.0 + i / 2},
+              {"none": 0.0, "selective": 1.0, "full": 2.0}) for i in range(3)]
+    by_sig = OrderedDict((f"s{i}", list(range(100 * i, 100 * i + k))) for i in range(3))
+    rc = RankCosts(0.0, 0.0, 0.0, by_sig, costs, True, 3 * k * 5.0)
+    modes = ("none", "selective", "full")
+    stopped = [recompute.solve_rank(rc, modes, time_limit=0.0) for _ in range(2)]
+    assert stopped[0] == stopped[1]
+    got = stopped[0]
+    assert got is not None and not got.optimal
+    assert got.bound_s <= got.time_s and got.gap == pytest.approx(
+        (got.time_s - got.bound_s) / got.time_s)
+    assert got.peak_bytes <= rc.budget_bytes and got.gap > 0
+    full = recompute.solve_rank(rc, modes)
+    assert full.optimal and full.gap == 0.0 and got.bound_s <= full.time_s <= got.time_s
