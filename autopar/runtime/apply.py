@@ -265,10 +265,9 @@ def apply(plan, model: nn.Module, *, device_mesh: DeviceMesh | None = None,
     v = c.virtual_stages or 1
     chunks = c.pp * v
     stage_blocks = c.stage_blocks or _balanced(n_blocks, chunks)
-    if len(stage_blocks) != chunks or sum(stage_blocks) != n_blocks:
-        raise InvalidParallelConfig(
-            f"stage_blocks {stage_blocks} must give {chunks} chunks (pp x virtual_stages) "
-            f"summing to the model's {n_blocks} blocks.")
+    cuts = rules.stage_cuts(stage_blocks, c.pp, v, n_blocks)
+    if cuts is not None:
+        raise rules.refuse(cuts, InvalidParallelConfig)
     if (c.tp > 1 or c.pp > 1) and tied_embeddings(model, adapter):
         raise UnsupportedPlanError(
             "tied input/output embeddings cannot yet be split by tensor or pipeline "

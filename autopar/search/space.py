@@ -258,7 +258,7 @@ def sequence_parallel_options(tp: int, fixed: dict, profile: FrameworkProfile = 
     (``moe``) only where its MoE layers take it
     (:meth:`~autopar.frameworks.FrameworkProfile.sequence_parallel_values`), and the
     framework's sequence split holds for sequences of ``seq_len`` tokens over tp x ``cp``
-    (:meth:`~autopar.frameworks.FrameworkProfile.seq_violation`), else off where the framework
+    (:func:`autopar.frameworks.rules.seq_split`), else off where the framework
     runs TP without it and that split holds; [] when neither does; or the value pinned."""
     if "sequence_parallel" in fixed:
         return [fixed["sequence_parallel"]]
