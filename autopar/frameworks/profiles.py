@@ -42,6 +42,7 @@ from ..errors import InvalidParallelConfig
 from .checks import FieldCheck, close_names
 from .fieldrules import checked_fields
 from .memory import TORCH_MEMORY, MemoryConventions
+from .rules import moe_sp
 from .seqrule import SeqLenRule
 # the vocabularies and constants live in .vocabulary; re-exported here, where callers import them
 from .vocabulary import (CHUNK_RULES, COST_FIELDS, CP_ATTENTION_PATHS, CUT_RULES,  # noqa: F401
@@ -338,14 +339,10 @@ class FrameworkProfile:
     def moe_sp_violation(self, tp: int, sequence_parallel: bool) -> str | None:
         """Why this framework's MoE layers cannot run under tp with ``sequence_parallel`` (the
         rule, its source and a fix), or None when they can. The one place of the rule: the
-        search (:meth:`sequence_parallel_values`), :meth:`unsupported` and, for ``torch``,
-        :func:`autopar.runtime.apply` read it."""
-        if tp == 1 or bool(sequence_parallel) in self.moe_sequence_parallel:
-            return None
-        want = self.moe_sequence_parallel[0]
-        return (f"{self.name} runs MoE layers under tensor parallelism only with "
-                f"sequence_parallel={want} ({self._src('moe_sequence_parallel')}); fix: "
-                f"sequence_parallel={want} ({'--sp' if want else '--no-sp'}), or tp=1")
+        search (:meth:`sequence_parallel_values`) and :meth:`unsupported` read it; the rule is
+        :func:`autopar.frameworks.rules.moe_sp`."""
+        v = moe_sp(self, tp, sequence_parallel)
+        return None if v is None else f"{v.problem}; fix: {v.fix}"
 
     def zero_options(self, tp: int, pp: int, cp: int, ep: int) -> tuple[int, ...]:
         """ZeRO stages this framework runs on a mesh with these degrees, ascending."""

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from math import lcm
 
 from ..errors import InvalidTrainingConfig
+from .rules import seq_rule_split
 
 
 @dataclass(frozen=True)
@@ -70,36 +71,10 @@ class SeqLenRule:
         ``sequence_parallel``), with a fix; None when it can.
 
         ``sp_optional``: the framework runs TP without SP (then turning SP off is offered).
+        The rule's text is :func:`autopar.frameworks.rules.seq_rule_split`'s.
         """
-        d = self.divisor(tp, cp, sequence_parallel)
-        if seq_len % d == 0:
-            return None
-        parts = []
-        if self.always:
-            parts.append(f"tp * {self.cp_chunks} * cp = {tp} * {self.cp_chunks} * {cp}")
-        else:
-            if cp > 1 and self.cp_chunks > 1:
-                parts.append(f"{self.cp_chunks} * cp = {self.cp_chunks * cp} (load-balanced "
-                             f"context parallelism cuts the sequence into {self.cp_chunks * cp} "
-                             "chunks)")
-            elif cp > 1:
-                parts.append(f"cp = {cp}")
-            if sequence_parallel and tp > 1:
-                parts.append(f"cp * tp = {cp * tp} (sequence parallelism shards each CP rank's "
-                             f"tokens, {seq_len} / cp={cp}, over tp: they must be divisible by "
-                             f"tp={tp})")
-        down, up = seq_len // d * d, (seq_len // d + 1) * d
-        fixes = [f"a sequence length that is a multiple of {d} (e.g. {up}"
-                 + (f" or {down})" if down else ")")]
-        if sequence_parallel and tp > 1 and sp_optional and not self.always \
-                and seq_len % self.divisor(tp, cp, False) == 0:
-            fixes.append("sequence_parallel=False")
-        if seq_len % self.divisor(1, 1, False) == 0:
-            fixes.append("a smaller tp or cp")
-        return (f"{framework} needs the sequence length to be a multiple of {d} with tp={tp}, "
-                f"cp={cp}, sequence_parallel={sequence_parallel}: a multiple of "
-                f"{' and of '.join(parts) or d}; {seq_len} is not ({self.source}). Fix: "
-                + ", or ".join(fixes) + ".")
+        v = seq_rule_split(self, framework, seq_len, tp, cp, sequence_parallel, sp_optional)
+        return None if v is None else v.text
 
 
 #: Megatron-Core: arguments.py asserts ``seq_length % (2 * context_parallel_size)`` when CP > 1;

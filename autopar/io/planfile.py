@@ -40,7 +40,7 @@ from ..config import ParallelConfig, TrainingConfig
 from ..cost.types import (Estimate, GroupLinks, LinkComm, TimeBreakdown,
                           memory_breakdown_from_dict)
 from ..errors import AutoparError, InvalidPlanFile
-from ..frameworks import with_edits
+from ..frameworks import rules, with_edits
 
 PLAN_FORMAT = "autopar-plan"
 #: Version of the plan file layout this autopar writes; older ones it knows are migrated by
@@ -247,40 +247,36 @@ def _estimate(d: Any, where: str, world: int) -> Estimate:
     return Estimate(**_records(d, where))
 
 
+def _broken(where: str, v: rules.Violation | None) -> None:
+    """Raise a broken layout rule (:mod:`autopar.frameworks.rules`) as a plan-file error: the
+    rule's problem and fix, or regenerating the plan."""
+    if v is not None:
+        exc = _fail(f"{where}:", f"{v.problem}. Fix: {v.fix}, or {_FIX[len('Fix: '):]}")
+        exc.rule = v.rule
+        raise exc
+
+
 def _check_world(c: ParallelConfig, world: int, where: str) -> None:
-    product = c.tp * c.pp * c.cp * c.dp
-    if product != world:
-        raise _fail(where, f"has tp*pp*cp*dp = {c.tp}*{c.pp}*{c.cp}*{c.dp} = {product}, but the "
-                           f"plan's cluster has {world} GPUs (the degrees must multiply to it)")
-    if len(c.stage_blocks) != c.pp * c.virtual_stages:
-        raise _fail(f"{where}.stage_blocks", f"has {len(c.stage_blocks)} entries; pp*"
-                                             f"virtual_stages = {c.pp * c.virtual_stages} chunks "
-                                             "need one block count each")
+    _broken(where, rules.mesh_size(world, c.tp, c.pp, c.cp, c.dp))
+    _broken(where, rules.stage_cuts(c.stage_blocks, c.pp, c.virtual_stages))
 
 
 def _check_model(c: ParallelConfig, model_config, train: TrainingConfig) -> None:
-    """The rules of the cost model's resolve() that the file alone can check."""
+    """The rules of the cost model's resolve() that the file alone can check (the same
+    functions of :mod:`autopar.frameworks.rules`)."""
     blocks = sum(c.stage_blocks)
     if model_config is not None:
-        if blocks != model_config.num_layers:
-            raise _fail("config.stage_blocks", f"{list(c.stage_blocks)} cover {blocks} blocks but "
-                                               f"the model has {model_config.num_layers} (stage "
-                                               "cuts must cover every block exactly once)")
-        heads, kv = model_config.num_heads, model_config.num_kv_heads
-        if heads % c.tp or kv % c.tp:
-            raise _fail("config.tp", f"= {c.tp} does not divide the model's {heads} heads and "
-                                     f"{kv} KV heads")
+        _broken("config", rules.stage_cuts(c.stage_blocks, c.pp, c.virtual_stages,
+                                           model_config.num_layers))
+        _broken("config", rules.tp_heads(c.tp, model_config.num_heads, model_config.num_kv_heads))
     if not isinstance(c.recompute, str) and len(c.recompute) != blocks:
         raise _fail("config.recompute", f"has {len(c.recompute)} per-block modes for {blocks} "
                                         "blocks")
     if c.reshard_after_forward is not None and len(c.reshard_after_forward) != blocks:
         raise _fail("config.reshard_after_forward", f"has {len(c.reshard_after_forward)} "
                                                     f"per-block flags for {blocks} blocks")
-    if train.global_batch_size % (c.dp * c.micro_batch_size):
-        raise _fail("config", f"dp*micro_batch_size = {c.dp}*{c.micro_batch_size} does not divide "
-                              f"the global batch {train.global_batch_size}")
-    if train.seq_len % c.cp:
-        raise _fail("config.cp", f"= {c.cp} does not divide the sequence length {train.seq_len}")
+    _broken("config", rules.batch_split(train.global_batch_size, c.dp, c.micro_batch_size))
+    _broken("config", rules.cp_seq(c.cp, train.seq_len))
 
 
 def _version(d: dict) -> dict:

@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import loss_parallel
 
 from autopar.errors import InvalidParallelConfig
-from autopar.frameworks import get_profile
+from autopar.frameworks import get_profile, rules
 
 from . import cp as cp_mod
 from . import dp as dp_mod
@@ -265,10 +265,9 @@ def apply(plan, model: nn.Module, *, device_mesh: DeviceMesh | None = None,
     v = c.virtual_stages or 1
     chunks = c.pp * v
     stage_blocks = c.stage_blocks or _balanced(n_blocks, chunks)
-    if len(stage_blocks) != chunks or sum(stage_blocks) != n_blocks:
-        raise InvalidParallelConfig(
-            f"stage_blocks {stage_blocks} must give {chunks} chunks (pp x virtual_stages) "
-            f"summing to the model's {n_blocks} blocks.")
+    cuts = rules.stage_cuts(stage_blocks, c.pp, v, n_blocks)
+    if cuts is not None:
+        raise rules.refuse(cuts, InvalidParallelConfig)
     if (c.tp > 1 or c.pp > 1) and tied_embeddings(model, adapter):
         raise UnsupportedPlanError(
             "tied input/output embeddings cannot yet be split by tensor or pipeline "
@@ -337,16 +336,15 @@ def check_moe(c, experts: list) -> None:
     Raises:
         UnsupportedPlanError: ep > 1 on a model without stacked experts; MoE layers under
             sequence parallelism (the ``torch`` profile's rule,
-            :meth:`autopar.frameworks.FrameworkProfile.moe_sp_violation`, which the search
-            reads too).
+            :func:`autopar.frameworks.rules.moe_sp`, which the search reads too).
     """
     if c.ep > 1 and not experts:
         raise UnsupportedPlanError(
             f"ep={c.ep}: the model has no stacked-experts MoE layers (gate_up_proj/down_proj "
             "[experts, ...]) for expert parallelism to split. Fix: plan with ep=1.")
-    why = get_profile("torch").moe_sp_violation(c.tp, c.sequence_parallel) if experts else None
+    why = rules.moe_sp(get_profile("torch"), c.tp, c.sequence_parallel) if experts else None
     if why:
-        raise UnsupportedPlanError(f"MoE layers under sequence parallelism: {why}.")
+        raise rules.refuse(why, UnsupportedPlanError, "MoE layers under sequence parallelism: ")
 
 
 def _notes(c, cp) -> list[str]:

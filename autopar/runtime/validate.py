@@ -14,16 +14,23 @@ schedule with fewer micro-batches than stages still runs (``Schedule1F1B`` refus
 
 from __future__ import annotations
 
+from ..frameworks import rules
 from .errors import UnsupportedPlanError
 
 #: Schedules with one chunk per pipeline rank.
-SINGLE_CHUNK = ("gpipe", "1f1b")
+SINGLE_CHUNK = rules.SINGLE_CHUNK
 #: Schedules holding several chunks per rank (virtual stages), and the chunk count they need
 #: per rank (None: any >= 1).
 MULTI_CHUNK = {"interleaved-1f1b": None, "interleaved-zero-bubble": None, "zbv-zero-bubble": 2,
                "dualpipev": 2}
 #: Every schedule name the runtime runs.
 RUNTIME_SCHEDULES = SINGLE_CHUNK + tuple(MULTI_CHUNK)
+
+
+def _check(v: rules.Violation | None) -> None:
+    """Raise a broken rule (:mod:`autopar.frameworks.rules`) as the runtime's error."""
+    if v is not None:
+        raise rules.refuse(v, UnsupportedPlanError)
 
 
 def schedule_name(config) -> str:
@@ -46,29 +53,10 @@ def check_schedule(schedule: str, pp: int, virtual_stages: int, microbatches: in
     if schedule not in RUNTIME_SCHEDULES:
         raise UnsupportedPlanError(f"unknown pipeline schedule {schedule!r}; the runtime runs "
                                    f"{list(RUNTIME_SCHEDULES)}.")
-    stages = pp * virtual_stages
-    if schedule in SINGLE_CHUNK and virtual_stages != 1:
-        raise UnsupportedPlanError(
-            f"schedule {schedule!r} runs one chunk per pipeline rank; the plan has "
-            f"virtual_stages={virtual_stages}. Fix: schedule 'interleaved-1f1b' or "
-            "virtual_stages=1.")
-    need = MULTI_CHUNK.get(schedule)
-    if need is not None and virtual_stages != need:
-        raise UnsupportedPlanError(
-            f"schedule {schedule!r} needs exactly {need} chunks per pipeline rank; the plan has "
-            f"virtual_stages={virtual_stages}. Fix: virtual_stages={need}.")
-    if schedule in ("1f1b", "dualpipev") and microbatches < stages:
-        raise UnsupportedPlanError(
-            f"{microbatches} micro-batch(es) per step for {stages} pipeline stages: torch's "
-            f"{schedule} schedule needs at least one per stage. Fix: a smaller micro_batch_size "
-            "or a larger global batch (or schedule 'gpipe').")
+    _check(rules.schedule_chunks(schedule, virtual_stages))
+    _check(rules.pipeline_fill(schedule, pp * virtual_stages, microbatches))
     if schedule in ("interleaved-1f1b", "interleaved-zero-bubble"):
-        rounds = max(1, microbatches // pp)
-        if microbatches % rounds:
-            raise UnsupportedPlanError(
-                f"{microbatches} micro-batches: torch's {schedule} schedule needs a multiple of "
-                f"its {rounds} rounds (micro-batches // pp). Fix: a micro-batch count that is a "
-                f"multiple of pp={pp}.")
+        _check(rules.schedule_rounds(schedule, pp, microbatches))
 
 
 def check_plan(plan) -> None:
@@ -79,21 +67,17 @@ def check_plan(plan) -> None:
     Raises:
         UnsupportedPlanError: the first broken rule, with a fix. Rules: dp divides the global
             batch and the micro-batch divides each DP rank's share; no MoE parallel folding
-            (``expert_tp`` None); ep divides dp (experts are split over DP ranks); cp divides the sequence; the stage cut gives pp x
-            virtual_stages chunks; the pipeline schedule's rules (:func:`check_schedule`).
+            (``expert_tp`` None); ep divides dp (experts are split over DP ranks); cp divides
+            the sequence; the stage cut gives pp x virtual_stages chunks; the pipeline
+            schedule's rules (:func:`check_schedule`). Each rule but the folding one is a
+            function of :mod:`autopar.frameworks.rules`, named on the error as ``rule``.
     """
     c, train = plan.config, plan.train
     dp = c.dp or 1
-    if train.global_batch_size % dp:
-        raise UnsupportedPlanError(
-            f"dp={dp} does not divide the global batch of {train.global_batch_size} sequences. "
-            "Fix: a dp that divides the global batch.")
+    _check(rules.batch_split(train.global_batch_size, dp))
     local = train.global_batch_size // dp
     mbs = c.micro_batch_size or train.micro_batch_size or local
-    if local % mbs:
-        raise UnsupportedPlanError(
-            f"micro_batch_size {mbs} does not divide the {local} sequences per DP rank. Fix: a "
-            f"divisor of {local}.")
+    _check(rules.batch_split(train.global_batch_size, dp, mbs))
     if c.folded:
         raise UnsupportedPlanError(
             f"expert_tp={c.expert_tp} beside tp={c.tp} (MoE parallel folding): plan.apply lays "
@@ -101,18 +85,10 @@ def check_plan(plan) -> None:
             "tensor parallelism equal to tp (autopar/runtime/mesh.py). Fix: export the plan to "
             "Megatron-LM (plan.to_megatron_args(): --expert-tensor-parallel-size), or plan "
             "with expert_tp=None.")
-    if dp % c.ep:
-        raise UnsupportedPlanError(
-            f"ep={c.ep} does not divide dp={dp}: experts are split over the innermost ep ranks "
-            "of the data-parallel dimension. Fix: an ep dividing dp.")
-    if train.seq_len % c.cp:
-        raise UnsupportedPlanError(
-            f"cp={c.cp} does not divide the sequence length {train.seq_len}. Fix: a cp dividing "
-            "it.")
+    _check(rules.ep_split(c.ep, dp))
+    _check(rules.cp_seq(c.cp, train.seq_len))
     v = c.virtual_stages or 1
-    if c.stage_blocks is not None and len(c.stage_blocks) != c.pp * v:
-        raise UnsupportedPlanError(
-            f"stage_blocks has {len(c.stage_blocks)} entries for pp x virtual_stages = "
-            f"{c.pp * v} chunks. Fix: one entry per chunk, or None for balanced cuts.")
+    if c.stage_blocks is not None:
+        _check(rules.stage_cuts(c.stage_blocks, c.pp, v))
     if c.pp > 1:
         check_schedule(schedule_name(c), c.pp, v, local // mbs)

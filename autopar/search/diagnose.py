@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from ..config import ParallelConfig
 from ..cost.model import CostModel
 from ..errors import AutoparError, InfeasibleError, InvalidParallelConfig
+from ..frameworks import rules
 from . import space
 from .phases import first_fit
 
@@ -25,14 +26,8 @@ PROBE_BUDGET_S = 10.0
 #: Largest factor by which the GPU count is grown when probing for a cluster that fits.
 MAX_GROWTH = 64
 
-_RULES = {
-    "tp": "tp must divide the GPUs, the {heads} heads and {kv} KV heads, and fit in a node of "
-          "{gpn} GPUs",
-    "pp": "pp must divide the GPUs and be at most the model's {blocks} blocks (too few layers "
-          "for a deeper pipeline)",
-    "cp": "cp must divide the GPUs and the sequence length {seq}",
-    "dp": "dp = GPUs / (tp*cp*pp) must divide the global batch {gbs}",
-}
+#: What each pinned degree must satisfy (:data:`autopar.frameworks.rules.DEGREE_RULES`).
+_RULES = rules.DEGREE_RULES
 
 
 def _fmt(rule: str, cm: CostModel) -> str:
@@ -48,10 +43,10 @@ def no_mesh_error(cm: CostModel, fixed: dict) -> AutoparError:
     limits = space.SpaceLimits()
     any_batch = SimpleNamespace(seq_len=train.seq_len, global_batch_size=world)
     head = f"no legal parallel layout for {g.name} on {world} GPU{'' if world == 1 else 's'}"
-    if (fixed.get("ep") or 1) > 1 and not any(getattr(l, "num_experts", 0)
-                                              for l in g.layers):
-        return InfeasibleError(f"{head}: ep={fixed['ep']} splits experts, and {g.name} has no "
-                               "MoE layer. Fix: leave ep at 1 (drop --ep / the ep pin).")
+    dense = rules.ep_needs_moe(fixed.get("ep") or 1, max(
+        (getattr(l, "num_experts", 0) for l in g.layers), default=0))
+    if dense is not None:
+        return rules.refuse(dense, InfeasibleError, f"{head}: ")
     v = fixed.get("virtual_stages") or 1
     if v > 1 and fixed.get("pp", 2) == 1:
         return InfeasibleError(f"{head}: virtual_stages={v} interleaves pipeline stages, but "
@@ -78,13 +73,15 @@ def no_mesh_error(cm: CostModel, fixed: dict) -> AutoparError:
                 f"them (e.g. 1), or a global batch that is a multiple of dp*{mbs}.")
         if all(not space.micro_batches(train, dp, fixed, limits, pp) for _, _, pp, dp in legal):
             _, _, pp, dp = legal[0]
-            return InfeasibleError(
-                f"{head}: a 1F1B pipeline of {pp} stages needs at least {pp} micro-batches per "
-                f"step (torch.distributed.pipelining's rule); each of the {dp} data-parallel "
-                f"replicas gets {train.global_batch_size // dp} "
+            unfilled = rules.pipeline_fill("1f1b", pp, train.global_batch_size // dp)
+            err = InfeasibleError(
+                f"{head}: {unfilled.problem}; each of the {dp} data-parallel replicas gets "
+                f"{train.global_batch_size // dp} "
                 f"sequence{'' if train.global_batch_size // dp == 1 else 's'}. Fix: a global batch "
                 f"of at least {pp * dp}, a smaller pp, or the GPipe schedule "
                 "(fixed={'schedule': 'gpipe'}, --schedule gpipe).")
+            err.rule = unfilled.rule
+            return err
         for tp, cp, pp, dp in legal[:1]:
             try:
                 cm.resolve(ParallelConfig(**{k: v for k, v in fixed.items() if k in (
@@ -259,7 +256,7 @@ def _memory_options(cm: CostModel, fixed: dict, deadline: float) -> list[str]:
 
 def seq_blocked(cm: CostModel, fixed: dict) -> str | None:
     """The (tp, cp) pairs the target framework's sequence split rules out at this sequence
-    length (:meth:`autopar.frameworks.FrameworkProfile.seq_violation`), as a change to try, or
+    length (:func:`autopar.frameworks.rules.seq_split`), as a change to try, or
     None when it rules out none."""
     profile = cm.profile
     limits, seq = space.SpaceLimits(), cm.train.seq_len
@@ -269,7 +266,7 @@ def seq_blocked(cm: CostModel, fixed: dict) -> str | None:
     for tp, cp in pairs:
         sps = space.sequence_parallel_options(tp, fixed, profile, seq, cp,
                                               moe=cm.graph.num_experts > 0)
-        if not sps or profile.seq_violation(seq, tp, cp, sps[0]):
+        if not sps or rules.seq_split(profile, seq, tp, cp, sps[0]):
             out.append(f"{tp}x{cp}")
     if not out:
         return None

@@ -3,11 +3,14 @@
 Model rules: tp divides attention and KV heads; cp divides the sequence (and leaves at least
 ``min_cp_chunk`` tokens per rank, below which ring attention cannot hide its transfers) and the
 framework's split of the sequence over tp x cp holds (load-balanced CP, SP:
-:meth:`~autopar.frameworks.FrameworkProfile.seq_violation`);
+seq_split);
 pp * v <= blocks; interleaving needs the micro-batch count to be a multiple of pp; 1F1B at least
 pp micro-batches; the split-backward schedules follow torch's rules (:func:`schedule_options`).
 Cluster rules: tp stays inside a node (NVLink/PCIe domain) unless fixed otherwise.
 Batch rules: the global batch is a multiple of dp * micro-batch.
+Each rule is a function of :mod:`autopar.frameworks.rules` (tp_heads, cp_seq, seq_split,
+pp_blocks, interleave_fill, pipeline_fill, schedule_rounds, tp_node, batch_split, ulysses_heads,
+ep_split, expert_folding), the one the cost model's resolve and the plan checks use too.
 Framework rules (:mod:`autopar.frameworks`): only the ZeRO stages, schedules, interleavings, CP
 modes, recompute policies, sequence and expert parallelism the target framework runs
 (``TrainingConfig.framework``).
@@ -20,7 +23,7 @@ from itertools import permutations
 
 from ..config import RECOMPUTE_MODES, ParallelConfig, TrainingConfig
 from ..errors import InvalidParallelConfig
-from ..frameworks import PROFILES, FrameworkProfile
+from ..frameworks import PROFILES, FrameworkProfile, rules
 from ..graph.types import ModelGraph
 
 _TORCH = PROFILES["torch"]
@@ -105,9 +108,9 @@ def meshes(graph: ModelGraph, cluster, train: TrainingConfig, fixed: dict,
         if "tp" in fixed and tp != fixed["tp"]:
             continue
         if "tp" not in fixed:
-            if heads % tp or kv % tp:
+            if rules.tp_heads(tp, heads, kv):
                 continue
-            if not limits.tp_across_nodes and tp > cluster.gpus_per_node:
+            if not limits.tp_across_nodes and rules.tp_node(tp, cluster.gpus_per_node):
                 continue
             if tp > 1 and getattr(graph, "num_experts", 0) and not profile.experts_tp_sharded:
                 # the framework keeps experts whole on every TP rank, which the cost model does
@@ -116,7 +119,7 @@ def meshes(graph: ModelGraph, cluster, train: TrainingConfig, fixed: dict,
         for cp in divisors(world // tp):
             if "cp" in fixed and cp != fixed["cp"]:
                 continue
-            if train.seq_len % cp:
+            if rules.cp_seq(cp, train.seq_len):
                 continue
             if "cp" not in fixed and cp > 1 and not profile.cp_modes:
                 continue
@@ -124,12 +127,12 @@ def meshes(graph: ModelGraph, cluster, train: TrainingConfig, fixed: dict,
                 continue
             sps = sequence_parallel_options(tp, fixed, profile, train.seq_len, cp,
                                             moe=getattr(graph, "num_experts", 0) > 0)
-            if not sps or profile.seq_violation(train.seq_len, tp, cp, sps[0]):
+            if not sps or rules.seq_split(profile, train.seq_len, tp, cp, sps[0]):
                 continue  # the framework cannot split the sequence over tp x cp
             for pp in divisors(world // (tp * cp)):
                 if "pp" in fixed and pp != fixed["pp"]:
                     continue
-                if pp > blocks:
+                if rules.pp_blocks(pp, 1, blocks):
                     continue
                 if pp == 1 and ((fixed.get("virtual_stages") or 1) > 1 or fixed.get(
                         "schedule") not in (None, "1f1b", "gpipe")):
@@ -137,7 +140,7 @@ def meshes(graph: ModelGraph, cluster, train: TrainingConfig, fixed: dict,
                 dp = world // (tp * cp * pp)
                 if "dp" in fixed and dp != fixed["dp"]:
                     continue
-                if train.global_batch_size % dp:
+                if rules.batch_split(train.global_batch_size, dp):
                     continue
                 out.append((tp, cp, pp, dp))
     return out
@@ -156,9 +159,9 @@ def micro_batches(train: TrainingConfig, dp: int, fixed: dict, limits: SpaceLimi
     if train.micro_batch_size is not None:
         return [train.micro_batch_size]
     per_replica = train.global_batch_size // dp
-    least = pp if pp > 1 and fixed.get("schedule") != "gpipe" else 1
-    return [b for b in divisors(per_replica)
-            if b <= limits.max_micro_batch and per_replica // b >= least]
+    fill = pp > 1 and fixed.get("schedule") != "gpipe"
+    return [b for b in divisors(per_replica) if b <= limits.max_micro_batch
+            and not (fill and rules.pipeline_fill("1f1b", pp, per_replica // b))]
 
 
 def virtual_stage_options(pp: int, blocks: int, m: int, fixed: dict,
@@ -172,9 +175,10 @@ def virtual_stage_options(pp: int, blocks: int, m: int, fixed: dict,
     if fixed.get("schedule") in ("1f1b", "gpipe"):
         return [1]
     opts = [1]
-    if pp > 1 and m % pp == 0 and "interleaved-1f1b" in profile.schedules \
+    if pp > 1 and not rules.interleave_fill(pp, 2, m) and "interleaved-1f1b" in profile.schedules \
             and profile.interleaved_chunks != "none":
-        opts += [v for v in range(2, limits.max_virtual_stages + 1) if pp * v <= blocks
+        opts += [v for v in range(2, limits.max_virtual_stages + 1)
+                 if not rules.pp_blocks(pp, v, blocks)
                  and (profile.interleaved_chunks == "any" or blocks % (pp * v) == 0)]
     if fixed.get("schedule") == "interleaved-1f1b":
         opts = [v for v in opts if v > 1] or opts
@@ -204,7 +208,7 @@ def schedule_options(pp: int, blocks: int, m: int, fixed: dict, limits: SpaceLim
         return out
 
     def chunks_ok(v: int) -> bool:
-        if pp * v > blocks:
+        if rules.pp_blocks(pp, v, blocks):
             return False
         if v > 1 and profile.interleaved_chunks == "none":
             return False
@@ -214,12 +218,12 @@ def schedule_options(pp: int, blocks: int, m: int, fixed: dict, limits: SpaceLim
         if name not in profile.schedules or want not in (None, name):
             continue
         if need is None:
-            if m % max(1, m // pp):
+            if rules.schedule_rounds(name, pp, m):
                 continue
             vs = [want_v] if want_v else list(range(1, limits.max_zero_bubble_chunks + 1))
         else:
             vs = [need]
-        if name == "dualpipev" and m < 2 * pp:
+        if rules.pipeline_fill(name, pp * 2, m):   # DualPipeV: a micro-batch per chunk
             continue
         out += [(name, v) for v in vs if chunks_ok(v) and want_v in (None, v)]
     return out
@@ -254,14 +258,14 @@ def sequence_parallel_options(tp: int, fixed: dict, profile: FrameworkProfile = 
     (``moe``) only where its MoE layers take it
     (:meth:`~autopar.frameworks.FrameworkProfile.sequence_parallel_values`), and the
     framework's sequence split holds for sequences of ``seq_len`` tokens over tp x ``cp``
-    (:meth:`~autopar.frameworks.FrameworkProfile.seq_violation`), else off where the framework
+    (:func:`autopar.frameworks.rules.seq_split`), else off where the framework
     runs TP without it and that split holds; [] when neither does; or the value pinned."""
     if "sequence_parallel" in fixed:
         return [fixed["sequence_parallel"]]
     if tp == 1:
         return [False]
     return [sp for sp in (True, False) if sp in profile.sequence_parallel_values(moe) and (
-        seq_len is None or profile.seq_violation(seq_len, tp, cp, sp) is None)][:1]
+        seq_len is None or rules.seq_split(profile, seq_len, tp, cp, sp) is None)][:1]
 
 
 def placements(base: dict, fixed: dict) -> list[tuple[str, ...]]:
@@ -288,8 +292,8 @@ def cp_modes(graph: ModelGraph, base: dict, fixed: dict,
     if base.get("cp", 1) == 1:
         return ["ring"]
     modes = ["ring", "allgather"]
-    heads, kv, n = graph.attention_heads, graph.kv_heads, base["tp"] * base["cp"]
-    if heads and heads % n == 0 and kv % n == 0:
+    heads, kv = graph.attention_heads, graph.kv_heads
+    if heads and not rules.ulysses_heads(base["tp"], base["cp"], heads, kv):
         modes.insert(1, "ulysses")
     return [m for m in modes if m in profile.cp_modes] or modes[:1]
 
@@ -303,7 +307,7 @@ def ep_options(graph: ModelGraph, dp: int, fixed: dict,
     experts = getattr(graph, "num_experts", 0)
     if not experts or not profile.expert_parallel:
         return [1]
-    return [e for e in divisors(dp) if experts % e == 0]
+    return [e for e in divisors(dp) if not rules.ep_split(e, dp, experts)]
 
 
 def expert_options(graph: ModelGraph, tp: int, cp: int, dp: int, fixed: dict,
@@ -336,9 +340,9 @@ def expert_options(graph: ModelGraph, tp: int, cp: int, dp: int, fixed: dict,
         etps = [1] if tp > 1 else []
     else:
         etps = [t for t in divisors(span) if t != tp
-                and (gpus_per_node is None or t <= gpus_per_node)]
+                and (gpus_per_node is None or not rules.tp_node(t, gpus_per_node))]
     for etp in etps:
         for e in divisors(span // etp) if span % etp == 0 else []:
-            if experts % e == 0 and fixed.get("ep", e) == e:
+            if not rules.expert_folding(e, etp, span, experts) and fixed.get("ep", e) == e:
                 out.append((e, etp))
     return out

@@ -1,0 +1,344 @@
+"""The legality rules of a parallel layout, each written once: one function per rule that returns
+a :class:`Violation` (the rule's name, the problem and the fix) or None.
+
+Every check calls these: the cost model's ``resolve`` (:mod:`autopar.cost.resolve`), the search
+space and its diagnosis (:mod:`autopar.search.space`, :mod:`autopar.search.diagnose`), the
+plan-file check (:mod:`autopar.io.planfile`), the runtime's check (:mod:`autopar.runtime.validate`,
+:func:`autopar.runtime.apply.check_moe`) and the framework profiles
+(:meth:`autopar.frameworks.FrameworkProfile.seq_violation`, ``moe_sp_violation``). Each site
+raises its own error type, formatted from the record (:func:`refuse` names the rule on the
+error as ``rule``). The rules are pure functions of integers (and a framework profile where the
+rule is the framework's), cheap enough for the search's inner loops.
+
+Here, in :mod:`autopar.frameworks`, because that is the lowest package every stage may import
+(it imports only :mod:`autopar.config` and :mod:`autopar.errors`), and because some rules are
+the framework's own (sequence split, MoE layers under sequence parallelism).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Every rule's name, as :attr:`Violation.rule` carries it.
+RULES = ("mesh_size", "tp_heads", "tp_node", "ulysses_heads", "ep_needs_moe", "ep_split",
+         "expert_folding", "folding_sp", "moe_sp", "cp_seq", "seq_split", "batch_split",
+         "pp_blocks", "stage_cuts", "interleave_fill", "schedule_rounds", "pipeline_fill",
+         "schedule_chunks")
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken rule.
+
+    Attributes:
+        rule: the rule's name, one of :data:`RULES`.
+        problem: what is wrong, with the values (no full stop).
+        fix: the change that repairs it (no "Fix:" and no full stop).
+    """
+
+    rule: str
+    problem: str
+    fix: str
+
+    @property
+    def text(self) -> str:
+        """``"{problem}. Fix: {fix}."``: the message every site starts from."""
+        return f"{self.problem}. Fix: {self.fix}."
+
+
+def refuse(v: Violation, error: type, prefix: str = "") -> Exception:
+    """``error(prefix + v.text)`` with the rule's name as its ``rule`` attribute."""
+    exc = error(prefix + v.text)
+    exc.rule = v.rule
+    return exc
+
+
+# -- the mesh ----------------------------------------------------------------------------------
+def mesh_size(world: int, tp: int, pp: int, cp: int, dp: int | None = None) -> Violation | None:
+    """tp * pp * cp divides the ``world`` GPUs and, with ``dp`` given, tp * pp * cp * dp equals
+    it."""
+    mp = tp * pp * cp
+    if dp is None:
+        if world % mp:
+            return Violation("mesh_size", f"tp*pp*cp = {tp}*{pp}*{cp} = {mp} does not divide the "
+                                          f"{world} GPUs",
+                             f"choose degrees whose product divides {world}")
+        return None
+    if dp * mp != world:
+        fix = (f"dp={world // mp} (GPUs / (tp*pp*cp))" if world % mp == 0 else
+               f"degrees whose product is {world}")
+        return Violation("mesh_size", f"tp*pp*cp*dp = {tp}*{pp}*{cp}*{dp} = {dp * mp} but the "
+                                      f"cluster has {world} GPUs (the degrees must multiply to it)",
+                         fix)
+    return None
+
+
+def tp_heads(tp: int, heads: int, kv: int) -> Violation | None:
+    """tp divides the attention heads and the KV heads (Megatron-LM's head split); no rule when
+    the head count is unknown (0)."""
+    if heads and (heads % tp or kv % tp):
+        legal = [t for t in range(1, kv + 1) if heads % t == 0 and kv % t == 0]
+        return Violation("tp_heads", f"tp={tp} must divide the {heads} attention heads and {kv} "
+                                     "KV heads", f"use tp in {legal}")
+    return None
+
+
+def tp_node(tp: int, gpus_per_node: int) -> Violation | None:
+    """A TP group stays inside a node (on its NVLink/PCIe domain): tp <= GPUs per node."""
+    if tp > gpus_per_node:
+        return Violation("tp_node", f"tp={tp} spans nodes of {gpus_per_node} GPUs (tensor "
+                                    "parallelism is kept on a node's fast links)",
+                         f"tp <= {gpus_per_node}, or allow TP across nodes")
+    return None
+
+
+def ulysses_heads(tp: int, cp: int, heads: int, kv: int, cp_mode: str = "ulysses"
+                  ) -> Violation | None:
+    """Ulysses context parallelism splits heads over tp * cp, which must divide the heads and KV
+    heads."""
+    n = tp * cp
+    if cp > 1 and cp_mode == "ulysses" and heads and (heads % n or kv % n):
+        return Violation("ulysses_heads", f"Ulysses context parallelism splits heads over tp*cp = "
+                                          f"{n}, which must divide the {heads} heads and {kv} KV "
+                                          "heads",
+                         "use cp_mode='ring' or a smaller cp")
+    return None
+
+
+# -- experts -----------------------------------------------------------------------------------
+def ep_needs_moe(ep: int, experts: int) -> Violation | None:
+    """Expert parallelism (ep > 1) needs a model with MoE layers."""
+    if ep > 1 and not experts:
+        return Violation("ep_needs_moe", f"ep={ep} needs a mixture-of-experts model; this model "
+                                         "has no MoE layer",
+                         "ep=1 (drop --ep / the ep pin)")
+    return None
+
+
+def ep_split(ep: int, dp: int, experts: int | None = None) -> Violation | None:
+    """ep divides dp (experts are split over data-parallel ranks) and, when known, the expert
+    count (Megatron-LM's expert parallelism)."""
+    parts = []
+    if experts and experts % ep:
+        parts.append(f"the model's {experts} experts")
+    if dp % ep:
+        parts.append(f"dp={dp}")
+    if not parts:
+        return None
+    fix = (f"use ep in {[e for e in range(1, dp + 1) if experts % e == 0 and dp % e == 0]}"
+           if experts else "an ep dividing dp")
+    return Violation("ep_split", f"ep={ep} does not divide {' and '.join(parts)} (experts are "
+                                 "split over data-parallel ranks)", fix)
+
+
+def expert_folding(ep: int, etp: int, span: int, experts: int) -> Violation | None:
+    """MoE parallel folding (expert_tp beside tp): a MoE model whose experts ep divides, and
+    ep * etp dividing ``span`` = tp * cp * dp (Megatron-Core parallel_state.py
+    initialize_model_parallel: world_size % (etp * ep * pp) == 0)."""
+    if not experts or experts % ep or span % (ep * etp):
+        return Violation("expert_folding",
+                         f"expert_tp={etp} with ep={ep} (MoE parallel folding) needs a MoE model "
+                         f"whose {experts} experts ep divides, and ep*etp = {ep * etp} dividing "
+                         f"tp*cp*dp = {span}",
+                         f"expert_tp=None (etp = tp), or ep and expert_tp with ep*expert_tp "
+                         f"dividing {span}")
+    return None
+
+
+def folding_sp(etp: int, tp: int, sequence_parallel: bool) -> Violation | None:
+    """Folded MoE layers under tp > 1 take sequence-parallel inputs (Megatron-Core
+    transformer/moe/moe_layer.py raises without sequence_parallel in training)."""
+    if tp > 1 and not sequence_parallel:
+        return Violation("folding_sp",
+                         f"expert_tp={etp} beside tp={tp}: the MoE layers of Megatron-Core take "
+                         "sequence-parallel inputs when tp > 1 (transformer/moe/moe_layer.py "
+                         "raises without sequence_parallel in training)",
+                         "sequence_parallel=True, or expert_tp=None")
+    return None
+
+
+def moe_sp(profile, tp: int, sequence_parallel: bool) -> Violation | None:
+    """The framework ``profile`` runs its MoE layers under tp with ``sequence_parallel``
+    (:attr:`~autopar.frameworks.FrameworkProfile.moe_sequence_parallel`)."""
+    if tp == 1 or bool(sequence_parallel) in profile.moe_sequence_parallel:
+        return None
+    want = profile.moe_sequence_parallel[0]
+    return Violation("moe_sp", f"{profile.name} runs MoE layers under tensor parallelism only with "
+                               f"sequence_parallel={want} "
+                               f"({profile.sources['moe_sequence_parallel']})",
+                     f"sequence_parallel={want} ({'--sp' if want else '--no-sp'}), or tp=1")
+
+
+# -- the sequence ------------------------------------------------------------------------------
+def cp_seq(cp: int, seq_len: int) -> Violation | None:
+    """cp divides the sequence length (tokens)."""
+    if seq_len % cp:
+        return Violation("cp_seq", f"cp={cp} does not divide the sequence length {seq_len}",
+                         "a cp that divides it")
+    return None
+
+
+def seq_rule_split(rule, framework: str, seq_len: int, tp: int, cp: int,
+                   sequence_parallel: bool, sp_optional: bool = True) -> Violation | None:
+    """``framework`` with the :class:`~autopar.frameworks.seqrule.SeqLenRule` ``rule`` cuts
+    sequences of ``seq_len`` tokens over tp x cp (with ``sequence_parallel``); ``sp_optional``:
+    it runs TP without SP (then turning SP off is offered)."""
+    d = rule.divisor(tp, cp, sequence_parallel)
+    if seq_len % d == 0:
+        return None
+    parts = []
+    if rule.always:
+        parts.append(f"tp * {rule.cp_chunks} * cp = {tp} * {rule.cp_chunks} * {cp}")
+    else:
+        if cp > 1 and rule.cp_chunks > 1:
+            parts.append(f"{rule.cp_chunks} * cp = {rule.cp_chunks * cp} (load-balanced "
+                         f"context parallelism cuts the sequence into {rule.cp_chunks * cp} "
+                         "chunks)")
+        elif cp > 1:
+            parts.append(f"cp = {cp}")
+        if sequence_parallel and tp > 1:
+            parts.append(f"cp * tp = {cp * tp} (sequence parallelism shards each CP rank's "
+                         f"tokens, {seq_len} / cp={cp}, over tp: they must be divisible by "
+                         f"tp={tp})")
+    down, up = seq_len // d * d, (seq_len // d + 1) * d
+    fixes = [f"a sequence length that is a multiple of {d} (e.g. {up}"
+             + (f" or {down})" if down else ")")]
+    if sequence_parallel and tp > 1 and sp_optional and not rule.always \
+            and seq_len % rule.divisor(tp, cp, False) == 0:
+        fixes.append("sequence_parallel=False")
+    if seq_len % rule.divisor(1, 1, False) == 0:
+        fixes.append("a smaller tp or cp")
+    return Violation("seq_split",
+                     f"{framework} needs the sequence length to be a multiple of {d} with tp={tp}, "
+                     f"cp={cp}, sequence_parallel={sequence_parallel}: a multiple of "
+                     f"{' and of '.join(parts) or d}; {seq_len} is not ({rule.source})",
+                     ", or ".join(fixes))
+
+
+def seq_split(profile, seq_len: int, tp: int, cp: int, sequence_parallel: bool
+              ) -> Violation | None:
+    """The framework ``profile``'s split of each sequence over CP and SP ranks holds
+    (:attr:`~autopar.frameworks.FrameworkProfile.seq_rule`: load-balanced CP needs seq % 2 cp,
+    SP needs seq / cp % tp; torchtitan seq % (2 tp cp) always)."""
+    return seq_rule_split(profile.seq_rule, profile.name, seq_len, tp, cp, sequence_parallel,
+                          sp_optional=False in profile.sequence_parallel)
+
+
+# -- the batch ---------------------------------------------------------------------------------
+def batch_split(global_batch: int, dp: int, micro_batch: int | None = None) -> Violation | None:
+    """The global batch (sequences) is a multiple of dp (x the micro-batch, when given): every
+    data-parallel rank runs whole micro-batches, global = micro x dp x micro-batches per step."""
+    n = dp * (micro_batch or 1)
+    if global_batch % n == 0:
+        return None
+    if micro_batch is None:
+        return Violation("batch_split", f"global batch {global_batch} is not a multiple of "
+                                        f"dp={dp}",
+                         f"make the global batch a multiple of {dp}, or change dp")
+    return Violation("batch_split", f"global batch {global_batch} is not a multiple of "
+                                    f"dp*micro_batch = {dp}*{micro_batch} = {n}",
+                     f"make the global batch a multiple of {n}, or change dp or the micro-batch "
+                     "size")
+
+
+# -- the pipeline ------------------------------------------------------------------------------
+def pp_blocks(pp: int, v: int, blocks: int) -> Violation | None:
+    """pp * virtual_stages chunks of at least one decoder block each: pp * v <= blocks."""
+    if pp * v > max(blocks, 1):
+        return Violation("pp_blocks", f"pp*virtual_stages = {pp}*{v} = {pp * v} exceeds the "
+                                      f"model's {blocks} blocks (too few layers for a deeper "
+                                      "pipeline)",
+                         f"use pp*virtual_stages <= {blocks}")
+    return None
+
+
+def stage_cuts(stage_blocks, pp: int, v: int, blocks: int | None = None) -> Violation | None:
+    """The stage cuts give one block count per pipeline chunk (pp * v) and, when the model's
+    ``blocks`` is given, cover every block exactly once."""
+    if len(stage_blocks) != pp * v:
+        return Violation("stage_cuts", f"stage_blocks has {len(stage_blocks)} entries; "
+                                       f"pp*virtual_stages = {pp * v} chunks need one block count "
+                                       "each",
+                         "give one block count per pipeline chunk")
+    if blocks is not None and sum(stage_blocks) != blocks:
+        return Violation("stage_cuts", f"stage_blocks {list(stage_blocks)} cover "
+                                       f"{sum(stage_blocks)} blocks but the model has {blocks} "
+                                       "(stage cuts must cover every block exactly once)",
+                         f"block counts summing to {blocks}")
+    return None
+
+
+def interleave_fill(pp: int, v: int, m: int) -> Violation | None:
+    """Interleaved 1F1B (v > 1) needs the micro-batch count ``m`` to be a multiple of pp
+    (Megatron-LM's rule)."""
+    if v > 1 and m % pp:
+        return Violation("interleave_fill", f"interleaved 1F1B needs the micro-batch count ({m}) "
+                                            f"to be a multiple of pp={pp}",
+                         "change the global batch, dp or micro-batch so that it is, or use v=1")
+    return None
+
+
+def schedule_rounds(schedule: str, pp: int, m: int) -> Violation | None:
+    """torch's looped schedules (``ScheduleInterleaved1F1B``, ``ScheduleInterleavedZeroBubble``,
+    torch 2.13 schedules.py) need ``m`` micro-batches to be a multiple of their rounds
+    ``max(1, m // pp)``."""
+    rounds = max(1, m // pp)
+    if m % rounds:
+        return Violation("schedule_rounds", f"torch's {schedule} schedule needs the micro-batch "
+                                            f"count ({m}) to be a multiple of its rounds "
+                                            f"max(1, m // pp) = {rounds}",
+                         f"a global batch, dp or micro-batch giving a multiple of pp={pp} "
+                         "micro-batches")
+    return None
+
+
+#: What each schedule that needs a micro-batch per stage is called in messages, and the
+#: schedule offered instead.
+_FILLED = {"1f1b": ("torch's 1F1B schedule", "'gpipe'"),
+           "dualpipev": ("DualPipeV", "'zbv-zero-bubble'")}
+
+
+def pipeline_fill(schedule: str, stages: int, m: int) -> Violation | None:
+    """``Schedule1F1B`` and ``ScheduleDualPipeV`` (torch 2.13) need at least one micro-batch per
+    pipeline stage (``stages`` = pp x virtual_stages): m >= stages."""
+    if schedule in _FILLED and m < stages:
+        name, other = _FILLED[schedule]
+        return Violation("pipeline_fill", f"{m} micro-batch{'' if m == 1 else 'es'} per step "
+                                          f"for {stages} pipeline stages: {name} needs at least "
+                                          f"{stages} micro-batches per step (one per stage)",
+                         "a smaller micro-batch or dp, a larger global batch, or schedule "
+                         + other)
+    return None
+
+
+#: Schedules with one chunk per pipeline rank, and those holding exactly two (a V).
+SINGLE_CHUNK = ("gpipe", "1f1b")
+V_CHUNKS = {"zbv-zero-bubble": 2, "dualpipev": 2}
+
+
+def schedule_chunks(schedule: str, v: int) -> Violation | None:
+    """Chunks per pipeline rank the schedule holds: one for GPipe and 1F1B, exactly two (a V)
+    for ZBV and DualPipeV, any for the interleaved ones."""
+    if schedule in SINGLE_CHUNK and v != 1:
+        return Violation("schedule_chunks", f"schedule {schedule!r} runs one chunk per pipeline "
+                                            f"rank; virtual_stages={v}",
+                         "schedule 'interleaved-1f1b' or virtual_stages=1")
+    need = V_CHUNKS.get(schedule)
+    if need is not None and v != need:
+        return Violation("schedule_chunks", f"schedule {schedule!r} places exactly {need} chunks "
+                                            f"on each pipeline rank (a V); virtual_stages={v}",
+                         f"virtual_stages={need}")
+    return None
+
+
+#: What each degree must satisfy, for a search that found no legal layout (format with heads,
+#: kv, gpn, blocks, seq, gbs); the rules behind each: tp: mesh_size, tp_heads, tp_node; pp:
+#: mesh_size, pp_blocks; cp: mesh_size, cp_seq; dp: batch_split.
+DEGREE_RULES = {
+    "tp": "tp must divide the GPUs, the {heads} heads and {kv} KV heads, and fit in a node of "
+          "{gpn} GPUs",
+    "pp": "pp must divide the GPUs and be at most the model's {blocks} blocks (too few layers "
+          "for a deeper pipeline)",
+    "cp": "cp must divide the GPUs and the sequence length {seq}",
+    "dp": "dp = GPUs / (tp*cp*pp) must divide the global batch {gbs}",
+}
