@@ -315,8 +315,9 @@ class ParallelConfig:
             object.__setattr__(self, "stage_blocks", tuple(self.stage_blocks))
         if self.reshard_after_forward is not None:
             r = self.reshard_after_forward
-            if not isinstance(r, (list, tuple)) or not r or any(not isinstance(x, bool)
-                                                                 for x in r):
+            # bool cannot be subclassed: the set of element types is {bool} exactly when
+            # every element is a bool (checked without a Python loop over 100+ blocks)
+            if not isinstance(r, (list, tuple)) or not r or set(map(type, r)) != {bool}:
                 raise InvalidParallelConfig(
                     f"reshard_after_forward must be None or a non-empty sequence of bools (one "
                     f"per decoder block); got {r!r}. Fix: e.g. (True, False, True, True), or "

@@ -235,11 +235,18 @@ class LinkLoad:
     inter_s: float = 0.0
 
     def __add__(self, other: "LinkLoad") -> "LinkLoad":
+        # most per-layer loads are empty (no TP, CP or EP group): adding zeros changes nothing
+        if other is NO_LOAD:
+            return self
+        if self is NO_LOAD:
+            return other
         return LinkLoad(self.intra_bytes + other.intra_bytes, self.intra_s + other.intra_s,
                         self.inter_bytes + other.inter_bytes, self.inter_s + other.inter_s)
 
     def scaled(self, k: float) -> "LinkLoad":
         """The load of ``k`` such collectives."""
+        if self is NO_LOAD:
+            return self
         return LinkLoad(k * self.intra_bytes, k * self.intra_s, k * self.inter_bytes,
                         k * self.inter_s)
 

@@ -43,7 +43,7 @@ Progress = Callable[[str, int, int, "Estimate | None"], None]
 class Run:
     """State of one search: the candidates kept, the bound to beat, the deadline.
 
-    ``kept`` holds every fitting estimate by configuration text; the bound to beat
+    ``kept`` holds every fitting estimate by configuration; the bound to beat
     (:meth:`threshold`) is the step time of the ``top_k``-th fastest *kind* of plan
     (:func:`autopar.search.ranking.kind_key`), so runner-ups of other kinds are not pruned by
     placement variants of the best.
@@ -57,7 +57,7 @@ class Run:
         self.top_k = max(1, top_k)
         self.deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
         self.progress = progress
-        self.kept: dict[str, Estimate] = {}
+        self.kept: dict[ParallelConfig, Estimate] = {}
         self.smallest: Estimate | None = None   # most frugal seen, for infeasibility reports
         self.evaluated = 0
         self.complete = True
@@ -111,7 +111,7 @@ class Run:
         if self.smallest is None or more_frugal(e, self.smallest):
             self.smallest = e
         if e.fits or not self.require_fit:
-            key = repr(e.config)
+            key = e.config   # frozen: equal fields, equal key (cheaper than its text)
             if key not in self.kept:
                 self.kept[key] = e
                 self._keep_kind(e)

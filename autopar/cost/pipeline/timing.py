@@ -11,6 +11,8 @@ torch's own order).
 
 from __future__ import annotations
 
+import itertools
+from collections import Counter
 from dataclasses import dataclass
 
 from ...config import ParallelConfig
@@ -81,6 +83,7 @@ class PipelineTimer:
     def __init__(self, inputs: CostInputs, ranks: RankLayers, blocks: BlockCosts):
         self.inputs, self.ranks, self.blocks = inputs, ranks, blocks
         self._pipelines: dict[tuple, PipelineTiming] = {}
+        self._signature = [layer.signature for layer in inputs.graph.layers]
 
     def pair_overlap(self, c: ParallelConfig, parts: list[dict], stage_time: list[float]
                      ) -> tuple[float, ...] | None:
@@ -143,12 +146,12 @@ class PipelineTimer:
             if uniform is not None:  # identical layers cost the same: count them once
                 items = [(li, uniform, n) for li, n in ranks[rank][2]]
             else:
-                counts: dict[tuple, int] = {}
-                for li in st.layers:
-                    key = (self.inputs.graph.layers[li].signature, modes.get(li, "none"))
-                    counts.setdefault(key, [li, 0])
-                    counts[key][1] += 1
-                items = [(li, mode, n) for (_sig, mode), (li, n) in counts.items()]
+                # (signature, mode) -> count in first-seen order, and the first layer of each
+                # (a dict keeps the last value written: the reversed walk leaves the first)
+                keys = list(zip(map(self._signature.__getitem__, st.layers),
+                                map(modes.get, st.layers, itertools.repeat("none"))))
+                first = dict(zip(reversed(keys), reversed(st.layers)))
+                items = [(first[k], k[1], n) for k, n in Counter(keys).items()]
             tp_s = cp_s = ep_s = 0.0
             tp_l = cp_l = ep_l = NO_LOAD
             parts = stage_parts[rank]
