@@ -130,7 +130,7 @@ def run_gemms(torch, timed, auto_iters) -> list[dict]:
         t = timed(f, auto_iters(f))
         rows.append({"dtype": "bf16", "m": m, "k": k, "n": n, "s": t,
                      "tflops": 2 * m * k * n / t / 1e12})
-        del a, b
+        a = b = None   # free before the next shape (rebinding, not del: the lambda closes over them)
     # FP8 (e4m3 x e4m3 -> bf16, per-tensor scales) through torch._scaled_mm, as torchao's and
     # Transformer Engine's per-tensor recipes issue it (cuBLASLt FP8 GEMM).
     for m, k, n in [(s, s, s) for s in (1024, 2048, 4096, 8192, 16384)] + [
@@ -145,7 +145,7 @@ def run_gemms(torch, timed, auto_iters) -> list[dict]:
             t = timed(f, auto_iters(f))
             rows.append({"dtype": "fp8", "m": m, "k": k, "n": n, "s": t,
                          "tflops": 2 * m * k * n / t / 1e12})
-            del a, b
+            a = b = None   # rebinding, not del: the lambda closes over them
         except Exception as e:  # noqa: BLE001 - recorded, next shape
             rows.append({"dtype": "fp8", "m": m, "k": k, "n": n, "error": repr(e)[:300]})
     return rows
@@ -189,7 +189,7 @@ def run_attention(torch, timed, auto_iters) -> list[dict]:
                 except Exception as e:  # noqa: BLE001
                     rows.append({"backend": name, "seq": s, "head_dim": hd, "heads": heads,
                                  "error": repr(e)[:300]})
-            del q, k, v, g
+            q = k = v = g = None   # free before the next length (rebinding, not del: closures use them)
     return rows
 
 
@@ -202,7 +202,7 @@ def run_memory_bound(torch, timed, auto_iters) -> list[dict]:
     dst = torch.empty_like(src)
     t = timed(lambda: dst.copy_(src), 5)
     rows.append({"op": "copy fp32 4GiB", "bytes": 2 * 4 * n, "s": t, "GBps": 8 * n / t / 1e9})
-    del src, dst
+    src = dst = None   # rebinding, not del: the lambda closes over them
     one = torch.zeros(1, device="cuda")
     rows.append({"op": "tiny kernel (launch)", "s": timed(lambda: one.add_(1.0), 200)})
     for tok, h in ((16384, 2048), (16384, 4096), (32768, 8192)):
@@ -218,7 +218,7 @@ def run_memory_bound(torch, timed, auto_iters) -> list[dict]:
         t = timed(f, auto_iters(f))
         rows.append({"op": f"swiglu eager bf16 {tok}x{4 * h}", "bytes": 3 * 2 * tok * 4 * h,
                      "s": t, "GBps": 6 * tok * 4 * h / t / 1e9})
-        del x, a, c
+        x = a = c = None   # rebinding, not del: the lambdas close over them
     for tok, vocab in ((8192, 128256), (16384, 32000)):
         logits = torch.randn(tok, vocab, device="cuda", dtype=torch.bfloat16,
                              requires_grad=True)
@@ -231,7 +231,7 @@ def run_memory_bound(torch, timed, auto_iters) -> list[dict]:
         t = timed(ce, auto_iters(ce))
         rows.append({"op": f"cross_entropy fwd+bwd (fp32 upcast) {tok}x{vocab}",
                      "bf16_logit_bytes": 2 * tok * vocab, "s": t})
-        del logits
+        logits = None   # rebinding, not del: ce() closes over it
     return rows
 
 

@@ -26,7 +26,7 @@ def _cm(seq: int, framework: str = "torch") -> CostModel:
 
 
 def _block(cm: CostModel) -> int:
-    return next(l.index for l in cm.graph.layers if l.kind == "block")
+    return next(layer.index for layer in cm.graph.layers if layer.kind == "block")
 
 
 def test_torch_profile_prices_what_plan_apply_runs():

@@ -201,8 +201,8 @@ def test_fuzz_plan_from_json(plan_dict, data):
         # alternatives' and the front's configurations come back as written
         for key in _ESTIMATES:
             if key != "estimate":
-                for g, l in zip(d.get(key, []), loaded[key]):
-                    assert _within(g["config"], l["config"]), path
+                for got, back in zip(d.get(key, []), loaded[key]):
+                    assert _within(got["config"], back["config"]), path
         assert Plan.from_json(out.to_json()).to_json() == out.to_json()
 
 

@@ -189,7 +189,7 @@ def test_explain_names_why_each_tensor_parallel_layout_is_left_out():
     problem = Problem.build("tiny-llama", "1x8xH100",
                             autopar.TrainingConfig(global_batch_size=16, seq_len=32))
     assert left_out_notes(problem) == [
-        "TP=8 inside each node is not possible: TP must divide the 4 attention heads and 2 KV "
+        "TP=8 inside each node is not possible: tp=8 must divide the 4 attention heads and 2 KV "
         "heads.",
         "TP=16 across two nodes is not possible: the cluster has 8 GPUs (1 node)."]
     wide = Problem.build("llama2-7b", "2x8xA100-80GB",

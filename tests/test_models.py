@@ -194,13 +194,13 @@ def test_module_structure():
     assert llama.lm_head.weight is not llama.embed.weight
     assert tuple(gpt.pos_embed.weight.shape) == (32, 64) and llama.pos_embed is None
     assert gpt.drop.p == 0.1 and llama.drop is None
-    g, l = gpt.layers[0], llama.layers[0]
-    assert isinstance(g, Block) and isinstance(g.attn, Attention) and isinstance(g.mlp, MLP)
-    assert isinstance(l.mlp, SwiGLU) and isinstance(l.attn_norm, RMSNorm)
-    assert isinstance(g.attn_norm, torch.nn.LayerNorm) and g.attn.wq.bias is not None
-    assert g.attn_drop.p == g.mlp_drop.p == 0.1 and l.attn_drop is None and l.mlp_drop is None
-    assert tuple(l.attn.wk.weight.shape) == (2 * 16, 64) and l.attn.wq.bias is None
-    assert l.attn.rope is llama.rope and llama.rope.cos.shape == (32, 16)
+    gb, lb = gpt.layers[0], llama.layers[0]
+    assert isinstance(gb, Block) and isinstance(gb.attn, Attention) and isinstance(gb.mlp, MLP)
+    assert isinstance(lb.mlp, SwiGLU) and isinstance(lb.attn_norm, RMSNorm)
+    assert isinstance(gb.attn_norm, torch.nn.LayerNorm) and gb.attn.wq.bias is not None
+    assert gb.attn_drop.p == gb.mlp_drop.p == 0.1 and lb.attn_drop is None and lb.mlp_drop is None
+    assert tuple(lb.attn.wk.weight.shape) == (2 * 16, 64) and lb.attn.wq.bias is None
+    assert lb.attn.rope is llama.rope and llama.rope.cos.shape == (32, 16)
     assert "rope.cos" not in llama.state_dict()
 
 

@@ -90,7 +90,7 @@ def test_pairs_count_order_and_refuse_predicted_ties_and_same_plans():
     lines = validation.pairs(rows)
     # a<b ok; a vs c wrong (measured c faster); b vs c: predicted tie -> wrong; c vs d same plan
     assert lines[-1] == "pairs ordered as measured: 3 of 5 (60.0%)"
-    assert sum(l.startswith("WRONG") for l in lines) == 2
+    assert sum(line.startswith("WRONG") for line in lines) == 2
 
 
 def test_loso_line_shape():

@@ -117,7 +117,7 @@ def bench_gemms(shapes, dtype: torch.dtype, device: torch.device, clock: Clock) 
         sync(device)
         once = time.perf_counter() - t0
         out.append((m, k, n, timed(lambda: a @ b, device, _iters_for(once))))
-        del a, b
+        a = b = None   # free them before the next shape (rebinding, not del: the lambda closes over them)
     times = slowest([t for *_, t in out], device)
     return [GemmSample(m, k, n, t) for (m, k, n, _), t in zip(out, times)]
 
@@ -175,7 +175,7 @@ def bench_memory(copy_bytes: int, device: torch.device, clock: Clock) -> MemoryS
     src = torch.ones(n, device=device)
     dst = torch.empty_like(src)
     t_copy = timed(lambda: dst.copy_(src), device, 5)
-    del src, dst
+    src = dst = None   # free the copy buffers (rebinding, not del: the lambda closes over them)
     one = torch.zeros(1, device=device)
     t_launch = timed(lambda: one.add_(1.0), device, 200)
     t_copy, t_launch = slowest([t_copy, t_launch], device)

@@ -256,9 +256,10 @@ class DataParallel:
         so far and for the previous bucket's reduction, then launches this bucket's ``op`` on
         the communication stream. So a bucket's reduction hides only behind the backward
         compute up to the next bucket's launch (``overlap`` of it, 1 in the estimate, which
-        charges the compute slowdown beside the buckets, :func:`overlapped_comm`), and ``step()`` (L508-514) reduces the
-        last bucket after backward and synchronizes: fully exposed. Hooks fire in backward order (the layers reversed, each
-        op's parameters one tensor, TP-sharded ones / tp); a layer's backward seconds
+        charges the compute slowdown beside the buckets, :func:`overlapped_comm`), and ``step()``
+        (L508-514) reduces the last bucket after backward and synchronizes: fully exposed. Hooks
+        fire in backward order (the layers reversed, each op's parameters one tensor, TP-sharded
+        ones / tp); a layer's backward seconds
         (:meth:`BlockCosts.block_cost`) are split over its tensors by their elements. ``op`` over the
         data-parallel group, ``nbytes_per_element``: the reduce dtype's bytes.
         """

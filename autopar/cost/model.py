@@ -18,6 +18,7 @@ the optimizer step and the framework's fixed step cost.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 from ..config import ParallelConfig, TrainingConfig
@@ -177,8 +178,8 @@ class CostModel:
             self._resolved[config] = hit
             if isinstance(hit, ParallelConfig):
                 self._resolved.setdefault(hit, hit)   # resolving a resolved config: itself
-        if isinstance(hit, InvalidParallelConfig):
-            raise type(hit)(*hit.args)
+        if isinstance(hit, InvalidParallelConfig):   # a copy (a fresh traceback), .rule kept
+            raise copy.copy(hit)
         return hit
 
     def rebuilt(self, cluster=None, train: TrainingConfig | None = None) -> "CostModel":

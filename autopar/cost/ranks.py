@@ -28,7 +28,7 @@ class RankLayers:
         """Per pipeline rank: (layer indices, chunk indices, groups) where groups lists
         (representative layer index, count, is_block) per distinct layer signature (cached).
         Chunk ``ci`` runs on rank ``ci % pp``, or in a V for the V-shaped schedules
-        (:func:`autopar.cost.pipeline_orders.stage_rank`)."""
+        (:func:`autopar.cost.pipeline.orders.stage_rank`)."""
         key = (pp, stage_blocks, schedule in V_SHAPED)
         hit = self._rank_layers.get(key)
         if hit is not None:

@@ -104,7 +104,7 @@ class ModelStates:
         (``MemoryConventions.pp_unsharded_bytes``): each chunk holds
         ``pp_unsharded_forward_bytes`` per parameter from its first forward and the rest from
         its first backward, until its last backward reduces its gradients
-        (:func:`autopar.cost.pipeline_orders.held_chunks_at_peak`, with torch's sources).
+        (:func:`autopar.cost.pipeline.held.held_chunks_at_peak`, with torch's sources).
 
         Under 1F1B (one chunk) that is every byte, as the rank's activations peak at its first
         backward; under interleaved 1F1B a rank's earlier chunk has not begun its backward when

@@ -1,7 +1,8 @@
 """The names the fields of a :class:`~autopar.frameworks.profiles.FrameworkProfile` take
-(stage-cut, interleaving, expert-TP, fusion, gather, ZeRO-1 rules), the names of its cost fields, the optimizer-step byte counts with their
-derivations, and the default cost sources (plain PyTorch 2.x). Re-exported by
-:mod:`autopar.frameworks.profiles`; imports nothing of autopar, so every module may use it.
+(stage-cut, interleaving, expert-TP, fusion, gather, ZeRO-1 rules), the names of its cost
+fields, the optimizer-step byte counts with their derivations, and the default cost sources
+(plain PyTorch 2.x). Re-exported by :mod:`autopar.frameworks.profiles`; imports nothing of
+autopar, so every module may use it.
 """
 
 from __future__ import annotations

@@ -310,7 +310,8 @@ class ExportInterpreter(MeasuringInterpreter):
 
 def fused_groups(graph: fx.Graph, modules: dict[str, nn.Module],
                   params: set[str]) -> dict[fx.Node, _Group]:
-    """{group output node: group} for runs of >= 2 nodes inside one norm or activation module with one activation in and out."""
+    """{group output node: group} for runs of >= 2 nodes inside one norm or activation module
+    with one activation in and out."""
     runs: list[tuple[str, list[fx.Node]]] = []
     for n in graph.nodes:
         stack = n.meta.get("nn_module_stack")

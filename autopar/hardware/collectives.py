@@ -20,9 +20,10 @@ Algorithms (each a sum of a launch latency, per-hop alphas and bytes over the bo
   Simple protocol takes the tree's chunk latency) unless its rings are duplicates
   (``sameChannels``: one step), where it splits all-reduce and all-gather steps into intra- and
   inter-node ones. autopar takes the per-step branch, at the inter-node link's own latency.
-* ``tree`` (all_reduce over several nodes; NCCL does not use it inside one node): chain inside each node, binary tree across nodes; latency
-  2((m-1) alpha_intra + ceil(log2 N) alpha_inter), bandwidth term 2 x nbytes / bw (NCCL's model:
-  tree algbw = busbw / 2). It wins only on latency, for small messages over many nodes.
+* ``tree`` (all_reduce over several nodes; NCCL does not use it inside one node): chain inside
+  each node, binary tree across nodes; latency 2((m-1) alpha_intra + ceil(log2 N) alpha_inter),
+  bandwidth term 2 x nbytes / bw (NCCL's model: tree algbw = busbw / 2). It wins only on
+  latency, for small messages over many nodes.
 * ``hierarchical`` (groups spanning nodes with >1 member on a node): intra-node reduce-scatter,
   inter-node all-reduce (ring or tree) of the shards between rail peers, intra-node all-gather; for
   all_gather / reduce_scatter the inter-node and intra-node halves of that.

@@ -65,7 +65,7 @@ _ROCE_LAT = "6 us: assumption, IB alpha plus ~1 us for lossless-Ethernet switchi
 _ETH_LAT = "30 us: assumption for NCCL's TCP socket transport (kernel network stack), 20-50 us typical"
 
 #: Catalog name -> LinkType.
-LINKS: Mapping[str, LinkType] = MappingProxyType({l.name: l for l in (
+LINKS: Mapping[str, LinkType] = MappingProxyType({link.name: link for link in (
     LinkType("nvlink3", "nvswitch", 300 * _GIGA, 1.0e-6,
              f"{_REF}: A100 NVLink 600 GB/s bidir (12 x 25 GB/s per direction); {_NV_LAT}"),
     LinkType("nvlink3-a800", "nvswitch", 200 * _GIGA, 1.0e-6,

@@ -47,7 +47,7 @@ def build_graph(name: str, num_nodes: int, gpus_per_node: int, pcie_bandwidth_Bp
     """
     g = nx.Graph(name=name)
     gpn = gpus_per_node
-    pcie = next((l for l in LINKS.values() if l.kind == "pcie" and l.bandwidth_Bps == pcie_bandwidth_Bps),
+    pcie = next((lt for lt in LINKS.values() if lt.kind == "pcie" and lt.bandwidth_Bps == pcie_bandwidth_Bps),
                 None) or LinkType("pcie", "pcie", pcie_bandwidth_Bps, 1e-6, "device PCIe rate")
     n_switches = max(1, -(-gpn // GPUS_PER_PCIE_SWITCH))
     if inter_link is not None and nics_per_node:
@@ -70,8 +70,8 @@ def build_graph(name: str, num_nodes: int, gpus_per_node: int, pcie_bandwidth_Bp
             continue
         for j in range(nics_per_node):
             nic = ("nic", node, j)
-            rail_gpus = [l for l in range(gpn) if l * nics_per_node // gpn == j]
-            g.add_node(nic, type="nic", node=node, rail=j, gpus=tuple(node * gpn + l for l in rail_gpus))
+            rail_gpus = [i for i in range(gpn) if i * nics_per_node // gpn == j]
+            g.add_node(nic, type="nic", node=node, rail=j, gpus=tuple(node * gpn + i for i in rail_gpus))
             first = rail_gpus[0] if rail_gpus else j % gpn
             g.add_edge(nic, ("pcie_switch", node, pcie_switch_of(first)), **_edge(pcie))
             g.add_edge(nic, ("net_switch",), **_edge(inter_link))

@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 from ..config import ParallelConfig
 from ..cost.types import Estimate
 from ..errors import AutoparError
+from ..frameworks import rules
 # defined here before the problem layer (autopar.problem); importable from here as before
 from ..problem import Problem
 
@@ -272,19 +273,15 @@ def canonical_alternatives(problem: Problem) -> list[tuple[str, dict]]:
     pipeline-heavy layout. Layouts the model or cluster forbids are left out."""
     cm = problem.cost_model
     g, cl = cm.graph, cm.cluster
-    heads, kv = g.attention_heads or 1, g.kv_heads or 1
-    node, world = cl.gpus_per_node, cl.world_size
-    out: list[tuple[str, dict]] = []
-    if heads % node == 0 and kv % node == 0 and world % node == 0:
-        out.append((f"TP={node} inside each node", {"tp": node, "cp": 1}))
-    wide = 2 * node
-    if heads % wide == 0 and kv % wide == 0 and world % wide == 0:
-        out.append((f"TP={wide} across two nodes", {"tp": wide, "cp": 1}))
+    world = cl.world_size
+    out: list[tuple[str, dict]] = [(name, {"tp": tp, "cp": 1}) for tp, name in _tp_layouts(problem)
+                                   if _tp_refusal(problem, tp) is None]
     out.append(("pure data parallel with ZeRO-3 (FSDP)",
                 {"tp": 1, "pp": 1, "cp": 1, "zero_stage": 3}))
     blocks = max(g.num_blocks, 1)
     pps = [p for p in range(2, min(blocks, world) + 1)
-           if world % p == 0 and cm.train.global_batch_size % (world // p) == 0]
+           if rules.mesh_size(world, 1, p, 1) is None
+           and rules.batch_split(cm.train.global_batch_size, world // p) is None]
     if pps:
         out.append((f"pipeline-heavy PP={pps[-1]}", {"tp": 1, "cp": 1, "pp": pps[-1]}))
     return out
@@ -293,20 +290,35 @@ def canonical_alternatives(problem: Problem) -> list[tuple[str, dict]]:
 def left_out_notes(problem: Problem) -> list[str]:
     """Why each tensor-parallel layout of :func:`canonical_alternatives` is left out, one
     sentence each (none when both are compared)."""
-    g, cl = problem.cost_model.graph, problem.cluster
-    node, world = cl.gpus_per_node, cl.world_size
-    heads, kv = g.attention_heads or 1, g.kv_heads or 1
+    cl = problem.cluster
+    world = cl.world_size
     out = []
-    for tp, name in ((node, f"TP={node} inside each node"),
-                     (2 * node, f"TP={2 * node} across two nodes")):
-        if world % tp:
+    for tp, name in _tp_layouts(problem):
+        broken = _tp_refusal(problem, tp)
+        if broken is None:
+            continue
+        if broken.rule == "mesh_size":
             out.append(f"{name} is not possible: the cluster has {world} GPU"
                        f"{'' if world == 1 else 's'} ({cl.num_nodes} node"
                        f"{'' if cl.num_nodes == 1 else 's'}).")
-        elif heads % tp or kv % tp:
-            out.append(f"{name} is not possible: TP must divide the {heads} attention heads and "
-                       f"{kv} KV heads.")
+        else:
+            out.append(f"{name} is not possible: {broken.problem}.")
     return out
+
+
+def _tp_layouts(problem: Problem) -> tuple[tuple[int, str], ...]:
+    """(tp, name) of the two tensor-parallel layouts compared: TP over one node, over two (TP
+    across nodes on purpose, so the ``tp_node`` rule does not apply)."""
+    node = problem.cluster.gpus_per_node
+    return ((node, f"TP={node} inside each node"), (2 * node, f"TP={2 * node} across two nodes"))
+
+
+def _tp_refusal(problem: Problem, tp: int) -> rules.Violation | None:
+    """The first rule a ``tp`` (pp = cp = 1) layout breaks on this model and cluster, or None;
+    heads read as the search space reads them (unknown counts as 1)."""
+    g = problem.cost_model.graph
+    return (rules.mesh_size(problem.cluster.world_size, tp, 1, 1)
+            or rules.tp_heads(tp, g.attention_heads or 1, g.kv_heads or 1))
 
 
 def tp_across_nodes(problem: Problem, est: Estimate) -> tuple[str, Estimate] | None:

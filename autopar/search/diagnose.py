@@ -44,7 +44,7 @@ def no_mesh_error(cm: CostModel, fixed: dict) -> AutoparError:
     any_batch = SimpleNamespace(seq_len=train.seq_len, global_batch_size=world)
     head = f"no legal parallel layout for {g.name} on {world} GPU{'' if world == 1 else 's'}"
     dense = rules.ep_needs_moe(fixed.get("ep") or 1, max(
-        (getattr(l, "num_experts", 0) for l in g.layers), default=0))
+        (getattr(layer, "num_experts", 0) for layer in g.layers), default=0))
     if dense is not None:
         return rules.refuse(dense, InfeasibleError, f"{head}: ")
     v = fixed.get("virtual_stages") or 1

@@ -70,7 +70,7 @@ def sig_points(k: int, ts: list, ms: list, budget: float) -> list:
             level(j - 1, rest - n, mem + n * mj, time + n * ts[j], (n, *outer))
 
     level(r - 1, k, 0.0, 0.0, ())
-    del level   # the recursive closure refers to itself: leave no cycle for the collector
+    level = None   # the recursive closure refers to itself: leave no cycle for the collector
     return pts
 
 
@@ -128,7 +128,7 @@ def best_of_sig(k: int, ts: list, ms: list, budget: float, tie, bound: float = m
             level(j - 1, rest - n, mem + n * mj, time + n * tj, (n, *outer))
 
     level(r - 1, k, 0.0, 0.0, ())
-    del level   # the recursive closure refers to itself: leave no cycle for the collector
+    level = None   # the recursive closure refers to itself: leave no cycle for the collector
     return best
 
 

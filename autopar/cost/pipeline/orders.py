@@ -1,6 +1,7 @@
 """The order in which each pipeline rank runs its compute actions, per schedule, as
-``torch.distributed.pipelining`` (torch 2.13, ``schedules.py``) builds it, and the most micro-batches each rank holds along it
-(timed by :mod:`.replay`; per chunk at the peak: :mod:`.held`).
+``torch.distributed.pipelining`` (torch 2.13, ``schedules.py``) builds it, and the most
+micro-batches each rank holds along it (timed by :mod:`.replay`; per chunk at the peak:
+:mod:`.held`).
 
 An action is ``(kind, stage, micro-batch)`` with ``stage`` the global chunk index (0 .. S-1,
 ``S = pp * v``) and ``kind`` one of:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from .orders import Action, stage_rank
+from .orders import Action
 
 def replay(orders: tuple[tuple[Action, ...], ...], num_stages: int, schedule: str,
            fwd: tuple[float, ...], inp: tuple[float, ...], wgt: tuple[float, ...],

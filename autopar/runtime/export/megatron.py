@@ -34,9 +34,9 @@ def to_megatron_args(plan) -> Export:
     Per-block recompute mixes become ``--recompute-method block`` with the most blocks fully
     recomputed in any stage; ZeRO-2 becomes the distributed optimizer (ZeRO-1), ZeRO-3 FSDP2
     (ZeRO-1 under pipeline or expert parallelism, which FSDP2 does not combine with); GPipe
-    runs as 1F1B, the zero-bubble and V-shaped schedules as (interleaved) 1F1B; uneven stage cuts and interleaved chunks are written exactly with
-    ``--pipeline-model-parallel-layout``. The written configuration is re-estimated (see
-    :class:`Export`).
+    runs as 1F1B, the zero-bubble and V-shaped schedules as (interleaved) 1F1B; uneven stage
+    cuts and interleaved chunks are written exactly with ``--pipeline-model-parallel-layout``.
+    The written configuration is re-estimated (see :class:`Export`).
     """
     c, t, m = plan.config, plan.train, plan.model_config or {}
     warn: list[str] = []
