@@ -61,6 +61,9 @@ class DataParallel:
                  states: ModelStates, blocks: BlockCosts):
         self.inputs, self.groups, self.ranks = inputs, groups, ranks
         self.states, self.blocks = states, blocks
+        # ZeRO-3 passes by (layout, rank, bytes per element, op): the search prices one
+        # layout under many recompute and kept-gathered choices, which these do not read
+        self._zero3: dict[tuple, object] = {}
 
     def cost(self, c: ParallelConfig, layout: tuple, bottleneck: int, fwd1: float,
              bwd1: float, keep: tuple[float, ...], with_loads: bool = True) -> DPCost:
@@ -212,19 +215,29 @@ class DataParallel:
         block: ``per_block``) or one per parameter tensor (DeepSpeed ZeRO-3: ``per_parameter``),
         so the latency terms of every call count, not one ideal collective per pass.
         ``nbytes_per_element``: 2 for bf16 parameters, the reduce dtype's bytes for gradients."""
+        key = (_layout_key(c), rank, nbytes_per_element, op, "s")
+        hit = self._zero3.get(key)
+        if hit is not None:
+            return hit
         dp_g = self.groups.group("dp", c)
         total = 0.0
         for n, nbytes in self.zero3_messages(c, rank, nbytes_per_element):
             total += n * dp_g.time(op, nbytes)
+        self._zero3[key] = total
         return total
 
     def zero3_collective_load(self, c: ParallelConfig, rank: int, nbytes_per_element: float,
                               op: str) -> LinkLoad:
         """The per-link :class:`LinkLoad` of the collectives :meth:`zero3_collective_s` times."""
+        key = (_layout_key(c), rank, nbytes_per_element, op, "load")
+        hit = self._zero3.get(key)
+        if hit is not None:
+            return hit
         dp_g = self.groups.group("dp", c)
         total = NO_LOAD
         for n, nbytes in self.zero3_messages(c, rank, nbytes_per_element):
             total += dp_g.load(op, nbytes).scaled(n)
+        self._zero3[key] = total
         return total
 
     def zero3_messages(self, c: ParallelConfig, rank: int, nbytes_per_element: float):
@@ -305,3 +318,10 @@ class DataParallel:
         if grp is None or owners < 1:
             return NO_LOAD
         return grp.load("broadcast", nbytes / owners).scaled(owners)
+
+
+def _layout_key(c: ParallelConfig) -> tuple:
+    """``c``'s fields less its per-block recompute and kept-gathered choices (what the ZeRO-3
+    passes of :class:`DataParallel` depend on: degrees, placement, cuts, schedule)."""
+    return tuple(v for f, v in c.__dict__.items()
+                 if f not in ("recompute", "reshard_after_forward"))

@@ -38,18 +38,22 @@ def tied(a: float, b: float) -> bool:
     return abs(a - b) <= TIE_RTOL * min(a, b)
 
 
-def simplicity_key(e: Estimate) -> tuple:
+def simplicity_key(e: Estimate, text: bool = True) -> tuple:
     """Sort key among equally fast estimates: (parallel dimensions of degree > 1, CP used,
-    memory per GPU in bytes, the configuration's text); smaller is simpler."""
+    memory per GPU in bytes, the configuration's text); smaller is simpler. ``text`` False
+    leaves the text out (the key's prefix)."""
     c = e.config
     dims = sum(1 for d in PARALLEL_DIMS if getattr(c, d) > 1)
+    if not text:
+        return (dims, c.cp > 1, e.memory_per_gpu_bytes)
     return (dims, c.cp > 1, e.memory_per_gpu_bytes, repr(c))
 
 
-def rank_key(e: Estimate) -> tuple:
+def rank_key(e: Estimate, text: bool = True) -> tuple:
     """Total order by exact step time, then :func:`simplicity_key` (the first pass of
-    :func:`ranked`, which then reorders times within :data:`TIE_RTOL`)."""
-    return (e.step_time_s, *simplicity_key(e))
+    :func:`ranked`, which then reorders times within :data:`TIE_RTOL`); ``text`` False leaves
+    out the configuration's text."""
+    return (e.step_time_s, *simplicity_key(e, text))
 
 
 def better(a: Estimate, b: Estimate) -> bool:
@@ -67,7 +71,18 @@ def ranked(estimates: Iterable[Estimate]) -> list[Estimate]:
     (not of the order estimates were found): walking by exact time, a class takes every
     estimate within the tolerance of its first one.
     """
-    by_time = sorted(estimates, key=rank_key)
+    # sorted by rank_key, whose last field (the configuration's text) is computed only where
+    # the fields before it are equal: the same order, without the text of every estimate
+    by_time = sorted(estimates, key=lambda e: rank_key(e, text=False))
+    i = 0
+    while i < len(by_time):
+        head = rank_key(by_time[i], text=False)
+        j = i + 1
+        while j < len(by_time) and rank_key(by_time[j], text=False) == head:
+            j += 1
+        if j - i > 1:
+            by_time[i:j] = sorted(by_time[i:j], key=lambda e: repr(e.config))
+        i = j
     out: list[Estimate] = []
     i = 0
     while i < len(by_time):
@@ -75,7 +90,7 @@ def ranked(estimates: Iterable[Estimate]) -> list[Estimate]:
         j = i
         while j < len(by_time) and tied(by_time[j].step_time_s, anchor):
             j += 1
-        out.extend(sorted(by_time[i:j], key=simplicity_key))
+        out.extend(sorted(by_time[i:j], key=simplicity_key) if j - i > 1 else by_time[i:j])
         i = j
     return out
 

@@ -83,6 +83,7 @@ class PipelineTimer:
     def __init__(self, inputs: CostInputs, ranks: RankLayers, blocks: BlockCosts):
         self.inputs, self.ranks, self.blocks = inputs, ranks, blocks
         self._pipelines: dict[tuple, PipelineTiming] = {}
+        self._rank_sums: dict[tuple, tuple] = {}
         self._signature = [layer.signature for layer in inputs.graph.layers]
 
     def pair_overlap(self, c: ParallelConfig, parts: list[dict], stage_time: list[float]
@@ -111,6 +112,42 @@ class PipelineTimer:
             ep = part["ep_comm"] / v   # forward + backward all-to-alls of one chunk
             out.append(min(ep, total / v - ep))
         return tuple(max(0.0, x) for x in out)
+
+    def _sums(self, c: ParallelConfig, st, rank_layers, uniform, modes) -> tuple:
+        """One rank's per-micro-batch sums over its layers (``st``: its StageLayout), each
+        accumulated from 0 in the order of its (layer kind, mode) items: compute, forward,
+        backward and weight-gradient seconds, activation bytes, the largest transient, TP / CP
+        / EP seconds and loads, and each item's recompute FLOPs (summed by the caller)."""
+        if uniform is not None:  # identical layers cost the same: count them once
+            items = [(li, uniform, n) for li, n in rank_layers[2]]
+        else:
+            # (signature, mode) -> count in first-seen order, and the first layer of each
+            # (a dict keeps the last value written: the reversed walk leaves the first)
+            keys = list(zip(map(self._signature.__getitem__, st.layers),
+                            map(modes.get, st.layers, itertools.repeat("none"))))
+            first = dict(zip(reversed(keys), reversed(st.layers)))
+            items = [(first[k], k[1], n) for k, n in Counter(keys).items()]
+        compute = fwd = bwd = wgrad = act = transient = 0.0
+        tp_s = cp_s = ep_s = 0.0
+        tp_l = cp_l = ep_l = NO_LOAD
+        flops = []
+        for li, mode, n in items:
+            bc = self.blocks.block_cost(li, mode, c)
+            compute += n * bc.compute_s
+            fwd += n * bc.fwd_s
+            bwd += n * bc.bwd_s
+            wgrad += n * bc.wgrad_s
+            tp_s += n * bc.tp_s
+            cp_s += n * bc.cp_s
+            ep_s += n * bc.ep_s
+            tp_l += bc.tp_load.scaled(n)
+            cp_l += bc.cp_load.scaled(n)
+            ep_l += bc.ep_load.scaled(n)
+            flops.append(n * bc.recompute_flops)
+            act += n * bc.act_bytes
+            transient = max(transient, bc.transient_bytes)
+        return (compute, fwd, bwd, wgrad, act, transient, tp_s, cp_s, ep_s, tp_l, cp_l, ep_l,
+                tuple(flops))
 
     def timing(self, c: ParallelConfig, layout: tuple) -> PipelineTiming:
         """The :class:`PipelineTiming` of the resolved config ``c`` whose ranks hold ``layout``
@@ -142,34 +179,29 @@ class PipelineTimer:
         stage_transient = [0.0] * pp
         recompute_flops = 0.0
         rank_comm: list[list[tuple]] = [[] for _ in range(pp)]  # one GPU's traffic per rank
+        # a rank's sums depend on the configuration less its ZeRO fields and on the recompute
+        # modes of that rank's own layers: variants that change one rank's modes reuse the rest
+        base = tuple(v for f, v in c.__dict__.items()
+                     if f not in ("zero_stage", "reshard_after_forward", "recompute"))
         for rank, st in enumerate(layout):
-            if uniform is not None:  # identical layers cost the same: count them once
-                items = [(li, uniform, n) for li, n in ranks[rank][2]]
+            if uniform is not None:
+                rank_key = (base, rank, uniform)
             else:
-                # (signature, mode) -> count in first-seen order, and the first layer of each
-                # (a dict keeps the last value written: the reversed walk leaves the first)
-                keys = list(zip(map(self._signature.__getitem__, st.layers),
-                                map(modes.get, st.layers, itertools.repeat("none"))))
-                first = dict(zip(reversed(keys), reversed(st.layers)))
-                items = [(first[k], k[1], n) for k, n in Counter(keys).items()]
-            tp_s = cp_s = ep_s = 0.0
-            tp_l = cp_l = ep_l = NO_LOAD
+                rank_key = (base, rank, tuple(map(modes.get, st.layers, itertools.repeat("none"))))
+            sums = self._rank_sums.get(rank_key)
+            if sums is None:
+                sums = self._rank_sums[rank_key] = self._sums(c, st, ranks[rank], uniform, modes)
+            (compute, fwd, bwd, wgrad, act, transient, tp_s, cp_s, ep_s, tp_l, cp_l, ep_l,
+             flops) = sums
             parts = stage_parts[rank]
-            for li, mode, n in items:
-                bc = self.blocks.block_cost(li, mode, c)
-                parts["compute"] += n * bc.compute_s
-                stage_fwd[rank] += n * bc.fwd_s
-                stage_bwd[rank] += n * bc.bwd_s
-                stage_wgrad[rank] += n * bc.wgrad_s
-                tp_s += n * bc.tp_s
-                cp_s += n * bc.cp_s
-                ep_s += n * bc.ep_s
-                tp_l += bc.tp_load.scaled(n)
-                cp_l += bc.cp_load.scaled(n)
-                ep_l += bc.ep_load.scaled(n)
-                recompute_flops += n * bc.recompute_flops
-                stage_act[rank] += n * bc.act_bytes
-                stage_transient[rank] = max(stage_transient[rank], bc.transient_bytes)
+            parts["compute"] += compute
+            stage_fwd[rank] += fwd
+            stage_bwd[rank] += bwd
+            stage_wgrad[rank] += wgrad
+            for term in flops:   # in the order of the ranks' items, as one running sum
+                recompute_flops += term
+            stage_act[rank] += act
+            stage_transient[rank] = max(stage_transient[rank], transient)
             parts["tp_comm"] += tp_s
             parts["cp_comm"] += cp_s
             parts["ep_comm"] += ep_s

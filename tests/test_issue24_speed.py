@@ -1,0 +1,61 @@
+"""The search's speed-ups change no result: the ranking without every configuration's text,
+and the cost model's per-rank and ZeRO-3 caches, give what the plain computation gives."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import autopar
+from autopar.config import ParallelConfig
+from autopar.cost.model import CostModel
+from autopar.problem import model_graph
+from autopar.search.ranking import simplicity_key, tied
+from autopar.search.ranking import ranked
+
+
+def _reference_ranked(estimates):
+    """ranked() as written before the speed-up: every key with the configuration's text."""
+    by_time = sorted(estimates, key=lambda e: (e.step_time_s, *simplicity_key(e)))
+    out, i = [], 0
+    while i < len(by_time):
+        anchor, j = by_time[i].step_time_s, i
+        while j < len(by_time) and tied(by_time[j].step_time_s, anchor):
+            j += 1
+        out.extend(sorted(by_time[i:j], key=simplicity_key))
+        i = j
+    return out
+
+
+_CONFIGS = [ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, zero_stage=z)
+            for tp in (1, 2) for pp in (1, 2) for dp in (1, 4) for cp in (1, 2) for z in (0, 3)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([1.0, 1.0 + 1e-12, 1.5, 2.0, 2.0 + 3e-10]),
+                          st.sampled_from([10.0, 20.0]), st.integers(0, len(_CONFIGS) - 1)),
+                max_size=30))
+def test_ranking_is_the_order_with_every_text(rows):
+    est = [SimpleNamespace(step_time_s=t, memory_per_gpu_bytes=m, config=_CONFIGS[k])
+           for t, m, k in rows]
+    assert [id(e) for e in ranked(est)] == [id(e) for e in _reference_ranked(est)]
+
+
+def test_cached_rank_sums_and_zero3_passes_give_the_uncached_estimate():
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=512)
+    graph, _ = model_graph("tiny-llama", train)
+    cluster = autopar.Cluster.from_spec("2x8xA100-80GB")
+    warm = CostModel(graph, cluster, train)
+    base = ParallelConfig(tp=2, pp=2, dp=4, zero_stage=3, micro_batch_size=1)
+    n = graph.num_blocks
+    variants = [base.replace(recompute=tuple("full" if i < k else "none" for i in range(n)))
+                for k in range(n + 1)]
+    variants += [v.replace(reshard_after_forward=tuple(i % 2 == 0 for i in range(n)))
+                 for v in variants[1:3]]
+    for v in variants:   # warm: each variant reuses the ranks and passes the others priced
+        warm.estimate(v)
+    for v in variants:
+        cold = CostModel(graph, cluster, train).estimate(v)
+        assert warm.estimate(v) == cold
