@@ -23,6 +23,7 @@ from pathlib import Path
 
 import autopar
 from autopar.cost import regime as rg
+from autopar.frameworks import band_framework
 
 from . import validation
 from .records import RecordError, parse
@@ -31,13 +32,6 @@ ROOT = Path(__file__).resolve().parents[1]
 TABLE = ROOT / "autopar" / "cost" / "published.py"
 COMMAND = "python -m benchmarks.bands --write"
 
-#: Record software family (:func:`benchmarks.validation.framework_kind`) -> the framework
-#: autopar targets that runs the same code path: NeMo is Megatron-Core underneath; llm-foundry
-#: (Composer) and fms-fsdp / lit-gpt are PyTorch FSDP trainers, as ``plan.apply`` (``torch``)
-#: is. Stacks outside these (in-house, InternEvo, DDP scripts) count only in cells that pool
-#: the framework.
-FRAMEWORK_OF = {"megatron": "megatron", "nemo": "megatron", "torchtitan": "torchtitan",
-                "deepspeed": "deepspeed", "fsdp": "torch", "llm-foundry": "torch"}
 
 
 @dataclass(frozen=True)
@@ -67,7 +61,8 @@ def points(raw: list[dict] | None = None) -> tuple[list[Point], list[tuple[str, 
             skipped.append((r.get("id", "?"), f"{type(exc).__name__}: {str(exc)[:120]}"))
             continue
         plan = {**row.chosen, **rec.fixed}
-        key = (FRAMEWORK_OF.get(validation.framework_kind(rec.framework), rg.ANY),
+        # the record's stack is banded with the framework whose code path it runs (library)
+        key = (band_framework(validation.profile_name(rec)),
                rec.train.precision, rg.gpu_generation(rec.cluster.device.name),
                rg.sharding_kind(plan.get("tp", 1), plan.get("pp", 1), plan.get("cp", 1),
                                 plan.get("zero_stage")))

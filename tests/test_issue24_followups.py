@@ -32,3 +32,25 @@ def test_a_cached_refusal_is_raised_again_with_its_rule(bad, rule):
     assert first.rule == again.rule == rule
     assert str(first) == str(again)
     assert again is not first   # a fresh copy each time: tracebacks do not pile up on the cached one
+
+
+def test_a_published_stack_is_banded_with_the_framework_whose_code_path_it_runs():
+    """--framework nemo is Megatron-Core: its estimate takes megatron's error band (it fell back
+    to the cells pooled over frameworks, as an unknown name); InternEvo has no cells of its own."""
+    import autopar
+    from autopar.cost.regime import Regime
+    from autopar.frameworks import BAND_FRAMEWORK, band_framework, get_profile
+    from autopar.config import FRAMEWORKS
+    assert set(BAND_FRAMEWORK) == set(FRAMEWORKS)
+    assert set(BAND_FRAMEWORK.values()) <= {"torch", "torchtitan", "megatron", "deepspeed", "*"}
+    cluster = autopar.Cluster.from_spec("2x8xH100")
+    bands = {}
+    for fw in ("megatron", "nemo", "megatron-2023", "internevo"):
+        train = autopar.TrainingConfig(global_batch_size=64, seq_len=2048, framework=fw)
+        est = autopar.estimate("llama2-7b", cluster, train,
+                               {"tp": 2, "pp": 1, "dp": 8, "zero_stage": 1})
+        bands[fw] = est.error_band
+        assert Regime.of(train, "H100", est.config).framework == band_framework(fw)
+    assert bands["nemo"] == bands["megatron"] == bands["megatron-2023"]
+    assert bands["internevo"].cell[0] == "*"
+    assert band_framework(get_profile("fsdp1")) == "torch" and band_framework("nope") == "*"

@@ -32,6 +32,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from ..frameworks import band_framework
 from ..hardware.gpu import architecture
 from . import published
 
@@ -73,7 +74,8 @@ class Regime:
     """What an estimate's accuracy depends on.
 
     Attributes:
-        framework: the training framework (:data:`autopar.config.FRAMEWORKS`).
+        framework: the framework whose published runs band the plan's
+            (:func:`autopar.frameworks.band_framework` of the training framework), or "*".
         precision: the training precision (:data:`autopar.config.PRECISIONS`).
         gpu: the GPU generation (:func:`gpu_generation`).
         sharding: the sharding kind (:func:`sharding_kind`).
@@ -87,7 +89,7 @@ class Regime:
     @classmethod
     def of(cls, train, device_name: str, config) -> "Regime":
         """The regime of a resolved ``config`` for ``train`` (a TrainingConfig) on a GPU."""
-        return cls(train.framework, train.precision, gpu_generation(device_name),
+        return cls(band_framework(train.framework), train.precision, gpu_generation(device_name),
                    sharding_kind(config.tp, config.pp, config.cp, config.zero_stage))
 
     def key(self) -> tuple[str, str, str, str]:

@@ -6,9 +6,9 @@
 from .edits import edits_text, profile_edits, with_edits
 from .memory import MemoryConventions
 from .profiles import CHUNK_RULES, CUT_RULES, FrameworkProfile
-from .stacks import PROFILES, get_profile, shard_within
+from .stacks import BAND_FRAMEWORK, PROFILES, band_framework, get_profile, shard_within
 from .seqrule import SeqLenRule
 
-__all__ = ["CHUNK_RULES", "CUT_RULES", "PROFILES", "FrameworkProfile", "MemoryConventions",
-           "SeqLenRule", "edits_text", "get_profile", "profile_edits", "shard_within",
-           "with_edits"]
+__all__ = ["BAND_FRAMEWORK", "CHUNK_RULES", "CUT_RULES", "PROFILES", "band_framework",
+           "FrameworkProfile", "MemoryConventions", "SeqLenRule", "edits_text", "get_profile",
+           "profile_edits", "shard_within", "with_edits"]

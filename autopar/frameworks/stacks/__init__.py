@@ -51,6 +51,27 @@ PROFILES: Mapping[str, FrameworkProfile] = MappingProxyType({p.name: p for p, _ 
 CHOICES: Mapping[str, Choices] = MappingProxyType({p.name: c for p, c in _BUILT})
 assert tuple(PROFILES) == FRAMEWORKS, "autopar.config.FRAMEWORKS and PROFILES disagree"
 
+#: The framework whose published runs give a profile its error band and MFU ceiling
+#: (:mod:`autopar.cost.published`, :class:`autopar.cost.regime.Regime`). A stack that runs
+#: another's code path counts with it: Megatron-LM's releases and NeMo are Megatron-Core; the
+#: FSDP1 trainers (fms-fsdp, llm-foundry's Composer, TinyLlama's Fabric) are PyTorch FSDP, as
+#: ``plan.apply`` is. A stack whose code path autopar does not target (the unnamed in-house
+#: stacks, InternEvo, flash-attention's 2022 training code) has no cells of its own: "*", the
+#: cells pooled over frameworks.
+BAND_FRAMEWORK: Mapping[str, str] = MappingProxyType({
+    "torch": "torch", "torchtitan": "torchtitan", "megatron": "megatron",
+    "deepspeed": "deepspeed", "megatron-2023": "megatron", "nemo": "megatron",
+    "inhouse-2024": "*", "fsdp1": "torch", "llm-foundry": "torch", "tinyllama": "torch",
+    "flash-attention-training": "*", "internevo": "*", "internevo-fsdp": "*"})
+assert tuple(BAND_FRAMEWORK) == FRAMEWORKS, "every profile needs its BAND_FRAMEWORK entry"
+
+
+def band_framework(framework: str | FrameworkProfile) -> str:
+    """The framework whose published runs a plan for ``framework`` (a name or a profile) is
+    banded with (:data:`BAND_FRAMEWORK`); "*" (pooled over frameworks) for a name it lacks."""
+    name = framework.name if isinstance(framework, FrameworkProfile) else framework
+    return BAND_FRAMEWORK.get(name, "*")
+
 
 def get_profile(framework: str | FrameworkProfile) -> FrameworkProfile:
     """The profile of a framework name (a profile passes through).
