@@ -54,3 +54,14 @@ def test_a_published_stack_is_banded_with_the_framework_whose_code_path_it_runs(
     assert bands["nemo"] == bands["megatron"] == bands["megatron-2023"]
     assert bands["internevo"].cell[0] == "*"
     assert band_framework(get_profile("fsdp1")) == "torch" and band_framework("nope") == "*"
+
+
+def test_a_megatron_flag_written_without_dashes_is_named_not_dropped():
+    from autopar.io.importers import from_megatron_args
+    got = from_megatron_args("tensor-model-parallel-size 2 --foo 3")
+    assert got.parallel.get("tp") is None
+    stray = [n for n in got.notes if "not a flag" in n]
+    assert stray and "tensor-model-parallel-size 2" in stray[0]
+    assert "did you mean --tensor-model-parallel-size?" in stray[0]
+    # the value of an unknown flag is not a stray word
+    assert not any("not a flag" in n for n in from_megatron_args("--foo 3 --tp-comm-x").notes)

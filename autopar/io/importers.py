@@ -248,6 +248,16 @@ def from_megatron_args(text: str | list[str]) -> Imported:
     if flags:
         notes.append("ignored (not a parallelism or batch setting autopar models): "
                      + " ".join(flags))
+    # a word that is neither a flag nor the value after an unknown flag is a typo (a flag
+    # written without its "--"), which Megatron-LM itself refuses: say so, with the flag meant
+    stray = [u for i, u in enumerate(unknown)
+             if not u.startswith("-") and (i == 0 or not unknown[i - 1].startswith("--"))]
+    if stray:
+        known = _megatron_parser()._option_string_actions   # argparse keeps its flags here
+        meant = [f"--{w}" for w in stray if f"--{w}" in known]
+        notes.append("ignored, not a flag (Megatron-LM flags start with --; it would refuse "
+                     "them): " + " ".join(stray)
+                     + (f"; did you mean {' '.join(meant)}?" if meant else ""))
     return Imported(parallel=par, train=train, num_layers=ns.num_layers, notes=tuple(notes),
                     costs=costs, cost_sources=sources,
                     layer_split=split)
