@@ -390,6 +390,11 @@ class ParallelConfig:
         # every field is an init field: this is dataclasses.replace without its field walk
         return type(self)(**{**self.__dict__, **changes})
 
+    def fields_except(self, *names: str) -> tuple:
+        """The field values in order, less those of ``names``: the cache key of a cost that
+        does not read those fields (e.g. a pipeline timing shared by every ZeRO stage)."""
+        return tuple(v for f, v in self.__dict__.items() if f not in names)
+
     def to_dict(self) -> dict:
         """Plain-JSON form (tuples become lists)."""
         d = asdict(self)

@@ -48,6 +48,9 @@ class DPCost:
     loads: tuple[tuple[LinkLoad, float], ...] = ()
 
 
+#: Fields of a configuration the ZeRO-3 passes do not read (their cache key leaves them out).
+_NOT_IN_ZERO3 = ("recompute", "reshard_after_forward")
+
 class DataParallel:
     """The :class:`DPCost` of configs of one cost model.
 
@@ -62,7 +65,7 @@ class DataParallel:
         self.inputs, self.groups, self.ranks = inputs, groups, ranks
         self.states, self.blocks = states, blocks
         # ZeRO-3 passes by (layout, rank, bytes per element, op): the search prices one
-        # layout under many recompute and kept-gathered choices, which these do not read
+        # layout under many recompute and kept-gathered choices (_NOT_IN_ZERO3), not read here
         self._zero3: dict[tuple, object] = {}
 
     def cost(self, c: ParallelConfig, layout: tuple, bottleneck: int, fwd1: float,
@@ -215,7 +218,7 @@ class DataParallel:
         block: ``per_block``) or one per parameter tensor (DeepSpeed ZeRO-3: ``per_parameter``),
         so the latency terms of every call count, not one ideal collective per pass.
         ``nbytes_per_element``: 2 for bf16 parameters, the reduce dtype's bytes for gradients."""
-        key = (_layout_key(c), rank, nbytes_per_element, op, "s")
+        key = (c.fields_except(*_NOT_IN_ZERO3), rank, nbytes_per_element, op, "s")
         hit = self._zero3.get(key)
         if hit is not None:
             return hit
@@ -229,7 +232,7 @@ class DataParallel:
     def zero3_collective_load(self, c: ParallelConfig, rank: int, nbytes_per_element: float,
                               op: str) -> LinkLoad:
         """The per-link :class:`LinkLoad` of the collectives :meth:`zero3_collective_s` times."""
-        key = (_layout_key(c), rank, nbytes_per_element, op, "load")
+        key = (c.fields_except(*_NOT_IN_ZERO3), rank, nbytes_per_element, op, "load")
         hit = self._zero3.get(key)
         if hit is not None:
             return hit
@@ -318,10 +321,3 @@ class DataParallel:
         if grp is None or owners < 1:
             return NO_LOAD
         return grp.load("broadcast", nbytes / owners).scaled(owners)
-
-
-def _layout_key(c: ParallelConfig) -> tuple:
-    """``c``'s fields less its per-block recompute and kept-gathered choices (what the ZeRO-3
-    passes of :class:`DataParallel` depend on: degrees, placement, cuts, schedule)."""
-    return tuple(v for f, v in c.__dict__.items()
-                 if f not in ("recompute", "reshard_after_forward"))

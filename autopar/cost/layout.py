@@ -115,8 +115,7 @@ class Layouts:
         parameters; the search's time-only bound): none of it depends on the ZeRO stage or the
         kept-gathered flags, so the layout of any ZeRO stage of ``c`` serves (cached per
         configuration less those fields; its model states are not to be read)."""
-        key = tuple(v for f, v in c.__dict__.items()
-                    if f not in ("zero_stage", "reshard_after_forward"))
+        key = c.fields_except("zero_stage", "reshard_after_forward")
         hit = self._time_layouts.get(key)
         if hit is None:
             hit = self._time_layouts[key] = self.stage_layout(c)

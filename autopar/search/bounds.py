@@ -108,8 +108,7 @@ def beyond(run, c: ParallelConfig, bar: float) -> tuple[bool, float]:
     lb = compute_bound(run.cm, c)
     if lb > bar * (1 + BOUND_RTOL):
         return True, lb
-    key = (tuple(v for f, v in c.__dict__.items() if f not in _NOT_IN_FREE_BOUND),
-           min(c.zero_stage, 1))
+    key = (c.fields_except(*_NOT_IN_FREE_BOUND), min(c.zero_stage, 1))
     lb = run.free_bounds.get(key)
     if lb is None:
         lb = run.free_bounds[key] = recompute_free_bound(run.cm, c)

@@ -113,8 +113,9 @@ class PipelineTimer:
             out.append(min(ep, total / v - ep))
         return tuple(max(0.0, x) for x in out)
 
-    def _sums(self, c: ParallelConfig, st, rank_layers, uniform, modes) -> tuple:
-        """One rank's per-micro-batch sums over its layers (``st``: its StageLayout), each
+    def _sums(self, c: ParallelConfig, st, rank_layers, uniform, rank_modes) -> tuple:
+        """One rank's per-micro-batch sums over its layers (``st``: its StageLayout; under
+        per-block recomputation ``rank_modes``: the mode of each of its layers), each
         accumulated from 0 in the order of its (layer kind, mode) items: compute, forward,
         backward and weight-gradient seconds, activation bytes, the largest transient, TP / CP
         / EP seconds and loads, and each item's recompute FLOPs (summed by the caller)."""
@@ -123,8 +124,7 @@ class PipelineTimer:
         else:
             # (signature, mode) -> count in first-seen order, and the first layer of each
             # (a dict keeps the last value written: the reversed walk leaves the first)
-            keys = list(zip(map(self._signature.__getitem__, st.layers),
-                            map(modes.get, st.layers, itertools.repeat("none"))))
+            keys = list(zip(map(self._signature.__getitem__, st.layers), rank_modes))
             first = dict(zip(reversed(keys), reversed(st.layers)))
             items = [(first[k], k[1], n) for k, n in Counter(keys).items()]
         compute = fwd = bwd = wgrad = act = transient = 0.0
@@ -158,8 +158,7 @@ class PipelineTimer:
         ``layout`` do not depend on them (only its model states do, which this part does not
         read). So it is cached per configuration less those two fields, and the search's
         estimates of one configuration under several ZeRO stages share it."""
-        key = tuple(v for f, v in c.__dict__.items()
-                    if f not in ("zero_stage", "reshard_after_forward"))
+        key = c.fields_except("zero_stage", "reshard_after_forward")
         hit = self._pipelines.get(key)
         if hit is not None:
             return hit
@@ -181,16 +180,15 @@ class PipelineTimer:
         rank_comm: list[list[tuple]] = [[] for _ in range(pp)]  # one GPU's traffic per rank
         # a rank's sums depend on the configuration less its ZeRO fields and on the recompute
         # modes of that rank's own layers: variants that change one rank's modes reuse the rest
-        base = tuple(v for f, v in c.__dict__.items()
-                     if f not in ("zero_stage", "reshard_after_forward", "recompute"))
+        base = c.fields_except("zero_stage", "reshard_after_forward", "recompute")
         for rank, st in enumerate(layout):
-            if uniform is not None:
-                rank_key = (base, rank, uniform)
-            else:
-                rank_key = (base, rank, tuple(map(modes.get, st.layers, itertools.repeat("none"))))
+            rank_modes = None if uniform is not None else tuple(
+                map(modes.get, st.layers, itertools.repeat("none")))
+            rank_key = (base, rank, uniform if uniform is not None else rank_modes)
             sums = self._rank_sums.get(rank_key)
             if sums is None:
-                sums = self._rank_sums[rank_key] = self._sums(c, st, ranks[rank], uniform, modes)
+                sums = self._rank_sums[rank_key] = self._sums(c, st, ranks[rank], uniform,
+                                                              rank_modes)
             (compute, fwd, bwd, wgrad, act, transient, tp_s, cp_s, ep_s, tp_l, cp_l, ep_l,
              flops) = sums
             parts = stage_parts[rank]
