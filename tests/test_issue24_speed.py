@@ -59,3 +59,66 @@ def test_cached_rank_sums_and_zero3_passes_give_the_uncached_estimate():
     for v in variants:
         cold = CostModel(graph, cluster, train).estimate(v)
         assert warm.estimate(v) == cold
+
+
+def _plans(result):
+    return ([repr(result.best.config)], [(repr(e.config), e.step_time_s) for e in result.top])
+
+
+def test_kept_gathered_screen_changes_neither_best_nor_top(monkeypatch):
+    """The kept-gathered variants screened by their step time alone and by the lower bounds
+    (DP saving, pipelined step, a timed variant of the same recomputation) leave the best and
+    top plans what estimating every variant in full gives, on problems where the screen
+    drops most variants (llama2-7b on 16 A100-40GB) and few (llama3-8b on 16 H100)."""
+    from autopar.search import kept, optimize
+
+    calls = []
+    screen = kept._may_matter
+
+    def counted(*args):
+        got = screen(*args)
+        calls.append(got[0])
+        return got
+
+    cases = [("llama2-7b", "2x8xA100-40GB", 64, 4096), ("llama3-8b", "2x8xH100", 64, 8192)]
+    for name, cluster, batch, seq in cases:
+        train = autopar.TrainingConfig(global_batch_size=batch, seq_len=seq)
+        graph, _ = model_graph(name, train)
+        spec = autopar.Cluster.from_spec(cluster)
+        calls.clear()
+        monkeypatch.setattr(kept, "_may_matter", counted)
+        screened = optimize.search(CostModel(graph, spec, train))
+        assert calls.count(False) > 0, "the problem must reach variants the screen drops"
+        # everything estimated in full: no bound, no screen
+        monkeypatch.setattr(kept, "_may_matter", lambda run, v, floor, best, e0: (True, None))
+        monkeypatch.setattr(kept, "_pipe_floor", lambda e0, r: (lambda rank_s, saved: 0.0))
+        monkeypatch.setattr(kept, "_kept_saving",
+                            lambda run, e0, c, psi: (lambda k: float("inf")))
+        full = optimize.search(CostModel(graph, spec, train))
+        monkeypatch.undo()
+        assert _plans(screened) == _plans(full), name
+        assert screened.best.step_time_s == full.best.step_time_s
+
+
+def test_search_leaves_the_collector_as_it_found_it():
+    """The search pauses the cyclic collector and moves its survivors to the oldest
+    generation; the collector is enabled after, and objects the process froze itself stay
+    frozen (no unfreeze behind its back)."""
+    import gc
+
+    from autopar.search.optimize import search
+
+    train = autopar.TrainingConfig(global_batch_size=8, seq_len=128)
+    graph, _ = model_graph("tiny-gpt", train)
+    spec = autopar.Cluster.from_spec("1x2xA100-80GB")
+    assert gc.isenabled()
+    search(CostModel(graph, spec, train))
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        search(CostModel(graph, spec, train))
+        assert gc.isenabled() and gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()

@@ -231,6 +231,20 @@ class CostModel:
                                            + dp_cost.copies_s)
         return hit
 
+    def step_time_s(self, config: ParallelConfig) -> float:
+        """:meth:`estimate`'s ``step_time_s`` (seconds), bitwise, without the memory model,
+        the traffic ledger and the notes (a search's screen before a full estimate; not
+        cached: the estimate's cache is used when it has the configuration).
+
+        Raises:
+            InvalidParallelConfig: the configuration breaks a rule of the model or cluster.
+        """
+        c = self.resolve(config)
+        e = self._estimates.get(c)
+        if e is not None:
+            return e.step_time_s
+        return self._step(c, time_only=True)[0]
+
     def _step(self, c: ParallelConfig, time_only: bool = False):
         """(step seconds, :class:`~autopar.cost.dp.DPCost`, pipeline timing, layout, kept
         gathered elements per rank) of the resolved config ``c``."""

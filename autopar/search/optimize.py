@@ -121,6 +121,14 @@ def _collector_paused():
         yield
     finally:
         if enabled:
+            if gc.get_freeze_count() == 0:
+                # the search's survivors all sit in the youngest generation, which the next
+                # allocation would traverse whole (a quarter second after a large search);
+                # freeze + unfreeze moves them to the oldest one without a traversal (CPython
+                # gc docs: unfreeze puts the permanent generation back into the oldest). Not
+                # done when the process froze objects of its own: unfreeze would release them
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 

@@ -15,21 +15,19 @@ Every rank's per-block recomputation goes through :func:`autopar.search.cuts.ran
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import math
 import time
 from typing import Callable
 
 from ..config import V_SCHEDULES, ParallelConfig
-from ..cost.memory import kept_params_per_rank
 from ..cost.model import CostModel
 from ..cost.types import Estimate
 from ..errors import AutoparError, InvalidParallelConfig
 from ..frameworks import FrameworkProfile
 from . import space
 from .ranking import TIE_RTOL, better, kind_key, more_frugal, ranked
-from .cuts import dp_cut, rank_recompute, some_cut_fits
+from .cuts import dp_cut, some_cut_fits
+from .kept import dp_cost, keep_gathered
 from .recompute import SolveLog
 from .stages import best_recompute, cut_candidates
 # the bounds and the groups live in their own modules; their names stay importable from here
@@ -225,7 +223,7 @@ def evaluate(run: Run, c: ParallelConfig, fixed: dict, allowed,
              keep: bool = False) -> Estimate | None:
     """Give each pipeline rank its fastest fitting recomputation and estimate the result;
     with ``keep`` (phase 2), also try ZeRO-3 blocks keeping their gathered parameters
-    (:func:`_keep_gathered`)."""
+    (:func:`autopar.search.kept.keep_gathered`)."""
     if "reshard_after_forward" in fixed:
         try:
             c = c.replace(reshard_after_forward=fixed["reshard_after_forward"])
@@ -243,81 +241,11 @@ def evaluate(run: Run, c: ParallelConfig, fixed: dict, allowed,
     e = run.estimate(c.replace(recompute=rc))
     if keep and e is not None and e.fits and c.zero_stage == 3 and c.dp * c.cp > 1 \
             and run.layerwise \
-            and run.profile.per_block_reshard and _dp_cost(e) > 0 \
+            and run.profile.per_block_reshard and dp_cost(e) > 0 \
             and not ("recompute" in fixed and isinstance(fixed["recompute"], tuple)) \
             and "reshard_after_forward" not in fixed:
-        e = _keep_gathered(run, e, modes, allowed)
+        e = keep_gathered(run, e, modes, allowed)
     return e
-
-
-def _dp_cost(e: Estimate) -> float:
-    """Seconds the data-parallel collectives add to ``e``'s step: exposed, plus the slowdown
-    of the compute they overlap, plus the copies around them (``time_breakdown`` components
-    ``dp_comm_exposed``, ``overlap_slowdown`` and ``dp_copies``; the latter two 0 in
-    estimates of older plan files)."""
-    tb = e.time_breakdown
-    return tb.dp_comm_exposed + tb.overlap_slowdown + tb.dp_copies
-
-
-def _keep_gathered(run: Run, e0: Estimate, modes: tuple[str, ...], allowed) -> Estimate:
-    """The fastest of ``e0`` (a fitting ZeRO-3 plan whose DP traffic is exposed) and its
-    variants in which some blocks keep their gathered parameters from forward to backward
-    (``reshard_after_forward`` False: one all-gather per micro-batch fewer, the block's full
-    parameters resident), each with its ranks' fastest fitting recomputation.
-
-    Exact under the cost model: the step's ZeRO-3 traffic is that of the rank with the most
-    parameters (the first such), so keeping blocks elsewhere only costs memory; on that rank
-    identical blocks are interchangeable, so every count of kept blocks per layer signature is
-    tried, and the rank's recomputation re-solved under the memory left
-    (:func:`autopar.search.cuts.rank_recompute`).
-    """
-    cm, c = run.cm, e0.config
-    layout = cm.stage_layout(c)
-    params = [st.params for st in layout]
-    # keeping blocks saves at most every re-gather of the step and its copy-out (and never
-    # more than the DP collectives cost: exposed, the slowdown of the compute beside them, the
-    # copies); recomputation made necessary only adds: a bound to beat the top-k with
-    gathered = max(params) * cm.train.dtype_bytes
-    copy_out = 2 * gathered / cm.hbm_Bps if run.profile.fsdp2_copies else 0.0
-    saving = min(_dp_cost(e0), e0.num_micro_batches * (
-        cm.group("dp", c).time("all_gather", gathered) + copy_out))
-    if e0.step_time_s - saving > run.threshold():
-        return e0
-    r = params.index(max(params))
-    st = layout[r]
-    layers = cm.graph.layers
-    by_sig: dict[str, list[int]] = {}
-    for li in st.layers:
-        if layers[li].kind == "block":
-            by_sig.setdefault(layers[li].signature, []).append(li)
-    per_block = {sig: kept_params_per_rank(layers[idx[0]], c.tp, c.ep)
-                 * cm.train.dtype_bytes for sig, idx in by_sig.items()}
-    position = {li: j for j, li in enumerate(cm.blocks)}
-    best = e0
-    for counts in itertools.product(*(range(len(idx) + 1) if per_block[sig] > 0 else range(1)
-                                      for sig, idx in by_sig.items())):
-        if not any(counts):
-            continue
-        extra = sum(n * per_block[sig] for n, sig in zip(counts, by_sig))
-        w, g, o = st.states
-        got = rank_recompute(cm, c, dataclasses.replace(st, states=(w + extra, g, o)), allowed,
-                             run.log)
-        if got is None:
-            if len(counts) == 1:
-                break   # one kind of block: keeping more cannot fit either
-            continue
-        per = list(modes)
-        for li, mode in got[2].items():
-            per[position[li]] = mode
-        flags = [True] * len(cm.blocks)
-        for n, idx in zip(counts, by_sig.values()):
-            for li in idx[:n]:
-                flags[position[li]] = False
-        rc = per[0] if len(set(per)) == 1 else tuple(per)
-        e = run.estimate(c.replace(recompute=rc, reshard_after_forward=tuple(flags)))
-        if e is not None and e.fits and better(e, best):
-            best = e
-    return best
 
 
 def _uniform_recompute(run: Run, c: ParallelConfig, allowed) -> Estimate | None:

@@ -59,7 +59,9 @@ def rank_key(e: Estimate, text: bool = True) -> tuple:
 def better(a: Estimate, b: Estimate) -> bool:
     """True when ``a`` ranks before ``b``: faster beyond the tolerance, or tied and simpler."""
     if tied(a.step_time_s, b.step_time_s):
-        return simplicity_key(a) < simplicity_key(b)
+        ka, kb = simplicity_key(a, text=False), simplicity_key(b, text=False)
+        # the configuration's text (costly to build) only where the rest is equal
+        return ka < kb if ka != kb else repr(a.config) < repr(b.config)
     return a.step_time_s < b.step_time_s
 
 
