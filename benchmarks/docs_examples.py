@@ -175,8 +175,9 @@ def megatron_verdict(plan) -> str:
 
 def band_example(plan) -> str:
     """The step-time line of the plan's summary with its error band, e.g. ``step time 2.9 s ±
-    6%``."""
-    m = re.search(r"^step time\s+(\S+ s ± \d+%)", plan.summary(), re.M)
+    6%`` or ``step time 2.9 s ± unknown (unvalidated regime)``."""
+    m = re.search(r"^step time\s+(\S+ s ± (?:\d+%|unknown \(unvalidated regime\)))",
+                  plan.summary(), re.M)
     return f"step time {m[1]}"
 
 

@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 import autopar
 from autopar.cli import main
 from autopar.cost import published
-from autopar.cost.regime import (ANY, BAND_QUANTILE, LEVELS, MIN_RECORDS, Regime, band_for,
-                                 gpu_generation, mfu_ceiling, nearest_rank,
-                                 plausibility_warnings, sharding_kind)
+from autopar.cost.regime import (ANY, BAND_QUANTILE, LEVELS, MIN_RECORDS, VALIDATED_RUNS,
+                                 VALIDATED_SOURCES, Regime, band_for, gpu_generation,
+                                 mfu_ceiling, nearest_rank, plausibility_warnings,
+                                 sharding_kind)
 from autopar.report.summary import runner_up_note
 
 H100 = autopar.Cluster.custom(1, 8, "H100-SXM5-80GB")
@@ -71,12 +72,22 @@ def test_regimes_and_fallback():
     assert sharding_kind(8, 4, 1, 1) == "pipeline" and sharding_kind(1, 1, 2, 3) == "tensor"
     assert sharding_kind(1, 1, 1, 3) == "fsdp" and sharding_kind(1, 1, 1, 1) == "data"
     exact = Regime("torch", "bf16", "hopper", "fsdp")
-    assert band_for(exact).cell == exact.key()                      # 72 runs of its own
-    # no torchtitan bf16 runs: falls back past the framework to precision x GPU x sharding
+    b = band_for(exact)
+    assert b.cell == exact.key() and b.validated                    # 72 runs of its own
+    assert b.records >= VALIDATED_RUNS and b.sources >= VALIDATED_SOURCES
+    # no torchtitan bf16 pipeline runs: unvalidated, no band borrowed from a coarser cell
     b = band_for(Regime("torchtitan", "bf16", "hopper", "pipeline"))
-    assert b.cell == (ANY, "bf16", "hopper", "pipeline") and b.records >= MIN_RECORDS
-    # an unknown GPU: the framework's pooled cell
-    assert band_for(Regime("megatron", "bf16", "mi250x", "pipeline")).cell[2] == ANY
+    assert not b.validated and b.half_width is None and b.bias is None
+    assert b.cell[1:] == ("bf16", "hopper", "pipeline") and b.records == 0
+    assert "unknown" in b.text() and "unvalidated regime" in b.describe()
+    # a cell with runs but fewer than VALIDATED_RUNS (megatron bf16 hopper pipeline: 6, 1 source)
+    few = Regime("megatron", "bf16", "hopper", "pipeline")
+    row = published.BANDS.get(few.key())
+    if row is not None and (row[2] < VALIDATED_RUNS or row[3] < VALIDATED_SOURCES):
+        b = band_for(few)
+        assert not b.validated and b.records == row[2] and str(row[2]) in b.describe()
+    # an unknown GPU: unvalidated
+    assert not band_for(Regime("megatron", "bf16", "mi250x", "pipeline")).validated
     assert all(len(level) == 4 for level in LEVELS) and LEVELS[-1] == (False,) * 4
 
 
@@ -95,16 +106,26 @@ def test_plausibility_warning_above_the_best_published_only():
 @pytest.fixture(scope="module")
 def megatron_8b_plan():
     """Llama 3 8B searched for Megatron on 8 H100 (global batch 64 x 4096), once for the
-    module."""
+    module: a regime the corpus does not validate."""
     train = autopar.TrainingConfig(global_batch_size=64, seq_len=4096, framework="megatron")
     return autopar.optimize("llama3-8b", H100, train)
 
 
-def test_every_estimate_carries_its_band_and_the_summary_prints_it(megatron_8b_plan):
-    plan = megatron_8b_plan
+@pytest.fixture(scope="module")
+def fsdp_8b_plan():
+    """Llama 3 8B under torch FSDP (ZeRO-3, no tp/pp) on 8 H100: torch x bf16 x Hopper x FSDP,
+    a validated regime (72 runs of 4 sources)."""
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=4096)
+    return autopar.optimize("llama3-8b", H100, train,
+                            fixed={"tp": 1, "pp": 1, "cp": 1, "zero_stage": 3})
+
+
+def test_every_estimate_carries_its_band_and_the_summary_prints_it(fsdp_8b_plan):
+    plan = fsdp_8b_plan
     e = plan.estimate
-    assert e.error_band is not None and 0 < e.error_band.half_width < 1
-    assert e.error_band.cell[0] == "megatron"
+    assert e.error_band is not None and e.error_band.validated
+    assert 0 < e.error_band.half_width < 1
+    assert e.error_band.cell == ("torch", "bf16", "hopper", "fsdp")
     assert all(a.error_band is not None for a in plan.alternatives)
     text = plan.summary()
     assert f"{e.step_time_s:.3f} s {e.error_band.text()}" in text
@@ -116,8 +137,25 @@ def test_every_estimate_carries_its_band_and_the_summary_prints_it(megatron_8b_p
     assert loaded.estimate.error_band == e.error_band
 
 
-def test_runner_up_inside_the_band_is_reported(megatron_8b_plan):
+def test_an_unvalidated_regime_says_so_and_borrows_no_band(megatron_8b_plan):
+    """Issue 25 item 4: too few validating runs -> "± unknown", never a coarser cell's band."""
     plan = megatron_8b_plan
+    band = plan.estimate.error_band
+    assert not band.validated and band.half_width is None and band.bias is None
+    assert band.cell[0] == "megatron"
+    text = plan.summary()
+    assert f"{plan.estimate.step_time_s:.3f} s ± unknown (unvalidated regime)" in text
+    assert "unvalidated regime (megatron bf16 hopper" in text
+    d = json.loads(plan.to_json())
+    assert d["estimate"]["error_band"]["half_width"] is None
+    assert autopar.Plan.from_json(plan.to_json()).estimate.error_band == band
+    # no band, so no claim that the runner-up is inside it
+    near = replace(plan.estimate, step_time_s=plan.estimate.step_time_s * 1.001)
+    assert runner_up_note(plan.estimate, (near,)) is None
+
+
+def test_runner_up_inside_the_band_is_reported(fsdp_8b_plan):
+    plan = fsdp_8b_plan
     best, band = plan.estimate, plan.estimate.error_band
     near = replace(best, step_time_s=best.step_time_s * (1 + band.half_width / 2))
     far = replace(best, step_time_s=best.step_time_s * (1 + 2 * band.half_width))

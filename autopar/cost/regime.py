@@ -17,9 +17,12 @@ falls back to a coarser one when too few published runs share it.
   nearest-rank :data:`BAND_QUANTILE` quantile of ``|e|`` (the share of a normal distribution
   within one standard deviation: "about two of three runs like this one landed within it"),
   reported with the mean signed residual (the bias).
-- **Fallback** (:data:`LEVELS`): a regime with fewer than :data:`MIN_RECORDS` runs takes the
-  next coarser cell: the sharding kind is dropped first, then the GPU generation, then the
-  precision, then the framework (runs of frameworks autopar does not target count only there).
+- **Validated regimes only** (issue 25): an estimate's band is its own regime's, and only where
+  at least :data:`VALIDATED_RUNS` published runs from :data:`VALIDATED_SOURCES` sources
+  validate it; elsewhere the band says "unvalidated regime: ± unknown" rather than borrowing a
+  coarser cell's (another regime's error is not this one's: the runs nobody here tuned to
+  missed by 15-25% in regimes whose borrowed band read ± 7%). The generated table still holds
+  the coarser cells (:data:`LEVELS`, at least :data:`MIN_RECORDS` runs) for reports.
 - **Plausibility**: the best MFU measured in the corpus per framework x precision x GPU
   generation, in autopar's FLOPs convention (:data:`autopar.cost.types.FLOPS_CONVENTION`:
   the model FLOPs autopar counts for the run's model over its *measured* step time, so the
@@ -42,6 +45,13 @@ BAND_QUANTILE = 0.6827
 #: Fewest published runs a cell needs to give a band (a nearest-rank 68% quantile of fewer
 #: than 5 values is the largest or second largest of them).
 MIN_RECORDS = 5
+#: Fewest published runs, and independent sources, of its own regime an estimate's band needs.
+#: With n runs, the share of new runs a 68% band built from them covers has a standard error of
+#: about sqrt(0.68 x 0.32 / n): 0.15 at n = 10 (so the band's 68% is 53-83%), 0.21 at n = 5.
+#: Two sources, because leave-one-source-out residuals of a single source measure only how
+#: consistent that source is with itself under the model, not how the model carries over.
+VALIDATED_RUNS = 10
+VALIDATED_SOURCES = 2
 #: Cells tried from the most specific to the pooled one: which of (framework, precision, gpu,
 #: sharding) each keeps ("*" stands for the dropped ones).
 LEVELS: tuple[tuple[bool, bool, bool, bool], ...] = (
@@ -121,28 +131,44 @@ class ErrorBand:
     """The expected relative error of an estimate's step time.
 
     Attributes:
-        half_width: the band is step_time_s * (1 +- half_width) (a fraction, e.g. 0.09).
+        half_width: the band is step_time_s * (1 +- half_width) (a fraction, e.g. 0.09); None
+            for an unvalidated regime (:func:`band_for`), whose ``bias`` is None too.
         bias: mean signed residual (predicted - measured) / measured of the cell's runs
             (negative: the runs took longer than predicted).
-        records: published runs in the cell; sources: independent sources among them.
+        records: published runs in the cell; sources: independent sources among them (0 and 0
+            when the cell has fewer than :data:`MIN_RECORDS`).
         cell: the (framework, precision, gpu, sharding) cell used, "*" for fields pooled.
         quantile: the share of the cell's runs whose |residual| is within half_width.
     """
 
-    half_width: float
-    bias: float
+    half_width: float | None
+    bias: float | None
     records: int
     sources: int
     cell: tuple[str, str, str, str]
     quantile: float = BAND_QUANTILE
 
+    @property
+    def validated(self) -> bool:
+        """False for an unvalidated regime (no band: ``half_width`` and ``bias`` None)."""
+        return self.half_width is not None
+
     def text(self) -> str:
-        """"± 9%"."""
+        """"± 9%", or "± unknown (unvalidated regime)"."""
+        if self.half_width is None:
+            return "± unknown (unvalidated regime)"
         return f"± {self.half_width * 100:.0f}%"
 
     def describe(self) -> str:
         """One line: the band, the cell and its runs, the bias."""
         where = " ".join(c for c in self.cell if c != ANY) or "all published runs"
+        if self.half_width is None:
+            runs = (f"fewer than {MIN_RECORDS} published runs" if self.records < MIN_RECORDS
+                    else f"{self.records} published runs from {self.sources} source"
+                         f"{'s' if self.sources != 1 else ''}")
+            return (f"unvalidated regime ({where}): {runs} (a band needs {VALIDATED_RUNS} "
+                    f"from {VALIDATED_SOURCES} sources); the error here is unknown, and another "
+                    "regime's band would not say it")
         return (f"{self.text()}: {self.quantile:.0%} of {self.records} published runs ({where}; "
                 f"{self.sources} source{'s' if self.sources != 1 else ''}) were within it; "
                 f"their mean error {self.bias * 100:+.0f}% (predicted vs measured)")
@@ -165,16 +191,17 @@ class MfuCeiling:
 
 
 @lru_cache(maxsize=None)
-def band_for(regime: Regime) -> ErrorBand | None:
-    """The error band of the most specific cell of :data:`LEVELS` with published runs (at least
-    :data:`MIN_RECORDS`); None when the table is empty."""
-    for level in LEVELS:
-        c = cell(regime.key(), level)
-        row = published.BANDS.get(c)
-        if row is not None:
-            half, bias, n, sources = row
-            return ErrorBand(half, bias, n, sources, c)
-    return None
+def band_for(regime: Regime) -> ErrorBand:
+    """The error band of the regime's own cell when at least :data:`VALIDATED_RUNS` published
+    runs from :data:`VALIDATED_SOURCES` sources validate it; else an unvalidated band (no
+    half-width, the runs and sources the cell has, often none)."""
+    row = published.BANDS.get(regime.key())
+    if row is None:   # the table holds cells of MIN_RECORDS runs or more
+        return ErrorBand(None, None, 0, 0, regime.key())
+    half, bias, n, sources = row
+    if n < VALIDATED_RUNS or sources < VALIDATED_SOURCES:
+        return ErrorBand(None, None, n, sources, regime.key())
+    return ErrorBand(half, bias, n, sources, regime.key())
 
 
 @lru_cache(maxsize=None)

@@ -212,7 +212,8 @@ class Estimate:
             rank placement (:class:`GroupLinks`); None in plan files that lack it.
         error_band: the expected relative error of ``step_time_s`` for this regime (framework
             x precision x GPU generation x sharding kind), from the published runs' residuals
-            (:class:`autopar.cost.regime.ErrorBand`); None when no table is available.
+            (:class:`autopar.cost.regime.ErrorBand`; "± unknown" with ``half_width`` None
+            where too few published runs validate the regime); None in older plan files.
         warnings: plausibility warnings, e.g. an MFU above the best published for this GPU
             generation, framework and precision (:func:`autopar.cost.regime.plausibility_warnings`).
     """

@@ -70,8 +70,8 @@ def runner_up_note(best, alternatives) -> str | None:
     """The sentence saying the runner-up (``alternatives[0]``) is slower than ``best`` by less
     than ``best``'s expected error band (the cost model cannot rank the two), or None."""
     band = getattr(best, "error_band", None)
-    if not alternatives or band is None:
-        return None
+    if not alternatives or band is None or band.half_width is None:
+        return None   # an unvalidated regime says so in the trust lines
     a = alternatives[0]
     if a.step_time_s > best.step_time_s * (1 + band.half_width):
         return None
