@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import autopar
+from autopar.config import CP_MODES
 from autopar.hardware import get_device
 from autopar.hardware.boxes import node_template
 from autopar.models import ModelConfig
@@ -158,8 +159,13 @@ def parse(rec: dict) -> Record:
     """Turn one raw record into autopar inputs (model config, cluster, training, fixed plan).
 
     Raises:
-        RecordError: the record names hardware or a model autopar cannot represent.
+        RecordError: the record names hardware or a model autopar cannot represent, says in its
+            ``unmodelled`` what it ran that autopar does not model (e.g. CPU offload), or gives a
+            ``plan.cp_mode`` that is not one of :data:`autopar.config.CP_MODES` (e.g. a 2-D
+            Ulysses x ring hybrid).
     """
+    if rec.get("unmodelled"):
+        raise RecordError(f"not modelled: {rec['unmodelled']}")
     try:
         model = ModelConfig.from_dict(rec["model"])
     except autopar.AutoparError as exc:
@@ -200,6 +206,12 @@ def parse(rec: dict) -> Record:
                                    flash_attention=flash)
     plan = rec["plan"]
     fixed = {k: plan[k] for k in _PLAN_KEYS if plan.get(k) is not None}
+    if plan.get("cp_mode") is not None:
+        # how context parallelism exchanges attention inputs; absent = the evaluator's default
+        if plan["cp_mode"] not in CP_MODES:
+            raise RecordError(f"cp_mode {plan['cp_mode']!r} is not one autopar models "
+                              f"{CP_MODES}: {plan.get('cp_mode_note', 'not guessed')}")
+        fixed["cp_mode"] = plan["cp_mode"]
     if fixed.get("pp", 1) == 1:
         fixed.pop("schedule", None)
         fixed.pop("virtual_stages", None)

@@ -186,3 +186,23 @@ def test_internevo_mlp_linears_reduce_their_own_input_gradients():
     prof = validation.record_profile(rec)
     assert prof.tp_mlp_reduce_per_linear is True and prof.overlap_tp_comm is False
     assert "FeedForward" in prof.cost_sources["tp_mlp_reduce_per_linear"]
+
+
+def test_a_records_cp_mode_is_carried_and_an_unknown_one_refused():
+    """plan.cp_mode reaches the fixed plan (a Ulysses run is not evaluated as ring); a mode
+    autopar does not model (a 2-D Ulysses x ring hybrid) is refused with the record's reason."""
+    r = _shared("megatron-ptdp-39.1b")
+    assert "cp_mode" not in records.parse(r).fixed
+    r["plan"]["cp_mode"] = "ulysses"
+    assert records.parse(r).fixed["cp_mode"] == "ulysses"
+    r["plan"]["cp_mode"] = "ulysses+ring"
+    r["plan"]["cp_mode_note"] = "USP 2-D hybrid"
+    with pytest.raises(records.RecordError, match="USP 2-D hybrid"):
+        records.parse(r)
+
+
+def test_a_record_marked_unmodelled_is_refused_with_its_reason():
+    r = _shared("megatron-ptdp-39.1b")
+    r["unmodelled"] = "parameters offloaded to CPU"
+    with pytest.raises(records.RecordError, match="not modelled: parameters offloaded"):
+        records.parse(r)
