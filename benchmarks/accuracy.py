@@ -6,6 +6,8 @@
                                                      # and autopar/cost/published.py (bands)
     python -m benchmarks.accuracy --check-docs       # exit 1 when the docs differ from a new run
     python -m benchmarks.accuracy --cv source --pairs --memory   # out of sample, whole corpus
+    python -m benchmarks.accuracy --cv source --split locked     # only the locked split
+    python -m benchmarks.accuracy --cv source --split all        # development, then locked
 
 Each record is estimated with its own published plan; fields the source leaves null take the
 documented default of the framework that ran it (:func:`benchmarks.validation.framework_defaults`),
@@ -13,7 +15,29 @@ never the cost model's own fastest choice, and the kernel that framework ran
 (the cost fields of :func:`benchmarks.validation.record_profile`). The line of a record prints the defaults taken
 and what the fastest legal choice would change (the spread). Last line:
 ``MAPE <x>% max <y>% over <n> records``. ``--cv``, ``--pairs`` and ``--memory`` run over the
-whole corpus (``benchmarks/data/*.json``; see :mod:`benchmarks.validation`).
+whole corpus (``benchmarks/data/*.json``; see :mod:`benchmarks.validation`):
+
+- Every record is evaluated or refused: ``refused (N): reason counts`` lists each reason with
+  its count and each refused record with a one-line reason (vocab_size or precision not
+  published, an MoE model, a GPU not in the catalog); the last line, ``0 records skipped
+  silently``, counts the records of the corpus files that were neither (it must be 0). A null
+  ``training.precision`` takes the framework's documented default where there is one
+  (:data:`benchmarks.records.PRECISION_DEFAULTS`: torchtitan and NeMo bf16), else the record is
+  refused ("precision not published": Megatron-LM's and DeepSpeed's documented default, fp32,
+  is not what such runs used).
+- ``--cv source`` prints per source the signed bias and MAPE, the **macro** figure (mean over
+  sources of each source's MAPE and bias) and the **pooled** one (over all runs), then the
+  per-regime table (GPU generation x framework family x sharding kind x dense/MoE x nodes x
+  model size, :mod:`benchmarks.regimes`: runs, bias, MAPE) and the **band coverage**: the share
+  of runs whose |error| is within the estimate's stated 68% band, per regime with at least 10
+  runs and pooled (and, for comparison, with the bands refitted without the run's source).
+- ``--split``: the sources listed in ``benchmarks/data/locked_split.json`` (the locked
+  validation split, ``{"rule": ..., "sources": [source keys]}``) are held out: ``dev`` (the
+  default) evaluates every other record and prints ``locked split: K sources, R runs held out
+  (not evaluated)`` without estimating them; ``locked`` evaluates only the locked sources (no
+  leave-one-source-out is needed: no constant is fitted to any source) with the same per-source,
+  per-regime and coverage figures; ``all`` prints both. The error bands
+  (:mod:`benchmarks.bands`) are derived from the development split only.
 
 The accuracy table of docs/cost-model.md and the summary in README.md are this benchmark's output,
 between ``<!-- begin generated: NAME ... -->`` and ``<!-- end generated: NAME -->`` markers
@@ -31,8 +55,8 @@ from pathlib import Path
 
 import autopar
 
-from . import bands, docgen, validation
-from .records import load, parse
+from . import bands, docgen, regimes, validation
+from .records import load, parse, source_key
 
 ROOT = Path(__file__).resolve().parents[1]
 _COMMAND = "python -m benchmarks.accuracy --write-docs"
@@ -60,7 +84,14 @@ def main(argv=None) -> int:
                     help="same-problem pairs of measured plans: share ordered as measured")
     ap.add_argument("--memory", action="store_true",
                     help="predicted vs published peak memory per GPU (MAPE)")
+    ap.add_argument("--split", choices=SPLITS, default=None,
+                    help="which records --cv/--pairs/--memory evaluate: dev (default: all but "
+                         "the locked validation split, benchmarks/data/locked_split.json, whose "
+                         "runs are counted, not estimated), locked (only the locked split) or "
+                         "all (both, one after the other); alone it implies --cv source")
     args = ap.parse_args(argv)
+    if args.split and not (args.cv or args.pairs or args.memory):
+        args.cv = "source"
     if args.cv or args.pairs or args.memory:
         return _validate(args)
     if args.markdown:
@@ -130,15 +161,66 @@ def run(plans=None) -> list[Row]:
     return rows
 
 
+SPLITS = ("dev", "locked", "all")
+
+
 def validation_lines(plans=None, cv: bool = True, pairs: bool = True,
-                     memory: bool = True) -> list[str]:
+                     memory: bool = True, split: str = "dev", estimate=None) -> list[str]:
     """The lines ``--cv source --pairs --memory`` prints (``plans``: a corpus file instead of
-    ``benchmarks/data``), open fields at the framework's documented defaults."""
-    raw = validation.load_corpus([plans] if plans else None)
-    rows, skipped = validation.evaluate_all(raw)
-    lines = [f"{len(raw)} records, {len(rows)} evaluated, {len(skipped)} skipped "
-             "(open plan fields at the framework's documented default)"]
-    lines += [f"  skipped {rid}: {why}" for rid, why in skipped]
+    ``benchmarks/data``), open fields at the framework's documented defaults.
+
+    ``split``: ``dev`` evaluates the development split (every record whose source is not in
+    ``benchmarks/data/locked_split.json``; the locked ones are counted, never estimated),
+    ``locked`` only the locked split, ``all`` both, one after the other. ``estimate``: the
+    evaluation of a parsed record (default :func:`benchmarks.validation.evaluate`)."""
+    if split not in SPLITS:
+        raise ValueError(f"split {split!r} is not one of {SPLITS}")
+    files = [Path(plans)] if plans else validation.corpus_files()
+    raw = validation.load_corpus(files)
+    locked = validation.locked_sources()
+    dev, held = validation.split_corpus(raw, locked)
+    held_sources = {source_key(r) for r in held}
+    lines, seen = [], 0
+    if split in ("dev", "all"):
+        absent = len(locked - held_sources)
+        lines += [f"locked split: {len(held_sources)} sources, {len(held)} runs held out "
+                  "(not evaluated)" + (f"; {absent} listed sources have no record in the corpus"
+                                       if absent else "") if split == "dev" else
+                  f"development split: {len(dev)} runs of sources not in the locked split"]
+        part, seen_dev = _split_lines(dev, cv, pairs, memory, False, estimate)
+        lines += part
+        seen += seen_dev
+    if split in ("locked", "all"):
+        lines += [f"locked split: {len(locked)} sources listed, {len(held_sources)} in the "
+                  f"corpus, {len(held)} runs, evaluated with the cost model as it stands"]
+        part, seen_locked = _split_lines(held, cv, pairs, memory, True, estimate)
+        lines += part
+        seen += seen_locked
+    not_run = len(held) if split == "dev" else len(dev) if split == "locked" else 0
+    total = sum(len(validation.load_corpus([f])) for f in files)
+    lines.append(f"{total - seen - not_run} records skipped silently ({seen} evaluated or "
+                 f"refused + {not_run} not in the split run = {total} records in "
+                 f"{'the corpus file' if plans else 'benchmarks/data/*.json'})")
+    return lines
+
+
+def _split_lines(raw: list[dict], cv: bool, pairs: bool, memory: bool, held_out: bool,
+                 estimate=None) -> tuple[list[str], int]:
+    """(lines for one split's records, records evaluated or refused)."""
+    rows, refused = validation.evaluate_all(raw, estimate)
+    timed = sum(r.error is not None for r in rows)
+    lines = [f"{len(raw)} records, {len(rows)} evaluated, {len(refused)} refused "
+             "(open plan fields at the framework's documented default)",
+             f"  evaluated: {timed} with a measured step time, "
+             f"{sum(r.error is None and bool(r.rec.measured_memory_gib) for r in rows)} with "
+             "a peak memory only, "
+             f"{sum(r.error is None and not r.rec.measured_memory_gib for r in rows)} with "
+             "neither"]
+    neither = [r.rec.id for r in rows if r.error is None and not r.rec.measured_memory_gib]
+    if neither:
+        lines.append(f"  evaluated with nothing measured to compare (in no figure): "
+                     f"{', '.join(neither)}")
+    lines += validation.refusal_counts(refused)
     for r in rows:
         err = r.error
         spread = (r.fastest_s - r.predicted_s) / r.predicted_s if r.predicted_s else 0.0
@@ -147,17 +229,21 @@ def validation_lines(plans=None, cv: bool = True, pairs: bool = True,
                      f"{'' if err is None else f'{100 * err:+6.1f}%'}  fastest legal "
                      f"{100 * spread:+.0f}%  {r.chosen if r.chosen else ''}")
     if cv:
-        lines += validation.loso(rows)
+        lines += validation.loso(rows, held_out)
+        lines += regimes.table(rows, held_out)
+        if not held_out:
+            lines += regimes.refit_coverage(rows)
     if pairs:
         lines += validation.pairs(rows)
     if memory:
         lines += validation.memory(rows, validation.measured_plans_memory())
-    return lines
+    return lines, len(rows) + len(refused)
 
 
 def _validate(args) -> int:
     """--cv / --pairs / --memory over the corpus (or --plans)."""
-    print("\n".join(validation_lines(args.plans, bool(args.cv), args.pairs, args.memory)))
+    print("\n".join(validation_lines(args.plans, bool(args.cv), args.pairs, args.memory,
+                                     args.split or "dev")))
     return 0
 
 

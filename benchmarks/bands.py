@@ -4,7 +4,8 @@
     python -m benchmarks.bands --check     # exit 1 when it differs from what a new run gives
     python -m benchmarks.bands             # print the cells and each record's regime
 
-Every record of ``benchmarks/data/*.json`` that autopar can estimate is predicted with its
+Every record of the development split (``benchmarks/data/*.json`` less the sources of the locked
+validation split, ``benchmarks/data/locked_split.json``) that autopar can estimate is predicted with its
 published plan, open fields at its framework's documented default (the same evaluation as
 ``python -m benchmarks.accuracy --cv source``: :func:`benchmarks.validation.evaluate`, no
 search). Residuals ``(predicted - measured) / measured`` are leave-one-source-out by
@@ -21,12 +22,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-import autopar
 from autopar.cost import regime as rg
 from autopar.frameworks import band_framework
 
 from . import validation
-from .records import RecordError, parse
+from .records import parse
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = ROOT / "autopar" / "cost" / "published.py"
@@ -47,9 +47,10 @@ class Point:
 
 
 def points(raw: list[dict] | None = None) -> tuple[list[Point], list[tuple[str, str]]]:
-    """(points of every measured record autopar estimates, (id, reason) of those skipped), in
-    corpus order."""
-    raw = validation.load_corpus() if raw is None else raw
+    """(points of every measured record autopar estimates, (id, reason) of those refused), in
+    corpus order; ``raw`` defaults to the development split (:func:`benchmarks.validation.
+    dev_corpus`: the sources of the locked validation split never shape a band)."""
+    raw = validation.dev_corpus() if raw is None else raw
     out, skipped = [], []
     for r in raw:
         try:
@@ -57,8 +58,8 @@ def points(raw: list[dict] | None = None) -> tuple[list[Point], list[tuple[str, 
             if not rec.measured_step_s:
                 continue
             row = validation.evaluate(rec, spread=False)
-        except (RecordError, autopar.AutoparError, KeyError, TypeError, ValueError) as exc:
-            skipped.append((r.get("id", "?"), f"{type(exc).__name__}: {str(exc)[:120]}"))
+        except validation.REFUSED as exc:
+            skipped.append((r.get("id", "?"), validation.refusal(exc)))
             continue
         plan = {**row.chosen, **rec.fixed}
         # the record's stack is banded with the framework whose code path it runs (library)
@@ -96,9 +97,10 @@ def bands(pts: list[Point]) -> dict[tuple, tuple[float, float, int, int]]:
 def memory_residuals(pts: list[Point], raw: list[dict] | None = None) -> list[float]:
     """(predicted - measured) / measured peak memory of every run with a published peak: those
     among ``pts``, then the records with a peak but no step time (evaluated here), then the
-    plans measured through ``plan.apply`` (:func:`benchmarks.validation.measured_plans_memory`).
+    plans measured through ``plan.apply`` (:func:`benchmarks.validation.measured_plans_memory`);
+    ``raw`` defaults to the development split.
     """
-    raw = validation.load_corpus() if raw is None else raw
+    raw = validation.dev_corpus() if raw is None else raw
     out = [p.memory_residual for p in pts if p.memory_residual is not None]
     for r in raw:
         try:
@@ -106,7 +108,7 @@ def memory_residuals(pts: list[Point], raw: list[dict] | None = None) -> list[fl
             if rec.measured_step_s or not rec.measured_memory_gib:
                 continue
             row = validation.evaluate(rec, spread=False)
-        except (RecordError, autopar.AutoparError, KeyError, TypeError, ValueError):
+        except validation.REFUSED:
             continue
         out.append((row.memory_gib - rec.measured_memory_gib) / rec.measured_memory_gib)
     own = [(pred - meas) / meas for _, pred, meas in validation.measured_plans_memory()]
@@ -184,7 +186,7 @@ def main(argv=None) -> int:
         return 1 if stale else 0
     if args.write:
         TABLE.write_text(text)
-        print(f"wrote {rel} ({len(pts)} runs, {len(skipped)} skipped)")
+        print(f"wrote {rel} ({len(pts)} runs, {len(skipped)} refused)")
         return 0
     for p in pts:
         print(f"{p.id:48s} {'/'.join(p.key):36s} {100 * p.residual:+6.1f}%  "

@@ -198,10 +198,16 @@ def parse(rec: dict) -> Record:
         # FlashAttention (Dao et al., May 2022) reached Megatron-LM and NeMo in 2023: runs
         # published before 2023 used the unfused attention path
         flash = _source_year(rec.get("source", "")) >= 2023
+    precision = t.get("precision")
+    if precision is None:
+        precision, why = precision_default(t.get("framework") or "")
+        if precision is None:
+            raise RecordError(f"precision not published: {why}")
+        assumed["precision"] = f"not published: {precision}, {why}"
     train = autopar.TrainingConfig(global_batch_size=t["global_batch_size"],
                                    seq_len=rec["model"]["seq_len"],
                                    micro_batch_size=t.get("micro_batch_size"),
-                                   precision=t.get("precision", "bf16"),
+                                   precision=precision,
                                    optimizer=_optimizer(t.get("optimizer")),
                                    flash_attention=flash)
     plan = rec["plan"]
@@ -230,6 +236,35 @@ def parse(rec: dict) -> Record:
                   framework=t.get("framework") or "", source_key=source_key(rec),
                   measured_memory_gib=meas.get("memory_gib"),
                   assumed=tuple(sorted(assumed.items())))
+
+
+#: The training precision a framework family (:func:`benchmarks.validation.framework_kind` of
+#: the record's ``training.framework``) runs when the user does not choose one: (precision,
+#: where it is documented), or (None, why no default is taken). A record whose
+#: ``training.precision`` is null takes the precision here, or is refused with the reason.
+PRECISION_DEFAULTS: dict[str, tuple[str | None, str]] = {
+    "torchtitan": ("bf16", "torchtitan's documented default (job_config.py "
+                           "mixed_precision_param = 'bfloat16')"),
+    "nemo": ("bf16", "NeMo 2.0's documented default (llm/recipes/*.py: "
+                     "plugins=bf16_mixed())"),
+    "megatron": (None, "Megatron-LM's documented default is fp32 (no --bf16/--fp16 in "
+                       "arguments.py), which no published run of this size used: not taken"),
+    "deepspeed": (None, "DeepSpeed's documented default is fp32 (fp16/bf16 'enabled': false), "
+                        "which no published run of this size used: not taken"),
+    "fsdp": (None, "PyTorch FSDP's default MixedPrecision is None (fp32), which no published "
+                   "run of this size used: not taken"),
+}
+
+
+def precision_default(framework: str) -> tuple[str | None, str]:
+    """(precision, where documented) a record of ``framework`` (its ``training.framework``
+    text) takes when its precision is not published, or (None, why none is taken)
+    (:data:`PRECISION_DEFAULTS`)."""
+    from .validation import framework_kind   # validation imports this module
+    kind = framework_kind(framework)
+    return PRECISION_DEFAULTS.get(
+        kind, (None, f"no documented default recorded for the stack {framework or 'not named'!r} "
+                   "(benchmarks.records.PRECISION_DEFAULTS)"))
 
 
 def _derived_step(model: ModelConfig, train, flops_per_gpu: float, gpus: int) -> float:

@@ -14,6 +14,9 @@ Three questions, each over every record of the corpus (``benchmarks/data/*.json`
 
 Unpublished plan fields take the framework's documented default (:func:`framework_defaults`), never
 the cost model's own fastest choice; the fastest legal choice is printed beside as the spread.
+A record autopar cannot estimate is refused with a one-line reason (:func:`refusal`), never
+dropped. The sources of the locked validation split (:data:`LOCKED_SPLIT`) are held out of the
+development split (:func:`split_corpus`, :func:`dev_corpus`).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from autopar.frameworks import FrameworkProfile, MemoryConventions, get_profile,
 from autopar.frameworks.choices import TORCH_COMPILE, with_choice
 from autopar.search.optimize import search
 
-from .records import Record, RecordError, parse
+from .records import Record, RecordError, parse, source_key
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 #: Names of cost-model constants fitted to published records (refitted per left-out source).
@@ -42,13 +45,54 @@ PAIR_TIE = 0.01
 GIB = 2 ** 30
 
 
+#: The locked validation split: ``{"rule": how the sources were chosen, "sources": [source
+#: keys (:func:`benchmarks.records.source_key`)]}``. Its sources are held out of every figure of
+#: the development split (``--cv source``, the error bands) and evaluated only with
+#: ``--split locked`` (or ``all``).
+LOCKED_SPLIT = DATA_DIR / "locked_split.json"
+#: Files of :data:`DATA_DIR` that hold no records.
+NOT_RECORDS = frozenset({LOCKED_SPLIT.name})
+
+
+def corpus_files() -> list[Path]:
+    """The record files of the corpus: every ``*.json`` of :data:`DATA_DIR` but
+    :data:`NOT_RECORDS`, sorted."""
+    return sorted(f for f in DATA_DIR.glob("*.json") if f.name not in NOT_RECORDS)
+
+
 def load_corpus(paths: list[str | Path] | None = None) -> list[dict]:
-    """Raw records of every corpus file (default: all ``*.json`` in :data:`DATA_DIR`)."""
-    files = [Path(p) for p in paths] if paths else sorted(DATA_DIR.glob("*.json"))
+    """Raw records of every corpus file (default: :func:`corpus_files`)."""
+    files = [Path(p) for p in paths] if paths else corpus_files()
     out = []
     for f in files:
         out.extend(json.loads(f.read_text()))
     return out
+
+
+def locked_sources(path: Path | None = None) -> frozenset[str]:
+    """The source keys of the locked validation split (:data:`LOCKED_SPLIT`; none when the
+    file is absent)."""
+    path = LOCKED_SPLIT if path is None else Path(path)
+    if not path.exists():
+        return frozenset()
+    return frozenset(json.loads(path.read_text()).get("sources", []))
+
+
+def split_corpus(raw: list[dict], locked: frozenset[str] | None = None
+                 ) -> tuple[list[dict], list[dict]]:
+    """(development records, locked records) of ``raw``, in corpus order: a record is locked
+    when its :func:`benchmarks.records.source_key` is in ``locked`` (default
+    :func:`locked_sources`)."""
+    locked = locked_sources() if locked is None else locked
+    dev = [r for r in raw if source_key(r) not in locked]
+    held = [r for r in raw if source_key(r) in locked]
+    return dev, held
+
+
+def dev_corpus() -> list[dict]:
+    """The development split: every corpus record whose source is not locked (what the error
+    bands and ``--cv source`` are computed from)."""
+    return split_corpus(load_corpus())[0]
 
 
 def _kind(framework: str) -> str:
@@ -222,6 +266,7 @@ class Row:
     fits: bool
     chosen: dict
     mfu: float = 0.0
+    band: float | None = None   # the estimate's stated error band (half-width, a fraction)
 
     @property
     def error(self) -> float | None:
@@ -259,30 +304,90 @@ def evaluate(rec: Record, spread: bool = True) -> Row:
             fastest = search(cm, fixed, top_k=1, require_fit=False).best.step_time_s
         except autopar.AutoparError:
             pass
-    return Row(rec, e.step_time_s, fastest, e.memory_per_gpu_bytes / GIB, e.fits, chosen, e.mfu)
+    return Row(rec, e.step_time_s, fastest, e.memory_per_gpu_bytes / GIB, e.fits, chosen, e.mfu,
+               e.error_band.half_width if e.error_band is not None else None)
 
 
-def evaluate_all(raw: list[dict]) -> tuple[list[Row], list[tuple[str, str]]]:
-    """(evaluated rows, (id, reason) of records skipped), in corpus order."""
-    rows, skipped = [], []
+#: What a record autopar cannot estimate raises (it is refused with :func:`refusal`).
+REFUSED = (RecordError, autopar.AutoparError, KeyError, TypeError, ValueError)
+
+
+def refusal(exc: Exception) -> str:
+    """One line saying why a record is refused: "<reason>: <detail>", the reason first (the
+    part before the first ": " is what :func:`refusal_counts` counts)."""
+    text = " ".join(str(exc).split())
+    if "vocab_size must be an int, got NoneType" in text:
+        return "vocab_size not published: the model's vocabulary size is null in the record"
+    m = re.search(r"unknown key\(s\) (\[[^]]*\])", text)
+    if m and "num_experts" in m.group(1):
+        return (f"MoE model not read: keys {m.group(1)} are not fields of autopar's dense "
+                "ModelConfig (records.parse)")
+    m = re.search(r"unknown GPU '([^']+)'", text)
+    if m:
+        return f"unknown GPU: {m.group(1)!r} is not in autopar's GPU catalog"
+    if isinstance(exc, RecordError) and text.startswith("precision not published"):
+        return text
+    if isinstance(exc, KeyError):
+        return f"field missing: {text}"
+    return f"{type(exc).__name__}: {text[:160]}"
+
+
+def refusal_counts(refused: list[tuple[str, str]]) -> list[str]:
+    """Lines: ``refused (N): reason counts``, then each reason with its count (most first)
+    and each refused record with its reason."""
+    counts: dict[str, int] = defaultdict(int)
+    for _, why in refused:
+        counts[why.split(": ", 1)[0]] += 1
+    lines = [f"refused ({len(refused)}): reason counts"]
+    lines += [f"  {n:4d}  {why}" for why, n in sorted(counts.items(), key=lambda x: (-x[1], x[0]))]
+    lines += [f"  refused {rid}: {why}" for rid, why in refused]
+    return lines
+
+
+def evaluate_all(raw: list[dict], estimate=None) -> tuple[list[Row], list[tuple[str, str]]]:
+    """(evaluated rows, (id, one-line reason) of records refused), in corpus order: every
+    record is in one or the other. ``estimate``: the evaluation of a parsed record (default
+    :func:`evaluate`)."""
+    estimate = evaluate if estimate is None else estimate
+    rows, refused = [], []
     for r in raw:
         try:
-            rows.append(evaluate(parse(r)))
-        except (RecordError, autopar.AutoparError, KeyError, TypeError, ValueError) as exc:
-            skipped.append((r.get("id", "?"), f"{type(exc).__name__}: {str(exc)[:160]}"))
-    return rows, skipped
+            rows.append(estimate(parse(r)))
+        except REFUSED as exc:
+            refused.append((r.get("id", "?") if isinstance(r, dict) else "?", refusal(exc)))
+    return rows, refused
 
 
 def _mape(errs) -> float:
     return 100 * sum(abs(e) for e in errs) / len(errs) if errs else math.nan
 
 
-def loso(rows: list[Row]) -> list[str]:
-    """Lines: per source its signed bias and MAPE, then the pooled leave-one-source-out line."""
+def source_errors(rows: list[Row]) -> dict[str, list[float]]:
+    """Source key -> the step-time errors of its rows with a measured step time."""
     by: dict[str, list[float]] = defaultdict(list)
     for r in rows:
         if r.error is not None:
             by[r.rec.source_key].append(r.error)
+    return by
+
+
+def macro_pooled(by: dict[str, list[float]]) -> tuple[tuple[float, float], tuple[float, float]]:
+    """((macro MAPE, macro bias), (pooled MAPE, pooled bias)) in percent of errors grouped by
+    source: macro = the mean over sources of each source's MAPE and bias (each source weighs
+    the same), pooled = over all runs (each run weighs the same)."""
+    if not by:
+        return (math.nan, math.nan), (math.nan, math.nan)
+    macro = (sum(_mape(e) for e in by.values()) / len(by),
+             100 * sum(sum(e) / len(e) for e in by.values()) / len(by))
+    allerr = [x for e in by.values() for x in e]
+    return macro, (_mape(allerr), 100 * sum(allerr) / len(allerr))
+
+
+def loso(rows: list[Row], held_out: bool = False) -> list[str]:
+    """Lines: per source its signed bias and MAPE, the macro and pooled figures, then the
+    pooled leave-one-source-out line (``held_out``: the rows of the locked split, predicted by
+    the model as it stands; the last line then starts ``locked split MAPE``)."""
+    by = source_errors(rows)
     lines = [f"{'source':70s} {'n':>3s} {'bias':>7s} {'MAPE':>6s}"]
     worst, allerr = ("", 0.0), []
     for src in sorted(by):
@@ -292,10 +397,19 @@ def loso(rows: list[Row]) -> list[str]:
         if abs(bias) >= abs(worst[1]):
             worst = (src, bias)
         allerr += errs
-    lines.append(f"fitted constants refitted per left-out source: {len(FITTED_CONSTANTS)} "
-                 f"({', '.join(FITTED_CONSTANTS) or 'none are fitted to records'})")
+    if held_out:
+        lines.append("locked split: not leave-one-source-out; no constant is fitted to any "
+                     "source, so these sources are predicted by a model fitted to none of them")
+    else:
+        lines.append(f"fitted constants refitted per left-out source: {len(FITTED_CONSTANTS)} "
+                     f"({', '.join(FITTED_CONSTANTS) or 'none are fitted to records'})")
     lines.append(f"worst source: {worst[0]} (bias {worst[1]:+.1f}%)")
-    lines.append(f"LOSO MAPE {_mape(allerr):.1f}% max {100 * max(map(abs, allerr), default=0):.1f}% "
+    (mm, mb), (pm, pb) = macro_pooled(by)
+    lines.append(f"macro (mean over {len(by)} sources of each source's figure): "
+                 f"MAPE {mm:.1f}% bias {mb:+.1f}%")
+    lines.append(f"pooled (over all {len(allerr)} runs): MAPE {pm:.1f}% bias {pb:+.1f}%")
+    lines.append(f"{'locked split' if held_out else 'LOSO'} MAPE {_mape(allerr):.1f}% max "
+                 f"{100 * max(map(abs, allerr), default=0):.1f}% "
                  f"worst source {abs(worst[1]):.1f}% over {len(allerr)} records, {len(by)} sources")
     return lines
 

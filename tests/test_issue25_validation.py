@@ -1,0 +1,249 @@
+"""Issue 25 item 1, the validation tooling: no record is skipped silently (refusals are listed
+with their reason, an unpublished precision takes a documented default or is refused), the
+per-regime table and its buckets, macro vs pooled figures, the locked validation split (never
+estimated unless asked for), band coverage and ``python -m benchmarks.corpus_check``. Small
+synthetic records only: nothing here runs the corpus."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from benchmarks import accuracy, bands, corpus_check, records, regimes, validation
+
+
+def _record(rid: str, source: str = "Paper A 2024, Table 1", framework="megatron-lm (2021)",
+            **changes) -> dict:
+    r = {
+        "id": rid, "source": source, "source_quote": "'step time 1.0 s'",
+        "model": {"name": "gpt-tiny", "family": "gpt", "num_layers": 4, "hidden_size": 512,
+                  "num_heads": 8, "num_kv_heads": 8, "ffn_hidden_size": 2048,
+                  "vocab_size": 32000, "seq_len": 1024, "tied_embeddings": True},
+        "cluster": {"gpu": "A100-SXM4-80GB", "num_gpus": 8, "gpus_per_node": 8},
+        "training": {"global_batch_size": 64, "micro_batch_size": 1, "precision": "bf16",
+                     "optimizer": "adam", "flash_attention": True, "framework": framework},
+        "plan": {"tp": 1, "pp": 1, "dp": 8, "cp": 1, "virtual_stages": None,
+                 "sequence_parallel": False, "recompute": "none", "zero_stage": 0,
+                 "schedule": None},
+        "measured": {"step_time_s": 1.0},
+    }
+    for path, value in changes.items():
+        *head, last = path.split("__")
+        d = r
+        for k in head:
+            d = d[k]
+        d[last] = value
+    return r
+
+
+def _row(rec: records.Record, pred: float, band: float | None = 0.1, chosen=None):
+    return validation.Row(rec, pred, pred, 1.0, True, chosen or {}, 0.5, band)
+
+
+class _Fake:
+    """An estimator that records what it was asked to estimate (predicts 1.1 x measured)."""
+
+    def __init__(self):
+        self.ids: list[str] = []
+
+    def __call__(self, rec, spread=True):
+        self.ids.append(rec.id)
+        return _row(rec, 1.1 * (rec.measured_step_s or 1.0))
+
+
+@pytest.fixture
+def corpus(tmp_path, monkeypatch):
+    """A data folder of two sources, B locked; the validation's paths point at it."""
+    recs = [_record("a1"), _record("a2", measured__step_time_s=2.0),
+            _record("b1", source="Paper B 2025, Table 3"),
+            _record("b2", source="Paper B 2025, Table 4"),
+            _record("c1", source="Paper C", model__vocab_size=None)]
+    (tmp_path / "runs.json").write_text(json.dumps(recs))
+    locked = tmp_path / "locked_split.json"
+    locked.write_text(json.dumps({"rule": "test", "sources": [records.source_key(recs[2])]}))
+    monkeypatch.setattr(validation, "DATA_DIR", tmp_path)
+    monkeypatch.setattr(validation, "LOCKED_SPLIT", locked)
+    monkeypatch.setattr(validation, "measured_plans_memory", lambda *a: [])
+    fake = _Fake()
+    monkeypatch.setattr(validation, "evaluate", fake)
+    return fake
+
+
+# -- buckets -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("nodes, name", [(1, "1 node"), (2, "2-64 nodes"), (64, "2-64 nodes"),
+                                         (65, ">64 nodes")])
+def test_scale_buckets(nodes, name):
+    assert regimes.scale_bucket(nodes) == name
+
+
+@pytest.mark.parametrize("params, name", [(2.9e9, "<3B"), (3e9, "3-30B"), (29.9e9, "3-30B"),
+                                          (30e9, "30-100B"), (100e9, ">100B"), (1e12, ">100B")])
+def test_size_buckets_hold_their_lower_bound(params, name):
+    assert regimes.size_bucket(params) == name
+
+
+def test_sharding_kind_rule():
+    assert regimes.sharding(2, 2, 1, 3) == "pipeline"
+    assert regimes.sharding(2, 1, 1, 3) == "tensor"
+    assert regimes.sharding(1, 1, 2, 0) == "tensor"
+    assert regimes.sharding(1, 1, 1, 3) == "fsdp-zero3"
+    assert regimes.sharding(1, 1, 1, 1) == "data"
+
+
+def test_regime_of_a_record():
+    rec = records.parse(_record("x", cluster__num_gpus=1024, plan__pp=4, plan__dp=256))
+    assert regimes.regime_of(_row(rec, 1.0)) == (
+        "ampere", "megatron", "pipeline", "dense", ">64 nodes", "<3B")
+    rec = records.parse(_record("y", framework="torchtitan (2024)", plan__zero_stage=3,
+                                cluster__gpu="H100-SXM5-80GB"))
+    assert regimes.regime_of(_row(rec, 1.0))[:3] == ("hopper", "torch", "fsdp-zero3")
+    rec = records.parse(_record("z", framework="some in-house trainer (2024)"))
+    assert regimes.regime_of(_row(rec, 1.0))[1] == "other"
+    assert regimes.experts({"model": {"num_experts": 64}}) == "moe"
+    assert regimes.experts({"model": {}}) == "dense"
+
+
+def test_regime_table_counts_and_coverage():
+    rec = records.parse(_record("x"))
+    # measured 1.0: errors +5% (in a 10% band) x 6, +20% (outside) x 4
+    rows = [_row(rec, 1.05)] * 6 + [_row(rec, 1.2)] * 4
+    lines = regimes.table(rows)
+    line = next(x for x in lines if x.startswith("  ampere/megatron/data/dense/1 node/<3B"))
+    assert line.split()[2:5] == ["10", "+11.0%", "11.0%"]
+    assert "6/10" in line and "60%" in line
+    assert lines[-1].startswith("band coverage: 6 of 10 runs (60.0%)")
+    # fewer than MIN_COVERAGE_RUNS: no coverage column
+    short = regimes.table(rows[:9])
+    assert "/9" not in next(x for x in short if x.startswith("  ampere/megatron"))
+    assert regimes.within_band(_row(rec, 1.3, band=None)) is None
+
+
+# -- macro vs pooled ---------------------------------------------------------------------------
+
+def test_macro_and_pooled_arithmetic():
+    (mm, mb), (pm, pb) = validation.macro_pooled({"a": [0.1, 0.1, 0.1], "b": [-0.3]})
+    assert (mm, mb) == pytest.approx((20.0, -10.0))   # each source weighs the same
+    assert (pm, pb) == pytest.approx((15.0, 0.0))     # each run weighs the same
+
+
+def test_loso_prints_macro_and_pooled_lines():
+    a = records.parse(_record("a"))
+    b = records.parse(_record("b", source="Paper B"))
+    lines = validation.loso([_row(a, 1.1), _row(a, 1.1), _row(a, 1.1), _row(b, 0.7)])
+    assert "macro (mean over 2 sources of each source's figure): MAPE 20.0% bias -10.0%" in lines
+    assert "pooled (over all 4 runs): MAPE 15.0% bias +0.0%" in lines
+    assert lines[-1].startswith("LOSO MAPE 15.0% max 30.0%")
+
+
+# -- refusals and defaults ---------------------------------------------------------------------
+
+def test_unpublished_precision_takes_a_documented_default_or_is_refused():
+    rec = records.parse(_record("t", framework="torchtitan (2024)", training__precision=None))
+    assert rec.train.precision == "bf16" and "precision" in dict(rec.assumed)
+    rec = records.parse(_record("n", framework="nemo 2.0 (2024)", training__precision=None))
+    assert rec.train.precision == "bf16"
+    for fw in ("megatron-lm (2023)", "deepspeed (2023)", "fms-fsdp (PyTorch FSDP)", "in-house"):
+        with pytest.raises(records.RecordError, match="^precision not published"):
+            records.parse(_record("m", framework=fw, training__precision=None))
+    # an absent key is not a silent bf16 either
+    r = _record("m")
+    del r["training"]["precision"]
+    with pytest.raises(records.RecordError, match="^precision not published"):
+        records.parse(r)
+
+
+def test_every_record_is_evaluated_or_refused_with_one_line_reason():
+    moe = _record("moe", model__num_experts=8)
+    raw = [_record("ok"), _record("v", model__vocab_size=None), moe,
+           _record("g", cluster__gpu="MI250X"), _record("p", training__precision=None)]
+    fake = _Fake()
+    rows, refused = validation.evaluate_all(raw, fake)
+    assert fake.ids == ["ok"] and [r.rec.id for r in rows] == ["ok"]
+    why = dict(refused)
+    assert why["v"].startswith("vocab_size not published")
+    assert why["moe"].startswith("MoE model not read")
+    assert why["g"].startswith("unknown GPU: 'MI250X'")
+    assert why["p"].startswith("precision not published")
+    assert all("\n" not in w for w in why.values())
+    lines = validation.refusal_counts(refused)
+    assert lines[0] == "refused (4): reason counts"
+    assert "  refused v: " + why["v"] in lines
+    assert sum(line.strip().startswith("1  ") for line in lines[1:5]) == 4
+
+
+# -- locked split ------------------------------------------------------------------------------
+
+def test_locked_sources_are_never_estimated_by_default(corpus):
+    lines = accuracy.validation_lines(memory=False)
+    assert corpus.ids == ["a1", "a2"]
+    assert lines[0] == "locked split: 1 sources, 2 runs held out (not evaluated)"
+    assert lines[1].startswith("3 records, 2 evaluated, 1 refused")
+    assert lines[-1].startswith("0 records skipped silently (3 evaluated or refused + 2 not in "
+                                "the split run = 5 records")
+    assert not any("b1" in line or "b2" in line for line in lines)
+    assert any(line.startswith("LOSO MAPE 10.0%") for line in lines)
+    assert any(line.startswith("per regime (") for line in lines)
+
+
+def test_locked_split_alone_and_both(corpus):
+    lines = accuracy.validation_lines(memory=False, split="locked")
+    assert corpus.ids == ["b1", "b2"]
+    assert any(line.startswith("locked split MAPE 10.0%") for line in lines)
+    assert any("not leave-one-source-out" in line for line in lines)
+    assert lines[-1].startswith("0 records skipped silently")
+    corpus.ids.clear()
+    lines = accuracy.validation_lines(memory=False, split="all")
+    assert corpus.ids == ["a1", "a2", "b1", "b2"]
+    assert lines[-1].startswith("0 records skipped silently (5 evaluated or refused + 0 not")
+
+
+def test_bands_use_only_the_development_split(corpus):
+    pts, refused = bands.points()
+    assert [p.id for p in pts] == ["a1", "a2"] and corpus.ids == ["a1", "a2"]
+    assert [rid for rid, _ in refused] == ["c1"]
+
+
+def test_the_shipped_locked_split_file_is_well_formed():
+    data = json.loads(validation.LOCKED_SPLIT.read_text())
+    assert set(data) == {"rule", "sources"} and isinstance(data["sources"], list)
+    assert validation.LOCKED_SPLIT not in validation.corpus_files()
+
+
+# -- corpus_check ------------------------------------------------------------------------------
+
+def _write(path, recs):
+    path.write_text(json.dumps(recs))
+    return path
+
+
+def test_corpus_check_exit_codes(tmp_path, monkeypatch, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    monkeypatch.setattr(validation, "DATA_DIR", data)
+    _write(data / "in_corpus.json", [_record("dup")])
+    good = _write(tmp_path / "good.json", [_record("g1"),
+                                           _record("g2", training__precision=None)])
+    assert corpus_check.main([str(good)]) == 0
+    out = capsys.readouterr().out
+    assert "2 records, 1 parsed, 1 refused, 0 errors" in out
+    assert "refused g2: precision not published" in out
+    no_quote = _record("q")
+    del no_quote["source_quote"]
+    bad = _write(tmp_path / "bad.json", [no_quote, copy.deepcopy(_record("dup"))])
+    assert corpus_check.main([str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "ERROR q: missing source_quote" in out
+    assert "ERROR dup: duplicate id (in bad.json, in_corpus.json)" in out
+    assert corpus_check.main([str(_write(tmp_path / "obj.json", {"rule": ""}))]) == 1
+
+
+def test_a_listed_locked_source_without_records_is_said(corpus):
+    data = json.loads(validation.LOCKED_SPLIT.read_text())
+    data["sources"].append("Paper Z | nothing")
+    validation.LOCKED_SPLIT.write_text(json.dumps(data))
+    lines = accuracy.validation_lines(cv=False, pairs=False, memory=False)
+    assert lines[0] == ("locked split: 1 sources, 2 runs held out (not evaluated); 1 listed "
+                        "sources have no record in the corpus")
