@@ -48,8 +48,8 @@ def _keys(name: str) -> list[str]:
     return [source_key(r) for r in json.loads((DATA / name).read_text())]
 
 
-def locked_sources() -> list[str]:
-    """The locked source keys the rule gives for the corpus as it is (sorted)."""
+def first_walk() -> set[str]:
+    """The walk over the first growth's candidates (run once: its result is data)."""
     earlier = {k for f in EARLIER_FILES for k in _keys(f)}
     files = sorted(p.name for p in DATA.glob("*.json") if p.name != LOCKED.name)
     every = {k for f in files for k in _keys(f)}
@@ -66,11 +66,20 @@ def locked_sources() -> list[str]:
         locked.add(key)
         for f in homes:
             dev_left[f] -= 1
-    candidates = {k for keys in by_file.values() for k in keys}
-    for f in files:
-        if f in CANDIDATE_FILES or f in EARLIER_FILES:
-            continue
-        locked |= {k for k in _keys(f) if k not in earlier | candidates and later_locked(k)}
+    return locked
+
+
+def locked_sources() -> list[str]:
+    """The locked source keys (sorted): the first walk as written in :data:`LOCKED` (run
+    only when the file has none yet), plus the sources of later files that
+    :func:`later_locked` locks. A growing corpus never re-runs the walk: that would lock
+    sources whose residuals have since been seen."""
+    written = set(json.loads(LOCKED.read_text())["sources"]) if LOCKED.exists() else set()
+    locked = written or first_walk()
+    seen = {k for f in EARLIER_FILES + CANDIDATE_FILES for k in _keys(f)}
+    for f in sorted(p.name for p in DATA.glob("*.json") if p.name != LOCKED.name):
+        if f not in CANDIDATE_FILES and f not in EARLIER_FILES:
+            locked |= {k for k in _keys(f) if k not in seen and later_locked(k)}
     return sorted(locked)
 
 
