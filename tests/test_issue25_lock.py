@@ -1,0 +1,34 @@
+"""The locked validation split (benchmarks/data/LOCKED.md) is what its rule gives, and holds no
+source the model was tuned to before issue 25."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks import lock_split
+
+
+def test_the_written_split_is_the_rule_s():
+    written = json.loads(lock_split.LOCKED.read_text())
+    assert written["sources"] == lock_split.locked_sources(), \
+        "a corpus file was added or changed: run python -m benchmarks.lock_split --write"
+    assert written["rule"] == lock_split.RULE
+
+
+def test_no_earlier_source_is_locked_and_a_third_are():
+    written = set(json.loads(lock_split.LOCKED.read_text())["sources"])
+    earlier = {k for f in lock_split.EARLIER_FILES for k in lock_split._keys(f)}
+    assert not written & earlier
+    first = {k for f in lock_split.CANDIDATE_FILES for k in lock_split._keys(f)} - earlier
+    # the walk locked a third of all sources of its day, from the first growth's candidates
+    assert len(written & first) >= 28
+    # each first-growth file keeps a development source
+    for f in lock_split.CANDIDATE_FILES:
+        assert set(lock_split._keys(f)) - written
+
+
+def test_later_files_lock_by_the_digest_rule():
+    keys = [f"source {i} | stack" for i in range(64)]
+    share = sum(lock_split.later_locked(k) for k in keys) / len(keys)
+    assert 0.2 < share < 0.6
+    assert lock_split.later_locked("x") == (int(lock_split.digest("x")[0], 16) < 6)
