@@ -23,7 +23,10 @@ from autopar.models import ModelConfig
 DEFAULT_PLANS = Path(__file__).resolve().parent / "data" / "published_plans.json"
 #: GPU names records use -> catalog names.
 _GPU_ALIASES = {"H800": "H800-SXM5-80GB", "H200": "H200-SXM-141GB",
-                "NVIDIA A800": "A800-SXM4-80GB", "NVIDIA A800-SXM4-80GB": "A800-SXM4-80GB"}
+                "NVIDIA A800": "A800-SXM4-80GB", "NVIDIA A800-SXM4-80GB": "A800-SXM4-80GB",
+                "Tesla V100-SXM2-32GB": "V100-SXM2-32GB", "Tesla V100-SXM2-16GB": "V100-SXM2-16GB",
+                "NVIDIA V100": "V100-SXM2-32GB", "V100 32GB": "V100-SXM2-32GB",
+                "V100 16GB": "V100-SXM2-16GB"}
 
 _PLAN_KEYS = ("tp", "pp", "dp", "cp", "virtual_stages", "sequence_parallel", "recompute",
               "zero_stage", "schedule")
@@ -70,7 +73,7 @@ def _inter_link(text: str | None, gpus_per_node: int, num_nodes: int,
                 assumed: dict) -> tuple[str | None, int | None]:
     """(catalog link, NICs per node) from a record's prose; (None, None) = the GPU's default node.
 
-    Reads "8x InfiniBand HDR", "RoCE 400 Gb/s per GPU", "4 * 100Gb RoCE", "RoCE, 1600 Gbps ...
+    Reads "8x InfiniBand HDR", "1x InfiniBand EDR", "RoCE 400 Gb/s per GPU", "4 * 100Gb RoCE", "RoCE, 1600 Gbps ...
     per node", "3.2 Tbps ... per node", "4x200Gbps RDMA". A per-node total, or a NIC count and
     rate, of an unnamed fabric is modelled as RoCE NICs (said in ``assumed``); anything else
     unreadable is a :class:`RecordError`, never a guess.
@@ -87,6 +90,8 @@ def _inter_link(text: str | None, gpus_per_node: int, num_nodes: int,
         return "ib-ndr", nics
     if "hdr" in t:
         return "ib-hdr", nics
+    if "edr" in t:
+        return "ib-edr", nics
     # link rates in Gb/s ("400 Gbps", "3.2 Tbps": 3200)
     speeds = [round(float(x) * (1000 if unit == "tb" else 1))
               for x, unit in re.findall(r"(\d+(?:\.\d+)?)\s*(gb|tb)", t)]
@@ -112,7 +117,7 @@ def _inter_link(text: str | None, gpus_per_node: int, num_nodes: int,
     if "ethernet" in t or "eth" in t:
         return ("eth-100g" if "100" in t else "eth-25g"), nics
     raise RecordError(f"inter-node link {text!r} is not one autopar's catalog has (InfiniBand "
-                      "HDR/NDR, RoCE 100/200/400G, Ethernet 25/100G); not guessed")
+                      "EDR/HDR/NDR, RoCE 100/200/400G, Ethernet 25/100G); not guessed")
 
 
 def _source_year(source: str) -> int:

@@ -30,6 +30,11 @@ REFERENCE_GPUS = [
     ("H100-PCIe-80GB", 756, 1513, 80, 2.0, 600),
     ("H800-SXM5-80GB", 989, 1979, 80, 3.35, 400),
     ("H200-SXM-141GB", 989, 1979, 141, 4.8, 900),
+    # Volta: no BF16 (bf16 None: refused), figures in tests/test_issue25_volta.py
+    ("V100-SXM2-16GB", None, None, 16, 0.9, 300),
+    ("V100-SXM2-32GB", None, None, 32, 0.9, 300),
+    ("V100-PCIe-32GB", None, None, 32, 0.9, 0),
+    ("V100-SXM3-32GB", None, None, 32, 0.9, 300),
 ]
 
 
@@ -37,7 +42,11 @@ REFERENCE_GPUS = [
 def test_device_catalog_matches_reference(name, bf16, fp8, mem, hbm, nvlink):
     d = get_device(name)
     assert d.name == name and d.source
-    assert d.peak("bf16") == pytest.approx(bf16 * 1e12)
+    if bf16 is None:
+        with pytest.raises(InvalidTrainingConfig, match="bf16"):
+            d.peak("bf16")
+    else:
+        assert d.peak("bf16") == pytest.approx(bf16 * 1e12)
     assert d.memory_bytes == pytest.approx(mem * 1e9)  # decimal GB, never GiB
     assert d.hbm_bandwidth_Bps == pytest.approx(hbm * 1e12)
     assert d.nvlink_bandwidth_Bps == pytest.approx(nvlink / 2 * 1e9)  # per direction

@@ -31,6 +31,14 @@ _PCIE_BOX = ("commodity 8-GPU PCIe server, GPUs peer over PCIe switches and the 
              "as in DeepSeek Fire-Flyer AI-HPC (arXiv 2408.14158: 8 x A100 PCIe + one 200 Gb/s IB NIC); "
              "assumption for other PCIe boxes")
 
+_DGX_1V = ("DGX-1 with V100 (NVIDIA DGX-1 datasheet: 8 x Tesla V100, NVLink hybrid cube-mesh, "
+           "'Network: Dual 10 GbE, 4 IB EDR'): 4 x 100 Gb/s EDR compute ports per 8 GPUs. The "
+           "cube-mesh is a point-to-point fabric (each GPU linked to some peers, not all); the "
+           "node model takes it as each GPU's 6-link aggregate (links.py 'nvlink2-cubemesh')")
+_DGX_2 = ("DGX-2 (NVIDIA DGX-2 datasheet: 16 x Tesla V100 32GB on 12 NVSwitches, "
+          "'8X 100Gb/sec Infiniband/100GigE'): 8 EDR ports per 16-GPU node, i.e. one per two "
+          "GPUs; write the node as 1x16 ('2x16xV100-SXM3-32GB'): a spec of 8-GPU nodes gets 8 NICs each")
+
 #: Server builds a GPU row's ``box`` names (``Cluster.from_spec`` takes the links a spec leaves out
 #: from them; ``+NICSxLINK`` in a spec overrides the NICs).
 BOXES: tuple[Box, ...] = (
@@ -39,6 +47,11 @@ BOXES: tuple[Box, ...] = (
         "HGX A800: assumed built like HGX A100 (one HDR port per GPU). The reference's field "
         "report (Megatron-LM #1059) ran 4 x 200G RoCE: write '+4xroce-200g' for that"),
     Box("pcie-gen4-hdr", "pcie-gen4", 1, "ib-hdr", _PCIE_BOX),
+    Box("dgx-1v", "nvlink2-cubemesh", 4, "ib-edr", _DGX_1V),
+    Box("dgx-2", "nvlink2", 8, "ib-edr", _DGX_2),
+    Box("pcie-gen3-edr", "pcie-gen3", 1, "ib-edr",
+        "8-GPU PCIe Gen3 server with one EDR NIC: an assumption by analogy with the Gen4/Gen5 "
+        "PCIe boxes (" + _PCIE_BOX.split(", as in")[0] + ")"),
     Box("dgx-h100", "nvlink4", 8, "ib-ndr", _DGX_H100),
     Box("hgx-h800", "nvlink4-h800", 8, "ib-ndr",
         "HGX H800 as in the DeepSeek-V3 report (arXiv 2412.19437, sec. 3.2: 50 GB/s IB per GPU)"),
@@ -53,11 +66,21 @@ _H100_SXM_FLOPS = {
 _H100_PCIE_FLOPS = {
     "fp32": 51 * _TERA, "tf32": 378 * _TERA, "fp16": 756 * _TERA, "bf16": 756 * _TERA, "fp8": 1513 * _TERA,
 }
+#: Volta has no TF32, BF16 or FP8: the rows list FP32 and the FP16 tensor-core peak only, so
+#: ``Device.peak("bf16")`` refuses with the precisions it has. NVIDIA Tesla V100 datasheet
+#: (2018, 16/32 GB): "V100 for NVLink" single precision 15.7 TFLOPS, tensor performance 125
+#: TFLOPS; "V100 for PCIe" 14 / 112 TFLOPS (tensor = FP16 multiply with FP32 accumulate).
+_V100_SXM2_FLOPS = {"fp32": 15.7 * _TERA, "fp16": 125 * _TERA}
+_V100_PCIE_FLOPS = {"fp32": 14 * _TERA, "fp16": 112 * _TERA}
+_V100_SHEET = ("NVIDIA Tesla V100 GPU Accelerator datasheet (2018): {col}: {fp32} TFLOPS single "
+               "precision, {fp16} TFLOPS tensor (FP16), {mem} GB HBM2 (decimal, as the sheet "
+               "states it), 900 GB/s, {link}, PCIe Gen3 32 GB/s bidir (16 per direction)")
 #: Rated board power ("Max TDP"), per datasheet.
 _TDP_SRC = {
     "A100": "NVIDIA A100 datasheet: SXM 400 W, PCIe 40GB 250 W, PCIe 80GB 300 W; A800 is the A100 board",
     "H100": "NVIDIA H100 datasheet: SXM up to 700 W, PCIe 350 W; H800 is the H100 board",
     "H200": "NVIDIA H200 datasheet: SXM up to 700 W",
+    "V100": "NVIDIA Tesla V100 datasheet: max power 300 W (V100 for NVLink, SXM2), 250 W (PCIe)",
 }
 #: Streaming multiprocessors of the shipped part.
 _SM_SRC = {
@@ -68,6 +91,8 @@ _SM_SRC = {
     "H800": "DeepSeek-V3 technical report (arXiv 2412.19437, section 3.2.2): 'out of the 132 "
             "SMs available in the H800 GPU'",
     "H200": "NVIDIA H200 datasheet: the GH100 GPU of H100 SXM5 with HBM3e (132 SMs)",
+    "V100": "NVIDIA Tesla V100 GPU Architecture whitepaper (2017), Table 1: Tesla V100 80 SMs "
+            "(of 84 on the full GV100); every V100 board (SXM2, SXM3, PCIe) ships the same part",
 }
 #: Memory the framework sees (torch ``total_memory``; torch's out-of-memory message prints it as
 #: "GPU 0 has a total capacity of X GiB"), each from a measurement or a quoted message.
@@ -82,6 +107,12 @@ _VISIBLE_SRC = {
     "H200": "measured for autopar (2026-11-30, torch 2.11, CUDA 13.0): "
             "torch.cuda.get_device_properties(0).total_memory = 150109880320 on an NVIDIA H200 "
             "(nvidia-smi memory.total 143771 MiB, of which 616 MiB reserved by the driver)",
+    "V100 32GB": "torch OOM messages on V100 32GB: 'GPU 3; 31.74 GiB total capacity' "
+                 "(github.com/haotian-liu/LLaVA/issues/812, 'V100*8'), 'GPU 0; 31.74 GiB total "
+                 "capacity' (github.com/liucongg/ChatGLM-Finetuning/issues/73, 'V100 32GB'); "
+                 "the PCIe 32GB board is assumed the same",
+    "V100 16GB": "torch OOM message on 'a 16G V100': 'GPU 0; 15.78 GiB total capacity' "
+                 "(github.com/kchengiva/Shift-GCN/issues/34)",
 }
 _SHEET_FACTS = ("peak_flops", "memory_bytes", "hbm_bandwidth_Bps", "nvlink_bandwidth_Bps",
                 "pcie_bandwidth_Bps", "form_factor")
@@ -143,6 +174,31 @@ GPUS: tuple[GpuRow, ...] = (
          f"{_REF} (H200 SXM: 141 GB HBM3e, 4.8 TB/s); compute as H100 SXM5 (NVIDIA H200 datasheet)",
          tdp_w=700, tdp_src=_TDP_SRC["H200"], sm_count=132, sm_src=_SM_SRC["H200"],
          visible_bytes=150_109_880_320.0, visible_src=_VISIBLE_SRC["H200"]),
+    _gpu("V100-SXM2-16GB", ("v100-16gb",), "dgx-1v", _V100_SXM2_FLOPS, 16, 900, 300, 16, "sxm",
+         _V100_SHEET.format(col="V100 for NVLink (SXM2)", fp32=15.7, fp16=125, mem=16,
+                            link="NVLink 300 GB/s bidir"),
+         tdp_w=300, tdp_src=_TDP_SRC["V100"], sm_count=80, sm_src=_SM_SRC["V100"],
+         visible_bytes=15.78 * _GIB, visible_src=_VISIBLE_SRC["V100 16GB"]),
+    _gpu("V100-SXM2-32GB", ("v100", "v100-32gb", "v100-sxm2"), "dgx-1v", _V100_SXM2_FLOPS, 32, 900,
+         300, 16, "sxm",
+         _V100_SHEET.format(col="V100 for NVLink (SXM2)", fp32=15.7, fp16=125, mem=32,
+                            link="NVLink 300 GB/s bidir"),
+         tdp_w=300, tdp_src=_TDP_SRC["V100"], sm_count=80, sm_src=_SM_SRC["V100"],
+         visible_bytes=31.74 * _GIB, visible_src=_VISIBLE_SRC["V100 32GB"]),
+    _gpu("V100-PCIe-32GB", ("v100-pcie",), "pcie-gen3-edr", _V100_PCIE_FLOPS, 32, 900, 0, 16,
+         "pcie",
+         _V100_SHEET.format(col="V100 for PCIe", fp32=14, fp16=112, mem=32, link="no NVLink"),
+         tdp_w=250, tdp_src=_TDP_SRC["V100"], sm_count=80, sm_src=_SM_SRC["V100"],
+         visible_bytes=31.74 * _GIB, visible_src=_VISIBLE_SRC["V100 32GB"]),
+    # the DGX-2 board (nvidia-smi names it 'Tesla V100-SXM3-32GB'): the V100 32GB at the SXM2
+    # figures (DGX-2 datasheet: 16 GPUs, '2 petaFLOPS' tensor = 16 x 125 TF), on NVSwitch; its
+    # TDP is not on the datasheet and is left unknown
+    _gpu("V100-SXM3-32GB", ("v100-sxm3",), "dgx-2", _V100_SXM2_FLOPS, 32, 900, 300, 16, "sxm",
+         _V100_SHEET.format(col="V100 for NVLink (SXM2)", fp32=15.7, fp16=125, mem=32,
+                            link="NVLink 300 GB/s bidir")
+         + "; NVIDIA DGX-2 datasheet: 16 x Tesla V100 32GB, 2 petaFLOPS tensor, 512 GB HBM2 total",
+         tdp_w=0, tdp_src="not on the NVIDIA DGX-2 datasheet: left unknown (0)", sm_count=80, sm_src=_SM_SRC["V100"],
+         visible_bytes=31.74 * _GIB, visible_src=_VISIBLE_SRC["V100 32GB"]),
 )
 
 #: The default preset registry: every reader (``get_device``, ``Cluster.from_spec``,

@@ -170,9 +170,12 @@ class Device:
                 f"unknown precision {dtype!r}; use one of {list(PRECISIONS)}"
             )
         if key not in self.peak_flops:
+            # a GPU without BF16 (Volta: V100) trains in FP16 with loss scaling
+            hint = (" (no BF16 tensor cores: train in mixed precision fp16, precision='fp16')"
+                    if key == "bf16" and "fp16" in self.peak_flops else "")
             raise InvalidTrainingConfig(
                 f"{self.name} does not support {key} (it supports {list(self.peak_flops)}); "
-                f"pick one of those precisions or a GPU that has {key}"
+                f"pick one of those precisions or a GPU that has {key}{hint}"
             )
         return self.peak_flops[key]
 

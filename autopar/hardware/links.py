@@ -74,10 +74,25 @@ LINKS: Mapping[str, LinkType] = MappingProxyType({link.name: link for link in (
              f"{_REF}: H100/H200 NVLink 900 GB/s bidir (18 x 25 GB/s per direction); {_NV_LAT}"),
     LinkType("nvlink4-h800", "nvswitch", 200 * _GIGA, 1.0e-6,
              f"{_REF}: H800 NVLink 400 GB/s bidir; {_NV_LAT}"),
+    # NVLink 2.0 (Volta). NVIDIA Tesla V100 GPU Architecture whitepaper (2017), "NVLink": six
+    # links per GPU at 25 GB/s per direction each, 300 GB/s total (150 GB/s per direction).
+    LinkType("nvlink2-cubemesh", "nvlink", 150 * _GIGA, 1.0e-6,
+             "NVIDIA Tesla V100 whitepaper: V100 SXM2 NVLink 2.0, 6 links x 25 GB/s per direction = "
+             "300 GB/s bidir; DGX-1 wires them as a hybrid cube-mesh (point to point, no switch). "
+             "Modelled as each GPU's 6-link aggregate (150 GB/s per direction) into a node fabric, "
+             "as the NVSwitch rows are: right for NCCL rings that use every link, optimistic for "
+             f"groups whose GPUs are not directly linked or all-to-all traffic; {_NV_LAT}"),
+    LinkType("nvlink2", "nvswitch", 150 * _GIGA, 1.0e-6,
+             "NVIDIA DGX-2 datasheet / NVSwitch whitepaper (2018): each V100's 6 NVLink 2.0 links "
+             "(25 GB/s per direction each) into 12 NVSwitches, 300 GB/s bidir per GPU, any pair at "
+             f"full rate; {_NV_LAT}"),
     LinkType("pcie-gen3", "pcie", 16 * _GIGA, 1.0e-6,
              f"PCIe 3.0 x16 ~15.75 GB/s per direction (PCI-SIG), rounded as the reference rounds Gen4/5; {_PCI_LAT}"),
     LinkType("pcie-gen4", "pcie", 32 * _GIGA, 1.0e-6, f"{_REF}: PCIe Gen4 x16 ~32 GB/s per direction; {_PCI_LAT}"),
     LinkType("pcie-gen5", "pcie", 64 * _GIGA, 1.0e-6, f"{_REF}: PCIe Gen5 x16 ~64 GB/s per direction; {_PCI_LAT}"),
+    LinkType("ib-edr", "infiniband", 12.5 * _GIGA, 5.0e-6,
+             f"IB EDR 100 Gb/s per port = 12.5 GB/s per direction (DGX-1 / DGX-2 datasheets: "
+             f"EDR InfiniBand 100 Gb/s ports); {_IB_LAT}"),
     LinkType("ib-hdr", "infiniband", 25 * _GIGA, 5.0e-6, f"{_REF}: IB HDR 25 GB/s per port per direction; {_IB_LAT}"),
     LinkType("ib-ndr", "infiniband", 50 * _GIGA, 5.0e-6, f"{_REF}: IB NDR 50 GB/s per port; {_IB_LAT}"),
     LinkType("roce-100g", "roce", 12.5 * _GIGA, 6.0e-6, f"100 Gb/s line rate = 12.5 GB/s; {_ROCE_LAT}"),
