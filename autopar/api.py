@@ -299,7 +299,10 @@ def optimize(model: Any, cluster: Cluster | str, train: TrainingConfig | dict | 
             ``alternatives[0]``, noted "X% faster by the model, inside its band (± Y%): not
             trusted over a simpler, validated plan". Candidates: the plans the search kept
             (top and Pareto front) and those of one extra search of meshes with fewer
-            dimensions. ``"fastest"``: the model's fastest plan, as before. Recorded in
+            dimensions (``time_limit_s`` bounds each of the two searches; that search runs
+            only when the fastest plan uses two or more dimensions and some regime of its
+            framework, precision and GPU is validated). ``"fastest"``: the model's fastest
+            plan, as before. Recorded in
             ``plan.search.objective``; the same input gives the same plan under either.
 
     Returns:

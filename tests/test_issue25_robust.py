@@ -214,3 +214,12 @@ def test_choose_takes_the_fewest_dimensions_then_the_fastest(monkeypatch):
     assert robust.choose(fastest, pool) is None
     monkeypatch.setattr(robust, "stand_in_half_width", lambda: None)
     assert robust.choose(fastest, pool) is None
+
+
+def test_search_quality_says_whether_a_speedup_exceeds_the_band():
+    from benchmarks.search_quality import band_verdict
+    band = regime.ErrorBand(0.05, 0.0, 20, 3, PIPELINE)
+    assert band_verdict(1.10, band) == "beyond ± 5%"
+    assert band_verdict(1.03, band) == "inside ± 5%"
+    assert band_verdict(0.90, band) == "beyond ± 5%"
+    assert band_verdict(1.30, regime.ErrorBand(None, None, 3, 1, PIPELINE)) == "unvalidated"
