@@ -29,6 +29,7 @@ from .plan import Plan, SearchStats
 from .problem import Problem, as_cluster, model_config_of, model_graph  # noqa: F401
 from .search.margin import check_margin, search_with_margin
 from .search.optimize import SearchResult
+from .search.robust import check_objective, robust_result
 
 #: Tokens per step of the default global batch when none is given (about 4M, the order of
 #: GPT-3's and Llama 2's batches: Brown et al. 2020 Table 2.1; Touvron et al. 2023).
@@ -263,8 +264,9 @@ def optimize(model: Any, cluster: Cluster | str, train: TrainingConfig | dict | 
              progress: Callable | None = None, params: CostParams | None = None,
              calibration: Calibration | str | Path | dict | None = None,
              memory_margin: float | None = None,
-             profile: FrameworkProfile | None = None) -> Plan:
-    """Search the fastest parallel plan that fits in memory.
+             profile: FrameworkProfile | None = None, objective: str = "robust") -> Plan:
+    """Search the fastest parallel plan that fits in memory, or under the default ``"robust"``
+    objective a simpler one the model cannot tell apart from it.
 
     Args:
         model: module (meta device is fine), preset name, model dict or ModelConfig.
@@ -286,6 +288,22 @@ def optimize(model: Any, cluster: Cluster | str, train: TrainingConfig | dict | 
             their predictions for 68% of 28 measured runs); 0 plans to the last byte.
         profile: a copied and edited framework profile to search and cost with (see
             :func:`estimate`); the plan records its framework's name only.
+        objective: ``"robust"`` (default) or ``"fastest"`` (:mod:`autopar.search.robust`).
+            A plan is *simpler* when it uses fewer parallel dimensions of degree > 1 (tp, cp,
+            pp, dp, ep) and *validated* when its error band is its regime's validated band.
+            Under ``"robust"``, when the fastest plan's advantage over a simpler validated plan
+            (step time ratio - 1) is inside the fastest plan's band (its validated half-width;
+            for an unvalidated regime the largest validated half-width in the corpus table,
+            since an unvalidated regime's error is at least that uncertain), the simpler plan
+            is returned (the fewest dimensions, then the fastest) and the fastest is
+            ``alternatives[0]``, noted "X% faster by the model, inside its band (± Y%): not
+            trusted over a simpler, validated plan". Candidates: the plans the search kept
+            (top and Pareto front) and those of one extra search of meshes with fewer
+            dimensions (``time_limit_s`` bounds each of the two searches; that search runs
+            only when the fastest plan uses two or more dimensions and some regime of its
+            framework, precision and GPU is validated). ``"fastest"``: the model's fastest
+            plan, as before. Recorded in
+            ``plan.search.objective``; the same input gives the same plan under either.
 
     Returns:
         :class:`Plan` whose ``config`` has every field chosen and whose ``estimate`` fits.
@@ -293,11 +311,12 @@ def optimize(model: Any, cluster: Cluster | str, train: TrainingConfig | dict | 
     Raises:
         InfeasibleError: nothing fits (the message says what binds and what to change).
         AutoparError subclasses: invalid model, cluster, training config or fixed= choices;
-            InvalidSearchOption for a bad ``time_limit_s``, ``top_k``, ``progress`` or
-            ``memory_margin``;
+            InvalidSearchOption for a bad ``time_limit_s``, ``top_k``, ``progress``,
+            ``memory_margin`` or ``objective``;
             InvalidCalibration for a calibration that is invalid or of other hardware.
     """
     _search_options(fixed, time_limit_s, top_k, progress)
+    check_objective(objective)
     memory_margin = check_margin(memory_margin)
     cl = as_cluster(cluster)
     tr = _with_profile(_train(train, model_config_of(model), cl, model), profile)
@@ -305,28 +324,36 @@ def optimize(model: Any, cluster: Cluster | str, train: TrainingConfig | dict | 
     problem = Problem.build(model, cl, tr, params, memory_margin=memory_margin,
                             framework=profile)
     return search_plan(problem, fixed, time_limit_s=time_limit_s, top_k=top_k,
-                       progress=progress)[0]
+                       progress=progress, objective=objective)[0]
 
 
 def search_plan(problem: Problem, fixed: dict | None = None, *, time_limit_s: float | None = None,
-                top_k: int = 5, progress: Callable | None = None) -> tuple[Plan, SearchResult]:
+                top_k: int = 5, progress: Callable | None = None,
+                objective: str = "robust") -> tuple[Plan, SearchResult]:
     """Search ``problem`` as :func:`optimize` does (``fixed``, ``time_limit_s``, ``top_k``,
-    ``progress``: see there; the memory margin is ``problem.memory_margin``), and also return
-    the :class:`SearchResult` (its time/memory Pareto front feeds the plots).
+    ``progress``, ``objective``: see there; the memory margin is ``problem.memory_margin``),
+    and also return the :class:`SearchResult` (its time/memory Pareto front feeds the plots;
+    under the robust objective its ``best`` and ``top`` are the plan's and its alternatives).
 
     Raises:
         InfeasibleError: nothing fits. InvalidParallelConfig: bad ``fixed`` choices.
+        InvalidSearchOption: an unknown ``objective``.
     """
+    check_objective(objective)
     cm, margin = problem.cost_model, problem.memory_margin
     result = search_with_margin(cm, fixed, memory_margin=margin,
                                 time_limit_s=time_limit_s, top_k=top_k + 1, progress=progress)
-    return build_plan(cm, result, problem.model_config, margin), result
+    if objective == "robust":
+        result = robust_result(cm, result, fixed, memory_margin=margin,
+                               time_limit_s=time_limit_s, top_k=top_k + 1)
+    return build_plan(cm, result, problem.model_config, margin, objective), result
 
 
 def build_plan(cm: CostModel, result: SearchResult, model_config: dict | None,
-               memory_margin: float | None = None) -> Plan:
+               memory_margin: float | None = None, objective: str = "fastest") -> Plan:
     """The :class:`Plan` of a search result: its best estimate, runners-up and Pareto front
-    (``memory_margin``: the one the search kept free, recorded in ``Plan.search``)."""
+    (``memory_margin``: the one the search kept free, and ``objective``: the one that chose
+    ``result.best``, both recorded in ``Plan.search``)."""
     best = result.best
     return Plan(
         config=best.config, estimate=best, model=cm.graph.name, cluster=cm.cluster.name,
@@ -335,5 +362,6 @@ def build_plan(cm: CostModel, result: SearchResult, model_config: dict | None,
         profile_edits=profile_edits(cm.profile),
         search=SearchStats(evaluated=result.evaluated, meshes=result.meshes,
                            wall_s=round(result.wall_s, 3), complete=result.complete,
-                           gap=round(result.gap, 6), memory_margin=memory_margin),
+                           gap=round(result.gap, 6), memory_margin=memory_margin,
+                           objective=objective),
     )

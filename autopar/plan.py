@@ -47,6 +47,11 @@ class SearchStats:
             unbounded).
         memory_margin: fraction of each GPU's memory the search kept free for the memory
             model's error (:mod:`autopar.search.margin`; 0: none).
+        objective: what chose the plan among those the search found
+            (:mod:`autopar.search.robust`): "robust" (a simpler plan of a validated regime when
+            the fastest one's advantage over it is inside the fastest one's error band; that
+            faster plan is then ``alternatives[0]``) or "fastest" (the model's fastest plan;
+            plan files written before the objective existed load as "fastest").
     """
 
     evaluated: int = 0
@@ -55,6 +60,7 @@ class SearchStats:
     complete: bool = True
     gap: float = 0.0
     memory_margin: float = 0.0
+    objective: str = "fastest"
 
 
 @dataclass(frozen=True)
@@ -140,6 +146,7 @@ class Plan:
             # wall time is left out: the same input must give the same bytes
             "search": {"evaluated": self.search.evaluated, "meshes": self.search.meshes,
                        "complete": self.search.complete, "gap": self.search.gap,
+                       "objective": self.search.objective,
                        # only when set, so plans searched without one keep their bytes
                        **({"memory_margin": self.search.memory_margin}
                           if self.search.memory_margin else {})},

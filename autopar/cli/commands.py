@@ -27,6 +27,7 @@ from rich.console import Console
 
 from .. import alternatives
 from ..api import search_plan
+from ..search.robust import objective_text
 from ..config import ParallelConfig, TrainingConfig
 from ..errors import AutoparError, MissingDependency
 from ..graph import hf
@@ -67,7 +68,7 @@ def _compare_estimate(args, problem: Problem):
 def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
     progress = Progress(err, args.json, interrupt)
     plan, result = search_plan(problem, fixed, time_limit_s=args.time_limit, top_k=args.top_k,
-                               progress=progress)
+                               progress=progress, objective=args.objective)
     progress.stopped(plan.search)
     if args.out:
         plan.to_json(args.out)
@@ -94,17 +95,19 @@ def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
     out.print(f"[bold]autopar plan[/bold]: {plan.model} on {plan.cluster} "
               f"({plural(plan.world_size, 'GPU')}), "
               f"global batch {tr.global_batch_size} x {tr.seq_len} tokens, {tr.precision}")
+    s = plan.search
+    out.print(f"objective: {objective_text(e, plan.alternatives, s.objective)}",
+              highlight=False, markup=False)
     for t in (tables.degrees_table(e), tables.stages_table(e), tables.performance_table(e)):
         out.print(t)
     print_trust(out, e)
     for t in (tables.memory_table(e), tables.comm_table(e)):
         out.print(t)
-    out.print(tables.alternatives_table(e, plan.alternatives))
+    out.print(tables.alternatives_table(e, plan.alternatives, objective=s.objective))
     if ref is not None:
         out.print(compare(e, ref, "hand-tuned plan").sentence())
     if money:
         out.print(tables.money_table(money, args.tokens))
-    s = plan.search
     # gap = (best - bound) / best, so the best plan left unseen is at most best / bound - 1
     # faster (a gap of 1: no bound)
     stopped = "" if s.complete else (
@@ -201,7 +204,7 @@ def _cmd_estimate(args, problem, par, notes, out) -> dict:
 def _cmd_explain(args, problem, fixed, out, err, interrupt=None) -> dict:
     progress = Progress(err, args.json, interrupt)
     plan, _ = search_plan(problem, fixed, time_limit_s=args.time_limit, top_k=args.top_k,
-                          progress=progress)
+                          progress=progress, objective=args.objective)
     progress.stopped(plan.search)
     best = plan.estimate
     ref = _compare_estimate(args, problem)

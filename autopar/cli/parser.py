@@ -186,6 +186,12 @@ def _search_flags(p: argparse.ArgumentParser) -> None:
                    help="seconds to search before returning the best so far")
     p.add_argument("--top-k", type=_non_negative_int, default=5,
                    help="alternatives to show (default 5)")
+    p.add_argument("--objective", choices=["robust", "fastest"], default="robust",
+                   help="robust (default): when the fastest plan's advantage over a simpler plan "
+                   "(fewer parallel dimensions) of a validated regime is inside the fastest "
+                   "plan's error band (for an unvalidated regime the largest validated band "
+                   "stands in), return the simpler plan and list the faster one first among "
+                   "the alternatives; fastest: the model's fastest plan")
     p.add_argument("--memory-margin", type=_margin, default=None, metavar="FRACTION",
                    help="keep this fraction of each GPU's memory free for the memory model's "
                    "error (0 to 0.5; default 0.12, the measured band: peaks were within 11%% of "

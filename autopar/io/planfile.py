@@ -5,7 +5,8 @@ Layout (version 3; :meth:`Plan.to_dict` writes it)::
     {"format": "autopar-plan", "version": 3, "model": str, "model_config": {...} | null,
      "cluster": spec str, "train": {TrainingConfig fields}, "config": {ParallelConfig fields},
      "estimate": {Estimate fields}, "alternatives": [estimate...], "pareto": [estimate...],
-     "search": {"evaluated": int, "meshes": int, "complete": bool, "gap": float}}
+     "search": {"evaluated": int, "meshes": int, "complete": bool, "gap": float,
+                "objective": "robust" | "fastest"}}
 
 Rules: no unknown keys (``compare``, ``run_cost`` and ``units``, which ``autopar plan --json``
 adds, are ignored); every value of the right JSON type; the config states every choice (a missing
@@ -13,7 +14,8 @@ adds, are ignored); every value of the right JSON type; the config states every 
 degrees multiply to the GPU count of its cluster; the stage cuts give one block count per
 pipeline chunk and sum to the model's blocks; the global batch is a multiple of dp x micro-batch.
 Fields added after version 1 was first written (placement, cp_mode, ep, per-stage times, the
-Pareto front, the gap) take their defaults when missing. Version 2 adds the per-block
+Pareto front, the gap, the search's ``objective``: "fastest" when missing, the only objective
+there was) take their defaults when missing. Version 2 adds the per-block
 ``config.reshard_after_forward`` (null or one bool per block); a version-1 file is migrated by
 setting it to null (every block reshards, as version 1 meant). Version 3 adds
 ``config.expert_tp`` (null = the MoE layers' expert tensor parallelism equals tp, as version 2
@@ -41,6 +43,7 @@ from ..cost.types import (Estimate, GroupLinks, LinkComm, TimeBreakdown,
                           memory_breakdown_from_dict)
 from ..errors import AutoparError, InvalidPlanFile
 from ..frameworks import rules, with_edits
+from ..search.robust import OBJECTIVES
 
 PLAN_FORMAT = "autopar-plan"
 #: Version of the plan file layout this autopar writes; older ones it knows are migrated by
@@ -81,7 +84,7 @@ _TOP_REQUIRED = ("format", "version", "model", "cluster", "train", "config", "es
 _TOP_OPTIONAL = ("model_config", "alternatives", "pareto", "search", "world_size",
                  "profile_edits")
 _SEARCH = {"evaluated": int, "meshes": int, "complete": bool, "gap": float, "wall_s": float,
-           "memory_margin": float}
+           "memory_margin": float, "objective": str}
 #: Estimate scalars that must be finite, non-negative numbers.
 _FINITE = ("step_time_s", "mfu", "hfu", "tokens_per_s", "memory_per_gpu_bytes",
            "memory_limit_bytes", "model_flops_per_step")
@@ -372,7 +375,12 @@ def check_plan(d: Any) -> dict:
         others[key] = tuple(same_model(_estimate(e, f"{key}[{i}]", world), f"{key}[{i}]")
                             for i, e in enumerate(items))
     s = _keys(d.get("search", {}), "search", (), tuple(_SEARCH))
+    if "objective" in s and s["objective"] not in OBJECTIVES:
+        raise _fail("search.objective", f"must be one of {list(OBJECTIVES)}; got "
+                                        f"{s['objective']!r:.80}")
     for key, kind in _SEARCH.items():
+        if kind is str:
+            continue
         if key in s and not (isinstance(s[key], bool) if kind is bool else
                              (_number(s[key]) and s[key] >= 0 and (kind is float or (
                                  isinstance(s[key], int) and not isinstance(s[key], bool))))):

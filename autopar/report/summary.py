@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ..search.ranking import TIE_RTOL, tied
+from ..search.robust import objective_text, passed_over, passed_over_note
 
 
 def _gb(x: float) -> str:
@@ -159,13 +160,19 @@ def plan_summary(plan) -> str:
     if plan.alternatives:
         lines.append(f"alternatives     (one per kind of plan; \"tie\": equal step time within "
                      f"{TIE_RTOL:g}, the simpler plan ranks first)")
-        for a in plan.alternatives:
+        objective = getattr(plan.search, "objective", "fastest")
+        faster = passed_over(e, plan.alternatives, objective)
+        for i, a in enumerate(plan.alternatives):
             lines.append(f"  {a.step_time_s:.3f} s ({gap_text(a.step_time_s, e.step_time_s)})"
                          f"  {_gb(a.memory_per_gpu_bytes)}  {config_text(a.config)}")
-        note = runner_up_note(e, plan.alternatives)
+            if i == 0 and faster is not None:
+                lines.append(f"    note: {passed_over_note(e, faster)}")
+        note = None if faster is not None else runner_up_note(e, plan.alternatives)
         if note:
             lines.append(f"  note: {note}")
     s = plan.search
+    objective = getattr(s, "objective", "fastest")
+    lines.append(f"objective        {objective_text(e, plan.alternatives, objective)}")
     lines.append(f"search           {plural(s.evaluated, 'configuration')} estimated, "
                  f"{plural(s.meshes, 'mesh', 'meshes')} in the space, "
                  f"{s.wall_s:.2f} s{'' if s.complete else ' (stopped early: best so far)'}")

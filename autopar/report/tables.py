@@ -10,6 +10,7 @@ from rich.table import Table
 from ..cost.pipeline.orders import stage_rank
 from ..cost.types import Estimate, GroupLinks
 from .explain import Comparison, config_diff, link_name
+from ..search.robust import passed_over, passed_over_note
 from .summary import accumulation_why, gap_text, plural, reshard_text, runner_up_note
 
 _DIMS = (("tp", "tensor parallel"), ("cp", "context parallel"), ("pp", "pipeline parallel"),
@@ -172,11 +173,13 @@ _ALTERNATIVES_TITLE = ("Top alternatives, one per kind of plan (differences from
 
 
 def alternatives_table(best: Estimate, alts, money: list[dict] | None = None,
-                       title: str = _ALTERNATIVES_TITLE) -> Table:
+                       title: str = _ALTERNATIVES_TITLE, objective: str = "fastest") -> Table:
     """Runner-up estimates: step time, slowdown (:func:`autopar.report.summary.gap_text`: "tie"
     when equal within the search's tolerance), memory, MFU and what differs from ``best``;
     with ``money`` (one :func:`autopar.report.advice.run_cost` dict per row, best first) also days and
-    cost of the whole run."""
+    cost of the whole run. Under the robust ``objective`` a first alternative faster than
+    ``best`` is the fastest plan it passed over, noted so
+    (:func:`autopar.search.robust.passed_over_note`)."""
     t = _table(title)
     for col in ("#", "step s", "vs best", "memory GB", "MFU", "differs from best"):
         t.add_column(col, justify="left" if col == "differs from best" else "right")
@@ -193,7 +196,9 @@ def alternatives_table(best: Estimate, alts, money: list[dict] | None = None,
             m = money[i]
             row += [f"{m['days']:,.1f}", "-" if m["cost"] is None else f"{m['cost']:,.0f}"]
         t.add_row(*row)
-    note = runner_up_note(best, alts)
+    faster = passed_over(best, alts, objective)
+    note = (f"alternative 1 is {passed_over_note(best, faster)}" if faster is not None
+            else runner_up_note(best, alts))
     if note:
         t.caption, t.caption_justify = f"note: {note}", "left"
     return t

@@ -98,6 +98,9 @@ def mesh_groups(cm: CostModel, fixed: dict, limits) -> MeshGroups:
                 space.micro_batches(train, dp, fixed, limits, pp), sps,
                 space.expert_options(g, tp, cp, dp, fixed, profile,
                                      cm.cluster.gpus_per_node)):
+            if limits.max_dims is not None and sum(
+                    1 for d in (tp, cp, pp, dp, ep) if d > 1) > limits.max_dims:
+                continue   # more parallel dimensions than the search allows
             base = dict(tp=tp, cp=cp, pp=pp, dp=dp, micro_batch_size=b, sequence_parallel=sp,
                         ep=ep, expert_tp=etp)
             placement = space.placements(base, fixed)[0]

@@ -66,6 +66,9 @@ class SpaceLimits:
         layerwise: let each block take its own recomputation and each stage its own number of
             blocks; False restricts plans to one recompute mode for all blocks and balanced
             cuts (the uniform baseline ``benchmarks.search_quality`` compares against).
+        max_dims: the most parallel dimensions of degree > 1 (tp, cp, pp, dp, ep) a plan may
+            use; None: any. The robust objective's search for simpler plans
+            (:mod:`autopar.search.robust`) sets it.
     """
 
     max_micro_batch: int = 16
@@ -76,6 +79,7 @@ class SpaceLimits:
     refine_within: float = 0.05
     exhaustive_below: int = 400
     layerwise: bool = True
+    max_dims: int | None = None
 
 
 def check_fixed(fixed: dict | None) -> dict:
