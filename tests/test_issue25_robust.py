@@ -8,6 +8,8 @@ the tests do not depend on the cost model's numbers either."""
 
 from __future__ import annotations
 
+import math
+
 import json
 from types import SimpleNamespace
 
@@ -172,7 +174,7 @@ def test_summary_band_is_the_published_cell(bands):
     assert band.cell == FSDP
     assert "step time        " in plan.summary()
     line = next(x for x in plan.summary().splitlines() if x.startswith("step time"))
-    assert "± 9%" in line
+    assert "± 10%" in line   # 9.37% rounded up: never narrower than the cell
 
 
 def test_every_validated_cell_of_the_real_table_is_shown_as_published():
@@ -182,7 +184,8 @@ def test_every_validated_cell_of_the_real_table_is_shown_as_published():
     for key in cells:
         band = regime.band_for(regime.Regime(*key))
         assert band.half_width == published.BANDS[key][0]
-        assert band.text() == f"± {published.BANDS[key][0] * 100:.0f}%"
+        assert band.text() == f"± {math.ceil(published.BANDS[key][0] * 100 - 1e-9)}%"
+        assert float(band.text()[2:-1]) / 100 >= published.BANDS[key][0]
     if cells:
         assert robust.stand_in_half_width() == max(published.BANDS[k][0] for k in cells)
 

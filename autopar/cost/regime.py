@@ -154,10 +154,12 @@ class ErrorBand:
         return self.half_width is not None
 
     def text(self) -> str:
-        """"± 9%", or "± unknown (unvalidated regime)"."""
+        """"± 9%" (the half-width in whole percent, rounded up), or "± unknown (unvalidated
+        regime)"."""
         if self.half_width is None:
             return "± unknown (unvalidated regime)"
-        return f"± {self.half_width * 100:.0f}%"
+        # rounded up: the text never claims less error than the regime's out-of-sample band
+        return f"± {math.ceil(self.half_width * 100 - 1e-9):.0f}%"
 
     def describe(self) -> str:
         """One line: the band, the cell and its runs, the bias."""
