@@ -20,8 +20,9 @@ def test_no_earlier_source_is_locked_and_a_third_are():
     earlier = {k for f in lock_split.EARLIER_FILES for k in lock_split._keys(f)}
     assert not written & earlier
     first = {k for f in lock_split.CANDIDATE_FILES for k in lock_split._keys(f)} - earlier
-    # the walk locked a third of all sources of its day, from the first growth's candidates
-    assert len(written & first) >= 28
+    # the walk locked a third of all sources of its day (28), from the first growth's
+    # candidates; one of them (a second transcription of development records) was removed
+    assert len(written) >= 28 and len(written & first) >= 27
     # each first-growth file keeps a development source
     for f in lock_split.CANDIDATE_FILES:
         assert set(lock_split._keys(f)) - written
