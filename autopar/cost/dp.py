@@ -8,8 +8,10 @@ Which mechanisms apply is the framework profile's: overlap of the gradient reduc
 parameter; ``zero3_regather_per_micro_batch`` under PP), FSDP1's flat-gradient copies
 (``zero_grad_copy_passes``), FSDP2's copy-in/out (``fsdp2_copies``), ZeRO-1 with full
 all-reduce (``zero1_grad_all_reduce``) or broadcast parameter sync (``zero1_param_sync``),
-bucketed reduction with device syncs (``sync_grad_bucket_elements``), and the ZeRO group and
-partition (``zero1_group_size``, ``zero1_partition``).
+bucketed reduction with device syncs (``sync_grad_bucket_elements``), the ZeRO group and
+partition (``zero1_group_size``, ``zero1_partition``), ZeRO-2 buckets all-reduced rather than
+reduce-scattered (``zero2_grad_all_reduce``) and ZeRO-1/2 bucket copies on the compute stream
+(``zero12_grad_copy_passes``), both DeepSpeed's.
 """
 
 from __future__ import annotations
@@ -143,7 +145,12 @@ class DataParallel:
                 loads.append((l_ag + l_rs, 1.0))
             elif c.zero_stage == 2:
                 # sharded gradients cannot accumulate locally: reduce-scatter every micro-batch,
-                # each hidden behind that micro-batch's backward; parameters gathered once
+                # each hidden behind that micro-batch's backward; parameters gathered once.
+                # DeepSpeed all-reduces each bucket instead, every rank keeping its slice
+                # (FrameworkProfile.zero2_grad_all_reduce)
+                if prof.zero2_grad_all_reduce:
+                    t_rs = dp_g.time("all_reduce", psi * gb)
+                    l_rs = dp_g.load("all_reduce", psi * gb) if with_loads else NO_LOAD
                 dp_exposed = m * beside(t_rs, bwd1, ov_grad)
                 dp_slow *= m
                 dp_exposed += beside(t_ag, fwd1, ov_grad)
@@ -206,6 +213,13 @@ class DataParallel:
         # FSDP2's copies on the compute stream (FrameworkProfile.fsdp2_copies): each gather's
         # copy-out reads and writes the gathered parameters; each reduce-scatter's copy-in reads
         # the gradients and writes them in the reduce dtype
+        # DeepSpeed ZeRO-1/2's bucket copies on the compute stream, per gradient reduction:
+        # every micro-batch under ZeRO-2, once per step under ZeRO-1
+        # (FrameworkProfile.zero12_grad_copy_passes, DEEPSPEED_ZERO12_GRAD_COPY_PASSES)
+        if c.zero_stage in (1, 2) and dp * cp > 1 and prof.zero12_grad_copy_passes:
+            reductions = m if c.zero_stage == 2 else 1
+            grad_copy_s += (reductions * prof.zero12_grad_copy_passes * psi * wbytes
+                            / inp.hbm_Bps)
         if prof.fsdp2_copies and c.zero_stage in (2, 3):
             grad_copy_s += psi * (gathers * 2 * wbytes + reduces * (wbytes + gb)) / inp.hbm_Bps
         return DPCost(dp_exposed, dp_slow, grad_copy_s, optimizer_s, tuple(loads))

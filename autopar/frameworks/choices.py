@@ -93,6 +93,8 @@ class ShardedDataParallel(Choice):
     sync_grad_bucket_elements: int
     zero_grad_copy_passes: int
     fsdp2_copies: bool
+    zero2_grad_all_reduce: bool = False
+    zero12_grad_copy_passes: int = 0
     group_option: str = ""
 
 

@@ -20,7 +20,7 @@ _ZERO_STAGE_FIELDS = ("zero_stages", "zero_stages_with_tp", "zero_stages_with_pp
 _BOOL_FIELDS = ("per_block_recompute", "expert_parallel", "per_block_reshard",
                 "overlap_dp_grad_reduce", "zero3_regather_per_micro_batch", "overlap_tp_comm",
                 "zero1_grad_all_reduce", "fsdp2_copies", "tp_mlp_reduce_per_linear",
-                "experts_tp_sharded")
+                "experts_tp_sharded", "zero2_grad_all_reduce")
 
 
 def checked_fields(v: dict, check: FieldCheck, cost_fix: str,
@@ -81,6 +81,9 @@ def checked_fields(v: dict, check: FieldCheck, cost_fix: str,
     out["zero_grad_copy_passes"] = check.number(
         "zero_grad_copy_passes", v["zero_grad_copy_passes"], 0,
         "passes over each gradient per backward", 0, integer=True)
+    out["zero12_grad_copy_passes"] = check.number(
+        "zero12_grad_copy_passes", v["zero12_grad_copy_passes"], 0,
+        "passes over each gradient per ZeRO-1/2 reduction", 0, integer=True)
     out["attention_kernels"] = check.mapping(
         "attention_kernels", v["attention_kernels"], ATTENTION_KERNELS, {"*": "fa2"},
         keys=("*", *(a for a in ARCHITECTURES if a)), required=("*",),

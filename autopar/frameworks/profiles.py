@@ -46,7 +46,8 @@ from .rules import moe_sp
 from .seqrule import SeqLenRule
 # the vocabularies and constants live in .vocabulary; re-exported here, where callers import them
 from .vocabulary import (CHUNK_RULES, COST_FIELDS, CP_ATTENTION_PATHS, CUT_RULES,  # noqa: F401
-                         DEFAULT_COST_SOURCES, EAGER_PARTS, ETP_RULES, FSDP1_GRAD_COPY_PASSES,
+                         DEEPSPEED_ZERO12_GRAD_COPY_PASSES, DEFAULT_COST_SOURCES, EAGER_PARTS,
+                         ETP_RULES, FSDP1_GRAD_COPY_PASSES,
                          FUSED_OPTIMIZER_STEP_BYTES, FUSION_LEVELS,
                          MIXED_FUSED_OPTIMIZER_STEP_BYTES, STAGE_SPLITS,
                          TORCH_OPTIMIZER_STEP_BYTES, ZERO1_PARAM_SYNCS, ZERO1_PARTITIONS,
@@ -153,6 +154,14 @@ class FrameworkProfile:
             costed at the HBM bandwidth on the rank's parameters, per gather and per
             reduce-scatter of the step. False for FSDP1 (gathers into its flat parameter in
             place) and DeepSpeed ZeRO.
+        zero2_grad_all_reduce: under ZeRO-2 each gradient bucket is all-reduced over the
+            data-parallel group and every rank keeps its own slice (DeepSpeed
+            ``use_multi_rank_bucket_allreduce``), instead of reduce-scattered: twice the volume
+            on the wire, every micro-batch.
+        zero12_grad_copy_passes: under ZeRO-1/2, passes (reads + writes) over each parameter's
+            compute-dtype gradient that the implementation adds to every gradient reduction on
+            the compute stream (every micro-batch under ZeRO-2, once per step under ZeRO-1;
+            :data:`DEEPSPEED_ZERO12_GRAD_COPY_PASSES`); 0 for none.
         stage_split: where an even split of the decoder blocks over pipeline stages puts the
             remainder when the plan gives no cut (:data:`STAGE_SPLITS`,
             :meth:`split_stages`).
@@ -166,7 +175,8 @@ class FrameworkProfile:
             ``attention_kernels`` values from :data:`autopar.config.ATTENTION_KERNELS`), a
             bool field that is not a ``bool``, a number that is not finite or out of its range
             (``step_fixed_s`` >= 0 s; ``optimizer_step_bytes`` >= 1, ``zero1_group_size`` >= 1
-            or None, ``sync_grad_bucket_elements`` and ``zero_grad_copy_passes`` >= 0, whole
+            or None, ``sync_grad_bucket_elements``, ``zero_grad_copy_passes`` and
+            ``zero12_grad_copy_passes`` >= 0, whole
             numbers; ``grad_reduce_bytes`` None, 1, 2 or 4), a capability or cost field without
             a source, a source for no field. Lists given for tuple fields become tuples.
     """
@@ -216,6 +226,8 @@ class FrameworkProfile:
     zero_grad_copy_passes: int = 0
     fsdp2_copies: bool = True
     tp_mlp_reduce_per_linear: bool = False
+    zero2_grad_all_reduce: bool = False
+    zero12_grad_copy_passes: int = 0
     cost_sources: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_COST_SOURCES))
     #: memory conventions (bytes per state, optimizer temporaries, what PP keeps unsharded...),
     #: sourced inside :class:`autopar.frameworks.memory.MemoryConventions`
@@ -239,7 +251,8 @@ class FrameworkProfile:
                      tuple(sorted(self.cp_attention.items())), self.optimizer_step_bytes,
                      tuple(sorted(self.eager_parts)), self.zero_grad_copy_passes,
                      self.zero1_partition, self.sync_grad_bucket_elements,
-                     self.fsdp2_copies, self.tp_mlp_reduce_per_linear))
+                     self.fsdp2_copies, self.tp_mlp_reduce_per_linear,
+                     self.zero2_grad_all_reduce, self.zero12_grad_copy_passes))
 
     @classmethod
     def capability_names(cls) -> tuple[str, ...]:

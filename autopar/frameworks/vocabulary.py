@@ -41,7 +41,8 @@ COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_g
                "grad_reduce_bytes", "step_fixed_s", "zero1_param_sync", "zero1_group_size",
                "zero1_grad_all_reduce", "cp_attention", "optimizer_step_bytes", "eager_parts",
                "zero_grad_copy_passes", "zero1_partition", "sync_grad_bucket_elements",
-               "fsdp2_copies", "tp_mlp_reduce_per_linear")
+               "fsdp2_copies", "tp_mlp_reduce_per_linear", "zero2_grad_all_reduce",
+               "zero12_grad_copy_passes")
 #: Parts of a block that run as plain eager PyTorch ops inside a stack that is otherwise fused
 #: (:attr:`FrameworkProfile.eager_parts`; costed by :func:`autopar.cost.compute.layer_time`):
 #: ``glu``: a gated linear unit's activation as its own kernel before the multiply
@@ -79,6 +80,20 @@ MIXED_FUSED_OPTIMIZER_STEP_BYTES = 52
 #: gradient pre-divide, _runtime_utils.py ``_reduce_grad`` -> ``_div_if_needed``, runs on the
 #: post-backward stream beside compute and is not charged.)
 FSDP1_GRAD_COPY_PASSES = 2
+
+#: Passes over every parameter's compute-dtype gradient that DeepSpeed ZeRO-1/2 adds to each
+#: gradient reduction on the compute stream, at its defaults (deepspeed/runtime/zero/config.py:
+#: contiguous_gradients True, reduce_scatter True, use_multi_rank_bucket_allreduce True,
+#: overlap_comm False for stages 1-2, so stage_1_and_2.py average_tensor and reduce_ipg_grads run
+#: on ``get_accelerator().current_stream()``). DeepSpeed v0.14.2 and v0.16
+#: deepspeed/runtime/zero/stage_1_and_2.py: ``reduce_independent_p_g_buckets_and_remove_grads``
+#: copies each gradient into the reduce bucket (``new_grad_tensor.copy_(grad_reduc.view(-1))``:
+#: read and write, 2); ``average_tensor`` divides the bucket by the data-parallel size in place
+#: (``tensor.div_``: 2); ``allreduce_and_scatter`` -> ``allreduce_bucket`` flattens the bucket's
+#: slices into a new tensor before the all-reduce (``self.flatten(bucket)``, torch.cat: 2) = 6.
+#: The owner's slice copied back after the all-reduce and into ``grads_in_partition``
+#: (``copy_grads_in_partition``) touch 1/dp of the elements and are left out.
+DEEPSPEED_ZERO12_GRAD_COPY_PASSES = 6
 
 #: How ZeRO-1 returns updated parameters after the optimizer step: one ``all_gather`` over the
 #: ZeRO group, or ``broadcast``: each rank broadcasts its shard (one broadcast per rank, as
@@ -121,6 +136,10 @@ DEFAULT_COST_SOURCES = {
     "zero_grad_copy_passes": "FSDP2 (fully_shard) keeps each parameter a tensor of its own: "
                              "autograd writes each gradient in place, no flat-gradient concat "
                              "(its own copies are fsdp2_copies)",
+    "zero2_grad_all_reduce": "ZeRO-2 reduce-scatters each gradient bucket (FSDP2 / FSDP "
+                             "reduce_scatter_tensor)",
+    "zero12_grad_copy_passes": "no ZeRO-1/2 bucket copies on the compute stream (FSDP2 copies "
+                               "are fsdp2_copies; DDP buckets are autograd's own views)",
     "fsdp2_copies": "torch 2.13 torch/distributed/fsdp/_fully_shard: _fsdp_param_group.py "
                     "wait_for_unshard calls _fsdp_collectives.py foreach_all_gather_copy_out "
                     "(split_with_sizes_copy) and post_backward calls foreach_reduce, whose "

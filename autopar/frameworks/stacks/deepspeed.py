@@ -9,16 +9,37 @@ from ..choices import (DTENSOR_TP, EAGER, FSDP2, FUSED_CP, SDPA_FLASH, TORCH_PIP
                        OptimizerStep, compose)
 from ..memory import DEEPSPEED_MEMORY
 from ..seqrule import DEEPSPEED_RULE
-from ..vocabulary import DEFAULT_COST_SOURCES, MIXED_FUSED_OPTIMIZER_STEP_BYTES
+from ..vocabulary import (DEEPSPEED_ZERO12_GRAD_COPY_PASSES, DEFAULT_COST_SOURCES,
+                          MIXED_FUSED_OPTIMIZER_STEP_BYTES, TORCH_OPTIMIZER_STEP_BYTES)
 
 ALL_ZERO = (0, 1, 2, 3)
 
-#: DeepSpeed ZeRO: per-parameter ZeRO-3 gathers, reduction after backward (overlap_comm off).
+#: Where ZeRO-1/2 reduce gradients: DeepSpeed v0.14.2 (the version of the 2024 runs) and v0.16,
+#: deepspeed/runtime/zero/stage_1_and_2.py ``average_tensor``.
+_AVERAGE_TENSOR = ("deepspeed/runtime/zero/stage_1_and_2.py (v0.14.2, v0.16) average_tensor: "
+                   "with the defaults reduce_scatter=True and use_multi_rank_bucket_allreduce="
+                   "True (zero/config.py, since v0.12.4, PR #4695) every bucket's slices go to "
+                   "allreduce_and_scatter -> allreduce_and_copy_with_multiple_ranks -> "
+                   "allreduce_bucket, a dist.all_reduce of the whole bucket over the data-"
+                   "parallel group, after which each rank copies back only its own slices")
+
+#: DeepSpeed ZeRO: per-parameter ZeRO-3 gathers, reduction after backward (overlap_comm off),
+#: ZeRO-1/2 buckets all-reduced, with their copies on the compute stream.
 ZERO = replace(
     FSDP2, name="deepspeed-zero", zero3_gather="per_parameter", overlap_dp_grad_reduce=False,
-    fsdp2_copies=False, summary="DeepSpeed ZeRO 1-3 (stage_1_and_2.py, stage3.py), "
-                                "overlap_comm off",
+    fsdp2_copies=False, zero1_grad_all_reduce=True, zero2_grad_all_reduce=True,
+    zero12_grad_copy_passes=DEEPSPEED_ZERO12_GRAD_COPY_PASSES,
+    summary="DeepSpeed ZeRO 1-3 (stage_1_and_2.py, stage3.py), overlap_comm off for ZeRO-1/2, "
+            "gradient buckets all-reduced",
     sources={**FSDP2.sources,
+             "zero1_grad_all_reduce": _AVERAGE_TENSOR + " (ZeRO-1: once, at the gradient "
+                                      "accumulation boundary)",
+             "zero2_grad_all_reduce": _AVERAGE_TENSOR + " (ZeRO-2: partition_gradients, every "
+                                      "micro-batch's backward hooks)",
+             "zero12_grad_copy_passes": "DEEPSPEED_ZERO12_GRAD_COPY_PASSES: stage_1_and_2.py "
+                                        "bucket copy (contiguous_gradients), average_tensor "
+                                        "div_, allreduce_bucket flatten; on the current "
+                                        "stream as overlap_comm is False for ZeRO-1/2",
              "fsdp2_copies": "not FSDP2: partitioned_param_coordinator.py "
                              "fetch_sub_module waits on each gather (partition_parameters"
                              ".py AllGatherCoalescedHandle.wait, whose torch.cat of the "
@@ -43,6 +64,25 @@ FUSED_ADAM = OptimizerStep(
                                 "step(): flat gradient .to(fp32) and the bf16 "
                                 "partition copied from the fp32 one: "
                                 "MIXED_FUSED_OPTIMIZER_STEP_BYTES",
+        "step_fixed_s": DEFAULT_COST_SOURCES["step_fixed_s"]})
+
+#: The optimizer step when Hugging Face Trainer / Accelerate is the front end and the DeepSpeed
+#: config has no "optimizer" section: transformers src/transformers/integrations/deepspeed.py
+#: ``deepspeed_optim_sched`` then calls ``trainer.create_optimizer()`` (TrainingArguments ``optim``
+#: default "adamw_torch": torch.optim.AdamW, foreach on CUDA) and sets
+#: ``zero_allow_untested_optimizer``, so ZeRO steps its fp32 partitions with torch's AdamW. Not
+#: the profile's default (a DeepSpeed config's own "optimizer" makes FusedAdam); swap it in with
+#: ``with_choice(profile, HF_TRAINER_TORCH_ADAMW)``.
+HF_TRAINER_TORCH_ADAMW = OptimizerStep(
+    name="hf-trainer-torch-adamw", summary="torch AdamW (foreach) handed to DeepSpeed ZeRO by "
+                                           "Hugging Face Trainer, on fp32 partitions",
+    optimizer_step_bytes=TORCH_OPTIMIZER_STEP_BYTES + 12, step_fixed_s=0.0, sources={
+        "optimizer_step_bytes": "transformers integrations/deepspeed.py deepspeed_optim_sched: "
+                                "no 'optimizer' in the DeepSpeed config -> trainer."
+                                "create_optimizer() (optim default 'adamw_torch'): "
+                                "TORCH_OPTIMIZER_STEP_BYTES (foreach AdamW and clipping) plus "
+                                "ZeRO's bf16 -> fp32 gradient cast (read 2, write 4) and fp32 "
+                                "-> bf16 parameter copy (read 4, write 2) = 92 + 12",
         "step_fixed_s": DEFAULT_COST_SOURCES["step_fixed_s"]})
 
 # the engine runs the model's own attention and ops, and its TP and pipeline sends as the
