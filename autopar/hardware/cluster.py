@@ -192,7 +192,8 @@ class Cluster:
             else:
                 inter, inter_lat = 0.0, 0.0
             self._cache["fabric"] = collectives.Fabric(
-                intra, inter, self.intra_link.latency_s, inter_lat, self.comm_params.launch_latency_s
+                intra, inter, self.intra_link.latency_s, inter_lat, self.comm_params.launch_latency_s,
+                "pci" if self.intra_link.kind == "pcie" else "nvlink",
             )
         return self._cache["fabric"]
 

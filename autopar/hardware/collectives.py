@@ -21,12 +21,24 @@ Algorithms (each a sum of a launch latency, per-hop alphas and bytes over the bo
   (``sameChannels``: one step), where it splits all-reduce and all-gather steps into intra- and
   inter-node ones. autopar takes the per-step branch, at the inter-node link's own latency.
 * ``tree`` (all_reduce over several nodes; NCCL does not use it inside one node): chain inside
-  each node, binary tree across nodes; latency 2((m-1) alpha_intra + ceil(log2 N) alpha_inter),
-  bandwidth term 2 x nbytes / bw (NCCL's model: tree algbw = busbw / 2). It wins only on
-  latency, for small messages over many nodes.
-* ``hierarchical`` (groups spanning nodes with >1 member on a node): intra-node reduce-scatter,
-  inter-node all-reduce (ring or tree) of the shards between rail peers, intra-node all-gather; for
-  all_gather / reduce_scatter the inter-node and intra-node halves of that.
+  each node, binary tree across nodes; bandwidth term 2 x nbytes / (0.92 x bw) (NCCL's model:
+  tree algbw = busbw / 2). It wins on latency, for small and medium messages over many nodes.
+* **Across nodes, ring and tree are priced as NCCL's tuner prices them** (src/graph/tuning.cc
+  ``ncclTopoTuneModel`` / ``ncclTopoGetAlgoTime``, NVIDIA/nccl at 5067397; the latency constants
+  appear in 2.18.1, d97a32f), for each protocol, the fastest taken, as NCCL picks: LL (half the bus
+  bandwidth, capped at ``llMaxBw``, 20.4 GB/s beyond 2 nodes), LL128 (92% of it) and Simple
+  (all of it), each with its base latency and per-step hardware latencies (ring Simple: 8.4 us
+  + 3.4 us per NVLink step + 14 us per network step, x 1.4 for all-reduce; LL: 6.6 + 1.0 +
+  2.7 us). The ring's latency grows with the ranks (NVIDIA/nccl#1712, kiskra-nvidia: "The latency
+  of ring increases linearly with the communicator size"). Protocols chosen so: LL up to ~1 MB,
+  LL128 to a few hundred MB, Simple beyond (8 nodes of 8 A100). Inside one node the alpha-beta
+  terms of the catalog stay (anchored on the measured 8-GPU latency floor, comm_params).
+* ``hierarchical`` (all_reduce of groups spanning nodes with >1 member on a node): intra-node
+  reduce-scatter, inter-node all-reduce (ring or tree, NCCL-priced) of the shards between rail
+  peers, intra-node all-gather. NCCL has no hierarchical all-gather or reduce-scatter (its
+  AllGather / ReduceScatter algorithms are Ring, PAT with one rank per node, and NVLS /
+  CollNet, which need SHARP across nodes): those run as one ring over the whole group. PAT
+  (NCCL >= 2.23, one rank per node, lower latency for small messages) is not modelled.
 * ``pairwise`` (all_to_all): n-1 exchange rounds (Thakur et al., 2005), NVLink and NIC traffic
   overlapping; ``direct`` (send_recv): one hop.
 
@@ -36,7 +48,6 @@ costed at their worst node (most members for intra-node terms, fewest for NIC sh
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -73,6 +84,8 @@ class Fabric:
         inter_per_gpu_Bps: bytes/s per group member through the node's NICs.
         intra_latency_s / inter_latency_s: per-hop alpha inside / between nodes, seconds.
         launch_latency_s: fixed cost per collective call, seconds.
+        intra_hw: ``"nvlink"`` or ``"pci"``: which row of NCCL's hardware latencies the
+            intra-node steps of a collective spanning nodes take (:data:`NCCL_HW_LATENCY_US`).
     """
 
     intra_Bps: float
@@ -80,6 +93,7 @@ class Fabric:
     intra_latency_s: float
     inter_latency_s: float
     launch_latency_s: float
+    intra_hw: str = "nvlink"
 
 
 @lru_cache(maxsize=65536)
@@ -123,6 +137,8 @@ def _ring_bw(g: GroupLayout, f: Fabric) -> float:
 
 def _ring(op: str, M: float, g: GroupLayout, f: Fabric) -> float:
     n, N = g.size, g.nodes
+    if N > 1 and op != "broadcast":
+        return _net_ring(op, M, g, f, _ring_bw(g, f))
     if op == "all_reduce":
         steps, inter, vol = 2 * (n - 1), 2 * (N - 1), 2 * (n - 1) / n * M
     elif op in ("all_gather", "reduce_scatter"):
@@ -134,22 +150,151 @@ def _ring(op: str, M: float, g: GroupLayout, f: Fabric) -> float:
 
 
 def _tree_all_reduce(M: float, g: GroupLayout, f: Fabric) -> float:
-    alpha = 2 * ((g.max_per_node - 1) * f.intra_latency_s + math.ceil(math.log2(g.nodes)) * f.inter_latency_s)
-    return f.launch_latency_s + alpha + 2 * M / _ring_bw(g, f)
+    return _net_tree(M, g, f, _ring_bw(g, f))
+
+
+# ------------------------------------------------------------------ NCCL's tuner across nodes
+#: NCCL's protocols, in the order of its tables: LL (8-byte lines, 4 of data and a flag),
+#: LL128 (128-byte lines, 120 of data), Simple (bulk copies with a fence per step).
+PROTOCOLS: tuple[str, ...] = ("LL", "LL128", "Simple")
+#: NCCL's tuner constants, NVIDIA/nccl src/graph/tuning.cc ``ncclTunerConstantsDefaults``
+#: (at 5067397, 2026-06; the strings appear in 2.18.1, d97a32f): ``baseLatencies`` in us per
+#: algorithm, (LL, LL128, Simple).
+NCCL_BASE_LATENCY_US: dict[str, tuple[float, float, float]] = {
+    "tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4)}
+#: ``hwLatencies`` in us: the per-step latency by the hardware a step crosses (NVLink, PCI,
+#: the network) and algorithm, (LL, LL128, Simple).
+NCCL_HW_LATENCY_US: dict[str, dict[str, tuple[float, float, float]]] = {
+    "nvlink": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4)},
+    "pci": {"tree": (1.0, 1.9, 4.0), "ring": (1.0, 2.5, 5.7)},
+    "net": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0)},
+}
+#: ``getNetOverhead``: the network post overhead, 1 us on Intel x86 and by default (2 us on
+#: AMD); an inter-node ring's intra-node steps cost at least that, 3x under Simple.
+NCCL_NET_OVERHEAD_US = 1.0
+#: ``llMaxBws`` (GB/s, x86 Intel rows): LL's bus bandwidth cap across 2 nodes / more nodes.
+NCCL_LL_MAX_BUSBW_Bps: tuple[float, float] = (39.0e9, 20.4e9)
+#: Ring bus-bandwidth share per protocol (tuning.cc "Various model refinements": LL
+#: ``busBw * .5``, LL128 ``busBw * 0.92 /*120.0/128.0*/``, Simple the whole).
+NCCL_RING_PROTOCOL_BW: tuple[float, float, float] = (0.5, 0.92, 1.0)
+#: Tree all-reduce: ``busBw * .92`` for all protocols, then LL ``/ 3.8``, LL128 ``* 120/128``
+#: across nodes; a tree's algorithm bandwidth is half its bus bandwidth (``ratio *= .5``).
+NCCL_TREE_BW = 0.92
+NCCL_TREE_PROTOCOL_BW: tuple[float, float, float] = (1 / 3.8, 120.0 / 128.0, 1.0)
+#: ``ncclTopoGetAlgoTime``: a ring Simple all-reduce across nodes pays its latency x 1.4
+#: (compute capability >= 8.0; "Plateau effect of ring").
+NCCL_RING_SIMPLE_AR_PLATEAU = 1.4
+#: ``treeCorrectionFactor[protocol][log2(nBytes / 64)]``, 64 B to 256 MB: the tree's bandwidth
+#: by message size ("Trees are not perfectly sticking to the model for medium sizes").
+NCCL_TREE_CORRECTION: tuple[tuple[float, ...], ...] = (
+    (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0,
+     1.0, 1.0),
+    (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0,
+     1.0, 1.0),
+    (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9,
+     .9),
+)
+#: The per-hop network latency NCCL's NET constants stand for (the catalog's InfiniBand row);
+#: a slower network (the socket transport) adds its excess, as NCCL adds the graph's
+#: ``latencyInter`` to ``interLat``.
+NET_BASE_HOP_S = 5.0e-6
+
+
+def _log2i(x: int) -> int:
+    """NCCL's ``log2i``: floor(log2(x)), 0 for x < 2."""
+    return max(int(x).bit_length() - 1, 0)
+
+
+def _ll_cap(N: int) -> float:
+    return NCCL_LL_MAX_BUSBW_Bps[0 if N <= 2 else 1]
+
+
+def _net_extra_s(f: Fabric) -> float:
+    return max(0.0, f.inter_latency_s - NET_BASE_HOP_S)
+
+
+def net_ring_protocol_times(op: str, M: float, g: GroupLayout, f: Fabric,
+                            bw: float) -> tuple[tuple[str, float], ...]:
+    """Seconds of a ring ``op`` (all_reduce, all_gather, reduce_scatter) on ``M`` bytes over a
+    group spanning nodes, per NCCL protocol, as NCCL's tuner prices them
+    (src/graph/tuning.cc ``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime``): base latency +
+    (steps - network steps) x intra-node step latency (at least the network post overhead,
+    3x under Simple) + network steps x network step latency (the tree's when the group has one
+    rank per node: "With ppn=1 latencies are fully exposed") + bus bytes / the protocol's share
+    of the ring's bus bandwidth ``bw`` (LL also capped at ``llMaxBw``); Simple all-reduce pays
+    its latency x 1.4. Steps: 2(n-1) for all-reduce, n-1 otherwise, of which 2(N-1) resp.
+    N-1 cross nodes. LL128 needs NVLink inside the node (``typeIntra <= PATH_NVB``).
+    """
+    n, N = g.size, g.nodes
+    if op == "all_reduce":
+        steps, inter, vol = 2 * (n - 1), 2 * (N - 1), 2 * (n - 1) / n * M
+    else:
+        steps, inter, vol = n - 1, N - 1, (n - 1) / n * M
+    net_row = NCCL_HW_LATENCY_US["net"]["tree" if g.max_per_node == 1 else "ring"]
+    extra = _net_extra_s(f)
+    out = []
+    for i, proto in enumerate(PROTOCOLS):
+        if proto == "LL128" and f.intra_hw != "nvlink":
+            continue
+        intra = max(NCCL_HW_LATENCY_US[f.intra_hw]["ring"][i],
+                    NCCL_NET_OVERHEAD_US * (3 if proto == "Simple" else 1))
+        lat = (NCCL_BASE_LATENCY_US["ring"][i] + (steps - inter) * intra
+               + inter * net_row[i]) * 1e-6 + inter * extra
+        if op == "all_reduce" and proto == "Simple":
+            lat *= NCCL_RING_SIMPLE_AR_PLATEAU
+        pbw = bw * NCCL_RING_PROTOCOL_BW[i]
+        if proto == "LL":
+            pbw = min(pbw, _ll_cap(N))
+        out.append((proto, lat + vol / pbw))
+    return tuple(out)
+
+
+def net_tree_protocol_times(M: float, g: GroupLayout, f: Fabric,
+                            bw: float) -> tuple[tuple[str, float], ...]:
+    """Seconds of NCCL's tree all-reduce on ``M`` bytes over a group spanning nodes, per
+    protocol (tuning.cc): base latency + 2((ranks per node - 1) x the intra-node tree step +
+    floor(log2 N) x the network tree step) + 2M / (bus bandwidth x 0.92 x the protocol's
+    share, LL capped at ``llMaxBw``, x the size's tree correction factor)."""
+    m, N = g.max_per_node, g.nodes
+    extra = _net_extra_s(f)
+    log_size = _log2i(int(M) >> 6) if M >= 64 else -1
+    out = []
+    for i, proto in enumerate(PROTOCOLS):
+        if proto == "LL128" and f.intra_hw != "nvlink":
+            continue
+        lat = (NCCL_BASE_LATENCY_US["tree"][i] + 2 * (
+            (m - 1) * NCCL_HW_LATENCY_US[f.intra_hw]["tree"][i]
+            + _log2i(N) * NCCL_HW_LATENCY_US["net"]["tree"][i])) * 1e-6 + 2 * _log2i(N) * extra
+        bus = bw * NCCL_TREE_BW * NCCL_TREE_PROTOCOL_BW[i]
+        if proto == "LL":
+            bus = min(bus, _ll_cap(N))
+        if 0 <= log_size < 23:
+            bus *= NCCL_TREE_CORRECTION[i][log_size]
+        out.append((proto, lat + 2 * M / bus))
+    return tuple(out)
+
+
+def _net_ring(op: str, M: float, g: GroupLayout, f: Fabric, bw: float) -> float:
+    return min(t for _, t in net_ring_protocol_times(op, M, g, f, bw))
+
+
+def _net_tree(M: float, g: GroupLayout, f: Fabric, bw: float) -> float:
+    return min(t for _, t in net_tree_protocol_times(M, g, f, bw))
 
 
 def _hierarchical_parts(op: str, M: float, g: GroupLayout, f: Fabric) -> tuple[float, float, bool]:
     """(seconds inside nodes incl. the launch, seconds between nodes, whether the inter-node
-    all-reduce is a tree) of the hierarchical algorithm; the phases run one after another."""
+    all-reduce is a tree) of the hierarchical all-reduce; the phases run one after another.
+    The inter-node phase is a ring or tree between rail peers (one rank per node), priced as
+    NCCL's tuner prices those (:func:`net_ring_protocol_times`, :func:`net_tree_protocol_times`)."""
     m, N = g.max_per_node, g.nodes
     node_bw = g.min_per_node * f.inter_per_gpu_Bps
     intra = (m - 1) * f.intra_latency_s + (m - 1) / m * M / f.intra_Bps  # one RS or AG inside the node
-    if op == "all_reduce":
-        ring = 2 * (N - 1) * f.inter_latency_s + 2 * (N - 1) / N * M / node_bw
-        tree = 2 * math.ceil(math.log2(N)) * f.inter_latency_s + 2 * M / node_bw
-        return f.launch_latency_s + 2 * intra, min(ring, tree), tree < ring
-    inter = (N - 1) * f.inter_latency_s + (N - 1) / N * M / node_bw
-    return f.launch_latency_s + intra, inter, False
+    # m rail groups of one rank per node, each all-reducing its 1/m shard at 1/m of the NICs
+    rails = GroupLayout(N, N, 1, 1, True)
+    ring = _net_ring("all_reduce", M / m, rails, f, node_bw / m)
+    tree = _net_tree(M / m, rails, f, node_bw / m)
+    return f.launch_latency_s + 2 * intra, min(ring, tree), tree < ring
 
 
 def _hierarchical(op: str, M: float, g: GroupLayout, f: Fabric) -> float:
@@ -192,7 +337,7 @@ def algorithm_times(op: str, nbytes: float, g: GroupLayout, f: Fabric) -> tuple[
     out = [("ring", _ring(op, nbytes, g, f))]
     if op == "all_reduce" and g.nodes > 1:
         out.append(("tree", _tree_all_reduce(nbytes, g, f)))
-    if op != "broadcast" and g.nodes > 1 and g.max_per_node > 1:
+    if op == "all_reduce" and g.nodes > 1 and g.max_per_node > 1:
         out.append(("hierarchical", _hierarchical(op, nbytes, g, f)))
     return tuple(out)
 
@@ -290,9 +435,8 @@ def link_load(op: str, nbytes: float, g: GroupLayout, f: Fabric) -> LinkLoad:
     m = n / N
     if name == "hierarchical":
         intra_s, inter_s, tree = _hierarchical_parts(op, M, g, f)
-        phases = 2 if op == "all_reduce" else 1
-        inter = (2 * M if tree else 2 * (N - 1) / N * M) if op == "all_reduce" else (N - 1) / N * M
-        return LinkLoad(phases * (m - 1) / m * M, intra_s, inter / m, inter_s)
+        inter = 2 * M if tree else 2 * (N - 1) / N * M
+        return LinkLoad(2 * (m - 1) / m * M, intra_s, inter / m, inter_s)
     if name == "pairwise":
         intra, inter = (m - 1) / n * M, (n - m) / n * M
     else:   # ring (bus bytes) or tree (2 x nbytes): 1 / m of it leaves the node

@@ -5,6 +5,9 @@ per-GPU aggregate into the NVSwitch fabric. Network rows are per NIC port. Laten
 in seconds; they are modelling assumptions anchored on NCCL's own tuning model
 (``NVIDIA/nccl src/graph/tuning.cc``, ``hwLat``: NVLink 0.47 / 1.9 / 3.4 us, PCI 1.0 / 2.5 / 5.7 us,
 network 2.7-5.0 / 4.0-8.5 / 9.6-50 us for the LL / LL128 / Simple protocols), not measurements of ours.
+Ring and tree collectives spanning nodes take NCCL's tuner constants themselves
+(:mod:`autopar.hardware.collectives`); there a network row's latency counts only as its excess
+over the InfiniBand row's 5 us.
 """
 
 from __future__ import annotations
