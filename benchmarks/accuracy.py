@@ -214,9 +214,11 @@ def _split_lines(raw: list[dict], cv: bool, pairs: bool, memory: bool, held_out:
              f"  evaluated: {timed} with a measured step time, "
              f"{sum(r.error is None and bool(r.rec.measured_memory_gib) for r in rows)} with "
              "a peak memory only, "
-             f"{sum(r.error is None and not r.rec.measured_memory_gib for r in rows)} with "
-             "neither"]
-    neither = [r.rec.id for r in rows if r.error is None and not r.rec.measured_memory_gib]
+             f"{sum(r.rec.oom for r in rows)} published out of memory, "
+             f"{sum(r.error is None and not r.rec.measured_memory_gib and not r.rec.oom for r in rows)}"
+             " with neither"]
+    neither = [r.rec.id for r in rows
+               if r.error is None and not r.rec.measured_memory_gib and not r.rec.oom]
     if neither:
         lines.append(f"  evaluated with nothing measured to compare (in no figure): "
                      f"{', '.join(neither)}")
@@ -236,7 +238,7 @@ def _split_lines(raw: list[dict], cv: bool, pairs: bool, memory: bool, held_out:
     if pairs:
         lines += validation.pairs(rows)
     if memory:
-        lines += validation.memory(rows, validation.measured_plans_memory())
+        lines += validation.memory(rows, validation.measured_plans_memory(), refused, raw)
     return lines, len(rows) + len(refused)
 
 

@@ -49,6 +49,47 @@ class Record:
     source_key: str = ""
     assumed: tuple = ()
     measured_memory_gib: float | None = None
+    oom: bool = False
+    memory_kind: str | None = None
+    memory_kind_text: str = ""
+    memory_rank: str = "peak"
+    memory_at_oom_gib: float | None = None
+    oom_phase: str = ""
+    fp8_recipe: str = ""
+
+    @property
+    def ran(self) -> bool:
+        """Whether the run is published as having run (a step time or a peak memory), not as
+        out of memory."""
+        return not self.oom and bool(self.measured_step_s or self.measured_memory_gib)
+
+
+#: What a published peak-memory figure counts (``measured.memory_kind``), normalised: the word
+#: that names a torch.cuda counter or a device-wide reading, first match in this order.
+#: "reserved": torch.cuda.max_memory_reserved (reserved_bytes.all.peak, torchtitan's logged
+#: "memory"); "allocated": max_memory_allocated (allocated_bytes.all.peak, Megatron's
+#: mem-max-allocated-bytes); "active": active_bytes.all.peak (torchtune's "Peak Memory Active");
+#: "device": the whole device's used memory (nvidia-smi, torch.cuda.mem_get_info). None: not
+#: stated (compared with autopar's whole-device figure).
+MEMORY_KINDS = (("reserved", "reserved"), ("allocated", "allocated"), ("active", "active"),
+                ("nvidia-smi", "device"), ("mem_get_info", "device"), ("device", "device"))
+
+
+def memory_kind(text: str | None) -> str | None:
+    """The normalised kind (:data:`MEMORY_KINDS`) of a record's ``measured.memory_kind``
+    text, None when it is not stated or names none of them."""
+    t = (text or "").lower()
+    for word, kind in MEMORY_KINDS:
+        if word in t:
+            return kind
+    return None
+
+
+def memory_rank(text: str | None) -> str:
+    """Which rank a published peak was read on: "last" when the ``measured.memory_kind``
+    text says the last rank (Megatron-LM logs its memory from the last rank, the TensorBoard
+    writer), else "peak" (the largest rank, or a single-rank run)."""
+    return "last" if "last rank" in (text or "").lower() else "peak"
 
 
 def source_key(rec: dict) -> str:
@@ -163,6 +204,9 @@ def _device(name: str, overrides: dict | None):
 def parse(rec: dict) -> Record:
     """Turn one raw record into autopar inputs (model config, cluster, training, fixed plan).
 
+    A run published as out of memory (``measured.oom: true``) parses with ``Record.oom`` set
+    (its step time and memory are null); its ``memory_at_oom_gib`` and ``oom_phase`` are kept.
+
     Raises:
         RecordError: the record names hardware or a model autopar cannot represent, says in its
             ``unmodelled`` what it ran that autopar does not model (e.g. CPU offload), or gives a
@@ -240,6 +284,13 @@ def parse(rec: dict) -> Record:
     return Record(rec["id"], model, cluster, train, fixed, open_fields, step, note, rec,
                   framework=t.get("framework") or "", source_key=source_key(rec),
                   measured_memory_gib=meas.get("memory_gib"),
+                  oom=meas.get("oom") is True,
+                  memory_kind=memory_kind(meas.get("memory_kind")),
+                  memory_kind_text=meas.get("memory_kind") or "",
+                  memory_rank=memory_rank(meas.get("memory_kind")),
+                  memory_at_oom_gib=meas.get("memory_at_oom_gib"),
+                  oom_phase=meas.get("oom_phase") or "",
+                  fp8_recipe=t.get("fp8_recipe") or "",
                   assumed=tuple(sorted(assumed.items())))
 
 

@@ -31,7 +31,8 @@ from pathlib import Path
 import autopar
 from autopar.api import model_graph
 from autopar.cost.model import CostModel
-from autopar.frameworks import FrameworkProfile, MemoryConventions, get_profile, shard_within
+from autopar.frameworks import (FrameworkProfile, MemoryConventions, get_profile, shard_within,
+                                with_pure_bf16)
 from autopar.frameworks.choices import TORCH_COMPILE, with_choice
 from autopar.search.optimize import search
 
@@ -173,7 +174,8 @@ def record_profile(rec: Record) -> FrameworkProfile:
     """The record's library profile (:func:`profile_name`) with the options its record states:
     torch.compile (:data:`autopar.frameworks.choices.TORCH_COMPILE`), FSDP's HYBRID_SHARD in the
     notes (HSDP within a node) or InternEvo's ``zero1=N`` (:func:`autopar.frameworks.
-    shard_within`)."""
+    shard_within`), "full bf16" / "pure bf16" in the framework text (:func:`autopar.frameworks.
+    with_pure_bf16`)."""
     profile = get_profile(profile_name(rec))
     f = rec.framework.lower().replace(" ", "").replace("-", "")
     if "torch.compile" in rec.framework.lower() and "nocompile" not in f:
@@ -183,6 +185,9 @@ def record_profile(rec: Record) -> FrameworkProfile:
     z = re.search(r"zero1[=_](-?\d+)", rec.id + " " + rec.raw.get("notes", ""))
     if profile.name.startswith("internevo") and z and int(z.group(1)) > 1:
         profile = shard_within(profile, int(z.group(1)))
+    if re.search(r"\b(?:full|pure) bf16\b", rec.framework.lower()):
+        # the stack trains in pure bf16 (torchtune's ``dtype: bf16``): a memory option only
+        profile = with_pure_bf16(profile)
     return profile
 
 
@@ -267,6 +272,18 @@ class Row:
     chosen: dict
     mfu: float = 0.0
     band: float | None = None   # the estimate's stated error band (half-width, a fraction)
+    #: GiB predicted as each published counter reports it: {(kind, rank): GiB} for kind in
+    #: allocated/active/reserved/device (:meth:`autopar.cost.memory.MemoryBreakdown.counted`)
+    #: and rank "peak" (the largest rank) or "last" (the last pipeline rank)
+    memory_kinds: tuple = ()
+
+    def memory_as_published(self) -> float:
+        """Predicted GiB of the counter the record publishes (its ``memory_kind`` on its
+        ``memory_rank``); :attr:`memory_gib` (the whole device) when the row has no per-kind
+        figures."""
+        kinds = dict(self.memory_kinds)
+        return kinds.get((self.rec.memory_kind or "device", self.rec.memory_rank),
+                         self.memory_gib)
 
     @property
     def error(self) -> float | None:
@@ -304,8 +321,13 @@ def evaluate(rec: Record, spread: bool = True) -> Row:
             fastest = search(cm, fixed, top_k=1, require_fit=False).best.step_time_s
         except autopar.AutoparError:
             pass
+    outside = cm.inputs.params.reserved_bytes
+    kinds = tuple(((kind, rank), b.counted(kind, outside) / GIB)
+                  for rank, b in (("peak", e.memory_breakdown),
+                                  ("last", e.stage_memory_breakdown[-1]))
+                  for kind in ("allocated", "active", "reserved", "device"))
     return Row(rec, e.step_time_s, fastest, e.memory_per_gpu_bytes / GIB, e.fits, chosen, e.mfu,
-               e.error_band.half_width if e.error_band is not None else None)
+               e.error_band.half_width if e.error_band is not None else None, kinds)
 
 
 #: What a record autopar cannot estimate raises (it is refused with :func:`refusal`).
@@ -479,19 +501,26 @@ def measured_plans_memory(path: Path = GPU_SWEEP) -> list[tuple[str, float, floa
     return out
 
 
-def memory(rows: list[Row], measured: list[tuple[str, float, float]] | None = None
+def memory(rows: list[Row], measured: list[tuple[str, float, float]] | None = None,
+           refused: list[tuple[str, str]] | None = None, raw: list[dict] | None = None
            ) -> list[str]:
-    """Lines: predicted vs published peak memory (GiB) and the MAPE; then, when given, the
-    measured plans of :func:`measured_plans_memory` and the MAPE over both."""
+    """Lines: predicted vs published peak memory (GiB), each compared with the counter the
+    record publishes (:meth:`Row.memory_as_published`: peak reserved, allocated, active, or the
+    whole device when not stated), and the MAPE; then, when given, the measured plans of
+    :func:`measured_plans_memory` and the MAPE over both; then :func:`oom_lines` (``refused``
+    and ``raw``: the refused records and the raw records, to name refused OOM cases)."""
     lines, errs = [], []
     for r in rows:
         m = r.rec.measured_memory_gib
-        if not m:
+        if not m or r.rec.oom:
             continue
-        err = (r.memory_gib - m) / m
+        pred = r.memory_as_published()
+        err = (pred - m) / m
         errs.append(err)
-        lines.append(f"{r.rec.id:44s} predicted {r.memory_gib:6.1f} GiB measured {m:6.1f} GiB "
-                     f"{100 * err:+6.1f}%")
+        kind = r.rec.memory_kind or "device (kind not stated)"
+        rank = "" if r.rec.memory_rank == "peak" else f", {r.rec.memory_rank} rank"
+        lines.append(f"{r.rec.id:44s} predicted {pred:6.1f} GiB measured {m:6.1f} GiB "
+                     f"{100 * err:+6.1f}% ({kind}{rank})")
     lines.append(f"memory MAPE {_mape(errs):.1f}% over {len(errs)} runs")
     if measured:
         own = []
@@ -501,4 +530,39 @@ def memory(rows: list[Row], measured: list[tuple[str, float, float]] | None = No
                          f"{100 * own[-1]:+6.1f}% (max_memory_reserved)")
         lines.append(f"memory MAPE {_mape(own):.1f}% over {len(own)} measured plan.apply runs; "
                      f"{_mape(errs + own):.1f}% over all {len(errs) + len(own)}")
+    return lines + oom_lines(rows, refused, raw)
+
+
+def oom_lines(rows: list[Row], refused: list[tuple[str, str]] | None = None,
+              raw: list[dict] | None = None) -> list[str]:
+    """Lines: every published out-of-memory case (``measured.oom``) predicted out of memory or
+    not, and every published run that ran (a step time or a peak memory) predicted to fit or
+    not, both at margin 0 (:attr:`Row.fits`: the allocated peak of every rank within the
+    device's visible memory); OOM cases that were refused are named with the reason. Ends with
+    ``OOM cases predicted out of memory: <k> of <n> (<r> refused)`` and ``runs that ran
+    predicted to fit at margin 0: <k> of <n>``."""
+    lines = []
+    oom = [r for r in rows if r.rec.oom]
+    hit = 0
+    for r in oom:
+        hit += not r.fits
+        at = (f", {r.rec.memory_at_oom_gib} GiB allocated at the OOM"
+              if r.rec.memory_at_oom_gib else "")
+        lines.append(f"{'ok   ' if not r.fits else 'WRONG'} OOM {r.rec.id}: predicted "
+                     f"{r.memory_as_published():.1f} GiB "
+                     f"({'does not fit' if not r.fits else 'fits'} in "
+                     f"{r.rec.cluster.device.visible_memory_bytes / GIB:.1f} GiB{at})")
+    oom_ids = {x.get("id") for x in raw or [] if x.get("measured", {}).get("oom") is True}
+    ref = [(rid, why) for rid, why in refused or [] if rid in oom_ids]
+    lines += [f"refused OOM {rid}: {why}" for rid, why in ref]
+    lines.append(f"OOM cases predicted out of memory: {hit} of {len(oom)} ({len(ref)} refused)")
+    ran = [r for r in rows if r.rec.ran]
+    fit = 0
+    for r in ran:
+        fit += r.fits
+        if not r.fits:
+            lines.append(f"WRONG ran {r.rec.id}: predicted not to fit at margin 0 "
+                         f"({r.memory_gib:.1f} GiB, {r.rec.cluster.device.visible_memory_bytes / GIB:.1f}"
+                         " GiB visible)")
+    lines.append(f"runs that ran predicted to fit at margin 0: {fit} of {len(ran)}")
     return lines

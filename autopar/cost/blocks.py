@@ -208,14 +208,18 @@ class BlockCosts:
             layer, tokens=self.inputs.graph.micro_batch_size * self.inputs.train.seq_len,
             dtype_bytes=self.inputs.train.dtype_bytes) * bscale / (tp * cp)
         act_none += (conv.unfused_score_saved_bytes - 2) * scores
+        # the loss's saved tensors: the graph measures torch's fp32 log-probabilities (4 bytes
+        # per logit element); a fused loss keeps what MemoryConventions.loss_saved_bytes says
+        logits = (sum(o.bytes_written for o in layer.ops if o.kind == "loss") / 4.0
+                  * bscale / (tp * cp) if layer.kind == "head" else 0.0)
+        loss_saved = (conv.loss_saved_bytes - 4) * logits
+        act_none += loss_saved
         act = act_none if mode == "none" else mem.block_activation_bytes(
-            layer, mode, micro_batch=bscale, tp=tp, cp=cp, sequence_parallel=sp)
+            layer, mode, micro_batch=bscale, tp=tp, cp=cp, sequence_parallel=sp) + loss_saved
         # recomputing a block re-materialises what it did not keep, one block at a time
         transient = act_none - act + conv.unfused_score_work_bytes * scores
-        if layer.kind == "head":
-            # the loss's backward: fp32 gradients of the logits beside the saved log-probs
-            logits = sum(o.bytes_written for o in layer.ops if o.kind == "loss") / 4.0
-            transient += conv.loss_work_bytes * logits * bscale / (tp * cp)
+        # the loss's backward: gradients of the logits beside what it saved
+        transient += conv.loss_work_bytes * logits
         if self.inputs.train.precision == "fp8" and layer.kind == "block":
             # the FP8 copy of the running layer's Linear weights and its transpose (1 byte each)
             transient += 2.0 * mem.layer_params_per_rank(layer, tp, ep=c.ep, etp=c.etp)

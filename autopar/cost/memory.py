@@ -49,6 +49,35 @@ class MemoryBreakdown:
         return (self.weights + self.gradients + self.optimizer_states + self.activations
                 + self.transient + self.reserved)
 
+    @property
+    def allocated(self) -> float:
+        """Bytes in tensors at the peak (torch.cuda.max_memory_allocated's counter,
+        allocated_bytes.all.peak): every component but :attr:`reserved`."""
+        return self.total - self.reserved
+
+    def counted(self, kind: str | None, outside_allocator: float) -> float:
+        """The peak as a counter of ``kind`` reports it (``outside_allocator``: the part of
+        :attr:`reserved` outside torch's allocator, :attr:`autopar.CostParams.reserved_bytes`).
+
+        - "allocated" and "active" (allocated_bytes / active_bytes.all.peak of
+          torch.cuda.memory_stats; active also counts blocks freed but still awaiting their
+          stream's use, which this model does not separate): :attr:`allocated`.
+        - "reserved" (reserved_bytes.all.peak, torch.cuda.max_memory_reserved): the total less
+          the memory outside the allocator (CUDA context, cuBLAS workspace, NCCL buffers).
+        - "device" or None (nvidia-smi, mem_get_info, or not stated): :attr:`total`.
+
+        Source: c10/cuda/CUDACachingAllocator.cpp (DeviceStats: allocated_bytes, reserved_bytes,
+        active_bytes; reserved counts the segments cudaMalloc'ed by the allocator, allocated
+        the blocks handed to tensors, so reserved >= allocated).
+        """
+        if kind in ("allocated", "active"):
+            return self.allocated
+        if kind == "reserved":
+            return max(self.allocated, self.total - outside_allocator)
+        if kind in (None, "device"):
+            return self.total
+        raise ValueError(f"memory kind {kind!r}: one of allocated, active, reserved, device")
+
     def as_dict(self) -> dict[str, float]:
         """Components by name, in bytes."""
         return {"weights": self.weights, "gradients": self.gradients,
@@ -204,12 +233,17 @@ def unfused_score_elements(layer: Layer, *, tokens: float, dtype_bytes: int) -> 
     return n
 
 
-def optimizer_state_bytes_per_param(optimizer: str, master_bytes: int, state_dtype: str) -> int:
+def optimizer_state_bytes_per_param(optimizer: str, master_bytes: int, state_dtype: str,
+                                    moment_bytes: int | None = None) -> int:
     """K, the optimizer-state bytes per parameter: a master copy plus the moments.
 
     Source: Rajbhandari et al. 2020 (ZeRO) section 3.1: mixed-precision Adam keeps an fp32 master
     copy, momentum and variance (K = 4 + 2 x 4 = 12); SGD with momentum one moment (K = 8).
     Moments in bf16 take 2 bytes each (Megatron-LM --exp-avg-dtype / --exp-avg-sq-dtype bf16).
+    ``moment_bytes``: bytes per moment element the framework keeps whatever ``state_dtype``
+    says (torch optimizers on bf16 parameters: torch/optim/adamw.py ``_init_group``
+    ``torch.zeros_like(p)``, 2); None: from ``state_dtype``.
     """
     moments = {"adam": 2, "adamw": 2, "sgd": 1}[optimizer]
-    return master_bytes + moments * (2 if state_dtype == "bf16" else 4)
+    each = moment_bytes if moment_bytes is not None else (2 if state_dtype == "bf16" else 4)
+    return master_bytes + moments * each

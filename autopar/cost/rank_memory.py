@@ -50,7 +50,11 @@ def rank_memory(inputs: CostInputs, c: ParallelConfig, layout: tuple, timing: Pi
         # the step runs after backward has freed the activations: its temporaries count
         # only where they exceed them
         step_extra = states.optimizer_step_bytes(c, st.params) - act
-        transient = max(timing.stage_transient[rank] + st.gather_bytes, step_extra)
+        # a ZeRO optimizer's gradient bucket buffers, held through backward
+        # (MemoryConventions.grad_bucket_elements: DeepSpeed's reduce_bucket_size buffer)
+        bucket = (inputs.conventions.grad_bucket_elements * wbytes if c.zero_stage >= 1
+                  else 0.0)
+        transient = max(timing.stage_transient[rank] + st.gather_bytes + bucket, step_extra)
         # outside the allocator, plus what it reserves beyond its allocated peak
         reserved = p.reserved_bytes + p.fragmentation * (w + gr + o + act + transient)
         allocated = w + gr + o + act + transient + reserved

@@ -72,7 +72,8 @@ class ModelStates:
         wb = conv.weight_bytes or train.dtype_bytes
         gb = conv.grad_bytes or self.inputs.params.grad_bytes
         k_opt = 0 if train.optimizer_offload else mem.optimizer_state_bytes_per_param(
-            train.optimizer, conv.master_weight_bytes, train.optimizer_state_dtype)
+            train.optimizer, conv.master_weight_bytes, train.optimizer_state_dtype,
+            conv.moment_bytes)
         dense = mem.model_state_bytes(params - experts, c.zero_stage, c.dp * c.cp, wb, gb, k_opt)
         # each expert shard is replicated over the expert-data-parallel ranks, and ZeRO shards
         # it over those: dp * cp / ep, or with MoE parallel folding tp * cp * dp / (ep * etp)
@@ -138,7 +139,8 @@ class ModelStates:
         optimizer states on the GPU, under the framework's :class:`MemoryConventions`."""
         train, conv = self.inputs.train, self.inputs.conventions
         k_opt = 0 if train.optimizer_offload else mem.optimizer_state_bytes_per_param(
-            train.optimizer, conv.master_weight_bytes, train.optimizer_state_dtype)
+            train.optimizer, conv.master_weight_bytes, train.optimizer_state_dtype,
+            conv.moment_bytes)
         return ((conv.weight_bytes or train.dtype_bytes) + (conv.grad_bytes or self.inputs.params.grad_bytes)
                 + k_opt)
 

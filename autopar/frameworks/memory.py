@@ -7,7 +7,7 @@ file and flag at the commit named in :mod:`autopar.frameworks.profiles`, or a me
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Mapping
 
 from .checks import FieldCheck
@@ -25,6 +25,9 @@ class MemoryConventions:
             :attr:`autopar.cost.CostParams.grad_bytes`).
         master_weight_bytes: bytes per parameter of a separate fp32 master copy inside the
             optimizer states (0 where the sharded weights are the master copy).
+        moment_bytes: bytes per element of each optimizer moment (None: the training config's
+            ``optimizer_state_dtype``, 4 for fp32). A torch optimizer over bf16 parameters
+            keeps bf16 moments (2).
         optimizer_step_temp_bytes: bytes per optimizer-held parameter the step allocates
             beside the states (a multi-tensor Adam's sqrt(v) buffer; 0 for fused kernels).
         pp_unsharded_bytes: bytes per parameter of a pipeline rank kept unsharded across its
@@ -48,6 +51,9 @@ class MemoryConventions:
             saved fp32 log-probabilities (the graph counts those): torch's F.cross_entropy on
             fp32 logits makes a dense nll_loss gradient and a log_softmax gradient (4 + 4); fused
             losses write the gradient in place.
+        loss_saved_bytes: bytes per logit element the loss keeps for backward (the graph
+            measures torch's F.cross_entropy on fp32 logits: the fp32 log-probabilities, 4; a
+            fused loss that keeps the bf16 logits and one log-sum-exp per row: 2).
         step_cached_bytes: bytes per optimizer-held parameter that torch's caching allocator
             still holds reserved (freed, not returned to the device) at the optimizer step's
             peak because none of the step's later, larger requests fits in them: tensors the
@@ -58,6 +64,11 @@ class MemoryConventions:
             itself, requests above 10 MB get a segment of their own, and a failed cudaMalloc
             first releases the cached blocks). 0 where the step's requests are per tensor and
             reuse what backward freed.
+        grad_bucket_elements: elements (in the training dtype) of gradient bucket buffers a
+            ZeRO (stage >= 1) optimizer allocates beside the gradients and holds through
+            backward, so that they count at the activation peak (a fixed size, not per
+            parameter): DeepSpeed's contiguous reduction bucket of ``reduce_bucket_size``
+            elements. 0 where the buckets are views of the gradient buffer.
         sources: where each figure comes from, by field name.
 
     Raises:
@@ -71,6 +82,7 @@ class MemoryConventions:
     weight_bytes: int | None = None
     grad_bytes: int | None = None
     master_weight_bytes: int = 4
+    moment_bytes: int | None = None
     optimizer_step_temp_bytes: int = 0
     pp_unsharded_bytes: int = 0
     pp_unsharded_forward_bytes: int = 0
@@ -78,7 +90,9 @@ class MemoryConventions:
     unfused_score_work_bytes: int = 4
     fp8_weight_cache_bytes: int = 0
     loss_work_bytes: int = 8
+    loss_saved_bytes: int = 4
     step_cached_bytes: int = 0
+    grad_bucket_elements: int = 0
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -109,6 +123,7 @@ _UNITS = {
     "weight_bytes": ("bytes per parameter", 2),
     "grad_bytes": ("bytes per parameter", 4),
     "master_weight_bytes": ("bytes per parameter", 4),
+    "moment_bytes": ("bytes per moment element", 4),
     "optimizer_step_temp_bytes": ("bytes per optimizer-held parameter", 0),
     "pp_unsharded_bytes": ("bytes per parameter", 0),
     "pp_unsharded_forward_bytes": ("bytes per parameter", 0),
@@ -116,11 +131,14 @@ _UNITS = {
     "unfused_score_work_bytes": ("bytes per attention-score element", 4),
     "fp8_weight_cache_bytes": ("bytes per Linear parameter", 0),
     "loss_work_bytes": ("bytes per logit element", 8),
+    "loss_saved_bytes": ("bytes per logit element", 4),
     "step_cached_bytes": ("bytes per optimizer-held parameter", 0),
+    "grad_bucket_elements": ("elements in the training dtype", 0),
 }
 #: Fields that may be None, and what None stands for.
 _NONE_MEANS = {"weight_bytes": "the training dtype's bytes",
-               "grad_bytes": "the cost model's CostParams.grad_bytes"}
+               "grad_bytes": "the cost model's CostParams.grad_bytes",
+               "moment_bytes": "the training config's optimizer_state_dtype"}
 
 _MATH_SDPA = ("torch 2.13 aten _scaled_dot_product_attention_math on bf16 inputs upcasts to fp32 "
               "(measured: saved_tensors_hooks show the fp32 [b, h, s, s] softmax output saved)")
@@ -135,6 +153,27 @@ _TORCH_CE = ("F.cross_entropy(logits.float()) = log_softmax + nll_loss; backward
              "(torch tools/autograd/derivatives.yaml): nll_loss_backward's dense fp32 [N, V] "
              "gradient, then _log_softmax_backward_data's, beside the saved fp32 log-probs: 4 + 4")
 
+_FSDP2_BUCKETS = ("FSDP2 (fully_shard) reduce-scatters each block's gradients from a per-block "
+                  "buffer freed after the collective (torch distributed/fsdp/_fully_shard/"
+                  "_fsdp_collectives.py foreach_reduce): no buffer held through backward; DDP's "
+                  "buckets (ZeRO-0/1) are not modelled: 0")
+
+_DS_BUCKET = ("deepspeed/runtime/zero/config.py: contiguous_gradients = True, reduce_bucket_size "
+              "= 5e8 elements, overlap_comm None -> True only for stage 3 (validator "
+              "overlap_comm_valid); stage_1_and_2.py backward(): 'if self.contiguous_gradients: "
+              "... buf_0 = torch.empty(int(self.reduce_bucket_size), dtype=self.dtype ...)' (a "
+              "second buffer only 'if self.overlap_comm'), allocated before the backward pass; "
+              "stage3.py __init__: '__ipg_bucket_flat_buffer = torch.empty(self."
+              "reduce_bucket_size, dtype=self.dtype ...)' when contiguous_gradients: one buffer "
+              "of 5e8 elements in the model dtype under every ZeRO stage")
+
+_TORCH_CE_SAVED = ("F.cross_entropy(logits.float()): log_softmax saves its fp32 output for "
+                   "backward (torch tools/autograd/derivatives.yaml _log_softmax_backward_data "
+                   "takes the result), as the graph measures: 4")
+
+_FP32_MOMENTS = ("None: TrainingConfig.optimizer_state_dtype (fp32 moments beside the fp32 "
+                 "master copy unless the user chooses bf16)")
+
 _PER_TENSOR_STEP = ("the step's temporaries are per parameter tensor (torch/optim/adam.py "
                     "foreach), each no larger than blocks backward freed: not modelled as "
                     "cached")
@@ -145,6 +184,7 @@ TORCH_MEMORY = MemoryConventions(
     sources={
         "weight_bytes": "the model's parameters in the training dtype (autopar/runtime/dp.py)",
         "grad_bytes": "gradients in the parameters' dtype (autopar/runtime/dp.py _mp_policy)",
+        "moment_bytes": _FP32_MOMENTS,
         "master_weight_bytes": "mixed-precision Adam keeps an fp32 master copy (Rajbhandari et "
                                "al. 2020, section 3.1)",
         "optimizer_step_temp_bytes": "torch/optim/adam.py _multi_tensor_adam (foreach, the CUDA "
@@ -161,7 +201,9 @@ TORCH_MEMORY = MemoryConventions(
         "unfused_score_work_bytes": _MATH_SDPA_WORK,
         "fp8_weight_cache_bytes": "torchao Float8Linear casts the weight every forward",
         "loss_work_bytes": "autopar/runtime/apply.py lm_loss: " + _TORCH_CE,
+        "loss_saved_bytes": _TORCH_CE_SAVED,
         "step_cached_bytes": _PER_TENSOR_STEP,
+        "grad_bucket_elements": _FSDP2_BUCKETS,
     })
 
 TORCHTITAN_MEMORY = MemoryConventions(
@@ -174,6 +216,7 @@ TORCHTITAN_MEMORY = MemoryConventions(
                         "built in fp32: sharded parameters stay fp32",
         "grad_bytes": "job_config.py Training.mixed_precision_reduce = 'float32': sharded "
                       "gradients in fp32",
+        "moment_bytes": _FP32_MOMENTS,
         "master_weight_bytes": "the fp32 sharded parameters are the optimizer's weights",
         "optimizer_step_temp_bytes": "job_config.py Optimizer.implementation = 'fused'",
         "pp_unsharded_bytes": "parallelize.py apply_fsdp: reshard_after_forward = not "
@@ -189,7 +232,9 @@ TORCHTITAN_MEMORY = MemoryConventions(
         "fp8_weight_cache_bytes": "torchao Float8Linear (torchtitan's Float8 converter) casts "
                                   "the weight every forward",
         "loss_work_bytes": "components/loss.py cross_entropy_loss: " + _TORCH_CE,
+        "loss_saved_bytes": _TORCH_CE_SAVED,
         "step_cached_bytes": "fused AdamW allocates no per-step buffers; " + _PER_TENSOR_STEP,
+        "grad_bucket_elements": _FSDP2_BUCKETS,
     })
 
 MEGATRON_MEMORY = MemoryConventions(
@@ -200,6 +245,7 @@ MEGATRON_MEMORY = MemoryConventions(
         "grad_bytes": "arguments.py (line 1207): 'bfloat16 requires gradient accumulation and "
                       "all-reduce to be performed in fp32' -> accumulate_allreduce_grads_in_fp32 "
                       "(fp32 main_grad buffer)",
+        "moment_bytes": _FP32_MOMENTS,
         "master_weight_bytes": "megatron/core/optimizer: fp32 main params (--main-params-dtype "
                                "fp32)",
         "optimizer_step_temp_bytes": "Transformer Engine / Apex FusedAdam (multi-tensor "
@@ -214,15 +260,22 @@ MEGATRON_MEMORY = MemoryConventions(
         "loss_work_bytes": "megatron/core/tensor_parallel/cross_entropy.py "
                            "_VocabParallelCrossEntropy: backward writes the gradient into the "
                            "saved fp32 softmax in place; its bf16 cast: 2",
+        "loss_saved_bytes": "megatron/core/tensor_parallel/cross_entropy.py "
+                            "_VocabParallelCrossEntropy: ctx.save_for_backward(exp_logits, ...), "
+                            "the fp32 softmax of the vocabulary shard: 4",
         "step_cached_bytes": "the distributed optimizer steps in place on its persistent fp32 "
                              "buffers (multi-tensor FusedAdam): no large step-time requests",
+        "grad_bucket_elements": "megatron/core/distributed/param_and_grad_buffer.py: the "
+                             "buckets are views of the contiguous main_grad buffer (counted "
+                             "as gradients): 0",
     })
 
 DEEPSPEED_MEMORY = MemoryConventions(
-    unfused_score_saved_bytes=4, unfused_score_work_bytes=8,
+    unfused_score_saved_bytes=4, unfused_score_work_bytes=8, grad_bucket_elements=500_000_000,
     sources={
         "weight_bytes": "bf16.enabled: bf16 module parameters",
         "grad_bytes": "the cost model's default (bf16 gradient partitions)",
+        "moment_bytes": _FP32_MOMENTS,
         "master_weight_bytes": "ZeRO keeps fp32 master partitions "
                                "(deepspeed/runtime/zero/stage_1_and_2.py)",
         "optimizer_step_temp_bytes": "DeepSpeed FusedAdam (deepspeed/ops/adam)",
@@ -234,6 +287,41 @@ DEEPSPEED_MEMORY = MemoryConventions(
         "fp8_weight_cache_bytes": "no FP8 weight cache in the DeepSpeed engine",
         "loss_work_bytes": "the model's own loss (Hugging Face: F.cross_entropy on fp32 "
                            "logits): " + _TORCH_CE,
+        "loss_saved_bytes": _TORCH_CE_SAVED,
         "step_cached_bytes": "ZeRO's fp32 partitions and FusedAdam step in place: no large "
                              "step-time requests",
+        "grad_bucket_elements": _DS_BUCKET,
     })
+
+
+#: Why each field of :func:`pure_bf16` is what it is.
+_PURE_BF16 = {
+    "weight_bytes": "the model is built in bf16 and trained in bf16: torchtune "
+                    "recipes/full_finetune_single_device.py _setup_model 'with "
+                    "training.set_default_dtype(self._dtype), self._device: model = "
+                    "config.instantiate(cfg_model)' with the recipes' 'dtype: bf16': 2",
+    "grad_bytes": "autograd writes gradients in the parameters' dtype (bf16): 2",
+    "master_weight_bytes": "the optimizer steps the bf16 parameters themselves: no fp32 copy, 0",
+    "moment_bytes": "torch/optim/adamw.py _init_group: state['exp_avg'] = "
+                    "torch.zeros_like(p, memory_format=torch.preserve_format) (and exp_avg_sq): "
+                    "moments in the parameters' dtype, bf16: 2",
+    "optimizer_step_temp_bytes": "torch/optim/adamw.py _multi_tensor_adamw (foreach, the CUDA "
+                                 "default when fused is not set): exp_avg_sq_sqrt = "
+                                 "torch._foreach_sqrt(device_exp_avg_sqs), one bf16 tensor per "
+                                 "parameter; every other update is in place: 2",
+    "step_cached_bytes": _PER_TENSOR_STEP,
+}
+
+
+def pure_bf16(conv: MemoryConventions) -> MemoryConventions:
+    """``conv`` for pure bf16 training: the model's parameters, gradients and a torch
+    optimizer's moments all in bf16, no fp32 master copy, the step's temporaries those of
+    torch's foreach AdamW on bf16 tensors (every field's source in :data:`_PURE_BF16`; the
+    fields that do not depend on the state dtype, such as the loss's and attention's working
+    bytes, stay ``conv``'s).
+
+    Pure bf16 is what torchtune runs (``dtype: bf16``: 2 + 2 + 2 x 2 = 8 bytes per parameter
+    against mixed precision's 2 + 4 + 12 = 18 of Megatron-LM's distributed optimizer)."""
+    return replace(conv, weight_bytes=2, grad_bytes=2, master_weight_bytes=0, moment_bytes=2,
+                   optimizer_step_temp_bytes=2, step_cached_bytes=0,
+                   sources={**conv.sources, **_PURE_BF16})

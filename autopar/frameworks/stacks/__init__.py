@@ -27,12 +27,14 @@ InternEvo ``parallel.zero1``) and :func:`autopar.frameworks.choices.with_choice`
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Mapping
 
 from ...config import FRAMEWORKS
 from ...errors import InvalidTrainingConfig
 from ..choices import Choices
+from ..memory import pure_bf16
 from ..profiles import FrameworkProfile
 from . import (deepspeed, flash_attention, fsdp1, inhouse, internevo, llm_foundry, megatron,
                nemo, pytorch, tinyllama, torchtitan)
@@ -88,6 +90,21 @@ def get_profile(framework: str | FrameworkProfile) -> FrameworkProfile:
             f"framework {framework!r} is not one of {list(PROFILES)}. Fix: use 'torch' "
             "(plan.apply), 'torchtitan', 'megatron', 'deepspeed', or a profile of a published "
             "stack listed here.") from None
+
+
+def with_pure_bf16(profile: str | FrameworkProfile) -> FrameworkProfile:
+    """``profile`` training in pure bf16: parameters, gradients and the optimizer's moments in
+    bf16 with no fp32 master copy (:func:`autopar.frameworks.memory.pure_bf16`, each figure
+    sourced there). A memory option only: the step's time is the profile's. Like every
+    profile that differs from its stock one outside the cost fields, it is estimated with
+    ``CostModel(..., framework=profile)`` (a plan file cannot record it, and
+    :func:`autopar.estimate` refuses it).
+
+    Raises:
+        InvalidTrainingConfig: an unknown framework.
+    """
+    p = get_profile(profile)
+    return replace(p, memory=pure_bf16(p.memory))
 
 
 def shard_within(profile: str | FrameworkProfile, ranks: int) -> FrameworkProfile:

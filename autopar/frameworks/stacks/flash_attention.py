@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..choices import AttentionKernels, Choices, capabilities_of, compose
+from ..memory import TORCH_MEMORY
 from . import pytorch
 
 FLASH_V1 = AttentionKernels(
@@ -17,6 +18,20 @@ FLASH_V1 = AttentionKernels(
 
 CHOICES: Choices = replace(pytorch.CHOICES, attention=FLASH_V1)
 
-PROFILE = compose(CHOICES, **capabilities_of(pytorch.PROFILE), name="flash-attention-training",
+_APEX_CE = ("training/configs/experiment/pile/base.yaml train.loss_fn: src.losses."
+            "cross_entropy_apex.CrossEntropyLossApex, inplace_backward: True ('to save "
+            "memory'); training/src/losses/cross_entropy_apex.py SoftmaxCrossEntropyLossFn: ")
+
+#: torch's conventions with the repository's loss, apex's fused cross entropy with an in-place
+#: backward, on the logits Lightning's bf16 autocast leaves in bf16.
+MEMORY = replace(TORCH_MEMORY, loss_saved_bytes=2, loss_work_bytes=0, sources={
+    **TORCH_MEMORY.sources,
+    "loss_saved_bytes": _APEX_CE + "ctx.save_for_backward(logits, max_log_sum_exp, labels): "
+                        "the bf16 logits and one fp32 value per row: 2",
+    "loss_work_bytes": _APEX_CE + "xentropy_cuda_lib.backward(..., ctx.inplace_backward) "
+                       "writes the gradient into the saved logits: 0"})
+
+PROFILE = compose(CHOICES, **{**capabilities_of(pytorch.PROFILE), "memory": MEMORY},
+                  name="flash-attention-training",
                   version="flash-attention training code (Lightning DDP, FlashAttention v1), "
                           "2022")

@@ -118,6 +118,10 @@ _COMMON = {
     "grad_bytes": f"{_AT_TAG}: gradients in the bf16 model dtype (reduced in bf16 buckets)",
     "master_weight_bytes": f"{_AT_TAG} hybrid_zero_optim.py / fsdp_optimizer.py: fp32 copies "
                            "of the rank's parameters",
+    "moment_bytes": f"{_AT_TAG} hybrid_zero_optim.py / fsdp_optimizer.py: Adam over the fp32 "
+                    "copies: fp32 moments (the training config's optimizer_state_dtype)",
+    "grad_bucket_elements": f"{_AT_TAG}: the reduction buckets are not modelled as held "
+                         "through backward: 0",
     "pp_unsharded_bytes": "InternEvo's FSDP mode does not combine with pipeline parallelism",
     "pp_unsharded_forward_bytes": "as pp_unsharded_bytes: none",
     "unfused_score_saved_bytes": "flash attention only (the runs use flash-attn)",
@@ -125,6 +129,8 @@ _COMMON = {
     "fp8_weight_cache_bytes": "bf16 runs",
     "loss_work_bytes": f"{_AT_TAG} internlm/model/loss.py FlashGPTLMLoss: flash_attn "
                        "CrossEntropyLoss(inplace_backward=True)",
+    "loss_saved_bytes": "as the graph measures (4 bytes per logit element): the dtype of the "
+                        "logits FlashGPTLMLoss receives was not read, so not changed",
 }
 #: InternEvo's memory conventions, by optimizer (ZeRO-1 = HybridZeroOptimizer, ZeRO-3 =
 #: FSDPadaptOptimizer), read at the table's tag v0.2.1dev20231121. Both wrap torch.optim.AdamW

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..choices import AttentionKernels, Choices, capabilities_of, compose
+from ..memory import TORCH_MEMORY
 from . import fsdp1, pytorch
 
 COMPOSER_FSDP = replace(
@@ -24,5 +25,20 @@ TRITON_FLASH_V1 = AttentionKernels(
 
 CHOICES: Choices = replace(fsdp1.CHOICES, sharded_dp=COMPOSER_FSDP, attention=TRITON_FLASH_V1)
 
-PROFILE = compose(CHOICES, **capabilities_of(pytorch.PROFILE), name="llm-foundry",
+_FUSED_CE = ("llmfoundry/models/mpt/modeling_mpt.py ComposerMPTCausalLM: loss_fn_config = "
+             "om_model_config.get('loss_fn', 'fused_crossentropy') -> flash_attn.losses."
+             "cross_entropy.CrossEntropyLoss(ignore_index=-100) (inplace_backward False); "
+             "flash_attn/ops/triton/cross_entropy.py CrossEntropyLoss: ")
+
+#: torch's conventions with llm-foundry's default loss, flash-attn's fused cross entropy, on the
+#: logits the amp_bf16 autocast leaves in bf16 (the unembedding is an F.linear).
+MEMORY = replace(TORCH_MEMORY, loss_saved_bytes=2, loss_work_bytes=2, sources={
+    **TORCH_MEMORY.sources,
+    "loss_saved_bytes": _FUSED_CE + "ctx.save_for_backward(logits, lse, labels): the bf16 "
+                        "logits and one fp32 log-sum-exp per row: 2",
+    "loss_work_bytes": _FUSED_CE + "backward 'dlogits = logits if ctx.inplace_backward else "
+                       "torch.empty_like(logits)': a bf16 gradient: 2"})
+
+PROFILE = compose(CHOICES, **{**capabilities_of(pytorch.PROFILE), "memory": MEMORY},
+                  name="llm-foundry",
                   version="llm-foundry on Composer FSDP1, 2023 (scripts/train/yamls/pretrain)")
