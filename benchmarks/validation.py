@@ -437,9 +437,12 @@ def loso(rows: list[Row], held_out: bool = False) -> list[str]:
 
 
 def _problem(rec: Record) -> tuple:
+    """What two runs must share to be a plan pair: the model, GPUs, batch, precision and the
+    framework that ran them (two frameworks running one plan at different speeds is a
+    comparison of frameworks, not of plans: the search chooses among one framework's plans)."""
     m, t = rec.model, rec.train
     return (m.num_layers, m.hidden_size, m.num_heads, m.vocab_size, rec.cluster.device.name,
-            rec.cluster.world_size, t.global_batch_size, t.seq_len, t.precision)
+            rec.cluster.world_size, t.global_batch_size, t.seq_len, t.precision, rec.framework)
 
 
 def _plan(rec: Record) -> tuple:
@@ -449,8 +452,8 @@ def _plan(rec: Record) -> tuple:
 
 
 def pairs(rows: list[Row]) -> list[str]:
-    """Lines: each same-problem pair of measured runs that differ in the plan, right or wrong,
-    then the accuracy. Runs with the same plan (e.g. with and without torch.compile) are not a
+    """Lines: each same-problem pair of measured runs of one framework that differ in the plan,
+    right or wrong, then the accuracy. Runs with the same plan (e.g. with and without torch.compile) are not a
     plan pair; a predicted tie counts as wrong (the planner could not tell them apart)."""
     groups: dict[tuple, list[Row]] = defaultdict(list)
     for r in rows:
