@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..choices import (DTENSOR_TP, EAGER, FSDP2, FUSED_CP, SDPA_FLASH, TORCH_PIPELINING, Choices,
-                       OptimizerStep, compose)
+                       OptimizerStep, compose, with_choice)
 from ..memory import DEEPSPEED_MEMORY
 from ..seqrule import DEEPSPEED_RULE
 from ..vocabulary import (DEEPSPEED_ZERO12_GRAD_COPY_PASSES, DEFAULT_COST_SOURCES,
@@ -84,6 +84,38 @@ HF_TRAINER_TORCH_ADAMW = OptimizerStep(
                                 "ZeRO's bf16 -> fp32 gradient cast (read 2, write 4) and fp32 "
                                 "-> bf16 parameter copy (read 4, write 2) = 92 + 12",
         "step_fixed_s": DEFAULT_COST_SOURCES["step_fixed_s"]})
+
+#: What :data:`HF_TRAINER_TORCH_ADAMW` allocates beside the states at the ZeRO-1/2 step, in
+#: bytes per optimizer-held (partition) element: deepspeed/runtime/zero/stage_1_and_2.py step()
+#: casts each group's flat bit16 gradient partition to fp32 (``single_grad_partition = self.
+#: flatten_dense_tensors_aligned(self.averaged_gradients[i], ...).to(self.single_partition_of_
+#: fp32_groups[i].dtype)``: + 4), then releases the bit16 gradients (``self.free_grad_in_param_
+#: list(self.params_in_partition[i])``: - 2), then runs torch's AdamW on the one flat fp32
+#: partition: torch/optim/adamw.py _single_tensor_adamw ``denom = (exp_avg_sq.sqrt() /
+#: bias_correction2_sqrt).add_(eps)`` holds the sqrt and the quotient at once (+ 4 + 4; torch
+#: 2.0's _multi_tensor_adamw likewise holds exp_avg_sq_sqrt and denom); every other update is
+#: in place: 4 - 2 + 8 = 10 (the same count as InternEvo's HybridZero step, stacks/internevo.py).
+HF_TRAINER_TORCH_ADAMW_STEP_TEMP_BYTES = 10
+_HF_ADAMW_STEP_SOURCE = (
+    "transformers integrations/deepspeed.py deepspeed_optim_sched (no 'optimizer' in the "
+    "DeepSpeed config -> torch AdamW); deepspeed/runtime/zero/stage_1_and_2.py step(): fp32 "
+    "copy of the flat gradient partition (+4), bit16 gradients freed (-2); torch/optim/adamw.py "
+    "_single_tensor_adamw denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps): two "
+    "fp32 temporaries on the flat partition (+8): 10")
+
+
+def with_hf_trainer_torch_adamw(profile):
+    """``profile`` (DeepSpeed) as Hugging Face Trainer / Accelerate runs it when the DeepSpeed
+    config has no "optimizer" section: the step costed as :data:`HF_TRAINER_TORCH_ADAMW` and its
+    memory as :data:`HF_TRAINER_TORCH_ADAMW_STEP_TEMP_BYTES` per optimizer-held element beside
+    the states (the fp32 gradient copy and torch AdamW's temporaries), each with its source. A
+    user's choice, not the profile's default (a config with its own "optimizer" gets FusedAdam,
+    which steps in place)."""
+    mem = profile.memory
+    mem = replace(mem, optimizer_step_temp_bytes=HF_TRAINER_TORCH_ADAMW_STEP_TEMP_BYTES,
+                  sources={**mem.sources, "optimizer_step_temp_bytes": _HF_ADAMW_STEP_SOURCE})
+    return replace(with_choice(profile, HF_TRAINER_TORCH_ADAMW), memory=mem)
+
 
 # the engine runs the model's own attention and ops, and its TP and pipeline sends as the
 # defaults are costed (synchronous, waited on); the records keep the default sources
