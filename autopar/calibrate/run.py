@@ -208,7 +208,7 @@ def comparison(cal: Calibration) -> list[tuple[str, str, str]]:
                      "GEMM efficiency ceiling (16k^3, of the fastest GEMM)",
                      f"{c:.3f} (half-size {h:.0f}, fit rms {err:.2f})",
                      f"{dflt.matmul_ceiling(cat.architecture):.3f} (half-size "
-                     f"{dflt.matmul_half_size:.0f})" if peak else "- (no datasheet)"))
+                     f"{dflt.half_size(cat.architecture):.0f})" if peak else "- (no datasheet)"))
     if cal.attention:
         a = cal.attention[0]
         fl = a.counted_flops * (0.5 if a.causal else 1.0) * 3.5 / a.fwd_bwd_s

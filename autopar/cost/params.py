@@ -27,11 +27,31 @@ class CostParams:
             BF16 agrees: bf16 GEMMs of 4096 and more in every dimension measured on one H200
             reach 0.61-0.73 of the 989 TFLOP/s peak, median 0.70, and FP8 ones 0.59-0.68 of 1979
             (``benchmarks/data/gpu/h200_sweep.json``; ``tests/test_gpu_data.py``).
-            Architectures without a measurement use the Ampere figure.
+            Architectures without a measurement use the Ampere figure. Public cross-checks
+            (docs/reference/hardware_and_formulas.md, "Public matmul ceilings";
+            ``tests/test_issue25_compute.py``): Horace He (thonking.ai, 2024) measured cuBLAS
+            8192^3 on an A100 at 257 TFLOP/s with random inputs (0.82, power-limited: zeros ran
+            at 295); Stas Bekman's ml-engineering MAMF table (best shape of a search, an upper
+            bound) gives A100 SXM 0.859, H100 SXM 0.801, GH200 0.830 of the BF16 peak. Clocks
+            under the power cap are inside these measured figures (no further clock factor;
+            ``Device.clock_scale`` applies only to a limit set below the TDP); no public figure
+            supports a lower ceiling.
         matmul_half_size: GEMM dimension (elements) at which a dimension's efficiency factor is
-            one half of the large-size value: f(x) = x / (x + half). Small and skinny GEMMs fill
-            fewer tensor-core tiles; 128 is one CTA tile of cuBLAS's large kernels (assumption, to
-            be calibrated by measurement).
+            one half of the large-size value: f(x) = x / (x + half); a scalar for every
+            architecture, or a mapping per architecture (``half_size``; Ampere's, else 128, for
+            one it lacks). Small and skinny GEMMs fill fewer tensor-core tiles; 128 is one CTA
+            tile of cuBLAS's large kernels (assumption). Against public and measured figures
+            (docs/reference/hardware_and_formulas.md, "Public matmul ceilings";
+            ``tests/test_issue25_compute.py``): on Ampere no per-shape sweep was found (at the
+            two A100 MAMF best shapes, 128 predicts 10% and 13% below the best of a search, an
+            upper bound); on Hopper the H200 sweep's bf16 GEMMs that are not launch-bound (50
+            over 30 us) do not lose efficiency with the dimension: their least-squares half-size
+            is 0 (rms 0.036 against 0.079 for 128; 128 predicts the training-shaped ones 5.6%
+            slow on average). That fit is not the default: on the development split it moves
+            Hopper's bias from -9.6% to -11.8% (macro -16.4% to -17.2%), i.e. the Hopper runs'
+            missing time is elsewhere, and a GEMM rate nearer the microbenchmark only widens
+            the gap until that is modelled (``CostParams(matmul_half_size={"ampere": 128.0,
+            "hopper": 0.0})`` applies it).
         attention_efficiency: fraction of the BF16 dense peak a fused attention kernel reaches on
             its executed (causal) work, per ``"kernel/architecture"`` (kernels:
             :data:`ATTENTION_KERNELS`). Sources: Dao 2023 (FlashAttention-2, arXiv 2307.08691):
@@ -102,7 +122,7 @@ class CostParams:
 
     matmul_efficiency: Mapping[str, float] = field(
         default_factory=lambda: MappingProxyType({"ampere": 0.82, "hopper": 0.69}))
-    matmul_half_size: float = 128.0
+    matmul_half_size: float | Mapping[str, float] = 128.0
     attention_efficiency: Mapping[str, float] = field(
         default_factory=lambda: MappingProxyType({
             "fa1/ampere": 0.30, "fa2/ampere": 0.60, "cudnn/ampere": 0.60,
@@ -122,8 +142,10 @@ class CostParams:
     fragmentation: float = 0.05
 
     def __hash__(self) -> int:
+        half = self.matmul_half_size
         return hash((tuple(sorted(self.matmul_efficiency.items())),
-                     tuple(sorted(self.attention_efficiency.items()))))
+                     tuple(sorted(self.attention_efficiency.items())),
+                     half if isinstance(half, (int, float)) else tuple(sorted(half.items()))))
 
     def attention_ceiling(self, kernel: str, architecture: str) -> float:
         """Fraction of the BF16 peak the fused attention ``kernel`` reaches on ``architecture``
@@ -152,9 +174,17 @@ class CostParams:
             return float(eff)
         return eff.get(architecture, eff.get("ampere", 0.82))
 
+    def half_size(self, architecture: str) -> float:
+        """:attr:`matmul_half_size` of an architecture (Ampere's when it has none; a scalar
+        override applies to all)."""
+        half = self.matmul_half_size
+        if isinstance(half, (int, float)):
+            return float(half)
+        return half.get(architecture, half.get("ampere", 128.0))
+
     def gemm_efficiency(self, m: float, k: float, n: float, architecture: str = "ampere") -> float:
         """Fraction of peak a GEMM of (m x k) @ (k x n) reaches (dimensionless, in (0, 1))."""
-        h = self.matmul_half_size
+        h = self.half_size(architecture)
         f = 1.0
         for x in (m, k, n):
             f *= x / (x + h) if x > 0 else 0.0
