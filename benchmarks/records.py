@@ -100,6 +100,11 @@ def source_key(rec: dict) -> str:
     return f"{doc} | {rec.get('training', {}).get('framework') or 'framework not stated'}"
 
 
+#: Training stacks that are not PyTorch (JAX/Paxml/praxis, OneFlow): refused, never priced
+#: under a borrowed PyTorch profile.
+_NOT_TORCH = re.compile(r"\b(jax|pax(ml)?|praxis|oneflow)\b", re.I)
+
+
 class RecordError(ValueError):
     """A record autopar cannot turn into inputs (unknown GPU or interconnect, unsupported model);
     the evaluator lists it as skipped with this reason, never guesses."""
@@ -209,12 +214,18 @@ def parse(rec: dict) -> Record:
 
     Raises:
         RecordError: the record names hardware or a model autopar cannot represent, says in its
-            ``unmodelled`` what it ran that autopar does not model (e.g. CPU offload), or gives a
+            ``unmodelled`` what it ran that autopar does not model (e.g. CPU offload), was trained
+            with a stack that is not PyTorch-based (JAX/Paxml, OneFlow), or gives a
             ``plan.cp_mode`` that is not one of :data:`autopar.config.CP_MODES` (e.g. a 2-D
             Ulysses x ring hybrid).
     """
     if rec.get("unmodelled"):
         raise RecordError(f"not modelled: {rec['unmodelled']}")
+    stack = _NOT_TORCH.search((rec.get("training") or {}).get("framework") or "")
+    if stack:
+        raise RecordError(f"framework not modelled: {stack.group(0)} is not a PyTorch stack; "
+                          "autopar prices PyTorch-based frameworks, and a borrowed profile "
+                          "would price another stack's kernels, allocator and runtime")
     try:
         model = ModelConfig.from_dict(rec["model"])
     except autopar.AutoparError as exc:
