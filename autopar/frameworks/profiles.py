@@ -47,6 +47,7 @@ from .seqrule import SeqLenRule
 # the vocabularies and constants live in .vocabulary; re-exported here, where callers import them
 from .vocabulary import (CHUNK_RULES, COST_FIELDS, CP_ATTENTION_PATHS, CUT_RULES,  # noqa: F401
                          DEFAULT_COST_SOURCES, EAGER_PARTS, ETP_RULES, FSDP1_GRAD_COPY_PASSES,
+                         HOST_ISSUES,
                          FUSED_OPTIMIZER_STEP_BYTES, FUSION_LEVELS,
                          MIXED_FUSED_OPTIMIZER_STEP_BYTES, STAGE_SPLITS,
                          TORCH_OPTIMIZER_STEP_BYTES, ZERO1_PARAM_SYNCS, ZERO1_PARTITIONS,
@@ -153,6 +154,9 @@ class FrameworkProfile:
             costed at the HBM bandwidth on the rank's parameters, per gather and per
             reduce-scatter of the step. False for FSDP1 (gathers into its flat parameter in
             place) and DeepSpeed ZeRO.
+        host_issue: how the host issues a micro-batch's kernels (:data:`HOST_ISSUES`):
+            ``per_kernel`` charges each rank's micro-batch at least its kernel count times the
+            host's time per op (:mod:`autopar.cost.host`); ``cuda_graph`` charges none.
         stage_split: where an even split of the decoder blocks over pipeline stages puts the
             remainder when the plan gives no cut (:data:`STAGE_SPLITS`,
             :meth:`split_stages`).
@@ -216,6 +220,7 @@ class FrameworkProfile:
     zero_grad_copy_passes: int = 0
     fsdp2_copies: bool = True
     tp_mlp_reduce_per_linear: bool = False
+    host_issue: str = "per_kernel"
     cost_sources: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_COST_SOURCES))
     #: memory conventions (bytes per state, optimizer temporaries, what PP keeps unsharded...),
     #: sourced inside :class:`autopar.frameworks.memory.MemoryConventions`
@@ -239,7 +244,7 @@ class FrameworkProfile:
                      tuple(sorted(self.cp_attention.items())), self.optimizer_step_bytes,
                      tuple(sorted(self.eager_parts)), self.zero_grad_copy_passes,
                      self.zero1_partition, self.sync_grad_bucket_elements,
-                     self.fsdp2_copies, self.tp_mlp_reduce_per_linear))
+                     self.fsdp2_copies, self.tp_mlp_reduce_per_linear, self.host_issue))
 
     @classmethod
     def capability_names(cls) -> tuple[str, ...]:
