@@ -29,10 +29,14 @@ Kernels are counted from the graph autopar extracts, per op as the fusion level 
   (selective), the ops op-level SAC does not save (selective-op).
 
 Not counted (so the host time is a lower bound): collectives' launches, FP8 cast and amax
-kernels, the optimizer step (multi-tensor apply launches one kernel per chunk of up to 110
-tensors and 320 blocks x 65,536 elements, torch aten/src/ATen/native/cuda/MultiTensorApply.cuh,
-``depth_to_max_tensors`` / ``kChunkSize``: its GPU time dominates except at a few million
-parameters per rank), autograd's accumulate-grad and module-hook work.
+kernels, the optimizer step and gradient clipping (each ``torch._foreach_*`` call launches one
+multi-tensor-apply kernel per batch of at most 110 tensors (one list) to 36 (four lists: fused
+Adam's params, grads, exp_avg, exp_avg_sq) and 320 blocks of 65,536-element chunks: torch
+aten/src/ATen/native/cuda/MultiTensorApply.cuh
+``depth_to_max_tensors = {110, 64, 48, 36, 30}``, ``depth_to_max_blocks``, ``kChunkSize``, on its
+4 KB kernel-argument path; apex's multi_tensor_apply.cuh has the same limits. A launch covers up
+to 320 x 65,536 = 21 M elements, so the step's HBM time dominates its issue time except on a
+few million parameters per rank), autograd's accumulate-grad and module-hook work.
 
 Host seconds per op: :attr:`autopar.cost.params.CostParams.host_op_s` (measured, see there).
 Under ``host_issue="cuda_graph"`` (:data:`autopar.frameworks.profiles.HOST_ISSUES`) a captured
