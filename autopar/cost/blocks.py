@@ -14,6 +14,7 @@ from .comm import cp_layer_comm, split_expert_tp, tp_layer_comm
 from .compute import LayerTime, layer_time
 from .context import CostInputs
 from .groups import Groups
+from .host import host_time
 
 #: Share of a causal attention op's counted (non-causal, FlopCounterMode) FLOPs that MFU and HFU
 #: leave out: the masked upper triangle a causal kernel skips (the FLOPs convention of
@@ -44,6 +45,11 @@ class BlockCost:
     ep_s: float = 0.0
     ep_load: LinkLoad = NO_LOAD
     wgrad_s: float = 0.0
+    #: host seconds to issue the layer's forward / backward kernels (recompute included) for
+    #: one micro-batch (:mod:`autopar.cost.host`); the pipeline timer charges what they exceed
+    #: the stream's seconds by, per rank and pass
+    host_fwd_s: float = 0.0
+    host_bwd_s: float = 0.0
 
     @property
     def tp_bytes(self) -> float:
@@ -225,11 +231,14 @@ class BlockCosts:
             transient += 2.0 * mem.layer_params_per_rank(layer, tp, ep=c.ep, etp=c.etp)
         # the weight-gradient GEMMs (lt.wgrad_s) run apart from the rest of backward under a
         # zero-bubble schedule; recomputation and communication stay with the input gradient
+        prof = self.inputs.profile
+        host = host_time(layer, fusion=prof.fusion, eager_parts=prof.eager_parts, mode=mode,
+                         host_issue=prof.host_issue, host_op_s=self.inputs.params.host_op_s)
         bc = BlockCost(fwd_s=lt.fwd_s + tf + cf + ef / 2, bwd_s=lt.bwd_s + rec + tb + cb + ef / 2,
                        compute_s=lt.fwd_s + lt.bwd_s + rec, tp_s=tf + tb, cp_s=cf + cb,
                        tp_load=fb + bb, cp_load=cload, recompute_flops=rflops,
                        act_bytes=act, transient_bytes=transient, ep_s=ef, ep_load=eload,
-                       wgrad_s=lt.wgrad_s)
+                       wgrad_s=lt.wgrad_s, host_fwd_s=host.fwd_s, host_bwd_s=host.bwd_s)
         self._block_costs[key] = bc
         return bc
 

@@ -289,7 +289,7 @@ class CostModel:
             ep_comm=m * ep_comm, pp_comm=m * parts.pp_comm, bubble=pt.bubble,
             dp_comm_exposed=dpc.exposed_s, overlap_slowdown=dpc.slowdown_s,
             dp_copies=dpc.copies_s, optimizer=dpc.optimizer_s,
-            fixed_step=self.profile.step_fixed_s)
+            fixed_step=self.profile.step_fixed_s, host_exposed=m * parts.host)
         regime = Regime.of(train, device.name, c)
         warns = (*self.graph.warnings, *plausibility_warnings(mfu, regime),
                  *estimate_notes(self.inputs, c),

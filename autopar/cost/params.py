@@ -101,6 +101,14 @@ class CostParams:
             1.6-1.75 TB/s of 2.039 on A100-80GB (reference file) -> 0.82.
         kernel_launch_s: floor per memory-bound kernel (launch + tail), 5 us (typical CUDA launch
             latency; assumption).
+        host_op_s: host seconds to issue one kernel when the host issues them one by one
+            (:attr:`autopar.frameworks.FrameworkProfile.host_issue` ``per_kernel``; costed by
+            :mod:`autopar.cost.host`): Python, the PyTorch dispatcher and ``cudaLaunchKernel``.
+            Measured on one H200 (torch 2.11, CUDA 13.0, ``benchmarks/data/gpu/h200_sweep.json``
+            ``memory_bound`` row "tiny kernel (launch)": back-to-back ``x.add_(1.0)`` on a
+            one-element tensor, CUDA events, 200 calls): 8.13 us per op, GPU work nil, so the
+            host's issue rate alone. A lower bound for a model's op (no autograd recording, no
+            module hooks); the host CPU of that machine, not the training clusters'.
         grad_bytes: bytes per gradient element (2: bf16 gradients and reduction, as NeMo's
             distributed optimizer does; set 4 for fp32 main grads as Megatron's default DDP).
         (The optimizer step's bytes per parameter depend on the optimizer's implementation,
@@ -136,6 +144,7 @@ class CostParams:
     causal_attention_work: float = 0.5
     hbm_efficiency: float = 0.82
     kernel_launch_s: float = 5e-6
+    host_op_s: float = 8.13e-6
     grad_bytes: int = 2
     dp_overlap: float = 0.8
     reserved_bytes: float = 2e9

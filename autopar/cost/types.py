@@ -53,6 +53,9 @@ class TimeBreakdown:
         dp_copies: the sharded-DP implementation's memory-bound copies on the compute stream.
         optimizer: the optimizer step.
         fixed_step: the framework profile's ``step_fixed_s``.
+        host_exposed: the bottleneck rank's host issue seconds beyond its stream's, times the
+            micro-batches (:mod:`autopar.cost.host`: a pass whose kernels the GPU runs faster
+            than the host launches them). Plan files of earlier versions have none.
         absent: names of components a plan file of an earlier autopar version lacked (read as
             0, left out again by :meth:`as_dict`); empty for a new estimate.
     """
@@ -68,6 +71,7 @@ class TimeBreakdown:
     dp_copies: float
     optimizer: float
     fixed_step: float
+    host_exposed: float = 0.0
     absent: frozenset = frozenset()
 
     @classmethod

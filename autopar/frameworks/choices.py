@@ -1,7 +1,7 @@
 """How a framework implements each costed mechanism, as named, sourced choices.
 
 A framework profile's cost fields (:data:`autopar.frameworks.profiles.COST_FIELDS`) fall into
-seven mechanisms; each framework picks one implementation of each, a frozen :class:`Choice`
+eight mechanisms; each framework picks one implementation of each, a frozen :class:`Choice`
 record with a name, a one-line summary and a source for every value:
 
 - :class:`ShardedDataParallel`: how data parallelism fetches (ZeRO-3 all-gathers), reduces and
@@ -10,7 +10,9 @@ record with a name, a one-line summary and a source for every value:
 - :class:`AttentionKernels`: the fused attention kernel per GPU architecture;
 - :class:`Fusion`: how far memory-bound ops are fused, and parts left eager;
 - :class:`TensorParallelComm`, :class:`PipelineComm`, :class:`ContextParallelAttention`: which
-  TP and pipeline communication overlaps compute, and how a CP rank runs attention.
+  TP and pipeline communication overlaps compute, and how a CP rank runs attention;
+- :class:`HostIssue`: whether the host issues every kernel (:data:`PER_KERNEL_LAUNCH`, the
+  stock stacks) or replays CUDA graphs (:data:`CUDA_GRAPHS`), costed by :mod:`autopar.cost.host`.
 
 :class:`Choices` bundles one of each; :func:`compose` builds a
 :class:`~autopar.frameworks.profiles.FrameworkProfile` from them and the framework's
@@ -152,6 +154,15 @@ class ContextParallelAttention(Choice):
     cp_attention: Mapping[str, str]
 
 
+@dataclass(frozen=True, kw_only=True)
+class HostIssue(Choice):
+    """How the host issues a micro-batch's kernels (:data:`~autopar.frameworks.profiles.
+    HOST_ISSUES`): one by one, each paying the host's time per op, or as CUDA graph replays."""
+
+    KIND: ClassVar[str] = "host issue"
+    host_issue: str
+
+
 @dataclass(frozen=True)
 class Choices:
     """One choice per mechanism: what a framework profile's cost fields are built from."""
@@ -163,10 +174,11 @@ class Choices:
     tensor_parallel: TensorParallelComm
     pipeline: PipelineComm
     context_parallel: ContextParallelAttention
+    host: "HostIssue | None" = None
 
     def each(self) -> tuple[Choice, ...]:
-        """The seven choices, in field order."""
-        return tuple(getattr(self, f.name) for f in fields(self))
+        """The choices, in field order (``host`` None: :data:`PER_KERNEL_LAUNCH`)."""
+        return tuple(getattr(self, f.name) or PER_KERNEL_LAUNCH for f in fields(self))
 
     def costs(self) -> dict:
         """Every cost field -> its value."""
@@ -178,7 +190,8 @@ class Choices:
 
     def names(self) -> dict[str, str]:
         """Mechanism -> the chosen implementation's name."""
-        return {f.name: getattr(self, f.name).name for f in fields(self)}
+        return {f.name: (getattr(self, f.name) or PER_KERNEL_LAUNCH).name
+                for f in fields(self)}
 
 
 def compose(choices: Choices, **profile) -> FrameworkProfile:
@@ -251,3 +264,16 @@ TORCH_PIPELINING = PipelineComm(
 FUSED_CP = ContextParallelAttention(
     name="fused-per-chunk", summary="the framework's fused attention kernel per CP chunk",
     cp_attention={}, sources={"cp_attention": _D["cp_attention"]})
+
+PER_KERNEL_LAUNCH = HostIssue(
+    name="per-kernel-launch", summary="the host dispatches and launches every kernel of a "
+                                      "micro-batch (no CUDA graphs)",
+    host_issue="per_kernel", sources={"host_issue": _D["host_issue"]})
+
+CUDA_GRAPHS = HostIssue(
+    name="cuda-graphs", summary="forward and backward captured once and replayed as CUDA graphs",
+    host_issue="cuda_graph",
+    sources={"host_issue": "CUDA graphs replay a captured sequence of kernels with one launch "
+                           "(CUDA C++ Programming Guide, 'CUDA Graphs'; torch.cuda.graphs and "
+                           "torch.compile(mode='reduce-overhead'); Transformer Engine "
+                           "make_graphed_callables, Megatron-LM --enable-cuda-graph)"})

@@ -12,7 +12,8 @@ from .memory import MemoryConventions
 from .seqrule import SeqLenRule
 from .vocabulary import (CHUNK_RULES, COST_FIELDS, CP_ATTENTION_PATHS, CUT_RULES, EAGER_PARTS,
                          ETP_RULES, FUSED_OPTIMIZER_STEP_BYTES, FUSION_LEVELS, STAGE_SPLITS,
-                         ZERO1_PARAM_SYNCS, ZERO1_PARTITIONS, ZERO3_GATHERS)
+                         ZERO1_PARAM_SYNCS, ZERO1_PARTITIONS, ZERO3_GATHERS,
+                         HOST_ISSUES)
 
 
 _ZERO_STAGE_FIELDS = ("zero_stages", "zero_stages_with_tp", "zero_stages_with_pp",
@@ -60,7 +61,7 @@ def checked_fields(v: dict, check: FieldCheck, cost_fix: str,
     for f, choices in (("interleaved_chunks", CHUNK_RULES), ("stage_cuts", CUT_RULES),
                        ("expert_tensor_parallel", ETP_RULES), ("fusion", FUSION_LEVELS),
                        ("zero3_gather", ZERO3_GATHERS), ("zero1_param_sync", ZERO1_PARAM_SYNCS),
-                       ("zero1_partition", ZERO1_PARTITIONS)):
+                       ("zero1_partition", ZERO1_PARTITIONS), ("host_issue", HOST_ISSUES)):
         out[f] = check.choice(f, v[f], choices, choices[0])
     for f in _BOOL_FIELDS:
         out[f] = check.boolean(f, v[f])

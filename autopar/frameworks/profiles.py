@@ -47,7 +47,7 @@ from .seqrule import SeqLenRule
 # the vocabularies and constants live in .vocabulary; re-exported here, where callers import them
 from .vocabulary import (CHUNK_RULES, COST_FIELDS, CP_ATTENTION_PATHS, CUT_RULES,  # noqa: F401
                          DEEPSPEED_ZERO12_GRAD_COPY_PASSES, DEFAULT_COST_SOURCES, EAGER_PARTS,
-                         ETP_RULES, FSDP1_GRAD_COPY_PASSES,
+                         ETP_RULES, FSDP1_GRAD_COPY_PASSES, HOST_ISSUES,
                          FUSED_OPTIMIZER_STEP_BYTES, FUSION_LEVELS,
                          MIXED_FUSED_OPTIMIZER_STEP_BYTES, STAGE_SPLITS,
                          TORCH_OPTIMIZER_STEP_BYTES, ZERO1_PARAM_SYNCS, ZERO1_PARTITIONS,
@@ -162,6 +162,9 @@ class FrameworkProfile:
             compute-dtype gradient that the implementation adds to every gradient reduction on
             the compute stream (every micro-batch under ZeRO-2, once per step under ZeRO-1;
             :data:`DEEPSPEED_ZERO12_GRAD_COPY_PASSES`); 0 for none.
+        host_issue: how the host issues a micro-batch's kernels (:data:`HOST_ISSUES`):
+            ``per_kernel`` charges each rank's micro-batch at least its kernel count times the
+            host's time per op (:mod:`autopar.cost.host`); ``cuda_graph`` charges none.
         stage_split: where an even split of the decoder blocks over pipeline stages puts the
             remainder when the plan gives no cut (:data:`STAGE_SPLITS`,
             :meth:`split_stages`).
@@ -228,6 +231,7 @@ class FrameworkProfile:
     tp_mlp_reduce_per_linear: bool = False
     zero2_grad_all_reduce: bool = False
     zero12_grad_copy_passes: int = 0
+    host_issue: str = "per_kernel"
     cost_sources: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_COST_SOURCES))
     #: memory conventions (bytes per state, optimizer temporaries, what PP keeps unsharded...),
     #: sourced inside :class:`autopar.frameworks.memory.MemoryConventions`
@@ -252,7 +256,8 @@ class FrameworkProfile:
                      tuple(sorted(self.eager_parts)), self.zero_grad_copy_passes,
                      self.zero1_partition, self.sync_grad_bucket_elements,
                      self.fsdp2_copies, self.tp_mlp_reduce_per_linear,
-                     self.zero2_grad_all_reduce, self.zero12_grad_copy_passes))
+                     self.zero2_grad_all_reduce, self.zero12_grad_copy_passes,
+                     self.host_issue))
 
     @classmethod
     def capability_names(cls) -> tuple[str, ...]:

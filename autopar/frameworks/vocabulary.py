@@ -26,6 +26,14 @@ ETP_RULES = ("tp", "one_or_tp", "any")
 #: section 4: "pointwise and reduction fusion"); ``fused`` = hand-fused kernels (Apex / Transformer
 #: Engine fused norms, bias-GeLU, bias-dropout-add), costed as the graph counts them (fused norm).
 FUSION_LEVELS = ("eager", "compile", "fused")
+#: How the host issues a micro-batch's kernels (:attr:`FrameworkProfile.host_issue`; costed by
+#: :mod:`autopar.cost.host`): ``per_kernel`` = the Python/C++ host dispatches and launches every
+#: kernel one by one (eager PyTorch, torch.compile without CUDA graphs, Megatron-Core / Transformer
+#: Engine modules without ``--enable-cuda-graph``), so a rank's micro-batch takes at least its
+#: kernel count times the host's time per op; ``cuda_graph`` = the forward and backward are
+#: captured and replayed as CUDA graphs (torch.cuda.graphs, ``mode="reduce-overhead"``,
+#: Transformer Engine ``make_graphed_callables``): one launch per graph, no per-kernel host time.
+HOST_ISSUES = ("per_kernel", "cuda_graph")
 #: How ZeRO-3 / FSDP gathers parameters: ``per_block`` (FSDP / FSDP2: one all-gather per wrapped
 #: block, the next block's prefetched while this one computes) or ``per_parameter`` (DeepSpeed
 #: ZeRO-3: per-parameter gathers through small prefetch buckets with stream synchronisation,
@@ -42,7 +50,7 @@ COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_g
                "zero1_grad_all_reduce", "cp_attention", "optimizer_step_bytes", "eager_parts",
                "zero_grad_copy_passes", "zero1_partition", "sync_grad_bucket_elements",
                "fsdp2_copies", "tp_mlp_reduce_per_linear", "zero2_grad_all_reduce",
-               "zero12_grad_copy_passes")
+               "zero12_grad_copy_passes", "host_issue")
 #: Parts of a block that run as plain eager PyTorch ops inside a stack that is otherwise fused
 #: (:attr:`FrameworkProfile.eager_parts`; costed by :func:`autopar.cost.compute.layer_time`):
 #: ``glu``: a gated linear unit's activation as its own kernel before the multiply
@@ -146,6 +154,9 @@ DEFAULT_COST_SOURCES = {
                     "foreach_reduce_scatter_copy_in (chunk_cat) runs before "
                     "reduce_scatter_stream.wait_stream(current_stream): both on the compute "
                     "stream",
+    "host_issue": "no stock stack captures its training step in CUDA graphs by default "
+                  "(torch.compile's default mode, torchtitan, Megatron-LM without "
+                  "--enable-cuda-graph): the host issues every kernel",
     "tp_mlp_reduce_per_linear": "Megatron-Core fuses the gated MLP's gate and up projections "
                                 "into one linear_fc1, and DTensor TP reduces the input gradient "
                                 "of a shared input once (the input's redistribution)",

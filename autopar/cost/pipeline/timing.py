@@ -19,6 +19,7 @@ from ...config import ParallelConfig
 from ...hardware.collectives import NO_LOAD, LinkLoad
 from ..blocks import BlockCosts
 from ..context import CostInputs
+from ..host import exposed
 from ..ranks import RankLayers
 from .schedule import pipeline_step_time
 
@@ -33,6 +34,8 @@ class StageParts:
     cp_comm: float
     ep_comm: float
     pp_comm: float
+    #: host issue seconds beyond the stream's (:mod:`autopar.cost.host`), forward + backward
+    host: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ class PipelineTimer:
             keys = list(zip(map(self._signature.__getitem__, st.layers), rank_modes))
             first = dict(zip(reversed(keys), reversed(st.layers)))
             items = [(first[k], k[1], n) for k, n in Counter(keys).items()]
-        compute = fwd = bwd = wgrad = act = transient = 0.0
+        compute = fwd = bwd = wgrad = act = transient = host_f = host_b = 0.0
         tp_s = cp_s = ep_s = 0.0
         tp_l = cp_l = ep_l = NO_LOAD
         flops = []
@@ -136,6 +139,8 @@ class PipelineTimer:
             compute += n * bc.compute_s
             fwd += n * bc.fwd_s
             bwd += n * bc.bwd_s
+            host_f += n * bc.host_fwd_s
+            host_b += n * bc.host_bwd_s
             wgrad += n * bc.wgrad_s
             tp_s += n * bc.tp_s
             cp_s += n * bc.cp_s
@@ -147,7 +152,7 @@ class PipelineTimer:
             act += n * bc.act_bytes
             transient = max(transient, bc.transient_bytes)
         return (compute, fwd, bwd, wgrad, act, transient, tp_s, cp_s, ep_s, tp_l, cp_l, ep_l,
-                tuple(flops))
+                tuple(flops), host_f, host_b)
 
     def timing(self, c: ParallelConfig, layout: tuple) -> PipelineTiming:
         """The :class:`PipelineTiming` of the resolved config ``c`` whose ranks hold ``layout``
@@ -169,7 +174,8 @@ class PipelineTimer:
         modes = None if uniform else dict(zip(blocks, c.block_recompute(len(blocks))))
         ranks = self.ranks.rank_layers(pp, c.stage_blocks, c.schedule)
         stage_time = [0.0] * pp
-        stage_parts = [dict(compute=0.0, tp_comm=0.0, cp_comm=0.0, ep_comm=0.0, pp_comm=0.0)
+        stage_parts = [dict(compute=0.0, tp_comm=0.0, cp_comm=0.0, ep_comm=0.0, pp_comm=0.0,
+                            host=0.0)
                        for _ in range(pp)]
         stage_fwd = [0.0] * pp
         stage_bwd = [0.0] * pp
@@ -190,7 +196,7 @@ class PipelineTimer:
                 sums = self._rank_sums[rank_key] = self._sums(c, st, ranks[rank], uniform,
                                                               rank_modes)
             (compute, fwd, bwd, wgrad, act, transient, tp_s, cp_s, ep_s, tp_l, cp_l, ep_l,
-             flops) = sums
+             flops, host_f, host_b) = sums
             parts = stage_parts[rank]
             parts["compute"] += compute
             stage_fwd[rank] += fwd
@@ -212,6 +218,13 @@ class PipelineTimer:
             # the ledger shows what this rank sends and how long sending it takes; the step time
             # charges each boundary's round trip to the rank before it (p2p_s above)
             rank_comm[rank].append(("pp", st.p2p_load))
+            # the host issues each pass's kernels one by one: a pass takes at least their
+            # issue time (autopar.cost.host); only the excess over the stream's seconds shows
+            host_fx = exposed(stage_fwd[rank], host_f)
+            host_bx = exposed(stage_bwd[rank], host_b)
+            stage_fwd[rank] += host_fx
+            stage_bwd[rank] += host_bx
+            parts["host"] += host_fx + host_bx
             stage_time[rank] = stage_fwd[rank] + stage_bwd[rank]
         # pipeline
         t_max = max(stage_time)

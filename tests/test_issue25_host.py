@@ -1,0 +1,126 @@
+"""Issue 25 item 3: the host's time to issue kernels (autopar.cost.host)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import autopar
+from autopar.api import model_graph
+from autopar.cost.host import (FUSED_ATTENTION_BWD_KERNELS, HostTime, LayerKernels, exposed,
+                               host_time, kernels)
+from autopar.cost.model import CostModel
+from autopar.cost.params import CostParams
+from autopar.errors import InvalidTrainingConfig
+from autopar.frameworks import PROFILES, get_profile
+from autopar.frameworks.choices import CUDA_GRAPHS, PER_KERNEL_LAUNCH, with_choice
+from autopar.frameworks.profiles import HOST_ISSUES
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def llama_block():
+    train = autopar.TrainingConfig(global_batch_size=8, seq_len=4096)
+    graph = model_graph("llama3-8b", train)[0]
+    return graph.blocks[0]
+
+
+def _estimate(model, spec, train, config, profile):
+    graph = model_graph(model, train)[0]
+    return CostModel(graph, autopar.Cluster.from_spec(spec), train,
+                     framework=profile).estimate(config)
+
+
+def test_host_time_per_op_is_the_measured_h200_figure():
+    rows = json.loads((ROOT / "benchmarks/data/gpu/h200_sweep.json").read_text())
+    tiny = next(r for r in rows["memory_bound"] if r["op"] == "tiny kernel (launch)")
+    assert CostParams().host_op_s == pytest.approx(tiny["s"], rel=1e-3)
+
+
+def test_kernels_are_counted_from_the_graph_per_fusion_level(llama_block):
+    matmuls = sum(o.kind == "matmul" for o in llama_block.ops)
+    attention = sum(o.kind == "attention" and o.fused for o in llama_block.ops)
+    assert (matmuls, attention) == (7, 1)
+    eager, compiled, fused = (kernels(llama_block, f) for f in ("eager", "compile", "fused"))
+    # compile fuses point-wise chains, hand-fused stacks fuse norms: fewer kernels than eager
+    assert compiled.fwd < fused.fwd < eager.fwd
+    for k in (eager, compiled, fused):
+        memory_bound = k.fwd - matmuls - attention
+        # GEMMs: 1 forward, 2 backward; FlashAttention-2: 1 forward, 3 backward; element-wise
+        # ops one backward kernel each
+        assert k.bwd == 2 * matmuls + FUSED_ATTENTION_BWD_KERNELS * attention + memory_bound
+        assert k.recompute == 0
+
+
+def test_recomputation_reissues_what_it_repeats(llama_block):
+    base = kernels(llama_block, "fused")
+    assert kernels(llama_block, "fused", mode="full").recompute == base.fwd
+    assert kernels(llama_block, "fused", mode="selective").recompute == 1
+    op = kernels(llama_block, "fused", mode="selective-op").recompute
+    assert 0 < op < base.fwd
+
+
+def test_host_seconds_are_kernels_times_the_time_per_op_and_nil_under_cuda_graphs(llama_block):
+    h = host_time(llama_block, fusion="eager", mode="full", host_op_s=1e-5)
+    assert isinstance(h, HostTime) and isinstance(h.kernels, LayerKernels)
+    assert h.fwd_s == pytest.approx(h.kernels.fwd * 1e-5)
+    assert h.bwd_s == pytest.approx((h.kernels.bwd + h.kernels.recompute) * 1e-5)
+    g = host_time(llama_block, fusion="eager", mode="full", host_issue="cuda_graph")
+    assert (g.fwd_s, g.bwd_s) == (0.0, 0.0) and g.kernels == h.kernels
+    assert exposed(2.0, 1.0) == 0.0 and exposed(1.0, 3.0) == 2.0
+
+
+def test_stock_profiles_issue_per_kernel_with_a_source():
+    assert HOST_ISSUES == ("per_kernel", "cuda_graph")
+    for name, profile in PROFILES.items():
+        assert profile.host_issue == "per_kernel", name
+        assert profile.cost_sources["host_issue"].strip(), name
+    graphs = with_choice(get_profile("torch"), CUDA_GRAPHS)
+    assert graphs.host_issue == "cuda_graph" and "CUDA Graphs" in graphs.cost_sources["host_issue"]
+    assert PER_KERNEL_LAUNCH.host_issue == "per_kernel"
+    with pytest.raises(InvalidTrainingConfig):
+        get_profile("torch").with_costs({"host_issue": "test"}, host_issue="lazy")
+
+
+def test_a_small_model_is_host_bound_and_cuda_graphs_remove_it():
+    train = autopar.TrainingConfig(global_batch_size=16, seq_len=512)
+    cfg = autopar.ParallelConfig(tp=1, pp=1, dp=8, zero_stage=0, micro_batch_size=2)
+    torch = get_profile("torch")
+    eager = _estimate("tiny-llama", "1x8xH100", train, cfg, torch)
+    graphed = _estimate("tiny-llama", "1x8xH100", train, cfg, with_choice(torch, CUDA_GRAPHS))
+    tb = eager.time_breakdown
+    assert tb.host_exposed > 0 and graphed.time_breakdown.host_exposed == 0
+    assert eager.step_time_s == pytest.approx(graphed.step_time_s + tb.host_exposed)
+    assert tb.total == pytest.approx(eager.step_time_s, rel=1e-12)
+    # host-bound: the step no longer follows the GPU's speed (same step on A100 and H100)
+    a100 = _estimate("tiny-llama", "1x8xA100-80GB", train, cfg, torch)
+    assert a100.step_time_s == pytest.approx(eager.step_time_s, rel=0.05)
+    # torch.compile issues fewer kernels: a shorter host-bound step (its exposed part may
+    # grow, as its GPU time shrinks more)
+    compiled = _estimate("tiny-llama", "1x8xH100", train, cfg,
+                         torch.with_costs({"fusion": "test"}, fusion="compile"))
+    assert 0 < compiled.time_breakdown.host_exposed
+    assert compiled.step_time_s < eager.step_time_s
+
+
+def test_a_large_model_is_not_host_bound_and_costs_as_before():
+    train = autopar.TrainingConfig(global_batch_size=8, seq_len=4096)
+    cfg = autopar.ParallelConfig(tp=1, pp=1, dp=8, zero_stage=3, micro_batch_size=1)
+    for fw in ("torch", "torchtitan", "megatron"):
+        profile = get_profile(fw)
+        e = _estimate("llama3-8b", "1x8xH100", train, cfg, profile)
+        g = _estimate("llama3-8b", "1x8xH100", train, cfg, with_choice(profile, CUDA_GRAPHS))
+        assert e.time_breakdown.host_exposed == 0.0, fw
+        assert e.step_time_s == g.step_time_s, fw
+
+
+def test_plan_files_without_host_exposed_still_read():
+    from autopar.cost.types import TimeBreakdown
+    d = dict(compute=1.0, tp_comm=0.0, cp_comm=0.0, ep_comm=0.0, pp_comm=0.0, bubble=0.0,
+             dp_comm_exposed=0.0, overlap_slowdown=0.0, dp_copies=0.0, optimizer=0.0,
+             fixed_step=0.0)
+    tb = TimeBreakdown.from_dict(d)
+    assert tb.host_exposed == 0.0 and "host_exposed" in tb.absent and tb.as_dict() == d
