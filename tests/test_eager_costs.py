@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import autopar
 from autopar.api import model_graph
 from autopar.cost.compute import (FUSED_NORM_BYTES_PER_ELEMENT, NORM_INPUT_CAST_BWD_BYTES,
-                                  NORM_INPUT_CAST_FWD_BYTES, _memory_bound_kernels)
+                                  NORM_INPUT_CAST_FWD_BYTES, memory_bound_kernels)
 from autopar.cost.model import CostModel
 from autopar.errors import InvalidTrainingConfig
 from autopar.frameworks import get_profile
@@ -86,7 +86,7 @@ def test_norm_input_cast_costs_the_cast_fp32_norm_and_its_repeat():
     cm = _cm(profile=_internevo_like())
     block = next(layer for layer in cm.graph.layers if layer.kind == "block")
     norms = [op for op in block.ops if op.kind == "norm"]
-    rows = {id(op): r for op, *r in _memory_bound_kernels(block, "fused",
+    rows = {id(op): r for op, *r in memory_bound_kernels(block, "fused",
                                                          ("norm_input_cast",))}
     for op in norms:
         fwd, kernels, bwd, repeated = rows[id(op)]
@@ -97,13 +97,13 @@ def test_norm_input_cast_costs_the_cast_fp32_norm_and_its_repeat():
     # the GLU activation is its own kernel: read a, write act(a) (2 x bytes(a)); its backward
     # (silu_backward) reads the gradient and a, writes a's gradient (3 x bytes(a))
     act = [op for op in block.ops if op.kind == "view" and op.target.lower() == "silu"]
-    glu = {id(op): r for op, *r in _memory_bound_kernels(block, "fused", ("glu",))}
+    glu = {id(op): r for op, *r in memory_bound_kernels(block, "fused", ("glu",))}
     assert glu[id(act[0])] == [2 * act[0].bytes_read, 1, 3 * act[0].bytes_read, 0.0]
-    eager = {id(op): r for op, *r in _memory_bound_kernels(block, "eager")}
+    eager = {id(op): r for op, *r in memory_bound_kernels(block, "eager")}
     assert eager[id(act[0])] == glu[id(act[0])]
     # under fusion="eager" the GLU is already eager: not counted twice
-    assert id(act[0]) in {id(op) for op, *_ in _memory_bound_kernels(block, "eager", ("glu",))}
-    assert sum(1 for op, *_ in _memory_bound_kernels(block, "eager", ("glu",))
+    assert id(act[0]) in {id(op) for op, *_ in memory_bound_kernels(block, "eager", ("glu",))}
+    assert sum(1 for op, *_ in memory_bound_kernels(block, "eager", ("glu",))
                if op is act[0]) == 1
 
 
@@ -131,7 +131,7 @@ def test_eager_rmsnorm_backward_is_its_autograd_bytes():
         4 + 6 + 2 + 6 + 8 + 12 + 4 + 8 + 8 + 8 + 12 + 12 + 6) == 96
     cm = _cm()
     block = next(layer for layer in cm.graph.layers if layer.kind == "block")
-    rows = [r for r in _memory_bound_kernels(block, "eager") if r[0].kind == "norm"]
+    rows = [r for r in memory_bound_kernels(block, "eager") if r[0].kind == "norm"]
     assert rows
     for op, fwd, kernels, bwd, repeated in rows:
         per = (op.bytes_read + op.bytes_written) / FUSED_NORM_BYTES_PER_ELEMENT
@@ -139,7 +139,7 @@ def test_eager_rmsnorm_backward_is_its_autograd_bytes():
         assert bwd == pytest.approx(EAGER_RMSNORM_BWD_BYTES_PER_ELEMENT * per)
         assert repeated == 0.0
     # under "fused" every op keeps the element-wise rule (backward twice the forward)
-    for op, fwd, kernels, bwd, repeated in _memory_bound_kernels(block, "fused"):
+    for op, fwd, kernels, bwd, repeated in memory_bound_kernels(block, "fused"):
         assert bwd == 2.0 * fwd
 
 

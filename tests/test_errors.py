@@ -74,8 +74,11 @@ def test_infeasible_names_the_state_options_that_fit():
         autopar.optimize("llama2-70b", "2x8xA100-80GB", train)
     msg = str(info.value)
     assert "optimizer_state_dtype='bf16'" in msg and "--optimizer-offload" in msg, msg
+    # the fix named makes a plan fit (with the memory margin of 28 runs' band; the search's
+    # default margin follows the measured band, a policy this test is not about)
     plan = autopar.optimize("llama2-70b", "2x8xA100-80GB",
-                            dataclasses.replace(train, optimizer_state_dtype="bf16"))
+                            dataclasses.replace(train, optimizer_state_dtype="bf16"),
+                            memory_margin=0.12)
     assert plan.estimate.fits
 
 

@@ -183,14 +183,15 @@ def test_an_oom_fix_says_when_it_leaves_less_than_the_search_margin(oom_7b):
     from autopar.search.margin import default_margin
     _, data = oom_7b
     assert data["verdict"] == "out of memory"
-    assert data["search_memory_margin"] == default_margin() == 0.12
+    m = default_margin()   # the measured memory band (0.12 with 28 runs, 0.18 with 75)
+    assert data["search_memory_margin"] == m and 0.1 < m <= 0.5
     for fix in data["fixes"]:
         free = 1 - fix["memory_per_gpu_bytes"] / data["memory_limit_bytes"]
         assert fix["free_memory_fraction"] == pytest.approx(free)
-        assert fix["below_search_margin"] == (fix["fits"] and free < 0.12)
+        assert fix["below_search_margin"] == (fix["fits"] and free < m)
     # recompute selective + pp 2 fits at 76.7 of 85.1 GB: 10% free
     tight = [f for f in data["fixes"] if f["below_search_margin"]]
-    assert tight and all(0 < f["free_memory_fraction"] < 0.12 for f in tight)
+    assert tight and all(0 < f["free_memory_fraction"] < m for f in tight)
     assert data["plan_command"] == ("autopar plan --model llama2-7b --cluster 4x8xA100-80GB "
                                     "--global-batch 256 --seq-len 4096")
 
@@ -201,7 +202,7 @@ def test_the_oom_text_names_the_margin_and_the_search(oom_7b, capsys, monkeypatc
     code, out, _ = _run(capsys, *argv)
     out = " ".join(out.split())                       # the console wraps lines
     assert code == 0
-    assert "10% free < 12%" in out                    # the tight fix's row
+    assert f"10% free < {round(margin.default_margin() * 100)}%" in out   # the tight fix's row
     assert "may find a faster plan that fits: autopar plan --model llama2-7b" in out
     # the fastest fix (ZeRO-1, 38% free) under a 50% margin: the text says it
     monkeypatch.setattr(margin, "default_margin", lambda: 0.5)

@@ -29,7 +29,9 @@ def test_the_margin_is_kept_and_the_plan_reported_on_the_real_gpu(plans):
     assert free.estimate.memory_per_gpu_bytes <= 0.9 * limit < tight.estimate.memory_per_gpu_bytes
     assert free.estimate.fits and free.search.memory_margin == 0.1
     # the tight plan says it may not fit and which margin to search with
-    assert any("may not fit on the first try" in w and "memory_margin >= 0.12" in w
+    from autopar.search.margin import default_margin
+    assert any("may not fit on the first try" in w
+               and f"memory_margin >= {default_margin():g}" in w
                for w in tight.estimate.warnings), tight.estimate.warnings
     assert free.estimate.step_time_s >= tight.estimate.step_time_s   # room costs time, or nothing
     assert all(a.memory_per_gpu_bytes <= 0.9 * limit for a in (*free.alternatives, *free.pareto))
@@ -71,7 +73,9 @@ def test_the_default_margin_is_the_measured_band():
     from autopar.cost import published
     from autopar.search.margin import default_margin
     assert default_margin() == math.ceil(published.MEMORY_BAND[0] * 100) / 100
-    plan = autopar.optimize("llama2-13b", CLUSTER, TRAIN)
+    # a problem with room under the measured band's margin (llama2-13b fills a 40 GB A100 to
+    # the last byte at no margin: too tight for an 18% one)
+    plan = autopar.optimize("llama2-13b", "1x8xA100-80GB", TRAIN)
     assert plan.search.memory_margin == default_margin()
     assert plan.estimate.memory_per_gpu_bytes <= (1 - default_margin()) * \
         plan.estimate.memory_limit_bytes

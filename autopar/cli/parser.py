@@ -194,9 +194,20 @@ def _search_flags(p: argparse.ArgumentParser) -> None:
                    "the alternatives; fastest: the model's fastest plan")
     p.add_argument("--memory-margin", type=_margin, default=None, metavar="FRACTION",
                    help="keep this fraction of each GPU's memory free for the memory model's "
-                   "error (0 to 0.5; default 0.12, the measured band: peaks were within 11%% of "
-                   "their predictions for 68%% of 28 runs): plans use at most 1 - FRACTION of "
-                   "it by prediction; 0 plans to the last byte")
+                   f"error (0 to 0.5; default {_margin_default_text()}): plans use at most "
+                   "1 - FRACTION of it by prediction; 0 plans to the last byte")
+
+
+def _margin_default_text() -> str:
+    """The default margin and the measured band it comes from, for --help (from the generated
+    table, so the text never goes stale when the corpus grows)."""
+    from ..cost import published
+    from ..search.margin import default_margin
+    band = getattr(published, "MEMORY_BAND", None)
+    if not band:
+        return "0: no measured peaks to derive it from"
+    return (f"{default_margin():g}, the measured band: peaks were within "
+            f"{band[0] * 100:.0f}%% of their predictions for 68%% of {band[2]} runs")
 
 
 def _margin(text: str) -> float:

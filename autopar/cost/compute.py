@@ -114,7 +114,7 @@ NORM_INPUT_CAST_FWD_BYTES = 12
 NORM_INPUT_CAST_BWD_BYTES = 16
 
 
-def _memory_bound_kernels(layer: Layer, fusion: str, eager_parts: tuple[str, ...] = ()):
+def memory_bound_kernels(layer: Layer, fusion: str, eager_parts: tuple[str, ...] = ()):
     """The memory-bound kernels of ``layer`` with their backward.
 
     Yields ``(op, fwd_bytes, kernels, bwd_bytes, repeated_bytes)``: :func:`_memory_bound_ops`'
@@ -283,7 +283,7 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
             does: M x etp / tp rows, N (column) or K (row) / etp, which the efficiency curve
             reads.
         eager_parts: parts of the block the framework runs as eager ops inside a fused stack
-            (:data:`autopar.frameworks.profiles.EAGER_PARTS`; :func:`_memory_bound_kernels`).
+            (:data:`autopar.frameworks.profiles.EAGER_PARTS`; :func:`memory_bound_kernels`).
 
     Returns:
         :class:`LayerTime` in seconds and per-GPU FLOPs.
@@ -350,7 +350,7 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
         if index in sac_saved:
             sac_fwd += fwd - before
     repeated_s = 0.0
-    for op, nbytes, kernels, bwd_bytes, repeated in _memory_bound_kernels(layer, fusion,
+    for op, nbytes, kernels, bwd_bytes, repeated in memory_bound_kernels(layer, fusion,
                                                                            eager_parts):
         sharded = op.region == "tp" or op.tp_role in ("column", "row", "vocab") or (
             sequence_parallel)

@@ -20,7 +20,7 @@ Kernels are counted from the graph autopar extracts, per op as the fusion level 
   ``flash_bwd_dot_do_o_kernel`` pre-pass, ``flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel`` and
   ``flash_bwd_convert_dq_kernel``); unfused attention: the :data:`UNFUSED_ATTENTION_KERNELS`
   ops of autopar's own ring attention forward, twice as many backward;
-- memory-bound ops: the kernels :func:`autopar.cost.compute._memory_bound_kernels` counts for
+- memory-bound ops: the kernels :func:`autopar.cost.compute.memory_bound_kernels` counts for
   the fusion level (eager: one per op, eight for an eager RMSNorm, the GLU activation apart;
   compile: one per TorchInductor chain; fused: one per fused op), and one backward kernel per
   forward kernel (each element-wise op's derivative, derivatives.yaml: a lower bound, an eager
@@ -48,7 +48,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..graph.types import Layer
-from .compute import _memory_bound_kernels
+from .compute import memory_bound_kernels
 from .memory import op_sac_saved
 
 #: Backward kernels of one fused attention call (FlashAttention-2's dot(dO, O) pre-pass, the
@@ -111,7 +111,7 @@ def kernels(layer: Layer, fusion: str, eager_parts: tuple[str, ...] = (),
                 fwd += UNFUSED_ATTENTION_KERNELS
                 attention_fwd += UNFUSED_ATTENTION_KERNELS
                 bwd += 2 * UNFUSED_ATTENTION_KERNELS
-    for _op, _nbytes, n, _bwd_bytes, _rep in _memory_bound_kernels(layer, fusion, eager_parts):
+    for _op, _nbytes, n, _bwd_bytes, _rep in memory_bound_kernels(layer, fusion, eager_parts):
         fwd += n
         bwd += n
     recompute = 0
