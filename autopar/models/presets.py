@@ -115,6 +115,10 @@ def get_config(spec: str | Mapping[str, Any] | ModelConfig) -> ModelConfig:
             return PRESETS[key].config
         close = difflib.get_close_matches(key, list(PRESETS), n=1, cutoff=0.4)
         hint = f" Did you mean {close[0]!r}?" if close else ""
+        if "/" in spec or "\\" in spec or key.endswith((".txt", ".yaml", ".yml", ".py")):
+            # a path that is not a .json model file (the CLI reads only those)
+            hint = (" It looks like a file path: a model file must be a .json file holding a "
+                    "model dict (e.g. model.json).")
         raise InvalidModelConfig(f"unknown model preset {spec!r}.{hint} Valid presets: "
                                  f"{', '.join(PRESETS)}; a Hugging Face preset (hf-*, listed by "
                                  f"`autopar models`); or a model dict with keys "
