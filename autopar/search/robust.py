@@ -24,12 +24,11 @@ fastest plan's own error band:
   of one extra search restricted to meshes of fewer dimensions (and, where the corpus validates
   no tensor- or pipeline-parallel regime of this framework, precision and GPU, to meshes without
   them: :func:`simpler_pins`). A simpler validated plan outside those is not considered.
-- **Rule**: among the candidates that are simpler than the fastest plan F (or, when F's own
-  regime is unvalidated, no less simple), validated, and no more than F's band slower
-  (``t / t_F - 1 <= half-width``), the one with the fewest dimensions wins, then the fastest
-  of those, then :func:`autopar.search.ranking.simplicity_key`. When it exists it is returned,
-  and F is listed first among the alternatives with the note of :func:`passed_over_note`;
-  otherwise F is returned, as the ``"fastest"`` objective does.
+- **Rule**: among the candidates that are simpler than the fastest plan F, validated, and no
+  more than F's band slower (``t / t_F - 1 <= half-width``), the one with the fewest dimensions
+  wins, then the fastest of those, then :func:`autopar.search.ranking.simplicity_key`. When it
+  exists it is returned, and F is listed first among the alternatives with the note of
+  :func:`passed_over_note`; otherwise F is returned, as the ``"fastest"`` objective does.
 
 Deterministic: the searches are, and the choice is a total order over their results.
 """
@@ -121,10 +120,7 @@ def choose(fastest: Estimate, candidates) -> Estimate | None:
     if half is None:
         return None
     d = dims(fastest)
-    # as simple, and validated where the fastest is not, also qualifies: two one-dimension
-    # plans (e.g. ZeRO-2 and ZeRO-3) differ in whether the corpus vouches for them
-    level = d if not validated(fastest) else d - 1
-    inside = [c for c in candidates if c.fits and dims(c) <= level and validated(c)
+    inside = [c for c in candidates if c.fits and dims(c) < d and validated(c)
               and (tied(c.step_time_s, fastest.step_time_s)
                    or advantage(fastest, c) <= half)]
     if not inside:
