@@ -7,7 +7,8 @@ name                           what runs the plan
 ``torchtitan``                 torchtitan v0.2.2 (:mod:`.torchtitan`)
 ``megatron``                   Megatron-LM main d98e8a64ddf3 (:mod:`.megatron`)
 ``deepspeed``                  DeepSpeed 0.19.6 (:mod:`.deepspeed`)
-``megatron-2023``              Megatron-LM before 4eeff55d1f (2023-10-12): no P2P overlap
+``megatron-2023``              Megatron-LM before 4eeff55d1f (2023-10-12): no P2P overlap,
+                               no FSDP, no CP
 ``nemo``                       NeMo 2.0 on Megatron-Core (:mod:`.nemo`)
 ``inhouse-2024``               an unnamed in-house stack of 2024, costed as Megatron-LM with
                                overlapped DP reduction (:mod:`.inhouse`)

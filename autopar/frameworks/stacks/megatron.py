@@ -135,9 +135,32 @@ PROFILE = compose(
 
 CHOICES_2023 = replace(CHOICES, pipeline=P2P_2023)
 
-#: Megatron-LM as released through 2023 (before 4eeff55d1f): the same capabilities.
+#: What Megatron-LM could run before 4eeff55d1f, where it differs from main: read from that
+#: commit's tree (``megatron/arguments.py``, ``megatron/model/transformer.py``). A search under
+#: this profile proposes only plans that release could have run.
+CAPABILITIES_2023 = dict(
+    zero_stages=(0, 1), zero_stages_with_tp=(0, 1), zero_stages_with_pp=(0, 1),
+    zero_stages_with_ep=(0, 1), cp_modes=(), interleaved_chunks="equal", stage_cuts="balanced",
+    expert_tensor_parallel="tp")
+SOURCES_2023 = {
+    "zero_stages": "4eeff55d1f megatron/arguments.py: --use-distributed-optimizer (ZeRO-1) "
+                   "only; --use-torch-fsdp2 arrived in e1993fa6f7 (2024-11-13)",
+    "cp_modes": "4eeff55d1f megatron/arguments.py has no --context-parallel-size (context "
+                "parallelism merged after it; --cp-comm-type in 645c329d07, 2024-11-15)",
+    "interleaved_chunks": "4eeff55d1f megatron/arguments.py --num-layers-per-virtual-pipeline-"
+                          "stage: every chunk the same number of layers (validate_args asserts "
+                          "divisibility)",
+    "stage_cuts": "4eeff55d1f megatron/model/transformer.py _get_num_layers: 'num_layers must be "
+                  "divisible by transformer_pipeline_model_parallel_size'; no layout flag",
+    "expert_tensor_parallel": "4eeff55d1f megatron/arguments.py: no "
+                              "--expert-tensor-parallel-size; experts split over the TP group",
+}
+
+#: Megatron-LM as released through 2023 (before 4eeff55d1f): main's cost path without P2P
+#: overlap, and only what that release could run (:data:`CAPABILITIES_2023`).
 PROFILE_2023 = compose(
     CHOICES_2023,
-    **{**{k: getattr(PROFILE, k) for k in ("seq_rule", "memory", "sources")},
-       **{k: getattr(PROFILE, k) for k in PROFILE.capability_names()}},
+    **{**{k: getattr(PROFILE, k) for k in ("seq_rule", "memory")},
+       **{k: getattr(PROFILE, k) for k in PROFILE.capability_names()},
+       **CAPABILITIES_2023, "sources": {**PROFILE.sources, **SOURCES_2023}},
     name="megatron-2023", version="Megatron-LM before 4eeff55d1f (2023-10-12)")
