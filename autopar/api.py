@@ -284,8 +284,8 @@ def optimize(model: Any, cluster: Cluster | str, train: TrainingConfig | dict | 
         memory_margin: fraction of each GPU's memory to keep free for the memory model's error
             (0 to 0.5): every plan returned uses at most (1 - memory_margin) of it by
             prediction (:mod:`autopar.search.margin`). Default None: the measured band
-            (:func:`autopar.search.margin.default_margin`, 0.12: peaks were within ±11% of
-            their predictions for 68% of 28 measured runs); 0 plans to the last byte.
+            (:func:`autopar.search.margin.default_margin`: the half-width of the measured
+            memory band, :data:`autopar.cost.published.MEMORY_BAND`); 0 plans to the last byte.
         profile: a copied and edited framework profile to search and cost with (see
             :func:`estimate`); the plan records its framework's name only.
         objective: ``"robust"`` (default) or ``"fastest"`` (:mod:`autopar.search.robust`).

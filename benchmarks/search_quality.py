@@ -6,13 +6,17 @@ Per record: the published plan's predicted step time (its null fields chosen by 
 ``benchmarks.accuracy``), the searched plan's (the whole space: degrees, micro-batch, interleaving,
 ZeRO, placement, CP mode, stage cuts, per-block recomputation), their ratio, whether the speedup
 exceeds the published plan's error band (its regime's validated band, or "unvalidated"), and the
-search wall time. Both are costed and searched under the record's own framework profile and
+search wall time; then the plan :func:`autopar.optimize` returns with a user's defaults (the
+robust objective and the default memory margin, :func:`autopar.search.margin.default_margin`)
+and its ratio to the published plan. Both are costed and searched under the record's own framework profile and
 options (:func:`benchmarks.validation.record_profile`, as ``benchmarks.accuracy`` costs the
 published plan), so the ratio compares plans, not frameworks. The search is
 :func:`autopar.search.optimize.search` itself (the model's fastest plan, no memory margin: not
 ``optimize``'s robust objective). A published plan that does not fit under autopar's memory
 model is still compared on time and flagged. Then ``better-or-equal <k>/<n>, mean speedup <x>,
-beyond the published plan's band <b>/<n>, max search <s> s``. Records of one problem (model,
+beyond the published plan's band <b>/<n>, max search <s> s`` and ``with a user's defaults:
+better-or-equal <k>/<n>`` (issue 25: the defaults should never return a plan the model predicts
+slower than the published one). Records of one problem (model,
 cluster, training config and profile) share one search ("same" in the search column).
 
 Then, on heterogeneous models (:data:`HETERO`: dense and MoE blocks, sliding and global
@@ -40,7 +44,9 @@ from autopar.cost.model import CostModel
 from autopar.cost.regime import ErrorBand, Regime, band_for, gpu_generation, sharding_kind
 from autopar.frameworks import band_framework
 from autopar.graph import extract, hf
+from autopar.search.margin import default_margin, search_with_margin
 from autopar.search.optimize import search
+from autopar.search.robust import robust_result
 from autopar.search.space import SpaceLimits
 
 from . import validation
@@ -198,14 +204,15 @@ def band_verdict(speedup: float, band: ErrorBand) -> str:
 
 
 def _published(args) -> None:
-    better, speedups, walls, n, beyond = 0, [], [], 0, 0
-    searched: dict = {}   # problem -> (best estimate or the InfeasibleError, search seconds)
+    better, speedups, walls, n, beyond, default_ok = 0, [], [], 0, 0, 0
+    searched: dict = {}   # problem -> (best or the InfeasibleError, search seconds, defaults' best)
     shown: set = set()
     print("Each record searched under its own framework profile (benchmarks.validation."
           "record_profile: the profile and options its published plan is costed with); band: "
           "whether the speedup exceeds the published plan's regime band")
     print(f"{'id':36s} {'published s':>11s} {'searched s':>10s} {'ratio':>6s} {'band':>13s} "
-          f"{'search s':>8s}  searched plan")
+          f"{'search s':>8s} {'default':>7s}  searched plan (fastest, no margin) | plan with a "
+          "user's defaults (ratio in 'default')")
     for raw in load(args.plans):
         rec = parse(raw)
         try:
@@ -226,10 +233,10 @@ def _published(args) -> None:
             t0 = time.monotonic()
             try:
                 searched[key] = (search(cm, time_limit_s=args.time_limit, top_k=1).best,
-                                 time.monotonic() - t0)
+                                 time.monotonic() - t0, user_defaults(cm, args.time_limit))
             except autopar.InfeasibleError as exc:
-                searched[key] = (exc, 0.0)
-        found, wall = searched[key]
+                searched[key] = (exc, 0.0, None)
+        found, wall, default = searched[key]
         again = key in shown   # the search of an earlier record: its time counted once
         shown.add(key)
         if isinstance(found, Exception):
@@ -242,16 +249,38 @@ def _published(args) -> None:
         walls.append(0.0 if again else wall)
         verdict = band_verdict(1 / ratio, published_band(rec, published))
         beyond += verdict.startswith("beyond")
-        c = found.config
-        rc = c.recompute if isinstance(c.recompute, str) else "mixed"
+        dratio = default.step_time_s / published.fastest_s if default else float("nan")
+        default_ok += default is not None and dratio <= 1 + 1e-9
         print(f"{rec.id:36s} {published.fastest_s:11.3f} {found.step_time_s:10.3f} "
-              f"{ratio:6.3f} {verdict:>13s} {'same' if again else f'{wall:.2f}':>8s}  tp{c.tp} pp{c.pp} dp{c.dp} "
-              f"cp{c.cp}({c.cp_mode}) "
-              f"z{c.zero_stage} mbs{c.micro_batch_size} v{c.virtual_stages} rc={rc}"
+              f"{ratio:6.3f} {verdict:>13s} {'same' if again else f'{wall:.2f}':>8s} "
+              f"{dratio:7.3f}  {_short(found)} | {_short(default) if default else 'no plan'}"
               f"{'' if published.fits else '  [published plan does not fit under our model]'}")
     if n:
         print(f"better-or-equal {better}/{n}, mean speedup {sum(speedups) / n:.3f}, "
               f"beyond the published plan's band {beyond}/{n}, max search {max(walls):.1f} s")
+        print(f"with a user's defaults (robust objective, memory margin {default_margin():.2f}): "
+              f"better-or-equal {default_ok}/{n}")
+
+
+def user_defaults(cm, time_limit):
+    """The best plan :func:`autopar.optimize` returns for ``cm``'s problem with a user's
+    defaults: the default memory margin and the robust objective (as ``search_plan`` runs
+    them), or None when nothing fits under the margin."""
+    margin = default_margin()
+    try:
+        result = search_with_margin(cm, None, memory_margin=margin, time_limit_s=time_limit,
+                                    top_k=6)
+        return robust_result(cm, result, None, memory_margin=margin, time_limit_s=time_limit,
+                             top_k=6).best
+    except autopar.InfeasibleError:
+        return None
+
+
+def _short(e) -> str:
+    c = e.config
+    rc = c.recompute if isinstance(c.recompute, str) else "mixed"
+    return (f"tp{c.tp} pp{c.pp} dp{c.dp} cp{c.cp}({c.cp_mode}) z{c.zero_stage} "
+            f"mbs{c.micro_batch_size} v{c.virtual_stages} rc={rc}")
 
 
 if __name__ == "__main__":

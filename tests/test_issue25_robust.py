@@ -226,3 +226,15 @@ def test_search_quality_says_whether_a_speedup_exceeds_the_band():
     assert band_verdict(1.03, band) == "inside ± 5%"
     assert band_verdict(0.90, band) == "beyond ± 5%"
     assert band_verdict(1.30, regime.ErrorBand(None, None, 3, 1, PIPELINE)) == "unvalidated"
+
+
+def test_search_quality_user_defaults_is_what_optimize_returns():
+    from benchmarks.search_quality import user_defaults
+    from autopar.cost.model import CostModel
+    from autopar.problem import model_graph
+    train = autopar.TrainingConfig(global_batch_size=16, seq_len=512, framework="megatron")
+    graph, _ = model_graph("tiny-llama", train)
+    cluster = autopar.Cluster.from_spec("1x8xA100-40GB")
+    got = user_defaults(CostModel(graph, cluster, train), None)
+    plan = autopar.optimize("tiny-llama", cluster, train)
+    assert got.config == plan.config and got.step_time_s == plan.estimate.step_time_s
