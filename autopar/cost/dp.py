@@ -11,7 +11,9 @@ all-reduce (``zero1_grad_all_reduce``) or broadcast parameter sync (``zero1_para
 bucketed reduction with device syncs (``sync_grad_bucket_elements``), the ZeRO group and
 partition (``zero1_group_size``, ``zero1_partition``), ZeRO-2 buckets all-reduced rather than
 reduce-scattered (``zero2_grad_all_reduce``) and ZeRO-1/2 bucket copies on the compute stream
-(``zero12_grad_copy_passes``), both DeepSpeed's.
+(``zero12_grad_copy_passes``), both DeepSpeed's, and DeepSpeed's engine without ZeRO: its
+reduction copies and its mixed-precision step's overflow check (``zero0_grad_copy_passes``,
+``zero0_step_bytes``, ``zero0_step_host_ops_per_tensor``).
 """
 
 from __future__ import annotations
@@ -222,7 +224,25 @@ class DataParallel:
                             / inp.hbm_Bps)
         if prof.fsdp2_copies and c.zero_stage in (2, 3):
             grad_copy_s += psi * (gathers * 2 * wbytes + reduces * (wbytes + gb)) / inp.hbm_Bps
+        if c.zero_stage == 0:
+            # DeepSpeed's engine without ZeRO (FrameworkProfile.zero0_*): the reduction's
+            # flatten, post-scale and copy-back on the compute stream once per step, and the
+            # mixed-precision step's overflow check and flatten, whose per-tensor reads back to
+            # the host drain the queue, so the host's time to issue each check is exposed
+            if dp * cp > 1 and prof.zero0_grad_copy_passes:
+                grad_copy_s += prof.zero0_grad_copy_passes * psi * wbytes / inp.hbm_Bps
+            if not train.optimizer_offload:
+                optimizer_s += psi * prof.zero0_step_bytes / inp.hbm_Bps
+                optimizer_s += (self.param_tensors(layout[rank].layers)
+                                * prof.zero0_step_host_ops_per_tensor * p.host_op_s)
         return DPCost(dp_exposed, dp_slow, grad_copy_s, optimizer_s, tuple(loads))
+
+    def param_tensors(self, layers: tuple[int, ...]) -> int:
+        """Gradient tensors on a rank holding graph layers ``layers``: one per op that owns
+        parameters (a bias counted with its weight, so a lower bound; a tied weight's second use
+        owns none)."""
+        g = self.inputs.graph
+        return sum(1 for i in layers for op in g.layers[i].ops if op.num_parameters > 0)
 
     def zero3_collective_s(self, c: ParallelConfig, rank: int, nbytes_per_element: float,
                            op: str) -> float:

@@ -97,6 +97,9 @@ class ShardedDataParallel(Choice):
     fsdp2_copies: bool
     zero2_grad_all_reduce: bool = False
     zero12_grad_copy_passes: int = 0
+    zero0_grad_copy_passes: int = 0
+    zero0_step_bytes: int = 0
+    zero0_step_host_ops_per_tensor: int = 0
     group_option: str = ""
 
 

@@ -85,6 +85,11 @@ def checked_fields(v: dict, check: FieldCheck, cost_fix: str,
     out["zero12_grad_copy_passes"] = check.number(
         "zero12_grad_copy_passes", v["zero12_grad_copy_passes"], 0,
         "passes over each gradient per ZeRO-1/2 reduction", 0, integer=True)
+    for f, unit in (("zero0_grad_copy_passes", "passes over each gradient per ZeRO-0 reduction"),
+                    ("zero0_step_bytes", "HBM bytes per parameter added to the ZeRO-0 step"),
+                    ("zero0_step_host_ops_per_tensor",
+                     "host-issued ops per gradient tensor of a host-synchronised check")):
+        out[f] = check.number(f, v[f], 0, unit, 0, integer=True)
     out["attention_kernels"] = check.mapping(
         "attention_kernels", v["attention_kernels"], ATTENTION_KERNELS, {"*": "fa2"},
         keys=("*", *(a for a in ARCHITECTURES if a)), required=("*",),

@@ -46,6 +46,8 @@ from .rules import moe_sp
 from .seqrule import SeqLenRule
 # the vocabularies and constants live in .vocabulary; re-exported here, where callers import them
 from .vocabulary import (CHUNK_RULES, COST_FIELDS, CP_ATTENTION_PATHS, CUT_RULES,  # noqa: F401
+                         DEEPSPEED_ZERO0_GRAD_COPY_PASSES, DEEPSPEED_ZERO0_STEP_BYTES,
+                         DEEPSPEED_ZERO0_STEP_HOST_OPS_PER_TENSOR,
                          DEEPSPEED_ZERO12_GRAD_COPY_PASSES, DEFAULT_COST_SOURCES, EAGER_PARTS,
                          ETP_RULES, FSDP1_GRAD_COPY_PASSES, HOST_ISSUES,
                          FUSED_OPTIMIZER_STEP_BYTES, FUSION_LEVELS,
@@ -162,6 +164,17 @@ class FrameworkProfile:
             compute-dtype gradient that the implementation adds to every gradient reduction on
             the compute stream (every micro-batch under ZeRO-2, once per step under ZeRO-1;
             :data:`DEEPSPEED_ZERO12_GRAD_COPY_PASSES`); 0 for none.
+        zero0_grad_copy_passes: under ZeRO-0 with data parallelism, passes (reads + writes)
+            over each parameter's compute-dtype gradient that the implementation adds to the
+            step's gradient reduction on the compute stream, once per step
+            (:data:`DEEPSPEED_ZERO0_GRAD_COPY_PASSES`); 0 for none.
+        zero0_step_bytes: under ZeRO-0, HBM bytes per parameter that the mixed-precision
+            wrapper adds to the optimizer step beyond ``optimizer_step_bytes``
+            (:data:`DEEPSPEED_ZERO0_STEP_BYTES`); 0 for none.
+        zero0_step_host_ops_per_tensor: under ZeRO-0, host-issued ops per gradient tensor of a
+            check at the step that reads each tensor's result back to the host: the host waits
+            on every tensor, so their issue time (times the host's seconds per op) is exposed
+            (:data:`DEEPSPEED_ZERO0_STEP_HOST_OPS_PER_TENSOR`); 0 for none.
         host_issue: how the host issues a micro-batch's kernels (:data:`HOST_ISSUES`):
             ``per_kernel`` charges each rank's micro-batch at least its kernel count times the
             host's time per op (:mod:`autopar.cost.host`); ``cuda_graph`` charges none.
@@ -178,8 +191,8 @@ class FrameworkProfile:
             ``attention_kernels`` values from :data:`autopar.config.ATTENTION_KERNELS`), a
             bool field that is not a ``bool``, a number that is not finite or out of its range
             (``step_fixed_s`` >= 0 s; ``optimizer_step_bytes`` >= 1, ``zero1_group_size`` >= 1
-            or None, ``sync_grad_bucket_elements``, ``zero_grad_copy_passes`` and
-            ``zero12_grad_copy_passes`` >= 0, whole
+            or None, ``sync_grad_bucket_elements``, ``zero_grad_copy_passes``,
+            ``zero12_grad_copy_passes`` and the three ``zero0_*`` counts >= 0, whole
             numbers; ``grad_reduce_bytes`` None, 1, 2 or 4), a capability or cost field without
             a source, a source for no field. Lists given for tuple fields become tuples.
     """
@@ -232,6 +245,9 @@ class FrameworkProfile:
     zero2_grad_all_reduce: bool = False
     zero12_grad_copy_passes: int = 0
     host_issue: str = "per_kernel"
+    zero0_grad_copy_passes: int = 0
+    zero0_step_bytes: int = 0
+    zero0_step_host_ops_per_tensor: int = 0
     cost_sources: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_COST_SOURCES))
     #: memory conventions (bytes per state, optimizer temporaries, what PP keeps unsharded...),
     #: sourced inside :class:`autopar.frameworks.memory.MemoryConventions`
@@ -257,7 +273,8 @@ class FrameworkProfile:
                      self.zero1_partition, self.sync_grad_bucket_elements,
                      self.fsdp2_copies, self.tp_mlp_reduce_per_linear,
                      self.zero2_grad_all_reduce, self.zero12_grad_copy_passes,
-                     self.host_issue))
+                     self.host_issue, self.zero0_grad_copy_passes, self.zero0_step_bytes,
+                     self.zero0_step_host_ops_per_tensor))
 
     @classmethod
     def capability_names(cls) -> tuple[str, ...]:

@@ -50,7 +50,8 @@ COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_g
                "zero1_grad_all_reduce", "cp_attention", "optimizer_step_bytes", "eager_parts",
                "zero_grad_copy_passes", "zero1_partition", "sync_grad_bucket_elements",
                "fsdp2_copies", "tp_mlp_reduce_per_linear", "zero2_grad_all_reduce",
-               "zero12_grad_copy_passes", "host_issue")
+               "zero12_grad_copy_passes", "host_issue", "zero0_grad_copy_passes",
+               "zero0_step_bytes", "zero0_step_host_ops_per_tensor")
 #: Parts of a block that run as plain eager PyTorch ops inside a stack that is otherwise fused
 #: (:attr:`FrameworkProfile.eager_parts`; costed by :func:`autopar.cost.compute.layer_time`):
 #: ``glu``: a gated linear unit's activation as its own kernel before the multiply
@@ -103,6 +104,35 @@ FSDP1_GRAD_COPY_PASSES = 2
 #: (``copy_grads_in_partition``) touch 1/dp of the elements and are left out.
 DEEPSPEED_ZERO12_GRAD_COPY_PASSES = 6
 
+#: Passes over every parameter's compute-dtype gradient that DeepSpeed's engine adds on the compute
+#: stream when it reduces gradients without ZeRO (stage 0, data-parallel size > 1), once per step,
+#: at its defaults (deepspeed/runtime/constants.py PRESCALE_GRADIENTS_DEFAULT False,
+#: GRADIENT_PREDIVIDE_FACTOR_DEFAULT 1.0; communication_data_type the fp16 / bf16 model dtype).
+#: DeepSpeed 0.19.6 (edaa722) deepspeed/runtime/engine.py: ``_backward_epilogue`` ->
+#: ``allreduce_gradients`` -> ``buffered_allreduce_fallback`` -> ``allreduce_no_retain`` (buckets
+#: of 5e8 elements) -> ``allreduce_and_copy``: ``allreduce_bucket`` flattens the bucket
+#: (``self.flatten(bucket)``, torch.cat: read and write, 2), all-reduces it and scales it after
+#: (``tensor_to_allreduce.mul_(self.gradient_predivide_factor() / dp_world_size)``: 2), then
+#: ``buf.copy_(synced)`` copies each gradient back from the flat result (2) = 6. The same three
+#: copies in DeepSpeed 0.3.0 (7d4d742) engine.py ``allreduce_bucket`` / ``allreduce_and_copy``.
+DEEPSPEED_ZERO0_GRAD_COPY_PASSES = 6
+#: Bytes per parameter DeepSpeed's ZeRO-0 mixed-precision step adds to the fused optimizer's
+#: (:data:`MIXED_FUSED_OPTIMIZER_STEP_BYTES`, which counts one fp32 cast of the gradient):
+#: DeepSpeed 0.19.6 (edaa722) deepspeed/runtime/fp16/fused_optimizer.py ``FP16_Optimizer.step``
+#: (the wrapper for fp16, and for bf16 without ZeRO: engine.py ``_do_optimizer_sanity_check``
+#: returns FP16 or DDP_BFLOAT16, both ``_configure_fp16_optimizer``) first checks every gradient
+#: for overflow (``self.overflow_checker.has_overflow(fp16_params)`` -> runtime/utils.py
+#: ``CheckOverflow.has_overflow_serial`` -> ``_has_inf_or_nan``: ``float(x.float().sum())``: read
+#: 2, write 4, read 4 = 10), then flattens the fp32 casts (``_flatten_dense_tensors([... p.grad.
+#: to(data_type) ...])``: the cast is counted, the concatenation reads 4 and writes 4 = 8): 18.
+#: The same in DeepSpeed 0.3.0 (7d4d742) fused_optimizer.py ``step`` and utils.py.
+DEEPSPEED_ZERO0_STEP_BYTES = 18
+#: Host-issued ops per gradient tensor of DeepSpeed's ZeRO-0 overflow check, each tensor's ending
+#: in a device-to-host read the host waits on (so the queue drains and the host's issue time is
+#: exposed, once per tensor): ``_has_inf_or_nan`` (runtime/utils.py, 0.3.0 and 0.19.6) issues
+#: ``x.float()``, ``.sum()`` and the ``float(...)`` copy to the host: 3.
+DEEPSPEED_ZERO0_STEP_HOST_OPS_PER_TENSOR = 3
+
 #: How ZeRO-1 returns updated parameters after the optimizer step: one ``all_gather`` over the
 #: ZeRO group, or ``broadcast``: each rank broadcasts its shard (one broadcast per rank, as
 #: InternEvo's hybrid ZeRO and DeepSpeed's early ZeRO-1), exposed after the step.
@@ -148,6 +178,12 @@ DEFAULT_COST_SOURCES = {
                              "reduce_scatter_tensor)",
     "zero12_grad_copy_passes": "no ZeRO-1/2 bucket copies on the compute stream (FSDP2 copies "
                                "are fsdp2_copies; DDP buckets are autograd's own views)",
+    "zero0_grad_copy_passes": "no copies charged beside the ZeRO-0 all-reduce (none sourced "
+                              "for this stack)",
+    "zero0_step_bytes": "the step as optimizer_step_bytes counts it (no ZeRO-0 wrapper passes "
+                        "sourced for this stack)",
+    "zero0_step_host_ops_per_tensor": "no per-tensor host-synchronised check at the step "
+                                      "sourced for this stack",
     "fsdp2_copies": "torch 2.13 torch/distributed/fsdp/_fully_shard: _fsdp_param_group.py "
                     "wait_for_unshard calls _fsdp_collectives.py foreach_all_gather_copy_out "
                     "(split_with_sizes_copy) and post_backward calls foreach_reduce, whose "

@@ -9,7 +9,9 @@ from ..choices import (DTENSOR_TP, EAGER, FSDP2, FUSED_CP, SDPA_FLASH, TORCH_PIP
                        OptimizerStep, compose, with_choice)
 from ..memory import DEEPSPEED_MEMORY
 from ..seqrule import DEEPSPEED_RULE
-from ..vocabulary import (DEEPSPEED_ZERO12_GRAD_COPY_PASSES, DEFAULT_COST_SOURCES,
+from ..vocabulary import (DEEPSPEED_ZERO0_GRAD_COPY_PASSES, DEEPSPEED_ZERO0_STEP_BYTES,
+                          DEEPSPEED_ZERO0_STEP_HOST_OPS_PER_TENSOR,
+                          DEEPSPEED_ZERO12_GRAD_COPY_PASSES, DEFAULT_COST_SOURCES,
                           MIXED_FUSED_OPTIMIZER_STEP_BYTES, TORCH_OPTIMIZER_STEP_BYTES)
 
 ALL_ZERO = (0, 1, 2, 3)
@@ -29,8 +31,12 @@ ZERO = replace(
     FSDP2, name="deepspeed-zero", zero3_gather="per_parameter", overlap_dp_grad_reduce=False,
     fsdp2_copies=False, zero1_grad_all_reduce=True, zero2_grad_all_reduce=True,
     zero12_grad_copy_passes=DEEPSPEED_ZERO12_GRAD_COPY_PASSES,
+    zero0_grad_copy_passes=DEEPSPEED_ZERO0_GRAD_COPY_PASSES,
+    zero0_step_bytes=DEEPSPEED_ZERO0_STEP_BYTES,
+    zero0_step_host_ops_per_tensor=DEEPSPEED_ZERO0_STEP_HOST_OPS_PER_TENSOR,
     summary="DeepSpeed ZeRO 1-3 (stage_1_and_2.py, stage3.py), overlap_comm off for ZeRO-1/2, "
-            "gradient buckets all-reduced",
+            "gradient buckets all-reduced; without ZeRO the engine's reduction copies and "
+            "FP16_Optimizer's per-tensor overflow check",
     sources={**FSDP2.sources,
              "zero1_grad_all_reduce": _AVERAGE_TENSOR + " (ZeRO-1: once, at the gradient "
                                       "accumulation boundary)",
@@ -51,6 +57,18 @@ ZERO = replace(
                              "per-parameter all-gathers fetched through "
                              "stage3_prefetch_bucket_size (5e7 elements) with stream "
                              "synchronisation; costed as not overlapped (issue 13)",
+             "zero0_grad_copy_passes": "DEEPSPEED_ZERO0_GRAD_COPY_PASSES: engine.py "
+                                       "allreduce_bucket flatten and post-scale mul_, "
+                                       "allreduce_and_copy copy_ back (0.3.0 7d4d742, "
+                                       "0.19.6 edaa722)",
+             "zero0_step_bytes": "DEEPSPEED_ZERO0_STEP_BYTES: fp16/fused_optimizer.py "
+                                 "FP16_Optimizer.step has_overflow (x.float().sum()) and "
+                                 "_flatten_dense_tensors of the fp32 casts (0.3.0, 0.19.6)",
+             "zero0_step_host_ops_per_tensor": "DEEPSPEED_ZERO0_STEP_HOST_OPS_PER_TENSOR: "
+                                               "runtime/utils.py CheckOverflow."
+                                               "has_overflow_serial -> _has_inf_or_nan "
+                                               "float(x.float().sum()) per gradient tensor "
+                                               "(0.3.0, 0.19.6)",
              "overlap_dp_grad_reduce": "deepspeed/runtime/zero/config.py overlap_comm "
                                        "defaults to False (ZeRO-0..2: reduction after "
                                        "backward)"})
