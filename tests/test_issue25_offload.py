@@ -111,6 +111,7 @@ def test_parameter_offload_copies_ride_beside_compute_and_show_where_it_is_short
     assert copies > window   # the copies outlast the compute here
     assert e.time_breakdown.dp_comm_exposed == pytest.approx(8 * (copies - window), rel=1e-9)
     assert e.memory_breakdown.weights == e.memory_breakdown.gradients == 0.0
+    assert e.time_breakdown.total == pytest.approx(e.step_time_s, rel=1e-12)
 
 
 @pytest.mark.parametrize("mode,saved", [("full", 32_768.0), ("none", 507_904.0)])
@@ -122,7 +123,10 @@ def test_activation_offload_keeps_no_block_activations_and_copies_them_on_the_st
     assert y.transient_bytes - x.transient_bytes == saved   # back for the block's backward
     assert y.fwd_s - x.fwd_s == pytest.approx(saved / PCIE, rel=1e-9)
     assert y.bwd_s - x.bwd_s == pytest.approx(saved / PCIE, rel=1e-9)
+    assert y.compute_s - x.compute_s == pytest.approx(2 * saved / PCIE, rel=1e-9)
     assert a.estimate(c).memory_breakdown.activations > b.estimate(c).memory_breakdown.activations
+    e = b.estimate(c)   # the components still add up to the step
+    assert e.time_breakdown.total == pytest.approx(e.step_time_s, rel=1e-12)
 
 
 def test_records_state_offload_from_their_quotes():

@@ -231,7 +231,8 @@ class BlockCosts:
             # the FP8 copy of the running layer's Linear weights and its transpose (1 byte each)
             transient += 2.0 * mem.layer_params_per_rank(layer, tp, ep=c.ep, etp=c.etp)
         # activation offload: a decoder block's saved tensors go to the host in forward and
-        # come back for its backward, copied on the compute stream (autopar.cost.offload)
+        # come back for its backward, copied on the compute stream (autopar.cost.offload):
+        # the copies' seconds count as the stream's, in compute_s too
         kept, copy_s = offload.activation_copy(self.inputs.train, layer.kind, act,
                                                self.inputs.device.pcie_bandwidth_Bps)
         transient += act - kept
@@ -243,7 +244,8 @@ class BlockCosts:
                          host_issue=prof.host_issue, host_op_s=self.inputs.params.host_op_s)
         bc = BlockCost(fwd_s=lt.fwd_s + tf + cf + ef / 2 + copy_s,
                        bwd_s=lt.bwd_s + rec + tb + cb + ef / 2 + copy_s,
-                       compute_s=lt.fwd_s + lt.bwd_s + rec, tp_s=tf + tb, cp_s=cf + cb,
+                       compute_s=lt.fwd_s + lt.bwd_s + rec + 2 * copy_s,
+                       tp_s=tf + tb, cp_s=cf + cb,
                        tp_load=fb + bb, cp_load=cload, recompute_flops=rflops,
                        act_bytes=act, transient_bytes=transient, ep_s=ef, ep_load=eload,
                        wgrad_s=lt.wgrad_s, host_fwd_s=host.fwd_s, host_bwd_s=host.bwd_s)

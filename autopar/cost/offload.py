@@ -23,7 +23,8 @@ Three kinds, each a :class:`autopar.config.TrainingConfig` flag:
   "Activations CPU Offloading is implemented as part of checkpoint_wrapper API using
   saved_on_cpu hooks"). Its ``pack_to_cpu`` copies with ``packed.copy_(tensor)`` and its
   ``unpack_from_cpu`` with ``tensor.to(device, non_blocking=pin_memory)``, both on the current
-  (compute) stream: the copies add to the block's forward and backward, nothing hides them.
+  (compute) stream: the copies add to the block's forward and backward (and to the compute
+  component of the time breakdown), nothing hides them.
 
 What stays on the GPU: the gathered parameters of the running and the prefetched unit (ZeRO-3's
 working bytes, unchanged) and the shard each gather copies in before it all-gathers (here
