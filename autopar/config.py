@@ -105,6 +105,15 @@ class TrainingConfig:
         optimizer_offload: keep the optimizer states (fp32 master weights and moments) in CPU
             memory and run the step there (ZeRO-Offload, Ren et al. 2021; DeepSpeed
             ``zero_optimization.offload_optimizer``): they take no GPU memory.
+        param_offload: keep the ZeRO-3 / FSDP parameter shards in CPU memory, copying each
+            unit's shard to the GPU before its all-gather (FSDP ``CPUOffload(offload_params=
+            True)``, FSDP2 ``CPUOffloadPolicy``, DeepSpeed ``zero_optimization.offload_param``).
+            Needs ``zero_stage=3``; under FSDP the gradients and the optimizer step go to the CPU
+            too (:mod:`autopar.cost.offload`, which also says which frameworks run it).
+        activation_offload: keep the activations each decoder block saves for backward in CPU
+            memory, copied back for its backward (``torch.autograd.graph.save_on_cpu``, as
+            FSDP's ``checkpoint_wrapper(offload_to_cpu=True)``); with ``recompute="full"`` these
+            are the blocks' checkpointed inputs (:mod:`autopar.cost.offload`).
         optimizer_state_dtype: dtype of the moment estimates, one of
             :data:`OPTIMIZER_STATE_DTYPES` ("bf16" halves them, as Megatron-LM's
             ``--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16`` with the precision-aware optimizer).
@@ -122,6 +131,8 @@ class TrainingConfig:
     framework: str = "torch"
     optimizer_offload: bool = False
     optimizer_state_dtype: str = "fp32"
+    param_offload: bool = False
+    activation_offload: bool = False
 
     def __post_init__(self) -> None:
         _positive_int("TrainingConfig", "global_batch_size", self.global_batch_size,
@@ -130,6 +141,8 @@ class TrainingConfig:
         _positive_int("TrainingConfig", "micro_batch_size", self.micro_batch_size, allow_none=True)
         _bool("TrainingConfig", "flash_attention", self.flash_attention)
         _bool("TrainingConfig", "optimizer_offload", self.optimizer_offload)
+        _bool("TrainingConfig", "param_offload", self.param_offload)
+        _bool("TrainingConfig", "activation_offload", self.activation_offload)
         if not isinstance(self.optimizer_state_dtype, str) \
                 or self.optimizer_state_dtype not in OPTIMIZER_STATE_DTYPES:
             raise InvalidTrainingConfig(

@@ -269,7 +269,12 @@ def parse(rec: dict) -> Record:
                                    micro_batch_size=t.get("micro_batch_size"),
                                    precision=precision,
                                    optimizer=_optimizer(t.get("optimizer")),
-                                   flash_attention=flash)
+                                   flash_attention=flash,
+                                   # CPU offload the source states (null: none, each
+                                   # framework's default; autopar.cost.offload)
+                                   optimizer_offload=t.get("optimizer_offload") is True,
+                                   param_offload=t.get("param_offload") is True,
+                                   activation_offload=t.get("activation_offload") is True)
     plan = rec["plan"]
     fixed = {k: plan[k] for k in _PLAN_KEYS if plan.get(k) is not None}
     if plan.get("cp_mode") is not None:

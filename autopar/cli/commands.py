@@ -56,7 +56,9 @@ def _plan_command(args, train: TrainingConfig) -> str:
              f"--precision {train.precision}" if train.precision != "bf16" else "",
              f"--framework {train.framework}" if train.framework != "torch" else "",
              "--no-flash-attention" if not train.flash_attention else "",
-             "--optimizer-offload" if train.optimizer_offload else ""]
+             "--optimizer-offload" if train.optimizer_offload else "",
+             "--param-offload" if train.param_offload else "",
+             "--activation-offload" if train.activation_offload else ""]
     return " ".join(w for w in words if w)
 
 

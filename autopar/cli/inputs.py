@@ -151,6 +151,8 @@ def _plan_problem(args) -> tuple[Problem, dict, list[str]]:
              "precision": args.precision,
              "flash_attention": False if args.no_flash_attention else None,
              "optimizer_offload": True if args.optimizer_offload else None,
+             "param_offload": True if getattr(args, "param_offload", False) else None,
+             "activation_offload": True if getattr(args, "activation_offload", False) else None,
              "optimizer_state_dtype": args.optimizer_state_dtype,
              "framework": getattr(args, "framework", None)}
     train = TrainingConfig(**{**kw["train"].__dict__,
@@ -247,6 +249,8 @@ def read_problem(args) -> tuple[Problem, dict, list[str]]:
         micro_batch_size=mbs, precision=args.precision or tr.get("precision", "bf16"),
         flash_attention=not args.no_flash_attention, framework=_framework(args),
         optimizer_offload=args.optimizer_offload,
+        param_offload=getattr(args, "param_offload", False),
+        activation_offload=getattr(args, "activation_offload", False),
         optimizer_state_dtype=args.optimizer_state_dtype or "fp32")
     if args.global_batch is None and not tr.get("global_batch_size"):
         notes.append(api.default_batch_note(train, cluster.world_size, unit))

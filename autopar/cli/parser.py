@@ -40,6 +40,12 @@ def _common(p: argparse.ArgumentParser, plot: str) -> None:
                    help="model attention as the unfused path (stores s x s scores)")
     p.add_argument("--optimizer-offload", action="store_true",
                    help="optimizer states and step on the CPU (ZeRO-Offload): no GPU memory")
+    p.add_argument("--param-offload", action="store_true",
+                   help="ZeRO-3/FSDP parameter shards on the CPU (FSDP CPUOffload, DeepSpeed "
+                   "offload_param; frameworks fsdp1, torchtitan, deepspeed; needs zero stage 3)")
+    p.add_argument("--activation-offload", action="store_true",
+                   help="decoder blocks' saved activations on the CPU (save_on_cpu; framework "
+                   "fsdp1)")
     p.add_argument("--optimizer-state-dtype", default=None, choices=list(OPTIMIZER_STATE_DTYPES),
                    help="dtype of Adam's moments (default fp32)")
     p.add_argument("--framework", default=None, choices=list(FRAMEWORKS),

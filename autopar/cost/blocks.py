@@ -10,6 +10,7 @@ from ..config import ParallelConfig
 from ..graph.kernels import ATTENTION_BACKWARD_RATIO
 from ..hardware.collectives import NO_LOAD, LinkLoad
 from . import memory as mem
+from . import offload
 from .comm import cp_layer_comm, split_expert_tp, tp_layer_comm
 from .compute import LayerTime, layer_time
 from .context import CostInputs
@@ -229,13 +230,22 @@ class BlockCosts:
         if self.inputs.train.precision == "fp8" and layer.kind == "block":
             # the FP8 copy of the running layer's Linear weights and its transpose (1 byte each)
             transient += 2.0 * mem.layer_params_per_rank(layer, tp, ep=c.ep, etp=c.etp)
+        # activation offload: a decoder block's saved tensors go to the host in forward and
+        # come back for its backward, copied on the compute stream (autopar.cost.offload):
+        # the copies' seconds count as the stream's, in compute_s too
+        kept, copy_s = offload.activation_copy(self.inputs.train, layer.kind, act,
+                                               self.inputs.device.pcie_bandwidth_Bps)
+        transient += act - kept
+        act = kept
         # the weight-gradient GEMMs (lt.wgrad_s) run apart from the rest of backward under a
         # zero-bubble schedule; recomputation and communication stay with the input gradient
         prof = self.inputs.profile
         host = host_time(layer, fusion=prof.fusion, eager_parts=prof.eager_parts, mode=mode,
                          host_issue=prof.host_issue, host_op_s=self.inputs.params.host_op_s)
-        bc = BlockCost(fwd_s=lt.fwd_s + tf + cf + ef / 2, bwd_s=lt.bwd_s + rec + tb + cb + ef / 2,
-                       compute_s=lt.fwd_s + lt.bwd_s + rec, tp_s=tf + tb, cp_s=cf + cb,
+        bc = BlockCost(fwd_s=lt.fwd_s + tf + cf + ef / 2 + copy_s,
+                       bwd_s=lt.bwd_s + rec + tb + cb + ef / 2 + copy_s,
+                       compute_s=lt.fwd_s + lt.bwd_s + rec + 2 * copy_s,
+                       tp_s=tf + tb, cp_s=cf + cb,
                        tp_load=fb + bb, cp_load=cload, recompute_flops=rflops,
                        act_bytes=act, transient_bytes=transient, ep_s=ef, ep_load=eload,
                        wgrad_s=lt.wgrad_s, host_fwd_s=host.fwd_s, host_bwd_s=host.bwd_s)

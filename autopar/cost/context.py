@@ -12,6 +12,7 @@ from ..errors import InvalidTrainingConfig
 from ..frameworks import FrameworkProfile
 from ..frameworks.memory import MemoryConventions
 from ..graph.types import ModelGraph
+from . import offload
 from .params import CostParams
 
 
@@ -21,7 +22,9 @@ class CostInputs:
 
     Attributes:
         graph, cluster, train, params, profile, conventions: as given to the cost model (the
-            profile and conventions resolved from ``train.framework`` where not given).
+            profile and conventions resolved from ``train.framework`` where not given; ``train``
+            with ``optimizer_offload`` set where the framework's parameter offload implies it,
+            :func:`autopar.cost.offload.effective`).
         attention_kernel: the fused attention kernel priced.
         peak: the GPU's dense FLOP/s at the training precision, times its clock scale (a power
             cap lowers the sustained tensor-core clock: ``Device.clock_scale``).
@@ -58,6 +61,8 @@ class CostInputs:
               profile: FrameworkProfile, conventions: MemoryConventions | None) -> "CostInputs":
         """The inputs with defaults filled in (see :class:`~autopar.cost.model.CostModel`)."""
         params = params or CostParams()
+        # FSDP's parameter offload moves the optimizer step to the CPU too (autopar.cost.offload)
+        train = offload.effective(train)
         device = cluster.device
         arch = getattr(device, "architecture", "ampere")
         peak = device.peak(train.precision) * device.clock_scale

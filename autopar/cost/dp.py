@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from ..config import ParallelConfig
 from ..hardware.collectives import NO_LOAD, LinkLoad
+from . import offload
 from .blocks import BlockCosts
 from .comm import overlapped_comm
 from .context import CostInputs
@@ -111,6 +112,24 @@ class DataParallel:
             dp_slow += slow
             return exposed
 
+        def beside_copies(comm_s: float, copy_s: float, window_s: float,
+                          overlapped: bool) -> float:
+            """:func:`beside` of a collective followed on its side stream by ``copy_s``
+            seconds of host copies (copy engines: no SMs held, so no slowdown of their own):
+            the side path ends ``comm_s + copy_s`` after it starts, the slowed compute
+            ``window_s + slowdown`` (with ``copy_s`` 0 this is :func:`beside`)."""
+            if not overlapped or copy_s == 0.0:
+                return beside(comm_s, window_s, overlapped) + (0.0 if overlapped else copy_s)
+            before = dp_slow
+            beside(comm_s, window_s, True)
+            return max(0.0, comm_s + copy_s - window_s - (dp_slow - before))
+
+        # parameter offload: each ZeRO-3 gather first copies the shard in, each reduction
+        # copies the gradient shard out, on FSDP's side streams with the collectives
+        # (autopar.cost.offload); 0 without it
+        h2d, d2h = offload.param_copy_s(train, psi / (dp * cp),
+                                        inp.conventions.weight_bytes or wbytes, gb,
+                                        inp.device.pcie_bandwidth_Bps)
         # sharded-DP all-gathers and reduce-scatters per step, for the copies around them
         gathers = reduces = 0.0
         if dp * cp > 1:
@@ -135,14 +154,16 @@ class DataParallel:
                 regather = (psi - keep[rank]) / psi if psi > 0 else 1.0
                 per_mb = (1 + regather) * t_ag + t_rs
                 gathers, reduces = m * (1 + regather), m
-                dp_exposed = m * beside(per_mb, fwd1 + bwd1, ov_gather)
+                dp_exposed = m * beside_copies(per_mb, (1 + regather) * h2d + d2h, fwd1 + bwd1,
+                                               ov_gather)
                 dp_slow *= m
                 loads.append((l_ag.scaled(1 + regather) + l_rs, m))
             elif c.zero_stage == 3:
                 # under PP the framework keeps parameters gathered and gradients unsharded
                 # across the step's micro-batches: one gather behind the first forward, one
                 # reduce-scatter behind the last backward (memory pays, not time)
-                dp_exposed = beside(t_ag, fwd1, ov_gather) + beside(t_rs, bwd1, ov_grad)
+                dp_exposed = (beside_copies(t_ag, h2d, fwd1, ov_gather)
+                              + beside_copies(t_rs, d2h, bwd1, ov_grad))
                 gathers, reduces = 1, 1
                 loads.append((l_ag + l_rs, 1.0))
             elif c.zero_stage == 2:
@@ -187,6 +208,12 @@ class DataParallel:
                     grad_exposed = beside(t_grad, bwd1, ov_grad)
                 dp_exposed = grad_exposed + beside(t_param, fwd1, ov_param)
                 loads.append((l_grad + l_param, 1.0))
+        elif c.zero_stage == 3 and train.param_offload:
+            # one rank: no collectives, but FSDP still copies each unit in before its forward
+            # (and backward, when resharded) and its gradients out, beside compute
+            regather = (psi - keep[rank]) / psi if psi > 0 else 1.0
+            dp_exposed = m * beside_copies(0.0, (1 + regather) * h2d + d2h, fwd1 + bwd1,
+                                           ov_gather)
         # the optimizer runs on the rank's ZeRO shard: over dp x cp, or over the framework's
         # smaller ZeRO group (zero1_group_size: InternEvo parallel.zero1, FSDP hybrid sharding);
         # the largest share paces the step (zero1_partition: whole tensors bound it below)
@@ -194,7 +221,11 @@ class DataParallel:
             opt_params = self.states.zero1_split(c, layout[rank].layers, psi)[0]
         else:
             opt_params = psi
-        if train.optimizer_offload:
+        if offload.grads_on_host(train):
+            # parameter offload with the step on the CPU: the shards' copies ride with the
+            # ZeRO-3 collectives above; the CPU step is not priced (autopar.cost.offload)
+            optimizer_s = 0.0
+        elif train.optimizer_offload:
             # ZeRO-Offload (Ren et al. 2021, USENIX ATC, sec. 4): gradients go to the host over
             # PCIe, the CPU runs Adam, the updated compute-dtype parameters come back; both
             # transfers at the GPU's host PCIe x16 bandwidth per direction (datasheet). The CPU
@@ -206,6 +237,10 @@ class DataParallel:
             # the framework's optimizer passes and gradient clipping, memory-bound
             # (FrameworkProfile.optimizer_step_bytes, sourced per framework)
             optimizer_s = opt_params * prof.optimizer_step_bytes / inp.hbm_Bps
+            if train.param_offload:
+                # DeepSpeed offload_param alone: the step updates the fp32 partition on the GPU
+                # and writes the compute-dtype partition back to the host
+                optimizer_s += opt_params * wbytes / inp.device.pcie_bandwidth_Bps
         # FSDP1's flat-parameter views: autograd concatenates the gradients into the flat
         # gradient in every micro-batch's backward, on the compute stream
         # (FrameworkProfile.zero_grad_copy_passes; memory-bound, rank with the most parameters)

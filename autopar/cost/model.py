@@ -26,6 +26,7 @@ from ..errors import InvalidParallelConfig
 from ..frameworks import FrameworkProfile, get_profile
 from ..frameworks.memory import MemoryConventions
 from ..graph.types import ModelGraph
+from . import offload
 from .blocks import CAUSAL_FLOPS_SHARE, BlockCost, BlockCosts
 from .comm import Collectives, CommLedger
 from .compute import LayerTime
@@ -67,7 +68,9 @@ class CostModel:
     Raises:
         autopar.errors.InvalidTrainingConfig: the graph was extracted at another sequence
             length than ``train.seq_len`` (:func:`autopar.cost.context.check_seq_len`), or the
-            GPU lacks the training precision (e.g. fp8 on A100), raised by the device catalog.
+            GPU lacks the training precision (e.g. fp8 on A100), raised by the device catalog;
+            or an offload kind the framework does not run
+            (:func:`autopar.cost.offload.check_framework`).
     """
 
     def __init__(self, graph: ModelGraph, cluster, train: TrainingConfig,
@@ -75,6 +78,7 @@ class CostModel:
                  framework: FrameworkProfile | None = None,
                  conventions: MemoryConventions | None = None):
         check_seq_len(graph, train)
+        offload.check_framework(train)
         self._given = (params, attention_kernel, framework, conventions)   # for rebuilt()
         self.inputs = inp = CostInputs.build(graph, cluster, train, params, attention_kernel,
                                              framework or get_profile(train.framework),
@@ -247,7 +251,14 @@ class CostModel:
 
     def _step(self, c: ParallelConfig, time_only: bool = False):
         """(step seconds, :class:`~autopar.cost.dp.DPCost`, pipeline timing, layout, kept
-        gathered elements per rank) of the resolved config ``c``."""
+        gathered elements per rank) of the resolved config ``c``.
+
+        Raises:
+            InvalidParallelConfig: parameter offload without ZeRO-3
+                (:func:`autopar.cost.offload.check_plan`; not a rule of the mesh, so not in
+                :meth:`resolve`, which the search asks of mesh skeletons).
+        """
+        offload.check_plan(self.train, c)
         layout = self.layouts.time_layout(c) if time_only else self.layouts.stage_layout(c)
         pt = self.pipeline.timing(c, layout)
         keep = self.states.kept_gathered(c, layout)

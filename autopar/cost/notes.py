@@ -27,6 +27,10 @@ def estimate_notes(inputs: CostInputs, c: ParallelConfig) -> tuple[str, ...]:
                          "are optimistic. Fix: tp=1 (--tp 1) for MoE models under this "
                          "framework, or plan for a framework that splits experts "
                          "(--framework megatron or torchtitan)")
+    if inputs.train.optimizer_offload:
+        warns = (*warns, "the optimizer step runs on the CPU and its CPU seconds are not "
+                         "priced (the cluster model has no host memory bandwidth): this "
+                         "step time is a lower bound by that step (autopar.cost.offload)")
     refused = prof.unsupported(c, moe=graph.num_experts > 0)
     if refused:  # the search never returns such a plan; a hand-written one can be one
         warns = (*warns, f"{refused}: the framework cannot run this configuration as "

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from ..config import ParallelConfig
 from . import memory as mem
+from . import offload
 from .context import CostInputs
 from .pipeline.held import held_chunks_at_peak
 from .ranks import RankLayers
@@ -66,7 +67,10 @@ class ModelStates:
         bytes: ZeRO-3's gathered parameters of the largest layer and the one prefetched (2 x),
         or, under pipeline parallelism where the framework keeps them, the unsharded
         parameters and gradients its chunks hold at pipeline rank ``rank``'s activation peak
-        (:meth:`pp_unsharded_bytes`); plus cached FP8 weight copies.
+        (:meth:`pp_unsharded_bytes`); plus cached FP8 weight copies. With ``param_offload`` the
+        weight shards (and under FSDP the gradient shards) are on the host and the working
+        bytes add the two units' shards copied in before their all-gathers
+        (:mod:`autopar.cost.offload`).
         """
         train, conv, g = self.inputs.train, self.inputs.conventions, self.inputs.graph
         wb = conv.weight_bytes or train.dtype_bytes
@@ -86,10 +90,15 @@ class ModelStates:
             # gathered compute-dtype parameters kept between forward and backward
             w = wb * params / (c.dp * c.cp) + train.dtype_bytes * params
             states = (w, states[1], states[2])
+        # parameter offload: the shards leave the GPU (and under FSDP the gradient shards);
+        # each unit's shard is copied in before its all-gather (autopar.cost.offload)
+        states = offload.resident_states(train, states)
         work = 0.0
-        if c.zero_stage == 3 and c.dp * c.cp > 1:
-            work = 2 * train.dtype_bytes * max(
+        if c.zero_stage == 3 and (c.dp * c.cp > 1 or train.param_offload):
+            largest = max(
                 self.ranks.layer_params_per_rank(i, c.tp, True, c.ep, c.etp) for i in layers)
+            work = 2 * train.dtype_bytes * largest + (conv.weight_bytes or train.dtype_bytes) \
+                * offload.staging_elements(train, largest, c.dp * c.cp)
             if pp > 1 and conv.pp_unsharded_bytes:
                 work = max(self.pp_unsharded_bytes(c, rank, params), work)
         if train.precision == "fp8" and conv.fp8_weight_cache_bytes:
@@ -136,13 +145,16 @@ class ModelStates:
 
     def state_bytes_per_param(self) -> int:
         """Bytes of model states per parameter before any sharding: weights + gradients +
-        optimizer states on the GPU, under the framework's :class:`MemoryConventions`."""
+        optimizer states on the GPU, under the framework's :class:`MemoryConventions` (less
+        what the training config offloads)."""
         train, conv = self.inputs.train, self.inputs.conventions
         k_opt = 0 if train.optimizer_offload else mem.optimizer_state_bytes_per_param(
             train.optimizer, conv.master_weight_bytes, train.optimizer_state_dtype,
             conv.moment_bytes)
-        return ((conv.weight_bytes or train.dtype_bytes) + (conv.grad_bytes or self.inputs.params.grad_bytes)
-                + k_opt)
+        w, g, _ = offload.resident_states(train, (
+            conv.weight_bytes or train.dtype_bytes, conv.grad_bytes or self.inputs.params.grad_bytes,
+            0))
+        return int(w + g + k_opt)
 
     def optimizer_step_bytes(self, c: ParallelConfig, params: float) -> float:
         """Bytes the optimizer step allocates beside the states on a rank holding ``params``

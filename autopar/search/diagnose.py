@@ -15,6 +15,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 from ..config import ParallelConfig
+from ..cost import offload
 from ..cost.model import CostModel
 from ..errors import AutoparError, InfeasibleError, InvalidParallelConfig
 from ..frameworks import rules
@@ -238,18 +239,30 @@ _STATE_OPTIONS = (
                                       "--optimizer-state-dtype bf16)"),
     ("optimizer_offload", True, "the optimizer states in CPU memory (optimizer_offload=True, "
                                 "--optimizer-offload)"),
+    ("param_offload", True, "the ZeRO-3 parameter shards in CPU memory (param_offload=True, "
+                            "--param-offload; ZeRO-3 plans)"),
+    ("activation_offload", True, "the decoder blocks' saved activations in CPU memory "
+                                 "(activation_offload=True, --activation-offload)"),
 )
 
 
 def _memory_options(cm: CostModel, fixed: dict, deadline: float) -> list[str]:
     """The training options of :data:`_STATE_OPTIONS` not yet on under which a plan fits on
-    this cluster, each as a change to try (probed until ``deadline``)."""
+    this cluster, each as a change to try (probed until ``deadline``); an offload kind only
+    where the target framework runs it (:data:`autopar.cost.offload.SUPPORT`)."""
     out = []
     for name, value, how in _STATE_OPTIONS:
         if getattr(cm.train, name) == value or time.monotonic() >= deadline:
             continue
+        if not offload.runs(cm.train.framework, name):   # offered only where it runs
+            continue
+        pins = fixed
+        if name == "param_offload":   # ZeRO-3 only (autopar.cost.offload.check_plan)
+            if fixed.get("zero_stage", 3) != 3:
+                continue
+            pins = {**fixed, "zero_stage": 3}
         train = replace(cm.train, **{name: value})
-        if first_fit(cm.rebuilt(train=train), fixed, deadline):
+        if first_fit(cm.rebuilt(train=train), pins, deadline):
             out.append(f"keep {how}")
     return out
 

@@ -83,7 +83,8 @@ def search(cm: CostModel, fixed: dict | None = None, *, time_limit_s: float | No
 
     Args:
         cm: cost model of the model, cluster and training config.
-        fixed: choices to pin (keys of :data:`autopar.search.space.FIXABLE`).
+        fixed: choices to pin (keys of :data:`autopar.search.space.FIXABLE`); with
+            ``cm.train.param_offload`` an open ZeRO stage is pinned to 3.
         time_limit_s: stop after this many seconds and return the best so far with its gap
             (the limit binds once a first fitting plan is found).
         top_k: how many distinct plans to keep (the bound prunes against the k-th best).
@@ -101,6 +102,10 @@ def search(cm: CostModel, fixed: dict | None = None, *, time_limit_s: float | No
         InvalidParallelConfig: ``fixed`` has unknown keys or bad values.
         InfeasibleError: nothing fits; the message names the binding constraint and a fix.
     """
+    if cm.train.param_offload and "zero_stage" not in (fixed or {}):
+        # parameter offload runs under ZeRO-3 only (autopar.cost.offload.check_plan): the
+        # user's offload choice pins the stage; the search never turns offload on itself
+        fixed = {**(fixed or {}), "zero_stage": 3}
     with _collector_paused():
         return _search(cm, fixed, time_limit_s=time_limit_s, top_k=top_k, progress=progress,
                        limits=limits, require_fit=require_fit)

@@ -137,6 +137,19 @@ def to_deepspeed_config(plan) -> Export:
             warn.append("optimizer_offload: DeepSpeed offloads the optimizer under ZeRO 1-3 "
                         "only; not written at ZeRO-0")
             t_written = replace(t_written, optimizer_offload=False)
+    if t.param_offload:
+        if w.zero_stage == 3:
+            # deepspeed/runtime/zero/offload_config.py offload_param: "Valid only with stage 3"
+            cfg["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
+        else:
+            warn.append(f"param_offload: DeepSpeed offloads parameters under ZeRO-3 only "
+                        f"(offload_param); not written at ZeRO-{w.zero_stage}")
+            t_written = replace(t_written, param_offload=False)
+    if t.activation_offload:
+        warn.append("activation_offload: not written (autopar prices torch's save_on_cpu; "
+                    "DeepSpeed's activation_checkpointing.cpu_checkpointing offloads "
+                    "partitioned checkpoints, which autopar does not price)")
+        t_written = replace(t_written, activation_offload=False)
     if t.optimizer_state_dtype != "fp32":
         warn.append(f"optimizer_state_dtype {t.optimizer_state_dtype}: DeepSpeed's config has no "
                     "switch for the moments' dtype; used fp32")

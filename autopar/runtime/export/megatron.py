@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..verdict import per_block_text, plan_edits
 from .common import Export, block_modes, finish, one_reshard_policy, rank_order, uniform
 
@@ -129,9 +131,14 @@ def to_megatron_args(plan) -> Export:
         a += ["--optimizer-cpu-offload"]
     if t.optimizer_state_dtype == "bf16":
         a += ["--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"]
+    t_written = None
+    if t.param_offload or t.activation_offload:
+        warn.append("param_offload / activation_offload: not written (autopar has no source "
+                    "that Megatron-LM offloads parameters, nor prices its activation offload)")
+        t_written = replace(t, param_offload=False, activation_offload=False)
     flags, wrote = _overlap_flags(plan, w)
     a += flags
-    return finish(plan, a, warn, w, "megatron", wrote_edits=wrote)
+    return finish(plan, a, warn, w, "megatron", train=t_written, wrote_edits=wrote)
 
 
 def _overlap_flags(plan, w) -> tuple[list[str], tuple[str, ...]]:

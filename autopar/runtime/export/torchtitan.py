@@ -199,7 +199,19 @@ def to_torchtitan_toml(plan) -> Export:
         warn.append(f"precision {t.precision}: torchtitan trains in bf16 (fp8 needs a float8 "
                     "model converter); used bf16")
         t_written = replace(t, precision="bf16")
-    if t.optimizer_offload:
+    if t.param_offload and w.zero_stage == 3:
+        # job_config.py training.enable_cpu_offload: FSDP2's CPUOffloadPolicy (parameters,
+        # gradients and optimizer states together, as autopar.cost.offload prices it)
+        train["enable_cpu_offload"] = True
+    elif t.param_offload:
+        warn.append(f"param_offload: torchtitan offloads FSDP shards only; not written at "
+                    f"ZeRO-{w.zero_stage}")
+        t_written = replace(t_written, param_offload=False)
+    if t.activation_offload:
+        warn.append("activation_offload: not written (torchtitan v0.2.2 has no activation "
+                    "offload option)")
+        t_written = replace(t_written, activation_offload=False)
+    if t.optimizer_offload and not (t.param_offload and w.zero_stage == 3):
         warn.append("optimizer_offload: torchtitan offloads only everything together "
                     "(training.enable_cpu_offload: parameters, gradients and optimizer states "
                     "through FSDP2's CPUOffloadPolicy); not written, the optimizer stays on the GPU")
