@@ -122,4 +122,7 @@ def test_all_gather_and_reduce_scatter_have_no_hierarchical_algorithm():
     g, f = c._layout(tuple(range(32))), c.fabric()
     for op in ("all_gather", "reduce_scatter"):
         assert [a for a, _ in col.algorithm_times(op, 2**20, g, f)] == ["ring"]
-    assert "hierarchical" in dict(col.algorithm_times("all_reduce", 2**20, g, f))
+    assert "hierarchical" not in dict(col.algorithm_times("all_reduce", 2**20, g, f))
+    c2 = Cluster.from_spec("2x8xA100-80GB")
+    assert "hierarchical" in dict(col.algorithm_times("all_reduce", 2**20,
+                                                      c2._layout(tuple(range(16))), c2.fabric()))

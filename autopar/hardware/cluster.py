@@ -228,7 +228,8 @@ class Cluster:
 
         ``op``: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send_recv; ``nbytes``
         follows nccl-tests (module docstring of ``collectives.py``). ``algorithm="auto"`` returns the
-        fastest of ring / tree / hierarchical (what NCCL's tuner would pick); naming one forces it, as
+        fastest of ring / tree / hierarchical (what NCCL's tuner would pick; hierarchical, NCCL's
+        2-node tree, only on 2 nodes); naming one forces it, as
         ``NCCL_ALGO`` does. A single rank or zero bytes costs 0 s.
 
         Raises:

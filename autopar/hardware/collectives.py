@@ -33,11 +33,23 @@ Algorithms (each a sum of a launch latency, per-hop alphas and bytes over the bo
   of ring increases linearly with the communicator size"). Protocols chosen so: LL up to ~1 MB,
   LL128 to a few hundred MB, Simple beyond (8 nodes of 8 A100). Inside one node the alpha-beta
   terms of the catalog stay (anchored on the measured 8-GPU latency floor, comm_params).
-* ``hierarchical`` (all_reduce of groups spanning nodes with >1 member on a node): intra-node
-  reduce-scatter, inter-node all-reduce (ring or tree, NCCL-priced) of the shards between rail
-  peers, intra-node all-gather. NCCL has no hierarchical all-gather or reduce-scatter (its
-  AllGather / ReduceScatter algorithms are Ring, PAT with one rank per node, and NVLS /
-  CollNet, which need SHARP across nodes): those run as one ring over the whole group. PAT
+* ``hierarchical`` (all_reduce of groups spanning exactly 2 nodes with >1 member on a node):
+  intra-node reduce-scatter, inter-node all-reduce (ring or tree, NCCL-priced) of the shards
+  between rail peers, intra-node all-gather. NCCL has no such algorithm (its AllReduce runs
+  Ring, Tree, CollNet or NVLS / NVLS-Tree); it stands for NCCL's tree on 2 nodes, whose network
+  traffic is the same, M per node and direction: the graph search raises a tree's intra-node
+  bandwidth to up to twice its network one "for trees (2 nodes or collnet)"
+  (src/graph/search.cc, NVIDIA/nccl since 2.6.4, b221128e) and the tuner prices groups of
+  ``nNodes <= 2`` at that intra-node bandwidth (src/graph/tuning.cc, 2.8.3 ``speedIntra``, 5067397
+  ``bwIntra``), so a 2-node tree all-reduce moves at about the NICs' speed (sjeaugey,
+  NVIDIA/nccl-tests#196: "On two nodes, NCCL uses the tree (or nvlstree) algorithm which can
+  indeed go beyond the network bottleneck"). On 3 nodes or more the tuner prices trees at the
+  network bandwidth (``bwInter``): a double binary tree's inner node receives and sends 2 x M/2
+  per phase, 2M per direction as a ring, where the hierarchical ring of shards would send
+  2(N-1)/N x M; so across more than 2 nodes only ring and tree (NCCL-priced) are candidates.
+  NCCL has no hierarchical all-gather or reduce-scatter (its AllGather / ReduceScatter
+  algorithms are Ring, PAT with one rank per node, and NVLS / CollNet, which need SHARP
+  across nodes): those run as one ring over the whole group. PAT
   (NCCL >= 2.23, one rank per node, lower latency for small messages) is not modelled.
 * ``pairwise`` (all_to_all): n-1 exchange rounds (Thakur et al., 2005), NVLink and NIC traffic
   overlapping; ``direct`` (send_recv): one hop.
@@ -200,6 +212,11 @@ NCCL_TREE_CORRECTION: tuple[tuple[float, ...], ...] = (
 NET_BASE_HOP_S = 5.0e-6
 
 
+#: The only node count at which an all-reduce is offered the hierarchical algorithm, NCCL's
+#: 2-node tree (module docstring: search.cc / tuning.cc, nccl-tests#196).
+HIERARCHICAL_NODES = 2
+
+
 def _log2i(x: int) -> int:
     """NCCL's ``log2i``: floor(log2(x)), 0 for x < 2."""
     return max(int(x).bit_length() - 1, 0)
@@ -337,7 +354,7 @@ def algorithm_times(op: str, nbytes: float, g: GroupLayout, f: Fabric) -> tuple[
     out = [("ring", _ring(op, nbytes, g, f))]
     if op == "all_reduce" and g.nodes > 1:
         out.append(("tree", _tree_all_reduce(nbytes, g, f)))
-    if op == "all_reduce" and g.nodes > 1 and g.max_per_node > 1:
+    if op == "all_reduce" and g.nodes == HIERARCHICAL_NODES and g.max_per_node > 1:
         out.append(("hierarchical", _hierarchical(op, nbytes, g, f)))
     return tuple(out)
 
