@@ -13,7 +13,9 @@ partition (``zero1_group_size``, ``zero1_partition``), ZeRO-2 buckets all-reduce
 reduce-scattered (``zero2_grad_all_reduce``) and ZeRO-1/2 bucket copies on the compute stream
 (``zero12_grad_copy_passes``), both DeepSpeed's, and DeepSpeed's engine without ZeRO: its
 reduction copies and its mixed-precision step's overflow check (``zero0_grad_copy_passes``,
-``zero0_step_bytes``, ``zero0_step_host_ops_per_tensor``).
+``zero0_step_bytes``, ``zero0_step_host_ops_per_tensor``). Per-block ZeRO-3 (FSDP) run beside
+compute exposes each micro-batch's first gathers and last reductions, which have no compute
+beside them (:meth:`DataParallel.zero3_edges_s`, from PyTorch's FSDP notes).
 """
 
 from __future__ import annotations
@@ -154,8 +156,14 @@ class DataParallel:
                 regather = (psi - keep[rank]) / psi if psi > 0 else 1.0
                 per_mb = (1 + regather) * t_ag + t_rs
                 gathers, reduces = m * (1 + regather), m
-                dp_exposed = m * beside_copies(per_mb, (1 + regather) * h2d + d2h, fwd1 + bwd1,
-                                               ov_gather)
+                # the micro-batch's first gathers and last reductions have no compute beside
+                # them (zero3_edges_s): exposed whole, the rest hidden behind the compute
+                edge_comm, edge_exposed = 0.0, 0.0
+                if ov_gather and pp == 1:
+                    edge_comm, edge_exposed = self.zero3_edges_s(c, bottleneck, wbytes, gb)
+                dp_exposed = m * (beside_copies(max(0.0, per_mb - edge_comm),
+                                                (1 + regather) * h2d + d2h, fwd1 + bwd1, ov_gather)
+                                  + edge_exposed)
                 dp_slow *= m
                 loads.append((l_ag.scaled(1 + regather) + l_rs, m))
             elif c.zero_stage == 3:
@@ -297,6 +305,62 @@ class DataParallel:
             total += n * dp_g.time(op, nbytes)
         self._zero3[key] = total
         return total
+
+    def zero3_edges_s(self, c: ParallelConfig, rank: int, wbytes: float,
+                      gb: float) -> tuple[float, float]:
+        """(seconds of the edge collectives, seconds of them no compute hides) of one
+        micro-batch of per-block ZeRO-3 (FSDP) on pipeline rank ``rank`` holding the whole
+        model (pp = 1): the collectives at the ends of the forward and of the backward, which
+        have no compute beside them to hide behind.
+
+        Source: PyTorch docs/source/notes/fsdp.rst (pytorch/pytorch@16d83c2, "FSDP Prefetch
+        Nuances" and "Communication buffer size"). FSDP applied to every transformer block and
+        to the root gives "one communication group for each transformer block and finally one
+        communication group with the initial embedding and final linear", each one all-gather
+        and one reduce-scatter. Forward: the root's all-gather is issued first ("The 1st
+        all-gather will not be able to overlap with anything"); the first block's all-gather is
+        issued after the embedding's forward (implicit prefetching: an all-gather overlaps the
+        compute issued before it), so it hides behind that alone. Backward: all-gathers and
+        reduce-scatters "run serially" on the process group's one NCCL stream; the first block's
+        reduce-scatter is issued after its backward, with only the embedding's backward left to
+        run beside it, and the root group's reduce-scatter waits for the embedding's gradient,
+        the last one computed: nothing runs beside it. So per micro-batch the exposed seconds
+        are AG(root) + max(0, AG(first block) - embedding fwd) + max(0, RS(first block) -
+        embedding bwd) + RS(root); the root group is the rank's non-block layers (embedding,
+        final norm, head), timed per layer as :meth:`zero3_messages` issues them, so the edges
+        are taken out of the overlapped pool without double counting. ``wbytes``: the gathered
+        parameters' bytes per element, ``gb``: the reduce dtype's. (0, 0) when the rank holds
+        no block.
+        """
+        key = (c.fields_except(*_NOT_IN_ZERO3), rank, wbytes, gb, "edges")
+        hit = self._zero3.get(key)
+        if hit is not None:
+            return hit
+        g = self.inputs.graph
+        layers = self.ranks.rank_layers(c.pp, c.stage_blocks, c.schedule)[rank][0]
+        dp_g = self.groups.group("dp", c)
+        first = next((li for li in layers if g.layers[li].kind == "block"), None)
+        if first is None or dp_g.size <= 1:
+            self._zero3[key] = (0.0, 0.0)
+            return self._zero3[key]
+        uniform = c.recompute if isinstance(c.recompute, str) else "none"
+
+        def params(li: int) -> float:
+            return self.ranks.layer_params_per_rank(li, c.tp, True, c.ep, c.etp)
+
+        root = [li for li in layers if g.layers[li].kind != "block"]
+        ag_root = sum(dp_g.time("all_gather", params(li) * wbytes) for li in root)
+        rs_root = sum(dp_g.time("reduce_scatter", params(li) * gb) for li in root)
+        ag_first = dp_g.time("all_gather", params(first) * wbytes)
+        rs_first = dp_g.time("reduce_scatter", params(first) * gb)
+        before = [li for li in layers if li < first]   # the embedding, run before block 0
+        fwd_before = sum(self.blocks.block_cost(li, uniform, c).fwd_s for li in before)
+        bwd_before = sum(self.blocks.block_cost(li, uniform, c).bwd_s for li in before)
+        comm = ag_root + rs_root + ag_first + rs_first
+        exposed = (ag_root + rs_root + max(0.0, ag_first - fwd_before)
+                   + max(0.0, rs_first - bwd_before))
+        self._zero3[key] = (comm, exposed)
+        return self._zero3[key]
 
     def zero3_collective_load(self, c: ParallelConfig, rank: int, nbytes_per_element: float,
                               op: str) -> LinkLoad:
