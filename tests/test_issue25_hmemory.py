@@ -1,0 +1,73 @@
+"""Issue 25, memory predictions (helper h-memory): sourced mechanisms for the development
+split's memory residuals.
+
+Every record used here is a development-split record (benchmarks/data/locked_split.json) or a
+copy of one with a field changed; no locked record is estimated."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from autopar.api import model_graph
+from benchmarks import validation
+from benchmarks.records import MODEL_DEFAULTS, parse, source_key
+
+GIB = 2 ** 30
+MPT_1B = "llmfoundry-a100-40g-mpt-1b-s2048-g32-mb10-ga1"
+MPT_350M = "llmfoundry-a100-40g-mpt-350m-s2048-g16-mb18-ga1"
+MPT_3B_8K = "llmfoundry-a100-80g-mpt-3b-s8192-g8-mb3-ga6"
+
+
+@pytest.fixture(scope="module")
+def dev():
+    """The development split's raw records by id (locked sources left out)."""
+    locked = validation.locked_sources()
+    rows = {r["id"]: r for r in validation.dev_corpus()}
+    assert not any(source_key(r) in locked for r in rows.values())
+    return rows
+
+
+def test_llm_foundry_models_take_mpts_zero_dropout(dev):
+    """MPTConfig's dropouts default to 0 (configuration_mpt.py) and the benchmark yamls set
+    none: a record of llm-foundry that leaves them open parses with 0, says so in its
+    assumptions, and keeps a value it states."""
+    rec = parse(dev[MPT_1B])
+    assert (rec.model.hidden_dropout, rec.model.attention_dropout) == (0.0, 0.0)
+    assumed = dict(rec.assumed)
+    assert "configuration_mpt.py" in assumed["hidden_dropout"]
+    assert set(MODEL_DEFAULTS["llm-foundry"]) == {"hidden_dropout", "attention_dropout"}
+    stated = copy.deepcopy(dev[MPT_1B])
+    stated["model"]["hidden_dropout"] = 0.1
+    assert parse(stated).model.hidden_dropout == 0.1
+    # another stack's gpt record keeps the family default (Megatron-LM's 0.1)
+    other = copy.deepcopy(dev[MPT_1B])
+    other["training"]["framework"] = "Megatron-LM (2023)"
+    assert parse(other).model.hidden_dropout == 0.1
+
+
+def test_zero_dropout_drops_two_one_byte_masks_per_block(dev):
+    """With p = 0 the graph saves no dropout mask: each block keeps 2 bytes per token x hidden
+    less (the attention and MLP residual masks, one byte per element), the embedding 1."""
+    rec = parse(dev[MPT_1B])
+    train = validation.training(rec)
+    with_drop = copy.deepcopy(dev[MPT_1B])
+    with_drop["model"].update(hidden_dropout=0.1, attention_dropout=0.1)
+    g0, _ = model_graph(rec.model, train)
+    g1, _ = model_graph(parse(with_drop).model, train)
+    s, h = rec.model.seq_len, rec.model.hidden_size          # the graph's micro-batch is 1
+    block0, block1 = g0.layers[1].activations, g1.layers[1].activations
+    assert block1.seq - block0.seq == 2 * s * h
+    assert (block1.tp, block1.core, block1.layer_input) == (block0.tp, block0.core,
+                                                             block0.layer_input)
+    assert g1.layers[0].activations.seq - g0.layers[0].activations.seq == s * h
+
+
+@pytest.mark.parametrize("rid", [MPT_1B, MPT_350M, MPT_3B_8K])
+def test_llm_foundry_runs_near_capacity_fit(dev, rid):
+    """They ran; with MPT's dropout-free blocks they are predicted to fit at margin 0 (before:
+    40.7, 40.1 GiB on the 39.5 GiB A100-40GB and 79.8 GiB on the 79.25 GiB A100-80GB)."""
+    row = validation.evaluate(parse(dev[rid]), spread=False)
+    assert row.fits
+    assert row.memory_gib < parse(dev[rid]).cluster.device.visible_memory_bytes / GIB
