@@ -71,3 +71,69 @@ def test_llm_foundry_runs_near_capacity_fit(dev, rid):
     row = validation.evaluate(parse(dev[rid]), spread=False)
     assert row.fits
     assert row.memory_gib < parse(dev[rid]).cluster.device.visible_memory_bytes / GIB
+
+
+F8_EAGER = "mem-float8nocompile-llama3-8b-8xh100-seq4096-noac-bf16-eager"
+
+
+def _llama8b_block(dev):
+    rec = parse(dev[F8_EAGER])
+    graph, _ = model_graph(rec.model, validation.training(rec))
+    return rec, graph
+
+
+def test_eager_rmsnorm_and_glu_keep_more_than_the_fused_kernels(dev):
+    """Eager RMSNorm keeps its fp32 copy and the normalised tensor (4 bytes per element over the
+    fused kernel's input), eager SwiGLU keeps silu(a) (one more f-wide tensor): Llama 3 8B at
+    s = 4096, one sequence: 2 norms x 4 x 4096 x 4096 + 2 x 4096 x 14336 bytes per block."""
+    from autopar.cost.memory import EAGER_RMSNORM_SAVED_EXTRA_BYTES, eager_saved_bytes
+    _, graph = _llama8b_block(dev)
+    block = graph.layers[1]
+    kw = dict(dtype_bytes=2, micro_batch=1.0, tp=1, cp=1, sequence_parallel=False)
+    norms, glu = 2 * 4 * 4096 * 4096, 2 * 4096 * 14336
+    assert EAGER_RMSNORM_SAVED_EXTRA_BYTES == 4
+    assert eager_saved_bytes(block, fusion="eager", **kw) == norms + glu
+    assert eager_saved_bytes(block, fusion="compile", **kw) == 0
+    assert eager_saved_bytes(block, fusion="fused", **kw) == 0
+    # InternEvo's fused stack with an eager SwiGLU: the GLU part only
+    assert eager_saved_bytes(block, fusion="fused", eager_parts=("glu",), **kw) == glu
+    # sharded as the ops run: norms by t only with sequence parallelism, the GLU by t
+    tp2 = dict(kw, tp=2)
+    assert eager_saved_bytes(block, fusion="eager", **tp2) == norms + glu / 2
+    assert eager_saved_bytes(block, fusion="eager", **dict(tp2, sequence_parallel=True)) \
+        == (norms + glu) / 2
+    assert eager_saved_bytes(block, fusion="eager", **dict(kw, micro_batch=2.0, cp=2)) \
+        == norms + glu
+    # the final norm of the head; a LayerNorm + GELU model adds nothing
+    assert eager_saved_bytes(graph.layers[-1], fusion="eager", **kw) == 4 * 4096 * 4096
+    mpt = parse(dev[MPT_1B])
+    g_mpt, _ = model_graph(mpt.model, validation.training(mpt))
+    assert eager_saved_bytes(g_mpt.layers[1], fusion="eager", **kw) == 0
+
+
+def test_eager_torchtitan_counts_them_and_compile_does_not(dev):
+    """torchtitan without torch.compile (its default) keeps them in every block without
+    recompute; with torch.compile the graph's fused count stands; under full recompute only
+    the block being recomputed holds them (a transient); the head's final norm stays."""
+    from autopar.frameworks import get_profile
+    from autopar.frameworks.choices import TORCH_COMPILE, with_choice
+    from autopar.cost.model import CostModel
+    import autopar
+    rec, graph = _llama8b_block(dev)
+    train = validation.training(rec)
+    eager_p = get_profile("torchtitan")
+    compiled = with_choice(eager_p, TORCH_COMPILE)
+    per_block = 2 * 4 * 4096 * 4096 + 2 * 4096 * 14336
+    head = 4 * 4096 * 4096   # the final norm: the head is never recomputed
+    for mode, kept in (("none", 32 * per_block + head), ("full", head)):
+        cfg = autopar.ParallelConfig(tp=1, pp=1, dp=8, zero_stage=3, micro_batch_size=1,
+                                     recompute=mode)
+        models = [CostModel(graph, rec.cluster, train, framework=p)
+                  for p in (eager_p, compiled)]
+        e, c = (m.estimate(cfg) for m in models)
+        assert e.memory_breakdown.activations - c.memory_breakdown.activations \
+            == pytest.approx(kept)
+        # a block's own transient (the peak's may be the loss's): the recomputed block's
+        be, bc = (m.blocks_cost.block_cost(1, mode, m.resolve(cfg)) for m in models)
+        assert be.transient_bytes - bc.transient_bytes \
+            == pytest.approx(per_block if mode == "full" else 0)
