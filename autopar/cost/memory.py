@@ -194,6 +194,21 @@ def eager_saved_bytes(layer: Layer, *, fusion: str, eager_parts: tuple[str, ...]
     return extra * micro_batch / cp
 
 
+def kv_repeat_bytes(layer: Layer, *, micro_batch: float, tp: int, cp: int) -> float:
+    """Bytes one layer's fused attention keeps per micro-batch beyond the graph's count when K
+    and V are repeated to every query head before it
+    (:attr:`autopar.frameworks.MemoryConventions.kv_repeat_saved`): the kernel keeps K and V
+    at the width of Q, 2 x its bytes, where the graph's native grouped-query kernel keeps the
+    kv heads' (what the op reads beside Q): 3 x bytes written - bytes read per attention op
+    (its output has Q's shape), 0 for multi-head attention. Sharded by t (heads), scaled by
+    ``micro_batch`` (in units of the graph's micro-batch) / cp."""
+    extra = 0.0
+    for op in layer.ops:
+        if op.kind == "attention" and op.fused and op.bytes_written:
+            extra += max(0.0, 3.0 * op.bytes_written - op.bytes_read)
+    return extra * micro_batch / (tp * cp)
+
+
 def in_flight(schedule: str, stage: int, pp: int, num_micro_batches: int, virtual: int) -> float:
     """Micro-batches (times chunks) whose activations pipeline rank ``stage`` holds at its peak,
     in units of "one micro-batch through one chunk".
