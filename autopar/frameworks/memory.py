@@ -187,9 +187,10 @@ _PER_TENSOR_STEP = ("the step's temporaries are per parameter tensor (torch/opti
                     "foreach), each no larger than blocks backward freed: not modelled as "
                     "cached")
 
-_NATIVE_GQA = ("the attention kernel reads the kv heads themselves (autopar/models/transformer.py "
-               "F.scaled_dot_product_attention(..., enable_gqa=True); FlashAttention / Transformer "
-               "Engine take grouped K and V): 0")
+_NATIVE_GQA = ("autopar's own model passes the kv heads to the kernel (autopar/models/transformer.py "
+               "F.scaled_dot_product_attention(..., enable_gqa=True)): 0; a stack that inherits "
+               "these conventions is not established to repeat K and V (set 1 where its model "
+               "does, as torchtitan's)")
 
 TORCH_MEMORY = MemoryConventions(
     optimizer_step_temp_bytes=4, pp_unsharded_bytes=4,
