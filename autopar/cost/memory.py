@@ -159,6 +159,10 @@ def block_activation_bytes(layer: Layer, mode: str, *, micro_batch: int, tp: int
 #: the fp32 copy (4) and the normalised tensor (the input dtype's bytes), not the input itself:
 #: 4 bytes per element more than the fused kernel's input (2 + 4 - 2 in bf16; 4 + 4 - 4 in fp32).
 EAGER_RMSNORM_SAVED_EXTRA_BYTES = 4
+#: Activations the graph folds into a fused gated linear unit act(a) * b (recorded as a view at
+#: the activation, :class:`autopar.graph.kernels.FusedGLUMeta`); their eager kernels are costed
+#: in :mod:`autopar.cost.compute` (``EAGER_GLU_ACT_PASSES``).
+GLU_ACTIVATIONS = ("silu", "gelu")
 
 
 def eager_saved_bytes(layer: Layer, *, fusion: str, eager_parts: tuple[str, ...] = (),
@@ -180,7 +184,6 @@ def eager_saved_bytes(layer: Layer, *, fusion: str, eager_parts: tuple[str, ...]
     activation (the fused kernel saves what the eager op saves) add nothing. Scales with
     ``micro_batch`` (in units of the graph's micro-batch) / cp.
     """
-    from .compute import GLU_ACTIVATIONS   # compute imports this module (op_sac_saved)
     eager = fusion == "eager"
     glu = eager or "glu" in eager_parts
     seq_div = tp if sequence_parallel else 1
