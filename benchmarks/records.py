@@ -226,12 +226,18 @@ def parse(rec: dict) -> Record:
         raise RecordError(f"framework not modelled: {stack.group(0)} is not a PyTorch stack; "
                           "autopar prices PyTorch-based frameworks, and a borrowed profile "
                           "would price another stack's kernels, allocator and runtime")
+    assumed: dict = {}
+    model_fields = dict(rec["model"])
+    for key, (value, why) in model_defaults((rec.get("training") or {}).get("framework")
+                                            or "").items():
+        if model_fields.get(key) is None:
+            model_fields[key] = value
+            assumed[key] = f"not published: {value}, {why}"
     try:
-        model = ModelConfig.from_dict(rec["model"])
+        model = ModelConfig.from_dict(model_fields)
     except autopar.AutoparError as exc:
         raise RecordError(f"model: {exc}") from exc
     c = rec["cluster"]
-    assumed: dict = {}
     if not c.get("num_gpus"):
         raise RecordError("the GPU count is not published")
     gpn = c.get("gpus_per_node")
@@ -326,6 +332,30 @@ PRECISION_DEFAULTS: dict[str, tuple[str | None, str]] = {
     "fsdp": (None, "PyTorch FSDP's default MixedPrecision is None (fp32), which no published "
                    "run of this size used: not taken"),
 }
+
+
+#: Model fields a framework family's own model sets when its config does not (the record's
+#: ``model`` leaves them null): {field: (value, where documented)}. autopar's ``gpt`` family
+#: otherwise takes Megatron-LM's dropout 0.1 (:mod:`autopar.models.config`), whose masks
+#: (one byte per element, two per block plus the embedding's) count in activation memory.
+_MPT_DROPOUT = ("llm-foundry's MPT: llmfoundry/models/mpt/configuration_mpt.py (at 3ece05954, "
+                "2023-05-04) MPTConfig.__init__ 'resid_pdrop: float = 0.0, emb_pdrop: float = "
+                "0.0' and attn_config_defaults 'attn_pdrop': 0.0; the benchmark yamls "
+                "(scripts/train/yamls/mpt/*.yaml) set none of them. A p = 0 dropout saves no "
+                "mask: ATen Dropout.cpp _dropout_impl returns its input 'if (p == 0 || !train "
+                "...)'")
+MODEL_DEFAULTS: dict[str, dict[str, tuple[float, str]]] = {
+    "llm-foundry": {"hidden_dropout": (0.0, _MPT_DROPOUT),
+                    "attention_dropout": (0.0, _MPT_DROPOUT)},
+}
+
+
+def model_defaults(framework: str) -> dict[str, tuple[float, str]]:
+    """{model field: (value, where documented)} a record of ``framework`` (its
+    ``training.framework`` text) takes for model fields it leaves null
+    (:data:`MODEL_DEFAULTS`; empty for a family with none recorded)."""
+    from .validation import framework_kind   # validation imports this module
+    return MODEL_DEFAULTS.get(framework_kind(framework), {})
 
 
 def precision_default(framework: str) -> tuple[str | None, str]:

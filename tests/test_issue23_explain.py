@@ -167,9 +167,11 @@ def test_runner_ups_shown_one_per_kind_differ_in_more_than_which_blocks_recomput
     # of 80 blocks fully recomputed (and 1 and 2 blocks kept gathered), listed as other kinds
     plan = autopar.optimize("llama2-70b", "4x8xA100-80GB",
                             autopar.TrainingConfig(global_batch_size=1024, seq_len=4096),
-                            fixed={"tp": 1, "pp": 1}, memory_margin=0.12)
-    # (the margin of the 28-run memory band this was written for: under 18% the plans sit at
-    # an even full/selective split, where the majority rule of kind_key tips on a few blocks)
+                            fixed={"tp": 1, "pp": 1}, memory_margin=0.10)
+    # (written at the 28-run band's 12% margin; with eager RMSNorm / SwiGLU memory counted
+    # (autopar.cost.memory.eager_saved_bytes) the plans at 12-18% sit near an even
+    # full/selective split, where the majority rule of kind_key tips on a few blocks: at 10%
+    # the best plan recomputes 23 of 80 blocks fully, away from the split)
     plans = [plan.estimate, *plan.alternatives]
     assert len(plans) == 6
     for i, a in enumerate(plans):

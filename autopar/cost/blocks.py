@@ -221,6 +221,19 @@ class BlockCosts:
                   * bscale / (tp * cp) if layer.kind == "head" else 0.0)
         loss_saved = (conv.loss_saved_bytes - 4) * logits
         act_none += loss_saved
+        # norms and GLU activations run as eager ops keep more than the graph's fused kernels
+        # (and repeated K / V below), in a block kept whole ("none"); every recompute mode
+        # re-materialises them one block at a time (full; op-level SAC and the selective
+        # policy of autopar/runtime/recompute.py save matmul, attention and collective outputs
+        # only; Megatron-LM's selective recompute runs fused kernels, which add nothing here)
+        eager = mem.eager_saved_bytes(
+            layer, fusion=self.inputs.profile.fusion, eager_parts=self.inputs.profile.eager_parts,
+            dtype_bytes=self.inputs.train.dtype_bytes, micro_batch=bscale, tp=tp, cp=cp,
+            sequence_parallel=sp)
+        # grouped-query K and V repeated to every head before the kernel, which keeps them
+        if conv.kv_repeat_saved:
+            eager += mem.kv_repeat_bytes(layer, micro_batch=bscale, tp=tp, cp=cp)
+        act_none += eager
         act = act_none if mode == "none" else mem.block_activation_bytes(
             layer, mode, micro_batch=bscale, tp=tp, cp=cp, sequence_parallel=sp) + loss_saved
         # recomputing a block re-materialises what it did not keep, one block at a time

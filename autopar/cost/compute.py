@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..graph.kernels import ATTENTION_BACKWARD_RATIO
 from ..graph.types import Layer
-from .memory import op_sac_saved
+from .memory import GLU_ACTIVATIONS, op_sac_saved
 from .params import CostParams
 
 
@@ -95,8 +95,9 @@ EAGER_RMSNORM_KERNELS = 8
 #: PyTorch runs ``F.silu(a) * b`` as written: an ``aten::silu`` kernel that reads ``a`` and
 #: writes act(a) (same size and dtype), then ``aten::mul`` reading act(a) and ``b``; the
 #: product's bytes equal the fused kernel's, so eager adds the activation's read + write,
-#: :data:`EAGER_GLU_ACT_PASSES` times the bytes of ``a``, and one kernel launch.
-GLU_ACTIVATIONS = ("silu", "gelu")
+#: :data:`EAGER_GLU_ACT_PASSES` times the bytes of ``a``, and one kernel launch. The activations
+#: are :data:`autopar.cost.memory.GLU_ACTIVATIONS` (defined there: memory counts what eager
+#: PyTorch saves of them, and this module imports memory).
 EAGER_GLU_ACT_PASSES = 2
 #: Its backward: autograd's ``silu_backward`` / ``gelu_backward`` (derivatives.yaml) is one
 #: kernel reading the gradient of act(a) and ``a`` and writing the gradient of ``a``: 3 x the

@@ -149,6 +149,69 @@ def block_activation_bytes(layer: Layer, mode: str, *, micro_batch: int, tp: int
     return kept * scale
 
 
+#: Bytes per element an RMSNorm run as eager PyTorch ops keeps for backward beyond the fused
+#: kernel's saved input (what the graph counts, :class:`autopar.graph.kernels.FusedNormMeta`).
+#: The eager composite (Hugging Face LlamaRMSNorm, torchtitan/torchtune RMSNorm, torch's
+#: composite ``rms_norm``): ``x.float()`` saves nothing; ``pow(xf, 2)`` saves ``xf`` and
+#: ``xf * rsqrt(...)`` saves ``xf`` and the per-row rsqrt (tools/autograd/derivatives.yaml
+#: ``pow.Tensor_Scalar: pow_backward(grad, self, exponent)``, ``mul.Tensor: other / self``);
+#: ``.type_as(x)`` saves nothing; ``weight * normed`` saves ``normed`` in the input dtype. Saved:
+#: the fp32 copy (4) and the normalised tensor (the input dtype's bytes), not the input itself:
+#: 4 bytes per element more than the fused kernel's input (2 + 4 - 2 in bf16; 4 + 4 - 4 in fp32).
+EAGER_RMSNORM_SAVED_EXTRA_BYTES = 4
+#: Activations the graph folds into a fused gated linear unit act(a) * b (recorded as a view at
+#: the activation, :class:`autopar.graph.kernels.FusedGLUMeta`); their eager kernels are costed
+#: in :mod:`autopar.cost.compute` (``EAGER_GLU_ACT_PASSES``).
+GLU_ACTIVATIONS = ("silu", "gelu")
+
+
+def eager_saved_bytes(layer: Layer, *, fusion: str, eager_parts: tuple[str, ...] = (),
+                      dtype_bytes: int, micro_batch: float, tp: int, cp: int,
+                      sequence_parallel: bool) -> float:
+    """Bytes one layer keeps per micro-batch beyond the graph's fused count when ops the graph
+    folds into fused kernels run as eager PyTorch ops (``fusion="eager"``, or ``eager_parts``
+    "glu" for a GLU outside it):
+
+    - an RMSNorm: :data:`EAGER_RMSNORM_SAVED_EXTRA_BYTES` per element of its output (sharded
+      as the norm runs: by t only with sequence parallelism);
+    - a gated linear unit act(a) * b: ``F.silu(a) * b`` keeps act(a) beside ``a`` and ``b``
+      (``silu`` saves its input, ``mul`` both operands: derivatives.yaml ``silu: self``,
+      ``mul.Tensor``), where the graph's fused GLU (:class:`autopar.graph.kernels.FusedGLUMeta`,
+      recorded as a view at the activation) keeps ``a`` and ``b`` only: one more tensor of
+      ``a``'s size and dtype, sharded by t.
+
+    A LayerNorm (aten ``native_layer_norm``, one kernel in eager PyTorch) and a non-gated
+    activation (the fused kernel saves what the eager op saves) add nothing. Scales with
+    ``micro_batch`` (in units of the graph's micro-batch) / cp.
+    """
+    eager = fusion == "eager"
+    glu = eager or "glu" in eager_parts
+    seq_div = tp if sequence_parallel else 1
+    extra = 0.0
+    for op in layer.ops:
+        if eager and op.kind == "norm" and "rmsnorm" in op.target.lower():
+            elements = op.bytes_written / dtype_bytes
+            extra += EAGER_RMSNORM_SAVED_EXTRA_BYTES * elements / seq_div
+        elif glu and op.kind == "view" and op.target.lower() in GLU_ACTIVATIONS:
+            extra += op.bytes_read / tp
+    return extra * micro_batch / cp
+
+
+def kv_repeat_bytes(layer: Layer, *, micro_batch: float, tp: int, cp: int) -> float:
+    """Bytes one layer's fused attention keeps per micro-batch beyond the graph's count when K
+    and V are repeated to every query head before it
+    (:attr:`autopar.frameworks.MemoryConventions.kv_repeat_saved`): the kernel keeps K and V
+    at the width of Q, 2 x its bytes, where the graph's native grouped-query kernel keeps the
+    kv heads' (what the op reads beside Q): 3 x bytes written - bytes read per attention op
+    (its output has Q's shape), 0 for multi-head attention. Sharded by t (heads), scaled by
+    ``micro_batch`` (in units of the graph's micro-batch) / cp."""
+    extra = 0.0
+    for op in layer.ops:
+        if op.kind == "attention" and op.fused and op.bytes_written:
+            extra += max(0.0, 3.0 * op.bytes_written - op.bytes_read)
+    return extra * micro_batch / (tp * cp)
+
+
 def in_flight(schedule: str, stage: int, pp: int, num_micro_batches: int, virtual: int) -> float:
     """Micro-batches (times chunks) whose activations pipeline rank ``stage`` holds at its peak,
     in units of "one micro-batch through one chunk".

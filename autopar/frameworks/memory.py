@@ -69,6 +69,13 @@ class MemoryConventions:
             backward, so that they count at the activation peak (a fixed size, not per
             parameter): DeepSpeed's contiguous reduction bucket of ``reduce_bucket_size``
             elements. 0 where the buckets are views of the gradient buffer.
+        kv_repeat_saved: 1 where the framework's attention repeats grouped-query K and V to
+            every query head before a fused SDPA (``repeat_kv``: expand + reshape, a copy),
+            which then keeps the repeated copies for backward: K and V saved at the query heads'
+            width, (heads / kv heads - 1) times more than the graph's native-GQA kernel keeps
+            (counted for blocks without recompute, and as the recomputed block's transient);
+            0 where the kernel reads the kv heads themselves (SDPA ``enable_gqa``, FlashAttention,
+            Transformer Engine).
         sources: where each figure comes from, by field name.
 
     Raises:
@@ -93,6 +100,7 @@ class MemoryConventions:
     loss_saved_bytes: int = 4
     step_cached_bytes: int = 0
     grad_bucket_elements: int = 0
+    kv_repeat_saved: int = 0
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -134,6 +142,7 @@ _UNITS = {
     "loss_saved_bytes": ("bytes per logit element", 4),
     "step_cached_bytes": ("bytes per optimizer-held parameter", 0),
     "grad_bucket_elements": ("elements in the training dtype", 0),
+    "kv_repeat_saved": ("0 or 1 (whether SDPA keeps K and V repeated to every head)", 0),
 }
 #: Fields that may be None, and what None stands for.
 _NONE_MEANS = {"weight_bytes": "the training dtype's bytes",
@@ -178,6 +187,11 @@ _PER_TENSOR_STEP = ("the step's temporaries are per parameter tensor (torch/opti
                     "foreach), each no larger than blocks backward freed: not modelled as "
                     "cached")
 
+_NATIVE_GQA = ("autopar's own model passes the kv heads to the kernel (autopar/models/transformer.py "
+               "F.scaled_dot_product_attention(..., enable_gqa=True)): 0; a stack that inherits "
+               "these conventions is not established to repeat K and V (set 1 where its model "
+               "does, as torchtitan's)")
+
 TORCH_MEMORY = MemoryConventions(
     optimizer_step_temp_bytes=4, pp_unsharded_bytes=4,
     unfused_score_saved_bytes=4, unfused_score_work_bytes=8,
@@ -204,12 +218,13 @@ TORCH_MEMORY = MemoryConventions(
         "loss_saved_bytes": _TORCH_CE_SAVED,
         "step_cached_bytes": _PER_TENSOR_STEP,
         "grad_bucket_elements": _FSDP2_BUCKETS,
+        "kv_repeat_saved": _NATIVE_GQA,
     })
 
 TORCHTITAN_MEMORY = MemoryConventions(
     weight_bytes=4, grad_bytes=4, master_weight_bytes=0, optimizer_step_temp_bytes=0,
     pp_unsharded_bytes=6, pp_unsharded_forward_bytes=2, unfused_score_saved_bytes=4,
-    unfused_score_work_bytes=8,
+    unfused_score_work_bytes=8, kv_repeat_saved=1,
     sources={
         "weight_bytes": "torchtitan v0.2.2 models/llama3/infra/parallelize.py apply_fsdp: "
                         "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) over a model "
@@ -235,6 +250,11 @@ TORCHTITAN_MEMORY = MemoryConventions(
         "loss_saved_bytes": _TORCH_CE_SAVED,
         "step_cached_bytes": "fused AdamW allocates no per-step buffers; " + _PER_TENSOR_STEP,
         "grad_bucket_elements": _FSDP2_BUCKETS,
+        "kv_repeat_saved": "torchtitan models/llama/model.py (82f7387f8, 2025-01) Attention."
+                           "forward: 'keys = repeat_kv(xk, self.n_rep)', 'values = repeat_kv(xv, "
+                           "self.n_rep)' (unsqueeze, expand, reshape: a copy) before "
+                           "'F.scaled_dot_product_attention(xq, xk, xv, is_causal=True)', which "
+                           "saves its inputs for backward: 1",
     })
 
 MEGATRON_MEMORY = MemoryConventions(
@@ -268,6 +288,8 @@ MEGATRON_MEMORY = MemoryConventions(
         "grad_bucket_elements": "megatron/core/distributed/param_and_grad_buffer.py: the "
                              "buckets are views of the contiguous main_grad buffer (counted "
                              "as gradients): 0",
+        "kv_repeat_saved": "Transformer Engine / flash-attn attention takes grouped K and V "
+                           "(num_query_groups): 0",
     })
 
 DEEPSPEED_MEMORY = MemoryConventions(
@@ -291,6 +313,9 @@ DEEPSPEED_MEMORY = MemoryConventions(
         "step_cached_bytes": "ZeRO's fp32 partitions and FusedAdam step in place: no large "
                              "step-time requests",
         "grad_bucket_elements": _DS_BUCKET,
+        "kv_repeat_saved": "not established for the models DeepSpeed runs (Hugging Face's "
+                           "repeat_kv depends on the transformers version and attention path): "
+                           "0",
     })
 
 

@@ -131,6 +131,7 @@ _COMMON = {
                        "CrossEntropyLoss(inplace_backward=True)",
     "loss_saved_bytes": "as the graph measures (4 bytes per logit element): the dtype of the "
                         "logits FlashGPTLMLoss receives was not read, so not changed",
+    "kv_repeat_saved": "flash-attn attention takes the kv heads themselves: 0",
 }
 #: InternEvo's memory conventions, by optimizer (ZeRO-1 = HybridZeroOptimizer, ZeRO-3 =
 #: FSDPadaptOptimizer), read at the table's tag v0.2.1dev20231121. Both wrap torch.optim.AdamW
