@@ -114,7 +114,9 @@ def test_parameter_offload_copies_ride_beside_compute_and_show_where_it_is_short
     assert e.time_breakdown.total == pytest.approx(e.step_time_s, rel=1e-12)
 
 
-@pytest.mark.parametrize("mode,saved", [("full", 32_768.0), ("none", 507_904.0)])
+# "none": the block's saved tensors incl. eager RMSNorm/SwiGLU's extra ones under fsdp1
+# (autopar.cost.memory.eager_saved_bytes)
+@pytest.mark.parametrize("mode,saved", [("full", 32_768.0), ("none", 729_088.0)])
 def test_activation_offload_keeps_no_block_activations_and_copies_them_on_the_stream(mode, saved):
     a, b = _cm("fsdp1"), _cm("fsdp1", activation_offload=True)
     c = a.resolve(ZERO3.replace(recompute=mode))
