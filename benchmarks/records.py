@@ -56,6 +56,7 @@ class Record:
     memory_at_oom_gib: float | None = None
     oom_phase: str = ""
     fp8_recipe: str = ""
+    torch_compile: bool | None = None
 
     @property
     def ran(self) -> bool:
@@ -313,6 +314,7 @@ def parse(rec: dict) -> Record:
                   memory_at_oom_gib=meas.get("memory_at_oom_gib"),
                   oom_phase=meas.get("oom_phase") or "",
                   fp8_recipe=t.get("fp8_recipe") or "",
+                  torch_compile=t.get("torch_compile"),
                   assumed=tuple(sorted(assumed.items())))
 
 

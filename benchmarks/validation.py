@@ -172,13 +172,17 @@ def profile_name(rec: Record) -> str:
 
 def record_profile(rec: Record) -> FrameworkProfile:
     """The record's library profile (:func:`profile_name`) with the options its record states:
-    torch.compile (:data:`autopar.frameworks.choices.TORCH_COMPILE`), FSDP's HYBRID_SHARD in the
+    torch.compile (:data:`autopar.frameworks.choices.TORCH_COMPILE`: ``training.torch_compile``,
+    else "torch.compile" in the framework text), FSDP's HYBRID_SHARD in the
     notes (HSDP within a node) or InternEvo's ``zero1=N`` (:func:`autopar.frameworks.
     shard_within`), "full bf16" / "pure bf16" in the framework text (:func:`autopar.frameworks.
     with_pure_bf16`)."""
     profile = get_profile(profile_name(rec))
     f = rec.framework.lower().replace(" ", "").replace("-", "")
-    if "torch.compile" in rec.framework.lower() and "nocompile" not in f:
+    compiled = rec.torch_compile   # the run's own statement (training.torch_compile) first
+    if compiled is None:
+        compiled = "torch.compile" in rec.framework.lower() and "nocompile" not in f
+    if compiled:
         profile = with_choice(profile, TORCH_COMPILE)
     if _kind(rec.framework) == "fsdp" and "HYBRID_SHARD" in rec.raw.get("notes", ""):
         profile = shard_within(profile, rec.cluster.gpus_per_node)
