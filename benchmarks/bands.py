@@ -10,7 +10,7 @@ published plan, open fields at its framework's documented default (the same eval
 ``python -m benchmarks.accuracy --cv source``: :func:`benchmarks.validation.evaluate`, no
 search). Residuals ``(predicted - measured) / measured`` are leave-one-source-out by
 construction: autopar fits no constant to the corpus (``validation.FITTED_CONSTANTS`` is empty).
-The rules (regimes, quantile, fallback cells) are :mod:`autopar.cost.regime`'s; this script only
+The rules (regimes, quantile, coarser report cells) are :mod:`autopar.cost.regime`'s; this script only
 counts. ``python -m benchmarks.accuracy --write-docs`` runs it too, so one command regenerates
 every generated table after a cost-model change. Deterministic; about a minute on one core.
 """
@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autopar.cost import regime as rg
-from autopar.frameworks import band_framework
 
 from . import validation
 from .records import parse
@@ -36,11 +35,12 @@ COMMAND = "python -m benchmarks.bands --write"
 
 @dataclass(frozen=True)
 class Point:
-    """One measured record: its regime key (framework may be "*"), residual, measured MFU."""
+    """One measured record: its regime key (:meth:`autopar.cost.regime.Regime.key`; framework
+    may be "*"), residual, measured MFU."""
 
     id: str
     source: str
-    key: tuple[str, str, str, str]
+    key: tuple[str, ...]
     residual: float
     measured_mfu: float
     memory_residual: float | None = None
@@ -61,14 +61,12 @@ def points(raw: list[dict] | None = None) -> tuple[list[Point], list[tuple[str, 
         except validation.REFUSED as exc:
             skipped.append((r.get("id", "?"), validation.refusal(exc)))
             continue
-        plan = {**row.chosen, **rec.fixed}
-        # the record's stack is banded with the framework whose code path it runs (library)
-        key = (band_framework(validation.profile_name(rec)),
-               rec.train.precision, rg.gpu_generation(rec.cluster.device.name),
-               rg.sharding_kind(plan.get("tp", 1), plan.get("pp", 1), plan.get("cp", 1),
-                                plan.get("zero_stage")))
         meas, mem = rec.measured_step_s, rec.measured_memory_gib
-        out.append(Point(rec.id, rec.source_key, key, (row.predicted_s - meas) / meas,
+        # the regime the cost model gave the estimate (autopar.cost.regime.Regime.of: the
+        # record's stack banded with the framework whose code path it runs, its published plan's
+        # sharding, the model graph's experts and parameters, the cluster's nodes): the cell
+        # band_for looks up for the same plan
+        out.append(Point(rec.id, rec.source_key, row.regime, (row.predicted_s - meas) / meas,
                          row.mfu * row.predicted_s / meas,
                          (row.memory_gib - mem) / mem if mem else None))
     return out, skipped
@@ -129,7 +127,7 @@ def ceilings(pts: list[Point]) -> dict[tuple, tuple[float, str, str]]:
     pooled over frameworks ("*"); ties go to the first record in corpus order."""
     best: dict[tuple, Point] = {}
     for p in pts:
-        fw, prec, gpu, _ = p.key
+        fw, prec, gpu = p.key[:3]
         for c in dict.fromkeys(((fw, prec, gpu), (rg.ANY, prec, gpu))):
             if c not in best or p.measured_mfu > best[c].measured_mfu:
                 best[c] = p
@@ -149,9 +147,10 @@ def render(pts: list[Point]) -> str:
         ":mod:`autopar.cost.regime`. tests/test_bands.py fails when these drift from the corpus.",
         '"""',
         "",
-        "#: (framework, precision, gpu generation, sharding) -> (band half-width, mean signed",
-        "#: residual (predicted - measured) / measured, runs, sources); \"*\" = pooled.",
-        "BANDS: dict[tuple[str, str, str, str], tuple[float, float, int, int]] = {",
+        "#: (framework, precision, gpu generation, sharding, experts, scale, size)",
+        "#: (autopar.cost.regime.FIELDS) -> (band half-width, mean signed residual",
+        "#: (predicted - measured) / measured, runs, sources); \"*\" = pooled.",
+        "BANDS: dict[tuple[str, ...], tuple[float, float, int, int]] = {",
     ]
     lines += [f"    {c!r}: {v!r}," for c, v in b.items()]
     lines += ["}", "",
@@ -189,12 +188,12 @@ def main(argv=None) -> int:
         print(f"wrote {rel} ({len(pts)} runs, {len(skipped)} refused)")
         return 0
     for p in pts:
-        print(f"{p.id:48s} {'/'.join(p.key):36s} {100 * p.residual:+6.1f}%  "
+        print(f"{p.id:48s} {'/'.join(p.key):60s} {100 * p.residual:+6.1f}%  "
               f"measured MFU {100 * p.measured_mfu:5.1f}%")
     for rid, why in skipped:
         print(f"skipped {rid}: {why}")
     for c, (half, bias, n, s) in bands(pts).items():
-        print(f"band {'/'.join(c):36s} +-{100 * half:4.1f}% bias {100 * bias:+5.1f}% "
+        print(f"band {'/'.join(c):60s} +-{100 * half:4.1f}% bias {100 * bias:+5.1f}% "
               f"n={n} sources={s}")
     for c, (mfu, rid, _) in ceilings(pts).items():
         print(f"best MFU {'/'.join(c):28s} {100 * mfu:5.1f}% {rid}")

@@ -1,8 +1,9 @@
 """Accuracy of the validation rows per regime, and how often the stated error band holds.
 
 Used by ``python -m benchmarks.accuracy --cv source`` (:mod:`benchmarks.accuracy`). A run's
-*regime* here is finer than the error band's (:mod:`autopar.cost.regime`): six fields, each
-read from the record and the plan it is estimated with.
+*regime* here has the error band's buckets (:mod:`autopar.cost.regime`) with the framework as a
+family and no precision: six fields, each read from the record and the plan it is estimated
+with.
 
 - ``gpu``: the GPU generation (:func:`autopar.cost.regime.gpu_generation`: ampere, hopper, ...).
 - ``framework``: the family of the library profile the record runs
@@ -15,16 +16,18 @@ read from the record and the plan it is estimated with.
   ``tensor`` when tp or cp > 1, else ``fsdp-zero3`` with ZeRO stage 3, else ``data``.
 - ``experts``: ``moe`` when the record's model has more than one expert
   (``model.num_experts``), else ``dense``.
-- ``scale``: nodes of the cluster: ``1 node``, ``2-64 nodes``, ``>64 nodes``.
-- ``size``: the model's parameters (:attr:`autopar.models.ModelConfig.num_parameters`), each
-  bucket holding its lower bound: ``<3B``, ``3-30B``, ``30-100B``, ``>100B`` (100e9 and up).
+- ``scale``: nodes of the cluster (:func:`autopar.cost.regime.scale_bucket`): ``1 node``,
+  ``2-64 nodes``, ``>64 nodes``.
+- ``size``: the model's parameters (:attr:`autopar.models.ModelConfig.num_parameters`;
+  :func:`autopar.cost.regime.size_bucket`), each bucket holding its lower bound: ``<3B``,
+  ``3-30B``, ``30-100B``, ``>100B`` (100e9 and up).
 
 Band coverage: a run is within its band when ``|(predicted - measured) / measured|`` is at most
 the half-width of the estimate's stated band (``Estimate.error_band``, a 68% band from
-:mod:`autopar.cost.published`). Those tables are derived from the development split including
-the run's own source; :func:`refit_coverage` also gives the coverage of bands refitted without
-the run's source (the rules of :mod:`autopar.cost.regime`, the counting of
-:func:`benchmarks.bands.bands`).
+:mod:`autopar.cost.published`: the run's own regime's, when validated). Those tables are derived
+from the development split including the run's own source; :func:`refit_coverage` also gives the
+coverage of bands refitted without the run's source (the rules of
+:func:`autopar.cost.regime.band_for`, the counting of :func:`benchmarks.bands.bands`).
 """
 
 from __future__ import annotations
@@ -56,23 +59,14 @@ def sharding(tp: int, pp: int, cp: int, zero_stage) -> str:
     return "fsdp-zero3" if kind == "fsdp" else kind
 
 
-def scale_bucket(num_nodes: int) -> str:
-    """``1 node``, ``2-64 nodes`` or ``>64 nodes``."""
-    return "1 node" if num_nodes <= 1 else "2-64 nodes" if num_nodes <= 64 else ">64 nodes"
-
-
-def size_bucket(params: float) -> str:
-    """``<3B``, ``3-30B``, ``30-100B`` or ``>100B`` (a bucket holds its lower bound)."""
-    for bound, name in ((3e9, "<3B"), (30e9, "3-30B"), (100e9, "30-100B")):
-        if params < bound:
-            return name
-    return ">100B"
+scale_bucket = rg.scale_bucket
+size_bucket = rg.size_bucket
 
 
 def experts(raw: dict) -> str:
-    """``moe`` when the record's model has more than one expert, else ``dense``."""
-    n = (raw.get("model") or {}).get("num_experts") or 1
-    return "moe" if n > 1 else "dense"
+    """``moe`` when the record's model has more than one expert, else ``dense``
+    (:func:`autopar.cost.regime.experts_kind`)."""
+    return rg.experts_kind((raw.get("model") or {}).get("num_experts") or 1)
 
 
 def regime_of(row: validation.Row) -> tuple[str, ...]:
@@ -134,20 +128,20 @@ def table(rows: list[validation.Row], held_out: bool = False) -> list[str]:
     return lines
 
 
-def band_key(row: validation.Row) -> tuple[str, str, str, str]:
-    """The run's error-band regime (framework, precision, gpu, sharding) as
+def band_key(row: validation.Row) -> tuple[str, ...]:
+    """The run's error-band regime (:meth:`autopar.cost.regime.Regime.key`: framework,
+    precision, gpu, sharding, experts, scale, size) as its estimate has it and
     :func:`benchmarks.bands.points` keys it."""
-    rec, plan = row.rec, _plan(row)
-    return (band_framework(validation.profile_name(rec)), rec.train.precision,
-            rg.gpu_generation(rec.cluster.device.name),
-            rg.sharding_kind(plan.get("tp", 1), plan.get("pp", 1), plan.get("cp", 1),
-                             plan.get("zero_stage")))
+    return row.regime
 
 
 def refit_coverage(rows: list[validation.Row]) -> list[str]:
     """One line: the share of runs within a band computed, by the rules of
-    :mod:`autopar.cost.regime`, from the runs of the other sources only (leave one source out
-    for the band itself)."""
+    :func:`autopar.cost.regime.band_for` (the run's own regime, validated by
+    :data:`~autopar.cost.regime.VALIDATED_RUNS` runs of
+    :data:`~autopar.cost.regime.VALIDATED_SOURCES` sources, never a coarser cell), from the runs
+    of the other sources only (leave one source out for the band itself); the runs whose regime
+    the other sources do not validate are counted apart."""
     from .bands import Point, bands
     measured = [r for r in rows if r.error is not None]
     pts = [Point(r.rec.id, r.rec.source_key, band_key(r), r.error, 0.0) for r in measured]
@@ -155,12 +149,11 @@ def refit_coverage(rows: list[validation.Row]) -> list[str]:
     for src in sorted({p.source for p in pts}):
         table_ = bands([p for p in pts if p.source != src])
         for p in (p for p in pts if p.source == src):
-            for level in rg.LEVELS:
-                row = table_.get(rg.cell(p.key, level))
-                if row is not None:
-                    total += 1
-                    hit += abs(p.residual) <= row[0]
-                    break
+            row = table_.get(p.key)
+            if row is not None and row[2] >= rg.VALIDATED_RUNS and row[3] >= rg.VALIDATED_SOURCES:
+                total += 1
+                hit += abs(p.residual) <= row[0]
     pct = 100 * hit / total if total else math.nan
     return [f"band coverage, bands refitted without the run's source: {hit} of {total} runs "
-            f"({pct:.1f}%)"]
+            f"({pct:.1f}%) in a regime the other sources validate; {len(pts) - total} runs "
+            "without one"]

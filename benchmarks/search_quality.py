@@ -41,8 +41,7 @@ import time
 import autopar
 from autopar.api import model_graph
 from autopar.cost.model import CostModel
-from autopar.cost.regime import ErrorBand, Regime, band_for, gpu_generation, sharding_kind
-from autopar.frameworks import band_framework
+from autopar.cost.regime import ErrorBand, Regime, band_for
 from autopar.graph import extract, hf
 from autopar.search.margin import default_margin, search_with_margin
 from autopar.search.optimize import search
@@ -184,14 +183,12 @@ def hetero(time_limit: float | None, framework: str = "torch") -> None:
 
 def published_band(rec, row) -> ErrorBand:
     """The error band of a record's published plan: its regime's (:func:`autopar.cost.regime.
-    band_for`), keyed as ``benchmarks.bands`` keys the record (the framework the record's stack
-    is banded with, its precision, GPU generation, and the sharding kind of the published plan
-    with its open fields at the framework's defaults)."""
-    plan = {**row.chosen, **rec.fixed}
-    return band_for(Regime(band_framework(validation.profile_name(rec)), rec.train.precision,
-                           gpu_generation(rec.cluster.device.name),
-                           sharding_kind(plan.get("tp", 1), plan.get("pp", 1), plan.get("cp", 1),
-                                         plan.get("zero_stage"))))
+    band_for`), keyed as ``benchmarks.bands`` keys the record: the regime of the published
+    plan's estimate (``row.regime``, :meth:`autopar.cost.regime.Regime.of`: the framework the
+    record's stack is banded with, its precision, GPU generation, the sharding kind of the
+    published plan with its open fields at the framework's defaults, dense/MoE, the cluster's
+    scale and the model's size bucket)."""
+    return band_for(Regime(*row.regime))
 
 
 def band_verdict(speedup: float, band: ErrorBand) -> str:

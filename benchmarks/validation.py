@@ -280,6 +280,9 @@ class Row:
     #: allocated/active/reserved/device (:meth:`autopar.cost.memory.MemoryBreakdown.counted`)
     #: and rank "peak" (the largest rank) or "last" (the last pipeline rank)
     memory_kinds: tuple = ()
+    #: the estimate's regime key (:meth:`autopar.cost.regime.Regime.key`, as the cost model
+    #: computes it: the cell its band is looked up in); () when not estimated here
+    regime: tuple = ()
 
     def memory_as_published(self) -> float:
         """Predicted GiB of the counter the record publishes (its ``memory_kind`` on its
@@ -331,7 +334,8 @@ def evaluate(rec: Record, spread: bool = True) -> Row:
                                   ("last", e.stage_memory_breakdown[-1]))
                   for kind in ("allocated", "active", "reserved", "device"))
     return Row(rec, e.step_time_s, fastest, e.memory_per_gpu_bytes / GIB, e.fits, chosen, e.mfu,
-               e.error_band.half_width if e.error_band is not None else None, kinds)
+               e.error_band.half_width if e.error_band is not None else None, kinds,
+               e.error_band.cell if e.error_band is not None else ())
 
 
 #: What a record autopar cannot estimate raises (it is refused with :func:`refusal`).

@@ -21,6 +21,7 @@ from autopar.cost.regime import (ANY, BAND_QUANTILE, LEVELS, MIN_RECORDS, VALIDA
 from autopar.report.summary import runner_up_note
 
 H100 = autopar.Cluster.custom(1, 8, "H100-SXM5-80GB")
+H100x2 = autopar.Cluster.from_spec("2x8xH100-80GB")
 
 
 @pytest.fixture(scope="module")
@@ -71,28 +72,30 @@ def test_regimes_and_fallback():
     assert gpu_generation("GB200") == "blackwell" and gpu_generation("MI250X") == "mi250x"
     assert sharding_kind(8, 4, 1, 1) == "pipeline" and sharding_kind(1, 1, 2, 3) == "tensor"
     assert sharding_kind(1, 1, 1, 3) == "fsdp" and sharding_kind(1, 1, 1, 1) == "data"
-    exact = Regime("torch", "bf16", "hopper", "fsdp")
+    exact = Regime("torch", "bf16", "hopper", "fsdp", "dense", "2-64 nodes", "3-30B")
     b = band_for(exact)
-    assert b.cell == exact.key() and b.validated                    # 72 runs of its own
+    assert b.cell == exact.key() and b.validated                    # 18 runs of its own
     assert b.records >= VALIDATED_RUNS and b.sources >= VALIDATED_SOURCES
     # no torchtitan bf16 pipeline runs: unvalidated, no band borrowed from a coarser cell
-    b = band_for(Regime("torchtitan", "bf16", "hopper", "pipeline"))
+    b = band_for(Regime("torchtitan", "bf16", "hopper", "pipeline", "dense", "2-64 nodes", "3-30B"))
     assert not b.validated and b.half_width is None and b.bias is None
-    assert b.cell[1:] == ("bf16", "hopper", "pipeline") and b.records == 0
+    assert b.cell[1:4] == ("bf16", "hopper", "pipeline") and b.records == 0
     assert "unknown" in b.text() and "unvalidated regime" in b.describe()
-    # a cell with runs but fewer than VALIDATED_RUNS (megatron bf16 hopper pipeline: 6, 1 source)
-    few = Regime("megatron", "bf16", "hopper", "pipeline")
+    # a cell with runs but fewer than VALIDATED_RUNS (torch FSDP of 30-100B models on 2-64
+    # Hopper nodes: 9 runs)
+    few = Regime("torch", "bf16", "hopper", "fsdp", "dense", "2-64 nodes", "30-100B")
     row = published.BANDS.get(few.key())
     if row is not None and (row[2] < VALIDATED_RUNS or row[3] < VALIDATED_SOURCES):
         b = band_for(few)
         assert not b.validated and b.records == row[2] and str(row[2]) in b.describe()
     # an unknown GPU: unvalidated
-    assert not band_for(Regime("megatron", "bf16", "mi250x", "pipeline")).validated
-    assert all(len(level) == 4 for level in LEVELS) and LEVELS[-1] == (False,) * 4
+    assert not band_for(Regime("megatron", "bf16", "mi250x", "pipeline", "dense", "1 node",
+                               "<3B")).validated
+    assert all(len(level) == 7 for level in LEVELS) and LEVELS[-1] == (False,) * 7
 
 
 def test_plausibility_warning_above_the_best_published_only():
-    r = Regime("megatron", "bf16", "hopper", "pipeline")
+    r = Regime("megatron", "bf16", "hopper", "pipeline", "dense", ">64 nodes", ">100B")
     best = mfu_ceiling("megatron", "bf16", "hopper")
     assert best.cell == ("megatron", "bf16", "hopper")
     assert plausibility_warnings(best.mfu, r) == ()
@@ -101,7 +104,8 @@ def test_plausibility_warning_above_the_best_published_only():
     # a framework with no fp16 Volta run: the best of any framework there, if any
     row = mfu_ceiling("torchtitan", "fp16", "volta")
     assert row is None or row.cell == (ANY, "fp16", "volta")
-    assert plausibility_warnings(0.99, Regime("torch", "fp32", "volta", "data")) == ()
+    assert plausibility_warnings(0.99, Regime("torch", "fp32", "volta", "data", "dense", "1 node",
+                                              "<3B")) == ()
 
 
 @pytest.fixture(scope="module")
@@ -114,10 +118,11 @@ def megatron_8b_plan():
 
 @pytest.fixture(scope="module")
 def fsdp_8b_plan():
-    """Llama 3 8B under torch FSDP (ZeRO-3, no tp/pp) on 8 H100: torch x bf16 x Hopper x FSDP,
-    a validated regime (72 runs of 4 sources)."""
+    """Llama 3 8B under torch FSDP (ZeRO-3, no tp/pp) on 2 x 8 H100: torch x bf16 x Hopper x
+    FSDP x dense x 2-64 nodes x 3-30B, a validated regime (18 runs of 4 sources; the same on one
+    node has 14 runs of a single source)."""
     train = autopar.TrainingConfig(global_batch_size=64, seq_len=4096)
-    return autopar.optimize("llama3-8b", H100, train,
+    return autopar.optimize("llama3-8b", H100x2, train,
                             fixed={"tp": 1, "pp": 1, "cp": 1, "zero_stage": 3})
 
 
@@ -126,7 +131,7 @@ def test_every_estimate_carries_its_band_and_the_summary_prints_it(fsdp_8b_plan)
     e = plan.estimate
     assert e.error_band is not None and e.error_band.validated
     assert 0 < e.error_band.half_width < 1
-    assert e.error_band.cell == ("torch", "bf16", "hopper", "fsdp")
+    assert e.error_band.cell == ("torch", "bf16", "hopper", "fsdp", "dense", "2-64 nodes", "3-30B")
     assert all(a.error_band is not None for a in plan.alternatives)
     text = plan.summary()
     assert f"{e.step_time_s:.3f} s {e.error_band.text()}" in text

@@ -40,6 +40,7 @@ def test_a_published_stack_is_banded_with_the_framework_whose_code_path_it_runs(
     import autopar
     from autopar.cost.regime import Regime
     from autopar.frameworks import BAND_FRAMEWORK, band_framework, get_profile
+    from autopar.problem import model_graph
     from autopar.config import FRAMEWORKS
     assert set(BAND_FRAMEWORK) == set(FRAMEWORKS)
     assert set(BAND_FRAMEWORK.values()) <= {"torch", "torchtitan", "megatron", "deepspeed", "*"}
@@ -50,7 +51,10 @@ def test_a_published_stack_is_banded_with_the_framework_whose_code_path_it_runs(
         est = autopar.estimate("llama2-7b", cluster, train,
                                {"tp": 2, "pp": 1, "dp": 8, "zero_stage": 1})
         bands[fw] = est.error_band
-        assert Regime.of(train, "H100", est.config).framework == band_framework(fw)
+        graph, _ = model_graph("llama2-7b", train)
+        regime = Regime.of(train, cluster, graph, est.config)
+        assert regime.framework == band_framework(fw) and est.error_band.cell == regime.key()
+        assert regime.key()[4:] == ("dense", "2-64 nodes", "3-30B")
     assert bands["nemo"] == bands["megatron"] == bands["megatron-2023"]
     assert bands["internevo"].cell[0] == "*"
     assert band_framework(get_profile("fsdp1")) == "torch" and band_framework("nope") == "*"

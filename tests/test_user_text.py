@@ -154,7 +154,7 @@ def test_explain_does_not_put_fsdp_copies_on_a_link():
 def test_mfu_warning_never_prints_two_equal_percentages():
     # "MFU 45.7% exceeds the best published ... (45.7%: ...)"
     from autopar.cost.regime import Regime, distinct_percents, mfu_ceiling, plausibility_warnings
-    r = Regime("torch", "bf16", "hopper", "fsdp")
+    r = Regime("torch", "bf16", "hopper", "fsdp", "dense", "1 node", "3-30B")
     best = mfu_ceiling(r.framework, r.precision, r.gpu).mfu
     for above in (1e-5, 3e-4, 1e-3, 0.02):
         (w,) = plausibility_warnings(best + above, r)

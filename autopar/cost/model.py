@@ -301,7 +301,7 @@ class CostModel:
             dp_comm_exposed=dpc.exposed_s, overlap_slowdown=dpc.slowdown_s,
             dp_copies=dpc.copies_s, optimizer=dpc.optimizer_s,
             fixed_step=self.profile.step_fixed_s, host_exposed=m * parts.host)
-        regime = Regime.of(train, device.name, c)
+        regime = Regime.of(train, self.cluster, self.graph, c)
         warns = (*self.graph.warnings, *plausibility_warnings(mfu, regime),
                  *estimate_notes(self.inputs, c),
                  *headroom_warnings(totals[peak_rank], device.visible_memory_bytes))

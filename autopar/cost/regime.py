@@ -3,13 +3,18 @@
 Both come from the published-run corpus (``benchmarks/data/*.json``) through tables that a
 benchmark script generates into :mod:`autopar.cost.published` (``python -m benchmarks.bands
 --write``; ``tests/test_bands.py`` fails when the tables drift from the corpus). This module
-holds the rules: what a *regime* is, how a band is computed from residuals, and how a regime
-falls back to a coarser one when too few published runs share it.
+holds the rules: what a *regime* is, how a band is computed from residuals, and when a regime's
+published runs validate it (else its band is unknown: no coarser cell stands in).
 
-- **Regime** (:class:`Regime`): framework x precision x GPU generation x sharding kind. The
-  same plan runs at different speeds in different frameworks and the cost model's error
-  differs with them (``python -m benchmarks.accuracy --cv source``: bias from -27% to +7% by
-  source), so a band is per regime.
+- **Regime** (:class:`Regime`): issue 25's regime, framework x precision x GPU generation x
+  sharding kind x dense/MoE x scale bucket (nodes: :func:`scale_bucket`) x model size bucket
+  (parameters: :func:`size_bucket`). The same plan runs at different speeds in different
+  frameworks and the cost model's error differs with them (``python -m benchmarks.accuracy
+  --cv source``: bias from -27% to +7% by source), and with the model's size and the cluster's
+  scale (on the development split, Megatron's 64M-parameter CI runs on one Hopper node were
+  predicted about 88% too fast, its pipeline runs of >100B models on more than 64 Hopper nodes
+  within 7%), so a band is per regime: a small model's or a single node's residuals never
+  widen, or narrow, a large plan's band, and a MoE plan never takes a dense one's.
 - **Error band** (:class:`ErrorBand`): over the regime's published runs, the residuals
   ``e = (predicted - measured) / measured`` of the step time, each predicted leave-one-source-
   out (autopar fits no constant to the corpus, :data:`benchmarks.validation.FITTED_CONSTANTS`
@@ -52,13 +57,28 @@ MIN_RECORDS = 5
 #: consistent that source is with itself under the model, not how the model carries over.
 VALIDATED_RUNS = 10
 VALIDATED_SOURCES = 2
-#: Cells tried from the most specific to the pooled one: which of (framework, precision, gpu,
-#: sharding) each keeps ("*" stands for the dropped ones).
-LEVELS: tuple[tuple[bool, bool, bool, bool], ...] = (
+#: The fields of a regime's key (:meth:`Regime.key`), in order.
+FIELDS = ("framework", "precision", "gpu", "sharding", "experts", "scale", "size")
+_POOLED = (False, False, False)   # experts, scale and size pooled
+#: Cells the generated table holds, from the regime itself to the pooled one: which of
+#: :data:`FIELDS` each keeps ("*" stands for the dropped ones). Only the first two give an
+#: estimate its band (:func:`band_for`): the full regime, and the same regime pooled over
+#: frameworks, the cell of a stack banded with no framework of its own
+#: (:data:`autopar.frameworks.BAND_FRAMEWORK` "*"). The coarser ones, which pool the experts,
+#: scale and size buckets too, are for reports.
+LEVELS: tuple[tuple[bool, ...], ...] = (
+    (True,) * 7, (False,) + (True,) * 6) + tuple(level + _POOLED for level in (
     (True, True, True, True), (True, True, True, False), (True, True, False, False),
     (True, False, False, False), (False, True, True, True), (False, True, True, False),
-    (False, True, False, False), (False, False, False, False))
+    (False, True, False, False), (False, False, False, False)))
 ANY = "*"
+#: Scale buckets (issue 25 item 1), by the nodes the plan spans (the cluster's): one node (no
+#: inter-node link in any group), up to 64 nodes, more than 64.
+SCALE_BUCKETS = ("1 node", "2-64 nodes", ">64 nodes")
+#: Model size buckets by total parameters (:attr:`autopar.graph.types.ModelGraph.
+#: num_parameters`, all experts counted): (upper bound, name); a bucket holds its lower bound
+#: and excludes its upper one (3e9 is "3-30B"); 100e9 and more is ">100B".
+SIZE_BUCKETS = ((3e9, "<3B"), (30e9, "3-30B"), (100e9, "30-100B"), (math.inf, ">100B"))
 
 
 def gpu_generation(device_name: str) -> str:
@@ -79,6 +99,23 @@ def sharding_kind(tp: int, pp: int, cp: int, zero_stage: int | None) -> str:
     return "fsdp" if zero_stage == 3 else "data"
 
 
+def scale_bucket(num_nodes: int) -> str:
+    """The scale bucket (:data:`SCALE_BUCKETS`) of a plan spanning ``num_nodes`` nodes:
+    "1 node" (1 or fewer), "2-64 nodes" (2 to 64 inclusive) or ">64 nodes"."""
+    return "1 node" if num_nodes <= 1 else "2-64 nodes" if num_nodes <= 64 else ">64 nodes"
+
+
+def size_bucket(params: float) -> str:
+    """The size bucket (:data:`SIZE_BUCKETS`) of a model of ``params`` parameters: "<3B",
+    "3-30B", "30-100B" or ">100B" (each holds its lower bound: 3e9 is "3-30B")."""
+    return next(name for bound, name in SIZE_BUCKETS if params < bound)
+
+
+def experts_kind(num_experts: int) -> str:
+    """"moe" for a model with more than one expert per MoE block, else "dense"."""
+    return "moe" if (num_experts or 0) > 1 else "dense"
+
+
 @dataclass(frozen=True)
 class Regime:
     """What an estimate's accuracy depends on.
@@ -89,22 +126,49 @@ class Regime:
         precision: the training precision (:data:`autopar.config.PRECISIONS`).
         gpu: the GPU generation (:func:`gpu_generation`).
         sharding: the sharding kind (:func:`sharding_kind`).
+        experts: "dense" or "moe" (:func:`experts_kind`).
+        scale: the scale bucket (:func:`scale_bucket`).
+        size: the model size bucket (:func:`size_bucket`).
     """
 
     framework: str
     precision: str
     gpu: str
     sharding: str
+    experts: str
+    scale: str
+    size: str
 
     @classmethod
-    def of(cls, train, device_name: str, config) -> "Regime":
-        """The regime of a resolved ``config`` for ``train`` (a TrainingConfig) on a GPU."""
-        return cls(band_framework(train.framework), train.precision, gpu_generation(device_name),
-                   sharding_kind(config.tp, config.pp, config.cp, config.zero_stage))
+    def of(cls, train, cluster, graph, config) -> "Regime":
+        """The regime of a resolved ``config`` for ``train`` (a TrainingConfig) of the model
+        ``graph`` (a :class:`~autopar.graph.types.ModelGraph`) on ``cluster``."""
+        return cls.of_kind(train, cluster, graph,
+                           sharding_kind(config.tp, config.pp, config.cp, config.zero_stage))
 
-    def key(self) -> tuple[str, str, str, str]:
-        """(framework, precision, gpu, sharding)."""
-        return (self.framework, self.precision, self.gpu, self.sharding)
+    @classmethod
+    def of_kind(cls, train, cluster, graph, sharding: str) -> "Regime":
+        """The regime of a plan of sharding kind ``sharding`` for ``train`` of ``graph`` on
+        ``cluster``: the plan spans the cluster's nodes (the search uses every GPU), the size is
+        the graph's total parameters, MoE when any block has more than one expert."""
+        return cls(band_framework(train.framework), train.precision,
+                   gpu_generation(cluster.device.name), sharding,
+                   experts_kind(graph.num_experts), scale_bucket(cluster.num_nodes),
+                   size_bucket(graph.num_parameters))
+
+    def key(self) -> tuple[str, ...]:
+        """The values of :data:`FIELDS`, in order."""
+        return tuple(getattr(self, f) for f in FIELDS)
+
+
+def cell_text(cell: tuple[str, ...]) -> str:
+    """A cell for people: "megatron bf16 hopper pipeline, dense, 1 node, <3B parameters" (the
+    pooled fields left out; "all published runs" when every field is)."""
+    head = " ".join(c for c in cell[:4] if c != ANY)
+    tail = [c for c in cell[4:6] if c != ANY]
+    if len(cell) > 6 and cell[6] != ANY:
+        tail.append(f"{cell[6]} parameters")
+    return ", ".join(p for p in (head, *tail) if p) or "all published runs"
 
 
 def cell(key: tuple[str, ...], level: tuple[bool, ...]) -> tuple[str, ...]:
@@ -137,7 +201,8 @@ class ErrorBand:
             (negative: the runs took longer than predicted).
         records: published runs in the cell; sources: independent sources among them (0 and 0
             when the cell has fewer than :data:`MIN_RECORDS`).
-        cell: the (framework, precision, gpu, sharding) cell used, "*" for fields pooled.
+        cell: the regime's key (:data:`FIELDS`: framework, precision, gpu, sharding, experts,
+            scale, size).
         quantile: the share of the cell's runs whose |residual| is within half_width.
     """
 
@@ -145,7 +210,7 @@ class ErrorBand:
     bias: float | None
     records: int
     sources: int
-    cell: tuple[str, str, str, str]
+    cell: tuple[str, ...]
     quantile: float = BAND_QUANTILE
 
     @property
@@ -163,7 +228,7 @@ class ErrorBand:
 
     def describe(self) -> str:
         """One line: the band, the cell and its runs, the bias."""
-        where = " ".join(c for c in self.cell if c != ANY) or "all published runs"
+        where = cell_text(self.cell)
         if self.half_width is None:
             runs = (f"fewer than {MIN_RECORDS} published runs" if self.records < MIN_RECORDS
                     else f"{self.records} published runs from {self.sources} source"
@@ -194,9 +259,10 @@ class MfuCeiling:
 
 @lru_cache(maxsize=None)
 def band_for(regime: Regime) -> ErrorBand:
-    """The error band of the regime's own cell when at least :data:`VALIDATED_RUNS` published
-    runs from :data:`VALIDATED_SOURCES` sources validate it; else an unvalidated band (no
-    half-width, the runs and sources the cell has, often none)."""
+    """The error band of the regime's own cell (all of :data:`FIELDS`) when at least
+    :data:`VALIDATED_RUNS` published runs from :data:`VALIDATED_SOURCES` sources validate it;
+    else an unvalidated band (no half-width, the runs and sources the cell has, often none):
+    never a coarser cell's, nor another scale's or size's."""
     row = published.BANDS.get(regime.key())
     if row is None:   # the table holds cells of MIN_RECORDS runs or more
         return ErrorBand(None, None, 0, 0, regime.key())

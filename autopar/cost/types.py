@@ -215,7 +215,8 @@ class Estimate:
         group_links: the bottleneck link class each mesh dimension's groups cross, from the
             rank placement (:class:`GroupLinks`); None in plan files that lack it.
         error_band: the expected relative error of ``step_time_s`` for this regime (framework
-            x precision x GPU generation x sharding kind), from the published runs' residuals
+            x precision x GPU generation x sharding kind x dense/MoE x scale and model size
+            buckets, :class:`autopar.cost.regime.Regime`), from the published runs' residuals
             (:class:`autopar.cost.regime.ErrorBand`; "± unknown" with ``half_width`` None
             where too few published runs validate the regime); None in older plan files.
         warnings: plausibility warnings, e.g. an MFU above the best published for this GPU

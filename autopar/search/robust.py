@@ -12,8 +12,8 @@ fastest plan's own error band:
 - **Validated**: the plan's error band is its regime's validated band
   (:attr:`autopar.cost.regime.ErrorBand.validated`: at least
   :data:`autopar.cost.regime.VALIDATED_RUNS` published runs from
-  :data:`autopar.cost.regime.VALIDATED_SOURCES` sources of its framework, precision, GPU
-  generation and sharding kind).
+  :data:`autopar.cost.regime.VALIDATED_SOURCES` sources of its regime: framework, precision, GPU
+  generation, sharding kind, dense/MoE, scale and model size buckets).
 - **The fastest plan's band** (:func:`trusted_band`): its validated half-width; for an
   unvalidated regime, the largest validated half-width of any regime in the corpus table
   (:func:`stand_in_half_width`). An unvalidated regime's error is at least that uncertain: the
@@ -22,8 +22,8 @@ fastest plan's own error band:
 - **Candidates**: the fitting plans the search kept (its top plans and its time/memory Pareto
   front) and, when the fastest plan uses two or more dimensions, the top plans and Pareto front
   of one extra search restricted to meshes of fewer dimensions (and, where the corpus validates
-  no tensor- or pipeline-parallel regime of this framework, precision and GPU, to meshes without
-  them: :func:`simpler_pins`). A simpler validated plan outside those is not considered.
+  no tensor- or pipeline-parallel regime of this framework, precision, GPU, model and scale, to
+  meshes without them: :func:`simpler_pins`). A simpler validated plan outside those is not considered.
 - **Rule**: among the candidates that are simpler than the fastest plan F, validated, and no
   more than F's band slower (``t / t_F - 1 <= half-width``), the one with the fewest dimensions
   wins, then the fastest of those, then :func:`autopar.search.ranking.simplicity_key`. When it
@@ -39,11 +39,9 @@ from dataclasses import replace
 
 from ..cost import published
 from ..cost.model import CostModel
-from ..cost.regime import (VALIDATED_RUNS, VALIDATED_SOURCES, Regime, band_for,
-                           gpu_generation)
+from ..cost.regime import VALIDATED_RUNS, VALIDATED_SOURCES, Regime, band_for
 from ..cost.types import Estimate
 from ..errors import AutoparError, InvalidSearchOption
-from ..frameworks import band_framework
 from . import space
 from .margin import search_with_margin
 from .optimize import SearchResult
@@ -80,9 +78,10 @@ def validated(e: Estimate) -> bool:
 
 
 def stand_in_half_width() -> float | None:
-    """The largest half-width among the regimes the corpus table validates (cells of all four
-    fields with at least VALIDATED_RUNS runs from VALIDATED_SOURCES sources); None when none
-    is validated. Read from :data:`autopar.cost.published.BANDS` at each call."""
+    """The largest half-width among the regimes the corpus table validates (cells of all the
+    fields, :data:`autopar.cost.regime.FIELDS`, with at least VALIDATED_RUNS runs from
+    VALIDATED_SOURCES sources); None when none is validated. Read from
+    :data:`autopar.cost.published.BANDS` at each call."""
     widths = [row[0] for key, row in published.BANDS.items()
               if "*" not in key and row[2] >= VALIDATED_RUNS and row[3] >= VALIDATED_SOURCES]
     return max(widths) if widths else None
@@ -130,11 +129,10 @@ def choose(fastest: Estimate, candidates) -> Estimate | None:
 
 def validated_kinds(cm: CostModel) -> set[str]:
     """The sharding kinds (:func:`autopar.cost.regime.sharding_kind`) whose regime, for ``cm``'s
-    framework, precision and GPU, the corpus validates."""
-    fw, prec = band_framework(cm.train.framework), cm.train.precision
-    gpu = gpu_generation(cm.device.name)
+    framework, precision, GPU, model (dense/MoE, size bucket) and cluster (scale bucket), the
+    corpus validates: the regimes a simpler plan of the same problem would have."""
     return {k for k in ("data", "fsdp", "tensor", "pipeline")
-            if band_for(Regime(fw, prec, gpu, k)).validated}
+            if band_for(Regime.of_kind(cm.train, cm.cluster, cm.graph, k)).validated}
 
 
 def simpler_pins(kinds: set[str], fixed: dict | None) -> dict:
