@@ -293,8 +293,8 @@ def optimize(model: Any, cluster: Cluster | str, train: TrainingConfig | dict | 
             pp, dp, ep) and *validated* when its error band is its regime's validated band.
             Under ``"robust"``, when the fastest plan's advantage over a simpler validated plan
             (step time ratio - 1) is inside the fastest plan's band (its validated half-width;
-            for an unvalidated regime the largest validated half-width in the corpus table,
-            since an unvalidated regime's error is at least that uncertain), the simpler plan
+            for an unvalidated regime the corpus-wide half-width, over every development
+            run: :func:`autopar.search.robust.stand_in_half_width`), the simpler plan
             is returned (the fewest dimensions, then the fastest) and the fastest is
             ``alternatives[0]``, noted "X% faster by the model, inside its band (± Y%): not
             trusted over a simpler, validated plan". Candidates: the plans the search kept

@@ -68,7 +68,10 @@ def points(raw: list[dict] | None = None) -> tuple[list[Point], list[tuple[str, 
         # band_for looks up for the same plan
         out.append(Point(rec.id, rec.source_key, row.regime, (row.predicted_s - meas) / meas,
                          row.mfu * row.predicted_s / meas,
-                         (row.memory_gib - mem) / mem if mem else None))
+                         # the counter the record publishes (allocated, reserved, device), as
+                         # benchmarks.accuracy --memory compares it
+                         (row.memory_as_published() - mem) / mem
+                         if mem and not rec.oom else None))
     return out, skipped
 
 
@@ -93,7 +96,9 @@ def bands(pts: list[Point]) -> dict[tuple, tuple[float, float, int, int]]:
 
 
 def memory_residuals(pts: list[Point], raw: list[dict] | None = None) -> list[float]:
-    """(predicted - measured) / measured peak memory of every run with a published peak: those
+    """(predicted - measured) / measured peak memory of every run with a published peak (the
+    counter it publishes: :meth:`benchmarks.validation.Row.memory_as_published`), OOM reports
+    left out: those
     among ``pts``, then the records with a peak but no step time (evaluated here), then the
     plans measured through ``plan.apply`` (:func:`benchmarks.validation.measured_plans_memory`);
     ``raw`` defaults to the development split.
@@ -103,12 +108,13 @@ def memory_residuals(pts: list[Point], raw: list[dict] | None = None) -> list[fl
     for r in raw:
         try:
             rec = parse(r)
-            if rec.measured_step_s or not rec.measured_memory_gib:
+            if rec.measured_step_s or not rec.measured_memory_gib or rec.oom:
                 continue
             row = validation.evaluate(rec, spread=False)
         except validation.REFUSED:
             continue
-        out.append((row.memory_gib - rec.measured_memory_gib) / rec.measured_memory_gib)
+        out.append((row.memory_as_published() - rec.measured_memory_gib)
+                   / rec.measured_memory_gib)
     own = [(pred - meas) / meas for _, pred, meas in validation.measured_plans_memory()]
     return out + own
 

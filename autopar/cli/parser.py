@@ -195,7 +195,7 @@ def _search_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--objective", choices=["robust", "fastest"], default="robust",
                    help="robust (default): when the fastest plan's advantage over a simpler plan "
                    "(fewer parallel dimensions) of a validated regime is inside the fastest "
-                   "plan's error band (for an unvalidated regime the largest validated band "
+                   "plan's error band (for an unvalidated regime the corpus-wide band "
                    "stands in), return the simpler plan and list the faster one first among "
                    "the alternatives; fastest: the model's fastest plan")
     p.add_argument("--memory-margin", type=_margin, default=None, metavar="FRACTION",
