@@ -26,6 +26,7 @@ from ..config import ParallelConfig
 from ..hardware.collectives import NO_LOAD, LinkLoad
 from . import offload
 from .blocks import BlockCosts
+from .buckets import bucketed_exposed_s
 from .comm import overlapped_comm
 from .context import CostInputs
 from .groups import Groups
@@ -210,7 +211,7 @@ class DataParallel:
                     # buckets' hidden seconds slow the compute beside them (overlapped_comm)
                     op = ("all_reduce" if c.zero_stage == 0 or prof.zero1_grad_all_reduce
                           else "reduce_scatter")
-                    grad_exposed = self.sync_bucket_exposed_s(c, layout[rank].layers, op, gb)
+                    grad_exposed = bucketed_exposed_s(self, c, layout[rank].layers, op, gb)
                     dp_slow += share * max(0.0, t_grad - grad_exposed)
                 else:
                     grad_exposed = beside(t_grad, bwd1, ov_grad)
@@ -391,48 +392,6 @@ class DataParallel:
             else:
                 yield n, self.ranks.layer_params_per_rank(li, c.tp, True, c.ep,
                                                      c.etp) * nbytes_per_element
-
-    def sync_bucket_exposed_s(self, c: ParallelConfig, layers: tuple[int, ...], op: str,
-                              nbytes_per_element: float, overlap: float = 1.0) -> float:
-        """Exposed seconds of a data-parallel gradient reduction run as buckets of at most
-        ``sync_grad_bucket_elements`` elements with one bucket in flight, over the last
-        micro-batch's backward of a pipeline rank holding graph layers ``layers``.
-
-        Source: InternEvo c18bec9 hybrid_zero_optim.py. Each parameter's gradient hook
-        (``_store_and_try_reduce_grads_by_bucket``, L329-352) adds it to the bucket, and when
-        the next one would overflow the bucket it reduces the stored one: ``_reduce_and_copy``
-        (L402-418) first calls ``torch.cuda.synchronize()``, which waits for the compute issued
-        so far and for the previous bucket's reduction, then launches this bucket's ``op`` on
-        the communication stream. So a bucket's reduction hides only behind the backward
-        compute up to the next bucket's launch (``overlap`` of it, 1 in the estimate, which
-        charges the compute slowdown beside the buckets, :func:`overlapped_comm`), and ``step()``
-        (L508-514) reduces the last bucket after backward and synchronizes: fully exposed. Hooks
-        fire in backward order (the layers reversed, each op's parameters one tensor, TP-sharded
-        ones / tp); a layer's backward seconds
-        (:meth:`BlockCosts.block_cost`) are split over its tensors by their elements. ``op`` over the
-        data-parallel group, ``nbytes_per_element``: the reduce dtype's bytes.
-        """
-        cap = self.inputs.profile.sync_grad_bucket_elements
-        dp_g = self.groups.group("dp", c)
-        uniform = c.recompute if isinstance(c.recompute, str) else None
-        modes = None if uniform else dict(zip(self.inputs.blocks, c.block_recompute(len(self.inputs.blocks))))
-        fill = in_flight = since = exposed = 0.0
-        for li in reversed(layers):
-            layer = self.inputs.graph.layers[li]
-            bwd = self.blocks.block_cost(li, uniform or modes.get(li, "none"), c).bwd_s
-            sizes = [o.num_parameters / (c.tp if o.tp_role in ("column", "row", "vocab") else 1)
-                     for o in reversed(layer.ops) if o.num_parameters > 0]
-            total = sum(sizes)
-            if not total:
-                since += bwd
-            for size in sizes:
-                since += bwd * size / total
-                if fill > 0 and fill + size > cap:
-                    exposed += max(0.0, in_flight - overlap * since)
-                    in_flight, since, fill = dp_g.time(op, fill * nbytes_per_element), 0.0, 0.0
-                fill += size
-        return exposed + max(0.0, in_flight - overlap * since) + dp_g.time(
-            op, fill * nbytes_per_element)
 
     def zero1_broadcasts_s(self, c: ParallelConfig, nbytes: float, owners: int) -> float:
         """Seconds to return ``nbytes`` of updated parameters by one broadcast per ZeRO-1 rank

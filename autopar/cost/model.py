@@ -28,6 +28,7 @@ from ..frameworks.memory import MemoryConventions
 from ..graph.types import ModelGraph
 from . import offload
 from .blocks import CAUSAL_FLOPS_SHARE, BlockCost, BlockCosts
+from .buckets import bucketed_exposed_s
 from .comm import Collectives, CommLedger
 from .compute import LayerTime
 from .context import CostInputs, check_seq_len
@@ -148,8 +149,8 @@ class CostModel:
 
     def sync_bucket_exposed_s(self, c: ParallelConfig, layers: tuple[int, ...], op: str,
                               nbytes_per_element: float, overlap: float = 1.0) -> float:
-        """:meth:`autopar.cost.dp.DataParallel.sync_bucket_exposed_s`."""
-        return self.dp.sync_bucket_exposed_s(c, layers, op, nbytes_per_element, overlap)
+        """:func:`autopar.cost.buckets.bucketed_exposed_s`."""
+        return bucketed_exposed_s(self.dp, c, layers, op, nbytes_per_element, overlap)
 
     @property
     def model_flops_per_sequence(self) -> float:

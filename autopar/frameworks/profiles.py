@@ -128,7 +128,7 @@ class FrameworkProfile:
             gradients are reduced in buckets of at most this many elements, one in flight:
             each bucket is launched after a device-wide synchronize, so it hides only behind
             the backward compute until the next launch, and the last bucket is reduced after
-            backward (:meth:`autopar.cost.model.CostModel.sync_bucket_exposed_s`); 0 = the
+            backward (:func:`autopar.cost.buckets.bucketed_exposed_s`); 0 = the
             reduction overlaps backward as a whole.
         cp_attention: CP mode -> how a rank runs attention under it (:data:`CP_ATTENTION_PATHS`:
             "fused" kernel, "masked" = SDPA with an explicit mask (memory-efficient kernel, all
