@@ -81,3 +81,14 @@ def dense_or_tiny_moe():
             graph = extract(hf.build("hf-tiny-deepseek-v3"), 4096, 1)
         return CostModel(graph, autopar.Cluster.from_spec("2x8xA100-40GB"), train)
     return make
+
+
+@pytest.fixture(scope="module")
+def dev():
+    """The development split's raw records by id (locked sources left out)."""
+    from benchmarks import validation
+    from benchmarks.records import source_key
+    locked = validation.locked_sources()
+    rows = {r["id"]: r for r in validation.dev_corpus()}
+    assert not any(source_key(r) in locked for r in rows.values())
+    return rows

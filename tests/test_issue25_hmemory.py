@@ -12,21 +12,12 @@ import pytest
 
 from autopar.api import model_graph
 from benchmarks import validation
-from benchmarks.records import MODEL_DEFAULTS, parse, source_key
+from benchmarks.records import MODEL_DEFAULTS, parse
 
 GIB = 2 ** 30
 MPT_1B = "llmfoundry-a100-40g-mpt-1b-s2048-g32-mb10-ga1"
 MPT_350M = "llmfoundry-a100-40g-mpt-350m-s2048-g16-mb18-ga1"
 MPT_3B_8K = "llmfoundry-a100-80g-mpt-3b-s8192-g8-mb3-ga6"
-
-
-@pytest.fixture(scope="module")
-def dev():
-    """The development split's raw records by id (locked sources left out)."""
-    locked = validation.locked_sources()
-    rows = {r["id"]: r for r in validation.dev_corpus()}
-    assert not any(source_key(r) in locked for r in rows.values())
-    return rows
 
 
 def test_llm_foundry_models_take_mpts_zero_dropout(dev):

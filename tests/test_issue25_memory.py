@@ -19,7 +19,7 @@ from autopar.cost.memory import MemoryBreakdown, optimizer_state_bytes_per_param
 from autopar.frameworks import get_profile, with_pure_bf16
 from autopar.frameworks.memory import DEEPSPEED_MEMORY, TORCH_MEMORY, pure_bf16
 from benchmarks import validation
-from benchmarks.records import memory_kind, memory_rank, parse, source_key
+from benchmarks.records import memory_kind, memory_rank, parse
 
 GIB = 2 ** 30
 TORCHTUNE = "mem-torchtune-llama3.2-3b-1xa100-packed"
@@ -31,15 +31,6 @@ def _estimate(model, cluster, train, cfg, profile):
     graph, _ = model_graph(model, train)
     return CostModel(graph, as_cluster(cluster), train, framework=profile).estimate(
         autopar.ParallelConfig(**cfg))
-
-
-@pytest.fixture(scope="module")
-def dev():
-    """The development split's raw records by id (locked sources left out)."""
-    locked = validation.locked_sources()
-    rows = {r["id"]: r for r in validation.dev_corpus()}
-    assert not any(source_key(r) in locked for r in rows.values())
-    return rows
 
 
 def test_memory_kinds_are_read_from_the_records_words():
