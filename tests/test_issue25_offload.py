@@ -15,6 +15,7 @@ from autopar.api import model_graph
 from autopar.cost import offload
 from autopar.cost.model import CostModel
 from autopar.errors import InvalidParallelConfig, InvalidTrainingConfig
+from autopar.search.optimize import search
 
 #: tiny-llama on one A100 node: 217,664 parameters, the largest layer 46,208 (per rank)
 PARAMS, LARGEST, DP = 217_664, 46_208, 8
@@ -39,9 +40,10 @@ def test_flags_are_validated_bools():
 
 
 def test_frameworks_without_a_source_are_refused_with_a_fix():
-    with pytest.raises(InvalidTrainingConfig, match="Fix: param_offload=False, or framework="):
+    with pytest.raises(InvalidTrainingConfig,
+                       match=r"Fix: drop param_offload \(--param-offload\), or use framework"):
         _cm("megatron", param_offload=True)
-    with pytest.raises(InvalidTrainingConfig, match="framework='fsdp1'"):
+    with pytest.raises(InvalidTrainingConfig, match="--framework fsdp1"):
         _cm("deepspeed", activation_offload=True)
     assert set(offload.SUPPORT) == {"fsdp1", "torchtitan", "deepspeed"}
 
@@ -182,3 +184,15 @@ def test_an_infeasible_problem_offers_the_offload_its_framework_runs():
     assert offload.runs("fsdp1", "activation_offload")
     assert not offload.runs("megatron", "param_offload")
     assert offload.runs("megatron", "optimizer_offload")
+
+
+def test_a_pinned_zero_stage_other_than_3_is_refused_before_searching():
+    cm = _cm("fsdp1", param_offload=True)
+    with pytest.raises(InvalidParallelConfig, match=r"zero_stage=3 \(--zero 3\)"):
+        search(cm, {"zero_stage": 1})
+
+
+def test_the_header_says_what_is_offloaded():
+    assert offload.offload_text(autopar.TrainingConfig(8, 128)) == ""
+    t = autopar.TrainingConfig(8, 128, param_offload=True, activation_offload=True)
+    assert offload.offload_text(t) == ", parameters and activations offloaded to the CPU"

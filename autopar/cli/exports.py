@@ -39,7 +39,8 @@ def check_outputs(args) -> None:
                                              else "folder not writable"))
     if getattr(args, "plot", None) and importlib.util.find_spec("matplotlib") is None:
         raise MissingDependency("--plot needs matplotlib, which is not installed. Fix: pip "
-                                "install \"autopar[plot]\" (or pip install matplotlib).")
+                                "install \"autopar[plot]\" (from a clone: pip install -e \".[plot]\"; "
+                                "or pip install matplotlib).")
 
 
 def export_plan(args, plan) -> dict | None:

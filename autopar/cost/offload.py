@@ -105,11 +105,12 @@ def check_framework(train: TrainingConfig) -> None:
     for flag, kind in (("param_offload", "params"), ("activation_offload", "activations")):
         if getattr(train, flag) and getattr(s, kind) is None:
             others = _runs(kind)
+            cli = "--" + flag.replace("_", "-")
             raise InvalidTrainingConfig(
-                f"{flag}=True: autopar has no source that framework {train.framework!r} "
+                f"{flag}=True ({cli}): autopar knows of no way framework {train.framework!r} "
                 f"offloads {'parameters' if kind == 'params' else 'activations'} to the CPU "
-                f"(frameworks it prices with it: {others}). Fix: {flag}=False, or "
-                f"framework={others[0]!r} (autopar.cost.offload.SUPPORT).")
+                f"(frameworks that do, as autopar prices them: {others}). Fix: drop {flag} "
+                f"({cli}), or use framework {others[0]!r} (--framework {others[0]}).")
 
 
 def check_plan(train: TrainingConfig, c: ParallelConfig) -> None:
@@ -122,8 +123,8 @@ def check_plan(train: TrainingConfig, c: ParallelConfig) -> None:
         raise InvalidParallelConfig(
             f"param_offload=True offloads ZeRO-3 / FSDP parameter shards; zero_stage="
             f"{c.zero_stage} keeps whole parameters on every rank (DeepSpeed offload_param: "
-            "'Valid only with stage 3'). Fix: zero_stage=3, or param_offload=False "
-            "(optimizer_offload=True offloads the optimizer under ZeRO 1-2).")
+            "'Valid only with stage 3'). Fix: zero_stage=3 (--zero 3), or drop param_offload "
+            "(--param-offload); optimizer_offload offloads the optimizer under ZeRO 1-2.")
 
 
 def effective(train: TrainingConfig) -> TrainingConfig:
@@ -184,3 +185,15 @@ def activation_copy(train: TrainingConfig, kind: str, saved_bytes: float, pcie_B
     if not train.activation_offload or kind != "block":
         return saved_bytes, 0.0
     return 0.0, saved_bytes / pcie_Bps
+
+
+def offload_text(train: TrainingConfig) -> str:
+    """", parameters and activations offloaded to the CPU" (the kinds ``train`` turns on, for a
+    plan's or an estimate's header line), or "" when none is."""
+    kinds = [k for k, on in (("optimizer", train.optimizer_offload),
+                             ("parameters", train.param_offload),
+                             ("activations", train.activation_offload)) if on]
+    if not kinds:
+        return ""
+    return ", " + (" and ".join(kinds) if len(kinds) < 3 else
+                   f"{kinds[0]}, {kinds[1]} and {kinds[2]}") + " offloaded to the CPU"

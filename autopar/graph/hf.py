@@ -227,7 +227,8 @@ def _transformers():
         import transformers
     except ImportError as exc:  # optional dependency
         raise MissingDependency("Hugging Face presets need transformers; fix: pip install "
-                                "'autopar[hf]' (or pip install transformers)") from exc
+                                "'autopar[hf]' (from a clone: pip install -e '.[hf]'; or pip install "
+                                "transformers)") from exc
     return transformers
 
 

@@ -42,7 +42,8 @@ def _pyplot():
     except ImportError as exc:
         raise MissingDependency(
             "plots need matplotlib, which is not installed. Fix: pip install "
-            "\"autopar[plot]\" (or pip install matplotlib).") from exc
+            "\"autopar[plot]\" (from a clone: pip install -e \".[plot]\"; or pip install "
+            "matplotlib).") from exc
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
     return plt

@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..cost.model import CostModel
+from ..cost.offload import check_plan
 from ..cost.types import Estimate
 from ..config import ParallelConfig
 from ..errors import AutoparError, InfeasibleError, InvalidParallelConfig
@@ -99,12 +100,16 @@ def search(cm: CostModel, fixed: dict | None = None, *, time_limit_s: float | No
             time: for judging published runs the memory model disagrees with).
 
     Raises:
-        InvalidParallelConfig: ``fixed`` has unknown keys or bad values.
+        InvalidParallelConfig: ``fixed`` has unknown keys or bad values, or pins a ZeRO stage
+            other than 3 under ``param_offload``.
         InfeasibleError: nothing fits; the message names the binding constraint and a fix.
     """
-    if cm.train.param_offload and "zero_stage" not in (fixed or {}):
+    if cm.train.param_offload:
         # parameter offload runs under ZeRO-3 only (autopar.cost.offload.check_plan): the
-        # user's offload choice pins the stage; the search never turns offload on itself
+        # user's offload choice pins the stage; the search never turns offload on itself. A
+        # pinned other stage is refused now, not after a search that can evaluate nothing.
+        if (fixed or {}).get("zero_stage", 3) != 3:
+            check_plan(cm.train, ParallelConfig(zero_stage=fixed["zero_stage"]))
         fixed = {**(fixed or {}), "zero_stage": 3}
     with _collector_paused():
         return _search(cm, fixed, time_limit_s=time_limit_s, top_k=top_k, progress=progress,

@@ -197,12 +197,12 @@ def passed_over_note(estimate: Estimate, faster: Estimate) -> str:
 def objective_text(estimate: Estimate, alternatives, objective: str) -> str:
     """One line saying which objective chose the plan and how."""
     if objective == "fastest":
-        return "fastest: the model's fastest plan (objective='robust' would prefer a simpler, " \
-               "validated plan inside its error band)"
+        return ("fastest: the model's fastest plan (the default, robust, returns a simpler plan "
+                "of a validated regime instead when one comes within this plan's error band)")
     faster = passed_over(estimate, alternatives, objective)
     if faster is None:
         return ("robust: the model's fastest plan (no simpler plan of a validated regime came "
-                "within its error band)")
+                f"within its error band, {band_text(estimate)})")
     return (f"robust: a simpler plan of a validated regime ({dims(estimate)} parallel "
             f"dimension{'s' if dims(estimate) != 1 else ''} against {dims(faster)}); the "
             f"fastest, alternative 1, is {passed_over_note(estimate, faster)}")
