@@ -149,8 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``autopar`` command."""
     ap = _Parser(prog="autopar", description="Plan parallel training of "
                  "transformers on GPU clusters.")
-    from .. import __version__
-    ap.add_argument("--version", action="version", version=f"autopar {__version__}")
+    from importlib.metadata import PackageNotFoundError, version
+    try:   # the installed distribution's version (pyproject.toml), not the package root's
+        v = version("autopar")
+    except PackageNotFoundError:
+        v = "unknown (not installed)"
+    ap.add_argument("--version", action="version", version=f"autopar {v}")
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="search the fastest plan that fits")
     _common(p, "the schedule of one step, memory per stage and the Pareto front")
