@@ -104,7 +104,7 @@ def test_kept_gathered_screen_changes_neither_best_nor_top(monkeypatch):
 def test_search_leaves_the_collector_as_it_found_it():
     """The search pauses the cyclic collector and moves its survivors to the oldest
     generation; the collector is enabled after, and objects the process froze itself stay
-    frozen (no unfreeze behind its back)."""
+    frozen (no unfreeze behind its back, no refreeze that adds the search's objects)."""
     import gc
 
     from autopar.search.optimize import search
@@ -120,6 +120,10 @@ def test_search_leaves_the_collector_as_it_found_it():
         frozen = gc.get_freeze_count()
         assert frozen > 0
         search(CostModel(graph, spec, train))
-        assert gc.isenabled() and gc.get_freeze_count() == frozen
+        # frozen objects that reference counting frees meanwhile leave the permanent
+        # generation (CI saw 2 of a million go), so the count may shrink; an unfreeze behind
+        # the caller's back would empty it, and a refreeze would add the search's objects
+        after = gc.get_freeze_count()
+        assert gc.isenabled() and 0 < after <= frozen
     finally:
         gc.unfreeze()
