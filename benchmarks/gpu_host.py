@@ -29,7 +29,8 @@ measures, per layer and micro-batch, the pieces that figure is made of:
   layer Megatron-Core's TE spec is built from) at the same shapes, and ``te.Linear`` against
   ``nn.Linear`` forward-only host seconds (NVIDIA/TransformerEngine#2053 reports 13.5 us for
   ``nn.Linear`` on a DGX H100's Xeon 8480C and 90-100 us for ``te.Linear`` on Grace CPUs; its
-  H100 ``te.Linear`` figure is not in the stored excerpt).
+  H100 ``te.Linear`` figure is not in the stored excerpt; #2126, 2026-01: BF16 ``te.Linear`` now
+  "nearly the same" as torch's).
 - ``step_extras``: host + stream seconds of per-step work the CI test configs switch on
   (``--log-num-zeros-in-grad``: Megatron ``count_zeros_fp32`` loops over parameters with a
   ``count_nonzero`` each; ``--log-params-norm``: an L2 norm of every parameter, here
