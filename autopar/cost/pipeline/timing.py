@@ -19,7 +19,7 @@ from ...config import ParallelConfig
 from ...hardware.collectives import NO_LOAD, LinkLoad
 from ..blocks import BlockCosts
 from ..context import CostInputs
-from ..host import exposed
+from ..host import host_exposed_s
 from ..ranks import RankLayers
 from .schedule import pipeline_step_time
 
@@ -220,8 +220,8 @@ class PipelineTimer:
             rank_comm[rank].append(("pp", st.p2p_load))
             # the host issues each pass's kernels one by one: a pass takes at least their
             # issue time (autopar.cost.host); only the excess over the stream's seconds shows
-            host_fx = exposed(stage_fwd[rank], host_f)
-            host_bx = exposed(stage_bwd[rank], host_b)
+            host_fx = host_exposed_s(stage_fwd[rank], host_f)
+            host_bx = host_exposed_s(stage_bwd[rank], host_b)
             stage_fwd[rank] += host_fx
             stage_bwd[rank] += host_bx
             parts["host"] += host_fx + host_bx
