@@ -150,7 +150,7 @@ def refit_coverage(rows: list[validation.Row]) -> list[str]:
         table_ = bands([p for p in pts if p.source != src])
         for p in (p for p in pts if p.source == src):
             row = table_.get(p.key)
-            if row is not None and row[2] >= rg.VALIDATED_RUNS and row[3] >= rg.VALIDATED_SOURCES:
+            if row is not None and rg.validates(row[2], row[3]):
                 total += 1
                 hit += abs(p.residual) <= row[0]
     pct = 100 * hit / total if total else math.nan

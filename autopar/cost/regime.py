@@ -257,6 +257,12 @@ class MfuCeiling:
     cell: tuple[str, str, str]
 
 
+def validates(records: int, sources: int) -> bool:
+    """Whether a cell of ``records`` published runs from ``sources`` independent sources
+    validates its regime: at least :data:`VALIDATED_RUNS` and :data:`VALIDATED_SOURCES`."""
+    return records >= VALIDATED_RUNS and sources >= VALIDATED_SOURCES
+
+
 @lru_cache(maxsize=None)
 def band_for(regime: Regime) -> ErrorBand:
     """The error band of the regime's own cell (all of :data:`FIELDS`) when at least
@@ -267,7 +273,7 @@ def band_for(regime: Regime) -> ErrorBand:
     if row is None:   # the table holds cells of MIN_RECORDS runs or more
         return ErrorBand(None, None, 0, 0, regime.key())
     half, bias, n, sources = row
-    if n < VALIDATED_RUNS or sources < VALIDATED_SOURCES:
+    if not validates(n, sources):
         return ErrorBand(None, None, n, sources, regime.key())
     return ErrorBand(half, bias, n, sources, regime.key())
 
