@@ -98,10 +98,10 @@ def bands(pts: list[Point]) -> dict[tuple, tuple[float, float, int, int]]:
 def memory_residuals(pts: list[Point], raw: list[dict] | None = None) -> list[float]:
     """(predicted - measured) / measured peak memory of every run with a published peak (the
     counter it publishes: :meth:`benchmarks.validation.Row.memory_as_published`), OOM reports
-    left out: those
-    among ``pts``, then the records with a peak but no step time (evaluated here), then the
-    plans measured through ``plan.apply`` (:func:`benchmarks.validation.measured_plans_memory`);
-    ``raw`` defaults to the development split.
+    left out: those among ``pts``, then the records with a peak but no step time (evaluated
+    here), then the plans measured through ``plan.apply``
+    (:func:`benchmarks.validation.measured_plans_memory`); ``raw`` defaults to the development
+    split.
     """
     raw = validation.dev_corpus() if raw is None else raw
     out = [p.memory_residual for p in pts if p.memory_residual is not None]
