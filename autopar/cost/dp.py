@@ -85,7 +85,7 @@ class DataParallel:
         elements kept gathered (:meth:`ModelStates.kept_gathered`). With ``with_loads`` False
         the link loads are not built (the search's time-only bound)."""
         inp = self.inputs
-        train, prof, p = inp.train, inp.profile, inp.params
+        train, prof = inp.train, inp.profile
         dp, cp, pp = c.dp, c.cp, c.pp
         m = inp.micro_batches(c)
         dp_g = self.groups.group("dp", c)
@@ -223,16 +223,28 @@ class DataParallel:
             regather = (psi - keep[rank]) / psi if psi > 0 else 1.0
             dp_exposed = m * beside_copies(0.0, (1 + regather) * h2d + d2h, fwd1 + bwd1,
                                            ov_gather)
+        optimizer_s = self.optimizer_step_s(c, layout[rank].layers, psi)
+        grad_copy_s = self.compute_stream_copies_s(c, m, psi, gathers, reduces)
+        return DPCost(dp_exposed, dp_slow, grad_copy_s, optimizer_s, tuple(loads))
+
+    def optimizer_step_s(self, c: ParallelConfig, layers: tuple[int, ...], psi: float) -> float:
+        """Seconds of the optimizer step of the resolved config ``c`` on the pipeline rank
+        holding graph layers ``layers`` and ``psi`` parameters: memory-bound over its ZeRO
+        shard, or the PCIe transfers around a step offloaded to the CPU (whose CPU seconds are
+        not priced: 0 under parameter offload with the step on the CPU)."""
+        inp = self.inputs
+        train, prof, p = inp.train, inp.profile, inp.params
+        wbytes = train.dtype_bytes
         # the optimizer runs on the rank's ZeRO shard: over dp x cp, or over the framework's
         # smaller ZeRO group (zero1_group_size: InternEvo parallel.zero1, FSDP hybrid sharding);
         # the largest share paces the step (zero1_partition: whole tensors bound it below)
         if c.zero_stage >= 1:
-            opt_params = self.states.zero1_split(c, layout[rank].layers, psi)[0]
+            opt_params = self.states.zero1_split(c, layers, psi)[0]
         else:
             opt_params = psi
         if offload.grads_on_host(train):
             # parameter offload with the step on the CPU: the shards' copies ride with the
-            # ZeRO-3 collectives above; the CPU step is not priced (autopar.cost.offload)
+            # ZeRO-3 collectives (cost); the CPU step is not priced (autopar.cost.offload)
             optimizer_s = 0.0
         elif train.optimizer_offload:
             # ZeRO-Offload (Ren et al. 2021, USENIX ATC, sec. 4): gradients go to the host over
@@ -250,36 +262,48 @@ class DataParallel:
                 # DeepSpeed offload_param alone: the step updates the fp32 partition on the GPU
                 # and writes the compute-dtype partition back to the host
                 optimizer_s += opt_params * wbytes / inp.device.pcie_bandwidth_Bps
+        if c.zero_stage == 0 and not train.optimizer_offload:
+            # DeepSpeed's engine without ZeRO (FrameworkProfile.zero0_*): the mixed-precision
+            # step's overflow check and flatten, whose per-tensor reads back to the host drain
+            # the queue, so the host's time to issue each check is exposed
+            optimizer_s += psi * prof.zero0_step_bytes / inp.hbm_Bps
+            optimizer_s += (self.param_tensors(layers)
+                            * prof.zero0_step_host_ops_per_tensor * p.host_op_s)
+        return optimizer_s
+
+    def compute_stream_copies_s(self, c: ParallelConfig, m: int, psi: float, gathers: float,
+                                reduces: float) -> float:
+        """Seconds of one step's memory-bound copies that the sharded-DP implementation runs on
+        the compute stream, for the resolved config ``c`` with ``m`` micro-batches on the rank
+        holding ``psi`` parameters, which runs ``gathers`` all-gathers and ``reduces``
+        reductions of them per step (:attr:`DPCost.copies_s`)."""
+        inp = self.inputs
+        prof = inp.profile
+        wbytes, gb = inp.train.dtype_bytes, inp.reduce_bytes
+        sharded = c.dp * c.cp > 1
         # FSDP1's flat-parameter views: autograd concatenates the gradients into the flat
         # gradient in every micro-batch's backward, on the compute stream
         # (FrameworkProfile.zero_grad_copy_passes; memory-bound, rank with the most parameters)
         grad_copy_s = 0.0
-        if c.zero_stage in (2, 3) and dp * cp > 1 and prof.zero_grad_copy_passes:
+        if c.zero_stage in (2, 3) and sharded and prof.zero_grad_copy_passes:
             grad_copy_s = m * prof.zero_grad_copy_passes * psi * wbytes / inp.hbm_Bps
-        # FSDP2's copies on the compute stream (FrameworkProfile.fsdp2_copies): each gather's
-        # copy-out reads and writes the gathered parameters; each reduce-scatter's copy-in reads
-        # the gradients and writes them in the reduce dtype
         # DeepSpeed ZeRO-1/2's bucket copies on the compute stream, per gradient reduction:
         # every micro-batch under ZeRO-2, once per step under ZeRO-1
         # (FrameworkProfile.zero12_grad_copy_passes, DEEPSPEED_ZERO12_GRAD_COPY_PASSES)
-        if c.zero_stage in (1, 2) and dp * cp > 1 and prof.zero12_grad_copy_passes:
+        if c.zero_stage in (1, 2) and sharded and prof.zero12_grad_copy_passes:
             reductions = m if c.zero_stage == 2 else 1
             grad_copy_s += (reductions * prof.zero12_grad_copy_passes * psi * wbytes
                             / inp.hbm_Bps)
+        # FSDP2's copies on the compute stream (FrameworkProfile.fsdp2_copies): each gather's
+        # copy-out reads and writes the gathered parameters; each reduce-scatter's copy-in reads
+        # the gradients and writes them in the reduce dtype
         if prof.fsdp2_copies and c.zero_stage in (2, 3):
             grad_copy_s += psi * (gathers * 2 * wbytes + reduces * (wbytes + gb)) / inp.hbm_Bps
-        if c.zero_stage == 0:
-            # DeepSpeed's engine without ZeRO (FrameworkProfile.zero0_*): the reduction's
-            # flatten, post-scale and copy-back on the compute stream once per step, and the
-            # mixed-precision step's overflow check and flatten, whose per-tensor reads back to
-            # the host drain the queue, so the host's time to issue each check is exposed
-            if dp * cp > 1 and prof.zero0_grad_copy_passes:
-                grad_copy_s += prof.zero0_grad_copy_passes * psi * wbytes / inp.hbm_Bps
-            if not train.optimizer_offload:
-                optimizer_s += psi * prof.zero0_step_bytes / inp.hbm_Bps
-                optimizer_s += (self.param_tensors(layout[rank].layers)
-                                * prof.zero0_step_host_ops_per_tensor * p.host_op_s)
-        return DPCost(dp_exposed, dp_slow, grad_copy_s, optimizer_s, tuple(loads))
+        # DeepSpeed's engine without ZeRO (FrameworkProfile.zero0_grad_copy_passes): the
+        # reduction's flatten, post-scale and copy-back, once per step
+        if c.zero_stage == 0 and sharded and prof.zero0_grad_copy_passes:
+            grad_copy_s += prof.zero0_grad_copy_passes * psi * wbytes / inp.hbm_Bps
+        return grad_copy_s
 
     def param_tensors(self, layers: tuple[int, ...]) -> int:
         """Gradient tensors on a rank holding graph layers ``layers``: one per op that owns
