@@ -335,27 +335,18 @@ class DataParallel:
                       gb: float) -> tuple[float, float]:
         """(seconds of the edge collectives, seconds of them no compute hides) of one
         micro-batch of per-block ZeRO-3 (FSDP) on pipeline rank ``rank`` holding the whole
-        model (pp = 1): the collectives at the ends of the forward and of the backward, which
-        have no compute beside them to hide behind.
+        model (pp = 1): the all-gather and reduce-scatter of the root group (the rank's
+        non-block layers: embedding, final norm, head) and of the first block, at the ends of
+        the forward and the backward. Exposed: AG(root) + max(0, AG(first block) - embedding
+        forward) + max(0, RS(first block) - embedding backward) + RS(root), each timed per
+        layer as :meth:`zero3_messages` issues them, so the edges leave the overlapped pool
+        without double counting. ``wbytes``: the gathered parameters' bytes per element,
+        ``gb``: the reduce dtype's. (0, 0) when the rank holds no block or the DP group is one
+        rank.
 
         Source: PyTorch docs/source/notes/fsdp.rst (pytorch/pytorch@16d83c2, "FSDP Prefetch
-        Nuances" and "Communication buffer size"). FSDP applied to every transformer block and
-        to the root gives "one communication group for each transformer block and finally one
-        communication group with the initial embedding and final linear", each one all-gather
-        and one reduce-scatter. Forward: the root's all-gather is issued first ("The 1st
-        all-gather will not be able to overlap with anything"); the first block's all-gather is
-        issued after the embedding's forward (implicit prefetching: an all-gather overlaps the
-        compute issued before it), so it hides behind that alone. Backward: all-gathers and
-        reduce-scatters "run serially" on the process group's one NCCL stream; the first block's
-        reduce-scatter is issued after its backward, with only the embedding's backward left to
-        run beside it, and the root group's reduce-scatter waits for the embedding's gradient,
-        the last one computed: nothing runs beside it. So per micro-batch the exposed seconds
-        are AG(root) + max(0, AG(first block) - embedding fwd) + max(0, RS(first block) -
-        embedding bwd) + RS(root); the root group is the rank's non-block layers (embedding,
-        final norm, head), timed per layer as :meth:`zero3_messages` issues them, so the edges
-        are taken out of the overlapped pool without double counting. ``wbytes``: the gathered
-        parameters' bytes per element, ``gb``: the reduce dtype's. (0, 0) when the rank holds
-        no block.
+        Nuances" and "Communication buffer size"); the derivation is in docs/cost-model.md
+        (communication, per-block ZeRO-3).
         """
         key = (c.fields_except(*_NOT_IN_ZERO3), rank, wbytes, gb, "edges")
         hit = self._zero3.get(key)
