@@ -10,9 +10,9 @@ published plan, open fields at its framework's documented default (the same eval
 ``python -m benchmarks.accuracy --cv source``: :func:`benchmarks.validation.evaluate`, no
 search). Residuals ``(predicted - measured) / measured`` are leave-one-source-out by
 construction: autopar fits no constant to the corpus (``validation.FITTED_CONSTANTS`` is empty).
-The rules (regimes, quantile, coarser report cells) are :mod:`autopar.cost.regime`'s; this script only
-counts. ``python -m benchmarks.accuracy --write-docs`` runs it too, so one command regenerates
-every generated table after a cost-model change. Deterministic; about a minute on one core.
+The rules (regimes, quantile, coarser report cells) are :mod:`autopar.cost.regime`'s; this
+script only counts. ``python -m benchmarks.accuracy --write-docs`` runs it too, so one command
+regenerates every generated table after a cost-model change. Deterministic; about a minute on one core.
 """
 
 from __future__ import annotations
