@@ -92,8 +92,9 @@ class DataParallel:
         stage_params = [st.params for st in layout]
         psi = max(stage_params)
         rank = stage_params.index(psi)
+        # bytes per element: of the gathered compute-dtype parameters, of the gradient reduction
         wbytes = train.dtype_bytes
-        gb = inp.reduce_bytes
+        rbytes = inp.reduce_bytes
         loads: list[tuple[LinkLoad, float]] = []
         dp_exposed = 0.0
         # whether the framework runs the DP collectives beside compute: not when it issues them
@@ -131,24 +132,24 @@ class DataParallel:
         # copies the gradient shard out, on FSDP's side streams with the collectives
         # (autopar.cost.offload); 0 without it
         h2d, d2h = offload.param_copy_s(train, psi / (dp * cp),
-                                        inp.conventions.weight_bytes or wbytes, gb,
+                                        inp.conventions.weight_bytes or wbytes, rbytes,
                                         inp.device.pcie_bandwidth_Bps)
         # sharded-DP all-gathers and reduce-scatters per step, for the copies around them
         gathers = reduces = 0.0
         if dp * cp > 1:
             t_ag = dp_g.time("all_gather", psi * wbytes)
-            t_rs = dp_g.time("reduce_scatter", psi * gb)
+            t_rs = dp_g.time("reduce_scatter", psi * rbytes)
             # what those put on each link, for the ledger (not needed for the time alone)
             l_ag = l_rs = NO_LOAD
             if with_loads:
                 l_ag = dp_g.load("all_gather", psi * wbytes)
-                l_rs = dp_g.load("reduce_scatter", psi * gb)
+                l_rs = dp_g.load("reduce_scatter", psi * rbytes)
             if c.zero_stage == 3:   # gathered and reduced per block or per parameter
                 t_ag = self.zero3_collective_s(c, bottleneck, wbytes, "all_gather")
-                t_rs = self.zero3_collective_s(c, bottleneck, gb, "reduce_scatter")
+                t_rs = self.zero3_collective_s(c, bottleneck, rbytes, "reduce_scatter")
                 if with_loads:
                     l_ag = self.zero3_collective_load(c, bottleneck, wbytes, "all_gather")
-                    l_rs = self.zero3_collective_load(c, bottleneck, gb, "reduce_scatter")
+                    l_rs = self.zero3_collective_load(c, bottleneck, rbytes, "reduce_scatter")
             if c.zero_stage == 3 and (pp == 1 or prof.zero3_regather_per_micro_batch):
                 # every micro-batch gathers the parameters for forward, and again for backward
                 # those blocks resharded after forward (FSDP2 fully_shard reshard_after_forward,
@@ -161,7 +162,7 @@ class DataParallel:
                 # them (zero3_edges_s): exposed whole, the rest hidden behind the compute
                 edge_comm, edge_exposed = 0.0, 0.0
                 if ov_gather and pp == 1:
-                    edge_comm, edge_exposed = self.zero3_edges_s(c, bottleneck, wbytes, gb)
+                    edge_comm, edge_exposed = self.zero3_edges_s(c, bottleneck, wbytes, rbytes)
                 dp_exposed = m * (beside_copies(max(0.0, per_mb - edge_comm),
                                                 (1 + regather) * h2d + d2h, fwd1 + bwd1, ov_gather)
                                   + edge_exposed)
@@ -181,8 +182,8 @@ class DataParallel:
                 # DeepSpeed all-reduces each bucket instead, every rank keeping its slice
                 # (FrameworkProfile.zero2_grad_all_reduce)
                 if prof.zero2_grad_all_reduce:
-                    t_rs = dp_g.time("all_reduce", psi * gb)
-                    l_rs = dp_g.load("all_reduce", psi * gb) if with_loads else NO_LOAD
+                    t_rs = dp_g.time("all_reduce", psi * rbytes)
+                    l_rs = dp_g.load("all_reduce", psi * rbytes) if with_loads else NO_LOAD
                 dp_exposed = m * beside(t_rs, bwd1, ov_grad)
                 dp_slow *= m
                 dp_exposed += beside(t_ag, fwd1, ov_grad)
@@ -191,12 +192,12 @@ class DataParallel:
                 loads.append((l_ag, 1.0))
             else:
                 if c.zero_stage == 0:
-                    t_grad = dp_g.time("all_reduce", psi * gb)
+                    t_grad = dp_g.time("all_reduce", psi * rbytes)
                     t_param = 0.0
-                    l_grad, l_param = dp_g.load("all_reduce", psi * gb), NO_LOAD
+                    l_grad, l_param = dp_g.load("all_reduce", psi * rbytes), NO_LOAD
                 elif prof.zero1_grad_all_reduce:   # full gradients all-reduced, then sharded
-                    t_grad, t_param = dp_g.time("all_reduce", psi * gb), t_ag
-                    l_grad, l_param = dp_g.load("all_reduce", psi * gb), l_ag
+                    t_grad, t_param = dp_g.time("all_reduce", psi * rbytes), t_ag
+                    l_grad, l_param = dp_g.load("all_reduce", psi * rbytes), l_ag
                 else:
                     t_grad, t_param = t_rs, t_ag
                     l_grad, l_param = l_rs, l_ag
@@ -211,7 +212,7 @@ class DataParallel:
                     # buckets' hidden seconds slow the compute beside them (overlapped_comm)
                     op = ("all_reduce" if c.zero_stage == 0 or prof.zero1_grad_all_reduce
                           else "reduce_scatter")
-                    grad_exposed = bucketed_exposed_s(self, c, layout[rank].layers, op, gb)
+                    grad_exposed = bucketed_exposed_s(self, c, layout[rank].layers, op, rbytes)
                     dp_slow += share * max(0.0, t_grad - grad_exposed)
                 else:
                     grad_exposed = beside(t_grad, bwd1, ov_grad)
@@ -279,7 +280,7 @@ class DataParallel:
         reductions of them per step (:attr:`DPCost.copies_s`)."""
         inp = self.inputs
         prof = inp.profile
-        wbytes, gb = inp.train.dtype_bytes, inp.reduce_bytes
+        wbytes, rbytes = inp.train.dtype_bytes, inp.reduce_bytes
         sharded = c.dp * c.cp > 1
         # FSDP1's flat-parameter views: autograd concatenates the gradients into the flat
         # gradient in every micro-batch's backward, on the compute stream
@@ -298,7 +299,7 @@ class DataParallel:
         # copy-out reads and writes the gathered parameters; each reduce-scatter's copy-in reads
         # the gradients and writes them in the reduce dtype
         if prof.fsdp2_copies and c.zero_stage in (2, 3):
-            grad_copy_s += psi * (gathers * 2 * wbytes + reduces * (wbytes + gb)) / inp.hbm_Bps
+            grad_copy_s += psi * (gathers * 2 * wbytes + reduces * (wbytes + rbytes)) / inp.hbm_Bps
         # DeepSpeed's engine without ZeRO (FrameworkProfile.zero0_grad_copy_passes): the
         # reduction's flatten, post-scale and copy-back, once per step
         if c.zero_stage == 0 and sharded and prof.zero0_grad_copy_passes:
@@ -332,7 +333,7 @@ class DataParallel:
         return total
 
     def zero3_edges_s(self, c: ParallelConfig, rank: int, wbytes: float,
-                      gb: float) -> tuple[float, float]:
+                      rbytes: float) -> tuple[float, float]:
         """(seconds of the edge collectives, seconds of them no compute hides) of one
         micro-batch of per-block ZeRO-3 (FSDP) on pipeline rank ``rank`` holding the whole
         model (pp = 1): the all-gather and reduce-scatter of the root group (the rank's
@@ -341,14 +342,14 @@ class DataParallel:
         forward) + max(0, RS(first block) - embedding backward) + RS(root), each timed per
         layer as :meth:`zero3_messages` issues them, so the edges leave the overlapped pool
         without double counting. ``wbytes``: the gathered parameters' bytes per element,
-        ``gb``: the reduce dtype's. (0, 0) when the rank holds no block or the DP group is one
+        ``rbytes``: the reduce dtype's. (0, 0) when the rank holds no block or the DP group is one
         rank.
 
         Source: PyTorch docs/source/notes/fsdp.rst (pytorch/pytorch@16d83c2, "FSDP Prefetch
         Nuances" and "Communication buffer size"); the derivation is in docs/cost-model.md
         (communication, per-block ZeRO-3).
         """
-        key = (c.fields_except(*_NOT_IN_ZERO3), rank, wbytes, gb, "edges")
+        key = (c.fields_except(*_NOT_IN_ZERO3), rank, wbytes, rbytes, "edges")
         hit = self._zero3.get(key)
         if hit is not None:
             return hit
@@ -366,9 +367,9 @@ class DataParallel:
 
         root = [li for li in layers if g.layers[li].kind != "block"]
         ag_root = sum(dp_g.time("all_gather", params(li) * wbytes) for li in root)
-        rs_root = sum(dp_g.time("reduce_scatter", params(li) * gb) for li in root)
+        rs_root = sum(dp_g.time("reduce_scatter", params(li) * rbytes) for li in root)
         ag_first = dp_g.time("all_gather", params(first) * wbytes)
-        rs_first = dp_g.time("reduce_scatter", params(first) * gb)
+        rs_first = dp_g.time("reduce_scatter", params(first) * rbytes)
         before = [li for li in layers if li < first]   # the embedding, run before block 0
         fwd_before = sum(self.blocks.block_cost(li, uniform, c).fwd_s for li in before)
         bwd_before = sum(self.blocks.block_cost(li, uniform, c).bwd_s for li in before)
