@@ -164,10 +164,11 @@ class Regime:
 def cell_text(cell: tuple[str, ...]) -> str:
     """A cell for people: "megatron bf16 hopper pipeline, dense, 1 node, <3B parameters" (the
     pooled fields left out; "all published runs" when every field is)."""
-    head = " ".join(c for c in cell[:4] if c != ANY)
-    tail = [c for c in cell[4:6] if c != ANY]
-    if len(cell) > 6 and cell[6] != ANY:
-        tail.append(f"{cell[6]} parameters")
+    experts, size = FIELDS.index("experts"), FIELDS.index("size")
+    head = " ".join(c for c in cell[:experts] if c != ANY)
+    tail = [c for c in cell[experts:size] if c != ANY]
+    if len(cell) > size and cell[size] != ANY:
+        tail.append(f"{cell[size]} parameters")
     return ", ".join(p for p in (head, *tail) if p) or "all published runs"
 
 
