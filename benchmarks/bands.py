@@ -10,9 +10,9 @@ published plan, open fields at its framework's documented default (the same eval
 ``python -m benchmarks.accuracy --cv source``: :func:`benchmarks.validation.evaluate`, no
 search). Residuals ``(predicted - measured) / measured`` are leave-one-source-out by
 construction: autopar fits no constant to the corpus (``validation.FITTED_CONSTANTS`` is empty).
-The rules (regimes, quantile, coarser report cells) are :mod:`autopar.cost.regime`'s; this script only
-counts. ``python -m benchmarks.accuracy --write-docs`` runs it too, so one command regenerates
-every generated table after a cost-model change. Deterministic; about a minute on one core.
+The rules (regimes, quantile, coarser report cells) are :mod:`autopar.cost.regime`'s; this
+script only counts. ``python -m benchmarks.accuracy --write-docs`` runs it too, so one command
+regenerates every generated table after a cost-model change. Deterministic; about a minute on one core.
 """
 
 from __future__ import annotations
@@ -98,10 +98,10 @@ def bands(pts: list[Point]) -> dict[tuple, tuple[float, float, int, int]]:
 def memory_residuals(pts: list[Point], raw: list[dict] | None = None) -> list[float]:
     """(predicted - measured) / measured peak memory of every run with a published peak (the
     counter it publishes: :meth:`benchmarks.validation.Row.memory_as_published`), OOM reports
-    left out: those
-    among ``pts``, then the records with a peak but no step time (evaluated here), then the
-    plans measured through ``plan.apply`` (:func:`benchmarks.validation.measured_plans_memory`);
-    ``raw`` defaults to the development split.
+    left out: those among ``pts``, then the records with a peak but no step time (evaluated
+    here), then the plans measured through ``plan.apply``
+    (:func:`benchmarks.validation.measured_plans_memory`); ``raw`` defaults to the development
+    split.
     """
     raw = validation.dev_corpus() if raw is None else raw
     out = [p.memory_residual for p in pts if p.memory_residual is not None]

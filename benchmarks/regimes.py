@@ -59,10 +59,6 @@ def sharding(tp: int, pp: int, cp: int, zero_stage) -> str:
     return "fsdp-zero3" if kind == "fsdp" else kind
 
 
-scale_bucket = rg.scale_bucket
-size_bucket = rg.size_bucket
-
-
 def experts(raw: dict) -> str:
     """``moe`` when the record's model has more than one expert, else ``dense``
     (:func:`autopar.cost.regime.experts_kind`)."""
@@ -76,8 +72,8 @@ def regime_of(row: validation.Row) -> tuple[str, ...]:
     return (rg.gpu_generation(rec.cluster.device.name), fam,
             sharding(plan.get("tp", 1), plan.get("pp", 1), plan.get("cp", 1),
                      plan.get("zero_stage")),
-            experts(rec.raw), scale_bucket(rec.cluster.num_nodes),
-            size_bucket(rec.model.num_parameters))
+            experts(rec.raw), rg.scale_bucket(rec.cluster.num_nodes),
+            rg.size_bucket(rec.model.num_parameters))
 
 
 def within_band(row: validation.Row) -> bool | None:
@@ -128,13 +124,6 @@ def table(rows: list[validation.Row], held_out: bool = False) -> list[str]:
     return lines
 
 
-def band_key(row: validation.Row) -> tuple[str, ...]:
-    """The run's error-band regime (:meth:`autopar.cost.regime.Regime.key`: framework,
-    precision, gpu, sharding, experts, scale, size) as its estimate has it and
-    :func:`benchmarks.bands.points` keys it."""
-    return row.regime
-
-
 def refit_coverage(rows: list[validation.Row]) -> list[str]:
     """One line: the share of runs within a band computed, by the rules of
     :func:`autopar.cost.regime.band_for` (the run's own regime, validated by
@@ -144,13 +133,14 @@ def refit_coverage(rows: list[validation.Row]) -> list[str]:
     the other sources do not validate are counted apart."""
     from .bands import Point, bands
     measured = [r for r in rows if r.error is not None]
-    pts = [Point(r.rec.id, r.rec.source_key, band_key(r), r.error, 0.0) for r in measured]
+    # keyed by the estimate's own regime (Row.regime), as benchmarks.bands.points keys a run
+    pts = [Point(r.rec.id, r.rec.source_key, r.regime, r.error, 0.0) for r in measured]
     hit = total = 0
     for src in sorted({p.source for p in pts}):
         table_ = bands([p for p in pts if p.source != src])
         for p in (p for p in pts if p.source == src):
             row = table_.get(p.key)
-            if row is not None and row[2] >= rg.VALIDATED_RUNS and row[3] >= rg.VALIDATED_SOURCES:
+            if row is not None and rg.validates(row[2], row[3]):
                 total += 1
                 hit += abs(p.residual) <= row[0]
     pct = 100 * hit / total if total else math.nan

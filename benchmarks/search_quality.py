@@ -8,16 +8,16 @@ ZeRO, placement, CP mode, stage cuts, per-block recomputation), their ratio, whe
 exceeds the published plan's error band (its regime's validated band, or "unvalidated"), and the
 search wall time; then the plan :func:`autopar.optimize` returns with a user's defaults (the
 robust objective and the default memory margin, :func:`autopar.search.margin.default_margin`)
-and its ratio to the published plan. Both are costed and searched under the record's own framework profile and
-options (:func:`benchmarks.validation.record_profile`, as ``benchmarks.accuracy`` costs the
-published plan), so the ratio compares plans, not frameworks. The search is
-:func:`autopar.search.optimize.search` itself (the model's fastest plan, no memory margin: not
-``optimize``'s robust objective). A published plan that does not fit under autopar's memory
-model is still compared on time and flagged. Then ``better-or-equal <k>/<n>, mean speedup <x>,
-beyond the published plan's band <b>/<n>, max search <s> s`` and ``with a user's defaults:
-better-or-equal <k>/<n>`` (issue 25: the defaults should never return a plan the model predicts
-slower than the published one). Records of one problem (model,
-cluster, training config and profile) share one search ("same" in the search column).
+and its ratio to the published plan. Both are costed and searched under the record's own
+framework profile and options (:func:`benchmarks.validation.record_profile`, as
+``benchmarks.accuracy`` costs the published plan), so the ratio compares plans, not frameworks.
+The search is :func:`autopar.search.optimize.search` itself (the model's fastest plan, no memory
+margin: not ``optimize``'s robust objective). A published plan that does not fit under
+autopar's memory model is still compared on time and flagged. Then ``better-or-equal <k>/<n>,
+mean speedup <x>, beyond the published plan's band <b>/<n>, max search <s> s`` and ``with a
+user's defaults: better-or-equal <k>/<n>`` (issue 25: the defaults should never return a plan
+the model predicts slower than the published one). Records of one problem (model, cluster,
+training config and profile) share one search ("same" in the search column).
 
 Then, on heterogeneous models (:data:`HETERO`: dense and MoE blocks, sliding and global
 attention, linear and full attention), the best uniform plan (one recompute mode for all blocks,
@@ -181,10 +181,11 @@ def hetero(time_limit: float | None, framework: str = "torch") -> None:
               f"{_describe(u) if u else '-'} | {_describe(lw) if lw else '-'}")
 
 
-def published_band(rec, row) -> ErrorBand:
-    """The error band of a record's published plan: its regime's (:func:`autopar.cost.regime.
-    band_for`), keyed as ``benchmarks.bands`` keys the record: the regime of the published
-    plan's estimate (``row.regime``, :meth:`autopar.cost.regime.Regime.of`: the framework the
+def published_band(row) -> ErrorBand:
+    """The error band of a record's published plan (its validation ``row``): its regime's
+    (:func:`autopar.cost.regime.band_for`), keyed as ``benchmarks.bands`` keys the record: the
+    regime of the published plan's estimate (``row.regime``,
+    :meth:`autopar.cost.regime.Regime.of`: the framework the
     record's stack is banded with, its precision, GPU generation, the sharding kind of the
     published plan with its open fields at the framework's defaults, dense/MoE, the cluster's
     scale and the model's size bucket)."""
@@ -244,7 +245,7 @@ def _published(args) -> None:
         better += ratio <= 1 + 1e-9
         speedups.append(1 / ratio)
         walls.append(0.0 if again else wall)
-        verdict = band_verdict(1 / ratio, published_band(rec, published))
+        verdict = band_verdict(1 / ratio, published_band(published))
         beyond += verdict.startswith("beyond")
         dratio = default.step_time_s / published.fastest_s if default else float("nan")
         default_ok += default is not None and dratio <= 1 + 1e-9
@@ -274,6 +275,8 @@ def user_defaults(cm, time_limit):
 
 
 def _short(e) -> str:
+    """The estimate's plan in one column: degrees, CP mode, ZeRO stage, micro-batch, virtual
+    stages and recomputation ("mixed" when per block)."""
     c = e.config
     rc = c.recompute if isinstance(c.recompute, str) else "mixed"
     return (f"tp{c.tp} pp{c.pp} dp{c.dp} cp{c.cp}({c.cp_mode}) z{c.zero_stage} "

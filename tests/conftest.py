@@ -65,6 +65,20 @@ def graph_gpt22b_unfused():
 
 
 @pytest.fixture(scope="session")
+def preset_cost_model():
+    """``make(model, cluster, **train)``: the CostModel of the preset ``model`` on the cluster
+    spec ``cluster`` under ``autopar.TrainingConfig(**train)`` (its graph extracted at
+    ``train``'s sequence length)."""
+    from autopar.cost.model import CostModel
+
+    def make(model: str, cluster: str, **train) -> CostModel:
+        config = autopar.TrainingConfig(**train)
+        graph = model_graph(model, config)[0]
+        return CostModel(graph, autopar.Cluster.from_spec(cluster), config)
+    return make
+
+
+@pytest.fixture(scope="session")
 def dense_or_tiny_moe():
     """``make(kind, cfg)``: the CostModel of the dense model dict ``cfg`` (kind "dense") or of
     a tiny DeepSeek-V3 (kind "moe": dense then MoE blocks, expert parallelism) on 16

@@ -21,16 +21,16 @@ def test_scale_buckets(nodes, name):
 
 
 @pytest.mark.parametrize("params, name", [(64e6, "<3B"), (3e9 - 1, "<3B"), (3e9, "3-30B"),
-                                          (30e9, "30-100B"), (100e9 - 1, "30-100B"),
-                                          (100e9, ">100B"), (405e9, ">100B")])
+                                          (29.9e9, "3-30B"), (30e9, "30-100B"),
+                                          (100e9 - 1, "30-100B"), (100e9, ">100B"),
+                                          (405e9, ">100B"), (1e12, ">100B")])
 def test_size_buckets_hold_their_lower_bound(params, name):
     assert size_bucket(params) == name
 
 
-def test_experts_and_one_definition_of_the_buckets():
+def test_experts_of_a_model_and_of_a_record():
     assert experts_kind(0) == experts_kind(1) == "dense" and experts_kind(8) == "moe"
     from benchmarks import regimes
-    assert regimes.scale_bucket is scale_bucket and regimes.size_bucket is size_bucket
     assert regimes.experts({"model": {"num_experts": 8}}) == "moe"
 
 

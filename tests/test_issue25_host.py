@@ -9,8 +9,8 @@ import pytest
 
 import autopar
 from autopar.api import model_graph
-from autopar.cost.host import (FUSED_ATTENTION_BWD_KERNELS, HostTime, LayerKernels, exposed,
-                               host_time, kernels)
+from autopar.cost.host import (FUSED_ATTENTION_BWD_KERNELS, HostTime, LayerKernels,
+                               host_exposed_s, host_time, kernels)
 from autopar.cost.model import CostModel
 from autopar.cost.params import CostParams
 from autopar.errors import InvalidTrainingConfig
@@ -70,7 +70,7 @@ def test_host_seconds_are_kernels_times_the_time_per_op_and_nil_under_cuda_graph
     assert h.bwd_s == pytest.approx((h.kernels.bwd + h.kernels.recompute) * 1e-5)
     g = host_time(llama_block, fusion="eager", mode="full", host_issue="cuda_graph")
     assert (g.fwd_s, g.bwd_s) == (0.0, 0.0) and g.kernels == h.kernels
-    assert exposed(2.0, 1.0) == 0.0 and exposed(1.0, 3.0) == 2.0
+    assert host_exposed_s(2.0, 1.0) == 0.0 and host_exposed_s(1.0, 3.0) == 2.0
 
 
 def test_stock_profiles_issue_per_kernel_with_a_source():

@@ -14,19 +14,21 @@ from __future__ import annotations
 import pytest
 
 import autopar
-from autopar.api import model_graph
-from autopar.cost.model import CostModel
+
+
+def _zero3_7b(make, cluster: str, global_batch_size: int, framework: str, **degrees):
+    """(cost model, resolved plan) of llama2-7b at seq 2048 and micro-batch 1 on the cluster
+    spec ``cluster`` under ``framework``: ZeRO-3 over ``degrees``, no recomputation (``make``:
+    the ``preset_cost_model`` fixture)."""
+    cm = make("llama2-7b", cluster, global_batch_size=global_batch_size, seq_len=2048,
+              framework=framework, micro_batch_size=1)
+    return cm, cm.resolve(autopar.ParallelConfig(zero_stage=3, micro_batch_size=1,
+                                                 recompute="none", **degrees))
 
 
 @pytest.fixture(scope="module")
-def fsdp_7b():
-    cluster = autopar.Cluster.from_spec("8x8xA100-80GB")
-    train = autopar.TrainingConfig(global_batch_size=64, seq_len=2048, framework="torchtitan",
-                                   micro_batch_size=1)
-    graph, _ = model_graph("llama2-7b", train)
-    cm = CostModel(graph, cluster, train)
-    cfg = autopar.ParallelConfig(dp=64, zero_stage=3, micro_batch_size=1, recompute="none")
-    return cm, cm.resolve(cfg)
+def fsdp_7b(preset_cost_model):
+    return _zero3_7b(preset_cost_model, "8x8xA100-80GB", 64, "torchtitan", dp=64)
 
 
 def _edges_by_hand(cm, c):
@@ -77,44 +79,26 @@ def test_step_exposes_the_edges_per_micro_batch(fsdp_7b):
     assert tb.overlap_slowdown > 0
 
 
-def test_edges_follow_the_micro_batches():
-    cluster = autopar.Cluster.from_spec("8x8xA100-80GB")
-    train = autopar.TrainingConfig(global_batch_size=256, seq_len=2048, framework="torchtitan",
-                                   micro_batch_size=1)
-    graph, _ = model_graph("llama2-7b", train)
-    cm = CostModel(graph, cluster, train)
-    c = cm.resolve(autopar.ParallelConfig(dp=64, zero_stage=3, micro_batch_size=1,
-                                          recompute="none"))
+def test_edges_follow_the_micro_batches(preset_cost_model):
+    cm, c = _zero3_7b(preset_cost_model, "8x8xA100-80GB", 256, "torchtitan", dp=64)
     e = cm.estimate(c)
     assert e.num_micro_batches == 4
-    _, exposed = cm.dp.zero3_edges_s(c, 0, train.dtype_bytes, cm.reduce_bytes)
+    _, exposed = cm.dp.zero3_edges_s(c, 0, cm.train.dtype_bytes, cm.reduce_bytes)
     assert e.time_breakdown.dp_comm_exposed == pytest.approx(4 * exposed, rel=1e-9)
 
 
-def test_not_overlapped_gathers_keep_everything_exposed():
+def test_not_overlapped_gathers_keep_everything_exposed(preset_cost_model):
     # DeepSpeed ZeRO-3 gathers per parameter with syncs (zero3_gather "per_parameter"): no
     # overlap, so the edges change nothing: the whole pass stays exposed
-    cluster = autopar.Cluster.from_spec("2x8xA100-80GB")
-    train = autopar.TrainingConfig(global_batch_size=16, seq_len=2048, framework="deepspeed",
-                                   micro_batch_size=1)
-    graph, _ = model_graph("llama2-7b", train)
-    cm = CostModel(graph, cluster, train)
-    c = cm.resolve(autopar.ParallelConfig(dp=16, zero_stage=3, micro_batch_size=1,
-                                          recompute="none"))
+    cm, c = _zero3_7b(preset_cost_model, "2x8xA100-80GB", 16, "deepspeed", dp=16)
     e = cm.estimate(c)
     dp = cm.dp
-    t_ag = dp.zero3_collective_s(c, 0, train.dtype_bytes, "all_gather")
+    t_ag = dp.zero3_collective_s(c, 0, cm.train.dtype_bytes, "all_gather")
     t_rs = dp.zero3_collective_s(c, 0, cm.reduce_bytes, "reduce_scatter")
     assert e.time_breakdown.dp_comm_exposed == pytest.approx(
         e.num_micro_batches * (2 * t_ag + t_rs), rel=1e-9)
 
 
-def test_one_rank_has_no_edges():
-    cluster = autopar.Cluster.from_spec("1x8xA100-80GB")
-    train = autopar.TrainingConfig(global_batch_size=8, seq_len=2048, framework="torchtitan",
-                                   micro_batch_size=1)
-    graph, _ = model_graph("llama2-7b", train)
-    cm = CostModel(graph, cluster, train)
-    c = cm.resolve(autopar.ParallelConfig(dp=1, tp=8, zero_stage=3, micro_batch_size=1,
-                                          recompute="none"))
-    assert cm.dp.zero3_edges_s(c, 0, train.dtype_bytes, cm.reduce_bytes) == (0.0, 0.0)
+def test_one_rank_has_no_edges(preset_cost_model):
+    cm, c = _zero3_7b(preset_cost_model, "1x8xA100-80GB", 8, "torchtitan", dp=1, tp=8)
+    assert cm.dp.zero3_edges_s(c, 0, cm.train.dtype_bytes, cm.reduce_bytes) == (0.0, 0.0)

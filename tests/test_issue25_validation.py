@@ -71,19 +71,7 @@ def corpus(tmp_path, monkeypatch):
     return fake
 
 
-# -- buckets -----------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("nodes, name", [(1, "1 node"), (2, "2-64 nodes"), (64, "2-64 nodes"),
-                                         (65, ">64 nodes")])
-def test_scale_buckets(nodes, name):
-    assert regimes.scale_bucket(nodes) == name
-
-
-@pytest.mark.parametrize("params, name", [(2.9e9, "<3B"), (3e9, "3-30B"), (29.9e9, "3-30B"),
-                                          (30e9, "30-100B"), (100e9, ">100B"), (1e12, ">100B")])
-def test_size_buckets_hold_their_lower_bound(params, name):
-    assert regimes.size_bucket(params) == name
-
+# -- sharding kind ---------------------------------------------------------------------------------
 
 def test_sharding_kind_rule():
     assert regimes.sharding(2, 2, 1, 3) == "pipeline"

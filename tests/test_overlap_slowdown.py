@@ -102,12 +102,10 @@ def test_tp_peers_dp_groups_each_run_every_local_nic_channel():
 
 
 @pytest.fixture(scope="module")
-def fsdp_70b():
-    cluster = autopar.Cluster.from_spec("8x8xA100-80GB")
-    train = autopar.TrainingConfig(global_batch_size=128, seq_len=4096, framework="torchtitan",
-                                   micro_batch_size=2)
-    graph, _ = model_graph("llama2-70b", train)
-    return cluster, train, graph
+def fsdp_70b(preset_cost_model):
+    cm = preset_cost_model("llama2-70b", "8x8xA100-80GB", global_batch_size=128, seq_len=4096,
+                           framework="torchtitan", micro_batch_size=2)
+    return cm.cluster, cm.train, cm.graph
 
 
 def test_fsdp_step_pays_the_slowdown_of_its_overlapped_collectives(fsdp_70b):

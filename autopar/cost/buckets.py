@@ -20,12 +20,14 @@ def bucketed_exposed_s(dp, c: ParallelConfig, layers: tuple[int, ...], op: str,
     so far and for the previous bucket's reduction, then launches this bucket's ``op`` on
     the communication stream. So a bucket's reduction hides only behind the backward
     compute up to the next bucket's launch (``overlap`` of it, 1 in the estimate, which
-    charges the compute slowdown beside the buckets, :func:`overlapped_comm`), and ``step()``
+    charges the compute slowdown beside the buckets,
+    :func:`autopar.cost.comm.overlapped_comm`), and ``step()``
     (L508-514) reduces the last bucket after backward and synchronizes: fully exposed. Hooks
     fire in backward order (the layers reversed, each op's parameters one tensor, TP-sharded
     ones / tp); a layer's backward seconds
-    (:meth:`BlockCosts.block_cost`) are split over its tensors by their elements. ``op`` over the
-    data-parallel group, ``nbytes_per_element``: the reduce dtype's bytes.
+    (:meth:`autopar.cost.blocks.BlockCosts.block_cost`) are split over its tensors by their
+    elements. ``op`` over the data-parallel group, ``nbytes_per_element``: the reduce dtype's
+    bytes. Returns seconds.
     """
     cap = dp.inputs.profile.sync_grad_bucket_elements
     dp_g = dp.groups.group("dp", c)

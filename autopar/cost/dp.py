@@ -85,15 +85,16 @@ class DataParallel:
         elements kept gathered (:meth:`ModelStates.kept_gathered`). With ``with_loads`` False
         the link loads are not built (the search's time-only bound)."""
         inp = self.inputs
-        train, prof, p = inp.train, inp.profile, inp.params
+        train, prof = inp.train, inp.profile
         dp, cp, pp = c.dp, c.cp, c.pp
         m = inp.micro_batches(c)
         dp_g = self.groups.group("dp", c)
         stage_params = [st.params for st in layout]
         psi = max(stage_params)
         rank = stage_params.index(psi)
+        # bytes per element: of the gathered compute-dtype parameters, of the gradient reduction
         wbytes = train.dtype_bytes
-        gb = inp.reduce_bytes
+        rbytes = inp.reduce_bytes
         loads: list[tuple[LinkLoad, float]] = []
         dp_exposed = 0.0
         # whether the framework runs the DP collectives beside compute: not when it issues them
@@ -131,24 +132,24 @@ class DataParallel:
         # copies the gradient shard out, on FSDP's side streams with the collectives
         # (autopar.cost.offload); 0 without it
         h2d, d2h = offload.param_copy_s(train, psi / (dp * cp),
-                                        inp.conventions.weight_bytes or wbytes, gb,
+                                        inp.conventions.weight_bytes or wbytes, rbytes,
                                         inp.device.pcie_bandwidth_Bps)
         # sharded-DP all-gathers and reduce-scatters per step, for the copies around them
         gathers = reduces = 0.0
         if dp * cp > 1:
             t_ag = dp_g.time("all_gather", psi * wbytes)
-            t_rs = dp_g.time("reduce_scatter", psi * gb)
+            t_rs = dp_g.time("reduce_scatter", psi * rbytes)
             # what those put on each link, for the ledger (not needed for the time alone)
             l_ag = l_rs = NO_LOAD
             if with_loads:
                 l_ag = dp_g.load("all_gather", psi * wbytes)
-                l_rs = dp_g.load("reduce_scatter", psi * gb)
+                l_rs = dp_g.load("reduce_scatter", psi * rbytes)
             if c.zero_stage == 3:   # gathered and reduced per block or per parameter
                 t_ag = self.zero3_collective_s(c, bottleneck, wbytes, "all_gather")
-                t_rs = self.zero3_collective_s(c, bottleneck, gb, "reduce_scatter")
+                t_rs = self.zero3_collective_s(c, bottleneck, rbytes, "reduce_scatter")
                 if with_loads:
                     l_ag = self.zero3_collective_load(c, bottleneck, wbytes, "all_gather")
-                    l_rs = self.zero3_collective_load(c, bottleneck, gb, "reduce_scatter")
+                    l_rs = self.zero3_collective_load(c, bottleneck, rbytes, "reduce_scatter")
             if c.zero_stage == 3 and (pp == 1 or prof.zero3_regather_per_micro_batch):
                 # every micro-batch gathers the parameters for forward, and again for backward
                 # those blocks resharded after forward (FSDP2 fully_shard reshard_after_forward,
@@ -161,7 +162,7 @@ class DataParallel:
                 # them (zero3_edges_s): exposed whole, the rest hidden behind the compute
                 edge_comm, edge_exposed = 0.0, 0.0
                 if ov_gather and pp == 1:
-                    edge_comm, edge_exposed = self.zero3_edges_s(c, bottleneck, wbytes, gb)
+                    edge_comm, edge_exposed = self.zero3_edges_s(c, bottleneck, wbytes, rbytes)
                 dp_exposed = m * (beside_copies(max(0.0, per_mb - edge_comm),
                                                 (1 + regather) * h2d + d2h, fwd1 + bwd1, ov_gather)
                                   + edge_exposed)
@@ -181,8 +182,8 @@ class DataParallel:
                 # DeepSpeed all-reduces each bucket instead, every rank keeping its slice
                 # (FrameworkProfile.zero2_grad_all_reduce)
                 if prof.zero2_grad_all_reduce:
-                    t_rs = dp_g.time("all_reduce", psi * gb)
-                    l_rs = dp_g.load("all_reduce", psi * gb) if with_loads else NO_LOAD
+                    t_rs = dp_g.time("all_reduce", psi * rbytes)
+                    l_rs = dp_g.load("all_reduce", psi * rbytes) if with_loads else NO_LOAD
                 dp_exposed = m * beside(t_rs, bwd1, ov_grad)
                 dp_slow *= m
                 dp_exposed += beside(t_ag, fwd1, ov_grad)
@@ -191,12 +192,12 @@ class DataParallel:
                 loads.append((l_ag, 1.0))
             else:
                 if c.zero_stage == 0:
-                    t_grad = dp_g.time("all_reduce", psi * gb)
+                    t_grad = dp_g.time("all_reduce", psi * rbytes)
                     t_param = 0.0
-                    l_grad, l_param = dp_g.load("all_reduce", psi * gb), NO_LOAD
+                    l_grad, l_param = dp_g.load("all_reduce", psi * rbytes), NO_LOAD
                 elif prof.zero1_grad_all_reduce:   # full gradients all-reduced, then sharded
-                    t_grad, t_param = dp_g.time("all_reduce", psi * gb), t_ag
-                    l_grad, l_param = dp_g.load("all_reduce", psi * gb), l_ag
+                    t_grad, t_param = dp_g.time("all_reduce", psi * rbytes), t_ag
+                    l_grad, l_param = dp_g.load("all_reduce", psi * rbytes), l_ag
                 else:
                     t_grad, t_param = t_rs, t_ag
                     l_grad, l_param = l_rs, l_ag
@@ -211,7 +212,7 @@ class DataParallel:
                     # buckets' hidden seconds slow the compute beside them (overlapped_comm)
                     op = ("all_reduce" if c.zero_stage == 0 or prof.zero1_grad_all_reduce
                           else "reduce_scatter")
-                    grad_exposed = bucketed_exposed_s(self, c, layout[rank].layers, op, gb)
+                    grad_exposed = bucketed_exposed_s(self, c, layout[rank].layers, op, rbytes)
                     dp_slow += share * max(0.0, t_grad - grad_exposed)
                 else:
                     grad_exposed = beside(t_grad, bwd1, ov_grad)
@@ -223,16 +224,28 @@ class DataParallel:
             regather = (psi - keep[rank]) / psi if psi > 0 else 1.0
             dp_exposed = m * beside_copies(0.0, (1 + regather) * h2d + d2h, fwd1 + bwd1,
                                            ov_gather)
+        optimizer_s = self.optimizer_step_s(c, layout[rank].layers, psi)
+        grad_copy_s = self.compute_stream_copies_s(c, m, psi, gathers, reduces)
+        return DPCost(dp_exposed, dp_slow, grad_copy_s, optimizer_s, tuple(loads))
+
+    def optimizer_step_s(self, c: ParallelConfig, layers: tuple[int, ...], psi: float) -> float:
+        """Seconds of the optimizer step of the resolved config ``c`` on the pipeline rank
+        holding graph layers ``layers`` and ``psi`` parameters: memory-bound over its ZeRO
+        shard, or the PCIe transfers around a step offloaded to the CPU (whose CPU seconds are
+        not priced: 0 under parameter offload with the step on the CPU)."""
+        inp = self.inputs
+        train, prof, p = inp.train, inp.profile, inp.params
+        wbytes = train.dtype_bytes
         # the optimizer runs on the rank's ZeRO shard: over dp x cp, or over the framework's
         # smaller ZeRO group (zero1_group_size: InternEvo parallel.zero1, FSDP hybrid sharding);
         # the largest share paces the step (zero1_partition: whole tensors bound it below)
         if c.zero_stage >= 1:
-            opt_params = self.states.zero1_split(c, layout[rank].layers, psi)[0]
+            opt_params = self.states.zero1_split(c, layers, psi)[0]
         else:
             opt_params = psi
         if offload.grads_on_host(train):
             # parameter offload with the step on the CPU: the shards' copies ride with the
-            # ZeRO-3 collectives above; the CPU step is not priced (autopar.cost.offload)
+            # ZeRO-3 collectives (cost); the CPU step is not priced (autopar.cost.offload)
             optimizer_s = 0.0
         elif train.optimizer_offload:
             # ZeRO-Offload (Ren et al. 2021, USENIX ATC, sec. 4): gradients go to the host over
@@ -250,36 +263,48 @@ class DataParallel:
                 # DeepSpeed offload_param alone: the step updates the fp32 partition on the GPU
                 # and writes the compute-dtype partition back to the host
                 optimizer_s += opt_params * wbytes / inp.device.pcie_bandwidth_Bps
+        if c.zero_stage == 0 and not train.optimizer_offload:
+            # DeepSpeed's engine without ZeRO (FrameworkProfile.zero0_*): the mixed-precision
+            # step's overflow check and flatten, whose per-tensor reads back to the host drain
+            # the queue, so the host's time to issue each check is exposed
+            optimizer_s += psi * prof.zero0_step_bytes / inp.hbm_Bps
+            optimizer_s += (self.param_tensors(layers)
+                            * prof.zero0_step_host_ops_per_tensor * p.host_op_s)
+        return optimizer_s
+
+    def compute_stream_copies_s(self, c: ParallelConfig, m: int, psi: float, gathers: float,
+                                reduces: float) -> float:
+        """Seconds of one step's memory-bound copies that the sharded-DP implementation runs on
+        the compute stream, for the resolved config ``c`` with ``m`` micro-batches on the rank
+        holding ``psi`` parameters, which runs ``gathers`` all-gathers and ``reduces``
+        reductions of them per step (:attr:`DPCost.copies_s`)."""
+        inp = self.inputs
+        prof = inp.profile
+        wbytes, rbytes = inp.train.dtype_bytes, inp.reduce_bytes
+        sharded = c.dp * c.cp > 1
         # FSDP1's flat-parameter views: autograd concatenates the gradients into the flat
         # gradient in every micro-batch's backward, on the compute stream
         # (FrameworkProfile.zero_grad_copy_passes; memory-bound, rank with the most parameters)
         grad_copy_s = 0.0
-        if c.zero_stage in (2, 3) and dp * cp > 1 and prof.zero_grad_copy_passes:
+        if c.zero_stage in (2, 3) and sharded and prof.zero_grad_copy_passes:
             grad_copy_s = m * prof.zero_grad_copy_passes * psi * wbytes / inp.hbm_Bps
-        # FSDP2's copies on the compute stream (FrameworkProfile.fsdp2_copies): each gather's
-        # copy-out reads and writes the gathered parameters; each reduce-scatter's copy-in reads
-        # the gradients and writes them in the reduce dtype
         # DeepSpeed ZeRO-1/2's bucket copies on the compute stream, per gradient reduction:
         # every micro-batch under ZeRO-2, once per step under ZeRO-1
         # (FrameworkProfile.zero12_grad_copy_passes, DEEPSPEED_ZERO12_GRAD_COPY_PASSES)
-        if c.zero_stage in (1, 2) and dp * cp > 1 and prof.zero12_grad_copy_passes:
+        if c.zero_stage in (1, 2) and sharded and prof.zero12_grad_copy_passes:
             reductions = m if c.zero_stage == 2 else 1
             grad_copy_s += (reductions * prof.zero12_grad_copy_passes * psi * wbytes
                             / inp.hbm_Bps)
+        # FSDP2's copies on the compute stream (FrameworkProfile.fsdp2_copies): each gather's
+        # copy-out reads and writes the gathered parameters; each reduce-scatter's copy-in reads
+        # the gradients and writes them in the reduce dtype
         if prof.fsdp2_copies and c.zero_stage in (2, 3):
-            grad_copy_s += psi * (gathers * 2 * wbytes + reduces * (wbytes + gb)) / inp.hbm_Bps
-        if c.zero_stage == 0:
-            # DeepSpeed's engine without ZeRO (FrameworkProfile.zero0_*): the reduction's
-            # flatten, post-scale and copy-back on the compute stream once per step, and the
-            # mixed-precision step's overflow check and flatten, whose per-tensor reads back to
-            # the host drain the queue, so the host's time to issue each check is exposed
-            if dp * cp > 1 and prof.zero0_grad_copy_passes:
-                grad_copy_s += prof.zero0_grad_copy_passes * psi * wbytes / inp.hbm_Bps
-            if not train.optimizer_offload:
-                optimizer_s += psi * prof.zero0_step_bytes / inp.hbm_Bps
-                optimizer_s += (self.param_tensors(layout[rank].layers)
-                                * prof.zero0_step_host_ops_per_tensor * p.host_op_s)
-        return DPCost(dp_exposed, dp_slow, grad_copy_s, optimizer_s, tuple(loads))
+            grad_copy_s += psi * (gathers * 2 * wbytes + reduces * (wbytes + rbytes)) / inp.hbm_Bps
+        # DeepSpeed's engine without ZeRO (FrameworkProfile.zero0_grad_copy_passes): the
+        # reduction's flatten, post-scale and copy-back, once per step
+        if c.zero_stage == 0 and sharded and prof.zero0_grad_copy_passes:
+            grad_copy_s += prof.zero0_grad_copy_passes * psi * wbytes / inp.hbm_Bps
+        return grad_copy_s
 
     def param_tensors(self, layers: tuple[int, ...]) -> int:
         """Gradient tensors on a rank holding graph layers ``layers``: one per op that owns
@@ -308,32 +333,23 @@ class DataParallel:
         return total
 
     def zero3_edges_s(self, c: ParallelConfig, rank: int, wbytes: float,
-                      gb: float) -> tuple[float, float]:
+                      rbytes: float) -> tuple[float, float]:
         """(seconds of the edge collectives, seconds of them no compute hides) of one
         micro-batch of per-block ZeRO-3 (FSDP) on pipeline rank ``rank`` holding the whole
-        model (pp = 1): the collectives at the ends of the forward and of the backward, which
-        have no compute beside them to hide behind.
+        model (pp = 1): the all-gather and reduce-scatter of the root group (the rank's
+        non-block layers: embedding, final norm, head) and of the first block, at the ends of
+        the forward and the backward. Exposed: AG(root) + max(0, AG(first block) - embedding
+        forward) + max(0, RS(first block) - embedding backward) + RS(root), each timed per
+        layer as :meth:`zero3_messages` issues them, so the edges leave the overlapped pool
+        without double counting. ``wbytes``: the gathered parameters' bytes per element,
+        ``rbytes``: the reduce dtype's. (0, 0) when the rank holds no block or the DP group is one
+        rank.
 
         Source: PyTorch docs/source/notes/fsdp.rst (pytorch/pytorch@16d83c2, "FSDP Prefetch
-        Nuances" and "Communication buffer size"). FSDP applied to every transformer block and
-        to the root gives "one communication group for each transformer block and finally one
-        communication group with the initial embedding and final linear", each one all-gather
-        and one reduce-scatter. Forward: the root's all-gather is issued first ("The 1st
-        all-gather will not be able to overlap with anything"); the first block's all-gather is
-        issued after the embedding's forward (implicit prefetching: an all-gather overlaps the
-        compute issued before it), so it hides behind that alone. Backward: all-gathers and
-        reduce-scatters "run serially" on the process group's one NCCL stream; the first block's
-        reduce-scatter is issued after its backward, with only the embedding's backward left to
-        run beside it, and the root group's reduce-scatter waits for the embedding's gradient,
-        the last one computed: nothing runs beside it. So per micro-batch the exposed seconds
-        are AG(root) + max(0, AG(first block) - embedding fwd) + max(0, RS(first block) -
-        embedding bwd) + RS(root); the root group is the rank's non-block layers (embedding,
-        final norm, head), timed per layer as :meth:`zero3_messages` issues them, so the edges
-        are taken out of the overlapped pool without double counting. ``wbytes``: the gathered
-        parameters' bytes per element, ``gb``: the reduce dtype's. (0, 0) when the rank holds
-        no block.
+        Nuances" and "Communication buffer size"); the derivation is in docs/cost-model.md
+        (communication, per-block ZeRO-3).
         """
-        key = (c.fields_except(*_NOT_IN_ZERO3), rank, wbytes, gb, "edges")
+        key = (c.fields_except(*_NOT_IN_ZERO3), rank, wbytes, rbytes, "edges")
         hit = self._zero3.get(key)
         if hit is not None:
             return hit
@@ -351,9 +367,9 @@ class DataParallel:
 
         root = [li for li in layers if g.layers[li].kind != "block"]
         ag_root = sum(dp_g.time("all_gather", params(li) * wbytes) for li in root)
-        rs_root = sum(dp_g.time("reduce_scatter", params(li) * gb) for li in root)
+        rs_root = sum(dp_g.time("reduce_scatter", params(li) * rbytes) for li in root)
         ag_first = dp_g.time("all_gather", params(first) * wbytes)
-        rs_first = dp_g.time("reduce_scatter", params(first) * gb)
+        rs_first = dp_g.time("reduce_scatter", params(first) * rbytes)
         before = [li for li in layers if li < first]   # the embedding, run before block 0
         fwd_before = sum(self.blocks.block_cost(li, uniform, c).fwd_s for li in before)
         bwd_before = sum(self.blocks.block_cost(li, uniform, c).bwd_s for li in before)

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from ..graph.types import Layer
 from .compute import memory_bound_kernels
 from .memory import op_sac_saved
+from .params import CostParams
 
 #: Backward kernels of one fused attention call (FlashAttention-2's dot(dO, O) pre-pass, the
 #: dQ/dK/dV kernel and the dQ conversion; module docstring).
@@ -93,9 +94,6 @@ class HostTime:
     bwd_s: float
 
 
-NO_HOST = HostTime(LayerKernels(0, 0), 0.0, 0.0)
-
-
 def kernels(layer: Layer, fusion: str, eager_parts: tuple[str, ...] = (),
             mode: str = "none") -> LayerKernels:
     """The kernels ``layer`` launches per micro-batch under ``fusion`` and recompute ``mode``
@@ -131,15 +129,17 @@ def kernels(layer: Layer, fusion: str, eager_parts: tuple[str, ...] = (),
 
 def host_time(layer: Layer, *, fusion: str, eager_parts: tuple[str, ...] = (),
               mode: str = "none", host_issue: str = "per_kernel",
-              host_op_s: float = 8.13e-6) -> HostTime:
-    """Host seconds to issue ``layer``'s kernels for one micro-batch (:class:`HostTime`);
-    zero seconds under ``host_issue="cuda_graph"``."""
+              host_op_s: float = CostParams.host_op_s) -> HostTime:
+    """Host seconds to issue ``layer``'s kernels for one micro-batch (:class:`HostTime`):
+    the kernel count times ``host_op_s`` seconds per kernel (default: the measured
+    :attr:`autopar.cost.params.CostParams.host_op_s`); zero seconds under
+    ``host_issue="cuda_graph"``."""
     k = kernels(layer, fusion, eager_parts, mode)
     per = host_op_s if host_issue == "per_kernel" else 0.0
     return HostTime(k, k.fwd * per, (k.bwd + k.recompute) * per)
 
 
-def exposed(gpu_s: float, host_s: float) -> float:
+def host_exposed_s(gpu_s: float, host_s: float) -> float:
     """Seconds the host adds to a pass whose stream work takes ``gpu_s``: what its issue time
     ``host_s`` exceeds it by (the host runs ahead of a slower GPU; module docstring)."""
     return max(0.0, host_s - gpu_s)

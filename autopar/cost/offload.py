@@ -85,6 +85,8 @@ SUPPORT: dict[str, OffloadSupport] = {
 
 
 def _runs(kind: str) -> list[str]:
+    """The frameworks of :data:`SUPPORT` with a source for offload ``kind`` ("params" or
+    "activations"), in table order."""
     return [f for f, s in SUPPORT.items() if getattr(s, kind)]
 
 
@@ -138,8 +140,10 @@ def effective(train: TrainingConfig) -> TrainingConfig:
 
 
 def grads_on_host(train: TrainingConfig) -> bool:
-    """Whether each gradient shard goes to the host as it is reduced (FSDP parameter offload,
-    or any ZeRO-3 run with ``optimizer_offload``), rather than after backward."""
+    """Whether each gradient shard goes to the host as it is reduced, rather than after
+    backward: parameter offload with the optimizer on the CPU (FSDP's, where
+    :func:`effective` turns ``optimizer_offload`` on; DeepSpeed's ``offload_param`` with
+    ``offload_optimizer``)."""
     return train.param_offload and train.optimizer_offload
 
 

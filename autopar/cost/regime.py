@@ -164,10 +164,11 @@ class Regime:
 def cell_text(cell: tuple[str, ...]) -> str:
     """A cell for people: "megatron bf16 hopper pipeline, dense, 1 node, <3B parameters" (the
     pooled fields left out; "all published runs" when every field is)."""
-    head = " ".join(c for c in cell[:4] if c != ANY)
-    tail = [c for c in cell[4:6] if c != ANY]
-    if len(cell) > 6 and cell[6] != ANY:
-        tail.append(f"{cell[6]} parameters")
+    experts, size = FIELDS.index("experts"), FIELDS.index("size")
+    head = " ".join(c for c in cell[:experts] if c != ANY)
+    tail = [c for c in cell[experts:size] if c != ANY]
+    if len(cell) > size and cell[size] != ANY:
+        tail.append(f"{cell[size]} parameters")
     return ", ".join(p for p in (head, *tail) if p) or "all published runs"
 
 
@@ -257,6 +258,12 @@ class MfuCeiling:
     cell: tuple[str, str, str]
 
 
+def validates(records: int, sources: int) -> bool:
+    """Whether a cell of ``records`` published runs from ``sources`` independent sources
+    validates its regime: at least :data:`VALIDATED_RUNS` and :data:`VALIDATED_SOURCES`."""
+    return records >= VALIDATED_RUNS and sources >= VALIDATED_SOURCES
+
+
 @lru_cache(maxsize=None)
 def band_for(regime: Regime) -> ErrorBand:
     """The error band of the regime's own cell (all of :data:`FIELDS`) when at least
@@ -267,7 +274,7 @@ def band_for(regime: Regime) -> ErrorBand:
     if row is None:   # the table holds cells of MIN_RECORDS runs or more
         return ErrorBand(None, None, 0, 0, regime.key())
     half, bias, n, sources = row
-    if n < VALIDATED_RUNS or sources < VALIDATED_SOURCES:
+    if not validates(n, sources):
         return ErrorBand(None, None, n, sources, regime.key())
     return ErrorBand(half, bias, n, sources, regime.key())
 

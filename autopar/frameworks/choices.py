@@ -177,7 +177,7 @@ class Choices:
     tensor_parallel: TensorParallelComm
     pipeline: PipelineComm
     context_parallel: ContextParallelAttention
-    host: "HostIssue | None" = None
+    host: HostIssue | None = None
 
     def each(self) -> tuple[Choice, ...]:
         """The choices, in field order (``host`` None: :data:`PER_KERNEL_LAUNCH`)."""

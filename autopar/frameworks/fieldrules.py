@@ -11,9 +11,8 @@ from .checks import FieldCheck
 from .memory import MemoryConventions
 from .seqrule import SeqLenRule
 from .vocabulary import (CHUNK_RULES, COST_FIELDS, CP_ATTENTION_PATHS, CUT_RULES, EAGER_PARTS,
-                         ETP_RULES, FUSED_OPTIMIZER_STEP_BYTES, FUSION_LEVELS, STAGE_SPLITS,
-                         ZERO1_PARAM_SYNCS, ZERO1_PARTITIONS, ZERO3_GATHERS,
-                         HOST_ISSUES)
+                         ETP_RULES, FUSED_OPTIMIZER_STEP_BYTES, FUSION_LEVELS, HOST_ISSUES,
+                         STAGE_SPLITS, ZERO1_PARAM_SYNCS, ZERO1_PARTITIONS, ZERO3_GATHERS)
 
 
 _ZERO_STAGE_FIELDS = ("zero_stages", "zero_stages_with_tp", "zero_stages_with_pp",

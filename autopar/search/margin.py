@@ -1,7 +1,8 @@
 """Search with part of each GPU's memory kept free for the memory model's error.
 
 A plan predicted at 99.7% of the GPU fits only if the prediction is never low; measured peaks
-were up to 19% above their predictions (:data:`autopar.cost.published.MEMORY_BAND`). With a
+were above their predictions by as much as :data:`autopar.cost.published.MEMORY_BAND` says (its
+half-width and its largest under-prediction, generated from the corpus). With a
 ``memory_margin`` m the search runs on the same cluster with each GPU's capacity taken as
 (1 - m) of what the framework sees, so every plan it returns leaves m of the memory free by
 prediction; the plans are then re-estimated on the real capacity (times are unchanged: time

@@ -25,7 +25,8 @@ fastest plan's own error band:
   front) and, when the fastest plan uses two or more dimensions, the top plans and Pareto front
   of one extra search restricted to meshes of fewer dimensions (and, where the corpus validates
   no tensor- or pipeline-parallel regime of this framework, precision, GPU, model and scale, to
-  meshes without them: :func:`simpler_pins`). A simpler validated plan outside those is not considered.
+  meshes without them: :func:`simpler_pins`). A simpler validated plan outside those is not
+  considered.
 - **Rule**: among the candidates that are simpler than the fastest plan F, validated, and no
   more than F's band slower (``t / t_F - 1 <= half-width``), the one with the fewest dimensions
   wins, then the fastest of those, then :func:`autopar.search.ranking.simplicity_key`. When it

@@ -19,7 +19,7 @@ from ...config import ParallelConfig
 from ...hardware.collectives import NO_LOAD, LinkLoad
 from ..blocks import BlockCosts
 from ..context import CostInputs
-from ..host import exposed
+from ..host import host_exposed_s
 from ..ranks import RankLayers
 from .schedule import pipeline_step_time
 
@@ -36,6 +36,37 @@ class StageParts:
     pp_comm: float
     #: host issue seconds beyond the stream's (:mod:`autopar.cost.host`), forward + backward
     host: float = 0.0
+
+
+@dataclass(frozen=True)
+class RankSums:
+    """One pipeline rank's per-micro-batch sums over its layers (:meth:`PipelineTimer._sums`),
+    each accumulated from 0 in the order of the rank's (layer kind, mode) items.
+
+    Attributes:
+        compute, fwd, bwd, wgrad: compute, forward, backward and weight-gradient seconds.
+        act: saved activation bytes; transient: the largest transient bytes of one layer.
+        tp_s, cp_s, ep_s: TP, CP and EP seconds; tp_load, cp_load, ep_load: their link loads.
+        recompute_flops: each item's recompute FLOPs per GPU (summed by the caller, in order).
+        host_fwd_s, host_bwd_s: host seconds to issue the forward and the backward kernels
+            (:mod:`autopar.cost.host`).
+    """
+
+    compute: float
+    fwd: float
+    bwd: float
+    wgrad: float
+    act: float
+    transient: float
+    tp_s: float
+    cp_s: float
+    ep_s: float
+    tp_load: LinkLoad
+    cp_load: LinkLoad
+    ep_load: LinkLoad
+    recompute_flops: tuple[float, ...]
+    host_fwd_s: float
+    host_bwd_s: float
 
 
 @dataclass(frozen=True)
@@ -86,7 +117,7 @@ class PipelineTimer:
     def __init__(self, inputs: CostInputs, ranks: RankLayers, blocks: BlockCosts):
         self.inputs, self.ranks, self.blocks = inputs, ranks, blocks
         self._pipelines: dict[tuple, PipelineTiming] = {}
-        self._rank_sums: dict[tuple, tuple] = {}
+        self._rank_sums: dict[tuple, RankSums] = {}
         self._signature = [layer.signature for layer in inputs.graph.layers]
 
     def pair_overlap(self, c: ParallelConfig, parts: list[dict], stage_time: list[float]
@@ -116,12 +147,10 @@ class PipelineTimer:
             out.append(min(ep, total / v - ep))
         return tuple(max(0.0, x) for x in out)
 
-    def _sums(self, c: ParallelConfig, st, rank_layers, uniform, rank_modes) -> tuple:
-        """One rank's per-micro-batch sums over its layers (``st``: its StageLayout; under
-        per-block recomputation ``rank_modes``: the mode of each of its layers), each
-        accumulated from 0 in the order of its (layer kind, mode) items: compute, forward,
-        backward and weight-gradient seconds, activation bytes, the largest transient, TP / CP
-        / EP seconds and loads, and each item's recompute FLOPs (summed by the caller)."""
+    def _sums(self, c: ParallelConfig, st, rank_layers, uniform, rank_modes) -> RankSums:
+        """One rank's per-micro-batch :class:`RankSums` over its layers (``st``: its
+        StageLayout; ``uniform``: the config's one recompute mode, or None when per block, then
+        ``rank_modes``: the mode of each of its layers)."""
         if uniform is not None:  # identical layers cost the same: count them once
             items = [(li, uniform, n) for li, n in rank_layers[2]]
         else:
@@ -151,8 +180,8 @@ class PipelineTimer:
             flops.append(n * bc.recompute_flops)
             act += n * bc.act_bytes
             transient = max(transient, bc.transient_bytes)
-        return (compute, fwd, bwd, wgrad, act, transient, tp_s, cp_s, ep_s, tp_l, cp_l, ep_l,
-                tuple(flops), host_f, host_b)
+        return RankSums(compute, fwd, bwd, wgrad, act, transient, tp_s, cp_s, ep_s, tp_l, cp_l,
+                        ep_l, tuple(flops), host_f, host_b)
 
     def timing(self, c: ParallelConfig, layout: tuple) -> PipelineTiming:
         """The :class:`PipelineTiming` of the resolved config ``c`` whose ranks hold ``layout``
@@ -195,21 +224,19 @@ class PipelineTimer:
             if sums is None:
                 sums = self._rank_sums[rank_key] = self._sums(c, st, ranks[rank], uniform,
                                                               rank_modes)
-            (compute, fwd, bwd, wgrad, act, transient, tp_s, cp_s, ep_s, tp_l, cp_l, ep_l,
-             flops, host_f, host_b) = sums
             parts = stage_parts[rank]
-            parts["compute"] += compute
-            stage_fwd[rank] += fwd
-            stage_bwd[rank] += bwd
-            stage_wgrad[rank] += wgrad
-            for term in flops:   # in the order of the ranks' items, as one running sum
+            parts["compute"] += sums.compute
+            stage_fwd[rank] += sums.fwd
+            stage_bwd[rank] += sums.bwd
+            stage_wgrad[rank] += sums.wgrad
+            for term in sums.recompute_flops:   # in the order of the ranks' items, one running sum
                 recompute_flops += term
-            stage_act[rank] += act
-            stage_transient[rank] = max(stage_transient[rank], transient)
-            parts["tp_comm"] += tp_s
-            parts["cp_comm"] += cp_s
-            parts["ep_comm"] += ep_s
-            rank_comm[rank] += [("tp", tp_l), ("cp", cp_l), ("ep", ep_l)]
+            stage_act[rank] += sums.act
+            stage_transient[rank] = max(stage_transient[rank], sums.transient)
+            parts["tp_comm"] += sums.tp_s
+            parts["cp_comm"] += sums.cp_s
+            parts["ep_comm"] += sums.ep_s
+            rank_comm[rank] += [("tp", sums.tp_load), ("cp", sums.cp_load), ("ep", sums.ep_load)]
             # pipeline sends block the stage unless the framework runs them beside compute
             p2p_exposed = 0.0 if c.schedule in self.inputs.profile.overlap_pp_p2p else st.p2p_s
             stage_parts[rank]["pp_comm"] += p2p_exposed
@@ -220,8 +247,8 @@ class PipelineTimer:
             rank_comm[rank].append(("pp", st.p2p_load))
             # the host issues each pass's kernels one by one: a pass takes at least their
             # issue time (autopar.cost.host); only the excess over the stream's seconds shows
-            host_fx = exposed(stage_fwd[rank], host_f)
-            host_bx = exposed(stage_bwd[rank], host_b)
+            host_fx = host_exposed_s(stage_fwd[rank], sums.host_fwd_s)
+            host_bx = host_exposed_s(stage_bwd[rank], sums.host_bwd_s)
             stage_fwd[rank] += host_fx
             stage_bwd[rank] += host_bx
             parts["host"] += host_fx + host_bx
