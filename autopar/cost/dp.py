@@ -279,6 +279,13 @@ class DataParallel:
                 optimizer_s += psi * prof.zero0_step_bytes / inp.hbm_Bps
                 optimizer_s += (self.param_tensors(layout[rank].layers)
                                 * prof.zero0_step_host_ops_per_tensor * p.host_op_s)
+        elif c.zero_stage == 1 and not train.optimizer_offload:
+            # a ZeRO-1 step that checks and measures every gradient of the rank's model, not
+            # its shard, each tensor read back to the host (FrameworkProfile.zero1_step_*:
+            # DeepSpeed 0.3.0 stage1.py)
+            optimizer_s += psi * prof.zero1_step_bytes / inp.hbm_Bps
+            optimizer_s += (self.param_tensors(layout[rank].layers)
+                            * prof.zero1_step_host_ops_per_tensor * p.host_op_s)
         return DPCost(dp_exposed, dp_slow, grad_copy_s, optimizer_s, tuple(loads))
 
     def param_tensors(self, layers: tuple[int, ...]) -> int:
@@ -382,11 +389,15 @@ class DataParallel:
         ``rank``'s layers issues (:meth:`zero3_collective_s`)."""
         g = self.inputs.graph
         per_param = self.inputs.profile.zero3_gather == "per_parameter"
+        # tensors small enough to persist are never gathered (FrameworkProfile.
+        # zero3_persistent_elements; an op's parameters counted together, so a bias beside
+        # its weight is not left out on its own)
+        persist = self.inputs.profile.zero3_persistent_elements
         for li, n in self.ranks.rank_layers(c.pp, c.stage_blocks, c.schedule)[rank][2]:
             layer = g.layers[li]
             if per_param:
                 for o in layer.ops:
-                    if o.num_parameters > 0:
+                    if o.num_parameters > persist:
                         div = c.tp if o.tp_role in ("column", "row", "vocab") else 1
                         yield n, o.num_parameters / div * nbytes_per_element
             else:
