@@ -20,9 +20,11 @@ from autopar.frameworks.stacks.deepspeed import DEFAULTS, ZERO_030, with_deepspe
 from autopar.frameworks.vocabulary import (DEEPSPEED_030_ZERO1_GRAD_COPY_PASSES,
                                            DEEPSPEED_030_ZERO1_STEP_BYTES,
                                            DEEPSPEED_030_ZERO1_STEP_HOST_OPS_PER_TENSOR,
-                                           DEEPSPEED_ZERO3_PERSISTENCE_THRESHOLD)
+                                           DEEPSPEED_ZERO3_PERSISTENCE_THRESHOLD,
+                                           DEEPSPEED_ZERO3_REDUCE_BUCKET_ELEMENTS)
 
-NEW = ("zero1_step_bytes", "zero1_step_host_ops_per_tensor", "zero3_persistent_elements")
+NEW = ("zero1_step_bytes", "zero1_step_host_ops_per_tensor", "zero3_persistent_elements",
+       "zero3_reduce_bucket_elements")
 
 
 def _cm(profile, dp=8, model="llama2-7b"):
@@ -66,6 +68,9 @@ def test_the_profile_prices_the_defaults_it_names():
     assert ds.zero3_gather == "per_parameter"
     assert ds.zero3_persistent_elements == DEEPSPEED_ZERO3_PERSISTENCE_THRESHOLD == 100_000
     assert "stage3_param_persistence_threshold" in ds.cost_sources["zero3_persistent_elements"]
+    assert ds.zero3_reduce_bucket_elements == DEEPSPEED_ZERO3_REDUCE_BUCKET_ELEMENTS == 5 * 10**8
+    assert DEFAULTS["reduce_bucket_size"][0] == ds.zero3_reduce_bucket_elements
+    assert "reduce_scatter_coalesced" in ds.cost_sources["zero3_reduce_bucket_elements"]
     # the 0.3.0 ZeRO-1 fields are a version option, not the default
     assert ds.zero1_step_bytes == ds.zero1_step_host_ops_per_tensor == 0
     assert set(NEW) <= set(COST_FIELDS)
@@ -89,6 +94,19 @@ def test_persistent_parameters_are_never_gathered():
         assert (_estimate(ds, stage)[1].step_time_s == pytest.approx(
             _estimate(dataclasses.replace(ds, zero3_persistent_elements=0), stage)[1]
             .step_time_s, rel=1e-12))
+
+
+def test_zero3_gradients_are_reduced_in_buckets_persistent_ones_included():
+    ds = get_profile("deepspeed")
+    cm, e = _estimate(ds, 3)
+    psi = cm.inputs.graph.num_parameters          # Llama-2-7B: 6 738 415 616
+    msgs = list(cm.dp.zero3_messages(e.config, 0, 2, "reduce_scatter"))
+    assert msgs == [(13, 2 * 5e8), (1, pytest.approx(2 * (psi - 13 * 5e8)))]
+    per_tensor = dataclasses.replace(ds, zero3_reduce_bucket_elements=0)
+    cm1, e1 = _estimate(per_tensor, 3)
+    assert sum(n for n, _ in cm1.dp.zero3_messages(e1.config, 0, 2, "reduce_scatter")) == 32 * 9 + 3   # norms too
+    # fewer calls, the same bytes: less latency
+    assert e.time_breakdown.dp_comm_exposed < e1.time_breakdown.dp_comm_exposed
 
 
 def test_deepspeed_030_zero1_counts_and_sources():

@@ -103,6 +103,7 @@ class ShardedDataParallel(Choice):
     zero1_step_bytes: int = 0
     zero1_step_host_ops_per_tensor: int = 0
     zero3_persistent_elements: int = 0
+    zero3_reduce_bucket_elements: int = 0
     group_option: str = ""
 
 

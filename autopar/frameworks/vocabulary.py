@@ -52,7 +52,8 @@ COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_g
                "fsdp2_copies", "tp_mlp_reduce_per_linear", "zero2_grad_all_reduce",
                "zero12_grad_copy_passes", "host_issue", "zero0_grad_copy_passes",
                "zero0_step_bytes", "zero0_step_host_ops_per_tensor", "zero1_step_bytes",
-               "zero1_step_host_ops_per_tensor", "zero3_persistent_elements")
+               "zero1_step_host_ops_per_tensor", "zero3_persistent_elements",
+               "zero3_reduce_bucket_elements")
 #: Parts of a block that run as plain eager PyTorch ops inside a stack that is otherwise fused
 #: (:attr:`FrameworkProfile.eager_parts`; costed by :func:`autopar.cost.compute.layer_time`):
 #: ``glu``: a gated linear unit's activation as its own kernel before the multiply
@@ -151,6 +152,15 @@ DEEPSPEED_030_ZERO1_STEP_BYTES = 20
 #: whole, not partitioned), up to ``stage3_model_persistence_threshold`` (default sys.maxsize:
 #: no cap). Their bytes (norm weights, small biases) are not added to memory.
 DEEPSPEED_ZERO3_PERSISTENCE_THRESHOLD = 100_000
+#: DeepSpeed ZeRO-3's gradient bucket, in elements: ``reduce_bucket_size`` default 5e8
+#: (deepspeed/runtime/zero/config.py ``Field(pp_int(5e8))``, v0.14.2 and v0.16). stage3.py
+#: ``reduce_ready_partitions_and_remove_grads`` -> ``__add_grad_to_ipg_bucket`` collects each
+#: gradient and ``__reduce_and_partition_ipg_grads`` runs when the next would overflow the
+#: bucket (and at the end of backward, ``independent_gradient_partition_epilogue``): with the
+#: defaults reduce_scatter True and contiguous_gradients True it calls ``__avg_scatter_grads``
+#: -> runtime/comm/coalesced_collectives.py ``reduce_scatter_coalesced``, one reduce-scatter of
+#: the whole bucket (persistent tensors' gradients included).
+DEEPSPEED_ZERO3_REDUCE_BUCKET_ELEMENTS = 500_000_000
 #: Host-issued ops per gradient tensor of that step, each tensor's ending in a read back to the
 #: host the host waits on: ``_has_inf_or_nan`` (``x.float()``, ``.sum()``, ``float(...)``: 3)
 #: and ``get_grad_norm`` (``.float()``, ``.norm(2)``, ``.item()``: 3): 6.
@@ -223,6 +233,8 @@ DEFAULT_COST_SOURCES = {
                                       "sourced for this stack",
     "zero3_persistent_elements": "every parameter sharded and gathered under ZeRO-3 (FSDP2 "
                                  "fully_shard shards every parameter of the module)",
+    "zero3_reduce_bucket_elements": "ZeRO-3 gradients reduced as they are gathered (FSDP2: "
+                                    "one reduce-scatter per fully_shard unit)",
     "zero1_step_bytes": "the ZeRO-1 step as optimizer_step_bytes counts it (no whole-gradient "
                         "check sourced for this stack)",
     "zero1_step_host_ops_per_tensor": "no per-tensor host-synchronised check at the ZeRO-1 "

@@ -13,6 +13,7 @@ from ..seqrule import DEEPSPEED_RULE
 from ..vocabulary import (DEEPSPEED_030_ZERO1_GRAD_COPY_PASSES, DEEPSPEED_030_ZERO1_STEP_BYTES,
                           DEEPSPEED_030_ZERO1_STEP_HOST_OPS_PER_TENSOR,
                           DEEPSPEED_ZERO3_PERSISTENCE_THRESHOLD,
+                          DEEPSPEED_ZERO3_REDUCE_BUCKET_ELEMENTS,
                           DEEPSPEED_ZERO0_GRAD_COPY_PASSES, DEEPSPEED_ZERO0_STEP_BYTES,
                           DEEPSPEED_ZERO0_STEP_HOST_OPS_PER_TENSOR,
                           DEEPSPEED_ZERO12_GRAD_COPY_PASSES, DEFAULT_COST_SOURCES,
@@ -39,6 +40,7 @@ ZERO = replace(
     zero0_step_bytes=DEEPSPEED_ZERO0_STEP_BYTES,
     zero0_step_host_ops_per_tensor=DEEPSPEED_ZERO0_STEP_HOST_OPS_PER_TENSOR,
     zero3_persistent_elements=DEEPSPEED_ZERO3_PERSISTENCE_THRESHOLD,
+    zero3_reduce_bucket_elements=DEEPSPEED_ZERO3_REDUCE_BUCKET_ELEMENTS,
     summary="DeepSpeed ZeRO 1-3 (stage_1_and_2.py, stage3.py), overlap_comm off for ZeRO-1/2, "
             "gradient buckets all-reduced; without ZeRO the engine's reduction copies and "
             "FP16_Optimizer's per-tensor overflow check",
@@ -77,6 +79,10 @@ ZERO = replace(
              "zero3_persistent_elements": "DEEPSPEED_ZERO3_PERSISTENCE_THRESHOLD: zero/config.py "
                                           "stage3_param_persistence_threshold 1e5 (v0.14.2, "
                                           "v0.16); partition_parameters.py ds_persist",
+             "zero3_reduce_bucket_elements": "DEEPSPEED_ZERO3_REDUCE_BUCKET_ELEMENTS: "
+                                             "zero/config.py reduce_bucket_size 5e8; stage3.py "
+                                             "__reduce_and_partition_ipg_grads -> "
+                                             "reduce_scatter_coalesced, one per bucket",
              "overlap_dp_grad_reduce": "deepspeed/runtime/zero/config.py overlap_comm "
                                        "defaults to False (ZeRO-0..2: reduction after "
                                        "backward)"})
@@ -137,9 +143,15 @@ DEFAULTS = MappingProxyType({
                      "ZeRO-3: its reduce-scatter runs on reduce_and_partition_stream, but on "
                      "the same process group, hence the same NCCL stream, as the all-gathers "
                      "the compute waits on (priced not overlapped, issue 13): not credited"),
-    "reduce_bucket_size": (500_000_000, "zero/config.py Field(pp_int(5e8))",
-                           "ZeRO-1/2: buckets issued on the compute stream, all exposed; "
-                           "the per-bucket latency (psi / 5e8 calls) is not counted"),
+    "reduce_bucket_size": (DEEPSPEED_ZERO3_REDUCE_BUCKET_ELEMENTS,
+                           "zero/config.py Field(pp_int(5e8))",
+                           "ZeRO-1/2: buckets issued on the compute stream, all exposed, the "
+                           "per-bucket latency (psi / 5e8 calls) not counted; ZeRO-3: "
+                           "zero3_reduce_bucket_elements, one reduce-scatter per bucket. Its "
+                           "copies on reduce_and_partition_stream (bucket copy, the "
+                           "interleaving torch.cat and pre-divide div_ of "
+                           "reduce_scatter_coalesced: 6 passes per micro-batch) run beside "
+                           "backward and are not charged"),
     "allgather_bucket_size": (500_000_000, "zero/config.py Field(pp_int(5e8))",
                               "ZeRO-1/2 parameter all-gather after the step: one exposed "
                               "all-gather of the parameters (utils.py all_gather_dp_groups)"),
