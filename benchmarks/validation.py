@@ -34,6 +34,7 @@ from autopar.cost.model import CostModel
 from autopar.frameworks import (FrameworkProfile, MemoryConventions, get_profile, shard_within,
                                 with_pure_bf16)
 from autopar.frameworks.choices import TORCH_COMPILE, with_choice
+from autopar.frameworks.stacks.deepspeed import with_deepspeed_030
 from autopar.search.optimize import search
 
 from .records import Record, RecordError, parse, source_key
@@ -189,6 +190,10 @@ def record_profile(rec: Record) -> FrameworkProfile:
     z = re.search(r"zero1[=_](-?\d+)", rec.id + " " + rec.raw.get("notes", ""))
     if profile.name.startswith("internevo") and z and int(z.group(1)) > 1:
         profile = shard_within(profile, int(z.group(1)))
+    if _kind(rec.framework) == "deepspeed" and re.search(r"deepspeed 0\.[0-3]\.",
+                                                          rec.framework.lower()):
+        # the framework text names DeepSpeed 0.3 or before: its ZeRO-1 is stage1.py
+        profile = with_deepspeed_030(profile)
     if re.search(r"\b(?:full|pure) bf16\b", rec.framework.lower()):
         # the stack trains in pure bf16 (torchtune's ``dtype: bf16``): a memory option only
         profile = with_pure_bf16(profile)

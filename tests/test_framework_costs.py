@@ -90,7 +90,10 @@ def test_fusion_levels_order_memory_bound_time():
 
 
 def test_per_parameter_zero3_gathers_hide_less_than_per_block():
-    ds = get_profile("deepspeed")
+    # every tensor gathered: tiny-llama's tensors are all below DeepSpeed's default
+    # stage3_param_persistence_threshold (1e5 elements), which would keep them whole
+    ds = get_profile("deepspeed").with_costs({"zero3_persistent_elements": "test"},
+                                             zero3_persistent_elements=0)
     block = ds.with_costs({"zero3_gather": "test"}, zero3_gather="per_block")
     cfg = autopar.ParallelConfig(tp=1, pp=1, dp=16, zero_stage=3, micro_batch_size=1)
     per_param = _cm("deepspeed", ds, spec="2x8xA100-80GB").estimate(cfg)

@@ -270,6 +270,13 @@ class DataParallel:
             optimizer_s += psi * prof.zero0_step_bytes / inp.hbm_Bps
             optimizer_s += (self.param_tensors(layers)
                             * prof.zero0_step_host_ops_per_tensor * p.host_op_s)
+        elif c.zero_stage == 1 and not train.optimizer_offload:
+            # a ZeRO-1 step that checks and measures every gradient of the rank's model, not
+            # its shard, each tensor read back to the host (FrameworkProfile.zero1_step_*:
+            # DeepSpeed 0.3.0 stage1.py)
+            optimizer_s += psi * prof.zero1_step_bytes / inp.hbm_Bps
+            optimizer_s += (self.param_tensors(layers)
+                            * prof.zero1_step_host_ops_per_tensor * p.host_op_s)
         return optimizer_s
 
     def compute_stream_copies_s(self, c: ParallelConfig, m: int, psi: float, gathers: float,
@@ -327,7 +334,7 @@ class DataParallel:
             return hit
         dp_g = self.groups.group("dp", c)
         total = 0.0
-        for n, nbytes in self.zero3_messages(c, rank, nbytes_per_element):
+        for n, nbytes in self.zero3_messages(c, rank, nbytes_per_element, op):
             total += n * dp_g.time(op, nbytes)
         self._zero3[key] = total
         return total
@@ -388,26 +395,45 @@ class DataParallel:
             return hit
         dp_g = self.groups.group("dp", c)
         total = NO_LOAD
-        for n, nbytes in self.zero3_messages(c, rank, nbytes_per_element):
+        for n, nbytes in self.zero3_messages(c, rank, nbytes_per_element, op):
             total += dp_g.load(op, nbytes).scaled(n)
         self._zero3[key] = total
         return total
 
-    def zero3_messages(self, c: ParallelConfig, rank: int, nbytes_per_element: float):
-        """(count, message bytes) of each ZeRO-3 collective one pass over pipeline rank
-        ``rank``'s layers issues (:meth:`zero3_collective_s`)."""
+    def zero3_messages(self, c: ParallelConfig, rank: int, nbytes_per_element: float,
+                       op: str = "all_gather"):
+        """(count, message bytes) of each ZeRO-3 collective of ``op`` one pass over pipeline
+        rank ``rank``'s layers issues (:meth:`zero3_collective_s`)."""
         g = self.inputs.graph
-        per_param = self.inputs.profile.zero3_gather == "per_parameter"
+        prof = self.inputs.profile
+        per_param = prof.zero3_gather == "per_parameter"
+        bucket = prof.zero3_reduce_bucket_elements if op == "reduce_scatter" else 0
+        # tensors small enough to persist are never gathered (FrameworkProfile.
+        # zero3_persistent_elements; an op's parameters counted together, so a bias beside
+        # its weight is not left out on its own); their gradients are still reduced
+        persist = prof.zero3_persistent_elements if op == "all_gather" else 0
+        total = 0.0   # elements of the pass, for the bucketed reduction
         for li, n in self.ranks.rank_layers(c.pp, c.stage_blocks, c.schedule)[rank][2]:
             layer = g.layers[li]
             if per_param:
                 for o in layer.ops:
-                    if o.num_parameters > 0:
+                    if o.num_parameters > persist:
                         div = c.tp if o.tp_role in ("column", "row", "vocab") else 1
-                        yield n, o.num_parameters / div * nbytes_per_element
+                        if bucket:
+                            total += n * o.num_parameters / div
+                        else:
+                            yield n, o.num_parameters / div * nbytes_per_element
             else:
                 yield n, self.ranks.layer_params_per_rank(li, c.tp, True, c.ep,
                                                      c.etp) * nbytes_per_element
+        if total > 0:
+            # gradients reduced in buckets of ``bucket`` elements, one collective each
+            # (FrameworkProfile.zero3_reduce_bucket_elements: DeepSpeed stage3.py)
+            full, rest = divmod(total, bucket)
+            if full:
+                yield int(full), bucket * nbytes_per_element
+            if rest:
+                yield 1, rest * nbytes_per_element
 
     def zero1_broadcasts_s(self, c: ParallelConfig, nbytes: float, owners: int) -> float:
         """Seconds to return ``nbytes`` of updated parameters by one broadcast per ZeRO-1 rank

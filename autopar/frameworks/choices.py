@@ -100,6 +100,10 @@ class ShardedDataParallel(Choice):
     zero0_grad_copy_passes: int = 0
     zero0_step_bytes: int = 0
     zero0_step_host_ops_per_tensor: int = 0
+    zero1_step_bytes: int = 0
+    zero1_step_host_ops_per_tensor: int = 0
+    zero3_persistent_elements: int = 0
+    zero3_reduce_bucket_elements: int = 0
     group_option: str = ""
 
 

@@ -175,6 +175,17 @@ class FrameworkProfile:
             check at the step that reads each tensor's result back to the host: the host waits
             on every tensor, so their issue time (times the host's seconds per op) is exposed
             (:data:`DEEPSPEED_ZERO0_STEP_HOST_OPS_PER_TENSOR`); 0 for none.
+        zero1_step_bytes, zero1_step_host_ops_per_tensor: the same two under ZeRO-1, over
+            every gradient tensor of the rank's model (not its partition): a step that checks
+            and measures the whole gradient before updating its shard
+            (:data:`DEEPSPEED_030_ZERO1_STEP_BYTES`,
+            :data:`DEEPSPEED_030_ZERO1_STEP_HOST_OPS_PER_TENSOR`); 0 for none.
+        zero3_persistent_elements: under ZeRO-3 gathered per parameter, parameter tensors of
+            at most this many elements stay whole on every rank and are never gathered
+            (:data:`DEEPSPEED_ZERO3_PERSISTENCE_THRESHOLD`); 0: every tensor is gathered.
+        zero3_reduce_bucket_elements: under ZeRO-3 gathered per parameter, gradients are
+            reduce-scattered in buckets of this many elements, one collective per bucket
+            (:data:`DEEPSPEED_ZERO3_REDUCE_BUCKET_ELEMENTS`); 0: one per gathered tensor.
         host_issue: how the host issues a micro-batch's kernels (:data:`HOST_ISSUES`):
             ``per_kernel`` charges each rank's micro-batch at least its kernel count times the
             host's time per op (:mod:`autopar.cost.host`); ``cuda_graph`` charges none.
@@ -248,6 +259,10 @@ class FrameworkProfile:
     zero0_grad_copy_passes: int = 0
     zero0_step_bytes: int = 0
     zero0_step_host_ops_per_tensor: int = 0
+    zero1_step_bytes: int = 0
+    zero1_step_host_ops_per_tensor: int = 0
+    zero3_persistent_elements: int = 0
+    zero3_reduce_bucket_elements: int = 0
     cost_sources: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_COST_SOURCES))
     #: memory conventions (bytes per state, optimizer temporaries, what PP keeps unsharded...),
     #: sourced inside :class:`autopar.frameworks.memory.MemoryConventions`
@@ -274,7 +289,9 @@ class FrameworkProfile:
                      self.fsdp2_copies, self.tp_mlp_reduce_per_linear,
                      self.zero2_grad_all_reduce, self.zero12_grad_copy_passes,
                      self.host_issue, self.zero0_grad_copy_passes, self.zero0_step_bytes,
-                     self.zero0_step_host_ops_per_tensor))
+                     self.zero0_step_host_ops_per_tensor, self.zero1_step_bytes,
+                     self.zero1_step_host_ops_per_tensor, self.zero3_persistent_elements,
+                     self.zero3_reduce_bucket_elements))
 
     @classmethod
     def capability_names(cls) -> tuple[str, ...]:

@@ -51,7 +51,9 @@ COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_g
                "zero_grad_copy_passes", "zero1_partition", "sync_grad_bucket_elements",
                "fsdp2_copies", "tp_mlp_reduce_per_linear", "zero2_grad_all_reduce",
                "zero12_grad_copy_passes", "host_issue", "zero0_grad_copy_passes",
-               "zero0_step_bytes", "zero0_step_host_ops_per_tensor")
+               "zero0_step_bytes", "zero0_step_host_ops_per_tensor", "zero1_step_bytes",
+               "zero1_step_host_ops_per_tensor", "zero3_persistent_elements",
+               "zero3_reduce_bucket_elements")
 #: Parts of a block that run as plain eager PyTorch ops inside a stack that is otherwise fused
 #: (:attr:`FrameworkProfile.eager_parts`; costed by :func:`autopar.cost.compute.layer_time`):
 #: ``glu``: a gated linear unit's activation as its own kernel before the multiply
@@ -132,6 +134,51 @@ DEEPSPEED_ZERO0_STEP_BYTES = 18
 #: exposed, once per tensor): ``_has_inf_or_nan`` (runtime/utils.py, 0.3.0 and 0.19.6) issues
 #: ``x.float()``, ``.sum()`` and the ``float(...)`` copy to the host: 3.
 DEEPSPEED_ZERO0_STEP_HOST_OPS_PER_TENSOR = 3
+#: Bytes per parameter of the whole model's gradients that DeepSpeed 0.3.0's ZeRO-1 step reads
+#: before it updates its partition (deepspeed/runtime/zero/stage1.py, 0.3.0 7d4d742,
+#: ``FP16_DeepSpeedZeroOptimizer_Stage1.step``): the overflow check over every fp16 gradient
+#: (``self.overflow_checker.check()`` -> runtime/utils.py ``CheckOverflow.has_overflow_serial``
+#: -> ``_has_inf_or_nan``: ``float(x.float().sum())``: read 2, write 4, read 4 = 10) and the
+#: gradient norm over every fp16 gradient (``get_grad_norm(group, mpu)``: per tensor
+#: ``p.grad.data.float().norm(2)``: read 2, write 4, read 4 = 10): 20. (DeepSpeed 0.14.2's
+#: stage_1_and_2.py checks overflow only under fp16, on the device, and takes the norm of the
+#: rank's partition: not this.)
+DEEPSPEED_030_ZERO1_STEP_BYTES = 20
+#: DeepSpeed ZeRO-3's ``stage3_param_persistence_threshold`` default, in elements: parameters of
+#: this many elements or fewer are not partitioned and never gathered (deepspeed/runtime/zero/
+#: config.py ``param_persistence_threshold: int = Field(pp_int(1e5), ...)``, v0.14.2 and v0.16;
+#: partition_parameters.py ``Init`` (which sets ``apply_param_persistence = True``) marks
+#: ``param.ds_numel <= Init.param_persistence_threshold`` as ``param.ds_persist = True``: kept
+#: whole, not partitioned), up to ``stage3_model_persistence_threshold`` (default sys.maxsize:
+#: no cap). Their bytes (norm weights, small biases) are not added to memory.
+DEEPSPEED_ZERO3_PERSISTENCE_THRESHOLD = 100_000
+#: DeepSpeed ZeRO-3's gradient bucket, in elements: ``reduce_bucket_size`` default 5e8
+#: (deepspeed/runtime/zero/config.py ``Field(pp_int(5e8))``, v0.14.2 and v0.16). stage3.py
+#: ``reduce_ready_partitions_and_remove_grads`` -> ``__add_grad_to_ipg_bucket`` collects each
+#: gradient and ``__reduce_and_partition_ipg_grads`` runs when the next would overflow the
+#: bucket (and at the end of backward, ``independent_gradient_partition_epilogue``): with the
+#: defaults reduce_scatter True and contiguous_gradients True it calls ``__avg_scatter_grads``
+#: -> runtime/comm/coalesced_collectives.py ``reduce_scatter_coalesced``, one reduce-scatter of
+#: the whole bucket (persistent tensors' gradients included).
+DEEPSPEED_ZERO3_REDUCE_BUCKET_ELEMENTS = 500_000_000
+#: Host-issued ops per gradient tensor of that step, each tensor's ending in a read back to the
+#: host the host waits on: ``_has_inf_or_nan`` (``x.float()``, ``.sum()``, ``float(...)``: 3)
+#: and ``get_grad_norm`` (``.float()``, ``.norm(2)``, ``.item()``: 3): 6.
+DEEPSPEED_030_ZERO1_STEP_HOST_OPS_PER_TENSOR = 6
+#: Passes over each parameter's fp16 gradient that DeepSpeed 0.3.0's ZeRO-1 reduction adds on
+#: the compute stream, once per step (stage1.py ``reduce_scatter_gradients``, called by
+#: engine.py ``allreduce_gradients``, which asserts ``zero_reduce_scatter``): every rank's
+#: sub-partitions flattened (``get_flat_sub_partitions``, torch.cat: read and write, 2), and,
+#: after ``dist.reduce_scatter``, every sub-partition scaled (``partition.mul_(
+#: gradient_predivide_factor / world_size)`` over all of ``single_comm_all_partitions``: 2) =
+#: 4; the copy back of the rank's own parameters touches 1/dp of them and is left out. Both
+#: collectives take lists of tensors, which PyTorch 1.6's ProcessGroupNCCL (torch/lib/c10d/
+#: ProcessGroupNCCL.cpp, the release the runs used) copies through a flat buffer on the NCCL
+#: stream: ``reduce_scatter`` copies its inputs in (``flatten_for_scatter_gather``: 2) and the
+#: step's parameter ``all_gather`` copies its output out (``outputTensors[i][j].copy_(
+#: outputFlattened[i][j])``: 2, over the fp16 parameters, once per step like the reduction):
+#: 4 + 2 + 2 = 8.
+DEEPSPEED_030_ZERO1_GRAD_COPY_PASSES = 8
 
 #: How ZeRO-1 returns updated parameters after the optimizer step: one ``all_gather`` over the
 #: ZeRO group, or ``broadcast``: each rank broadcasts its shard (one broadcast per rank, as
@@ -184,6 +231,14 @@ DEFAULT_COST_SOURCES = {
                         "sourced for this stack)",
     "zero0_step_host_ops_per_tensor": "no per-tensor host-synchronised check at the step "
                                       "sourced for this stack",
+    "zero3_persistent_elements": "every parameter sharded and gathered under ZeRO-3 (FSDP2 "
+                                 "fully_shard shards every parameter of the module)",
+    "zero3_reduce_bucket_elements": "ZeRO-3 gradients reduced as they are gathered (FSDP2: "
+                                    "one reduce-scatter per fully_shard unit)",
+    "zero1_step_bytes": "the ZeRO-1 step as optimizer_step_bytes counts it (no whole-gradient "
+                        "check sourced for this stack)",
+    "zero1_step_host_ops_per_tensor": "no per-tensor host-synchronised check at the ZeRO-1 "
+                                      "step sourced for this stack",
     "fsdp2_copies": "torch 2.13 torch/distributed/fsdp/_fully_shard: _fsdp_param_group.py "
                     "wait_for_unshard calls _fsdp_collectives.py foreach_all_gather_copy_out "
                     "(split_with_sizes_copy) and post_backward calls foreach_reduce, whose "

@@ -4,12 +4,17 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from types import MappingProxyType
 
 from ..choices import (DTENSOR_TP, EAGER, FSDP2, FUSED_CP, SDPA_FLASH, TORCH_PIPELINING, Choices,
                        OptimizerStep, compose, with_choice)
 from ..memory import DEEPSPEED_MEMORY
 from ..seqrule import DEEPSPEED_RULE
-from ..vocabulary import (DEEPSPEED_ZERO0_GRAD_COPY_PASSES, DEEPSPEED_ZERO0_STEP_BYTES,
+from ..vocabulary import (DEEPSPEED_030_ZERO1_GRAD_COPY_PASSES, DEEPSPEED_030_ZERO1_STEP_BYTES,
+                          DEEPSPEED_030_ZERO1_STEP_HOST_OPS_PER_TENSOR,
+                          DEEPSPEED_ZERO3_PERSISTENCE_THRESHOLD,
+                          DEEPSPEED_ZERO3_REDUCE_BUCKET_ELEMENTS,
+                          DEEPSPEED_ZERO0_GRAD_COPY_PASSES, DEEPSPEED_ZERO0_STEP_BYTES,
                           DEEPSPEED_ZERO0_STEP_HOST_OPS_PER_TENSOR,
                           DEEPSPEED_ZERO12_GRAD_COPY_PASSES, DEFAULT_COST_SOURCES,
                           MIXED_FUSED_OPTIMIZER_STEP_BYTES, TORCH_OPTIMIZER_STEP_BYTES)
@@ -34,6 +39,8 @@ ZERO = replace(
     zero0_grad_copy_passes=DEEPSPEED_ZERO0_GRAD_COPY_PASSES,
     zero0_step_bytes=DEEPSPEED_ZERO0_STEP_BYTES,
     zero0_step_host_ops_per_tensor=DEEPSPEED_ZERO0_STEP_HOST_OPS_PER_TENSOR,
+    zero3_persistent_elements=DEEPSPEED_ZERO3_PERSISTENCE_THRESHOLD,
+    zero3_reduce_bucket_elements=DEEPSPEED_ZERO3_REDUCE_BUCKET_ELEMENTS,
     summary="DeepSpeed ZeRO 1-3 (stage_1_and_2.py, stage3.py), overlap_comm off for ZeRO-1/2, "
             "gradient buckets all-reduced; without ZeRO the engine's reduction copies and "
             "FP16_Optimizer's per-tensor overflow check",
@@ -69,17 +76,129 @@ ZERO = replace(
                                                "has_overflow_serial -> _has_inf_or_nan "
                                                "float(x.float().sum()) per gradient tensor "
                                                "(0.3.0, 0.19.6)",
+             "zero3_persistent_elements": "DEEPSPEED_ZERO3_PERSISTENCE_THRESHOLD: zero/config.py "
+                                          "stage3_param_persistence_threshold 1e5 (v0.14.2, "
+                                          "v0.16); partition_parameters.py ds_persist",
+             "zero3_reduce_bucket_elements": "DEEPSPEED_ZERO3_REDUCE_BUCKET_ELEMENTS: "
+                                             "zero/config.py reduce_bucket_size 5e8; stage3.py "
+                                             "__reduce_and_partition_ipg_grads -> "
+                                             "reduce_scatter_coalesced, one per bucket",
              "overlap_dp_grad_reduce": "deepspeed/runtime/zero/config.py overlap_comm "
                                        "defaults to False (ZeRO-0..2: reduction after "
                                        "backward)"})
+
+#: DeepSpeed 0.3.0 (7d4d742, 2020) ZeRO-1: ``deepspeed/runtime/zero/stage1.py``
+#: ``FP16_DeepSpeedZeroOptimizer_Stage1``, replaced in 0.3.x-0.4 by stage_1_and_2.py (stage2.py).
+#: Its gradients are reduce-scattered (engine.py ``allreduce_gradients`` asserts
+#: ``zero_reduce_scatter``, default True, zero/constants.py, and calls ``reduce_scatter_gradients``)
+#: with flatten and scale copies, and its step checks overflow and takes the norm of every fp16
+#: gradient tensor one by one, each read back to the host, before updating its partition and
+#: all-gathering the fp16 parameters (``dist.all_gather`` per communication interval of
+#: ``reduce_bucket_size`` 5e8 elements, after the step). Swap it in with
+#: :func:`with_deepspeed_030`.
+ZERO_030 = replace(
+    ZERO, name="deepspeed-0.3-zero", zero1_grad_all_reduce=False,
+    zero12_grad_copy_passes=DEEPSPEED_030_ZERO1_GRAD_COPY_PASSES,
+    zero1_step_bytes=DEEPSPEED_030_ZERO1_STEP_BYTES,
+    zero1_step_host_ops_per_tensor=DEEPSPEED_030_ZERO1_STEP_HOST_OPS_PER_TENSOR,
+    summary="DeepSpeed 0.3.0 ZeRO-1 (stage1.py): gradients reduce-scattered, every gradient "
+            "tensor checked and normed from the host at the step",
+    sources={**ZERO.sources,
+             "zero1_grad_all_reduce": "DeepSpeed 0.3.0 engine.py allreduce_gradients: ZeRO-1 "
+                                      "asserts zero_reduce_scatter (zero/constants.py "
+                                      "ZERO_OPTIMIZATION_REDUCE_SCATTER_DEFAULT True) and calls "
+                                      "stage1.py reduce_scatter_gradients (dist.reduce_scatter)",
+             "zero12_grad_copy_passes": "DEEPSPEED_030_ZERO1_GRAD_COPY_PASSES: stage1.py "
+                                        "reduce_scatter_gradients get_flat_sub_partitions "
+                                        "(torch.cat) and mul_ (0.3.0); PyTorch 1.6 "
+                                        "ProcessGroupNCCL.cpp list reduce_scatter copy-in and "
+                                        "all_gather copy-out",
+             "zero1_step_bytes": "DEEPSPEED_030_ZERO1_STEP_BYTES: stage1.py step "
+                                 "overflow_checker.check() and get_grad_norm(group) over every "
+                                 "fp16 gradient (0.3.0)",
+             "zero1_step_host_ops_per_tensor": "DEEPSPEED_030_ZERO1_STEP_HOST_OPS_PER_TENSOR: "
+                                               "runtime/utils.py _has_inf_or_nan float() and "
+                                               "get_grad_norm param_norm.item() per tensor "
+                                               "(0.3.0)"})
+
+
+def with_deepspeed_030(profile):
+    """``profile`` (DeepSpeed) as DeepSpeed 0.3.0 (2020) runs ZeRO-1 (:data:`ZERO_030`); its
+    ZeRO-0 path (engine.py buckets, FP16_Optimizer) is the profile's own, read at 0.3.0 and
+    0.19.6 alike (``zero0_*`` sources). A version option, not the profile's default. ZeRO-2 at
+    0.3.0 (stage2.py) was not read: under this option it keeps the profile's ZeRO-2 mechanisms
+    with this choice's copy passes."""
+    return with_choice(profile, ZERO_030)
+
+
+#: DeepSpeed's documented defaults that decide step time, each with where it is set (DeepSpeed
+#: v0.14.2, the 2024 runs' release, and v0.16: deepspeed/runtime/zero/config.py, runtime/
+#: constants.py, engine.py) and how the profile prices it: {name: (default, source, priced as)}.
+#: A run whose source states another value keeps its own; an open field takes this default.
+DEFAULTS = MappingProxyType({
+    "overlap_comm": ((False, False, False, True),
+                     "zero/config.py overlap_comm: bool = None; validator overlap_comm_valid: "
+                     "None -> stage == 3 (per ZeRO stage 0, 1, 2, 3)",
+                     "ZeRO-0..2: overlap_dp_grad_reduce False (reduction after backward). "
+                     "ZeRO-3: its reduce-scatter runs on reduce_and_partition_stream, but on "
+                     "the same process group, hence the same NCCL stream, as the all-gathers "
+                     "the compute waits on (priced not overlapped, issue 13): not credited"),
+    "reduce_bucket_size": (DEEPSPEED_ZERO3_REDUCE_BUCKET_ELEMENTS,
+                           "zero/config.py Field(pp_int(5e8))",
+                           "ZeRO-1/2: buckets issued on the compute stream, all exposed, the "
+                           "per-bucket latency (psi / 5e8 calls) not counted; ZeRO-3: "
+                           "zero3_reduce_bucket_elements, one reduce-scatter per bucket. Its "
+                           "copies on reduce_and_partition_stream (bucket copy, the "
+                           "interleaving torch.cat and pre-divide div_ of "
+                           "reduce_scatter_coalesced: 6 passes per micro-batch) run beside "
+                           "backward and are not charged"),
+    "allgather_bucket_size": (500_000_000, "zero/config.py Field(pp_int(5e8))",
+                              "ZeRO-1/2 parameter all-gather after the step: one exposed "
+                              "all-gather of the parameters (utils.py all_gather_dp_groups)"),
+    "contiguous_gradients": (True, "zero/config.py contiguous_gradients: bool = True",
+                             "zero12_grad_copy_passes (bucket copy)"),
+    "reduce_scatter": (True, "zero/config.py reduce_scatter: bool = True",
+                       "with use_multi_rank_bucket_allreduce True: zero1/zero2_grad_all_reduce"),
+    "use_multi_rank_bucket_allreduce": (True, "zero/config.py (since v0.12.4, PR #4695)",
+                                        "zero1_grad_all_reduce, zero2_grad_all_reduce"),
+    "prescale_gradients": (False, "runtime/constants.py PRESCALE_GRADIENTS_DEFAULT",
+                           "post-scale div_/mul_ in the copy passes"),
+    "gradient_predivide_factor": (1.0, "runtime/constants.py GRADIENT_PREDIVIDE_FACTOR_DEFAULT",
+                                  "one scaling pass in the copy passes"),
+    "stage3_prefetch_bucket_size": (50_000_000, "zero/config.py Field(pp_int(5e7))",
+                                    "not priced: ZeRO-3 gathers costed not overlapped"),
+    "stage3_max_live_parameters": (1_000_000_000, "zero/config.py Field(pp_int(1e9))",
+                                   "not priced (a memory cap; gathers re-issued per module)"),
+    "stage3_max_reuse_distance": (1_000_000_000, "zero/config.py Field(pp_int(1e9))",
+                                  "not priced: the last modules' parameters kept for backward "
+                                  "would save re-gathers (faster), not counted"),
+    "stage3_param_persistence_threshold": (DEEPSPEED_ZERO3_PERSISTENCE_THRESHOLD,
+                                           "zero/config.py Field(pp_int(1e5))",
+                                           "zero3_persistent_elements: not gathered"),
+    "sub_group_size": (1_000_000_000, "zero/config.py Field(pp_int(1e9))",
+                       "not priced (the ZeRO-3 step's fp32 sub-groups, one pass each)"),
+    "gradient_clipping": (0.0, "runtime/constants.py GRADIENT_CLIPPING_DEFAULT",
+                          "optimizer_step_bytes counts a norm pass (HF Trainer sets 1.0)"),
+    "wall_clock_breakdown": (False, "runtime/constants.py WALL_CLOCK_BREAKDOWN_DEFAULT",
+                             "no timer synchronisation priced"),
+    "tput_timer_synchronize": (True, "utils/timer.py ThroughputTimer.start / stop: "
+                                     "get_accelerator().synchronize() every micro-batch after "
+                                     "step 2 (engine.py forward, when deepspeed.initialize got "
+                                     "no training_data, and step)",
+                               "not priced: two device syncs per micro-batch expose the host's "
+                               "time between micro-batches (no public per-step figure)"),
+})
 
 FUSED_ADAM = OptimizerStep(
     name="deepspeed-fused-adam", summary="DeepSpeed FusedAdam on fp32 partitions",
     optimizer_step_bytes=MIXED_FUSED_OPTIMIZER_STEP_BYTES, step_fixed_s=0.0, sources={
         "optimizer_step_bytes": "deepspeed/ops/adam/fused_adam.py FusedAdam "
                                 "(multi_tensor_adam); runtime/constants.py "
-                                "GRADIENT_CLIPPING_DEFAULT = 1.0; zero/stage_1_and_2.py "
-                                "step(): flat gradient .to(fp32) and the bf16 "
+                                "GRADIENT_CLIPPING_DEFAULT = 0. (0.3.0, 0.14.2, 0.16.4), but "
+                                "zero/stage_1_and_2.py step() takes scaled_global_norm every "
+                                "step (the clip's scale pass, read 4 write 4, is charged "
+                                "with it: HF Trainer sets clipping 1.0); step(): flat "
+                                "gradient .to(fp32) and the bf16 "
                                 "partition copied from the fp32 one: "
                                 "MIXED_FUSED_OPTIMIZER_STEP_BYTES",
         "step_fixed_s": DEFAULT_COST_SOURCES["step_fixed_s"]})
