@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 import autopar
 from autopar.api import model_graph
-from autopar.cost.host import (FUSED_ATTENTION_BWD_KERNELS, HostTime, LayerKernels,
-                               host_exposed_s, host_time, kernels)
+from autopar.cost.host import (FUSED_ATTENTION_BWD_KERNELS, UNFUSED_ATTENTION_KERNELS,
+                               HostTime, LayerKernels, host_exposed_s, host_time, kernels)
 from autopar.cost.model import CostModel
 from autopar.cost.params import CostParams
 from autopar.errors import InvalidTrainingConfig
@@ -61,6 +62,14 @@ def test_recomputation_reissues_what_it_repeats(llama_block):
     assert kernels(llama_block, "fused", mode="selective").recompute == 1
     op = kernels(llama_block, "fused", mode="selective-op").recompute
     assert 0 < op < base.fwd
+    # op-level SAC keeps the attention's output: an unfused attention's several forward
+    # kernels are not launched again, so the recomputed count is the same as with a fused one
+    # (the 4 odd-numbered of 7 matmuls and the attention are saved)
+    assert op == base.fwd - 4 - 1
+    ops = tuple(replace(o, fused=False) if o.kind == "attention" else o for o in llama_block.ops)
+    unfused = replace(llama_block, ops=ops)
+    k = kernels(unfused, "fused", mode="selective-op")
+    assert k.recompute == k.fwd - 4 - UNFUSED_ATTENTION_KERNELS == op
 
 
 def test_host_seconds_are_kernels_times_the_time_per_op_and_nil_under_cuda_graphs(llama_block):

@@ -123,8 +123,17 @@ def kernels(layer: Layer, fusion: str, eager_parts: tuple[str, ...] = (),
         elif mode == "selective":
             recompute = attention_fwd
         elif mode == "selective-op":
-            recompute = fwd - len(op_sac_saved(layer))
+            # the saved ops' forward kernels are not launched again (an unfused attention is
+            # several kernels, not one)
+            recompute = fwd - sum(_fwd_kernels(layer.ops[i]) for i in op_sac_saved(layer))
     return LayerKernels(fwd, bwd, recompute)
+
+
+def _fwd_kernels(op) -> int:
+    """Forward kernels of one matmul or attention op (as :func:`kernels` counts them)."""
+    if op.kind == "attention" and not op.fused:
+        return UNFUSED_ATTENTION_KERNELS
+    return 1
 
 
 def host_time(layer: Layer, *, fusion: str, eager_parts: tuple[str, ...] = (),
