@@ -8,6 +8,7 @@ import argparse
 import difflib
 
 from ..config import FRAMEWORKS, OPTIMIZER_STATE_DTYPES, RECOMPUTE_MODES, SCHEDULES
+from ..cost.offload import frameworks_running
 from . import measure_cmds
 from .exports import EXPORTERS
 
@@ -42,10 +43,11 @@ def _common(p: argparse.ArgumentParser, plot: str) -> None:
                    help="optimizer states and step on the CPU (ZeRO-Offload): no GPU memory")
     p.add_argument("--param-offload", action="store_true",
                    help="ZeRO-3/FSDP parameter shards on the CPU (FSDP CPUOffload, DeepSpeed "
-                   "offload_param; frameworks fsdp1, torchtitan, deepspeed; needs zero stage 3)")
+                   f"offload_param; frameworks {', '.join(frameworks_running('params'))}; needs "
+                   "zero stage 3)")
     p.add_argument("--activation-offload", action="store_true",
-                   help="decoder blocks' saved activations on the CPU (save_on_cpu; framework "
-                   "fsdp1)")
+                   help="decoder blocks' saved activations on the CPU (save_on_cpu; "
+                   f"frameworks {', '.join(frameworks_running('activations'))})")
     p.add_argument("--optimizer-state-dtype", default=None, choices=list(OPTIMIZER_STATE_DTYPES),
                    help="dtype of Adam's moments (default fp32)")
     p.add_argument("--framework", default=None, choices=list(FRAMEWORKS),

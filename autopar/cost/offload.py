@@ -84,7 +84,7 @@ SUPPORT: dict[str, OffloadSupport] = {
 }
 
 
-def _runs(kind: str) -> list[str]:
+def frameworks_running(kind: str) -> list[str]:
     """The frameworks of :data:`SUPPORT` with a source for offload ``kind`` ("params" or
     "activations"), in table order."""
     return [f for f, s in SUPPORT.items() if getattr(s, kind)]
@@ -106,7 +106,7 @@ def check_framework(train: TrainingConfig) -> None:
     s = SUPPORT.get(train.framework, OffloadSupport())
     for flag, kind in (("param_offload", "params"), ("activation_offload", "activations")):
         if getattr(train, flag) and getattr(s, kind) is None:
-            others = _runs(kind)
+            others = frameworks_running(kind)
             cli = "--" + flag.replace("_", "-")
             raise InvalidTrainingConfig(
                 f"{flag}=True ({cli}): autopar knows of no way framework {train.framework!r} "
