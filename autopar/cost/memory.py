@@ -30,7 +30,8 @@ class MemoryBreakdown:
         weights, gradients, optimizer_states: model states.
         activations: saved activations of all micro-batches in flight.
         transient: working memory of the layer being computed (its full activations when it is
-            recomputed, gathered ZeRO-3 parameters).
+            recomputed, gathered ZeRO-3 parameters), plus torch's cuBLAS workspaces
+            (:func:`cublas_workspace_bytes`).
         reserved: context, workspaces and NCCL buffers outside the allocator, plus what the
             allocator reserves beyond its allocated peak (fragmentation, a fraction of the other
             components; :class:`~autopar.cost.params.CostParams`).
@@ -63,7 +64,8 @@ class MemoryBreakdown:
           torch.cuda.memory_stats; active also counts blocks freed but still awaiting their
           stream's use, which this model does not separate): :attr:`allocated`.
         - "reserved" (reserved_bytes.all.peak, torch.cuda.max_memory_reserved): the total less
-          the memory outside the allocator (CUDA context, cuBLAS workspace, NCCL buffers).
+          the memory outside the allocator (CUDA context, NCCL buffers; torch's cuBLAS
+          workspaces are inside it, :func:`cublas_workspace_bytes`).
         - "device" or None (nvidia-smi, mem_get_info, or not stated): :attr:`total`.
 
         Source: c10/cuda/CUDACachingAllocator.cpp (DeviceStats: allocated_bytes, reserved_bytes,
@@ -310,3 +312,34 @@ def optimizer_state_bytes_per_param(optimizer: str, master_bytes: int, state_dty
     moments = {"adam": 2, "adamw": 2, "sgd": 1}[optimizer]
     each = moment_bytes if moment_bytes is not None else (2 if state_dtype == "bf16" else 4)
     return master_bytes + moments * each
+
+
+#: Architectures whose default cuBLAS workspace is 32 MiB in torch
+#: (aten/src/ATen/cuda/CublasHandlePool.cpp ``parseChosenWorkspaceSize``: "32MiB for Hopper and
+#: Blackwell", ``4096 * 8 * 1024`` for compute capability 9.x, 10.x, 12.x; earlier releases
+#: sm90 only, before Blackwell existed).
+CUBLAS_32MIB_ARCHITECTURES = ("hopper", "blackwell")
+#: cuBLAS workspaces a training step holds: torch keeps one per thread and stream that issues
+#: cuBLAS calls (CublasHandlePool.cpp: a ``thread_local`` workspace map keyed by device and
+#: stream, earlier a map keyed by the thread's own handle and stream), and a step issues them from
+#: two threads: the Python thread runs forward, the autograd engine's device thread runs
+#: backward (torch/csrc/autograd/engine.cpp ``Engine::start_device_threads``: one worker thread
+#: per device, which executes the CUDA backward functions).
+CUBLAS_WORKSPACES_PER_STEP = 2
+
+
+def cublas_workspace_bytes(architecture: str) -> float:
+    """Bytes of torch's cuBLAS workspaces on one GPU during training, allocated through the
+    caching allocator and held for the whole step (so counted by ``memory_allocated`` and
+    ``max_memory_reserved``, not outside the allocator): :data:`CUBLAS_WORKSPACES_PER_STEP` x
+    the default size, 32 MiB on :data:`CUBLAS_32MIB_ARCHITECTURES`, else ``:4096:2:16:8``
+    (2 x 4 MiB + 8 x 16 KiB = 8.125 MiB).
+
+    Source: aten/src/ATen/cuda/CublasHandlePool.cpp: ``getNewWorkspace`` returns
+    ``c10::cuda::CUDACachingAllocator::get()->allocate(getChosenWorkspaceSize())``;
+    ``parseChosenWorkspaceSize`` gives the defaults above (``CUBLAS_WORKSPACE_CONFIG`` unset).
+    The cuBLASLt workspace shares it by default (``unified_cublas_and_lt_workspaces``).
+    """
+    each = (4096 * 8 * 1024 if architecture in CUBLAS_32MIB_ARCHITECTURES
+            else 4096 * 1024 * 2 + 16 * 1024 * 8)
+    return float(CUBLAS_WORKSPACES_PER_STEP * each)

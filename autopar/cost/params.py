@@ -119,9 +119,11 @@ class CostParams:
             0.8 is an assumption to be calibrated by measurement. (Data-parallel collectives
             no longer use it: their cost beside compute is the slowdown of the SMs NCCL holds,
             :func:`autopar.cost.comm.overlapped_comm`, with the whole window.)
-        reserved_bytes: memory per GPU outside the framework's allocator: CUDA context, cuBLAS
-            workspace and NCCL buffers (assumption: 2e9 bytes; the CUDA context alone measured
+        reserved_bytes: memory per GPU outside the framework's allocator: CUDA context, NCCL
+            buffers and library handles (assumption: 2e9 bytes; the CUDA context alone measured
             0.55e9 on an H200 with torch 2.11: total_memory - mem_get_info free after init).
+            torch's cuBLAS workspaces are not here: they come from the caching allocator
+            (:func:`autopar.cost.memory.cublas_workspace_bytes`).
         fragmentation: memory the caching allocator reserves beyond the allocated peak, as a
             fraction of that peak: 0.05 (measured on one H200, ten plan.apply runs,
             benchmarks/data/gpu/h200_sweep.json: max_memory_reserved / max_memory_allocated

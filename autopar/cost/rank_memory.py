@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ..config import ParallelConfig
 from .blocks import BlockCosts
 from .context import CostInputs
-from .memory import MemoryBreakdown
+from .memory import MemoryBreakdown, cublas_workspace_bytes
 from .pipeline.timing import PipelineTiming
 from .states import ModelStates
 
@@ -39,6 +39,7 @@ def rank_memory(inputs: CostInputs, c: ParallelConfig, layout: tuple, timing: Pi
     (:class:`~autopar.cost.layout.StageLayout`) and run ``timing``; ``keep``: per rank, the
     parameter elements kept gathered forward to backward."""
     p, wbytes, device = inputs.params, inputs.train.dtype_bytes, inputs.device
+    workspace = cublas_workspace_bytes(device.architecture)
     stage_mem: list[MemoryBreakdown] = []
     alloc_totals: list[float] = []
     for rank, st in enumerate(layout):
@@ -54,14 +55,17 @@ def rank_memory(inputs: CostInputs, c: ParallelConfig, layout: tuple, timing: Pi
         # (MemoryConventions.grad_bucket_elements: DeepSpeed's reduce_bucket_size buffer)
         bucket = (inputs.conventions.grad_bucket_elements * wbytes if c.zero_stage >= 1
                   else 0.0)
-        transient = max(timing.stage_transient[rank] + st.gather_bytes + bucket, step_extra)
+        # torch's cuBLAS workspaces sit in the caching allocator from the first GEMM on,
+        # through forward, backward and the step (autopar.cost.memory.cublas_workspace_bytes)
+        working = max(timing.stage_transient[rank] + st.gather_bytes + bucket, step_extra)
+        transient = working + workspace
         # outside the allocator, plus what it reserves beyond its allocated peak
         reserved = p.reserved_bytes + p.fragmentation * (w + gr + o + act + transient)
         allocated = w + gr + o + act + transient + reserved
         alloc_totals.append(allocated)
         # blocks the step freed and cannot reuse stay reserved (reported, never OOM: the
         # allocator releases them before it fails), up to the capacity
-        cached = step_extra + states.step_cached_bytes(c, st.params) - transient
+        cached = step_extra + states.step_cached_bytes(c, st.params) - working
         if cached > 0:
             reserved += max(0.0, min(cached, device.visible_memory_bytes - allocated))
         stage_mem.append(MemoryBreakdown(w, gr, o, act, transient, reserved))

@@ -8,7 +8,7 @@ layer signature) are interchangeable in the cost model (:meth:`CostModel.estimat
 rank by (signature, mode) counts), so the problem is one count per (signature, mode). The rank's
 time is its fixed layers' and pipeline sends' plus the sum of its blocks' forward + backward;
 its peak memory is what :meth:`CostModel.estimate` counts: fixed bytes (states, reserve, ZeRO-3
-gathers, non-block activations), the blocks' activations times the in-flight multiplier, and
+gathers, cuBLAS workspaces, non-block activations), the blocks' activations times the in-flight multiplier, and
 the largest transient of any of its layers; the optimizer step's temporaries must fit beside the
 states.
 """
@@ -20,6 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from ..config import RECOMPUTE_MODES, ParallelConfig
+from ..cost.memory import cublas_workspace_bytes
 from ..cost.model import CostModel, StageLayout
 
 #: Every recompute mode, weakest first (:data:`autopar.config.RECOMPUTE_MODES`): the default of
@@ -127,12 +128,15 @@ def rank_costs(cm: CostModel, c: ParallelConfig, st: StageLayout,
     blocks taking the modes ``modes`` (weakest first, :func:`slots`)."""
     fixed, floor, by_sig, costs = _layer_costs(cm, c, st, modes)
     states = sum(st.states)
-    fixed_mem = states + cm.reserved_bytes + st.gather_bytes
+    # torch's cuBLAS workspaces, held through the whole step (autopar.cost.rank_memory)
+    workspace = cublas_workspace_bytes(cm.device.architecture)
+    fixed_mem = states + cm.reserved_bytes + st.gather_bytes + workspace
     fixed_time = st.p2p_s
     for act, time in fixed:
         fixed_mem += act
         fixed_time += time
     # CostModel.estimate: the step's temporaries replace the activations at the step's peak
     limit = cm.device.visible_memory_bytes
-    step_fits = states + cm.reserved_bytes + cm.optimizer_step_bytes(c, st.params) <= limit
+    step_fits = (states + cm.reserved_bytes + cm.optimizer_step_bytes(c, st.params) + workspace
+                 <= limit)
     return RankCosts(fixed_mem, fixed_time, floor, by_sig, costs, step_fits, limit)
