@@ -35,6 +35,7 @@ from autopar.frameworks import (FrameworkProfile, MemoryConventions, get_profile
                                 with_pure_bf16)
 from autopar.frameworks.choices import TORCH_COMPILE, with_choice
 from autopar.frameworks.stacks.deepspeed import with_deepspeed_030
+from autopar.frameworks.stacks.torchtitan import FUSED_ADAMW_SINCE, with_foreach_adamw
 from autopar.search.optimize import search
 
 from .records import Record, RecordError, parse, source_key
@@ -171,13 +172,29 @@ def profile_name(rec: Record) -> str:
     return "flash-attention-training" if "flashattentionv1" in f else "torch"
 
 
+def dated_before(text: str, iso: str) -> bool:
+    """Whether the first date in a framework text ("2024", "2024-11", "~2025-01") lies wholly
+    before the ISO date ``iso`` (a year alone: before its year; a year and month: before its
+    month); False when the text names no date."""
+    m = re.search(r"(20\d\d)(?:-(\d\d))?", text)
+    if not m:
+        return False
+    year, month = int(m.group(1)), m.group(2)
+    y, mo = int(iso[:4]), int(iso[5:7])
+    if month is None:
+        return year < y
+    return (year, int(month)) < (y, mo)
+
+
 def record_profile(rec: Record) -> FrameworkProfile:
     """The record's library profile (:func:`profile_name`) with the options its record states:
     torch.compile (:data:`autopar.frameworks.choices.TORCH_COMPILE`: ``training.torch_compile``,
     else "torch.compile" in the framework text), FSDP's HYBRID_SHARD in the
     notes (HSDP within a node) or InternEvo's ``zero1=N`` (:func:`autopar.frameworks.
     shard_within`), "full bf16" / "pure bf16" in the framework text (:func:`autopar.frameworks.
-    with_pure_bf16`)."""
+    with_pure_bf16`); a torchtitan run dated before torchtitan's fused-AdamW default
+    (:data:`autopar.frameworks.stacks.torchtitan.FUSED_ADAMW_SINCE`) steps with the foreach
+    AdamW (:func:`autopar.frameworks.stacks.torchtitan.with_foreach_adamw`)."""
     profile = get_profile(profile_name(rec))
     f = rec.framework.lower().replace(" ", "").replace("-", "")
     compiled = rec.torch_compile   # the run's own statement (training.torch_compile) first
@@ -194,6 +211,9 @@ def record_profile(rec: Record) -> FrameworkProfile:
                                                           rec.framework.lower()):
         # the framework text names DeepSpeed 0.3 or before: its ZeRO-1 is stage1.py
         profile = with_deepspeed_030(profile)
+    if _kind(rec.framework) == "torchtitan" and dated_before(rec.framework, FUSED_ADAMW_SINCE):
+        # the framework text dates the run before torchtitan made the fused AdamW its default
+        profile = with_foreach_adamw(profile)
     if re.search(r"\b(?:full|pure) bf16\b", rec.framework.lower()):
         # the stack trains in pure bf16 (torchtune's ``dtype: bf16``): a memory option only
         profile = with_pure_bf16(profile)

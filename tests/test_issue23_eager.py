@@ -122,11 +122,14 @@ def test_gpt2_costs_the_same_but_for_its_fused_qkv(graphs):
         if profile.zero3_gather != "per_block":
             profile = profile.with_costs({"zero3_gather": "test: the same gathers for both"},
                                          zero3_gather="per_block")
-        # GPT-2 small is host-bound at this size (autopar.cost.host), and the fused QKV issues
-        # two GEMMs fewer per block forward (four backward): a real difference, so the
-        # host-bound step is not slower; the rest is compared with per-kernel host time off
+        # GPT-2 small is host-bound at this size (autopar.cost.host) under most stacks, and the
+        # fused QKV issues two GEMMs fewer per block forward (four backward): a real
+        # difference, so a host-bound step is not slower (under the stacks whose eager fp32
+        # cross entropy, 50k vocabulary, outlasts the host it is GPU-bound); the rest is
+        # compared with per-kernel host time off
         built, traced = _both(graphs["gpt2"], framework, config, profile)
-        assert traced.step_time_s <= built.step_time_s * (1 + 1e-9), framework
+        if built.time_breakdown.host_exposed > 0:
+            assert traced.step_time_s <= built.step_time_s * (1 + 1e-9), framework
         profile = profile.with_costs({"host_issue": "test"}, host_issue="cuda_graph")
         built, traced = _both(graphs["gpt2"], framework, config, profile)
         assert traced.step_time_s == pytest.approx(built.step_time_s, rel=0.01), framework

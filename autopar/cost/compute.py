@@ -115,6 +115,28 @@ NORM_INPUT_CAST_FWD_BYTES = 12
 NORM_INPUT_CAST_BWD_BYTES = 16
 
 
+#: HBM bytes per logit element of torch's eager ``F.cross_entropy(logits.float(), labels)``
+#: beyond the bytes of the logits as they come in (the graph's loss op reads them, bf16: 2, and
+#: records the fp32 copy it writes), forward: the cast writes 4; ``log_softmax`` over a row longer
+#: than a block's shared memory (128k fp32 = 513 KB) runs ATen's ``cunn_SoftMaxForward``
+#: (aten/src/ATen/native/cuda/SoftMax.cu), which reads the row three times (max, sum of
+#: exponentials, write pass) and writes it once: 16; ``nll_loss`` gathers one element per row
+#: (nil): 20.
+EAGER_CE_FWD_BYTES_PER_LOGIT = 20
+#: Its backward (torch tools/autograd/derivatives.yaml): ``nll_loss_backward`` zero-fills a dense
+#: fp32 [N, V] gradient (write 4) and scatters one element per row; ``_log_softmax_backward_data``
+#: (``cunn_SoftMaxBackward``) reads the gradient for its row sum, then the gradient and the saved
+#: output and writes the input gradient (4 + 4 + 4 + 4 = 16); the cast's backward reads the fp32
+#: gradient (4) and writes it in the logits' dtype (counted with the logits): 24. Against one
+#: H200 (``benchmarks/data/gpu/h200_sweep.json`` ``memory_bound`` rows "cross_entropy fwd+bwd
+#: (fp32 upcast)"): 13.6 ms measured at 8192 x 128256 and 6.56 ms at 16384 x 32000; these
+#: counts give 12.8 and 6.4 ms at the cost model's HBM rate, the graph's own bytes (6 forward,
+#: twice that backward) 4.8 and 2.4 ms (``tests/test_issue25_eager_loss.py``).
+EAGER_CE_BWD_BYTES_PER_LOGIT = 24
+#: Kernels of that loss's forward: the cast, log_softmax, nll_loss.
+EAGER_CE_KERNELS = 3
+
+
 def memory_bound_kernels(layer: Layer, fusion: str, eager_parts: tuple[str, ...] = ()):
     """The memory-bound kernels of ``layer`` with their backward.
 
@@ -127,10 +149,13 @@ def memory_bound_kernels(layer: Layer, fusion: str, eager_parts: tuple[str, ...]
     ``bwd_bytes``; a fully recomputed block does not pay it twice). ``eager_parts``
     (:data:`autopar.frameworks.profiles.EAGER_PARTS`): ``glu`` costs a gated linear unit's
     activation as its own kernel also outside ``fusion="eager"``; ``norm_input_cast`` costs a
-    fused norm on an fp32 cast of its input (:data:`NORM_INPUT_CAST_FWD_BYTES`).
+    fused norm on an fp32 cast of its input (:data:`NORM_INPUT_CAST_FWD_BYTES`);
+    ``fp32_cross_entropy`` costs the loss as torch's eager kernels
+    (:data:`EAGER_CE_FWD_BYTES_PER_LOGIT`, :data:`EAGER_CE_BWD_BYTES_PER_LOGIT`).
     """
     glu = fusion != "eager" and "glu" in eager_parts
     cast = fusion == "fused" and "norm_input_cast" in eager_parts
+    ce = "fp32_cross_entropy" in eager_parts
     if glu:
         for op in layer.ops:
             if op.kind == "view" and op.target.lower() in GLU_ACTIVATIONS:
@@ -139,6 +164,11 @@ def memory_bound_kernels(layer: Layer, fusion: str, eager_parts: tuple[str, ...]
     for op, nbytes, kernels in _memory_bound_ops(layer.ops, fusion):
         if op.kind == "view":   # an eager GLU activation (fusion="eager")
             yield op, nbytes, kernels, EAGER_GLU_ACT_BWD_PASSES * op.bytes_read, 0.0
+            continue
+        if ce and op.kind == "loss" and op.bytes_written > 0:
+            logits = op.bytes_written / 4.0   # the graph's loss writes the fp32 copy
+            yield (op, op.bytes_read + EAGER_CE_FWD_BYTES_PER_LOGIT * logits, EAGER_CE_KERNELS,
+                   op.bytes_read + EAGER_CE_BWD_BYTES_PER_LOGIT * logits, 0.0)
             continue
         if cast and op.kind == "norm":
             per = nbytes / FUSED_NORM_BYTES_PER_ELEMENT

@@ -250,7 +250,17 @@ SDPA_FLASH = AttentionKernels(
     attention_kernels={"*": "fa2"}, sources={"attention_kernels": _D["attention_kernels"]})
 
 EAGER = Fusion(name="eager", summary="eager PyTorch, one kernel per op", fusion="eager",
-               eager_parts=(), sources={k: _D[k] for k in Fusion.cost_fields()})
+               eager_parts=("fp32_cross_entropy",), sources={
+                   "fusion": _D["fusion"],
+                   "eager_parts": "the loss is F.cross_entropy(logits.float(), labels) (the "
+                                  "stack's own loss, as its memory conventions' loss_work_bytes "
+                                  "source states): eager ATen cast, log_softmax and nll_loss"})
+
+#: Eager PyTorch whose loss is not torch's F.cross_entropy on fp32-upcast logits (a fused loss
+#: kernel, or the cross entropy on the bf16 logits): the loss priced as the graph counts it.
+EAGER_MODEL_LOSS = Fusion(
+    name="eager-model-loss", summary="eager PyTorch, the model's own loss", fusion="eager",
+    eager_parts=(), sources={"fusion": _D["fusion"], "eager_parts": _D["eager_parts"]})
 
 TORCH_COMPILE = Fusion(
     name="torch.compile", summary="torch.compile: TorchInductor fuses point-wise chains",

@@ -59,8 +59,10 @@ COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_g
 #: ``glu``: a gated linear unit's activation as its own kernel before the multiply
 #: (``F.silu(a) * b``, implied by ``fusion="eager"``); ``norm_input_cast``: the residual stream
 #: is cast to fp32 (``x.float()``) before each fused norm, which then reads fp32, and the cast
-#: and norm are checkpointed (repeated in backward).
-EAGER_PARTS = ("glu", "norm_input_cast")
+#: and norm are checkpointed (repeated in backward); ``fp32_cross_entropy``: the loss is torch's
+#: ``F.cross_entropy(logits.float(), labels)`` as eager ATen kernels (the cast, log_softmax,
+#: nll_loss and their backward: :data:`autopar.cost.compute.EAGER_CE_FWD_BYTES_PER_LOGIT`).
+EAGER_PARTS = ("glu", "norm_input_cast", "fp32_cross_entropy")
 #: Bytes per parameter the optimizer step moves through HBM in the ``torch`` profile: torch.optim.
 #: AdamW as constructed by default (foreach on CUDA since torch 2.0, ``_default_to_fused_or_foreach``
 #: in torch/optim/optimizer.py), whose ``_multi_tensor_adam`` (torch/optim/adam.py, torch 2.13,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..choices import AttentionKernels, Choices, capabilities_of, compose
+from ..choices import EAGER_MODEL_LOSS, AttentionKernels, Choices, capabilities_of, compose
 from ..memory import TORCH_MEMORY
 from . import pytorch
 
@@ -16,7 +16,8 @@ FLASH_V1 = AttentionKernels(
         "attention_kernels": "flash-attention v1 training code (training/, 2022): the "
                              "FlashAttention-1 kernels of the repository"})
 
-CHOICES: Choices = replace(pytorch.CHOICES, attention=FLASH_V1)
+#: its loss is apex's fused cross entropy (train.loss_fn CrossEntropyLossApex): not torch's eager one
+CHOICES: Choices = replace(pytorch.CHOICES, attention=FLASH_V1, fusion=EAGER_MODEL_LOSS)
 
 _APEX_CE = ("training/configs/experiment/pile/base.yaml train.loss_fn: src.losses."
             "cross_entropy_apex.CrossEntropyLossApex, inplace_backward: True ('to save "

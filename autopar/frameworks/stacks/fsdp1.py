@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..choices import Choices, capabilities_of, compose
+from ..choices import EAGER_MODEL_LOSS, Choices, capabilities_of, compose
 from ..vocabulary import FSDP1_GRAD_COPY_PASSES
 from . import pytorch
 
@@ -34,7 +34,10 @@ FLAT_PARAM = replace(
              "pipelining keeps FSDP stage modules gathered across micro-batches); FSDP1 "
              "loops without pipelining do not read it"})
 
-CHOICES: Choices = replace(pytorch.CHOICES, sharded_dp=FLAT_PARAM)
+#: fms-fsdp (the corpus's FSDP1 stack) takes torch.nn.CrossEntropyLoss on the model's bf16
+#: logits (fms_fsdp/utils/train_utils.py train: ``ce_loss(output.view(-1, output.size(-1)),
+#: label.view(-1).long())``), no fp32 upcast: the loss as the graph counts it.
+CHOICES: Choices = replace(pytorch.CHOICES, sharded_dp=FLAT_PARAM, fusion=EAGER_MODEL_LOSS)
 
 PROFILE = compose(CHOICES, **capabilities_of(pytorch.PROFILE), name="fsdp1",
                   version="torch.distributed.fsdp FullyShardedDataParallel (FSDP1), as "

@@ -7,10 +7,10 @@ from dataclasses import replace
 
 from ...config import SCHEDULES
 from ..choices import (DTENSOR_TP, EAGER, FSDP2, FUSED_CP, SDPA_FLASH, TORCH_PIPELINING, Choices,
-                       OptimizerStep, compose)
+                       OptimizerStep, compose, with_choice)
 from ..memory import TORCHTITAN_MEMORY
 from ..seqrule import TORCHTITAN_RULE
-from ..vocabulary import FUSED_OPTIMIZER_STEP_BYTES
+from ..vocabulary import FUSED_OPTIMIZER_STEP_BYTES, TORCH_OPTIMIZER_STEP_BYTES
 
 #: FSDP2 as torchtitan applies it: fp32 gradient reduction, parameters kept gathered under PP.
 SHARDED_DP = replace(
@@ -34,6 +34,33 @@ FUSED_ADAMW = OptimizerStep(
                                 "FUSED_OPTIMIZER_STEP_BYTES",
         "step_fixed_s": TORCH_PIPELINING.sources and EAGER.sources and
         "no sourced fixed per-step cost"})
+
+#: torchtitan before commit 6e4988550 (2025-02-24, PR #881 "use Fused AdamW as default"): the
+#: ``--optimizer.fused`` flag was ``action="store_true"`` (default False; torchtitan/
+#: config_manager.py at d9898423e, 2025-01) and optimizer.py built ``torch.optim.AdamW(...,
+#: fused=fused, foreach=not fused)``: the foreach AdamW, with ``utils.clip_grad_norm_(...,
+#: max_norm=1.0, foreach=True)`` (train.py). PR #881 itself measured the fused default 2.24%
+#: faster on Llama 3 8B with FSDP, eager. Swap it in with :func:`with_foreach_adamw`.
+FOREACH_ADAMW_2024 = OptimizerStep(
+    name="torch-adamw-foreach-torchtitan-2024",
+    summary="torch.optim.AdamW(foreach=True) with clip_grad_norm_ (torchtitan before 2025-02-24)",
+    optimizer_step_bytes=TORCH_OPTIMIZER_STEP_BYTES, step_fixed_s=0.0, sources={
+        "optimizer_step_bytes": "torchtitan before 6e4988550 (2025-02-24, PR #881): "
+                                "config_manager.py --optimizer.fused store_true (default "
+                                "False), optimizer.py AdamW(fused=fused, foreach=not fused); "
+                                "train.py clip_grad_norm_(max_norm=1.0, foreach=True): "
+                                "TORCH_OPTIMIZER_STEP_BYTES",
+        "step_fixed_s": "no sourced fixed per-step cost"})
+#: The first date (ISO) at which torchtitan's default optimizer is the fused AdamW (PR #881).
+FUSED_ADAMW_SINCE = "2025-02-24"
+
+
+def with_foreach_adamw(profile):
+    """``profile`` (torchtitan) with the optimizer step of torchtitan before
+    :data:`FUSED_ADAMW_SINCE` (:data:`FOREACH_ADAMW_2024`): a version option, not the profile's
+    default (v0.2.2 runs the fused AdamW)."""
+    return with_choice(profile, FOREACH_ADAMW_2024)
+
 
 CHOICES = Choices(
     sharded_dp=SHARDED_DP, optimizer_step=FUSED_ADAMW, attention=SDPA_FLASH,
