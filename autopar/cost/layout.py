@@ -75,6 +75,7 @@ class Layouts:
         self._time_layouts: dict[tuple, tuple[StageLayout, ...]] = {}
         # per rank, the time parts (_time_part) of meshes that have a time layout only
         self._time_parts: dict[tuple, tuple[tuple, ...]] = {}
+        self._parts: dict[tuple, tuple] = {}   # _rank_parts
 
     def stage_layout(self, c: ParallelConfig) -> tuple[StageLayout, ...]:
         """Per pipeline rank of the resolved config ``c``: its layers, in-flight multiplier,
@@ -106,10 +107,14 @@ class Layouts:
         self._layouts[key] = self._layouts_by_mesh[mesh] = tuple(out)
         return self._layouts[key]
 
-    def _rank_parts(self, c: ParallelConfig) -> list[tuple[tuple[int, ...], tuple]]:
+    def _rank_parts(self, c: ParallelConfig) -> tuple[tuple[tuple[int, ...], tuple], ...]:
         """Per pipeline rank of the resolved ``c``: (its layers, its parts as
-        :meth:`rank_layout` takes them)."""
+        :meth:`rank_layout` takes them); cached by what they read (pp, cuts, schedule)."""
         pp = c.pp
+        key = (pp, c.stage_blocks, c.schedule)
+        hit = self._parts.get(key)
+        if hit is not None:
+            return hit
         out = []
         for layers, mine, _groups, chunks in self.ranks.rank_layers(pp, c.stage_blocks,
                                                                     c.schedule):
@@ -123,7 +128,8 @@ class Layouts:
                  chunks[ci - 1][-1] if ci > 0 and chunks[ci - 1] and remote(ci - 1) else None)
                 for ci in mine)
             out.append((layers, parts))
-        return out
+        hit = self._parts[key] = tuple(out)
+        return hit
 
     def time_layout(self, c: ParallelConfig) -> tuple[StageLayout, ...]:
         """What the step time reads of :meth:`stage_layout` (layers, pipeline communication,
