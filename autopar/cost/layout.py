@@ -4,7 +4,7 @@ choices (its layers, in-flight multiplier, pipeline sends and model states:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..config import ParallelConfig
 from ..errors import InvalidParallelConfig
@@ -95,7 +95,8 @@ class Layouts:
             for rank, st in enumerate(other):
                 experts = self.ranks.rank_params(c.tp, c.ep, st.layers)[1]
                 rs = self.states.rank_states(c, st.params, experts, st.layers, pp, rank)
-                out.append(replace(st, states=rs.states, gather_bytes=rs.working_bytes))
+                out.append(StageLayout(st.layers, st.flight, st.p2p_s, st.p2p_load, st.params,
+                                       rs.states, rs.working_bytes, st.edge_flight))
             self._layouts[key] = tuple(out)
             return self._layouts[key]
         # the parts a time-only layout priced already (time_layout), else priced now

@@ -41,6 +41,7 @@ class ModelStates:
     def __init__(self, inputs: CostInputs, ranks: RankLayers):
         self.inputs, self.ranks = inputs, ranks
         self._zero1_splits: dict[tuple, tuple[float, int]] = {}
+        self._largest: dict[tuple, float] = {}   # a rank's largest layer, by its layers
 
     def kept_gathered(self, c: ParallelConfig, layouts) -> tuple[float, ...]:
         """Per pipeline rank, parameter elements held unsharded from forward to backward by the
@@ -95,8 +96,11 @@ class ModelStates:
         states = offload.resident_states(train, states)
         work = 0.0
         if c.zero_stage == 3 and (c.dp * c.cp > 1 or train.param_offload):
-            largest = max(
-                self.ranks.layer_params_per_rank(i, c.tp, True, c.ep, c.etp) for i in layers)
+            largest = self._largest.get((layers, c.tp, c.ep, c.etp))
+            if largest is None:
+                largest = self._largest[layers, c.tp, c.ep, c.etp] = max(
+                    self.ranks.layer_params_per_rank(i, c.tp, True, c.ep, c.etp)
+                    for i in layers)
             work = 2 * train.dtype_bytes * largest + (conv.weight_bytes or train.dtype_bytes) \
                 * offload.staging_elements(train, largest, c.dp * c.cp)
             if pp > 1 and conv.pp_unsharded_bytes:
