@@ -76,6 +76,7 @@ class Layouts:
         # per rank, the time parts (_time_part) of meshes that have a time layout only
         self._time_parts: dict[tuple, tuple[tuple, ...]] = {}
         self._parts: dict[tuple, tuple] = {}   # _rank_parts
+        self._p2p: dict[tuple, tuple] = {}     # a rank's pipeline sends (_time_part)
 
     def stage_layout(self, c: ParallelConfig) -> tuple[StageLayout, ...]:
         """Per pipeline rank of the resolved config ``c``: its layers, in-flight multiplier,
@@ -195,7 +196,6 @@ class Layouts:
         arguments less the rank): (layers, p2p_s, p2p_load, parameter elements, expert
         parameter elements)."""
         g, tp, pp, cp = self.inputs.graph, c.tp, c.pp, c.cp
-        pp_g = self.groups.group("pp", c)
         bscale = c.micro_batch_size / g.micro_batch_size
         p2p_s, p2p_load = 0.0, NO_LOAD
 
@@ -205,14 +205,27 @@ class Layouts:
             return (g.layers[layer].output_bytes * bscale / cp
                     / (tp if c.sequence_parallel else 1))
 
-        for chunk, sends, prev in parts:
-            if pp > 1 and sends and chunk:
-                nbytes = boundary_bytes(chunk[-1])
-                p2p_s += 2 * pp_g.time("send_recv", nbytes)
-                p2p_load += pp_g.load("send_recv", nbytes)  # this rank sends the activation forward
-            if pp > 1 and prev is not None:
-                # and the input's gradient backward
-                p2p_load += pp_g.load("send_recv", boundary_bytes(prev))
+        if pp > 1:
+            # per chunk, the bytes it sends forward and those of the gradient it sends back:
+            # with the pipeline group (Groups.group's key) all the sends read, so ranks whose
+            # chunks send the same sizes share the sums
+            sizes = tuple((boundary_bytes(chunk[-1]) if sends and chunk else None,
+                           None if prev is None else boundary_bytes(prev))
+                          for chunk, sends, prev in parts)
+            key = (c.tp, c.cp, c.dp, pp, c.ep, c.placement, c.expert_tp, sizes)
+            hit = self._p2p.get(key)
+            if hit is None:
+                pp_g = self.groups.group("pp", c)
+                for nbytes, back in sizes:
+                    if nbytes is not None:
+                        p2p_s += 2 * pp_g.time("send_recv", nbytes)
+                        # this rank sends the activation forward
+                        p2p_load += pp_g.load("send_recv", nbytes)
+                    if back is not None:
+                        # and the input's gradient backward
+                        p2p_load += pp_g.load("send_recv", back)
+                hit = self._p2p[key] = (p2p_s, p2p_load)
+            p2p_s, p2p_load = hit
         params, experts = self.ranks.rank_params(tp, c.ep, layers, c.etp)
         return layers, p2p_s, p2p_load, params, experts
 
