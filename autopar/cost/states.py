@@ -42,6 +42,7 @@ class ModelStates:
         self.inputs, self.ranks = inputs, ranks
         self._zero1_splits: dict[tuple, tuple[float, int]] = {}
         self._largest: dict[tuple, float] = {}   # a rank's largest layer, by its layers
+        self._plain: dict[tuple, RankStates] = {}   # rank_states without working bytes
 
     def kept_gathered(self, c: ParallelConfig, layouts) -> tuple[float, ...]:
         """Per pipeline rank, parameter elements held unsharded from forward to backward by the
@@ -73,6 +74,21 @@ class ModelStates:
         bytes add the two units' shards copied in before their all-gathers
         (:mod:`autopar.cost.offload`).
         """
+        train, conv = self.inputs.train, self.inputs.conventions
+        if c.zero_stage != 3 and not (train.precision == "fp8" and conv.fp8_weight_cache_bytes):
+            # no working bytes: the states read the layers only through their counts, so
+            # ranks (the middle ranks of an even cut) and configurations with the same counts
+            # and sharding share them
+            key = (c.zero_stage, c.dp, c.cp, c.tp, c.ep, c.etp, params, experts)
+            hit = self._plain.get(key)
+            if hit is None:
+                hit = self._plain[key] = self._rank_states(c, params, experts, layers, pp, rank)
+            return hit
+        return self._rank_states(c, params, experts, layers, pp, rank)
+
+    def _rank_states(self, c: ParallelConfig, params: float, experts: float,
+                     layers: tuple[int, ...], pp: int, rank: int) -> RankStates:
+        """:meth:`rank_states`, uncached."""
         train, conv, g = self.inputs.train, self.inputs.conventions, self.inputs.graph
         wb = conv.weight_bytes or train.dtype_bytes
         gb = conv.grad_bytes or self.inputs.params.grad_bytes
