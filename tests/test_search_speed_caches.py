@@ -205,3 +205,108 @@ def test_a_search_leaves_no_reference_cycles(cm):
         gc.garbage.clear()
     assert gc.isenabled()
     assert garbage == []
+
+
+@settings(max_examples=40, **_SETTINGS)
+@given(tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 4]),
+       schedule=st.sampled_from([None, "interleaved-1f1b", "dualpipev", "gpipe"]),
+       b=st.sampled_from([None, 1, 2]), zero=st.integers(0, 3),
+       rc=st.sampled_from(["none", "full", "per-block", "short"]),
+       keep=st.sampled_from([None, "some", "short"]), order=st.permutations([0, 1, 2, 3]))
+def test_resolving_a_variant_equals_resolving_it_alone(cm, tp, pp, schedule, b, zero, rc, keep,
+                                                       order):
+    """CostModel.resolve reuses a resolution across the ZeRO stage, recomputation and
+    kept-gathered flags (fields resolving only copies, checking the per-block tuples' lengths):
+    after other variants were resolved, in any order, a variant resolves as resolve() alone
+    does, its error included (a per-block tuple of the wrong length)."""
+    from autopar.cost.resolve import resolve
+    n = cm.graph.num_blocks
+    recompute = {"per-block": ("full",) + ("none",) * (n - 1), "short": ("full",)}.get(rc, rc)
+    reshard = {"some": (False,) + (True,) * (n - 1), "short": (False, True)}.get(keep)
+    base = dict(tp=tp, pp=pp, schedule=schedule, micro_batch_size=b)
+    if reshard is not None:
+        zero = 3
+    shared = CostModel(cm.graph, cm.cluster, cm.train)
+    for z in order:   # the plain variants first, under every ZeRO stage
+        try:
+            shared.resolve(shared.resolve(autopar.ParallelConfig(**base, zero_stage=z)))
+        except autopar.InvalidParallelConfig:
+            pass
+    cfg = autopar.ParallelConfig(**base, zero_stage=zero, recompute=recompute,
+                                 reshard_after_forward=reshard)
+
+    def answer(f):
+        try:
+            return f(cfg)
+        except autopar.InvalidParallelConfig as exc:
+            return ("error", str(exc), getattr(exc, "rule", None))
+    alone = answer(lambda c: resolve(c, cm.graph, cm.cluster.world_size, cm.train))
+    assert answer(shared.resolve) == alone
+    if not isinstance(alone, tuple):   # and again from the resolved configuration
+        assert answer(lambda c: shared.resolve(shared.resolve(c))) == alone
+
+
+@settings(max_examples=30, **_SETTINGS)
+@given(tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([2, 4]),
+       schedule=st.sampled_from([None, "interleaved-1f1b", "zbv-zero-bubble", "gpipe"]),
+       b=st.sampled_from([1, 2]), zero=st.integers(0, 3))
+def test_time_layout_reads_as_the_stage_layout(cm, tp, pp, schedule, b, zero):
+    """A time-only layout (Layouts.time_layout, built without model states where no ZeRO stage
+    of the configuration has a layout yet) has the layers, pipeline sends and parameters of the
+    full layout; the full layout built after it equals one built alone."""
+    c = _config(cm, tp=tp, pp=pp, schedule=schedule, micro_batch_size=b, zero_stage=zero)
+    if c is None:
+        return
+    shared = CostModel(cm.graph, cm.cluster, cm.train)
+    timed = shared.layouts.time_layout(c)
+    full = shared.stage_layout(c)
+    alone = CostModel(cm.graph, cm.cluster, cm.train).stage_layout(c)
+    assert full == alone
+    assert [(s.layers, s.p2p_s, s.p2p_load, s.params) for s in timed] == \
+        [(s.layers, s.p2p_s, s.p2p_load, s.params) for s in full]
+
+
+def test_a_searched_model_answers_as_a_fresh_one(cm):
+    """After a search has filled every cache (shared resolutions, time-only layouts, per-rank
+    sums shared by equal (signature, count) items, rank_dp answers shared by equal rank
+    problems), the estimates, time-only bounds and per-rank recomputations of the plans it
+    returned equal those of a fresh cost model, bitwise."""
+    from autopar.search.optimize import search
+    from autopar.search.stages import best_recompute
+    shared = CostModel(cm.graph, cm.cluster, cm.train)
+    result = search(shared, top_k=3)
+    plans = {e.config: e for e in (*result.top, *result.pareto)}
+    assert plans
+    for c, e in plans.items():
+        fresh = CostModel(cm.graph, cm.cluster, cm.train)
+        assert _fields(fresh.estimate(c)) == _fields(e) == _fields(shared.estimate(c))
+        assert best_recompute(fresh, c) == best_recompute(shared, c)
+        assert CostModel(cm.graph, cm.cluster, cm.train).step_without_dp_s(c) == \
+            shared.step_without_dp_s(c)
+
+
+@settings(max_examples=30, **_SETTINGS)
+@given(tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([2, 4]),
+       schedule=st.sampled_from([None, "interleaved-1f1b", "dualpipev", "gpipe"]),
+       zero=st.integers(0, 3), order=st.permutations(["none", "selective", "full", "cut"]))
+def test_ranks_sharing_their_sums_equal_estimates_alone(cm, tp, pp, schedule, zero, order):
+    """Per-rank sums under one recompute mode are shared by ranks (and stage cuts) whose
+    (signature, count) items agree: after estimates under the other modes and cuts, in any
+    order, each estimate equals a fresh cost model's, bitwise."""
+    c = _config(cm, tp=tp, pp=pp, schedule=schedule, zero_stage=zero)
+    if c is None:
+        return
+    cut = list(c.stage_blocks)
+    if cut[0] > 1:   # one block moved off the first chunk
+        cut[0] -= 1
+        cut[-1] += 1
+    variants = {rc: c.replace(recompute=rc) for rc in ("none", "selective", "full")}
+    variants["cut"] = c.replace(stage_blocks=tuple(cut))
+    shared = CostModel(cm.graph, cm.cluster, cm.train)
+    try:
+        got = {k: shared.estimate(variants[k]) for k in order}
+    except (ValueError, autopar.InvalidParallelConfig):
+        return
+    for k, e in got.items():
+        assert _fields(CostModel(cm.graph, cm.cluster, cm.train).estimate(variants[k])) == \
+            _fields(e)

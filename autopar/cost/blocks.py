@@ -135,6 +135,7 @@ class BlockCosts:
         layer = self.inputs.graph.layers[index]
         if layer.kind != "block":
             mode = "none"
+        # (PipelineTimer.timing shares per-rank sums by these fields: keep the two in step)
         key = (layer.signature, mode, c.tp, c.cp, c.dp, c.pp, c.micro_batch_size,
                c.sequence_parallel, c.cp_mode, c.placement, c.ep, c.expert_tp)
         hit = self._block_costs.get(key)

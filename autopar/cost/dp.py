@@ -74,6 +74,7 @@ class DataParallel(Zero3Passes):
         # ZeRO-3 passes by (layout, rank, bytes per element, op): the search prices one
         # layout under many recompute and kept-gathered choices (zero3._NOT_IN_ZERO3), not read here
         self._zero3: dict[tuple, object] = {}
+        self._param_tensors: list[int] | None = None   # per graph layer (param_tensors)
 
     def cost(self, c: ParallelConfig, layout: tuple, bottleneck: int, fwd1: float,
              bwd1: float, keep: tuple[float, ...], with_loads: bool = True) -> DPCost:
@@ -316,8 +317,11 @@ class DataParallel(Zero3Passes):
         """Gradient tensors on a rank holding graph layers ``layers``: one per op that owns
         parameters (a bias counted with its weight, so a lower bound; a tied weight's second use
         owns none)."""
-        g = self.inputs.graph
-        return sum(1 for i in layers for op in g.layers[i].ops if op.num_parameters > 0)
+        counts = self._param_tensors
+        if counts is None:   # per layer, counted once
+            counts = self._param_tensors = [sum(1 for op in layer.ops if op.num_parameters > 0)
+                                            for layer in self.inputs.graph.layers]
+        return sum(map(counts.__getitem__, layers))
 
     def zero1_broadcasts_s(self, c: ParallelConfig, nbytes: float, owners: int) -> float:
         """Seconds to return ``nbytes`` of updated parameters by one broadcast per ZeRO-1 rank

@@ -4,7 +4,7 @@ choices (its layers, in-flight multiplier, pipeline sends and model states:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..config import ParallelConfig
 from ..errors import InvalidParallelConfig
@@ -73,6 +73,10 @@ class Layouts:
         self._layouts: dict[tuple, tuple[StageLayout, ...]] = {}
         self._layouts_by_mesh: dict[tuple, tuple[StageLayout, ...]] = {}   # less the ZeRO stage
         self._time_layouts: dict[tuple, tuple[StageLayout, ...]] = {}
+        # per rank, the time parts (_time_part) of meshes that have a time layout only
+        self._time_parts: dict[tuple, tuple[tuple, ...]] = {}
+        self._parts: dict[tuple, tuple] = {}   # _rank_parts
+        self._p2p: dict[tuple, tuple] = {}     # a rank's pipeline sends (_time_part)
 
     def stage_layout(self, c: ParallelConfig) -> tuple[StageLayout, ...]:
         """Per pipeline rank of the resolved config ``c``: its layers, in-flight multiplier,
@@ -83,20 +87,39 @@ class Layouts:
         if hit is not None:
             return hit
         pp = c.pp
+        mesh = key[:6] + key[7:]
         # the layout under another ZeRO stage differs only in its model states (layers,
         # in-flight count, pipeline traffic and parameters do not read the stage)
-        other = self._layouts_by_mesh.get(key[:6] + key[7:])
+        other = self._layouts_by_mesh.get(mesh)
         if other is not None:
             out = []
             for rank, st in enumerate(other):
                 experts = self.ranks.rank_params(c.tp, c.ep, st.layers)[1]
                 rs = self.states.rank_states(c, st.params, experts, st.layers, pp, rank)
-                out.append(replace(st, states=rs.states, gather_bytes=rs.working_bytes))
+                out.append(StageLayout(st.layers, st.flight, st.p2p_s, st.p2p_load, st.params,
+                                       rs.states, rs.working_bytes, st.edge_flight))
             self._layouts[key] = tuple(out)
             return self._layouts[key]
+        # the parts a time-only layout priced already (time_layout), else priced now
+        timed = self._time_parts.pop(mesh, None)
         out = []
-        for rank, (layers, mine, _groups, chunks) in enumerate(
-                self.ranks.rank_layers(pp, c.stage_blocks, c.schedule)):
+        for rank, (layers, parts) in enumerate(self._rank_parts(c)):
+            part = timed[rank] if timed is not None else self._time_part(c, layers, parts)
+            out.append(self._with_memory(c, rank, layers, parts, part))
+        self._layouts[key] = self._layouts_by_mesh[mesh] = tuple(out)
+        return self._layouts[key]
+
+    def _rank_parts(self, c: ParallelConfig) -> tuple[tuple[tuple[int, ...], tuple], ...]:
+        """Per pipeline rank of the resolved ``c``: (its layers, its parts as
+        :meth:`rank_layout` takes them); cached by what they read (pp, cuts, schedule)."""
+        pp = c.pp
+        key = (pp, c.stage_blocks, c.schedule)
+        hit = self._parts.get(key)
+        if hit is not None:
+            return hit
+        out = []
+        for layers, mine, _groups, chunks in self.ranks.rank_layers(pp, c.stage_blocks,
+                                                                    c.schedule):
 
             def remote(ci: int) -> bool:
                 """Whether chunks ci and ci + 1 sit on different ranks (a V's turn does not)."""
@@ -106,19 +129,31 @@ class Layouts:
                 (tuple(chunks[ci]), ci < len(chunks) - 1 and bool(chunks[ci]) and remote(ci),
                  chunks[ci - 1][-1] if ci > 0 and chunks[ci - 1] and remote(ci - 1) else None)
                 for ci in mine)
-            out.append(self.rank_layout(c, rank, layers, parts))
-        self._layouts[key] = self._layouts_by_mesh[key[:6] + key[7:]] = tuple(out)
-        return self._layouts[key]
+            out.append((layers, parts))
+        hit = self._parts[key] = tuple(out)
+        return hit
 
     def time_layout(self, c: ParallelConfig) -> tuple[StageLayout, ...]:
         """What the step time reads of :meth:`stage_layout` (layers, pipeline communication,
         parameters; the search's time-only bound): none of it depends on the ZeRO stage or the
         kept-gathered flags, so the layout of any ZeRO stage of ``c`` serves (cached per
-        configuration less those fields; its model states are not to be read)."""
+        configuration less those fields; its model states, in-flight counts and ZeRO-3
+        working bytes are not to be read: where no ZeRO stage of ``c`` has a layout yet they
+        are left at 0 and not priced, and :meth:`stage_layout` reuses the parts priced here)."""
         key = c.fields_except("zero_stage", "reshard_after_forward")
         hit = self._time_layouts.get(key)
         if hit is None:
-            hit = self._time_layouts[key] = self.stage_layout(c)
+            mesh = (c.tp, c.pp, c.cp, c.dp, c.micro_batch_size, c.sequence_parallel, c.schedule,
+                    c.virtual_stages, c.stage_blocks, c.placement, c.ep, c.expert_tp)
+            hit = self._layouts_by_mesh.get(mesh)
+            if hit is None:
+                parts = self._time_parts.get(mesh)
+                if parts is None:
+                    parts = self._time_parts[mesh] = tuple(
+                        self._time_part(c, layers, ps) for layers, ps in self._rank_parts(c))
+                hit = tuple(StageLayout(layers, 0.0, p2p_s, p2p_load, params, (0.0, 0.0, 0.0))
+                            for layers, p2p_s, p2p_load, params, _experts in parts)
+            self._time_layouts[key] = hit
         return hit
 
     def interval_layout(self, c: ParallelConfig, rank: int, start: int, end: int) -> StageLayout:
@@ -149,14 +184,18 @@ class Layouts:
         return self.rank_layout(c, rank, layers, ((layers, rank != pp - 1, prev),))
 
     def rank_layout(self, c: ParallelConfig, rank: int, layers: tuple[int, ...],
-                     parts: tuple) -> StageLayout:
+                    parts: tuple) -> StageLayout:
         """One rank's :class:`StageLayout`; ``parts`` holds, per chunk of the rank, (its layer
         indices, whether it sends its output to another rank (not the model's last chunk, nor
         a V's turn), the last layer of the chunk before it when that chunk sits on another rank,
         else None)."""
+        return self._with_memory(c, rank, layers, parts, self._time_part(c, layers, parts))
+
+    def _time_part(self, c: ParallelConfig, layers: tuple[int, ...], parts: tuple) -> tuple:
+        """What the step time reads of one rank's :class:`StageLayout` (:meth:`rank_layout`'s
+        arguments less the rank): (layers, p2p_s, p2p_load, parameter elements, expert
+        parameter elements)."""
         g, tp, pp, cp = self.inputs.graph, c.tp, c.pp, c.cp
-        m = self.inputs.train.global_batch_size // (c.dp * c.micro_batch_size)
-        pp_g = self.groups.group("pp", c)
         bscale = c.micro_batch_size / g.micro_batch_size
         p2p_s, p2p_load = 0.0, NO_LOAD
 
@@ -166,15 +205,37 @@ class Layouts:
             return (g.layers[layer].output_bytes * bscale / cp
                     / (tp if c.sequence_parallel else 1))
 
-        for chunk, sends, prev in parts:
-            if pp > 1 and sends and chunk:
-                nbytes = boundary_bytes(chunk[-1])
-                p2p_s += 2 * pp_g.time("send_recv", nbytes)
-                p2p_load += pp_g.load("send_recv", nbytes)  # this rank sends the activation forward
-            if pp > 1 and prev is not None:
-                # and the input's gradient backward
-                p2p_load += pp_g.load("send_recv", boundary_bytes(prev))
+        if pp > 1:
+            # per chunk, the bytes it sends forward and those of the gradient it sends back:
+            # with the pipeline group (Groups.group's key) all the sends read, so ranks whose
+            # chunks send the same sizes share the sums
+            sizes = tuple((boundary_bytes(chunk[-1]) if sends and chunk else None,
+                           None if prev is None else boundary_bytes(prev))
+                          for chunk, sends, prev in parts)
+            key = (c.tp, c.cp, c.dp, pp, c.ep, c.placement, c.expert_tp, sizes)
+            hit = self._p2p.get(key)
+            if hit is None:
+                pp_g = self.groups.group("pp", c)
+                for nbytes, back in sizes:
+                    if nbytes is not None:
+                        p2p_s += 2 * pp_g.time("send_recv", nbytes)
+                        # this rank sends the activation forward
+                        p2p_load += pp_g.load("send_recv", nbytes)
+                    if back is not None:
+                        # and the input's gradient backward
+                        p2p_load += pp_g.load("send_recv", back)
+                hit = self._p2p[key] = (p2p_s, p2p_load)
+            p2p_s, p2p_load = hit
         params, experts = self.ranks.rank_params(tp, c.ep, layers, c.etp)
+        return layers, p2p_s, p2p_load, params, experts
+
+    def _with_memory(self, c: ParallelConfig, rank: int, layers: tuple[int, ...], parts: tuple,
+                     timed: tuple) -> StageLayout:
+        """:meth:`rank_layout` from its :meth:`_time_part` ``timed``: the model states,
+        in-flight count and edge layers' counts added."""
+        _layers, p2p_s, p2p_load, params, experts = timed
+        pp = c.pp
+        m = self.inputs.train.global_batch_size // (c.dp * c.micro_batch_size)
         rs = self.states.rank_states(c, params, experts, layers, pp, rank)
         flight = mem.in_flight(c.schedule, rank, pp, m, c.virtual_stages) / max(1, len(parts))
         edge = self.edge_flight(c, rank, layers, flight) if len(parts) > 1 and pp > 1 else ()

@@ -45,6 +45,10 @@ from .resolve import resolve
 from .states import ModelStates
 from .types import Estimate, LinkComm, TimeBreakdown
 
+#: Fields :func:`autopar.cost.resolve.resolve` copies unchanged, reading the last two only for
+#: their per-block lengths (:meth:`CostModel._resolve_new`).
+_COPIED_BY_RESOLVE = ("zero_stage", "recompute", "reshard_after_forward")
+
 __all__ = ["CAUSAL_FLOPS_SHARE", "BlockCost", "CostModel", "StageLayout"]
 
 
@@ -102,6 +106,9 @@ class CostModel:
         self._steps: dict[ParallelConfig, float] = {}
         self._noted: dict[ParallelConfig, tuple[Estimate, Estimate]] = {}
         self._resolved: dict[ParallelConfig, ParallelConfig | InvalidParallelConfig] = {}
+        # a resolved configuration by its fields less those resolving only copies
+        # (_resolve_new)
+        self._resolved_keys: dict[tuple, ParallelConfig] = {}
 
     # -- the parts' answers, under the names callers use ----------------------------------------
     def layer_time(self, index: int, b: int, tp: int, cp: int, sp: bool,
@@ -176,16 +183,43 @@ class CostModel:
         """
         hit = self._resolved.get(config)
         if hit is None:
-            try:
-                hit = resolve(config, self.graph, self.cluster.world_size, self.train)
-            except InvalidParallelConfig as exc:
-                hit = exc
-            self._resolved[config] = hit
+            hit = self._resolved[config] = self._resolve_new(config)
             if isinstance(hit, ParallelConfig):
                 self._resolved.setdefault(hit, hit)   # resolving a resolved config: itself
         if isinstance(hit, InvalidParallelConfig):   # a copy (a fresh traceback), .rule kept
             raise copy.copy(hit)
         return hit
+
+    def _resolve_new(self, config: ParallelConfig) -> ParallelConfig | InvalidParallelConfig:
+        """:func:`autopar.cost.resolve.resolve` of ``config`` (its error, returned), without
+        its rules where a configuration that differs only in ZeRO stage, recomputation and
+        kept-gathered flags resolved: resolving reads those three only to check the lengths of
+        the per-block tuples (it copies them, and reads no ZeRO stage); every other choice and
+        check is a function of the remaining fields. So ``config`` resolves to that one's
+        resolution with its own three fields, once its tuples have the model's block count
+        (the search asks for each mesh under many recomputations and ZeRO stages); to itself,
+        not a copy, where resolving changes nothing else."""
+        key = config.fields_except(*_COPIED_BY_RESOLVE)
+        done = self._resolved_keys.get(key)
+        if done is None:
+            try:
+                hit = resolve(config, self.graph, self.cluster.world_size, self.train)
+            except InvalidParallelConfig as exc:
+                return exc
+            self._resolved_keys[key] = hit
+            # a resolved configuration resolves to itself (resolve fills open fields only)
+            self._resolved_keys.setdefault(hit.fields_except(*_COPIED_BY_RESOLVE), hit)
+            return hit
+        blocks = self.graph.num_blocks
+        try:
+            config.block_recompute(blocks)   # resolve's own length checks, in its order
+            config.block_reshard(blocks)
+        except InvalidParallelConfig as exc:
+            return exc
+        if done.fields_except(*_COPIED_BY_RESOLVE) == key:
+            return config
+        return done.replace(zero_stage=config.zero_stage, recompute=config.recompute,
+                            reshard_after_forward=config.reshard_after_forward)
 
     def rebuilt(self, cluster=None, train: TrainingConfig | None = None) -> "CostModel":
         """This cost model on another ``cluster`` and/or ``train`` (None = the same), with the

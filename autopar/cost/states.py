@@ -41,6 +41,8 @@ class ModelStates:
     def __init__(self, inputs: CostInputs, ranks: RankLayers):
         self.inputs, self.ranks = inputs, ranks
         self._zero1_splits: dict[tuple, tuple[float, int]] = {}
+        self._largest: dict[tuple, float] = {}   # a rank's largest layer, by its layers
+        self._plain: dict[tuple, RankStates] = {}   # rank_states without working bytes
 
     def kept_gathered(self, c: ParallelConfig, layouts) -> tuple[float, ...]:
         """Per pipeline rank, parameter elements held unsharded from forward to backward by the
@@ -72,6 +74,21 @@ class ModelStates:
         bytes add the two units' shards copied in before their all-gathers
         (:mod:`autopar.cost.offload`).
         """
+        train, conv = self.inputs.train, self.inputs.conventions
+        if c.zero_stage != 3 and not (train.precision == "fp8" and conv.fp8_weight_cache_bytes):
+            # no working bytes: the states read the layers only through their counts, so
+            # ranks (the middle ranks of an even cut) and configurations with the same counts
+            # and sharding share them
+            key = (c.zero_stage, c.dp, c.cp, c.tp, c.ep, c.etp, params, experts)
+            hit = self._plain.get(key)
+            if hit is None:
+                hit = self._plain[key] = self._rank_states(c, params, experts, layers, pp, rank)
+            return hit
+        return self._rank_states(c, params, experts, layers, pp, rank)
+
+    def _rank_states(self, c: ParallelConfig, params: float, experts: float,
+                     layers: tuple[int, ...], pp: int, rank: int) -> RankStates:
+        """:meth:`rank_states`, uncached."""
         train, conv, g = self.inputs.train, self.inputs.conventions, self.inputs.graph
         wb = conv.weight_bytes or train.dtype_bytes
         gb = conv.grad_bytes or self.inputs.params.grad_bytes
@@ -95,8 +112,11 @@ class ModelStates:
         states = offload.resident_states(train, states)
         work = 0.0
         if c.zero_stage == 3 and (c.dp * c.cp > 1 or train.param_offload):
-            largest = max(
-                self.ranks.layer_params_per_rank(i, c.tp, True, c.ep, c.etp) for i in layers)
+            largest = self._largest.get((layers, c.tp, c.ep, c.etp))
+            if largest is None:
+                largest = self._largest[layers, c.tp, c.ep, c.etp] = max(
+                    self.ranks.layer_params_per_rank(i, c.tp, True, c.ep, c.etp)
+                    for i in layers)
             work = 2 * train.dtype_bytes * largest + (conv.weight_bytes or train.dtype_bytes) \
                 * offload.staging_elements(train, largest, c.dp * c.cp)
             if pp > 1 and conv.pp_unsharded_bytes:

@@ -105,10 +105,14 @@ def beyond(run, c: ParallelConfig, bar: float) -> tuple[bool, float]:
     cache of recomputation-free bounds)."""
     if not math.isfinite(bar):
         return False, -math.inf
-    lb = compute_bound(run.cm, c)
+    base = c.fields_except(*_NOT_IN_FREE_BOUND)
+    # compute_bound reads none of those fields either (no ZeRO stage, recomputation "none")
+    lb = run.free_bounds.get(base)
+    if lb is None:
+        lb = run.free_bounds[base] = compute_bound(run.cm, c)
     if lb > bar * (1 + BOUND_RTOL):
         return True, lb
-    key = (c.fields_except(*_NOT_IN_FREE_BOUND), min(c.zero_stage, 1))
+    key = (base, min(c.zero_stage, 1))
     lb = run.free_bounds.get(key)
     if lb is None:
         lb = run.free_bounds[key] = recompute_free_bound(run.cm, c)

@@ -29,6 +29,7 @@ intervals' f are the work, and a model would need every one of them too.
 from __future__ import annotations
 
 import math
+import weakref
 
 from ..config import ParallelConfig
 from ..cost.model import CostModel, StageLayout
@@ -89,11 +90,34 @@ def rank_recompute(cm: CostModel, c: ParallelConfig, st: StageLayout,
             return None
         time, peak, by_mode = got.time_s, got.peak_bytes, got.by_mode
     else:
-        got = rank_dp.solve(rc, modes)
+        got = _solve(cm, rc, modes)
         if got is None:
             return None
         time, peak, by_mode = got
     return rc.fixed_s + time, rc.fixed_bytes + peak, rc.modes_of(by_mode)
+
+
+#: Per cost model: :func:`autopar.search.rank_dp.solve`'s answers by everything it reads of a
+#: rank's problem (its modes, memory limit, fixed and floor bytes, and per signature the block
+#: count and the seconds, activation and transient bytes of each mode).
+_SOLVED: "weakref.WeakKeyDictionary[CostModel, dict]" = weakref.WeakKeyDictionary()
+
+
+def _solve(cm: CostModel, rc: RankCosts, modes: tuple[str, ...]):
+    """:func:`autopar.search.rank_dp.solve` of ``rc``, shared by ranks whose problems are
+    equal value for value (ranks and configurations that differ in the layers' indices only,
+    or in fields the problem does not read); its answer names no layer (counts per
+    signature), so it serves each of them."""
+    memo = _SOLVED.get(cm)
+    if memo is None:
+        memo = _SOLVED[cm] = {}
+    key = (modes, rc.limit_bytes, rc.fixed_bytes, rc.floor_bytes,
+           tuple((k, tuple(t.items()), tuple(a.items()), tuple(tr.items()))
+                 for k, t, a, tr in rc.sigs))
+    if key in memo:
+        return memo[key]
+    got = memo[key] = rank_dp.solve(rc, modes)
+    return got
 
 
 #: Relative margin around a rank's budget inside which :func:`rank_fits` defers to

@@ -63,7 +63,9 @@ class Run:
         self._kinds: list[tuple[float, tuple]] = []   # (fastest time, kind) of the top_k kinds
         self.groups_done = 0
         self.cut_memo: dict = {}   # stage-interval times shared by dp_cut calls
-        self.free_bounds: dict = {}   # recompute_free_bound shared by ZeRO stages (beyond)
+        # recompute_free_bound shared by ZeRO stages, and compute_bound by configuration less
+        # its ZeRO and recompute fields (beyond)
+        self.free_bounds: dict = {}
         self.layerwise = True      # per-block recompute and uneven cuts (SpaceLimits.layerwise)
         self.log = SolveLog()      # the CP-SAT rank models solved (per-block recomputation)
 

@@ -216,10 +216,18 @@ class PipelineTimer:
         # a rank's sums depend on the configuration less its ZeRO fields and on the recompute
         # modes of that rank's own layers: variants that change one rank's modes reuse the rest
         base = c.fields_except("zero_stage", "reshard_after_forward", "recompute")
+        # under one mode for all layers, the sums are those of the rank's (signature, count)
+        # items in order, each priced by BlockCosts.block_cost (cached by the layer's
+        # signature and these fields of the configuration): ranks and stage cuts whose items
+        # agree share them (the middle ranks of an even cut)
+        costs = (c.tp, c.cp, c.dp, c.pp, c.micro_batch_size, c.sequence_parallel, c.cp_mode,
+                 c.placement, c.ep, c.expert_tp)
+        sig = self._signature
         for rank, st in enumerate(layout):
             rank_modes = None if uniform is not None else tuple(
                 map(modes.get, st.layers, itertools.repeat("none")))
-            rank_key = (base, rank, uniform if uniform is not None else rank_modes)
+            rank_key = (base, rank, rank_modes) if uniform is None else (
+                costs, uniform, tuple((sig[li], n) for li, n in ranks[rank][2]))
             sums = self._rank_sums.get(rank_key)
             if sums is None:
                 sums = self._rank_sums[rank_key] = self._sums(c, st, ranks[rank], uniform,
