@@ -181,6 +181,15 @@ def band_example(plan) -> str:
     return f"step time {m[1]}"
 
 
+def memory_margin_text() -> str:
+    """README.md's figures for the default memory margin: the measured memory band's half-width
+    and runs (autopar.cost.published.MEMORY_BAND) and the margin kept (rounded up)."""
+    from autopar.cost.published import MEMORY_BAND
+    from autopar.search.margin import default_margin
+    return (f"±{MEMORY_BAND[0]:.0%} over {MEMORY_BAND[2]} runs at this writing, so "
+            f"{default_margin():.0%} is kept free")
+
+
 def render() -> dict:
     """Every generated part of docs/ from a new run, as :func:`benchmarks.docgen.render` gives."""
     from autopar.io.planfile import PLAN_VERSION
@@ -190,6 +199,7 @@ def render() -> dict:
         ("docs/errors.md", "plan-version", f"`version: {PLAN_VERSION}`"),
         ("docs/runtime.md", "megatron-verdict", f"`{megatron_verdict(plan)}`"),
         ("docs/cost-model.md", "band-example", f"`{band_example(plan)}`"),
+        ("README.md", "memory-margin", memory_margin_text()),
     ])
 
 
