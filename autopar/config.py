@@ -46,6 +46,9 @@ ATTENTION_KERNELS = ("fa1", "fa2", "fa3", "cudnn", "efficient")
 #: device name; :func:`autopar.hardware.gpu.architecture` returns one), here for the same reason: a
 #: profile's ``attention_kernels`` is keyed by them.
 ARCHITECTURES = ("", "ampere", "hopper", "blackwell", "volta", "unknown")
+#: The architectures of compute capability 9.0 and later (Hopper sm_90; Blackwell sm_100, sm_120),
+#: where kernels and libraries switch defaults by capability (e.g. torch's cuBLAS workspace)
+CC9_ARCHITECTURES = ("hopper", "blackwell")
 #: Frameworks a plan may target (each has a profile in :mod:`autopar.frameworks.stacks`):
 #: ``torch`` is stock torch.distributed as ``plan.apply`` runs it; the first four have exporters,
 #: the others are published stacks (a release, a recipe or a trainer built on one of them).

@@ -88,11 +88,14 @@ def test_calibration_replaces_the_datasheet_constants():
     # the calibrated cluster reproduces the measured collective: 8-rank all_reduce of 256 MiB
     t = out.cluster.collective_time("all_reduce", 2 ** 28, range(8))
     assert t == pytest.approx(7e-6 + 14 * 2e-6 + 1.75 * 2 ** 28 / 150e9, rel=1e-6)
-    # the cost model uses them: half the GEMM ceiling, slower steps
+    # the cost model uses them: half the GEMM ceiling, slower steps. The GEMMs take twice as
+    # long or more (a larger half-size too); the memory-bound kernels (norms, the eager fp32
+    # loss over the 32k vocabulary) only 0.82 / 0.735 = 1.12x as long, so the whole lies between
     train = autopar.TrainingConfig(global_batch_size=8, seq_len=1024)
     base = autopar.estimate(MID, A100, train, {"tp": 1})
     cal_e = autopar.estimate(MID, A100, train, {"tp": 1}, calibration=cal)
-    assert cal_e.time_breakdown.compute > 1.9 * base.time_breakdown.compute
+    assert 1.8 * base.time_breakdown.compute < cal_e.time_breakdown.compute \
+        < 2.5 * base.time_breakdown.compute
 
 
 def test_a_cpu_or_other_gpu_calibration_is_refused():

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config import CC9_ARCHITECTURES
 from ..graph.types import Layer
 from .pipeline.orders import SPLIT_BACKWARD, rank_peak_in_flight
 
@@ -318,7 +319,7 @@ def optimizer_state_bytes_per_param(optimizer: str, master_bytes: int, state_dty
 #: (aten/src/ATen/cuda/CublasHandlePool.cpp ``parseChosenWorkspaceSize``: "32MiB for Hopper and
 #: Blackwell", ``4096 * 8 * 1024`` for compute capability 9.x, 10.x, 12.x; earlier releases
 #: sm90 only, before Blackwell existed).
-CUBLAS_32MIB_ARCHITECTURES = ("hopper", "blackwell")
+CUBLAS_32MIB_ARCHITECTURES = CC9_ARCHITECTURES
 #: cuBLAS workspaces a training step holds: torch keeps one per thread and stream that issues
 #: cuBLAS calls (CublasHandlePool.cpp: a ``thread_local`` workspace map keyed by device and
 #: stream, earlier a map keyed by the thread's own handle and stream), and a step issues them from
