@@ -167,3 +167,17 @@ def test_cli_plans_for_a_published_stack_and_writes_it_in_the_plan_file(tmp_path
     assert rc == 0
     assert json.loads(capsys.readouterr().out)["train"]["framework"] == "nemo"
     assert autopar.Plan.from_json(out).train.framework == "nemo"
+
+
+def test_fsdp1_runs_no_zero1_and_its_search_never_plans_one():
+    # torch.distributed.fsdp.ShardingStrategy has no optimizer-state-only sharding: the new-user
+    # pass saw `--framework fsdp1` return zero_stage 1
+    prof = get_profile("fsdp1")
+    assert prof.zero_stages == (0, 2, 3) and 1 not in prof.zero_options(2, 2, 1, 1)
+    assert "ShardingStrategy" in prof.sources["zero_stages"]
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=512, framework="fsdp1")
+    plan = autopar.optimize("tiny-llama", autopar.Cluster.from_spec("2x8xH100"), train)
+    assert all(e.config.zero_stage != 1 for e in (plan.estimate, *plan.alternatives))
+    with pytest.raises(autopar.AutoparError, match="ZeRO-1"):
+        autopar.optimize("tiny-llama", autopar.Cluster.from_spec("2x8xH100"), train,
+                         fixed={"zero_stage": 1})

@@ -39,6 +39,18 @@ FLAT_PARAM = replace(
 #: label.view(-1).long())``), no fp32 upcast: the loss as the graph counts it.
 CHOICES: Choices = replace(pytorch.CHOICES, sharded_dp=FLAT_PARAM, fusion=EAGER_MODEL_LOSS)
 
-PROFILE = compose(CHOICES, **capabilities_of(pytorch.PROFILE), name="fsdp1",
-                  version="torch.distributed.fsdp FullyShardedDataParallel (FSDP1), as "
-                          "fms-fsdp 4ffb9bd (capabilities as the torch profile)")
+#: FSDP1 shards by ShardingStrategy: NO_SHARD (ZeRO-0), SHARD_GRAD_OP (ZeRO-2), FULL_SHARD
+#: (ZeRO-3) and their hybrid forms; none shards the optimizer states alone (ZeRO-1)
+FSDP1_ZERO = (0, 2, 3)
+_TORCH = capabilities_of(pytorch.PROFILE)
+PROFILE = compose(
+    CHOICES, **{**_TORCH, **{k: tuple(z for z in _TORCH[k] if z in FSDP1_ZERO)
+                             for k in ("zero_stages", "zero_stages_with_tp",
+                                       "zero_stages_with_pp", "zero_stages_with_ep")},
+                "sources": {**_TORCH["sources"],
+                            "zero_stages": "torch.distributed.fsdp.ShardingStrategy: NO_SHARD "
+                                           "(ZeRO-0), SHARD_GRAD_OP (ZeRO-2), FULL_SHARD "
+                                           "(ZeRO-3), HYBRID_SHARD / _HYBRID_SHARD_ZERO2; no "
+                                           "optimizer-state-only sharding (ZeRO-1)"}},
+    name="fsdp1", version="torch.distributed.fsdp FullyShardedDataParallel (FSDP1), as "
+                          "fms-fsdp 4ffb9bd (other capabilities as the torch profile)")
