@@ -166,3 +166,16 @@ def test_second_user_pass_outputs():
     console = Console(width=200, record=True)
     console.print(tables.degrees_table(moe))
     assert "ep (expert parallel)" in console.export_text()
+
+
+def test_pins_that_bind_on_any_cluster_are_named_with_the_gpus_it_takes_without_them():
+    # llama2-70b with tp=1 pp=1 ZeRO-0 on 16 A100s: every GPU holds all 1.1 TB of model
+    # states, so more GPUs cannot help; the error used to say "at least 14 GPUs ... (got 16)"
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=4096)
+    with pytest.raises(autopar.InfeasibleError) as err:
+        autopar.optimize("llama2-70b", autopar.Cluster.from_spec("2x8xA100-80GB"), train,
+                         fixed={"tp": 1, "pp": 1, "zero_stage": 0})
+    msg = str(err.value)
+    assert "more GPUs of this kind do not help with pp=1, tp=1, zero_stage=0 pinned" in msg
+    assert "unpin them and use at least 24 GPUs" in msg
+    assert "even with full sharding" not in msg

@@ -175,6 +175,10 @@ def _smallest_cluster(cm: CostModel, fixed: dict, need: int, deadline: float) ->
             break
         lo, hi = hi, hi * 2
     if found is None:
+        if fixed and need <= cm.cluster.world_size:
+            # full sharding would hold the states here: the pins, not the GPU count, bind
+            return (f"more GPUs of this kind do not help with {_pins(fixed)} pinned (no plan "
+                    f"fits on up to {lo * gpn} GPUs)")
         return (f"use more GPUs: at least {need} GPUs of this kind are needed even with full "
                 f"sharding (got {cm.cluster.world_size})")
     while found - lo > 1 and time.monotonic() < deadline:  # narrow down (feasibility is
@@ -186,6 +190,11 @@ def _smallest_cluster(cm: CostModel, fixed: dict, need: int, deadline: float) ->
     least = (lo + 1) * gpn
     return (f"use at least {least} GPUs of this kind (got {cm.cluster.world_size}): a plan fits "
             f"on {found} nodes x {gpn} = {found * gpn} GPUs, none on {lo * gpn}")
+
+
+def _pins(fixed: dict) -> str:
+    """The pinned choices as text: ``tp=1, pp=1, zero_stage=0``."""
+    return ", ".join(f"{k}={v!r}" for k, v in sorted(fixed.items()))
 
 
 def infeasible_error(cm: CostModel, smallest, fixed: dict,
@@ -212,12 +221,21 @@ def infeasible_error(cm: CostModel, smallest, fixed: dict,
             val = getattr(e.config, key, None)
             val = val if isinstance(val, (int, str)) else "mixed"
             changes.append(f"unpin {key}={fixed[key]!r} ({key}={val!r} fits)")
+    if len(fixed) > 1 and not changes:
+        # no single pin binds alone: all of them together may
+        e = first_fit(cm, {}, deadline)
+        if e is not None:
+            changes.append(f"unpin {_pins(fixed)} together ({_short(e.config)} fits)")
     if cm.train.micro_batch_size not in (None, 1) and "micro_batch_size" not in fixed:
         small = replace(cm.train, micro_batch_size=1)
         if first_fit(cm.rebuilt(train=small), fixed, deadline):
             changes.append("use micro_batch_size=1")
     changes += _memory_options(cm, fixed, deadline)
     gpus = _smallest_cluster(cm, fixed, need, deadline)
+    if fixed and gpus.startswith("more GPUs of this kind do not help") \
+            and not any(c.startswith("unpin") for c in changes):
+        # the pins bind on any cluster: say how many GPUs it takes without them
+        gpus += f"; unpin them and {_smallest_cluster(cm, {}, need, deadline)}"
     blocked = seq_blocked(cm, fixed)
     if blocked:
         changes.append(blocked)
