@@ -140,6 +140,22 @@ def test_torchtitan_toml_parsing(tmp_path):
         from_torchtitan_toml(tmp_path / "missing.toml")
 
 
+def test_flags_that_replace_imported_values_say_so(capsys):
+    # the new-user pass: --global-batch beside a different --global-batch-size was dropped
+    # without a word
+    code, out, err = run(capsys, "estimate", "--model", "tiny-llama", "--cluster",
+                         "2x4xA100-80GB", "--megatron-args",
+                         "--tensor-model-parallel-size 1 --micro-batch-size 2 "
+                         "--global-batch-size 64 --seq-length 512", "--global-batch", "32",
+                         "--tp", "2", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["config"]["tp"] == 2
+    assert "the flags' global batch 32 replaces the imported 64" in data["notes"]
+    assert "the flags' tp 2 replaces the imported 1" in data["notes"]
+    assert not any("sequence length" in n for n in data["notes"])   # equal: nothing to say
+
+
 def test_estimate_from_framework_configs(capsys, tmp_path):
     code, out, err = run(capsys, "estimate", "--model", "tiny-llama", "--cluster",
                          "2x4xA100-80GB", "--megatron-args",

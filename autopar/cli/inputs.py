@@ -9,7 +9,7 @@ import json
 from types import SimpleNamespace
 
 from ..config import TrainingConfig
-from ..errors import InvalidClusterSpec, InvalidModelConfig, InvalidTrainingConfig
+from ..errors import AutoparError, InvalidClusterSpec, InvalidModelConfig, InvalidTrainingConfig
 from ..frameworks import edits_text, get_profile, with_edits
 from ..graph import hf
 from ..hardware.devices import memory_ambiguity
@@ -203,6 +203,25 @@ def _batch_unit(args, par: dict, world: int) -> int | None:
     return dp * (par.get("micro_batch_size") or 1)
 
 
+def _overridden(args, imp: Imported, world: int, blocks: int, tr: dict) -> list[str]:
+    """Notes for flags whose values differ from the imported configuration's (the flags win;
+    said, not silently)."""
+    try:
+        par0 = imp.complete(world, blocks, overrides={})[0]
+    except AutoparError:   # the import alone breaks a rule the flags mend: no value to compare
+        par0 = {}
+    given = {**{k: (v, k) for k, v in parallel_choices(args).items()},
+             "global_batch_size": (args.global_batch, "global batch"),
+             "seq_len": (args.seq_len, "sequence length"),
+             "precision": (args.precision, "precision")}
+    out = []
+    for key, (value, name) in given.items():
+        was = par0.get(key, tr.get(key))
+        if value is not None and was is not None and value != was:
+            out.append(f"the flags' {name} {value!r} replaces the imported {was!r}")
+    return out
+
+
 def read_problem(args) -> tuple[Problem, dict, list[str]]:
     """The problem, the parallel choices the user gave, and notes on imported settings."""
     from .. import api
@@ -224,7 +243,7 @@ def read_problem(args) -> tuple[Problem, dict, list[str]]:
         blocks = cfg.num_layers if cfg is not None else 0
         # the flags override the import before Megatron-LM's layer split is applied
         par, tr = imp.complete(cluster.world_size, blocks, overrides=parallel_choices(args))
-        notes = list(imp.notes)
+        notes = list(imp.notes) + _overridden(args, imp, cluster.world_size, blocks, tr)
         if not args.framework:
             notes.append(f"costed as {_framework(args)} runs it (the imported arguments' "
                          "framework); --framework changes that")
