@@ -263,3 +263,18 @@ def test_explain_compares_each_plan_once(capsys):
     configs = [json.dumps(c["config"], sort_keys=True) for c in data["comparisons"]]
     assert len(configs) == len(set(configs))
     assert any("the same plan as 'pure data parallel" in s for s in data["skipped"])
+
+
+def test_a_global_batch_just_short_of_a_multiple_of_the_gpus_is_pointed_out(capsys):
+    # the new-user pass: 1000 sequences on 21 GPUs chose a pipeline 27% slower than dp=21 at
+    # 1008, silently; 32 on 8 GPUs (a multiple) and 40 on 32 (25% short) say nothing
+    code, out, err = run(capsys, "plan", "--model", "tiny-llama", "--cluster", "1x8xA100-80GB",
+                         "--global-batch", "998", "--seq-len", "512")
+    assert code == 0, err
+    (note,) = [line for line in (out + err).splitlines() if "shares only" in line]
+    assert note.startswith("note: the global batch 998 shares only the factor 2 with the 8 GPUs")
+    assert "1,000 (+0.2%) allows them (--global-batch 1000)" in note
+    from autopar.cli.inputs import _batch_divisibility_note
+    (text,) = _batch_divisibility_note(1000, 21)
+    assert "factor 1 with the 21 GPUs" in text and "1,008 (+0.8%)" in text
+    assert _batch_divisibility_note(32, 8) == [] and _batch_divisibility_note(40, 32) == []
