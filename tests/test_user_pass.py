@@ -179,3 +179,16 @@ def test_pins_that_bind_on_any_cluster_are_named_with_the_gpus_it_takes_without_
     assert "more GPUs of this kind do not help with pp=1, tp=1, zero_stage=0 pinned" in msg
     assert "unpin them and use at least 24 GPUs" in msg
     assert "even with full sharding" not in msg
+
+
+def test_a_hugging_face_hub_id_is_told_what_to_use_instead():
+    # the new-user pass: 'mistralai/Mistral-7B-v0.1' was called a file path
+    with pytest.raises(autopar.InvalidModelConfig) as err:
+        autopar.optimize("mistralai/Mistral-7B-v0.1", autopar.Cluster.from_spec("1x8xH100"),
+                         autopar.TrainingConfig(global_batch_size=8, seq_len=512))
+    msg = str(err.value)
+    assert "looks like a Hugging Face Hub id" in msg and "'hf-mistral-7b'" in msg
+    assert "file path" not in msg
+    with pytest.raises(autopar.InvalidModelConfig, match="looks like a file path"):
+        autopar.optimize("configs/model.yaml", autopar.Cluster.from_spec("1x8xH100"),
+                         autopar.TrainingConfig(global_batch_size=8, seq_len=512))

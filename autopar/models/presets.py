@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -95,6 +96,11 @@ def list_presets() -> list[str]:
     return list(PRESETS)
 
 
+#: A Hugging Face Hub model id: "owner/name", no further slash, no file extension
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*"
+                     r"(?<!\.json)(?<!\.py)(?<!\.yaml)(?<!\.yml)(?<!\.txt)")
+
+
 def get_config(spec: str | Mapping[str, Any] | ModelConfig) -> ModelConfig:
     """Resolve a preset name, a published-plans-style model dict, or a config to a ModelConfig.
 
@@ -115,7 +121,13 @@ def get_config(spec: str | Mapping[str, Any] | ModelConfig) -> ModelConfig:
             return PRESETS[key].config
         close = difflib.get_close_matches(key, list(PRESETS), n=1, cutoff=0.4)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        if "/" in spec or "\\" in spec or key.endswith((".txt", ".yaml", ".yml", ".py")):
+        if _HUB_ID.fullmatch(spec.strip()):
+            # "owner/name" as the Hugging Face Hub names a model: nothing is downloaded
+            hint = (" It looks like a Hugging Face Hub id: autopar downloads nothing; use an "
+                    "hf-* preset of that family (`autopar models` lists them, e.g. "
+                    "'hf-mistral-7b'), or in Python pass the transformers model built on the "
+                    "meta device (autopar.optimize(model, cluster, train)).")
+        elif "/" in spec or "\\" in spec or key.endswith((".txt", ".yaml", ".yml", ".py")):
             # a path that is not a .json model file (the CLI reads only those)
             hint = (" It looks like a file path: a model file must be a .json file holding a "
                     "model dict (e.g. model.json).")
