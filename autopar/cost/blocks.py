@@ -5,6 +5,7 @@ signature), and the model FLOPs of one sequence."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 from ..config import ParallelConfig
 from ..graph.kernels import ATTENTION_BACKWARD_RATIO
@@ -66,6 +67,13 @@ class BlockCost:
     def ep_bytes(self) -> float:
         """EP all-to-all bytes on the wire per GPU and micro-batch, all links."""
         return self.ep_load.nbytes
+
+
+#: The fields of a resolved configuration that a layer's :meth:`BlockCosts.block_cost` reads,
+#: as a tuple (with the layer's signature and mode, its cache key; PipelineTimer.timing shares
+#: per-rank sums by the same tuple).
+block_cost_fields = attrgetter("tp", "cp", "dp", "pp", "micro_batch_size", "sequence_parallel",
+                               "cp_mode", "placement", "ep", "expert_tp")
 
 
 class BlockCosts:
@@ -135,9 +143,7 @@ class BlockCosts:
         layer = self.inputs.graph.layers[index]
         if layer.kind != "block":
             mode = "none"
-        # (PipelineTimer.timing shares per-rank sums by these fields: keep the two in step)
-        key = (layer.signature, mode, c.tp, c.cp, c.dp, c.pp, c.micro_batch_size,
-               c.sequence_parallel, c.cp_mode, c.placement, c.ep, c.expert_tp)
+        key = (layer.signature, mode, block_cost_fields(c))
         hit = self._block_costs.get(key)
         if hit is not None:
             return hit

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ...config import ParallelConfig
 from ...hardware.collectives import NO_LOAD, LinkLoad
-from ..blocks import BlockCosts
+from ..blocks import BlockCosts, block_cost_fields
 from ..context import CostInputs
 from ..host import host_exposed_s
 from ..ranks import RankLayers
@@ -220,8 +220,7 @@ class PipelineTimer:
         # items in order, each priced by BlockCosts.block_cost (cached by the layer's
         # signature and these fields of the configuration): ranks and stage cuts whose items
         # agree share them (the middle ranks of an even cut)
-        costs = (c.tp, c.cp, c.dp, c.pp, c.micro_batch_size, c.sequence_parallel, c.cp_mode,
-                 c.placement, c.ep, c.expert_tp)
+        costs = block_cost_fields(c)
         sig = self._signature
         for rank, st in enumerate(layout):
             rank_modes = None if uniform is not None else tuple(
