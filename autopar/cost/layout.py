@@ -5,6 +5,7 @@ choices (its layers, in-flight multiplier, pipeline sends and model states:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 from ..config import ParallelConfig
 from ..errors import InvalidParallelConfig
@@ -59,6 +60,13 @@ class StageLayout:
         return self.flight
 
 
+#: The fields of a resolved configuration a rank's layout reads, less the ZeRO stage (which only
+#: its model states read): the key of the layouts shared by a mesh's ZeRO stages.
+_mesh_fields = attrgetter("tp", "pp", "cp", "dp", "micro_batch_size", "sequence_parallel",
+                          "schedule", "virtual_stages", "stage_blocks", "placement", "ep",
+                          "expert_tp")
+
+
 class Layouts:
     """The :class:`StageLayout` of each pipeline rank of a config, cached per mesh.
 
@@ -81,13 +89,12 @@ class Layouts:
     def stage_layout(self, c: ParallelConfig) -> tuple[StageLayout, ...]:
         """Per pipeline rank of the resolved config ``c``: its layers, in-flight multiplier,
         pipeline communication and model states (cached)."""
-        key = (c.tp, c.pp, c.cp, c.dp, c.micro_batch_size, c.sequence_parallel, c.zero_stage,
-               c.schedule, c.virtual_stages, c.stage_blocks, c.placement, c.ep, c.expert_tp)
+        mesh = _mesh_fields(c)
+        key = (mesh, c.zero_stage)
         hit = self._layouts.get(key)
         if hit is not None:
             return hit
         pp = c.pp
-        mesh = key[:6] + key[7:]
         # the layout under another ZeRO stage differs only in its model states (layers,
         # in-flight count, pipeline traffic and parameters do not read the stage)
         other = self._layouts_by_mesh.get(mesh)
@@ -143,8 +150,7 @@ class Layouts:
         key = c.fields_except("zero_stage", "reshard_after_forward")
         hit = self._time_layouts.get(key)
         if hit is None:
-            mesh = (c.tp, c.pp, c.cp, c.dp, c.micro_batch_size, c.sequence_parallel, c.schedule,
-                    c.virtual_stages, c.stage_blocks, c.placement, c.ep, c.expert_tp)
+            mesh = _mesh_fields(c)
             hit = self._layouts_by_mesh.get(mesh)
             if hit is None:
                 parts = self._time_parts.get(mesh)
