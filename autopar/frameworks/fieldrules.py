@@ -89,12 +89,12 @@ def checked_fields(v: dict, check: FieldCheck, cost_fix: str,
                     ("zero0_step_host_ops_per_tensor",
                      "host-issued ops per gradient tensor of a host-synchronised check"),
                     ("zero1_step_bytes", "HBM bytes per parameter added to the ZeRO-1 step"),
+                    ("zero1_step_host_ops_per_tensor",
+                     "host-issued ops per gradient tensor of a host-synchronised check"),
                     ("zero3_persistent_elements",
                      "elements of the largest parameter tensor ZeRO-3 keeps whole; 0 = none"),
                     ("zero3_reduce_bucket_elements",
-                     "gradient elements per ZeRO-3 reduce-scatter bucket; 0 = per tensor"),
-                    ("zero1_step_host_ops_per_tensor",
-                     "host-issued ops per gradient tensor of a host-synchronised check")):
+                     "gradient elements per ZeRO-3 reduce-scatter bucket; 0 = per tensor")):
         out[f] = check.number(f, v[f], 0, unit, 0, integer=True)
     out["attention_kernels"] = check.mapping(
         "attention_kernels", v["attention_kernels"], ATTENTION_KERNELS, {"*": "fa2"},

@@ -8,9 +8,9 @@ layer signature) are interchangeable in the cost model (:meth:`CostModel.estimat
 rank by (signature, mode) counts), so the problem is one count per (signature, mode). The rank's
 time is its fixed layers' and pipeline sends' plus the sum of its blocks' forward + backward;
 its peak memory is what :meth:`CostModel.estimate` counts: fixed bytes (states, reserve, ZeRO-3
-gathers, cuBLAS workspaces, non-block activations), the blocks' activations times the in-flight multiplier, and
-the largest transient of any of its layers; the optimizer step's temporaries must fit beside the
-states.
+gathers, cuBLAS workspaces, non-block activations), the blocks' activations times the in-flight
+multiplier, and the largest transient of any of its layers; the optimizer step's temporaries
+must fit beside the states.
 """
 
 from __future__ import annotations
