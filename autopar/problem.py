@@ -77,18 +77,23 @@ def model_config_of(model) -> ModelConfig | None:
 @functools.lru_cache(maxsize=16)
 def config_graph(cfg: ModelConfig, seq_len: int, precision: str,
                  flash_attention: bool) -> ModelGraph:
-    """The measured graph of the built-in transformer of ``cfg`` at ``seq_len`` tokens, one
+    """The measured graph of the built-in transformer of ``cfg`` (or of its transformers
+    equivalent, :func:`autopar.graph.hf.preset_for_config`, for experts, latent attention,
+    qk-norm or an own head size) at ``seq_len`` tokens, one
     sequence per micro-batch (cached: planning and loading many plans of one model extract it
     once; the graph is frozen data). A ``cfg`` shorter than ``seq_len`` is built grown to it,
     with the position warning of :func:`autopar.graph.positions.with_position_warning`.
 
     Raises:
         InvalidModelConfig: ``cfg`` cannot be built.
+        MissingDependency: ``cfg`` needs transformers, which is not installed.
     """
     built = cfg if cfg.seq_len >= seq_len else ModelConfig.from_dict(
         {**cfg.to_dict(), "seq_len": seq_len})
     dtype = TORCH_DTYPES[precision]
-    graph = extract(build(built, dtype=dtype), seq_len, 1, dtype=dtype, name=cfg.name,
+    module = (hf.build_preset(hf.preset_for_config(built), dtype=dtype)
+              if built.needs_transformers else build(built, dtype=dtype))
+    graph = extract(module, seq_len, 1, dtype=dtype, name=cfg.name,
                     flash_attention=flash_attention)
     return with_position_warning(graph, cfg.seq_len, cfg.position, grown=True)
 

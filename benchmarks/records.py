@@ -207,6 +207,57 @@ def _device(name: str, overrides: dict | None):
     return dataclasses.replace(dev, name=name, **changes)
 
 
+#: MoE plan keys of a record -> ParallelConfig fields, fixed when published (never open: a
+#: dense model has no experts to map, and the frameworks' default is ep 1, etp = tp)
+_MOE_PLAN_KEYS = {"ep": "ep", "etp": "expert_tp"}
+#: Token dispatchers autopar prices (autopar.cost.blocks: the all-to-all dispatcher of
+#: Megatron-Core MoEAlltoAllTokenDispatcher and torchtitan's EP); null = the framework default,
+#: all-to-all wherever EP > 1 in Megatron-Core (--moe-token-dispatcher-type alltoall is what
+#: its MoE guides pair with EP) and the only one torchtitan has
+_DISPATCHERS = ("alltoall", None)
+
+
+_MOE_MODEL_KEYS = ("num_experts", "top_k", "moe_ffn_hidden_size", "num_shared_experts",
+                   "shared_expert_ffn_hidden_size", "first_dense_layers", "moe_layer_interval",
+                   "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                   "v_head_dim", "kv_channels", "qk_norm")
+
+
+def _model_fields(model: dict) -> dict:
+    """The record's ``model`` as ModelConfig keys: ``family: "moe"`` (the corpus's first MoE
+    records) is a llama-style MoE; ``head_dim`` is ``kv_channels``; ``mtp_layers`` 0 is dropped.
+
+    Raises:
+        RecordError: multi-token-prediction layers (not modelled).
+    """
+    fields_ = dict(model)
+    if fields_.get("family") == "moe":
+        fields_["family"] = "llama"
+    if "head_dim" in fields_:
+        fields_["kv_channels"] = fields_.pop("head_dim")
+    if fields_.pop("mtp_layers", 0):
+        raise RecordError(f"not modelled: {model['mtp_layers']} multi-token-prediction "
+                          "layer(s) (DeepSeek-V3 MTP): autopar's model has none")
+    # a MoE size left null takes ModelConfig's default (0: none; expert widths derived)
+    return {k: v for k, v in fields_.items() if v is not None or k not in _MOE_MODEL_KEYS}
+
+
+def _moe_plan(plan: dict) -> dict:
+    """{ParallelConfig field: value} of a record's published expert mapping.
+
+    Raises:
+        RecordError: a dispatcher or token dropping autopar does not price.
+    """
+    if plan.get("dispatcher") not in _DISPATCHERS:
+        raise RecordError(f"not modelled: the {plan['dispatcher']!r} token dispatcher (autopar "
+                          "prices the all-to-all one)")
+    if plan.get("capacity_factor") is not None:
+        raise RecordError(f"not modelled: capacity factor {plan['capacity_factor']} (token "
+                          "dropping and padded expert buffers); autopar prices dropless MoE")
+    return {field: plan[key] for key, field in _MOE_PLAN_KEYS.items()
+            if plan.get(key) is not None}
+
+
 def parse(rec: dict) -> Record:
     """Turn one raw record into autopar inputs (model config, cluster, training, fixed plan).
 
@@ -228,7 +279,7 @@ def parse(rec: dict) -> Record:
                           "autopar prices PyTorch-based frameworks, and a borrowed profile "
                           "would price another stack's kernels, allocator and runtime")
     assumed: dict = {}
-    model_fields = dict(rec["model"])
+    model_fields = _model_fields(rec["model"])
     for key, (value, why) in model_defaults((rec.get("training") or {}).get("framework")
                                             or "").items():
         if model_fields.get(key) is None:
@@ -284,6 +335,13 @@ def parse(rec: dict) -> Record:
                                    activation_offload=t.get("activation_offload") is True)
     plan = rec["plan"]
     fixed = {k: plan[k] for k in _PLAN_KEYS if plan.get(k) is not None}
+    fixed.update(_moe_plan(plan))
+    if (fixed.get("ep", 1) > 1 and "expert_tp" not in fixed
+            and "torchtitan" in (t.get("framework") or "").lower()):
+        # torchtitan job_config.py: expert_tensor_parallel_degree defaults to 1 (Megatron-Core's
+        # default, null here, is tp); the importer reads its TOML the same way
+        fixed["expert_tp"] = 1
+        assumed["etp"] = "not published: 1, torchtitan's default expert_tensor_parallel_degree"
     if plan.get("cp_mode") is not None:
         # how context parallelism exchanges attention inputs; absent = the evaluator's default
         if plan["cp_mode"] not in CP_MODES:

@@ -373,10 +373,6 @@ def refusal(exc: Exception) -> str:
     text = " ".join(str(exc).split())
     if "vocab_size must be an int, got NoneType" in text:
         return "vocab_size not published: the model's vocabulary size is null in the record"
-    m = re.search(r"unknown key\(s\) (\[[^]]*\])", text)
-    if m and "num_experts" in m.group(1):
-        return (f"MoE model not read: keys {m.group(1)} are not fields of autopar's dense "
-                "ModelConfig (records.parse)")
     m = re.search(r"unknown GPU '([^']+)'", text)
     if m:
         return f"unknown GPU: {m.group(1)!r} is not in autopar's GPU catalog"

@@ -105,6 +105,29 @@ def test_megatron_args_parse_with_documented_names(plan):
     assert args.use_torch_fsdp2 == (c.zero_stage == 3 and c.pp == 1)
 
 
+def test_megatron_writes_experts_and_latent_attention():
+    """An MoE model with latent attention, leading dense layers and a shared expert: every
+    flag is Megatron's, and the layer pattern, experts and MLA sizes are the config's."""
+    pytest.importorskip("transformers")
+    model = dict(name="tiny-dsv3", family="llama", num_layers=4, hidden_size=64, num_heads=4,
+                 vocab_size=256, seq_len=64, ffn_hidden_size=128, num_experts=8, top_k=2,
+                 moe_ffn_hidden_size=32, num_shared_experts=1, first_dense_layers=1,
+                 kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8,
+                 v_head_dim=16)
+    p = autopar.optimize(model, autopar.Cluster.custom(1, 8, "H100-80GB"),
+                         autopar.TrainingConfig(global_batch_size=16, seq_len=64),
+                         fixed=dict(tp=1, pp=1, dp=8, ep=4))
+    ex = to_megatron_args(p)
+    assert set(a for a in ex.value if a.startswith("--")) <= MEGATRON_FLAGS
+    args = _megatron_parser().parse_args(ex.value)
+    assert (args.num_experts, args.moe_router_topk, args.moe_ffn_hidden_size) == ("8", "2", "32")
+    assert eval(args.moe_layer_freq) == [0, 1, 1, 1]  # noqa: S307 - Megatron evals it too
+    assert args.moe_shared_expert_intermediate_size == "32"
+    assert args.multi_latent_attention and (args.kv_lora_rank, args.q_lora_rank) == ("16", "24")
+    assert (args.qk_head_dim, args.qk_pos_emb_head_dim, args.v_head_dim) == ("16", "8", "16")
+    assert args.moe_token_dispatcher_type == "alltoall" and args.expert_model_parallel_size == "4"
+
+
 def test_megatron_says_what_it_cannot_express():
     _, fixed = SHAPES["3d-mixed"]
     p = autopar.optimize("tiny-llama", autopar.Cluster.custom(1, 8, "A100-80GB"), TRAIN,

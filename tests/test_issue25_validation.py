@@ -144,7 +144,7 @@ def test_unpublished_precision_takes_a_documented_default_or_is_refused():
 
 
 def test_every_record_is_evaluated_or_refused_with_one_line_reason():
-    moe = _record("moe", model__num_experts=8)
+    moe = _record("moe", plan__dispatcher="flex")   # a token dispatcher autopar does not price
     raw = [_record("ok"), _record("v", model__vocab_size=None), moe,
            _record("g", cluster__gpu="MI250X"), _record("p", training__precision=None)]
     fake = _Fake()
@@ -152,7 +152,7 @@ def test_every_record_is_evaluated_or_refused_with_one_line_reason():
     assert fake.ids == ["ok"] and [r.rec.id for r in rows] == ["ok"]
     why = dict(refused)
     assert why["v"].startswith("vocab_size not published")
-    assert why["moe"].startswith("MoE model not read")
+    assert why["moe"].startswith("RecordError: not modelled: the 'flex' token dispatcher")
     assert why["g"].startswith("unknown GPU: 'MI250X'")
     assert why["p"].startswith("precision not published")
     assert all("\n" not in w for w in why.values())

@@ -39,6 +39,12 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
 
 _INT_FIELDS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
                "vocab_size", "seq_len")
+#: Mixture-of-experts and latent-attention sizes (0 = absent; ``None`` = derived, see
+#: :class:`ModelConfig`); counts, each at most ``MAX_SIZE["ffn_hidden_size"]``.
+_MOE_INT_FIELDS = ("kv_channels", "num_experts", "top_k", "moe_ffn_hidden_size",
+                   "num_shared_experts", "shared_expert_ffn_hidden_size", "first_dense_layers",
+                   "moe_layer_interval", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                   "qk_rope_head_dim", "v_head_dim")
 #: Largest value accepted per size field: beyond any published model (GPT-3: 96 layers, h=12288;
 #: Llama 3 405B: 126 layers, h=16384, 128K vocabulary), and small enough that building the meta
 #: model and its graph stays within seconds (a 4096-layer model takes ~10 s to extract).
@@ -79,9 +85,20 @@ class ModelConfig:
     and ``rope_theta`` are additions beyond the published-plans schema so that every architectural
     choice is explicit.
 
+    Mixture of experts and its neighbours (llama family only; 0 = absent): ``num_experts``
+    routed experts per MoE layer, ``top_k`` of them per token, each ``moe_ffn_hidden_size``
+    wide; ``num_shared_experts`` always-on experts, ``shared_expert_ffn_hidden_size`` wide in
+    all (default: count x expert width); ``first_dense_layers`` leading dense layers and a MoE
+    layer every ``moe_layer_interval`` (:meth:`moe_layer`). Latent attention (DeepSeek-V2/V3):
+    ``kv_lora_rank`` > 0 with ``q_lora_rank`` (0: uncompressed queries), ``qk_nope_head_dim``,
+    ``qk_rope_head_dim``, ``v_head_dim``. ``kv_channels``: the head size when not h/a
+    (Megatron's ``--kv-channels``); ``qk_norm``: RMSNorm on queries and keys per head (Qwen3).
+    Such models are traced from their transformers equivalent (:attr:`needs_transformers`).
+
     Raises:
         InvalidModelConfig: a field has the wrong type or breaks a rule (positive sizes, heads divide
-            hidden, kv heads divide heads, known family/norm/mlp/position, dropouts in [0, 1)).
+            hidden, kv heads divide heads, known family/norm/mlp/position, dropouts in [0, 1),
+            MoE and latent-attention sizes complete and consistent).
     """
 
     name: str
@@ -102,6 +119,20 @@ class ModelConfig:
     hidden_dropout: float | None = None
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    kv_channels: int | None = None
+    qk_norm: bool = False
+    num_experts: int = 0
+    top_k: int = 0
+    moe_ffn_hidden_size: int | None = None
+    num_shared_experts: int = 0
+    shared_expert_ffn_hidden_size: int | None = None
+    first_dense_layers: int = 0
+    moe_layer_interval: int = 1
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
 
     def __post_init__(self) -> None:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
@@ -135,6 +166,7 @@ class ModelConfig:
                 set_(key, default)
         self._check_choices()
         self._check_numbers()
+        self._check_moe()
         self._check_divisibility()
 
     def _check_choices(self) -> None:
@@ -166,9 +198,65 @@ class ModelConfig:
                 raise _fail(self.name, f"{key}={getattr(self, key)} must be finite and > 0; "
                                        f"fix: e.g. norm_eps=1e-5, rope_theta=10000")
 
+    def _check_moe(self) -> None:
+        name = self.name
+        for key in _MOE_INT_FIELDS:
+            value = getattr(self, key)
+            if value is None and key in ("kv_channels", "moe_ffn_hidden_size",
+                                         "shared_expert_ffn_hidden_size"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise _fail(name, f"{key} must be a whole number >= 0, got {value!r}; fix: pass "
+                                  f"{key} as an int (0 = none)")
+            if value > MAX_SIZE["ffn_hidden_size"]:
+                raise _fail(name, f"{key}={value} exceeds {MAX_SIZE['ffn_hidden_size']}")
+        if not isinstance(self.qk_norm, bool):
+            raise _fail(name, f"qk_norm must be a bool, got {self.qk_norm!r}")
+        if self.kv_channels == 0:
+            raise _fail(name, "kv_channels=0; fix: omit it (hidden_size / num_heads) or pass "
+                              "the head size")
+        special = self.is_moe or self.uses_mla or self.qk_norm or self.kv_channels is not None
+        if special and self.family != "llama":
+            raise _fail(name, "experts, latent attention, qk_norm and kv_channels are modelled "
+                              "for the llama family (RMSNorm, SwiGLU, RoPE); fix: family='llama'")
+        if self.moe_layer_interval < 1:
+            raise _fail(name, "moe_layer_interval must be >= 1 (1: every layer after the "
+                              "first_dense_layers is MoE)")
+        if not self.is_moe:
+            moe_keys = [k for k in ("top_k", "num_shared_experts", "first_dense_layers")
+                        if getattr(self, k)]
+            if moe_keys or self.moe_ffn_hidden_size is not None:
+                raise _fail(name, f"{moe_keys or ['moe_ffn_hidden_size']} set with "
+                                  "num_experts=0; fix: pass num_experts (routed experts per "
+                                  "MoE layer) or drop them")
+        else:
+            if self.num_experts < 2:
+                raise _fail(name, f"num_experts={self.num_experts}: a MoE layer routes among "
+                                  "at least 2 experts; fix: num_experts >= 2, or 0 for dense")
+            if not 1 <= self.top_k <= self.num_experts:
+                raise _fail(name, f"top_k={self.top_k} must be in [1, num_experts="
+                                  f"{self.num_experts}] (routed experts per token)")
+            if not self.moe_ffn_hidden_size:
+                raise _fail(name, "moe_ffn_hidden_size (each routed expert's MLP width) is "
+                                  "missing; fix: pass it (Mixtral 8x7B: 14336)")
+            if self.first_dense_layers >= self.num_layers:
+                raise _fail(name, f"first_dense_layers={self.first_dense_layers} leaves no MoE "
+                                  f"layer among {self.num_layers}; fix: fewer, or num_experts=0")
+            if self.shared_expert_ffn_hidden_size is None:
+                object.__setattr__(self, "shared_expert_ffn_hidden_size",
+                                   self.num_shared_experts * self.moe_ffn_hidden_size)
+        mla = ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+        if self.kv_lora_rank and not all(getattr(self, k) for k in mla):
+            raise _fail(name, f"latent attention (kv_lora_rank={self.kv_lora_rank}) needs "
+                              f"{list(mla)} > 0; fix: pass them (DeepSeek-V3: 128, 64, 128)")
+        if not self.kv_lora_rank and (self.q_lora_rank or any(getattr(self, k) for k in mla)):
+            raise _fail(name, "q_lora_rank / qk_*_head_dim / v_head_dim describe latent "
+                              "attention, which needs kv_lora_rank > 0; fix: pass kv_lora_rank "
+                              "or drop them")
+
     def _check_divisibility(self) -> None:
         h, a, kv = self.hidden_size, self.num_heads, self.num_kv_heads
-        if h % a:
+        if h % a and self.kv_channels is None and not self.uses_mla:
             divisors = [d for d in range(1, min(h, 4 * a) + 1) if h % d == 0]
             ok = sorted(sorted(divisors, key=lambda d: abs(d - a))[:4])
             raise _fail(self.name, f"num_heads={a} must divide hidden_size={h} (h % heads = "
@@ -185,8 +273,37 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        """Features per attention head: hidden_size // num_heads."""
-        return self.hidden_size // self.num_heads
+        """Features per attention head: ``kv_channels`` where given (Qwen3: 128 at h=2048 with
+        32 heads), else hidden_size // num_heads."""
+        return self.kv_channels or self.hidden_size // self.num_heads
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether the model has mixture-of-experts layers (``num_experts`` > 0)."""
+        return self.num_experts > 0
+
+    @property
+    def uses_mla(self) -> bool:
+        """Whether attention is multi-head latent attention (DeepSeek-V2/V3: ``kv_lora_rank`` >
+        0)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def needs_transformers(self) -> bool:
+        """Whether the model has parts the built-in :class:`~autopar.models.transformer.
+        Transformer` lacks (experts, latent attention, qk-norm, a head size other than h/a):
+        its graph is then traced from the equivalent Hugging Face transformers model
+        (:func:`autopar.graph.hf.preset_for_config`)."""
+        return self.is_moe or self.uses_mla or self.qk_norm or self.kv_channels is not None
+
+    def moe_layer(self, index: int) -> bool:
+        """Whether decoder layer ``index`` (0-based) is a MoE layer: after the
+        ``first_dense_layers``, those with (index + 1) divisible by ``moe_layer_interval``
+        (transformers' Qwen2-MoE ``decoder_sparse_step`` and Llama 4
+        ``interleave_moe_layer_step`` rule)."""
+        if not self.is_moe or index < self.first_dense_layers:
+            return False
+        return (index + 1) % self.moe_layer_interval == 0
 
     @property
     def num_parameters(self) -> int:
@@ -194,20 +311,40 @@ class ModelConfig:
         config builds, tied embeddings counted once: embedding V*h (+ seq_len*h learned
         positions); per layer q/o projections 2*h*a*d, k/v 2*h*kv*d, MLP 3*h*f (SwiGLU) or 2*h*f
         (GELU, squared ReLU), two norms (h each, +h each for LayerNorm with bias) and biases when ``bias``;
-        final norm; LM head V*h unless tied."""
+        final norm; LM head V*h unless tied. A MoE layer has E routed experts of 3*h*f_e and a
+        router row each (h*E), and shared experts 3*h*f_s, instead of the MLP; latent attention
+        as :meth:`_mla_parameters`. Router biases and shared-expert gates (E or h per layer,
+        depending on the implementation) are not counted."""
         h, f, v = self.hidden_size, self.ffn_hidden_size, self.vocab_size
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         norm = h * (2 if self.norm == "layernorm" and self.bias else 1)
         attn = h * (2 * q + 2 * kv) + ((q + 2 * kv + h) if self.bias else 0)
+        if self.uses_mla:
+            attn = self._mla_parameters()
+        if self.qk_norm:
+            attn += 2 * self.head_dim
         mats = 3 if self.mlp == "swiglu" else 2
         mlp = mats * h * f + (((mats - 1) * f + h) if self.bias else 0)
+        moe = (self.num_experts * (3 * h * (self.moe_ffn_hidden_size or 0) + h)
+               + 3 * h * (self.shared_expert_ffn_hidden_size or 0))
+        n_moe = sum(self.moe_layer(i) for i in range(self.num_layers))
         layer = attn + mlp + 2 * norm
-        total = v * h + self.num_layers * layer + norm
+        total = v * h + self.num_layers * layer + n_moe * (moe - mlp) + norm
         if self.position == "learned":
             total += self.seq_len * h
         if not self.tied_embeddings:
             total += v * h
         return total
+
+    def _mla_parameters(self) -> int:
+        """Multi-head latent attention per layer (DeepSeek-V2, arXiv 2405.04434, section 2.1):
+        query h*a*(dn+dr), or h*rq + rq + rq*a*(dn+dr) with a compressed query; key/value
+        down-projection h*(rkv+dr) and its norm rkv; up-projection rkv*a*(dn+dv); output a*dv*h."""
+        h, a = self.hidden_size, self.num_heads
+        dn, dr, dv = self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim
+        rq, rkv = self.q_lora_rank, self.kv_lora_rank
+        query = h * a * (dn + dr) if not rq else h * rq + rq + rq * a * (dn + dr)
+        return query + h * (rkv + dr) + rkv + rkv * a * (dn + dv) + a * dv * h
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:

@@ -75,6 +75,51 @@ def _build_presets() -> dict[str, Preset]:
     ]
     for name, *shape, source in llamas:
         presets[name] = Preset(_llama(name, *shape), source)
+    # Mixtures of experts (issue 26), each hub repository's config.json; traced from their
+    # transformers equivalent (ModelConfig.needs_transformers). Not representable here, so
+    # only as hf-* presets: gpt-oss (attention sinks, sliding windows) and Llama 4 (chunked
+    # attention, interleaved dense layers of another width).
+    moe = [
+        ("mixtral-8x7b", dict(num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
+                              ffn_hidden_size=14336, vocab_size=32000, seq_len=32768,
+                              rope_theta=1e6, num_experts=8, top_k=2, moe_ffn_hidden_size=14336),
+         "mistralai/Mixtral-8x7B-v0.1 config.json"),
+        ("mixtral-8x22b", dict(num_layers=56, hidden_size=6144, num_heads=48, num_kv_heads=8,
+                               ffn_hidden_size=16384, vocab_size=32768, seq_len=65536,
+                               rope_theta=1e6, num_experts=8, top_k=2,
+                               moe_ffn_hidden_size=16384),
+         "mistralai/Mixtral-8x22B-v0.1 config.json"),
+        ("qwen3-30b-a3b", dict(num_layers=48, hidden_size=2048, num_heads=32, num_kv_heads=4,
+                               kv_channels=128, qk_norm=True, ffn_hidden_size=6144,
+                               vocab_size=151936, seq_len=40960, rope_theta=1e6,
+                               norm_eps=1e-6, num_experts=128, top_k=8,
+                               moe_ffn_hidden_size=768),
+         "Qwen/Qwen3-30B-A3B config.json"),
+        ("qwen3-235b-a22b", dict(num_layers=94, hidden_size=4096, num_heads=64, num_kv_heads=4,
+                                 kv_channels=128, qk_norm=True, ffn_hidden_size=12288,
+                                 vocab_size=151936, seq_len=40960, rope_theta=1e6,
+                                 norm_eps=1e-6, num_experts=128, top_k=8,
+                                 moe_ffn_hidden_size=1536),
+         "Qwen/Qwen3-235B-A22B config.json"),
+        ("deepseek-v2", dict(num_layers=60, hidden_size=5120, num_heads=128, num_kv_heads=128,
+                             ffn_hidden_size=12288, vocab_size=102400, seq_len=163840,
+                             norm_eps=1e-6, num_experts=160, top_k=6, moe_ffn_hidden_size=1536,
+                             num_shared_experts=2, first_dense_layers=1, q_lora_rank=1536,
+                             kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                             v_head_dim=128),
+         "deepseek-ai/DeepSeek-V2 config.json (group-limited routing as one group)"),
+        ("deepseek-v3", dict(num_layers=61, hidden_size=7168, num_heads=128, num_kv_heads=128,
+                             ffn_hidden_size=18432, vocab_size=129280, seq_len=163840,
+                             norm_eps=1e-6, num_experts=256, top_k=8, moe_ffn_hidden_size=2048,
+                             num_shared_experts=1, first_dense_layers=3, q_lora_rank=1536,
+                             kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                             v_head_dim=128),
+         "deepseek-ai/DeepSeek-V3 config.json (without its multi-token-prediction layer; "
+         "group-limited routing as one group)"),
+    ]
+    for name, shape, source in moe:
+        presets[name] = Preset(ModelConfig(name=name, family="llama", tied_embeddings=False,
+                                           **shape), source)
     # Tiny models for fast CPU tests; made up, not published.
     presets["tiny-gpt"] = Preset(
         ModelConfig(name="tiny-gpt", family="gpt", num_layers=4, hidden_size=64, num_heads=4,

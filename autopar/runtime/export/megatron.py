@@ -27,6 +27,12 @@ MEGATRON_FLAGS = frozenset({
     # the profile edits a plan was costed with (_overlap_flags)
     "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
     "--no-overlap-p2p-communication",
+    # models with experts or latent attention (_megatron_moe_model)
+    "--kv-channels", "--qk-layernorm", "--multi-latent-attention", "--kv-lora-rank",
+    "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim", "--q-lora-rank", "--num-experts",
+    "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-layer-freq",
+    "--moe-token-dispatcher-type", "--moe-grouped-gemm", "--moe-shared-expert-intermediate-size",
+    "--expert-tensor-parallel-size",
 })
 
 
@@ -237,4 +243,41 @@ def _megatron_model(m: dict, t) -> list[str]:
         a.append("--disable-bias-linear")
     if m.get("tied_embeddings") is False:
         a.append("--untie-embeddings-and-output-weights")
+    return a + _megatron_moe_model(m)
+
+
+def _megatron_moe_model(m: dict) -> list[str]:
+    """The expert and attention-variant flags of an autopar ``ModelConfig`` dict (arguments.py's
+    MoE and MLA groups). The MoE layer pattern is written as the list expression
+    ``--moe-layer-freq`` takes, since an integer N there makes layer 0 MoE (``i % N == 0``)
+    where autopar's (and transformers') rule makes layer N-1 the first."""
+    a: list[str] = []
+    if m.get("kv_channels"):
+        a += ["--kv-channels", str(m["kv_channels"])]
+    if m.get("qk_norm"):
+        a.append("--qk-layernorm")
+    if m.get("kv_lora_rank"):
+        a += ["--multi-latent-attention", "--kv-lora-rank", str(m["kv_lora_rank"]),
+              "--qk-head-dim", str(m["qk_nope_head_dim"]), "--qk-pos-emb-head-dim",
+              str(m["qk_rope_head_dim"]), "--v-head-dim", str(m["v_head_dim"])]
+        if m.get("q_lora_rank"):
+            a += ["--q-lora-rank", str(m["q_lora_rank"])]
+    if not m.get("num_experts"):
+        return a
+    first, every, layers = m.get("first_dense_layers", 0), m.get("moe_layer_interval", 1),         m["num_layers"]
+    pattern = [int(i >= first and (i + 1) % every == 0) for i in range(layers)]
+    runs: list[list[int]] = []
+    for bit in pattern:
+        if runs and runs[-1][0] == bit:
+            runs[-1][1] += 1
+        else:
+            runs.append([bit, 1])
+    # alltoall: the dispatcher autopar prices (autopar.cost.blocks); Megatron's default is
+    # allgather. Grouped GEMM: the expert kernel autopar prices (one GEMM per local expert set)
+    a += ["--num-experts", str(m["num_experts"]), "--moe-router-topk", str(m["top_k"]),
+          "--moe-ffn-hidden-size", str(m["moe_ffn_hidden_size"]),
+          "--moe-layer-freq", "+".join(f"[{bit}]*{n}" for bit, n in runs),
+          "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+    if m.get("shared_expert_ffn_hidden_size"):
+        a += ["--moe-shared-expert-intermediate-size", str(m["shared_expert_ffn_hidden_size"])]
     return a

@@ -1,0 +1,98 @@
+"""Mixture-of-experts and latent-attention model configs (issue 26): validation, parameter
+counts against the published totals, and graphs identical to the transformers presets."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import autopar  # noqa: E402
+from autopar.errors import InvalidModelConfig  # noqa: E402
+from autopar.graph import hf  # noqa: E402
+from autopar.models import ModelConfig, build, get_config  # noqa: E402
+from autopar.problem import config_graph  # noqa: E402
+
+_TINY_MOE = dict(name="tiny-moe", family="llama", num_layers=3, hidden_size=64, num_heads=4,
+                 num_kv_heads=2, vocab_size=256, seq_len=64, ffn_hidden_size=128,
+                 num_experts=8, top_k=2, moe_ffn_hidden_size=32)
+
+
+@pytest.mark.parametrize("name, billions", [
+    # totals as the model cards state them
+    ("mixtral-8x7b", 46.7), ("mixtral-8x22b", 140.6), ("qwen3-30b-a3b", 30.5),
+    ("qwen3-235b-a22b", 235.1), ("deepseek-v2", 235.7), ("deepseek-v3", 671.0)])
+def test_moe_preset_parameters(name, billions):
+    cfg = get_config(name)
+    assert cfg.is_moe and cfg.needs_transformers
+    assert cfg.num_parameters / 1e9 == pytest.approx(billions, abs=0.05)
+
+
+@pytest.mark.parametrize("extra, cls, extra_params", [
+    ({}, "MixtralForCausalLM", 0),
+    (dict(num_shared_experts=2, first_dense_layers=1), "Qwen2MoeForCausalLM", 2 * 64),
+    (dict(kv_channels=32, qk_norm=True), "Qwen3MoeForCausalLM", 0),
+    (dict(num_shared_experts=1, first_dense_layers=1, kv_lora_rank=16, q_lora_rank=24,
+          qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, num_kv_heads=4),
+     "DeepseekV3ForCausalLM", 0),
+])
+def test_config_graph_matches_its_transformers_model(extra, cls, extra_params):
+    """The graph's parameters equal the config's count (plus what the stand-in adds, which
+    preset_for_config names: Qwen2-MoE's h x 1 shared-expert gate per MoE layer); the MoE
+    layers carry their experts and top-k."""
+    cfg = ModelConfig.from_dict({**_TINY_MOE, **extra})
+    assert hf.preset_for_config(cfg).model_class == cls
+    g = config_graph(cfg, 64, "bf16", True)
+    assert g.num_parameters == cfg.num_parameters + extra_params
+    moe = [cfg.moe_layer(i) for i in range(cfg.num_layers)]
+    assert [b.num_experts for b in g.blocks] == [8 if m else 0 for m in moe]
+    assert {b.experts_per_token for b, m in zip(g.blocks, moe) if m} == {2}
+
+
+def test_moe_layer_interval_follows_transformers():
+    cfg = ModelConfig.from_dict({**_TINY_MOE, "num_layers": 6, "moe_layer_interval": 2,
+                                 "first_dense_layers": 2, "num_shared_experts": 1})
+    assert [cfg.moe_layer(i) for i in range(6)] == [False, False, False, True, False, True]
+    g = config_graph(cfg, 64, "bf16", True)
+    assert [b.num_experts > 0 for b in g.blocks] == [cfg.moe_layer(i) for i in range(6)]
+
+
+def test_config_estimate_equals_hf_preset():
+    """The Mixtral 8x7B preset and the hf-mixtral-8x7b transformers preset are one model."""
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=1024, micro_batch_size=1)
+    plan = autopar.ParallelConfig(tp=1, pp=2, dp=8, ep=8, zero_stage=1, recompute="full")
+    a = autopar.estimate("mixtral-8x7b", "2x8xH100-80GB", train, plan)
+    b = autopar.estimate("hf-mixtral-8x7b", "2x8xH100-80GB", train, plan)
+    assert a.step_time_s == pytest.approx(b.step_time_s, rel=1e-9)
+    assert a.memory_per_gpu_bytes == pytest.approx(b.memory_per_gpu_bytes, rel=1e-9)
+
+
+@pytest.mark.parametrize("extra, words", [
+    (dict(top_k=9), "top_k=9"),
+    (dict(top_k=0), "top_k=0"),
+    (dict(moe_ffn_hidden_size=None), "moe_ffn_hidden_size"),
+    (dict(num_experts=1), "at least 2 experts"),
+    (dict(first_dense_layers=3), "leaves no MoE"),
+    (dict(family="gpt"), "llama family"),
+    (dict(kv_lora_rank=16), "needs ['qk_nope_head_dim'"),
+    (dict(num_experts=0, top_k=0, moe_ffn_hidden_size=None, q_lora_rank=8), "kv_lora_rank"),
+    (dict(num_shared_experts=-1), ">= 0"),
+])
+def test_invalid_moe_configs_name_the_problem(extra, words):
+    with pytest.raises(InvalidModelConfig, match="fix|must|needs|leaves|least"):
+        try:
+            ModelConfig.from_dict({**_TINY_MOE, **extra})
+        except InvalidModelConfig as exc:
+            assert words in str(exc)
+            raise
+
+
+def test_builtin_build_refuses_what_it_cannot_build():
+    with pytest.raises(InvalidModelConfig, match="preset_for_config"):
+        build(ModelConfig.from_dict(_TINY_MOE))
+
+
+def test_dense_configs_unchanged():
+    cfg = get_config("llama3-8b")
+    assert not cfg.needs_transformers and cfg.head_dim == 128
+    assert cfg.num_parameters == pytest.approx(8.03e9, rel=1e-3)
