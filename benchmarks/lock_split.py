@@ -39,8 +39,17 @@ def digest(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
+#: Sources whose measured-versus-predicted comparison an issue already states: their
+#: residual was seen before any split could hide it, so locking them would measure nothing
+#: (LOCKED.md). Issue 26 quotes autopar's 3.10 s against the 5.44-5.70 s of Megatron-LM #756.
+SEEN_IN_ISSUES = ("NVIDIA/Megatron-LM issue #756",)
+
+
 def later_locked(key: str) -> bool:
-    """Whether a source of a file added after the first growth is locked (6 of 16 digits)."""
+    """Whether a source of a file added after the first growth is locked (6 of 16 digits),
+    unless an issue already states its residual (:data:`SEEN_IN_ISSUES`)."""
+    if key.startswith(SEEN_IN_ISSUES):
+        return False
     return int(digest(key)[0], 16) < 6
 
 

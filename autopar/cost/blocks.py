@@ -91,7 +91,8 @@ class BlockCosts:
         self._flops_per_seq: float | None = None
 
     def layer_time(self, index: int, b: int, tp: int, cp: int, sp: bool,
-                   cp_mode: str = "ulysses", etp: int | None = None) -> LayerTime:
+                   cp_mode: str = "ulysses", etp: int | None = None,
+                   ep: int | None = None) -> LayerTime:
         """Compute time of graph layer ``index`` (cached by signature and sharding).
 
         ``cp_mode`` picks how a CP rank runs attention (the profile's ``cp_attention``) and
@@ -100,14 +101,17 @@ class BlockCosts:
         torchtitan require it), else the last rank's queries see the most keys, (2 cp - 1) / cp
         times the average. The default (Ulysses: whole sequences, fused, balanced) is the least
         over the modes, the search's lower bound. ``etp``: expert tensor parallelism of the
-        routed experts' GEMMs (None = tp; :func:`autopar.cost.compute.layer_time`)."""
+        routed experts' GEMMs (None = tp; :func:`autopar.cost.compute.layer_time`). ``ep``:
+        expert parallelism, which sets the experts a rank holds and so each expert GEMM's rows;
+        None = one local expert, the fastest case (the search's bounds)."""
         inp = self.inputs
         layer = inp.graph.layers[index]
+        local = max(1, layer.num_experts // ep) if (ep and layer.num_experts) else 1
         path = inp.profile.cp_attention.get(cp_mode, "fused") if cp > 1 else "fused"
         skew = (2 * cp - 1) / cp if (cp > 1 and cp_mode != "ulysses"
                                      and inp.train.seq_len % (2 * cp)) else 1.0
         etp = None if etp == tp else etp
-        key = (layer.signature, b, tp, cp, sp, path, skew, etp)
+        key = (layer.signature, b, tp, cp, sp, path, skew, etp, local)
         t = self._layer_times.get(key)
         if t is None:
             t = layer_time(layer, micro_batch=b / inp.graph.micro_batch_size, tp=tp, cp=cp,
@@ -119,7 +123,7 @@ class BlockCosts:
                            fusion=inp.profile.fusion,
                            attention_dims=self.attention_dims(layer, cp),
                            cp_attention=path, cp_imbalance=skew, expert_tp=etp,
-                           eager_parts=inp.profile.eager_parts)
+                           eager_parts=inp.profile.eager_parts, local_experts=local)
             self._layer_times[key] = t
         return t
 
@@ -151,7 +155,7 @@ class BlockCosts:
         bscale = c.micro_batch_size / self.inputs.graph.micro_batch_size
         folded = c.folded and bool(layer.num_experts)
         lt = self.layer_time(index, c.micro_batch_size, tp, cp, sp, c.cp_mode,
-                             c.etp if folded else None)
+                             c.etp if folded else None, c.ep)
         attn_layer, expert_layer = split_expert_tp(layer) if folded else (layer, None)
         tf, tb, fb, bb = tp_layer_comm(attn_layer, self.groups.group("tp", c), micro_batch=bscale,
                                        cp=cp, sequence_parallel=sp,

@@ -273,7 +273,8 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
                attention_kernel: str = "fa2", fusion: str = "fused",
                attention_dims: tuple[float, float] = (0.0, 0.0),
                cp_attention: str = "fused", cp_imbalance: float = 1.0,
-               expert_tp: int | None = None, eager_parts: tuple[str, ...] = ()) -> LayerTime:
+               expert_tp: int | None = None, eager_parts: tuple[str, ...] = (),
+               local_experts: int = 1) -> LayerTime:
     """Roofline time of ``layer`` for a micro-batch of ``micro_batch`` sequences.
 
     Args:
@@ -315,6 +316,12 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
             reads.
         eager_parts: parts of the block the framework runs as eager ops inside a fused stack
             (:data:`autopar.frameworks.profiles.EAGER_PARTS`; :func:`memory_bound_kernels`).
+        local_experts: routed experts one rank holds (E / ep). A grouped expert GEMM runs one
+            GEMM per local expert over the tokens routed to it (Megatron-Core GroupedMLP:
+            ``grouped_gemm.ops.gmm`` with ``batch_sizes`` = tokens per expert; TE
+            GroupedLinear: one cuBLAS GEMM per expert; ``torch._grouped_mm`` with ``offs``), so
+            the efficiency curve reads M / local_experts rows (balanced routing), not the rows
+            of all experts together. 1 (the default) is the most efficient case, the bounds'.
 
     Returns:
         :class:`LayerTime` in seconds and per-GPU FLOPs.
@@ -339,6 +346,8 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
                 split = tp
                 if expert_tp is not None and op.moe_role == "expert":
                     m, split = m * expert_tp / tp, expert_tp
+                if op.moe_role == "expert":
+                    m = m / local_experts
                 if op.tp_role in ("column", "vocab"):
                     n = n / split
                 elif op.tp_role == "row":

@@ -112,9 +112,10 @@ class CostModel:
 
     # -- the parts' answers, under the names callers use ----------------------------------------
     def layer_time(self, index: int, b: int, tp: int, cp: int, sp: bool,
-                   cp_mode: str = "ulysses", etp: int | None = None) -> LayerTime:
+                   cp_mode: str = "ulysses", etp: int | None = None,
+                   ep: int | None = None) -> LayerTime:
         """:meth:`autopar.cost.blocks.BlockCosts.layer_time`."""
-        return self.blocks_cost.layer_time(index, b, tp, cp, sp, cp_mode, etp)
+        return self.blocks_cost.layer_time(index, b, tp, cp, sp, cp_mode, etp, ep)
 
     def block_cost(self, index: int, mode: str, c: ParallelConfig) -> BlockCost:
         """:meth:`autopar.cost.blocks.BlockCosts.block_cost`."""
