@@ -32,6 +32,7 @@ def test_moe_preset_parameters(name, billions):
     ({}, "MixtralForCausalLM", 0),
     (dict(num_shared_experts=2, first_dense_layers=1), "Qwen2MoeForCausalLM", 2 * 64),
     (dict(kv_channels=32, qk_norm=True), "Qwen3MoeForCausalLM", 0),
+    (dict(first_dense_layers=1), "Qwen3MoeForCausalLM", 3 * 2 * 16),  # q/k norms extra
     (dict(num_shared_experts=1, first_dense_layers=1, kv_lora_rank=16, q_lora_rank=24,
           qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, num_kv_heads=4),
      "DeepseekV3ForCausalLM", 0),

@@ -233,15 +233,17 @@ def preset_for_config(cfg: ModelConfig) -> HFPreset:
 
     - latent attention: ``DeepseekV3ForCausalLM`` (MLA, ``first_k_dense_replace`` dense layers,
       shared experts, routing in one group: ``n_group = topk_group = 1``);
-    - experts with qk-norm and no shared expert: ``Qwen3MoeForCausalLM``;
-    - other experts: ``Qwen2MoeForCausalLM`` (``mlp_only_layers`` for the leading dense layers,
-      ``decoder_sparse_step`` the interval, the shared experts as one ``shared_expert`` of their
-      total width, biases on q/k/v iff ``cfg.bias``); with neither shared nor leading dense
-      layers and every layer MoE, ``MixtralForCausalLM``;
+    - experts with neither shared experts, leading dense layers, an interval, qk-norm nor
+      biases: ``MixtralForCausalLM``;
+    - other experts without a shared expert: ``Qwen3MoeForCausalLM`` (``mlp_only_layers`` for
+      the leading dense layers, ``decoder_sparse_step`` the interval; its q/k norms are extra
+      where ``cfg`` has none);
+    - experts with shared ones: ``Qwen2MoeForCausalLM`` (as Qwen3-MoE, the shared experts as
+      one ``shared_expert`` of their total width, biases on q/k/v iff ``cfg.bias``);
     - a dense model with qk-norm or its own head size: ``Qwen3ForCausalLM``.
 
     Shapes follow ``cfg``; what the stand-in adds beyond it is small and listed in the preset's
-    ``source`` (Qwen2-MoE's shared-expert gate h x 1, DeepSeek-V3's router bias of E).
+    ``source`` (Qwen2-MoE's shared-expert gate h x 1, Qwen3-MoE's q/k norms).
 
     Raises:
         InvalidModelConfig: a combination no transformers model has (latent attention with a
@@ -278,9 +280,6 @@ def preset_for_config(cfg: ModelConfig) -> HFPreset:
                moe_intermediate_size=cfg.moe_ffn_hidden_size, norm_topk_prob=True,
                decoder_sparse_step=cfg.moe_layer_interval,
                mlp_only_layers=list(range(cfg.first_dense_layers)))
-    if cfg.qk_norm and not cfg.shared_expert_ffn_hidden_size:
-        return HFPreset("Qwen3MoeForCausalLM", "Qwen3MoeConfig", dict(common, **head, **moe),
-                        source + " as Qwen3-MoE layers")
     plain = (not cfg.shared_expert_ffn_hidden_size and not cfg.first_dense_layers
              and cfg.moe_layer_interval == 1 and not cfg.qk_norm and not cfg.bias)
     if plain:
@@ -288,6 +287,11 @@ def preset_for_config(cfg: ModelConfig) -> HFPreset:
             common, **head, intermediate_size=cfg.moe_ffn_hidden_size,
             num_local_experts=cfg.num_experts, num_experts_per_tok=cfg.top_k),
             source + " as Mixtral layers")
+    if not cfg.shared_expert_ffn_hidden_size:
+        # Qwen2-MoE cannot drop its shared expert (a zero-width one does not run)
+        extra = "" if cfg.qk_norm else " (its q/k norms, 2 x head_dim per layer, are extra)"
+        return HFPreset("Qwen3MoeForCausalLM", "Qwen3MoeConfig", dict(common, **head, **moe),
+                        source + " as Qwen3-MoE layers" + extra)
     return HFPreset("Qwen2MoeForCausalLM", "Qwen2MoeConfig", dict(
         common, **head, **moe, qkv_bias=cfg.bias,
         shared_expert_intermediate_size=cfg.shared_expert_ffn_hidden_size or 0),

@@ -1,0 +1,87 @@
+"""Issue 26: published MoE runs parse into autopar inputs, and what autopar does not price is
+refused with its reason; a grouped expert GEMM is priced per local expert."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import autopar  # noqa: E402
+from autopar.cost.model import CostModel  # noqa: E402
+from autopar.problem import model_graph  # noqa: E402
+from benchmarks import records, validation  # noqa: E402
+
+_MOE = {
+    "id": "m", "source": "Report A 2025, Table 1", "source_quote": "'step 1.0 s'",
+    "model": {"name": "moe-tiny", "family": "moe", "num_layers": 4, "hidden_size": 256,
+              "num_heads": 4, "num_kv_heads": 4, "ffn_hidden_size": 512, "vocab_size": 1024,
+              "seq_len": 256, "tied_embeddings": False, "num_experts": 8, "top_k": 2,
+              "moe_ffn_hidden_size": 128, "num_shared_experts": None, "first_dense_layers": 1,
+              "head_dim": None},
+    "cluster": {"gpu": "H100-SXM5-80GB", "num_gpus": 8, "gpus_per_node": 8},
+    "training": {"global_batch_size": 16, "micro_batch_size": 1, "precision": "bf16",
+                 "optimizer": "adam", "flash_attention": True, "framework": "megatron-lm (2025)"},
+    "plan": {"tp": 1, "pp": 1, "dp": 8, "cp": 1, "ep": 4, "etp": None, "virtual_stages": None,
+             "sequence_parallel": False, "recompute": "none", "zero_stage": 1, "schedule": None,
+             "dispatcher": "alltoall", "capacity_factor": None},
+    "measured": {"step_time_s": 1.0},
+}
+
+
+def _rec(**changes) -> dict:
+    r = copy.deepcopy(_MOE)
+    for path, value in changes.items():
+        *head, last = path.split("__")
+        d = r
+        for k in head:
+            d = d[k]
+        d[last] = value
+    return r
+
+
+def test_moe_record_parses_with_its_expert_mapping():
+    rec = records.parse(_rec())
+    m = rec.model
+    assert (m.family, m.num_experts, m.top_k, m.moe_ffn_hidden_size) == ("llama", 8, 2, 128)
+    assert (m.num_shared_experts, m.first_dense_layers) == (0, 1)   # null: none
+    assert rec.fixed["ep"] == 4 and "expert_tp" not in rec.fixed   # Megatron: etp = tp
+    assert "ep" not in rec.open_fields
+    titan = records.parse(_rec(training__framework="torchtitan (2025)"))
+    assert titan.fixed["expert_tp"] == 1 and "etp" in dict(titan.assumed)
+    assert records.parse(_rec(plan__etp=2, plan__tp=2, plan__dp=4)).fixed["expert_tp"] == 2
+
+
+@pytest.mark.parametrize("change, reason", [
+    (dict(plan__dispatcher="flex/deepep"), "'flex/deepep' token dispatcher"),
+    (dict(plan__dispatcher="allgather"), "'allgather' token dispatcher"),
+    (dict(plan__capacity_factor=1.0), "capacity factor 1.0"),
+    (dict(model__mtp_layers=1), "multi-token-prediction"),
+])
+def test_what_autopar_does_not_price_is_refused(change, reason):
+    with pytest.raises(records.RecordError, match="not modelled") as err:
+        records.parse(_rec(**change))
+    assert reason in str(err.value)
+    # an mtp_layers of 0 is no MTP at all
+    assert records.parse(_rec(model__mtp_layers=0)).model.num_experts == 8
+
+
+def test_dualpipev_record_takes_its_two_chunks():
+    rec = records.parse(_rec(plan__pp=2, plan__dp=4, plan__schedule="dualpipev"))
+    assert validation.framework_defaults(rec)["virtual_stages"] == 2
+
+
+def test_expert_gemm_efficiency_reads_one_local_experts_rows():
+    """Fewer experts per rank (more EP) means more rows per expert GEMM: the same expert
+    FLOPs take less time at ep 8 (one expert per rank) than at ep 1 (eight), and the default
+    (the search's bound) is the fastest."""
+    train = autopar.TrainingConfig(global_batch_size=16, seq_len=256)
+    model = {k: v for k, v in _MOE["model"].items() if v is not None}
+    graph, _ = model_graph({**model, "family": "llama"}, train)
+    cm = CostModel(graph, autopar.Cluster.from_spec("1x8xH100-80GB"), train)
+    moe = next(b.index for b in graph.blocks if b.num_experts)
+    t1, t8, bound = (cm.layer_time(moe, 1, 1, 1, False, ep=e) for e in (1, 8, None))
+    assert t1.fwd_flops == t8.fwd_flops
+    assert t1.fwd_s > t8.fwd_s == pytest.approx(bound.fwd_s)
