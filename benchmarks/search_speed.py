@@ -1,4 +1,5 @@
-"""Search speed on the three problems of issue 14, item 5 (prints; exit status 1 when one misses).
+"""Search speed on the problems of issue 14, item 5 and issue 26, item 5 (prints; exit status 1
+when one misses).
 
     python -m benchmarks.search_speed [--repeat N] [--only NAME]
 
@@ -6,12 +7,15 @@
 - Llama 3 405B on 16384 H100 (2048 x 8), global batch 2048 x 8192 tokens: <= 2 s.
 - DeepSeek-V3 671B (``transformers.DeepseekV3Config()`` defaults, on meta) on 2048 H800
   (256 x 8, NVLink 400 GB/s), global batch 15360 x 4096 tokens: <= 10 s.
+- Qwen3-235B-A22B (built-in preset) on 512 H100, 2048 x 4096 tokens; Llama 4 Maverick
+  (``hf-llama4-maverick``) on 1024 H100, 4096 x 8192; gpt-oss-120b (``hf-gpt-oss-120b``) on
+  256 H100, 1024 x 8192: each <= 10 s.
 
 Each is the full space (no ``fixed=``, default :class:`autopar.search.space.SpaceLimits`). Timed:
 the search with a fresh :class:`CostModel` (cold caches), not the one-off graph extraction
 (reported beside it). Targets are for 2 CPU cores; on a shared machine wall time includes other
 processes' time, so each line also gives the process CPU time and ``--repeat`` keeps the least
-wall time of N runs. One line per problem, then ``speed: pass k/3`` or ``speed: FAIL ...``.
+wall time of N runs. One line per problem, then ``speed: pass k/n`` or ``speed: FAIL ...``.
 """
 
 from __future__ import annotations
@@ -56,6 +60,10 @@ CASES = (
     Case("gpt3-175b", "gpt3-175b", "128x8xA100-80GB", 1536, 2048, 2.0),
     Case("llama3-405b", "llama3-405b", "2048x8xH100", 2048, 8192, 2.0),
     Case("deepseek-v3", deepseek_v3, "256x8xH800", 15360, 4096, 10.0),
+    # issue 26, item 5: the other frontier mixtures of experts on 256-1,024 H100
+    Case("qwen3-235b-a22b", "qwen3-235b-a22b", "64x8xH100", 2048, 4096, 10.0),
+    Case("llama4-maverick", "hf-llama4-maverick", "128x8xH100", 4096, 8192, 10.0),
+    Case("gpt-oss-120b", "hf-gpt-oss-120b", "32x8xH100", 1024, 8192, 10.0),
 )
 
 
