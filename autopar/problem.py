@@ -28,6 +28,7 @@ from .errors import AutoparError, InvalidClusterSpec, InvalidModelConfig, Invali
     UntraceableModelError
 from .frameworks import FrameworkProfile
 from .graph import extract, hf
+from .graph.mtp import with_mtp_layers
 from .graph.assemble import meta_copy
 from .graph.needs import LM_FIX, LM_NEEDS
 from .graph.positions import max_positions, with_position_warning
@@ -93,8 +94,8 @@ def config_graph(cfg: ModelConfig, seq_len: int, precision: str,
     dtype = TORCH_DTYPES[precision]
     module = (hf.build_preset(hf.preset_for_config(built), dtype=dtype)
               if built.needs_transformers else build(built, dtype=dtype))
-    graph = extract(module, seq_len, 1, dtype=dtype, name=cfg.name,
-                    flash_attention=flash_attention)
+    graph = with_mtp_layers(extract(module, seq_len, 1, dtype=dtype, name=cfg.name,
+                                    flash_attention=flash_attention), cfg.mtp_layers)
     return with_position_warning(graph, cfg.seq_len, cfg.position, grown=True)
 
 

@@ -220,24 +220,17 @@ _DISPATCHERS = ("alltoall", None)
 _MOE_MODEL_KEYS = ("num_experts", "top_k", "moe_ffn_hidden_size", "num_shared_experts",
                    "shared_expert_ffn_hidden_size", "first_dense_layers", "moe_layer_interval",
                    "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-                   "v_head_dim", "kv_channels", "qk_norm")
+                   "v_head_dim", "kv_channels", "qk_norm", "mtp_layers")
 
 
 def _model_fields(model: dict) -> dict:
     """The record's ``model`` as ModelConfig keys: ``family: "moe"`` (the corpus's first MoE
-    records) is a llama-style MoE; ``head_dim`` is ``kv_channels``; ``mtp_layers`` 0 is dropped.
-
-    Raises:
-        RecordError: multi-token-prediction layers (not modelled).
-    """
+    records) is a llama-style MoE; ``head_dim`` is ``kv_channels``."""
     fields_ = dict(model)
     if fields_.get("family") == "moe":
         fields_["family"] = "llama"
     if "head_dim" in fields_:
         fields_["kv_channels"] = fields_.pop("head_dim")
-    if fields_.pop("mtp_layers", 0):
-        raise RecordError(f"not modelled: {model['mtp_layers']} multi-token-prediction "
-                          "layer(s) (DeepSeek-V3 MTP): autopar's model has none")
     # a MoE size left null takes ModelConfig's default (0: none; expert widths derived)
     return {k: v for k, v in fields_.items() if v is not None or k not in _MOE_MODEL_KEYS}
 

@@ -58,14 +58,12 @@ def test_moe_record_parses_with_its_expert_mapping():
     (dict(plan__dispatcher="flex/deepep"), "'flex/deepep' token dispatcher"),
     (dict(plan__dispatcher="allgather"), "'allgather' token dispatcher"),
     (dict(plan__capacity_factor=1.0), "capacity factor 1.0"),
-    (dict(model__mtp_layers=1), "multi-token-prediction"),
 ])
 def test_what_autopar_does_not_price_is_refused(change, reason):
     with pytest.raises(records.RecordError, match="not modelled") as err:
         records.parse(_rec(**change))
     assert reason in str(err.value)
-    # an mtp_layers of 0 is no MTP at all
-    assert records.parse(_rec(model__mtp_layers=0)).model.num_experts == 8
+    assert records.parse(_rec(model__mtp_layers=1)).model.mtp_layers == 1
 
 
 def test_dualpipev_record_takes_its_two_chunks():
@@ -85,3 +83,27 @@ def test_expert_gemm_efficiency_reads_one_local_experts_rows():
     t1, t8, bound = (cm.layer_time(moe, 1, 1, 1, False, ep=e) for e in (1, 8, None))
     assert t1.fwd_flops == t8.fwd_flops
     assert t1.fwd_s > t8.fwd_s == pytest.approx(bound.fwd_s)
+
+
+def _published(rid: str) -> dict:
+    import json
+    from pathlib import Path
+    for f in sorted((Path(records.__file__).parent / "data").glob("published_runs_moe*.json")):
+        for r in json.loads(f.read_text()):
+            if r["id"] == rid:
+                return r
+    raise KeyError(rid)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "issue 26 done-when 3 is not met: Megatron-LM #756 (Mixtral 8x7B, 16 x H100, tp2 ep8, "
+    "global batch 128 x 2048) measured 5.539 s a step; autopar predicts 3.375 s (-39%) since "
+    "the per-local-expert GEMM (-43..-46% when the issue was filed). A strict xfail: it fails "
+    "loudly once the prediction lands within 15%, so the target is then asserted for good."))
+def test_mixtral_8x7b_megatron_report_within_15_percent():
+    """The one Mixtral report of issue 26 that traces to a public, not held-out source
+    (benchmarks/data/moe_reports.md): step time within 15% under Megatron-LM's defaults."""
+    rec = records.parse(_published("moer-mlm756-mixtral8x7b-h100-16gpu-tp2-ep8"))
+    assert rec.measured_step_s == pytest.approx(5.539)
+    row = validation.evaluate(rec, spread=False)
+    assert row.predicted_s == pytest.approx(rec.measured_step_s, rel=0.15)

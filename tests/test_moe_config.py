@@ -25,7 +25,25 @@ _TINY_MOE = dict(name="tiny-moe", family="llama", num_layers=3, hidden_size=64, 
 def test_moe_preset_parameters(name, billions):
     cfg = get_config(name)
     assert cfg.is_moe and cfg.needs_transformers
-    assert cfg.num_parameters / 1e9 == pytest.approx(billions, abs=0.05)
+    # the model card's total is without the MTP module (DeepSeek-V3: 671B main + MTP)
+    main = ModelConfig.from_dict({**cfg.to_dict(), "mtp_layers": 0})
+    assert main.num_parameters / 1e9 == pytest.approx(billions, abs=0.05)
+
+
+def test_mtp_module_adds_a_block_and_a_second_head_pass():
+    """DeepSeek-V3's MTP (arXiv 2412.19437 section 2.2): one more block of the last layer's
+    kind with a 2h -> h projection, and the shared head's compute once more."""
+    base = ModelConfig.from_dict({**_TINY_MOE, "num_shared_experts": 1})
+    mtp = ModelConfig.from_dict({**base.to_dict(), "mtp_layers": 1})
+    g0, g1 = (config_graph(c, 64, "bf16", True) for c in (base, mtp))
+    h = base.hidden_size
+    assert g1.num_blocks == g0.num_blocks + 1 and g1.blocks[-1].num_experts == 8
+    # + Qwen2-MoE's h x 1 shared-expert gate in each of the 3 MoE layers and the MTP copy
+    assert g1.num_parameters == mtp.num_parameters + 4 * 64
+    assert g1.num_parameters - g0.num_parameters == g0.blocks[-1].num_parameters + 2 * h * h
+    head0, head1 = g0.layers[-1], g1.layers[-1]
+    assert head1.fwd_flops == 2 * head0.fwd_flops and head1.num_parameters == head0.num_parameters
+    assert [layer.index for layer in g1.layers] == list(range(len(g1.layers)))
 
 
 @pytest.mark.parametrize("extra, cls, extra_params", [

@@ -44,7 +44,7 @@ _INT_FIELDS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hi
 _MOE_INT_FIELDS = ("kv_channels", "num_experts", "top_k", "moe_ffn_hidden_size",
                    "num_shared_experts", "shared_expert_ffn_hidden_size", "first_dense_layers",
                    "moe_layer_interval", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
-                   "qk_rope_head_dim", "v_head_dim")
+                   "qk_rope_head_dim", "v_head_dim", "mtp_layers")
 #: Largest value accepted per size field: beyond any published model (GPT-3: 96 layers, h=12288;
 #: Llama 3 405B: 126 layers, h=16384, 128K vocabulary), and small enough that building the meta
 #: model and its graph stays within seconds (a 4096-layer model takes ~10 s to extract).
@@ -94,6 +94,7 @@ class ModelConfig:
     ``qk_rope_head_dim``, ``v_head_dim``. ``kv_channels``: the head size when not h/a
     (Megatron's ``--kv-channels``); ``qk_norm``: RMSNorm on queries and keys per head (Qwen3).
     Such models are traced from their transformers equivalent (:attr:`needs_transformers`).
+    ``mtp_layers``: DeepSeek-V3's multi-token-prediction modules (:mod:`autopar.graph.mtp`).
 
     Raises:
         InvalidModelConfig: a field has the wrong type or breaks a rule (positive sizes, heads divide
@@ -133,6 +134,7 @@ class ModelConfig:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    mtp_layers: int = 0
 
     def __post_init__(self) -> None:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
@@ -314,7 +316,8 @@ class ModelConfig:
         final norm; LM head V*h unless tied. A MoE layer has E routed experts of 3*h*f_e and a
         router row each (h*E), and shared experts 3*h*f_s, instead of the MLP; latent attention
         as :meth:`_mla_parameters`. Router biases and shared-expert gates (E or h per layer,
-        depending on the implementation) are not counted."""
+        depending on the implementation) are not counted. Each multi-token-prediction module
+        adds a copy of the last layer and its 2h x h projection (:mod:`autopar.graph.mtp`)."""
         h, f, v = self.hidden_size, self.ffn_hidden_size, self.vocab_size
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         norm = h * (2 if self.norm == "layernorm" and self.bias else 1)
@@ -330,6 +333,8 @@ class ModelConfig:
         n_moe = sum(self.moe_layer(i) for i in range(self.num_layers))
         layer = attn + mlp + 2 * norm
         total = v * h + self.num_layers * layer + n_moe * (moe - mlp) + norm
+        last = layer + (moe - mlp if self.moe_layer(self.num_layers - 1) else 0)
+        total += self.mtp_layers * (last + 2 * h * h)
         if self.position == "learned":
             total += self.seq_len * h
         if not self.tied_embeddings:

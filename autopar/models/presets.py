@@ -113,9 +113,9 @@ def _build_presets() -> dict[str, Preset]:
                              norm_eps=1e-6, num_experts=256, top_k=8, moe_ffn_hidden_size=2048,
                              num_shared_experts=1, first_dense_layers=3, q_lora_rank=1536,
                              kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
-                             v_head_dim=128),
-         "deepseek-ai/DeepSeek-V3 config.json (without its multi-token-prediction layer; "
-         "group-limited routing as one group)"),
+                             v_head_dim=128, mtp_layers=1),
+         "deepseek-ai/DeepSeek-V3 config.json (num_nextn_predict_layers 1: the MTP module it "
+         "was trained with, arXiv 2412.19437 section 4.2; group-limited routing as one group)"),
     ]
     for name, shape, source in moe:
         presets[name] = Preset(ModelConfig(name=name, family="llama", tied_embeddings=False,

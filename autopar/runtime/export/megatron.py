@@ -32,7 +32,7 @@ MEGATRON_FLAGS = frozenset({
     "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim", "--q-lora-rank", "--num-experts",
     "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-layer-freq",
     "--moe-token-dispatcher-type", "--moe-grouped-gemm", "--moe-shared-expert-intermediate-size",
-    "--expert-tensor-parallel-size",
+    "--expert-tensor-parallel-size", "--mtp-num-layers",
 })
 
 
@@ -262,6 +262,8 @@ def _megatron_moe_model(m: dict) -> list[str]:
               str(m["qk_rope_head_dim"]), "--v-head-dim", str(m["v_head_dim"])]
         if m.get("q_lora_rank"):
             a += ["--q-lora-rank", str(m["q_lora_rank"])]
+    if m.get("mtp_layers"):
+        a += ["--mtp-num-layers", str(m["mtp_layers"])]
     if not m.get("num_experts"):
         return a
     first, every, layers = m.get("first_dense_layers", 0), m.get("moe_layer_interval", 1),         m["num_layers"]
