@@ -23,7 +23,7 @@ OPTIMIZER_STATE_DTYPES = ("fp32", "bf16")
 #: Qi et al. 2023 over v chunks per rank), ScheduleZBVZeroBubble (ZB-V: exactly 2 chunks per
 #: rank in a V) and ScheduleDualPipeV (DeepSeek-V3's DualPipe folded into a V: 2 chunks per rank).
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zero-bubble", "zbv-zero-bubble",
-             "dualpipev")
+             "dualpipev", "dualpipe")
 #: Other spellings accepted for :data:`SCHEDULES` (normalised at construction): torch's class
 #: names without "Schedule" (case-insensitive, as torchtitan's ``pipeline_parallel_schedule``)
 #: and short forms.
@@ -31,10 +31,19 @@ SCHEDULE_ALIASES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved1f1b": "interl
                     "interleavedzerobubble": "interleaved-zero-bubble",
                     "interleaved-zb": "interleaved-zero-bubble",
                     "zbvzerobubble": "zbv-zero-bubble", "zbv": "zbv-zero-bubble",
-                    "zb-v": "zbv-zero-bubble", "dualpipev": "dualpipev"}
+                    "zb-v": "zbv-zero-bubble", "dualpipev": "dualpipev", "dualpipe": "dualpipe"}
 #: Schedules whose ranks hold exactly two chunks each, in a V (chunk c < pp on rank c, chunk
-#: c >= pp on rank 2 pp - 1 - c).
-V_SCHEDULES = ("zbv-zero-bubble", "dualpipev")
+#: c >= pp on rank 2 pp - 1 - c). DualPipe's rank r holds stage r of one direction and stage
+#: pp - 1 - r of the other (DeepSeek-V3, arXiv 2412.19437, section 3.2.1): the same V of
+#: chunks, each a whole stage of a model kept twice (:data:`PARAMETER_COPIES`).
+V_SCHEDULES = ("zbv-zero-bubble", "dualpipev", "dualpipe")
+#: The schedules ``torch.distributed.pipelining`` (torch 2.13) has a class for (all but DeepSeek's
+#: bidirectional DualPipe): what plain PyTorch and torchtitan run.
+TORCH_SCHEDULES = tuple(s for s in SCHEDULES if s != "dualpipe")
+#: Copies of the model's parameters a schedule keeps over the pipeline: DualPipe feeds
+#: micro-batches from both ends, so each stage lives on two ranks (DeepSeek-V3 section 3.2.1,
+#: "DualPipe requires keeping two copies of the model parameters").
+PARAMETER_COPIES = {"dualpipe": 2}
 MESH_DIMS = ("tp", "cp", "dp", "pp")
 CP_MODES = ("ring", "ulysses", "allgather")
 #: Fused attention kernels the cost model knows (:attr:`autopar.cost.params.CostParams.
@@ -211,9 +220,11 @@ class ParallelConfig:
         micro_batch_size: sequences per micro-batch; None = choose.
         virtual_stages: model chunks per pipeline rank (interleaved 1F1B); None = choose, 1 = none.
         schedule: one of :data:`SCHEDULES` ("gpipe", "1f1b", "interleaved-1f1b",
-            "interleaved-zero-bubble", "zbv-zero-bubble", "dualpipev"; spellings in
-            :data:`SCHEDULE_ALIASES` are normalised); None = 1F1B, interleaved when
+            "interleaved-zero-bubble", "zbv-zero-bubble", "dualpipev", "dualpipe"; spellings
+            in :data:`SCHEDULE_ALIASES` are normalised); None = 1F1B, interleaved when
             virtual_stages > 1. The V-shaped ones need virtual_stages 2 (None becomes 2).
+            "dualpipe" (DeepSeek's bidirectional DualPipe) is priced as DualPipeV's order on
+            the same ranks with the parameters kept twice (:data:`PARAMETER_COPIES`).
         stage_blocks: decoder blocks per pipeline chunk, in model order (pp * virtual_stages
             entries); None = balanced.
         cp_mode: how context parallelism exchanges attention inputs: "ring" (ring attention,

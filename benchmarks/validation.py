@@ -278,8 +278,8 @@ def framework_defaults(rec: Record) -> dict:
         local = rec.train.global_batch_size // fixed["dp"]
         if local % fixed["pp"] == 0:
             d["micro_batch_size"] = local // fixed["pp"]
-    if fixed.get("schedule") in ("interleaved-1f1b", "dualpipev"):
-        # dualpipev: a V is two chunks per rank by definition (DeepSeek's DualPipeV)
+    if fixed.get("schedule") in ("interleaved-1f1b", "dualpipev", "dualpipe"):
+        # dualpipev / dualpipe: two chunks per rank by definition (DeepSeek's schedules)
         d["virtual_stages"] = 2
     if fixed.get("tp", 1) == 1:
         d["sequence_parallel"] = False

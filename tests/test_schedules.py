@@ -162,9 +162,9 @@ def test_chunk_counts_at_the_peak(pp):
 @settings(max_examples=40, deadline=None)
 @given(st.sampled_from(ORDERED), st.integers(2, 4), st.integers(1, 4), st.integers(1, 3))
 def test_state_at_peak_only_names_chunks_the_rank_runs(schedule, pp, rounds, v):
-    v = 2 if schedule in ("zbv-zero-bubble", "dualpipev") else (
+    v = 2 if schedule in ("zbv-zero-bubble", "dualpipev", "dualpipe") else (
         1 if schedule in ("gpipe", "1f1b") else v)
-    m = max(2 * pp, rounds * pp) if schedule == "dualpipev" else rounds * pp
+    m = max(2 * pp, rounds * pp) if schedule in ("dualpipev", "dualpipe") else rounds * pp
     orders = rank_orders(schedule, pp, m, v)
     for r in range(pp):
         mine = {a[1] for a in orders[r] if a[0] != "O"} | {
@@ -219,8 +219,9 @@ def test_config_names_aliases_and_chunk_rules():
     assert autopar.ParallelConfig(pp=2, schedule="DualPipeV").schedule == "dualpipev"
     with pytest.raises(autopar.InvalidParallelConfig, match="exactly 2 chunks"):
         autopar.ParallelConfig(pp=2, schedule="zbv", virtual_stages=3)
+    assert autopar.ParallelConfig(pp=2, schedule="DualPipe").schedule == "dualpipe"
     with pytest.raises(autopar.InvalidParallelConfig, match="not one of"):
-        autopar.ParallelConfig(pp=2, schedule="dualpipe")
+        autopar.ParallelConfig(pp=2, schedule="dualpipe-x")
 
 
 CLUSTER = autopar.Cluster.from_spec("1x8xA100-80GB")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from operator import attrgetter
 
-from ..config import ParallelConfig
+from ..config import PARAMETER_COPIES, ParallelConfig
 from ..errors import InvalidParallelConfig
 from ..hardware.collectives import NO_LOAD, LinkLoad
 from . import memory as mem
@@ -101,7 +101,8 @@ class Layouts:
         if other is not None:
             out = []
             for rank, st in enumerate(other):
-                experts = self.ranks.rank_params(c.tp, c.ep, st.layers)[1]
+                experts = (self.ranks.rank_params(c.tp, c.ep, st.layers, c.etp)[1]
+                           * PARAMETER_COPIES.get(c.schedule, 1))
                 rs = self.states.rank_states(c, st.params, experts, st.layers, pp, rank)
                 out.append(StageLayout(st.layers, st.flight, st.p2p_s, st.p2p_load, st.params,
                                        rs.states, rs.working_bytes, st.edge_flight))
@@ -233,7 +234,10 @@ class Layouts:
                 hit = self._p2p[key] = (p2p_s, p2p_load)
             p2p_s, p2p_load = hit
         params, experts = self.ranks.rank_params(tp, c.ep, layers, c.etp)
-        return layers, p2p_s, p2p_load, params, experts
+        # DualPipe keeps each stage on two ranks: a rank holds twice the parameters of its
+        # layers (PARAMETER_COPIES), with their gradients and optimizer states
+        copies = PARAMETER_COPIES.get(c.schedule, 1)
+        return layers, p2p_s, p2p_load, params * copies, experts * copies
 
     def _with_memory(self, c: ParallelConfig, rank: int, layers: tuple[int, ...], parts: tuple,
                      timed: tuple) -> StageLayout:

@@ -74,7 +74,7 @@ def resolve(config: ParallelConfig, graph: ModelGraph, world_size: int,
         check(rules.interleave_fill(c.pp, v, m))
     if schedule == "interleaved-zero-bubble":
         check(rules.schedule_rounds(schedule, c.pp, m))
-    if schedule == "dualpipev":
+    if schedule in ("dualpipev", "dualpipe"):
         check(rules.pipeline_fill(schedule, c.pp * v, m))
     stage_blocks = c.stage_blocks or (balanced_stage_blocks(blocks, c.pp * v) if blocks else (0,))
     check(rules.stage_cuts(stage_blocks, c.pp, v))

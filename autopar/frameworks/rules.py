@@ -295,7 +295,8 @@ def schedule_rounds(schedule: str, pp: int, m: int) -> Violation | None:
 #: What each schedule that needs a micro-batch per stage is called in messages, and the
 #: schedule offered instead.
 _FILLED = {"1f1b": ("torch's 1F1B schedule", "'gpipe'"),
-           "dualpipev": ("DualPipeV", "'zbv-zero-bubble'")}
+           "dualpipev": ("DualPipeV", "'zbv-zero-bubble'"),
+           "dualpipe": ("DualPipe", "'zbv-zero-bubble'")}
 
 
 def pipeline_fill(schedule: str, stages: int, m: int) -> Violation | None:
@@ -313,7 +314,7 @@ def pipeline_fill(schedule: str, stages: int, m: int) -> Violation | None:
 
 #: Schedules with one chunk per pipeline rank, and those holding exactly two (a V).
 SINGLE_CHUNK = ("gpipe", "1f1b")
-V_CHUNKS = {"zbv-zero-bubble": 2, "dualpipev": 2}
+V_CHUNKS = {"zbv-zero-bubble": 2, "dualpipev": 2, "dualpipe": 2}
 
 
 def schedule_chunks(schedule: str, v: int) -> Violation | None:

@@ -50,6 +50,11 @@ def check_schedule(schedule: str, pp: int, virtual_stages: int, microbatches: in
     Raises:
         UnsupportedPlanError: the rule broken and a fix.
     """
+    if schedule == "dualpipe":
+        raise UnsupportedPlanError(
+            "schedule 'dualpipe': torch.distributed.pipelining (torch 2.13) has no bidirectional "
+            "DualPipe, so plan.apply cannot run it. Fix: schedule='dualpipev' (its V on the same "
+            "ranks, one copy of the parameters).")
     if schedule not in RUNTIME_SCHEDULES:
         raise UnsupportedPlanError(f"unknown pipeline schedule {schedule!r}; the runtime runs "
                                    f"{list(RUNTIME_SCHEDULES)}.")

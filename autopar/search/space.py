@@ -191,7 +191,8 @@ def virtual_stage_options(pp: int, blocks: int, m: int, fixed: dict,
 
 #: Schedules splitting backward into input- and weight-gradient passes (torch 2.13), and the
 #: chunk count per rank each needs (None: any).
-SPLIT_SCHEDULES = {"interleaved-zero-bubble": None, "zbv-zero-bubble": 2, "dualpipev": 2}
+SPLIT_SCHEDULES = {"interleaved-zero-bubble": None, "zbv-zero-bubble": 2, "dualpipev": 2,
+                   "dualpipe": 2}
 
 
 def schedule_options(pp: int, blocks: int, m: int, fixed: dict, limits: SpaceLimits,

@@ -35,6 +35,12 @@ Pipeline Parallelism", arXiv 2401.10241; DeepSeek-AI 2024, DeepSeek-V3 technical
 - ``dualpipev`` (``ScheduleDualPipeV``, DeepSeek's DualPipe folded onto ``pp`` ranks): eight
   phases; its steady state pairs the forward of one chunk with the full backward of the other
   (``O`` actions), and the last ``pp`` backwards split into I and W.
+- ``dualpipe`` (DeepSeek's bidirectional DualPipe, arXiv 2412.19437 section 3.2.1; no torch
+  class): ordered as ``dualpipev`` on the same ranks. Both overlap a forward chunk with a
+  backward chunk in the steady state and have the bubble (pp/2 - 1)(F&B + B - 3W) in units of
+  their own stage (deepseek-ai/DualPipe README): a DualPipe stage is a DualPipeV chunk's
+  double, so its bubble is (pp/2 - 1)/pp of a micro-batch's work against DualPipeV's
+  (pp - 1)/(2 pp); the two copies of the parameters are in the memory model.
 
 Memory: torch's input-gradient pass keeps the autograd graph for the weight pass
 (``torch/distributed/pipelining/_backward.py``, ``stage_backward_input`` calls
@@ -49,12 +55,12 @@ from collections import deque
 from functools import lru_cache
 
 #: Schedules whose ranks each hold exactly two chunks in a V.
-V_SHAPED = ("zbv-zero-bubble", "dualpipev")
+V_SHAPED = ("zbv-zero-bubble", "dualpipev", "dualpipe")
 #: Schedules that split a backward into input- and weight-gradient passes.
-SPLIT_BACKWARD = ("interleaved-zero-bubble", "zbv-zero-bubble", "dualpipev")
+SPLIT_BACKWARD = ("interleaved-zero-bubble", "zbv-zero-bubble", "dualpipev", "dualpipe")
 #: Every schedule this module orders.
 ORDERED = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zero-bubble", "zbv-zero-bubble",
-           "dualpipev")
+           "dualpipev", "dualpipe")
 
 Action = tuple  # (kind, stage, mb) or ("O", (f_stage, f_mb), (b_stage, b_mb))
 
@@ -78,8 +84,8 @@ def check_order_args(schedule: str, pp: int, m: int, v: int) -> None:
         raise ValueError(f"{schedule} runs one chunk per rank, not {v}")
     if schedule in V_SHAPED and v != 2:
         raise ValueError(f"{schedule} runs exactly two chunks per rank, not {v}")
-    if schedule == "dualpipev" and m < 2 * pp:
-        raise ValueError(f"dualpipev needs at least 2 pp = {2 * pp} micro-batches, not {m}")
+    if schedule in ("dualpipev", "dualpipe") and m < 2 * pp:
+        raise ValueError(f"{schedule} needs at least 2 pp = {2 * pp} micro-batches, not {m}")
     if schedule in ("interleaved-1f1b", "interleaved-zero-bubble") and m % max(1, m // pp):
         raise ValueError(f"{schedule} needs m a multiple of its rounds max(1, m // pp)")
 
@@ -293,7 +299,8 @@ def _rank_peak(schedule: str, pp: int, m: int, v: int, rank: int) -> int:
 
 
 _MAKERS = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "interleaved-1f1b": _looped,
-           "interleaved-zero-bubble": _looped, "zbv-zero-bubble": _zbv, "dualpipev": _dualpipev}
+           "interleaved-zero-bubble": _looped, "zbv-zero-bubble": _zbv, "dualpipev": _dualpipev,
+           "dualpipe": _dualpipev}
 
 
 def peak_in_flight(order: tuple[Action, ...]) -> int:

@@ -134,7 +134,7 @@ class PipelineTimer:
         DeepSeek-V3 (arXiv 2412.19437, section 3.2.1) hides all-to-all this way. The hidden part
         is the pair's all-to-all seconds, at most the pair's other work.
         """
-        if c.schedule != "dualpipev" or c.ep == 1 or c.pp == 1:
+        if c.schedule not in ("dualpipev", "dualpipe") or c.ep == 1 or c.pp == 1:
             return None
         if c.schedule not in self.inputs.profile.overlaps_ep_comm:
             return None

@@ -25,5 +25,16 @@ SHARDED_DP = replace(
 
 CHOICES: Choices = replace(megatron.CHOICES, sharded_dp=SHARDED_DP)
 
-PROFILE = compose(CHOICES, **capabilities_of(megatron.PROFILE), name="inhouse-2024",
-                  version="unnamed in-house stack, 2024 (Megatron-LM-like)")
+_CAPABILITIES = capabilities_of(megatron.PROFILE)
+_DUALPIPE = ("DeepSeek-V3 (arXiv 2412.19437) section 3.2.1: HAI-LLM trains with DualPipe, whose "
+             "forward and backward chunks overlap the expert-parallel all-to-all with computation")
+PROFILE = compose(CHOICES, **{**_CAPABILITIES, "schedules": (*_CAPABILITIES["schedules"],
+                                                             "dualpipe"),
+                              "overlaps_ep_comm": ("dualpipe",),
+                              "sources": {**_CAPABILITIES["sources"],
+                                          "schedules": _CAPABILITIES["sources"]["schedules"]
+                                          + "; plus " + _DUALPIPE,
+                                          "overlaps_ep_comm": _DUALPIPE}},
+                  name="inhouse-2024",
+                  version="unnamed in-house stack, 2024 (Megatron-LM-like; DeepSeek's HAI-LLM "
+                          "runs DualPipe)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...config import CP_MODES, RECOMPUTE_MODES, SCHEDULES
+from ...config import CP_MODES, RECOMPUTE_MODES, TORCH_SCHEDULES
 from ..choices import (DTENSOR_TP, EAGER, FSDP2, SDPA_FLASH, TORCH_FOREACH_ADAMW,
                        TORCH_PIPELINING, Choices, ContextParallelAttention, compose)
 from ..memory import TORCH_MEMORY
@@ -39,7 +39,7 @@ PROFILE = compose(
     CHOICES,
     name="torch", version="torch 2.13 torch.distributed (plan.apply)",
     zero_stages=ALL_ZERO, zero_stages_with_tp=ALL_ZERO, zero_stages_with_pp=ALL_ZERO,
-    zero_stages_with_ep=ALL_ZERO, schedules=SCHEDULES, interleaved_chunks="any",
+    zero_stages_with_ep=ALL_ZERO, schedules=TORCH_SCHEDULES, interleaved_chunks="any",
     stage_cuts="any", cp_modes=CP_MODES, recompute_modes=RECOMPUTE_MODES,
     per_block_recompute=True, sequence_parallel=(True, False), expert_parallel=True,
     moe_sequence_parallel=(False,), experts_tp_sharded=False,

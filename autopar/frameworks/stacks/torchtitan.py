@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...config import SCHEDULES
+from ...config import TORCH_SCHEDULES
 from ..choices import (DTENSOR_TP, EAGER, FSDP2, FUSED_CP, SDPA_FLASH, TORCH_PIPELINING, Choices,
                        OptimizerStep, compose, with_choice)
 from ..memory import TORCHTITAN_MEMORY
@@ -73,7 +73,7 @@ PROFILE = compose(
     CHOICES,
     name="torchtitan", version="torchtitan v0.2.2 (73a0e6979dd1)",
     zero_stages=(0, 2, 3), zero_stages_with_tp=(2, 3), zero_stages_with_pp=(2, 3),
-    zero_stages_with_ep=(2, 3), schedules=SCHEDULES, interleaved_chunks="any",
+    zero_stages_with_ep=(2, 3), schedules=TORCH_SCHEDULES, interleaved_chunks="any",
     stage_cuts="any", cp_modes=("ring", "allgather"),
     recompute_modes=("none", "selective-op", "full"),
     per_block_recompute=False, sequence_parallel=(True,), expert_parallel=True,

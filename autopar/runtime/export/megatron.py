@@ -79,7 +79,8 @@ def to_megatron_args(plan) -> Export:
         warn.append("schedule gpipe: Megatron runs 1F1B (the same gradients, less activation "
                     "memory)")
         w = w.replace(schedule="1f1b")
-    elif c.pp > 1 and c.schedule in ("interleaved-zero-bubble", "zbv-zero-bubble", "dualpipev"):
+    elif c.pp > 1 and c.schedule in ("interleaved-zero-bubble", "zbv-zero-bubble", "dualpipev",
+                                     "dualpipe"):
         nearest = "interleaved-1f1b" if v > 1 else "1f1b"
         warn.append(f"schedule {c.schedule}: Megatron-LM has no zero-bubble or V-shaped "
                     "schedule (megatron/core/pipeline_parallel/schedules.py runs 1F1B and "

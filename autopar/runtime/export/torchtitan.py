@@ -173,6 +173,12 @@ def to_torchtitan_toml(plan) -> Export:
                     "under TP (less memory, the same numbers)")
         w = w.replace(sequence_parallel=True)
     mbs = c.micro_batch_size or t.micro_batch_size or 1
+    if c.pp > 1 and c.schedule == "dualpipe":
+        warn.append("schedule dualpipe: torchtitan has no bidirectional DualPipe (torch 2.13 "
+                    "pipelining has ScheduleDualPipeV only); written as DualPipeV on the same "
+                    "ranks, which keeps one copy of the parameters")
+        w = w.replace(schedule="dualpipev")
+        c = c.replace(schedule="dualpipev")
     if c.pp > 1:
         par["pipeline_parallel_schedule"] = TITAN_SCHEDULES[c.schedule or "1f1b"]
         if c.schedule == "dualpipev" and c.ep > 1 and set(block_modes(plan)) != {"none"}:

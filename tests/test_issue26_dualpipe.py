@@ -1,0 +1,52 @@
+"""Issue 26: DeepSeek's bidirectional DualPipe as a schedule: DualPipeV's order on the same
+ranks (the same bubble up to the stage size), with each stage's parameters on two ranks."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import autopar
+from autopar.config import SCHEDULES
+from autopar.cost.model import CostModel
+from autopar.errors import InvalidParallelConfig
+from autopar.runtime.errors import UnsupportedPlanError
+from autopar.problem import model_graph
+from autopar.runtime.validate import check_schedule
+
+TRAIN = autopar.TrainingConfig(global_batch_size=32, seq_len=32, micro_batch_size=1)
+BASE = dict(tp=1, pp=2, dp=4, zero_stage=1, recompute="none")
+
+
+# a stack that runs both (torch's profile with DualPipe added), so only the schedule differs
+BOTH = dataclasses.replace(autopar.frameworks.get_profile("torch"), schedules=SCHEDULES)
+
+
+def _estimate(schedule: str):
+    graph, _ = model_graph("tiny-llama", TRAIN)
+    cm = CostModel(graph, autopar.Cluster.from_spec("1x8xH100"), TRAIN, framework=BOTH)
+    return cm.estimate(autopar.ParallelConfig(**BASE, schedule=schedule))
+
+
+def test_dualpipe_times_as_dualpipev_and_keeps_two_parameter_copies():
+    v, d = _estimate("dualpipev"), _estimate("dualpipe")
+    assert d.config.virtual_stages == 2
+    assert d.time_breakdown.bubble == pytest.approx(v.time_breakdown.bubble, rel=1e-9)
+    b_v, b_d = v.memory_breakdown, d.memory_breakdown
+    assert b_d.weights == pytest.approx(2 * b_v.weights)
+    assert b_d.gradients == pytest.approx(2 * b_v.gradients)
+    assert b_d.optimizer_states == pytest.approx(2 * b_v.optimizer_states)
+
+
+def test_dualpipe_is_what_only_its_stack_runs():
+    with pytest.raises(InvalidParallelConfig, match="2 chunks"):
+        autopar.ParallelConfig(**BASE, schedule="dualpipe", virtual_stages=3)
+    assert "dualpipe" not in autopar.frameworks.get_profile("torch").schedules
+    assert "dualpipe" not in autopar.frameworks.get_profile("torchtitan").schedules
+    assert "dualpipe" in autopar.frameworks.get_profile("inhouse-2024").schedules
+    with pytest.raises(UnsupportedPlanError, match="dualpipev"):
+        check_schedule("dualpipe", 2, 2, 8)
+    # the default search never returns a schedule plan.apply cannot run
+    plan = autopar.optimize("tiny-llama", "1x8xH100", TRAIN, fixed=dict(pp=2))
+    assert plan.config.schedule != "dualpipe"
