@@ -131,15 +131,18 @@ class PipelineTimer:
         (torchtitan/distributed/pipeline_parallel.py ``build_pipeline_schedule``,
         distributed/dual_pipe_v.py), which refuses activation checkpointing
         (``get_dual_pipe_v_flag``); stock torch runs the pair's halves one after the other.
-        DeepSeek-V3 (arXiv 2412.19437, section 3.2.1) hides all-to-all this way. The hidden part
-        is the pair's all-to-all seconds, at most the pair's other work.
+        DeepSeek-V3 (arXiv 2412.19437, section 3.2.1) hides all-to-all this way in DualPipe,
+        recomputing RMSNorm and the MLA up-projections as it does (section 3.3.1), so the
+        ``dualpipe`` overlap keeps recomputation. The hidden part is the pair's all-to-all
+        seconds, at most the pair's other work.
         """
         if c.schedule not in ("dualpipev", "dualpipe") or c.ep == 1 or c.pp == 1:
             return None
         if c.schedule not in self.inputs.profile.overlaps_ep_comm:
             return None
-        if any(mode != "none" for mode in c.block_recompute(len(self.inputs.blocks))):
-            return None
+        if c.schedule == "dualpipev" and any(
+                mode != "none" for mode in c.block_recompute(len(self.inputs.blocks))):
+            return None   # torchtitan's DualPipeV overlap refuses activation checkpointing
         v = c.virtual_stages
         out = []
         for part, total in zip(parts, stage_time):
