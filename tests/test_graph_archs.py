@@ -304,3 +304,30 @@ def test_optimize_runs(name):
     plan = autopar.optimize(hf.build(name), "1x8xA100-80GB",
                             autopar.TrainingConfig(global_batch_size=16, seq_len=64))
     assert plan.summary()
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_kernel_call_found_behind_a_wrapper_frame(wrapped):
+    """transformers >= 5.25 calls ``torch_chunk_gated_delta_rule`` through the ``kernels``
+    package's function wrapper, whose frame is the innermost one of every node inside the call;
+    the call is still found (by the innermost line calling it), with its inputs and output."""
+    from autopar.graph import aten as A
+
+    def f(x, y):
+        return torch.relu(x * y) + 1.0
+
+    gm = torch.fx.symbolic_trace(f)
+    call = ('  File "modeling.py", line 801, in forward\n'
+            '    out, state = torch_chunk_gated_delta_rule(\n')
+    wrapper = ('  File "kernels/_internals/layer/layer.py", line 856, in forward\n'
+               '    return func(*args, **kwargs)\n')
+    outer = '  File "modeling.py", line 996, in forward\n    h = self.linear_attn(\n'
+    nodes = {n.name: n for n in gm.graph.nodes}
+    for n in gm.graph.nodes:
+        n.meta["val"] = torch.empty(2, 3, device="meta")
+        inside = n.name in ("mul", "relu")
+        n.meta["stack_trace"] = outer + (call + (wrapper if wrapped else "") if inside else "")
+    found = A.kernel_calls(gm.graph, "chunk_gated_delta_rule")
+    assert list(found) == [nodes["relu"]]
+    c = found[nodes["relu"]]
+    assert c.nodes == {nodes["mul"], nodes["relu"]} and c.inputs == (nodes["x"], nodes["y"])

@@ -320,17 +320,24 @@ class KernelCall:
 def kernel_calls(graph: fx.Graph, call: str) -> dict[fx.Node, KernelCall]:
     """{output node: :class:`KernelCall`} for each call of the function named ``call``.
 
-    torch.export records each node's Python stack; its innermost frame is the line in the module
-    that made the call, so a run of nodes whose innermost frame calls ``call(`` is that call (e.g.
-    transformers' ``torch_chunk_gated_delta_rule``, the torch version of fla's kernel).
+    torch.export records each node's Python stack ("File ..., line N" then the code line, per
+    frame); the frames inside the called function itself are not kept, so the run of nodes whose
+    stack holds a line calling ``call(`` is that call (e.g. transformers'
+    ``torch_chunk_gated_delta_rule``, the torch version of fla's kernel). That line need not be the
+    innermost frame: transformers >= 5.25 routes the call through the ``kernels`` package's
+    function wrapper (``kernels/_internals/layer/layer.py``, ``return func(*args, **kwargs)``),
+    whose frame comes after it. The innermost line calling ``call(`` with its file and line number
+    names the call.
     """
     runs: dict[tuple, list[fx.Node]] = {}
     for n in graph.nodes:
         if n.op != "call_function":
             continue
         frames = (n.meta.get("stack_trace") or "").rstrip().splitlines()
-        if frames and f"{call}(" in frames[-1]:
-            runs.setdefault((_module_path(n), frames[-1]), []).append(n)
+        at = next((i for i in range(len(frames) - 1, -1, -1) if f"{call}(" in frames[i]), None)
+        if at is not None:
+            site = tuple(f.strip() for f in frames[max(at - 1, 0):at + 1])
+            runs.setdefault((_module_path(n), site), []).append(n)
     found: dict[fx.Node, KernelCall] = {}
     for nodes in runs.values():
         inside = set(nodes)
