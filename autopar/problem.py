@@ -35,6 +35,7 @@ from .graph.positions import max_positions, with_position_warning
 from .graph.types import ModelGraph
 from .hardware import Cluster
 from .models import ModelConfig, build, get_config
+from .models.hf_equivalent import preset_for_config
 from .search.margin import check_margin
 
 #: torch dtype a training precision computes in (fp8 plans are extracted in bf16: FlopCounterMode
@@ -79,8 +80,8 @@ def model_config_of(model) -> ModelConfig | None:
 def config_graph(cfg: ModelConfig, seq_len: int, precision: str,
                  flash_attention: bool) -> ModelGraph:
     """The measured graph of the built-in transformer of ``cfg`` (or of its transformers
-    equivalent, :func:`autopar.graph.hf.preset_for_config`, for experts, latent attention,
-    qk-norm or an own head size) at ``seq_len`` tokens, one
+    equivalent, :func:`autopar.models.hf_equivalent.preset_for_config`, for experts, latent
+    attention, qk-norm or an own head size) at ``seq_len`` tokens, one
     sequence per micro-batch (cached: planning and loading many plans of one model extract it
     once; the graph is frozen data). A ``cfg`` shorter than ``seq_len`` is built grown to it,
     with the position warning of :func:`autopar.graph.positions.with_position_warning`.
@@ -92,7 +93,7 @@ def config_graph(cfg: ModelConfig, seq_len: int, precision: str,
     built = cfg if cfg.seq_len >= seq_len else ModelConfig.from_dict(
         {**cfg.to_dict(), "seq_len": seq_len})
     dtype = TORCH_DTYPES[precision]
-    module = (hf.build_preset(hf.preset_for_config(built), dtype=dtype)
+    module = (hf.build_preset(preset_for_config(built), dtype=dtype)
               if built.needs_transformers else build(built, dtype=dtype))
     graph = with_mtp_layers(extract(module, seq_len, 1, dtype=dtype, name=cfg.name,
                                     flash_attention=flash_attention), cfg.mtp_layers)

@@ -9,8 +9,8 @@ pytest.importorskip("transformers")
 
 import autopar  # noqa: E402
 from autopar.errors import InvalidModelConfig  # noqa: E402
-from autopar.graph import hf  # noqa: E402
 from autopar.models import ModelConfig, build, get_config  # noqa: E402
+from autopar.models.hf_equivalent import preset_for_config  # noqa: E402
 from autopar.problem import config_graph  # noqa: E402
 
 _TINY_MOE = dict(name="tiny-moe", family="llama", num_layers=3, hidden_size=64, num_heads=4,
@@ -60,7 +60,7 @@ def test_config_graph_matches_its_transformers_model(extra, cls, extra_params):
     preset_for_config names: Qwen2-MoE's h x 1 shared-expert gate per MoE layer); the MoE
     layers carry their experts and top-k."""
     cfg = ModelConfig.from_dict({**_TINY_MOE, **extra})
-    assert hf.preset_for_config(cfg).model_class == cls
+    assert preset_for_config(cfg).model_class == cls
     g = config_graph(cfg, 64, "bf16", True)
     assert g.num_parameters == cfg.num_parameters + extra_params
     moe = [cfg.moe_layer(i) for i in range(cfg.num_layers)]

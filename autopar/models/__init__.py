@@ -52,8 +52,8 @@ def build(spec: str | Mapping[str, Any] | ModelConfig, *, device: str | torch.de
         raise InvalidModelConfig(
             f"model {config.name!r} has experts, latent attention, qk-norm or its own head size, "
             "which the built-in Transformer does not build; fix: plan it as it is (autopar traces "
-            "its transformers equivalent, autopar.graph.hf.preset_for_config), or build that "
-            "module with autopar.graph.hf.build_preset(autopar.graph.hf.preset_for_config(cfg))")
+            "its transformers equivalent), or build that module with autopar.graph.hf."
+            "build_preset(autopar.models.hf_equivalent.preset_for_config(cfg))")
     with torch.device("meta"):
         model = Transformer(config)
     model.to(dtype=dtype)

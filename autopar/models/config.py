@@ -295,7 +295,7 @@ class ModelConfig:
         """Whether the model has parts the built-in :class:`~autopar.models.transformer.
         Transformer` lacks (experts, latent attention, qk-norm, a head size other than h/a):
         its graph is then traced from the equivalent Hugging Face transformers model
-        (:func:`autopar.graph.hf.preset_for_config`)."""
+        (:func:`autopar.models.hf_equivalent.preset_for_config`)."""
         return self.is_moe or self.uses_mla or self.qk_norm or self.kv_channels is not None
 
     def moe_layer(self, index: int) -> bool:

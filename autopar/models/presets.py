@@ -57,6 +57,19 @@ _NARAYANAN_SIZES = {
 }
 
 
+#: What the Qwen3 MoE models share (their config.json files): 4 KV heads of 128, qk-norm,
+#: 128 experts top-8, the 151,936-token vocabulary
+_QWEN3_MOE = dict(num_kv_heads=4, kv_channels=128, qk_norm=True, vocab_size=151936,
+                  seq_len=40960, rope_theta=1e6, norm_eps=1e-6, num_experts=128, top_k=8)
+
+
+#: What DeepSeek-V2 and V3 share (their config.json files): 128 heads of latent attention with
+#: the same ranks and head sizes
+_DEEPSEEK_MLA = dict(num_heads=128, num_kv_heads=128, seq_len=163840, norm_eps=1e-6,
+                     q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
+                     qk_rope_head_dim=64, v_head_dim=128)
+
+
 def _build_presets() -> dict[str, Preset]:
     presets = {
         "gpt3-175b": Preset(_gpt("gpt3-175b", 96, 12288, 96),
@@ -89,31 +102,21 @@ def _build_presets() -> dict[str, Preset]:
                                rope_theta=1e6, num_experts=8, top_k=2,
                                moe_ffn_hidden_size=16384),
          "mistralai/Mixtral-8x22B-v0.1 config.json"),
-        ("qwen3-30b-a3b", dict(num_layers=48, hidden_size=2048, num_heads=32, num_kv_heads=4,
-                               kv_channels=128, qk_norm=True, ffn_hidden_size=6144,
-                               vocab_size=151936, seq_len=40960, rope_theta=1e6,
-                               norm_eps=1e-6, num_experts=128, top_k=8,
-                               moe_ffn_hidden_size=768),
+        ("qwen3-30b-a3b", dict(_QWEN3_MOE, num_layers=48, hidden_size=2048, num_heads=32,
+                               ffn_hidden_size=6144, moe_ffn_hidden_size=768),
          "Qwen/Qwen3-30B-A3B config.json"),
-        ("qwen3-235b-a22b", dict(num_layers=94, hidden_size=4096, num_heads=64, num_kv_heads=4,
-                                 kv_channels=128, qk_norm=True, ffn_hidden_size=12288,
-                                 vocab_size=151936, seq_len=40960, rope_theta=1e6,
-                                 norm_eps=1e-6, num_experts=128, top_k=8,
-                                 moe_ffn_hidden_size=1536),
+        ("qwen3-235b-a22b", dict(_QWEN3_MOE, num_layers=94, hidden_size=4096, num_heads=64,
+                                 ffn_hidden_size=12288, moe_ffn_hidden_size=1536),
          "Qwen/Qwen3-235B-A22B config.json"),
-        ("deepseek-v2", dict(num_layers=60, hidden_size=5120, num_heads=128, num_kv_heads=128,
-                             ffn_hidden_size=12288, vocab_size=102400, seq_len=163840,
-                             norm_eps=1e-6, num_experts=160, top_k=6, moe_ffn_hidden_size=1536,
-                             num_shared_experts=2, first_dense_layers=1, q_lora_rank=1536,
-                             kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
-                             v_head_dim=128),
+        ("deepseek-v2", dict(_DEEPSEEK_MLA, num_layers=60, hidden_size=5120,
+                             ffn_hidden_size=12288, vocab_size=102400, num_experts=160, top_k=6,
+                             moe_ffn_hidden_size=1536, num_shared_experts=2,
+                             first_dense_layers=1),
          "deepseek-ai/DeepSeek-V2 config.json (group-limited routing as one group)"),
-        ("deepseek-v3", dict(num_layers=61, hidden_size=7168, num_heads=128, num_kv_heads=128,
-                             ffn_hidden_size=18432, vocab_size=129280, seq_len=163840,
-                             norm_eps=1e-6, num_experts=256, top_k=8, moe_ffn_hidden_size=2048,
-                             num_shared_experts=1, first_dense_layers=3, q_lora_rank=1536,
-                             kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
-                             v_head_dim=128, mtp_layers=1),
+        ("deepseek-v3", dict(_DEEPSEEK_MLA, num_layers=61, hidden_size=7168,
+                             ffn_hidden_size=18432, vocab_size=129280, num_experts=256, top_k=8,
+                             moe_ffn_hidden_size=2048, num_shared_experts=1,
+                             first_dense_layers=3, mtp_layers=1),
          "deepseek-ai/DeepSeek-V3 config.json (num_nextn_predict_layers 1: the MTP module it "
          "was trained with, arXiv 2412.19437 section 4.2; group-limited routing as one group)"),
     ]
