@@ -317,7 +317,7 @@ def optimize(model: Any, cluster: Cluster | str, train: TrainingConfig | dict | 
     """
     _search_options(fixed, time_limit_s, top_k, progress)
     check_objective(objective)
-    memory_margin = check_margin(memory_margin)
+    check_margin(memory_margin)   # None stays None: the model's kind picks the default
     cl = as_cluster(cluster)
     tr = _with_profile(_train(train, model_config_of(model), cl, model), profile)
     cl, params = with_calibration(cl, params, calibration, tr.precision)

@@ -179,9 +179,10 @@ class Problem:
             AutoparError subclasses: an invalid model, cluster or training config;
                 InvalidSearchOption for a bad ``memory_margin``.
         """
-        margin = check_margin(memory_margin)
+        check_margin(memory_margin)   # a bad value fails before the graph is extracted
         cl = as_cluster(cluster)
         graph, cfg = model_graph(model, train)
+        margin = check_margin(memory_margin, moe=graph.num_experts > 0)
         return cls(model, CostModel(graph, cl, train, params, framework=framework),
                    cfg.to_dict() if cfg else None, margin)
 

@@ -95,20 +95,26 @@ def bands(pts: list[Point]) -> dict[tuple, tuple[float, float, int, int]]:
     return out
 
 
-def memory_residuals(pts: list[Point], raw: list[dict] | None = None) -> list[float]:
+def memory_residuals(pts: list[Point], raw: list[dict] | None = None,
+                     experts: str | None = None) -> list[float]:
     """(predicted - measured) / measured peak memory of every run with a published peak (the
     counter it publishes: :meth:`benchmarks.validation.Row.memory_as_published`), OOM reports
     left out: those among ``pts``, then the records with a peak but no step time (evaluated
     here), then the plans measured through ``plan.apply``
-    (:func:`benchmarks.validation.measured_plans_memory`); ``raw`` defaults to the development
-    split.
+    (:func:`benchmarks.validation.measured_plans_memory`, dense models); ``raw`` defaults to
+    the development split. ``experts`` ("dense" or "moe", :func:`autopar.cost.regime.
+    experts_kind`) keeps the runs of that kind only; None keeps all.
     """
     raw = validation.dev_corpus() if raw is None else raw
-    out = [p.memory_residual for p in pts if p.memory_residual is not None]
+    kind = rg.FIELDS.index("experts")
+    out = [p.memory_residual for p in pts if p.memory_residual is not None
+           and experts in (None, p.key[kind])]
     for r in raw:
         try:
             rec = parse(r)
             if rec.measured_step_s or not rec.measured_memory_gib or rec.oom:
+                continue
+            if experts is not None and rg.experts_kind(rec.model.num_experts or 1) != experts:
                 continue
             row = validation.evaluate(rec, spread=False)
         except validation.REFUSED:
@@ -116,7 +122,7 @@ def memory_residuals(pts: list[Point], raw: list[dict] | None = None) -> list[fl
         out.append((row.memory_as_published() - rec.measured_memory_gib)
                    / rec.measured_memory_gib)
     own = [(pred - meas) / meas for _, pred, meas in validation.measured_plans_memory()]
-    return out + own
+    return out + (own if experts in (None, "dense") else [])
 
 
 def memory_band(residuals: list[float]) -> tuple[float, float, int, float]:
@@ -167,12 +173,21 @@ def render(pts: list[Point]) -> str:
         lines.append(f"    {c!r}: ({mfu!r}, {rid!r},")
         lines.append(f"        {src!r}),")
     lines += ["}", ""]
-    mem = memory_residuals(pts)
-    if mem:
-        lines += ["#: Peak memory per GPU: (band half-width, mean signed residual (predicted -",
-                  "#: measured) / measured, runs, largest under-prediction measured / predicted - 1)",
-                  "#: over the runs with a published peak and the plans measured through plan.apply.",
-                  f"MEMORY_BAND: tuple[float, float, int, float] = {memory_band(mem)!r}", ""]
+    dense, moe = memory_residuals(pts, experts="dense"), memory_residuals(pts, experts="moe")
+    if dense:
+        lines += ["#: Peak memory per GPU of dense models: (band half-width, mean signed residual",
+                  "#: (predicted - measured) / measured, runs, largest under-prediction measured /",
+                  "#: predicted - 1) over the runs with a published peak and the plans measured",
+                  "#: through plan.apply.",
+                  f"MEMORY_BAND: tuple[float, float, int, float] = {memory_band(dense)!r}", ""]
+    if dense or moe:
+        # a regime with fewer runs than the bands' minimum takes the band of every run
+        enough = len(moe) >= rg.MIN_RECORDS
+        lines += ["#: The same for mixtures of experts "
+                  + ("(their own runs)." if enough else
+                     f"(fewer than {rg.MIN_RECORDS} runs: the band of all runs)."),
+                  f"MOE_MEMORY_BAND: tuple[float, float, int, float] = "
+                  f"{memory_band(moe if enough else dense + moe)!r}", ""]
     return "\n".join(lines)
 
 
@@ -203,9 +218,12 @@ def main(argv=None) -> int:
               f"n={n} sources={s}")
     for c, (mfu, rid, _) in ceilings(pts).items():
         print(f"best MFU {'/'.join(c):28s} {100 * mfu:5.1f}% {rid}")
-    half, bias, n, worst = memory_band(memory_residuals(pts))
-    print(f"memory band +-{100 * half:.1f}% bias {100 * bias:+.1f}% n={n} "
-          f"worst under-prediction {100 * worst:.1f}%")
+    for kind in ("dense", "moe"):
+        res = memory_residuals(pts, experts=kind)
+        if res:
+            half, bias, n, worst = memory_band(res)
+            print(f"memory band ({kind}) +-{100 * half:.1f}% bias {100 * bias:+.1f}% n={n} "
+                  f"worst under-prediction {100 * worst:.1f}%")
     return 0
 
 

@@ -90,3 +90,16 @@ def test_cli_margin(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["plan", "--model", "tiny-llama", "--cluster", CLUSTER, "--memory-margin", "2"])
     assert exc.value.code == 2 and "not a fraction" in capsys.readouterr().err
+
+
+def test_mixtures_of_experts_keep_their_own_measured_margin():
+    """The default margin is the measured band of the model's kind: a MoE plan keeps what MoE
+    peaks missed by, a dense plan what dense peaks missed by (autopar.cost.regime.memory_band)."""
+    import math
+
+    from autopar.cost import published
+    from autopar.search.margin import check_margin, default_margin
+    for moe, band in ((False, published.MEMORY_BAND), (True, published.MOE_MEMORY_BAND)):
+        assert default_margin(moe) == math.ceil(band[0] * 100) / 100
+        assert check_margin(None, moe) == default_margin(moe)
+    assert check_margin(0.05, True) == 0.05   # a chosen margin is kept whatever the kind

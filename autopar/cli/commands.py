@@ -144,7 +144,7 @@ def _cmd_estimate(args, problem, par, notes, out) -> dict:
         from ..report.plots import plot_overview
         plot_overview(est, args.plot)
     from ..search.margin import default_margin
-    margin = default_margin()
+    margin = default_margin(moe=problem.graph.num_experts > 0)
     data = {**est.to_dict(), "notes": notes,
             "verdict": "fits" if est.fits else "out of memory",
             "fixes": [{"change": t, "fits": e.fits, "step_time_s": e.step_time_s, "mfu": e.mfu,

@@ -215,13 +215,17 @@ def _search_flags(p: argparse.ArgumentParser) -> None:
 def _margin_default_text() -> str:
     """The default margin and the measured band it comes from, for --help (from the generated
     table, so the text never goes stale when the corpus grows)."""
-    from ..cost import published
+    from ..cost.regime import memory_band
     from ..search.margin import default_margin
-    band = getattr(published, "MEMORY_BAND", None)
+    band, moe = memory_band(), memory_band(moe=True)
     if not band:
         return "0: no measured peaks to derive it from"
-    return (f"{default_margin():g}, the measured band: peaks were within "
-            f"{band[0] * 100:.0f}%% of their predictions for 68%% of {band[2]} runs")
+    text = (f"{default_margin():g}, the measured band: peaks were within "
+            f"{band[0] * 100:.0f}%% of their predictions for 68%% of {band[2]} dense runs")
+    if moe:
+        text += (f"; {default_margin(moe=True):g} for mixtures of experts ({moe[0] * 100:.0f}%% "
+                 f"over {moe[2]} runs)")
+    return text
 
 
 def _margin(text: str) -> float:

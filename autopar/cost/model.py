@@ -340,7 +340,8 @@ class CostModel:
         regime = Regime.of(train, self.cluster, self.graph, c)
         warns = (*self.graph.warnings, *plausibility_warnings(mfu, regime),
                  *estimate_notes(self.inputs, c),
-                 *headroom_warnings(totals[peak_rank], device.visible_memory_bytes))
+                 *headroom_warnings(totals[peak_rank], device.visible_memory_bytes,
+                                    moe=self.graph.num_experts > 0))
         return Estimate(
             error_band=band_for(regime), warnings=warns,
             config=c, step_time_s=step, mfu=mfu, hfu=hfu,

@@ -314,13 +314,21 @@ def distinct_percents(a: float, b: float, max_decimals: int = 6) -> tuple[str, s
     return ta, tb
 
 
-def headroom_warnings(memory_bytes: float, limit_bytes: float) -> tuple[str, ...]:
+def memory_band(moe: bool = False) -> tuple[float, float, int, float] | None:
+    """The measured peak-memory band of dense models (:data:`published.MEMORY_BAND`) or of
+    mixtures of experts (:data:`published.MOE_MEMORY_BAND`): (half-width, mean signed error,
+    runs, largest under-prediction); None when the corpus has no memory runs."""
+    return getattr(published, "MOE_MEMORY_BAND" if moe else "MEMORY_BAND", None)
+
+
+def headroom_warnings(memory_bytes: float, limit_bytes: float,
+                      moe: bool = False) -> tuple[str, ...]:
     """A warning when a fitting estimate's peak ``memory_bytes`` leaves less of ``limit_bytes``
-    (both bytes per GPU) free than the band of :data:`published.MEMORY_BAND`: the peak memory
+    (both bytes per GPU) free than the model kind's :func:`memory_band`: the peak memory
     predictions of the measured runs were off by more than that for a third of them, so such a
     plan may not fit on the first try. None when it does not fit (that verdict says it) or
     when the corpus has no memory runs."""
-    band = getattr(published, "MEMORY_BAND", None)
+    band = memory_band(moe)
     if band is None or memory_bytes > limit_bytes or memory_bytes <= 0:
         return ()
     half, bias, runs, worst = band

@@ -1,8 +1,9 @@
 """Search with part of each GPU's memory kept free for the memory model's error.
 
 A plan predicted at 99.7% of the GPU fits only if the prediction is never low; measured peaks
-were above their predictions by as much as :data:`autopar.cost.published.MEMORY_BAND` says (its
-half-width and its largest under-prediction, generated from the corpus). With a
+were above their predictions by as much as the measured band of the model's kind says
+(:func:`autopar.cost.regime.memory_band`: its half-width and its largest under-prediction,
+generated from the corpus). With a
 ``memory_margin`` m the search runs on the same cluster with each GPU's capacity taken as
 (1 - m) of what the framework sees, so every plan it returns leaves m of the memory free by
 prediction; the plans are then re-estimated on the real capacity (times are unchanged: time
@@ -14,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from ..cost import published
+from ..cost.regime import memory_band
 from ..cost.model import CostModel
 from ..errors import InfeasibleError, InvalidSearchOption
 from .optimize import SearchResult, search
@@ -23,24 +24,25 @@ from .optimize import SearchResult, search
 MAX_MEMORY_MARGIN = 0.5
 
 
-def default_margin() -> float:
-    """The margin searches keep by default: the half-width of the measured memory error band
-    (:data:`autopar.cost.published.MEMORY_BAND`, 68% of the runs with a measured peak were
-    within it), rounded up to a whole percent; 0 when the corpus has no such runs. A plan at
-    (1 - margin) of the GPU then still fits when its peak is that much above prediction."""
-    band = getattr(published, "MEMORY_BAND", None)
+def default_margin(moe: bool = False) -> float:
+    """The margin searches keep by default: the half-width of the measured memory error band of
+    the model's kind (dense or mixture of experts, :func:`autopar.cost.regime.memory_band`; 68%
+    of the runs with a measured peak were within it), rounded up to a whole percent; 0 when the
+    corpus has no such runs. A plan at (1 - margin) of the GPU then still fits when its peak is
+    that much above prediction."""
+    band = memory_band(moe)
     return min(math.ceil(band[0] * 100) / 100, MAX_MEMORY_MARGIN) if band else 0.0
 
 
-def check_margin(memory_margin) -> float:
+def check_margin(memory_margin, moe: bool = False) -> float:
     """``memory_margin`` as a float in [0, :data:`MAX_MEMORY_MARGIN`]; None is
-    :func:`default_margin`.
+    :func:`default_margin` for the model's kind (``moe``).
 
     Raises:
         InvalidSearchOption: not a number in that range.
     """
     if memory_margin is None:
-        return default_margin()
+        return default_margin(moe)
     if isinstance(memory_margin, bool) or not isinstance(memory_margin, (int, float)) \
             or not 0 <= memory_margin <= MAX_MEMORY_MARGIN:
         raise InvalidSearchOption(
@@ -71,7 +73,8 @@ def search_with_margin(cm: CostModel, fixed: dict | None = None, *,
             smaller one may fit), or nothing fits at all.
         InvalidSearchOption: a bad ``memory_margin``.
     """
-    memory_margin = check_margin(memory_margin)
+    moe = cm.graph.num_experts > 0
+    memory_margin = check_margin(memory_margin, moe)
     if memory_margin == 0:
         return search(cm, fixed, **options)
     try:
@@ -87,7 +90,7 @@ def search_with_margin(cm: CostModel, fixed: dict | None = None, *,
             f"free for the memory model's error): the best plan without the margin "
             f"({tight.step_time_s:.4g} s per step) fills {use:.1%} of the GPU's memory by "
             "prediction, and measured peaks have been up to "
-            f"{_worst():.0%} above prediction. Fix: memory_margin=0 (--memory-margin 0) to "
+            f"{_worst(moe):.0%} above prediction. Fix: memory_margin=0 (--memory-margin 0) to "
             "accept it, or the changes that make room: "
             f"{str(exc).split('Smallest changes: ', 1)[-1]}") from None
     again = {}
@@ -101,6 +104,6 @@ def search_with_margin(cm: CostModel, fixed: dict | None = None, *,
                    pareto=tuple(real(e) for e in r.pareto))
 
 
-def _worst() -> float:
-    band = getattr(published, "MEMORY_BAND", None)
+def _worst(moe: bool) -> float:
+    band = memory_band(moe)
     return band[3] if band else 0.0
