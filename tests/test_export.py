@@ -546,3 +546,22 @@ def test_megatron_args_of_an_edited_profile_parse_with_documented_names():
             "--no-overlap-p2p-communication", "--exp-avg-dtype"} <= set(flags)
     assert set(flags) <= MEGATRON_FLAGS, set(flags) - MEGATRON_FLAGS
     _megatron_parser().parse_args(ex.value)
+
+
+def test_torchtitan_export_of_experts_names_the_moe_model_not_llama3():
+    """A MoE config is not written as a dense llama3 flavor: the TOML names torchtitan's model
+    with experts (deepseek_v3 for latent attention) and the warning lists the sizes to register."""
+    pytest.importorskip("transformers")
+    model = dict(name="tiny-dsv3", family="llama", num_layers=4, hidden_size=64, num_heads=4,
+                 vocab_size=256, seq_len=64, ffn_hidden_size=128, num_experts=8, top_k=2,
+                 moe_ffn_hidden_size=32, num_shared_experts=1, first_dense_layers=1,
+                 kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
+    p = autopar.optimize(model, autopar.Cluster.custom(1, 8, "H100-80GB"),
+                         autopar.TrainingConfig(global_batch_size=16, seq_len=64),
+                         fixed=dict(tp=1, pp=1, dp=8, ep=4))
+    ex = to_torchtitan_toml(p)
+    doc = tomllib.loads(ex.text())
+    assert doc["model"] == {"name": "deepseek_v3", "flavor": "tiny-dsv3"}
+    warning = next(w for w in ex.warnings if "torchtitan's llama3 does not have" in w)
+    assert "num_experts=8" in warning and "kv_lora_rank=16" in warning
+    assert not any("llama3_args" in w for w in ex.warnings)

@@ -115,3 +115,10 @@ def test_dense_configs_unchanged():
     cfg = get_config("llama3-8b")
     assert not cfg.needs_transformers and cfg.head_dim == 128
     assert cfg.num_parameters == pytest.approx(8.03e9, rel=1e-3)
+
+
+def test_head_dim_is_read_as_kv_channels():
+    cfg = ModelConfig.from_dict({**_TINY_MOE, "head_dim": 32})
+    assert cfg.kv_channels == 32 and cfg.head_dim == 32
+    with pytest.raises(InvalidModelConfig, match="both head_dim and kv_channels"):
+        ModelConfig.from_dict({**_TINY_MOE, "head_dim": 32, "kv_channels": 32})

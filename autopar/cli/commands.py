@@ -152,7 +152,8 @@ def _cmd_estimate(args, problem, par, notes, out) -> dict:
                        "free_memory_fraction": free_fraction(e),
                        "below_search_margin": e.fits and free_fraction(e) < margin,
                        "config": e.config.to_dict()} for t, e in fixes]}
-    if fixes:
+    if not est.fits:
+        # the search command is offered whether or not a single change was found
         data["search_memory_margin"] = margin
         data["plan_command"] = _plan_command(args, problem.cost_model.train)
     if money:

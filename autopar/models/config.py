@@ -357,7 +357,8 @@ class ModelConfig:
 
         Keys: name, family, num_layers, hidden_size, num_heads, vocab_size, seq_len (required);
         num_kv_heads, ffn_hidden_size, tied_embeddings, mlp, norm and every other field of this class
-        (optional, family defaults). The output of :meth:`to_dict` is accepted.
+        (optional, family defaults); ``head_dim`` is read as ``kv_channels``. The output of
+        :meth:`to_dict` is accepted.
 
         Raises:
             InvalidModelConfig: ``d`` is not a mapping, has unknown or missing keys, or a value of the
@@ -367,6 +368,12 @@ class ModelConfig:
             raise InvalidModelConfig(f"a model dict must be a mapping, got {type(d).__name__}; "
                                      "fix: pass e.g. {'name': ..., 'family': 'gpt', ...}")
         label = d.get("name", "<unnamed>")
+        if "head_dim" in d:
+            # the published-run records' (and transformers') name for Megatron's kv_channels
+            if "kv_channels" in d:
+                raise _fail(label, "both head_dim and kv_channels given (the same size); fix: "
+                                   "keep one")
+            d = {("kv_channels" if k == "head_dim" else k): v for k, v in d.items()}
         valid = [f.name for f in fields(cls)]
         unknown = sorted(str(k) for k in d if k not in valid)
         if unknown:

@@ -45,6 +45,8 @@ def _titan_flavor(plan, warn: list[str]) -> dict:
             f"torchtitan has no architecture for {plan.model} (GPT-style: learned positions, "
             "LayerNorm, GELU, biases); a llama3 TOML would train a different model. Fix: "
             "export with plan.to_megatron_args() or plan.to_deepspeed_config().")
+    if m and (m.get("num_experts") or m.get("kv_lora_rank") or m.get("qk_norm")):
+        return _titan_moe_model(plan, m, warn)
     shape = (m.get("num_layers"), m.get("hidden_size"), m.get("num_heads"),
              m.get("num_kv_heads") or m.get("num_heads"), m.get("ffn_hidden_size"),
              m.get("vocab_size"), float(m.get("rope_theta", 10000.0)))
@@ -70,6 +72,30 @@ def _titan_flavor(plan, warn: list[str]) -> dict:
         f"rope_theta={shape[6]:g}, ...) with the FFN size {shape[4]} in "
         "torchtitan/models/llama3/__init__.py")
     return {"name": "llama3", "flavor": name}
+
+
+def _titan_moe_model(plan, m: dict, warn: list[str]) -> dict:
+    """torchtitan's model section for a config with experts, latent attention or qk-norm: not
+    llama3 (which has none of them) but the torchtitan model that has them (v0.2.2
+    torchtitan/models: ``deepseek_v3`` with MLA and shared experts, ``qwen3`` with qk-norm,
+    ``llama4`` for other experts), under a flavor the user registers with the plan's sizes."""
+    name = str(plan.model)
+    model = "deepseek_v3" if m.get("kv_lora_rank") else "qwen3" if m.get("qk_norm") else "llama4"
+    sizes = ", ".join(f"{k}={m[k]}" for k in (
+        "num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size",
+        "num_experts", "top_k", "moe_ffn_hidden_size", "num_shared_experts", "first_dense_layers",
+        "moe_layer_interval", "kv_lora_rank", "q_lora_rank", "kv_channels") if m.get(k))
+    warn.append(
+        f"model {name}: experts, latent attention or qk-norm, which torchtitan's llama3 does not "
+        f"have: written as torchtitan's {model} model with flavor {name!r}, so torchtitan stops "
+        "at an unknown flavor instead of training another model. Fix: register that flavor in "
+        f"torchtitan/models/{model}/__init__.py with the plan's sizes ({sizes})")
+    if m.get("mtp_layers"):
+        warn.append(f"model {name}: {m['mtp_layers']} multi-token-prediction module(s) planned "
+                    "(the last block in module_fqns_per_model_part); torchtitan's models have "
+                    "none, so the file trains without them and its stage cuts need one block "
+                    "fewer")
+    return {"name": model, "flavor": name}
 
 
 def titan_batch_check(train: dict, par: dict, dp: int, micro_batch: int,
