@@ -3,6 +3,8 @@ counts against the published totals, and graphs identical to the transformers pr
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytest.importorskip("transformers")
@@ -122,3 +124,14 @@ def test_head_dim_is_read_as_kv_channels():
     assert cfg.kv_channels == 32 and cfg.head_dim == 32
     with pytest.raises(InvalidModelConfig, match="both head_dim and kv_channels"):
         ModelConfig.from_dict({**_TINY_MOE, "head_dim": 32, "kv_channels": 32})
+
+
+def test_models_listing_shows_experts_mtp_and_sources(capsys):
+    from autopar.cli import main
+    assert main(["models", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["models"]}
+    ds, mix = rows["deepseek-v3"], rows["mixtral-8x7b"]
+    assert (ds["experts"], ds["top_k"], ds["expert_ffn_hidden"], ds["mtp_layers"]) == (
+        256, 8, 2048, 1)
+    assert ds["ffn_hidden"] == 18432 and mix["ffn_hidden"] is None   # Mixtral: no dense layer
+    assert "config.json" in ds["source"] and rows["llama3-8b"]["experts"] == 0

@@ -269,7 +269,7 @@ def run(argv=None) -> int:
     try:
         if args.command == "models":
             from ..models import PRESETS
-            rows = [tables.model_row(name, p.config) for name, p in PRESETS.items()]
+            rows = [tables.model_row(name, p.config, p.source) for name, p in PRESETS.items()]
             try:
                 hf_rows = [hf.describe(name) for name in hf.HF_PRESETS]
             except MissingDependency as exc:  # the built-in presets need no transformers

@@ -269,13 +269,20 @@ def _count(n: int) -> str:
     return str(n)
 
 
-def model_row(name: str, config) -> dict:
-    """One preset as plain JSON: its name, family, parameter count and shape (counts)."""
+def model_row(name: str, config, source: str = "") -> dict:
+    """One preset as plain JSON: its name, family, parameter count and shape (counts); for a
+    mixture of experts its routed experts, top-k and expert FFN width; MTP modules; and where
+    its numbers come from. ``ffn_hidden`` is the dense layers' width (None when every layer
+    is MoE)."""
+    dense = not config.is_moe or any(not config.moe_layer(i) for i in range(config.num_layers))
     return {"name": name, "family": config.family, "parameters": config.num_parameters,
             "layers": config.num_layers, "hidden": config.hidden_size,
             "heads": config.num_heads, "kv_heads": config.num_kv_heads,
-            "ffn_hidden": config.ffn_hidden_size, "vocabulary": config.vocab_size,
-            "context_length": config.seq_len}
+            "ffn_hidden": config.ffn_hidden_size if dense else None,
+            "experts": config.num_experts, "top_k": config.top_k,
+            "expert_ffn_hidden": config.moe_ffn_hidden_size,
+            "mtp_layers": config.mtp_layers, "vocabulary": config.vocab_size,
+            "context_length": config.seq_len, "source": source}
 
 
 def hf_models_table(rows: list[dict]) -> Table:
@@ -294,14 +301,20 @@ def hf_models_table(rows: list[dict]) -> Table:
 def models_table(rows: list[dict]) -> Table:
     """Model presets (:func:`model_row` dicts): parameters (B = 1e9), layers, hidden size,
     attention and KV heads, FFN width, vocabulary and context length (tokens)."""
-    t = _table("Model presets (parameters: B = 1e9, M = 1e6; context length in tokens)")
+    t = _table("Model presets (parameters: B = 1e9, M = 1e6, with any MTP module; context "
+               "length in tokens; FFN: dense layers; experts: routed, top-k, FFN each)")
     cols = (("name", "name"), ("family", "family"), ("parameters", "parameters"),
             ("layers", "layers"), ("hidden", "hidden"), ("heads", "heads"),
-            ("KV heads", "kv_heads"), ("FFN", "ffn_hidden"), ("vocabulary", "vocabulary"),
-            ("context", "context_length"))
+            ("KV heads", "kv_heads"), ("FFN", "ffn_hidden"), ("experts", "experts"),
+            ("vocabulary", "vocabulary"), ("context", "context_length"))
     for title, _ in cols:
         t.add_column(title, justify="left" if title in ("name", "family") else "right")
     for r in rows:
-        t.add_row(*(_count(r[k]) if k == "parameters" else
-                    (f"{r[k]:,}" if isinstance(r[k], int) else str(r[k])) for _, k in cols))
+        cells = {k: (_count(v) if k == "parameters" else f"{v:,}" if isinstance(v, int)
+                     else "-" if v is None else str(v)) for k, v in r.items()}
+        if r.get("mtp_layers"):
+            cells["layers"] += f" + {r['mtp_layers']} MTP"
+        cells["experts"] = (f"{r['experts']} top-{r['top_k']} x {r['expert_ffn_hidden']:,}"
+                            if r.get("experts") else "-")
+        t.add_row(*(cells[k] for _, k in cols))
     return t
