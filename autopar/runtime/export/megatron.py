@@ -267,7 +267,8 @@ def _megatron_moe_model(m: dict) -> list[str]:
         a += ["--mtp-num-layers", str(m["mtp_layers"])]
     if not m.get("num_experts"):
         return a
-    first, every, layers = m.get("first_dense_layers", 0), m.get("moe_layer_interval", 1),         m["num_layers"]
+    first, every = m.get("first_dense_layers", 0), m.get("moe_layer_interval", 1)
+    layers = m["num_layers"]
     pattern = [int(i >= first and (i + 1) % every == 0) for i in range(layers)]
     runs: list[list[int]] = []
     for bit in pattern:
