@@ -50,3 +50,9 @@ def test_dualpipe_is_what_only_its_stack_runs():
     # the default search never returns a schedule plan.apply cannot run
     plan = autopar.optimize("tiny-llama", "1x8xH100", TRAIN, fixed=dict(pp=2))
     assert plan.config.schedule != "dualpipe"
+
+
+def test_pinning_a_schedule_the_framework_lacks_names_its_schedules():
+    with pytest.raises(autopar.AutoparError, match="torch does not run the pipeline schedule "
+                                                   "'dualpipe'.*inhouse-2024"):
+        autopar.optimize("tiny-llama", "1x8xH100", TRAIN, fixed=dict(schedule="dualpipe"))

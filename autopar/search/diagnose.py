@@ -205,8 +205,17 @@ def infeasible_error(cm: CostModel, smallest, fixed: dict,
     fixed = dict(fixed or {})
     dev = cm.device
     if smallest is None:
+        schedule, profile = fixed.get("schedule"), cm.profile
+        if schedule is not None and schedule not in profile.schedules:
+            # the pinned schedule is one this framework does not run: say so, with its own list
+            return InfeasibleError(
+                f"{profile.name} does not run the pipeline schedule {schedule!r} (it runs "
+                f"{list(profile.schedules)}; {profile.sources.get('schedules', '')}). Fix: one of "
+                "those, or the framework that runs it (e.g. 'dualpipe' runs only under "
+                "inhouse-2024, DeepSeek's HAI-LLM).")
         return InfeasibleError(
-            f"no configuration could be evaluated for fixed={fixed}. Fix: relax fixed=.")
+            f"no configuration could be evaluated for fixed={fixed}. Fix: relax fixed= (on the "
+            "command line, drop some of the pinned flags).")
     # probe within PROBE_BUDGET_S, and within the search's own time limit when it has one
     deadline = min(time.monotonic() + PROBE_BUDGET_S, deadline or math.inf)
     k = cm.state_bytes_per_param()
