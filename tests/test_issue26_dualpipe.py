@@ -56,3 +56,4 @@ def test_pinning_a_schedule_the_framework_lacks_names_its_schedules():
     with pytest.raises(autopar.AutoparError, match="torch does not run the pipeline schedule "
                                                    "'dualpipe'.*inhouse-2024"):
         autopar.optimize("tiny-llama", "1x8xH100", TRAIN, fixed=dict(schedule="dualpipe"))
+

@@ -104,3 +104,12 @@ def test_mixtral_8x7b_megatron_report_within_15_percent():
     assert rec.measured_step_s == pytest.approx(5.539)
     row = validation.evaluate(rec, spread=False)
     assert row.predicted_s == pytest.approx(rec.measured_step_s, rel=0.15)
+
+
+def test_an_expert_parallelism_that_does_not_divide_the_experts_says_so():
+    pytest.importorskip("transformers")
+    with pytest.raises(autopar.AutoparError, match=r"ep=3 does not divide the model's 4 experts"
+                                                   r".*ep in \[1, 2, 4\]"):
+        autopar.optimize("hf-tiny-mixtral", "1x8xH100",
+                         autopar.TrainingConfig(global_batch_size=16, seq_len=32),
+                         fixed=dict(ep=3))

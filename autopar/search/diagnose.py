@@ -48,6 +48,13 @@ def no_mesh_error(cm: CostModel, fixed: dict) -> AutoparError:
         (getattr(layer, "num_experts", 0) for layer in g.layers), default=0))
     if dense is not None:
         return rules.refuse(dense, InfeasibleError, f"{head}: ")
+    ep, experts = fixed.get("ep") or 1, g.num_experts
+    if experts and experts % ep:
+        # each EP rank holds experts / ep of every MoE layer's experts
+        fits = [d for d in range(1, experts + 1) if experts % d == 0 and world % d == 0]
+        return InfeasibleError(f"{head}: ep={ep} does not divide the model's {experts} experts "
+                               f"(each expert-parallel rank holds experts / ep of them). Fix: "
+                               f"ep in {fits}, or leave it to autopar.")
     v = fixed.get("virtual_stages") or 1
     if v > 1 and fixed.get("pp", 2) == 1:
         return InfeasibleError(f"{head}: virtual_stages={v} interleaves pipeline stages, but "
