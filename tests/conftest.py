@@ -106,3 +106,29 @@ def dev():
     rows = {r["id"]: r for r in validation.dev_corpus()}
     assert not any(source_key(r) in locked for r in rows.values())
     return rows
+
+
+@pytest.fixture(scope="session")
+def mixed():
+    """A small DeepSeek-V3 (one dense block, then three MoE blocks) on 8 A100-40GB, and the
+    memory (bytes) of its best plan when memory does not bind: a model of mixed blocks for
+    the searches that squeeze it until memory binds (tests/test_issue24_search.py,
+    tests/test_issue26_search_speed.py)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from autopar.cost.model import CostModel
+    from autopar.graph import extract
+    from autopar.search.optimize import search
+    cfg = transformers.DeepseekV3Config(
+        vocab_size=32000, hidden_size=1024, intermediate_size=2816, moe_intermediate_size=512,
+        num_hidden_layers=4, first_k_dense_replace=1, num_attention_heads=16,
+        num_key_value_heads=16, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
+        n_group=1, topk_group=1, q_lora_rank=256, kv_lora_rank=128, qk_rope_head_dim=32,
+        qk_nope_head_dim=64, v_head_dim=64, max_position_embeddings=4096,
+        tie_word_embeddings=False, attn_implementation="sdpa")
+    with torch.device("meta"):
+        model = transformers.DeepseekV3ForCausalLM(cfg)
+    graph = extract(model.to(torch.bfloat16), 4096, 1)
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=4096)
+    cm = CostModel(graph, autopar.Cluster.from_spec("1x8xA100-40GB"), train)
+    return cm, search(cm).best.memory_per_gpu_bytes

@@ -19,71 +19,26 @@ from autopar.search import cuts, rank_dp, recompute
 from autopar.search.margin import derated
 from autopar.search.optimize import search
 from autopar.search.rankcost import MODES, RankCosts, rank_costs, slots
-
-
-def _brute(rc: RankCosts, modes) -> tuple[float, float] | None:
-    """(seconds, bytes at the peak) of the fastest fitting per-block assignment, then least
-    memory, by trying every mode for every block."""
-    blocks = [(t, a, tr) for k, t, a, tr in rc.sigs for _ in range(k)]
-    best = None
-    for pick in itertools.product(modes, repeat=len(blocks)):
-        time = sum(t[m] for (t, _a, _tr), m in zip(blocks, pick))
-        acts = sum(a[m] for (_t, a, _tr), m in zip(blocks, pick))
-        cap = max([rc.floor_bytes] + [tr[m] for (_t, _a, tr), m in zip(blocks, pick)])
-        if acts + cap <= rc.budget_bytes and (best is None or (time, acts + cap) < best):
-            best = (time, acts + cap)
-    return best
-
-
-_T = st.sampled_from([1.0, 1.25, 1.5, 2.0, 2.5, 3.0])
-_B = st.sampled_from([0, 1, 2, 3, 5, 8])
+from rank_problems import BYTES, SIGS, brute, rank_problem
 
 
 @settings(max_examples=150, deadline=None)
-@given(sigs=st.lists(st.tuples(st.integers(1, 3), st.lists(_T, min_size=4, max_size=4),
-                               st.lists(_B, min_size=4, max_size=4),
-                               st.lists(_B, min_size=4, max_size=4)), min_size=1, max_size=3),
+@given(sigs=SIGS,
        modes=st.sampled_from([m for r in (2, 3) for m in itertools.combinations(MODES, r)]),
-       floor=_B, budget=st.integers(0, 40))
+       floor=BYTES, budget=st.integers(0, 40))
 def test_cp_sat_equals_brute_force_on_small_mixed_problems(sigs, modes, floor, budget):
     """A few blocks of 1-3 kinds, 2-3 modes, equal costs included: CP-SAT's assignment has the
     brute force's time and memory, and the enumeration's."""
-    costs = [(k, dict(zip(MODES, t)), dict(zip(MODES, map(float, a))),
-              dict(zip(MODES, map(float, tr)))) for k, t, a, tr in sigs]
-    by_sig = OrderedDict((f"s{i}", list(range(10 * i, 10 * i + k)))
-                         for i, (k, *_r) in enumerate(costs))
-    rc = RankCosts(0.0, 0.0, float(floor), by_sig, costs, True, float(budget))
-    got, exact, brute = recompute.solve_rank(rc, modes), rank_dp.solve(rc, modes), _brute(rc, modes)
-    assert (got is None) == (brute is None) == (exact is None)
+    rc = rank_problem(sigs, floor, budget)
+    got, exact, forced = recompute.solve_rank(rc, modes), rank_dp.solve(rc, modes), brute(rc, modes)
+    assert (got is None) == (forced is None) == (exact is None)
     if got is not None:
-        assert (got.time_s, got.peak_bytes) == pytest.approx(brute, rel=1e-12)
-        assert (exact[0], exact[1]) == pytest.approx(brute, rel=1e-12)
+        assert (got.time_s, got.peak_bytes) == pytest.approx(forced, rel=1e-12)
+        assert (exact[0], exact[1]) == pytest.approx(forced, rel=1e-12)
         assert got.optimal and got.gap == 0.0 and got.bound_s == got.time_s
         # the same assignment as the enumeration, ties included
         norm = [{m: n for m, n in d.items() if n} for d in got.by_mode]
         assert norm == [{m: n for m, n in d.items() if n} for d in exact[2]]
-
-
-@pytest.fixture(scope="module")
-def mixed():
-    """A small DeepSeek-V3 (one dense block, then three MoE blocks) on 8 A100-40GB, and the
-    memory (bytes) of its best plan when memory does not bind."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from autopar.graph import extract
-    cfg = transformers.DeepseekV3Config(
-        vocab_size=32000, hidden_size=1024, intermediate_size=2816, moe_intermediate_size=512,
-        num_hidden_layers=4, first_k_dense_replace=1, num_attention_heads=16,
-        num_key_value_heads=16, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
-        n_group=1, topk_group=1, q_lora_rank=256, kv_lora_rank=128, qk_rope_head_dim=32,
-        qk_nope_head_dim=64, v_head_dim=64, max_position_embeddings=4096,
-        tie_word_embeddings=False, attn_implementation="sdpa")
-    with torch.device("meta"):
-        model = transformers.DeepseekV3ForCausalLM(cfg)
-    graph = extract(model.to(torch.bfloat16), 4096, 1)
-    train = autopar.TrainingConfig(global_batch_size=64, seq_len=4096)
-    cm = CostModel(graph, autopar.Cluster.from_spec("1x8xA100-40GB"), train)
-    return cm, search(cm).best.memory_per_gpu_bytes
 
 
 def _squeezed(mixed, fraction: float) -> CostModel:
@@ -110,10 +65,10 @@ def test_cp_sat_equals_brute_force_on_the_ranks_of_a_mixed_model(mixed, fraction
             if len(rc.sigs) < 2 or not rc.step_fits:
                 continue
             seen += 1
-            got, brute = recompute.solve_rank(rc, modes), _brute(rc, modes)
-            assert (got is None) == (brute is None)
+            got, forced = recompute.solve_rank(rc, modes), brute(rc, modes)
+            assert (got is None) == (forced is None)
             if got is not None:
-                assert (got.time_s, got.peak_bytes) == pytest.approx(brute, rel=1e-12)
+                assert (got.time_s, got.peak_bytes) == pytest.approx(forced, rel=1e-12)
     assert seen > 0
 
 

@@ -7,7 +7,6 @@ search's best, top, front and counts as the computations without them."""
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
 
 import pytest
 from hypothesis import given, settings
@@ -18,70 +17,24 @@ from autopar.api import model_graph
 from autopar.cost.model import CostModel
 from autopar.search import cuts, kept, optimize, recompute
 from autopar.search.margin import derated
-from autopar.search.rankcost import MODES, RankCosts
-
-
-def _brute(rc: RankCosts, modes) -> float | None:
-    """Least block seconds over every mode of every block that fits, or None."""
-    blocks = [(t, a, tr) for k, t, a, tr in rc.sigs for _ in range(k)]
-    best = None
-    for pick in itertools.product(modes, repeat=len(blocks)):
-        time = sum(t[m] for (t, _a, _tr), m in zip(blocks, pick))
-        acts = sum(a[m] for (_t, a, _tr), m in zip(blocks, pick))
-        cap = max([rc.floor_bytes] + [tr[m] for (_t, _a, tr), m in zip(blocks, pick)])
-        if acts + cap <= rc.budget_bytes and (best is None or time < best):
-            best = time
-    return best
-
-
-_T = st.sampled_from([1.0, 1.25, 1.5, 2.0, 2.5, 3.0])
-_B = st.sampled_from([0, 1, 2, 3, 5, 8])
+from autopar.search.rankcost import MODES
+from rank_problems import BYTES, SIGS, brute, rank_problem
 
 
 @settings(max_examples=200, deadline=None)
-@given(sigs=st.lists(st.tuples(st.integers(1, 3), st.lists(_T, min_size=4, max_size=4),
-                               st.lists(_B, min_size=4, max_size=4),
-                               st.lists(_B, min_size=4, max_size=4)), min_size=1, max_size=3),
+@given(sigs=SIGS,
        modes=st.sampled_from([m for r in (1, 2, 3, 4) for m in itertools.combinations(MODES, r)]),
-       floor=_B, budget=st.integers(0, 40), fixed_s=st.sampled_from([0.0, 0.5]))
+       floor=BYTES, budget=st.integers(0, 40), fixed_s=st.sampled_from([0.0, 0.5]))
 def test_the_relaxation_bound_is_never_above_the_exact_answer(sigs, modes, floor, budget,
                                                               fixed_s):
-    rc = RankCosts(fixed_bytes=0.0, fixed_s=fixed_s, floor_bytes=float(floor),
-                   by_sig=OrderedDict((f"s{i}", list(range(k))) for i, (k, *_r) in
-                                      enumerate(sigs)),
-                   sigs=[(k, dict(zip(MODES, t)), {m: float(x) for m, x in zip(MODES, a)},
-                          {m: float(x) for m, x in zip(MODES, tr)}) for k, t, a, tr in sigs],
-                   step_fits=True, limit_bytes=float(budget))
-    exact = _brute(rc, modes)
+    rc = rank_problem(sigs, floor, budget, fixed_s)
+    exact = brute(rc, modes)
     bound = cuts.time_floor(rc, modes)
     if exact is None:
         return   # the relaxation may still fit fractions
-    assert bound <= fixed_s + exact
+    assert bound <= fixed_s + exact[0]
     # and it is a bound worth having: at least every block in its fastest mode when that fits
     assert bound >= 0
-
-
-@pytest.fixture(scope="module")
-def mixed():
-    """A small DeepSeek-V3 (one dense block, then three MoE blocks) on 8 A100-40GB, squeezed
-    so that memory binds (tests/test_issue24_search.py)."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from autopar.graph import extract
-    cfg = transformers.DeepseekV3Config(
-        vocab_size=32000, hidden_size=1024, intermediate_size=2816, moe_intermediate_size=512,
-        num_hidden_layers=4, first_k_dense_replace=1, num_attention_heads=16,
-        num_key_value_heads=16, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
-        n_group=1, topk_group=1, q_lora_rank=256, kv_lora_rank=128, qk_rope_head_dim=32,
-        qk_nope_head_dim=64, v_head_dim=64, max_position_embeddings=4096,
-        tie_word_embeddings=False, attn_implementation="sdpa")
-    with torch.device("meta"):
-        model = transformers.DeepseekV3ForCausalLM(cfg)
-    graph = extract(model.to(torch.bfloat16), 4096, 1)
-    train = autopar.TrainingConfig(global_batch_size=64, seq_len=4096)
-    cm = CostModel(graph, autopar.Cluster.from_spec("1x8xA100-40GB"), train)
-    peak = optimize.search(cm).best.memory_per_gpu_bytes
-    return cm, peak
 
 
 def _result(r):
