@@ -37,6 +37,9 @@ SCHEDULE_ALIASES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved1f1b": "interl
 #: pp - 1 - r of the other (DeepSeek-V3, arXiv 2412.19437, section 3.2.1): the same V of
 #: chunks, each a whole stage of a model kept twice (:data:`PARAMETER_COPIES`).
 V_SCHEDULES = ("zbv-zero-bubble", "dualpipev", "dualpipe")
+#: DeepSeek's schedules (DualPipe and its V): a forward chunk paired with a backward chunk in
+#: the steady state, at least a micro-batch per chunk (2 pp).
+DUAL_PIPES = ("dualpipev", "dualpipe")
 #: The schedules ``torch.distributed.pipelining`` (torch 2.13) has a class for (all but DeepSeek's
 #: bidirectional DualPipe): what plain PyTorch and torchtitan run.
 TORCH_SCHEDULES = tuple(s for s in SCHEDULES if s != "dualpipe")

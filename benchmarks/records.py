@@ -17,6 +17,7 @@ from autopar.config import CP_MODES
 from autopar.hardware import get_device
 from autopar.hardware.boxes import node_template
 from autopar.models import ModelConfig
+from autopar.models.config import MOE_FIELDS
 
 #: The published runs the benchmarks and tests use, carried in the repository (each record keeps
 #: its ``source``; the format is described in benchmarks/data/README.md).
@@ -217,22 +218,15 @@ _MOE_PLAN_KEYS = {"ep": "ep", "etp": "expert_tp"}
 _DISPATCHERS = ("alltoall", None)
 
 
-_MOE_MODEL_KEYS = ("num_experts", "top_k", "moe_ffn_hidden_size", "num_shared_experts",
-                   "shared_expert_ffn_hidden_size", "first_dense_layers", "moe_layer_interval",
-                   "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-                   "v_head_dim", "kv_channels", "qk_norm", "mtp_layers")
-
-
 def _model_fields(model: dict) -> dict:
     """The record's ``model`` as ModelConfig keys: ``family: "moe"`` (the corpus's first MoE
-    records) is a llama-style MoE; ``head_dim`` is ``kv_channels``."""
+    records) is a llama-style MoE; a MoE size left null takes ModelConfig's default (0: none;
+    expert widths derived). ``head_dim`` is read by ModelConfig.from_dict."""
     fields_ = dict(model)
     if fields_.get("family") == "moe":
         fields_["family"] = "llama"
-    if "head_dim" in fields_:
-        fields_["kv_channels"] = fields_.pop("head_dim")
-    # a MoE size left null takes ModelConfig's default (0: none; expert widths derived)
-    return {k: v for k, v in fields_.items() if v is not None or k not in _MOE_MODEL_KEYS}
+    return {k: v for k, v in fields_.items()
+            if v is not None or k not in (*MOE_FIELDS, "head_dim")}
 
 
 def _moe_plan(plan: dict) -> dict:

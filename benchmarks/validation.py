@@ -30,6 +30,7 @@ from pathlib import Path
 
 import autopar
 from autopar.api import model_graph
+from autopar.config import V_SCHEDULES
 from autopar.cost.model import CostModel
 from autopar.frameworks import (FrameworkProfile, MemoryConventions, get_profile, shard_within,
                                 with_pure_bf16)
@@ -278,8 +279,8 @@ def framework_defaults(rec: Record) -> dict:
         local = rec.train.global_batch_size // fixed["dp"]
         if local % fixed["pp"] == 0:
             d["micro_batch_size"] = local // fixed["pp"]
-    if fixed.get("schedule") in ("interleaved-1f1b", "dualpipev", "dualpipe"):
-        # dualpipev / dualpipe: two chunks per rank by definition (DeepSeek's schedules)
+    if fixed.get("schedule") == "interleaved-1f1b" or fixed.get("schedule") in V_SCHEDULES:
+        # a V-shaped schedule holds two chunks per rank by definition
         d["virtual_stages"] = 2
     if fixed.get("tp", 1) == 1:
         d["sequence_parallel"] = False

@@ -135,3 +135,12 @@ def test_models_listing_shows_experts_mtp_and_sources(capsys):
         256, 8, 2048, 1)
     assert ds["ffn_hidden"] == 18432 and mix["ffn_hidden"] is None   # Mixtral: no dense layer
     assert "config.json" in ds["source"] and rows["llama3-8b"]["experts"] == 0
+
+
+def test_latent_attention_shared_experts_must_be_whole_expert_widths():
+    mla = dict(_TINY_MOE, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
+               v_head_dim=16, num_kv_heads=4)
+    cfg = ModelConfig.from_dict({**mla, "shared_expert_ffn_hidden_size": 64})   # 2 x 32
+    assert preset_for_config(cfg).config["n_shared_experts"] == 2
+    with pytest.raises(InvalidModelConfig, match="not a multiple of moe_ffn_hidden_size=32"):
+        preset_for_config(ModelConfig.from_dict({**mla, "shared_expert_ffn_hidden_size": 48}))

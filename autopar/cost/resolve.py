@@ -14,7 +14,7 @@ of its rounds (schedule_rounds) and DualPipeV at least 2 pp micro-batches (pipel
 
 from __future__ import annotations
 
-from ..config import DEFAULT_PLACEMENT, V_SCHEDULES, ParallelConfig, TrainingConfig
+from ..config import DEFAULT_PLACEMENT, DUAL_PIPES, V_SCHEDULES, ParallelConfig, TrainingConfig
 from ..errors import InvalidParallelConfig
 from ..frameworks import get_profile, rules
 from ..graph.types import ModelGraph
@@ -74,7 +74,7 @@ def resolve(config: ParallelConfig, graph: ModelGraph, world_size: int,
         check(rules.interleave_fill(c.pp, v, m))
     if schedule == "interleaved-zero-bubble":
         check(rules.schedule_rounds(schedule, c.pp, m))
-    if schedule in ("dualpipev", "dualpipe"):
+    if schedule in DUAL_PIPES:
         check(rules.pipeline_fill(schedule, c.pp * v, m))
     stage_blocks = c.stage_blocks or (balanced_stage_blocks(blocks, c.pp * v) if blocks else (0,))
     check(rules.stage_cuts(stage_blocks, c.pp, v))

@@ -45,6 +45,9 @@ _MOE_INT_FIELDS = ("kv_channels", "num_experts", "top_k", "moe_ffn_hidden_size",
                    "num_shared_experts", "shared_expert_ffn_hidden_size", "first_dense_layers",
                    "moe_layer_interval", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
                    "qk_rope_head_dim", "v_head_dim", "mtp_layers")
+#: Every field that describes experts, latent attention, qk-norm, the head size or MTP: absent
+#: (the defaults) in a dense model.
+MOE_FIELDS = (*_MOE_INT_FIELDS, "qk_norm")
 #: Largest value accepted per size field: beyond any published model (GPT-3: 96 layers, h=12288;
 #: Llama 3 405B: 126 layers, h=16384, 128K vocabulary), and small enough that building the meta
 #: model and its graph stays within seconds (a 4096-layer model takes ~10 s to extract).

@@ -30,7 +30,8 @@ def preset_for_config(cfg: ModelConfig) -> HFPreset:
 
     Raises:
         InvalidModelConfig: a combination no transformers model has (latent attention with a
-            MoE interval other than 1, or with qk-norm).
+            MoE interval other than 1, with qk-norm, or with shared experts that are not a
+            whole number of routed-expert widths).
     """
     common = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
                   num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
@@ -45,9 +46,15 @@ def preset_for_config(cfg: ModelConfig) -> HFPreset:
                 "which have every layer after the leading dense ones MoE and no qk-norm; fix: "
                 "moe_layer_interval=1 and qk_norm=False")
         dense = cfg.num_layers if not cfg.is_moe else cfg.first_dense_layers
-        shared, width = cfg.num_shared_experts, cfg.moe_ffn_hidden_size or cfg.ffn_hidden_size
-        if cfg.is_moe and shared and cfg.shared_expert_ffn_hidden_size != shared * width:
-            shared = 0   # only an exact multiple fits DeepSeek's n_shared x expert width
+        width = cfg.moe_ffn_hidden_size or cfg.ffn_hidden_size
+        shared_width = cfg.shared_expert_ffn_hidden_size or 0
+        if shared_width % width:
+            raise InvalidModelConfig(
+                f"model {cfg.name!r}: DeepSeek-V3's layers hold shared experts as a whole number "
+                f"of routed-expert widths; shared_expert_ffn_hidden_size={shared_width} is not a "
+                f"multiple of moe_ffn_hidden_size={width}. Fix: num_shared_experts with the "
+                "default width, or a multiple of it")
+        shared = shared_width // width
         return HFPreset("DeepseekV3ForCausalLM", "DeepseekV3Config", dict(
             common, moe_intermediate_size=width, first_k_dense_replace=dense,
             n_routed_experts=max(cfg.num_experts, 1), num_experts_per_tok=max(cfg.top_k, 1),

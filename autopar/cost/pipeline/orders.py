@@ -54,13 +54,14 @@ from __future__ import annotations
 from collections import deque
 from functools import lru_cache
 
+from ...config import DUAL_PIPES, SCHEDULES, V_SCHEDULES
+
 #: Schedules whose ranks each hold exactly two chunks in a V.
-V_SHAPED = ("zbv-zero-bubble", "dualpipev", "dualpipe")
+V_SHAPED = V_SCHEDULES
 #: Schedules that split a backward into input- and weight-gradient passes.
 SPLIT_BACKWARD = ("interleaved-zero-bubble", "zbv-zero-bubble", "dualpipev", "dualpipe")
 #: Every schedule this module orders.
-ORDERED = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zero-bubble", "zbv-zero-bubble",
-           "dualpipev", "dualpipe")
+ORDERED = SCHEDULES
 
 Action = tuple  # (kind, stage, mb) or ("O", (f_stage, f_mb), (b_stage, b_mb))
 
@@ -84,7 +85,7 @@ def check_order_args(schedule: str, pp: int, m: int, v: int) -> None:
         raise ValueError(f"{schedule} runs one chunk per rank, not {v}")
     if schedule in V_SHAPED and v != 2:
         raise ValueError(f"{schedule} runs exactly two chunks per rank, not {v}")
-    if schedule in ("dualpipev", "dualpipe") and m < 2 * pp:
+    if schedule in DUAL_PIPES and m < 2 * pp:
         raise ValueError(f"{schedule} needs at least 2 pp = {2 * pp} micro-batches, not {m}")
     if schedule in ("interleaved-1f1b", "interleaved-zero-bubble") and m % max(1, m // pp):
         raise ValueError(f"{schedule} needs m a multiple of its rounds max(1, m // pp)")

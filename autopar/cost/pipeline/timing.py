@@ -15,7 +15,7 @@ import itertools
 from collections import Counter
 from dataclasses import dataclass
 
-from ...config import ParallelConfig
+from ...config import DUAL_PIPES, ParallelConfig
 from ...hardware.collectives import NO_LOAD, LinkLoad
 from ..blocks import BlockCosts, block_cost_fields
 from ..context import CostInputs
@@ -136,7 +136,7 @@ class PipelineTimer:
         ``dualpipe`` overlap keeps recomputation. The hidden part is the pair's all-to-all
         seconds, at most the pair's other work.
         """
-        if c.schedule not in ("dualpipev", "dualpipe") or c.ep == 1 or c.pp == 1:
+        if c.schedule not in DUAL_PIPES or c.ep == 1 or c.pp == 1:
             return None
         if c.schedule not in self.inputs.profile.overlaps_ep_comm:
             return None
