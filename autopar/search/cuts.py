@@ -37,8 +37,8 @@ from . import rank_dp, recompute
 from .rankcost import MODES, STRENGTH, RankCosts, rank_costs, slots
 from .recompute import SolveLog
 
-__all__ = ["MODES", "FIT_RTOL", "rank_recompute", "rank_fits", "dp_cut", "some_cut_fits",
-           "uses_cp_sat"]
+__all__ = ["MODES", "FIT_RTOL", "rank_recompute", "rank_recompute_bounded", "rank_fits",
+           "dp_cut", "some_cut_fits", "uses_cp_sat"]
 
 
 def uses_cp_sat(rc: RankCosts, modes: tuple[str, ...]) -> bool:
@@ -75,26 +75,36 @@ def rank_recompute(cm: CostModel, c: ParallelConfig, st: StageLayout,
         time go to less memory, then to fewer blocks in the strongest modes. Solved by CP-SAT
         where :func:`uses_cp_sat` says so, else by :func:`autopar.search.rank_dp.solve`.
     """
+    return rank_recompute_bounded(cm, c, st, allowed, log)[0]
+
+
+def rank_recompute_bounded(cm: CostModel, c: ParallelConfig, st: StageLayout,
+                           allowed: tuple[str, ...] = MODES, log: SolveLog | None = None):
+    """(:func:`rank_recompute`'s answer, a proven lower bound in seconds on the rank's fastest
+    fitting time): the answer's own time where it is proven optimal (the enumeration, or
+    CP-SAT within its work limit), else CP-SAT's proven bound; None with the answer None."""
     modes = slots(allowed)
     rc = rank_costs(cm, c, st, modes)
     if not rc.step_fits:
-        return None
+        return None, None
     if not rc.by_sig:
-        return (rc.fixed_s, rc.fixed_bytes + rc.floor_bytes, {}) \
-            if rc.fixed_bytes + rc.floor_bytes <= rc.limit_bytes else None
+        if rc.fixed_bytes + rc.floor_bytes <= rc.limit_bytes:
+            return (rc.fixed_s, rc.fixed_bytes + rc.floor_bytes, {}), rc.fixed_s
+        return None, None
     if uses_cp_sat(rc, modes):
         if _least_fits(rc, modes) is False:
-            return None   # not even the least memory fits: no model to solve
-        got = recompute.solve_rank(rc, modes, log=log)
+            return None, None   # not even the least memory fits: no model to solve
+        got = _solve_cp_sat(rc, modes, log)
         if got is None:
-            return None
-        time, peak, by_mode = got.time_s, got.peak_bytes, got.by_mode
+            return None, None
+        time, peak, by_mode, bound = got.time_s, got.peak_bytes, got.by_mode, got.bound_s
     else:
         got = _solve(cm, rc, modes)
         if got is None:
-            return None
+            return None, None
         time, peak, by_mode = got
-    return rc.fixed_s + time, rc.fixed_bytes + peak, rc.modes_of(by_mode)
+        bound = time
+    return (rc.fixed_s + time, rc.fixed_bytes + peak, rc.modes_of(by_mode)), rc.fixed_s + bound
 
 
 #: Per cost model: :func:`autopar.search.rank_dp.solve`'s answers by everything it reads of a
@@ -111,13 +121,89 @@ def _solve(cm: CostModel, rc: RankCosts, modes: tuple[str, ...]):
     memo = _SOLVED.get(cm)
     if memo is None:
         memo = _SOLVED[cm] = {}
-    key = (modes, rc.limit_bytes, rc.fixed_bytes, rc.floor_bytes,
-           tuple((k, tuple(t.items()), tuple(a.items()), tuple(tr.items()))
-                 for k, t, a, tr in rc.sigs))
+    key = _problem_key(rc, modes)
     if key in memo:
         return memo[key]
     got = memo[key] = rank_dp.solve(rc, modes)
     return got
+
+
+def _problem_key(rc: RankCosts, modes: tuple[str, ...]) -> tuple:
+    """Everything both rank solvers read of ``rc`` under ``modes``: the modes, the memory
+    limit, the fixed and floor bytes, and per signature the block count and the seconds,
+    activation and transient bytes of each mode (not the layers' indices)."""
+    return (modes, rc.limit_bytes, rc.fixed_bytes, rc.floor_bytes,
+            tuple((k, tuple(t.items()), tuple(a.items()), tuple(tr.items()))
+                  for k, t, a, tr in rc.sigs))
+
+
+def _solve_cp_sat(rc: RankCosts, modes: tuple[str, ...], log: SolveLog | None):
+    """:func:`autopar.search.recompute.solve_rank` of ``rc``, once per distinct problem in a
+    run (:attr:`SolveLog.answers` of ``log``; without a log, every call solves). A repeated
+    problem counts no solve, but its assignment's gap is still the run's to report."""
+    if log is None:
+        return recompute.solve_rank(rc, modes)
+    key = _problem_key(rc, modes)
+    if key in log.answers:
+        got = log.answers[key]
+        if got is not None:
+            log.gap = max(log.gap, got.gap)
+        return got
+    got = log.answers[key] = recompute.solve_rank(rc, modes, log=log)
+    return got
+
+
+def time_floor(rc: RankCosts, modes: tuple[str, ...]) -> float:
+    """A lower bound (seconds) on :func:`rank_recompute`'s time for the rank ``rc`` (inf when
+    no choice fits): the linear relaxation of its problem, solved greedily.
+
+    For each value of the rank's largest transient (:meth:`RankCosts.caps`: the answer's own
+    is one of them), every block may take a fraction of each mode whose transient is within it,
+    under the activation budget left. From every block in its fastest mode, memory is bought
+    along each signature's lower convex hull of (bytes, seconds) at the least seconds per byte
+    first (the fractional knapsack's optimum); an integer choice is one of the relaxation's
+    points, so the least over the caps is at most the exact answer. A relative margin of 1e-9
+    covers the sums' rounding. Costs a sort of a few segments, no solve."""
+    if not rc.step_fits:
+        return math.inf
+    if not rc.by_sig:
+        return rc.fixed_s if rc.fixed_bytes + rc.floor_bytes <= rc.limit_bytes else math.inf
+    best = math.inf
+    for cap in rc.caps():
+        budget = rc.limit_bytes - rc.fixed_bytes - cap
+        if budget < 0:
+            break   # caps rise: every later budget is smaller
+        time = mem = 0.0
+        segments = []
+        for k, t, a, tr in rc.sigs:
+            ch = rank_dp.chain([m for m in modes if tr[m] <= cap], t, a)
+            if not ch:
+                break
+            hull = [(a[ch[0]], t[ch[0]])]   # fastest first: bytes fall, seconds rise
+            for m in ch[1:]:
+                p = (a[m], t[m])
+                while len(hull) >= 2 and (hull[-1][1] - hull[-2][1]) * (hull[-2][0] - p[0]) \
+                        >= (p[1] - hull[-2][1]) * (hull[-2][0] - hull[-1][0]):
+                    hull.pop()   # above the chord from hull[-2] to p: not on the lower hull
+                hull.append(p)
+            time += k * hull[0][1]
+            mem += k * hull[0][0]
+            for (a0, t0), (a1, t1) in zip(hull, hull[1:]):
+                segments.append(((t1 - t0) / (a0 - a1), k * (a0 - a1)))
+        else:
+            need = mem - budget
+            if need > 0:
+                segments.sort()
+                for rate, room in segments:
+                    take = min(need, room)
+                    time += rate * take
+                    need -= take
+                    if need <= 0:
+                        break
+                if need > 1e-9 * rc.limit_bytes:
+                    continue   # not even fractions fit under this cap
+            best = min(best, time)
+    return (rc.fixed_s + best) * (1 - 1e-9) if math.isfinite(best) else math.inf
 
 
 #: Relative margin around a rank's budget inside which :func:`rank_fits` defers to
@@ -202,13 +288,36 @@ def dp_cut(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES,
             c.schedule, c.placement, c.ep, c.cp_mode, allowed)
 
     local: dict[tuple[int, int, int], float] = {}   # this call's f by (i, a, b)
+    low: dict[tuple[int, int, int], float] = {}     # this call's floors of f by (i, a, b)
+    modes = slots(allowed)
+
+    def key_of(i: int, a: int, b: int) -> tuple:
+        return (ckey, i, a == 0, b == n, sigs[a - 1] if a else None, sigs[b - 1],
+                tuple(prefix[s][b] - prefix[s][a] for s in kinds))
+
+    def floor(i: int, a: int, b: int) -> float:
+        """f(i, a, b) where known, else a lower bound on it (:func:`time_floor`): enough to
+        skip an interval that could not improve the programme's value."""
+        hit = local.get((i, a, b))
+        if hit is None:
+            hit = low.get((i, a, b))
+        if hit is None:
+            key = key_of(i, a, b)
+            hit = memo.get(key)
+            if hit is None:
+                fkey = ("floor",) + key
+                hit = memo.get(fkey)
+                if hit is None:
+                    rc = rank_costs(cm, c, cm.interval_layout(c, i, a, b), modes)
+                    hit = memo[fkey] = time_floor(rc, modes)
+            low[(i, a, b)] = hit
+        return hit
 
     def f(i: int, a: int, b: int) -> float:
         hit = local.get((i, a, b))
         if hit is not None:
             return hit
-        key = (ckey, i, a == 0, b == n, sigs[a - 1] if a else None, sigs[b - 1],
-               tuple(prefix[s][b] - prefix[s][a] for s in kinds))
+        key = key_of(i, a, b)
         hit = memo.get(key)
         if hit is None:
             st = cm.interval_layout(c, i, a, b)
@@ -228,7 +337,7 @@ def dp_cut(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES,
         last = i == p - 1
         for b in (range(n, n + 1) if last else range(i + 1, n - (p - 1 - i) + 1)):
             for a in range(i, b):
-                if best[i - 1][a] >= best[i][b]:
+                if best[i - 1][a] >= best[i][b] or floor(i, a, b) >= best[i][b]:
                     continue   # (inf included) no stage time can bring the max below best
                 val = max(best[i - 1][a], f(i, a, b))
                 if val < best[i][b]:
@@ -252,6 +361,9 @@ def dp_cut(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES,
             for a in range(i, b):
                 if total[i - 1][a] >= total[i][b]:
                     continue   # (inf included) stage times are >= 0: no improvement
+                lo = floor(i, a, b)
+                if lo > bound or total[i - 1][a] + lo >= total[i][b]:
+                    continue   # f >= its floor: over the bound, or no improvement
                 t = f(i, a, b)
                 if t <= bound and total[i - 1][a] + t < total[i][b]:
                     total[i][b] = total[i - 1][a] + t

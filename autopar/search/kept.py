@@ -6,8 +6,10 @@ plans unchanged (tests/test_issue24_speed.py). ``run`` is the search's
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import itertools
+import math
 
 from ..config import ParallelConfig
 from ..cost.memory import kept_params_per_rank
@@ -15,7 +17,8 @@ from ..cost.pipeline.orders import SPLIT_BACKWARD
 from ..cost.pipeline.schedule import pipeline_time
 from ..cost.types import Estimate
 from ..errors import InvalidParallelConfig
-from .cuts import rank_recompute
+from .cuts import rank_fits, rank_recompute_bounded, time_floor
+from .rankcost import rank_costs, slots
 from .ranking import TIE_RTOL, better, kind_key
 
 
@@ -67,15 +70,27 @@ def keep_gathered(run, e0: Estimate, modes: tuple[str, ...], allowed) -> Estimat
                                      counts))
     timed: dict[tuple, float] = {}   # step seconds by the rank's recomputation
     pipe_floor = _pipe_floor(e0, r)
+    rank = _RankByKept(run, c, st, allowed,
+                       sorted({_kept_of(counts, per_block, by_sig) for counts in options}))
+    # a few solves spread over the kept amounts first, so the bound below has points to use
+    rank.probe(lambda bound: pipe_floor(bound, math.inf) > max(
+        run.threshold(), e0.step_time_s * (1 + TIE_RTOL)))
     for counts in options:
-        kept = sum(n * per_block[sig] for n, sig in zip(counts, by_sig))
+        kept = _kept_of(counts, per_block, by_sig)
         saved = saving(kept)
         floor = e0.step_time_s - saved
         if floor > run.threshold():
             continue   # not the best, nor faster than the k-th kind
-        w, g, o = st.states
-        got = rank_recompute(cm, c, dataclasses.replace(
-            st, states=(w + kept * cm.train.dtype_bytes, g, o)), allowed, run.log)
+        if not rank.fits(kept):
+            continue   # keeping this many does not fit (fewer may)
+        # the rank's time only rises with what it keeps (less memory left): a solved smaller
+        # amount bounds it, and the pipelined step without DP seconds bounds the variant's
+        # step; over the loosest bar _may_matter could apply, it would rule the variant out
+        bar = max(run.threshold(), max(best.step_time_s, e0.step_time_s) * (1 + TIE_RTOL))
+        if max(floor, pipe_floor(rank.lower(kept), math.inf)) > bar:
+            run.evaluated += 1   # as _may_matter counts a variant its floor rules out
+            continue
+        got = rank.solve(kept)
         if got is None:
             continue   # keeping this many does not fit (fewer may)
         floor = max(floor, pipe_floor(got[0], saved))
@@ -101,6 +116,85 @@ def keep_gathered(run, e0: Estimate, modes: tuple[str, ...], allowed) -> Estimat
         if e is not None and e.fits and better(e, best):
             best = e
     return best
+
+
+def _kept_of(counts: tuple, per_block: dict, by_sig: dict) -> float:
+    """Parameter elements kept by ``counts`` (blocks per signature, ``by_sig`` order)."""
+    return sum(n * per_block[sig] for n, sig in zip(counts, by_sig))
+
+
+class _RankByKept:
+    """The recomputation of :func:`keep_gathered`'s rank as a function of the parameter
+    elements it keeps (the only thing the variants change on it: its weight bytes), solved
+    once per amount, with what monotonicity gives for free.
+
+    Keeping more leaves the rank less memory: the set of fitting recomputations only shrinks,
+    so whether it fits falls from True to False once along the amounts (found by bisecting
+    :func:`autopar.search.cuts.rank_fits`, no solve), and its fastest fitting time only
+    rises, so a proven lower bound of a solved amount bounds every larger one
+    (:meth:`lower`)."""
+
+    def __init__(self, run, c: ParallelConfig, st, allowed, levels: list[float]):
+        self.run, self.c, self.st, self.allowed = run, c, st, allowed
+        self.levels = levels                  # every amount the options keep, rising
+        self.answers: dict[float, tuple] = {}  # amount -> (answer, lower bound seconds)
+        self.floors: dict[float, float] = {}   # amount -> its relaxation's bound
+        self.solved: list[float] = []         # amounts solved, rising
+        self.bounds: list[float] = []         # running max of their bounds, same order
+        lo, hi = 0, len(levels)
+        while lo < hi:                        # the first amount that does not fit
+            mid = (lo + hi) // 2
+            if rank_fits(run.cm, c, self._layout(levels[mid]), allowed):
+                lo = mid + 1
+            else:
+                hi = mid
+        self.fitting = lo                     # levels[:lo] fit
+
+    def _layout(self, kept: float):
+        w, g, o = self.st.states
+        return dataclasses.replace(self.st, states=(w + kept * self.run.cm.train.dtype_bytes,
+                                                    g, o))
+
+    def fits(self, kept: float) -> bool:
+        return self.fitting > 0 and kept <= self.levels[self.fitting - 1]
+
+    def solve(self, kept: float):
+        """:func:`autopar.search.cuts.rank_recompute` of the rank keeping ``kept``."""
+        hit = self.answers.get(kept)
+        if hit is None:
+            hit = self.answers[kept] = rank_recompute_bounded(
+                self.run.cm, self.c, self._layout(kept), self.allowed, self.run.log)
+            if hit[1] is not None:
+                j = bisect.bisect_left(self.solved, kept)
+                self.solved.insert(j, kept)
+                self.bounds.insert(j, hit[1])
+                for i in range(max(j, 1), len(self.bounds)):
+                    self.bounds[i] = max(self.bounds[i], self.bounds[i - 1])
+        return hit[0]
+
+    def lower(self, kept: float) -> float:
+        """A proven lower bound on the rank's seconds keeping ``kept``: the larger of the
+        linear relaxation's (:func:`autopar.search.cuts.time_floor`) and the largest of the
+        solved amounts up to it."""
+        floor = self.floors.get(kept)
+        if floor is None:
+            modes = slots(self.allowed)
+            floor = self.floors[kept] = time_floor(
+                rank_costs(self.run.cm, self.c, self._layout(kept), modes), modes)
+        j = bisect.bisect_right(self.solved, kept)
+        return max(floor, self.bounds[j - 1]) if j else floor
+
+    def probe(self, beyond) -> None:
+        """Bisect the fitting amounts for the first whose bound satisfies ``beyond`` (a
+        predicate rising with the rank's seconds), solving about log2(amounts) of them."""
+        lo, hi = 0, self.fitting
+        while lo < hi:
+            mid = (lo + hi) // 2
+            self.solve(self.levels[mid])
+            if beyond(self.lower(self.levels[mid])):
+                hi = mid
+            else:
+                lo = mid + 1
 
 
 def _may_matter(run, v: ParallelConfig, floor: float, best: Estimate,

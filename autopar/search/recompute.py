@@ -75,12 +75,19 @@ class RankAssignment:
 class SolveLog:
     """What one search's CP-SAT rank models did (owned by its run, surfaced in
     :class:`autopar.search.optimize.SearchResult`): models solved, assignments the float
-    budget check sent to the enumeration, and the largest gap of an assignment used."""
+    budget check sent to the enumeration, and the largest gap of an assignment used.
+
+    It also holds the run's answers by rank problem (:attr:`answers`, filled by
+    :func:`autopar.search.cuts.rank_recompute`): a model is solved once per distinct problem
+    in a run, however many ranks, stage intervals, configurations or kept-gathered variants
+    pose it (the answer is per-signature counts, no layer indices; CP-SAT is deterministic
+    here, so a repeated solve would return the same)."""
 
     def __init__(self) -> None:
         self.solves = 0
         self.fallbacks = 0
         self.gap = 0.0
+        self.answers: dict = {}
 
     def record(self, got: RankAssignment | None) -> None:
         self.solves += 1

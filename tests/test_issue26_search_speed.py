@@ -1,0 +1,127 @@
+"""Issue 26, item 5: the speed-ups of the per-block recomputation give the answers of the plain
+computations. The relaxation bound of a rank (:func:`autopar.search.cuts.time_floor`) is never
+above the exact answer; the stage-cut programme that skips intervals by it, the run's memo of
+CP-SAT answers and the kept-gathered variants bounded by it and by monotonicity leave the
+search's best, top, front and counts as the computations without them."""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import autopar
+from autopar.api import model_graph
+from autopar.cost.model import CostModel
+from autopar.search import cuts, kept, optimize, recompute
+from autopar.search.margin import derated
+from autopar.search.rankcost import MODES, RankCosts
+
+
+def _brute(rc: RankCosts, modes) -> float | None:
+    """Least block seconds over every mode of every block that fits, or None."""
+    blocks = [(t, a, tr) for k, t, a, tr in rc.sigs for _ in range(k)]
+    best = None
+    for pick in itertools.product(modes, repeat=len(blocks)):
+        time = sum(t[m] for (t, _a, _tr), m in zip(blocks, pick))
+        acts = sum(a[m] for (_t, a, _tr), m in zip(blocks, pick))
+        cap = max([rc.floor_bytes] + [tr[m] for (_t, _a, tr), m in zip(blocks, pick)])
+        if acts + cap <= rc.budget_bytes and (best is None or time < best):
+            best = time
+    return best
+
+
+_T = st.sampled_from([1.0, 1.25, 1.5, 2.0, 2.5, 3.0])
+_B = st.sampled_from([0, 1, 2, 3, 5, 8])
+
+
+@settings(max_examples=200, deadline=None)
+@given(sigs=st.lists(st.tuples(st.integers(1, 3), st.lists(_T, min_size=4, max_size=4),
+                               st.lists(_B, min_size=4, max_size=4),
+                               st.lists(_B, min_size=4, max_size=4)), min_size=1, max_size=3),
+       modes=st.sampled_from([m for r in (1, 2, 3, 4) for m in itertools.combinations(MODES, r)]),
+       floor=_B, budget=st.integers(0, 40), fixed_s=st.sampled_from([0.0, 0.5]))
+def test_the_relaxation_bound_is_never_above_the_exact_answer(sigs, modes, floor, budget,
+                                                              fixed_s):
+    rc = RankCosts(fixed_bytes=0.0, fixed_s=fixed_s, floor_bytes=float(floor),
+                   by_sig=OrderedDict((f"s{i}", list(range(k))) for i, (k, *_r) in
+                                      enumerate(sigs)),
+                   sigs=[(k, dict(zip(MODES, t)), {m: float(x) for m, x in zip(MODES, a)},
+                          {m: float(x) for m, x in zip(MODES, tr)}) for k, t, a, tr in sigs],
+                   step_fits=True, limit_bytes=float(budget))
+    exact = _brute(rc, modes)
+    bound = cuts.time_floor(rc, modes)
+    if exact is None:
+        return   # the relaxation may still fit fractions
+    assert bound <= fixed_s + exact
+    # and it is a bound worth having: at least every block in its fastest mode when that fits
+    assert bound >= 0
+
+
+@pytest.fixture(scope="module")
+def mixed():
+    """A small DeepSeek-V3 (one dense block, then three MoE blocks) on 8 A100-40GB, squeezed
+    so that memory binds (tests/test_issue24_search.py)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from autopar.graph import extract
+    cfg = transformers.DeepseekV3Config(
+        vocab_size=32000, hidden_size=1024, intermediate_size=2816, moe_intermediate_size=512,
+        num_hidden_layers=4, first_k_dense_replace=1, num_attention_heads=16,
+        num_key_value_heads=16, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
+        n_group=1, topk_group=1, q_lora_rank=256, kv_lora_rank=128, qk_rope_head_dim=32,
+        qk_nope_head_dim=64, v_head_dim=64, max_position_embeddings=4096,
+        tie_word_embeddings=False, attn_implementation="sdpa")
+    with torch.device("meta"):
+        model = transformers.DeepseekV3ForCausalLM(cfg)
+    graph = extract(model.to(torch.bfloat16), 4096, 1)
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=4096)
+    cm = CostModel(graph, autopar.Cluster.from_spec("1x8xA100-40GB"), train)
+    peak = optimize.search(cm).best.memory_per_gpu_bytes
+    return cm, peak
+
+
+def _result(r):
+    return (repr(r.best.config), r.best.step_time_s,
+            [(repr(e.config), e.step_time_s, e.memory_per_gpu_bytes) for e in r.top],
+            [(repr(e.config), e.step_time_s, e.memory_per_gpu_bytes) for e in r.pareto],
+            r.evaluated, r.meshes)
+
+
+@pytest.mark.parametrize("fraction", [0.9, 0.6])
+def test_skipping_by_bounds_and_the_cp_sat_memo_change_no_answer(mixed, fraction, monkeypatch):
+    """With memory binding on a model of mixed blocks (CP-SAT on the path): the search with the
+    relaxation's skips in the stage-cut programme and the kept-gathered variants, and with the
+    run's memo of CP-SAT answers, equals the search without any of them (every interval
+    solved, every problem re-solved), and solves no more models."""
+    cm0, peak = mixed
+    cm = derated(cm0, 1 - fraction * peak / cm0.device.visible_memory_bytes)
+    fast = optimize.search(CostModel(cm.graph, cm.cluster, cm.train))
+    monkeypatch.setattr(cuts, "time_floor", lambda rc, modes: 0.0)
+    monkeypatch.setattr(kept, "time_floor", lambda rc, modes: 0.0)
+    monkeypatch.setattr(kept._RankByKept, "probe", lambda self, beyond: None)
+    monkeypatch.setattr(cuts, "_solve_cp_sat",
+                        lambda rc, modes, log: recompute.solve_rank(rc, modes, log=log))
+    plain = optimize.search(CostModel(cm.graph, cm.cluster, cm.train))
+    assert _result(fast) == _result(plain)
+    assert fast.assignments <= plain.assignments
+
+
+@pytest.mark.parametrize("name,cluster,batch", [("llama3-8b", "1x8xH100", 32),
+                                                ("llama3-8b", "2x8xH100", 64)])
+def test_kept_gathered_bounds_change_no_answer(name, cluster, batch, monkeypatch):
+    """The kept-gathered search (ZeRO-3 under torchtitan's per-block reshard) with the rank's
+    time bounded by the relaxation and by smaller solved amounts gives the plans, the front and
+    the counted configurations of solving every amount that fits."""
+    train = autopar.TrainingConfig(global_batch_size=batch, seq_len=8192)
+    graph, _ = model_graph(name, train)
+    spec = autopar.Cluster.from_spec(cluster)
+    fast = optimize.search(CostModel(graph, spec, train))
+    monkeypatch.setattr(kept, "time_floor", lambda rc, modes: 0.0)
+    monkeypatch.setattr(kept._RankByKept, "probe", lambda self, beyond: None)
+    monkeypatch.setattr(kept._RankByKept, "lower", lambda self, k: 0.0)
+    plain = optimize.search(CostModel(graph, spec, train))
+    assert _result(fast) == _result(plain)
