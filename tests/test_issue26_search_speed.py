@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import autopar
 from autopar.api import model_graph
 from autopar.cost.model import CostModel
-from autopar.search import cuts, kept, optimize, recompute
+from autopar.search import cuts, kept, optimize, phases, recompute
 from autopar.search.margin import derated
 from autopar.search.rankcost import MODES
 from rank_problems import BYTES, SIGS, brute, rank_problem
@@ -46,10 +46,10 @@ def _result(r):
 
 @pytest.mark.parametrize("fraction", [0.9, 0.6])
 def test_skipping_by_bounds_and_the_cp_sat_memo_change_no_answer(mixed, fraction, monkeypatch):
-    """With memory binding on a model of mixed blocks (CP-SAT on the path): the search with the
-    relaxation's skips in the stage-cut programme and the kept-gathered variants, and with the
-    run's memo of CP-SAT answers, equals the search without any of them (every interval
-    solved, every problem re-solved), and solves no more models."""
+    """With memory binding on a model of mixed blocks: the search with the relaxation's skips
+    in the stage-cut programme and the kept-gathered variants, and with the run's memo of
+    CP-SAT answers, equals the search without any of them (every interval solved, every
+    problem re-solved), and solves no more models."""
     cm0, peak = mixed
     cm = derated(cm0, 1 - fraction * peak / cm0.device.visible_memory_bytes)
     fast = optimize.search(CostModel(cm.graph, cm.cluster, cm.train))
@@ -78,3 +78,27 @@ def test_kept_gathered_bounds_change_no_answer(name, cluster, batch, monkeypatch
     monkeypatch.setattr(kept._RankByKept, "lower", lambda self, k: 0.0)
     plain = optimize.search(CostModel(graph, spec, train))
     assert _result(fast) == _result(plain)
+
+
+def test_a_search_defers_cp_sat_to_the_plans_it_returns(mixed, monkeypatch):
+    """Inside a search the enumeration answers the mixed, memory-bound ranks and CP-SAT solves
+    only those of the returned plans, each distinct problem once, with no disagreement in
+    time."""
+    cm0, peak = mixed
+    cm = derated(cm0, 1 - 0.5 * peak / cm0.device.visible_memory_bytes)
+    logs = []
+
+    def recording(self, *args, **kw):
+        phases_init(self, *args, **kw)
+        logs.append(self.log)
+
+    phases_init = phases.Run.__init__
+    monkeypatch.setattr(phases.Run, "__init__", recording)
+    r = optimize.search(CostModel(cm.graph, cm.cluster, cm.train), fixed={"micro_batch_size": 4})
+    log = logs[-1]
+    assert log.defer and log.deferred and log.disagreements == 0
+    returned = {e.config for e in (r.best, *r.top, *r.pareto)}
+    wanted = {k for c in returned for k in log.used.get(c, ())}
+    assert wanted and log.certified == len(wanted) == r.assignments
+    # what was deferred is what CP-SAT takes outside a search: mixed blocks, memory binding
+    assert all(cuts.uses_cp_sat(rc, modes) for rc, modes, _answer in log.deferred.values())

@@ -8,7 +8,12 @@ choice of its own), to be fastest within the rank's memory (the problem:
 
 - the CP-SAT model of :mod:`autopar.search.recompute`, for every rank whose blocks are of more
   than one kind (MoE beside dense blocks, leading dense layers, blocks of other costs) and do
-  not all fit in their fastest modes: the per-block choice the design gives OR-Tools;
+  not all fit in their fastest modes: the per-block choice the design gives OR-Tools. Inside a
+  search (its :class:`SolveLog` defers) those ranks are answered by the enumeration while the
+  search runs and CP-SAT solves the ones of the plans it returns, warning where their times
+  differ (:func:`autopar.search.recompute.certify`): Llama 4 Maverick's search posed 3,266
+  distinct such models at about 6 ms each (issue 26, item 5: 19 s of its 20 s), the
+  enumeration answers all of them within its 4 s search, and both are exact;
 - the enumeration of :mod:`autopar.search.rank_dp` for the rest: ranks of one kind of block
   (a closed form in O(blocks); the speed problems' homogeneous models solve thousands of
   memory-bound ranks, where a model per rank would cost a second or more each search) and ranks
@@ -91,7 +96,19 @@ def rank_recompute_bounded(cm: CostModel, c: ParallelConfig, st: StageLayout,
         if rc.fixed_bytes + rc.floor_bytes <= rc.limit_bytes:
             return (rc.fixed_s, rc.fixed_bytes + rc.floor_bytes, {}), rc.fixed_s
         return None, None
-    if uses_cp_sat(rc, modes):
+    if uses_cp_sat(rc, modes) and log is not None and log.defer:
+        # a search: the enumeration now, CP-SAT on the ranks of the plans it returns
+        # (autopar.search.recompute.certify); both are exact
+        got = _solve(cm, rc, modes)
+        if got is None:
+            return None, None
+        key = _problem_key(rc, modes)
+        log.deferred.setdefault(key, (rc, modes, got))
+        if log.trail is not None:
+            log.trail.append(key)
+        time, peak, by_mode = got
+        bound = time
+    elif uses_cp_sat(rc, modes):
         if _least_fits(rc, modes) is False:
             return None, None   # not even the least memory fits: no model to solve
         got = _solve_cp_sat(rc, modes, log)

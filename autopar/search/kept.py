@@ -113,6 +113,8 @@ def keep_gathered(run, e0: Estimate, modes: tuple[str, ...], allowed) -> Estimat
         if not matters:
             continue
         e = run.estimate(variant)
+        if e is not None:   # its ranks: e0's, and this rank's new problem
+            run.log.used[e.config] = run.log.used.get(e0.config, ()) + rank.keys[kept]
         if e is not None and e.fits and better(e, best):
             best = e
     return best
@@ -139,6 +141,7 @@ class _RankByKept:
         self.levels = levels                  # every amount the options keep, rising
         self.answers: dict[float, tuple] = {}  # amount -> (answer, lower bound seconds)
         self.floors: dict[float, float] = {}   # amount -> its relaxation's bound
+        self.keys: dict[float, tuple] = {}     # amount -> its deferred problem (certify)
         self.solved: list[float] = []         # amounts solved, rising
         self.bounds: list[float] = []         # running max of their bounds, same order
         lo, hi = 0, len(levels)
@@ -162,8 +165,12 @@ class _RankByKept:
         """:func:`autopar.search.cuts.rank_recompute` of the rank keeping ``kept``."""
         hit = self.answers.get(kept)
         if hit is None:
+            log = self.run.log
+            outer, log.trail = log.trail, []
             hit = self.answers[kept] = rank_recompute_bounded(
-                self.run.cm, self.c, self._layout(kept), self.allowed, self.run.log)
+                self.run.cm, self.c, self._layout(kept), self.allowed, log)
+            self.keys[kept] = tuple(log.trail)
+            log.trail = outer
             if hit[1] is not None:
                 j = bisect.bisect_left(self.solved, kept)
                 self.solved.insert(j, kept)

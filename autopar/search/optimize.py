@@ -39,6 +39,7 @@ from .bounds import lower_bound
 from .groups import mesh_groups
 from .phases import Progress, Run, coarse, refine
 from .ranking import one_per_kind, ranked
+from .recompute import certify
 
 __all__ = ["SearchResult", "search", "Progress"]
 
@@ -60,7 +61,9 @@ class SearchResult:
         gap: relative optimality gap of ``best``: 0 when complete, else
             (best - smallest lower bound left unexplored) / best.
         assignments: per-rank recomputations solved by the OR-Tools CP-SAT model
-            (:mod:`autopar.search.recompute`: ranks of mixed blocks where memory binds).
+            (:mod:`autopar.search.recompute`: the ranks of mixed blocks where memory binds of
+            the plans returned, each distinct problem once; the exact enumeration answered
+            them during the search, :func:`autopar.search.recompute.certify`).
         assignment_gap: the largest relative gap (found - bound) / found of those assignments
             when CP-SAT's work limit ended one before it proved it optimal; 0 when all were.
     """
@@ -224,8 +227,12 @@ def _search(cm: CostModel, fixed: dict | None, *, time_limit_s: float | None, to
             pareto.append(e)
             best_mem = e.memory_per_gpu_bytes
     best = order[0]
+    top = tuple(one_per_kind(order)[:top_k])
+    # CP-SAT on the mixed, memory-bound ranks of the plans returned (the enumeration answered
+    # them while searching; both are exact)
+    certify(run.log, [e.config for e in (best, *top, *pareto)])
     gap = 0.0 if run.complete else max(0.0, (best.step_time_s - open_bound) / best.step_time_s)
-    return SearchResult(best=best, top=tuple(one_per_kind(order)[:top_k]), pareto=tuple(pareto),
+    return SearchResult(best=best, top=top, pareto=tuple(pareto),
                         evaluated=run.evaluated, meshes=len(groups),
                         wall_s=time.monotonic() - t0, complete=run.complete,
                         gap=gap if math.isfinite(gap) else 1.0,

@@ -10,7 +10,8 @@
 - :func:`first_fit`: phase 1 until one configuration fits (the diagnosis's probe).
 
 Every rank's per-block recomputation goes through :func:`autopar.search.cuts.rank_recompute`
-(CP-SAT where a rank's blocks differ and memory binds); :attr:`Run.log` counts those solves.
+(CP-SAT where a rank's blocks differ and memory binds, deferred to the plans the search
+returns: :func:`autopar.search.recompute.certify`); :attr:`Run.log` counts those solves.
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ class Run:
         # its ZeRO and recompute fields (beyond)
         self.free_bounds: dict = {}
         self.layerwise = True      # per-block recompute and uneven cuts (SpaceLimits.layerwise)
-        self.log = SolveLog()      # the CP-SAT rank models solved (per-block recomputation)
+        # the CP-SAT rank models solved (per-block recomputation): deferred to the plans
+        # the search returns (autopar.search.recompute.certify)
+        self.log = SolveLog(defer=True)
 
     def expired(self) -> bool:
         # before any plan exists the limit binds only once the most promising group has been
@@ -231,16 +234,22 @@ def evaluate(run: Run, c: ParallelConfig, fixed: dict, allowed,
             c = c.replace(reshard_after_forward=fixed["reshard_after_forward"])
         except InvalidParallelConfig:
             return None
+    trail = None
     if "recompute" in fixed and isinstance(fixed["recompute"], tuple):
         modes = fixed["recompute"]
     else:
+        # the ranks the enumeration answers in CP-SAT's place, for this plan's certificate
+        run.log.trail = trail = []
         modes = best_recompute(run.cm, c, allowed, run.log)
+        run.log.trail = None
     if modes is None:  # nothing fits: still estimated, for the infeasibility report
         return run.estimate(c.replace(recompute=allowed[-1]))
     rc = modes[0] if modes and len(set(modes)) == 1 else (modes or "none")
     if not isinstance(rc, str) and not (run.profile.per_block_recompute and run.layerwise):
         return _uniform_recompute(run, c, allowed)
     e = run.estimate(c.replace(recompute=rc))
+    if e is not None and trail:
+        run.log.used[e.config] = tuple(trail)
     if keep and e is not None and e.fits and c.zero_stage == 3 and c.dp * c.cp > 1 \
             and run.layerwise \
             and run.profile.per_block_reshard and dp_cost(e) > 0 \

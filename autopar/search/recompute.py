@@ -1,9 +1,10 @@
 """Per-block recomputation of one pipeline rank as an OR-Tools CP-SAT model.
 
-The search calls it (through :func:`autopar.search.cuts.rank_recompute`) for every rank whose
-blocks are of more than one kind (MoE blocks beside dense ones, leading dense layers, blocks
-that differ in cost) and whose blocks do not all fit in their fastest modes; ranks of one kind
-of block, and ranks where memory does not bind, are solved by the exact enumeration of
+:func:`autopar.search.cuts.rank_recompute` calls it for every rank whose blocks are of more
+than one kind (MoE blocks beside dense ones, leading dense layers, blocks that differ in cost)
+and whose blocks do not all fit in their fastest modes; a search defers those to the plans it
+returns (:func:`certify`: the enumeration answers while it searches; issue 26, item 5); ranks
+of one kind of block, and ranks where memory does not bind, are solved by the enumeration of
 :mod:`autopar.search.rank_dp` (O(blocks) for one kind: far faster than building and solving a
 model, which the speed targets need). Both give the same optimum (tests/test_issue24_search.py).
 
@@ -83,11 +84,20 @@ class SolveLog:
     pose it (the answer is per-signature counts, no layer indices; CP-SAT is deterministic
     here, so a repeated solve would return the same)."""
 
-    def __init__(self) -> None:
+    def __init__(self, defer: bool = False) -> None:
         self.solves = 0
         self.fallbacks = 0
         self.gap = 0.0
         self.answers: dict = {}
+        # a search's log (defer): the enumeration answers the mixed, memory-bound ranks while
+        # the search runs, and CP-SAT solves those of the plans it returns (certify)
+        self.defer = defer
+        self.deferred: dict = {}     # problem key -> (RankCosts, modes, enumeration's answer)
+        self.trail: list | None = None   # keys deferred since the caller started a trail
+        self.used: dict = {}         # configuration estimated -> keys of its deferred ranks
+        self.certified = 0           # deferred problems CP-SAT has solved
+        self.disagreements = 0       # ... whose time differed from the enumeration's
+        self.tie_picks = 0           # ... of its time, with another peak (a tie told apart)
 
     def record(self, got: RankAssignment | None) -> None:
         self.solves += 1
@@ -131,6 +141,44 @@ def _least_memory(rc: RankCosts, modes: tuple[str, ...]) -> list[dict] | None:
             if _float_value(rc, counts)[2]:
                 return counts
     return None
+
+
+def certify(log: SolveLog, configs) -> None:
+    """CP-SAT on every mixed, memory-bound rank problem that the plans ``configs`` (estimated
+    by a deferring search, :attr:`SolveLog.used`) took from the enumeration: each distinct
+    problem solved once, counted in ``log``; where a proven-optimal CP-SAT answer differs
+    from the enumeration's in time beyond 1e-9 (relative), a RuntimeWarning and
+    :attr:`SolveLog.disagreements` (both solvers are exact: a difference is a bug). Equal
+    times with another peak are counted in :attr:`SolveLog.tie_picks`: a tie in time within
+    float rounding that the enumeration (float sums) and CP-SAT (integer picoseconds) break
+    differently; the plan keeps the enumeration's."""
+    import warnings
+
+    keys = []
+    for c in configs:
+        for key in log.used.get(c, ()):
+            if key not in keys:
+                keys.append(key)
+    for key in keys:
+        if key in log.answers:
+            continue
+        rc, modes, (time_s, peak, _by_mode) = log.deferred[key]
+        got = log.answers[key] = solve_rank(rc, modes, log=log)
+        log.certified += 1
+        if got is not None and not got.optimal:
+            continue   # the work limit ended it: its gap is reported, nothing to compare
+        if got is not None and math.isclose(got.time_s, time_s, rel_tol=1e-9):
+            if not math.isclose(got.peak_bytes, peak, rel_tol=1e-9):
+                # equally fast assignments told apart differently: the enumeration compares
+                # float sums (their last bits follow the order of addition), CP-SAT integer
+                # picoseconds, so a tie to the last bit may go to another memory
+                log.tie_picks += 1
+            continue
+        log.disagreements += 1
+        warnings.warn(f"CP-SAT and the enumeration disagree on a rank's recomputation: "
+                      f"{None if got is None else (got.time_s, got.peak_bytes)} against "
+                      f"{(time_s, peak)} (seconds, bytes); please report it",
+                      RuntimeWarning, stacklevel=2)
 
 
 def solve_rank(rc: RankCosts, modes: tuple[str, ...], *, time_limit: float = LIMIT,
