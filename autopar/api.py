@@ -284,8 +284,9 @@ def optimize(model: Any, cluster: Cluster | str, train: TrainingConfig | dict | 
         memory_margin: fraction of each GPU's memory to keep free for the memory model's error
             (0 to 0.5): every plan returned uses at most (1 - memory_margin) of it by
             prediction (:mod:`autopar.search.margin`). Default None: the measured band
-            (:func:`autopar.search.margin.default_margin`: the half-width of the measured
-            memory band, :data:`autopar.cost.published.MEMORY_BAND`); 0 plans to the last byte.
+            (:func:`autopar.search.margin.default_margin`: room for the growth over
+            prediction that 68% of the measured peaks stayed within,
+            :data:`autopar.cost.published.MEMORY_BAND`); 0 plans to the last byte.
         profile: a copied and edited framework profile to search and cost with (see
             :func:`estimate`); the plan records its framework's name only.
         objective: ``"robust"`` (default) or ``"fastest"`` (:mod:`autopar.search.robust`).

@@ -184,8 +184,8 @@ def test_an_oom_fix_says_when_it_leaves_less_than_the_search_margin(oom_7b):
     from autopar.search.margin import default_margin
     _, data = oom_7b
     assert data["verdict"] == "out of memory"
-    m = default_margin()   # the measured memory band (0.12 with 28 runs, 0.18 with 75)
-    assert data["search_memory_margin"] == m and 0.1 < m <= 0.5
+    m = default_margin()   # from the measured memory band (0.09 with 97 dense runs)
+    assert data["search_memory_margin"] == m and 0.05 < m <= 0.5
     for fix in data["fixes"]:
         free = 1 - fix["memory_per_gpu_bytes"] / data["memory_limit_bytes"]
         assert fix["free_memory_fraction"] == pytest.approx(free)

@@ -72,7 +72,8 @@ def test_infeasible_within_the_margin_says_so():
 def test_the_default_margin_is_the_measured_band():
     from autopar.cost import published
     from autopar.search.margin import default_margin
-    assert default_margin() == math.ceil(published.MEMORY_BAND[0] * 100) / 100
+    from autopar.cost.regime import room_for
+    assert default_margin() == room_for(published.MEMORY_BAND[4]) > 0
     # a problem with room under the measured band's margin (llama2-13b fills a 40 GB A100 to
     # the last byte at no margin: too tight for an 18% one)
     plan = autopar.optimize("llama2-13b", "1x8xA100-80GB", TRAIN)
@@ -95,11 +96,14 @@ def test_cli_margin(capsys):
 def test_mixtures_of_experts_keep_their_own_measured_margin():
     """The default margin is the measured band of the model's kind: a MoE plan keeps what MoE
     peaks missed by, a dense plan what dense peaks missed by (autopar.cost.regime.memory_band)."""
-    import math
-
     from autopar.cost import published
     from autopar.search.margin import check_margin, default_margin
     for moe, band in ((False, published.MEMORY_BAND), (True, published.MOE_MEMORY_BAND)):
-        assert default_margin(moe) == math.ceil(band[0] * 100) / 100
+        short = band[4]
+        assert default_margin(moe) == math.ceil(round(short / (1 + short) * 100, 6)) / 100
+        # a plan at (1 - margin) of the GPU grown by that shortfall still fits; 1% less would not
+        m = default_margin(moe)
+        assert (1 - m) * (1 + short) <= 1 + 1e-9
+        assert m == 0 or (1 - (m - 0.01)) * (1 + short) > 1
         assert check_margin(None, moe) == default_margin(moe)
     assert check_margin(0.05, True) == 0.05   # a chosen margin is kept whatever the kind

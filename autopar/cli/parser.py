@@ -220,10 +220,10 @@ def _margin_default_text() -> str:
     band, moe = memory_band(), memory_band(moe=True)
     if not band:
         return "0: no measured peaks to derive it from"
-    text = (f"{default_margin():g}, the measured band: peaks were within "
-            f"{band[0] * 100:.0f}%% of their predictions for 68%% of {band[2]} dense runs")
+    text = (f"{default_margin():g}: room for a peak {band[4] * 100:.0f}%% above its prediction, "
+            f"as 68%% of {band[2]} measured dense runs' peaks stayed within")
     if moe:
-        text += (f"; {default_margin(moe=True):g} for mixtures of experts ({moe[0] * 100:.0f}%% "
+        text += (f"; {default_margin(moe=True):g} for mixtures of experts ({moe[4] * 100:.0f}%% "
                  f"over {moe[2]} runs)")
     return text
 

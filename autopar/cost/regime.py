@@ -314,11 +314,20 @@ def distinct_percents(a: float, b: float, max_decimals: int = 6) -> tuple[str, s
     return ta, tb
 
 
-def memory_band(moe: bool = False) -> tuple[float, float, int, float] | None:
+def memory_band(moe: bool = False) -> tuple[float, float, int, float, float] | None:
     """The measured peak-memory band of dense models (:data:`published.MEMORY_BAND`) or of
     mixtures of experts (:data:`published.MOE_MEMORY_BAND`): (half-width, mean signed error,
-    runs, largest under-prediction); None when the corpus has no memory runs."""
+    runs, largest under-prediction, the growth over prediction that :data:`BAND_QUANTILE` of
+    the runs stayed within; the last two as measured / predicted - 1); None when the corpus
+    has no memory runs."""
     return getattr(published, "MOE_MEMORY_BAND" if moe else "MEMORY_BAND", None)
+
+
+def room_for(growth: float) -> float:
+    """The share of a GPU's memory, rounded up to a whole percent, to keep free so that a peak
+    ``growth`` (a fraction, measured / predicted - 1) above its prediction still fits: a plan at
+    (1 - m) of the capacity grows to (1 - m)(1 + growth) <= 1 when m >= growth / (1 + growth)."""
+    return math.ceil(round(growth / (1 + growth) * 100, 6)) / 100
 
 
 def headroom_warnings(memory_bytes: float, limit_bytes: float,
@@ -331,15 +340,14 @@ def headroom_warnings(memory_bytes: float, limit_bytes: float,
     band = memory_band(moe)
     if band is None or memory_bytes > limit_bytes or memory_bytes <= 0:
         return ()
-    half, bias, runs, worst = band
+    half, bias, runs, worst, short = band
     free = limit_bytes / memory_bytes - 1   # how much the peak may grow before it overflows
-    # a run measured at prediction / (1 - half): the band's under-prediction, as growth
-    if half >= 1 or free >= 1 / (1 - half) - 1:
+    if free >= short:
         return ()
     return (f"memory: {memory_bytes / 1e9:.1f} of {limit_bytes / 1e9:.1f} GB per GPU leaves "
-            f"{free:.1%} for error, less than the ±{half:.0%} that holds {BAND_QUANTILE:.0%} of "
-            f"{runs} measured runs' peak memory (mean error {bias:+.0%}, the worst measured "
-            f"{worst:.0%} above its prediction): it may not fit on the first try; a plan searched "
-            f"for the framework that runs it (autopar plan --framework NAME) with "
-            f"memory_margin >= {math.ceil(half * 100) / 100:g} (--memory-margin) keeps that "
+            f"{free:.1%} for error, less than the {short:.0%} over prediction that "
+            f"{BAND_QUANTILE:.0%} of {runs} measured runs' peaks stayed within (mean error "
+            f"{bias:+.0%}, the worst measured {worst:.0%} above its prediction): it may not fit "
+            "on the first try; a plan searched for the framework that runs it (autopar plan "
+            f"--framework NAME) with memory_margin >= {room_for(short):g} (--memory-margin) keeps that "
             "free",)

@@ -2,8 +2,10 @@
 
 A plan predicted at 99.7% of the GPU fits only if the prediction is never low; measured peaks
 were above their predictions by as much as the measured band of the model's kind says
-(:func:`autopar.cost.regime.memory_band`: its half-width and its largest under-prediction,
-generated from the corpus). With a
+(:func:`autopar.cost.regime.memory_band`: the growth over prediction that 68% of its runs stayed
+within, and its largest under-prediction, generated from the corpus). Only a peak above its
+prediction runs out of memory, so the margin comes from that one-sided shortfall, not from the
+band's half-width (a kind whose peaks are mostly over-predicted needs little margin). With a
 ``memory_margin`` m the search runs on the same cluster with each GPU's capacity taken as
 (1 - m) of what the framework sees, so every plan it returns leaves m of the memory free by
 prediction; the plans are then re-estimated on the real capacity (times are unchanged: time
@@ -12,10 +14,9 @@ does not depend on capacity), so the reported limit, ``fits`` and warnings are t
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
-from ..cost.regime import memory_band
+from ..cost.regime import memory_band, room_for
 from ..cost.model import CostModel
 from ..errors import InfeasibleError, InvalidSearchOption
 from .optimize import SearchResult, search
@@ -25,13 +26,14 @@ MAX_MEMORY_MARGIN = 0.5
 
 
 def default_margin(moe: bool = False) -> float:
-    """The margin searches keep by default: the half-width of the measured memory error band of
-    the model's kind (dense or mixture of experts, :func:`autopar.cost.regime.memory_band`; 68%
-    of the runs with a measured peak were within it), rounded up to a whole percent; 0 when the
-    corpus has no such runs. A plan at (1 - margin) of the GPU then still fits when its peak is
-    that much above prediction."""
+    """The margin searches keep by default: the share s / (1 + s) of the GPU that a peak s above
+    its prediction takes, for s the growth over prediction that 68% of the measured runs of the
+    model's kind (dense or mixture of experts) stayed within (:func:`autopar.cost.regime.
+    memory_band`), rounded up to a whole percent; 0 when the corpus has no such runs. A plan at
+    (1 - margin) of the GPU then still fits when its peak is s above prediction, as 68% of the
+    measured runs' peaks were at most."""
     band = memory_band(moe)
-    return min(math.ceil(band[0] * 100) / 100, MAX_MEMORY_MARGIN) if band else 0.0
+    return min(room_for(band[4]), MAX_MEMORY_MARGIN) if band else 0.0
 
 
 def check_margin(memory_margin, moe: bool = False) -> float:
