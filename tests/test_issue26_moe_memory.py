@@ -51,6 +51,8 @@ def test_the_graph_keeps_the_expert_output_for_the_combine(graph):
     (dict(input_gathered=True, tp=2, etp=1, sequence_parallel=True), 0.0),
     # no sequence parallelism: every TP rank already holds every token
     (dict(input_gathered=True, tp=2, etp=2), 0.0),
+    # tp 1, etp 2 (folded): the two expert-TP ranks gather each other's tokens
+    (dict(input_gathered=True, tp=1, etp=2), ROUTED),
     (dict(combine_saved=False, micro_batch=2.0, cp=2), -ROUTED),
 ])
 def test_moe_saved_delta(graph, kw, expected):

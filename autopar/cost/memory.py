@@ -227,10 +227,11 @@ def moe_saved_delta(layer: Layer, *, combine_saved: bool, input_gathered: bool,
       [routed tokens, hidden] output (the graph's ``mul`` next after the row-parallel expert
       GEMM, reading at least its output), is not there: its bytes come off, sharded as the graph counts them
       (by t only with sequence parallelism);
-    - ``input_gathered`` True: under sequence parallelism the routed tokens are all-gathered
-      over the ``etp`` expert-TP ranks before the up projection, which keeps etp / tp of the
-      routed tokens of the layer, where the graph's count keeps 1 / tp: (etp - 1) / tp of the
-      up projection's input comes on.
+    - ``input_gathered`` True: the routed tokens are all-gathered over the ``etp`` expert-TP
+      ranks before the up projection, which keeps etp / tp of the routed tokens of the layer,
+      where the graph's count keeps 1 / tp with sequence parallelism and all of them without:
+      (etp / tp - 1 / tp) of the up projection's input comes on with it, (etp / tp - 1)
+      without (0 when etp = tp, the tokens already whole on every TP rank).
 
     0 for a layer without routed experts. Scales with ``micro_batch`` (in units of the graph's
     micro-batch) / cp.
@@ -251,10 +252,10 @@ def moe_saved_delta(layer: Layer, *, combine_saved: bool, input_gathered: bool,
             if (after is not None and after.kind == "elementwise" and after.target == "mul"
                     and after.bytes_read >= out):
                 delta -= out / seq_div
-    if input_gathered and sequence_parallel and tp > 1:
+    if input_gathered:
         fc1_in = max((ops[i].gemm[0] * ops[i].gemm[1] * dtype_bytes for i in experts
                       if ops[i].tp_role == "column"), default=0)
-        delta += fc1_in * (etp - 1) / tp
+        delta += fc1_in * (etp / tp - 1 / seq_div)
     return delta * micro_batch / cp
 
 
