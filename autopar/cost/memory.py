@@ -225,8 +225,9 @@ def moe_saved_delta(layer: Layer, *, combine_saved: bool, input_gathered: bool,
     - ``combine_saved`` False: the router's probabilities are folded into the experts'
       activation, so the combine's multiply, which keeps the down projection's
       [routed tokens, hidden] output (the graph's ``mul`` next after the row-parallel expert
-      GEMM, reading at least its output), is not there: its bytes come off, sharded as the graph counts them
-      (by t only with sequence parallelism);
+      GEMM, reading at least its output), is not there: its bytes come off, sharded as the
+      graph counts them (by t only with sequence parallelism). A graph whose weights are
+      applied elsewhere (before the experts, or after a bias) keeps its count;
     - ``input_gathered`` True: the routed tokens are all-gathered over the ``etp`` expert-TP
       ranks before the up projection, which keeps etp / tp of the routed tokens of the layer,
       where the graph's count keeps 1 / tp with sequence parallelism and all of them without:

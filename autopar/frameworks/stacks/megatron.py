@@ -149,10 +149,11 @@ MEMORY_BEFORE_CORE_0_13 = replace(MEGATRON_MEMORY, moe_combine_saved=1, sources=
 
 
 def with_moe_probs_at_combine(profile):
-    """``profile`` (Megatron-LM or NeMo) as Megatron-Core ran MoE before
-    :data:`MOE_PROBS_IN_ACTIVATION_SINCE`: the combine weights the experts' output by the
-    router's probabilities and keeps it (:data:`MEMORY_BEFORE_CORE_0_13`). A version option
-    (memory only), not the profile's default."""
+    """``profile`` (the Megatron-LM or NeMo :class:`~autopar.frameworks.FrameworkProfile`) as
+    Megatron-Core ran MoE before :data:`MOE_PROBS_IN_ACTIVATION_SINCE`: the combine weights the
+    experts' output by the router's probabilities and keeps it
+    (:data:`MEMORY_BEFORE_CORE_0_13`). A version option (memory only), not the profile's
+    default."""
     return replace(profile, memory=replace(profile.memory, moe_combine_saved=1, sources={
         **profile.memory.sources,
         "moe_combine_saved": MEMORY_BEFORE_CORE_0_13.sources["moe_combine_saved"]}))
