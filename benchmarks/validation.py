@@ -36,6 +36,8 @@ from autopar.frameworks import (FrameworkProfile, MemoryConventions, get_profile
                                 with_pure_bf16)
 from autopar.frameworks.choices import TORCH_COMPILE, with_choice
 from autopar.frameworks.stacks.deepspeed import with_deepspeed_030
+from autopar.frameworks.stacks.megatron import (MOE_PROBS_IN_ACTIVATION_SINCE,
+                                                with_moe_probs_at_combine)
 from autopar.frameworks.stacks.torchtitan import FUSED_ADAMW_SINCE, with_foreach_adamw
 from autopar.search.optimize import search
 
@@ -195,7 +197,10 @@ def record_profile(rec: Record) -> FrameworkProfile:
     shard_within`), "full bf16" / "pure bf16" in the framework text (:func:`autopar.frameworks.
     with_pure_bf16`); a torchtitan run dated before torchtitan's fused-AdamW default
     (:data:`autopar.frameworks.stacks.torchtitan.FUSED_ADAMW_SINCE`) steps with the foreach
-    AdamW (:func:`autopar.frameworks.stacks.torchtitan.with_foreach_adamw`)."""
+    AdamW (:func:`autopar.frameworks.stacks.torchtitan.with_foreach_adamw`); a Megatron-LM or
+    NeMo run dated before :data:`autopar.frameworks.stacks.megatron.
+    MOE_PROBS_IN_ACTIVATION_SINCE` keeps the MoE combine's expert output
+    (:func:`autopar.frameworks.stacks.megatron.with_moe_probs_at_combine`)."""
     profile = get_profile(profile_name(rec))
     f = rec.framework.lower().replace(" ", "").replace("-", "")
     compiled = rec.torch_compile   # the run's own statement (training.torch_compile) first
@@ -215,6 +220,11 @@ def record_profile(rec: Record) -> FrameworkProfile:
     if _kind(rec.framework) == "torchtitan" and dated_before(rec.framework, FUSED_ADAMW_SINCE):
         # the framework text dates the run before torchtitan made the fused AdamW its default
         profile = with_foreach_adamw(profile)
+    if (_kind(rec.framework) in ("megatron", "nemo")
+            and dated_before(rec.framework, MOE_PROBS_IN_ACTIVATION_SINCE)):
+        # the framework text dates the run before Megatron-Core folded the router's
+        # probabilities into the experts' activation: its combine kept the expert output
+        profile = with_moe_probs_at_combine(profile)
     if re.search(r"\b(?:full|pure) bf16\b", rec.framework.lower()):
         # the stack trains in pure bf16 (torchtune's ``dtype: bf16``): a memory option only
         profile = with_pure_bf16(profile)

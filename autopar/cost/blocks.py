@@ -245,8 +245,19 @@ class BlockCosts:
         if conv.kv_repeat_saved:
             eager += mem.kv_repeat_bytes(layer, micro_batch=bscale, tp=tp, cp=cp)
         act_none += eager
+        # an MoE block as the framework's expert layer keeps it (MemoryConventions
+        # moe_combine_saved, expert_input_gathered): kept whole without recompute and under
+        # selective recompute (which drops the attention core only), re-materialised one
+        # block at a time under full recompute
+        moe = mem.moe_saved_delta(
+            layer, combine_saved=bool(conv.moe_combine_saved),
+            input_gathered=bool(conv.expert_input_gathered), micro_batch=bscale, tp=tp,
+            etp=c.etp, cp=cp, sequence_parallel=sp, dtype_bytes=self.inputs.train.dtype_bytes)
+        act_none += moe
         act = act_none if mode == "none" else mem.block_activation_bytes(
             layer, mode, micro_batch=bscale, tp=tp, cp=cp, sequence_parallel=sp) + loss_saved
+        if mode == "selective":
+            act += moe
         # recomputing a block re-materialises what it did not keep, one block at a time
         transient = act_none - act + conv.unfused_score_work_bytes * scores
         # the loss's backward: gradients of the logits beside what it saved

@@ -215,6 +215,51 @@ def kv_repeat_bytes(layer: Layer, *, micro_batch: float, tp: int, cp: int) -> fl
     return extra * micro_batch / (tp * cp)
 
 
+def moe_saved_delta(layer: Layer, *, combine_saved: bool, input_gathered: bool,
+                    micro_batch: float, tp: int, etp: int, cp: int, sequence_parallel: bool,
+                    dtype_bytes: int) -> float:
+    """Bytes one MoE block keeps per micro-batch beyond (positive) or short of (negative) the
+    graph's count, for a framework whose expert layer saves other tensors than the transformers
+    block the graph traced (:class:`autopar.frameworks.MemoryConventions`):
+
+    - ``combine_saved`` False: the router's probabilities are folded into the experts'
+      activation, so the combine's multiply, which keeps the down projection's
+      [routed tokens, hidden] output (the graph's ``mul`` next after the row-parallel expert
+      GEMM, reading at least its output), is not there: its bytes come off, sharded as the
+      graph counts them (by t only with sequence parallelism). A graph whose weights are
+      applied elsewhere (before the experts, or after a bias) keeps its count;
+    - ``input_gathered`` True: the routed tokens are all-gathered over the ``etp`` expert-TP
+      ranks before the up projection, which keeps etp / tp of the routed tokens of the layer,
+      where the graph's count keeps 1 / tp with sequence parallelism and all of them without:
+      (etp / tp - 1 / tp) of the up projection's input comes on with it, (etp / tp - 1)
+      without (0 when etp = tp, the tokens already whole on every TP rank).
+
+    0 for a layer without routed experts. Scales with ``micro_batch`` (in units of the graph's
+    micro-batch) / cp.
+    """
+    ops = layer.ops
+    experts = [i for i, o in enumerate(ops) if o.moe_role == "expert" and o.gemm]
+    if not experts:
+        return 0.0
+    seq_div = tp if sequence_parallel else 1
+    delta = 0.0
+    if not combine_saved:
+        for i in experts:
+            row = ops[i]
+            if row.tp_role != "row":
+                continue
+            out = row.bytes_written
+            after = next((o for o in ops[i + 1:] if o.kind != "view"), None)
+            if (after is not None and after.kind == "elementwise" and after.target == "mul"
+                    and after.bytes_read >= out):
+                delta -= out / seq_div
+    if input_gathered:
+        fc1_in = max((ops[i].gemm[0] * ops[i].gemm[1] * dtype_bytes for i in experts
+                      if ops[i].tp_role == "column"), default=0)
+        delta += fc1_in * (etp / tp - 1 / seq_div)
+    return delta * micro_batch / cp
+
+
 def in_flight(schedule: str, stage: int, pp: int, num_micro_batches: int, virtual: int) -> float:
     """Micro-batches (times chunks) whose activations pipeline rank ``stage`` holds at its peak,
     in units of "one micro-batch through one chunk".

@@ -76,6 +76,16 @@ class MemoryConventions:
             (counted for blocks without recompute, and as the recomputed block's transient);
             0 where the kernel reads the kv heads themselves (SDPA ``enable_gqa``, FlashAttention,
             Transformer Engine).
+        moe_combine_saved: 1 where an MoE block weights the experts' outputs by the router's
+            probabilities in the combine, a multiply after the down projection that keeps the
+            [routed tokens, hidden] expert output for backward (what the graph counts: the
+            transformers MoE blocks it traces); 0 where the probabilities are folded into the
+            experts' activation, which keeps only the [routed tokens, 1] probabilities beside
+            the up projection's output it keeps anyway.
+        expert_input_gathered: 1 where the routed tokens are all-gathered over the expert-TP
+            group after the dispatch and the grouped expert GEMM keeps them whole for backward:
+            etp / tp of the routed tokens per rank, where the graph's sequence-parallel count
+            keeps 1 / tp; 0 where the experts keep what the graph counts.
         sources: where each figure comes from, by field name.
 
     Raises:
@@ -101,6 +111,8 @@ class MemoryConventions:
     step_cached_bytes: int = 0
     grad_bucket_elements: int = 0
     kv_repeat_saved: int = 0
+    moe_combine_saved: int = 1
+    expert_input_gathered: int = 0
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -143,6 +155,9 @@ _UNITS = {
     "step_cached_bytes": ("bytes per optimizer-held parameter", 0),
     "grad_bucket_elements": ("elements in the training dtype", 0),
     "kv_repeat_saved": ("0 or 1 (whether SDPA keeps K and V repeated to every head)", 0),
+    "moe_combine_saved": ("0 or 1 (whether the MoE combine keeps the expert output)", 1),
+    "expert_input_gathered": ("0 or 1 (whether the experts keep the expert-TP-gathered "
+                              "tokens)", 0),
 }
 #: Fields that may be None, and what None stands for.
 _NONE_MEANS = {"weight_bytes": "the training dtype's bytes",
@@ -192,6 +207,15 @@ _NATIVE_GQA = ("autopar's own model passes the kv heads to the kernel (autopar/m
                "these conventions is not established to repeat K and V (set 1 where its model "
                "does, as torchtitan's)")
 
+#: The MoE fields of a stack that runs the model's own MoE block as the graph traces it.
+GRAPH_MOE_SOURCES = {
+    "moe_combine_saved": "the graph's count: transformers' MoE blocks (Qwen3MoeSparseMoeBlock, "
+                         "MixtralSparseMoeBlock, DeepseekV3MoE) multiply the down projection's "
+                         "output by the routing weights, a mul that saves it: 1",
+    "expert_input_gathered": "the graph's count: the experts keep the rank's own routed "
+                             "tokens (no expert-TP all-gather established for this stack): 0",
+}
+
 TORCH_MEMORY = MemoryConventions(
     optimizer_step_temp_bytes=4, pp_unsharded_bytes=4,
     unfused_score_saved_bytes=4, unfused_score_work_bytes=8,
@@ -219,6 +243,7 @@ TORCH_MEMORY = MemoryConventions(
         "step_cached_bytes": _PER_TENSOR_STEP,
         "grad_bucket_elements": _FSDP2_BUCKETS,
         "kv_repeat_saved": _NATIVE_GQA,
+        **GRAPH_MOE_SOURCES,
     })
 
 TORCHTITAN_MEMORY = MemoryConventions(
@@ -255,11 +280,12 @@ TORCHTITAN_MEMORY = MemoryConventions(
                            "self.n_rep)' (unsqueeze, expand, reshape: a copy) before "
                            "'F.scaled_dot_product_attention(xq, xk, xv, is_causal=True)', which "
                            "saves its inputs for backward: 1",
+        **GRAPH_MOE_SOURCES,
     })
 
 MEGATRON_MEMORY = MemoryConventions(
     grad_bytes=4, unfused_score_saved_bytes=2, unfused_score_work_bytes=4,
-    fp8_weight_cache_bytes=2, loss_work_bytes=2,
+    fp8_weight_cache_bytes=2, loss_work_bytes=2, moe_combine_saved=0, expert_input_gathered=1,
     sources={
         "weight_bytes": "arguments.py --bf16: params_dtype bfloat16",
         "grad_bytes": "arguments.py (line 1207): 'bfloat16 requires gradient accumulation and "
@@ -290,6 +316,21 @@ MEGATRON_MEMORY = MemoryConventions(
                              "as gradients): 0",
         "kv_repeat_saved": "Transformer Engine / flash-attn attention takes grouped K and V "
                            "(num_query_groups): 0",
+        "moe_combine_saved": "megatron/core/transformer/moe/experts.py TEGroupedMLP.forward: "
+                             "bias_act_func applies permuted_probs in the activation "
+                             "(fusions/fused_bias_swiglu.py weighted_bias_swiglu_impl: "
+                             "WeightedSwiGLUFunction saves its input and the probabilities); "
+                             "token_dispatcher.py combine_postprocess calls unpermute without "
+                             "probs (since 2659630721, 2025-04-09, 'Memory efficient token "
+                             "permutation', first released in core_v0.13.0rc0): 0",
+        "expert_input_gathered": "megatron/core/transformer/moe/token_dispatcher.py "
+                                 "MoEAlltoAllTokenDispatcher.dispatch_postprocess: after the "
+                                 "all-to-all, gather_from_sequence_parallel_region over the "
+                                 "expert-TP group (pg_collection.expt_tp; etp = tp by "
+                                 "default); in 2024 (9208adbdc7) all_to_all_sp2hp before and "
+                                 "all_gather_last_dim_from_tensor_parallel_region after, the "
+                                 "same [routed tokens of the TP group, hidden] per rank; the "
+                                 "grouped GEMM (TE GroupedLinear / grouped_gemm) saves it: 1",
     })
 
 DEEPSPEED_MEMORY = MemoryConventions(
@@ -316,6 +357,7 @@ DEEPSPEED_MEMORY = MemoryConventions(
         "kv_repeat_saved": "not established for the models DeepSpeed runs (Hugging Face's "
                            "repeat_kv depends on the transformers version and attention path): "
                            "0",
+        **GRAPH_MOE_SOURCES,
     })
 
 

@@ -1,7 +1,8 @@
 """``inhouse-2024``: an unnamed in-house pretraining stack of 2024 (large runs whose papers do not
 publish the software: Meta's Llama 3, DeepSeek's HAI-LLM, Skywork). Costed as Megatron-LM
 (capabilities, Transformer Engine kernels, fused optimizer) with the data-parallel reduction
-overlapping backward and without FSDP2's copies (memory conventions as Megatron-LM's); every
+overlapping backward and without FSDP2's copies (memory conventions as Megatron-LM's of 2024:
+:data:`autopar.frameworks.stacks.megatron.MEMORY_BEFORE_CORE_0_13`); every
 value beyond Megatron-LM's is an assumption named in its source, not read from the stack."""
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ CHOICES: Choices = replace(megatron.CHOICES, sharded_dp=SHARDED_DP)
 _CAPABILITIES = capabilities_of(megatron.PROFILE)
 _DUALPIPE = ("DeepSeek-V3 (arXiv 2412.19437) section 3.2.1: HAI-LLM trains with DualPipe, whose "
              "forward and backward chunks overlap the expert-parallel all-to-all with computation")
-PROFILE = compose(CHOICES, **{**_CAPABILITIES, "schedules": (*_CAPABILITIES["schedules"],
-                                                             "dualpipe"),
+PROFILE = compose(CHOICES, **{**_CAPABILITIES, "memory": megatron.MEMORY_BEFORE_CORE_0_13,
+                              "schedules": (*_CAPABILITIES["schedules"], "dualpipe"),
                               "overlaps_ep_comm": ("dualpipe",),
                               "sources": {**_CAPABILITIES["sources"],
                                           "schedules": _CAPABILITIES["sources"]["schedules"]

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from ..choices import (AttentionKernels, Choices, Fusion, OptimizerStep, TensorParallelComm,
                        capabilities_of, compose)
-from ..memory import MemoryConventions
+from ..memory import GRAPH_MOE_SOURCES, MemoryConventions
 from ..vocabulary import DEFAULT_COST_SOURCES
 from . import pytorch
 
@@ -132,6 +132,7 @@ _COMMON = {
     "loss_saved_bytes": "as the graph measures (4 bytes per logit element): the dtype of the "
                         "logits FlashGPTLMLoss receives was not read, so not changed",
     "kv_repeat_saved": "flash-attn attention takes the kv heads themselves: 0",
+    **GRAPH_MOE_SOURCES,
 }
 #: InternEvo's memory conventions, by optimizer (ZeRO-1 = HybridZeroOptimizer, ZeRO-3 =
 #: FSDPadaptOptimizer), read at the table's tag v0.2.1dev20231121. Both wrap torch.optim.AdamW

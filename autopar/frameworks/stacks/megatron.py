@@ -133,6 +133,32 @@ PROFILE = compose(
                        "(autopar.frameworks.layersplit); an uneven cut is given explicitly",
     })
 
+#: The first Megatron-Core release that folds the router's probabilities into the experts'
+#: activation (2659630721, 2025-04-09, "perf(MoE): Memory efficient token permutation", first
+#: tagged core_v0.13.0rc0 on 2025-06-27): runs dated before it kept the expert output in the
+#: combine (:func:`with_moe_probs_at_combine`).
+MOE_PROBS_IN_ACTIVATION_SINCE = "2025-06-27"
+
+#: Megatron's memory conventions before :data:`MOE_PROBS_IN_ACTIVATION_SINCE`.
+MEMORY_BEFORE_CORE_0_13 = replace(MEGATRON_MEMORY, moe_combine_saved=1, sources={
+    **MEGATRON_MEMORY.sources,
+    "moe_combine_saved": "Megatron-Core before 2659630721 (read at its parent): "
+                         "moe_utils.py unpermute(..., probs) runs 'permuted_tokens = "
+                         "permuted_tokens * permuted_probs.unsqueeze(-1)' on the experts' "
+                         "output, which the multiply keeps for backward: 1"})
+
+
+def with_moe_probs_at_combine(profile):
+    """``profile`` (the Megatron-LM or NeMo :class:`~autopar.frameworks.FrameworkProfile`) as
+    Megatron-Core ran MoE before :data:`MOE_PROBS_IN_ACTIVATION_SINCE`: the combine weights the
+    experts' output by the router's probabilities and keeps it
+    (:data:`MEMORY_BEFORE_CORE_0_13`). A version option (memory only), not the profile's
+    default."""
+    return replace(profile, memory=replace(profile.memory, moe_combine_saved=1, sources={
+        **profile.memory.sources,
+        "moe_combine_saved": MEMORY_BEFORE_CORE_0_13.sources["moe_combine_saved"]}))
+
+
 CHOICES_2023 = replace(CHOICES, pipeline=P2P_2023)
 
 #: What Megatron-LM could run before 4eeff55d1f, where it differs from main: read from that
@@ -160,7 +186,7 @@ SOURCES_2023 = {
 #: overlap, and only what that release could run (:data:`CAPABILITIES_2023`).
 PROFILE_2023 = compose(
     CHOICES_2023,
-    **{**{k: getattr(PROFILE, k) for k in ("seq_rule", "memory")},
+    **{"seq_rule": PROFILE.seq_rule, "memory": MEMORY_BEFORE_CORE_0_13,
        **{k: getattr(PROFILE, k) for k in PROFILE.capability_names()},
        **CAPABILITIES_2023, "sources": {**PROFILE.sources, **SOURCES_2023}},
     name="megatron-2023", version="Megatron-LM before 4eeff55d1f (2023-10-12)")
