@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -133,9 +134,19 @@ class TrainingConfig:
         optimizer_state_dtype: dtype of the moment estimates, one of
             :data:`OPTIMIZER_STATE_DTYPES` ("bf16" halves them, as Megatron-LM's
             ``--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16`` with the precision-aware optimizer).
+        moe_capacity_factor: token dropping in the MoE layers: each expert takes at most
+            ceil(tokens x top_k / experts x factor) of the tokens one router call sees, the rest
+            are dropped (Megatron-Core ``--moe-expert-capacity-factor``; moe_utils.py
+            ``get_capacity``). None (default): dropless, every routed token is computed. Priced
+            by :mod:`autopar.cost.capacity`; a framework without it is refused there.
+        moe_pad_to_capacity: every expert runs exactly its capacity of rows, padding what it
+            was not sent (Megatron-Core ``--moe-pad-expert-input-to-capacity``): the all-to-all,
+            the expert GEMMs and their saved activations are sized by the capacity, not by the
+            routed tokens. Needs ``moe_capacity_factor``.
 
     Raises:
-        InvalidTrainingConfig: a non-positive size or an unknown precision/optimizer/framework.
+        InvalidTrainingConfig: a non-positive size or an unknown precision/optimizer/framework;
+            a capacity factor that is not a positive finite number, or padding without one.
     """
 
     global_batch_size: int
@@ -149,6 +160,8 @@ class TrainingConfig:
     optimizer_state_dtype: str = "fp32"
     param_offload: bool = False
     activation_offload: bool = False
+    moe_capacity_factor: float | None = None
+    moe_pad_to_capacity: bool = False
 
     def __post_init__(self) -> None:
         _positive_int("TrainingConfig", "global_batch_size", self.global_batch_size,
@@ -159,6 +172,20 @@ class TrainingConfig:
         _bool("TrainingConfig", "optimizer_offload", self.optimizer_offload)
         _bool("TrainingConfig", "param_offload", self.param_offload)
         _bool("TrainingConfig", "activation_offload", self.activation_offload)
+        _bool("TrainingConfig", "moe_pad_to_capacity", self.moe_pad_to_capacity)
+        cf = self.moe_capacity_factor
+        if cf is not None and (isinstance(cf, bool) or not isinstance(cf, (int, float))
+                               or not math.isfinite(cf) or cf <= 0):
+            raise InvalidTrainingConfig(
+                f"moe_capacity_factor must be a positive number (expert capacity = ceil(tokens "
+                f"x top_k / experts x factor)); got {cf!r}. Fix: pass e.g. 1.0, or None for "
+                "dropless MoE.")
+        if self.moe_pad_to_capacity and cf is None:
+            raise InvalidTrainingConfig(
+                "moe_pad_to_capacity=True pads each expert's input to its capacity, which "
+                "needs moe_capacity_factor (Megatron-Core: 'moe_expert_capacity_factor must be "
+                "set to use moe_pad_expert_input_to_capacity'). Fix: set moe_capacity_factor, "
+                "or drop moe_pad_to_capacity.")
         if not isinstance(self.optimizer_state_dtype, str) \
                 or self.optimizer_state_dtype not in OPTIMIZER_STATE_DTYPES:
             raise InvalidTrainingConfig(

@@ -233,14 +233,11 @@ def _moe_plan(plan: dict) -> dict:
     """{ParallelConfig field: value} of a record's published expert mapping.
 
     Raises:
-        RecordError: a dispatcher or token dropping autopar does not price.
+        RecordError: a dispatcher autopar does not price.
     """
     if plan.get("dispatcher") not in _DISPATCHERS:
         raise RecordError(f"not modelled: the {plan['dispatcher']!r} token dispatcher (autopar "
                           "prices the all-to-all one)")
-    if plan.get("capacity_factor") is not None:
-        raise RecordError(f"not modelled: capacity factor {plan['capacity_factor']} (token "
-                          "dropping and padded expert buffers); autopar prices dropless MoE")
     return {field: plan[key] for key, field in _MOE_PLAN_KEYS.items()
             if plan.get(key) is not None}
 
@@ -309,6 +306,7 @@ def parse(rec: dict) -> Record:
         if precision is None:
             raise RecordError(f"precision not published: {why}")
         assumed["precision"] = f"not published: {precision}, {why}"
+    plan = rec["plan"]
     train = autopar.TrainingConfig(global_batch_size=t["global_batch_size"],
                                    seq_len=rec["model"]["seq_len"],
                                    micro_batch_size=t.get("micro_batch_size"),
@@ -319,8 +317,11 @@ def parse(rec: dict) -> Record:
                                    # framework's default; autopar.cost.offload)
                                    optimizer_offload=t.get("optimizer_offload") is True,
                                    param_offload=t.get("param_offload") is True,
-                                   activation_offload=t.get("activation_offload") is True)
-    plan = rec["plan"]
+                                   activation_offload=t.get("activation_offload") is True,
+                                   # token dropping (null: dropless); padding only where the
+                                   # record says so (Megatron-Core's default is off)
+                                   moe_capacity_factor=plan.get("capacity_factor"),
+                                   moe_pad_to_capacity=plan.get("pad_to_capacity") is True)
     fixed = {k: plan[k] for k in _PLAN_KEYS if plan.get(k) is not None}
     fixed.update(_moe_plan(plan))
     if (fixed.get("ep", 1) > 1 and "expert_tp" not in fixed

@@ -54,13 +54,22 @@ def test_moe_record_parses_with_its_expert_mapping():
 @pytest.mark.parametrize("change, reason", [
     ({"dispatcher": "flex/deepep"}, "'flex/deepep' token dispatcher"),
     ({"dispatcher": "allgather"}, "'allgather' token dispatcher"),
-    ({"capacity_factor": 1.0}, "capacity factor 1.0"),
 ])
 def test_what_autopar_does_not_price_is_refused(change, reason):
     with pytest.raises(records.RecordError, match="not modelled") as err:
         records.parse(_rec(plan=change))
     assert reason in str(err.value)
     assert records.parse(_rec(model={"mtp_layers": 1})).model.mtp_layers == 1
+
+
+def test_capacity_factor_record_parses_into_the_training_config():
+    """Token dropping is priced (autopar.cost.capacity): the record's factor, and padding only
+    where it says so (Megatron-Core's default is off)."""
+    train = records.parse(_rec(plan={"capacity_factor": 1.0})).train
+    assert (train.moe_capacity_factor, train.moe_pad_to_capacity) == (1.0, False)
+    padded = records.parse(_rec(plan={"capacity_factor": 2.0, "pad_to_capacity": True})).train
+    assert (padded.moe_capacity_factor, padded.moe_pad_to_capacity) == (2.0, True)
+    assert records.parse(_rec()).train.moe_capacity_factor is None
 
 
 def test_dualpipev_record_takes_its_two_chunks():

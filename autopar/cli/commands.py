@@ -27,6 +27,7 @@ from rich.console import Console
 
 from .. import alternatives
 from ..api import search_plan
+from ..cost.capacity import capacity_text
 from ..cost.offload import offload_text
 from ..search.robust import objective_text
 from ..config import ParallelConfig, TrainingConfig
@@ -59,7 +60,10 @@ def _plan_command(args, train: TrainingConfig) -> str:
              "--no-flash-attention" if not train.flash_attention else "",
              "--optimizer-offload" if train.optimizer_offload else "",
              "--param-offload" if train.param_offload else "",
-             "--activation-offload" if train.activation_offload else ""]
+             "--activation-offload" if train.activation_offload else "",
+             f"--moe-capacity-factor {train.moe_capacity_factor}"
+             if train.moe_capacity_factor is not None else "",
+             "--moe-pad-to-capacity" if train.moe_pad_to_capacity else ""]
     return " ".join(w for w in words if w)
 
 
@@ -98,7 +102,7 @@ def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
     out.print(f"[bold]autopar plan[/bold]: {plan.model} on {plan.cluster} "
               f"({plural(plan.world_size, 'GPU')}), "
               f"global batch {tr.global_batch_size} x {tr.seq_len} tokens, {tr.precision}"
-              f"{offload_text(tr)}")
+              f"{offload_text(tr)}{capacity_text(tr)}")
     s = plan.search
     out.print(f"objective: {objective_text(e, plan.alternatives, s.objective)}",
               highlight=False, markup=False)
@@ -164,7 +168,8 @@ def _cmd_estimate(args, problem, par, notes, out) -> dict:
     out.print(f"[bold]autopar estimate[/bold]: {cm.graph.name} on {cm.cluster.name} "
               f"({plural(cm.cluster.world_size, 'GPU')}), global batch "
               f"{cm.train.global_batch_size} x "
-              f"{cm.train.seq_len} tokens, {cm.train.precision}{offload_text(cm.train)}")
+              f"{cm.train.seq_len} tokens, {cm.train.precision}{offload_text(cm.train)}"
+              f"{capacity_text(cm.train)}")
     for n in notes:
         out.print(f"note: {n}", style="yellow", highlight=False, markup=False)
     for t in (tables.degrees_table(est), tables.stages_table(est), tables.performance_table(est)):

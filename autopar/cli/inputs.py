@@ -155,6 +155,8 @@ def _plan_problem(args) -> tuple[Problem, dict, list[str]]:
              "param_offload": True if getattr(args, "param_offload", False) else None,
              "activation_offload": True if getattr(args, "activation_offload", False) else None,
              "optimizer_state_dtype": args.optimizer_state_dtype,
+             "moe_capacity_factor": getattr(args, "moe_capacity_factor", None),
+             "moe_pad_to_capacity": True if getattr(args, "moe_pad_to_capacity", False) else None,
              "framework": getattr(args, "framework", None)}
     train = TrainingConfig(**{**kw["train"].__dict__,
                               **{k: v for k, v in given.items() if v is not None}})
@@ -292,7 +294,12 @@ def read_problem(args) -> tuple[Problem, dict, list[str]]:
         optimizer_offload=args.optimizer_offload,
         param_offload=getattr(args, "param_offload", False),
         activation_offload=getattr(args, "activation_offload", False),
-        optimizer_state_dtype=args.optimizer_state_dtype or "fp32")
+        optimizer_state_dtype=args.optimizer_state_dtype or "fp32",
+        # the CLI's flags, else what --megatron-args set (autopar.io.importers)
+        moe_capacity_factor=(getattr(args, "moe_capacity_factor", None)
+                             or tr.get("moe_capacity_factor")),
+        moe_pad_to_capacity=(getattr(args, "moe_pad_to_capacity", False)
+                             or tr.get("moe_pad_to_capacity", False)))
     if args.global_batch is None and not tr.get("global_batch_size"):
         notes.append(api.default_batch_note(train, cluster.world_size, unit))
     elif args.global_batch is not None:

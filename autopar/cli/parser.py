@@ -48,6 +48,13 @@ def _common(p: argparse.ArgumentParser, plot: str) -> None:
     p.add_argument("--activation-offload", action="store_true",
                    help="decoder blocks' saved activations on the CPU (save_on_cpu; "
                    f"frameworks {', '.join(frameworks_running('activations'))})")
+    p.add_argument("--moe-capacity-factor", type=positive_float, default=None,
+                   help="MoE token dropping: each expert takes at most ceil(tokens x top-k / "
+                        "experts x FACTOR) tokens of a router call (Megatron-Core "
+                        "--moe-expert-capacity-factor; default: dropless)")
+    p.add_argument("--moe-pad-to-capacity", action="store_true",
+                   help="with --moe-capacity-factor: every expert runs its full capacity "
+                        "(--moe-pad-expert-input-to-capacity)")
     p.add_argument("--optimizer-state-dtype", default=None, choices=list(OPTIMIZER_STATE_DTYPES),
                    help="dtype of Adam's moments (default fp32)")
     p.add_argument("--framework", default=None, choices=list(FRAMEWORKS),

@@ -10,6 +10,7 @@ from operator import attrgetter
 from ..config import ParallelConfig
 from ..graph.kernels import ATTENTION_BACKWARD_RATIO
 from ..hardware.collectives import NO_LOAD, LinkLoad
+from . import capacity
 from . import memory as mem
 from . import offload
 from .comm import cp_layer_comm, split_expert_tp, tp_layer_comm
@@ -111,7 +112,8 @@ class BlockCosts:
         skew = (2 * cp - 1) / cp if (cp > 1 and cp_mode != "ulysses"
                                      and inp.train.seq_len % (2 * cp)) else 1.0
         etp = None if etp == tp else etp
-        key = (layer.signature, b, tp, cp, sp, path, skew, etp, local)
+        rows = self.routed_scale(layer, b, tp, cp, sp)
+        key = (layer.signature, b, tp, cp, sp, path, skew, etp, local, rows)
         t = self._layer_times.get(key)
         if t is None:
             t = layer_time(layer, micro_batch=b / inp.graph.micro_batch_size, tp=tp, cp=cp,
@@ -123,9 +125,21 @@ class BlockCosts:
                            fusion=inp.profile.fusion,
                            attention_dims=self.attention_dims(layer, cp),
                            cp_attention=path, cp_imbalance=skew, expert_tp=etp,
-                           eager_parts=inp.profile.eager_parts, local_experts=local)
+                           eager_parts=inp.profile.eager_parts, local_experts=local,
+                           routed_scale=rows)
             self._layer_times[key] = t
         return t
+
+    def routed_scale(self, layer, b: int, tp: int, cp: int, sp: bool) -> float:
+        """Routed rows of MoE ``layer`` over dropless routing under the training config's
+        capacity factor (:func:`autopar.cost.capacity.routed_scale`), for a router call on one
+        rank's share of a micro-batch of ``b`` sequences: / cp, and / tp under sequence
+        parallelism; 1 for a dense layer or dropless MoE."""
+        if not layer.num_experts or self.inputs.train.moe_capacity_factor is None:
+            return 1.0
+        tokens = b * self.inputs.train.seq_len / cp / (tp if sp else 1)
+        return capacity.routed_scale(self.inputs.train, tokens, layer.experts_per_token,
+                                     layer.num_experts)
 
     def attention_dims(self, layer, cp: int) -> tuple[float, float]:
         """(head dim, keys per query block on one CP rank) of ``layer``'s fused attention:
@@ -193,8 +207,10 @@ class BlockCosts:
         if c.ep > 1 and layer.num_experts:
             # dispatch and combine all-to-alls of the routed tokens (k copies of each) forward,
             # the same two backward (Lepikhin et al. 2020, GShard; Megatron-LM MoE)
+            # (a capacity factor drops or pads them: routed_scale)
             routed = (layer.output_bytes * bscale * max(1, layer.experts_per_token) / cp
-                      / (tp if sp else 1))
+                      / (tp if sp else 1)
+                      * self.routed_scale(layer, c.micro_batch_size, tp, cp, sp))
             ep_g = self.groups.group("ep", c)
             # four all-to-alls of the routed tokens: two forward, two backward (half each side
             # below); it was two in all, half the ledger's count of the same collectives
@@ -253,9 +269,14 @@ class BlockCosts:
             layer, combine_saved=bool(conv.moe_combine_saved),
             input_gathered=bool(conv.expert_input_gathered), micro_batch=bscale, tp=tp,
             etp=c.etp, cp=cp, sequence_parallel=sp, dtype_bytes=self.inputs.train.dtype_bytes)
-        act_none += moe
+        # routed rows an expert capacity adds (padding) or removes (dropping): their saved
+        # tensors, kept by every mode but full recompute, which re-makes them one block at a time
+        padded = (self.routed_scale(layer, c.micro_batch_size, tp, cp, sp) - 1.0) * \
+            mem.routed_saved_bytes(layer, micro_batch=bscale, tp=tp, cp=cp, etp=c.etp)
+        act_none += moe + padded
         act = act_none if mode == "none" else mem.block_activation_bytes(
-            layer, mode, micro_batch=bscale, tp=tp, cp=cp, sequence_parallel=sp) + loss_saved
+            layer, mode, micro_batch=bscale, tp=tp, cp=cp, sequence_parallel=sp) + loss_saved + (
+            padded if mode != "full" else 0.0)
         if mode == "selective":
             act += moe
         # recomputing a block re-materialises what it did not keep, one block at a time

@@ -274,7 +274,7 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
                attention_dims: tuple[float, float] = (0.0, 0.0),
                cp_attention: str = "fused", cp_imbalance: float = 1.0,
                expert_tp: int | None = None, eager_parts: tuple[str, ...] = (),
-               local_experts: int = 1) -> LayerTime:
+               local_experts: int = 1, routed_scale: float = 1.0) -> LayerTime:
     """Roofline time of ``layer`` for a micro-batch of ``micro_batch`` sequences.
 
     Args:
@@ -322,6 +322,9 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
             GroupedLinear: one cuBLAS GEMM per expert; ``torch._grouped_mm`` with ``offs``), so
             the efficiency curve reads M / local_experts rows (balanced routing), not the rows
             of all experts together. 1 (the default) is the most efficient case, the bounds'.
+        routed_scale: rows the expert GEMMs run over the layer's dropless routed rows
+            (:func:`autopar.cost.capacity.routed_scale`: above 1 for inputs padded to an expert
+            capacity, below 1 for tokens dropped at it); scales their FLOPs and M.
 
     Returns:
         :class:`LayerTime` in seconds and per-GPU FLOPs.
@@ -339,10 +342,11 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
             sequence_parallel)
         div = tp if sharded else 1
         if op.kind == "matmul":
-            flops = op.fwd_flops * scale / div
+            rows = routed_scale if op.moe_role == "expert" else 1.0
+            flops = op.fwd_flops * scale * rows / div
             if op.gemm:
                 m, k, n = op.gemm
-                m = m * scale
+                m = m * scale * rows
                 split = tp
                 if expert_tp is not None and op.moe_role == "expert":
                     m, split = m * expert_tp / tp, expert_tp

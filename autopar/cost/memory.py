@@ -152,6 +152,33 @@ def block_activation_bytes(layer: Layer, mode: str, *, micro_batch: int, tp: int
     return kept * scale
 
 
+def routed_saved_bytes(layer: Layer, *, micro_batch: float, tp: int, cp: int,
+                       etp: int | None = None) -> float:
+    """Bytes the routed expert GEMMs of ``layer`` save for backward per micro-batch on one rank,
+    at dropless routing (0 for a layer without experts).
+
+    What scales with the rows each expert runs (:func:`autopar.cost.capacity.routed_scale`):
+    the routed input the first (column) expert GEMMs share and weight-gradient from, saved once;
+    their outputs, which the gated activation saves (Megatron-Core's fused ``bias_swiglu``,
+    :class:`autopar.graph.kernels.FusedGLUMeta`); and the input of the last (row) expert GEMM.
+    The shared input holds the expert-TP group's rows (etp / tp of an attention-TP group's,
+    all-gathered after the dispatch: Megatron-Core MoEAlltoAllTokenDispatcher), the others are
+    split over the etp ranks as well (/ tp in all). ``etp`` None = tp.
+    """
+    etp = etp or tp
+    shared_in = out = 0.0
+    for o in layer.ops:
+        if o.moe_role != "expert" or not o.gemm:
+            continue
+        _, k, n = o.gemm
+        if o.tp_role == "column":
+            shared_in = max(shared_in, o.bytes_written * k / n)
+            out += o.bytes_written
+        elif o.tp_role == "row":
+            out += o.bytes_written * k / n
+    return (shared_in * etp / tp + out / tp) * micro_batch / cp
+
+
 #: Bytes per element an RMSNorm run as eager PyTorch ops keeps for backward beyond the fused
 #: kernel's saved input (what the graph counts, :class:`autopar.graph.kernels.FusedNormMeta`).
 #: The eager composite (Hugging Face LlamaRMSNorm, torchtitan/torchtune RMSNorm, torch's

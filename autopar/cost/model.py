@@ -26,7 +26,7 @@ from ..errors import InvalidParallelConfig
 from ..frameworks import FrameworkProfile, get_profile
 from ..frameworks.memory import MemoryConventions
 from ..graph.types import ModelGraph
-from . import offload
+from . import capacity, offload
 from .blocks import CAUSAL_FLOPS_SHARE, BlockCost, BlockCosts
 from .buckets import bucketed_exposed_s
 from .comm import Collectives, CommLedger
@@ -75,7 +75,8 @@ class CostModel:
             length than ``train.seq_len`` (:func:`autopar.cost.context.check_seq_len`), or the
             GPU lacks the training precision (e.g. fp8 on A100), raised by the device catalog;
             or an offload kind the framework does not run
-            (:func:`autopar.cost.offload.check_framework`).
+            (:func:`autopar.cost.offload.check_framework`), or an MoE capacity factor the
+            framework or the model does not have (:mod:`autopar.cost.capacity`).
     """
 
     def __init__(self, graph: ModelGraph, cluster, train: TrainingConfig,
@@ -84,6 +85,8 @@ class CostModel:
                  conventions: MemoryConventions | None = None):
         check_seq_len(graph, train)
         offload.check_framework(train)
+        capacity.check_framework(train)
+        capacity.check_model(train, graph.num_experts)
         self._given = (params, attention_kernel, framework, conventions)   # for rebuilt()
         self.inputs = inp = CostInputs.build(graph, cluster, train, params, attention_kernel,
                                              framework or get_profile(train.framework),

@@ -29,6 +29,8 @@ Megatron-LM                                              autopar
 ``--expert-model-parallel-size``                         ``ep``
 ``--expert-tensor-parallel-size``                        ``expert_tp`` (MoE parallel folding)
 ``--bf16`` / ``--fp16`` / ``--fp8-format``               precision
+``--moe-expert-capacity-factor``                         ``moe_capacity_factor``
+``--moe-pad-expert-input-to-capacity``                   ``moe_pad_to_capacity``
 ======================================================  =======================================
 
 torchtitan: ``parallelism.tensor_parallel_degree`` -> tp, ``pipeline_parallel_degree`` -> pp,
@@ -164,6 +166,8 @@ def _megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--recompute-granularity", choices=["full", "selective"], default=None)
     p.add_argument("--recompute-method", choices=["uniform", "block"], default=None)
     p.add_argument("--fp8-format", default=None)
+    p.add_argument("--moe-expert-capacity-factor", type=float, default=None)
+    p.add_argument("--moe-pad-expert-input-to-capacity", action="store_true")
     return p
 
 
@@ -243,6 +247,10 @@ def from_megatron_args(text: str | list[str]) -> Imported:
     if ns.expert_tensor_parallel_size is not None:
         # None when equal to tp (ParallelConfig stores that mapping one way)
         par["expert_tp"] = ns.expert_tensor_parallel_size
+    if ns.moe_expert_capacity_factor is not None and ns.moe_expert_capacity_factor >= 0:
+        # transformer_config.py: a negative factor means None (dropless)
+        train["moe_capacity_factor"] = ns.moe_expert_capacity_factor
+        train["moe_pad_to_capacity"] = ns.moe_pad_expert_input_to_capacity
     costs, sources = _megatron_overlaps(ns, par, notes)
     flags = [u for u in unknown if u.startswith("--")]
     if flags:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..errors import UnsupportedPlanError
 from ...frameworks import with_edits
 from .common import (Export, balanced_cut, block_modes, finish, one_reshard_policy,
                      rank_order, strongest_mode)
@@ -17,8 +18,19 @@ def to_deepspeed_config(plan) -> Export:
     parameter count: DeepSpeed takes no explicit cut list). Pipelines run ZeRO-1, one chunk per
     stage, 1F1B; CP ranks become data-parallel ranks; recompute is whole layers. The written
     configuration is re-estimated (see :class:`Export`).
+
+    Raises:
+        UnsupportedPlanError: a plan that drops MoE tokens at a capacity (DeepSpeed sets it in
+            the model code, deepspeed.moe.layer.MoE(capacity_factor=...), with its own gating
+            rule, which autopar does not price).
     """
     c, t = plan.config, plan.train
+    if t.moe_capacity_factor is not None:
+        raise UnsupportedPlanError(
+            f"moe_capacity_factor={t.moe_capacity_factor}: DeepSpeed sets an expert capacity in "
+            "the model code (deepspeed.moe.layer.MoE(capacity_factor=..., drop_tokens=True)), "
+            "not in ds_config.json, and autopar does not price its gating's capacity rule. Fix: "
+            "plan with moe_capacity_factor=None, or export for Megatron-LM (to_megatron_args).")
     warn: list[str] = []
     w = c.replace(placement=rank_order(c, "deepspeed", warn)[1])
     w = one_reshard_policy(c, w, "DeepSpeed", warn)

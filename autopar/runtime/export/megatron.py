@@ -33,6 +33,8 @@ MEGATRON_FLAGS = frozenset({
     "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-layer-freq",
     "--moe-token-dispatcher-type", "--moe-grouped-gemm", "--moe-shared-expert-intermediate-size",
     "--expert-tensor-parallel-size", "--mtp-num-layers",
+    # token dropping (autopar.cost.capacity)
+    "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity",
 })
 
 
@@ -117,6 +119,12 @@ def to_megatron_args(plan) -> Export:
     a += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": [],
           "fp8": ["--bf16", "--fp8-format", "hybrid"]}[t.precision]
     a += _megatron_model(m, t)
+    if t.moe_capacity_factor is not None:
+        # token dropping as autopar.cost.capacity prices it (Megatron-Core transformer_config.py
+        # moe_expert_capacity_factor / moe_pad_expert_input_to_capacity)
+        a += ["--moe-expert-capacity-factor", str(t.moe_capacity_factor)]
+        if t.moe_pad_to_capacity:
+            a.append("--moe-pad-expert-input-to-capacity")
     if not m:
         warn.append(f"model {plan.model}: its shape is not written (a plan of a module or a "
                     "Hugging Face preset has no model_config). Fix: add the model's own "

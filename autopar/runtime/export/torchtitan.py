@@ -150,9 +150,17 @@ def to_torchtitan_toml(plan) -> Export:
     forward, ZeRO-2 memory). The written configuration is re-estimated (see :class:`Export`).
 
     Raises:
-        UnsupportedPlanError: a GPT-style model (torchtitan has no such architecture).
+        UnsupportedPlanError: a GPT-style model (torchtitan has no such architecture), or a
+            plan that drops MoE tokens at a capacity (torchtitan's MoE is dropless).
     """
     c, t = plan.config, plan.train
+    if t.moe_capacity_factor is not None:
+        # torchtitan models/moe/moe.py MoEArgs: no capacity field, every routed token computed
+        raise UnsupportedPlanError(
+            f"moe_capacity_factor={t.moe_capacity_factor}: torchtitan's MoE is dropless (its "
+            "MoEArgs has no capacity factor), so the plan's token dropping cannot be written; "
+            "running it dropless would compute other tokens than the plan prices. Fix: plan "
+            "with moe_capacity_factor=None, or export for Megatron-LM (to_megatron_args).")
     warn: list[str] = []
     w = c.replace(placement=rank_order(c, "torchtitan", warn)[1])
     w = one_reshard_policy(c, w, "torchtitan", warn)

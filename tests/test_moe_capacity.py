@@ -1,0 +1,151 @@
+"""MoE token dropping at an expert capacity (issue 26 item 3): Megatron-Core's capacity rule,
+its price (expert GEMMs, dispatch all-to-all, routed activations), the frameworks that run it,
+the exporters and the importer."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import autopar  # noqa: E402
+from autopar.api import model_graph  # noqa: E402
+from autopar.cost import capacity, memory  # noqa: E402
+from autopar.cost.model import CostModel  # noqa: E402
+from autopar.errors import InvalidTrainingConfig  # noqa: E402
+from autopar.io.importers import from_megatron_args  # noqa: E402
+from autopar.runtime.errors import UnsupportedPlanError  # noqa: E402
+from autopar.search.optimize import search  # noqa: E402
+
+# 8 experts top-2, expert FFN 256, hidden 128: seq 1024 -> T x k / E = 256 rows per expert
+_MOE = dict(name="cap-moe", family="llama", num_layers=4, hidden_size=128, num_heads=4,
+            num_kv_heads=2, vocab_size=512, seq_len=1024, ffn_hidden_size=512,
+            num_experts=8, top_k=2, moe_ffn_hidden_size=256)
+_PLAN = dict(tp=1, pp=1, dp=4, ep=4, zero_stage=1, recompute="none", micro_batch_size=1)
+
+
+def _train(**kw) -> autopar.TrainingConfig:
+    return autopar.TrainingConfig(global_batch_size=8, seq_len=1024, framework="megatron", **kw)
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return model_graph(_MOE, _train())[0]
+
+
+def _estimate(graph, **kw):
+    cm = CostModel(graph, autopar.Cluster.from_spec("1x4xH100"), _train(**kw))
+    return cm, cm.estimate(autopar.ParallelConfig(**_PLAN))
+
+
+def test_capacity_is_megatrons_ceil_rule():
+    # moe_utils.py get_capacity: ceil(num_tokens x topk / num_experts x capacity_factor)
+    assert capacity.expert_capacity(4096, 2, 8, 1.25) == 1280
+    assert capacity.expert_capacity(10, 1, 3, 0.3) == 1   # ceil(0.999...) = 1
+
+
+@pytest.mark.parametrize("factor, pad, tokens, top_k, experts, scale", [
+    (None, False, 4096, 2, 8, 1.0),      # dropless
+    (1.0, False, 4096, 2, 8, 1.0),       # balanced load = capacity: nothing dropped
+    (2.0, False, 4096, 2, 8, 1.0),       # not padded: a larger capacity adds nothing
+    (0.5, False, 4096, 2, 8, 0.5),       # half of each expert's 1024 rows dropped
+    (1.25, True, 4096, 2, 8, 1.25),      # padded to 1280 of 1024
+    (1.0, True, 1000, 8, 128, 63 / 62.5),  # ceil: 63 rows of a 62.5-row load
+    (8.0, True, 8, 2, 8, 4.0),           # capacity 16 > 8 tokens: every token, once per expert
+])
+def test_routed_scale(factor, pad, tokens, top_k, experts, scale):
+    train = _train(moe_capacity_factor=factor, moe_pad_to_capacity=pad)
+    assert capacity.routed_scale(train, tokens, top_k, experts) == pytest.approx(scale)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(moe_capacity_factor=0), "positive number"),
+    (dict(moe_capacity_factor=-1.0), "positive number"),
+    (dict(moe_capacity_factor=math.nan), "positive number"),
+    (dict(moe_capacity_factor=True), "positive number"),
+    (dict(moe_pad_to_capacity=True), "needs moe_capacity_factor"),
+])
+def test_training_config_refuses_bad_capacity(kw, match):
+    with pytest.raises(InvalidTrainingConfig, match=match):
+        _train(**kw)
+
+
+def test_frameworks_without_token_dropping_are_refused(graph):
+    cluster = autopar.Cluster.from_spec("1x4xH100")
+    for fw in ("torchtitan", "torch", "deepspeed"):
+        train = replace(_train(moe_capacity_factor=1.0), framework=fw)
+        with pytest.raises(InvalidTrainingConfig, match="drop moe_capacity_factor"):
+            CostModel(graph, cluster, train)
+    dense = model_graph({k: v for k, v in _MOE.items()
+                         if k not in ("num_experts", "top_k", "moe_ffn_hidden_size")},
+                        _train())[0]
+    with pytest.raises(InvalidTrainingConfig, match="no routed experts"):
+        CostModel(dense, cluster, _train(moe_capacity_factor=1.0))
+
+
+def test_padding_scales_expert_gemms_all_to_all_and_routed_activations(graph):
+    cm0, e0 = _estimate(graph)
+    _, e1 = _estimate(graph, moe_capacity_factor=1.0)           # not padded, balanced: same
+    _, e2 = _estimate(graph, moe_capacity_factor=2.0, moe_pad_to_capacity=True)
+    assert e1.step_time_s == e0.step_time_s
+    assert e1.memory_breakdown.activations == e0.memory_breakdown.activations
+    # twice the rows on the wire: the four all-to-alls per MoE block carry 2x the bytes
+    assert e2.link_comm("nvlink").nbytes > e0.link_comm("nvlink").nbytes
+    block = next(i for i, layer in enumerate(graph.layers) if layer.num_experts)
+    resolved = cm0.resolve(autopar.ParallelConfig(**_PLAN))
+    b0 = cm0.block_cost(block, "none", resolved)
+    cm2 = CostModel(graph, cm0.cluster, _train(moe_capacity_factor=2.0, moe_pad_to_capacity=True))
+    b2 = cm2.block_cost(block, "none", resolved)
+    assert b2.ep_load.nbytes == pytest.approx(2 * b0.ep_load.nbytes)
+    # the expert GEMMs' FLOPs double; nothing else changes
+    layer = graph.layers[block]
+    expert = sum(o.fwd_flops for o in layer.ops if o.moe_role == "expert")
+    lt0 = cm0.layer_time(block, 1, 1, 1, False, ep=4)
+    lt2 = cm2.layer_time(block, 1, 1, 1, False, ep=4)
+    assert lt2.fwd_flops - lt0.fwd_flops == pytest.approx(expert)
+    # routed saved bytes per rank and micro-batch: 2048 rows x (h + 3 f) x 2 bytes, once more
+    routed = memory.routed_saved_bytes(layer, micro_batch=1, tp=1, cp=1)
+    assert routed == pytest.approx(1024 * 2 * (128 + 3 * 256) * 2)
+    assert b2.act_bytes - b0.act_bytes == pytest.approx(routed)
+
+
+def test_dropping_below_one_removes_rows(graph):
+    cm0, e0 = _estimate(graph)
+    cm5, e5 = _estimate(graph, moe_capacity_factor=0.5)
+    block = next(i for i, layer in enumerate(graph.layers) if layer.num_experts)
+    expert = sum(o.fwd_flops for o in graph.layers[block].ops if o.moe_role == "expert")
+    lt0, lt5 = (cm.layer_time(block, 1, 1, 1, False, ep=4) for cm in (cm0, cm5))
+    assert lt0.fwd_flops - lt5.fwd_flops == pytest.approx(expert / 2)
+    assert lt5.fwd_s < lt0.fwd_s
+    assert e5.memory_breakdown.activations < e0.memory_breakdown.activations
+
+
+def test_exporters_write_or_refuse_the_capacity(graph):
+    cm = CostModel(graph, autopar.Cluster.from_spec("1x4xH100"),
+                   _train(moe_capacity_factor=1.5, moe_pad_to_capacity=True))
+    plan = autopar.api.build_plan(cm, search(cm, dict(_PLAN)), None)
+    args = plan.to_megatron_args().value
+    assert args[args.index("--moe-expert-capacity-factor") + 1] == "1.5"
+    assert "--moe-pad-expert-input-to-capacity" in args
+    with pytest.raises(UnsupportedPlanError, match="torchtitan's MoE is dropless"):
+        plan.to_torchtitan_toml()
+    with pytest.raises(UnsupportedPlanError, match="DeepSpeed sets an expert capacity"):
+        plan.to_deepspeed_config()
+
+
+def test_megatron_import_reads_the_capacity():
+    imp = from_megatron_args("--expert-model-parallel-size 4 --moe-expert-capacity-factor 1.25 "
+                             "--moe-pad-expert-input-to-capacity")
+    assert imp.train == {"moe_capacity_factor": 1.25, "moe_pad_to_capacity": True}
+    # transformer_config.py: a negative factor is dropless
+    assert "moe_capacity_factor" not in from_megatron_args(
+        "--moe-expert-capacity-factor -1").train
+
+
+def test_header_line_names_the_capacity():
+    assert capacity.capacity_text(_train()) == ""
+    assert capacity.capacity_text(_train(moe_capacity_factor=1.5, moe_pad_to_capacity=True)) \
+        == ", MoE capacity factor 1.5 (padded)"
