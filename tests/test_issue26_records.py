@@ -52,7 +52,6 @@ def test_moe_record_parses_with_its_expert_mapping():
 
 
 @pytest.mark.parametrize("change, reason", [
-    ({"dispatcher": "flex/deepep"}, "'flex/deepep' token dispatcher"),
     ({"dispatcher": "allgather"}, "'allgather' token dispatcher"),
     ({"capacity_factor": 1.0}, "capacity factor 1.0"),
 ])
