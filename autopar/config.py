@@ -49,6 +49,13 @@ TORCH_SCHEDULES = tuple(s for s in SCHEDULES if s != "dualpipe")
 #: "DualPipe requires keeping two copies of the model parameters").
 PARAMETER_COPIES = {"dualpipe": 2}
 MESH_DIMS = ("tp", "cp", "dp", "pp")
+#: How MoE layers move routed tokens to their experts' ranks and back (the token dispatcher):
+#: "alltoall" = NCCL all-to-alls of every routed copy (Megatron-Core
+#: ``--moe-token-dispatcher-type alltoall``, torchtitan's and plan.apply's EP); "deepep" =
+#: DeepSeek's DeepEP normal kernels, which send a token once per destination node over RDMA and
+#: forward it over NVLink (Megatron-Core ``--moe-token-dispatcher-type flex
+#: --moe-flex-dispatcher-backend deepep``). Priced in :mod:`autopar.cost.dispatch`.
+DISPATCHERS = ("alltoall", "deepep")
 CP_MODES = ("ring", "ulysses", "allgather")
 #: Fused attention kernels the cost model knows (:attr:`autopar.cost.params.CostParams.
 #: attention_efficiency` is keyed by them; a framework profile's ``attention_kernels`` names them):
@@ -278,6 +285,10 @@ class ParallelConfig:
             expert-data-parallel group is tp x cp x dp / (ep x etp). None (default) = equal to
             tp, with ep carved out of dp (the mapping autopar used before; a value equal to tp
             is stored as None, so both spellings are one plan). :attr:`etp` is the degree.
+        dispatcher: the MoE token dispatcher, one of :data:`DISPATCHERS` ("alltoall", the
+            default, or "deepep"); only frameworks that run it accept "deepep"
+            (:attr:`autopar.frameworks.FrameworkProfile.dispatchers`). The search keeps it as
+            given (a pinned choice, never searched).
 
     Raises:
         InvalidParallelConfig: a degree below 1, an unknown mode, or inconsistent choices.
@@ -299,6 +310,7 @@ class ParallelConfig:
     ep: int = 1
     reshard_after_forward: tuple[bool, ...] | None = None
     expert_tp: int | None = None
+    dispatcher: str = "alltoall"
 
     def __post_init__(self) -> None:
         # the usual case (plain ints >= 1, or None where allowed) passes without the per-field
@@ -392,6 +404,10 @@ class ParallelConfig:
                     "Fix: zero_stage=3, or reshard_after_forward=None.")
             if all(r):   # every block reshards: plain ZeRO-3, written one way only
                 object.__setattr__(self, "reshard_after_forward", None)
+        if self.dispatcher != "alltoall" and self.dispatcher not in DISPATCHERS:
+            raise InvalidParallelConfig(
+                f"dispatcher {self.dispatcher!r} is not one of {DISPATCHERS}. Fix: use "
+                "'alltoall' (default) or 'deepep'.")
         if self.expert_tp is not None:
             _positive_int("ParallelConfig", "expert_tp", self.expert_tp)
             if self.expert_tp == self.tp:   # today's mapping, written one way only

@@ -211,11 +211,18 @@ def _device(name: str, overrides: dict | None):
 #: MoE plan keys of a record -> ParallelConfig fields, fixed when published (never open: a
 #: dense model has no experts to map, and the frameworks' default is ep 1, etp = tp)
 _MOE_PLAN_KEYS = {"ep": "ep", "etp": "expert_tp"}
-#: Token dispatchers autopar prices (autopar.cost.blocks: the all-to-all dispatcher of
-#: Megatron-Core MoEAlltoAllTokenDispatcher and torchtitan's EP); null = the framework default,
-#: all-to-all wherever EP > 1 in Megatron-Core (--moe-token-dispatcher-type alltoall is what
-#: its MoE guides pair with EP) and the only one torchtitan has
-_DISPATCHERS = ("alltoall", None)
+#: A record's ``plan.dispatcher`` -> the ParallelConfig dispatcher autopar prices it with
+#: (autopar.cost.dispatch): "alltoall" (Megatron-Core MoEAlltoAllTokenDispatcher, torchtitan's
+#: EP) and "flex/deepep" (Megatron-Core's flex dispatcher with the DeepEP backend). null = the
+#: framework default, all-to-all wherever EP > 1 in Megatron-Core (--moe-token-dispatcher-type
+#: alltoall is what its MoE guides pair with EP) and torchtitan's default ('standard')
+_DISPATCHERS = {"alltoall": "alltoall", None: None, "flex/deepep": "deepep"}
+#: Fabrics DeepEP's published bandwidths do not cover: its normal kernels were measured over
+#: ConnectX-7 InfiniBand with GPU-initiated RDMA (IBGDA; DeepEP docs/legacy.md). On AWS EFA
+#: DeepEP runs through a CPU proxy (UCCL-EP, or NVSHMEM over libfabric), whose published
+#: tables (uccl-project/uccl ep/README.md: p5en, H200 with 2 x 200 Gb/s EFA per GPU) are of
+#: another GPU and NIC count than a p5's, and NVSHMEM's has none: not priced
+_DEEPEP_FABRICS_NOT_PRICED = re.compile(r"\befa\b", re.I)
 
 
 def _model_fields(model: dict) -> dict:
@@ -229,17 +236,27 @@ def _model_fields(model: dict) -> dict:
             if v is not None or k not in (*MOE_FIELDS, "head_dim")}
 
 
-def _moe_plan(plan: dict) -> dict:
-    """{ParallelConfig field: value} of a record's published expert mapping.
+def _moe_plan(plan: dict, inter_node: str | None = None) -> dict:
+    """{ParallelConfig field: value} of a record's published expert mapping and dispatcher
+    (``inter_node``: the record's ``cluster.inter_node`` text).
 
     Raises:
-        RecordError: a dispatcher autopar does not price.
+        RecordError: a dispatcher autopar does not price, or DeepEP over a fabric its
+            published bandwidths do not cover (EFA).
     """
     if plan.get("dispatcher") not in _DISPATCHERS:
         raise RecordError(f"not modelled: the {plan['dispatcher']!r} token dispatcher (autopar "
-                          "prices the all-to-all one)")
-    return {field: plan[key] for key, field in _MOE_PLAN_KEYS.items()
-            if plan.get(key) is not None}
+                          f"prices {sorted(k for k in _DISPATCHERS if k)})")
+    dispatcher = _DISPATCHERS[plan.get("dispatcher")]
+    if dispatcher == "deepep" and _DEEPEP_FABRICS_NOT_PRICED.search(inter_node or ""):
+        raise RecordError(f"not modelled: DeepEP over {inter_node!r} (EFA: a CPU-proxied "
+                          "transport, UCCL-EP or NVSHMEM over libfabric; DeepEP's published "
+                          "bandwidths are for InfiniBand with GPU-initiated RDMA)")
+    out = {field: plan[key] for key, field in _MOE_PLAN_KEYS.items()
+           if plan.get(key) is not None}
+    if dispatcher is not None:
+        out["dispatcher"] = dispatcher
+    return out
 
 
 def parse(rec: dict) -> Record:
@@ -323,7 +340,7 @@ def parse(rec: dict) -> Record:
                                    moe_capacity_factor=plan.get("capacity_factor"),
                                    moe_pad_to_capacity=plan.get("pad_to_capacity") is True)
     fixed = {k: plan[k] for k in _PLAN_KEYS if plan.get(k) is not None}
-    fixed.update(_moe_plan(plan))
+    fixed.update(_moe_plan(plan, c.get("inter_node")))
     if (fixed.get("ep", 1) > 1 and "expert_tp" not in fixed
             and "torchtitan" in (t.get("framework") or "").lower()):
         # torchtitan job_config.py: expert_tensor_parallel_degree defaults to 1 (Megatron-Core's

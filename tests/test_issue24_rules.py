@@ -43,7 +43,7 @@ def _broken(c: ParallelConfig, graph, cluster, train: TrainingConfig, profile, l
     sched = c.schedule or ("interleaved-1f1b" if v > 1 else "1f1b")
     found = [
         rules.mesh_size(world, c.tp, c.pp, c.cp, dp),
-        rules.tp_heads(c.tp, graph.attention_heads, graph.kv_heads),
+        rules.tp_heads(c.tp, graph.attention_heads, graph.kv_heads, profile.kv_heads_below_tp),
         None if limits.tp_across_nodes else rules.tp_node(c.tp, cluster.gpus_per_node),
         rules.ulysses_heads(c.tp, c.cp, graph.attention_heads, graph.kv_heads, c.cp_mode),
         rules.cp_seq(c.cp, train.seq_len),

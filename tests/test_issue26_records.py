@@ -52,7 +52,6 @@ def test_moe_record_parses_with_its_expert_mapping():
 
 
 @pytest.mark.parametrize("change, reason", [
-    ({"dispatcher": "flex/deepep"}, "'flex/deepep' token dispatcher"),
     ({"dispatcher": "allgather"}, "'allgather' token dispatcher"),
 ])
 def test_what_autopar_does_not_price_is_refused(change, reason):

@@ -42,7 +42,7 @@ def model_arg(text: str | None):
 _PARALLEL = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "zero": "zero_stage",
              "recompute": "recompute", "sequence_parallel": "sequence_parallel",
              "virtual_stages": "virtual_stages", "micro_batch": "micro_batch_size", "ep": "ep",
-             "expert_tp": "expert_tp", "schedule": "schedule"}
+             "expert_tp": "expert_tp", "schedule": "schedule", "dispatcher": "dispatcher"}
 
 
 def parallel_choices(args, prefix: str = "") -> dict:

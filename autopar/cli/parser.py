@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import difflib
 
-from ..config import FRAMEWORKS, OPTIMIZER_STATE_DTYPES, RECOMPUTE_MODES, SCHEDULES
+from ..config import DISPATCHERS, FRAMEWORKS, OPTIMIZER_STATE_DTYPES, RECOMPUTE_MODES, SCHEDULES
 from ..cost.offload import frameworks_running
 from . import measure_cmds
 from .exports import EXPORTERS
@@ -105,6 +105,10 @@ def _parallel_flags(p: argparse.ArgumentParser, prefix: str = "", what: str = ""
     p.add_argument(f"{dash}expert-tp", dest=f"{dest}expert_tp", type=int, default=None,
                    help=f"expert-tensor-parallel degree of MoE layers (MoE parallel folding; "
                         f"default: tp){what}")
+    p.add_argument(f"{dash}dispatcher", dest=f"{dest}dispatcher", default=None,
+                   choices=list(DISPATCHERS),
+                   help=f"MoE token dispatcher: NCCL all-to-all or DeepEP (default "
+                        f"alltoall; never searched){what}")
     p.add_argument(f"{dash}schedule", dest=f"{dest}schedule", default=None,
                    choices=list(SCHEDULES),
                    help=f"pipeline schedule (torch.distributed.pipelining's){what}")

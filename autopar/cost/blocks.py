@@ -16,6 +16,7 @@ from . import offload
 from .comm import cp_layer_comm, split_expert_tp, tp_layer_comm
 from .compute import LayerTime, layer_time
 from .context import CostInputs
+from .dispatch import dispatch_cost
 from .groups import Groups
 from .host import host_time
 
@@ -74,7 +75,7 @@ class BlockCost:
 #: as a tuple (with the layer's signature and mode, its cache key; PipelineTimer.timing shares
 #: per-rank sums by the same tuple).
 block_cost_fields = attrgetter("tp", "cp", "dp", "pp", "micro_batch_size", "sequence_parallel",
-                               "cp_mode", "placement", "ep", "expert_tp")
+                               "cp_mode", "placement", "ep", "expert_tp", "dispatcher")
 
 
 class BlockCosts:
@@ -141,6 +142,17 @@ class BlockCosts:
         return capacity.routed_scale(self.inputs.train, tokens, layer.experts_per_token,
                                      layer.num_experts)
 
+    def kv_gather_bytes(self, layer, tp: int) -> float:
+        """Bytes of the fused QKV projection output of ``layer``'s graph micro-batch (unsharded,
+        nccl-tests size) that TP all-gathers when tp exceeds its KV heads; 0 otherwise:
+        tokens x (heads + 2 kv heads) x head dim x dtype bytes."""
+        heads, kv = layer.attention_heads, layer.kv_heads
+        if not (heads and kv) or tp <= kv:
+            return 0.0
+        g = self.inputs.graph
+        head_dim = self.attention_dims(layer, 1)[0]
+        return layer.output_bytes * (heads + 2 * kv) * head_dim / g.hidden_size
+
     def attention_dims(self, layer, cp: int) -> tuple[float, float]:
         """(head dim, keys per query block on one CP rank) of ``layer``'s fused attention:
         head dim from its counted FLOPs, 4 * b * heads * s * span * d; keys: the span (the
@@ -170,11 +182,24 @@ class BlockCosts:
         folded = c.folded and bool(layer.num_experts)
         lt = self.layer_time(index, c.micro_batch_size, tp, cp, sp, c.cp_mode,
                              c.etp if folded else None, c.ep)
+        # DeepEP's flex group is tp x ep: it sends each token to every expert-TP shard itself
+        # (autopar.cost.dispatch), with no all-gather over the expert-TP group after it
         attn_layer, expert_layer = split_expert_tp(layer) if folded else (layer, None)
         tf, tb, fb, bb = tp_layer_comm(attn_layer, self.groups.group("tp", c), micro_batch=bscale,
                                        cp=cp, sequence_parallel=sp,
                                        mlp_per_linear=self.inputs.profile.tp_mlp_reduce_per_linear)
-        if expert_layer is not None:
+        kvg = self.kv_gather_bytes(layer, tp) * bscale / cp
+        if kvg:
+            # tp above the KV heads (Megatron-Core attention.py get_query_key_value_tensors,
+            # 'num_query_groups < world_size'): each rank computes 1/tp of the fused QKV
+            # projection, all-gathers it over TP and keeps its query group's K/V; backward
+            # reduce-scatters the gradient (all_gather_last_dim_from_tensor_parallel_region)
+            tp_g = self.groups.group("tp", c)
+            tf += tp_g.time("all_gather", kvg)
+            tb += tp_g.time("reduce_scatter", kvg)
+            fb += tp_g.load("all_gather", kvg)
+            bb += tp_g.load("reduce_scatter", kvg)
+        if expert_layer is not None and c.dispatcher == "alltoall":
             # folded MoE: the routed tokens are all-gathered over the expert-TP group after the
             # dispatch all-to-all and reduce-scattered before the combine (Megatron-Core
             # token_dispatcher.py MoEAlltoAllTokenDispatcher: gather_from_sequence_parallel_
@@ -205,18 +230,16 @@ class BlockCosts:
                                        overlap=self.inputs.params.dp_overlap)
         ef, eload = 0.0, NO_LOAD
         if c.ep > 1 and layer.num_experts:
-            # dispatch and combine all-to-alls of the routed tokens (k copies of each) forward,
-            # the same two backward (Lepikhin et al. 2020, GShard; Megatron-LM MoE)
-            # (a capacity factor drops or pads them: routed_scale)
-            routed = (layer.output_bytes * bscale * max(1, layer.experts_per_token) / cp
-                      / (tp if sp else 1)
-                      * self.routed_scale(layer, c.micro_batch_size, tp, cp, sp))
-            ep_g = self.groups.group("ep", c)
-            # four all-to-alls of the routed tokens: two forward, two backward (half each side
-            # below); it was two in all, half the ledger's count of the same collectives
-            ef = 4 * ep_g.time("all_to_all", routed)
-            # the ledger's load: four all-to-alls, each on the link as long as it takes
-            eload = ep_g.load("all_to_all", routed).scaled(4)
+            # dispatch and combine of the rank's tokens forward, the same two backward (half
+            # each side below), as the plan's dispatcher moves them (autopar.cost.dispatch);
+            # a capacity factor drops or pads the routed rows (routed_scale)
+            tokens = layer.output_bytes * bscale / cp / (tp if sp else 1)
+            d = dispatch_cost(c.dispatcher, tokens, layer.num_experts,
+                              layer.experts_per_token, self.groups.group("ep", c),
+                              etp=c.etp if folded else 1,
+                              routed_scale=self.routed_scale(layer, c.micro_batch_size, tp, cp,
+                                                             sp))
+            ef, eload = d.seconds, d.load
             if mode == "full":
                 ef *= 1.5  # the recomputed forward dispatches again
                 eload = eload.scaled(1.5)

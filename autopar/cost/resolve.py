@@ -47,7 +47,7 @@ def resolve(config: ParallelConfig, graph: ModelGraph, world_size: int,
     dp = c.dp if c.dp is not None else world_size // mp
     check(rules.mesh_size(world_size, c.tp, c.pp, c.cp, dp))
     heads, kv = graph.attention_heads, graph.kv_heads
-    check(rules.tp_heads(c.tp, heads, kv))
+    check(rules.tp_heads(c.tp, heads, kv, get_profile(train.framework).kv_heads_below_tp))
     check(rules.ulysses_heads(c.tp, c.cp, heads, kv, c.cp_mode))
     experts = getattr(graph, "num_experts", 0)
     if c.folded:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from ..config import ARCHITECTURES, ATTENTION_KERNELS, CP_MODES, RECOMPUTE_MODES, SCHEDULES
+from ..config import (ARCHITECTURES, ATTENTION_KERNELS, CP_MODES, DISPATCHERS, RECOMPUTE_MODES,
+                      SCHEDULES)
 from .checks import FieldCheck
 from .memory import MemoryConventions
 from .seqrule import SeqLenRule
@@ -20,7 +21,7 @@ _ZERO_STAGE_FIELDS = ("zero_stages", "zero_stages_with_tp", "zero_stages_with_pp
 _BOOL_FIELDS = ("per_block_recompute", "expert_parallel", "per_block_reshard",
                 "overlap_dp_grad_reduce", "zero3_regather_per_micro_batch", "overlap_tp_comm",
                 "zero1_grad_all_reduce", "fsdp2_copies", "tp_mlp_reduce_per_linear",
-                "experts_tp_sharded", "zero2_grad_all_reduce")
+                "experts_tp_sharded", "zero2_grad_all_reduce", "kv_heads_below_tp")
 
 
 def checked_fields(v: dict, check: FieldCheck, cost_fix: str,
@@ -56,6 +57,8 @@ def checked_fields(v: dict, check: FieldCheck, cost_fix: str,
     out["moe_sequence_parallel"] = check.names(
         "moe_sequence_parallel", v["moe_sequence_parallel"], (True, False), (True, False),
         nonempty=True, what="the values sequence_parallel may take on MoE layers")
+    out["dispatchers"] = check.names("dispatchers", v["dispatchers"], DISPATCHERS,
+                                     ("alltoall",), nonempty=True)
     out["eager_parts"] = check.names("eager_parts", v["eager_parts"], EAGER_PARTS, ())
     for f, choices in (("interleaved_chunks", CHUNK_RULES), ("stage_cuts", CUT_RULES),
                        ("expert_tensor_parallel", ETP_RULES), ("fusion", FUSION_LEVELS),

@@ -91,6 +91,11 @@ class FrameworkProfile:
             (False: each TP rank holds its experts whole and runs them on every token it holds).
             The cost model prices experts as split; an estimate of a framework that replicates
             them says its time and memory are optimistic (not yet priced as it runs).
+        dispatchers: the MoE token dispatchers it runs (:data:`autopar.config.DISPATCHERS`;
+            :attr:`autopar.config.ParallelConfig.dispatcher`).
+        kv_heads_below_tp: tensor parallelism may exceed the KV heads (tp a multiple of them,
+            each KV head's projection gathered to the tp / kv ranks that share it); False: tp
+            divides the KV heads (:func:`autopar.frameworks.rules.tp_heads`).
         overlaps_ep_comm: schedules under which the framework hides expert-parallel all-to-alls
             behind the compute of another micro-batch (DualPipe-style forward-backward pairs);
             the cost model reads it (:meth:`autopar.cost.model.CostModel.estimate`).
@@ -223,6 +228,8 @@ class FrameworkProfile:
     sequence_parallel: tuple[bool, ...]
     expert_parallel: bool
     overlaps_ep_comm: tuple[str, ...] = ()
+    dispatchers: tuple[str, ...] = ("alltoall",)
+    kv_heads_below_tp: bool = False
     moe_sequence_parallel: tuple[bool, ...] = (True, False)
     per_block_reshard: bool = False
     expert_tensor_parallel: str = "tp"
@@ -432,6 +439,9 @@ class FrameworkProfile:
                     f"{list(self.cp_modes) or 'no context parallelism'}; {self._src('cp_modes')})")
         if c.ep > 1 and not self.expert_parallel:
             return f"{fw} has no expert parallelism ({self._src('expert_parallel')})"
+        if c.dispatcher not in self.dispatchers:
+            return (f"{fw} has no {c.dispatcher!r} token dispatcher (it runs "
+                    f"{list(self.dispatchers)}; {self._src('dispatchers')})")
         rule = self.expert_tensor_parallel
         if c.folded and (rule == "tp" or rule == "one_or_tp" and c.etp != 1):
             return (f"{fw} runs expert tensor parallelism "

@@ -73,13 +73,20 @@ def mesh_size(world: int, tp: int, pp: int, cp: int, dp: int | None = None) -> V
     return None
 
 
-def tp_heads(tp: int, heads: int, kv: int) -> Violation | None:
-    """tp divides the attention heads and the KV heads (Megatron-LM's head split); no rule when
-    the head count is unknown (0)."""
-    if heads and (heads % tp or kv % tp):
-        legal = [t for t in range(1, kv + 1) if heads % t == 0 and kv % t == 0]
-        return Violation("tp_heads", f"tp={tp} must divide the {heads} attention heads and {kv} "
-                                     "KV heads", f"use tp in {legal}")
+def tp_heads(tp: int, heads: int, kv: int, kv_below_tp: bool = False) -> Violation | None:
+    """tp divides the attention heads and the KV heads (Megatron-LM's head split); with
+    ``kv_below_tp`` (a framework that gathers each KV head to the ranks sharing it,
+    :attr:`autopar.frameworks.FrameworkProfile.kv_heads_below_tp`) tp may instead be a
+    multiple of the KV heads. No rule when the head count is unknown (0)."""
+    def ok(t: int) -> bool:
+        return heads % t == 0 and (kv % t == 0 or kv_below_tp and t % kv == 0)
+    if heads and not ok(tp):
+        legal = [t for t in range(1, heads + 1) if ok(t)] if kv_below_tp else [
+            t for t in range(1, kv + 1) if ok(t)]
+        need = (f"must divide the {heads} attention heads and divide or be a multiple of the "
+                f"{kv} KV heads" if kv_below_tp else
+                f"must divide the {heads} attention heads and {kv} KV heads")
+        return Violation("tp_heads", f"tp={tp} {need}", f"use tp in {legal}")
     return None
 
 

@@ -19,7 +19,8 @@ there was) take their defaults when missing. Version 2 adds the per-block
 ``config.reshard_after_forward`` (null or one bool per block); a version-1 file is migrated by
 setting it to null (every block reshards, as version 1 meant). Version 3 adds
 ``config.expert_tp`` (null = the MoE layers' expert tensor parallelism equals tp, as version 2
-meant; an int = MoE parallel folding); a version-2 file is migrated by setting it to null. A
+meant; an int = MoE parallel folding); a version-2 file is migrated by setting it to null.
+``config.dispatcher`` (the MoE token dispatcher) takes "alltoall" when missing. A
 version this autopar does not know is
 refused; an older known one is migrated by :data:`MIGRATIONS`. Nothing here executes code from
 the file.
@@ -42,7 +43,7 @@ from ..config import ParallelConfig, TrainingConfig
 from ..cost.types import (Estimate, GroupLinks, LinkComm, TimeBreakdown,
                           memory_breakdown_from_dict)
 from ..errors import AutoparError, InvalidPlanFile
-from ..frameworks import rules, with_edits
+from ..frameworks import get_profile, rules, with_edits
 from ..search.robust import OBJECTIVES
 
 PLAN_FORMAT = "autopar-plan"
@@ -124,7 +125,8 @@ def _dataclass_keys(cls) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 #: ParallelConfig fields added after plan version 1 was first written: they take their defaults
 #: when a file lacks them. Every other field is a choice the plan must state.
-_CONFIG_LATER = ("placement", "cp_mode", "ep", "reshard_after_forward", "expert_tp")
+_CONFIG_LATER = ("placement", "cp_mode", "ep", "reshard_after_forward", "expert_tp",
+                 "dispatcher")
 
 
 def _config(d: Any, where: str) -> ParallelConfig:
@@ -271,7 +273,8 @@ def _check_model(c: ParallelConfig, model_config, train: TrainingConfig) -> None
     if model_config is not None:
         _broken("config", rules.stage_cuts(c.stage_blocks, c.pp, c.virtual_stages,
                                            model_config.num_layers))
-        _broken("config", rules.tp_heads(c.tp, model_config.num_heads, model_config.num_kv_heads))
+        _broken("config", rules.tp_heads(c.tp, model_config.num_heads, model_config.num_kv_heads,
+                                           get_profile(train.framework).kv_heads_below_tp))
     if not isinstance(c.recompute, str) and len(c.recompute) != blocks:
         raise _fail("config.recompute", f"has {len(c.recompute)} per-block modes for {blocks} "
                                         "blocks")

@@ -318,7 +318,8 @@ def _tp_refusal(problem: Problem, tp: int) -> rules.Violation | None:
     heads read as the search space reads them (unknown counts as 1)."""
     g = problem.cost_model.graph
     return (rules.mesh_size(problem.cluster.world_size, tp, 1, 1)
-            or rules.tp_heads(tp, g.attention_heads or 1, g.kv_heads or 1))
+            or rules.tp_heads(tp, g.attention_heads or 1, g.kv_heads or 1,
+                              problem.cost_model.profile.kv_heads_below_tp))
 
 
 def tp_across_nodes(problem: Problem, est: Estimate) -> tuple[str, Estimate] | None:

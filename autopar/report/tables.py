@@ -39,6 +39,8 @@ def degrees_table(e: Estimate) -> Table:
         t.add_row(f"{dim} ({words})", str(deg), link_name(links.of(dim)) if deg > 1 else "-")
     if c.ep > 1:  # experts split over ep of the dp x cp ranks
         t.add_row("ep (expert parallel)", str(c.ep), link_name(links.ep))
+        t.add_row("token dispatcher", c.dispatcher,
+                  "DeepEP: a token sent once per node" if c.dispatcher == "deepep" else "")
     rc = c.recompute if isinstance(c.recompute, str) else "per block (see stages)"
     t.add_row("sequence parallelism", "on" if c.sequence_parallel else "off", "")
     t.add_row("ZeRO stage", str(c.zero_stage), f"over dp x cp = {c.dp * c.cp}" if c.zero_stage else "")

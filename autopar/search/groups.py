@@ -101,8 +101,10 @@ def mesh_groups(cm: CostModel, fixed: dict, limits) -> MeshGroups:
             if limits.max_dims is not None and sum(
                     1 for d in (tp, cp, pp, dp, ep) if d > 1) > limits.max_dims:
                 continue   # more parallel dimensions than the search allows
+            # the token dispatcher is a pinned choice (or the default), never searched
             base = dict(tp=tp, cp=cp, pp=pp, dp=dp, micro_batch_size=b, sequence_parallel=sp,
-                        ep=ep, expert_tp=etp)
+                        ep=ep, expert_tp=etp,
+                        dispatcher=fixed.get("dispatcher", ParallelConfig.dispatcher))
             placement = space.placements(base, fixed)[0]
             modes, c = [], None
             for mode in space.cp_modes(g, base, fixed, profile):

@@ -31,7 +31,7 @@ _TORCH = PROFILES["torch"]
 #: Keys ``fixed=`` may pin.
 FIXABLE = ("tp", "pp", "dp", "cp", "ep", "zero_stage", "recompute", "sequence_parallel",
            "micro_batch_size", "virtual_stages", "schedule", "stage_blocks", "placement",
-           "cp_mode", "reshard_after_forward", "expert_tp")
+           "cp_mode", "reshard_after_forward", "expert_tp", "dispatcher")
 
 
 def divisors(n: int) -> list[int]:
@@ -112,7 +112,7 @@ def meshes(graph: ModelGraph, cluster, train: TrainingConfig, fixed: dict,
         if "tp" in fixed and tp != fixed["tp"]:
             continue
         if "tp" not in fixed:
-            if rules.tp_heads(tp, heads, kv):
+            if rules.tp_heads(tp, heads, kv, profile.kv_heads_below_tp):
                 continue
             if not limits.tp_across_nodes and rules.tp_node(tp, cluster.gpus_per_node):
                 continue

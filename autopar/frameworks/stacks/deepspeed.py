@@ -277,6 +277,10 @@ PROFILE = compose(
     moe_sequence_parallel=(False,), experts_tp_sharded=False, seq_rule=DEEPSPEED_RULE,
     memory=DEEPSPEED_MEMORY,
     sources={
+        "dispatchers": "deepspeed/moe/sharded_moe.py MOELayer: _AllToAll of the dispatched "
+                       "tokens (no DeepEP)",
+        "kv_heads_below_tp": "no tensor-parallel attention of its own (Megatron-DeepSpeed "
+                             "splits heads: tp divides the KV heads)",
         "per_block_reshard": "deepspeed/runtime/zero/config.py: stage3_param_persistence_"
                              "threshold keeps parameters by size, not per chosen layer",
         "zero_stages": "deepspeed/runtime/zero/config.py zero_optimization.stage 0-3",

@@ -91,8 +91,21 @@ PROFILE = compose(
     sequence_parallel=(True, False), expert_parallel=True, seq_rule=MEGATRON_RULE,
     moe_sequence_parallel=(True,),
     expert_tensor_parallel="any",
+    dispatchers=("alltoall", "deepep"), kv_heads_below_tp=True,
     memory=MEGATRON_MEMORY,
     sources={
+        "dispatchers": "core/transformer/transformer_config.py moe_token_dispatcher_type "
+                       "'allgather' | 'alltoall' | 'flex' and moe_flex_dispatcher_backend "
+                       "'deepep' (default) | 'hybridep' | 'ncclep'; 'flex' + 'deepep' runs "
+                       "DeepEP over the tp x ep group (moe/token_dispatcher.py "
+                       "MoEFlexTokenDispatcher, moe/fused_a2a.py). autopar prices alltoall and "
+                       "deepep (allgather, hybridep, ncclep not priced)",
+        "kv_heads_below_tp": "core/transformer/attention.py (since f7dfb99795, 2025-12-06, "
+                             "'Support TP greater than num_kv_heads'): 'if "
+                             "self.config.num_query_groups < world_size' each rank keeps one "
+                             "query group, all-gathers the QKV projection output over TP "
+                             "(all_gather_last_dim_from_tensor_parallel_region) and slices its "
+                             "group's K/V and its own query heads (get_query_key_value_tensors)",
         "per_block_reshard": "arguments.py --use-torch-fsdp2: one fully_shard policy for the "
                              "model, no per-layer flag",
         "zero_stages": "arguments.py --use-distributed-optimizer (ZeRO-1; gradients are "
@@ -167,8 +180,12 @@ CHOICES_2023 = replace(CHOICES, pipeline=P2P_2023)
 CAPABILITIES_2023 = dict(
     zero_stages=(0, 1), zero_stages_with_tp=(0, 1), zero_stages_with_pp=(0, 1),
     zero_stages_with_ep=(0, 1), cp_modes=(), interleaved_chunks="equal", stage_cuts="balanced",
-    expert_tensor_parallel="tp")
+    expert_tensor_parallel="tp", dispatchers=("alltoall",), kv_heads_below_tp=False)
 SOURCES_2023 = {
+    "dispatchers": "4eeff55d1f: no flex dispatcher (DeepEP was published in 2025-02)",
+    "kv_heads_below_tp": "4eeff55d1f megatron/model/transformer.py: "
+                         "num_query_groups_per_partition = divide(num_query_groups, world_size) "
+                         "(tp divides the query groups); tp > groups arrived in f7dfb99795",
     "zero_stages": "4eeff55d1f megatron/arguments.py: --use-distributed-optimizer (ZeRO-1) "
                    "only; --use-torch-fsdp2 arrived in e1993fa6f7 (2024-11-13)",
     "cp_modes": "4eeff55d1f megatron/arguments.py has no --context-parallel-size (context "

@@ -46,6 +46,10 @@ PROFILE = compose(
     memory=TORCH_MEMORY,
     per_block_reshard=True,
     sources={
+        "dispatchers": "autopar/runtime/ep.py: routed tokens go to their experts' ranks with "
+                       "all_to_all_single (no DeepEP)",
+        "kv_heads_below_tp": "autopar/runtime/tp.py shards the K/V projections' heads over TP: "
+                             "tp divides the KV heads",
         "per_block_reshard": "torch.distributed.fsdp.fully_shard(block, reshard_after_forward=...)"
                              " is called per block module (autopar/runtime/dp.py apply_fsdp)",
         "zero_stages": "torch.distributed.fsdp.fully_shard (reshard_after_forward=True: ZeRO-3, "

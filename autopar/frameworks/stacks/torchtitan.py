@@ -81,7 +81,14 @@ PROFILE = compose(
     expert_tensor_parallel="one_or_tp",
     seq_rule=TORCHTITAN_RULE,
     memory=TORCHTITAN_MEMORY,
+    dispatchers=("alltoall", "deepep"),
     sources={
+        "dispatchers": "job_config.py Parallelism.expert_parallel_comm_backend 'standard' "
+                       "(all-to-all, distributed/expert_parallel.py) | 'deepep' "
+                       "(distributed/deepep/deepep.py; models/llama4/infra/parallelize.py "
+                       "refuses it with ep = 1 or expert_tensor_parallel_degree > 1)",
+        "kv_heads_below_tp": "models/llama3/infra/parallelize.py apply_tp: wk / wv are "
+                             "ColwiseParallel, so tp divides n_kv_heads",
         "per_block_reshard": "job_config.py Parallelism.fsdp_reshard_after_forward: one policy "
                              "('default', 'always', 'never') for every block",
         "zero_stages": "job_config.py Parallelism.data_parallel_replicate_degree (DDP) / "

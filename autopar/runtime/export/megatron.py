@@ -32,6 +32,7 @@ MEGATRON_FLAGS = frozenset({
     "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim", "--q-lora-rank", "--num-experts",
     "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-layer-freq",
     "--moe-token-dispatcher-type", "--moe-grouped-gemm", "--moe-shared-expert-intermediate-size",
+    "--moe-flex-dispatcher-backend",
     "--expert-tensor-parallel-size", "--mtp-num-layers",
     # token dropping (autopar.cost.capacity)
     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity",
@@ -118,7 +119,7 @@ def to_megatron_args(plan) -> Export:
     w = w.replace(recompute=rc_written)
     a += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": [],
           "fp8": ["--bf16", "--fp8-format", "hybrid"]}[t.precision]
-    a += _megatron_model(m, t)
+    a += _megatron_model(m, t, c.dispatcher)
     if t.moe_capacity_factor is not None:
         # token dropping as autopar.cost.capacity prices it (Megatron-Core transformer_config.py
         # moe_expert_capacity_factor / moe_pad_expert_input_to_capacity)
@@ -227,7 +228,7 @@ def _megatron_recompute(plan, warn: list[str]) -> tuple[list[str], str | tuple[s
              "--recompute-num-layers", str(n_full)], written)
 
 
-def _megatron_model(m: dict, t) -> list[str]:
+def _megatron_model(m: dict, t, dispatcher: str = "alltoall") -> list[str]:
     if not m:
         return ["--max-position-embeddings", str(t.seq_len)]
     a = ["--num-layers", str(m["num_layers"]), "--hidden-size", str(m["hidden_size"]),
@@ -252,12 +253,12 @@ def _megatron_model(m: dict, t) -> list[str]:
         a.append("--disable-bias-linear")
     if m.get("tied_embeddings") is False:
         a.append("--untie-embeddings-and-output-weights")
-    return a + _megatron_moe_model(m)
+    return a + _megatron_moe_model(m, dispatcher)
 
 
-def _megatron_moe_model(m: dict) -> list[str]:
+def _megatron_moe_model(m: dict, dispatcher: str = "alltoall") -> list[str]:
     """The expert and attention-variant flags of an autopar ``ModelConfig`` dict (arguments.py's
-    MoE and MLA groups). The MoE layer pattern is written as the list expression
+    MoE and MLA groups), with the plan's token ``dispatcher``. The MoE layer pattern is written as the list expression
     ``--moe-layer-freq`` takes, since an integer N there makes layer 0 MoE (``i % N == 0``)
     where autopar's (and transformers') rule makes layer N-1 the first."""
     a: list[str] = []
@@ -284,12 +285,16 @@ def _megatron_moe_model(m: dict) -> list[str]:
             runs[-1][1] += 1
         else:
             runs.append([bit, 1])
-    # alltoall: the dispatcher autopar prices (autopar.cost.blocks); Megatron's default is
-    # allgather. Grouped GEMM: the expert kernel autopar prices (one GEMM per local expert set)
+    # the plan's dispatcher, as autopar priced it (autopar.cost.dispatch): alltoall, or DeepEP
+    # through the flex dispatcher (transformer_config.py moe_token_dispatcher_type 'flex',
+    # moe_flex_dispatcher_backend 'deepep'); Megatron's default is allgather. Grouped GEMM: the
+    # expert kernel autopar prices (one GEMM per local expert set)
+    flags = (["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
+             if dispatcher == "deepep" else ["--moe-token-dispatcher-type", "alltoall"])
     a += ["--num-experts", str(m["num_experts"]), "--moe-router-topk", str(m["top_k"]),
           "--moe-ffn-hidden-size", str(m["moe_ffn_hidden_size"]),
           "--moe-layer-freq", "+".join(f"[{bit}]*{n}" for bit, n in runs),
-          "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+          *flags, "--moe-grouped-gemm"]
     if m.get("shared_expert_ffn_hidden_size"):
         a += ["--moe-shared-expert-intermediate-size", str(m["shared_expert_ffn_hidden_size"])]
     return a

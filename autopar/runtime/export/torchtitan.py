@@ -178,6 +178,19 @@ def to_torchtitan_toml(plan) -> Export:
                         f"only; written with etp = tp={c.tp}")
             w, etp = w.replace(expert_tp=None), c.tp
         par["expert_tensor_parallel_degree"] = etp
+        if c.dispatcher == "deepep":
+            if etp == 1:
+                # job_config.py Parallelism.expert_parallel_comm_backend (v0.2.2)
+                par["expert_parallel_comm_backend"] = "deepep"
+            else:
+                # models/llama4/infra/parallelize.py: "DeepEP with Expert Tensor Parallelism
+                # (ETP) is not supported yet"
+                warn.append(f"dispatcher deepep with expert_tensor_parallel_degree {etp}: "
+                            "torchtitan runs DeepEP only with etp 1; written with the "
+                            "all-to-all dispatcher")
+                w = w.replace(dispatcher="alltoall")
+    elif c.dispatcher == "deepep":
+        w = w.replace(dispatcher="alltoall")   # no MoE traffic to dispatch with ep = 1
     if c.cp > 1:
         if c.cp_mode == "ulysses":
             warn.append("cp_mode=ulysses: torchtitan has no Ulysses context parallelism; used "

@@ -1,0 +1,218 @@
+"""MoE token dispatch and combine per dispatcher: seconds and link loads of one MoE layer's
+expert-parallel traffic per micro-batch on one GPU (:func:`dispatch_cost`).
+
+Two dispatchers (:data:`autopar.config.DISPATCHERS`):
+
+* ``alltoall``: NCCL all-to-alls of every routed copy of a token (k copies for top-k), timed by
+  the EP group's collective model (Lepikhin et al. 2020, GShard; Megatron-Core
+  ``MoEAlltoAllTokenDispatcher``).
+* ``deepep``: DeepSeek's DeepEP normal kernels (github.com/deepseek-ai/DeepEP, V1 as Megatron-Core's
+  flex dispatcher calls it, ``megatron/core/transformer/moe/fused_a2a.py``). A token crosses the
+  network once per destination *node* and is forwarded to the ranks of that node over NVLink
+  (DeepEP docs/legacy.md: "kernels optimized for asymmetric-domain bandwidth forwarding, such as
+  forwarding data from NVLink domain to RDMA domain"); the RDMA send and the NVLink forward
+  are pipelined in one kernel, so the slower of the two sets the time. The achieved
+  bandwidths are DeepEP's published ones (:class:`DeepEPParams`). Derivation:
+  docs/reference/moe_dispatch.md.
+
+Both move the same data four times per layer and micro-batch (dispatch and combine forward,
+their gradients backward; a full recompute dispatches once more), on the critical path: autopar
+overlaps expert-parallel traffic with compute only under a DualPipe schedule
+(:meth:`autopar.cost.pipeline.timing.PipelineTimer.pair_overlap`), and charges the compute
+beside it no SMs there for either dispatcher yet (:meth:`DeepEPParams.sm_share` gives DeepEP's;
+NCCL's would be :meth:`autopar.cost.groups.Groups.comm_share`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..hardware.collectives import NO_LOAD, LinkLoad, layout_of
+
+#: Bandwidth DeepEP's table was measured against: H800 NVLink, 400 GB/s bidirectional = 200 GB/s
+#: per direction (autopar's ``nvlink4-h800`` link), and one ConnectX-7 400 Gb/s NIC per GPU =
+#: 50 GB/s (``ib-ndr``). DeepEP docs/legacy.md "Performance": "H800 (~160 GB/s NVLink maximum
+#: bandwidth), with each connected to a CX7 InfiniBand 400 Gb/s RDMA network card (~50 GB/s
+#: maximum bandwidth)".
+DEEPEP_REF_NVLINK_BPS = 200e9
+DEEPEP_REF_NIC_BPS = 50e9
+
+
+@dataclass(frozen=True)
+class DeepEPParams:
+    """DeepEP normal-kernel (training / prefill) bandwidths, as published, and its SM count.
+
+    Source: deepseek-ai/DeepEP README.md as corrected in 3b1045d (2025-04-22, "Fix the
+    performance data"; the first release's EP 32 / 64 rows read 44-47 GB/s), kept as the V1
+    docs/legacy.md from b306af0 (2026-04-30), "Normal kernels with NVLink and RDMA
+    forwarding": H800 + CX7 400 Gb/s, 4096 tokens, hidden 7168, top-4 groups, top-8 experts,
+    FP8 dispatch and BF16 combine. Its bandwidths are *logical*: tests/test_internode.py
+    divides ``num_rdma_token_sent * hidden * bytes`` (one per token and destination node, the
+    token's own node included) and tests/test_intranode.py ``recv_x.numel() * bytes`` (one per
+    token and destination rank) by the kernel's time; :func:`deepep_time` counts bytes the same
+    way, so the table is used as published.
+
+    Attributes:
+        nvlink_Bps: (dispatch, combine) bytes/s per GPU over NVLink, EP 8 in one node:
+            153 and 158 GB/s.
+        rdma_Bps: ((nodes, dispatch bytes/s, combine bytes/s), ...) per GPU over RDMA, by
+            nodes the EP group spans: EP 16 (2 nodes) 43 / 43 GB/s, EP 32 (4) 58 / 57 GB/s,
+            EP 64 (8) 51 / 50 GB/s. A span between two rows takes the row of fewer nodes;
+            beyond the last, the last.
+        ref_nvlink_Bps / ref_nic_Bps: the link bandwidths the table was measured on
+            (:data:`DEEPEP_REF_NVLINK_BPS`, :data:`DEEPEP_REF_NIC_BPS`). On other links the
+            table's share of the link is kept (an assumption: DeepEP's kernels bound by the
+            link, as its README's "Bottleneck bandwidth" says; UCCL-EP's DeepEP-interface
+            kernels reach 320 GB/s intranode on H200's 450 GB/s NVLink, uccl-project/uccl
+            ep/README.md, the same order of share).
+        num_sms: SMs the normal kernels run on: 20 (deep_ep/buffer.py ``Buffer.num_sms = 20``
+            at 567632d; Megatron-Core transformer_config.py ``moe_deepep_num_sms``, "historical
+            default 20").
+    """
+
+    nvlink_Bps: tuple[float, float] = (153e9, 158e9)
+    rdma_Bps: tuple[tuple[int, float, float], ...] = ((2, 43e9, 43e9), (4, 58e9, 57e9),
+                                                      (8, 51e9, 50e9))
+    ref_nvlink_Bps: float = DEEPEP_REF_NVLINK_BPS
+    ref_nic_Bps: float = DEEPEP_REF_NIC_BPS
+    num_sms: int = 20
+
+    def rdma_row(self, nodes: int) -> tuple[float, float]:
+        """(dispatch, combine) logical RDMA bytes/s per GPU of the table for an EP group over
+        ``nodes`` nodes (>= 2), on the reference NIC."""
+        row = self.rdma_Bps[0]
+        for r in self.rdma_Bps:
+            if r[0] <= nodes:
+                row = r
+        return row[1], row[2]
+
+    def sm_share(self, sm_count: int) -> float:
+        """Share of a GPU's ``sm_count`` SMs the kernels hold while in flight (0 when the SM
+        count is unknown)."""
+        return min(1.0, self.num_sms / sm_count) if sm_count > 0 else 0.0
+
+
+DEEPEP = DeepEPParams()
+
+
+def expected_distinct(experts: int, top_k: int, bins: int) -> float:
+    """Expected number of distinct bins holding a token's ``top_k`` experts when its experts
+    are drawn uniformly without replacement from ``experts`` split evenly into ``bins``
+    (ranks or nodes): bins * (1 - C(E - E/B, k) / C(E, k)). Balanced routing (Megatron-Core
+    ``--moe-router-force-load-balancing``) draws so; a trained router's spread is not modelled.
+
+    Raises:
+        ValueError: ``bins`` does not divide ``experts``, or top_k outside [1, experts].
+    """
+    if bins < 1 or experts % bins:
+        raise ValueError(f"{bins} bins do not split {experts} experts evenly")
+    if not 1 <= top_k <= experts:
+        raise ValueError(f"top_k={top_k} outside [1, {experts}]")
+    per = experts // bins
+    miss = 1.0   # probability that a given bin holds none of the k experts
+    for i in range(top_k):
+        miss *= max(0.0, (experts - per - i) / (experts - i))
+    return bins * (1.0 - miss)
+
+
+@dataclass(frozen=True)
+class DispatchCost:
+    """One MoE layer's dispatch + combine traffic per micro-batch on one GPU.
+
+    Attributes:
+        seconds: forward + backward seconds (four transfers), before any recompute.
+        load: what they put on each link class (:class:`~autopar.hardware.collectives.LinkLoad`).
+    """
+
+    seconds: float
+    load: LinkLoad
+
+
+def deepep_time(token_bytes: float, experts: int, top_k: int, ranks: tuple[int, ...],
+                gpus_per_node: int, etp: int, nvlink_Bps: float, nic_per_gpu_Bps: float,
+                params: DeepEPParams = DEEPEP) -> DispatchCost:
+    """DeepEP's four transfers (dispatch and combine, forward and backward) of one MoE layer.
+
+    Args:
+        token_bytes: bytes of the tokens one rank holds (tokens x hidden x dtype bytes).
+        experts, top_k: routed experts and experts per token.
+        ranks: the expert-parallel group's ranks (global, one per expert slot); its nodes
+            follow from ``gpus_per_node``.
+        etp: expert-tensor-parallel degree: each expert's shards live on etp ranks, all of
+            which receive the token (Megatron-Core's flex dispatcher runs over the tp x ep
+            group with ``router_topk = tp_size * topk``, token_dispatcher.py).
+        nvlink_Bps / nic_per_gpu_Bps: the node's link per direction and its NIC bandwidth per
+            GPU (bytes/s).
+        params: the published table (:class:`DeepEPParams`).
+
+    Returns:
+        :class:`DispatchCost`: per transfer, ``max(rdma_bytes / rdma_Bps, nvl_bytes /
+        nvl_Bps)`` across nodes, ``nvl_bytes / nvl_Bps`` inside one; rdma_bytes =
+        token_bytes x expected distinct destination nodes, nvl_bytes = token_bytes x etp x
+        expected distinct expert-parallel ranks; two transfers at the dispatch rate, two at
+        the combine rate (a dispatch's gradient is a combine, and a combine's a dispatch).
+    """
+    ep = len(ranks)
+    lay = layout_of(tuple(ranks), gpus_per_node)
+    nodes = lay.nodes
+    k = max(1, min(top_k, experts))
+    ranks_hit = etp * expected_distinct(experts, k, ep)
+    nvl_bytes = token_bytes * ranks_hit
+    nvl_share = [b / params.ref_nvlink_Bps for b in params.nvlink_Bps]
+    nvl_s = [nvl_bytes / (s * nvlink_Bps) for s in nvl_share]
+    if nodes <= 1:
+        times = nvl_s
+        load = LinkLoad(intra_bytes=4 * nvl_bytes, intra_s=2 * sum(times))
+        return DispatchCost(2 * sum(times), load)
+    nodes_hit = expected_distinct(experts, k, nodes) if experts % nodes == 0 else min(k, nodes)
+    rdma_bytes = token_bytes * nodes_hit
+    rdma = [b / params.ref_nic_Bps * nic_per_gpu_Bps for b in params.rdma_row(nodes)]
+    rdma_s = [rdma_bytes / bw for bw in rdma]
+    times = [max(a, b) for a, b in zip(rdma_s, nvl_s)]
+    # bytes that leave the node: the token's copies to the other nodes it goes to
+    off_node = token_bytes * nodes_hit * (nodes - 1) / nodes
+    load = LinkLoad(intra_bytes=4 * nvl_bytes, intra_s=2 * sum(nvl_s),
+                    inter_bytes=4 * off_node, inter_s=2 * sum(rdma_s))
+    return DispatchCost(2 * sum(times), load)
+
+
+def alltoall_time(routed_bytes: float, group) -> DispatchCost:
+    """NCCL's four all-to-alls (two forward, two backward) of ``routed_bytes`` (every routed
+    copy of the rank's tokens) over the EP ``group``
+    (:class:`~autopar.cost.comm.Collectives`)."""
+    return DispatchCost(4 * group.time("all_to_all", routed_bytes),
+                        group.load("all_to_all", routed_bytes).scaled(4))
+
+
+def dispatch_cost(dispatcher: str, token_bytes: float, experts: int, top_k: int, group,
+                  etp: int = 1, params: DeepEPParams = DEEPEP,
+                  routed_scale: float = 1.0) -> DispatchCost:
+    """One MoE layer's dispatch + combine, forward and backward, per micro-batch on one GPU.
+
+    Args:
+        dispatcher: one of :data:`autopar.config.DISPATCHERS`.
+        token_bytes: bytes of the tokens the rank holds (tokens x hidden x dtype bytes).
+        experts, top_k: routed experts and experts per token.
+        group: the expert-parallel :class:`~autopar.cost.comm.Collectives` (its cluster gives
+            the node size and links).
+        etp: expert-tensor-parallel ranks each token also reaches (DeepEP's flex group).
+        params: DeepEP's table.
+        routed_scale: routed rows sent over dropless routing's (a capacity factor drops or pads
+            them: :func:`autopar.cost.capacity.routed_scale`; Megatron-Core drops in the router,
+            before the dispatch); it scales the bytes moved.
+
+    Raises:
+        ValueError: an unknown dispatcher.
+    """
+    if group.size <= 1 or token_bytes <= 0:
+        return DispatchCost(0.0, NO_LOAD)
+    token_bytes *= routed_scale
+    if dispatcher == "alltoall":
+        return alltoall_time(token_bytes * max(1, top_k), group)
+    if dispatcher == "deepep":
+        cl = group.cluster
+        nic = (cl.nics_per_node * cl.inter_link.bandwidth_Bps / cl.gpus_per_node
+               if cl.inter_link is not None and cl.nics_per_node else 0.0)
+        return deepep_time(token_bytes, experts, top_k, group.ranks, cl.gpus_per_node, etp,
+                           cl.intra_link.bandwidth_Bps, nic, params)
+    raise ValueError(f"unknown dispatcher {dispatcher!r}")

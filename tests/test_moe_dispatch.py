@@ -1,0 +1,166 @@
+"""MoE token dispatchers (issue 26): DeepEP's dispatch and combine priced from its published
+bandwidths (autopar.cost.dispatch), selectable per plan, exported, and read from records; and
+Megatron-Core's tensor parallelism above the KV heads."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import autopar
+from autopar.config import DISPATCHERS
+from autopar.cost.dispatch import DEEPEP, deepep_time, expected_distinct
+from autopar.errors import InvalidParallelConfig
+from autopar.frameworks import get_profile, rules
+
+GB = 1e9
+
+
+def test_expected_distinct_bins_is_the_hypergeometric_miss():
+    # 256 experts on 2 nodes of 128, top-8: 2 (1 - C(128, 8) / C(256, 8))
+    want = 2 * (1 - math.comb(128, 8) / math.comb(256, 8))
+    assert expected_distinct(256, 8, 2) == pytest.approx(want, rel=1e-12)
+    assert expected_distinct(256, 8, 1) == 1.0
+    assert expected_distinct(256, 1, 32) == pytest.approx(1.0)
+    assert expected_distinct(8, 8, 8) == pytest.approx(8.0)   # every expert: every bin
+    with pytest.raises(ValueError, match="evenly"):
+        expected_distinct(10, 2, 4)
+
+
+def test_deepep_reproduces_its_readme_bandwidth_at_ep16():
+    """DeepEP docs/legacy.md, H800 + CX7: EP 16 internode dispatch and combine 43 GB/s (RDMA,
+    logical bytes: one per token and destination node). 4096 tokens x 7168 x 1 byte (FP8);
+    2 nodes: the RDMA leg is the bottleneck, so each transfer takes logical bytes / 43 GB/s."""
+    tokens = 4096 * 7168 * 1
+    d = deepep_time(tokens, 256, 8, tuple(range(16)), 8, 1, 200 * GB, 50 * GB)
+    per = tokens * expected_distinct(256, 8, 2) / (43 * GB)
+    assert d.seconds == pytest.approx(4 * per)          # 2 dispatches + 2 combines
+    assert d.seconds == pytest.approx(5.44e-3, rel=0.01)
+    # at EP 32 (4 nodes) the table's 58 / 57 GB/s
+    d32 = deepep_time(tokens, 256, 8, tuple(range(32)), 8, 1, 200 * GB, 50 * GB)
+    b = tokens * expected_distinct(256, 8, 4)
+    assert d32.seconds == pytest.approx(2 * b / (58 * GB) + 2 * b / (57 * GB))
+
+
+def test_deepep_intranode_is_nvlink_bound_and_scales_with_the_link():
+    """EP 8 in one node: 153 GB/s dispatch, 158 GB/s combine on H800's 200 GB/s NVLink; on
+    H100's 450 GB/s the same share of the link."""
+    tokens = 4096 * 7168 * 2
+    ranks = expected_distinct(256, 8, 8)
+    h800 = deepep_time(tokens, 256, 8, tuple(range(8)), 8, 1, 200 * GB, 0.0)
+    want = 2 * tokens * ranks / (153 * GB) + 2 * tokens * ranks / (158 * GB)
+    assert h800.seconds == pytest.approx(want)
+    assert h800.load.inter_bytes == 0
+    h100 = deepep_time(tokens, 256, 8, tuple(range(8)), 8, 1, 450 * GB, 0.0)
+    assert h100.seconds == pytest.approx(want * 200 / 450)
+
+
+def test_deepep_sends_a_token_once_per_node_where_alltoall_sends_every_copy():
+    """Across nodes DeepEP's network bytes are the distinct destination nodes (at most the
+    node count), NCCL's all-to-all the k routed copies: top-8 over 4 nodes, about 3.6 copies
+    of the token leave the rank instead of 8 (x the off-node share)."""
+    tokens = 1e6
+    d = deepep_time(tokens, 128, 8, tuple(range(32)), 8, 1, 450 * GB, 50 * GB)
+    off_node = tokens * expected_distinct(128, 8, 4) * 3 / 4
+    assert d.load.inter_bytes == pytest.approx(4 * off_node)
+    assert expected_distinct(128, 8, 4) < 4 < 8
+
+
+def test_deepep_holds_twenty_sms():
+    # deep_ep/buffer.py Buffer.num_sms = 20; H800 / H100 SXM have 132 SMs
+    assert DEEPEP.num_sms == 20
+    assert DEEPEP.sm_share(132) == pytest.approx(20 / 132)
+    assert DEEPEP.sm_share(0) == 0.0
+
+
+def test_dispatcher_is_a_validated_plan_field():
+    assert DISPATCHERS == ("alltoall", "deepep")
+    assert autopar.ParallelConfig().dispatcher == "alltoall"
+    with pytest.raises(InvalidParallelConfig, match="dispatcher 'flex' is not one of"):
+        autopar.ParallelConfig(dispatcher="flex")
+
+
+_QWEN_MOE = {"name": "moe-2node", "family": "llama", "num_layers": 2, "hidden_size": 1024,
+             "num_heads": 16, "num_kv_heads": 4, "ffn_hidden_size": 2048, "vocab_size": 4096,
+             "seq_len": 1024, "num_experts": 32, "top_k": 8, "moe_ffn_hidden_size": 256}
+
+
+def _estimate(dispatcher: str, framework: str = "megatron", spec: str = "4x8xH800-80GB"):
+    train = autopar.TrainingConfig(global_batch_size=32, seq_len=1024, micro_batch_size=1,
+                                   framework=framework)
+    cfg = autopar.ParallelConfig(tp=1, pp=1, ep=32, dispatcher=dispatcher)
+    return autopar.estimate(_QWEN_MOE, spec, train, cfg)
+
+
+def test_deepep_prices_less_expert_traffic_than_alltoall_across_nodes():
+    a2a, deep = _estimate("alltoall"), _estimate("deepep")
+    assert deep.step_time_s < a2a.step_time_s
+    assert deep.config.dispatcher == "deepep"
+
+
+def test_a_framework_without_deepep_says_so():
+    e = _estimate("deepep", framework="deepspeed")
+    assert any("no 'deepep' token dispatcher" in w for w in e.warnings)
+    titan = get_profile("torchtitan")
+    assert "deepep" in titan.dispatchers and "deepep" in get_profile("megatron").dispatchers
+
+
+def test_megatron_export_writes_the_flex_deepep_dispatcher():
+    train = autopar.TrainingConfig(global_batch_size=32, seq_len=1024, micro_batch_size=1,
+                                   framework="megatron")
+    plan = autopar.optimize(_QWEN_MOE, "4x8xH800-80GB", train,
+                            fixed={"tp": 1, "pp": 1, "ep": 32, "dispatcher": "deepep"})
+    assert plan.config.dispatcher == "deepep"   # a pin the search keeps
+    args = " ".join(plan.to_megatron_args().value)
+    assert "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep" in args
+    a2a = autopar.optimize(_QWEN_MOE, "4x8xH800-80GB", train, fixed={"tp": 1, "pp": 1, "ep": 32})
+    assert a2a.config.dispatcher == "alltoall"   # not searched: the default
+    assert "--moe-token-dispatcher-type alltoall" in " ".join(a2a.to_megatron_args().value)
+
+
+def test_tp_above_kv_heads_is_legal_only_where_the_framework_gathers_them():
+    assert rules.tp_heads(8, 32, 4) is not None
+    v = rules.tp_heads(8, 32, 4)
+    assert "use tp in [1, 2, 4]" in v.text
+    assert rules.tp_heads(8, 32, 4, kv_below_tp=True) is None
+    assert rules.tp_heads(16, 32, 4, kv_below_tp=True) is None
+    bad = rules.tp_heads(6, 32, 4, kv_below_tp=True)
+    assert bad is not None and "divide or be a multiple of the 4 KV heads" in bad.text
+    assert get_profile("megatron").kv_heads_below_tp
+    assert not get_profile("torch").kv_heads_below_tp
+
+
+def test_megatron_tp8_over_four_kv_heads_prices_the_qkv_gather():
+    """Megatron-Core attention.py: with 4 query groups under tp 8 each rank all-gathers the
+    fused QKV output over TP (and reduce-scatters its gradient): more TP traffic than the same
+    model with 8 KV heads, whose projections split without a gather; torch refuses tp 8."""
+    train = autopar.TrainingConfig(global_batch_size=8, seq_len=1024, micro_batch_size=1,
+                                   framework="megatron")
+    dense = {k: v for k, v in _QWEN_MOE.items()
+             if k not in ("num_experts", "top_k", "moe_ffn_hidden_size")}
+    cfg = autopar.ParallelConfig(tp=8, sequence_parallel=True)
+    e4, e8 = (autopar.estimate({**dense, "num_kv_heads": kv}, "1x8xH100-80GB", train, cfg)
+              for kv in (4, 8))
+    assert e4.time_breakdown.tp_comm > e8.time_breakdown.tp_comm
+    with pytest.raises(InvalidParallelConfig, match="tp=8 must divide the 16 attention heads "
+                                                    "and 4 KV heads"):
+        autopar.estimate(dense, "1x8xH100-80GB",
+                         autopar.TrainingConfig(global_batch_size=8, seq_len=1024,
+                                                micro_batch_size=1), cfg)
+
+
+def test_records_read_deepep_and_refuse_it_over_efa():
+    pytest.importorskip("transformers")
+    from benchmarks import records
+    from tests.test_issue26_records import _rec
+    ib = records.parse(_rec(plan={"dispatcher": "flex/deepep"},
+                            cluster={"num_gpus": 16, "inter_node": "8x InfiniBand NDR"}))
+    assert ib.fixed["dispatcher"] == "deepep"
+    assert records.parse(_rec()).fixed["dispatcher"] == "alltoall"
+    with pytest.raises(records.RecordError, match="DeepEP over .*EFA"):
+        records.parse(_rec(plan={"dispatcher": "flex/deepep"},
+                           cluster={"num_gpus": 16,
+                                    "inter_node": "32x 100 Gbps EFA per node (AWS p5.48xlarge)"}))
+    with pytest.raises(records.RecordError, match="'allgather' token dispatcher"):
+        records.parse(_rec(plan={"dispatcher": "allgather"}))
