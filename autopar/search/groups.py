@@ -102,7 +102,8 @@ def mesh_groups(cm: CostModel, fixed: dict, limits) -> MeshGroups:
                     1 for d in (tp, cp, pp, dp, ep) if d > 1) > limits.max_dims:
                 continue   # more parallel dimensions than the search allows
             base = dict(tp=tp, cp=cp, pp=pp, dp=dp, micro_batch_size=b, sequence_parallel=sp,
-                        ep=ep, expert_tp=etp)
+                        ep=ep, expert_tp=etp,
+                        recompute_modules=fixed.get("recompute_modules"))
             placement = space.placements(base, fixed)[0]
             modes, c = [], None
             for mode in space.cp_modes(g, base, fixed, profile):

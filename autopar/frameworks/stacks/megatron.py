@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...config import CP_MODES
+from ...config import CP_MODES, RECOMPUTE_MODULES
 from ..choices import (FSDP2, FUSED_CP, AttentionKernels, Choices, Fusion, OptimizerStep,
                        PipelineComm, TensorParallelComm, compose)
 from ..memory import MEGATRON_MEMORY
@@ -88,6 +88,7 @@ PROFILE = compose(
     zero_stages_with_ep=(0, 1), schedules=("1f1b", "interleaved-1f1b"),
     interleaved_chunks="any", stage_cuts="any", cp_modes=CP_MODES,
     recompute_modes=("none", "selective", "full"), per_block_recompute=False,
+    recompute_modules=RECOMPUTE_MODULES,
     sequence_parallel=(True, False), expert_parallel=True, seq_rule=MEGATRON_RULE,
     moe_sequence_parallel=(True,),
     expert_tensor_parallel="any",
@@ -116,6 +117,9 @@ PROFILE = compose(
         "stage_cuts": "arguments.py --pipeline-model-parallel-layout (any cut)",
         "cp_modes": "arguments.py --cp-comm-type p2p | a2a | all_gather | a2a+p2p",
         "recompute_modes": "arguments.py --recompute-granularity full | selective",
+        "recompute_modules": "arguments.py --recompute-modules; megatron/core/transformer/"
+                             "transformer_config.py recompute_modules (line 560; checked in "
+                             "__post_init__, line 1940: default ['core_attn'])",
         "per_block_recompute": "arguments.py --recompute-method uniform | block (the first N "
                                "layers of every stage), no per-layer list",
         "sequence_parallel": "arguments.py --sequence-parallel (optional)",
@@ -141,8 +145,10 @@ CHOICES_2023 = replace(CHOICES, pipeline=P2P_2023)
 CAPABILITIES_2023 = dict(
     zero_stages=(0, 1), zero_stages_with_tp=(0, 1), zero_stages_with_pp=(0, 1),
     zero_stages_with_ep=(0, 1), cp_modes=(), interleaved_chunks="equal", stage_cuts="balanced",
-    expert_tensor_parallel="tp")
+    expert_tensor_parallel="tp", recompute_modules=())
 SOURCES_2023 = {
+    "recompute_modules": "4eeff55d1f megatron/arguments.py: --recompute-granularity only, no "
+                         "--recompute-modules (selective recomputes the attention core)",
     "zero_stages": "4eeff55d1f megatron/arguments.py: --use-distributed-optimizer (ZeRO-1) "
                    "only; --use-torch-fsdp2 arrived in e1993fa6f7 (2024-11-13)",
     "cp_modes": "4eeff55d1f megatron/arguments.py has no --context-parallel-size (context "
