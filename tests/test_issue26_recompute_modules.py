@@ -1,4 +1,5 @@
-"""Issue 26: Megatron-Core's selective recompute by submodule (--recompute-modules).
+"""Issue 26: Megatron-Core's selective recompute by submodule (--recompute-modules) and the
+embedding / loss counted as pipeline layers (--account-for-*-in-pipeline-split).
 
 Byte values are the tensors Megatron-Core's checkpoints drop, from the shapes of a tiny Qwen3-style
 MoE (b = 1, s = 256, h = 256, 8 experts top-2 of width 128, bf16): the expert activation's output
@@ -21,17 +22,26 @@ from autopar.io.importers import from_megatron_args  # noqa: E402
 from autopar.models import ModelConfig  # noqa: E402
 from autopar.problem import model_graph  # noqa: E402
 from autopar.runtime.export import to_megatron_args  # noqa: E402
+from benchmarks import validation  # noqa: E402
+from benchmarks.records import DEFAULT_PLANS, parse  # noqa: E402
 
 S, H, K, F = 256, 256, 2, 128
 MOE = dict(name="tiny-qwen3-moe", family="llama", num_layers=4, hidden_size=H, num_heads=4,
            num_kv_heads=2, head_dim=64, vocab_size=512, seq_len=S, ffn_hidden_size=512,
            num_experts=8, top_k=K, moe_ffn_hidden_size=F, qk_norm=True)
 TRAIN = autopar.TrainingConfig(global_batch_size=64, seq_len=S, framework="megatron")
+MOE_RECORDS = DEFAULT_PLANS.parent / "published_runs_moe.json"
 
 
 @pytest.fixture(scope="module")
 def moe_graph():
     return model_graph(ModelConfig.from_dict(MOE), TRAIN)[0]
+
+
+@pytest.fixture(scope="module")
+def xtuner():
+    return {r["id"]: r for r in json.loads(MOE_RECORDS.read_text())
+            if r["id"].startswith("moe-xtuner-qwen3-235b")}
 
 
 def test_modules_are_stored_one_way():
@@ -122,6 +132,23 @@ def test_only_megatron_runs_module_recompute_and_its_export_reads_back(moe_graph
         del cfg["recompute_modules"]
     from autopar.io.planfile import check_plan
     assert check_plan(d)["config"].recompute_modules is None
+
+
+def test_xtuner_records_count_embedding_and_loss_as_layers(xtuner):
+    """94 layers over pp32 x vpp3 = 96 chunks: the first chunk holds the embedding only, the
+    last the loss only (Megatron-LM get_num_layers_to_build with both account-for flags)."""
+    deep = parse(xtuner["moe-xtuner-qwen3-235b-256xh800-tp2-ep8-pp32-vpp3-mbs4-full"])
+    assert deep.fixed["stage_blocks"] == (0,) + (1,) * 94 + (0,)
+    pp8 = parse(xtuner["moe-xtuner-qwen3-235b-256xh800-tp2-ep8-pp8-select"])
+    assert pp8.fixed["stage_blocks"] == (11,) + (12,) * 6 + (11,)
+    assert pp8.fixed["recompute_modules"] == ("moe_act", "layernorm")
+
+
+def test_xtuner_moe_recompute_record_is_estimated(xtuner):
+    """tp1 ep8 pp32 vpp3 with --recompute-modules moe layernorm, 22.946 s measured."""
+    rec = parse(xtuner["moe-xtuner-qwen3-235b-256xh800-tp1-ep8-pp32-vpp3-mbs1-moerecompute"])
+    row = validation.evaluate(rec, spread=False)
+    assert row.fits and abs(row.error) < 0.10
 
 
 def test_plan_apply_refuses_module_recompute():
