@@ -116,6 +116,7 @@ def test_only_megatron_runs_module_recompute_and_its_export_reads_back(moe_graph
         autopar.optimize(MOE, cluster, autopar.TrainingConfig(global_batch_size=64, seq_len=S),
                          fixed=plan)
     p = autopar.optimize(MOE, cluster, TRAIN, fixed=plan)
+    assert "recompute=selective[moe_act+layernorm]" in p.summary()
     args = to_megatron_args(p).value
     i = args.index("--recompute-modules")
     assert args[i - 1] == "selective" and args[i + 1:i + 3] == ["moe_act", "layernorm"]
