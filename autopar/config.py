@@ -17,6 +17,16 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 #: op-level selective checkpointing (ActivationCheckpoint.mode "selective", selective_ac_option
 #: "op": every op's output recomputed except attention, reduce-scatter and every second matmul).
 RECOMPUTE_MODES = ("none", "selective", "selective-op", "full")
+#: Megatron-Core's selective-recompute submodules autopar prices (``--recompute-modules``; the
+#: names and their meaning: megatron/core/transformer/transformer_config.py ``recompute_modules``
+#: at d98e8a64, line 560), in that file's order. What each drops and repeats on autopar's op
+#: graph: :mod:`autopar.cost.selective`. Not priced: "mla_up_proj" and the Mamba / GatedDelta /
+#: hyper-connection modules.
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mlp", "moe", "shared_experts")
+#: What a "selective" block recomputes when no modules are named: Megatron-Core's default
+#: (transformer_config.py ``__post_init__``: ``recompute_modules = ["core_attn"]``), Korthikanti
+#: et al. 2022's selective recomputation.
+DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
 #: dtypes the optimizer's moment estimates (Adam's m and v) may be kept in.
 OPTIMIZER_STATE_DTYPES = ("fp32", "bf16")
 #: Pipeline schedules, as ``torch.distributed.pipelining`` (torch 2.13) names its classes:
@@ -101,6 +111,24 @@ def _positive_int(cls_name: str, name: str, value: Any, allow_none: bool = False
     if maximum is not None and value > maximum:
         raise err(f"{cls_name}.{name} = {value} exceeds the largest value autopar plans for "
                   f"({maximum}). Fix: pass an int between 1 and {maximum}.")
+
+
+def _recompute_modules(value: Any) -> tuple[str, ...] | None:
+    """``ParallelConfig.recompute_modules`` checked and in its one spelling: a tuple in
+    :data:`RECOMPUTE_MODULES` order, or None for the default.
+
+    Raises:
+        InvalidParallelConfig: not a sequence of names, empty, or a name autopar does not price.
+    """
+    names = (value,) if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple)) or not names or any(
+            not isinstance(m, str) or m not in RECOMPUTE_MODULES for m in names):
+        raise InvalidParallelConfig(
+            f"recompute_modules must be a non-empty sequence of {RECOMPUTE_MODULES} (Megatron-"
+            f"Core's --recompute-modules that autopar prices); got {value!r}. Fix: e.g. "
+            "recompute_modules=('moe_act', 'layernorm'), or None for the attention core.")
+    ordered = tuple(m for m in RECOMPUTE_MODULES if m in names)
+    return None if ordered == DEFAULT_RECOMPUTE_MODULES else ordered
 
 
 def _bool(cls_name: str, name: str, value: Any) -> None:
@@ -250,9 +278,16 @@ class ParallelConfig:
             data-parallel group (Megatron-LM's expert parallelism); 1 for dense models.
         zero_stage: 0 (replicated), 1 (optimizer states sharded; Megatron's distributed
             optimizer), 2 (+ gradients), 3 (+ parameters; FSDP) over the DP group.
-        recompute: "none", "selective" (attention core, Korthikanti et al. 2022),
-            "selective-op" (torchtitan's op-level selective checkpointing), "full" (only block
-            inputs kept), or a tuple with one of those per decoder block.
+        recompute: "none", "selective" (attention core, Korthikanti et al. 2022, or the
+            Megatron-Core modules of ``recompute_modules``), "selective-op" (torchtitan's
+            op-level selective checkpointing), "full" (only block inputs kept), or a tuple with
+            one of those per decoder block.
+        recompute_modules: the Megatron-Core submodules a "selective" block recomputes
+            (``--recompute-granularity selective --recompute-modules ...``), a subset of
+            :data:`RECOMPUTE_MODULES`; None (default) = :data:`DEFAULT_RECOMPUTE_MODULES`, the
+            attention core. Kept in :data:`RECOMPUTE_MODULES` order, the default stored as
+            None (one plan, one spelling); read only for "selective" blocks (the search keeps a
+            pinned set while it tries other modes).
         sequence_parallel: shard the TP-replicated activations over the sequence (Korthikanti).
         micro_batch_size: sequences per micro-batch; None = choose.
         virtual_stages: model chunks per pipeline rank (interleaved 1F1B); None = choose, 1 = none.
@@ -311,6 +346,7 @@ class ParallelConfig:
     reshard_after_forward: tuple[bool, ...] | None = None
     expert_tp: int | None = None
     dispatcher: str = "alltoall"
+    recompute_modules: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         # the usual case (plain ints >= 1, or None where allowed) passes without the per-field
@@ -412,6 +448,15 @@ class ParallelConfig:
             _positive_int("ParallelConfig", "expert_tp", self.expert_tp)
             if self.expert_tp == self.tp:   # today's mapping, written one way only
                 object.__setattr__(self, "expert_tp", None)
+        if self.recompute_modules is not None:
+            object.__setattr__(self, "recompute_modules",
+                               _recompute_modules(self.recompute_modules))
+
+    @property
+    def selective_modules(self) -> tuple[str, ...]:
+        """The Megatron-Core submodules a "selective" block recomputes:
+        :attr:`recompute_modules`, or :data:`DEFAULT_RECOMPUTE_MODULES` when it is None."""
+        return self.recompute_modules or DEFAULT_RECOMPUTE_MODULES
 
     @property
     def etp(self) -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import autopar
 from autopar.config import CP_MODES
+from autopar.frameworks.layersplit import MegatronLayerSplit
 from autopar.hardware import get_device
 from autopar.hardware.boxes import node_template
 from autopar.models import ModelConfig
@@ -31,6 +32,10 @@ _GPU_ALIASES = {"H800": "H800-SXM5-80GB", "H200": "H200-SXM-141GB",
 
 _PLAN_KEYS = ("tp", "pp", "dp", "cp", "virtual_stages", "sequence_parallel", "recompute",
               "zero_stage", "schedule")
+#: What a record's ``plan.pipeline_split`` may name: the parts Megatron-LM counts as a layer
+#: of the pipeline split (--account-for-embedding-in-pipeline-split, --account-for-loss-in-
+#: pipeline-split; autopar.frameworks.layersplit.MegatronLayerSplit)
+_SPLIT_PARTS = ("embedding", "loss")
 
 
 @dataclass(frozen=True)
@@ -341,6 +346,20 @@ def parse(rec: dict) -> Record:
                                    moe_pad_to_capacity=plan.get("pad_to_capacity") is True)
     fixed = {k: plan[k] for k in _PLAN_KEYS if plan.get(k) is not None}
     fixed.update(_moe_plan(plan, c.get("inter_node")))
+    if plan.get("recompute_modules") is not None:
+        # Megatron-Core --recompute-modules of a "selective" plan (autopar.cost.selective)
+        fixed["recompute_modules"] = tuple(plan["recompute_modules"])
+    split = plan.get("pipeline_split")
+    if split:
+        if not set(split) <= set(_SPLIT_PARTS):
+            raise RecordError(f"plan.pipeline_split {split!r}: only {_SPLIT_PARTS} (Megatron-"
+                              "LM's --account-for-*-in-pipeline-split) are read")
+        try:
+            fixed["stage_blocks"] = MegatronLayerSplit(
+                embedding="embedding" in split, loss="loss" in split).chunks(
+                model.num_layers, plan.get("pp") or 1, plan.get("virtual_stages"))
+        except autopar.AutoparError as exc:
+            raise RecordError(f"plan.pipeline_split: {exc}") from exc
     if (fixed.get("ep", 1) > 1 and "expert_tp" not in fixed
             and "torchtitan" in (t.get("framework") or "").lower()):
         # torchtitan job_config.py: expert_tensor_parallel_degree defaults to 1 (Megatron-Core's

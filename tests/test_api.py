@@ -140,7 +140,7 @@ def test_plan_json_round_trip(tmp_path):
     assert loaded.config == plan.config
     assert loaded.estimate.step_time_s == plan.estimate.step_time_s
     data = json.loads(text)
-    assert data["format"] == "autopar-plan" and data["version"] == 3
+    assert data["format"] == "autopar-plan" and data["version"] == 4
 
 
 def test_plan_json_is_deterministic():

@@ -19,6 +19,7 @@ from .context import CostInputs
 from .dispatch import dispatch_cost
 from .groups import Groups
 from .host import host_time
+from .selective import is_default, module_recompute
 
 #: Share of a causal attention op's counted (non-causal, FlopCounterMode) FLOPs that MFU and HFU
 #: leave out: the masked upper triangle a causal kernel skips (the FLOPs convention of
@@ -75,7 +76,8 @@ class BlockCost:
 #: as a tuple (with the layer's signature and mode, its cache key; PipelineTimer.timing shares
 #: per-rank sums by the same tuple).
 block_cost_fields = attrgetter("tp", "cp", "dp", "pp", "micro_batch_size", "sequence_parallel",
-                               "cp_mode", "placement", "ep", "expert_tp", "dispatcher")
+                               "cp_mode", "placement", "ep", "expert_tp", "dispatcher",
+                               "recompute_modules")
 
 
 class BlockCosts:
@@ -179,6 +181,10 @@ class BlockCosts:
             return hit
         tp, cp, sp = c.tp, c.cp, c.sequence_parallel
         bscale = c.micro_batch_size / self.inputs.graph.micro_batch_size
+        # Megatron-Core modules other than the attention core (autopar.cost.selective)
+        modules = c.selective_modules
+        mr = (module_recompute(layer, modules)
+              if mode == "selective" and not is_default(modules) else None)
         folded = c.folded and bool(layer.num_experts)
         lt = self.layer_time(index, c.micro_batch_size, tp, cp, sp, c.cp_mode,
                              c.etp if folded else None, c.ep)
@@ -240,10 +246,10 @@ class BlockCosts:
                               routed_scale=self.routed_scale(layer, c.micro_batch_size, tp, cp,
                                                              sp))
             ef, eload = d.seconds, d.load
-            if mode == "full":
+            if mode == "full" or (mr is not None and mr.dispatch):
                 ef *= 1.5  # the recomputed forward dispatches again
                 eload = eload.scaled(1.5)
-        rec = lt.recompute_s(mode)
+        rec = lt.recompute_s(mode, mr.ops if mr is not None else None)
         # FLOPs the recomputed forward repeats (HFU), in MFU's convention: a causal attention
         # op at the half a causal kernel executes
         attn = [o for o in layer.ops if o.kind == "attention"]
@@ -254,6 +260,11 @@ class BlockCosts:
             saved = set(mem.op_sac_saved(layer))
             rflops = sum(o.fwd_flops for i, o in enumerate(layer.ops)
                          if o.kind == "matmul" and i not in saved) * bscale / (tp * cp)
+        elif mr is not None:   # the forward of the recomputed modules' ops
+            again = [layer.ops[i] for i in mr.ops]
+            rflops = (sum(o.fwd_flops for o in again) - CAUSAL_FLOPS_SHARE * sum(
+                o.fwd_flops for o in again if o.kind == "attention" and o.causal)
+                      ) * bscale / (tp * cp)
         elif mode != "none":
             rflops -= CAUSAL_FLOPS_SHARE * causal
         conv = self.inputs.conventions
@@ -264,7 +275,8 @@ class BlockCosts:
         scores = mem.unfused_score_elements(
             layer, tokens=self.inputs.graph.micro_batch_size * self.inputs.train.seq_len,
             dtype_bytes=self.inputs.train.dtype_bytes) * bscale / (tp * cp)
-        act_none += (conv.unfused_score_saved_bytes - 2) * scores
+        score_extra = (conv.unfused_score_saved_bytes - 2) * scores
+        act_none += score_extra
         # the loss's saved tensors: the graph measures torch's fp32 log-probabilities (4 bytes
         # per logit element); a fused loss keeps what MemoryConventions.loss_saved_bytes says
         logits = (sum(o.bytes_written for o in layer.ops if o.kind == "loss") / 4.0
@@ -281,8 +293,9 @@ class BlockCosts:
             dtype_bytes=self.inputs.train.dtype_bytes, micro_batch=bscale, tp=tp, cp=cp,
             sequence_parallel=sp)
         # grouped-query K and V repeated to every head before the kernel, which keeps them
-        if conv.kv_repeat_saved:
-            eager += mem.kv_repeat_bytes(layer, micro_batch=bscale, tp=tp, cp=cp)
+        kv_repeat = (mem.kv_repeat_bytes(layer, micro_batch=bscale, tp=tp, cp=cp)
+                     if conv.kv_repeat_saved else 0.0)
+        eager += kv_repeat
         act_none += eager
         # an MoE block as the framework's expert layer keeps it (MemoryConventions
         # moe_combine_saved, expert_input_gathered): kept whole without recompute and under
@@ -297,11 +310,22 @@ class BlockCosts:
         padded = (self.routed_scale(layer, c.micro_batch_size, tp, cp, sp) - 1.0) * \
             mem.routed_saved_bytes(layer, micro_batch=bscale, tp=tp, cp=cp, etp=c.etp)
         act_none += moe + padded
-        act = act_none if mode == "none" else mem.block_activation_bytes(
-            layer, mode, micro_batch=bscale, tp=tp, cp=cp, sequence_parallel=sp) + loss_saved + (
-            padded if mode != "full" else 0.0)
-        if mode == "selective":
-            act += moe
+        if mr is not None:
+            # the modules' dropped tensors; the attention core takes the framework's extra
+            # score and repeated K / V bytes with it, a recomputed MoE layer its framework
+            # delta and capacity rows with the graph's tensors they adjust
+            act = act_none - mr.dropped_bytes(micro_batch=bscale, tp=tp, cp=cp,
+                                              sequence_parallel=sp)
+            if "core_attn" in modules:
+                act -= score_extra + kv_repeat
+            if "moe" in modules:
+                act -= moe + padded
+        else:
+            act = act_none if mode == "none" else mem.block_activation_bytes(
+                layer, mode, micro_batch=bscale, tp=tp, cp=cp, sequence_parallel=sp) + \
+                loss_saved + (padded if mode != "full" else 0.0)
+            if mode == "selective":
+                act += moe
         # recomputing a block re-materialises what it did not keep, one block at a time
         transient = act_none - act + conv.unfused_score_work_bytes * scores
         # the loss's backward: gradients of the logits beside what it saved
@@ -320,7 +344,8 @@ class BlockCosts:
         # zero-bubble schedule; recomputation and communication stay with the input gradient
         prof = self.inputs.profile
         host = host_time(layer, fusion=prof.fusion, eager_parts=prof.eager_parts, mode=mode,
-                         host_issue=prof.host_issue, host_op_s=self.inputs.params.host_op_s)
+                         host_issue=prof.host_issue, host_op_s=self.inputs.params.host_op_s,
+                         recompute_ops=mr.ops if mr is not None else None)
         bc = BlockCost(fwd_s=lt.fwd_s + tf + cf + ef / 2 + copy_s,
                        bwd_s=lt.bwd_s + rec + tb + cb + ef / 2 + copy_s,
                        compute_s=lt.fwd_s + lt.bwd_s + rec + 2 * copy_s,

@@ -49,15 +49,21 @@ class LayerTime:
     #: every mode (e.g. InternEvo's cast + norm, :data:`NORM_INPUT_CAST_FWD_BYTES`); full
     #: recomputation repeats the whole forward, so it does not pay them again
     checkpointed_s: float = 0.0
+    #: forward seconds of each op of the layer, in ``layer.ops`` order (a memory-bound chain
+    #: fused by ``fusion="compile"`` counts at its first op); they sum to ``fwd_s``
+    op_fwd_s: tuple[float, ...] = ()
 
-    def recompute_s(self, mode: str) -> float:
+    def recompute_s(self, mode: str, ops: tuple[int, ...] | None = None) -> float:
         """Extra backward-time seconds a recompute mode costs (the repeated forward): all of it
         less what backward already repeats (``checkpointed_s``) (full), the attention core
-        (selective), the ops op-level SAC does not save (``op_sac_recompute_s``,
-        selective-op)."""
+        (selective), or the forward of the ops ``ops`` indexes (selective of Megatron-Core
+        modules other than the default, :func:`autopar.cost.selective.module_recompute`), the
+        ops op-level SAC does not save (``op_sac_recompute_s``, selective-op)."""
         if mode == "full":
             return self.fwd_s - self.checkpointed_s
         if mode == "selective":
+            if ops is not None:
+                return sum(self.op_fwd_s[i] for i in ops)
             return self.attention_fwd_s
         if mode == "selective-op":
             return self.op_sac_recompute_s
@@ -334,6 +340,7 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
     scale = micro_batch / cp
     sac_saved = set(op_sac_saved(layer)) if layer.kind == "block" else set()
     sac_fwd = 0.0  # forward seconds of the ops op-level SAC saves (matmuls and attention only)
+    op_fwd = [0.0] * len(layer.ops)
     for index, op in enumerate(layer.ops):
         if op.kind not in ("matmul", "attention"):
             continue
@@ -391,9 +398,11 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
             attn += t
             fwd_flops += flops
             bwd_flops += ATTENTION_BACKWARD_RATIO * flops
+        op_fwd[index] = fwd - before
         if index in sac_saved:
             sac_fwd += fwd - before
     repeated_s = 0.0
+    position = {id(op): i for i, op in enumerate(layer.ops)}
     for op, nbytes, kernels, bwd_bytes, repeated in memory_bound_kernels(layer, fusion,
                                                                            eager_parts):
         sharded = op.region == "tp" or op.tp_role in ("column", "row", "vocab") or (
@@ -401,9 +410,11 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
         share = scale / (tp if sharded else 1)
         bw = hbm_bandwidth * params.hbm_efficiency
         t = max(nbytes * share / bw, kernels * params.kernel_launch_s)
+        op_fwd[position[id(op)]] += t
         fwd += t
         bwd += t * bwd_bytes / nbytes if nbytes else 2.0 * t
         repeated_s += t * repeated / nbytes if nbytes else 0.0
     return LayerTime(fwd_s=fwd, bwd_s=bwd, attention_fwd_s=attn, fwd_flops=fwd_flops,
                      bwd_flops=bwd_flops, wgrad_s=wgrad,
-                     op_sac_recompute_s=fwd - sac_fwd, checkpointed_s=repeated_s)
+                     op_sac_recompute_s=fwd - sac_fwd, checkpointed_s=repeated_s,
+                     op_fwd_s=tuple(op_fwd))

@@ -95,9 +95,11 @@ class HostTime:
 
 
 def kernels(layer: Layer, fusion: str, eager_parts: tuple[str, ...] = (),
-            mode: str = "none") -> LayerKernels:
+            mode: str = "none", recompute_ops: tuple[int, ...] | None = None) -> LayerKernels:
     """The kernels ``layer`` launches per micro-batch under ``fusion`` and recompute ``mode``
-    (counting rules in the module docstring)."""
+    (counting rules in the module docstring); ``recompute_ops``: under "selective", the ops
+    of Megatron-Core modules other than the attention core that are recomputed
+    (:func:`autopar.cost.selective.module_recompute`), each memory-bound one a kernel."""
     fwd = bwd = 0
     attention_fwd = 0
     for op in layer.ops:
@@ -120,6 +122,9 @@ def kernels(layer: Layer, fusion: str, eager_parts: tuple[str, ...] = (),
     if layer.kind == "block":
         if mode == "full":
             recompute = fwd
+        elif mode == "selective" and recompute_ops is not None:
+            recompute = sum(_fwd_kernels(layer.ops[i]) for i in recompute_ops
+                            if layer.ops[i].kind != "view")
         elif mode == "selective":
             recompute = attention_fwd
         elif mode == "selective-op":
@@ -138,12 +143,13 @@ def _fwd_kernels(op) -> int:
 
 def host_time(layer: Layer, *, fusion: str, eager_parts: tuple[str, ...] = (),
               mode: str = "none", host_issue: str = "per_kernel",
-              host_op_s: float = CostParams.host_op_s) -> HostTime:
+              host_op_s: float = CostParams.host_op_s,
+              recompute_ops: tuple[int, ...] | None = None) -> HostTime:
     """Host seconds to issue ``layer``'s kernels for one micro-batch (:class:`HostTime`):
     the kernel count times ``host_op_s`` seconds per kernel (default: the measured
     :attr:`autopar.cost.params.CostParams.host_op_s`); zero seconds under
-    ``host_issue="cuda_graph"``."""
-    k = kernels(layer, fusion, eager_parts, mode)
+    ``host_issue="cuda_graph"``; ``recompute_ops`` as :func:`kernels`."""
+    k = kernels(layer, fusion, eager_parts, mode, recompute_ops)
     per = host_op_s if host_issue == "per_kernel" else 0.0
     return HostTime(k, k.fwd * per, (k.bwd + k.recompute) * per)
 

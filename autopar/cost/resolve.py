@@ -69,7 +69,10 @@ def resolve(config: ParallelConfig, graph: ModelGraph, world_size: int,
     if schedule not in ("gpipe", "1f1b") and c.pp == 1:  # nothing to interleave or fill
         schedule, v = "1f1b", 1
     blocks = graph.num_blocks
-    check(rules.pp_blocks(c.pp, v, blocks))
+    if c.stage_blocks is None:   # given cuts may leave a chunk without decoder blocks (the
+        # embedding or the loss counted as a layer: Megatron-LM --account-for-*-in-pipeline-
+        # split, autopar.frameworks.layersplit); stage_cuts checks them
+        check(rules.pp_blocks(c.pp, v, blocks))
     if schedule == "interleaved-1f1b":
         check(rules.interleave_fill(c.pp, v, m))
     if schedule == "interleaved-zero-bubble":

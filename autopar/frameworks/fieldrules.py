@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from ..config import (ARCHITECTURES, ATTENTION_KERNELS, CP_MODES, DISPATCHERS, RECOMPUTE_MODES,
-                      SCHEDULES)
+                      RECOMPUTE_MODULES, SCHEDULES)
 from .checks import FieldCheck
 from .memory import MemoryConventions
 from .seqrule import SeqLenRule
@@ -51,6 +51,9 @@ def checked_fields(v: dict, check: FieldCheck, cost_fix: str,
                                   what="empty: no context parallelism")
     out["recompute_modes"] = check.names("recompute_modes", v["recompute_modes"],
                                          RECOMPUTE_MODES, ("none", "full"), nonempty=True)
+    out["recompute_modules"] = check.names("recompute_modules", v["recompute_modules"],
+                                           RECOMPUTE_MODULES, ("core_attn", "moe_act"),
+                                           what="empty: the attention core only")
     out["sequence_parallel"] = check.names("sequence_parallel", v["sequence_parallel"],
                                            (True, False), (True, False), nonempty=True,
                                            what="the values sequence_parallel may take")

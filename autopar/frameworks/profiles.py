@@ -74,6 +74,10 @@ class FrameworkProfile:
         cp_modes: context-parallel exchanges (:data:`autopar.config.CP_MODES`); empty = no CP.
         recompute_modes: activation recompute policies (:data:`autopar.config.RECOMPUTE_MODES`).
         per_block_recompute: a different policy per decoder block is expressible.
+        recompute_modules: the Megatron-Core submodules a "selective" block may recompute
+            (:data:`autopar.config.RECOMPUTE_MODULES`; a plan's
+            :attr:`~autopar.config.ParallelConfig.recompute_modules`); empty = only the
+            attention core, "selective" as autopar always priced it.
         per_block_reshard: under FSDP (ZeRO-3), each decoder block may keep or free its gathered
             parameters between forward and backward
             (:attr:`autopar.config.ParallelConfig.reshard_after_forward`).
@@ -235,6 +239,7 @@ class FrameworkProfile:
     expert_tensor_parallel: str = "tp"
     experts_tp_sharded: bool = True
     stage_split: str = "middle"
+    recompute_modules: tuple[str, ...] = ()
     sources: Mapping[str, str] = field(default_factory=dict)
     # -- sequence-length divisibility for CP and SP (issue 13); sourced inside the rule --------
     seq_rule: SeqLenRule = SeqLenRule()
@@ -457,6 +462,12 @@ class FrameworkProfile:
         if not set(modes) <= set(self.recompute_modes):
             return (f"{fw} has no recompute policy {sorted(set(modes) - set(self.recompute_modes))}"
                     f" (it has {list(self.recompute_modes)}; {self._src('recompute_modes')})")
+        if c.recompute_modules is not None and not set(c.recompute_modules) <= set(
+                self.recompute_modules):
+            return (f"{fw} does not recompute the modules "
+                    f"{sorted(set(c.recompute_modules) - set(self.recompute_modules))} (it "
+                    f"recomputes {list(self.recompute_modules) or 'the attention core only'} "
+                    f"under 'selective'; {self._src('recompute_modules')})")
         if len(set(modes)) > 1 and not self.per_block_recompute:
             return (f"{fw} sets one recompute policy for all blocks "
                     f"({self._src('per_block_recompute')})")

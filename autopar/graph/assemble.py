@@ -93,15 +93,20 @@ def finish_layer(rec: Recorder, meta_of: dict[int, torch.Tensor], interp: Measur
     bwd = rec.flop_counter.get_total_flops() - before + rec.extra_bwd_flops
     rec.extra_bwd_flops = 0.0
     seq = tp = core = 0
+    by_op: dict[tuple[str, str], int] = {}
     for s in rec.saved.values():
         if s.layer != index:
             continue
         if s.core_producer and s.savers_core:
             core += s.nbytes
+            part = "core"
         elif s.region == "tp":
             tp += s.nbytes
+            part = "tp"
         else:
             seq += s.nbytes
+            part = "seq"
+        by_op[s.saver, part] = by_op.get((s.saver, part), 0) + s.nbytes
     ops = tuple(interp.ops)
     rows = tuple(o.bytes_written for o in ops if o.tp_role == "row")
     col_inputs = {}
@@ -124,6 +129,7 @@ def finish_layer(rec: Recorder, meta_of: dict[int, torch.Tensor], interp: Measur
         attention_heads=heads[0], kv_heads=heads[1],
         shared_parameters=n_params - sum(o.num_parameters for o in ops),
         num_experts=experts[0], experts_per_token=experts[1],
+        saved_by_op=tuple((op, part, n) for (op, part), n in by_op.items()),
     )
 
 

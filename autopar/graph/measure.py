@@ -48,6 +48,7 @@ class _Saved:
     layer: int
     core_producer: bool
     savers_core: bool = True
+    saver: str = ""     # the op that saved it first (Recorder.op_name)
 
 
 @dataclass
@@ -95,7 +96,8 @@ class Recorder:
                 e, tokens, frac = self.routed_rows
                 if tuple(t.shape[:2]) == (e, tokens) or (t.dim() and t.shape[0] == e * tokens):
                     nbytes = round(nbytes * frac)
-            self.saved[key] = _Saved(nbytes, region, self.layer, core, self.op_is_core)
+            self.saved[key] = _Saved(nbytes, region, self.layer, core, self.op_is_core,
+                                     self.op_name)
             self.keep_alive.append(t)
         else:
             entry.savers_core = entry.savers_core and self.op_is_core

@@ -68,7 +68,8 @@ def with_mtp_layers(graph: ModelGraph, depths: int) -> ModelGraph:
             param_bytes=last.param_bytes + proj.num_parameters * e,
             fwd_flops=last.fwd_flops + proj.fwd_flops,
             bwd_flops=last.bwd_flops + 2 * proj.fwd_flops,
-            activations=dataclasses.replace(act, seq=act.seq + tokens * 2 * graph.hidden_size * e)))
+            activations=dataclasses.replace(act, seq=act.seq + tokens * 2 * graph.hidden_size * e),
+            saved_by_op=(*last.saved_by_op, (proj.name, "seq", tokens * 2 * graph.hidden_size * e))))
     again = tuple(dataclasses.replace(o, name=f"{o.name}@mtp{d}", num_parameters=0)
                   for d in range(1, depths + 1) for o in head.ops)
     n = depths + 1
@@ -78,7 +79,8 @@ def with_mtp_layers(graph: ModelGraph, depths: int) -> ModelGraph:
         fwd_flops=head.fwd_flops * n, bwd_flops=head.bwd_flops * n,
         activations=ActivationBytes(seq=act.seq * n, tp=act.tp * n, core=act.core * n,
                                     layer_input=act.layer_input * n),
-        tp_row_outputs=head.tp_row_outputs * n, tp_column_inputs=head.tp_column_inputs * n)
+        tp_row_outputs=head.tp_row_outputs * n, tp_column_inputs=head.tp_column_inputs * n,
+        saved_by_op=tuple((op, part, b * n) for op, part, b in head.saved_by_op))
     layers = tuple(dataclasses.replace(layer, index=i)
                    for i, layer in enumerate((*body, *added, head)))
     return dataclasses.replace(

@@ -127,6 +127,11 @@ class Layer:
         num_experts / experts_per_token: for a mixture-of-experts block, the experts of its
             stacked expert weights and the router's top-k (0 for dense layers). Expert
             parallelism (EP) must divide ``num_experts``.
+        saved_by_op: :attr:`activations` by the op that saved each tensor first, as
+            ``(op name, part, bytes)`` with part "seq", "tp" or "core" (the
+            :class:`ActivationBytes` part it counts in; a part's entries sum to it). Read by
+            :mod:`autopar.cost.selective` (what a checkpointed submodule drops); empty for
+            layers built without a trace.
     """
 
     index: int
@@ -147,6 +152,7 @@ class Layer:
     shared_parameters: int = 0
     num_experts: int = 0
     experts_per_token: int = 0
+    saved_by_op: tuple[tuple[str, str, int], ...] = ()
 
     @cached_property
     def expert_parameters(self) -> int:

@@ -16,6 +16,7 @@ Megatron-LM                                              autopar
 ``--sequence-parallel``                                  ``sequence_parallel``
 ``--recompute-granularity full|selective``               ``recompute``
 ``--recompute-activations``                              ``recompute="selective"``
+``--recompute-modules`` (with selective)                 ``recompute_modules``
 ``--use-distributed-optimizer``                          ``zero_stage=1``
 ``--use-torch-fsdp2``                                    ``zero_stage=3``
 ``--micro-batch-size`` / ``--global-batch-size``         micro-batch / global batch
@@ -165,6 +166,7 @@ def _megatron_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{name}", action="store_true")
     p.add_argument("--recompute-granularity", choices=["full", "selective"], default=None)
     p.add_argument("--recompute-method", choices=["uniform", "block"], default=None)
+    p.add_argument("--recompute-modules", nargs="+", default=None)
     p.add_argument("--fp8-format", default=None)
     p.add_argument("--moe-expert-capacity-factor", type=float, default=None)
     p.add_argument("--moe-pad-expert-input-to-capacity", action="store_true")
@@ -205,6 +207,10 @@ def from_megatron_args(text: str | list[str]) -> Imported:
         par["sequence_parallel"] = True
     if ns.recompute_granularity:
         par["recompute"] = ns.recompute_granularity
+        if ns.recompute_granularity == "selective" and ns.recompute_modules:
+            # Megatron-Core's checkpointed submodules (autopar.cost.selective); a name autopar
+            # does not price is refused by ParallelConfig
+            par["recompute_modules"] = tuple(ns.recompute_modules)
         if ns.recompute_granularity == "full" and ns.recompute_num_layers is not None:
             notes.append(f"--recompute-method {ns.recompute_method or 'uniform'} "
                          f"--recompute-num-layers {ns.recompute_num_layers} is modelled as full "

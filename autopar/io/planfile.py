@@ -1,8 +1,8 @@
 """The plan file schema: strict checks that turn a parsed JSON object into a :class:`Plan`.
 
-Layout (version 3; :meth:`Plan.to_dict` writes it)::
+Layout (version 4; :meth:`Plan.to_dict` writes it)::
 
-    {"format": "autopar-plan", "version": 3, "model": str, "model_config": {...} | null,
+    {"format": "autopar-plan", "version": 4, "model": str, "model_config": {...} | null,
      "cluster": spec str, "train": {TrainingConfig fields}, "config": {ParallelConfig fields},
      "estimate": {Estimate fields}, "alternatives": [estimate...], "pareto": [estimate...],
      "search": {"evaluated": int, "meshes": int, "complete": bool, "gap": float,
@@ -20,8 +20,10 @@ there was) take their defaults when missing. Version 2 adds the per-block
 setting it to null (every block reshards, as version 1 meant). Version 3 adds
 ``config.expert_tp`` (null = the MoE layers' expert tensor parallelism equals tp, as version 2
 meant; an int = MoE parallel folding); a version-2 file is migrated by setting it to null.
-``config.dispatcher`` (the MoE token dispatcher) takes "alltoall" when missing. A
-version this autopar does not know is
+``config.dispatcher`` (the MoE token dispatcher) takes "alltoall" when missing.
+Version 4 adds ``config.recompute_modules`` (null = a selective block recomputes the attention
+core, as version 3 meant; a list = Megatron-Core's --recompute-modules); a version-3 file is
+migrated by setting it to null. A version this autopar does not know is
 refused; an older known one is migrated by :data:`MIGRATIONS`. Nothing here executes code from
 the file.
 
@@ -49,7 +51,7 @@ from ..search.robust import OBJECTIVES
 PLAN_FORMAT = "autopar-plan"
 #: Version of the plan file layout this autopar writes; older ones it knows are migrated by
 #: :data:`MIGRATIONS`.
-PLAN_VERSION = 3
+PLAN_VERSION = 4
 
 #: Top-level keys ``autopar plan --json`` adds to a plan; accepted and ignored when loading.
 ANNOTATIONS = ("compare", "run_cost", "units")
@@ -73,8 +75,18 @@ def _v2_to_v3(d: dict) -> dict:
     return d
 
 
+def _v3_to_v4(d: dict) -> dict:
+    """Version 3 -> 4: Megatron-Core recompute modules (``config.recompute_modules``)
+    appeared; a version-3 plan's selective blocks recompute the attention core (null)."""
+    d = dict(d, version=4)
+    if isinstance(d.get("config"), dict):
+        d["config"] = dict(d["config"])
+        d["config"].setdefault("recompute_modules", None)
+    return d
+
+
 #: version -> function upgrading a plan dict of that version to the next one.
-MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2, 2: _v2_to_v3}
+MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 
 _FIX = "Fix: regenerate the plan with plan.to_json() or `autopar plan --out plan.json`."
 #: An example value per config key, for the message naming a missing one.
@@ -126,7 +138,7 @@ def _dataclass_keys(cls) -> tuple[tuple[str, ...], tuple[str, ...]]:
 #: ParallelConfig fields added after plan version 1 was first written: they take their defaults
 #: when a file lacks them. Every other field is a choice the plan must state.
 _CONFIG_LATER = ("placement", "cp_mode", "ep", "reshard_after_forward", "expert_tp",
-                 "dispatcher")
+                 "dispatcher", "recompute_modules")
 
 
 def _config(d: Any, where: str) -> ParallelConfig:
@@ -148,7 +160,8 @@ def _config(d: Any, where: str) -> ParallelConfig:
     for key in resolved + ("placement",):
         if key in d and d[key] is None:
             raise _fail(f"{where}.{key}", "is null; a plan has every choice made")
-    for key in ("recompute", "stage_blocks", "placement", "reshard_after_forward"):
+    for key in ("recompute", "stage_blocks", "placement", "reshard_after_forward",
+                "recompute_modules"):
         if isinstance(d.get(key), list):
             d[key] = tuple(d[key])
     try:

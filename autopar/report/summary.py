@@ -132,6 +132,9 @@ def reshard_text(c) -> str:
 def config_text(c) -> str:
     """Degrees and choices of a config on one line."""
     rc = c.recompute if isinstance(c.recompute, str) else "per-block"
+    modules = getattr(c, "recompute_modules", None)
+    if modules:   # Megatron-Core's --recompute-modules of the selective blocks
+        rc += f"[{'+'.join(modules)}]"
     kept = reshard_text(c)
     return (f"tp={c.tp} pp={c.pp} dp={c.dp} cp={c.cp}" + (f" ep={c.ep}" if c.ep > 1 else "")
             + f" sp={'on' if c.sequence_parallel else 'off'} "

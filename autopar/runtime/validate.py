@@ -72,7 +72,8 @@ def check_plan(plan) -> None:
     Raises:
         UnsupportedPlanError: the first broken rule, with a fix. Rules: dp divides the global
             batch and the micro-batch divides each DP rank's share; no MoE parallel folding
-            (``expert_tp`` None); ep divides dp (experts are split over DP ranks); cp divides
+            (``expert_tp`` None); no Megatron-Core recompute modules (``recompute_modules``
+            None); ep divides dp (experts are split over DP ranks); cp divides
             the sequence; the stage cut gives pp x virtual_stages chunks; the pipeline
             schedule's rules (:func:`check_schedule`). Each rule but the folding one is a
             function of :mod:`autopar.frameworks.rules`, named on the error as ``rule``.
@@ -90,6 +91,13 @@ def check_plan(plan) -> None:
             "tensor parallelism equal to tp (autopar/runtime/mesh.py). Fix: export the plan to "
             "Megatron-LM (plan.to_megatron_args(): --expert-tensor-parallel-size), or plan "
             "with expert_tp=None.")
+    if c.recompute_modules is not None:
+        raise UnsupportedPlanError(
+            f"recompute_modules={c.recompute_modules}: plan.apply's selective recompute keeps "
+            "everything but the attention core (autopar/runtime/recompute.py); Megatron-Core's "
+            "module checkpoints are not run here. Fix: export the plan to Megatron-LM "
+            "(plan.to_megatron_args(): --recompute-modules), or plan with "
+            "recompute_modules=None.")
     _check(rules.ep_split(c.ep, dp))
     _check(rules.cp_seq(c.cp, train.seq_len))
     v = c.virtual_stages or 1

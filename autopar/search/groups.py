@@ -104,7 +104,8 @@ def mesh_groups(cm: CostModel, fixed: dict, limits) -> MeshGroups:
             # the token dispatcher is a pinned choice (or the default), never searched
             base = dict(tp=tp, cp=cp, pp=pp, dp=dp, micro_batch_size=b, sequence_parallel=sp,
                         ep=ep, expert_tp=etp,
-                        dispatcher=fixed.get("dispatcher", ParallelConfig.dispatcher))
+                        dispatcher=fixed.get("dispatcher", ParallelConfig.dispatcher),
+                        recompute_modules=fixed.get("recompute_modules"))
             placement = space.placements(base, fixed)[0]
             modes, c = [], None
             for mode in space.cp_modes(g, base, fixed, profile):

@@ -97,8 +97,8 @@ def _layer_costs(cm: CostModel, c: ParallelConfig, st: StageLayout, modes: tuple
     if memo is None:
         memo = _LAYER_COSTS[cm] = {}
     key = (c.tp, c.cp, c.dp, c.pp, c.micro_batch_size, c.sequence_parallel, c.cp_mode,
-           c.placement, c.ep, c.expert_tp, c.dispatcher, st.layers, st.flight, st.edge_flight,
-           modes)
+           c.placement, c.ep, c.expert_tp, c.dispatcher, c.recompute_modules, st.layers,
+           st.flight, st.edge_flight, modes)
     hit = memo.get(key)
     if hit is not None:
         return hit

@@ -31,7 +31,7 @@ _TORCH = PROFILES["torch"]
 #: Keys ``fixed=`` may pin.
 FIXABLE = ("tp", "pp", "dp", "cp", "ep", "zero_stage", "recompute", "sequence_parallel",
            "micro_batch_size", "virtual_stages", "schedule", "stage_blocks", "placement",
-           "cp_mode", "reshard_after_forward", "expert_tp", "dispatcher")
+           "cp_mode", "reshard_after_forward", "expert_tp", "dispatcher", "recompute_modules")
 
 
 def divisors(n: int) -> list[int]:

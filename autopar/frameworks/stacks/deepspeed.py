@@ -300,6 +300,8 @@ PROFILE = compose(
         "recompute_modes": "deepspeed/runtime/activation_checkpointing/checkpointing.py: whole "
                            "checkpointed layers (no selective attention-core recompute)",
         "per_block_recompute": "pipe/module.py activation_checkpoint_interval: every N-th layer",
+        "recompute_modules": "no per-submodule checkpointing: checkpointing.py checkpoints "
+                             "whole layers",
         "sequence_parallel": "AutoTP (deepspeed/module_inject/auto_tp.py) has no Megatron-style "
                              "sequence parallelism",
         "moe_sequence_parallel": "deepspeed/moe/layer.py MoE gates each rank's whole sequences; "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...config import CP_MODES
+from ...config import CP_MODES, RECOMPUTE_MODULES
 from ..choices import (FSDP2, FUSED_CP, AttentionKernels, Choices, Fusion, OptimizerStep,
                        PipelineComm, TensorParallelComm, compose)
 from ..memory import MEGATRON_MEMORY
@@ -88,6 +88,7 @@ PROFILE = compose(
     zero_stages_with_ep=(0, 1), schedules=("1f1b", "interleaved-1f1b"),
     interleaved_chunks="any", stage_cuts="any", cp_modes=CP_MODES,
     recompute_modes=("none", "selective", "full"), per_block_recompute=False,
+    recompute_modules=RECOMPUTE_MODULES,
     sequence_parallel=(True, False), expert_parallel=True, seq_rule=MEGATRON_RULE,
     moe_sequence_parallel=(True,),
     expert_tensor_parallel="any",
@@ -129,6 +130,9 @@ PROFILE = compose(
         "stage_cuts": "arguments.py --pipeline-model-parallel-layout (any cut)",
         "cp_modes": "arguments.py --cp-comm-type p2p | a2a | all_gather | a2a+p2p",
         "recompute_modes": "arguments.py --recompute-granularity full | selective",
+        "recompute_modules": "arguments.py --recompute-modules; megatron/core/transformer/"
+                             "transformer_config.py recompute_modules (line 560; checked in "
+                             "__post_init__, line 1940: default ['core_attn'])",
         "per_block_recompute": "arguments.py --recompute-method uniform | block (the first N "
                                "layers of every stage), no per-layer list",
         "sequence_parallel": "arguments.py --sequence-parallel (optional)",
@@ -180,12 +184,15 @@ CHOICES_2023 = replace(CHOICES, pipeline=P2P_2023)
 CAPABILITIES_2023 = dict(
     zero_stages=(0, 1), zero_stages_with_tp=(0, 1), zero_stages_with_pp=(0, 1),
     zero_stages_with_ep=(0, 1), cp_modes=(), interleaved_chunks="equal", stage_cuts="balanced",
-    expert_tensor_parallel="tp", dispatchers=("alltoall",), kv_heads_below_tp=False)
+    expert_tensor_parallel="tp", dispatchers=("alltoall",), kv_heads_below_tp=False,
+    recompute_modules=())
 SOURCES_2023 = {
     "dispatchers": "4eeff55d1f: no flex dispatcher (DeepEP was published in 2025-02)",
     "kv_heads_below_tp": "4eeff55d1f megatron/model/transformer.py: "
                          "num_query_groups_per_partition = divide(num_query_groups, world_size) "
                          "(tp divides the query groups); tp > groups arrived in f7dfb99795",
+    "recompute_modules": "4eeff55d1f megatron/arguments.py: --recompute-granularity only, no "
+                         "--recompute-modules (selective recomputes the attention core)",
     "zero_stages": "4eeff55d1f megatron/arguments.py: --use-distributed-optimizer (ZeRO-1) "
                    "only; --use-torch-fsdp2 arrived in e1993fa6f7 (2024-11-13)",
     "cp_modes": "4eeff55d1f megatron/arguments.py has no --context-parallel-size (context "

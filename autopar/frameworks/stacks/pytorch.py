@@ -75,6 +75,8 @@ PROFILE = compose(
                            "(torch.utils.checkpoint.create_selective_checkpoint_contexts: "
                            "attention core, and torchtitan's op-level policy; "
                            "autopar/runtime/recompute.py)",
+        "recompute_modules": "autopar/runtime/recompute.py: the selective policy saves all but "
+                             "the attention core; no Megatron-Core module checkpoints",
         "per_block_recompute": "checkpoint_wrapper is applied per module (autopar/runtime/"
                                "recompute.py)",
         "sequence_parallel": "torch.distributed.tensor.parallel.SequenceParallel is optional",

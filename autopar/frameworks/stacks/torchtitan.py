@@ -114,6 +114,8 @@ PROFILE = compose(
         "recompute_modes": "job_config.py ActivationCheckpoint.mode: none, selective (with "
                            "selective_ac_option 'op': op-level SAC, "
                            "distributed/activation_checkpoint.py _custom_policy), full",
+        "recompute_modules": "job_config.py ActivationCheckpoint: no per-submodule choice "
+                             "(selective is op-level or every N-th layer)",
         "per_block_recompute": "job_config.py ActivationCheckpoint: one mode for all blocks "
                                "(selective_ac_option N = full every N-th block)",
         "sequence_parallel": "models/llama3/infra/parallelize.py apply_tp: norms always "

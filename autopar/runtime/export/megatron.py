@@ -204,9 +204,15 @@ def _megatron_recompute(plan, warn: list[str]) -> tuple[list[str], str | tuple[s
         if len(set(modes)) == 1:
             return (["--recompute-granularity", "full", "--recompute-method", "uniform",
                      "--recompute-num-layers", "1"], "full")
+    # Megatron-Core's submodules of a selective block (transformer_config.py recompute_modules;
+    # --recompute-modules, nargs "+" from that field: megatron/training/argument_utils.py):
+    # written only when not the default core_attn
+    selective = ["--recompute-granularity", "selective"]
+    if plan.config.recompute_modules is not None:
+        selective += ["--recompute-modules", *plan.config.recompute_modules]
     if len(set(modes)) == 1:
         mode = modes[0]
-        return ({"none": [], "selective": ["--recompute-granularity", "selective"],
+        return ({"none": [], "selective": selective,
                  "full": ["--recompute-granularity", "full", "--recompute-method", "uniform",
                           "--recompute-num-layers", "1"]}[mode], plan.config.recompute)
     # A mix: Megatron's "block" method fully recomputes the first N layers of each stage.
@@ -222,7 +228,7 @@ def _megatron_recompute(plan, warn: list[str]) -> tuple[list[str], str | tuple[s
                 f"stage; used full recompute of the first {n_full} layers per stage"
                 + (", selective blocks not recomputed" if "selective" in modes else ""))
     if n_full == 0:
-        return ["--recompute-granularity", "selective"], "selective"
+        return selective, "selective"
     written = tuple("full" if i < n_full else "none" for n in blocks for i in range(n))
     return (["--recompute-granularity", "full", "--recompute-method", "block",
              "--recompute-num-layers", str(n_full)], written)
