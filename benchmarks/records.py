@@ -127,7 +127,8 @@ def _inter_link(text: str | None, gpus_per_node: int, num_nodes: int,
     """(catalog link, NICs per node) from a record's prose; (None, None) = the GPU's default node.
 
     Reads "8x InfiniBand HDR", "1x InfiniBand EDR", "RoCE 400 Gb/s per GPU", "4 * 100Gb RoCE", "RoCE, 1600 Gbps ...
-    per node", "3.2 Tbps ... per node", "4x200Gbps RDMA". A per-node total, or a NIC count and
+    per node", "3.2 Tbps ... per node", "4x200Gbps RDMA", "32x 100 Gbps EFA per node (AWS p5.48xlarge)"
+    (AWS EFA: the catalog's EFA row of that instance, :func:`_efa_link`). A per-node total, or a NIC count and
     rate, of an unnamed fabric is modelled as RoCE NICs (said in ``assumed``); anything else
     unreadable is a :class:`RecordError`, never a guess.
     """
@@ -148,6 +149,8 @@ def _inter_link(text: str | None, gpus_per_node: int, num_nodes: int,
     # link rates in Gb/s ("400 Gbps", "3.2 Tbps": 3200)
     speeds = [round(float(x) * (1000 if unit == "tb" else 1))
               for x, unit in re.findall(r"(\d+(?:\.\d+)?)\s*(gb|tb)", t)]
+    if re.search(r"\befa\b", t):
+        return _efa_link(t, speeds, count, nics, assumed, text)
     kind = "roce" if "roce" in t else None
     if kind and count and speeds and speeds[0] in (100, 200, 400):
         return f"roce-{speeds[0]}g", nics
@@ -170,7 +173,40 @@ def _inter_link(text: str | None, gpus_per_node: int, num_nodes: int,
     if "ethernet" in t or "eth" in t:
         return ("eth-100g" if "100" in t else "eth-25g"), nics
     raise RecordError(f"inter-node link {text!r} is not one autopar's catalog has (InfiniBand "
-                      "EDR/HDR/NDR, RoCE 100/200/400G, Ethernet 25/100G); not guessed")
+                      "EDR/HDR/NDR, RoCE 100/200/400G, AWS EFA, Ethernet 25/100G); not guessed")
+
+
+#: AWS instance families -> the catalog's EFA row (autopar/hardware/links.py): p4d/p4de carry
+#: EFA v1, p5/p5e EFA v2 (both 100 Gb/s adapters), p5en EFA v3 (200 Gb/s adapters)
+_EFA_BY_INSTANCE = (("p5en", "efa-v3-200g"), ("p4d", "efa-v1-100g"), ("p5", "efa-v2-100g"))
+
+
+def _efa_link(t: str, speeds: list[int], count, nics: int, assumed: dict,
+              text: str) -> tuple[str, int]:
+    """(catalog EFA row, adapters per node) of an inter-node text naming EFA: the row of the
+    instance named ("p4d", "p5", "p5en"), else of the adapter rate (200 Gb/s: v3; 100 Gb/s: v2,
+    said in ``assumed``); the adapter count as written ("32x"), else the per-node total over
+    the adapter rate.
+
+    Raises:
+        RecordError: EFA without an instance, or at a rate the catalog has no row for.
+    """
+    link = next((row for name, row in _EFA_BY_INSTANCE if name in t), None)
+    rate = 200 if link == "efa-v3-200g" else 100
+    if link is None:
+        if not speeds or speeds[0] not in (100, 200):
+            raise RecordError(f"inter-node link {text!r}: EFA without an instance type or a "
+                              "100/200 Gb/s adapter rate; not guessed")
+        rate = speeds[0]
+        link = "efa-v3-200g" if rate == 200 else "efa-v2-100g"
+        assumed["inter_node"] = f"{text!r}: EFA adapters of {rate} Gb/s read as {link}"
+    if not count:
+        total = next((s for s in speeds if s > rate and s % rate == 0), None)
+        if total is None:
+            raise RecordError(f"inter-node link {text!r}: EFA without an adapter count or a "
+                              "per-node total; not guessed")
+        nics = total // rate
+    return link, nics
 
 
 def _source_year(source: str) -> int:

@@ -33,7 +33,7 @@ class Box:
         name: box name, e.g. ``"dgx-a100"``.
         intra_link: link catalog name joining the GPUs of one node (kind nvswitch, nvlink or pcie).
         nics_per_node: compute NICs per 8-GPU node (one per GPU "rail" in DGX/HGX designs).
-        nic_link: link catalog name of each NIC (kind infiniband, roce or ethernet).
+        nic_link: link catalog name of each NIC (kind infiniband, roce, efa or ethernet).
         source: which system this describes, or why it was assumed.
 
     Raises:

@@ -23,7 +23,7 @@ from autopar.hardware.topology import build_graph
 
 #: link kind -> the class name ``Cluster.link_class`` reports.
 _LINK_CLASS = {"nvlink": "nvlink", "nvswitch": "nvlink", "pcie": "pcie",
-               "infiniband": "infiniband", "roce": "roce", "ethernet": "ethernet"}
+               "infiniband": "infiniband", "roce": "roce", "efa": "efa", "ethernet": "ethernet"}
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Cluster:
         num_nodes, gpus_per_node: positive ints.
         device: the GPU (:class:`Device`).
         intra_link: the link joining GPUs in a node (kind nvswitch, nvlink or pcie).
-        inter_link: the NIC link joining nodes (kind infiniband, roce or ethernet); None only for a
+        inter_link: the NIC link joining nodes (kind infiniband, roce, efa or ethernet); None only for a
             node without compute NICs, which then must be the only node.
         nics_per_node: compute NICs per node (each at ``inter_link.bandwidth_Bps``).
         name: label; generated as ``NODESxGPUSxDEVICE+NICSxLINK`` when left empty.
@@ -279,7 +279,7 @@ class Cluster:
 
     def link_class(self, ranks: Sequence[int]) -> str:
         """The slowest link class the group crosses: ``"local"`` for one rank, else ``"nvlink"`` or
-        ``"pcie"`` inside one node, or the NIC kind (``"infiniband"``, ``"roce"``, ``"ethernet"``)
+        ``"pcie"`` inside one node, or the NIC kind (``"infiniband"``, ``"roce"``, ``"efa"``, ``"ethernet"``)
         across nodes.
 
         Raises:

@@ -45,6 +45,14 @@ EFFICIENCY_ROWS: tuple[EfficiencyRow, ...] = (
     EfficiencyRow("infiniband", 0.86,
                   f"{_REF}: 2 nodes x 8 A100, 4xHDR: 86 GB/s ring busbw against 100 GB/s of NICs"),
     EfficiencyRow("roce", 0.80, "assumption: a little under IB (congestion control, PFC pauses)"),
+    EfficiencyRow("efa", 0.87,
+                  "measured, mean of five large-message busbw ratios on p5.48xlarge (32 x 100 Gb/s "
+                  "EFAv2, 400 Gb/s = 50 GB/s of NICs per GPU; aws-ofi-nccl): all_to_all at 2 GB "
+                  "over 2 / 4 / 8 nodes 79.25 / 54.07 / 49.63 GB/s against the NIC-bound 93.75 / "
+                  "64.58 / 56.25 (0.845 / 0.837 / 0.882); all_reduce at 8 GB over 4 / 8 nodes "
+                  "356.99 / 355.36 GB/s against 400 (0.892 / 0.888); crazyguitar/"
+                  "aws-gpu-communication-benchmark data/nccl_alltoall.csv and nccl_all_reduce.csv "
+                  "(fd167f97, 2025-10; NCCL 2.28.7, aws-ofi-nccl 1.16.3, SageMaker HyperPod)"),
     EfficiencyRow("ethernet", 0.60, "assumption: NCCL TCP socket transport on plain Ethernet"),
 )
 

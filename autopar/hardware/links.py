@@ -8,6 +8,10 @@ network 2.7-5.0 / 4.0-8.5 / 9.6-50 us for the LL / LL128 / Simple protocols), no
 Ring and tree collectives spanning nodes take NCCL's tuner constants themselves
 (:mod:`autopar.hardware.collectives`); there a network row's latency counts only as its excess
 over the InfiniBand row's 5 us.
+
+AWS Elastic Fabric Adapter rows (kind ``efa``; NCCL runs over it through the aws-ofi-nccl plugin
+on libfabric's SRD transport): bandwidths are the instance pages' line rates; latencies are
+derived from published nccl-tests runs (measured), see :data:`EFA_LATENCY_SOURCES`.
 """
 
 from __future__ import annotations
@@ -20,11 +24,11 @@ from typing import Mapping
 from autopar.errors import InvalidClusterSpec
 
 #: Link kinds. ``nvlink`` is a point-to-point bridge, ``nvswitch`` an all-to-all NVLink fabric.
-LINK_KINDS: tuple[str, ...] = ("nvlink", "nvswitch", "pcie", "infiniband", "roce", "ethernet")
+LINK_KINDS: tuple[str, ...] = ("nvlink", "nvswitch", "pcie", "infiniband", "roce", "efa", "ethernet")
 #: Kinds that can join GPUs inside one node.
 INTRA_KINDS: tuple[str, ...] = ("nvlink", "nvswitch", "pcie")
 #: Kinds that can join nodes.
-NETWORK_KINDS: tuple[str, ...] = ("infiniband", "roce", "ethernet")
+NETWORK_KINDS: tuple[str, ...] = ("infiniband", "roce", "efa", "ethernet")
 
 _GIGA = 1e9
 
@@ -65,6 +69,18 @@ _NV_LAT = ("1 us: assumption between NCCL tuning.cc hwLat NVLink LL (0.47 us) an
 _PCI_LAT = "1 us: NCCL tuning.cc hwLat PCI LL (1.0 us); assumption"
 _IB_LAT = "5 us: NCCL tuning.cc hwLat NET tree LL (5.0 us); assumption"
 _ROCE_LAT = "6 us: assumption, IB alpha plus ~1 us for lossless-Ethernet switching"
+#: How each EFA row's per-hop latency is derived: the measured small-message (8 B to 1 KB)
+#: all_reduce time of 2 nodes x 8 GPUs in aws-samples/awsome-distributed-training
+#: micro-benchmarks/nccl-tests/README.md (commit 0162aacd, 'Results'), read as autopar prices it
+#: (:mod:`autopar.hardware.collectives`: NCCL's tree, LL protocol, 25.2 us on the InfiniBand row,
+#: of which 2 network steps), so latency = 5 us + (measured - 25.2 us) / 2.
+EFA_LATENCY_SOURCES = {
+    "efa-v1-100g": "2 x p4de.24xlarge: 161.0-165.0 us at 8 B-1 KB (out-of-place mean 162.3 us) -> 74 us",
+    "efa-v2-100g": "2 x p5.48xlarge: 65.5-74.9 us at 8 B-1 KB (out-of-place mean 71.1 us) -> 28 us",
+    "efa-v3-200g": "assumed equal to efa-v2-100g (no published p5en small-message run found)",
+}
+_EFA_REF = ("aws-samples/awsome-distributed-training micro-benchmarks/nccl-tests/README.md "
+            "(0162aacd) 'Results'")
 _ETH_LAT = "30 us: assumption for NCCL's TCP socket transport (kernel network stack), 20-50 us typical"
 
 #: Catalog name -> LinkType.
@@ -101,6 +117,20 @@ LINKS: Mapping[str, LinkType] = MappingProxyType({link.name: link for link in (
     LinkType("roce-100g", "roce", 12.5 * _GIGA, 6.0e-6, f"100 Gb/s line rate = 12.5 GB/s; {_ROCE_LAT}"),
     LinkType("roce-200g", "roce", 25 * _GIGA, 6.0e-6, f"200 Gb/s line rate = 25 GB/s; {_ROCE_LAT}"),
     LinkType("roce-400g", "roce", 50 * _GIGA, 6.0e-6, f"400 Gb/s line rate = 50 GB/s; {_ROCE_LAT}"),
+    # AWS EFA, one row per adapter generation (per NIC port, per direction)
+    LinkType("efa-v1-100g", "efa", 12.5 * _GIGA, 74.0e-6,
+             "AWS p4d/p4de.24xlarge: 4 x 100 Gb/s EFA per node, 400 Gb/s (EC2 accelerated "
+             "computing instance specifications; aws-samples/aws-efa-eks README: '4x100 Gbps "
+             f"EFA'); 100 Gb/s = 12.5 GB/s per adapter; latency measured: {_EFA_REF}, "
+             f"{EFA_LATENCY_SOURCES['efa-v1-100g']}"),
+    LinkType("efa-v2-100g", "efa", 12.5 * _GIGA, 28.0e-6,
+             "AWS p5/p5e.48xlarge: 32 network cards of 100 Gb/s EFAv2, 3,200 Gb/s per node (EC2 "
+             "user guide p5-efa: 'up to 32 network cards ... up to 3,200 Gbps'); 12.5 GB/s per "
+             f"adapter; latency measured: {_EFA_REF}, {EFA_LATENCY_SOURCES['efa-v2-100g']}"),
+    LinkType("efa-v3-200g", "efa", 25 * _GIGA, 28.0e-6,
+             "AWS p5en.48xlarge: 16 x 200 Gb/s EFAv3, 3,200 Gb/s per node (AWS p5en launch; 16 "
+             "EFA devices in meta-pytorch/torchx named_resources_aws, PR #995); 25 GB/s per "
+             f"adapter; latency {EFA_LATENCY_SOURCES['efa-v3-200g']}"),
     LinkType("eth-25g", "ethernet", 3.125 * _GIGA, 30.0e-6, f"25 Gb/s line rate = 3.125 GB/s; {_ETH_LAT}"),
     LinkType("eth-100g", "ethernet", 12.5 * _GIGA, 30.0e-6, f"100 Gb/s line rate = 12.5 GB/s; {_ETH_LAT}"),
 )})

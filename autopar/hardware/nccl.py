@@ -10,7 +10,8 @@ the SMs left, at ``1 - ctas / sm_count`` of its rate.
 CTAs per collective, by the slowest link class the group crosses (NCCL rings span the whole
 group, so the network's channel count applies to an inter-node ring):
 
-- network (``infiniband``, ``roce``): two channels per NIC the group's ranks on a node use,
+- network (``infiniband``, ``roce``, ``efa``: aws-ofi-nccl is an NCCL net plugin, so NCCL's
+  own channel search applies): two channels per NIC the group's ranks on a node use,
   at least 2 and at most NCCL's 32 (MAXCHANNELS): NCCL's topology search finds one ring per
   NIC and the execution channels are typically twice the search channels (NVIDIA/nccl issue
   #1041, S. Jeaugey), which gives the 16 SMs of a DGX with 8 NICs and the 2 of a one-NIC
@@ -50,7 +51,7 @@ CHANNELS_PER_NIC = 2
 #: Channels (one CTA each) of a collective inside one node, by link class (module docstring).
 INTRA_NODE_CTAS = {"nvlink": 24, "pcie": 2}
 #: Link classes :func:`collective_ctas` knows (``local`` is a one-rank group: no collective).
-LINK_CLASSES = ("local", "nvlink", "pcie", "infiniband", "roce", "ethernet")
+LINK_CLASSES = ("local", "nvlink", "pcie", "infiniband", "roce", "efa", "ethernet")
 #: Largest share of the SMs a collective is taken to hold (keeps compute progressing).
 MAX_SM_SHARE = 0.5
 

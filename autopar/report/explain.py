@@ -27,7 +27,7 @@ from ..problem import Problem
 
 #: How link classes are written in sentences.
 LINK_NAMES = {"nvlink": "NVLink", "nvswitch": "NVSwitch", "pcie": "PCIe",
-              "infiniband": "InfiniBand", "roce": "RoCE", "ethernet": "Ethernet",
+              "infiniband": "InfiniBand", "roce": "RoCE", "efa": "EFA", "ethernet": "Ethernet",
               "local": "no link"}
 
 #: Which mesh dimension's link each time component travels over (``dp_copies`` crosses none:
