@@ -478,12 +478,16 @@ def loso(rows: list[Row], held_out: bool = False) -> list[str]:
 
 
 def _problem(rec: Record) -> tuple:
-    """What two runs must share to be a plan pair: the model, GPUs, batch, precision and the
+    """What two runs must share to be a plan pair: the model, GPUs, batch, precision, the
     framework that ran them (two frameworks running one plan at different speeds is a
-    comparison of frameworks, not of plans: the search chooses among one framework's plans)."""
+    comparison of frameworks, not of plans: the search chooses among one framework's plans)
+    and the MoE routing (``training.router_load_balancing``: a run with Megatron-Core's
+    ``--moe-router-force-load-balancing`` spreads tokens evenly, one with the trained router
+    does not, so their times differ by the routing, which no plan field holds)."""
     m, t = rec.model, rec.train
     return (m.num_layers, m.hidden_size, m.num_heads, m.vocab_size, rec.cluster.device.name,
-            rec.cluster.world_size, t.global_batch_size, t.seq_len, t.precision, rec.framework)
+            rec.cluster.world_size, t.global_batch_size, t.seq_len, t.precision, rec.framework,
+            (rec.raw.get("training") or {}).get("router_load_balancing"))
 
 
 def _plan(rec: Record) -> tuple:
