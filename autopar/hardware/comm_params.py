@@ -46,6 +46,10 @@ EFFICIENCY_ROWS: tuple[EfficiencyRow, ...] = (
                   f"{_REF}: 2 nodes x 8 A100, 4xHDR: 86 GB/s ring busbw against 100 GB/s of NICs"),
     EfficiencyRow("roce", 0.80, "assumption: a little under IB (congestion control, PFC pauses)"),
     EfficiencyRow("ethernet", 0.60, "assumption: NCCL TCP socket transport on plain Ethernet"),
+    EfficiencyRow("xgmi", 0.80,
+                  "assumption, UNVALIDATED: RCCL over AMD Infinity Fabric taken at the NVSwitch "
+                  "row's share of link bandwidth; no RCCL bus bandwidth on MI300X/MI325X/MI355X "
+                  "was measured for autopar or transcribed with a source"),
 )
 
 
