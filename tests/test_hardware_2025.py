@@ -9,6 +9,7 @@ board or rack and with 2:4 sparsity, so a dense per-GPU figure is table / 2 / GP
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -264,3 +265,15 @@ def test_calibration_finds_the_new_rows_by_model_number(torch_name, memory, expe
 
     # the model number must match whole: "H20" is not the H200, nor "H200" the H20
     assert match_catalog(torch_name, memory) == expect
+
+
+def test_rows_that_cannot_be_built_are_refused():
+    from autopar.hardware.catalog import Box
+    from autopar.hardware.links import LinkType
+
+    with pytest.raises(InvalidClusterSpec, match="multiple of gpus_per_host"):
+        Box("odd-rack", "nvlink5", 72, "ib-ndr", "test", gpus_per_node=72, gpus_per_host=5)
+    with pytest.raises(InvalidClusterSpec, match="mesh_links"):
+        LinkType("switch-mesh", "nvswitch", 1e9, 1e-6, "test", mesh_links=7)
+    with pytest.raises(InvalidClusterSpec, match="gpus_per_host"):
+        dataclasses.replace(Cluster.from_spec("1x72xGB200"), gpus_per_host=-1)

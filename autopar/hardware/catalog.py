@@ -79,14 +79,6 @@ class Box:
         """Whether one node's GPU fabric spans several hosts (an NVL72 rack)."""
         return 0 < self.gpus_per_host < self.gpus_per_node
 
-    def domain_text(self) -> str:
-        """The node's fabric in words for tables, e.g. "one NVLink domain of 72 GPUs (18 trays
-        x 4)"; "" for a box whose node is one host."""
-        if not self.rack_scale:
-            return ""
-        return (f"one NVLink domain of {self.gpus_per_node} GPUs "
-                f"({self.gpus_per_node // self.gpus_per_host} trays x {self.gpus_per_host})")
-
     def nics(self, gpus_per_node: int) -> int:
         """Compute NICs of a node of ``gpus_per_node`` GPUs built like this box: its NICs, but no
         more than one per GPU (DGX/HGX boxes give each GPU its own NIC, a "rail", so a 2-GPU node

@@ -21,8 +21,9 @@ from autopar.hardware.links import INTRA_KINDS, NETWORK_KINDS, LinkType, get_lin
 from autopar.hardware.spec import MAX_WORLD_SIZE, parse_spec
 from autopar.hardware.topology import build_graph
 
-#: link kind -> the class name ``Cluster.link_class`` reports.
+#: intra-node link kind -> its fabric's name in :meth:`Cluster.domain_text`.
 _LINK_NAME = {"nvswitch": "NVLink", "nvlink": "NVLink", "xgmi": "Infinity Fabric", "pcie": "PCIe"}
+#: link kind -> the class name ``Cluster.link_class`` reports.
 _LINK_CLASS = {"nvlink": "nvlink", "nvswitch": "nvlink", "pcie": "pcie",
                "infiniband": "infiniband", "roce": "roce", "ethernet": "ethernet",
                "xgmi": "xgmi"}
