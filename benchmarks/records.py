@@ -338,11 +338,26 @@ def parse(rec: dict) -> Record:
     if not gpn:
         gpn = min(DEFAULT_GPUS_PER_NODE, c["num_gpus"])
         assumed["gpus_per_node"] = f"not published: {gpn} (HGX/DGX board)"
+    try:
+        base = get_device(_GPU_ALIASES.get(c["gpu"], c["gpu"]))
+    except autopar.AutoparError as exc:
+        raise RecordError(str(exc)) from exc
+    box = node_template(base)
+    if box is not None and box.rack_scale and gpn == box.gpus_per_host:
+        # a record giving the tray (4 GPUs of an NVL72 rack) describes hosts, not the NVLink
+        # domain autopar's node is (autopar/hardware/spec.py): the node is the rack's domain
+        if c["num_gpus"] % box.gpus_per_node:
+            raise RecordError(
+                f"{c['num_gpus']} GPUs on {base.name}: trays of {gpn} in {box.gpus_per_node}-GPU "
+                f"NVLink domains, but {c['num_gpus']} is not a whole number of domains and how "
+                "the run's GPUs sit in racks is not published")
+        assumed["gpus_per_node"] = (f"published {gpn} per tray; the node is the rack's "
+                                    f"{box.gpus_per_node}-GPU NVLink domain")
+        gpn = box.gpus_per_node
     if c["num_gpus"] % gpn:
         raise RecordError(f"{c['num_gpus']} GPUs do not fill nodes of {gpn}")
     link, nics = _inter_link(c.get("inter_node"), gpn, c["num_gpus"] // gpn, assumed)
     try:
-        base = get_device(_GPU_ALIASES.get(c["gpu"], c["gpu"]))
         device = _device(c["gpu"], c.get("gpu_overrides"))
         tmpl = node_template(base)  # an overridden GPU keeps its board's links
         intra = tmpl.intra_link if tmpl else None

@@ -35,6 +35,15 @@ REFERENCE_GPUS = [
     ("V100-SXM2-32GB", None, None, 32, 0.9, 300),
     ("V100-PCIe-32GB", None, None, 32, 0.9, 0),
     ("V100-SXM3-32GB", None, None, 32, 0.9, 300),
+    # 2025 rows (issue 27; figures and sources in tests/test_hardware_2025.py)
+    ("H20-96GB", 148, 296, 96, 4.0, 900),
+    ("B200-SXM-180GB", 2250, 4500, 180, 8.0, 1800),
+    ("B300-SXM-288GB", 2250, 4500, 288, 8.0, 1800),
+    ("GB200-NVL72", 2500, 5000, 186, 8.0, 1800),
+    ("GB300-NVL72", 2500, 5000, 288, 8.0, 1800),
+    ("MI300X-192GB", 1307.4, 2614.9, 192, 5.3, 896),
+    ("MI325X-256GB", 1307.4, 2614.9, 256, 6.0, 896),
+    ("MI355X-288GB", 2516.6, 5033.2, 288, 8.0, 1075.2),
 ]
 
 
@@ -149,7 +158,7 @@ def test_spec_case_insensitive_equal():
 @pytest.mark.parametrize("spec,part", [
     ("4x8xA1000", "A1000"),
     ("4by8xA100", "4by8xa100"),
-    ("4x8xA100+4xib-xdr", "ib-xdr"),
+    ("4x8xA100+4xib-gdr", "ib-gdr"),
     ("4x8xA100+ib-hdr", "ib-hdr"),
     ("12xH100", "12"),
     ("0x8xH100", "node count"),

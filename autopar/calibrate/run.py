@@ -55,13 +55,15 @@ class Options:
 
 def match_catalog(name: str, memory_bytes: float) -> str | None:
     """The catalogue GPU a torch device name is (``"NVIDIA H100 80GB HBM3"`` ->
-    ``"H100-SXM5-80GB"``): same model number (A100, A800, H100, H800, H200), PCIe or SXM as the
-    name says, and the memory size closest to ``memory_bytes``; None when nothing matches."""
-    m = re.search(r"\b([AH]\d{3})\b", name.upper().replace("-", " "))
+    ``"H100-SXM5-80GB"``, ``"AMD Instinct MI300X"`` -> ``"MI300X-192GB"``): same model number
+    (A100, A800, H100, H800, H200, H20, B200, B300, GB200, GB300, MI300X, MI325X, MI355X), PCIe
+    or SXM as the name says, and the memory size closest to ``memory_bytes``; None when nothing
+    matches."""
+    m = re.search(r"\b(GB\d{3}|[ABH]\d{2,3}|MI\d{3}X?)\b", name.upper().replace("-", " "))
     if not m:
         return None
     pcie = "PCIE" in name.upper()
-    rows = [d for d in DEVICES.values() if d.name.upper().startswith(m.group(1))
+    rows = [d for d in DEVICES.values() if d.name.upper().split("-")[0] == m.group(1)
             and (d.form_factor == "pcie") == pcie]
     if not rows:
         return None

@@ -106,7 +106,8 @@ def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
     s = plan.search
     out.print(f"objective: {objective_text(e, plan.alternatives, s.objective)}",
               highlight=False, markup=False)
-    for t in (tables.degrees_table(e), tables.stages_table(e), tables.performance_table(e)):
+    for t in (tables.degrees_table(e, problem.cost_model.cluster), tables.stages_table(e),
+              tables.performance_table(e)):
         out.print(t)
     print_trust(out, e)
     for t in (tables.memory_table(e), tables.comm_table(e)):
@@ -172,7 +173,8 @@ def _cmd_estimate(args, problem, par, notes, out) -> dict:
               f"{capacity_text(cm.train)}")
     for n in notes:
         out.print(f"note: {n}", style="yellow", highlight=False, markup=False)
-    for t in (tables.degrees_table(est), tables.stages_table(est), tables.performance_table(est)):
+    for t in (tables.degrees_table(est, cm.cluster), tables.stages_table(est),
+              tables.performance_table(est)):
         out.print(t)
     print_trust(out, est)
     for t in (tables.memory_table(est), tables.comm_table(est)):

@@ -27,7 +27,15 @@ class CostParams:
             BF16 agrees: bf16 GEMMs of 4096 and more in every dimension measured on one H200
             reach 0.61-0.73 of the 989 TFLOP/s peak, median 0.70, and FP8 ones 0.59-0.68 of 1979
             (``benchmarks/data/gpu/h200_sweep.json``; ``tests/test_gpu_data.py``).
-            Architectures without a measurement use the Ampere figure. Public cross-checks
+            Blackwell and AMD CDNA 3/4 (no measurement of ours): the lowest best-shape BF16
+            figure of their parts in the ml-engineering MAMF table (compute/accelerator/
+            README.md, "Maximum Achievable Matmul FLOPS comparison table", 2025-26 rows; an upper
+            bound, as H100's 0.803 there is above the 0.69 measured): Blackwell GB200 1822.0 of
+            2500 = 0.729 (B200 0.776, B300 0.786); CDNA 3 MI300X 668.4 of 1300 = 0.514 (MI325X
+            0.604); CDNA 4 MI355X 1565.0 TFLOP/s of its 2516.6 dense peak = 0.622 (the table
+            divides by 2300, the MI350X's). Unvalidated: no training run on these parts is in
+            the corpus. Other architectures without a measurement use the Ampere figure.
+            Public cross-checks
             (docs/reference/hardware_and_formulas.md, "Public matmul ceilings";
             ``tests/test_issue25_compute.py``): Horace He (thonking.ai, 2024) measured cuBLAS
             8192^3 on an A100 at 257 TFLOP/s with random inputs (0.82, power-limited: zeros ran
@@ -131,7 +139,9 @@ class CostParams:
     """
 
     matmul_efficiency: Mapping[str, float] = field(
-        default_factory=lambda: MappingProxyType({"ampere": 0.82, "hopper": 0.69}))
+        default_factory=lambda: MappingProxyType({"ampere": 0.82, "hopper": 0.69,
+                                                  "blackwell": 0.729, "cdna3": 0.514,
+                                                  "cdna4": 0.622}))
     matmul_half_size: float | Mapping[str, float] = 128.0
     attention_efficiency: Mapping[str, float] = field(
         default_factory=lambda: MappingProxyType({

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..frameworks import band_framework
-from ..hardware.gpu import architecture
+from ..hardware.gpu import band_generation
 from . import published
 
 #: Quantile of |residual| a band's half-width covers: 0.6827, the mass of a normal
@@ -82,11 +82,15 @@ SIZE_BUCKETS = ((3e9, "<3B"), (30e9, "3-30B"), (100e9, "30-100B"), (math.inf, ">
 
 
 def gpu_generation(device_name: str) -> str:
-    """The architecture generation of a GPU name ("A100-SXM4-80GB" -> "ampere"), as
-    :func:`autopar.hardware.gpu.architecture` reads it; the lower-cased name itself for a GPU
-    that function does not know (it then matches no published run)."""
-    arch = architecture(device_name)
-    return device_name.lower() if arch == "unknown" else arch
+    """The generation an estimate on a GPU named ``device_name`` is banded by:
+    :func:`autopar.hardware.gpu.band_generation` (its architecture, e.g. "A100-SXM4-80GB" ->
+    "ampere", or the part's own where its balance of compute to memory sets it apart, "H20-96GB"
+    -> "hopper-h20"); the lower-cased name itself for a GPU that function does not know (it
+    then matches no published run). A generation without published runs (the Blackwell and
+    CDNA 3/4 parts at this writing) has no band: its estimates say "± unknown (unvalidated
+    regime)"."""
+    gen = band_generation(device_name)
+    return device_name.lower() if gen == "unknown" else gen
 
 
 def sharding_kind(tp: int, pp: int, cp: int, zero_stage: int | None) -> str:

@@ -32,13 +32,20 @@ class Box:
     Attributes:
         name: box name, e.g. ``"dgx-a100"``.
         intra_link: link catalog name joining the GPUs of one node (kind nvswitch, nvlink or pcie).
-        nics_per_node: compute NICs per 8-GPU node (one per GPU "rail" in DGX/HGX designs).
+        nics_per_node: compute NICs per full node of ``gpus_per_node`` GPUs (one per GPU "rail"
+            in DGX/HGX designs).
         nic_link: link catalog name of each NIC (kind infiniband, roce, efa or ethernet).
         source: which system this describes, or why it was assumed.
+        gpus_per_node: GPUs of one full node, i.e. of one ``intra_link`` domain (8 for an HGX
+            board; 72 for a GB200/GB300 NVL72 rack, whose 72 GPUs share one NVLink Switch
+            domain). ``Cluster.from_spec("NxGPU")`` fills nodes of this size.
+        gpus_per_host: GPUs per server tray (one OS, one set of CPUs) when a node's fabric
+            spans several trays (4 in an NVL72 compute tray); 0 when the node is one host.
+            A node of such a box may not exceed ``gpus_per_node`` (the fabric ends there).
 
     Raises:
-        InvalidClusterSpec: on construction, for an unknown link, a link of the wrong kind or a
-            negative NIC count.
+        InvalidClusterSpec: on construction, for an unknown link, a link of the wrong kind, a
+            negative NIC count, or node/tray sizes that are not positive or do not divide.
     """
 
     name: str
@@ -46,6 +53,8 @@ class Box:
     nics_per_node: int
     nic_link: str
     source: str
+    gpus_per_node: int = 8
+    gpus_per_host: int = 0
 
     def __post_init__(self) -> None:
         if get_link(self.intra_link).kind not in INTRA_KINDS:
@@ -58,6 +67,17 @@ class Box:
                 or self.nics_per_node < 0:
             raise InvalidClusterSpec(f"box {self.name!r}: nics_per_node must be an int >= 0, got "
                                      f"{self.nics_per_node!r}; fix: e.g. 8 (one NIC per GPU)")
+        if self.gpus_per_node < 1 or self.gpus_per_host < 0 or (
+                self.gpus_per_host and self.gpus_per_node % self.gpus_per_host):
+            raise InvalidClusterSpec(
+                f"box {self.name!r}: gpus_per_node={self.gpus_per_node} must be >= 1 and a "
+                f"multiple of gpus_per_host={self.gpus_per_host} (0: one host per node); fix: "
+                "e.g. gpus_per_node=72, gpus_per_host=4 for an NVL72 rack")
+
+    @property
+    def rack_scale(self) -> bool:
+        """Whether one node's GPU fabric spans several hosts (an NVL72 rack)."""
+        return 0 < self.gpus_per_host < self.gpus_per_node
 
     def nics(self, gpus_per_node: int) -> int:
         """Compute NICs of a node of ``gpus_per_node`` GPUs built like this box: its NICs, but no

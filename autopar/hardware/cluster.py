@@ -7,7 +7,7 @@ Build one from a spec string (:meth:`Cluster.from_spec`, grammar in ``spec.py``)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Sequence
 
 import networkx as nx
@@ -21,15 +21,24 @@ from autopar.hardware.links import INTRA_KINDS, NETWORK_KINDS, LinkType, get_lin
 from autopar.hardware.spec import MAX_WORLD_SIZE, parse_spec
 from autopar.hardware.topology import build_graph
 
+#: intra-node link kind -> its fabric's name in :meth:`Cluster.domain_text`.
+_LINK_NAME = {"nvswitch": "NVLink", "nvlink": "NVLink", "xgmi": "Infinity Fabric", "pcie": "PCIe"}
 #: link kind -> the class name ``Cluster.link_class`` reports.
 _LINK_CLASS = {"nvlink": "nvlink", "nvswitch": "nvlink", "pcie": "pcie",
-               "infiniband": "infiniband", "roce": "roce", "efa": "efa", "ethernet": "ethernet"}
+               "infiniband": "infiniband", "roce": "roce", "efa": "efa", "ethernet": "ethernet",
+               "xgmi": "xgmi"}
 
 
 @dataclass(frozen=True)
 class Cluster:
     """``num_nodes`` identical nodes of ``gpus_per_node`` GPUs; global rank r lives on node
     r // gpus_per_node.
+
+    A *node* is one scale-up domain: the GPUs ``intra_link`` joins, everything beyond it crosses
+    the NICs. For an HGX board that is one server of 8 GPUs; for a GB200/GB300 NVL72 rack it is
+    the whole rack's 72-GPU NVLink Switch domain, though its GPUs sit in 18 trays of 4
+    (``gpus_per_host``), so TP, CP and EP groups within 72 consecutive ranks stay on NVLink
+    (docs/hardware.md).
 
     Attributes:
         num_nodes, gpus_per_node: positive ints.
@@ -40,6 +49,9 @@ class Cluster:
         nics_per_node: compute NICs per node (each at ``inter_link.bandwidth_Bps``).
         name: label; generated as ``NODESxGPUSxDEVICE+NICSxLINK`` when left empty.
         comm_params: calibration constants of the collective model.
+        gpus_per_host: GPUs per server tray when one node's fabric spans several trays (4 in an
+            NVL72 rack); 0 when a node is one host. Descriptive only (tables, the topology
+            graph): the collective model prices the node's fabric, not its trays.
 
     Derived data (graph, effective bandwidths) is cached in a private per-object dict.
 
@@ -56,6 +68,7 @@ class Cluster:
     nics_per_node: int
     name: str = ""
     comm_params: CommParams = DEFAULT_COMM_PARAMS
+    gpus_per_host: int = 0
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -73,6 +86,11 @@ class Cluster:
                 or self.nics_per_node < 0:
             raise InvalidClusterSpec(f"Cluster.nics_per_node must be an int >= 0, got "
                                      f"{self.nics_per_node!r}; fix: pass e.g. 8 (one NIC per GPU)")
+        if isinstance(self.gpus_per_host, bool) or not isinstance(self.gpus_per_host, int) \
+                or self.gpus_per_host < 0:
+            raise InvalidClusterSpec(f"Cluster.gpus_per_host must be an int >= 0 (0: a node is "
+                                     f"one host), got {self.gpus_per_host!r}; fix: e.g. 4 for "
+                                     "an NVL72 rack's compute trays")
         if self.intra_link.kind not in INTRA_KINDS:
             raise InvalidClusterSpec(
                 f"intra-node link {self.intra_link.name!r} is a {self.intra_link.kind} link, but "
@@ -150,17 +168,35 @@ class Cluster:
                 f"GPU {device.name!r} is not in the catalog, so it has no default node; pass intra=, "
                 f"inter= and nics_per_node= explicitly"
             )
+        if tmpl is not None and tmpl.rack_scale and intra is None \
+                and gpus_per_node > tmpl.gpus_per_node:
+            raise InvalidClusterSpec(
+                f"{gpus_per_node} GPUs per node: a {device.name} node is one NVLink domain of at "
+                f"most {tmpl.gpus_per_node} GPUs ({tmpl.name}); fix: write racks as nodes, e.g. "
+                f"'{max(1, -(-num_nodes * gpus_per_node // tmpl.gpus_per_node))}x"
+                f"{tmpl.gpus_per_node}x{device.name}'")
         intra_link = get_link(intra if intra is not None else tmpl.intra_link)
         inter_link = get_link(inter) if inter is not None else (get_link(tmpl.nic_link) if tmpl else None)
         nics = nics_per_node if nics_per_node is not None else (
             tmpl.nics(gpus_per_node) if tmpl else 0)
-        return cls(num_nodes, gpus_per_node, device, intra_link, inter_link, nics, name, comm_params)
+        host = tmpl.gpus_per_host if tmpl is not None and intra is None else 0
+        return cls(num_nodes, gpus_per_node, device, intra_link, inter_link, nics, name, comm_params,
+                   host if 0 < host < gpus_per_node else 0)
 
     # ----------------------------------------------------------------- structure
     @property
     def world_size(self) -> int:
         """Total GPUs: num_nodes x gpus_per_node."""
         return self.num_nodes * self.gpus_per_node
+
+    def domain_text(self) -> str:
+        """The node's scale-up fabric in words when it spans several hosts, e.g. "NVLink domain
+        of 72 GPUs (18 trays x 4)"; "" for a node that is one host."""
+        if not 0 < self.gpus_per_host < self.gpus_per_node:
+            return ""
+        trays = -(-self.gpus_per_node // self.gpus_per_host)
+        return (f"{_LINK_NAME.get(self.intra_link.kind, self.intra_link.kind)} domain of "
+                f"{self.gpus_per_node} GPUs ({trays} trays x {self.gpus_per_host})")
 
     def node_of(self, rank: int) -> int:
         """The node index of global ``rank``."""
@@ -171,13 +207,14 @@ class Cluster:
         if "graph" not in self._cache:
             self._cache["graph"] = nx.freeze(build_graph(
                 self.name, self.num_nodes, self.gpus_per_node, self.device.pcie_bandwidth_Bps,
-                self.intra_link, self.inter_link, self.nics_per_node))
+                self.intra_link, self.inter_link, self.nics_per_node, self.gpus_per_host))
         return self._cache["graph"]
 
     def fabric(self) -> collectives.Fabric:
         """Effective per-GPU bandwidths and alphas the collective model uses (cached).
 
-        intra = intra_link bandwidth x efficiency of its kind. Inter-node, per group member:
+        intra = intra_link bandwidth x efficiency of its kind (on a mesh link, all its peer links:
+        a group's own share is :meth:`group_fabric`'s). Inter-node, per group member:
         nics_per_node x NIC bandwidth x efficiency / gpus_per_node (every GPU of the node runs a
         collective at once and shares the NICs), capped at the GPU's own PCIe rate (GPUDirect RDMA
         goes through it).
@@ -196,6 +233,22 @@ class Cluster:
                 "pci" if self.intra_link.kind == "pcie" else "nvlink",
             )
         return self._cache["fabric"]
+
+    def group_fabric(self, layout: collectives.GroupLayout) -> collectives.Fabric:
+        """:meth:`fabric` as a group laid out as ``layout`` sees it: on a mesh intra link
+        (:attr:`LinkType.mesh_links`, AMD xGMI) a GPU reaches only the links to the group's other
+        members on its node (its most-populated node: m - 1 of the 7 links), so the intra-node
+        bandwidth is that share (:meth:`LinkType.group_bandwidth_Bps`); on switched fabrics
+        it is :meth:`fabric` unchanged."""
+        base = self.fabric()
+        if not self.intra_link.mesh_links:
+            return base
+        meshes = self._cache.setdefault("mesh_fabrics", {})
+        m = layout.max_per_node
+        if m not in meshes:
+            eff = self.comm_params.efficiency[self.intra_link.kind]
+            meshes[m] = replace(base, intra_Bps=self.intra_link.group_bandwidth_Bps(m) * eff)
+        return meshes[m]
 
     def _layout(self, ranks: Sequence[int]) -> collectives.GroupLayout:
         """The group's :class:`collectives.GroupLayout` (cached per rank tuple: the search
@@ -236,7 +289,8 @@ class Cluster:
             InvalidParallelConfig: for an unknown op or algorithm, negative bytes, an empty group,
                 duplicate ranks or ranks outside the cluster.
         """
-        return collectives.collective_seconds(op, float(nbytes), self._layout(ranks), self.fabric(), algorithm)
+        g = self._layout(ranks)
+        return collectives.collective_seconds(op, float(nbytes), g, self.group_fabric(g), algorithm)
 
     def collective_load(self, op: str, nbytes: float, ranks: Sequence[int]) -> collectives.LinkLoad:
         """Bytes one GPU of the group sends over each link class, and seconds each link carries
@@ -246,7 +300,8 @@ class Cluster:
         Raises:
             InvalidParallelConfig: as :meth:`collective_time`.
         """
-        return collectives.link_load(op, float(nbytes), self._layout(ranks), self.fabric())
+        g = self._layout(ranks)
+        return collectives.link_load(op, float(nbytes), g, self.group_fabric(g))
 
     @property
     def link_classes(self) -> tuple[str, str | None]:
@@ -274,7 +329,8 @@ class Cluster:
         Raises:
             InvalidParallelConfig: as :meth:`collective_time`.
         """
-        times = collectives.algorithm_times(op, float(nbytes), self._layout(ranks), self.fabric())
+        g = self._layout(ranks)
+        times = collectives.algorithm_times(op, float(nbytes), g, self.group_fabric(g))
         return min(times, key=lambda kv: kv[1])[0]
 
     def link_class(self, ranks: Sequence[int]) -> str:

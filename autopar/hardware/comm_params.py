@@ -54,6 +54,10 @@ EFFICIENCY_ROWS: tuple[EfficiencyRow, ...] = (
                   "aws-gpu-communication-benchmark data/nccl_alltoall.csv and nccl_all_reduce.csv "
                   "(fd167f97, 2025-10; NCCL 2.28.7, aws-ofi-nccl 1.16.3, SageMaker HyperPod)"),
     EfficiencyRow("ethernet", 0.60, "assumption: NCCL TCP socket transport on plain Ethernet"),
+    EfficiencyRow("xgmi", 0.80,
+                  "assumption, UNVALIDATED: RCCL over AMD Infinity Fabric taken at the NVSwitch "
+                  "row's share of link bandwidth; no RCCL bus bandwidth on MI300X/MI325X/MI355X "
+                  "was measured for autopar or transcribed with a source"),
 )
 
 

@@ -56,6 +56,33 @@ BOXES: tuple[Box, ...] = (
     Box("hgx-h800", "nvlink4-h800", 8, "ib-ndr",
         "HGX H800 as in the DeepSeek-V3 report (arXiv 2412.19437, sec. 3.2: 50 GB/s IB per GPU)"),
     Box("pcie-gen5-ndr", "pcie-gen5", 1, "ib-ndr", _PCIE_BOX),
+    Box("hgx-h20", "nvlink4", 8, "ib-ndr",
+        "HGX H20: assumed built like HGX H100 (NVSwitch, one 400 Gb/s NDR NIC per GPU); no "
+        "NVIDIA system datasheet for it was found: write '+NxLINK' for your NICs"),
+    Box("hgx-b200", "nvlink5", 8, "ib-ndr",
+        "HGX B200 / DGX B200 (NVIDIA HGX spec table: 'Networking bandwidth 0.8 TB/s' per 8 "
+        "GPUs; DGX B200 datasheet: 8 x ConnectX-7 400 Gb/s): one NDR port per GPU"),
+    Box("hgx-b300", "nvlink5", 8, "ib-xdr",
+        "HGX B300 (NVIDIA HGX spec table: 'Networking bandwidth 1.6 TB/s' per 8 GPUs, 8 x "
+        "ConnectX-8 SuperNIC): one 800 Gb/s port per GPU"),
+    Box("gb200-nvl72", "nvlink5", 72, "ib-ndr",
+        "GB200 NVL72 rack: 18 compute trays of 4 GPUs (2 GB200 superchips), all 72 GPUs in one "
+        "NVLink Switch domain (9 NVLink switch trays, 130 TB/s); scale-out one ConnectX-7 400 "
+        "Gb/s per GPU (4 per tray; NVIDIA GB200 NVL72 and DGX GB200 documentation)",
+        gpus_per_node=72, gpus_per_host=4),
+    Box("gb300-nvl72", "nvlink5", 72, "ib-xdr",
+        "GB300 NVL72 rack (NVIDIA Enterprise Reference Architecture, 'System Hardware & "
+        "Components': 9 NVSwitch trays joining all 72 Blackwell Ultra GPUs, 130 TB/s; compute "
+        "tray of 4 GPUs and 2 Grace CPUs with 4 ConnectX-8 HCAs): one 800 Gb/s port per GPU",
+        gpus_per_node=72, gpus_per_host=4),
+    Box("amd-mi300-8", "xgmi-mi300", 8, "ib-ndr",
+        "8-GPU AMD Instinct MI300X / MI325X platform (OAM modules on a universal baseboard, "
+        "Infinity Fabric fully connected); NICs as in Azure ND MI300X v5 (8 x 400 Gb/s "
+        "ConnectX-7 InfiniBand per VM, one per GPU); the MI325X platform is assumed the same"),
+    Box("amd-mi355-8", "xgmi-mi355", 8, "roce-400g",
+        "8-GPU AMD Instinct MI355X platform (Infinity Fabric fully connected); one 400 Gb/s "
+        "Ethernet RDMA NIC per GPU (AMD Pensando Pollara 400 AI NIC, as in AMD's MI350-series "
+        "rack designs): an assumption, write '+8xib-ndr' or your NICs"),
 )
 
 # ----------------------------------------------------------------------------- shared figures
@@ -201,8 +228,108 @@ GPUS: tuple[GpuRow, ...] = (
          visible_bytes=31.74 * _GIB, visible_src=_VISIBLE_SRC["V100 32GB"]),
 )
 
+# ----------------------------------------------------------------------------- 2025 GPUs
+# Blackwell (NVIDIA) and CDNA 3/4 (AMD) and the H20. Tensor peaks are DENSE: NVIDIA's HGX and
+# NVL72 tables quote FP8/FP16/BF16/TF32 "with sparsity" (footnote), halved here; AMD's spec
+# pages quote dense and sparse separately. Per-GPU figures of multi-GPU tables are the table's
+# total over its GPUs (8 for HGX, 72 for NVL72). Memory is the datasheet's decimal GB (1 GB =
+# 1e9 bytes, as the vendors state it); what the framework sees (``capacity_bytes``) is not
+# measured for these rows, so the datasheet figure stands in. No 2025 row gives ``sm_count``
+# (no collective-SM slowdown is charged: optimistic, see autopar/hardware/nccl.py).
+# FP4 (NVFP4 / MXFP4) has no slot in :data:`PRECISIONS` and is left out.
+_HGX_B200 = ("NVIDIA HGX B200 spec table (per 8 GPUs, tensor rows with sparsity): FP8 72 PF, "
+             "FP16/BF16 36 PF, TF32 18 PF, FP32 600 TF, total memory 1.4 TB (DGX B200 datasheet: "
+             "1,440 GB, 64 TB/s HBM3e), NVLink 1.8 TB/s per GPU; halved for dense and divided by 8")
+_HGX_B300 = ("NVIDIA HGX B300 spec table (per 8 GPUs, tensor rows with sparsity): FP8 72 PF, "
+             "FP16/BF16 36 PF, TF32 18 PF, FP32 600 TF, NVLink 1.8 TB/s per GPU; 288 GB HBM3e "
+             "and 8 TB/s per GPU from NVIDIA's 'Inside NVIDIA Blackwell Ultra' technical blog "
+             "(2025); halved for dense and divided by 8")
+_NVL72_GB200 = ("NVIDIA GB200 NVL72 spec table (per rack of 72 GPUs, tensor rows with "
+                "sparsity): FP8 720 PF, FP16/BF16 360 PF, TF32 180 PF, FP32 5,760 TF; up to "
+                "13.4 TB HBM3e at 576 TB/s; NVLink 130 TB/s; halved for dense and divided by 72")
+_NVL72_GB300 = ("NVIDIA GB300 NVL72 spec table (per rack of 72 GPUs): FP8 720 PF and "
+                "FP16/BF16 360 PF with sparsity (360 / 180 PF dense), TF32 180 PF sparse, "
+                "576 TB/s HBM3e, NVLink 130 TB/s; 288 GB HBM3e per GPU from 'Inside NVIDIA "
+                "Blackwell Ultra' (the rack table's 'up to 20 TB' is 278 GB per GPU: the usable "
+                "capacity is not measured); divided by 72")
+_H20 = ("NVIDIA H20 product brief (China-market Hopper; no NVIDIA-hosted datasheet found, figures "
+        "as reproduced by e.g. willitrunai.com/gpus/h20-96gb and the H20 Geekbench reports): 96 "
+        "GB HBM3, 4.0 TB/s, FP16/BF16 148 TF, FP8 296 TF, TF32 74 TF, FP32 44 TF (dense), "
+        "NVLink 900 GB/s, PCIe Gen5 128 GB/s bidir, 400 W")
+_MI300X = ("AMD Instinct MI300X datasheet / spec page: peak dense FP16 and BF16 1307.4 TF, FP8 "
+           "2614.9 TF, TF32 653.7 TF, FP32 (matrix) 163.4 TF; 192 GB HBM3, 5.3 TB/s; 7 Infinity "
+           "Fabric links, 128 GB/s peak each; PCIe Gen5 x16 128 GB/s bidir; OAM module (modelled "
+           "as 'sxm'); 750 W")
+_MI325X = ("AMD Instinct MI325X datasheet / spec page: 256 GB HBM3E at 6 TB/s; compute as "
+           "MI300X (same CDNA 3 die, gfx942): dense FP16/BF16 1307.4 TF, FP8 2614.9 TF, TF32 "
+           "653.7 TF, FP32 163.4 TF; 7 Infinity Fabric links, 128 GB/s each; PCIe Gen5 x16; "
+           "OAM; 1000 W")
+_MI355X = ("AMD Instinct MI355X datasheet / spec page: peak dense FP16/BF16 2.5 PF (2516.6 TF), "
+           "FP8 5.0 PF (5033.2 TF; AMD's ISSCC 2026 MI355X paper: 'five petaflops' FP8), FP32 "
+           "(matrix) 157.3 TF, no TF32 matrix rate (CDNA 4 drops XF32); 288 GB HBM3E, 8 TB/s; 7 "
+           "Infinity Fabric links, 153.6 GB/s peak each; PCIe Gen5 x16; OAM; 1400 W")
+_PCIE6 = ("PCIe Gen6 x16 = 128 GB/s per direction: Blackwell Ultra's host interface ('Inside "
+          "NVIDIA Blackwell Ultra') and ConnectX-8's; lets an 800 Gb/s NIC run at line rate")
+_NO_SM = ("not sourced for the shipped part: 0 (unknown), so no SM share is charged to "
+          "collectives overlapped with compute (optimistic; the estimate warns)")
+_NO_CAPACITY = ("not measured: the datasheet's decimal memory stands in for what the framework "
+                "sees (torch total_memory); measure it with autopar calibrate")
+_PCIE5 = "PCIe Gen5 x16 = 64 GB/s per direction (the NIC path: ConnectX-7 is a Gen5 x16 card)"
+
+
+def _row(name, aliases, box, flops_tf, mem_gb, hbm_tbps, link_bidir_gbps, pcie_gbps, sheet, *,
+         tdp_w, pcie_src=_PCIE5, link_src=None) -> GpuRow:
+    """A 2025 row from datasheet units: TFLOP/s (dense) per precision, GB, TB/s (HBM), GB/s
+    bidirectional (NVLink or Infinity Fabric aggregate, halved to per direction), GB/s per
+    direction (PCIe); ``sheet`` sources every fact but PCIe (``pcie_src``) and, when given,
+    the scale-up link (``link_src``)."""
+    device = Device(name=name, peak_flops={k: v * _TERA for k, v in flops_tf.items()},
+                    memory_bytes=mem_gb * _GIGA, hbm_bandwidth_Bps=hbm_tbps * _TERA,
+                    nvlink_bandwidth_Bps=link_bidir_gbps * _GIGA / 2,
+                    pcie_bandwidth_Bps=pcie_gbps * _GIGA, form_factor="sxm", source=sheet,
+                    tdp_w=tdp_w)
+    sources = {**dict.fromkeys(_SHEET_FACTS, sheet), "pcie_bandwidth_Bps": pcie_src,
+               "tdp_w": sheet, "nvlink_bandwidth_Bps": link_src or sheet,
+               "sm_count": _NO_SM, "capacity_bytes": _NO_CAPACITY}
+    return GpuRow(device, aliases, box, sources)
+
+
+_B200_TF = {"fp32": 75, "tf32": 1125, "fp16": 2250, "bf16": 2250, "fp8": 4500}
+_GB_TF = {"fp32": 80, "tf32": 1250, "fp16": 2500, "bf16": 2500, "fp8": 5000}
+_CDNA3_TF = {"fp32": 163.4, "tf32": 653.7, "fp16": 1307.4, "bf16": 1307.4, "fp8": 2614.9}
+#: The 2025 rows, appended to :data:`GPUS` (catalog order is listing order).
+GPUS_2025: tuple[GpuRow, ...] = (
+    _row("H20-96GB", ("h20",), "hgx-h20",
+         {"fp32": 44, "tf32": 74, "fp16": 148, "bf16": 148, "fp8": 296}, 96, 4.0, 900, 64, _H20,
+         tdp_w=400),
+    _row("B200-SXM-180GB", ("b200", "b200-180gb"), "hgx-b200", _B200_TF, 180, 8.0, 1800, 64,
+         _HGX_B200 + "; 1000 W per GPU (HGX B200)", tdp_w=1000),
+    _row("B300-SXM-288GB", ("b300", "b300-288gb"), "hgx-b300", _B200_TF, 288, 8.0, 1800, 128,
+         _HGX_B300 + "; 1100 W per GPU (HGX B300)", tdp_w=1100, pcie_src=_PCIE6),
+    _row("GB200-NVL72", ("gb200", "gb200-186gb"), "gb200-nvl72", _GB_TF, 186,
+         8.0, 1800, 64, _NVL72_GB200 + "; 1200 W per GPU (GB200 superchip configuration)",
+         tdp_w=1200),
+    _row("GB300-NVL72", ("gb300", "gb300-288gb"), "gb300-nvl72", _GB_TF, 288,
+         8.0, 1800, 128, _NVL72_GB300 + "; FP32 80 TF per GPU; 1400 W per GPU", tdp_w=1400,
+         pcie_src=_PCIE6),
+    _row("MI300X-192GB", ("mi300x",), "amd-mi300-8", _CDNA3_TF, 192, 5.3, 896,
+         64, _MI300X, tdp_w=750,
+         link_src="AMD MI300X datasheet: 7 Infinity Fabric links x 128 GB/s = 896 GB/s bidir "
+                  "to the 7 peers of an 8-GPU platform (no switch; links.py 'xgmi-mi300')"),
+    _row("MI325X-256GB", ("mi325x",), "amd-mi300-8", _CDNA3_TF, 256, 6.0, 896,
+         64, _MI325X, tdp_w=1000,
+         link_src="AMD MI325X datasheet: 7 Infinity Fabric links x 128 GB/s = 896 GB/s bidir "
+                  "(links.py 'xgmi-mi300')"),
+    _row("MI355X-288GB", ("mi355x",), "amd-mi355-8",
+         {"fp32": 157.3, "fp16": 2516.6, "bf16": 2516.6, "fp8": 5033.2}, 288, 8.0, 1075.2, 64,
+         _MI355X, tdp_w=1400,
+         link_src="AMD MI355X datasheet: 7 Infinity Fabric links x 153.6 GB/s = 1075.2 GB/s "
+                  "bidir (links.py 'xgmi-mi355')"),
+)
+
 #: The default preset registry: every reader (``get_device``, ``Cluster.from_spec``,
 #: ``Cluster.custom``, ``boxes.node_template``) takes its facts from it.
+GPUS = GPUS + GPUS_2025
 CATALOG = Catalog(GPUS, BOXES)
 
 #: Canonical name -> Device (a view of :data:`GPUS`).

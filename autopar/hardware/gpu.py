@@ -22,9 +22,12 @@ FORM_FACTORS: tuple[str, ...] = ("sxm", "pcie")
 #: GPU model-number prefix -> architecture, longest prefix first; a name is read by its first
 #: letters followed by a digit ("H100-SXM5-80GB": "H" + "1"). Sources: NVIDIA's architecture
 #: whitepapers: V100 Volta (GV100); A100, A800, A30, A40, A10 Ampere (GA100/GA102); H100, H800, H200,
-#: H20 Hopper (GH100); B200, GB200 Blackwell (GB100 and Grace-Blackwell).
+#: H20 Hopper (GH100); B200, B300, GB200, GB300 Blackwell (GB100/GB110 and Grace-Blackwell).
+#: AMD (CDNA whitepapers; ROCm "AMD GPU specifications" table): MI300X, MI325X CDNA 3 (gfx942);
+#: MI350X, MI355X CDNA 4 (gfx950).
 ARCH_PREFIXES: tuple[tuple[str, str], ...] = (
-    ("GB", "blackwell"), ("B", "blackwell"), ("A", "ampere"), ("H", "hopper"), ("V", "volta"))
+    ("MI35", "cdna4"), ("MI3", "cdna3"), ("GB", "blackwell"), ("B", "blackwell"),
+    ("A", "ampere"), ("H", "hopper"), ("V", "volta"))
 
 
 def architecture(name: str, arch: str = "") -> str:
@@ -40,6 +43,23 @@ def architecture(name: str, arch: str = "") -> str:
         if upper.startswith(prefix) and upper[len(prefix):len(prefix) + 1].isdigit():
             return arch_name
     return "unknown"
+
+
+#: Parts banded apart from their architecture (model number -> band generation,
+#: :func:`band_generation`). The H20 is a Hopper part with 148 of the H100 SXM's 989 dense BF16
+#: TFLOP/s over 4.0 TB/s of HBM, 37 FLOP per byte against 295 (autopar/hardware/devices.py):
+#: the shares of compute, memory-bound and communication time in its steps differ from the
+#: Hopper runs', so their residuals do not validate it; it gets a band only from its own runs.
+BAND_GENERATIONS: tuple[tuple[str, str], ...] = (("H20", "hopper-h20"),)
+
+
+def band_generation(name: str, arch: str = "") -> str:
+    """The generation whose published runs band an estimate on the GPU ``name``: the part's
+    own where :data:`BAND_GENERATIONS` lists its model number (the name up to its first '-'),
+    else :func:`architecture` ("unknown" for a name it cannot read)."""
+    model = str(name).upper().split("-")[0]
+    own = next((gen for part, gen in BAND_GENERATIONS if part == model), None)
+    return own or architecture(name, arch)
 
 
 def picklable(value):
@@ -153,7 +173,7 @@ class Device:
     @property
     def architecture(self) -> str:
         """GPU architecture (:func:`architecture` of the name and :attr:`arch`): "hopper",
-        "ampere", "blackwell", "volta", else "unknown". The cost model's efficiency constants are
+        "ampere", "blackwell", "volta", "cdna3", "cdna4", else "unknown". The cost model's efficiency constants are
         per architecture (one without its own figures takes the Ampere ones)."""
         return architecture(self.name, self.arch)
 

@@ -1,7 +1,9 @@
 """The link catalog: one :class:`LinkType` row per interconnect, each with its source.
 
 Bandwidths are per direction, in bytes/s, decimal (25 GB/s = 25e9). For NVLink rows the figure is the
-per-GPU aggregate into the NVSwitch fabric. Network rows are per NIC port. Latencies are per-hop alphas
+per-GPU aggregate into the NVSwitch fabric; for a mesh row (``mesh_links`` > 0) it is the aggregate of
+the GPU's ``mesh_links`` peer links, of which a group of m GPUs in the node uses m - 1
+(:meth:`LinkType.group_bandwidth_Bps`). Network rows are per NIC port. Latencies are per-hop alphas
 in seconds; they are modelling assumptions anchored on NCCL's own tuning model
 (``NVIDIA/nccl src/graph/tuning.cc``, ``hwLat``: NVLink 0.47 / 1.9 / 3.4 us, PCI 1.0 / 2.5 / 5.7 us,
 network 2.7-5.0 / 4.0-8.5 / 9.6-50 us for the LL / LL128 / Simple protocols), not measurements of ours.
@@ -23,10 +25,13 @@ from typing import Mapping
 
 from autopar.errors import InvalidClusterSpec
 
-#: Link kinds. ``nvlink`` is a point-to-point bridge, ``nvswitch`` an all-to-all NVLink fabric.
-LINK_KINDS: tuple[str, ...] = ("nvlink", "nvswitch", "pcie", "infiniband", "roce", "efa", "ethernet")
+#: Link kinds. ``nvlink`` is a point-to-point bridge, ``nvswitch`` an all-to-all NVLink fabric,
+#: ``xgmi`` AMD Infinity Fabric (xGMI) links wiring a node's GPUs as a fully connected mesh (no
+#: switch: each pair of GPUs has its own link, so a group of m GPUs reaches only m - 1 of them).
+LINK_KINDS: tuple[str, ...] = ("nvlink", "nvswitch", "pcie", "infiniband", "roce", "efa",
+                                "ethernet", "xgmi")
 #: Kinds that can join GPUs inside one node.
-INTRA_KINDS: tuple[str, ...] = ("nvlink", "nvswitch", "pcie")
+INTRA_KINDS: tuple[str, ...] = ("nvlink", "nvswitch", "pcie", "xgmi")
 #: Kinds that can join nodes.
 NETWORK_KINDS: tuple[str, ...] = ("infiniband", "roce", "efa", "ethernet")
 
@@ -43,10 +48,12 @@ class LinkType:
         bandwidth_Bps: bytes/s per direction (per GPU for NVLink fabrics, per port for NICs).
         latency_s: per-hop latency (alpha) in seconds, software included.
         source: where the figures come from.
+        mesh_links: for a fully connected mesh without a switch (kind ``xgmi``), the peer links
+            each GPU has (one to each other GPU of the node); 0 for a switched fabric or a bus.
 
     Raises:
-        InvalidClusterSpec: on construction, if the kind is unknown or a figure is not positive
-            (latency may be 0).
+        InvalidClusterSpec: on construction, if the kind is unknown, a figure is not positive
+            (latency may be 0), or ``mesh_links`` is negative or given on a non-mesh kind.
     """
 
     name: str
@@ -54,6 +61,18 @@ class LinkType:
     bandwidth_Bps: float
     latency_s: float
     source: str
+    mesh_links: int = 0
+
+    def group_bandwidth_Bps(self, members: int) -> float:
+        """Bytes/s per direction one GPU of a group with ``members`` GPUs in this node can drive:
+        the whole :attr:`bandwidth_Bps` for a switched fabric or bus; on a mesh, the share of its
+        ``mesh_links`` links that lead to the other ``members - 1`` GPUs (a ring or all-to-all
+        over 2 GPUs of an 8-GPU xGMI mesh has one 64 GB/s link, not seven). Mesh collectives
+        over all m - 1 links assume the library stripes channels over every peer link, as
+        RCCL's rings over a fully connected xGMI node do (unvalidated for autopar)."""
+        if not self.mesh_links or members < 2:
+            return self.bandwidth_Bps
+        return self.bandwidth_Bps * min(members - 1, self.mesh_links) / self.mesh_links
 
     def __post_init__(self) -> None:
         if self.kind not in LINK_KINDS:
@@ -62,6 +81,9 @@ class LinkType:
             raise InvalidClusterSpec(f"link {self.name!r}: bandwidth_Bps must be > 0, got {self.bandwidth_Bps}")
         if self.latency_s < 0:
             raise InvalidClusterSpec(f"link {self.name!r}: latency_s must be >= 0, got {self.latency_s}")
+        if self.mesh_links < 0 or (self.mesh_links and self.kind != "xgmi"):
+            raise InvalidClusterSpec(f"link {self.name!r}: mesh_links={self.mesh_links} needs kind "
+                                     f"'xgmi' and a count >= 0; fix: 0 for a switched link")
 
 
 _REF = "docs/reference/hardware_and_formulas.md"
@@ -105,6 +127,24 @@ LINKS: Mapping[str, LinkType] = MappingProxyType({link.name: link for link in (
              "NVIDIA DGX-2 datasheet / NVSwitch whitepaper (2018): each V100's 6 NVLink 2.0 links "
              "(25 GB/s per direction each) into 12 NVSwitches, 300 GB/s bidir per GPU, any pair at "
              f"full rate; {_NV_LAT}"),
+    # NVLink 5 (Blackwell): 18 links per GPU, 1.8 TB/s bidirectional. In an HGX B200/B300 board
+    # the fabric is the board's NVSwitches; in a GB200/GB300 NVL72 rack it is the NVLink Switch
+    # trays joining all 72 GPUs at the same per-GPU rate (rack datasheet: 130 TB/s = 72 x 1.8).
+    LinkType("nvlink5", "nvswitch", 900 * _GIGA, 1.0e-6,
+             f"{_REF}: Blackwell NVLink 5 1.8 TB/s bidir per GPU (HGX B200/B300 and GB200/GB300 "
+             f"NVL72 datasheets: 'NVLink GPU-to-GPU bandwidth 1.8 TB/s', NVL72 rack 130 TB/s); "
+             f"{_NV_LAT}; unvalidated: no NVLink 5 collective measured for autopar"),
+    # AMD Infinity Fabric (xGMI) in an 8-GPU platform: every GPU has 7 links, one to each peer.
+    LinkType("xgmi-mi300", "xgmi", 7 * 64 * _GIGA, 1.0e-6,
+             f"{_REF}: AMD Instinct MI300X / MI325X datasheets: 7 Infinity Fabric links per GPU, "
+             "128 GB/s peak each (64 GB/s per direction), fully connected 8-GPU platform (no "
+             "switch): 448 GB/s per direction over all 7 peers; collectives by RCCL. Latency: "
+             f"the NVLink row's assumption ({_NV_LAT.split(':')[0]}); unvalidated for RCCL",
+             mesh_links=7),
+    LinkType("xgmi-mi355", "xgmi", 7 * 76.8 * _GIGA, 1.0e-6,
+             f"{_REF}: AMD Instinct MI355X datasheet: 7 Infinity Fabric links per GPU, 153.6 "
+             "GB/s peak each (76.8 GB/s per direction), fully connected 8-GPU platform; "
+             f"collectives by RCCL; latency as xgmi-mi300; unvalidated for RCCL", mesh_links=7),
     LinkType("pcie-gen3", "pcie", 16 * _GIGA, 1.0e-6,
              f"PCIe 3.0 x16 ~15.75 GB/s per direction (PCI-SIG), rounded as the reference rounds Gen4/5; {_PCI_LAT}"),
     LinkType("pcie-gen4", "pcie", 32 * _GIGA, 1.0e-6, f"{_REF}: PCIe Gen4 x16 ~32 GB/s per direction; {_PCI_LAT}"),
@@ -114,6 +154,10 @@ LINKS: Mapping[str, LinkType] = MappingProxyType({link.name: link for link in (
              f"EDR InfiniBand 100 Gb/s ports); {_IB_LAT}"),
     LinkType("ib-hdr", "infiniband", 25 * _GIGA, 5.0e-6, f"{_REF}: IB HDR 25 GB/s per port per direction; {_IB_LAT}"),
     LinkType("ib-ndr", "infiniband", 50 * _GIGA, 5.0e-6, f"{_REF}: IB NDR 50 GB/s per port; {_IB_LAT}"),
+    LinkType("ib-xdr", "infiniband", 100 * _GIGA, 5.0e-6,
+             f"{_REF}: ConnectX-8 SuperNIC 800 Gb/s per port = 100 GB/s per direction (HGX B300 "
+             f"and GB300 NVL72: one per GPU); {_IB_LAT}; unvalidated: no XDR collective measured "
+             "for autopar"),
     LinkType("roce-100g", "roce", 12.5 * _GIGA, 6.0e-6, f"100 Gb/s line rate = 12.5 GB/s; {_ROCE_LAT}"),
     LinkType("roce-200g", "roce", 25 * _GIGA, 6.0e-6, f"200 Gb/s line rate = 25 GB/s; {_ROCE_LAT}"),
     LinkType("roce-400g", "roce", 50 * _GIGA, 6.0e-6, f"400 Gb/s line rate = 50 GB/s; {_ROCE_LAT}"),
@@ -131,6 +175,7 @@ LINKS: Mapping[str, LinkType] = MappingProxyType({link.name: link for link in (
              "AWS p5en.48xlarge: 16 x 200 Gb/s EFAv3, 3,200 Gb/s per node (AWS p5en launch; 16 "
              "EFA devices in meta-pytorch/torchx named_resources_aws, PR #995); 25 GB/s per "
              f"adapter; latency {EFA_LATENCY_SOURCES['efa-v3-200g']}"),
+    LinkType("roce-800g", "roce", 100 * _GIGA, 6.0e-6, f"800 Gb/s line rate = 100 GB/s; {_ROCE_LAT}"),
     LinkType("eth-25g", "ethernet", 3.125 * _GIGA, 30.0e-6, f"25 Gb/s line rate = 3.125 GB/s; {_ETH_LAT}"),
     LinkType("eth-100g", "ethernet", 12.5 * _GIGA, 30.0e-6, f"100 Gb/s line rate = 12.5 GB/s; {_ETH_LAT}"),
 )})

@@ -30,7 +30,10 @@ group, so the network's channel count applies to an inter-node ring):
   A100 (NVIDIA/nccl-tests issue #100 log: "Channel 23/24"; NVIDIA/nccl issue #1225: "for
   dgxA100, 12 nvlink and 24 cta for allreduce") and on H100 (NVIDIA/nccl issue #1367: 12 search
   rings duplicated to 24 channels);
-- ``pcie`` and ``ethernet`` (the socket transport): 2, the one-NIC PCI figure above.
+- ``pcie`` and ``ethernet`` (the socket transport): 2, the one-NIC PCI figure above;
+- ``xgmi`` (AMD Infinity Fabric, collectives by RCCL): RCCL's channel count on an 8-GPU xGMI
+  mesh is not sourced here; NVLink's 24 is taken. Unvalidated, and inert for the catalog's AMD
+  rows, which give no ``sm_count`` (no share is charged).
 
 Cross-check, not a fitted input: 16 / 108 = 15% (A100) and 16 / 132 = 12% (H100) of the SMs
 for an inter-node collective, 24 / 108 = 22% over NVLink; Lee et al. 2025 (arXiv 2507.03114,
@@ -49,9 +52,9 @@ MAX_CHANNELS = 32
 #: Channels (one CTA each) per NIC of the node for a network ring (module docstring).
 CHANNELS_PER_NIC = 2
 #: Channels (one CTA each) of a collective inside one node, by link class (module docstring).
-INTRA_NODE_CTAS = {"nvlink": 24, "pcie": 2}
+INTRA_NODE_CTAS = {"nvlink": 24, "pcie": 2, "xgmi": 24}
 #: Link classes :func:`collective_ctas` knows (``local`` is a one-rank group: no collective).
-LINK_CLASSES = ("local", "nvlink", "pcie", "infiniband", "roce", "efa", "ethernet")
+LINK_CLASSES = ("local", "nvlink", "pcie", "infiniband", "roce", "efa", "ethernet", "xgmi")
 #: Largest share of the SMs a collective is taken to hold (keeps compute progressing).
 MAX_SM_SHARE = 0.5
 

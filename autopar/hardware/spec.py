@@ -3,9 +3,16 @@
 Grammar (case-insensitive, spaces ignored)::
 
     spec  := NODES "x" GPUS "x" GPU [ "+" NICS "x" LINK ]
-           | TOTAL "x" GPU [ "+" NICS "x" LINK ]        # TOTAL GPUs, 8 per node; TOTAL = 8k (8 = one node)
+           | NODES "x" "NVL" GPUS "x" GPU [ "+" NICS "x" LINK ]   # the same: NVL72 = 72 per node
+           | TOTAL "x" GPU [ "+" NICS "x" LINK ]        # TOTAL GPUs in full nodes of the GPU's box
 
-e.g. ``4x8xA100-80GB``, ``2048xH100``, ``8x8xH100+8xroce-400g``, ``2x8xA800-80GB+1xeth-25g``.
+e.g. ``4x8xA100-80GB``, ``2048xH100``, ``8x8xH100+8xroce-400g``, ``2x8xA800-80GB+1xeth-25g``,
+``2x72xGB200`` (= ``2xNVL72xGB200`` = ``144xGB200``: two NVL72 racks).
+
+A node is one scale-up domain: the GPUs the box's intra-node link joins. For HGX/DGX boards and
+the 8-GPU AMD platforms that is 8 GPUs (the ``TOTAL`` form's default); for a GB200/GB300 NVL72
+rack it is the rack's 72-GPU NVLink Switch domain, so a rack is written as one node of 72 GPUs
+(its 18 trays of 4 are the box's ``gpus_per_host``), and the ``TOTAL`` form fills 72-GPU racks.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ MAX_WORLD_SIZE = 2 ** 20
 DEFAULT_GPUS_PER_NODE = 8
 
 _GRAMMAR = "NODESxGPUSxGPU[+NICSxLINK] or TOTALxGPU[+NICSxLINK], e.g. '4x8xA100-80GB+4xib-hdr' or '2048xH100'"
-_MAIN = re.compile(r"^(\d+)x(?:(\d+)x)?([a-z][a-z0-9\-]*)$")
+_MAIN = re.compile(r"^(\d+)x(?:(?:nvl)?(\d+)x)?([a-z][a-z0-9\-]*)$")
 _NIC = re.compile(r"^(\d+)x([a-z][a-z0-9\-]*)$")
 
 
@@ -80,15 +87,20 @@ def parse_spec(spec: str, catalog: Catalog = CATALOG) -> ParsedSpec:
         gpus_per_node = _positive(second, "GPUs per node", spec)
     else:
         total = _positive(first, "the GPU count", spec)
-        if total % DEFAULT_GPUS_PER_NODE:
+        box = catalog.box(device)
+        per_node = box.gpus_per_node if box is not None else DEFAULT_GPUS_PER_NODE
+        if total % per_node:
             # a suggestion the size check would refuse next is no fix
-            fix = (f"write NODESxGPUSxGPU instead, e.g. '1x{total}x{gpu_name}'"
-                   if total <= MAX_WORLD_SIZE else
-                   f"check the GPU count: autopar plans for at most {MAX_WORLD_SIZE} GPUs")
+            rack = box is not None and box.rack_scale
+            fix = (f"check the GPU count: autopar plans for at most {MAX_WORLD_SIZE} GPUs"
+                   if total > MAX_WORLD_SIZE else
+                   f"write NODESxGPUSxGPU with nodes of at most {per_node} GPUs (one NVLink "
+                   f"domain), e.g. '{max(1, total // per_node)}x{per_node}x{gpu_name}'" if rack else
+                   f"write NODESxGPUSxGPU instead, e.g. '1x{total}x{gpu_name}'")
             raise InvalidClusterSpec(
                 f"cluster spec {spec!r}: GPU count {total} in {main!r} is not a multiple of "
-                f"{DEFAULT_GPUS_PER_NODE}; {fix}")
-        num_nodes, gpus_per_node = total // DEFAULT_GPUS_PER_NODE, DEFAULT_GPUS_PER_NODE
+                f"{per_node} (GPUs per {gpu_name} node); {fix}")
+        num_nodes, gpus_per_node = total // per_node, per_node
     if not plus:
         return ParsedSpec(num_nodes, gpus_per_node, device, None, None, gpu_name)
     n = _NIC.match(nic_part)

@@ -2,8 +2,12 @@
 
 Node keys (tuples) and their ``type`` attribute:
 
-* ``("gpu", rank)`` - type ``"gpu"``, attributes ``node``, ``local_rank``.
-* ``("nvswitch", node)`` - one per node when the intra link is an NVSwitch fabric.
+* ``("gpu", rank)`` - type ``"gpu"``, attributes ``node``, ``local_rank`` and ``tray`` (the server
+  tray within a rack-scale node, ``local_rank // gpus_per_host``; 0 when the node is one host).
+* ``("nvswitch", node)`` - one per node when the intra link is an NVSwitch fabric (for an NVL72
+  rack, the NVLink Switch trays joining all 72 GPUs, as one logical switch).
+* A mesh intra link (kind ``xgmi``, AMD Infinity Fabric) adds no switch: an edge joins every pair
+  of GPUs of a node, each at one peer link's bandwidth (the row's aggregate / ``mesh_links``).
 * ``("pcie_switch", node, i)`` - one per two GPUs (DGX/HGX boards pair two GPUs and their NICs on one
   PCIe switch; assumed for PCIe boxes as well). GPUs always hang off one, NICs too.
 * ``("host", node)`` - the CPU root complex; in PCIe boxes peer traffic crosses it.
@@ -34,7 +38,8 @@ def pcie_switch_of(local_rank: int) -> int:
 
 
 def build_graph(name: str, num_nodes: int, gpus_per_node: int, pcie_bandwidth_Bps: float,
-                intra_link: LinkType, inter_link: LinkType | None, nics_per_node: int) -> nx.Graph:
+                intra_link: LinkType, inter_link: LinkType | None, nics_per_node: int,
+                gpus_per_host: int = 0) -> nx.Graph:
     """A new (mutable) topology graph; ``Cluster.graph()`` caches a frozen copy.
 
     Args:
@@ -44,6 +49,7 @@ def build_graph(name: str, num_nodes: int, gpus_per_node: int, pcie_bandwidth_Bp
             ``pcie-genN`` row chosen by bandwidth when one matches, else a synthetic ``pcie`` link.
         intra_link, inter_link: the node fabric and the network link (None: a single node).
         nics_per_node: NICs per node (rail-optimised wiring).
+        gpus_per_host: GPUs per server tray of a rack-scale node (the GPUs' ``tray``); 0: one host.
     """
     g = nx.Graph(name=name)
     gpn = gpus_per_node
@@ -62,10 +68,16 @@ def build_graph(name: str, num_nodes: int, gpus_per_node: int, pcie_bandwidth_Bp
             g.add_node(("nvswitch", node), type="nvswitch", node=node)
         for local in range(gpn):
             gpu = ("gpu", node * gpn + local)
-            g.add_node(gpu, type="gpu", node=node, local_rank=local)
+            g.add_node(gpu, type="gpu", node=node, local_rank=local,
+                       tray=local // gpus_per_host if gpus_per_host else 0)
             g.add_edge(gpu, ("pcie_switch", node, pcie_switch_of(local)), **_edge(pcie))
             if fabric:
                 g.add_edge(gpu, ("nvswitch", node), **_edge(intra_link))
+        if intra_link.mesh_links:
+            peer = {**_edge(intra_link), "bandwidth_Bps": intra_link.bandwidth_Bps / intra_link.mesh_links}
+            for a in range(gpn):
+                for b in range(a + 1, gpn):
+                    g.add_edge(("gpu", node * gpn + a), ("gpu", node * gpn + b), **peer)
         if inter_link is None:
             continue
         for j in range(nics_per_node):

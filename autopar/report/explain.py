@@ -28,7 +28,7 @@ from ..problem import Problem
 #: How link classes are written in sentences.
 LINK_NAMES = {"nvlink": "NVLink", "nvswitch": "NVSwitch", "pcie": "PCIe",
               "infiniband": "InfiniBand", "roce": "RoCE", "efa": "EFA", "ethernet": "Ethernet",
-              "local": "no link"}
+              "xgmi": "Infinity Fabric", "local": "no link"}
 
 #: Which mesh dimension's link each time component travels over (``dp_copies`` crosses none:
 #: the sharded-DP implementation's copies in GPU memory on the compute stream, see

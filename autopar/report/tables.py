@@ -26,21 +26,47 @@ def _gb(x: float) -> str:
     return f"{x / 1e9:,.1f}"
 
 
-def degrees_table(e: Estimate) -> Table:
-    """Mesh degrees, which link class each dimension's groups cross, and the other choices."""
+def _domain(cluster) -> tuple[str, str]:
+    """(the intra-node link class, what to add after its name) for a cluster whose node is a
+    rack-scale domain (NVL72: "inside one 72-GPU NVLink domain") or a mesh (xGMI: how many of
+    the peer links a group uses); ("", "") otherwise or without a cluster."""
+    if cluster is None:
+        return "", ""
+    intra = cluster.link_classes[0]
+    if cluster.domain_text():
+        return intra, f" (inside one {cluster.gpus_per_node}-GPU domain)"
+    if cluster.intra_link.mesh_links:
+        return intra, f" (mesh: a group of k uses k-1 of {cluster.intra_link.mesh_links} links)"
+    return "", ""
+
+
+def degrees_table(e: Estimate, cluster=None) -> Table:
+    """Mesh degrees, which link class each dimension's groups cross, and the other choices;
+    given the ``cluster``, a node that is a rack-scale NVLink domain (NVL72) gets a row saying
+    so and the groups inside it are marked."""
     c = e.config
     t = _table("Parallelism and placement")
     t.add_column("dimension")
     t.add_column("degree", justify="right")
     t.add_column("groups cross")
     links = e.group_links or GroupLinks()
+    intra, note = _domain(cluster)
+
+    def crossed(kind):
+        return link_name(kind) + (note if intra and kind == intra else "")
+
     for dim, words in _DIMS:
         deg = getattr(c, dim)
-        t.add_row(f"{dim} ({words})", str(deg), link_name(links.of(dim)) if deg > 1 else "-")
+        t.add_row(f"{dim} ({words})", str(deg), crossed(links.of(dim)) if deg > 1 else "-")
     if c.ep > 1:  # experts split over ep of the dp x cp ranks
-        t.add_row("ep (expert parallel)", str(c.ep), link_name(links.ep))
+        t.add_row("ep (expert parallel)", str(c.ep), crossed(links.ep))
         t.add_row("token dispatcher", c.dispatcher,
                   "DeepEP: a token sent once per node" if c.dispatcher == "deepep" else "")
+    if cluster is not None and cluster.domain_text():
+        net = link_name(cluster.link_classes[1]) if cluster.num_nodes > 1 else "no link"
+        t.add_row("node (scale-up domain)", f"{cluster.gpus_per_node} GPUs",
+                  f"{cluster.domain_text()}; {cluster.num_nodes} such node"
+                  f"{'s' if cluster.num_nodes != 1 else ''} joined by {net}")
     rc = c.recompute if isinstance(c.recompute, str) else "per block (see stages)"
     t.add_row("sequence parallelism", "on" if c.sequence_parallel else "off", "")
     t.add_row("ZeRO stage", str(c.zero_stage), f"over dp x cp = {c.dp * c.cp}" if c.zero_stage else "")

@@ -160,7 +160,8 @@ def _with_nodes(cm: CostModel, nodes: int) -> CostModel:
     c = cm.cluster
     bigger = Cluster(nodes, c.gpus_per_node, c.device, c.intra_link,
                      c.inter_link if c.inter_link is not None else _default_nic(c),
-                     c.nics_per_node or 1, comm_params=c.comm_params)
+                     c.nics_per_node or 1, comm_params=c.comm_params,
+                     gpus_per_host=c.gpus_per_host)
     return cm.rebuilt(bigger)
 
 

@@ -60,7 +60,7 @@ def derated(cm: CostModel, memory_margin: float) -> CostModel:
     c, dev = cm.cluster, cm.device
     device = replace(dev, capacity_bytes=dev.visible_memory_bytes * (1 - memory_margin))
     cluster = Cluster(c.num_nodes, c.gpus_per_node, device, c.intra_link, c.inter_link,
-                      c.nics_per_node, c.name, c.comm_params)
+                      c.nics_per_node, c.name, c.comm_params, c.gpus_per_host)
     return cm.rebuilt(cluster)
 
 
