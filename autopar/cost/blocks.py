@@ -297,11 +297,23 @@ class BlockCosts:
         padded = (self.routed_scale(layer, c.micro_batch_size, tp, cp, sp) - 1.0) * \
             mem.routed_saved_bytes(layer, micro_batch=bscale, tp=tp, cp=cp, etp=c.etp)
         act_none += moe + padded
+        # FP8 training: Linear inputs kept as FP8 copies (MemoryConventions
+        # fp8_input_saved_bytes, fp8_shared_input_saved_bytes), in every mode that keeps them
+        # (none, selective: the attention core holds no Linear input); full recompute
+        # re-materialises them one block at a time
+        fp8_in = 0.0
+        if self.inputs.train.precision == "fp8" and layer.kind == "block":
+            fp8_in = mem.fp8_input_delta(
+                layer, input_bytes=conv.fp8_input_saved_bytes,
+                shared_bytes=conv.fp8_shared_input_saved_bytes,
+                dtype_bytes=self.inputs.train.dtype_bytes, micro_batch=bscale, tp=tp, cp=cp,
+                sequence_parallel=sp)
+        act_none += fp8_in
         act = act_none if mode == "none" else mem.block_activation_bytes(
             layer, mode, micro_batch=bscale, tp=tp, cp=cp, sequence_parallel=sp) + loss_saved + (
             padded if mode != "full" else 0.0)
         if mode == "selective":
-            act += moe
+            act += moe + fp8_in
         # recomputing a block re-materialises what it did not keep, one block at a time
         transient = act_none - act + conv.unfused_score_work_bytes * scores
         # the loss's backward: gradients of the logits beside what it saved
