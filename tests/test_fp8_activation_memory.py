@@ -49,11 +49,17 @@ def test_graph_splits_linear_inputs(block):
 def test_conventions_per_framework():
     assert (MEGATRON_MEMORY.fp8_input_saved_bytes,
             MEGATRON_MEMORY.fp8_shared_input_saved_bytes) == (1, 3)
-    for conv in (nemo.PROFILE.memory, inhouse.PROFILE.memory,
-                 megatron.MEMORY_BEFORE_CORE_0_13):
-        assert (conv.fp8_input_saved_bytes, conv.fp8_shared_input_saved_bytes) == (1, 3)
+    for conv in (nemo.PROFILE.memory, megatron.MEMORY_BEFORE_CORE_0_13):
+        assert (conv.fp8_input_saved_bytes, conv.fp8_shared_input_saved_bytes,
+                conv.fp8_expert_glu_input_saved_bytes) == (1, 3, None)
+    # DeepSeek-V3's caching: the attention output kept once, the expert SwiGLU input in FP8
+    conv = inhouse.PROFILE.memory
+    assert (conv.fp8_input_saved_bytes, conv.fp8_shared_input_saved_bytes,
+            conv.fp8_expert_glu_input_saved_bytes) == (1, 2, 1)
+    assert "2412.19437" in conv.sources["fp8_expert_glu_input_saved_bytes"]
     for conv in (TORCH_MEMORY, TORCHTITAN_MEMORY, DEEPSPEED_MEMORY):
-        assert conv.fp8_input_saved_bytes is None and conv.fp8_shared_input_saved_bytes is None
+        assert (conv.fp8_input_saved_bytes, conv.fp8_shared_input_saved_bytes,
+                conv.fp8_expert_glu_input_saved_bytes) == (None, None, None)
     assert "prepare_for_saving" in MEGATRON_MEMORY.sources["fp8_input_saved_bytes"]
     assert "input_hp" in TORCHTITAN_MEMORY.sources["fp8_input_saved_bytes"]
 
@@ -95,3 +101,35 @@ def test_megatron_fp8_estimate_memory_only(block, recompute):
         assert saved == 0
     else:
         assert saved == pytest.approx(blocks * per_block)
+
+
+def test_expert_glu_input_delta():
+    pytest.importorskip("transformers")
+    from autopar.graph import extract, hf
+    graph = extract(hf.build("hf-tiny-deepseek-v3"), 1024, 1)
+    moe = next(layer for layer in graph.layers if layer.num_experts)
+    up = [o for o in moe.ops if o.moe_role == "expert" and o.gemm and o.tp_role == "column"]
+    glu_in = sum(o.bytes_written for o in up)
+    assert glu_in > 0
+    base = dict(input_bytes=None, shared_bytes=None, dtype_bytes=2, micro_batch=1, tp=1,
+                cp=1, sequence_parallel=False)
+    assert mem.fp8_input_delta(moe, expert_glu_bytes=1, **base) == pytest.approx(-glu_in / 2)
+    assert mem.fp8_input_delta(moe, expert_glu_bytes=None, **base) == 0.0
+
+
+def test_deepseek_v3_record_memory_down_time_same():
+    """b-deepseek-v3-2048gpu (2,048 H800, pp16 ep64 DualPipe, fp8) under inhouse-2024:
+    201.3 GiB (activations 171.5 GB) before FP8 activation storage, 22.97 s."""
+    from benchmarks import validation as v
+    from benchmarks.records import parse
+    raw = next(r for r in v.load_corpus() if isinstance(r, dict)
+               and r.get("id") == "b-deepseek-v3-2048gpu")
+    rec = parse(raw)
+    train = v.training(rec)
+    graph, _ = model_graph(rec.model, train)
+    cm = CostModel(graph, rec.cluster, train, framework=v.record_profile(rec))
+    e = cm.estimate(autopar.ParallelConfig(**{**v.framework_defaults(rec), **rec.fixed}))
+    assert e.step_time_s == pytest.approx(22.97, abs=0.01)
+    assert e.memory_breakdown.activations / 1e9 == pytest.approx(137.7, abs=0.1)
+    assert e.memory_per_gpu_bytes / 2 ** 30 == pytest.approx(168.3, abs=0.1)
+    assert not e.fits   # the report's recompute (RMSNorm, MLA up-projections) is not priced

@@ -297,8 +297,9 @@ class BlockCosts:
         padded = (self.routed_scale(layer, c.micro_batch_size, tp, cp, sp) - 1.0) * \
             mem.routed_saved_bytes(layer, micro_batch=bscale, tp=tp, cp=cp, etp=c.etp)
         act_none += moe + padded
-        # FP8 training: Linear inputs kept as FP8 copies (MemoryConventions
-        # fp8_input_saved_bytes, fp8_shared_input_saved_bytes), in every mode that keeps them
+        # FP8 training: Linear inputs and routed experts' gated-unit inputs kept in FP8
+        # (MemoryConventions fp8_input_saved_bytes, fp8_shared_input_saved_bytes,
+        # fp8_expert_glu_input_saved_bytes), in every mode that keeps them
         # (none, selective: the attention core holds no Linear input); full recompute
         # re-materialises them one block at a time
         fp8_in = 0.0
@@ -306,6 +307,7 @@ class BlockCosts:
             fp8_in = mem.fp8_input_delta(
                 layer, input_bytes=conv.fp8_input_saved_bytes,
                 shared_bytes=conv.fp8_shared_input_saved_bytes,
+                expert_glu_bytes=conv.fp8_expert_glu_input_saved_bytes,
                 dtype_bytes=self.inputs.train.dtype_bytes, micro_batch=bscale, tp=tp, cp=cp,
                 sequence_parallel=sp)
         act_none += fp8_in

@@ -57,6 +57,10 @@ class MemoryConventions:
             kernel keeps for its own backward; ``linear_shared_seq``): 3 where the other op
             keeps the bf16 tensor and the Linear an FP8 copy beside it; None: the training
             dtype's bytes, the one tensor both keep (what the graph counts).
+        fp8_expert_glu_input_saved_bytes: in FP8 training, bytes per element of a routed
+            expert's gated-unit input (the up projection's output, which the gated activation
+            keeps for backward): 1 where it is cached in FP8; None: the training dtype's bytes
+            (what the graph counts).
         loss_work_bytes: bytes per logit element the loss's backward allocates beside the
             saved fp32 log-probabilities (the graph counts those): torch's F.cross_entropy on
             fp32 logits makes a dense nll_loss gradient and a log_softmax gradient (4 + 4); fused
@@ -118,6 +122,7 @@ class MemoryConventions:
     fp8_weight_cache_bytes: int = 0
     fp8_input_saved_bytes: int | None = None
     fp8_shared_input_saved_bytes: int | None = None
+    fp8_expert_glu_input_saved_bytes: int | None = None
     loss_work_bytes: int = 8
     loss_saved_bytes: int = 4
     step_cached_bytes: int = 0
@@ -165,6 +170,8 @@ _UNITS = {
     "fp8_input_saved_bytes": ("bytes per element of a Linear's input only Linears keep", 1),
     "fp8_shared_input_saved_bytes": ("bytes per element of a Linear's input another op keeps "
                                      "too", 3),
+    "fp8_expert_glu_input_saved_bytes": ("bytes per element of a routed expert's gated-unit "
+                                         "input", 1),
     "loss_work_bytes": ("bytes per logit element", 8),
     "loss_saved_bytes": ("bytes per logit element", 4),
     "step_cached_bytes": ("bytes per optimizer-held parameter", 0),
@@ -179,7 +186,8 @@ _NONE_MEANS = {"weight_bytes": "the training dtype's bytes",
                "grad_bytes": "the cost model's CostParams.grad_bytes",
                "moment_bytes": "the training config's optimizer_state_dtype",
                "fp8_input_saved_bytes": "the training dtype's bytes (the input itself)",
-               "fp8_shared_input_saved_bytes": "the training dtype's bytes (one tensor kept)"}
+               "fp8_shared_input_saved_bytes": "the training dtype's bytes (one tensor kept)",
+               "fp8_expert_glu_input_saved_bytes": "the training dtype's bytes"}
 
 _MATH_SDPA = ("torch 2.13 aten _scaled_dot_product_attention_math on bf16 inputs upcasts to fp32 "
               "(measured: saved_tensors_hooks show the fp32 [b, h, s, s] softmax output saved)")
@@ -282,6 +290,7 @@ TORCH_MEMORY = MemoryConventions(
         "fp8_weight_cache_bytes": "torchao Float8Linear casts the weight every forward",
         "fp8_input_saved_bytes": _NO_FP8_LINEARS,
         "fp8_shared_input_saved_bytes": _NO_FP8_LINEARS,
+        "fp8_expert_glu_input_saved_bytes": _NO_FP8_LINEARS,
         "loss_work_bytes": "autopar/runtime/apply.py lm_loss: " + _TORCH_CE,
         "loss_saved_bytes": _TORCH_CE_SAVED,
         "step_cached_bytes": _PER_TENSOR_STEP,
@@ -317,6 +326,8 @@ TORCHTITAN_MEMORY = MemoryConventions(
                                   "the weight every forward",
         "fp8_input_saved_bytes": _TORCHAO_FP8_INPUT,
         "fp8_shared_input_saved_bytes": _TORCHAO_FP8_INPUT,
+        "fp8_expert_glu_input_saved_bytes": "torchao float8 converts Linears only; the MoE's "
+                                            "activation runs on the bf16 GEMM output: None",
         "loss_work_bytes": "components/loss.py cross_entropy_loss: " + _TORCH_CE,
         "loss_saved_bytes": _TORCH_CE_SAVED,
         "step_cached_bytes": "fused AdamW allocates no per-step buffers; " + _PER_TENSOR_STEP,
@@ -352,6 +363,10 @@ MEGATRON_MEMORY = MemoryConventions(
                                   "transpose across micro-batches (is_first_microbatch)",
         "fp8_input_saved_bytes": _TE_FP8_INPUT,
         "fp8_shared_input_saved_bytes": _TE_FP8_SHARED,
+        "fp8_expert_glu_input_saved_bytes": "megatron/core/transformer/moe/experts.py "
+                                            "TEGroupedMLP: the grouped fc1 GEMM returns bf16 "
+                                            "and the fused (weighted) SwiGLU saves it as it is: "
+                                            "None",
         "loss_work_bytes": "megatron/core/tensor_parallel/cross_entropy.py "
                            "_VocabParallelCrossEntropy: backward writes the gradient into the "
                            "saved fp32 softmax in place; its bf16 cast: 2",
@@ -399,6 +414,8 @@ DEEPSPEED_MEMORY = MemoryConventions(
         "fp8_weight_cache_bytes": "no FP8 weight cache in the DeepSpeed engine",
         "fp8_input_saved_bytes": "the DeepSpeed engine has no FP8 Linear of its own: None",
         "fp8_shared_input_saved_bytes": "the DeepSpeed engine has no FP8 Linear of its own: None",
+        "fp8_expert_glu_input_saved_bytes": "the DeepSpeed engine has no FP8 Linear of its own: "
+                                            "None",
         "loss_work_bytes": "the model's own loss (Hugging Face: F.cross_entropy on fp32 "
                            "logits): " + _TORCH_CE,
         "loss_saved_bytes": _TORCH_CE_SAVED,
