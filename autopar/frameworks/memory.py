@@ -241,7 +241,10 @@ _TE_FP8_INPUT = (
     "'inputmat.update_usage(rowwise_usage=False, columnwise_usage=True)' then "
     "prepare_for_saving(saved_inputmat, ...) (rowwise only when a sequence-parallel column "
     "Linear gathers it again in backward; one FP8 copy either way, MXFP8 included), "
-    "layernorm_linear.py 'ln_out.update_usage(rowwise_usage=False)' likewise; Megatron-Core "
+    "layernorm_linear.py 'ln_out.update_usage(rowwise_usage=False)' likewise; grouped_linear.py "
+    "(the experts of Megatron-Core's TEGroupedMLP) the same per expert: v1.12 "
+    "'saved_inputmats_t = inputmats_t', v2.4 'inputmat.update_usage(rowwise_usage=False, "
+    "columnwise_usage=True)' before prepare_for_saving(*inputmats, ...); Megatron-Core "
     "runs one Linear per fused input (linear_qkv, linear_fc1: TELayerNormColumnParallelLinear), "
     "so one copy per saved input: 1 (+ one fp32 scale per tensor, not counted)")
 _TE_FP8_SHARED = (
