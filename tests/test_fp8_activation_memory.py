@@ -12,8 +12,8 @@ import autopar
 from autopar.api import model_graph
 from autopar.cost import memory as mem
 from autopar.cost.model import CostModel
-from autopar.frameworks.memory import (DEEPSPEED_MEMORY, MEGATRON_MEMORY, MemoryConventions,
-                                       TORCH_MEMORY, TORCHTITAN_MEMORY)
+from autopar.frameworks.memory import (DEEPSPEED_MEMORY, MEGATRON_MEMORY, TORCH_MEMORY,
+                                       TORCHTITAN_MEMORY)
 from autopar.frameworks.stacks import inhouse, megatron, nemo
 
 # a small llama: 2 x 1024, 16 heads (8 kv heads), SwiGLU 2816, seq 1024, micro-batch 1
