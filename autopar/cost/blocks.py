@@ -310,10 +310,26 @@ class BlockCosts:
         padded = (self.routed_scale(layer, c.micro_batch_size, tp, cp, sp) - 1.0) * \
             mem.routed_saved_bytes(layer, micro_batch=bscale, tp=tp, cp=cp, etp=c.etp)
         act_none += moe + padded
+        # FP8 training: Linear inputs and routed experts' gated-unit inputs kept in FP8
+        # (MemoryConventions fp8_input_saved_bytes, fp8_shared_input_saved_bytes,
+        # fp8_expert_glu_input_saved_bytes), in every mode that keeps them
+        # (none, selective: the attention core holds no Linear input); full recompute
+        # re-materialises them one block at a time
+        fp8_in = 0.0
+        if self.inputs.train.precision == "fp8" and layer.kind == "block":
+            fp8_in = mem.fp8_input_delta(
+                layer, input_bytes=conv.fp8_input_saved_bytes,
+                shared_bytes=conv.fp8_shared_input_saved_bytes,
+                expert_glu_bytes=conv.fp8_expert_glu_input_saved_bytes,
+                dtype_bytes=self.inputs.train.dtype_bytes, micro_batch=bscale, tp=tp, cp=cp,
+                sequence_parallel=sp)
+        act_none += fp8_in
         if mr is not None:
-            # the modules' dropped tensors; the attention core takes the framework's extra
-            # score and repeated K / V bytes with it, a recomputed MoE layer its framework
-            # delta and capacity rows with the graph's tensors they adjust
+            # the modules' dropped tensors (counted at the graph's dtype: a dropped Linear
+            # input kept in FP8 is over-subtracted by its FP8 saving, memory.fp8_input_delta);
+            # the attention core takes the framework's extra score and repeated K / V bytes
+            # with it, a recomputed MoE layer its framework delta and capacity rows with the
+            # graph's tensors they adjust
             act = act_none - mr.dropped_bytes(micro_batch=bscale, tp=tp, cp=cp,
                                               sequence_parallel=sp)
             if "core_attn" in modules:
@@ -325,7 +341,7 @@ class BlockCosts:
                 layer, mode, micro_batch=bscale, tp=tp, cp=cp, sequence_parallel=sp) + \
                 loss_saved + (padded if mode != "full" else 0.0)
             if mode == "selective":
-                act += moe
+                act += moe + fp8_in
         # recomputing a block re-materialises what it did not keep, one block at a time
         transient = act_none - act + conv.unfused_score_work_bytes * scores
         # the loss's backward: gradients of the logits beside what it saved

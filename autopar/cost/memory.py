@@ -227,6 +227,35 @@ def eager_saved_bytes(layer: Layer, *, fusion: str, eager_parts: tuple[str, ...]
     return extra * micro_batch / cp
 
 
+def fp8_input_delta(layer: Layer, *, input_bytes: int | None, shared_bytes: int | None,
+                    dtype_bytes: int, micro_batch: float, tp: int, cp: int,
+                    sequence_parallel: bool, expert_glu_bytes: int | None = None) -> float:
+    """Bytes one layer keeps per micro-batch beyond (positive) or short of (negative) the
+    graph's count when its Linear ops keep FP8 copies of their inputs
+    (:attr:`autopar.frameworks.MemoryConventions.fp8_input_saved_bytes` and
+    ``fp8_shared_input_saved_bytes``, bytes per element; None keeps the graph's count): the
+    inputs only Linear ops keep (:attr:`autopar.graph.types.ActivationBytes.linear_seq`,
+    ``linear_tp``) cost ``input_bytes`` per element in place of ``dtype_bytes``, those another
+    op keeps too (``linear_shared_seq``, ``linear_shared_tp``) ``shared_bytes``; the routed
+    experts' gated-unit inputs (the output of each column expert GEMM, which the fused gated
+    activation keeps; ``fp8_expert_glu_input_saved_bytes``) ``expert_glu_bytes``. Sharded as
+    the graph counts them ("seq" by t only with sequence parallelism, "tp" by t), scaled by
+    ``micro_batch`` (in units of the graph's micro-batch) / cp. A recompute mode that drops
+    an input drops its delta with it (the caller applies this to what the mode keeps)."""
+    a = layer.activations
+    seq_div = tp if sequence_parallel else 1
+    delta = 0.0
+    for per_element, seq, tpb in ((input_bytes, a.linear_seq, a.linear_tp),
+                                  (shared_bytes, a.linear_shared_seq, a.linear_shared_tp)):
+        if per_element is not None:
+            delta += (per_element / dtype_bytes - 1.0) * (seq / seq_div + tpb / tp)
+    if expert_glu_bytes is not None:
+        glu_in = sum(o.bytes_written for o in layer.ops
+                     if o.moe_role == "expert" and o.gemm and o.tp_role == "column")
+        delta += (expert_glu_bytes / dtype_bytes - 1.0) * glu_in / tp
+    return delta * micro_batch / cp
+
+
 def kv_repeat_bytes(layer: Layer, *, micro_batch: float, tp: int, cp: int) -> float:
     """Bytes one layer's fused attention keeps per micro-batch beyond the graph's count when K
     and V are repeated to every query head before it

@@ -47,6 +47,20 @@ class MemoryConventions:
             the saved ones while a layer runs (scores and their gradients).
         fp8_weight_cache_bytes: bytes per Linear parameter of FP8 weight copies kept across
             micro-batches in FP8 training (0: cast again each forward).
+        fp8_input_saved_bytes: in FP8 training, bytes per element a Linear op's input costs
+            where only Linear ops keep it for backward (a norm's output, a gated unit's output;
+            :attr:`autopar.graph.types.ActivationBytes.linear_seq`): 1 where the Linear keeps
+            the FP8 copy its weight-gradient GEMM reads in place of the input; None: the
+            training dtype's bytes, the input itself (what the graph counts).
+        fp8_shared_input_saved_bytes: in FP8 training, bytes per element a Linear op's input
+            costs where another op keeps it too (the attention output, which the attention
+            kernel keeps for its own backward; ``linear_shared_seq``): 3 where the other op
+            keeps the bf16 tensor and the Linear an FP8 copy beside it; None: the training
+            dtype's bytes, the one tensor both keep (what the graph counts).
+        fp8_expert_glu_input_saved_bytes: in FP8 training, bytes per element of a routed
+            expert's gated-unit input (the up projection's output, which the gated activation
+            keeps for backward): 1 where it is cached in FP8; None: the training dtype's bytes
+            (what the graph counts).
         loss_work_bytes: bytes per logit element the loss's backward allocates beside the
             saved fp32 log-probabilities (the graph counts those): torch's F.cross_entropy on
             fp32 logits makes a dense nll_loss gradient and a log_softmax gradient (4 + 4); fused
@@ -106,6 +120,9 @@ class MemoryConventions:
     unfused_score_saved_bytes: int = 2
     unfused_score_work_bytes: int = 4
     fp8_weight_cache_bytes: int = 0
+    fp8_input_saved_bytes: int | None = None
+    fp8_shared_input_saved_bytes: int | None = None
+    fp8_expert_glu_input_saved_bytes: int | None = None
     loss_work_bytes: int = 8
     loss_saved_bytes: int = 4
     step_cached_bytes: int = 0
@@ -150,6 +167,11 @@ _UNITS = {
     "unfused_score_saved_bytes": ("bytes per attention-score element", 2),
     "unfused_score_work_bytes": ("bytes per attention-score element", 4),
     "fp8_weight_cache_bytes": ("bytes per Linear parameter", 0),
+    "fp8_input_saved_bytes": ("bytes per element of a Linear's input only Linears keep", 1),
+    "fp8_shared_input_saved_bytes": ("bytes per element of a Linear's input another op keeps "
+                                     "too", 3),
+    "fp8_expert_glu_input_saved_bytes": ("bytes per element of a routed expert's gated-unit "
+                                         "input", 1),
     "loss_work_bytes": ("bytes per logit element", 8),
     "loss_saved_bytes": ("bytes per logit element", 4),
     "step_cached_bytes": ("bytes per optimizer-held parameter", 0),
@@ -162,7 +184,10 @@ _UNITS = {
 #: Fields that may be None, and what None stands for.
 _NONE_MEANS = {"weight_bytes": "the training dtype's bytes",
                "grad_bytes": "the cost model's CostParams.grad_bytes",
-               "moment_bytes": "the training config's optimizer_state_dtype"}
+               "moment_bytes": "the training config's optimizer_state_dtype",
+               "fp8_input_saved_bytes": "the training dtype's bytes (the input itself)",
+               "fp8_shared_input_saved_bytes": "the training dtype's bytes (one tensor kept)",
+               "fp8_expert_glu_input_saved_bytes": "the training dtype's bytes"}
 
 _MATH_SDPA = ("torch 2.13 aten _scaled_dot_product_attention_math on bf16 inputs upcasts to fp32 "
               "(measured: saved_tensors_hooks show the fp32 [b, h, s, s] softmax output saved)")
@@ -207,6 +232,34 @@ _NATIVE_GQA = ("autopar's own model passes the kv heads to the kernel (autopar/m
                "these conventions is not established to repeat K and V (set 1 where its model "
                "does, as torchtitan's)")
 
+_TE_FP8_INPUT = (
+    "Transformer Engine keeps the FP8 cast of a Linear's input for the weight-gradient GEMM, "
+    "not the bf16 input: v1.5-v1.12 (2024) module/linear.py forward 'saved_inputmat_t = "
+    "inputmat_t' (the FP8 transpose, or the FP8 'inputmat' when no transpose was made) in "
+    "ctx.save_for_backward, the bf16 input only without fp8; layernorm_linear.py: the norm "
+    "kernel writes ln_out as uint8 under fp8 and 'ln_out' is saved; v2.4 (2025-06) linear.py "
+    "'inputmat.update_usage(rowwise_usage=False, columnwise_usage=True)' then "
+    "prepare_for_saving(saved_inputmat, ...) (rowwise only when a sequence-parallel column "
+    "Linear gathers it again in backward; one FP8 copy either way, MXFP8 included), "
+    "layernorm_linear.py 'ln_out.update_usage(rowwise_usage=False)' likewise; grouped_linear.py "
+    "(the experts of Megatron-Core's TEGroupedMLP) the same per expert: v1.12 "
+    "'saved_inputmats_t = inputmats_t', v2.4 'inputmat.update_usage(rowwise_usage=False, "
+    "columnwise_usage=True)' before prepare_for_saving(*inputmats, ...); Megatron-Core "
+    "runs one Linear per fused input (linear_qkv, linear_fc1: TELayerNormColumnParallelLinear), "
+    "so one copy per saved input: 1 (+ one fp32 scale per tensor, not counted)")
+_TE_FP8_SHARED = (
+    "the other op keeps the bf16 tensor (flash / cuDNN attention keeps its output 'out' for "
+    "backward) and Transformer Engine's Linear (linear_proj, TERowParallelLinear: "
+    "module/linear.py as fp8_input_saved_bytes) an FP8 copy beside it: 2 + 1")
+_TORCHAO_FP8_INPUT = (
+    "torchao float8 since v0.9.0 (2025-02-20) float8/float8_linear.py "
+    "matmul_with_hp_or_float8_args.forward: 'ctx.save_for_backward(input_hp, weight_hp_t)', "
+    "the high-precision input, cast again in backward: None. Earlier releases (v0.5.0-v0.8.0, "
+    "tensorwise scaling) saved 'input_fp8' per Float8Linear in eager mode; under torch.compile "
+    "the partitioner chooses what to save: not modelled")
+_NO_FP8_LINEARS = ("no FP8 Linear: precision 'fp8' runs its Linears in bf16 here "
+                   "(autopar/runtime/dp.py _DTYPES maps fp8 to bfloat16): None")
+
 #: The MoE fields of a stack that runs the model's own MoE block as the graph traces it.
 GRAPH_MOE_SOURCES = {
     "moe_combine_saved": "the graph's count: transformers' MoE blocks (Qwen3MoeSparseMoeBlock, "
@@ -238,6 +291,9 @@ TORCH_MEMORY = MemoryConventions(
         "unfused_score_saved_bytes": _MATH_SDPA,
         "unfused_score_work_bytes": _MATH_SDPA_WORK,
         "fp8_weight_cache_bytes": "torchao Float8Linear casts the weight every forward",
+        "fp8_input_saved_bytes": _NO_FP8_LINEARS,
+        "fp8_shared_input_saved_bytes": _NO_FP8_LINEARS,
+        "fp8_expert_glu_input_saved_bytes": _NO_FP8_LINEARS,
         "loss_work_bytes": "autopar/runtime/apply.py lm_loss: " + _TORCH_CE,
         "loss_saved_bytes": _TORCH_CE_SAVED,
         "step_cached_bytes": _PER_TENSOR_STEP,
@@ -271,6 +327,10 @@ TORCHTITAN_MEMORY = MemoryConventions(
         "unfused_score_work_bytes": _MATH_SDPA_WORK,
         "fp8_weight_cache_bytes": "torchao Float8Linear (torchtitan's Float8 converter) casts "
                                   "the weight every forward",
+        "fp8_input_saved_bytes": _TORCHAO_FP8_INPUT,
+        "fp8_shared_input_saved_bytes": _TORCHAO_FP8_INPUT,
+        "fp8_expert_glu_input_saved_bytes": "torchao float8 converts Linears only; the MoE's "
+                                            "activation runs on the bf16 GEMM output: None",
         "loss_work_bytes": "components/loss.py cross_entropy_loss: " + _TORCH_CE,
         "loss_saved_bytes": _TORCH_CE_SAVED,
         "step_cached_bytes": "fused AdamW allocates no per-step buffers; " + _PER_TENSOR_STEP,
@@ -285,7 +345,8 @@ TORCHTITAN_MEMORY = MemoryConventions(
 
 MEGATRON_MEMORY = MemoryConventions(
     grad_bytes=4, unfused_score_saved_bytes=2, unfused_score_work_bytes=4,
-    fp8_weight_cache_bytes=2, loss_work_bytes=2, moe_combine_saved=0, expert_input_gathered=1,
+    fp8_weight_cache_bytes=2, fp8_input_saved_bytes=1, fp8_shared_input_saved_bytes=3,
+    loss_work_bytes=2, moe_combine_saved=0, expert_input_gathered=1,
     sources={
         "weight_bytes": "arguments.py --bf16: params_dtype bfloat16",
         "grad_bytes": "arguments.py (line 1207): 'bfloat16 requires gradient accumulation and "
@@ -303,6 +364,12 @@ MEGATRON_MEMORY = MemoryConventions(
         "unfused_score_work_bytes": "bf16 gradients of the probabilities and of the scores",
         "fp8_weight_cache_bytes": "Transformer Engine Linear caches the FP8 weight and its FP8 "
                                   "transpose across micro-batches (is_first_microbatch)",
+        "fp8_input_saved_bytes": _TE_FP8_INPUT,
+        "fp8_shared_input_saved_bytes": _TE_FP8_SHARED,
+        "fp8_expert_glu_input_saved_bytes": "megatron/core/transformer/moe/experts.py "
+                                            "TEGroupedMLP: the grouped fc1 GEMM returns bf16 "
+                                            "and the fused (weighted) SwiGLU saves it as it is: "
+                                            "None",
         "loss_work_bytes": "megatron/core/tensor_parallel/cross_entropy.py "
                            "_VocabParallelCrossEntropy: backward writes the gradient into the "
                            "saved fp32 softmax in place; its bf16 cast: 2",
@@ -348,6 +415,10 @@ DEEPSPEED_MEMORY = MemoryConventions(
                                      "torch SDPA's math path when not fused. " + _MATH_SDPA,
         "unfused_score_work_bytes": _MATH_SDPA_WORK,
         "fp8_weight_cache_bytes": "no FP8 weight cache in the DeepSpeed engine",
+        "fp8_input_saved_bytes": "the DeepSpeed engine has no FP8 Linear of its own: None",
+        "fp8_shared_input_saved_bytes": "the DeepSpeed engine has no FP8 Linear of its own: None",
+        "fp8_expert_glu_input_saved_bytes": "the DeepSpeed engine has no FP8 Linear of its own: "
+                                            "None",
         "loss_work_bytes": "the model's own loss (Hugging Face: F.cross_entropy on fp32 "
                            "logits): " + _TORCH_CE,
         "loss_saved_bytes": _TORCH_CE_SAVED,

@@ -123,7 +123,8 @@ def finish_layer(rec: Recorder, meta_of: dict[int, torch.Tensor], interp: Measur
         fwd_flops=float(sum(o.fwd_flops for o in ops)), bwd_flops=float(bwd),
         activations=ActivationBytes(seq=seq, tp=tp, core=core,
                                     layer_input=sum(tensor_nbytes(t) for t in inputs
-                                                    if t.is_floating_point())),
+                                                    if t.is_floating_point()),
+                                    **rec.linear_input_bytes(index)),
         output_bytes=sum(tensor_nbytes(t) for t in tensors_of(output)),
         tp_row_outputs=rows, tp_column_inputs=tuple(col_inputs.values()),
         attention_heads=heads[0], kv_heads=heads[1],

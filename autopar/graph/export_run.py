@@ -134,6 +134,12 @@ class ExportInterpreter(MeasuringInterpreter):
             return None
         return n.meta["val"].shape[-1]
 
+    def is_linear(self, n, out_features):
+        # replicated linears (MLA's down projections, gates) count too; routers do not
+        x, w = A.gemm_operands(n)
+        return (x is not None and n not in self.routers
+                and A.traced_param(w, set(self.param_nodes)) is not None)
+
     def matmul_input(self, n):
         return A.gemm_operands(n)[0]
 

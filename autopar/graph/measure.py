@@ -78,12 +78,17 @@ class Recorder:
     routed_rows: tuple[int, int, float] | None = None
     #: True while ops run that a fused kernel replaces (their saves are the kernel's, not theirs)
     suppress: bool = False
+    #: True while a Linear op runs (a GEMM against a weight, not a MoE router)
+    op_linear: bool = False
+    #: per saved storage, whether Linear ops (True) and other ops (False) saved it
+    saver_linear: dict[int, set[bool]] = field(default_factory=dict)
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         """saved_tensors_hooks pack hook: attribute a saved storage to the running op."""
         key = _storage_key(t)
         if key in self.excluded or self.suppress:
             return t
+        self.saver_linear.setdefault(key, set()).add(self.op_linear)
         entry = self.saved.get(key)
         if entry is None:
             region, core = self.producers.get(key, (self.op_region, self.op_is_core))
@@ -110,6 +115,21 @@ class Recorder:
             if key not in self.producers and key not in self.excluded:
                 self.producers[key] = (region, core)
                 self.keep_alive.append(t)
+
+    def linear_input_bytes(self, layer: int) -> dict[str, int]:
+        """Saved bytes of layer ``layer`` that Linear ops keep, as the
+        :class:`autopar.graph.types.ActivationBytes` fields ``linear_seq``, ``linear_tp`` (kept
+        by Linear ops only) and ``linear_shared_seq``, ``linear_shared_tp`` (kept by another op
+        too), split by region as ``seq`` and ``tp`` are."""
+        out = dict.fromkeys(("linear_seq", "linear_tp", "linear_shared_seq",
+                             "linear_shared_tp"), 0)
+        for key, s in self.saved.items():
+            savers = self.saver_linear.get(key, set())
+            if s.layer != layer or True not in savers or (s.core_producer and s.savers_core):
+                continue
+            shared = "_shared" if False in savers else ""
+            out[f"linear{shared}_{'tp' if s.region == 'tp' else 'seq'}"] += s.nbytes
+        return out
 
     def new_params(self, params: list[torch.Tensor]) -> int:
         """Elements of parameters not seen before (tied weights count once)."""
@@ -240,6 +260,11 @@ class MeasuringInterpreter(fx.Interpreter):
         weight = n.args[1] if len(n.args) > 1 else n.kwargs.get("weight")
         return self.env[weight].shape[0]  # F.linear: the weight's rows
 
+    def is_linear(self, n: fx.Node, out_features: int | None) -> bool:
+        """True for a GEMM against a weight that is not a MoE router (what an FP8 framework
+        runs in FP8): here, a TP-shardable linear (``out_features`` not None)."""
+        return out_features is not None
+
     def gemm_dims(self, n: fx.Node, inputs: list[torch.Tensor], result) -> tuple[int, ...]:
         """(M, K, N) of a linear layer's GEMM from its input and output."""
         out = tensors_of(result)[0]
@@ -293,6 +318,7 @@ class MeasuringInterpreter(fx.Interpreter):
         self.region[n] = region
         self.rec.op_name, self.rec.op_is_core, self.rec.op_region = n.name, kind == "attention", region
         self.rec.op_kind = kind
+        self.rec.op_linear = kind == "matmul" and self.is_linear(n, out_features)
         params_before = set(self.layer_params)
         flops_before = self.rec.flop_counter.get_total_flops()
         self._flops_override = None

@@ -86,12 +86,24 @@ class ActivationBytes:
     ``core`` the attention-internal bytes that selective recomputation drops (the 5as^2b terms
     without flash attention, the softmax statistics with it). ``layer_input`` is what full
     recomputation keeps (the 2sbh checkpoint).
+
+    Of ``seq`` and ``tp``, the inputs of Linear ops (GEMMs against a weight, MoE routers left
+    out) that a framework may keep in FP8 instead
+    (:attr:`autopar.frameworks.MemoryConventions.fp8_input_saved_bytes`): ``linear_seq`` /
+    ``linear_tp`` those only Linear ops keep (a norm's output, a gated unit's output),
+    ``linear_shared_seq`` / ``linear_shared_tp`` those another op keeps as well (the attention
+    output, which the attention kernel keeps for its own backward). 0 for graphs built
+    without a trace.
     """
 
     seq: int
     tp: int
     core: int
     layer_input: int
+    linear_seq: int = 0
+    linear_tp: int = 0
+    linear_shared_seq: int = 0
+    linear_shared_tp: int = 0
 
     @property
     def total(self) -> int:

@@ -2,7 +2,8 @@
 publish the software: Meta's Llama 3, DeepSeek's HAI-LLM, Skywork). Costed as Megatron-LM
 (capabilities, Transformer Engine kernels, fused optimizer) with the data-parallel reduction
 overlapping backward and without FSDP2's copies (memory conventions as Megatron-LM's of 2024:
-:data:`autopar.frameworks.stacks.megatron.MEMORY_BEFORE_CORE_0_13`); every
+:data:`autopar.frameworks.stacks.megatron.MEMORY_BEFORE_CORE_0_13`, but for FP8 activations,
+which follow the one FP8 run of these stacks, DeepSeek-V3's: :data:`MEMORY`); every
 value beyond Megatron-LM's is an assumption named in its source, not read from the stack."""
 
 from __future__ import annotations
@@ -26,10 +27,34 @@ SHARDED_DP = replace(
 
 CHOICES: Choices = replace(megatron.CHOICES, sharded_dp=SHARDED_DP)
 
+_DSV3_FP8 = "DeepSeek-V3 (arXiv 2412.19437) section 3.3.4, Low-Precision Storage: "
+#: Megatron-LM's 2024 conventions with DeepSeek-V3's FP8 activation caching (the only FP8 run
+#: of these stacks): Linear inputs in FP8 for the FP8 weight-gradient GEMM; the input of the
+#: Linear after attention, which the attention backward reads too, kept once; the routed
+#: experts' SwiGLU inputs in FP8. What the report recomputes (RMSNorm, MLA up-projections, the
+#: SwiGLU output) is a recompute choice, not a storage format, and is not part of this.
+MEMORY = replace(megatron.MEMORY_BEFORE_CORE_0_13, fp8_input_saved_bytes=1,
+                 fp8_shared_input_saved_bytes=2, fp8_expert_glu_input_saved_bytes=1, sources={
+    **megatron.MEMORY_BEFORE_CORE_0_13.sources,
+    "fp8_input_saved_bytes": _DSV3_FP8 + "the weight-gradient GEMM runs in FP8, so the "
+                             "activations the Linear operators keep for backward are cached in "
+                             "FP8 (E4M3, 1x128 tiles, one fp32 scale per tile, not counted); "
+                             "the activation before the MoE up-projections is quantised to FP8 "
+                             "before the dispatch: 1",
+    "fp8_shared_input_saved_bytes": _DSV3_FP8 + "the input of the Linear after attention, "
+                                    "which the attention backward reads as well, is cached in "
+                                    "a custom E5M6 format (12 bits per element; how it is "
+                                    "packed is not stated): one copy, counted at 2 bytes, the "
+                                    "graph's count",
+    "fp8_expert_glu_input_saved_bytes": _DSV3_FP8 + "the inputs of the MoE SwiGLU are cached "
+                                        "in FP8 with the fine-grained quantisation (its output "
+                                        "is recomputed in backward: a recompute choice): 1",
+})
+
 _CAPABILITIES = capabilities_of(megatron.PROFILE)
 _DUALPIPE = ("DeepSeek-V3 (arXiv 2412.19437) section 3.2.1: HAI-LLM trains with DualPipe, whose "
              "forward and backward chunks overlap the expert-parallel all-to-all with computation")
-PROFILE = compose(CHOICES, **{**_CAPABILITIES, "memory": megatron.MEMORY_BEFORE_CORE_0_13,
+PROFILE = compose(CHOICES, **{**_CAPABILITIES, "memory": MEMORY,
                               "schedules": (*_CAPABILITIES["schedules"], "dualpipe"),
                               "overlaps_ep_comm": ("dualpipe",),
                               "sources": {**_CAPABILITIES["sources"],

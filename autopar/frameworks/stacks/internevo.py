@@ -127,6 +127,9 @@ _COMMON = {
     "unfused_score_saved_bytes": "flash attention only (the runs use flash-attn)",
     "unfused_score_work_bytes": "flash attention only (the runs use flash-attn)",
     "fp8_weight_cache_bytes": "bf16 runs",
+    "fp8_input_saved_bytes": "bf16 runs: None",
+    "fp8_shared_input_saved_bytes": "bf16 runs: None",
+    "fp8_expert_glu_input_saved_bytes": "bf16 runs: None",
     "loss_work_bytes": f"{_AT_TAG} internlm/model/loss.py FlashGPTLMLoss: flash_attn "
                        "CrossEntropyLoss(inplace_backward=True)",
     "loss_saved_bytes": "as the graph measures (4 bytes per logit element): the dtype of the "
