@@ -20,9 +20,10 @@ RECOMPUTE_MODES = ("none", "selective", "selective-op", "full")
 #: Megatron-Core's selective-recompute submodules autopar prices (``--recompute-modules``; the
 #: names and their meaning: megatron/core/transformer/transformer_config.py ``recompute_modules``
 #: at d98e8a64, line 560), in that file's order. What each drops and repeats on autopar's op
-#: graph: :mod:`autopar.cost.selective`. Not priced: "mla_up_proj" and the Mamba / GatedDelta /
-#: hyper-connection modules.
-RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mlp", "moe", "shared_experts")
+#: graph: :mod:`autopar.cost.selective`. Not priced: the Mamba / GatedDelta / hyper-connection
+#: modules.
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
+                     "shared_experts")
 #: What a "selective" block recomputes when no modules are named: Megatron-Core's default
 #: (transformer_config.py ``__post_init__``: ``recompute_modules = ["core_attn"]``), Korthikanti
 #: et al. 2022's selective recomputation.

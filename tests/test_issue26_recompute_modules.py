@@ -51,8 +51,8 @@ def test_modules_are_stored_one_way():
     assert autopar.ParallelConfig(recompute="selective",
                                   recompute_modules=("core_attn",)).recompute_modules is None
     assert autopar.ParallelConfig(recompute="selective").selective_modules == ("core_attn",)
-    with pytest.raises(autopar.InvalidParallelConfig, match="mla_up_proj"):
-        autopar.ParallelConfig(recompute="selective", recompute_modules=("mla_up_proj",))
+    with pytest.raises(autopar.InvalidParallelConfig, match="mamba"):
+        autopar.ParallelConfig(recompute="selective", recompute_modules=("mamba",))
 
 
 def test_each_module_drops_the_tensors_its_checkpoint_frees(moe_graph):
@@ -161,3 +161,28 @@ def test_plan_apply_refuses_module_recompute():
         dp=8, ep=4, recompute="selective", recompute_modules=("moe",)), train=TRAIN)
     with pytest.raises(UnsupportedPlanError, match="to_megatron_args"):
         check_plan(plan)
+
+
+def test_mla_up_proj_drops_the_query_key_value_the_attention_saved(mixed, moe_graph):
+    """Megatron-Core's "mla_up_proj" (multi_latent_attention.py recompute_up_proj) frees the
+    up projections' outputs once the attention core ran: what the attention op saved less its
+    output; the up projections and rotary ops run again, the down projections do not. A block
+    without latent attention, or one that recomputes the attention core already, drops
+    nothing more."""
+    from autopar.cost.selective import ModuleRecompute, module_recompute
+    cm, _ = mixed
+    block = next(b for b in cm.graph.blocks if b.num_experts)
+    att = block_parts(block).attention[0]
+    saved = sum(n for name, part, n in block.saved_by_op
+                if name == block.ops[att].name and part != "core")
+    r = module_recompute(block, ("mla_up_proj",))
+    assert r.seq + r.tp == pytest.approx(saved - block.ops[att].bytes_written)
+    assert r.tp > 0 and r.core == 0
+    again = [block.ops[i] for i in r.ops]
+    assert all(i < att for i in r.ops)
+    assert any(o.kind == "matmul" and o.tp_role == "column" for o in again)   # up projections
+    assert not any(o.kind == "matmul" and not o.tp_role for o in again)      # not the down ones
+    both = module_recompute(block, ("core_attn", "mla_up_proj"))
+    assert both.tp == module_recompute(block, ("core_attn",)).tp
+    plain = moe_graph.blocks[0]   # grouped-query attention: nothing to drop
+    assert module_recompute(plain, ("mla_up_proj",)) == ModuleRecompute()

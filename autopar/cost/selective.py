@@ -28,6 +28,16 @@ input norm, attention, output projection, pre-MLP norm, MLP or MoE layer):
   layers (``pre_mlp_layernorm=backend.layer_norm() if num_experts else IdentityOp``);
 - "moe_act" (``moe/experts.py`` ``TEGroupedMLP.forward``, ``activation_recompute``): the routed
   experts' activation, whose output (the second expert GEMM's input) is dropped;
+- "mla_up_proj" (``multi_latent_attention.py`` ``MLASelfAttention``, ``recompute_up_proj``: the
+  query and key-value up projections and the rotary embedding run under
+  ``CheckpointWithoutOutput``, whose output is discarded once the attention core has run,
+  ``qkv_up_checkpoint.discard_output_and_register_recompute``): in a multi-latent attention
+  block (one whose down projections, replicated GEMMs, precede the attention), the query, key
+  and value the attention op saved are dropped (what it saved less its output), and the ops from
+  the first up projection to the attention, norms and down projections apart, run again. A no-op
+  elsewhere, and under "core_attn", which drops the attention's saved tensors already. DeepSeek-
+  V3's recipe (arXiv 2412.19437 section 3.2.3: RMSNorm and MLA up-projection outputs
+  recomputed, the SwiGLU output too) is "layernorm", "mla_up_proj", "moe_act";
 - "moe" (``moe/moe_layer.py`` ``moe_layer_recompute``): the whole MoE layer, router, dispatch,
   experts, combine and shared experts; its forward repeats the dispatch and combine
   all-to-alls (priced in :mod:`autopar.cost.blocks`);
@@ -186,6 +196,20 @@ def module_recompute(layer: Layer, modules: tuple[str, ...]) -> ModuleRecompute:
         for i in norms:
             dropped["seq"] += ops[i].bytes_written
             again.add(i)
+    att = parts.attention[0] if parts.attention else None
+    down = [i for i in range(att or 0) if ops[i].kind == "matmul" and not ops[i].tp_role]
+    if "mla_up_proj" in modules and "core_attn" not in modules and down and att is not None:
+        up = next((i for i in range(down[0], att) if ops[i].kind == "matmul"
+                   and ops[i].tp_role), None)
+        if up is not None:
+            for part, nbytes in saved_at.get(att, {}).items():
+                if part != "core":
+                    dropped[part] += nbytes
+            # the attention's output stays saved (its own backward needs it)
+            out_part = ops[att].region if ops[att].region in ("seq", "tp") else "tp"
+            dropped[out_part] = max(0.0, dropped[out_part] - ops[att].bytes_written)
+            again.update(i for i in range(up, att) if ops[i].kind != "norm"
+                         and not (ops[i].kind == "matmul" and not ops[i].tp_role))
     if moe and "moe" in modules:
         # the MoE layer after its (separate) pre-MLP norm; the norm's output, which its first
         # op saved, is the checkpoint's input: kept, or dropped above by "layernorm"
