@@ -106,15 +106,18 @@ def test_cli_check_of_a_file_prints_flags_and_step_times(tmp_path, capsys):
     assert main(["plan", "--model", "llama3-8b", "--cluster", "2x8xA100-80GB", "--global-batch",
                  "64", "--seq-len", "2048", "--out", str(plan)]) == 0
     capsys.readouterr()
-    assert main(["calibrate", "--check", "--calibration", str(cal), "--plan", str(plan)]) == 0
+    # exit code 1: a link is short (as a health check's failure)
+    assert main(["calibrate", "--check", "--calibration", str(cal), "--plan", str(plan)]) == 1
     text = capsys.readouterr().out
     assert text.count("SHORT") == 4 and "short: inter-node all_reduce at 8 GiB" in text
     assert "with the catalogue's links" in text and "231.6 GB/s at 8 GiB" in text
-    assert main(["calibrate", "--check", "--calibration", str(cal), "--json"]) == 0
+    assert main(["calibrate", "--check", "--calibration", str(cal), "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert len([v for v in data["verdicts"] if v["short"]]) == 4 and data["cost"] is None
     assert main(["calibrate", "--model", "tiny-llama"]) == 2
     assert "needs --model and --out (or --check)" in capsys.readouterr().err
+    _cal().to_json(cal)
+    assert main(["calibrate", "--check", "--calibration", str(cal)]) == 0
     assert main(["calibrate", "--model", "x", "--out", "y", "--threshold", "0.5"]) == 2
     assert "belong to --check" in capsys.readouterr().err
 

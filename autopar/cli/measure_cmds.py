@@ -238,6 +238,7 @@ def cmd_check(args, out: Console, err: Console) -> dict | None:
     if reference_cluster(cal, cluster) is None:
         return _unreferenced(args, cal, out)
     report = _cost(args, cal, check_links(cal, cluster, args.threshold))
+    args.short_links = len(report.short)  # the command's exit code: 1 when any is short
     if args.json:
         return report.to_dict()
     w = cal.world
