@@ -147,7 +147,8 @@ def check_links(calibration: Calibration | str | Path | dict, cluster: Cluster |
                                  "processes.")
     points, notes = [], []
     for s in samples:
-        pred = predicted_seconds(ref, s)
+        fits = s.group_size <= (ref.gpus_per_node if s.scope == "intra" else ref.num_nodes)
+        pred = predicted_seconds(ref, s) if fits else float("nan")
         if not pred > 0:
             notes.append(f"{s.scope} {s.op} over {s.group_size} ranks does not fit {ref.name}: "
                          "not compared.")
@@ -166,7 +167,7 @@ def check_links(calibration: Calibration | str | Path | dict, cluster: Cluster |
             v.scope == "inter" for v in verdicts):
         notes.append(f"rails were measured with {cal.world.local_world_size} ranks per node "
                      f"sharing the NICs; {ref.name} has {ref.gpus_per_node} GPUs per node.")
-    return CheckReport(ref.name, tuple(verdicts), tuple(points), None, tuple(notes))
+    return CheckReport(ref.name, tuple(verdicts), tuple(points), None, tuple(dict.fromkeys(notes)))
 
 
 def _verdict(top: LinkVerdict, mine: list[LinkVerdict], ref: Cluster) -> LinkVerdict:
