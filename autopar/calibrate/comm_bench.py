@@ -57,6 +57,12 @@ def group_sets(world: int, local: int) -> list[GroupSet]:
     return out
 
 
+def check_group_sets(world: int, local: int) -> list[GroupSet]:
+    """The shapes ``autopar calibrate --check`` measures: a node's ranks as one group (the
+    one-node run nccl-tests makes) and the rail groups across nodes."""
+    return [gs for gs in group_sets(world, local) if gs.scope == "inter" or gs.size == local]
+
+
 def sizes(min_bytes: int, max_bytes: int) -> list[int]:
     """min_bytes, 4 x min_bytes, ... up to max_bytes (bytes)."""
     out, n = [], min_bytes
@@ -95,21 +101,22 @@ def _op_call(op: str, nbytes: int, n: int, group, rank_in: int, pair_peer: int |
 
 
 def bench_collectives(world: int, local: int, byte_sizes: list[int], device: torch.device,
-                      clock: Clock) -> list[CollectiveSample]:
-    """Time every op of :data:`COLLECTIVE_OPS` at every size over every group shape of
-    :func:`group_sets` (stopping, on every rank together, past the clock's deadline).
+                      clock: Clock, shapes: list[GroupSet] | None = None,
+                      ops: tuple[str, ...] = COLLECTIVE_OPS) -> list[CollectiveSample]:
+    """Time every op of ``ops`` at every size over every group shape of ``shapes`` (default
+    :func:`group_sets`), stopping, on every rank together, past the clock's deadline.
 
     Returns the samples with the slowest rank's median seconds (the same list on every rank).
     """
     rank = dist.get_rank()
     out: list[CollectiveSample] = []
-    for gs in group_sets(world, local):
+    for gs in (group_sets(world, local) if shapes is None else shapes):
         mine, _ = dist.new_subgroups_by_enumeration([list(g) for g in gs.groups])
         members = next(g for g in gs.groups if rank in g)
         idx = members.index(rank)
         peer_idx = idx + 1 if idx % 2 == 0 else idx - 1
         peer = members[peer_idx] if peer_idx < len(members) else None
-        for op in COLLECTIVE_OPS:
+        for op in ops:
             if op == "send_recv" and gs.scope == "intra" and gs.size > 2:
                 continue  # the same pairs as in groups of 2
             size_n = 2 if op == "send_recv" else gs.size

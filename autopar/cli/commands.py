@@ -268,7 +268,7 @@ def run(argv=None) -> int:
     KeyboardInterrupt raised here (Ctrl-C before a search has started) with exit code 130.
 
     Returns:
-        The exit code: 0 ok, 2 bad input.
+        The exit code: 0 ok, 2 bad input, 1 when ``calibrate --check`` finds a short link.
     """
     args = build_parser().parse_args(argv)
     err = Console(stderr=True, soft_wrap=True)
@@ -299,7 +299,7 @@ def run(argv=None) -> int:
             data = run(args, out, err)
             if data is not None:
                 print(json.dumps(data, indent=2, sort_keys=True, default=str))
-            return 0
+            return 1 if getattr(args, "short_links", 0) else 0  # calibrate --check's verdict
         check_outputs(args)
         problem, par, notes = read_problem(args)  # graph extraction: Ctrl-C ends the command
         if args.command == "estimate":

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import InvalidCalibration, output_error
+from ..hardware import Cluster
 from .inputs import model_arg
 
 
@@ -18,9 +19,28 @@ def add_parsers(sub, positive_float, int_at_least) -> None:
     """Add the ``calibrate`` and ``measure`` subcommands to ``sub`` (argparse subparsers)."""
     c = sub.add_parser("calibrate", help="measure this cluster (run under torchrun) and write a "
                        "calibration file for --calibration")
-    c.add_argument("--model", required=True,
-                   help="preset name or JSON model dict whose GEMM and attention shapes to time")
-    c.add_argument("--out", required=True, help="calibration file to write (JSON)")
+    c.add_argument("--model", default=None,
+                   help="preset name or JSON model dict whose GEMM and attention shapes to time "
+                        "(required without --check; with --check: the model whose best plan on "
+                        "--cluster is re-estimated)")
+    c.add_argument("--out", default=None, help="calibration file to write (JSON; required "
+                   "without --check)")
+    c.add_argument("--check", action="store_true",
+                   help="measure the collectives only and flag links whose bus bandwidth falls "
+                        "short of the catalogue and published nccl-tests runs, with what it "
+                        "costs a plan (docs/calibrate.md)")
+    c.add_argument("--calibration", metavar="FILE", default=None,
+                   help="with --check: check this calibration file's collectives instead of "
+                        "measuring")
+    c.add_argument("--cluster", metavar="SPEC", default=None,
+                   help="with --check: the cluster the links should match (default: the plan's, "
+                        "else the measured GPU's catalogue node)")
+    c.add_argument("--plan", metavar="FILE", default=None,
+                   help="with --check: plan file re-estimated with the measured links")
+    c.add_argument("--threshold", type=positive_float, default=None,
+                   help="with --check: ratio to the catalogue's bus bandwidth below which a link "
+                        "is short, in (0, 1] (default: the lowest ratio of a healthy published "
+                        "nccl-tests run at that size)")
     c.add_argument("--seq-len", type=int, default=None,
                    help="sequence length of the attention and GEMM shapes (default: the model's)")
     c.add_argument("--precision", default=None, choices=["fp32", "tf32", "bf16", "fp16"],
@@ -67,10 +87,20 @@ def _sizes(args) -> None:
 
 
 def cmd_calibrate(args, out: Console, err: Console) -> dict | None:
-    """Run the calibration; rank 0 writes ``--out`` and prints the comparison table."""
+    """Run the calibration; rank 0 writes ``--out`` and prints the comparison table
+    (``--check``: :func:`cmd_check`)."""
     from ..calibrate.run import (Options, comparison, fit_warnings, init_distributed,
                                  run_calibration)
     _sizes(args)
+    with_check = ("calibration", "cluster", "plan", "threshold")
+    if not args.check and any(getattr(args, f) is not None for f in with_check):
+        raise InvalidCalibration("--calibration, --cluster, --plan and --threshold belong to "
+                                 "--check. Fix: add --check, or drop them.")
+    if args.check:
+        return cmd_check(args, out, err)
+    if args.model is None or args.out is None:
+        raise InvalidCalibration("calibrate needs --model and --out (or --check). Fix: e.g. "
+                                 "`autopar calibrate --model llama3-8b --out cal.json`.")
     device, owned = init_distributed()
     try:
         cal = run_calibration(Options(model=model_arg(args.model), seq_len=args.seq_len,
@@ -149,3 +179,125 @@ def cmd_measure(args, out: Console, err: Console) -> dict | None:
         out.print(f"note: {rec['notes']}", style="yellow", highlight=False)
     err.print(f"wrote {args.out}", style="dim")
     return None
+
+
+def _measured(args):
+    """The check's calibration: ``--calibration``'s file, else measured now on every rank
+    (None on ranks other than 0); ``--out`` written by rank 0."""
+    from ..calibrate import load_calibration
+    from ..calibrate.check import measure_links
+    from ..calibrate.run import init_distributed
+    if args.calibration:
+        return load_calibration(args.calibration)
+    device, owned = init_distributed()
+    try:
+        cal = measure_links(device, args.min_bytes, args.max_bytes, args.budget, args.device)
+        rank = dist.get_rank()
+    finally:
+        if owned:
+            dist.destroy_process_group()
+    if rank != 0:
+        return None
+    if args.out:
+        cal.to_json(args.out)
+    return cal
+
+
+def _cost(args, cal, report):
+    """``report`` with the cost of ``--plan`` (or of ``--model``'s best plan on the reference),
+    or a note saying why there is none."""
+    from ..calibrate.check import plan_cost, problem_cost, reference_cluster, with_cost
+    from ..errors import AutoparError
+    try:
+        if args.plan:
+            cost = plan_cost(args.plan, cal, Cluster.from_spec(args.cluster) if args.cluster
+                             else None)
+        elif args.model:
+            cost = problem_cost(model_arg(args.model), reference_cluster(cal, args.cluster), cal,
+                                args.seq_len)
+        else:
+            return with_cost(report, None, "no plan priced: pass --plan FILE or --model NAME to "
+                                           "see what the measured links cost a step.")
+    except AutoparError as exc:
+        return with_cost(report, None, f"the plan was not re-estimated with the measured links: "
+                                       f"{exc}")
+    return with_cost(report, cost)
+
+
+def cmd_check(args, out: Console, err: Console) -> dict | None:
+    """``calibrate --check``: rank 0 prints each link's measured bus bandwidth against the
+    catalogue and published runs, flags the short ones and prices the plan both ways."""
+    from ..calibrate.check import check_links, reference_cluster
+    from ..plan import Plan
+    cal = _measured(args)
+    if cal is None:
+        return None
+    cluster = args.cluster
+    if cluster is None and args.plan:
+        cluster = Plan.from_json(args.plan).cluster
+    if reference_cluster(cal, cluster) is None:
+        return _unreferenced(args, cal, out)
+    report = _cost(args, cal, check_links(cal, cluster, args.threshold))
+    args.short_links = len(report.short)  # the command's exit code: 1 when any is short
+    if args.json:
+        return report.to_dict()
+    w = cal.world
+    out.print(f"[bold]autopar calibrate --check[/bold]: {w.world_size} ranks on {w.num_nodes} "
+              f"node(s) ({cal.device.name}, {cal.backend}) against {report.cluster}")
+    t = Table("link", "op", "size", "measured busbw", "catalogue", "ratio", "short below",
+              "published (same fabric)", "verdict")
+    for v in report.verdicts:
+        where = (f"node ({v.group_size} ranks)" if v.scope == "intra"
+                 else f"rails ({v.nodes} nodes)")
+        pub = "-"
+        if v.published is not None:
+            pub = (f"{v.published.busbw_Bps / 1e9:.1f} GB/s at "
+                   f"{v.published.nbytes / 2 ** 30:.0f} GiB")
+            pub += (f" (x{v.published_ratio:.2f})" if v.published_ratio is not None
+                    else " (not measured at that size: --max-bytes)")
+        t.add_row(where, v.op, _size(v.nbytes), f"{v.measured_Bps / 1e9:.3g} GB/s",
+                  f"{v.expected_Bps / 1e9:.3g} GB/s", f"{v.ratio:.2f}", f"{v.threshold:.2f}",
+                  pub, "[bold red]SHORT[/bold red]" if v.short else "ok")
+    out.print(t)
+    for v in report.short:
+        out.print(f"short: {v.scope}-node {v.op} at {_size(v.nbytes)}: {v.short}",
+                  style="bold red", highlight=False)
+    for thr, src in dict.fromkeys((v.threshold, v.threshold_source) for v in report.verdicts):
+        out.print(f"short below {thr:.2f}: {src}", style="dim", highlight=False)
+    if report.cost is not None:
+        c = report.cost
+        out.print(f"step time of {c.plan}: {c.catalog_step_s:.4g} s with the catalogue's links, "
+                  f"{c.measured_step_s:.4g} s with the measured ones ({c.slowdown:.2f}x)",
+                  highlight=False)
+        for n in c.notes:
+            out.print(f"note: {n}", style="yellow", highlight=False)
+    for n in report.notes:
+        out.print(f"note: {n}", style="yellow", highlight=False)
+    return None
+
+
+def _unreferenced(args, cal, out: Console) -> dict | None:
+    """Measured bus bandwidths alone, for a device with no catalogue row and no --cluster."""
+    from ..hardware.collectives import bus_factor
+    rows = [{"scope": c.scope, "op": c.op, "group_size": c.group_size, "nbytes": c.nbytes,
+             "busbw_Bps": c.nbytes / c.seconds * bus_factor(c.op, c.group_size)}
+            for c in cal.collectives]
+    note = (f"{cal.device.name} has no catalogue row: nothing to check the links against. "
+            "Fix: pass --cluster SPEC naming the fabric they should match"
+            + (f"; the measurements are in {args.out} (--calibration)." if args.out else "."))
+    if args.json:
+        return {"measured": rows, "notes": [note]}
+    t = Table("link", "op", "size", "measured busbw")
+    for r in rows:
+        t.add_row(f"{r['scope']} ({r['group_size']} ranks)", r["op"], _size(r["nbytes"]),
+                  f"{r['busbw_Bps'] / 1e9:.3g} GB/s")
+    out.print(t)
+    out.print(f"note: {note}", style="yellow", highlight=False)
+    return None
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.0f} {unit}"
+    return f"{nbytes} B"
