@@ -84,9 +84,9 @@ def _reestimate(kw: dict, **kwargs) -> dict:
     return reestimate(kw, **kwargs)
 
 
-def _nearest(cm, framework: str, planned) -> str:
+def _nearest(cm, framework: str, planned, limits: dict | None = None) -> str:
     from .alternatives import nearest
-    return nearest(cm, framework, planned)
+    return nearest(cm, framework, planned, limits)
 
 
 for _name, _fn in (("plan_summary", _plan_summary), ("apply", _apply), ("export", _export),

@@ -110,17 +110,23 @@ def _stopped(c: Comparison) -> Comparison:
     return replace(c, note=" ".join(filter(None, (c.note, UNREACHED))))
 
 
-def nearest(cm: CostModel, framework: str, planned: Estimate) -> str:
+def nearest(cm: CostModel, framework: str, planned: Estimate,
+            limits: dict | None = None) -> str:
     """The nearest plan ``framework`` can run, as one line: the best plan with the planned
     degrees (tp, pp, cp, dp) if one fits under the framework, else the best plan of a new
     search restricted to the framework (``optimize(..., TrainingConfig(framework=...))``).
-    ``cm``: the cost model of the plan's problem under ``framework``'s profile.
+    ``cm``: the cost model of the plan's problem under ``framework``'s profile; ``limits``:
+    degrees the exported file's runner fixes whatever the profile allows (e.g. ``pp=1`` for
+    Accelerate, which has no pipeline), kept in every search and named in the fix.
     """
     c = planned.config
+    limits = dict(limits or {})
     found = None
-    tries = [None]
-    if c.cp == 1 or get_profile(framework).cp_modes:   # the planned mesh is one it can run
-        tries.insert(0, dict(tp=c.tp, pp=c.pp, cp=c.cp, dp=c.dp))
+    tries = [limits or None]
+    planned_mesh = dict(tp=c.tp, pp=c.pp, cp=c.cp, dp=c.dp)
+    if (c.cp == 1 or get_profile(framework).cp_modes) and all(
+            getattr(c, k) == v for k, v in limits.items()):   # a mesh it can run
+        tries.insert(0, {**planned_mesh, **limits})
     for fixed in tries:
         try:
             found = search(cm, fixed, top_k=1).best
@@ -129,10 +135,18 @@ def nearest(cm: CostModel, framework: str, planned: Estimate) -> str:
             continue
     if found is None:
         return (f"no plan {framework} can run fits on this cluster (autopar searched with "
-                f"framework={framework!r}). Fix: more or larger GPUs, or a smaller batch")
+                f"framework={framework!r}{_limits_text(limits, ', ')}). Fix: more or larger "
+                "GPUs, or a smaller batch")
     change = pct_text(found.step_time_s, planned.step_time_s)
-    return (f"nearest plan {framework} can run: {describe(found.config)}: "
+    return (f"nearest plan {framework} can run{_limits_text(limits, ' with ')}: "
+            f"{describe(found.config)}: "
             f"{found.step_time_s:.4g} s per step ({change} vs the plan), "
             f"{found.memory_per_gpu_bytes / GB:.1f} GB per GPU. Fix: export "
-            f"that plan (autopar plan ... --framework {framework}, or "
-            f"autopar.optimize(..., TrainingConfig(..., framework={framework!r})))")
+            f"that plan (autopar plan ... --framework {framework}"
+            + "".join(f" --{k} {v}" for k, v in limits.items())
+            + f", or autopar.optimize(..., TrainingConfig(..., framework={framework!r})"
+            + (f", fixed={limits!r}" if limits else "") + "))")
+
+
+def _limits_text(limits: dict, sep: str) -> str:
+    return sep + " ".join(f"{k}={v}" for k, v in limits.items()) if limits else ""

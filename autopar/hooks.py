@@ -23,9 +23,11 @@ SERVICES = {
     "apply": "(plan, model, **kw) -> ParallelRun: autopar.runtime.apply",
     "export": "(name, plan, *args, **kw) -> Export: autopar.runtime's exporter or launcher "
               "`name` (to_megatron_args, to_torchtitan_toml, to_deepspeed_config, "
-              "to_torchrun_command, to_slurm_script)",
+              "to_accelerate_config, to_colossalai_plugin, to_torchrun_command, "
+              "to_slurm_script)",
     "reestimate": "(plan-file fields, **kw) -> fields: autopar.reestimate.reestimate",
-    "nearest": "(cost model, framework, planned estimate) -> str: autopar.alternatives.nearest",
+    "nearest": "(cost model, framework, planned estimate, limits=None) -> str: "
+               "autopar.alternatives.nearest",
 }
 
 _provided: dict[str, Callable] = {}

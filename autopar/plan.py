@@ -124,6 +124,14 @@ class Plan:
         """DeepSpeed config: :func:`autopar.runtime.to_deepspeed_config`."""
         return hooks.call("export", "to_deepspeed_config", self)
 
+    def to_accelerate_config(self, plugin: str = "fsdp"):
+        """Accelerate launch YAML: :func:`autopar.runtime.to_accelerate_config`."""
+        return hooks.call("export", "to_accelerate_config", self, plugin)
+
+    def to_colossalai_plugin(self):
+        """Colossal-AI plugin arguments: :func:`autopar.runtime.to_colossalai_plugin`."""
+        return hooks.call("export", "to_colossalai_plugin", self)
+
     def to_torchrun_command(self, script: str = "train.py", **kwargs):
         """torchrun command: :func:`autopar.runtime.to_torchrun_command`."""
         return hooks.call("export", "to_torchrun_command", self, script, **kwargs)

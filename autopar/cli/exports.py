@@ -11,9 +11,12 @@ from pathlib import Path
 from ..errors import InvalidTrainingConfig, MissingDependency, output_error
 
 
-#: ``--export`` targets: framework -> Plan method.
-EXPORTERS = {"megatron": "to_megatron_args", "torchtitan": "to_torchtitan_toml",
-             "deepspeed": "to_deepspeed_config"}
+#: ``--export`` targets: name -> (Plan method, its keyword arguments).
+EXPORTERS = {"megatron": ("to_megatron_args", {}), "torchtitan": ("to_torchtitan_toml", {}),
+             "deepspeed": ("to_deepspeed_config", {}),
+             "accelerate-fsdp": ("to_accelerate_config", {"plugin": "fsdp"}),
+             "accelerate-deepspeed": ("to_accelerate_config", {"plugin": "deepspeed"}),
+             "colossalai": ("to_colossalai_plugin", {})}
 
 
 def check_outputs(args) -> None:
@@ -55,7 +58,8 @@ def export_plan(args, plan) -> dict | None:
     if framework not in EXPORTERS:
         raise InvalidTrainingConfig(f"--export {framework!r}: autopar exports to "
                                     f"{', '.join(EXPORTERS)}. Fix: e.g. --export megatron args.txt")
-    ex = getattr(plan, EXPORTERS[framework])()
+    method, kwargs = EXPORTERS[framework]
+    ex = getattr(plan, method)(**kwargs)
     try:
         Path(path).write_text(ex.text())
     except OSError as exc:

@@ -1,10 +1,12 @@
 """Run a plan on stock ``torch.distributed`` (:func:`apply`) and export it to other frameworks
-(Megatron-LM, torchtitan, DeepSpeed, torchrun, Slurm). See docs/runtime.md."""
+(Megatron-LM, torchtitan, DeepSpeed, Accelerate, Colossal-AI, torchrun, Slurm). See docs/runtime.md."""
 
 from .apply import ParallelRun, apply, lm_loss
 from .errors import UnsupportedPlanError
 from .export import (
     Export,
+    to_accelerate_config,
+    to_colossalai_plugin,
     to_deepspeed_config,
     to_megatron_args,
     to_torchtitan_toml,
@@ -15,5 +17,6 @@ from .validate import RUNTIME_SCHEDULES, check_plan
 
 __all__ = ["apply", "check_plan", "ParallelRun", "PlanMesh", "mesh_dims", "RUNTIME_SCHEDULES",
            "lm_loss", "UnsupportedPlanError", "Export",
-           "to_megatron_args", "to_torchtitan_toml", "to_deepspeed_config", "to_torchrun_command",
+           "to_megatron_args", "to_torchtitan_toml", "to_deepspeed_config", "to_accelerate_config",
+           "to_colossalai_plugin", "to_torchrun_command",
            "to_slurm_script"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import shlex
 
 from autopar.errors import InvalidClusterSpec
-from autopar.hardware import Cluster
 
 from .export import Export
+from .export.common import node_layout
 
 #: Default rendezvous port (torchrun's conventional 29500).
 RDZV_PORT = 29500
@@ -21,19 +21,6 @@ RDZV_PORT = 29500
 CPUS_PER_GPU = 8
 
 
-def _layout(plan) -> tuple[int, int, list[str]]:
-    """(nodes, processes per node, warnings) for the plan's world on its cluster."""
-    cluster = Cluster.from_spec(plan.cluster)
-    world, per_node = plan.world_size, cluster.gpus_per_node
-    warn = []
-    if world < per_node:
-        per_node = world
-    if world % per_node:
-        warn.append(f"{world} ranks do not fill whole {per_node}-GPU nodes; used "
-                    f"{-(-world // per_node)} nodes with {per_node} ranks each (adjust by hand)")
-    return -(-world // per_node), per_node, warn
-
-
 def to_torchrun_command(plan, script: str = "train.py", script_args: tuple[str, ...] = (),
                         *, rdzv_host: str = "$MASTER_ADDR", rdzv_port: int = RDZV_PORT,
                         rdzv_id: str = "autopar") -> Export:
@@ -43,7 +30,7 @@ def to_torchrun_command(plan, script: str = "train.py", script_args: tuple[str, 
     rendezvous is used. ``rdzv_id`` names the job to the rendezvous: two jobs that share an
     endpoint must have different ids (the Slurm script uses ``$SLURM_JOB_ID``).
     """
-    nodes, per_node, warn = _layout(plan)
+    nodes, per_node, warn = node_layout(plan)
     cmd = ["torchrun", f"--nnodes={nodes}", f"--nproc-per-node={per_node}"]
     if nodes == 1:
         cmd.append("--standalone")
@@ -64,7 +51,7 @@ def to_slurm_script(plan, script: str = "train.py", script_args: tuple[str, ...]
     if isinstance(cpus_per_gpu, bool) or not isinstance(cpus_per_gpu, int) or cpus_per_gpu < 1:
         raise InvalidClusterSpec(f"cpus_per_gpu must be a positive int; got {cpus_per_gpu!r}. "
                                  "Fix: the node's CPU cores divided by its GPUs, e.g. 8.")
-    nodes, per_node, warn = _layout(plan)
+    nodes, per_node, warn = node_layout(plan)
     run = to_torchrun_command(plan, script, script_args, rdzv_host="$MASTER_ADDR",
                               rdzv_id="$SLURM_JOB_ID")
     torchrun = run.value.replace("--standalone", f"--rdzv-backend=c10d "

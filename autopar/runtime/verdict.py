@@ -113,7 +113,8 @@ def plan_edits(plan, framework: str) -> dict:
 
 def verdict(plan, written: ParallelConfig, framework: str,
             train: TrainingConfig | None = None, needs: str = "",
-            wrote_edits: tuple[str, ...] = ()) -> tuple[list[str], bool | None]:
+            wrote_edits: tuple[str, ...] = (),
+            limits: dict | None = None) -> tuple[list[str], bool | None]:
     """Lines saying what the exported configuration will do under ``framework``.
 
     Args:
@@ -127,6 +128,9 @@ def verdict(plan, written: ParallelConfig, framework: str,
         wrote_edits: the plan's profile edits (``plan.profile_edits``) the file sets (e.g.
             Megatron-LM's ``--tp-comm-overlap``); the others are said, and the re-estimate runs
             the framework's defaults for them.
+        limits: degrees the file's runner fixes beyond ``framework``'s profile (e.g. ``pp=1``
+            for Accelerate, re-estimated under the torch profile): the nearest plan keeps them
+            (:func:`autopar.alternatives.nearest`).
 
     Returns:
         (lines, fits). Lines for the export's warnings: the re-estimate (step time in seconds,
@@ -186,7 +190,7 @@ def verdict(plan, written: ParallelConfig, framework: str,
         lines.append(f"{profile.name} cannot run it as written: {refused}")
     if not fits:
         # a search: done above the runtime (autopar.alternatives.nearest)
-        lines.append(hooks.call("nearest", cm, profile.name, pe))
+        lines.append(hooks.call("nearest", cm, profile.name, pe, limits))
     return lines, fits
 
 

@@ -8,6 +8,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from ...config import ParallelConfig
+from ...hardware import Cluster
 from ..verdict import verdict
 
 #: Recompute modes by what they keep, most first (autopar.config.RECOMPUTE_MODES order).
@@ -86,12 +87,26 @@ def uniform(blocks: tuple[int, ...]) -> bool:
 
 def finish(plan, value, warn: list[str], written: ParallelConfig, framework: str,
             comment: str = "#", train=None, needs: str = "",
-            wrote_edits: tuple[str, ...] = ()) -> Export:
+            wrote_edits: tuple[str, ...] = (), limits: dict | None = None) -> Export:
     """The export, with the re-estimate of ``written`` under ``framework`` appended (``needs``:
     what the user must add before the file starts; ``wrote_edits``: the plan's profile edits
-    the file sets; :func:`autopar.runtime.verdict.verdict`)."""
-    lines, fits = verdict(plan, written, framework, train, needs, wrote_edits)
+    the file sets; ``limits``: degrees the runner fixes, kept by the nearest plan;
+    :func:`autopar.runtime.verdict.verdict`)."""
+    lines, fits = verdict(plan, written, framework, train, needs, wrote_edits, limits)
     return Export(value, tuple(warn + lines), comment=comment, written=written, fits=fits)
+
+
+def node_layout(plan) -> tuple[int, int, list[str]]:
+    """(nodes, processes per node, warnings) for the plan's world on its cluster."""
+    cluster = Cluster.from_spec(plan.cluster)
+    world, per_node = plan.world_size, cluster.gpus_per_node
+    warn = []
+    if world < per_node:
+        per_node = world
+    if world % per_node:
+        warn.append(f"{world} ranks do not fill whole {per_node}-GPU nodes; used "
+                    f"{-(-world // per_node)} nodes with {per_node} ranks each (adjust by hand)")
+    return -(-world // per_node), per_node, warn
 
 
 #: Rank orders each framework can build, innermost dimension first (autopar's ``placement``
@@ -106,6 +121,9 @@ RANK_ORDERS: dict[str, tuple[tuple[tuple[str, ...], list[str]], ...]] = {
                  (("tp", "cp", "pp", "dp"), ["--use-tp-pp-dp-mapping"])),
     "torchtitan": ((("tp", "cp", "dp", "pp"), []),),
     "deepspeed": ((("tp", "cp", "dp", "pp"), []),),
+    # accelerate 1.16 parallelism_config.py ParallelismConfig._get_mesh: mesh_order
+    # ["dp_replicate", "dp_shard", "cp", "sp", "tp"], outermost first, no option
+    "accelerate": ((("tp", "cp", "dp", "pp"), []),),
 }
 
 
