@@ -16,7 +16,7 @@ from . import offload
 from .comm import cp_layer_comm, split_expert_tp, tp_layer_comm
 from .compute import LayerTime, layer_time
 from .context import CostInputs
-from .dispatch import dispatch_cost
+from .dispatch import dispatch_bytes_ratio, dispatch_cost
 from .groups import Groups
 from .host import host_time
 from .selective import is_default, module_recompute
@@ -238,13 +238,18 @@ class BlockCosts:
         if c.ep > 1 and layer.num_experts:
             # dispatch and combine of the rank's tokens forward, the same two backward (half
             # each side below), as the plan's dispatcher moves them (autopar.cost.dispatch);
-            # a capacity factor drops or pads the routed rows (routed_scale)
+            # a capacity factor drops or pads the routed rows (routed_scale); the dispatch
+            # direction in the framework's format (FP8 under FP8: dispatch_ratio)
             tokens = layer.output_bytes * bscale / cp / (tp if sp else 1)
+            train = self.inputs.train
             d = dispatch_cost(c.dispatcher, tokens, layer.num_experts,
                               layer.experts_per_token, self.groups.group("ep", c),
                               etp=c.etp if folded else 1,
                               routed_scale=self.routed_scale(layer, c.micro_batch_size, tp, cp,
-                                                             sp))
+                                                             sp),
+                              dispatch_ratio=dispatch_bytes_ratio(
+                                  self.inputs.profile.moe_dispatch_dtype, train.precision,
+                                  train.dtype_bytes))
             ef, eload = d.seconds, d.load
             if mode == "full" or (mr is not None and mr.dispatch):
                 ef *= 1.5  # the recomputed forward dispatches again

@@ -21,12 +21,18 @@ overlaps expert-parallel traffic with compute only under a DualPipe schedule
 (:meth:`autopar.cost.pipeline.timing.PipelineTimer.pair_overlap`), and charges the compute
 beside it no SMs there for either dispatcher yet (:meth:`DeepEPParams.sm_share` gives DeepEP's;
 NCCL's would be :meth:`autopar.cost.groups.Groups.comm_share`).
+
+The two transfers along the dispatch direction (the forward dispatch; in backward the combine's
+gradient, itself a dispatch) may move fewer bytes than the two combines: a framework that
+dispatches FP8 under FP8 training (:attr:`autopar.frameworks.FrameworkProfile.moe_dispatch_dtype`,
+:func:`dispatch_bytes_ratio`) scales them by ``dispatch_ratio``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..frameworks.vocabulary import MOE_DISPATCH_DTYPES
 from ..hardware.collectives import NO_LOAD, LinkLoad, layout_of
 
 #: Bandwidth DeepEP's table was measured against: H800 NVLink, 400 GB/s bidirectional = 200 GB/s
@@ -36,6 +42,40 @@ from ..hardware.collectives import NO_LOAD, LinkLoad, layout_of
 #: maximum bandwidth)".
 DEEPEP_REF_NVLINK_BPS = 200e9
 DEEPEP_REF_NIC_BPS = 50e9
+
+#: Bytes per element of a token dispatched in FP8 with 1x128 tiles: one E4M3 byte plus one fp32
+#: scale per 128 elements. DeepSeek-V3 (arXiv 2412.19437v2) section 3.3.2 scales activations
+#: per "1x128 tile"; DeepEP's tests count an FP8 dispatch so, against BF16's 2 bytes
+#: (deepseek-ai/DeepEP tests/test_internode.py and tests/test_intranode.py,
+#: ``fp8_factor = (1 + 4 / 128) / 2``), as its dispatch takes ``x`` as an FP8 tensor with
+#: float32 scales of shape [tokens, hidden / 128].
+FP8_1X128_BYTES = 1 + 4 / 128
+
+
+def dispatch_bytes_ratio(dispatch_dtype: str, precision: str, dtype_bytes: float) -> float:
+    """Bytes a dispatch-direction transfer moves per byte of the tokens in the activation dtype.
+
+    Args:
+        dispatch_dtype: the framework's :attr:`~autopar.frameworks.FrameworkProfile.
+            moe_dispatch_dtype` (:data:`autopar.frameworks.profiles.MOE_DISPATCH_DTYPES`).
+        precision: the training precision (:data:`autopar.config.PRECISIONS`).
+        dtype_bytes: bytes per activation element (2 for bf16).
+
+    Returns:
+        :data:`FP8_1X128_BYTES` / ``dtype_bytes`` for ``fp8_1x128`` under precision ``"fp8"``
+        (0.515625 against bf16); 1.0 otherwise.
+
+    Raises:
+        ValueError: an unknown dispatch dtype, or non-positive ``dtype_bytes``.
+    """
+    if dispatch_dtype not in MOE_DISPATCH_DTYPES:
+        raise ValueError(f"unknown MoE dispatch dtype {dispatch_dtype!r}: use one of "
+                         f"{MOE_DISPATCH_DTYPES}")
+    if dtype_bytes <= 0:
+        raise ValueError(f"dtype_bytes={dtype_bytes} must be positive")
+    if dispatch_dtype == "fp8_1x128" and precision == "fp8":
+        return FP8_1X128_BYTES / dtype_bytes
+    return 1.0
 
 
 @dataclass(frozen=True)
@@ -130,7 +170,7 @@ class DispatchCost:
 
 def deepep_time(token_bytes: float, experts: int, top_k: int, ranks: tuple[int, ...],
                 gpus_per_node: int, etp: int, nvlink_Bps: float, nic_per_gpu_Bps: float,
-                params: DeepEPParams = DEEPEP) -> DispatchCost:
+                params: DeepEPParams = DEEPEP, dispatch_ratio: float = 1.0) -> DispatchCost:
     """DeepEP's four transfers (dispatch and combine, forward and backward) of one MoE layer.
 
     Args:
@@ -144,49 +184,56 @@ def deepep_time(token_bytes: float, experts: int, top_k: int, ranks: tuple[int, 
         nvlink_Bps / nic_per_gpu_Bps: the node's link per direction and its NIC bandwidth per
             GPU (bytes/s).
         params: the published table (:class:`DeepEPParams`).
+        dispatch_ratio: bytes of the two dispatch-rate transfers per byte of ``token_bytes``
+            (:func:`dispatch_bytes_ratio`; the table's rates are per logical byte, FP8 or not).
 
     Returns:
         :class:`DispatchCost`: per transfer, ``max(rdma_bytes / rdma_Bps, nvl_bytes /
         nvl_Bps)`` across nodes, ``nvl_bytes / nvl_Bps`` inside one; rdma_bytes =
         token_bytes x expected distinct destination nodes, nvl_bytes = token_bytes x etp x
-        expected distinct expert-parallel ranks; two transfers at the dispatch rate, two at
-        the combine rate (a dispatch's gradient is a combine, and a combine's a dispatch).
+        expected distinct expert-parallel ranks; two transfers at the dispatch rate (their
+        bytes x ``dispatch_ratio``), two at the combine rate (a dispatch's gradient is a
+        combine, and a combine's a dispatch).
     """
     ep = len(ranks)
     lay = layout_of(tuple(ranks), gpus_per_node)
     nodes = lay.nodes
     k = max(1, min(top_k, experts))
     ranks_hit = etp * expected_distinct(experts, k, ep)
-    nvl_bytes = token_bytes * ranks_hit
+    scale = (dispatch_ratio, 1.0)   # (dispatch, combine) bytes per token byte
+    nvl_bytes = [token_bytes * ranks_hit * r for r in scale]
     nvl_share = [b / params.ref_nvlink_Bps for b in params.nvlink_Bps]
-    nvl_s = [nvl_bytes / (s * nvlink_Bps) for s in nvl_share]
+    nvl_s = [b / (s * nvlink_Bps) for b, s in zip(nvl_bytes, nvl_share)]
     if nodes <= 1:
         times = nvl_s
-        load = LinkLoad(intra_bytes=4 * nvl_bytes, intra_s=2 * sum(times))
+        load = LinkLoad(intra_bytes=2 * sum(nvl_bytes), intra_s=2 * sum(times))
         return DispatchCost(2 * sum(times), load)
     nodes_hit = expected_distinct(experts, k, nodes) if experts % nodes == 0 else min(k, nodes)
-    rdma_bytes = token_bytes * nodes_hit
+    rdma_bytes = [token_bytes * nodes_hit * r for r in scale]
     rdma = [b / params.ref_nic_Bps * nic_per_gpu_Bps for b in params.rdma_row(nodes)]
-    rdma_s = [rdma_bytes / bw for bw in rdma]
+    rdma_s = [b / bw for b, bw in zip(rdma_bytes, rdma)]
     times = [max(a, b) for a, b in zip(rdma_s, nvl_s)]
     # bytes that leave the node: the token's copies to the other nodes it goes to
-    off_node = token_bytes * nodes_hit * (nodes - 1) / nodes
-    load = LinkLoad(intra_bytes=4 * nvl_bytes, intra_s=2 * sum(nvl_s),
-                    inter_bytes=4 * off_node, inter_s=2 * sum(rdma_s))
+    off_node = sum(rdma_bytes) * (nodes - 1) / nodes
+    load = LinkLoad(intra_bytes=2 * sum(nvl_bytes), intra_s=2 * sum(nvl_s),
+                    inter_bytes=2 * off_node, inter_s=2 * sum(rdma_s))
     return DispatchCost(2 * sum(times), load)
 
 
-def alltoall_time(routed_bytes: float, group) -> DispatchCost:
+def alltoall_time(routed_bytes: float, group, dispatch_ratio: float = 1.0) -> DispatchCost:
     """NCCL's four all-to-alls (two forward, two backward) of ``routed_bytes`` (every routed
     copy of the rank's tokens) over the EP ``group``
-    (:class:`~autopar.cost.comm.Collectives`)."""
-    return DispatchCost(4 * group.time("all_to_all", routed_bytes),
-                        group.load("all_to_all", routed_bytes).scaled(4))
+    (:class:`~autopar.cost.comm.Collectives`): the two along the dispatch direction of
+    ``routed_bytes x dispatch_ratio``, the two combines of ``routed_bytes``."""
+    sent = routed_bytes * dispatch_ratio
+    return DispatchCost(
+        2 * (group.time("all_to_all", sent) + group.time("all_to_all", routed_bytes)),
+        group.load("all_to_all", sent).scaled(2) + group.load("all_to_all", routed_bytes).scaled(2))
 
 
 def dispatch_cost(dispatcher: str, token_bytes: float, experts: int, top_k: int, group,
                   etp: int = 1, params: DeepEPParams = DEEPEP,
-                  routed_scale: float = 1.0) -> DispatchCost:
+                  routed_scale: float = 1.0, dispatch_ratio: float = 1.0) -> DispatchCost:
     """One MoE layer's dispatch + combine, forward and backward, per micro-batch on one GPU.
 
     Args:
@@ -200,6 +247,9 @@ def dispatch_cost(dispatcher: str, token_bytes: float, experts: int, top_k: int,
         routed_scale: routed rows sent over dropless routing's (a capacity factor drops or pads
             them: :func:`autopar.cost.capacity.routed_scale`; Megatron-Core drops in the router,
             before the dispatch); it scales the bytes moved.
+        dispatch_ratio: bytes the forward dispatch and the backward dispatch of the combine's
+            gradient move per byte the combines move (:func:`dispatch_bytes_ratio`: below 1
+            where the framework dispatches FP8).
 
     Raises:
         ValueError: an unknown dispatcher.
@@ -208,11 +258,11 @@ def dispatch_cost(dispatcher: str, token_bytes: float, experts: int, top_k: int,
         return DispatchCost(0.0, NO_LOAD)
     token_bytes *= routed_scale
     if dispatcher == "alltoall":
-        return alltoall_time(token_bytes * max(1, top_k), group)
+        return alltoall_time(token_bytes * max(1, top_k), group, dispatch_ratio)
     if dispatcher == "deepep":
         cl = group.cluster
         nic = (cl.nics_per_node * cl.inter_link.bandwidth_Bps / cl.gpus_per_node
                if cl.inter_link is not None and cl.nics_per_node else 0.0)
         return deepep_time(token_bytes, experts, top_k, group.ranks, cl.gpus_per_node, etp,
-                           cl.intra_link.bandwidth_Bps, nic, params)
+                           cl.intra_link.bandwidth_Bps, nic, params, dispatch_ratio)
     raise ValueError(f"unknown dispatcher {dispatcher!r}")

@@ -1,7 +1,7 @@
 """How a framework implements each costed mechanism, as named, sourced choices.
 
 A framework profile's cost fields (:data:`autopar.frameworks.profiles.COST_FIELDS`) fall into
-eight mechanisms; each framework picks one implementation of each, a frozen :class:`Choice`
+nine mechanisms; each framework picks one implementation of each, a frozen :class:`Choice`
 record with a name, a one-line summary and a source for every value:
 
 - :class:`ShardedDataParallel`: how data parallelism fetches (ZeRO-3 all-gathers), reduces and
@@ -12,7 +12,10 @@ record with a name, a one-line summary and a source for every value:
 - :class:`TensorParallelComm`, :class:`PipelineComm`, :class:`ContextParallelAttention`: which
   TP and pipeline communication overlaps compute, and how a CP rank runs attention;
 - :class:`HostIssue`: whether the host issues every kernel (:data:`PER_KERNEL_LAUNCH`, the
-  stock stacks) or replays CUDA graphs (:data:`CUDA_GRAPHS`), costed by :mod:`autopar.cost.host`.
+  stock stacks) or replays CUDA graphs (:data:`CUDA_GRAPHS`), costed by :mod:`autopar.cost.host`;
+- :class:`ExpertDispatch`: the format MoE tokens are dispatched in
+  (:data:`ACTIVATION_DTYPE_DISPATCH`, the stock stacks; DeepSeek-V3's FP8 in
+  :mod:`autopar.frameworks.stacks.inhouse`), costed by :mod:`autopar.cost.dispatch`.
 
 :class:`Choices` bundles one of each; :func:`compose` builds a
 :class:`~autopar.frameworks.profiles.FrameworkProfile` from them and the framework's
@@ -170,9 +173,21 @@ class HostIssue(Choice):
     host_issue: str
 
 
+@dataclass(frozen=True, kw_only=True)
+class ExpertDispatch(Choice):
+    """The format MoE tokens travel in along the dispatch direction (the forward dispatch and the
+    backward dispatch of the combine's gradient; :data:`~autopar.frameworks.profiles.
+    MOE_DISPATCH_DTYPES`); the combines move the activation dtype."""
+
+    KIND: ClassVar[str] = "expert dispatch"
+    moe_dispatch_dtype: str
+
+
 @dataclass(frozen=True)
 class Choices:
-    """One choice per mechanism: what a framework profile's cost fields are built from."""
+    """One choice per mechanism: what a framework profile's cost fields are built from
+    (``host`` None: :data:`PER_KERNEL_LAUNCH`; ``expert_dispatch`` None:
+    :data:`ACTIVATION_DTYPE_DISPATCH`)."""
 
     sharded_dp: ShardedDataParallel
     optimizer_step: OptimizerStep
@@ -182,10 +197,14 @@ class Choices:
     pipeline: PipelineComm
     context_parallel: ContextParallelAttention
     host: HostIssue | None = None
+    expert_dispatch: ExpertDispatch | None = None
 
     def each(self) -> tuple[Choice, ...]:
-        """The choices, in field order (``host`` None: :data:`PER_KERNEL_LAUNCH`)."""
-        return tuple(getattr(self, f.name) or PER_KERNEL_LAUNCH for f in fields(self))
+        """The choices, in field order (a mechanism left None: its default record)."""
+        return tuple(self._get(f.name) for f in fields(self))
+
+    def _get(self, mechanism: str) -> Choice:
+        return getattr(self, mechanism) or _DEFAULT_CHOICES[mechanism]
 
     def costs(self) -> dict:
         """Every cost field -> its value."""
@@ -197,8 +216,7 @@ class Choices:
 
     def names(self) -> dict[str, str]:
         """Mechanism -> the chosen implementation's name."""
-        return {f.name: (getattr(self, f.name) or PER_KERNEL_LAUNCH).name
-                for f in fields(self)}
+        return {f.name: self._get(f.name).name for f in fields(self)}
 
 
 def compose(choices: Choices, **profile) -> FrameworkProfile:
@@ -294,3 +312,25 @@ CUDA_GRAPHS = HostIssue(
                            "(CUDA C++ Programming Guide, 'CUDA Graphs'; torch.cuda.graphs and "
                            "torch.compile(mode='reduce-overhead'); Transformer Engine "
                            "make_graphed_callables, Megatron-LM --enable-cuda-graph)"})
+
+#: Every stock stack's MoE dispatch, in the activation dtype.
+ACTIVATION_DTYPE_DISPATCH = ExpertDispatch(
+    name="activation-dtype-dispatch",
+    summary="MoE tokens dispatched and combined in the activation dtype (bf16 under mixed "
+            "precision)",
+    moe_dispatch_dtype="activation",
+    sources={"moe_dispatch_dtype": (
+        "the stacks all-to-all the routed hidden states as the layer holds them: Megatron-Core "
+        "(d98e8a6) megatron/core/transformer/moe/token_dispatcher.py:705 "
+        "MoEAlltoAllTokenDispatcher.token_dispatch all_to_all(self.ep_group, "
+        "permutated_local_input_tokens, ...) and :1320 _DeepepManager.dispatch "
+        "fused_dispatch(hidden_states, ...) (its moe_dispatch_fwd_dtype / moe_combine_bwd_dtype "
+        "'mxfp8', default 'bf16', run on the 'ncclep' flex backend only, which autopar does not "
+        "price); torchtitan v0.2.2 torchtitan/distributed/expert_parallel.py:138 "
+        "ExpertParallel._token_dispatch all_to_all_single_autograd(routed_input, ...) and "
+        "distributed/deepep/deepep.py:446 dispatch_tokens torch.ops.deepep.dispatch("
+        "hidden_states, ...); DeepSpeed deepspeed/moe/sharded_moe.py MOELayer.forward "
+        "_AllToAll.apply(self.ep_group, dispatched_input) on einsum('sec,sm->ecm', "
+        "dispatch_mask.type_as(input[0]), reshaped_input), the input's dtype")})
+
+_DEFAULT_CHOICES = {"host": PER_KERNEL_LAUNCH, "expert_dispatch": ACTIVATION_DTYPE_DISPATCH}

@@ -51,7 +51,7 @@ from .vocabulary import (CHUNK_RULES, COST_FIELDS, CP_ATTENTION_PATHS, CUT_RULES
                          DEEPSPEED_ZERO12_GRAD_COPY_PASSES, DEFAULT_COST_SOURCES, EAGER_PARTS,
                          ETP_RULES, FSDP1_GRAD_COPY_PASSES, FUSED_OPTIMIZER_STEP_BYTES,
                          FUSION_LEVELS, HOST_ISSUES,
-                         MIXED_FUSED_OPTIMIZER_STEP_BYTES, STAGE_SPLITS,
+                         MIXED_FUSED_OPTIMIZER_STEP_BYTES, MOE_DISPATCH_DTYPES, STAGE_SPLITS,
                          TORCH_OPTIMIZER_STEP_BYTES, ZERO1_PARAM_SYNCS, ZERO1_PARTITIONS,
                          ZERO3_GATHERS)
 
@@ -198,6 +198,11 @@ class FrameworkProfile:
         host_issue: how the host issues a micro-batch's kernels (:data:`HOST_ISSUES`):
             ``per_kernel`` charges each rank's micro-batch at least its kernel count times the
             host's time per op (:mod:`autopar.cost.host`); ``cuda_graph`` charges none.
+        moe_dispatch_dtype: the format MoE tokens travel in along the dispatch direction
+            (:data:`MOE_DISPATCH_DTYPES`): the forward dispatch and the backward dispatch of the
+            combine's gradient; ``fp8_1x128`` moves FP8 with per-tile scales there under
+            precision ``"fp8"`` (:func:`autopar.cost.dispatch.dispatch_bytes_ratio`). The
+            combines move the activation dtype. Time only: no buffer is priced in memory.
         stage_split: where an even split of the decoder blocks over pipeline stages puts the
             remainder when the plan gives no cut (:data:`STAGE_SPLITS`,
             :meth:`split_stages`).
@@ -275,6 +280,7 @@ class FrameworkProfile:
     zero1_step_host_ops_per_tensor: int = 0
     zero3_persistent_elements: int = 0
     zero3_reduce_bucket_elements: int = 0
+    moe_dispatch_dtype: str = "activation"
     cost_sources: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_COST_SOURCES))
     #: memory conventions (bytes per state, optimizer temporaries, what PP keeps unsharded...),
     #: sourced inside :class:`autopar.frameworks.memory.MemoryConventions`
@@ -303,7 +309,7 @@ class FrameworkProfile:
                      self.host_issue, self.zero0_grad_copy_passes, self.zero0_step_bytes,
                      self.zero0_step_host_ops_per_tensor, self.zero1_step_bytes,
                      self.zero1_step_host_ops_per_tensor, self.zero3_persistent_elements,
-                     self.zero3_reduce_bucket_elements))
+                     self.zero3_reduce_bucket_elements, self.moe_dispatch_dtype))
 
     @classmethod
     def capability_names(cls) -> tuple[str, ...]:

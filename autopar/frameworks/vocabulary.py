@@ -42,6 +42,15 @@ ZERO3_GATHERS = ("per_block", "per_parameter")
 #: How a context-parallel rank runs attention (:attr:`FrameworkProfile.cp_attention`; costed
 #: by :func:`autopar.cost.compute.layer_time`).
 CP_ATTENTION_PATHS = ("fused", "masked", "unfused")
+#: The format a framework's MoE layer moves tokens in along the dispatch direction (the forward
+#: dispatch and, in backward, the dispatch of the combine's gradient;
+#: :attr:`FrameworkProfile.moe_dispatch_dtype`, costed by
+#: :func:`autopar.cost.dispatch.dispatch_bytes_ratio`): ``activation`` = the training's
+#: activation dtype (bf16 under mixed precision); ``fp8_1x128`` = under precision ``"fp8"``,
+#: FP8 with one fp32 scale per 1x128 tile, ready for the experts' FP8 GEMM (DeepSeek-V3's
+#: HAI-LLM), and the activation dtype under any other precision. The two combines always move
+#: the activation dtype.
+MOE_DISPATCH_DTYPES = ("activation", "fp8_1x128")
 #: Names of the cost fields (defaults in
 #: :class:`~autopar.frameworks.profiles.FrameworkProfile`; sources in ``cost_sources``).
 COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_gather",
@@ -53,7 +62,7 @@ COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_g
                "zero12_grad_copy_passes", "host_issue", "zero0_grad_copy_passes",
                "zero0_step_bytes", "zero0_step_host_ops_per_tensor", "zero1_step_bytes",
                "zero1_step_host_ops_per_tensor", "zero3_persistent_elements",
-               "zero3_reduce_bucket_elements")
+               "zero3_reduce_bucket_elements", "moe_dispatch_dtype")
 #: Parts of a block that run as plain eager PyTorch ops inside a stack that is otherwise fused
 #: (:attr:`FrameworkProfile.eager_parts`; costed by :func:`autopar.cost.compute.layer_time`):
 #: ``glu``: a gated linear unit's activation as its own kernel before the multiply
@@ -250,6 +259,9 @@ DEFAULT_COST_SOURCES = {
     "host_issue": "no stock stack captures its training step in CUDA graphs by default "
                   "(torch.compile's default mode, torchtitan, Megatron-LM without "
                   "--enable-cuda-graph): the host issues every kernel",
+    "moe_dispatch_dtype": "the dispatch all-to-all carries the activation dtype unless a "
+                          "framework says otherwise (autopar.frameworks.choices."
+                          "ACTIVATION_DTYPE_DISPATCH gives the stacks' code)",
     "tp_mlp_reduce_per_linear": "Megatron-Core fuses the gated MLP's gate and up projections "
                                 "into one linear_fc1, and DTensor TP reduces the input gradient "
                                 "of a shared input once (the input's redistribution)",

@@ -4,13 +4,14 @@ publish the software: Meta's Llama 3, DeepSeek's HAI-LLM, Skywork). Costed as Me
 overlapping backward and without FSDP2's copies (memory conventions as Megatron-LM's of 2024:
 :data:`autopar.frameworks.stacks.megatron.MEMORY_BEFORE_CORE_0_13`, but for FP8 activations,
 which follow the one FP8 run of these stacks, DeepSeek-V3's: :data:`MEMORY`); every
-value beyond Megatron-LM's is an assumption named in its source, not read from the stack."""
+value beyond Megatron-LM's is an assumption named in its source, not read from the stack, but for
+what DeepSeek-V3's report says of HAI-LLM under FP8 (:data:`MEMORY`, :data:`FP8_DISPATCH`)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from ..choices import Choices, capabilities_of, compose
+from ..choices import Choices, ExpertDispatch, capabilities_of, compose
 from . import megatron
 
 SHARDED_DP = replace(
@@ -25,9 +26,27 @@ SHARDED_DP = replace(
              "FSDP2 (fully_shard, torch 2.4, July 2024) postdates these runs: its copies are "
              "not charged"})
 
-CHOICES: Choices = replace(megatron.CHOICES, sharded_dp=SHARDED_DP)
+_DSV3_FP8 = "DeepSeek-V3 (arXiv 2412.19437) section 3.3.3, Low-Precision Storage: "
 
-_DSV3_FP8 = "DeepSeek-V3 (arXiv 2412.19437) section 3.3.4, Low-Precision Storage: "
+#: DeepSeek-V3's low-precision communication (the one FP8 run of these stacks): under FP8 the
+#: tokens are dispatched in FP8 with the activations' 1x128-tile scales, and combined in BF16.
+FP8_DISPATCH = ExpertDispatch(
+    name="fp8-1x128-dispatch",
+    summary="under FP8 training, MoE tokens dispatched in FP8 (1x128 tiles, fp32 scales) and "
+            "combined in BF16 (DeepSeek-V3's HAI-LLM)",
+    moe_dispatch_dtype="fp8_1x128",
+    sources={"moe_dispatch_dtype": (
+        "DeepSeek-V3 (arXiv 2412.19437v2) section 3.3.3, Low-Precision Communication: 'we "
+        "quantize the activation before MoE up-projections into FP8 and then apply dispatch "
+        "components, which is compatible with FP8 Fprop in MoE up-projections' ... 'A similar "
+        "strategy is applied to the activation gradient before MoE down-projections. For both "
+        "the forward and backward combine components, we retain them in BF16'; section 3.3.2, "
+        "Fine-Grained Quantization: activations scaled per '1x128 tile' (its fp32 scale: "
+        "autopar.cost.dispatch.FP8_1X128_BYTES); the report trains only in FP8, so under other "
+        "precisions the activation dtype")})
+
+CHOICES: Choices = replace(megatron.CHOICES, sharded_dp=SHARDED_DP, expert_dispatch=FP8_DISPATCH)
+
 #: Megatron-LM's 2024 conventions with DeepSeek-V3's FP8 activation caching (the only FP8 run
 #: of these stacks): Linear inputs in FP8 for the FP8 weight-gradient GEMM; the input of the
 #: Linear after attention, which the attention backward reads too, kept once; the routed
