@@ -190,9 +190,11 @@ def test_an_oom_fix_says_when_it_leaves_less_than_the_search_margin(oom_7b):
         free = 1 - fix["memory_per_gpu_bytes"] / data["memory_limit_bytes"]
         assert fix["free_memory_fraction"] == pytest.approx(free)
         assert fix["below_search_margin"] == (fix["fits"] and free < m)
-    # recompute selective + pp 2 fits at 76.7 of 85.1 GB: 10% free
+    # recompute selective + pp 2 fits at 76.7 of 85.1 GB: 10% free, below a 12% margin (the
+    # default is 9% from 97 dense runs at this writing: test_the_oom_text_names_the_margin...)
     tight = [f for f in data["fixes"] if f["below_search_margin"]]
-    assert tight and all(0 < f["free_memory_fraction"] < m for f in tight)
+    assert all(0 < f["free_memory_fraction"] < m for f in tight)
+    assert any(0.09 < f["free_memory_fraction"] < 0.12 for f in data["fixes"] if f["fits"])
     assert data["plan_command"] == ("autopar plan --model llama2-7b --cluster 4x8xA100-80GB "
                                     "--global-batch 256 --seq-len 4096")
 
@@ -200,10 +202,12 @@ def test_an_oom_fix_says_when_it_leaves_less_than_the_search_margin(oom_7b):
 def test_the_oom_text_names_the_margin_and_the_search(oom_7b, capsys, monkeypatch):
     import autopar.search.margin as margin
     argv, data = oom_7b
+    # a margin above the tight fix's 10% free (the default follows the corpus: 9% today)
+    monkeypatch.setattr(margin, "default_margin", lambda moe=False: 0.12)
     code, out, _ = _run(capsys, *argv)
     out = " ".join(out.split())                       # the console wraps lines
     assert code == 0
-    assert f"10% free < {round(margin.default_margin() * 100)}%" in out   # the tight fix's row
+    assert "10% free < 12%" in out   # the tight fix's row
     assert "may find a faster plan that fits: autopar plan --model llama2-7b" in out
     # the fastest fix (ZeRO-1, 38% free) under a 50% margin: the text says it
     monkeypatch.setattr(margin, "default_margin", lambda moe=False: 0.5)
