@@ -10,7 +10,7 @@ with its published plan (open fields at its framework's default). Rules and mean
 #: (autopar.cost.regime.FIELDS) -> (band half-width, mean signed residual
 #: (predicted - measured) / measured, runs, sources); "*" = pooled.
 BANDS: dict[tuple[str, ...], tuple[float, float, int, int]] = {
-    ('*', '*', '*', '*', '*', '*', '*'): (0.131, -0.1212, 482, 45),
+    ('*', '*', '*', '*', '*', '*', '*'): (0.1294, -0.1215, 482, 45),
     ('*', 'bf16', '*', '*', '*', '*', '*'): (0.1265, -0.1238, 418, 37),
     ('*', 'bf16', 'ampere', '*', '*', '*', '*'): (0.1043, -0.0715, 267, 18),
     ('*', 'bf16', 'ampere', 'data', '*', '*', '*'): (0.1173, -0.081, 53, 8),
@@ -54,8 +54,8 @@ BANDS: dict[tuple[str, ...], tuple[float, float, int, int]] = {
     ('*', 'fp16', 'volta', 'data', 'dense', '1 node', '<3B'): (0.2206, -0.0192, 6, 2),
     ('*', 'fp16', 'volta', 'data', 'dense', '2-64 nodes', '<3B'): (0.3447, -0.2589, 7, 3),
     ('*', 'fp16', 'volta', 'tensor', '*', '*', '*'): (0.2111, -0.1417, 10, 2),
-    ('*', 'fp8', '*', '*', '*', '*', '*'): (0.3457, -0.1561, 16, 4),
-    ('*', 'fp8', 'hopper', '*', '*', '*', '*'): (0.3457, -0.1561, 16, 4),
+    ('*', 'fp8', '*', '*', '*', '*', '*'): (0.3457, -0.1658, 16, 4),
+    ('*', 'fp8', 'hopper', '*', '*', '*', '*'): (0.3457, -0.1658, 16, 4),
     ('*', 'fp8', 'hopper', 'fsdp', '*', '*', '*'): (0.3469, -0.1922, 13, 2),
     ('*', 'fp8', 'hopper', 'fsdp', 'dense', '1 node', '3-30B'): (0.3626, -0.3565, 6, 1),
     ('*', 'fp8', 'hopper', 'fsdp', 'dense', '1 node', '<3B'): (0.0601, -0.0514, 7, 1),
