@@ -11,9 +11,12 @@ from pathlib import Path
 from ..errors import InvalidTrainingConfig, MissingDependency, output_error
 
 
-#: ``--export`` targets: framework -> Plan method.
-EXPORTERS = {"megatron": "to_megatron_args", "torchtitan": "to_torchtitan_toml",
-             "deepspeed": "to_deepspeed_config"}
+#: ``--export`` targets: framework -> Plan method. ``torchtitan`` writes the installed
+#: torchtitan's format (the newest when none is installed: autopar.runtime.to_torchtitan);
+#: ``torchtitan-0.2`` / ``torchtitan-0.3`` pick one.
+EXPORTERS = {"megatron": "to_megatron_args", "torchtitan": "to_torchtitan",
+             "deepspeed": "to_deepspeed_config", "torchtitan-0.2": "to_torchtitan_toml",
+             "torchtitan-0.3": "to_torchtitan_config"}
 
 
 def check_outputs(args) -> None:
@@ -56,8 +59,15 @@ def export_plan(args, plan) -> dict | None:
         raise InvalidTrainingConfig(f"--export {framework!r}: autopar exports to "
                                     f"{', '.join(EXPORTERS)}. Fix: e.g. --export megatron args.txt")
     ex = getattr(plan, EXPORTERS[framework])()
+    if framework == "torchtitan":   # say which format was written
+        from ..runtime.export import installed_torchtitan
+        framework = f"torchtitan-{installed_torchtitan() or '0.3'}"
+    text = ex.text()
+    if framework == "torchtitan-0.3":   # the run line names the file's module
+        text = text.replace("--module NAME", f"--module {Path(path).stem}").replace(
+            "Save as NAME.py and run", "Run")
     try:
-        Path(path).write_text(ex.text())
+        Path(path).write_text(text)
     except OSError as exc:
         raise output_error(path, exc) from exc
     return {"framework": framework, "file": path, "fits": ex.fits, "warnings": list(ex.warnings)}

@@ -7,6 +7,8 @@ from .export import (
     Export,
     to_deepspeed_config,
     to_megatron_args,
+    to_torchtitan,
+    to_torchtitan_config,
     to_torchtitan_toml,
 )
 from .launch import to_slurm_script, to_torchrun_command
@@ -15,5 +17,6 @@ from .validate import RUNTIME_SCHEDULES, check_plan
 
 __all__ = ["apply", "check_plan", "ParallelRun", "PlanMesh", "mesh_dims", "RUNTIME_SCHEDULES",
            "lm_loss", "UnsupportedPlanError", "Export",
-           "to_megatron_args", "to_torchtitan_toml", "to_deepspeed_config", "to_torchrun_command",
+           "to_megatron_args", "to_torchtitan", "to_torchtitan_config", "to_torchtitan_toml",
+           "to_deepspeed_config", "to_torchrun_command",
            "to_slurm_script"]
