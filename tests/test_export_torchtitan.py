@@ -211,6 +211,30 @@ def test_experts_run_without_expert_tensor_parallelism_in_0_3():
     assert imp.parallel["ep"] == 4 and imp.parallel["expert_tp"] == 1
     assert imp.parallel["dispatcher"] == "deepep"
     assert _sets(ex.value)[("training", "disable_cuda_graphs")] is True
+    assert any(w.startswith("re-estimated under torchtitan-0.3") for w in ex.warnings)
+
+
+def test_the_0_3_profile_plans_only_what_torchtitan_0_3_runs():
+    """The torchtitan-0.3 profile (the re-estimate's and the nearest plan's) refuses expert TP
+    and ring CP, and its search never proposes them."""
+    pytest.importorskip("transformers")
+    from autopar.frameworks import get_profile
+    prof = get_profile("torchtitan-0.3")
+    assert "expert tensor parallelism" in prof.unsupported(
+        autopar.ParallelConfig(tp=2, dp=4, ep=4, zero_stage=3, sequence_parallel=True))
+    assert prof.unsupported(autopar.ParallelConfig(tp=2, dp=4, ep=4, expert_tp=1, zero_stage=3,
+                                                   sequence_parallel=True)) is None
+    assert "context-parallel mode 'ring'" in prof.unsupported(
+        autopar.ParallelConfig(tp=1, dp=4, cp=2, zero_stage=3))
+    model = dict(name="tiny-moe", family="llama", num_layers=4, hidden_size=64, num_heads=4,
+                 vocab_size=256, seq_len=64, ffn_hidden_size=128, num_experts=8, top_k=2,
+                 moe_ffn_hidden_size=32)
+    p = autopar.optimize(model, autopar.Cluster.custom(1, 8, "H100-80GB"),
+                         autopar.TrainingConfig(global_batch_size=16, seq_len=64,
+                                                framework="torchtitan-0.3"), top_k=20)
+    configs = [e.config for e in (p.estimate, *p.alternatives)]
+    assert all(c.etp == 1 for c in configs) and any(c.tp > 1 for c in configs), configs
+    assert any(c.ep > 1 for c in configs)
 
 
 def test_fp8_is_the_float8_converter_in_0_3():

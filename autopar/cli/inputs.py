@@ -65,8 +65,10 @@ def _framework(args) -> str:
         return args.framework
     if getattr(args, "megatron_args", None):
         return "megatron"
-    if getattr(args, "torchtitan_toml", None) or getattr(args, "torchtitan_config", None):
+    if getattr(args, "torchtitan_toml", None):
         return "torchtitan"
+    if getattr(args, "torchtitan_config", None):
+        return "torchtitan-0.3"
     return "torch"
 
 

@@ -19,6 +19,8 @@ from .common import Export, block_modes, finish, one_reshard_policy, rank_order
 from .torchtitan import (TITAN_LLAMA3_FLAVORS, TITAN_SCHEDULES, fqns_per_part, titan_ac,
                          titan_batch_check, titan_data_parallel, titan_offload, titan_refuses)
 
+#: The framework profile the file is re-estimated under (:mod:`autopar.frameworks.stacks`).
+FRAMEWORK = "torchtitan-0.3"
 #: The function a file defines (its ``--config``).
 CONFIG_FUNCTION = "autopar_plan"
 
@@ -54,7 +56,8 @@ def to_torchtitan_config(plan) -> Export:
     ``flex`` attention llama3 uses, ``distributed/context_parallel/api.py``), so ring and
     Ulysses are written as all-gather; recompute is one policy for all blocks (no every-N-th
     option); fp8 is the Float8 model converter; CUDA graphs are disabled where torchtitan
-    refuses them (pipelining, expert-parallel dispatch).
+    refuses them (pipelining, expert-parallel dispatch). The file is re-estimated under the
+    ``torchtitan-0.3`` profile, whose nearest runnable plan keeps these rules.
 
     Raises:
         UnsupportedPlanError: a GPT-style model, or a plan that drops MoE tokens at a capacity
@@ -70,11 +73,11 @@ def to_torchtitan_config(plan) -> Export:
     titan_refuses(plan, m)
     warn: list[str] = []
     w = c.replace(placement=rank_order(c, "torchtitan", warn)[1])
-    w = one_reshard_policy(c, w, "torchtitan", warn)
+    w = one_reshard_policy(c, w, FRAMEWORK, warn)
     par: dict = {"tensor_parallel_degree": c.tp, "enable_sequence_parallel": True,
                  "pipeline_parallel_degree": c.pp, "context_parallel_degree": c.cp,
                  "expert_parallel_degree": c.ep}
-    if c.ep > 1 and c.etp != 1:
+    if (c.ep > 1 or (plan.model_config or {}).get("num_experts")) and c.etp != 1:
         warn.append(f"expert_tp={c.etp}: torchtitan 0.3 has no expert tensor parallelism "
                     "(#3167; its experts are sharded over ep within dp_shard x cp x tp, "
                     "distributed/parallel_dims.py); written with expert TP 1")
@@ -90,7 +93,7 @@ def to_torchtitan_config(plan) -> Export:
     par.update(dp_keys)
     if c.tp > 1 and not c.sequence_parallel:
         warn.append("sequence_parallel off: written with parallelism.enable_sequence_parallel "
-                    "on (autopar's torchtitan profile runs TP with SP only)")
+                    "on (autopar's torchtitan-0.3 profile runs TP with SP only)")
         w = w.replace(sequence_parallel=True)
     mbs = c.micro_batch_size or t.micro_batch_size or 1
     schedule = c.schedule or "1f1b"
@@ -126,7 +129,7 @@ def to_torchtitan_config(plan) -> Export:
     ac, modes = titan_ac(block_modes(plan), warn, every_nth=False)
     w = w.replace(recompute=modes[0])      # one policy for every block (no every-N-th option)
     compiled = (getattr(plan, "profile_edits", None) or {}).get("fusion", {}).get("value") \
-        == "compile" and plan.train.framework == "torchtitan"
+        == "compile" and plan.train.framework in ("torchtitan", FRAMEWORK)
     if t.optimizer != "adamw":
         # same optimizer-state memory and step cost for Adam and AdamW; SGD keeps less
         warn.append(f"optimizer {t.optimizer}: not written; the file keeps the registry "
@@ -154,7 +157,7 @@ def to_torchtitan_config(plan) -> Export:
         f"    config.activation_checkpoint = {ac_line}",
         f"    config.compile = CompileConfig(enable={compiled})",
         "    return config", ""])
-    return finish(plan, text, warn, w, "torchtitan", train=t_written, needs=needs,
+    return finish(plan, text, warn, w, FRAMEWORK, train=t_written, needs=needs,
                   wrote_edits=("fusion",) if compiled else ())
 
 
