@@ -165,9 +165,27 @@ def test_config_loads_with_torchtitans_own_classes(plan, titan03, request):
     with torch.device("meta"):
         built = model.build()
     assert len(built.layers) == 4
+    # the flavor the file registers is autopar's model: the same parameter count
+    from autopar.problem import model_graph
+    assert sum(t.numel() for t in built.parameters()) == model_graph(
+        "tiny-llama", TRAIN)[0].num_parameters
     for part in p.module_fqns_per_model_part or []:   # every stage's modules exist
         for fqn in part:
             built.get_submodule(fqn)
+
+
+def test_flavors_autopar_matches_are_torchtitans_own(titan03):
+    """The llama3 flavors the exporter names by shape build torchtitan 0.3 models with exactly
+    the parameters autopar counts for the preset."""
+    import torch
+    from torchtitan.models.llama3 import model_registry
+
+    from autopar.problem import model_graph
+    for flavor, preset in (("8B", "llama3-8b"), ("70B", "llama3-70b")):
+        with torch.device("meta"):
+            built = model_registry(flavor).model.build()
+        count = model_graph(preset, autopar.TrainingConfig(16, 4096))[0].num_parameters
+        assert sum(t.numel() for t in built.parameters()) == count, flavor
 
 
 def test_overrides_import_as_torchtitan_parses_them(titan03):
