@@ -85,7 +85,7 @@ CC9_ARCHITECTURES = ("hopper", "blackwell")
 #: the others are published stacks (a release, a recipe or a trainer built on one of them).
 FRAMEWORKS = ("torch", "torchtitan", "megatron", "deepspeed", "megatron-2023", "nemo",
               "inhouse-2024", "fsdp1", "llm-foundry", "tinyllama", "flash-attention-training",
-              "internevo", "internevo-fsdp")
+              "internevo", "internevo-fsdp", "torchtitan-0.3")
 #: Default rank placement, innermost first: TP on consecutive ranks (inside a node), then CP, DP,
 #: and PP outermost (Megatron-LM's default order "tp-cp-ep-dp-pp").
 DEFAULT_PLACEMENT = MESH_DIMS

@@ -117,8 +117,17 @@ class Plan:
         return hooks.call("export", "to_megatron_args", self)
 
     def to_torchtitan_toml(self):
-        """torchtitan job TOML: :func:`autopar.runtime.to_torchtitan_toml`."""
+        """torchtitan v0.2.x job TOML: :func:`autopar.runtime.to_torchtitan_toml`."""
         return hooks.call("export", "to_torchtitan_toml", self)
+
+    def to_torchtitan_config(self):
+        """torchtitan >= 0.3 Python config: :func:`autopar.runtime.to_torchtitan_config`."""
+        return hooks.call("export", "to_torchtitan_config", self)
+
+    def to_torchtitan(self, series: str | None = None):
+        """torchtitan's format for ``series`` ("0.2", "0.3"; None = the installed one):
+        :func:`autopar.runtime.to_torchtitan`."""
+        return hooks.call("export", "to_torchtitan", self, series)
 
     def to_deepspeed_config(self):
         """DeepSpeed config: :func:`autopar.runtime.to_deepspeed_config`."""

@@ -45,7 +45,7 @@ def test_frameworks_without_a_source_are_refused_with_a_fix():
         _cm("megatron", param_offload=True)
     with pytest.raises(InvalidTrainingConfig, match="--framework fsdp1"):
         _cm("deepspeed", activation_offload=True)
-    assert set(offload.SUPPORT) == {"fsdp1", "torchtitan", "deepspeed"}
+    assert set(offload.SUPPORT) == {"fsdp1", "torchtitan", "torchtitan-0.3", "deepspeed"}
 
 
 def test_parameter_offload_needs_zero3():

@@ -280,7 +280,7 @@ def test_layerwise_plan_is_never_slower_than_the_uniform_plan(problem):
 
 
 EXPORTS = {"megatron": "to_megatron_args", "torchtitan": "to_torchtitan_toml",
-           "deepspeed": "to_deepspeed_config"}
+           "deepspeed": "to_deepspeed_config", "torchtitan-0.3": "to_torchtitan_config"}
 
 
 @pytest.mark.parametrize("framework", sorted(EXPORTS))

@@ -11,8 +11,12 @@ from pathlib import Path
 from ..errors import InvalidTrainingConfig, MissingDependency, output_error
 
 
-#: ``--export`` targets: name -> (Plan method, its keyword arguments).
-EXPORTERS = {"megatron": ("to_megatron_args", {}), "torchtitan": ("to_torchtitan_toml", {}),
+#: ``--export`` targets: name -> (Plan method, its keyword arguments). ``torchtitan`` writes the
+#: installed torchtitan's format (the newest when none is installed: autopar.runtime.to_torchtitan);
+#: ``torchtitan-0.2`` / ``torchtitan-0.3`` pick one.
+EXPORTERS = {"megatron": ("to_megatron_args", {}), "torchtitan": ("to_torchtitan", {}),
+             "torchtitan-0.2": ("to_torchtitan_toml", {}),
+             "torchtitan-0.3": ("to_torchtitan_config", {}),
              "deepspeed": ("to_deepspeed_config", {}),
              "accelerate-fsdp": ("to_accelerate_config", {"plugin": "fsdp"}),
              "accelerate-deepspeed": ("to_accelerate_config", {"plugin": "deepspeed"}),
@@ -60,8 +64,15 @@ def export_plan(args, plan) -> dict | None:
                                     f"{', '.join(EXPORTERS)}. Fix: e.g. --export megatron args.txt")
     method, kwargs = EXPORTERS[framework]
     ex = getattr(plan, method)(**kwargs)
+    if framework == "torchtitan":   # say which format was written
+        from ..runtime.export import installed_torchtitan
+        framework = f"torchtitan-{installed_torchtitan() or '0.3'}"
+    text = ex.text()
+    if framework == "torchtitan-0.3":   # the run line names the file's module
+        text = text.replace("--module NAME", f"--module {Path(path).stem}").replace(
+            "Save as NAME.py and run", "Run")
     try:
-        Path(path).write_text(ex.text())
+        Path(path).write_text(text)
     except OSError as exc:
         raise output_error(path, exc) from exc
     return {"framework": framework, "file": path, "fits": ex.fits, "warnings": list(ex.warnings)}

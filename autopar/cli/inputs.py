@@ -16,6 +16,7 @@ from ..graph import hf
 from ..hardware.devices import memory_ambiguity
 from ..hardware.spec import parse_spec
 from ..io.importers import Imported, from_megatron_args, from_torchtitan_toml
+from ..io.titan_config import from_torchtitan_config
 from ..problem import Problem, model_config_of
 from ..report.summary import plural, reshard_text
 
@@ -66,6 +67,8 @@ def _framework(args) -> str:
         return "megatron"
     if getattr(args, "torchtitan_toml", None):
         return "torchtitan"
+    if getattr(args, "torchtitan_config", None):
+        return "torchtitan-0.3"
     return "torch"
 
 
@@ -78,7 +81,8 @@ def _check_imports(args) -> None:
     """
     for flag, what in (("megatron_args", "Megatron-LM arguments as one string, e.g. "
                                          "\"--tensor-model-parallel-size 4\""),
-                       ("torchtitan_toml", "the path of a torchtitan job TOML")):
+                       ("torchtitan_toml", "the path of a torchtitan job TOML"),
+                       ("torchtitan_config", "the path of a torchtitan >= 0.3 Python config")):
         value = getattr(args, flag, None)
         if value is not None and not value.strip():
             raise InvalidTrainingConfig(
@@ -86,14 +90,17 @@ def _check_imports(args) -> None:
 
 
 def _imported(args) -> Imported | None:
-    if getattr(args, "megatron_args", None) and getattr(args, "torchtitan_toml", None):
-        raise InvalidTrainingConfig("give --megatron-args or --torchtitan-toml, not both. Fix: "
-                                    "drop one; they would set the same choices.")
-    if getattr(args, "megatron_args", None):
-        return from_megatron_args(args.megatron_args)
-    if getattr(args, "torchtitan_toml", None):
-        return from_torchtitan_toml(args.torchtitan_toml)
-    return None
+    given = [f for f in _IMPORT_FLAGS if getattr(args, f, None)]
+    if len(given) > 1:
+        raise InvalidTrainingConfig(
+            f"give one of {', '.join('--' + f.replace('_', '-') for f in given)}, not "
+            f"{len(given)}. Fix: drop all but one; they would set the same choices.")
+    return _IMPORT_FLAGS[given[0]](getattr(args, given[0])) if given else None
+
+
+#: The import flags of ``estimate`` and their readers.
+_IMPORT_FLAGS = {"megatron_args": from_megatron_args, "torchtitan_toml": from_torchtitan_toml,
+                 "torchtitan_config": from_torchtitan_config}
 
 
 #: Choices a changed degree invalidates in a plan file's config: they are derived again
@@ -135,8 +142,9 @@ def _plan_problem(args) -> tuple[Problem, dict, list[str]]:
     """
     from ..io.planfile import check_plan
     from ..plan import read_plan_json
-    if args.megatron_args or args.torchtitan_toml:
-        raise InvalidTrainingConfig("give --plan or --megatron-args/--torchtitan-toml, not both. "
+    if args.megatron_args or args.torchtitan_toml or getattr(args, "torchtitan_config", None):
+        raise InvalidTrainingConfig("give --plan or --megatron-args/--torchtitan-toml/"
+                                    "--torchtitan-config, not both. "
                                     "Fix: drop one; they would set the same choices.")
     kw = check_plan(read_plan_json(args.plan))
     if kw["model_config"] is None and args.model is None and kw.get("model") in hf.HF_PRESETS:

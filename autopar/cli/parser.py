@@ -59,8 +59,9 @@ def _common(p: argparse.ArgumentParser, plot: str) -> None:
                    help="dtype of Adam's moments (default fp32)")
     p.add_argument("--framework", default=None, choices=list(FRAMEWORKS),
                    help="what will run the plan (default torch: plan.apply; megatron with "
-                   "--megatron-args, torchtitan with --torchtitan-toml); the search emits only "
-                   "plans it can run, an estimate says when it cannot run the configuration")
+                   "--megatron-args, torchtitan with --torchtitan-toml or --torchtitan-config); "
+                   "the search emits only plans it can run, an estimate says when it cannot run "
+                   "the configuration")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--plot", metavar="FILE.png", default=None,
                    help=f"also draw {plot} to a PNG (needs matplotlib)")
@@ -176,8 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="write the plan JSON to this file")
     p.add_argument("--export", nargs=2, metavar=("FRAMEWORK", "FILE"), default=None,
                    help=f"also write the plan for a framework ({', '.join(EXPORTERS)}: Megatron-LM"
-                   " arguments, torchtitan TOML, DeepSpeed JSON, Accelerate launch YAML with its "
-                   "FSDP or DeepSpeed plugin, Colossal-AI plugin JSON) to FILE and print what that "
+                   " arguments; torchtitan's format for the installed torchtitan, the newest "
+                   "when none is (torchtitan-0.2: TOML, torchtitan-0.3: Python config); "
+                   "DeepSpeed JSON; Accelerate launch YAML with its FSDP or DeepSpeed plugin; "
+                   "Colossal-AI plugin JSON) to FILE and print what that "
                    "file really runs (re-estimated; the nearest runnable plan when it does not "
                    "fit)")
     _parallel_flags(p, "compare-", " of a hand-tuned plan to set against the best")
@@ -192,7 +195,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Megatron-LM arguments as one string, e.g. \"--tensor-model-parallel-size 4 "
                    "--pipeline-model-parallel-size 2 --sequence-parallel\"")
     e.add_argument("--torchtitan-toml", default=None, metavar="FILE",
-                   help="torchtitan job TOML ([parallelism], [activation_checkpoint], [training])")
+                   help="torchtitan v0.2.x job TOML ([parallelism], [activation_checkpoint], "
+                   "[training])")
+    e.add_argument("--torchtitan-config", default=None, metavar="FILE",
+                   help="torchtitan >= 0.3 Python config (config.parallelism.*, "
+                   "config.training.*, config.activation_checkpoint), or its overrides as one "
+                   "string, e.g. \"--module llama3 --config llama3_8b "
+                   "--parallelism.tensor_parallel_degree 8\"")
     e.add_argument("--plan", default=None, metavar="FILE",
                    help="re-estimate a plan file's configuration (e.g. after editing it); its "
                    "model, cluster and training config are used unless flags are given")

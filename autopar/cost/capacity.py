@@ -40,6 +40,8 @@ SUPPORT: dict[str, str] = {
 _DROPLESS = {
     "torchtitan": "torchtitan models/moe/moe.py MoEArgs has no capacity field: token-choice "
                   "routing with every routed token computed",
+    "torchtitan-0.3": "torchtitan 0.3.0 models/common/token_dispatcher.py: the training "
+                      "dispatchers compute every routed token (no capacity factor)",
     "torch": "plan.apply's expert parallelism (autopar/runtime/ep.py) dispatches every routed "
              "token",
 }

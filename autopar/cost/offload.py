@@ -77,6 +77,9 @@ SUPPORT: dict[str, OffloadSupport] = {
     "torchtitan": OffloadSupport(
         params="torchtitan v0.2.2 job_config.py training.enable_cpu_offload (FSDP2 "
                "CPUOffloadPolicy: parameters, gradients and optimizer states together)"),
+    "torchtitan-0.3": OffloadSupport(
+        params="torchtitan 0.3.0 config/configs.py TrainingConfig.enable_cpu_offload (FSDP2 "
+               "CPUOffloadPolicy in models/llama3/parallelize.py apply_fsdp_to_decoder)"),
     "deepspeed": OffloadSupport(
         params="DeepSpeed zero_optimization.offload_param {device: cpu} (config-json.md: "
                "'Valid only with stage 3'); the optimizer moves with offload_optimizer only",

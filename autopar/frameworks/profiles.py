@@ -89,7 +89,8 @@ class FrameworkProfile:
         expert_parallel: expert parallelism for MoE layers is supported.
         expert_tensor_parallel: which expert-tensor-parallel degrees it runs
             (:data:`ETP_RULES`): "tp" only etp = tp with ep inside dp (no MoE parallel folding),
-            "one_or_tp" etp = 1 (ep may span the TP ranks) or tp, "any" any etp with ep * etp
+            "one_or_tp" etp = 1 (ep may span the TP ranks) or tp, "one" etp = 1 only (experts
+            never tensor-parallel, ep over dp x cp x tp), "any" any etp with ep * etp
             dividing tp * cp * dp (:attr:`autopar.config.ParallelConfig.expert_tp`).
         experts_tp_sharded: under tp > 1 the expert matrices are split over the expert-TP ranks
             (False: each TP rank holds its experts whole and runs them on every token it holds).
@@ -454,6 +455,9 @@ class FrameworkProfile:
             return (f"{fw} has no {c.dispatcher!r} token dispatcher (it runs "
                     f"{list(self.dispatchers)}; {self._src('dispatchers')})")
         rule = self.expert_tensor_parallel
+        if (c.ep > 1 or moe) and rule == "one" and c.etp != 1:
+            return (f"{fw} has no expert tensor parallelism (expert_tp 1 only), not "
+                    f"expert_tp={c.etp} ({self._src('expert_tensor_parallel')})")
         if c.folded and (rule == "tp" or rule == "one_or_tp" and c.etp != 1):
             return (f"{fw} runs expert tensor parallelism "
                     f"{'equal to tp only' if rule == 'tp' else 'of 1 or tp only'}, not "

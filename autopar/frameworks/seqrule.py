@@ -91,6 +91,14 @@ TORCHTITAN_RULE = SeqLenRule(
     source="torchtitan v0.2.2 torchtitan/distributed/parallel_dims.py "
            "ParallelDims.seq_len_divisor = tp * (cp * 2), asserted in "
            "models/llama3/infra/parallelize.py")
+#: torchtitan 0.3.0: trainer.py asserts ``seq_len % ((tp if SP) * (2 cp if cp > 1))``; kept as
+#: v0.2.2's ``tp * 2 cp`` (exact with CP; at cp = 1 it also refuses odd multiples of tp, which 0.3
+#: runs), as :class:`SeqLenRule` has no form for "the CP part only when cp > 1, times tp".
+TORCHTITAN_03_RULE = SeqLenRule(
+    cp_chunks=2, always=True,
+    source="torchtitan 0.3.0 torchtitan/trainer.py: seq_len % ((tp if "
+           "enable_sequence_parallel) * (2 * cp if cp > 1)); autopar keeps v0.2.2's tp * (cp * 2) "
+           "at cp = 1 too (stricter by 2 there)")
 #: DeepSpeed: no CP from the JSON config and no Megatron-style SP (AutoTP), so only the
 #: generic rule of a contiguous split applies.
 DEEPSPEED_RULE = SeqLenRule(

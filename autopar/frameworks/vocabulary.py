@@ -19,7 +19,7 @@ STAGE_SPLITS = ("middle", "last")
 CHUNK_RULES = ("any", "equal", "none")
 #: Expert-tensor-parallel rules (:attr:`FrameworkProfile.expert_tensor_parallel`): etp = tp only;
 #: etp = 1 or tp; any etp with ep * etp dividing tp * cp * dp (MoE parallel folding).
-ETP_RULES = ("tp", "one_or_tp", "any")
+ETP_RULES = ("tp", "one_or_tp", "one", "any")
 #: Fusion levels of memory-bound (element-wise, norm) ops: ``eager`` = one kernel per PyTorch op
 #: as the model's Python writes it (norms in the model's own ops); ``compile`` = TorchInductor
 #: fuses each chain of consecutive point-wise ops into one kernel (Ansel et al. 2024, PyTorch 2,

@@ -368,6 +368,18 @@ def from_torchtitan_toml(source: str | Path) -> Imported:
         raise InvalidParallelConfig(f"torchtitan TOML is not valid TOML: {exc}. Fix: the file "
                                     "must be a torchtitan job TOML ([parallelism], [training], "
                                     "...) as torchtitan's --job.config_file takes.") from exc
+    return from_torchtitan_doc(doc, "0.2")
+
+
+def from_torchtitan_doc(doc: dict, series: str, what: str = "torchtitan") -> Imported:
+    """A torchtitan job as sections of keys (the TOML's tables; a 0.3 Python config's
+    ``config.<section>.<key>`` values, :mod:`autopar.io.titan_config`), into autopar's terms.
+    ``series`` "0.2" or "0.3" decides what absent keys mean (0.3 has no expert tensor
+    parallelism and all-gathers K/V under CP); ``what`` names the source in errors.
+
+    Raises:
+        InvalidParallelConfig: a mistyped value.
+    """
     para = doc.get("parallelism", {})
     training = doc.get("training", {})
     ac = doc.get("activation_checkpoint", {})
@@ -379,7 +391,7 @@ def from_torchtitan_toml(source: str | Path) -> Imported:
         if v is None:
             return None
         if isinstance(v, bool) or not isinstance(v, int):
-            raise InvalidParallelConfig(f"torchtitan {where}.{key} must be an integer; got {v!r}. "
+            raise InvalidParallelConfig(f"{what} {where}.{key} must be an integer; got {v!r}. "
                                         f"Fix: write it as a whole number, e.g. {key} = 1.")
         return v
 
@@ -393,9 +405,16 @@ def from_torchtitan_toml(source: str | Path) -> Imported:
     ep = integer(para, "expert_parallel_degree", "parallelism")
     if ep is not None:
         par["ep"] = ep
-        if ep > 1:   # job_config.py: expert_tensor_parallel_degree defaults to 1
+        if ep > 1:   # job_config.py: expert_tensor_parallel_degree defaults to 1 (0.3: none)
             etp = integer(para, "expert_tensor_parallel_degree", "parallelism")
-            par["expert_tp"] = 1 if etp is None else etp
+            par["expert_tp"] = 1 if etp is None or series != "0.2" else etp
+        if "deepep" in (para.get("expert_parallel_comm_backend"), model.get("moe_comm_backend")):
+            par["dispatcher"] = "deepep"
+    if series != "0.2" and par.get("cp", 1) > 1:
+        # 0.3: llama3's flex attention all-gathers K/V (distributed/context_parallel/api.py)
+        par["cp_mode"] = "allgather"
+    elif par.get("cp", 1) > 1 and para.get("context_parallel_rotate_method") == "allgather":
+        par["cp_mode"] = "allgather"
     shard = integer(para, "data_parallel_shard_degree", "parallelism")
     replicate = integer(para, "data_parallel_replicate_degree", "parallelism") or 1
     if shard is not None and shard > 0:
@@ -416,12 +435,12 @@ def from_torchtitan_toml(source: str | Path) -> Imported:
     else:
         par["zero_stage"] = 0
     if par.get("tp", 1) > 1:
-        par["sequence_parallel"] = True
+        par["sequence_parallel"] = para.get("enable_sequence_parallel", True) is not False
     mode = ac.get("mode")
     if mode is not None:
         if mode not in _TT_RECOMPUTE:
             raise InvalidParallelConfig(
-                f"torchtitan activation_checkpoint.mode {mode!r} is not none/selective/full.")
+                f"{what} activation_checkpoint.mode {mode!r} is not none/selective/full.")
         par["recompute"] = _TT_RECOMPUTE[mode]
         if mode == "selective" and str(ac.get("selective_ac_option", "op")) != "op":
             notes.append(f"selective_ac_option {ac.get('selective_ac_option')!r} (every n-th "
@@ -439,8 +458,9 @@ def from_torchtitan_toml(source: str | Path) -> Imported:
         elif "interleaved" in schedule or "looped" in schedule:
             par["schedule"] = "interleaved-1f1b"
             par["virtual_stages"] = 2
-            notes.append(f"pipeline schedule {schedule!r}: modelled as interleaved 1F1B with 2 "
-                         "stages per rank (torchtitan's default split).")
+            if not para.get("module_fqns_per_model_part"):
+                notes.append(f"pipeline schedule {schedule!r}: modelled as interleaved 1F1B with "
+                             "2 stages per rank (torchtitan's default split).")
         elif schedule == "gpipe":
             par["schedule"] = "gpipe"
         elif schedule != "1f1b":

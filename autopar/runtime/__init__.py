@@ -9,6 +9,8 @@ from .export import (
     to_colossalai_plugin,
     to_deepspeed_config,
     to_megatron_args,
+    to_torchtitan,
+    to_torchtitan_config,
     to_torchtitan_toml,
 )
 from .launch import to_slurm_script, to_torchrun_command
@@ -17,6 +19,7 @@ from .validate import RUNTIME_SCHEDULES, check_plan
 
 __all__ = ["apply", "check_plan", "ParallelRun", "PlanMesh", "mesh_dims", "RUNTIME_SCHEDULES",
            "lm_loss", "UnsupportedPlanError", "Export",
-           "to_megatron_args", "to_torchtitan_toml", "to_deepspeed_config", "to_accelerate_config",
-           "to_colossalai_plugin", "to_torchrun_command",
+           "to_megatron_args", "to_torchtitan", "to_torchtitan_config", "to_torchtitan_toml",
+           "to_deepspeed_config", "to_accelerate_config", "to_colossalai_plugin",
+           "to_torchrun_command",
            "to_slurm_script"]

@@ -321,7 +321,8 @@ def expert_options(graph: ModelGraph, tp: int, cp: int, dp: int, fixed: dict,
     """(ep, expert_tp) pairs to try on a tp x cp x dp mesh: without MoE parallel folding
     (expert_tp None) the :func:`ep_options`; with it, where the framework runs it
     (:attr:`FrameworkProfile.expert_tensor_parallel`), every etp other than tp (the
-    framework's rule: "one_or_tp" only 1; "any" each divisor of tp x cp x dp up to
+    framework's rule: "one_or_tp" only 1; "one" only 1, and no unfolded pair under tp > 1;
+    "any" each divisor of tp x cp x dp up to
     ``gpus_per_node``, expert tensor parallelism kept inside a node as TP is) with each ep
     dividing the experts and tp x cp x dp / etp (Megatron-Core parallel_state.py: world_size %
     (etp * ep * pp) == 0). Pinned ``ep`` / ``expert_tp`` are kept. Megatron's rule that folded
@@ -332,16 +333,17 @@ def expert_options(graph: ModelGraph, tp: int, cp: int, dp: int, fixed: dict,
     if etp_pin == tp:
         etp_pin = None
     out: list[tuple[int, int | None]] = []
-    if not pinned or etp_pin is None:
-        out = [(e, None) for e in ep_options(graph, dp, fixed, profile)]
-    experts = getattr(graph, "num_experts", 0)
     rule = profile.expert_tensor_parallel
+    experts = getattr(graph, "num_experts", 0)
+    if not pinned or etp_pin is None:   # unfolded: etp = tp, which rule "one" runs only at 1
+        out = [(e, None) for e in ep_options(graph, dp, fixed, profile)
+               if not (rule == "one" and tp > 1 and experts)]
     if not experts or not profile.expert_parallel or rule == "tp" or (pinned and etp_pin is None):
         return out
     span = tp * cp * dp
     if pinned:
         etps = [etp_pin]
-    elif rule == "one_or_tp":
+    elif rule in ("one_or_tp", "one"):
         etps = [1] if tp > 1 else []
     else:
         etps = [t for t in divisors(span) if t != tp

@@ -18,12 +18,13 @@ name                           what runs the plan
 ``flash-attention-training``   flash-attention's 2022 training code (:mod:`.flash_attention`)
 ``internevo``                  InternEvo, hybrid ZeRO (:mod:`.internevo`)
 ``internevo-fsdp``             InternEvo, FSDP mode (:mod:`.internevo`)
+``torchtitan-0.3``             torchtitan 0.3.0: no expert TP, CP all-gathers K/V (:mod:`.torchtitan`)
 =============================  ===================================================================
 
-The first four have exporters; all are selectable with ``TrainingConfig(framework=...)``,
-``--framework`` and in plan files. Options on top of a profile: :func:`shard_within` (HSDP,
-InternEvo ``parallel.zero1``) and :func:`autopar.frameworks.choices.with_choice` (e.g.
-``TORCH_COMPILE``).
+The first four have exporters, and ``torchtitan-0.3`` (torchtitan's Python config); all are
+selectable with ``TrainingConfig(framework=...)``, ``--framework`` and in plan files. Options
+on top of a profile: :func:`shard_within` (HSDP, InternEvo ``parallel.zero1``) and
+:func:`autopar.frameworks.choices.with_choice` (e.g. ``TORCH_COMPILE``).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ _BUILT = ((pytorch.PROFILE, pytorch.CHOICES), (torchtitan.PROFILE, torchtitan.CH
           (inhouse.PROFILE, inhouse.CHOICES), (fsdp1.PROFILE, fsdp1.CHOICES),
           (llm_foundry.PROFILE, llm_foundry.CHOICES), (tinyllama.PROFILE, tinyllama.CHOICES),
           (flash_attention.PROFILE, flash_attention.CHOICES),
-          (internevo.PROFILE, internevo.CHOICES), (internevo.PROFILE_FSDP, internevo.CHOICES))
+          (internevo.PROFILE, internevo.CHOICES), (internevo.PROFILE_FSDP, internevo.CHOICES),
+          (torchtitan.PROFILE_03, torchtitan.CHOICES))
 
 #: Every profile by framework name (read-only).
 PROFILES: Mapping[str, FrameworkProfile] = MappingProxyType({p.name: p for p, _ in _BUILT})
@@ -65,7 +67,8 @@ BAND_FRAMEWORK: Mapping[str, str] = MappingProxyType({
     "torch": "torch", "torchtitan": "torchtitan", "megatron": "megatron",
     "deepspeed": "deepspeed", "megatron-2023": "megatron", "nemo": "megatron",
     "inhouse-2024": "*", "fsdp1": "torch", "llm-foundry": "torch", "tinyllama": "torch",
-    "flash-attention-training": "*", "internevo": "*", "internevo-fsdp": "*"})
+    "flash-attention-training": "*", "internevo": "*", "internevo-fsdp": "*",
+    "torchtitan-0.3": "torchtitan"})
 assert tuple(BAND_FRAMEWORK) == FRAMEWORKS, "every profile needs its BAND_FRAMEWORK entry"
 
 

@@ -1,5 +1,6 @@
 """``torchtitan``: torchtitan v0.2.2 (73a0e6979dd1), the last release with TOML job files
-(``torchtitan/config/job_config.py``, ``train.py``, ``distributed/``, ``models/llama3/``)."""
+(``torchtitan/config/job_config.py``, ``train.py``, ``distributed/``, ``models/llama3/``);
+``torchtitan-0.3``: torchtitan 0.3.0, its Python config release (:data:`PROFILE_03`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from ...config import TORCH_SCHEDULES
 from ..choices import (DTENSOR_TP, EAGER, FSDP2, FUSED_CP, SDPA_FLASH, TORCH_PIPELINING, Choices,
                        OptimizerStep, compose, with_choice)
 from ..memory import TORCHTITAN_MEMORY
-from ..seqrule import TORCHTITAN_RULE
+from ..seqrule import TORCHTITAN_03_RULE, TORCHTITAN_RULE
 from ..vocabulary import FUSED_OPTIMIZER_STEP_BYTES, TORCH_OPTIMIZER_STEP_BYTES
 
 #: FSDP2 as torchtitan applies it: fp32 gradient reduction, parameters kept gathered under PP.
@@ -135,3 +136,32 @@ PROFILE = compose(
                        "pipeline_parallel.py generate_llm_fqn_per_model_part: costed as the cost "
                        "model's balanced cut",
     })
+
+#: torchtitan 0.3.0 (PyPI, 2026), what changed from v0.2.2 for the layouts autopar plans. The
+#: rest (FSDP2, batch arithmetic, schedules, recompute policies, the one reshard policy) reads
+#: as v0.2.2's in 0.3.0's config/configs.py, trainer.py and distributed/; SP off
+#: (ParallelismConfig.enable_sequence_parallel) and replicate-only beside TP
+#: (models/llama3/parallelize.py always applies apply_fsdp_to_decoder) are runnable in 0.3 but
+#: kept out of the profile, as the exporter writes neither.
+CAPABILITIES_03 = dict(expert_tensor_parallel="one", cp_modes=("allgather",), overlaps_ep_comm=())
+SOURCES_03 = {
+    "expert_tensor_parallel": "torchtitan 0.3.0 (#3167) config/configs.py ParallelismConfig has "
+                              "no expert_tensor_parallel_degree; distributed/parallel_dims.py "
+                              "build_mesh: the sparse mesh is pp x dp_replicate x efsdp x ep with "
+                              "efsdp = dp_shard * cp * tp / ep (experts never tensor-parallel)",
+    "cp_modes": "torchtitan 0.3.0 models/common/attention.py ('CP all-gathers k/v') and "
+                "distributed/context_parallel/api.py flex_cp_allgather (llama3's default flex "
+                "attention); ParallelismConfig has no context_parallel_rotate_method",
+    "overlaps_ep_comm": "torchtitan 0.3.0 distributed/pipeline_parallel.py registers no "
+                        "DualPipeV overlap callback (only experiments/graph_trainer has one)",
+    "dispatchers": "torchtitan 0.3.0 models/common/config_utils.py make_token_dispatcher_config: "
+                   "moe_comm_backend 'standard' (all-to-all) | 'deepep' (| 'hybridep', "
+                   "'minimal_async_ep', which autopar does not price)",
+}
+
+PROFILE_03 = compose(
+    CHOICES,
+    **{"seq_rule": TORCHTITAN_03_RULE, "memory": PROFILE.memory,
+       **{k: getattr(PROFILE, k) for k in PROFILE.capability_names()},
+       **CAPABILITIES_03, "sources": {**PROFILE.sources, **SOURCES_03}},
+    name="torchtitan-0.3", version="torchtitan 0.3.0 (PyPI)")

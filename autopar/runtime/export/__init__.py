@@ -11,10 +11,11 @@ not, the nearest plan the framework can run (its :mod:`autopar.frameworks` profi
 
 Which framework versions the names follow (see docs/runtime.md for how each was checked):
 Megatron-LM ``megatron/training/arguments.py`` (core_r0.12 and later), torchtitan v0.2.2
-(``torchtitan/config/job_config.py``; torchtitan 0.3 replaced TOML files with Python config
-registries), DeepSpeed 0.19 (``deepspeed/runtime/config.py``), Accelerate 1.16
-(``commands/config/config_args.py``), Colossal-AI 0.5 (``colossalai/booster/plugin``). One
-module per framework;
+(``torchtitan/config/job_config.py``, a TOML job file: :mod:`.torchtitan`) and torchtitan 0.3.0
+(``torchtitan/config/configs.py``, a Python config file: :mod:`.torchtitan_config`; which one
+:func:`to_torchtitan` writes follows the installed torchtitan, :mod:`.version`), DeepSpeed 0.19
+(``deepspeed/runtime/config.py``), Accelerate 1.16 (``commands/config/config_args.py``),
+Colossal-AI 0.5 (``colossalai/booster/plugin``). One module per framework;
 :mod:`.common` holds what they share.
 """
 
@@ -24,7 +25,10 @@ from .common import Export
 from .deepspeed import to_deepspeed_config
 from .megatron import MEGATRON_FLAGS, to_megatron_args
 from .torchtitan import TITAN_LLAMA3_FLAVORS, titan_batch_check, to_torchtitan_toml
+from .torchtitan_config import to_torchtitan_config
+from .version import TORCHTITAN_EXPORTERS, installed_torchtitan, to_torchtitan
 
-__all__ = ["Export", "MEGATRON_FLAGS", "TITAN_LLAMA3_FLAVORS", "titan_batch_check",
-           "to_accelerate_config", "to_colossalai_plugin", "to_deepspeed_config",
-           "to_megatron_args", "to_torchtitan_toml"]
+__all__ = ["Export", "MEGATRON_FLAGS", "TITAN_LLAMA3_FLAVORS", "TORCHTITAN_EXPORTERS",
+           "installed_torchtitan", "titan_batch_check", "to_accelerate_config",
+           "to_colossalai_plugin", "to_deepspeed_config", "to_megatron_args", "to_torchtitan",
+           "to_torchtitan_config", "to_torchtitan_toml"]

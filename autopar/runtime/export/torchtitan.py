@@ -31,7 +31,21 @@ TITAN_LLAMA3_FLAVORS = {
 }
 
 
-def _titan_flavor(plan, warn: list[str]) -> dict:
+def titan_refuses(plan, m: dict) -> None:
+    """Refuse a model torchtitan has no architecture for (v0.2.2 and 0.3 alike).
+
+    Raises:
+        UnsupportedPlanError: a GPT-style model (learned positions, LayerNorm, GELU, biases).
+    """
+    if m and (m.get("family") == "gpt" or m.get("norm") == "layernorm"
+              or m.get("position") not in (None, "rope")):
+        raise UnsupportedPlanError(
+            f"torchtitan has no architecture for {plan.model} (GPT-style: learned positions, "
+            "LayerNorm, GELU, biases); a llama3 config would train a different model. Fix: "
+            "export with plan.to_megatron_args() or plan.to_deepspeed_config().")
+
+
+def titan_flavor(plan, warn: list[str]) -> dict:
     """torchtitan's model section: ``llama3`` and the flavor whose shape is the plan's model.
 
     Raises:
@@ -39,12 +53,7 @@ def _titan_flavor(plan, warn: list[str]) -> dict:
             positions, LayerNorm, GELU, biases).
     """
     m = plan.model_config or {}
-    if m and (m.get("family") == "gpt" or m.get("norm") == "layernorm"
-              or m.get("position") not in (None, "rope")):
-        raise UnsupportedPlanError(
-            f"torchtitan has no architecture for {plan.model} (GPT-style: learned positions, "
-            "LayerNorm, GELU, biases); a llama3 TOML would train a different model. Fix: "
-            "export with plan.to_megatron_args() or plan.to_deepspeed_config().")
+    titan_refuses(plan, m)
     if m and (m.get("num_experts") or m.get("kv_lora_rank") or m.get("qk_norm")):
         return _titan_moe_model(plan, m, warn)
     shape = (m.get("num_layers"), m.get("hidden_size"), m.get("num_heads"),
@@ -164,7 +173,7 @@ def to_torchtitan_toml(plan) -> Export:
     warn: list[str] = []
     w = c.replace(placement=rank_order(c, "torchtitan", warn)[1])
     w = one_reshard_policy(c, w, "torchtitan", warn)
-    model = _titan_flavor(plan, warn)
+    model = titan_flavor(plan, warn)
     par: dict = {"tensor_parallel_degree": c.tp, "pipeline_parallel_degree": c.pp,
                  "context_parallel_degree": c.cp}
     if c.ep > 1:
@@ -198,23 +207,8 @@ def to_torchtitan_toml(plan) -> Export:
             w = w.replace(cp_mode="ring")
         par["context_parallel_rotate_method"] = "allgather" if w.cp_mode == "allgather" \
             else "alltoall"
-    model_parallel = c.tp > 1 or c.pp > 1 or c.cp > 1 or c.ep > 1
-    if c.zero_stage >= 2 or (c.dp > 1 and (c.zero_stage == 1 or model_parallel)):
-        zero = 3 if c.zero_stage == 3 else 2
-        par.update(data_parallel_replicate_degree=1, data_parallel_shard_degree=c.dp,
-                   fsdp_reshard_after_forward="always" if zero == 3 else "never")
-        if c.zero_stage < 2:
-            why = ("torchtitan has no optimizer-state-only sharding" if c.zero_stage == 1 and
-                   not model_parallel else "torchtitan refuses DDP combined with TP/PP/CP "
-                   "('DDP has not supported > 1D parallelism', models/llama3/infra/"
-                   "parallelize.py)")
-            warn.append(f"zero_stage {c.zero_stage}: {why}; used FSDP over the {c.dp} "
-                        "data-parallel ranks without resharding after forward (ZeRO-2: less "
-                        "memory, gradients reduce-scattered and parameters gathered once per "
-                        "step)")
-        w = w.replace(zero_stage=zero)
-    else:
-        par.update(data_parallel_replicate_degree=c.dp, data_parallel_shard_degree=1)
+    dp_keys, w = titan_data_parallel(c, w, warn)
+    par.update(dp_keys)
     if c.tp > 1 and not c.sequence_parallel:
         warn.append("sequence_parallel off: torchtitan always shards norms over the sequence "
                     "under TP (less memory, the same numbers)")
@@ -238,7 +232,7 @@ def to_torchtitan_toml(plan) -> Export:
                         "not hidden, as estimated)")
         par["pipeline_parallel_microbatch_size"] = mbs
         if c.stage_blocks:
-            par["module_fqns_per_model_part"] = _fqns_per_part(c.stage_blocks)
+            par["module_fqns_per_model_part"] = fqns_per_part(c.stage_blocks)
         local = t.global_batch_size // c.dp   # all of a step's micro-batches in one schedule
     else:
         local = mbs                           # one forward; torchtitan accumulates the rest
@@ -252,29 +246,12 @@ def to_torchtitan_toml(plan) -> Export:
         warn.append(f"precision {t.precision}: torchtitan trains in bf16 (fp8 needs a float8 "
                     "model converter); used bf16")
         t_written = replace(t, precision="bf16")
-    if t.param_offload and w.zero_stage == 3:
-        # job_config.py training.enable_cpu_offload: FSDP2's CPUOffloadPolicy (parameters,
-        # gradients and optimizer states together, as autopar.cost.offload prices it)
+    offload, t_written = titan_offload(t_written, w, warn, "v0.2.2")
+    if offload:
         train["enable_cpu_offload"] = True
-    elif t.param_offload:
-        warn.append(f"param_offload: torchtitan offloads FSDP shards only; not written at "
-                    f"ZeRO-{w.zero_stage}")
-        t_written = replace(t_written, param_offload=False)
-    if t.activation_offload:
-        warn.append("activation_offload: not written (torchtitan v0.2.2 has no activation "
-                    "offload option)")
-        t_written = replace(t_written, activation_offload=False)
-    if t.optimizer_offload and not (t.param_offload and w.zero_stage == 3):
-        warn.append("optimizer_offload: torchtitan offloads only everything together "
-                    "(training.enable_cpu_offload: parameters, gradients and optimizer states "
-                    "through FSDP2's CPUOffloadPolicy); not written, the optimizer stays on the GPU")
-        t_written = replace(t_written, optimizer_offload=False)
-    if t.optimizer_state_dtype != "fp32":
-        warn.append(f"optimizer_state_dtype {t.optimizer_state_dtype}: torchtitan's optimizers "
-                    "keep states in the parameters' dtype (fp32 shards); used fp32")
-        t_written = replace(t_written, optimizer_state_dtype="fp32")
-    ac, modes_written = _titan_ac(block_modes(plan), warn)
-    w = w.replace(recompute=modes_written if isinstance(c.recompute, tuple) else modes_written[0])
+    ac, modes_written = titan_ac(block_modes(plan), warn)
+    # one mode for every block is one plan, one spelling (the str)
+    w = w.replace(recompute=modes_written[0] if len(set(modes_written)) == 1 else modes_written)
     opt = {"name": "AdamW" if t.optimizer in ("adam", "adamw") else "SGD"}
     if t.optimizer == "adam":
         opt["weight_decay"] = 0.0
@@ -291,20 +268,72 @@ def to_torchtitan_toml(plan) -> Export:
                   needs="" if known else f"the flavor {model['flavor']!r} is added")
 
 
-def _fqns_per_part(stage_blocks) -> list[list[str]]:
+def titan_data_parallel(c, w, warn: list[str]):
+    """(the data-parallel keys of torchtitan's parallelism section, ``w`` with the ZeRO stage
+    they run). The same in v0.2.2 and 0.3 (``config/job_config.py`` / ``config/configs.py``
+    Parallelism): DDP (replicate) only for pure data parallelism without ZeRO, FSDP2 (shard)
+    otherwise; ZeRO-1, and ZeRO-0 under model parallelism, run as FSDP without resharding after
+    forward (ZeRO-2 memory). The profile (:mod:`autopar.frameworks.stacks.torchtitan`) has the
+    same rule."""
+    model_parallel = c.tp > 1 or c.pp > 1 or c.cp > 1 or c.ep > 1
+    if c.zero_stage >= 2 or (c.dp > 1 and (c.zero_stage == 1 or model_parallel)):
+        zero = 3 if c.zero_stage == 3 else 2
+        if c.zero_stage < 2:
+            why = ("torchtitan has no optimizer-state-only sharding" if c.zero_stage == 1 and
+                   not model_parallel else "autopar's torchtitan profile runs TP/PP/CP/EP "
+                   "with FSDP only (v0.2.2 refuses DDP there: 'DDP has not supported > 1D "
+                   "parallelism', models/llama3/infra/parallelize.py)")
+            warn.append(f"zero_stage {c.zero_stage}: {why}; used FSDP over the {c.dp} "
+                        "data-parallel ranks without resharding after forward (ZeRO-2: less "
+                        "memory, gradients reduce-scattered and parameters gathered once per "
+                        "step)")
+        keys = dict(data_parallel_replicate_degree=1, data_parallel_shard_degree=c.dp,
+                    fsdp_reshard_after_forward="always" if zero == 3 else "never")
+        return keys, w.replace(zero_stage=zero)
+    return dict(data_parallel_replicate_degree=c.dp, data_parallel_shard_degree=1), w
+
+
+def titan_offload(t, w, warn: list[str], version: str):
+    """(whether to write ``training.enable_cpu_offload``, ``t`` as written): torchtitan offloads
+    only through FSDP2's CPUOffloadPolicy (parameters, gradients and optimizer states together,
+    as :mod:`autopar.cost.offload` prices it: ``training.enable_cpu_offload`` in v0.2.2 and 0.3),
+    has no activation offload and keeps optimizer states in the parameters' dtype."""
+    offload = bool(t.param_offload and w.zero_stage == 3)
+    if t.param_offload and not offload:
+        warn.append(f"param_offload: torchtitan offloads FSDP shards only; not written at "
+                    f"ZeRO-{w.zero_stage}")
+        t = replace(t, param_offload=False)
+    if t.activation_offload:
+        warn.append(f"activation_offload: not written (torchtitan {version} has no activation "
+                    "offload option)")
+        t = replace(t, activation_offload=False)
+    if t.optimizer_offload and not offload:
+        warn.append("optimizer_offload: torchtitan offloads only everything together "
+                    "(training.enable_cpu_offload: parameters, gradients and optimizer states "
+                    "through FSDP2's CPUOffloadPolicy); not written, the optimizer stays on the GPU")
+        t = replace(t, optimizer_offload=False)
+    if t.optimizer_state_dtype != "fp32":
+        warn.append(f"optimizer_state_dtype {t.optimizer_state_dtype}: torchtitan's optimizers "
+                    "keep states in the parameters' dtype (fp32 shards); used fp32")
+        t = replace(t, optimizer_state_dtype="fp32")
+    return offload, t
+
+
+def fqns_per_part(stage_blocks, head: str = "output") -> list[list[str]]:
     parts, first = [], 0
     for i, n in enumerate(stage_blocks):
         part = (["tok_embeddings"] if i == 0 else []) + [
             f"layers.{b}" for b in range(first, first + n)]
         if i == len(stage_blocks) - 1:
-            part += ["norm", "output"]
+            part += ["norm", head]
         parts.append(part)
         first += n
     return parts
 
 
-def _titan_ac(modes, warn) -> tuple[dict, tuple[str, ...]]:
-    """(activation_checkpoint section, the per-block modes it runs)."""
+def titan_ac(modes, warn, every_nth: bool = True) -> tuple[dict, tuple[str, ...]]:
+    """(activation_checkpoint section, the per-block modes it runs); ``every_nth``: torchtitan
+    has v0.2.2's ``selective_ac_option`` N (full recompute of every N-th block; 0.3 has not)."""
     if "selective" in modes:
         # torchtitan's selective mode is op-level SAC, which keeps less than the attention-core
         # recompute planned: never more memory than planned, a little more recompute time
@@ -320,12 +349,13 @@ def _titan_ac(modes, warn) -> tuple[dict, tuple[str, ...]]:
         return {"mode": mode}, tuple(modes)
     full = [i for i, x in enumerate(modes) if x == "full"]
     every = full[0] + 1 if full else 0
-    if kinds == {"none", "full"} and full == list(range(every - 1, len(modes), every)):
+    if every_nth and kinds == {"none", "full"} and \
+            full == list(range(every - 1, len(modes), every)):
         return {"mode": "selective", "selective_ac_option": str(every)}, tuple(modes)
     strongest = strongest_mode(modes)
     warn.append(f"per-block recompute ({per_block_text(modes)}): torchtitan sets one mode "
-                "for all blocks (or full "
-                f"every N-th); used {strongest!r} everywhere (never more memory than planned)")
+                "for all blocks" + (" (or full every N-th)" if every_nth else "") +
+                f"; used {strongest!r} everywhere (never more memory than planned)")
     section = ({"mode": "selective", "selective_ac_option": "op"} if strongest == "selective-op"
                else {"mode": strongest})
     return section, (strongest,) * len(modes)

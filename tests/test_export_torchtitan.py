@@ -1,0 +1,319 @@
+"""torchtitan exports of both series and their importers.
+
+What validates what:
+- 0.3 Python config: loaded by torchtitan's own ``ConfigManager`` (``--module``/``--config``, the
+  way ``torchtitan.train`` loads a job), its degrees by ``ParallelDims`` and its model built on the
+  meta device, where torchtitan >= 0.3 is installed (the ``frameworks`` extra); everywhere, each
+  ``config.<section>.<key>`` it sets is checked against the recorded 0.3.0 schema
+  (tests/data/torchtitan_0.3.0_config.json, written from torchtitan's dataclasses by
+  ``python -m benchmarks.torchtitan_schema``).
+- 0.2.x TOML: every key against the recorded 0.2.2 schema (tests/data/torchtitan_0.2.2_job_config
+  .json); torchtitan 0.2's own loader in tests/test_export.py where 0.2 is installed.
+- Each recorded schema is compared with the installed torchtitan of that version (drift).
+- Round trips: export, import, estimate: the same configuration as the export wrote.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import sys
+import tomllib
+import typing
+from pathlib import Path
+
+import pytest
+
+import autopar
+from autopar.io.importers import from_torchtitan_toml
+from autopar.io.titan_config import from_torchtitan_config
+from autopar.runtime.export import version as titan_version
+
+DATA = Path(__file__).parent / "data"
+SCHEMA_02 = json.loads((DATA / "torchtitan_0.2.2_job_config.json").read_text())
+SCHEMA_03 = json.loads((DATA / "torchtitan_0.3.0_config.json").read_text())
+INSTALLED = titan_version.installed_torchtitan()
+
+TRAIN = autopar.TrainingConfig(global_batch_size=16, seq_len=32, precision="bf16",
+                               optimizer="adamw")
+SHAPES = {
+    "fsdp": (8, dict(dp=8, tp=1, pp=1, zero_stage=3)),
+    "tp-zero2": (8, dict(dp=4, tp=2, pp=1, zero_stage=2)),
+    "3d-mixed": (8, dict(pp=2, dp=2, tp=2, recompute=("full", "none", "selective", "none"),
+                         micro_batch_size=1, zero_stage=1, stage_blocks=(1, 1, 1, 1),
+                         virtual_stages=2)),
+    "pp-uneven": (8, dict(pp=2, dp=4, tp=1, zero_stage=0, stage_blocks=(1, 3),
+                          recompute="full", schedule="gpipe")),
+    "cp-ring": (8, dict(dp=2, tp=2, cp=2, pp=1, zero_stage=3, cp_mode="ring")),
+    "two-nodes": (16, dict(dp=8, tp=2, pp=1, zero_stage=3, recompute="selective")),
+}
+
+
+def _cluster(gpus: int):
+    nodes = max(1, gpus // 8)
+    return autopar.Cluster.custom(nodes, gpus // nodes, "A100-80GB")
+
+
+@pytest.fixture(scope="module", params=list(SHAPES))
+def plan(request):
+    gpus, fixed = SHAPES[request.param]
+    return autopar.optimize("tiny-llama", _cluster(gpus), TRAIN, fixed=fixed)
+
+
+def _gpus(plan) -> int:
+    c = plan.config
+    return c.dp * c.tp * c.pp * c.cp
+
+
+def _matches(value, type_name: str) -> bool:
+    """Whether ``value`` is of a recorded field type (the types autopar writes)."""
+    if type_name.startswith("Literal["):
+        return value in ast.literal_eval("(" + type_name[len("Literal["):-1] + ",)")
+    if "None" in type_name and value is None:
+        return True
+    if type_name.startswith("bool"):
+        return isinstance(value, bool)
+    if type_name.startswith("int"):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if type_name.startswith("float"):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if type_name.startswith("str"):
+        return isinstance(value, str)
+    if type_name.startswith("list"):
+        return isinstance(value, list)
+    return True
+
+
+def _sets(text: str) -> dict[tuple[str, str], object]:
+    """The ``config.<section>.<key> = literal`` lines of a 0.3 config file."""
+    out = {}
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Attribute):
+            t = node.targets[0]
+            if isinstance(t.value, ast.Attribute) and isinstance(t.value.value, ast.Name) \
+                    and t.value.value.id == "config":
+                out[(t.value.attr, t.attr)] = ast.literal_eval(node.value)
+    return out
+
+
+def _same_config(plan, imported, written) -> None:
+    """The imported configuration estimates as the written one (both resolved by autopar)."""
+    c = plan.config
+    par, _ = imported.complete(_gpus(plan), 4)
+    cluster = _cluster(_gpus(plan))
+    got = autopar.estimate("tiny-llama", cluster, TRAIN, autopar.ParallelConfig(**par)).config
+    want = autopar.estimate("tiny-llama", cluster, TRAIN, written).config
+    assert got == want, (c, got, want)
+
+
+# -- 0.3: Python config -----------------------------------------------------------------------
+
+def test_config_sets_only_fields_of_torchtitan_0_3(plan):
+    ex = plan.to_torchtitan_config()
+    sets = _sets(ex.value)
+    assert sets[("parallelism", "tensor_parallel_degree")] == plan.config.tp
+    for (section, key), value in sets.items():
+        field = SCHEMA_03["sections"][section].get(key)
+        assert field is not None, f"config.{section}.{key} is not a torchtitan 0.3.0 field"
+        assert _matches(value, field["type"]), (section, key, value, field)
+
+
+def test_config_round_trips_to_the_written_configuration(plan):
+    ex = plan.to_torchtitan_config()
+    imp = from_torchtitan_config(ex.text())
+    assert imp.model == "tiny-llama" and imp.train["global_batch_size"] == 16
+    _same_config(plan, imp, ex.written)
+
+
+@pytest.fixture(scope="module")
+def titan03(tmp_path_factory):
+    """torchtitan >= 0.3's ConfigManager and ParallelDims, with a folder on sys.path for the
+    exported modules (skipped where another torchtitan, or none, is installed)."""
+    if INSTALLED != "0.3":
+        pytest.skip(f"torchtitan >= 0.3 not installed (installed: {INSTALLED})")
+    from torchtitan.config import ConfigManager
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.trainer import Trainer
+    folder = tmp_path_factory.mktemp("titan03")
+    sys.path.insert(0, str(folder))
+    yield ConfigManager, ParallelDims, Trainer, folder
+    sys.path.remove(str(folder))
+
+
+def _load(titan03, text: str, name: str):
+    manager, _, _, folder = titan03
+    (folder / f"{name}.py").write_text(text)
+    importlib.invalidate_caches()
+    return manager().parse_args(["--module", name, "--config", "autopar_plan"])
+
+
+def test_config_loads_with_torchtitans_own_classes(plan, titan03, request):
+    import torch
+    _, parallel_dims, trainer, _ = titan03
+    ex = plan.to_torchtitan_config()
+    cfg = _load(titan03, ex.value, "autopar_" + request.node.callspec.id.replace("-", "_"))
+    assert isinstance(cfg, trainer.Config)          # Trainer.Config.__post_init__ ran
+    w, p = ex.written, cfg.parallelism
+    dims = parallel_dims.from_config(p, _gpus(plan))  # degrees multiply to the world size
+    assert (dims.tp, dims.pp, dims.cp, dims.dp_replicate * dims.dp_shard) == (w.tp, w.pp, w.cp,
+                                                                              w.dp)
+    assert cfg.training.global_batch_size == 16 and cfg.training.seq_len == 32
+    assert (cfg.activation_checkpoint is None) == (w.recompute == "none")
+    model = cfg.model_spec.model
+    model.update_from_config(config=cfg)
+    with torch.device("meta"):
+        built = model.build()
+    assert len(built.layers) == 4
+    # the flavor the file registers is autopar's model: the same parameter count
+    from autopar.problem import model_graph
+    assert sum(t.numel() for t in built.parameters()) == model_graph(
+        "tiny-llama", TRAIN)[0].num_parameters
+    for part in p.module_fqns_per_model_part or []:   # every stage's modules exist
+        for fqn in part:
+            built.get_submodule(fqn)
+
+
+def test_flavors_autopar_matches_are_torchtitans_own(titan03):
+    """The llama3 flavors the exporter names by shape build torchtitan 0.3 models with exactly
+    the parameters autopar counts for the preset."""
+    import torch
+    from torchtitan.models.llama3 import model_registry
+
+    from autopar.problem import model_graph
+    for flavor, preset in (("8B", "llama3-8b"), ("70B", "llama3-70b")):
+        with torch.device("meta"):
+            built = model_registry(flavor).model.build()
+        count = model_graph(preset, autopar.TrainingConfig(16, 4096))[0].num_parameters
+        assert sum(t.numel() for t in built.parameters()) == count, flavor
+
+
+def test_overrides_import_as_torchtitan_parses_them(titan03):
+    args = ("--module llama3 --config llama3_8b --parallelism.tensor_parallel_degree 4 "
+            "--parallelism.data_parallel_shard_degree 2 --training.local_batch_size 2 "
+            "--training.seq_len 4096 activation_checkpoint:full")
+    imp = from_torchtitan_config(args)
+    assert imp.model == "llama3-8b"
+    assert imp.parallel["tp"] == 4 and imp.parallel["dp"] == 2
+    assert imp.parallel["recompute"] == "full" and imp.train["seq_len"] == 4096
+    cfg = titan03[0]().parse_args(args.split())
+    assert cfg.parallelism.tensor_parallel_degree == 4 and cfg.training.local_batch_size == 2
+    assert type(cfg.activation_checkpoint).__qualname__ == "FullAC.Config"
+
+
+def test_recorded_0_3_schema_is_torchtitans_own():
+    from importlib.metadata import version
+    if INSTALLED != "0.3" or version("torchtitan") != SCHEMA_03["torchtitan"]:
+        pytest.skip(f"torchtitan {SCHEMA_03['torchtitan']} not installed")
+    from benchmarks.torchtitan_schema import schema
+    assert json.loads(json.dumps(schema()[1], default=str)) == SCHEMA_03
+
+
+def test_experts_run_without_expert_tensor_parallelism_in_0_3():
+    """#3167: 0.3 has no expert TP; a plan with expert TP > 1 is written with 1 and re-estimated;
+    DeepEP is the model's moe_comm_backend."""
+    pytest.importorskip("transformers")
+    model = dict(name="tiny-moe", family="llama", num_layers=4, hidden_size=64, num_heads=4,
+                 vocab_size=256, seq_len=64, ffn_hidden_size=128, num_experts=8, top_k=2,
+                 moe_ffn_hidden_size=32)
+    p = autopar.optimize(model, autopar.Cluster.custom(1, 8, "H100-80GB"),
+                         autopar.TrainingConfig(global_batch_size=16, seq_len=64,
+                                                framework="torchtitan"),
+                         fixed=dict(tp=2, pp=1, dp=4, ep=4, zero_stage=3, expert_tp=2,
+                                    dispatcher="deepep"))
+    ex = p.to_torchtitan_config()
+    assert p.config.etp == 2 and ex.written.etp == 1
+    assert any("expert_tp=2" in w and "#3167" in w for w in ex.warnings)
+    assert "moe_comm_backend='deepep'" in ex.value and "from torchtitan.models.qwen3" in ex.value
+    imp = from_torchtitan_config(ex.text())
+    assert imp.parallel["ep"] == 4 and imp.parallel["expert_tp"] == 1
+    assert imp.parallel["dispatcher"] == "deepep"
+    assert _sets(ex.value)[("training", "disable_cuda_graphs")] is True
+    assert any(w.startswith("re-estimated under torchtitan-0.3") for w in ex.warnings)
+
+
+def test_the_0_3_profile_plans_only_what_torchtitan_0_3_runs():
+    """The torchtitan-0.3 profile (the re-estimate's and the nearest plan's) refuses expert TP
+    and ring CP, and its search never proposes them."""
+    pytest.importorskip("transformers")
+    from autopar.frameworks import get_profile
+    prof = get_profile("torchtitan-0.3")
+    assert "expert tensor parallelism" in prof.unsupported(
+        autopar.ParallelConfig(tp=2, dp=4, ep=4, zero_stage=3, sequence_parallel=True))
+    assert prof.unsupported(autopar.ParallelConfig(tp=2, dp=4, ep=4, expert_tp=1, zero_stage=3,
+                                                   sequence_parallel=True)) is None
+    assert "context-parallel mode 'ring'" in prof.unsupported(
+        autopar.ParallelConfig(tp=1, dp=4, cp=2, zero_stage=3))
+    model = dict(name="tiny-moe", family="llama", num_layers=4, hidden_size=64, num_heads=4,
+                 vocab_size=256, seq_len=64, ffn_hidden_size=128, num_experts=8, top_k=2,
+                 moe_ffn_hidden_size=32)
+    p = autopar.optimize(model, autopar.Cluster.custom(1, 8, "H100-80GB"),
+                         autopar.TrainingConfig(global_batch_size=16, seq_len=64,
+                                                framework="torchtitan-0.3"), top_k=20)
+    configs = [e.config for e in (p.estimate, *p.alternatives)]
+    assert all(c.etp == 1 for c in configs) and any(c.tp > 1 for c in configs), configs
+    assert any(c.ep > 1 for c in configs)
+
+
+def test_fp8_is_the_float8_converter_in_0_3():
+    p = autopar.optimize("tiny-llama", autopar.Cluster.custom(1, 8, "H100-80GB"),
+                         autopar.TrainingConfig(global_batch_size=16, seq_len=32, precision="fp8"),
+                         fixed=dict(tp=1, pp=1, dp=8, zero_stage=3))
+    ex = p.to_torchtitan_config()
+    assert "Float8LinearConverter.Config(filter_fqns=['lm_head']" in ex.value
+    assert not any("precision fp8" in w for w in ex.warnings)
+    assert from_torchtitan_config(ex.text()).train["precision"] == "fp8"
+
+
+def test_export_follows_the_installed_torchtitan(monkeypatch):
+    p = autopar.optimize("tiny-llama", _cluster(8), TRAIN, fixed=SHAPES["fsdp"][1])
+    for series, marker in (("0.2", "[parallelism]"), ("0.3", "def autopar_plan():"), (None,
+                                                                                      "def autopar")):
+        monkeypatch.setattr(titan_version, "installed_torchtitan", lambda s=series: s)
+        assert marker in p.to_torchtitan().value
+    assert "[parallelism]" in p.to_torchtitan("0.2").value
+    with pytest.raises(ValueError, match="0.2, 0.3"):
+        p.to_torchtitan("0.1")
+
+
+def test_cli_export_names_the_series_and_the_module(tmp_path, monkeypatch):
+    from autopar.cli import main
+    out = tmp_path / "myjob.py"
+    main(["plan", "--model", "tiny-llama", "--cluster", "1x8xA100-80GB", "--global-batch", "16",
+          "--seq-len", "32", "--dp", "8", "--export", "torchtitan-0.3", str(out)])
+    text = out.read_text()
+    assert "--module myjob --config autopar_plan" in text and "NAME" not in text
+    imp = from_torchtitan_config(str(out))
+    assert imp.parallel["dp"] == 8
+
+
+# -- 0.2.x: TOML ------------------------------------------------------------------------------
+
+def test_toml_keys_are_fields_of_torchtitan_0_2_2(plan):
+    doc = tomllib.loads(plan.to_torchtitan_toml().text())
+    for section, keys in doc.items():
+        for key, value in keys.items():
+            field = SCHEMA_02["sections"][section].get(key)
+            assert field is not None, f"[{section}] {key} is not a torchtitan 0.2.2 field"
+            assert _matches(value, field["type"]), (section, key, value, field)
+
+
+def test_toml_round_trips_to_the_written_configuration(plan):
+    ex = plan.to_torchtitan_toml()
+    _same_config(plan, from_torchtitan_toml(ex.text()), ex.written)
+
+
+def test_recorded_0_2_2_schema_is_torchtitans_own():
+    from importlib.metadata import version
+    if INSTALLED != "0.2" or version("torchtitan") != SCHEMA_02["torchtitan"]:
+        pytest.skip(f"torchtitan {SCHEMA_02['torchtitan']} not installed")
+    from benchmarks.torchtitan_schema import schema
+    assert json.loads(json.dumps(schema()[1], default=str)) == SCHEMA_02
+
+
+def test_matches_reads_recorded_types():
+    assert _matches("never", SCHEMA_02["sections"]["parallelism"]["fsdp_reshard_after_forward"]
+                    ["type"])
+    assert not _matches("sometimes", "Literal['default', 'always', 'never']")
+    assert not _matches(True, "int") and _matches(None, "str | None")
+    assert typing.get_origin(typing.Literal["a"]) is typing.Literal
