@@ -216,23 +216,6 @@ def plan_cost(plan, calibration: Calibration | str | Path | dict,
                     tuple(dict.fromkeys(str(w.message) for w in caught)))
 
 
-def problem_cost(model, cluster: Cluster | str, calibration, seq_len: int | None = None
-                 ) -> PlanCost:
-    """The best plan of ``model`` on ``cluster`` (the catalogue's figures, default training:
-    :func:`autopar.optimize`), then :func:`plan_cost`.
-
-    Raises:
-        AutoparError subclasses: as :func:`autopar.optimize` and :func:`plan_cost`.
-    """
-    from .. import api
-    from ..problem import model_config_of
-    cl = cluster if isinstance(cluster, Cluster) else Cluster.from_spec(cluster)
-    train = None
-    if seq_len is not None:
-        train = api.default_training(model_config_of(model), cl, seq_len, model=model)
-    return plan_cost(api.optimize(model, cl, train), calibration, cluster=cl)
-
-
 def with_cost(report: CheckReport, cost: PlanCost | None, note: str | None = None
               ) -> CheckReport:
     """``report`` with ``cost`` and an extra note."""

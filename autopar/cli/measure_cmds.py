@@ -203,18 +203,35 @@ def _measured(args):
     return cal
 
 
+def _problem_cost(model, cluster, calibration, seq_len):
+    """The best plan of ``model`` on ``cluster`` (the catalogue's figures, default training:
+    :func:`autopar.optimize`), priced with the measured links by
+    :func:`autopar.calibrate.check.plan_cost` (here, above the API: calibrate sits below it).
+
+    Raises:
+        AutoparError subclasses: as :func:`autopar.optimize` and ``plan_cost``.
+    """
+    from .. import api
+    from ..calibrate.check import plan_cost
+    from ..problem import model_config_of
+    train = None
+    if seq_len is not None:
+        train = api.default_training(model_config_of(model), cluster, seq_len, model=model)
+    return plan_cost(api.optimize(model, cluster, train), calibration, cluster=cluster)
+
+
 def _cost(args, cal, report):
     """``report`` with the cost of ``--plan`` (or of ``--model``'s best plan on the reference),
     or a note saying why there is none."""
-    from ..calibrate.check import plan_cost, problem_cost, reference_cluster, with_cost
+    from ..calibrate.check import plan_cost, reference_cluster, with_cost
     from ..errors import AutoparError
     try:
         if args.plan:
             cost = plan_cost(args.plan, cal, Cluster.from_spec(args.cluster) if args.cluster
                              else None)
         elif args.model:
-            cost = problem_cost(model_arg(args.model), reference_cluster(cal, args.cluster), cal,
-                                args.seq_len)
+            cost = _problem_cost(model_arg(args.model), reference_cluster(cal, args.cluster),
+                                 cal, args.seq_len)
         else:
             return with_cost(report, None, "no plan priced: pass --plan FILE or --model NAME to "
                                            "see what the measured links cost a step.")

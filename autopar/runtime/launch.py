@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import shlex
-
 from autopar.errors import InvalidClusterSpec
 
 from .export import Export
-from .export.common import node_layout
-
-#: Default rendezvous port (torchrun's conventional 29500).
-RDZV_PORT = 29500
+from .export.common import RDZV_PORT, node_layout, torchrun_command
 
 #: CPU cores the Slurm script asks for per GPU (``--cpus-per-task`` = this x GPUs per node, one
 #: task per node): each rank's main process and its data-loader workers. Slurm gives a task one
@@ -30,15 +25,9 @@ def to_torchrun_command(plan, script: str = "train.py", script_args: tuple[str, 
     rendezvous is used. ``rdzv_id`` names the job to the rendezvous: two jobs that share an
     endpoint must have different ids (the Slurm script uses ``$SLURM_JOB_ID``).
     """
-    nodes, per_node, warn = node_layout(plan)
-    cmd = ["torchrun", f"--nnodes={nodes}", f"--nproc-per-node={per_node}"]
-    if nodes == 1:
-        cmd.append("--standalone")
-    else:
-        cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_host}:{rdzv_port}",
-                f"--rdzv-id={rdzv_id}"]
-    cmd += [shlex.quote(script), *(shlex.quote(a) for a in script_args)]
-    return Export(" ".join(cmd), tuple(warn))
+    cmd, warn = torchrun_command(plan, script, script_args, rdzv_host=rdzv_host,
+                                 rdzv_port=rdzv_port, rdzv_id=rdzv_id)
+    return Export(cmd, tuple(warn))
 
 
 def to_slurm_script(plan, script: str = "train.py", script_args: tuple[str, ...] = (), *,

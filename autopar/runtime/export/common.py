@@ -109,6 +109,27 @@ def node_layout(plan) -> tuple[int, int, list[str]]:
     return -(-world // per_node), per_node, warn
 
 
+#: The rendezvous port the launch commands use (torchrun's default, c10d rendezvous).
+RDZV_PORT = 29500
+
+
+def torchrun_command(plan, script: str, script_args: tuple[str, ...] = (), *,
+                     rdzv_host: str = "$MASTER_ADDR", rdzv_port: int = RDZV_PORT,
+                     rdzv_id: str = "autopar") -> tuple[str, list[str]]:
+    """(the ``torchrun`` command line, one per node, that starts the plan's ranks running
+    ``script``; warnings): the standalone rendezvous on one node, c10d at ``rdzv_host``
+    otherwise (:func:`autopar.runtime.launch.to_torchrun_command` documents the arguments)."""
+    nodes, per_node, warn = node_layout(plan)
+    cmd = ["torchrun", f"--nnodes={nodes}", f"--nproc-per-node={per_node}"]
+    if nodes == 1:
+        cmd.append("--standalone")
+    else:
+        cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_host}:{rdzv_port}",
+                f"--rdzv-id={rdzv_id}"]
+    cmd += [shlex.quote(script), *(shlex.quote(a) for a in script_args)]
+    return " ".join(cmd), warn
+
+
 #: Rank orders each framework can build, innermost dimension first (autopar's ``placement``
 #: convention), with the flag that selects each (None: the framework's default, no flag).
 #: Sources: Megatron-LM ``megatron/training/arguments.py`` ``--use-tp-pp-dp-mapping`` ("changes

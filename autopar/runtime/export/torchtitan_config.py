@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..errors import UnsupportedPlanError
-from .common import Export, block_modes, finish, one_reshard_policy, rank_order
+from .common import (Export, block_modes, finish, one_reshard_policy, rank_order,
+                     torchrun_command)
 from .torchtitan import (TITAN_LLAMA3_FLAVORS, TITAN_SCHEDULES, fqns_per_part, titan_ac,
                          titan_batch_check, titan_data_parallel, titan_offload, titan_refuses)
 
@@ -140,9 +141,8 @@ def to_torchtitan_config(plan) -> Export:
     sets = [f"    config.{section}.{k} = {v!r}" for section, kv in
              (("parallelism", par), ("training", train)) for k, v in kv.items()]
     ac_line = {"none": "None", "full": "FullAC.Config()"}.get(ac["mode"], "SelectiveAC.Config()")
-    from ..launch import to_torchrun_command   # launch imports this package's Export
-    run = to_torchrun_command(plan, "-m", ("torchtitan.train", "--module", "NAME", "--config",
-                                           CONFIG_FUNCTION)).value
+    run, _ = torchrun_command(plan, "-m", ("torchtitan.train", "--module", "NAME", "--config",
+                                           CONFIG_FUNCTION))
     text = "\n".join([
         f'"""autopar plan for {_plain(plan.model)} on {_plain(plan.cluster)}, for torchtitan >= 0.3.',
         "",
