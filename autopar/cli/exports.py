@@ -12,7 +12,8 @@ from ..errors import InvalidTrainingConfig, MissingDependency, output_error
 
 
 #: ``--export`` targets: name -> (Plan method, its keyword arguments).
-EXPORTERS = {"megatron": ("to_megatron_args", {}), "torchtitan": ("to_torchtitan_toml", {}),
+EXPORTERS = {"megatron": ("to_megatron_args", {}),
+             "megatron-bridge": ("to_megatron_bridge", {}), "torchtitan": ("to_torchtitan_toml", {}),
              "deepspeed": ("to_deepspeed_config", {}),
              "accelerate-fsdp": ("to_accelerate_config", {"plugin": "fsdp"}),
              "accelerate-deepspeed": ("to_accelerate_config", {"plugin": "deepspeed"}),
