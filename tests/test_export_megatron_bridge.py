@@ -155,6 +155,10 @@ def test_fp32_offload_and_bf16_moments_round_trip():
     imp = from_megatron_bridge_yaml(ex.text())
     assert imp.train["precision"] == "fp32" and imp.train["optimizer_state_dtype"] == "bf16"
     assert imp.train["optimizer_offload"] is True
+    train = autopar.TrainingConfig(global_batch_size=16, seq_len=32, precision="fp32",
+                                   framework="megatron")
+    ex = to_megatron_bridge(_plan(SHAPES["3d"], train=train))
+    assert any("model.pipeline_dtype" in w for w in ex.warnings)
 
 
 def test_the_import_refuses_what_megatron_bridge_refuses():
@@ -192,3 +196,65 @@ def test_cli_exports_megatron_bridge(tmp_path, capsys):
     assert data["export"]["framework"] == "megatron-bridge" and data["export"]["fits"] is True
     doc = yaml.safe_load(out.read_text())
     assert doc["train"]["global_batch_size"] == 16 and _in_schema(doc) == []
+
+
+# -- Megatron-Core's own config classes (the bases of Megatron-Bridge's) -----------------------
+
+#: What Megatron-Bridge's registered recipes set on the model (training/mixed_precision.py at
+#: 067f987df03b: bf16_mixed, and bf16_with_fp8_delayed_scaling_mixed on top of it).
+_BRIDGE_PRECISION = {"bf16_mixed": {"bf16": True, "params_dtype": "bfloat16",
+                                    "pipeline_dtype": "bfloat16"},
+                     "bf16_with_fp8_delayed_scaling_mixed": {
+                         "bf16": True, "params_dtype": "bfloat16", "pipeline_dtype": "bfloat16",
+                         "fp8": "hybrid", "fp8_recipe": "delayed"}}
+
+
+def _mcore_configs(ex, model_config: dict):
+    """Build Megatron-Core's TransformerConfig, DistributedDataParallelConfig and
+    OptimizerConfig from the export (their ``__post_init__`` checks run); returns the model
+    fields the installed Megatron-Core does not define."""
+    import dataclasses
+
+    import torch
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    known = {f.name for f in dataclasses.fields(TransformerConfig)}
+    model = {k: v for k, v in ex.value["model"].items() if k in known}
+    for k, v in _BRIDGE_PRECISION.get(ex.value["mixed_precision"], {}).items():
+        model[k] = getattr(torch, v) if k.endswith("dtype") else v
+    m = model_config
+    experts = {"num_moe_experts": m["num_experts"], "moe_router_topk": m["top_k"],
+               "moe_ffn_hidden_size": m["moe_ffn_hidden_size"]} if m.get("num_experts") else {}
+    TransformerConfig(num_layers=m["num_layers"], hidden_size=m["hidden_size"],
+                      num_attention_heads=m["num_heads"], num_query_groups=m.get("num_kv_heads"),
+                      ffn_hidden_size=m["ffn_hidden_size"], **experts, **model)
+    DistributedDataParallelConfig(**ex.value["ddp"])
+    opt = {k: (getattr(torch, v.split(".")[1]) if k.endswith("dtype") else v)
+           for k, v in ex.value["optimizer"].items()}
+    OptimizerConfig(**opt, bf16=model.get("bf16", False))
+    return sorted(set(ex.value["model"]) - known)
+
+
+def test_megatron_core_builds_its_configs_from_the_export(plan):
+    """megatron-core (0.16 installs on Python 3.11 beside torch 2.13; megatron-bridge does not)
+    runs its own checks on the fields; those it lacks must be Megatron-Bridge's (recorded)."""
+    pytest.importorskip("megatron.core")
+    missing = _mcore_configs(to_megatron_bridge(plan), plan.model_config)
+    assert set(missing) <= set(SCHEMA["sections"]["model"]["fields"])
+    assert "tensor_model_parallel_size" not in missing
+
+
+def test_megatron_core_builds_its_configs_from_an_expert_export():
+    """bf16: Megatron-Core checks FP8 with experts against transformer-engine's version, which
+    is not installed here."""
+    pytest.importorskip("megatron.core")
+    model = dict(name="tiny-moe", family="llama", num_layers=4, hidden_size=64, num_heads=4,
+                 vocab_size=256, seq_len=64, ffn_hidden_size=128, num_experts=8, top_k=2,
+                 moe_ffn_hidden_size=32)
+    train = autopar.TrainingConfig(global_batch_size=16, seq_len=64, precision="bf16",
+                                   framework="megatron")
+    p = autopar.optimize(model, autopar.Cluster.custom(1, 8, "H100-80GB"), train,
+                         fixed=dict(tp=2, pp=2, dp=2, ep=2, expert_tp=1, zero_stage=1,
+                                    virtual_stages=1, schedule="1f1b", micro_batch_size=1))
+    _mcore_configs(to_megatron_bridge(p), {**model, "num_kv_heads": 4})

@@ -130,18 +130,25 @@ def to_megatron_bridge(plan) -> Export:
     for name in ("use_distributed_optimizer", "overlap_param_gather"):
         doc["optimizer"][name] = doc["ddp"][name]
     doc["dist"]["use_megatron_fsdp"] = False
-    precision = plan.train.precision
-    doc["mixed_precision"] = MIXED_PRECISION[precision]
-    if precision == "fp32":
-        model["bf16"] = model["fp16"] = False
     notes = [f"Megatron-Bridge ConfigContainer overrides ({BRIDGE_VERSION}): merge onto the "
              "recipe of the model's family with OmegaConf, then apply_overrides "
              "(docs/recipe-usage.md, YAML); the notes below name Megatron-LM's flags, written "
              "here as their ConfigContainer fields"]
+    precision = plan.train.precision
+    doc["mixed_precision"] = MIXED_PRECISION[precision]
+    if precision == "fp32":
+        model["bf16"] = model["fp16"] = False
+        if w.pp > 1:
+            # a dtype field the recipe left None takes a YAML string as it is
+            # (omegaconf_utils.py _apply_overrides converts only fields holding a dtype)
+            notes.append("fp32 with pipelining: Megatron-Core needs model.pipeline_dtype; set "
+                         "cfg.model.pipeline_dtype = torch.float32 in Python (the YAML cannot "
+                         "give a dtype to a field the recipe left None)")
     if not doc["ddp"]["overlap_grad_reduce"]:
         notes.append("ddp.overlap_grad_reduce false: estimated as Megatron-LM's default (no "
-                     "overlap), which Megatron-Bridge recipes often turn on; turning it on "
-                     "runs faster than this estimate")
+                     "overlap), which Megatron-Bridge's recipes turn on (e.g. "
+                     "recipes/llama/h100/llama3.py cfg.ddp.overlap_grad_reduce = True); with it "
+                     "on the step runs faster than this estimate")
     if doc["optimizer"]["use_precision_aware_optimizer"] and not \
             doc["optimizer"]["use_distributed_optimizer"]:
         notes.append("optimizer.use_precision_aware_optimizer without the distributed optimizer: "
