@@ -22,9 +22,9 @@ SERVICES = {
     "plan_summary": "plan -> str: autopar.report.summary.plan_summary",
     "apply": "(plan, model, **kw) -> ParallelRun: autopar.runtime.apply",
     "export": "(name, plan, *args, **kw) -> Export: autopar.runtime's exporter or launcher "
-              "`name` (to_megatron_args, to_torchtitan, to_torchtitan_toml, to_torchtitan_config, "
-              "to_deepspeed_config, to_accelerate_config, to_colossalai_plugin, "
-              "to_torchrun_command, to_slurm_script)",
+              "`name` (to_megatron_args, to_megatron_bridge, to_torchtitan, to_torchtitan_toml, "
+              "to_torchtitan_config, to_deepspeed_config, to_accelerate_config, "
+              "to_colossalai_plugin, to_torchrun_command, to_slurm_script)",
     "reestimate": "(plan-file fields, **kw) -> fields: autopar.reestimate.reestimate",
     "nearest": "(cost model, framework, planned estimate, limits=None) -> str: "
                "autopar.alternatives.nearest",

@@ -116,6 +116,10 @@ class Plan:
         """Megatron-LM arguments: :func:`autopar.runtime.to_megatron_args`."""
         return hooks.call("export", "to_megatron_args", self)
 
+    def to_megatron_bridge(self):
+        """Megatron-Bridge recipe overrides: :func:`autopar.runtime.to_megatron_bridge`."""
+        return hooks.call("export", "to_megatron_bridge", self)
+
     def to_torchtitan_toml(self):
         """torchtitan v0.2.x job TOML: :func:`autopar.runtime.to_torchtitan_toml`."""
         return hooks.call("export", "to_torchtitan_toml", self)

@@ -14,7 +14,8 @@ from ..errors import InvalidTrainingConfig, MissingDependency, output_error
 #: ``--export`` targets: name -> (Plan method, its keyword arguments). ``torchtitan`` writes the
 #: installed torchtitan's format (the newest when none is installed: autopar.runtime.to_torchtitan);
 #: ``torchtitan-0.2`` / ``torchtitan-0.3`` pick one.
-EXPORTERS = {"megatron": ("to_megatron_args", {}), "torchtitan": ("to_torchtitan", {}),
+EXPORTERS = {"megatron": ("to_megatron_args", {}),
+             "megatron-bridge": ("to_megatron_bridge", {}), "torchtitan": ("to_torchtitan", {}),
              "torchtitan-0.2": ("to_torchtitan_toml", {}),
              "torchtitan-0.3": ("to_torchtitan_config", {}),
              "deepspeed": ("to_deepspeed_config", {}),

@@ -177,8 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="write the plan JSON to this file")
     p.add_argument("--export", nargs=2, metavar=("FRAMEWORK", "FILE"), default=None,
                    help=f"also write the plan for a framework ({', '.join(EXPORTERS)}: Megatron-LM"
-                   " arguments; torchtitan's format for the installed torchtitan, the newest "
-                   "when none is (torchtitan-0.2: TOML, torchtitan-0.3: Python config); "
+                   " arguments; Megatron-Bridge ConfigContainer override YAML; torchtitan's "
+                   "format for the installed torchtitan, the newest when none is "
+                   "(torchtitan-0.2: TOML, torchtitan-0.3: Python config); "
                    "DeepSpeed JSON; Accelerate launch YAML with its FSDP or DeepSpeed plugin; "
                    "Colossal-AI plugin JSON) to FILE and print what that "
                    "file really runs (re-estimated; the nearest runnable plan when it does not "

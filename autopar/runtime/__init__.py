@@ -1,5 +1,5 @@
 """Run a plan on stock ``torch.distributed`` (:func:`apply`) and export it to other frameworks
-(Megatron-LM, torchtitan, DeepSpeed, Accelerate, Colossal-AI, torchrun, Slurm). See docs/runtime.md."""
+(Megatron-LM, Megatron-Bridge, torchtitan, DeepSpeed, Accelerate, Colossal-AI, torchrun, Slurm). See docs/runtime.md."""
 
 from .apply import ParallelRun, apply, lm_loss
 from .errors import UnsupportedPlanError
@@ -9,6 +9,7 @@ from .export import (
     to_colossalai_plugin,
     to_deepspeed_config,
     to_megatron_args,
+    to_megatron_bridge,
     to_torchtitan,
     to_torchtitan_config,
     to_torchtitan_toml,
@@ -19,7 +20,7 @@ from .validate import RUNTIME_SCHEDULES, check_plan
 
 __all__ = ["apply", "check_plan", "ParallelRun", "PlanMesh", "mesh_dims", "RUNTIME_SCHEDULES",
            "lm_loss", "UnsupportedPlanError", "Export",
-           "to_megatron_args", "to_torchtitan", "to_torchtitan_config", "to_torchtitan_toml",
-           "to_deepspeed_config", "to_accelerate_config", "to_colossalai_plugin",
-           "to_torchrun_command",
+           "to_megatron_args", "to_megatron_bridge", "to_torchtitan", "to_torchtitan_config",
+           "to_torchtitan_toml", "to_deepspeed_config", "to_accelerate_config",
+           "to_colossalai_plugin", "to_torchrun_command",
            "to_slurm_script"]

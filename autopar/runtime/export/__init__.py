@@ -1,4 +1,5 @@
-"""Exporters: a plan as Megatron-LM arguments, a torchtitan TOML, a DeepSpeed config, an
+"""Exporters: a plan as Megatron-LM arguments, Megatron-Bridge ConfigContainer overrides (YAML), a
+torchtitan TOML, a DeepSpeed config, an
 Accelerate launch YAML (FSDP or DeepSpeed plugin), Colossal-AI plugin arguments.
 
 Each returns an :class:`Export`: the value in the framework's form and ``warnings``, one line
@@ -10,7 +11,8 @@ step time and memory of what the file runs against the plan's, whether it still 
 not, the nearest plan the framework can run (its :mod:`autopar.frameworks` profile).
 
 Which framework versions the names follow (see docs/runtime.md for how each was checked):
-Megatron-LM ``megatron/training/arguments.py`` (core_r0.12 and later), torchtitan v0.2.2
+Megatron-LM ``megatron/training/arguments.py`` (core_r0.12 and later), Megatron-Bridge at
+067f987df03b (``training/config.py``), torchtitan v0.2.2
 (``torchtitan/config/job_config.py``, a TOML job file: :mod:`.torchtitan`) and torchtitan 0.3.0
 (``torchtitan/config/configs.py``, a Python config file: :mod:`.torchtitan_config`; which one
 :func:`to_torchtitan` writes follows the installed torchtitan, :mod:`.version`), DeepSpeed 0.19
@@ -24,11 +26,12 @@ from .colossalai import to_colossalai_plugin
 from .common import Export
 from .deepspeed import to_deepspeed_config
 from .megatron import MEGATRON_FLAGS, to_megatron_args
+from .megatron_bridge import to_megatron_bridge
 from .torchtitan import TITAN_LLAMA3_FLAVORS, titan_batch_check, to_torchtitan_toml
 from .torchtitan_config import to_torchtitan_config
 from .version import TORCHTITAN_EXPORTERS, installed_torchtitan, to_torchtitan
 
 __all__ = ["Export", "MEGATRON_FLAGS", "TITAN_LLAMA3_FLAVORS", "TORCHTITAN_EXPORTERS",
            "installed_torchtitan", "titan_batch_check", "to_accelerate_config",
-           "to_colossalai_plugin", "to_deepspeed_config", "to_megatron_args", "to_torchtitan",
-           "to_torchtitan_config", "to_torchtitan_toml"]
+           "to_colossalai_plugin", "to_deepspeed_config", "to_megatron_args", "to_megatron_bridge",
+           "to_torchtitan", "to_torchtitan_config", "to_torchtitan_toml"]

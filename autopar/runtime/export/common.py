@@ -29,6 +29,7 @@ class Export:
             launchers, which run the plan as it is).
         fits: whether ``written`` fits in memory under autopar's re-estimate (None when not
             re-estimated).
+        body: the text form of ``value`` when it is not JSON (a dict written as YAML).
     """
 
     value: object
@@ -36,17 +37,19 @@ class Export:
     comment: str = "#"
     written: ParallelConfig | None = None
     fits: bool | None = None
+    body: str | None = None
 
     def text(self) -> str:
         """The value as text, warnings first as comments (for JSON: under ``"_autopar_warnings"``,
         a key DeepSpeed ignores)."""
-        if isinstance(self.value, dict):
+        if isinstance(self.value, dict) and self.body is None:
             d = dict(self.value)
             if self.warnings:
                 d["_autopar_warnings"] = list(self.warnings)
             return json.dumps(d, indent=2) + "\n"
         # a list is command-line arguments: quoted for a POSIX shell (a layout string holds | and *)
-        body = shlex.join(self.value) if isinstance(self.value, list) else str(self.value)
+        body = (self.body if self.body is not None else shlex.join(self.value)
+                if isinstance(self.value, list) else str(self.value))
         head = "".join(f"{self.comment} autopar: {w}\n" for w in self.warnings)
         return head + body + ("" if body.endswith("\n") else "\n")
 
