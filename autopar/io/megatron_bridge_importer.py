@@ -20,10 +20,10 @@ from .plugin_importers import read_source, refusal
 
 def _flag_table() -> dict[tuple[str, str], str]:
     """ConfigContainer (section, field) -> the Megatron-LM flag it stands for: the inverse of
-    :data:`autopar.runtime.export.megatron_bridge.FIELDS` (the optimizer section is read by
+    :data:`autopar.io.megatron_bridge_fields.FIELDS` (the optimizer section is read by
     :func:`_optimizer`), plus fields the export pins with no flag there (virtual stages, the
     layer count, uneven first/last stages)."""
-    from ..runtime.export.megatron_bridge import FIELDS
+    from .megatron_bridge_fields import FIELDS
     table = {where: flag for flag, where in FIELDS.items() if where[0] != "optimizer"}
     table.update({
         ("model", "virtual_pipeline_model_parallel_size"): "--num-virtual-stages-per-pipeline-rank",

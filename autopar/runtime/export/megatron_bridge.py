@@ -12,9 +12,10 @@ recipe of its family and is only stated in a comment.
 Megatron-Bridge runs Megatron-Core with Megatron-LM's training loop, so the plan is first
 written as Megatron-LM arguments (:func:`.megatron.to_megatron_args`: the same warnings, written
 configuration and re-estimate under the ``megatron`` profile) and each argument is renamed to its
-``ConfigContainer`` field (:data:`FIELDS`). Field names follow Megatron-Bridge at
-:data:`BRIDGE_VERSION` and the Megatron-LM it pins; ``tests/data/megatron_bridge_schema.json``
-(``benchmarks/megatron_bridge_schema.py``) records them, since megatron-bridge needs Python 3.12
+``ConfigContainer`` field (:data:`autopar.io.megatron_bridge_fields.FIELDS`). Field names follow
+Megatron-Bridge at :data:`autopar.io.megatron_bridge_fields.BRIDGE_VERSION` and the Megatron-LM
+it pins; ``tests/data/megatron_bridge_schema.json`` (``benchmarks/megatron_bridge_schema.py``)
+records them, since megatron-bridge needs Python 3.12
 and cannot be installed where autopar is tested.
 """
 
@@ -22,49 +23,9 @@ from __future__ import annotations
 
 import json
 
+from ...io.megatron_bridge_fields import BRIDGE_VERSION, FIELDS
 from .common import Export
 from .megatron import to_megatron_args
-
-#: The Megatron-Bridge source the names were read from.
-BRIDGE_VERSION = ("Megatron-Bridge 067f987df03b (2026-08-22; Megatron-LM 2a75ac12c54b as "
-                  "3rdparty/Megatron-LM)")
-
-#: Megatron-LM argument -> (ConfigContainer section, field). Every flag the Megatron-LM exporter
-#: writes for the plan's choices; the model-shape flags (--num-layers, --hidden-size...) are the
-#: recipe's and are not written.
-FIELDS = {
-    "--tensor-model-parallel-size": ("model", "tensor_model_parallel_size"),
-    "--pipeline-model-parallel-size": ("model", "pipeline_model_parallel_size"),
-    "--context-parallel-size": ("model", "context_parallel_size"),
-    "--sequence-parallel": ("model", "sequence_parallel"),
-    "--expert-model-parallel-size": ("model", "expert_model_parallel_size"),
-    "--expert-tensor-parallel-size": ("model", "expert_tensor_parallel_size"),
-    "--cp-comm-type": ("model", "cp_comm_type"),
-    "--pipeline-model-parallel-layout": ("model", "pipeline_model_parallel_layout"),
-    "--recompute-granularity": ("model", "recompute_granularity"),
-    "--recompute-method": ("model", "recompute_method"),
-    "--recompute-num-layers": ("model", "recompute_num_layers"),
-    "--recompute-modules": ("model", "recompute_modules"),
-    "--tp-comm-overlap": ("model", "tp_comm_overlap"),
-    "--moe-token-dispatcher-type": ("model", "moe_token_dispatcher_type"),
-    "--moe-flex-dispatcher-backend": ("model", "moe_flex_dispatcher_backend"),
-    "--moe-grouped-gemm": ("model", "moe_grouped_gemm"),
-    "--moe-expert-capacity-factor": ("model", "moe_expert_capacity_factor"),
-    "--moe-pad-expert-input-to-capacity": ("model", "moe_pad_expert_input_to_capacity"),
-    "--seq-length": ("model", "seq_length"),
-    "--micro-batch-size": ("train", "micro_batch_size"),
-    "--global-batch-size": ("train", "global_batch_size"),
-    "--use-distributed-optimizer": ("ddp", "use_distributed_optimizer"),
-    "--overlap-grad-reduce": ("ddp", "overlap_grad_reduce"),
-    "--overlap-param-gather": ("ddp", "overlap_param_gather"),
-    "--use-torch-fsdp2": ("dist", "use_torch_fsdp2"),
-    "--use-tp-pp-dp-mapping": ("dist", "use_tp_pp_dp_mapping"),
-    "--optimizer": ("optimizer", "optimizer"),
-    "--use-precision-aware-optimizer": ("optimizer", "use_precision_aware_optimizer"),
-    "--optimizer-cpu-offload": ("optimizer", "optimizer_cpu_offload"),
-    "--exp-avg-dtype": ("optimizer", "exp_avg_dtype"),
-    "--exp-avg-sq-dtype": ("optimizer", "exp_avg_sq_dtype"),
-}
 
 #: Switches written false when the Megatron-LM arguments leave them out, so a recipe's own
 #: setting cannot change what was estimated (Megatron-LM's default for each is off).
