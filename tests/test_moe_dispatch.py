@@ -99,6 +99,20 @@ def test_deepep_prices_less_expert_traffic_than_alltoall_across_nodes():
     assert deep.config.dispatcher == "deepep"
 
 
+def test_deepep_without_expert_parallelism_still_moves_tokens_to_the_expert_tp_shards():
+    """At ep = 1 no DeepEP dispatch runs; the folded experts' tokens still reach their expert-TP
+    shards, priced as the all-to-all dispatcher's gather (it was dropped: a pinned DeepEP plan
+    at ep 1 came out faster than any plan the search found)."""
+    train = autopar.TrainingConfig(global_batch_size=32, seq_len=1024, micro_batch_size=1,
+                                   framework="megatron")
+    est = {d: autopar.estimate(_QWEN_MOE, "2x8xH800-80GB", train, autopar.ParallelConfig(
+        tp=2, pp=1, ep=1, expert_tp=8, sequence_parallel=True, dispatcher=d))
+        for d in ("alltoall", "deepep")}
+    assert est["deepep"].step_time_s == pytest.approx(est["alltoall"].step_time_s)
+    assert est["deepep"].time_breakdown.tp_comm == pytest.approx(est["alltoall"].time_breakdown.tp_comm)
+    assert est["alltoall"].time_breakdown.tp_comm > 0
+
+
 def test_a_framework_without_deepep_says_so():
     e = _estimate("deepep", framework="deepspeed")
     assert any("no 'deepep' token dispatcher" in w for w in e.warnings)

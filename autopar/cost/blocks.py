@@ -205,9 +205,11 @@ class BlockCosts:
             tb += tp_g.time("reduce_scatter", kvg)
             fb += tp_g.load("all_gather", kvg)
             bb += tp_g.load("reduce_scatter", kvg)
-        if expert_layer is not None and c.dispatcher == "alltoall":
+        if expert_layer is not None and (c.dispatcher == "alltoall" or c.ep == 1):
             # folded MoE: the routed tokens are all-gathered over the expert-TP group after the
-            # dispatch all-to-all and reduce-scattered before the combine (Megatron-Core
+            # dispatch all-to-all and reduce-scattered before the combine (DeepEP sends them to
+            # every expert-TP shard itself, priced with its dispatch, which runs only with
+            # ep > 1: at ep = 1 the tokens still reach the shards this way) (Megatron-Core
             # token_dispatcher.py MoEAlltoAllTokenDispatcher: gather_from_sequence_parallel_
             # region / reduce_scatter_to_sequence_parallel_region over expt_tp), on the etp
             # ranks' share of the tokens: etp / tp of what one attention-TP group holds
