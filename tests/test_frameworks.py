@@ -124,4 +124,6 @@ def test_cli_rejects_unknown_export_target(tmp_path, capsys):
     rc = main(["plan", "--model", "tiny-llama", "--cluster", "1x8xA100-80GB", "--global-batch",
                "16", "--seq-len", "32", "--export", "jax", str(tmp_path / "x")])
     assert rc == 2
-    assert "autopar exports to megatron, torchtitan, deepspeed" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "autopar exports to megatron, megatron-bridge, torchtitan, torchtitan-0.2, " \
+        "torchtitan-0.3, deepspeed, accelerate-fsdp, accelerate-deepspeed, colossalai" in err

@@ -223,12 +223,15 @@ def _megatron_recompute(plan, warn: list[str]) -> tuple[list[str], str | tuple[s
         per_stage.append(sum(1 for x in modes[first:first + n] if x == "full"))
         first += n
     n_full = max(per_stage)
+    if n_full == 0:
+        # a mix of selective and none: Megatron's selective applies to every layer
+        warn.append(f"per-block recompute ({per_block_text(modes)}): Megatron-LM has no per-layer "
+                    "choice of selective recompute; used selective recompute on every layer")
+        return selective, "selective"
     warn.append(f"per-block recompute ({per_block_text(modes)}): Megatron recomputes the "
                 "first N layers of every "
                 f"stage; used full recompute of the first {n_full} layers per stage"
                 + (", selective blocks not recomputed" if "selective" in modes else ""))
-    if n_full == 0:
-        return selective, "selective"
     written = tuple("full" if i < n_full else "none" for n in blocks for i in range(n))
     return (["--recompute-granularity", "full", "--recompute-method", "block",
              "--recompute-num-layers", str(n_full)], written)
