@@ -109,7 +109,7 @@ def _parallel_flags(p: argparse.ArgumentParser, prefix: str = "", what: str = ""
     p.add_argument(f"{dash}dispatcher", dest=f"{dest}dispatcher", default=None,
                    choices=list(DISPATCHERS),
                    help=f"MoE token dispatcher: NCCL all-to-all or DeepEP (default "
-                        f"alltoall; never searched){what}")
+                        f"alltoall; the search keeps the one given){what}")
     p.add_argument(f"{dash}schedule", dest=f"{dest}schedule", default=None,
                    choices=list(SCHEDULES),
                    help=f"pipeline schedule (torch.distributed.pipelining's){what}")
