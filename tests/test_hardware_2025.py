@@ -161,6 +161,15 @@ def test_tp8_and_ep72_inside_an_nvl72_rack_cross_no_infiniband():
 
 
 # --------------------------------------------------------------------------- xGMI mesh
+def test_a_mesh_node_holds_at_most_its_links_plus_one_gpus():
+    """A switchless xGMI mesh joins each GPU to every other by a link of its own: 7 peer links
+    per MI300X join 8 GPUs; a 16-GPU 'node' of them was planned as if it existed."""
+    from autopar.errors import InvalidClusterSpec
+    assert Cluster.from_spec("2x8xMI300X").gpus_per_node == 8
+    with pytest.raises(InvalidClusterSpec, match=r"at most 8 GPUs.*'2x8xMI300X-192GB'"):
+        Cluster.from_spec("1x16xMI300X")
+
+
 def test_mi300x_mesh_gives_a_group_only_its_peer_links():
     c = Cluster.from_spec("1x8xMI300X")
     link = c.intra_link

@@ -97,6 +97,14 @@ class Cluster:
                 f"GPUs inside a node are joined by one of kind {list(INTRA_KINDS)}; fix: pass "
                 f"intra= such a link (e.g. 'nvlink4' or 'pcie-gen4')"
             )
+        mesh, world = self.intra_link.mesh_links, self.num_nodes * self.gpus_per_node
+        if mesh and self.gpus_per_node > mesh + 1:
+            # a switchless mesh joins each GPU to every other by a link of its own
+            raise InvalidClusterSpec(
+                f"{self.gpus_per_node} GPUs per node over {self.intra_link.name!r}: a fully "
+                f"connected mesh of {mesh} peer links per GPU joins at most {mesh + 1} GPUs; fix: "
+                f"use nodes of {mesh + 1} (e.g. '{-(-world // (mesh + 1))}x{mesh + 1}x"
+                f"{self.device.name}' for {world} GPUs)")
         if self.inter_link is not None and self.inter_link.kind not in NETWORK_KINDS:
             raise InvalidClusterSpec(
                 f"inter-node link {self.inter_link.name!r} is a {self.inter_link.kind} link, but "
