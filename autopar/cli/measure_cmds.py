@@ -15,6 +15,20 @@ from ..hardware import Cluster
 from .inputs import model_arg
 
 
+def _on_every_rank(work, single_group: bool = False):
+    """``(work(device), rank)``: ``work`` run on this process's device under a process group
+    (torchrun's, or a one-process group made here and destroyed after), and this rank."""
+    from ..calibrate.run import init_distributed
+    device, owned = init_distributed(single_group=single_group)
+    try:
+        result = work(device)
+        rank = dist.get_rank() if dist.is_initialized() else 0
+    finally:
+        if owned:
+            dist.destroy_process_group()
+    return result, rank
+
+
 def add_parsers(sub, positive_float, int_at_least) -> None:
     """Add the ``calibrate`` and ``measure`` subcommands to ``sub`` (argparse subparsers)."""
     c = sub.add_parser("calibrate", help="measure this cluster (run under torchrun) and write a "
@@ -89,8 +103,7 @@ def _sizes(args) -> None:
 def cmd_calibrate(args, out: Console, err: Console) -> dict | None:
     """Run the calibration; rank 0 writes ``--out`` and prints the comparison table
     (``--check``: :func:`cmd_check`)."""
-    from ..calibrate.run import (Options, comparison, fit_warnings, init_distributed,
-                                 run_calibration)
+    from ..calibrate.run import (Options, comparison, fit_warnings, run_calibration)
     _sizes(args)
     with_check = ("calibration", "cluster", "plan", "threshold")
     if not args.check and any(getattr(args, f) is not None for f in with_check):
@@ -101,16 +114,10 @@ def cmd_calibrate(args, out: Console, err: Console) -> dict | None:
     if args.model is None or args.out is None:
         raise InvalidCalibration("calibrate needs --model and --out (or --check). Fix: e.g. "
                                  "`autopar calibrate --model llama3-8b --out cal.json`.")
-    device, owned = init_distributed()
-    try:
-        cal = run_calibration(Options(model=model_arg(args.model), seq_len=args.seq_len,
-                                      precision=args.precision, budget_s=args.budget,
-                                      min_bytes=args.min_bytes, max_bytes=args.max_bytes,
-                                      copy_bytes=args.copy_bytes, catalog=args.device), device)
-        rank = dist.get_rank() if dist.is_initialized() else 0
-    finally:
-        if owned:
-            dist.destroy_process_group()
+    options = Options(model=model_arg(args.model), seq_len=args.seq_len,
+                      precision=args.precision, budget_s=args.budget, min_bytes=args.min_bytes,
+                      max_bytes=args.max_bytes, copy_bytes=args.copy_bytes, catalog=args.device)
+    cal, rank = _on_every_rank(lambda device: run_calibration(options, device))
     if rank != 0:
         return None
     cal.to_json(args.out)
@@ -140,21 +147,15 @@ def cmd_calibrate(args, out: Console, err: Console) -> dict | None:
 def cmd_measure(args, out: Console, err: Console) -> dict | None:
     """Run the plan's steps; rank 0 writes the record to ``--out``."""
     from ..calibrate.measure import record, run_steps
-    from ..calibrate.run import init_distributed
     from ..hardware import Cluster
     from ..plan import Plan
     cluster = Cluster.from_spec(args.cluster) if args.cluster else None
     with warnings.catch_warnings(record=True) as caught:  # the calibration's notes: rank 0 prints
         warnings.simplefilter("always", UserWarning)
         plan = Plan.from_json(args.plan, cluster=cluster, calibration=args.calibration)
-    device, owned = init_distributed(single_group=True)
-    try:
-        result = run_steps(plan, args.steps, args.warmup, device)
-        rec = record(plan, result, args.steps, args.warmup, device, args.calibration)
-        rank = dist.get_rank()
-    finally:
-        if owned:
-            dist.destroy_process_group()
+    rec, rank = _on_every_rank(lambda device: record(
+        plan, run_steps(plan, args.steps, args.warmup, device), args.steps, args.warmup, device,
+        args.calibration), single_group=True)
     if rank != 0:
         return None
     try:
@@ -186,16 +187,10 @@ def _measured(args):
     (None on ranks other than 0); ``--out`` written by rank 0."""
     from ..calibrate import load_calibration
     from ..calibrate.check import measure_links
-    from ..calibrate.run import init_distributed
     if args.calibration:
         return load_calibration(args.calibration)
-    device, owned = init_distributed()
-    try:
-        cal = measure_links(device, args.min_bytes, args.max_bytes, args.budget, args.device)
-        rank = dist.get_rank()
-    finally:
-        if owned:
-            dist.destroy_process_group()
+    cal, rank = _on_every_rank(lambda device: measure_links(
+        device, args.min_bytes, args.max_bytes, args.budget, args.device))
     if rank != 0:
         return None
     if args.out:
