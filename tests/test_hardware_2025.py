@@ -170,6 +170,22 @@ def test_a_mesh_node_holds_at_most_its_links_plus_one_gpus():
         Cluster.from_spec("1x16xMI300X")
 
 
+def test_a_board_node_holds_at_most_its_boards_gpus():
+    """An HGX/DGX board's NVSwitch fabric ends at its 8 GPUs: '1x16xH100' and '2x72xB200' were
+    priced as NVLink domains no such box has. DGX-2 joins 16 V100 SXM3 on its NVSwitches, so
+    that box's node is 16 GPUs; a larger domain stays possible with an explicit link."""
+    from autopar.errors import InvalidClusterSpec
+    with pytest.raises(InvalidClusterSpec, match=r"at most 8 GPUs.*'2x8xH100-SXM5-80GB'"):
+        Cluster.from_spec("1x16xH100")
+    with pytest.raises(InvalidClusterSpec, match=r"at most 8 GPUs.*'18x8xB200-SXM-180GB'"):
+        Cluster.from_spec("2x72xB200")
+    assert Cluster.from_spec("2x72xGB200").gpus_per_node == 72     # an NVL72 rack is one node
+    dgx2 = Cluster.from_spec("32xV100-SXM3-32GB")
+    assert (dgx2.num_nodes, dgx2.gpus_per_node, dgx2.nics_per_node) == (2, 16, 8)
+    big = Cluster.custom(1, 16, "H100", intra="nvlink4")
+    assert big.world_size == 16 and big.intra_link.name == "nvlink4"
+
+
 def test_mi300x_mesh_gives_a_group_only_its_peer_links():
     c = Cluster.from_spec("1x8xMI300X")
     link = c.intra_link

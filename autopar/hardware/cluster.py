@@ -183,6 +183,17 @@ class Cluster:
                 f"most {tmpl.gpus_per_node} GPUs ({tmpl.name}); fix: write racks as nodes, e.g. "
                 f"'{max(1, -(-num_nodes * gpus_per_node // tmpl.gpus_per_node))}x"
                 f"{tmpl.gpus_per_node}x{device.name}'")
+        if tmpl is not None and not tmpl.rack_scale and intra is None \
+                and gpus_per_node > tmpl.gpus_per_node \
+                and get_link(tmpl.intra_link).kind in ("nvswitch", "nvlink"):
+            # an HGX/DGX board's NVSwitch (or NVLink) fabric ends at its GPUs: a bigger node
+            # would be priced as one NVLink domain that the default box does not have
+            raise InvalidClusterSpec(
+                f"{gpus_per_node} GPUs per node: a {device.name} node ({tmpl.name}) joins at most "
+                f"{tmpl.gpus_per_node} GPUs over {tmpl.intra_link}; fix: write "
+                f"'{-(-num_nodes * gpus_per_node // tmpl.gpus_per_node)}x{tmpl.gpus_per_node}x"
+                f"{device.name}', or for a larger scale-up domain (e.g. an NVLink Switch System) "
+                "build the cluster with Cluster.custom(..., intra=<link>) naming its link")
         intra_link = get_link(intra if intra is not None else tmpl.intra_link)
         inter_link = get_link(inter) if inter is not None else (get_link(tmpl.nic_link) if tmpl else None)
         nics = nics_per_node if nics_per_node is not None else (

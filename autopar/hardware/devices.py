@@ -48,7 +48,7 @@ BOXES: tuple[Box, ...] = (
         "report (Megatron-LM #1059) ran 4 x 200G RoCE: write '+4xroce-200g' for that"),
     Box("pcie-gen4-hdr", "pcie-gen4", 1, "ib-hdr", _PCIE_BOX),
     Box("dgx-1v", "nvlink2-cubemesh", 4, "ib-edr", _DGX_1V),
-    Box("dgx-2", "nvlink2", 8, "ib-edr", _DGX_2),
+    Box("dgx-2", "nvlink2", 8, "ib-edr", _DGX_2, gpus_per_node=16),
     Box("pcie-gen3-edr", "pcie-gen3", 1, "ib-edr",
         "8-GPU PCIe Gen3 server with one EDR NIC: an assumption by analogy with the Gen4/Gen5 "
         "PCIe boxes (" + _PCIE_BOX.split(", as in")[0] + ")"),
