@@ -29,6 +29,7 @@ from .errors import AutoparError, InvalidClusterSpec, InvalidModelConfig, Invali
 from .frameworks import FrameworkProfile
 from .graph import extract, hf
 from .graph.mtp import with_mtp_layers
+from .graph.router import with_router_losses
 from .graph.assemble import meta_copy
 from .graph.needs import LM_FIX, LM_NEEDS
 from .graph.positions import max_positions, with_position_warning
@@ -84,7 +85,9 @@ def config_graph(cfg: ModelConfig, seq_len: int, precision: str,
     attention, qk-norm or an own head size) at ``seq_len`` tokens, one
     sequence per micro-batch (cached: planning and loading many plans of one model extract it
     once; the graph is frozen data). A ``cfg`` shorter than ``seq_len`` is built grown to it,
-    with the position warning of :func:`autopar.graph.positions.with_position_warning`.
+    with the position warning of :func:`autopar.graph.positions.with_position_warning`. A MoE
+    router's training-only losses are added as ``cfg`` sets them
+    (:func:`autopar.graph.router.with_router_losses`).
 
     Raises:
         InvalidModelConfig: ``cfg`` cannot be built.
@@ -97,6 +100,9 @@ def config_graph(cfg: ModelConfig, seq_len: int, precision: str,
               if built.needs_transformers else build(built, dtype=dtype))
     graph = with_mtp_layers(extract(module, seq_len, 1, dtype=dtype, name=cfg.name,
                                     flash_attention=flash_attention), cfg.mtp_layers)
+    graph = with_router_losses(graph, score_function=cfg.router_score_function,
+                               aux_loss=cfg.router_aux_loss is not None,
+                               z_loss=cfg.router_z_loss_coeff is not None)
     return with_position_warning(graph, cfg.seq_len, cfg.position, grown=True)
 
 

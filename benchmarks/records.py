@@ -18,7 +18,7 @@ from autopar.frameworks.layersplit import MegatronLayerSplit
 from autopar.hardware import get_device
 from autopar.hardware.boxes import node_template
 from autopar.models import ModelConfig
-from autopar.models.config import MOE_FIELDS
+from autopar.models.config import MOE_FIELDS, ROUTER_DEFAULTS
 
 #: The published runs the benchmarks and tests use, carried in the repository (each record keeps
 #: its ``source``; the format is described in benchmarks/data/README.md).
@@ -269,12 +269,15 @@ _DEEPEP_FABRICS_NOT_PRICED = re.compile(r"\befa\b", re.I)
 def _model_fields(model: dict) -> dict:
     """The record's ``model`` as ModelConfig keys: ``family: "moe"`` (the corpus's first MoE
     records) is a llama-style MoE; a MoE size left null takes ModelConfig's default (0: none;
-    expert widths derived). ``head_dim`` is read by ModelConfig.from_dict."""
+    expert widths derived). ``head_dim`` is read by ModelConfig.from_dict. Router settings
+    (``router_score_function``, ``router_load_balancing``, ``router_aux_loss_coeff``,
+    ``router_expert_bias``, ``router_z_loss_coeff``) are optional: absent or null, a record
+    takes Megatron-Core's defaults (:data:`autopar.models.config.ROUTER_DEFAULTS`)."""
     fields_ = dict(model)
     if fields_.get("family") == "moe":
         fields_["family"] = "llama"
     return {k: v for k, v in fields_.items()
-            if v is not None or k not in (*MOE_FIELDS, "head_dim")}
+            if v is not None or k not in (*MOE_FIELDS, *ROUTER_DEFAULTS, "head_dim")}
 
 
 def _moe_plan(plan: dict, inter_node: str | None = None) -> dict:

@@ -79,13 +79,19 @@ def test_moe_layer_interval_follows_transformers():
 
 
 def test_config_estimate_equals_hf_preset():
-    """The Mixtral 8x7B preset and the hf-mixtral-8x7b transformers preset are one model."""
+    """The Mixtral 8x7B preset and the hf-mixtral-8x7b transformers preset are one model; the
+    preset's aux loss (router_aux_loss_coeff 0.02, computed by Megatron-Core in training, not by
+    the transformers forward) adds only its memory-bound router ops (autopar.graph.router)."""
     train = autopar.TrainingConfig(global_batch_size=64, seq_len=1024, micro_batch_size=1)
     plan = autopar.ParallelConfig(tp=1, pp=2, dp=8, ep=8, zero_stage=1, recompute="full")
-    a = autopar.estimate("mixtral-8x7b", "2x8xH100-80GB", train, plan)
+    no_loss = {**get_config("mixtral-8x7b").to_dict(), "router_aux_loss_coeff": 0.0}
+    a = autopar.estimate(no_loss, "2x8xH100-80GB", train, plan)
     b = autopar.estimate("hf-mixtral-8x7b", "2x8xH100-80GB", train, plan)
     assert a.step_time_s == pytest.approx(b.step_time_s, rel=1e-9)
     assert a.memory_per_gpu_bytes == pytest.approx(b.memory_per_gpu_bytes, rel=1e-9)
+    with_loss = autopar.estimate("mixtral-8x7b", "2x8xH100-80GB", train, plan)
+    assert a.step_time_s < with_loss.step_time_s < 1.05 * a.step_time_s
+    assert with_loss.memory_per_gpu_bytes == a.memory_per_gpu_bytes
 
 
 @pytest.mark.parametrize("extra, words", [

@@ -272,6 +272,13 @@ def read_problem(args) -> tuple[Problem, dict, list[str]]:
         notes.append(ambiguous)
     if imp is not None:
         cfg = model_config_of(model)
+        if imp.model_fields and cfg is not None:
+            # Megatron-LM's router flags set the model's router (ModelConfig validates them)
+            model = {**cfg.to_dict(), **imp.model_fields}
+            cfg = model_config_of(model)
+        elif imp.model_fields:
+            notes.append("ignored for a traced module or Hugging Face preset (no ModelConfig): "
+                         + ", ".join(f"{k}={v}" for k, v in imp.model_fields.items()))
         blocks = cfg.num_layers if cfg is not None else 0
         # the flags override the import before Megatron-LM's layer split is applied
         par, tr = imp.complete(cluster.world_size, blocks, overrides=parallel_choices(args))

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..graph.kernels import ATTENTION_BACKWARD_RATIO
+from ..graph.router import ROUTER_LOSS_KERNELS, is_router_loss, router_loss_backward_bytes
 from ..graph.types import Layer
 from .memory import GLU_ACTIVATIONS, op_sac_saved
 from .params import CostParams
@@ -157,7 +158,9 @@ def memory_bound_kernels(layer: Layer, fusion: str, eager_parts: tuple[str, ...]
     activation as its own kernel also outside ``fusion="eager"``; ``norm_input_cast`` costs a
     fused norm on an fp32 cast of its input (:data:`NORM_INPUT_CAST_FWD_BYTES`);
     ``fp32_cross_entropy`` costs the loss as torch's eager kernels
-    (:data:`EAGER_CE_FWD_BYTES_PER_LOGIT`, :data:`EAGER_CE_BWD_BYTES_PER_LOGIT`).
+    (:data:`EAGER_CE_FWD_BYTES_PER_LOGIT`, :data:`EAGER_CE_BWD_BYTES_PER_LOGIT`). A MoE
+    router's training-only loss (:mod:`autopar.graph.router`) runs its own kernels forward and
+    backward (:data:`~autopar.graph.router.ROUTER_LOSS_KERNELS`).
     """
     glu = fusion != "eager" and "glu" in eager_parts
     cast = fusion == "fused" and "norm_input_cast" in eager_parts
@@ -170,6 +173,12 @@ def memory_bound_kernels(layer: Layer, fusion: str, eager_parts: tuple[str, ...]
     for op, nbytes, kernels in _memory_bound_ops(layer.ops, fusion):
         if op.kind == "view":   # an eager GLU activation (fusion="eager")
             yield op, nbytes, kernels, EAGER_GLU_ACT_BWD_PASSES * op.bytes_read, 0.0
+            continue
+        if is_router_loss(op):   # autopar.graph.router: its own kernels and backward
+            if fusion == "compile":   # a chain starting at it: priced as the graph counts it
+                yield op, nbytes, kernels, 2.0 * nbytes, 0.0
+                continue
+            yield op, nbytes, ROUTER_LOSS_KERNELS[op.target], router_loss_backward_bytes(op), 0.0
             continue
         if ce and op.kind == "loss" and op.bytes_written > 0:
             logits = op.bytes_written / 4.0   # the graph's loss writes the fp32 copy

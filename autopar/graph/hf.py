@@ -146,6 +146,10 @@ _PRESETS = {
         vocab_size=256, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
         intermediate_size=256, max_position_embeddings=128, rotary_pct=0.25,
         tie_word_embeddings=False)),
+    # Gemma (1): GeGLU MLP (transformers GemmaConfig rewrites the releases' "gelu" to
+    # "gelu_pytorch_tanh"), tied embeddings, head_dim = hidden / heads
+    "hf-tiny-gemma": HFPreset("GemmaForCausalLM", "GemmaConfig", dict(
+        _TINY_LLAMA, head_dim=16, rms_norm_eps=1e-6, hidden_act="gelu_pytorch_tanh")),
     "hf-tiny-mixtral": HFPreset("MixtralForCausalLM", "MixtralConfig", dict(
         _TINY_LLAMA, intermediate_size=128, num_local_experts=4, num_experts_per_tok=2)),
     # tiny versions keeping each architecture's features (for tests at seq 32):

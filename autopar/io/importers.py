@@ -32,6 +32,11 @@ Megatron-LM                                              autopar
 ``--bf16`` / ``--fp16`` / ``--fp8-format``               precision
 ``--moe-expert-capacity-factor``                         ``moe_capacity_factor``
 ``--moe-pad-expert-input-to-capacity``                   ``moe_pad_to_capacity``
+``--moe-router-score-function``                          model ``router_score_function``
+``--moe-router-load-balancing-type``                     model ``router_load_balancing``
+``--moe-aux-loss-coeff``                                 model ``router_aux_loss_coeff``
+``--moe-router-enable-expert-bias``                      model ``router_expert_bias``
+``--moe-z-loss-coeff``                                   model ``router_z_loss_coeff``
 ======================================================  =======================================
 
 torchtitan: ``parallelism.tensor_parallel_degree`` -> tp, ``pipeline_parallel_degree`` -> pp,
@@ -58,6 +63,7 @@ from pathlib import Path
 
 from ..errors import InvalidParallelConfig
 from ..frameworks.layersplit import MegatronLayerSplit, layout_chunks
+from ..models.config import ROUTER_LOAD_BALANCING, ROUTER_SCORE_FUNCTIONS
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,8 @@ class Imported:
         cost_sources: the flag that set each of ``costs`` (the source with_costs records).
         layer_split: Megatron-LM's flags that split the layers over pipeline chunks (checked
             and applied in :meth:`complete`); None for a torchtitan TOML.
+        model_fields: :class:`~autopar.models.ModelConfig` fields the source sets (Megatron-LM's
+            router flags), applied to the model's config by the caller.
     """
 
     parallel: dict = field(default_factory=dict)
@@ -90,6 +98,7 @@ class Imported:
     costs: dict = field(default_factory=dict)
     cost_sources: dict = field(default_factory=dict)
     layer_split: MegatronLayerSplit | None = None
+    model_fields: dict = field(default_factory=dict)
 
     def complete(self, world_size: int, num_blocks: int,
                  overrides: dict | None = None) -> tuple[dict, dict]:
@@ -170,6 +179,13 @@ def _megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp8-format", default=None)
     p.add_argument("--moe-expert-capacity-factor", type=float, default=None)
     p.add_argument("--moe-pad-expert-input-to-capacity", action="store_true")
+    # router settings (Megatron-Core transformer_config.py moe_router_*; lists as arguments.py
+    # takes them, one value per load-balancing type)
+    p.add_argument("--moe-router-score-function", default=None)
+    p.add_argument("--moe-router-load-balancing-type", nargs="+", default=None)
+    p.add_argument("--moe-aux-loss-coeff", type=float, nargs="+", default=None)
+    p.add_argument("--moe-router-enable-expert-bias", action="store_true")
+    p.add_argument("--moe-z-loss-coeff", type=float, default=None)
     return p
 
 
@@ -258,6 +274,7 @@ def from_megatron_args(text: str | list[str]) -> Imported:
         train["moe_capacity_factor"] = ns.moe_expert_capacity_factor
         train["moe_pad_to_capacity"] = ns.moe_pad_expert_input_to_capacity
     costs, sources = _megatron_overlaps(ns, par, notes)
+    model_fields = _megatron_router(ns, notes)
     flags = [u for u in unknown if u.startswith("--")]
     if flags:
         notes.append("ignored (not a parallelism or batch setting autopar models): "
@@ -274,7 +291,38 @@ def from_megatron_args(text: str | list[str]) -> Imported:
                      + (f"; did you mean {' '.join(meant)}?" if meant else ""))
     return Imported(parallel=par, train=train, num_layers=ns.num_layers, notes=tuple(notes),
                     costs=costs, cost_sources=sources,
-                    layer_split=split)
+                    layer_split=split, model_fields=model_fields)
+
+
+def _megatron_router(ns, notes: list) -> dict:
+    """ModelConfig router fields from Megatron-LM's router flags (only those given). Megatron
+    combines several load-balancing types (a list, with one coefficient each); autopar models
+    one: the first is taken, with its coefficient, and a note says so."""
+    out: dict = {}
+    score = ns.moe_router_score_function
+    if score is not None and score not in ROUTER_SCORE_FUNCTIONS:
+        # Megatron-LM d98e8a64 also offers 'sqrtsoftplus'
+        notes.append(f"--moe-router-score-function {score}: not modelled (autopar knows "
+                     f"{', '.join(ROUTER_SCORE_FUNCTIONS)}); the model's own is kept")
+    elif score is not None:
+        out["router_score_function"] = score
+    types, coeffs = ns.moe_router_load_balancing_type, ns.moe_aux_loss_coeff
+    if types and types[0] not in ROUTER_LOAD_BALANCING:
+        notes.append(f"--moe-router-load-balancing-type {types[0]}: not modelled (autopar knows "
+                     f"{', '.join(ROUTER_LOAD_BALANCING)}); the model's own is kept")
+        types = coeffs = None
+    if types:
+        out["router_load_balancing"] = types[0]
+        if len(types) > 1:
+            notes.append(f"--moe-router-load-balancing-type {' '.join(types)}: autopar models "
+                         f"one load-balancing type; {types[0]} taken")
+    if coeffs:
+        out["router_aux_loss_coeff"] = coeffs[0]
+    if ns.moe_router_enable_expert_bias:
+        out["router_expert_bias"] = True
+    if ns.moe_z_loss_coeff is not None:
+        out["router_z_loss_coeff"] = ns.moe_z_loss_coeff
+    return out
 
 
 def _megatron_split(ns, notes: list) -> MegatronLayerSplit:

@@ -24,9 +24,25 @@ FAMILIES = ("gpt", "llama")
 NORMS = ("layernorm", "rmsnorm")
 #: MLP kinds: GELU (GPT), SwiGLU (Llama; Shazeer 2020), squared ReLU (So et al. 2021, Primer,
 #: arXiv 2109.08668; Nemotron-4, arXiv 2402.16819; Megatron-LM ``--squared-relu``): two
-#: matrices like GELU, activation relu(x)^2.
-MLPS = ("gelu", "swiglu", "squared-relu")
+#: matrices like GELU, activation relu(x)^2; GeGLU (Shazeer 2020, arXiv 2002.05202; T5 v1.1,
+#: Gemma): three matrices like SwiGLU, the gate through tanh-approximated GELU as Gemma's
+#: ``gelu_pytorch_tanh`` and Megatron-Core's fused ``bias_geglu`` (fusions/fused_bias_geglu.py).
+MLPS = ("gelu", "swiglu", "squared-relu", "geglu")
+#: MLPs with a gate: act(x W_gate) * (x W_up), then W_down (three h x f matrices).
+GATED_MLPS = ("swiglu", "geglu")
 POSITIONS = ("learned", "rope")
+#: MoE router score functions and load-balancing types, as Megatron-Core 0.16.1 names them
+#: (megatron/core/transformer/transformer_config.py ``moe_router_score_function``,
+#: ``moe_router_load_balancing_type``; one type, not Megatron's list of several).
+ROUTER_SCORE_FUNCTIONS = ("softmax", "sigmoid")
+ROUTER_LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
+#: Router settings of a MoE model and their defaults: Megatron-Core 0.16.1's TransformerConfig
+#: defaults (``moe_router_score_function="softmax"``, ``moe_router_load_balancing_type=
+#: "aux_loss"``, ``moe_aux_loss_coeff=0.0``, ``moe_router_enable_expert_bias=False``,
+#: ``moe_z_loss_coeff=None``). A dense model keeps them all at these values.
+ROUTER_DEFAULTS: dict[str, Any] = {
+    "router_score_function": "softmax", "router_load_balancing": "aux_loss",
+    "router_aux_loss_coeff": 0.0, "router_expert_bias": False, "router_z_loss_coeff": None}
 
 # Family defaults for the fields left as None. Sources: Megatron-LM arguments.py (gpt), Llama
 # reference model.py / params.json (llama).
@@ -99,6 +115,13 @@ class ModelConfig:
     Such models are traced from their transformers equivalent (:attr:`needs_transformers`).
     ``mtp_layers``: DeepSeek-V3's multi-token-prediction modules (:mod:`autopar.graph.mtp`).
 
+    Router (MoE only; defaults and names are Megatron-Core's, :data:`ROUTER_DEFAULTS`):
+    ``router_score_function`` ("softmax" | "sigmoid"), ``router_load_balancing`` (one of
+    :data:`ROUTER_LOAD_BALANCING`), ``router_aux_loss_coeff`` (0: the aux loss is not computed),
+    ``router_expert_bias`` (aux-loss-free balancing, DeepSeek-V3; needs sigmoid) and
+    ``router_z_loss_coeff`` (None: no z-loss). Their training-only kernels are priced by
+    :mod:`autopar.graph.router`.
+
     Raises:
         InvalidModelConfig: a field has the wrong type or breaks a rule (positive sizes, heads divide
             hidden, kv heads divide heads, known family/norm/mlp/position, dropouts in [0, 1),
@@ -138,6 +161,11 @@ class ModelConfig:
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
     mtp_layers: int = 0
+    router_score_function: str = "softmax"
+    router_load_balancing: str = "aux_loss"
+    router_aux_loss_coeff: float = 0.0
+    router_expert_bias: bool = False
+    router_z_loss_coeff: float | None = None
 
     def __post_init__(self) -> None:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
@@ -172,6 +200,7 @@ class ModelConfig:
         self._check_choices()
         self._check_numbers()
         self._check_moe()
+        self._check_router()
         self._check_divisibility()
 
     def _check_choices(self) -> None:
@@ -259,6 +288,53 @@ class ModelConfig:
                               "attention, which needs kv_lora_rank > 0; fix: pass kv_lora_rank "
                               "or drop them")
 
+    def _check_router(self) -> None:
+        name = self.name
+        for key, allowed in (("router_score_function", ROUTER_SCORE_FUNCTIONS),
+                             ("router_load_balancing", ROUTER_LOAD_BALANCING)):
+            value = getattr(self, key)
+            value = value.lower() if isinstance(value, str) else value
+            if value not in allowed:
+                raise _fail(name, f"{key}={getattr(self, key)!r} is not one of {allowed}; fix: "
+                                  f"use one of them (Megatron-Core's default: "
+                                  f"{ROUTER_DEFAULTS[key]!r})")
+            object.__setattr__(self, key, value)
+        if not isinstance(self.router_expert_bias, bool):
+            raise _fail(name, f"router_expert_bias must be a bool, got "
+                              f"{self.router_expert_bias!r}")
+        for key in ("router_aux_loss_coeff", "router_z_loss_coeff"):
+            value = getattr(self, key)
+            if value is None and key == "router_z_loss_coeff":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    0 <= value < math.inf):
+                raise _fail(name, f"{key} must be a finite number >= 0, got {value!r}; fix: "
+                                  "e.g. 1e-2 (aux loss) or 1e-3 (z-loss); 0 / None = off")
+            object.__setattr__(self, key, float(value))
+        changed = [k for k, v in ROUTER_DEFAULTS.items() if getattr(self, k) != v]
+        if changed and not self.is_moe:
+            raise _fail(name, f"{changed} set on a model without experts; fix: drop them, or "
+                              "pass num_experts")
+        if self.router_expert_bias and self.router_score_function != "sigmoid":
+            # Megatron-Core transformer_config.py __post_init__ refuses the same
+            raise _fail(name, "router_expert_bias (aux-loss-free balancing) needs "
+                              "router_score_function='sigmoid', as Megatron-Core requires; fix: "
+                              "set it, or router_expert_bias=False")
+        if self.router_load_balancing == "sinkhorn" and self.router_aux_loss_coeff:
+            # Megatron-Core moe/router.py sinkhorn_load_balancing asserts moe_aux_loss_coeff == 0
+            raise _fail(name, "sinkhorn routing takes no aux loss (Megatron-Core asserts "
+                              "moe_aux_loss_coeff == 0); fix: router_aux_loss_coeff=0")
+
+    @property
+    def router_aux_loss(self) -> str | None:
+        """The auxiliary load-balancing loss the router computes in training ("aux_loss",
+        "seq_aux_loss" or "global_aux_loss"), or None: Megatron-Core skips each loss whose
+        coefficient is 0 (moe/router.py ``_apply_aux_loss``: ``if aux_loss_coeff == 0: return
+        probs``), its default."""
+        if self.router_load_balancing.endswith("aux_loss") and self.router_aux_loss_coeff > 0:
+            return self.router_load_balancing
+        return None
+
     def _check_divisibility(self) -> None:
         h, a, kv = self.hidden_size, self.num_heads, self.num_kv_heads
         if h % a and self.kv_channels is None and not self.uses_mla:
@@ -314,8 +390,8 @@ class ModelConfig:
     def num_parameters(self) -> int:
         """Parameters (elements) of the :class:`~autopar.models.transformer.Transformer` this
         config builds, tied embeddings counted once: embedding V*h (+ seq_len*h learned
-        positions); per layer q/o projections 2*h*a*d, k/v 2*h*kv*d, MLP 3*h*f (SwiGLU) or 2*h*f
-        (GELU, squared ReLU), two norms (h each, +h each for LayerNorm with bias) and biases when ``bias``;
+        positions); per layer q/o projections 2*h*a*d, k/v 2*h*kv*d, MLP 3*h*f (SwiGLU, GeGLU) or
+        2*h*f (GELU, squared ReLU), two norms (h each, +h each for LayerNorm with bias) and biases when ``bias``;
         final norm; LM head V*h unless tied. A MoE layer has E routed experts of 3*h*f_e and a
         router row each (h*E), and shared experts 3*h*f_s, instead of the MLP; latent attention
         as :meth:`_mla_parameters`. Router biases and shared-expert gates (E or h per layer,
@@ -329,7 +405,7 @@ class ModelConfig:
             attn = self._mla_parameters()
         if self.qk_norm:
             attn += 2 * self.head_dim
-        mats = 3 if self.mlp == "swiglu" else 2
+        mats = 3 if self.mlp in GATED_MLPS else 2
         mlp = mats * h * f + (((mats - 1) * f + h) if self.bias else 0)
         moe = (self.num_experts * (3 * h * (self.moe_ffn_hidden_size or 0) + h)
                + 3 * h * (self.shared_expert_ffn_hidden_size or 0))

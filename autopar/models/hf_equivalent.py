@@ -25,8 +25,9 @@ def preset_for_config(cfg: ModelConfig) -> HFPreset:
       one ``shared_expert`` of their total width, biases on q/k/v iff ``cfg.bias``);
     - a dense model with qk-norm or its own head size: ``Qwen3ForCausalLM``.
 
-    Shapes follow ``cfg``; what the stand-in adds beyond it is small and listed in the preset's
-    ``source`` (Qwen2-MoE's shared-expert gate h x 1, Qwen3-MoE's q/k norms).
+    A ``geglu`` config sets ``hidden_act="gelu_pytorch_tanh"`` (its gated MLPs and experts
+    then gate with tanh-GELU). Shapes follow ``cfg``; what the stand-in adds beyond it is
+    small and listed in the preset's ``source`` (Qwen2-MoE's shared-expert gate h x 1, Qwen3-MoE's q/k norms).
 
     Raises:
         InvalidModelConfig: a combination no transformers model has (latent attention with a
@@ -38,6 +39,9 @@ def preset_for_config(cfg: ModelConfig) -> HFPreset:
                   num_key_value_heads=cfg.num_kv_heads, max_position_embeddings=cfg.seq_len,
                   rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta,
                   tie_word_embeddings=cfg.tied_embeddings, intermediate_size=cfg.ffn_hidden_size)
+    if cfg.mlp == "geglu":
+        # the gated MLPs and experts of these models apply ACT2FN[hidden_act] to the gate
+        common["hidden_act"] = "gelu_pytorch_tanh"
     source = f"autopar ModelConfig {cfg.name!r}"
     if cfg.uses_mla:
         if cfg.moe_layer_interval != 1 or cfg.qk_norm:

@@ -60,7 +60,12 @@ _NARAYANAN_SIZES = {
 #: What the Qwen3 MoE models share (their config.json files): 4 KV heads of 128, qk-norm,
 #: 128 experts top-8, the 151,936-token vocabulary
 _QWEN3_MOE = dict(num_kv_heads=4, kv_channels=128, qk_norm=True, vocab_size=151936,
-                  seq_len=40960, rope_theta=1e6, norm_eps=1e-6, num_experts=128, top_k=8)
+                  seq_len=40960, rope_theta=1e6, norm_eps=1e-6, num_experts=128, top_k=8,
+                  router_load_balancing="global_aux_loss", router_aux_loss_coeff=1e-3)
+#: Where Qwen3-MoE's router settings come from (the preset's source).
+_QWEN3_ROUTER = ("; router: softmax with the global-batch load-balancing loss (Qwen3 technical "
+                 "report, arXiv 2505.09388, section 2), coefficient 0.001 (router_aux_loss_coef,"
+                 " also transformers' Qwen3MoeConfig default)")
 
 
 #: What DeepSeek-V2 and V3 share (their config.json files): 128 heads of latent attention with
@@ -95,8 +100,10 @@ def _build_presets() -> dict[str, Preset]:
     moe = [
         ("mixtral-8x7b", dict(num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
                               ffn_hidden_size=14336, vocab_size=32000, seq_len=32768,
-                              rope_theta=1e6, num_experts=8, top_k=2, moe_ffn_hidden_size=14336),
-         "mistralai/Mixtral-8x7B-v0.1 config.json"),
+                              rope_theta=1e6, num_experts=8, top_k=2, moe_ffn_hidden_size=14336,
+                              router_aux_loss_coeff=0.02),
+         "mistralai/Mixtral-8x7B-v0.1 config.json (router_aux_loss_coef 0.02: a softmax "
+         "router with the Switch aux loss)"),
         ("mixtral-8x22b", dict(num_layers=56, hidden_size=6144, num_heads=48, num_kv_heads=8,
                                ffn_hidden_size=16384, vocab_size=32768, seq_len=65536,
                                rope_theta=1e6, num_experts=8, top_k=2,
@@ -104,10 +111,10 @@ def _build_presets() -> dict[str, Preset]:
          "mistralai/Mixtral-8x22B-v0.1 config.json"),
         ("qwen3-30b-a3b", dict(_QWEN3_MOE, num_layers=48, hidden_size=2048, num_heads=32,
                                ffn_hidden_size=6144, moe_ffn_hidden_size=768),
-         "Qwen/Qwen3-30B-A3B config.json"),
+         "Qwen/Qwen3-30B-A3B config.json" + _QWEN3_ROUTER),
         ("qwen3-235b-a22b", dict(_QWEN3_MOE, num_layers=94, hidden_size=4096, num_heads=64,
                                  ffn_hidden_size=12288, moe_ffn_hidden_size=1536),
-         "Qwen/Qwen3-235B-A22B config.json"),
+         "Qwen/Qwen3-235B-A22B config.json" + _QWEN3_ROUTER),
         ("deepseek-v2", dict(_DEEPSEEK_MLA, num_layers=60, hidden_size=5120,
                              ffn_hidden_size=12288, vocab_size=102400, num_experts=160, top_k=6,
                              moe_ffn_hidden_size=1536, num_shared_experts=2,
@@ -116,9 +123,14 @@ def _build_presets() -> dict[str, Preset]:
         ("deepseek-v3", dict(_DEEPSEEK_MLA, num_layers=61, hidden_size=7168,
                              ffn_hidden_size=18432, vocab_size=129280, num_experts=256, top_k=8,
                              moe_ffn_hidden_size=2048, num_shared_experts=1,
-                             first_dense_layers=3, mtp_layers=1),
+                             first_dense_layers=3, mtp_layers=1,
+                             router_score_function="sigmoid", router_expert_bias=True,
+                             router_load_balancing="seq_aux_loss", router_aux_loss_coeff=1e-4),
          "deepseek-ai/DeepSeek-V3 config.json (num_nextn_predict_layers 1: the MTP module it "
-         "was trained with, arXiv 2412.19437 section 4.2; group-limited routing as one group)"),
+         "was trained with, arXiv 2412.19437 section 4.2; group-limited routing as one group); "
+         "router: sigmoid affinities, auxiliary-loss-free balancing by expert bias and a "
+         "sequence-wise balance loss with factor 1e-4 (arXiv 2412.19437 sections 2.1.2 and "
+         "4.2)"),
     ]
     for name, shape, source in moe:
         presets[name] = Preset(ModelConfig(name=name, family="llama", tied_embeddings=False,

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autopar.models.config import ModelConfig
+from autopar.models.config import GATED_MLPS, ModelConfig
 
 # Init scales: std 0.02 everywhere (GPT-2, Megatron), and 0.02/sqrt(2L) for the projections that
 # write into the residual stream (Megatron's output_layer_init_method), so the residual variance does
@@ -153,7 +153,10 @@ class MLP(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """Llama MLP (Shazeer 2020): ``w2(silu(w1 x) * w3 x)``; w1 gate and w3 up are h -> f, w2 f -> h.
+    """Gated MLP (Shazeer 2020, arXiv 2002.05202): ``w2(act(w1 x) * w3 x)``; w1 gate and w3 up
+    are h -> f, w2 f -> h. ``act`` is SiLU (SwiGLU, Llama) or, for ``mlp="geglu"``, GELU with
+    the tanh approximation (GeGLU as Gemma's ``gelu_pytorch_tanh`` and Megatron-Core's fused
+    ``bias_geglu``).
 
     Input [b, s, h] -> output [b, s, h]; biases iff ``config.bias``.
     """
@@ -164,9 +167,12 @@ class SwiGLU(nn.Module):
         self.w1 = nn.Linear(h, f, bias=config.bias)
         self.w3 = nn.Linear(h, f, bias=config.bias)
         self.w2 = nn.Linear(f, h, bias=config.bias)
+        self.geglu = config.mlp == "geglu"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate = self.w1(x)
+        gate = F.gelu(gate, approximate="tanh") if self.geglu else F.silu(gate)
+        return self.w2(gate * self.w3(x))
 
 
 def make_norm(config: ModelConfig) -> nn.Module:
@@ -190,7 +196,7 @@ class Block(nn.Module):
         self.attn_norm = make_norm(config)
         self.attn = Attention(config, rope)
         self.mlp_norm = make_norm(config)
-        self.mlp = SwiGLU(config) if config.mlp == "swiglu" else MLP(config)
+        self.mlp = SwiGLU(config) if config.mlp in GATED_MLPS else MLP(config)
         p = config.hidden_dropout
         self.attn_drop = nn.Dropout(p) if p > 0 else None
         self.mlp_drop = nn.Dropout(p) if p > 0 else None

@@ -36,6 +36,9 @@ MEGATRON_FLAGS = frozenset({
     "--expert-tensor-parallel-size", "--mtp-num-layers",
     # token dropping (autopar.cost.capacity)
     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity",
+    # router settings (ModelConfig router_*; _megatron_router)
+    "--moe-router-score-function", "--moe-router-load-balancing-type", "--moe-aux-loss-coeff",
+    "--moe-router-enable-expert-bias", "--moe-z-loss-coeff",
 })
 
 
@@ -120,6 +123,14 @@ def to_megatron_args(plan) -> Export:
     a += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": [],
           "fp8": ["--bf16", "--fp8-format", "hybrid"]}[t.precision]
     a += _megatron_model(m, t, c.dispatcher)
+    if m.get("mlp") == "geglu":
+        warn.append("mlp geglu: Megatron-LM's arguments have no GeGLU flag (arguments.py has "
+                    "--swiglu, --squared-relu and --quick-geglu, a different activation); "
+                    "Megatron-Core builds GeGLU from TransformerConfig gated_linear_unit=True "
+                    "with activation_func=F.gelu (transformer/mlp.py bias_geglu_impl, "
+                    "tanh-GELU), as Megatron-Bridge's Gemma providers set it. As written these "
+                    "arguments build a two-matrix GELU MLP. Fix: set those two fields in the "
+                    "model provider (e.g. start from Megatron-Bridge's Gemma recipe)")
     if t.moe_capacity_factor is not None:
         # token dropping as autopar.cost.capacity prices it (Megatron-Core transformer_config.py
         # moe_expert_capacity_factor / moe_pad_expert_input_to_capacity)
@@ -306,4 +317,23 @@ def _megatron_moe_model(m: dict, dispatcher: str = "alltoall") -> list[str]:
           *flags, "--moe-grouped-gemm"]
     if m.get("shared_expert_ffn_hidden_size"):
         a += ["--moe-shared-expert-intermediate-size", str(m["shared_expert_ffn_hidden_size"])]
+    return a + _megatron_router(m)
+
+
+def _megatron_router(m: dict) -> list[str]:
+    """The router flags of an autopar ``ModelConfig`` dict that differ from Megatron-Core's
+    defaults (:data:`autopar.models.config.ROUTER_DEFAULTS`; arguments.py
+    --moe-router-score-function, --moe-router-load-balancing-type, --moe-aux-loss-coeff,
+    --moe-router-enable-expert-bias, --moe-z-loss-coeff)."""
+    a: list[str] = []
+    if m.get("router_score_function", "softmax") != "softmax":
+        a += ["--moe-router-score-function", m["router_score_function"]]
+    if m.get("router_load_balancing", "aux_loss") != "aux_loss":
+        a += ["--moe-router-load-balancing-type", m["router_load_balancing"]]
+    if m.get("router_aux_loss_coeff"):
+        a += ["--moe-aux-loss-coeff", repr(float(m["router_aux_loss_coeff"]))]
+    if m.get("router_expert_bias"):
+        a.append("--moe-router-enable-expert-bias")
+    if m.get("router_z_loss_coeff") is not None:
+        a += ["--moe-z-loss-coeff", repr(float(m["router_z_loss_coeff"]))]
     return a

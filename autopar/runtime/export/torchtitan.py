@@ -35,7 +35,9 @@ def titan_refuses(plan, m: dict) -> None:
     """Refuse a model torchtitan has no architecture for (v0.2.2 and 0.3 alike).
 
     Raises:
-        UnsupportedPlanError: a GPT-style model (learned positions, LayerNorm, GELU, biases).
+        UnsupportedPlanError: a GPT-style model (learned positions, LayerNorm, GELU, biases),
+            or an MLP other than SwiGLU (torchtitan 0.3.0 models/common/feed_forward.py
+            ``FeedForward``, "SwiGLU feed-forward module shared across models": no GeGLU).
     """
     if m and (m.get("family") == "gpt" or m.get("norm") == "layernorm"
               or m.get("position") not in (None, "rope")):
@@ -43,6 +45,40 @@ def titan_refuses(plan, m: dict) -> None:
             f"torchtitan has no architecture for {plan.model} (GPT-style: learned positions, "
             "LayerNorm, GELU, biases); a llama3 config would train a different model. Fix: "
             "export with plan.to_megatron_args() or plan.to_deepspeed_config().")
+    if m and m.get("mlp") not in (None, "swiglu"):
+        raise UnsupportedPlanError(
+            f"torchtitan has no model with the {m['mlp']} MLP of {plan.model}: its decoder "
+            "models share one SwiGLU FeedForward (models/common/feed_forward.py), so a llama3 "
+            "config would train SwiGLU instead. Fix: export with plan.to_megatron_bridge() "
+            "(Megatron-Core builds GeGLU from gated_linear_unit=True, activation_func=gelu) "
+            "or plan.to_deepspeed_config().")
+
+
+def titan_router(plan, m: dict, warn: list[str]) -> None:
+    """Warn how the plan's MoE router is set in torchtitan 0.3.0 and what it lacks: its router
+    (models/common/moe.py ``TokenChoiceTopKRouter.Config``) has ``score_func`` ("sigmoid" by
+    default, Megatron-Core's is "softmax") and ``MoE.Config.load_balance_coeff`` (aux-loss-free
+    expert bias, on at 1e-3 by default, None = off); it has no auxiliary loss, z-loss or
+    Sinkhorn routing. Nothing for a dense model, or one routed as torchtitan's defaults route."""
+    if not m.get("num_experts"):
+        return
+    score = m.get("router_score_function", "softmax")
+    bias = "1e-3" if m.get("router_expert_bias") else "None"
+    if (score, bias) != ("sigmoid", "1e-3"):
+        warn.append(f"model {plan.model}: set torchtitan's router as planned: "
+                    f"score_func={score!r}, load_balance_coeff={bias} (expert bias "
+                    f"{'on' if bias != 'None' else 'off'}; torchtitan's defaults are 'sigmoid' "
+                    "and 1e-3)")
+    missing = [what for what, on in (
+        (f"{m.get('router_load_balancing')} load-balancing loss",
+         (m.get("router_aux_loss_coeff") or 0) > 0
+         and str(m.get("router_load_balancing", "")).endswith("aux_loss")),
+        ("z-loss", m.get("router_z_loss_coeff") is not None),
+        ("Sinkhorn routing", m.get("router_load_balancing") == "sinkhorn")) if on]
+    if missing:
+        warn.append(f"model {plan.model}: torchtitan's MoE computes no {', '.join(missing)} "
+                    "(models/common/moe.py); it trains without them, and the estimate prices "
+                    "them as planned")
 
 
 def titan_flavor(plan, warn: list[str]) -> dict:
@@ -55,6 +91,7 @@ def titan_flavor(plan, warn: list[str]) -> dict:
     m = plan.model_config or {}
     titan_refuses(plan, m)
     if m and (m.get("num_experts") or m.get("kv_lora_rank") or m.get("qk_norm")):
+        titan_router(plan, m, warn)
         return _titan_moe_model(plan, m, warn)
     shape = (m.get("num_layers"), m.get("hidden_size"), m.get("num_heads"),
              m.get("num_kv_heads") or m.get("num_heads"), m.get("ffn_hidden_size"),

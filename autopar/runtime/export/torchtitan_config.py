@@ -18,7 +18,8 @@ from ..errors import UnsupportedPlanError
 from .common import (Export, block_modes, finish, one_reshard_policy, rank_order,
                      torchrun_command)
 from .torchtitan import (TITAN_LLAMA3_FLAVORS, TITAN_SCHEDULES, fqns_per_part, titan_ac,
-                         titan_batch_check, titan_data_parallel, titan_offload, titan_refuses)
+                         titan_batch_check, titan_data_parallel, titan_offload, titan_refuses,
+                         titan_router)
 
 #: The framework profile the file is re-estimated under (:mod:`autopar.frameworks.stacks`).
 FRAMEWORK = "torchtitan-0.3"
@@ -177,6 +178,7 @@ def _model_lines(plan, m: dict, w, t, compiled: bool, warn: list[str]) -> tuple[
     defs: list[str] = []
     needs = ""
     if moe:
+        titan_router(plan, m, warn)
         module, flavor = TITAN3_PRESETS.get(name, ("deepseek_v3" if m.get("kv_lora_rank")
                                                    else "qwen3", name))
         base = TITAN3_MOE_BASES[module]
