@@ -29,7 +29,8 @@ FORM_FACTORS: tuple[str, ...] = ("sxm", "pcie")
 #: AMD (CDNA whitepapers; ROCm "AMD GPU specifications" table): MI300X, MI325X CDNA 3 (gfx942);
 #: MI350X, MI355X CDNA 4 (gfx950).
 ARCH_PREFIXES: tuple[tuple[str, str], ...] = (
-    ("RTX-30", "ampere"), ("RTX-40", "ada"), ("RTX-A", "ampere"), ("MI35", "cdna4"), ("MI3", "cdna3"), ("GB", "blackwell"), ("B", "blackwell"),
+    ("RTX-30", "ampere"), ("RTX-40", "ada"), ("RTX-A", "ampere"),
+    ("MI35", "cdna4"), ("MI3", "cdna3"), ("GB", "blackwell"), ("B", "blackwell"),
     ("A", "ampere"), ("H", "hopper"), ("V", "volta"), ("L", "ada"))
 
 
@@ -184,7 +185,7 @@ class Device:
     @property
     def architecture(self) -> str:
         """GPU architecture (:func:`architecture` of the name and :attr:`arch`): "hopper",
-        "ampere", "blackwell", "volta", "cdna3", "cdna4", else "unknown". The cost model's efficiency constants are
+        "ampere", "ada", "blackwell", "volta", "cdna3", "cdna4", else "unknown". The cost model's efficiency constants are
         per architecture (one without its own figures takes the Ampere ones)."""
         return architecture(self.name, self.arch)
 
