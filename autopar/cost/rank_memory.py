@@ -55,6 +55,11 @@ def rank_memory(inputs: CostInputs, c: ParallelConfig, layout: tuple, timing: Pi
         # (MemoryConventions.grad_bucket_elements: DeepSpeed's reduce_bucket_size buffer)
         bucket = (inputs.conventions.grad_bucket_elements * wbytes if c.zero_stage >= 1
                   else 0.0)
+        if c.zero_stage == 3 and c.dp * c.cp > 1:
+            # the flat copy a ZeRO-3 reduce bucket is interleaved into while it flushes
+            # (MemoryConventions.zero3_reduce_copies: DeepSpeed reduce_scatter_coalesced)
+            bucket += inputs.conventions.zero3_reduce_copies * wbytes * min(
+                inputs.profile.zero3_reduce_bucket_elements, st.params)
         # torch's cuBLAS workspaces sit in the caching allocator from the first GEMM on,
         # through forward, backward and the step (autopar.cost.memory.cublas_workspace_bytes)
         working = max(timing.stage_transient[rank] + st.gather_bytes + bucket, step_extra)
