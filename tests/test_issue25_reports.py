@@ -194,6 +194,13 @@ def test_zero_config_auto_needs_hf_trainer_hidden_size():
                        hidden_size=10)["reduce_bucket_size"] == 100
     no_bucket = with_zero_config(get_profile("deepspeed"), {"contiguous_gradients": False})
     assert no_bucket.memory.grad_bucket_elements == 0
+    # ZeRO-2 with overlap_comm double-buffers its bucket (stage_1_and_2.py setup_buckets)
+    z2 = with_zero_config(get_profile("deepspeed"), {"stage": 2, "overlap_comm": True,
+                                                     "reduce_bucket_size": 2e8})
+    assert z2.memory.grad_bucket_elements == 4 * 10 ** 8
+    z3 = with_zero_config(get_profile("deepspeed"), {"stage": 3, "overlap_comm": True,
+                                                     "reduce_bucket_size": 2e8})
+    assert z3.memory.grad_bucket_elements == 2 * 10 ** 8
 
 
 def test_the_5977_record_parses_and_is_predicted_out_of_memory():

@@ -338,7 +338,8 @@ def with_zero_config(profile, block: Mapping | None = None, hidden_size: int | N
     """``profile`` (DeepSpeed) with the ZeRO buffers a DeepSpeed config's ``zero_optimization``
     ``block`` sizes (:func:`zero_config`: DeepSpeed's defaults for keys it leaves out, HF
     Trainer's fill for "auto" given ``hidden_size``): the contiguous gradient (IPG) bucket of
-    reduce_bucket_size elements (0 without contiguous_gradients), ZeRO-3's prefetch bucket,
+    reduce_bucket_size elements (0 without contiguous_gradients; two under ZeRO-1/2 when the block
+    sets overlap_comm true and its stage), ZeRO-3's prefetch bucket,
     live-parameter cap, persistence threshold (memory and gathers), sub-group size, and its
     reduce buckets. ``allgather_bucket_size`` sizes no buffer (ZeRO-1/2 gather into the flat
     bit16 groups' own views: deepspeed/runtime/utils.py all_gather_dp_groups ``narrow``).
@@ -346,15 +347,22 @@ def with_zero_config(profile, block: Mapping | None = None, hidden_size: int | N
     z = zero_config(block, hidden_size)
     auto = sorted(k for k, v in (block or {}).items() if v == "auto")
     why = f"{source}" + (f" ({', '.join(auto)} 'auto': {_HF_AUTO_SOURCE})" if auto else "")
+    # ZeRO-1/2 with overlap_comm keep a second bucket (stage_1_and_2.py setup_buckets: 'Use
+    # double buffers ... when overlap_comm is enabled': buf_1); ZeRO-3 keeps one per dtype
+    # (stage3.py _setup_for_real_optimizer)
+    buffers = 2 if (block or {}).get("overlap_comm") is True and \
+        (block or {}).get("stage") in (1, 2) else 1
     mem = profile.memory
     mem = replace(
-        mem, grad_bucket_elements=z["reduce_bucket_size"] if z["contiguous_gradients"] else 0,
+        mem, grad_bucket_elements=(buffers * z["reduce_bucket_size"] if z["contiguous_gradients"]
+                                   else 0),
         zero3_prefetch_elements=z["stage3_prefetch_bucket_size"],
         zero3_max_live_elements=z["stage3_max_live_parameters"],
         zero3_sub_group_elements=z["sub_group_size"],
         sources={**mem.sources,
                  "grad_bucket_elements": f"reduce_bucket_size {z['reduce_bucket_size']} x "
-                                         f"contiguous_gradients {z['contiguous_gradients']} "
+                                         f"{buffers} buffer(s) (overlap_comm under ZeRO-1/2: 2) "
+                                         f"x contiguous_gradients {z['contiguous_gradients']} "
                                          f"from {why}; " + mem.sources["grad_bucket_elements"],
                  "zero3_prefetch_elements": f"stage3_prefetch_bucket_size "
                                             f"{z['stage3_prefetch_bucket_size']} from {why}; "
