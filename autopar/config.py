@@ -76,7 +76,7 @@ ATTENTION_KERNELS = ("fa1", "fa2", "fa3", "cudnn", "efficient")
 #: GPU architectures (:attr:`autopar.hardware.Device.arch` names one; "" = read it from the
 #: device name; :func:`autopar.hardware.gpu.architecture` returns one), here for the same reason: a
 #: profile's ``attention_kernels`` is keyed by them.
-ARCHITECTURES = ("", "ampere", "hopper", "blackwell", "volta", "cdna3", "cdna4", "unknown")
+ARCHITECTURES = ("", "ampere", "ada", "hopper", "blackwell", "volta", "cdna3", "cdna4", "unknown")
 #: The architectures of compute capability 9.0 and later (Hopper sm_90; Blackwell sm_100, sm_120),
 #: where kernels and libraries switch defaults by capability (e.g. torch's cuBLAS workspace)
 CC9_ARCHITECTURES = ("hopper", "blackwell")

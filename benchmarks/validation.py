@@ -35,7 +35,8 @@ from autopar.cost.model import CostModel
 from autopar.frameworks import (FrameworkProfile, MemoryConventions, get_profile, shard_within,
                                 with_pure_bf16)
 from autopar.frameworks.choices import TORCH_COMPILE, with_choice
-from autopar.frameworks.stacks.deepspeed import with_deepspeed_030
+from autopar.frameworks.stacks.deepspeed import (HF_AUTO, with_deepspeed_030,
+                                                 with_hf_trainer_torch_adamw, with_zero_config)
 from autopar.frameworks.stacks.megatron import (MOE_PROBS_IN_ACTIVATION_SINCE,
                                                 with_moe_probs_at_combine)
 from autopar.frameworks.stacks.torchtitan import FUSED_ADAMW_SINCE, with_foreach_adamw
@@ -217,6 +218,8 @@ def record_profile(rec: Record) -> FrameworkProfile:
                                                           rec.framework.lower()):
         # the framework text names DeepSpeed 0.3 or before: its ZeRO-1 is stage1.py
         profile = with_deepspeed_030(profile)
+    if _kind(rec.framework) == "deepspeed":
+        profile = _deepspeed_options(rec, profile)
     if _kind(rec.framework) == "torchtitan" and dated_before(rec.framework, FUSED_ADAMW_SINCE):
         # the framework text dates the run before torchtitan made the fused AdamW its default
         profile = with_foreach_adamw(profile)
@@ -228,6 +231,30 @@ def record_profile(rec: Record) -> FrameworkProfile:
     if re.search(r"\b(?:full|pure) bf16\b", rec.framework.lower()):
         # the stack trains in pure bf16 (torchtune's ``dtype: bf16``): a memory option only
         profile = with_pure_bf16(profile)
+    return profile
+
+
+#: A DeepSpeed record run under Hugging Face's Trainer (its ``training.framework`` text).
+_HF_TRAINER = re.compile(r"\btransformers\b[\w\s.]*\btrainer\b", re.I)
+
+
+def _deepspeed_options(rec: Record, profile: FrameworkProfile) -> FrameworkProfile:
+    """A DeepSpeed record's ZeRO buffers and optimizer as its record states them
+    (benchmarks/data/README.md ``training.zero_optimization``, ``training.optimizer``): the
+    published ``zero_optimization`` block; else, under Hugging Face's Trainer, its "auto" fill
+    of the three hidden-size keys (an assumption: HF's example configs set them "auto"); else
+    DeepSpeed's defaults (the profile's). torch's AdamW where the optimizer text says HF Trainer
+    handed it over."""
+    t = rec.raw.get("training") or {}
+    block = t.get("zero_optimization")
+    hidden = rec.model.hidden_size
+    if block is not None:
+        profile = with_zero_config(profile, block, hidden, source=f"record {rec.id}")
+    elif _HF_TRAINER.search(rec.framework):
+        profile = with_zero_config(profile, dict.fromkeys(HF_AUTO, "auto"), hidden,
+                                   source=f"record {rec.id} (HF Trainer, 'auto' assumed)")
+    if re.search(r"torch\.optim\.adamw from hf trainer", (t.get("optimizer") or "").lower()):
+        profile = with_hf_trainer_torch_adamw(profile)
     return profile
 
 

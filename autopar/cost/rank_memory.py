@@ -51,13 +51,23 @@ def rank_memory(inputs: CostInputs, c: ParallelConfig, layout: tuple, timing: Pi
         # the step runs after backward has freed the activations: its temporaries count
         # only where they exceed them
         step_extra = states.optimizer_step_bytes(c, st.params) - act
-        # a ZeRO optimizer's gradient bucket buffers, held through backward
-        # (MemoryConventions.grad_bucket_elements: DeepSpeed's reduce_bucket_size buffer)
+        # a ZeRO optimizer's gradient bucket buffers, allocated before backward
+        # (MemoryConventions.grad_bucket_elements: DeepSpeed's reduce_bucket_size buffer):
+        # ZeRO-1/2 release them at the backward epilogue (stage_1_and_2.py
+        # _release_ipg_buffers), ZeRO-3 keeps its one through the step (stage3.py
+        # _setup_for_real_optimizer; freed only by offload_states)
         bucket = (inputs.conventions.grad_bucket_elements * wbytes if c.zero_stage >= 1
                   else 0.0)
+        held = bucket if c.zero_stage == 3 else 0.0
+        if c.zero_stage == 3 and c.dp * c.cp > 1:
+            # the flat copy a ZeRO-3 reduce bucket is interleaved into while it flushes in
+            # backward (MemoryConventions.zero3_reduce_copies: reduce_scatter_coalesced)
+            bucket += inputs.conventions.zero3_reduce_copies * wbytes * min(
+                inputs.profile.zero3_reduce_bucket_elements, st.params)
         # torch's cuBLAS workspaces sit in the caching allocator from the first GEMM on,
         # through forward, backward and the step (autopar.cost.memory.cublas_workspace_bytes)
-        working = max(timing.stage_transient[rank] + st.gather_bytes + bucket, step_extra)
+        working = max(timing.stage_transient[rank] + st.gather_bytes + bucket,
+                      step_extra + held)
         transient = working + workspace
         # outside the allocator, plus what it reserves beyond its allocated peak
         reserved = p.reserved_bytes + p.fragmentation * (w + gr + o + act + transient)

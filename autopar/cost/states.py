@@ -4,6 +4,8 @@ parameters FSDP keeps gathered from forward to backward (:class:`ModelStates`)."
 
 from __future__ import annotations
 
+import bisect
+import math
 from dataclasses import dataclass
 
 from ..config import ParallelConfig
@@ -22,7 +24,9 @@ class RankStates:
     Attributes:
         states: (weights, gradients, optimizer states) bytes after ZeRO sharding.
         working_bytes: ZeRO-3's gathered parameters of the largest layer and the one
-            prefetched (or, under PP where the framework keeps them, the unsharded parameters
+            prefetched (per parameter tensor with a prefetch bucket where the framework gathers
+            so: :meth:`ModelStates.per_parameter_gathered`; or, under PP where the framework
+            keeps them, the unsharded parameters
             and gradients held at the rank's activation peak), plus cached FP8 weight copies.
     """
 
@@ -66,8 +70,9 @@ class ModelStates:
         Bytes per element follow the framework's :class:`MemoryConventions` (weights and
         gradients in their dtypes, K = master copy + moments, optimizer states on the CPU with
         ``optimizer_offload``); ZeRO shards them over dp x cp (Rajbhandari et al. 2020). Working
-        bytes: ZeRO-3's gathered parameters of the largest layer and the one prefetched (2 x),
-        or, under pipeline parallelism where the framework keeps them, the unsharded
+        bytes: ZeRO-3's gathered parameters of the largest layer and the one prefetched (2 x;
+        DeepSpeed's per-parameter fetch: :meth:`per_parameter_gathered`), or, under pipeline
+        parallelism where the framework keeps them, the unsharded
         parameters and gradients its chunks hold at pipeline rank ``rank``'s activation peak
         (:meth:`pp_unsharded_bytes`); plus cached FP8 weight copies. With ``param_offload`` the
         weight shards (and under FSDP the gradient shards) are on the host and the working
@@ -117,7 +122,10 @@ class ModelStates:
                 largest = self._largest[layers, c.tp, c.ep, c.etp] = max(
                     self.ranks.layer_params_per_rank(i, c.tp, True, c.ep, c.etp)
                     for i in layers)
-            work = 2 * train.dtype_bytes * largest + (conv.weight_bytes or train.dtype_bytes) \
+            gathered = 2 * largest
+            if conv.zero3_prefetch_elements and self.inputs.profile.zero3_gather == "per_parameter":
+                gathered = self.per_parameter_gathered(c, layers)
+            work = train.dtype_bytes * gathered + (conv.weight_bytes or train.dtype_bytes) \
                 * offload.staging_elements(train, largest, c.dp * c.cp)
             if pp > 1 and conv.pp_unsharded_bytes:
                 work = max(self.pp_unsharded_bytes(c, rank, params), work)
@@ -126,6 +134,57 @@ class ModelStates:
                 self.ranks.layer_params_per_rank(i, c.tp, True, c.ep, c.etp) for i in layers
                 if g.layers[i].kind == "block")
         return RankStates(states, work)
+
+    def per_parameter_gathered(self, c: ParallelConfig, layers: tuple[int, ...]) -> float:
+        """Parameter elements (with gradient elements counted alike) a rank holding graph
+        layers ``layers`` keeps unsharded at its ZeRO-3 peak when the framework gathers per
+        parameter tensor with a prefetch bucket (DeepSpeed: ``MemoryConventions.
+        zero3_prefetch_elements``, ``zero3_max_live_elements``; the profile's
+        ``zero3_persistent_elements``), walked along the fetch trace (the ops in forward
+        order, then in reverse for backward): at each op, its gathered parameters (and in
+        backward its full gradient, until the reduce hook takes it) plus the tensors
+        prefetched after it, whole tensors until min(prefetch bucket, max live) elements are
+        reached; the largest such sum, plus every op small enough to persist (never
+        partitioned: gathered once and kept, deepspeed/runtime/zero/partition_parameters.py
+        ``ds_persist``). An op's parameters count together (a bias beside its weight),
+        TP-sharded ones / tp, routed experts / (etp x ep). Not counted: parameters kept for
+        reuse within ``stage3_max_reuse_distance`` (at the forward-backward turn they are the
+        modules run next anyway). Sources: :mod:`autopar.frameworks.memory` ``_DS_Z3_PREFETCH``,
+        ``_DS_Z3_LIVE`` (DeepSpeed 0.19.8 partitioned_param_coordinator.py)."""
+        key = ("per-parameter", layers, c.tp, c.ep, c.etp)
+        hit = self._largest.get(key)
+        if hit is not None:
+            return hit
+        conv, prof = self.inputs.conventions, self.inputs.profile
+        persist = prof.zero3_persistent_elements
+        sizes, persistent = [], 0.0
+        for li in sorted(layers):
+            for o in self.inputs.graph.layers[li].ops:
+                if o.num_parameters <= 0:
+                    continue
+                if o.moe_role == "expert":
+                    n = o.num_parameters / ((c.etp or c.tp) * c.ep)
+                elif o.tp_role in ("column", "row", "vocab"):
+                    n = o.num_parameters / c.tp
+                else:
+                    n = float(o.num_parameters)
+                if o.num_parameters <= persist:
+                    persistent += n
+                else:
+                    sizes.append(n)
+        trace = [(n, 1) for n in sizes] + [(n, 2) for n in reversed(sizes)]
+        budget = min(conv.zero3_prefetch_elements, conv.zero3_max_live_elements or math.inf)
+        prefix = [0.0]
+        for n, _ in trace:
+            prefix.append(prefix[-1] + n)
+        peak = 0.0
+        for i, (n, copies) in enumerate(trace):
+            # the first j after i with prefix[j] - prefix[i + 1] >= budget: whole tensors
+            j = bisect.bisect_left(prefix, prefix[i + 1] + budget, lo=i + 1)
+            window = prefix[min(j, len(trace))] - prefix[i + 1]
+            peak = max(peak, copies * n + window)
+        self._largest[key] = peak + persistent
+        return self._largest[key]
 
     def pp_unsharded_bytes(self, c: ParallelConfig, rank: int, params: float) -> float:
         """Bytes of unsharded parameters and gradients pipeline rank ``rank`` (holding
@@ -182,8 +241,14 @@ class ModelStates:
         none when the step runs on the CPU)."""
         if self.inputs.train.optimizer_offload:
             return 0.0
+        conv = self.inputs.conventions
         held = params / (c.dp * c.cp) if c.zero_stage >= 1 else params
-        return self.inputs.conventions.optimizer_step_temp_bytes * held
+        if c.zero_stage == 3 and conv.zero3_step_temp_bytes is not None:
+            # DeepSpeed's stage-3 step works one sub-group at a time (MemoryConventions.
+            # zero3_step_temp_bytes, zero3_sub_group_elements: stage3.py step())
+            sub = conv.zero3_sub_group_elements
+            return conv.zero3_step_temp_bytes * (min(held, sub) if sub else held)
+        return conv.optimizer_step_temp_bytes * held
 
     def step_cached_bytes(self, c: ParallelConfig, params: float) -> float:
         """Bytes the caching allocator holds reserved at the optimizer step's peak beyond the

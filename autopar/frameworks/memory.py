@@ -83,6 +83,27 @@ class MemoryConventions:
             backward, so that they count at the activation peak (a fixed size, not per
             parameter): DeepSpeed's contiguous reduction bucket of ``reduce_bucket_size``
             elements. 0 where the buckets are views of the gradient buffer.
+        zero3_step_temp_bytes: under ZeRO-3, bytes per element of the sub-group the optimizer
+            step is working on that it allocates beside the states, in place of
+            ``optimizer_step_temp_bytes`` (None: that field, as under the other stages).
+            DeepSpeed's stage-3 step casts each sub-group's flat gradient partition to an fp32
+            copy (4) while the bit16 gradient partition stays allocated, then runs the
+            optimizer on the sub-group (its own temporaries on top).
+        zero3_sub_group_elements: under ZeRO-3, elements of the rank's partition the optimizer
+            steps at a time (DeepSpeed ``sub_group_size``): the step's temporaries
+            (``zero3_step_temp_bytes``) cover at most this many; 0: the whole partition at once.
+        zero3_prefetch_elements: under ZeRO-3 gathered per parameter tensor, parameter elements
+            fetched ahead of the module being run (DeepSpeed ``stage3_prefetch_bucket_size``),
+            so that the gathered working set is the largest module's parameters and their full
+            gradient, the prefetch and the persistent small parameters; 0: the per-layer rule
+            (the largest layer gathered and one layer prefetched, FSDP).
+        zero3_reduce_copies: under ZeRO-3, copies of a reduce bucket (the profile's
+            ``zero3_reduce_bucket_elements``, in the training dtype) its reduction allocates
+            beside the bucket buffer while it flushes during backward: DeepSpeed's
+            reduce_scatter_coalesced interleaves the bucket's gradients into one new flat
+            tensor (1); 0: none.
+        zero3_max_live_elements: cap on the gathered parameter elements the prefetch may bring
+            the working set to (DeepSpeed ``stage3_max_live_parameters``); 0: no cap.
         kv_repeat_saved: 1 where the framework's attention repeats grouped-query K and V to
             every query head before a fused SDPA (``repeat_kv``: expand + reshape, a copy),
             which then keeps the repeated copies for backward: K and V saved at the query heads'
@@ -127,6 +148,11 @@ class MemoryConventions:
     loss_saved_bytes: int = 4
     step_cached_bytes: int = 0
     grad_bucket_elements: int = 0
+    zero3_step_temp_bytes: int | None = None
+    zero3_sub_group_elements: int = 0
+    zero3_prefetch_elements: int = 0
+    zero3_max_live_elements: int = 0
+    zero3_reduce_copies: int = 0
     kv_repeat_saved: int = 0
     moe_combine_saved: int = 1
     expert_input_gathered: int = 0
@@ -176,6 +202,11 @@ _UNITS = {
     "loss_saved_bytes": ("bytes per logit element", 4),
     "step_cached_bytes": ("bytes per optimizer-held parameter", 0),
     "grad_bucket_elements": ("elements in the training dtype", 0),
+    "zero3_step_temp_bytes": ("bytes per element of the ZeRO-3 step's sub-group", 4),
+    "zero3_sub_group_elements": ("elements (0: the whole partition)", 1_000_000_000),
+    "zero3_prefetch_elements": ("parameter elements (0: per-layer gathers)", 50_000_000),
+    "zero3_max_live_elements": ("parameter elements (0: no cap)", 1_000_000_000),
+    "zero3_reduce_copies": ("copies of a reduce bucket", 1),
     "kv_repeat_saved": ("0 or 1 (whether SDPA keeps K and V repeated to every head)", 0),
     "moe_combine_saved": ("0 or 1 (whether the MoE combine keeps the expert output)", 1),
     "expert_input_gathered": ("0 or 1 (whether the experts keep the expert-TP-gathered "
@@ -187,7 +218,8 @@ _NONE_MEANS = {"weight_bytes": "the training dtype's bytes",
                "moment_bytes": "the training config's optimizer_state_dtype",
                "fp8_input_saved_bytes": "the training dtype's bytes (the input itself)",
                "fp8_shared_input_saved_bytes": "the training dtype's bytes (one tensor kept)",
-               "fp8_expert_glu_input_saved_bytes": "the training dtype's bytes"}
+               "fp8_expert_glu_input_saved_bytes": "the training dtype's bytes",
+               "zero3_step_temp_bytes": "optimizer_step_temp_bytes, as under the other stages"}
 
 _MATH_SDPA = ("torch 2.13 aten _scaled_dot_product_attention_math on bf16 inputs upcasts to fp32 "
               "(measured: saved_tensors_hooks show the fp32 [b, h, s, s] softmax output saved)")
@@ -260,6 +292,19 @@ _TORCHAO_FP8_INPUT = (
 _NO_FP8_LINEARS = ("no FP8 Linear: precision 'fp8' runs its Linears in bf16 here "
                    "(autopar/runtime/dp.py _DTYPES maps fp8 to bfloat16): None")
 
+#: The DeepSpeed ZeRO-3 fields of a stack that gathers per layer (FSDP) or has no ZeRO-3 of
+#: its own: none of DeepSpeed's stage-3 buffers.
+NO_DEEPSPEED_ZERO3_SOURCES = {
+    "zero3_step_temp_bytes": "None: the step allocates optimizer_step_temp_bytes under every "
+                             "stage (no per-sub-group fp32 gradient copy)",
+    "zero3_sub_group_elements": "0: the optimizer steps the whole partition at once",
+    "zero3_prefetch_elements": "0: ZeRO-3 gathers per layer (the largest layer gathered and "
+                               "one prefetched)",
+    "zero3_max_live_elements": "0: no cap on gathered parameters beyond the per-layer rule",
+    "zero3_reduce_copies": "0: FSDP2 reduce-scatters each block's gradients from a per-block "
+                           "buffer (counted with the block), no bucket copy",
+}
+
 #: The MoE fields of a stack that runs the model's own MoE block as the graph traces it.
 GRAPH_MOE_SOURCES = {
     "moe_combine_saved": "the graph's count: transformers' MoE blocks (Qwen3MoeSparseMoeBlock, "
@@ -273,6 +318,7 @@ TORCH_MEMORY = MemoryConventions(
     optimizer_step_temp_bytes=4, pp_unsharded_bytes=4,
     unfused_score_saved_bytes=4, unfused_score_work_bytes=8,
     sources={
+        **NO_DEEPSPEED_ZERO3_SOURCES,
         "weight_bytes": "the model's parameters in the training dtype (autopar/runtime/dp.py)",
         "grad_bytes": "gradients in the parameters' dtype (autopar/runtime/dp.py _mp_policy)",
         "moment_bytes": _FP32_MOMENTS,
@@ -307,6 +353,7 @@ TORCHTITAN_MEMORY = MemoryConventions(
     pp_unsharded_bytes=6, pp_unsharded_forward_bytes=2, unfused_score_saved_bytes=4,
     unfused_score_work_bytes=8, kv_repeat_saved=1,
     sources={
+        **NO_DEEPSPEED_ZERO3_SOURCES,
         "weight_bytes": "torchtitan v0.2.2 models/llama3/infra/parallelize.py apply_fsdp: "
                         "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) over a model "
                         "built in fp32: sharded parameters stay fp32",
@@ -348,6 +395,7 @@ MEGATRON_MEMORY = MemoryConventions(
     fp8_weight_cache_bytes=2, fp8_input_saved_bytes=1, fp8_shared_input_saved_bytes=3,
     loss_work_bytes=2, moe_combine_saved=0, expert_input_gathered=1,
     sources={
+        **NO_DEEPSPEED_ZERO3_SOURCES,
         "weight_bytes": "arguments.py --bf16: params_dtype bfloat16",
         "grad_bytes": "arguments.py (line 1207): 'bfloat16 requires gradient accumulation and "
                       "all-reduce to be performed in fp32' -> accumulate_allreduce_grads_in_fp32 "
@@ -400,9 +448,53 @@ MEGATRON_MEMORY = MemoryConventions(
                                  "grouped GEMM (TE GroupedLinear / grouped_gemm) saves it: 1",
     })
 
+#: Where DeepSpeed's ZeRO-3 buffers come from (DeepSpeed 0.19.8; the same code paths at 0.15):
+#: the defaults in deepspeed/runtime/zero/config.py.
+_DS_Z3_STEP = ("deepspeed/runtime/zero/stage3.py step(): for each sub-group, "
+               "_prepare_fp32_grad_for_sub_group 'single_grad_partition = self.flatten(self."
+               "averaged_gradients[sub_group_id]).to(self.fp32_partitioned_groups_flat[...]."
+               "dtype)' (an fp32 copy of the sub-group's gradients, 4 bytes each) while "
+               "grad_partitions_flat_buffer (the bit16 gradient partition, allocated once in "
+               "_setup_for_real_optimizer) stays; _release_sub_group drops it after the "
+               "optimizer's step; DeepSpeed's FusedAdam steps in place: 4")
+_DS_Z3_SUB_GROUP = ("deepspeed/runtime/zero/config.py sub_group_size = 1e9 (Field(pp_int(1e9))); "
+                    "stage3.py _create_fp16_sub_groups closes a sub-group once it holds "
+                    "sub_group_size partition elements (it may exceed it by one parameter's "
+                    "partition, not counted)")
+_DS_Z3_PREFETCH = ("deepspeed/runtime/zero/config.py stage3_prefetch_bucket_size = 5e7; "
+                   "partitioned_param_coordinator.py fetch_sub_module: all-gathers the current "
+                   "module's parameters, then prefetches the next ones in the trace while "
+                   "'numel_prefetching < max_params_to_prefetch' (whole parameters, so up to "
+                   "one parameter more), max_params_to_prefetch = min(max_live - available, "
+                   "prefetch_bucket_sz); release_sub_module frees a module's parameters after "
+                   "it ran; stage3.py's gradient hook takes each full gradient into the reduce "
+                   "bucket: at most the largest module's parameters and full gradient, plus "
+                   "the prefetch")
+_DS_Z3_LIVE = ("deepspeed/runtime/zero/config.py stage3_max_live_parameters = 1e9; "
+               "partitioned_param_coordinator.py: it bounds only the prefetch "
+               "(max_params_to_prefetch = min(self.__max_n_available_params - "
+               "self.__n_available_params, self.__prefetch_bucket_sz)), never the module "
+               "being fetched")
+
+_DS_Z3_REDUCE_COPY = ("deepspeed/runtime/zero/stage3.py __reduce_and_partition_ipg_grads -> "
+                      "__avg_scatter_grads (reduce_scatter True, the default) -> runtime/comm/"
+                      "coalesced_collectives.py reduce_scatter_coalesced: 'tensor_partition_"
+                      "flat_buffer = torch.cat(tensor_partitions_lst_with_padding)', a new flat "
+                      "copy of the bucket's gradients (no copy only for a single tensor that "
+                      "needs no padding), reduce-scattered in place, its partitions then added "
+                      "into grad_partitions_flat_buffer: 1 bucket beside the IPG buffer")
+
 DEEPSPEED_MEMORY = MemoryConventions(
     unfused_score_saved_bytes=4, unfused_score_work_bytes=8, grad_bucket_elements=500_000_000,
+    zero3_step_temp_bytes=4, zero3_sub_group_elements=1_000_000_000,
+    zero3_prefetch_elements=50_000_000, zero3_max_live_elements=1_000_000_000,
+    zero3_reduce_copies=1,
     sources={
+        "zero3_reduce_copies": _DS_Z3_REDUCE_COPY,
+        "zero3_step_temp_bytes": _DS_Z3_STEP,
+        "zero3_sub_group_elements": _DS_Z3_SUB_GROUP,
+        "zero3_prefetch_elements": _DS_Z3_PREFETCH,
+        "zero3_max_live_elements": _DS_Z3_LIVE,
         "weight_bytes": "bf16.enabled: bf16 module parameters",
         "grad_bytes": "the cost model's default (bf16 gradient partitions)",
         "moment_bytes": _FP32_MOMENTS,

@@ -327,9 +327,101 @@ GPUS_2025: tuple[GpuRow, ...] = (
                   "bidir (links.py 'xgmi-mi355')"),
 )
 
+# ----------------------------------------------------------------------------- PCIe cards users train on
+# GA102 (GeForce RTX 3090, RTX A6000, A10) and Ada (GeForce RTX 4090, L40S, L4) boards: PCIe
+# Gen4 x16 cards with GDDR6/6X memory, no NVSwitch. Tensor peaks are DENSE, with FP32
+# accumulate (what mixed-precision training's GEMMs run: cuBLAS accumulates bf16/fp16 GEMMs in
+# fp32). GeForce cards run FP16/BF16 (and Ada's FP8) with FP32 accumulate at half the rate of
+# FP16 accumulate; the professional boards (RTX A6000, A10, L40S, L4) at the full rate. NVIDIA
+# datasheets quote tensor figures "with sparsity" (halved here for dense). Memory is the
+# datasheet's GB, kept decimal as every row keeps it, though GDDR capacities are binary (a
+# "24 GB" card has 24 GiB: nvidia-smi's 24576 MiB), so what torch sees (``capacity_bytes``,
+# measured where an out-of-memory message quotes it) can exceed it. A node of these cards
+# talks over PCIe ('pcie-gen4'); the 2-GPU NVLink bridge of the RTX 3090 / RTX A6000 is given as
+# the row's NVLink figure and, as on every PCIe row, not assumed by the cluster model. GeForce
+# boards do not enable PCIe peer-to-peer, so NCCL goes through host memory there: the
+# 'pcie-gen4' figure is an upper bound for them (unvalidated).
+_GA102_WP = ("NVIDIA Ampere GA102 GPU Architecture whitepaper v2.0 (2021, 'Updated with RTX A6000 "
+             "and NVIDIA A40'), GPU comparison tables")
+_ADA_WP = "NVIDIA Ada GPU Architecture whitepaper v2.1 (2023), appendix tables"
+_RTX3090 = (f"{_GA102_WP}, GeForce RTX 3090: 82 SMs, boost 1695 MHz, peak FP32 35.6 TF, FP16 "
+            "tensor with FP32 accumulate 71/142 TF (dense/sparse; FP16 accumulate 142/284), "
+            "BF16 71/142, TF32 35.6/71; 24 GB GDDR6X, 19.5 Gbps on 384 bits = 936 GB/s; "
+            "350 W TGP; PCIe Gen4 x16 (32 GB/s per direction); NVLink 2-way bridge, 4 x4 "
+            "third-generation links, 112.5 GB/s bidirectional")
+_A6000 = (f"{_GA102_WP}, RTX A6000 (and NVIDIA RTX A6000 datasheet): 84 SMs, boost 1800 MHz, "
+          "peak FP32 38.7 TF, FP16 and BF16 tensor with FP32 accumulate 154.8/309.7 TF "
+          "(dense/sparse, full rate on the professional board), TF32 77.4/154.8; 48 GB GDDR6 "
+          "(ECC), 768 GB/s; 300 W; PCIe Gen4 x16; NVLink 2-way bridge 112.5 GB/s bidirectional")
+_A10 = ("NVIDIA A10 Tensor Core GPU datasheet: FP32 31.2 TF, TF32 tensor 62.5/125 TF, BF16 and "
+        "FP16 tensor 125/250 TF (dense/sparse); 24 GB GDDR6, 600 GB/s; PCIe Gen4 64 GB/s "
+        "(bidirectional); 150 W; no NVLink; 72 SMs (GA102, 9,216 CUDA cores / 128 per SM)")
+_RTX4090 = (f"{_ADA_WP}, GeForce RTX 4090: 128 SMs, boost 2520 MHz, peak FP32 82.6 TF, FP16 "
+            "and BF16 tensor with FP32 accumulate 165.2/330.4 TF (dense/sparse; FP16 "
+            "accumulate 330.3/660.6), TF32 82.6/165.2, FP8 with FP32 accumulate 330.3/660.6; 24 "
+            "GB GDDR6X, 21 Gbps on 384 bits = 1008 GB/s; 450 W TGP; PCIe Gen4 x16; no NVLink")
+_L40S = ("NVIDIA L40S datasheet: FP32 91.6 TF, TF32 tensor 183/366 TF, BF16 and FP16 tensor "
+         "362.05/733 TF, FP8 733/1,466 TF (dense/sparse); 48 GB GDDR6 (ECC), 864 GB/s; PCIe "
+         "Gen4 x16 64 GB/s bidirectional; 350 W; NVLink: no; 142 SMs (AD102, 18,176 CUDA "
+         "cores / 128 per SM)")
+_L4 = ("NVIDIA L4 datasheet: FP32 30.3 TF, TF32 tensor 60/120 TF, BF16 and FP16 tensor "
+       "121/242 TF, FP8 242.5/485 TF (dense/sparse); 24 GB GDDR6, 300 GB/s; PCIe Gen4 x16 64 "
+       "GB/s bidirectional; 72 W; no NVLink; 58 SMs (AD104, 7,424 CUDA cores / 128 per SM)")
+_PCIE4 = "PCIe Gen4 x16 = 32 GB/s per direction (the card's host interface, per its sheet)"
+_VISIBLE_24 = {
+    "RTX 3090": "torch OOM messages on RTX 3090s: '(GPU 0; 23.70 GiB total capacity' "
+                "(github.com/GaoLii/DSP/issues/10, 'I have two 3090 GPU'; "
+                "github.com/xiaoxiangAQ/GAS-Net/issues/7, '用3090跑')",
+    "RTX 4090": "torch OOM messages on RTX 4090s: '(GPU 0; 23.64 GiB total capacity' "
+                "(github.com/TMElyralab/MuseTalk/issues/76, 'NVIDIA GeForce RTX 4090 24G'); "
+                "'total capacty of 23.64 GiB' (github.com/3DTopia/Phidias-Diffusion/issues/8, "
+                "'The 4090 GPU')",
+}
+
+
+def _pcie_card(name, aliases, flops_tf, mem_gb, mem_gbps, link_bidir_gbps, sheet, *, tdp_w,
+               sm_count, visible_gib=None, visible_src=_NO_CAPACITY) -> GpuRow:
+    """A PCIe Gen4 card from datasheet units: TFLOP/s (dense, FP32 accumulate) per precision,
+    GB, GB/s (memory), GB/s bidirectional (the NVLink bridge, 0 for none, halved to per
+    direction); ``sheet`` sources every fact but PCIe (:data:`_PCIE4`) and the visible
+    capacity (``visible_src``: a quoted torch message, else the datasheet stands in)."""
+    device = Device(name=name, peak_flops={k: v * _TERA for k, v in flops_tf.items()},
+                    memory_bytes=mem_gb * _GIGA, hbm_bandwidth_Bps=mem_gbps * _GIGA,
+                    nvlink_bandwidth_Bps=link_bidir_gbps * _GIGA / 2,
+                    pcie_bandwidth_Bps=32 * _GIGA, form_factor="pcie", source=sheet,
+                    tdp_w=tdp_w, sm_count=sm_count,
+                    capacity_bytes=visible_gib * _GIB if visible_gib else None)
+    sources = {**dict.fromkeys(_SHEET_FACTS, sheet), "pcie_bandwidth_Bps": _PCIE4,
+               "tdp_w": sheet, "sm_count": sheet, "capacity_bytes": visible_src}
+    return GpuRow(device, aliases, "pcie-gen4-hdr", sources)
+
+
+#: The PCIe cards, appended to :data:`GPUS` after the 2025 rows.
+GPUS_PCIE_CARDS: tuple[GpuRow, ...] = (
+    _pcie_card("RTX-3090-24GB", ("rtx3090", "rtx-3090", "geforce-rtx-3090"),
+               {"fp32": 35.6, "tf32": 35.6, "fp16": 71, "bf16": 71}, 24, 936, 112.5, _RTX3090,
+               tdp_w=350, sm_count=82, visible_gib=23.70,
+               visible_src=_VISIBLE_24["RTX 3090"]),
+    _pcie_card("RTX-A6000-48GB", ("a6000", "rtx-a6000", "rtxa6000"),
+               {"fp32": 38.7, "tf32": 77.4, "fp16": 154.8, "bf16": 154.8}, 48, 768, 112.5,
+               _A6000, tdp_w=300, sm_count=84),
+    _pcie_card("A10-24GB", ("a10",), {"fp32": 31.2, "tf32": 62.5, "fp16": 125, "bf16": 125}, 24,
+               600, 0, _A10, tdp_w=150, sm_count=72),
+    _pcie_card("RTX-4090-24GB", ("rtx4090", "rtx-4090", "geforce-rtx-4090"),
+               {"fp32": 82.6, "tf32": 82.6, "fp16": 165.2, "bf16": 165.2, "fp8": 330.3}, 24,
+               1008, 0, _RTX4090, tdp_w=450, sm_count=128, visible_gib=23.64,
+               visible_src=_VISIBLE_24["RTX 4090"]),
+    _pcie_card("L40S-48GB", ("l40s",),
+               {"fp32": 91.6, "tf32": 183, "fp16": 362.05, "bf16": 362.05, "fp8": 733}, 48, 864,
+               0, _L40S, tdp_w=350, sm_count=142),
+    _pcie_card("L4-24GB", ("l4",),
+               {"fp32": 30.3, "tf32": 60, "fp16": 121, "bf16": 121, "fp8": 242.5}, 24, 300, 0,
+               _L4, tdp_w=72, sm_count=58),
+)
+
 #: The default preset registry: every reader (``get_device``, ``Cluster.from_spec``,
 #: ``Cluster.custom``, ``boxes.node_template``) takes its facts from it.
-GPUS = GPUS + GPUS_2025
+GPUS = GPUS + GPUS_2025 + GPUS_PCIE_CARDS
 CATALOG = Catalog(GPUS, BOXES)
 
 #: Canonical name -> Device (a view of :data:`GPUS`).

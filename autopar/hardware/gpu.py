@@ -22,12 +22,16 @@ FORM_FACTORS: tuple[str, ...] = ("sxm", "pcie")
 #: GPU model-number prefix -> architecture, longest prefix first; a name is read by its first
 #: letters followed by a digit ("H100-SXM5-80GB": "H" + "1"). Sources: NVIDIA's architecture
 #: whitepapers: V100 Volta (GV100); A100, A800, A30, A40, A10 Ampere (GA100/GA102); H100, H800, H200,
-#: H20 Hopper (GH100); B200, B300, GB200, GB300 Blackwell (GB100/GB110 and Grace-Blackwell).
+#: H20 Hopper (GH100); B200, B300, GB200, GB300 Blackwell (GB100/GB110 and Grace-Blackwell); L4,
+#: L40S Ada Lovelace (AD104/AD102, NVIDIA Ada GPU Architecture whitepaper); GeForce RTX 30xx
+#: (GA102 whitepaper: RTX 3090) and RTX Axxxx workstation boards (RTX A6000) Ampere, GeForce RTX
+#: 40xx (Ada whitepaper: RTX 4090) Ada.
 #: AMD (CDNA whitepapers; ROCm "AMD GPU specifications" table): MI300X, MI325X CDNA 3 (gfx942);
 #: MI350X, MI355X CDNA 4 (gfx950).
 ARCH_PREFIXES: tuple[tuple[str, str], ...] = (
+    ("RTX-30", "ampere"), ("RTX-40", "ada"), ("RTX-A", "ampere"),
     ("MI35", "cdna4"), ("MI3", "cdna3"), ("GB", "blackwell"), ("B", "blackwell"),
-    ("A", "ampere"), ("H", "hopper"), ("V", "volta"))
+    ("A", "ampere"), ("H", "hopper"), ("V", "volta"), ("L", "ada"))
 
 
 def architecture(name: str, arch: str = "") -> str:
@@ -50,15 +54,23 @@ def architecture(name: str, arch: str = "") -> str:
 #: TFLOP/s over 4.0 TB/s of HBM, 37 FLOP per byte against 295 (autopar/hardware/devices.py):
 #: the shares of compute, memory-bound and communication time in its steps differ from the
 #: Hopper runs', so their residuals do not validate it; it gets a band only from its own runs.
-BAND_GENERATIONS: tuple[tuple[str, str], ...] = (("H20", "hopper-h20"),)
+#: The GA102 parts (GeForce RTX 3090, RTX A6000, A10: GDDR6/6X, PCIe only) are Ampere with
+#: 71-155 dense FP16 TFLOP/s over 0.6-0.94 TB/s (GA102 whitepaper, autopar/hardware/devices.py)
+#: against the A100's 312 over 2.0 TB/s, and no NVSwitch: the A100 runs do not validate them.
+#: The Ada parts (RTX 4090, L40S, L4) have no runs in the corpus either.
+BAND_GENERATIONS: tuple[tuple[str, str], ...] = (
+    ("H20", "hopper-h20"), ("A10", "ampere-ga102"), ("RTX-3090", "ampere-ga102"),
+    ("RTX-A6000", "ampere-ga102"), ("RTX-4090", "ada"))
 
 
 def band_generation(name: str, arch: str = "") -> str:
     """The generation whose published runs band an estimate on the GPU ``name``: the part's
-    own where :data:`BAND_GENERATIONS` lists its model number (the name up to its first '-'),
-    else :func:`architecture` ("unknown" for a name it cannot read)."""
-    model = str(name).upper().split("-")[0]
-    own = next((gen for part, gen in BAND_GENERATIONS if part == model), None)
+    own where :data:`BAND_GENERATIONS` lists its model number (the whole name, or the name up
+    to a '-' after it: "H20-96GB" is the H20's, "H200-SXM-141GB" is not; "RTX-3090-24GB" the
+    RTX-3090's), else :func:`architecture` ("unknown" for a name it cannot read)."""
+    upper = str(name).upper()
+    own = next((gen for part, gen in BAND_GENERATIONS
+                if upper == part or upper.startswith(part + "-")), None)
     return own or architecture(name, arch)
 
 
@@ -173,7 +185,7 @@ class Device:
     @property
     def architecture(self) -> str:
         """GPU architecture (:func:`architecture` of the name and :attr:`arch`): "hopper",
-        "ampere", "blackwell", "volta", "cdna3", "cdna4", else "unknown". The cost model's efficiency constants are
+        "ampere", "ada", "blackwell", "volta", "cdna3", "cdna4", else "unknown". The cost model's efficiency constants are
         per architecture (one without its own figures takes the Ampere ones)."""
         return architecture(self.name, self.arch)
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 from types import MappingProxyType
+from typing import Mapping
 
+from ...errors import InvalidTrainingConfig
 from ..choices import (DTENSOR_TP, EAGER, FSDP2, FUSED_CP, SDPA_FLASH, TORCH_PIPELINING, Choices,
                        OptimizerStep, compose, with_choice)
 from ..memory import DEEPSPEED_MEMORY
@@ -166,9 +168,11 @@ DEFAULTS = MappingProxyType({
     "gradient_predivide_factor": (1.0, "runtime/constants.py GRADIENT_PREDIVIDE_FACTOR_DEFAULT",
                                   "one scaling pass in the copy passes"),
     "stage3_prefetch_bucket_size": (50_000_000, "zero/config.py Field(pp_int(5e7))",
-                                    "not priced: ZeRO-3 gathers costed not overlapped"),
+                                    "time: not priced (ZeRO-3 gathers costed not overlapped); "
+                                    "memory: MemoryConventions.zero3_prefetch_elements"),
     "stage3_max_live_parameters": (1_000_000_000, "zero/config.py Field(pp_int(1e9))",
-                                   "not priced (a memory cap; gathers re-issued per module)"),
+                                   "time: not priced (gathers re-issued per module); memory: "
+                                   "MemoryConventions.zero3_max_live_elements, the prefetch's cap"),
     "stage3_max_reuse_distance": (1_000_000_000, "zero/config.py Field(pp_int(1e9))",
                                   "not priced: the last modules' parameters kept for backward "
                                   "would save re-gathers (faster), not counted"),
@@ -176,7 +180,8 @@ DEFAULTS = MappingProxyType({
                                            "zero/config.py Field(pp_int(1e5))",
                                            "zero3_persistent_elements: not gathered"),
     "sub_group_size": (1_000_000_000, "zero/config.py Field(pp_int(1e9))",
-                       "not priced (the ZeRO-3 step's fp32 sub-groups, one pass each)"),
+                       "time: not priced (one pass per sub-group); memory: MemoryConventions."
+                       "zero3_sub_group_elements, the step's fp32 gradient copy per sub-group"),
     "gradient_clipping": (0.0, "runtime/constants.py GRADIENT_CLIPPING_DEFAULT",
                           "optimizer_step_bytes counts a norm pass (HF Trainer sets 1.0)"),
     "wall_clock_breakdown": (False, "runtime/constants.py WALL_CLOCK_BREAKDOWN_DEFAULT",
@@ -241,17 +246,138 @@ _HF_ADAMW_STEP_SOURCE = (
     "fp32 temporaries on the flat partition (+8): 10")
 
 
+#: What :data:`HF_TRAINER_TORCH_ADAMW` allocates beside the states at the ZeRO-3 step, in bytes
+#: per element of the sub-group being stepped: deepspeed/runtime/zero/stage3.py step() ->
+#: _prepare_fp32_grad_for_sub_group casts the sub-group's gradients to an fp32 copy (+ 4) while
+#: the bit16 gradient partition (grad_partitions_flat_buffer) stays allocated, then torch's
+#: AdamW runs on the one flat fp32 sub-group tensor with the two fp32 temporaries of
+#: :data:`HF_TRAINER_TORCH_ADAMW_STEP_TEMP_BYTES` (+ 8): 12.
+HF_TRAINER_TORCH_ADAMW_ZERO3_STEP_TEMP_BYTES = 12
+_HF_ADAMW_ZERO3_STEP_SOURCE = (
+    "transformers integrations/deepspeed.py deepspeed_optim_sched (no 'optimizer' in the "
+    "DeepSpeed config -> torch AdamW); deepspeed/runtime/zero/stage3.py step(): per sub-group, "
+    "_prepare_fp32_grad_for_sub_group's fp32 gradient copy (+4, the bit16 "
+    "grad_partitions_flat_buffer kept), then torch/optim/adamw.py _single_tensor_adamw's two "
+    "fp32 temporaries on the flat sub-group (+8): 12")
+
+
 def with_hf_trainer_torch_adamw(profile):
     """``profile`` (DeepSpeed) as Hugging Face Trainer / Accelerate runs it when the DeepSpeed
     config has no "optimizer" section: the step costed as :data:`HF_TRAINER_TORCH_ADAMW` and its
     memory as :data:`HF_TRAINER_TORCH_ADAMW_STEP_TEMP_BYTES` per optimizer-held element beside
-    the states (the fp32 gradient copy and torch AdamW's temporaries), each with its source. A
-    user's choice, not the profile's default (a config with its own "optimizer" gets FusedAdam,
+    the states (the fp32 gradient copy and torch AdamW's temporaries; under ZeRO-3
+    :data:`HF_TRAINER_TORCH_ADAMW_ZERO3_STEP_TEMP_BYTES` per sub-group element), each with its
+    source. A user's choice, not the profile's default (a config with its own "optimizer" gets FusedAdam,
     which steps in place)."""
     mem = profile.memory
     mem = replace(mem, optimizer_step_temp_bytes=HF_TRAINER_TORCH_ADAMW_STEP_TEMP_BYTES,
-                  sources={**mem.sources, "optimizer_step_temp_bytes": _HF_ADAMW_STEP_SOURCE})
+                  zero3_step_temp_bytes=HF_TRAINER_TORCH_ADAMW_ZERO3_STEP_TEMP_BYTES,
+                  sources={**mem.sources, "optimizer_step_temp_bytes": _HF_ADAMW_STEP_SOURCE,
+                           "zero3_step_temp_bytes": _HF_ADAMW_ZERO3_STEP_SOURCE})
     return replace(with_choice(profile, HF_TRAINER_TORCH_ADAMW), memory=mem)
+
+
+#: The ``zero_optimization`` keys :func:`with_zero_config` reads, with DeepSpeed's defaults
+#: (deepspeed/runtime/zero/config.py, DeepSpeed 0.19.8; the same at 0.14-0.16).
+ZERO_CONFIG_DEFAULTS = MappingProxyType({
+    "reduce_bucket_size": 500_000_000, "contiguous_gradients": True,
+    "stage3_prefetch_bucket_size": 50_000_000, "stage3_max_live_parameters": 1_000_000_000,
+    "stage3_param_persistence_threshold": DEEPSPEED_ZERO3_PERSISTENCE_THRESHOLD,
+    "sub_group_size": 1_000_000_000, "allgather_bucket_size": 500_000_000,
+})
+#: What Hugging Face transformers fills in for ``"auto"`` (integrations/deepspeed.py
+#: HfTrainerDeepSpeedConfig.trainer_config_finalize, from the model config's hidden_size h):
+#: reduce_bucket_size h^2; under ZeRO-3 stage3_prefetch_bucket_size int(0.9 h^2) and
+#: stage3_param_persistence_threshold 10 h. Other keys have no "auto".
+HF_AUTO = MappingProxyType({
+    "reduce_bucket_size": lambda h: h * h,
+    "stage3_prefetch_bucket_size": lambda h: int(0.9 * h * h),
+    "stage3_param_persistence_threshold": lambda h: 10 * h,
+})
+_HF_AUTO_SOURCE = ("transformers integrations/deepspeed.py HfTrainerDeepSpeedConfig."
+                   "trainer_config_finalize: 'auto' reduce_bucket_size = hidden_size^2, "
+                   "stage3_prefetch_bucket_size = 0.9 hidden_size^2, "
+                   "stage3_param_persistence_threshold = 10 hidden_size")
+
+
+def zero_config(block: Mapping | None = None, hidden_size: int | None = None) -> dict:
+    """The ZeRO buffer settings of a DeepSpeed config's ``zero_optimization`` ``block`` (keys
+    of :data:`ZERO_CONFIG_DEFAULTS`; others are ignored, as they do not size a buffer), each
+    key the block leaves out at DeepSpeed's default, ``"auto"`` as Hugging Face Trainer fills
+    it (:data:`HF_AUTO`, from ``hidden_size``). Returns {key: value}.
+
+    Raises:
+        InvalidTrainingConfig: an "auto" without ``hidden_size`` (only HF Trainer fills it), an
+            "auto" on a key HF does not fill, or a value that is not a number >= 0 (a bool
+            for contiguous_gradients).
+    """
+    out = dict(ZERO_CONFIG_DEFAULTS)
+    for key, value in (block or {}).items():
+        if key not in out:
+            continue
+        if value == "auto":
+            if key not in HF_AUTO or not hidden_size:
+                raise InvalidTrainingConfig(
+                    f"zero_optimization.{key} = 'auto': only Hugging Face Trainer fills 'auto', "
+                    f"and only for {sorted(HF_AUTO)} from the model's hidden_size. Fix: give "
+                    "hidden_size (the config runs under HF Trainer) or a number")
+            value = HF_AUTO[key](int(hidden_size))
+        if key == "contiguous_gradients":
+            if not isinstance(value, bool):
+                raise InvalidTrainingConfig(f"zero_optimization.contiguous_gradients = {value!r}: "
+                                            "must be true or false")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise InvalidTrainingConfig(f"zero_optimization.{key} = {value!r}: must be a number "
+                                        f">= 0 (elements); fix: e.g. {ZERO_CONFIG_DEFAULTS[key]}")
+        out[key] = value if key == "contiguous_gradients" else int(value)
+    return out
+
+
+def with_zero_config(profile, block: Mapping | None = None, hidden_size: int | None = None,
+                     source: str = "the DeepSpeed config's zero_optimization block"):
+    """``profile`` (DeepSpeed) with the ZeRO buffers a DeepSpeed config's ``zero_optimization``
+    ``block`` sizes (:func:`zero_config`: DeepSpeed's defaults for keys it leaves out, HF
+    Trainer's fill for "auto" given ``hidden_size``): the contiguous gradient (IPG) bucket of
+    reduce_bucket_size elements (0 without contiguous_gradients; two under ZeRO-1/2 when the block
+    sets overlap_comm true and its stage), ZeRO-3's prefetch bucket,
+    live-parameter cap, persistence threshold (memory and gathers), sub-group size, and its
+    reduce buckets. ``allgather_bucket_size`` sizes no buffer (ZeRO-1/2 gather into the flat
+    bit16 groups' own views: deepspeed/runtime/utils.py all_gather_dp_groups ``narrow``).
+    ``source`` names where the block comes from (kept in the sources)."""
+    z = zero_config(block, hidden_size)
+    auto = sorted(k for k, v in (block or {}).items() if v == "auto")
+    why = f"{source}" + (f" ({', '.join(auto)} 'auto': {_HF_AUTO_SOURCE})" if auto else "")
+    # ZeRO-1/2 with overlap_comm keep a second bucket (stage_1_and_2.py setup_buckets: 'Use
+    # double buffers ... when overlap_comm is enabled': buf_1); ZeRO-3 keeps one per dtype
+    # (stage3.py _setup_for_real_optimizer)
+    buffers = 2 if (block or {}).get("overlap_comm") is True and \
+        (block or {}).get("stage") in (1, 2) else 1
+    mem = profile.memory
+    mem = replace(
+        mem, grad_bucket_elements=(buffers * z["reduce_bucket_size"] if z["contiguous_gradients"]
+                                   else 0),
+        zero3_prefetch_elements=z["stage3_prefetch_bucket_size"],
+        zero3_max_live_elements=z["stage3_max_live_parameters"],
+        zero3_sub_group_elements=z["sub_group_size"],
+        sources={**mem.sources,
+                 "grad_bucket_elements": f"reduce_bucket_size {z['reduce_bucket_size']} x "
+                                         f"{buffers} buffer(s) (overlap_comm under ZeRO-1/2: 2) "
+                                         f"x contiguous_gradients {z['contiguous_gradients']} "
+                                         f"from {why}; " + mem.sources["grad_bucket_elements"],
+                 "zero3_prefetch_elements": f"stage3_prefetch_bucket_size "
+                                            f"{z['stage3_prefetch_bucket_size']} from {why}; "
+                                            + mem.sources["zero3_prefetch_elements"],
+                 "zero3_max_live_elements": f"stage3_max_live_parameters "
+                                            f"{z['stage3_max_live_parameters']} from {why}; "
+                                            + mem.sources["zero3_max_live_elements"],
+                 "zero3_sub_group_elements": f"sub_group_size {z['sub_group_size']} from "
+                                             f"{why}; " + mem.sources["zero3_sub_group_elements"]})
+    profile = profile.with_costs(
+        {"zero3_persistent_elements": f"stage3_param_persistence_threshold from {why}",
+         "zero3_reduce_bucket_elements": f"reduce_bucket_size from {why}"},
+        zero3_persistent_elements=z["stage3_param_persistence_threshold"],
+        zero3_reduce_bucket_elements=z["reduce_bucket_size"])
+    return replace(profile, memory=mem)
 
 
 # the engine runs the model's own attention and ops, and its TP and pipeline sends as the
