@@ -317,7 +317,7 @@ class ExportInterpreter(MeasuringInterpreter):
 def fused_groups(graph: fx.Graph, modules: dict[str, nn.Module],
                   params: set[str]) -> dict[fx.Node, _Group]:
     """{group output node: group} for runs of >= 2 nodes inside one norm or activation module
-    with one activation in and out."""
+    with one activation in and out, and for a norm module's single ``rms_norm`` node."""
     runs: list[tuple[str, list[fx.Node]]] = []
     for n in graph.nodes:
         stack = n.meta.get("nn_module_stack")
@@ -329,7 +329,10 @@ def fused_groups(graph: fx.Graph, modules: dict[str, nn.Module],
     groups: dict[fx.Node, _Group] = {}
     for fqn, nodes in runs:
         module = modules.get(fqn) if fqn is not None else None
-        if module is None or len(nodes) < 2:
+        # a norm module that runs as one aten rms_norm (F.rms_norm: autopar's RMSNorm) is the
+        # same fused kernel as a decomposed one; run alone, its composite saves an fp32 copy
+        single_norm = len(nodes) == 1 and A.packet(nodes[0].target) in A.RMS_NORMS
+        if module is None or (len(nodes) < 2 and not single_norm):
             continue
         kind = "norm" if classify.is_norm_module(module) else (
             "elementwise" if _is_activation(module) else None)
