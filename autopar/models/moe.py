@@ -23,8 +23,9 @@ from autopar.models.config import ModelConfig
 
 
 class Router(nn.Module):
-    """Top-k router: ``weight`` [E, h] (no bias), scores of [T, h] tokens -> (weights [T, k] in
-    the input dtype, expert ids [T, k] int64).
+    """Top-k router: ``weight`` [E, h] (no bias), scores of [T, h] tokens -> (weights [T, k],
+    expert ids [T, k] int64). The weights are fp32 with ``fp32_weights`` (the experts' outputs
+    are then combined in fp32), else cast to the input dtype (see :func:`combines_in_fp32`).
 
     ``scoring="softmax"``: softmax over the E logits (in fp32), top-k, the k weights renormalised
     to sum to 1; this is Mixtral's top-k-then-softmax-over-k and Qwen3-MoE's softmax-then-top-k
@@ -35,9 +36,10 @@ class Router(nn.Module):
     are left out (they change no shape or cost beyond an elementwise op on [T, E]).
     """
 
-    def __init__(self, hidden: int, num_experts: int, top_k: int, scoring: str) -> None:
+    def __init__(self, hidden: int, num_experts: int, top_k: int, scoring: str,
+                 fp32_weights: bool = True) -> None:
         super().__init__()
-        self.top_k, self.scoring = top_k, scoring
+        self.top_k, self.scoring, self.fp32_weights = top_k, scoring, fp32_weights
         self.weight = nn.Parameter(torch.empty(num_experts, hidden))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,7 +53,19 @@ class Router(nn.Module):
             probs = F.softmax(logits, dim=-1, dtype=torch.float32)
             weights, index = torch.topk(probs, self.top_k, dim=-1)
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        return weights.to(x.dtype), index
+        return (weights if self.fp32_weights else weights.to(x.dtype)), index
+
+
+def combines_in_fp32(config: ModelConfig) -> bool:
+    """Whether the routing weights stay fp32, as in the transformers model
+    :func:`autopar.models.hf_equivalent.preset_for_config` checks ``config`` against: yes for
+    DeepSeek-V3's layers (latent attention) and Mixtral's (experts alone: no shared experts,
+    leading dense layers, interval, qk-norm or biases); Qwen2/Qwen3-MoE cast them to the
+    activations' dtype (``router_top_value.to(router_logits.dtype)``). The combine's
+    element-wise bytes (T*k*h elements) follow."""
+    plain = not (config.shared_expert_ffn_hidden_size or config.first_dense_layers
+                 or config.moe_layer_interval != 1 or config.qk_norm or config.bias)
+    return config.uses_mla or plain
 
 
 def _grouped_linear(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -122,7 +136,7 @@ class MoE(nn.Module):
 
         h = config.hidden_size
         self.router = Router(h, config.num_experts, config.top_k,
-                             "sigmoid" if config.uses_mla else "softmax")
+                             "sigmoid" if config.uses_mla else "softmax", combines_in_fp32(config))
         self.experts = Experts(h, config.moe_ffn_hidden_size, config.num_experts)
         width = config.shared_expert_ffn_hidden_size
         self.shared = SwiGLU(config, width) if width else None
@@ -130,7 +144,7 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.reshape(-1, x.size(-1))
         weights, index = self.router(tokens)
-        y = self.experts(tokens, index, weights).view_as(x)
+        y = self.experts(tokens, index, weights).view(x.shape)
         if self.shared is not None:
             y = y + self.shared(x)
         return y

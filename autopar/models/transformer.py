@@ -45,6 +45,16 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (self.dim,), self.weight, self.eps)
 
 
+def _as_dtype(table: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``table`` in ``x``'s dtype, with no cast where it has it already. Eager PyTorch's
+    ``.to`` of the same dtype is a no-op too, but torch.export records it, and the export path
+    of the extractor prices an aten ``to`` as a copy kernel; a torch.fx proxy keeps the call
+    (the fx path counts a cast that copies nothing as a view)."""
+    if isinstance(table, torch.Tensor) and isinstance(x, torch.Tensor) and table.dtype == x.dtype:
+        return table
+    return table.to(x.dtype)
+
+
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding (Su et al. 2021) with real-valued cos/sin tables.
 
@@ -83,7 +93,7 @@ class RotaryEmbedding(nn.Module):
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         # the tables stay fp32 (a buffer mixed precision does not cast); computing in them would
         # promote q and k to fp32 beside a bf16 v, which attention refuses
-        return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+        return x * _as_dtype(cos, x) + rotated * _as_dtype(sin, x)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor,
                 positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
