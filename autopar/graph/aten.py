@@ -36,6 +36,9 @@ ATTENTION = _packets("scaled_dot_product_attention", "_scaled_dot_product_flash_
                      "_scaled_dot_product_flash_attention_for_cpu")
 SDPA = _packets("scaled_dot_product_attention")
 NORMS = _packets("layer_norm", "native_layer_norm", "rms_norm", "_fused_rms_norm", "group_norm")
+#: uninitialised allocations: no kernel runs (``torch.empty``; transformers' DeepSeek-V3 builds
+#: its MLA keys in a ``new_empty`` tensor, then copies the two parts in)
+ALLOCATIONS = _packets("empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided")
 RMS_NORMS = _packets("rms_norm", "_fused_rms_norm")
 DROPOUTS = _packets("dropout", "native_dropout", "feature_dropout")
 EMBEDDINGS = _packets("embedding")

@@ -113,7 +113,8 @@ class ExportInterpreter(MeasuringInterpreter):
             return "attention"
         if n in self.groups:
             return self.groups[n].kind
-        if n in self.gqa_views:
+        if n in self.gqa_views or (n.op == "call_function"
+                                   and A.packet(n.target) in A.ALLOCATIONS):
             return "view"
         return A.op_kind(n)
 
@@ -192,6 +193,8 @@ class ExportInterpreter(MeasuringInterpreter):
     def materializes(self, n, args, result):
         # repeat_kv's expand + reshape copies the KV heads in eager PyTorch, but the GQA
         # attention kernel reads the KV heads themselves (kv_of), so no copy is run
+        if n.op == "call_function" and A.packet(n.target) in A.ALLOCATIONS:
+            return False  # an uninitialised allocation runs no kernel
         return n not in self.gqa_views and super().materializes(n, args, result)
 
     def activation_input(self, n):
