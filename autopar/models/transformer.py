@@ -1,9 +1,12 @@
-"""Plain decoder-only transformers (GPT and Llama) as readable ``nn.Module`` trees.
+"""Plain decoder-only transformers (GPT and Llama) as readable ``nn.Module`` trees, with
+mixture-of-experts layers and latent attention from :mod:`autopar.models.moe`, qk-norm and any
+head size.
 
 Written for two consumers: the graph extractor (``torch.fx.symbolic_trace`` of the whole model or of
 one :class:`Block`; attention is one ``F.scaled_dot_product_attention`` call, which the extractor
 models as flash attention) and the runtime equivalence tests (real forward/backward of the tiny
-presets on CPU). So there is no data-dependent control flow, and k/v are never repeated by hand for
+presets on CPU). So a dense block has no data-dependent control flow (MoE blocks go through
+torch.export, see :mod:`autopar.models.moe`), and k/v are never repeated by hand for
 grouped-query attention (``enable_gqa`` does it inside SDPA, as flash attention does).
 
 Shapes: b = batch, s = sequence, h = hidden, a = heads, kv = kv heads, d = head_dim, f = ffn, V = vocab.
