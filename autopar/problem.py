@@ -81,8 +81,8 @@ def model_config_of(model) -> ModelConfig | None:
 def config_graph(cfg: ModelConfig, seq_len: int, precision: str,
                  flash_attention: bool) -> ModelGraph:
     """The measured graph of the built-in transformer of ``cfg`` (or of its transformers
-    equivalent, :func:`autopar.models.hf_equivalent.preset_for_config`, for experts, latent
-    attention, qk-norm or an own head size) at ``seq_len`` tokens, one
+    equivalent, :func:`autopar.models.hf_equivalent.preset_for_config`, for latent attention
+    without experts: :attr:`ModelConfig.needs_transformers`) at ``seq_len`` tokens, one
     sequence per micro-batch (cached: planning and loading many plans of one model extract it
     once; the graph is frozen data). A ``cfg`` shorter than ``seq_len`` is built grown to it,
     with the position warning of :func:`autopar.graph.positions.with_position_warning`. A MoE

@@ -22,7 +22,7 @@ def _cluster_for(params: float) -> str:
 
 
 @pytest.mark.parametrize("name", [n for n in list_presets()
-                                  if not get_config(n).needs_transformers])
+                                  if not (get_config(n).is_moe or get_config(n).needs_transformers)])
 def test_optimize_every_preset(name):
     cfg = get_config(name)
     h, L, V, f = cfg.hidden_size, cfg.num_layers, cfg.vocab_size, cfg.ffn_hidden_size

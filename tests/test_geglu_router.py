@@ -73,6 +73,16 @@ def test_geglu_moe_stand_in_gates_with_tanh_gelu():
     assert "hidden_act" not in preset_for_config(ModelConfig.from_dict(_TINY_MOE)).config
 
 
+def test_builtin_geglu_experts_gate_with_tanh_gelu():
+    """The built-in MoE's experts and shared experts follow the config's gated activation."""
+    geglu = build(ModelConfig.from_dict({**_TINY_MOE, "mlp": "geglu"}), device="cpu",
+                  dtype=torch.float32)
+    swiglu = build(ModelConfig.from_dict(_TINY_MOE), device="cpu", dtype=torch.float32)
+    act = geglu.layers[0].mlp.experts.act_fn
+    assert isinstance(act, torch.nn.GELU) and act.approximate == "tanh"
+    assert isinstance(swiglu.layers[0].mlp.experts.act_fn, torch.nn.SiLU)
+
+
 _TRAIN = autopar.TrainingConfig(global_batch_size=16, seq_len=64)
 
 

@@ -13,6 +13,7 @@ import autopar  # noqa: E402
 from autopar.errors import InvalidModelConfig  # noqa: E402
 from autopar.models import ModelConfig, build, get_config  # noqa: E402
 from autopar.models.hf_equivalent import preset_for_config  # noqa: E402
+from autopar.graph import extract, hf  # noqa: E402
 from autopar.problem import config_graph  # noqa: E402
 
 _TINY_MOE = dict(name="tiny-moe", family="llama", num_layers=3, hidden_size=64, num_heads=4,
@@ -26,7 +27,7 @@ _TINY_MOE = dict(name="tiny-moe", family="llama", num_layers=3, hidden_size=64, 
     ("qwen3-235b-a22b", 235.1), ("deepseek-v2", 235.7), ("deepseek-v3", 671.0)])
 def test_moe_preset_parameters(name, billions):
     cfg = get_config(name)
-    assert cfg.is_moe and cfg.needs_transformers
+    assert cfg.is_moe and not cfg.needs_transformers   # built in (autopar.models.moe)
     # the model card's total is without the MTP module (DeepSeek-V3: 671B main + MTP)
     main = ModelConfig.from_dict({**cfg.to_dict(), "mtp_layers": 0})
     assert main.num_parameters / 1e9 == pytest.approx(billions, abs=0.05)
@@ -40,8 +41,8 @@ def test_mtp_module_adds_a_block_and_a_second_head_pass():
     g0, g1 = (config_graph(c, 64, "bf16", True) for c in (base, mtp))
     h = base.hidden_size
     assert g1.num_blocks == g0.num_blocks + 1 and g1.blocks[-1].num_experts == 8
-    # + Qwen2-MoE's h x 1 shared-expert gate in each of the 3 MoE layers and the MTP copy
-    assert g1.num_parameters == mtp.num_parameters + 4 * 64
+    # the built-in model: exactly the config's count (no stand-in's extra gate)
+    assert g1.num_parameters == mtp.num_parameters
     assert g1.num_parameters - g0.num_parameters == g0.blocks[-1].num_parameters + 2 * h * h
     head0, head1 = g0.layers[-1], g1.layers[-1]
     assert head1.fwd_flops == 2 * head0.fwd_flops and head1.num_parameters == head0.num_parameters
@@ -58,16 +59,21 @@ def test_mtp_module_adds_a_block_and_a_second_head_pass():
      "DeepseekV3ForCausalLM", 0),
 ])
 def test_config_graph_matches_its_transformers_model(extra, cls, extra_params):
-    """The graph's parameters equal the config's count (plus what the stand-in adds, which
-    preset_for_config names: Qwen2-MoE's h x 1 shared-expert gate per MoE layer); the MoE
-    layers carry their experts and top-k."""
+    """The transformers stand-in's graph has the config's parameters (plus what the stand-in
+    adds, which preset_for_config names: Qwen2-MoE's h x 1 shared-expert gate per MoE layer);
+    the graph planned from the config (the built-in model) has exactly the config's; both
+    carry each MoE layer's experts and top-k."""
     cfg = ModelConfig.from_dict({**_TINY_MOE, **extra})
     assert preset_for_config(cfg).model_class == cls
+    stand_in = extract(hf.build_preset(preset_for_config(cfg)), 64, 1)
     g = config_graph(cfg, 64, "bf16", True)
-    assert g.num_parameters == cfg.num_parameters + extra_params
+    assert g.method == stand_in.method == "export"
+    assert stand_in.num_parameters == cfg.num_parameters + extra_params
+    assert g.num_parameters == cfg.num_parameters
     moe = [cfg.moe_layer(i) for i in range(cfg.num_layers)]
-    assert [b.num_experts for b in g.blocks] == [8 if m else 0 for m in moe]
-    assert {b.experts_per_token for b, m in zip(g.blocks, moe) if m} == {2}
+    for graph in (g, stand_in):
+        assert [b.num_experts for b in graph.blocks] == [8 if m else 0 for m in moe]
+        assert {b.experts_per_token for b, m in zip(graph.blocks, moe) if m} == {2}
 
 
 def test_moe_layer_interval_follows_transformers():
@@ -79,7 +85,9 @@ def test_moe_layer_interval_follows_transformers():
 
 
 def test_config_estimate_equals_hf_preset():
-    """The Mixtral 8x7B preset and the hf-mixtral-8x7b transformers preset are one model; the
+    """The Mixtral 8x7B preset (autopar's built-in model) and the hf-mixtral-8x7b transformers
+    preset are one model: the same within 1% (measured 0.3%: transformers passes the RoPE tables
+    into every layer and multiplies them there, the built-in model keeps them as buffers). The
     preset's aux loss (router_aux_loss_coeff 0.02, computed by Megatron-Core in training, not by
     the transformers forward) adds only its memory-bound router ops (autopar.graph.router)."""
     train = autopar.TrainingConfig(global_batch_size=64, seq_len=1024, micro_batch_size=1)
@@ -87,8 +95,8 @@ def test_config_estimate_equals_hf_preset():
     no_loss = {**get_config("mixtral-8x7b").to_dict(), "router_aux_loss_coeff": 0.0}
     a = autopar.estimate(no_loss, "2x8xH100-80GB", train, plan)
     b = autopar.estimate("hf-mixtral-8x7b", "2x8xH100-80GB", train, plan)
-    assert a.step_time_s == pytest.approx(b.step_time_s, rel=1e-9)
-    assert a.memory_per_gpu_bytes == pytest.approx(b.memory_per_gpu_bytes, rel=1e-9)
+    assert a.step_time_s == pytest.approx(b.step_time_s, rel=1e-2)
+    assert a.memory_per_gpu_bytes == pytest.approx(b.memory_per_gpu_bytes, rel=1e-2)
     with_loss = autopar.estimate("mixtral-8x7b", "2x8xH100-80GB", train, plan)
     assert a.step_time_s < with_loss.step_time_s < 1.05 * a.step_time_s
     assert with_loss.memory_per_gpu_bytes == a.memory_per_gpu_bytes
@@ -114,9 +122,11 @@ def test_invalid_moe_configs_name_the_problem(extra, words):
             raise
 
 
-def test_builtin_build_refuses_what_it_cannot_build():
-    with pytest.raises(InvalidModelConfig, match="preset_for_config"):
-        build(ModelConfig.from_dict(_TINY_MOE))
+def test_builtin_build_builds_experts():
+    model = build(ModelConfig.from_dict(_TINY_MOE))
+    assert type(model.layers[0].mlp).__name__ == "MoE"
+    assert sum(p.numel() for p in model.parameters()) == ModelConfig.from_dict(
+        _TINY_MOE).num_parameters
 
 
 def test_dense_configs_unchanged():

@@ -93,6 +93,8 @@ def _build(family: str) -> torch.nn.Module:
         return autopar.models.build("tiny-llama", device="cpu", dtype=torch.float32, seed=0)
     if family == "moe":
         return _build_moe()
+    if family == "autopar-moe":
+        return autopar.models.build(_BUILTIN_MOE, device="cpu", dtype=torch.float32, seed=0)
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=176,
@@ -100,6 +102,13 @@ def _build(family: str) -> torch.nn.Module:
                       max_position_embeddings=SEQ, tie_word_embeddings=False,
                       attn_implementation="sdpa")
     return LlamaForCausalLM(cfg).float()
+
+
+#: autopar's own MoE model (autopar.models.moe) with the tiny Mixtral's sizes
+_BUILTIN_MOE = dict(name="tiny-builtin-moe", family="llama", num_layers=4, hidden_size=64,
+                    num_heads=4, num_kv_heads=2, vocab_size=256, seq_len=SEQ,
+                    ffn_hidden_size=128, num_experts=4, top_k=2, moe_ffn_hidden_size=128,
+                    tied_embeddings=False)
 
 
 def _build_moe() -> torch.nn.Module:
@@ -130,7 +139,7 @@ def _data() -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def _reference(family: str):
     """(family, data, losses, final parameters) of one process training on the full batch."""
-    if family != "autopar":
+    if not family.startswith("autopar"):
         pytest.importorskip("transformers")
     torch.manual_seed(0)
     model, data = _build(family), _data()
@@ -262,6 +271,22 @@ MOE_CASES = {
 @pytest.mark.parametrize("case", list(MOE_CASES))
 def test_expert_parallel_plan_trains_like_one_process(case, moe_reference):
     family, data, ref_losses, ref_params = moe_reference
+    world, fixed, ep, check = MOE_CASES[case]
+    base = autopar.optimize("tiny-llama", autopar.Cluster.custom(1, world, "A100-80GB"), TRAIN,
+                            fixed=fixed)
+    plan = dataclasses.replace(base, config=base.config.replace(ep=ep))
+    run_ranks(world, _worker, plan, family, data, ref_losses, ref_params, check)
+
+
+@pytest.fixture(scope="module")
+def builtin_moe_reference():
+    return _reference("autopar-moe")
+
+
+@pytest.mark.parametrize("case", list(MOE_CASES))
+def test_builtin_moe_expert_parallel_plan_trains_like_one_process(case, builtin_moe_reference):
+    """The same expert-parallel runs on autopar's own MoE model (no transformers needed)."""
+    family, data, ref_losses, ref_params = builtin_moe_reference
     world, fixed, ep, check = MOE_CASES[case]
     base = autopar.optimize("tiny-llama", autopar.Cluster.custom(1, world, "A100-80GB"), TRAIN,
                             fixed=fixed)

@@ -26,7 +26,8 @@ def _packets(*names: str) -> frozenset:
 VIEWS = _packets("view", "_unsafe_view", "reshape", "transpose", "t", "permute", "unsqueeze",
                  "squeeze", "expand", "slice", "select", "split", "split_with_sizes", "chunk",
                  "unbind", "alias", "detach", "contiguous", "flatten", "unflatten",
-                 "_assert_tensor_metadata", "sym_size", "lift_fresh_copy", "as_strided")
+                 "_assert_tensor_metadata", "sym_size", "lift_fresh_copy", "as_strided",
+                 "narrow")
 LINEAR_LIKE = _packets("linear", "mm", "addmm", "matmul", "bmm", "baddbmm", "_grouped_mm")
 GROUPED_GEMM = _packets("_grouped_mm")
 ATTENTION = _packets("scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
@@ -35,6 +36,10 @@ ATTENTION = _packets("scaled_dot_product_attention", "_scaled_dot_product_flash_
                      "_scaled_dot_product_flash_attention_for_cpu")
 SDPA = _packets("scaled_dot_product_attention")
 NORMS = _packets("layer_norm", "native_layer_norm", "rms_norm", "_fused_rms_norm", "group_norm")
+#: uninitialised allocations: no kernel runs (``torch.empty``; transformers' DeepSeek-V3 builds
+#: its MLA keys in a ``new_empty`` tensor, then copies the two parts in)
+ALLOCATIONS = _packets("empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided")
+RMS_NORMS = _packets("rms_norm", "_fused_rms_norm")
 DROPOUTS = _packets("dropout", "native_dropout", "feature_dropout")
 EMBEDDINGS = _packets("embedding")
 LOSSES = _packets("cross_entropy_loss", "nll_loss", "nll_loss_nd")

@@ -113,7 +113,8 @@ class ExportInterpreter(MeasuringInterpreter):
             return "attention"
         if n in self.groups:
             return self.groups[n].kind
-        if n in self.gqa_views:
+        if n in self.gqa_views or (n.op == "call_function"
+                                   and A.packet(n.target) in A.ALLOCATIONS):
             return "view"
         return A.op_kind(n)
 
@@ -192,6 +193,8 @@ class ExportInterpreter(MeasuringInterpreter):
     def materializes(self, n, args, result):
         # repeat_kv's expand + reshape copies the KV heads in eager PyTorch, but the GQA
         # attention kernel reads the KV heads themselves (kv_of), so no copy is run
+        if n.op == "call_function" and A.packet(n.target) in A.ALLOCATIONS:
+            return False  # an uninitialised allocation runs no kernel
         return n not in self.gqa_views and super().materializes(n, args, result)
 
     def activation_input(self, n):
@@ -317,7 +320,7 @@ class ExportInterpreter(MeasuringInterpreter):
 def fused_groups(graph: fx.Graph, modules: dict[str, nn.Module],
                   params: set[str]) -> dict[fx.Node, _Group]:
     """{group output node: group} for runs of >= 2 nodes inside one norm or activation module
-    with one activation in and out."""
+    with one activation in and out, and for a norm module's single ``rms_norm`` node."""
     runs: list[tuple[str, list[fx.Node]]] = []
     for n in graph.nodes:
         stack = n.meta.get("nn_module_stack")
@@ -329,7 +332,10 @@ def fused_groups(graph: fx.Graph, modules: dict[str, nn.Module],
     groups: dict[fx.Node, _Group] = {}
     for fqn, nodes in runs:
         module = modules.get(fqn) if fqn is not None else None
-        if module is None or len(nodes) < 2:
+        # a norm module that runs as one aten rms_norm (F.rms_norm: autopar's RMSNorm) is the
+        # same fused kernel as a decomposed one; run alone, its composite saves an fp32 copy
+        single_norm = len(nodes) == 1 and A.packet(nodes[0].target) in A.RMS_NORMS
+        if module is None or (len(nodes) < 2 and not single_norm):
             continue
         kind = "norm" if classify.is_norm_module(module) else (
             "elementwise" if _is_activation(module) else None)

@@ -49,6 +49,27 @@ def find_block_type(model: nn.Module) -> type | None:
     return best
 
 
+#: torch functions of expert routing, which only the torch.export path recognises (router
+#: linears, grouped expert GEMMs: :mod:`autopar.graph.aten`, :mod:`autopar.graph.export_run`)
+_ROUTING = tuple(f for f in (torch.topk, getattr(torch, "_grouped_mm", None)) if f is not None)
+
+
+def _check_no_routing(gm: fx.GraphModule, name: str) -> None:
+    """Raise when block ``gm`` routes tokens to experts (a ``topk`` or a grouped GEMM): this
+    interpreter prices neither (``_grouped_mm`` counts 0 FLOPs here) and keeps routers
+    TP-sharded, so :func:`extract` takes the model through torch.export instead.
+
+    Raises:
+        UntraceableModelError: the block has such a call.
+    """
+    for n in gm.graph.nodes:
+        if (n.op == "call_function" and n.target in _ROUTING) or (
+                n.op == "call_method" and n.target == "topk"):
+            raise UntraceableModelError(
+                f"block {name} routes tokens to experts ({n.target}), which the torch.fx path "
+                "does not model; measured through torch.export")
+
+
 def _trace(module: nn.Module, block_types: tuple[type, ...], what: str) -> fx.GraphModule:
     try:
         graph = _Tracer(block_types).trace(module)
@@ -97,6 +118,7 @@ class _Extraction:
         gm = self.block_graphs.get(type(module).__qualname__ + str(id(module)))
         if gm is None:
             gm = _trace(module, (), f"block {name}")
+            _check_no_routing(gm, name)
         interp = MeasuringInterpreter(gm, self.meta_of, self.rec)
         for ph, a in zip([n for n in gm.graph.nodes if n.op == "placeholder"], list(args)):
             interp.region[ph] = "seq" if isinstance(a, torch.Tensor) and a.requires_grad \

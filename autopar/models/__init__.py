@@ -36,8 +36,7 @@ def build(spec: str | Mapping[str, Any] | ModelConfig, *, device: str | torch.de
 
     Raises:
         InvalidModelConfig: unknown preset, invalid dict, ``dtype`` not a floating-point dtype,
-            ``seq_len`` not a positive int, or a config the built-in blocks cannot build
-            (:attr:`ModelConfig.needs_transformers`).
+            or ``seq_len`` not a positive int.
     """
     config = get_config(spec)
     if seq_len is not None and seq_len != config.seq_len:
@@ -46,14 +45,6 @@ def build(spec: str | Mapping[str, Any] | ModelConfig, *, device: str | torch.de
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise InvalidModelConfig(f"model {config.name!r}: dtype={dtype!r} is not a floating-point "
                                  "torch.dtype; fix: pass e.g. torch.bfloat16 or torch.float32")
-    if config.needs_transformers:
-        # the built-in blocks have no experts, latent attention or qk-norm: building them
-        # would silently drop what the config asks for
-        raise InvalidModelConfig(
-            f"model {config.name!r} has experts, latent attention, qk-norm or its own head size, "
-            "which the built-in Transformer does not build; fix: plan it as it is (autopar traces "
-            "its transformers equivalent), or build that module with autopar.graph.hf."
-            "build_preset(autopar.models.hf_equivalent.preset_for_config(cfg))")
     with torch.device("meta"):
         model = Transformer(config)
     model.to(dtype=dtype)

@@ -112,7 +112,8 @@ class ModelConfig:
     ``kv_lora_rank`` > 0 with ``q_lora_rank`` (0: uncompressed queries), ``qk_nope_head_dim``,
     ``qk_rope_head_dim``, ``v_head_dim``. ``kv_channels``: the head size when not h/a
     (Megatron's ``--kv-channels``); ``qk_norm``: RMSNorm on queries and keys per head (Qwen3).
-    Such models are traced from their transformers equivalent (:attr:`needs_transformers`).
+    The built-in model builds them all (:mod:`autopar.models.moe`); see
+    :attr:`needs_transformers` for the one case planned from transformers.
     ``mtp_layers``: DeepSeek-V3's multi-token-prediction modules (:mod:`autopar.graph.mtp`).
 
     Router (MoE only; defaults and names are Megatron-Core's, :data:`ROUTER_DEFAULTS`):
@@ -371,11 +372,14 @@ class ModelConfig:
 
     @property
     def needs_transformers(self) -> bool:
-        """Whether the model has parts the built-in :class:`~autopar.models.transformer.
-        Transformer` lacks (experts, latent attention, qk-norm, a head size other than h/a):
-        its graph is then traced from the equivalent Hugging Face transformers model
-        (:func:`autopar.models.hf_equivalent.preset_for_config`)."""
-        return self.is_moe or self.uses_mla or self.qk_norm or self.kv_channels is not None
+        """Whether planning traces the equivalent Hugging Face transformers model
+        (:func:`autopar.models.hf_equivalent.preset_for_config`) instead of the built-in
+        :class:`~autopar.models.transformer.Transformer`: only for latent attention without
+        experts. The built-in model builds experts, latent attention, qk-norm and any head
+        size; a MoE block is measured through torch.export, where the extractor recognises
+        MoE, and MLA's low-rank projections kept whole under TP (``aten.replicated_linears``),
+        but a dense model goes through torch.fx, which has no such rule for MLA."""
+        return self.uses_mla and not self.is_moe
 
     def moe_layer(self, index: int) -> bool:
         """Whether decoder layer ``index`` (0-based) is a MoE layer: after the

@@ -1,5 +1,8 @@
-"""The transformers model with the layers of a ``ModelConfig`` the built-in ``Transformer``
-cannot build (experts, latent attention, qk-norm, its own head size): :func:`preset_for_config`.
+"""The transformers model with the layers of a ``ModelConfig`` with experts, latent attention,
+qk-norm or its own head size: :func:`preset_for_config`. The built-in ``Transformer`` builds them
+all (:mod:`autopar.models.moe`); this model is what it is checked against
+(``tests/test_moe_builtin.py``), and the route for latent attention without experts
+(:attr:`~autopar.models.config.ModelConfig.needs_transformers`).
 """
 
 from __future__ import annotations

@@ -93,8 +93,8 @@ def _build_presets() -> dict[str, Preset]:
     ]
     for name, *shape, source in llamas:
         presets[name] = Preset(_llama(name, *shape), source)
-    # Mixtures of experts (issue 26), each hub repository's config.json; traced from their
-    # transformers equivalent (ModelConfig.needs_transformers). Not representable here, so
+    # Mixtures of experts (issue 26), each hub repository's config.json; built by autopar's
+    # own model (autopar/models/moe.py), no transformers needed. Not representable here, so
     # only as hf-* presets: gpt-oss (attention sinks, sliding windows) and Llama 4 (chunked
     # attention, interleaved dense layers of another width).
     moe = [

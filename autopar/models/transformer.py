@@ -1,9 +1,12 @@
-"""Plain decoder-only transformers (GPT and Llama) as readable ``nn.Module`` trees.
+"""Plain decoder-only transformers (GPT and Llama) as readable ``nn.Module`` trees, with
+mixture-of-experts layers and latent attention from :mod:`autopar.models.moe`, qk-norm and any
+head size.
 
 Written for two consumers: the graph extractor (``torch.fx.symbolic_trace`` of the whole model or of
 one :class:`Block`; attention is one ``F.scaled_dot_product_attention`` call, which the extractor
 models as flash attention) and the runtime equivalence tests (real forward/backward of the tiny
-presets on CPU). So there is no data-dependent control flow, and k/v are never repeated by hand for
+presets on CPU). So a dense block has no data-dependent control flow (MoE blocks go through
+torch.export, see :mod:`autopar.models.moe`), and k/v are never repeated by hand for
 grouped-query attention (``enable_gqa`` does it inside SDPA, as flash attention does).
 
 Shapes: b = batch, s = sequence, h = hidden, a = heads, kv = kv heads, d = head_dim, f = ffn, V = vocab.
@@ -18,12 +21,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from autopar.models.config import GATED_MLPS, ModelConfig
+from autopar.models.moe import MoE, LatentAttention
 
 # Init scales: std 0.02 everywhere (GPT-2, Megatron), and 0.02/sqrt(2L) for the projections that
 # write into the residual stream (Megatron's output_layer_init_method), so the residual variance does
 # not grow with depth.
 INIT_STD = 0.02
-_RESIDUAL_OUT = ("attn.wo.weight", "mlp.fc2.weight", "mlp.w2.weight")
+_RESIDUAL_OUT = ("attn.wo.weight", "mlp.fc2.weight", "mlp.w2.weight", "shared.w2.weight",
+                 "experts.down_proj")
 
 
 class RMSNorm(nn.Module):
@@ -41,6 +46,16 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (self.dim,), self.weight, self.eps)
+
+
+def _as_dtype(table: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``table`` in ``x``'s dtype, with no cast where it has it already. Eager PyTorch's
+    ``.to`` of the same dtype is a no-op too, but torch.export records it, and the export path
+    of the extractor prices an aten ``to`` as a copy kernel; a torch.fx proxy keeps the call
+    (the fx path counts a cast that copies nothing as a view)."""
+    if isinstance(table, torch.Tensor) and isinstance(x, torch.Tensor) and table.dtype == x.dtype:
+        return table
+    return table.to(x.dtype)
 
 
 class RotaryEmbedding(nn.Module):
@@ -81,7 +96,7 @@ class RotaryEmbedding(nn.Module):
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         # the tables stay fp32 (a buffer mixed precision does not cast); computing in them would
         # promote q and k to fp32 beside a bf16 v, which attention refuses
-        return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+        return x * _as_dtype(cos, x) + rotated * _as_dtype(sin, x)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor,
                 positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,8 +115,10 @@ class RotaryEmbedding(nn.Module):
 class Attention(nn.Module):
     """Causal multi-head / grouped-query self-attention.
 
-    ``wq``: h -> a*d, ``wk`` and ``wv``: h -> kv*d, ``wo``: a*d -> h (biases iff ``config.bias``).
-    ``rope``: the shared :class:`RotaryEmbedding` or None (learned positions). Input [b, s, h] ->
+    ``wq``: h -> a*d, ``wk`` and ``wv``: h -> kv*d, ``wo``: a*d -> h (biases iff ``config.bias``);
+    d is ``config.head_dim`` (``kv_channels`` where given). With ``config.qk_norm``, ``q_norm`` and
+    ``k_norm`` (RMSNorm over d, per head, before RoPE: Qwen3, transformers ``Qwen3MoeAttention``),
+    else None. ``rope``: the shared :class:`RotaryEmbedding` or None (learned positions). Input [b, s, h] ->
     output [b, s, h]. Attention-probability dropout (``config.attention_dropout``) is applied inside
     SDPA in training mode only.
     """
@@ -115,12 +132,17 @@ class Attention(nn.Module):
         self.wk = nn.Linear(h, self.num_kv_heads * d, bias=config.bias)
         self.wv = nn.Linear(h, self.num_kv_heads * d, bias=config.bias)
         self.wo = nn.Linear(self.num_heads * d, h, bias=config.bias)
+        self.q_norm = RMSNorm(d, eps=config.norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(d, eps=config.norm_eps) if config.qk_norm else None
         self.rope = rope
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # unflatten/flatten instead of view(b, s, ...) so fx needs no shape proxies.
-        q = self.wq(x).unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)
-        k = self.wk(x).unflatten(-1, (self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        q = self.wq(x).unflatten(-1, (self.num_heads, self.head_dim))
+        k = self.wk(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.wv(x).unflatten(-1, (self.num_kv_heads, self.head_dim)).transpose(1, 2)
         if self.rope is not None:
             q, k = self.rope(q, k)
@@ -158,12 +180,13 @@ class SwiGLU(nn.Module):
     the tanh approximation (GeGLU as Gemma's ``gelu_pytorch_tanh`` and Megatron-Core's fused
     ``bias_geglu``).
 
+    f is ``width`` when given (a shared expert), else ``config.ffn_hidden_size``.
     Input [b, s, h] -> output [b, s, h]; biases iff ``config.bias``.
     """
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, width: int | None = None) -> None:
         super().__init__()
-        h, f = config.hidden_size, config.ffn_hidden_size
+        h, f = config.hidden_size, width or config.ffn_hidden_size
         self.w1 = nn.Linear(h, f, bias=config.bias)
         self.w3 = nn.Linear(h, f, bias=config.bias)
         self.w2 = nn.Linear(f, h, bias=config.bias)
@@ -186,17 +209,24 @@ def make_norm(config: ModelConfig) -> nn.Module:
 class Block(nn.Module):
     """Pre-norm transformer layer: x + drop(attn(attn_norm(x))), then x + drop(mlp(mlp_norm(x))).
 
-    Attributes ``attn_norm``, ``attn``, ``mlp_norm``, ``mlp`` (:class:`MLP` or :class:`SwiGLU`), and
+    Attributes ``attn_norm``, ``attn`` (:class:`Attention`, or
+    :class:`~autopar.models.moe.LatentAttention` for ``config.uses_mla``), ``mlp_norm``, ``mlp``
+    (:class:`MLP`, :class:`SwiGLU`, or :class:`~autopar.models.moe.MoE` where
+    ``config.moe_layer(index)``), and
     ``attn_drop``/``mlp_drop``: ``nn.Dropout(config.hidden_dropout)`` when that is > 0, else None
     (these are the two s*b*h dropout masks of Korthikanti et al. 2022). Input/output [b, s, h].
     """
 
-    def __init__(self, config: ModelConfig, rope: RotaryEmbedding | None = None) -> None:
+    def __init__(self, config: ModelConfig, rope: RotaryEmbedding | None = None,
+                 index: int = 0) -> None:
         super().__init__()
         self.attn_norm = make_norm(config)
-        self.attn = Attention(config, rope)
+        self.attn = LatentAttention(config, rope) if config.uses_mla else Attention(config, rope)
         self.mlp_norm = make_norm(config)
-        self.mlp = SwiGLU(config) if config.mlp in GATED_MLPS else MLP(config)
+        if config.moe_layer(index):
+            self.mlp = MoE(config)
+        else:
+            self.mlp = SwiGLU(config) if config.mlp in GATED_MLPS else MLP(config)
         p = config.hidden_dropout
         self.attn_drop = nn.Dropout(p) if p > 0 else None
         self.mlp_drop = nn.Dropout(p) if p > 0 else None
@@ -234,9 +264,10 @@ class Transformer(nn.Module):
         learned = config.position == "learned"
         self.pos_embed = nn.Embedding(config.seq_len, h) if learned else None
         self.drop = nn.Dropout(config.hidden_dropout) if config.hidden_dropout > 0 else None
+        rotated = config.qk_rope_head_dim if config.uses_mla else config.head_dim
         self.rope = (None if learned else
-                     RotaryEmbedding(config.head_dim, config.seq_len, config.rope_theta))
-        self.layers = nn.ModuleList(Block(config, self.rope) for _ in range(config.num_layers))
+                     RotaryEmbedding(rotated, config.seq_len, config.rope_theta))
+        self.layers = nn.ModuleList(Block(config, self.rope, i) for i in range(config.num_layers))
         self.norm = make_norm(config)
         self.lm_head = nn.Linear(h, config.vocab_size, bias=False)
         self.tie_weights()
