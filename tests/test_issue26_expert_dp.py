@@ -1,0 +1,76 @@
+"""Issue 26: routed experts' gradients are reduced over the expert-data-parallel group, not the
+data-parallel group (Megatron-Core's separate expert gradient buffers: ba773259
+distributed_data_parallel.py lines 81-92 and 142-145, parallel_state.py lines 508-517)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import autopar  # noqa: E402
+from autopar.config import ParallelConfig  # noqa: E402
+from autopar.cost.groups import Groups  # noqa: E402
+from autopar.cost.model import CostModel  # noqa: E402
+from autopar.problem import model_graph  # noqa: E402
+
+_MODEL = {"name": "moe-tiny", "family": "llama", "num_layers": 4, "hidden_size": 256,
+          "num_heads": 4, "num_kv_heads": 4, "ffn_hidden_size": 512, "vocab_size": 1024,
+          "seq_len": 256, "tied_embeddings": False, "num_experts": 8, "top_k": 2,
+          "moe_ffn_hidden_size": 512, "first_dense_layers": 0}
+
+
+@pytest.mark.parametrize("kw, edp", [
+    (dict(tp=2, dp=8, ep=8), (0,)),                           # dp / ep = 1: nothing to reduce
+    (dict(tp=2, dp=8, ep=4), (0, 8)),                         # the DP ranks ep apart
+    (dict(tp=2, dp=4, cp=2, ep=2), (0, 2, 8, 10)),            # with the CP ranks
+    (dict(tp=4, dp=4, ep=8, expert_tp=1), (0, 8)),            # folded: tp*dp / (ep*etp)
+    (dict(tp=2, dp=8, ep=1), (0, 2, 4, 6, 8, 10, 12, 14)),    # no EP: the DP group
+])
+def test_expert_data_parallel_group_ranks(kw, edp):
+    groups = Groups(autopar.Cluster.from_spec("2x8xH100-80GB"), None)
+    c = ParallelConfig(**kw)
+    g = groups.group("edp", c)
+    assert g.ranks == edp
+    assert g.size == c.tp * c.cp * c.dp // (c.ep * c.etp)
+
+
+def _dp_cost(ep: int):
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=256, framework="megatron")
+    graph, _ = model_graph(_MODEL, train)
+    cm = CostModel(graph, autopar.Cluster.from_spec("2x8xH100-80GB"), train)
+    c = cm.resolve(ParallelConfig(tp=2, dp=8, ep=ep, zero_stage=0, sequence_parallel=True))
+    layout = cm.stage_layout(c)
+    psi = layout[0].params
+    experts = cm.ranks.rank_params(c.tp, c.ep, layout[0].layers, c.etp)[1]
+    return cm, c, psi, experts
+
+
+def test_dense_gradients_alone_cross_the_data_parallel_group_at_ep_equal_dp():
+    """tp 2, dp 8, ep 8 on 16 GPUs: each expert shard lives on one rank (expert DP 1), so the
+    all-reduce after backward carries the dense parameters only."""
+    cm, c, psi, experts = _dp_cost(8)
+    assert 0 < experts < psi
+    coll = cm.dp.reduction_groups(c, cm.stage_layout(c)[0].layers, psi)
+    dp_g = cm.groups.group("dp", c)
+    rb = cm.reduce_bytes
+    assert coll.time("all_reduce", rb) == pytest.approx(dp_g.time("all_reduce", (psi - experts)
+                                                                  * rb))
+    assert cm.estimate(c).time_breakdown.dp_comm_exposed == pytest.approx(
+        dp_g.time("all_reduce", (psi - experts) * rb))
+
+
+def test_expert_gradients_reduced_over_their_own_group_at_ep_below_dp():
+    """ep 4 of dp 8: the expert gradients are all-reduced over the 2 ranks holding the same
+    expert shard, after the dense all-reduce over the 8 DP ranks; with no EP one collective
+    over the DP group carries everything, as before."""
+    cm, c, psi, experts = _dp_cost(4)
+    coll = cm.dp.reduction_groups(c, cm.stage_layout(c)[0].layers, psi)
+    dp_g, edp_g = cm.groups.group("dp", c), cm.groups.group("edp", c)
+    rb = cm.reduce_bytes
+    assert edp_g.size == 2
+    assert coll.time("all_reduce", rb) == pytest.approx(
+        dp_g.time("all_reduce", (psi - experts) * rb) + edp_g.time("all_reduce", experts * rb))
+    cm1, c1, psi1, _ = _dp_cost(1)
+    coll1 = cm1.dp.reduction_groups(c1, cm1.stage_layout(c1)[0].layers, psi1)
+    assert coll1.edp_g is None and coll1.dense == psi1
