@@ -74,3 +74,42 @@ def test_expert_gradients_reduced_over_their_own_group_at_ep_below_dp():
     cm1, c1, psi1, _ = _dp_cost(1)
     coll1 = cm1.dp.reduction_groups(c1, cm1.stage_layout(c1)[0].layers, psi1)
     assert coll1.edp_g is None and coll1.dense == psi1
+
+
+def _moe_block_tp_s(profile, dispatcher="alltoall", tp=2):
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=256, framework="megatron")
+    graph, _ = model_graph(_MODEL, train)
+    cm = CostModel(graph, autopar.Cluster.from_spec("2x8xH100-80GB"), train, framework=profile)
+    c = cm.resolve(ParallelConfig(tp=tp, dp=16 // tp, ep=8, zero_stage=0,
+                                  sequence_parallel=tp > 1, dispatcher=dispatcher))
+    moe = next(b for b in graph.layers if b.num_experts)
+    return cm, c, moe, cm.block_cost(moe.index, "none", c)
+
+
+def test_2024_alltoall_dispatcher_adds_its_tp_alltoalls_and_logits_gather():
+    """Megatron-Core 9208adbdc7..a11077467a (ba773259 token_dispatcher.py 401-404, 482-485;
+    router.py 235-240): under TP 2 each MoE layer adds two all-to-alls of a rank's sequence
+    shard and the logits' all-gather forward, the same bytes backward; nothing at TP 1, and
+    Megatron-LM's current dispatcher adds none."""
+    from autopar.frameworks import get_profile
+    from autopar.frameworks.stacks.megatron import with_alltoall_seq_2024
+    now, old = get_profile("megatron"), with_alltoall_seq_2024(get_profile("megatron"))
+    assert old.moe_tp_token_alltoall and not now.moe_tp_token_alltoall
+    cm, c, moe, new = _moe_block_tp_s(now)
+    cm_old, _, _, was = _moe_block_tp_s(old)
+    tp_g = cm.groups.group("tp", c)
+    shard = moe.output_bytes / 2               # [S*B/tp, H] of one rank, micro-batch 1
+    logits = sum(o.bytes_written for o in moe.ops if o.moe_role == "router")
+    assert logits == pytest.approx(256 * 8 * 2)   # tokens x experts x bf16
+    extra = 2 * tp_g.time("all_to_all", shard) + tp_g.time("all_gather", logits)
+    assert was.tp_s - new.tp_s == pytest.approx(2 * extra)
+    assert was.fwd_s - new.fwd_s == pytest.approx(extra)
+    assert (_moe_block_tp_s(old, tp=1)[3].tp_s == _moe_block_tp_s(now, tp=1)[3].tp_s == 0.0)
+
+
+def test_megatron_runs_dated_before_the_token_level_dispatcher_take_the_2024_dispatcher():
+    from benchmarks import records, validation
+    from tests.test_issue26_records import _published
+    rec = records.parse(_published("moer-mlm756-mixtral8x7b-h100-16gpu-tp2-ep8"))
+    assert validation.record_profile(rec).moe_tp_token_alltoall
+    assert not validation.dated_before("Megatron-Core 0.17.1, 2026-06", "2024-09-10")

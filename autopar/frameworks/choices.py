@@ -181,6 +181,7 @@ class ExpertDispatch(Choice):
 
     KIND: ClassVar[str] = "expert dispatch"
     moe_dispatch_dtype: str
+    moe_tp_token_alltoall: bool = False
 
 
 @dataclass(frozen=True)
@@ -331,6 +332,12 @@ ACTIVATION_DTYPE_DISPATCH = ExpertDispatch(
         "distributed/deepep/deepep.py:446 dispatch_tokens torch.ops.deepep.dispatch("
         "hidden_states, ...); DeepSpeed deepspeed/moe/sharded_moe.py MOELayer.forward "
         "_AllToAll.apply(self.ep_group, dispatched_input) on einsum('sec,sm->ecm', "
-        "dispatch_mask.type_as(input[0]), reshaped_input), the input's dtype")})
+        "dispatch_mask.type_as(input[0]), reshaped_input), the input's dtype"),
+        "moe_tp_token_alltoall": (
+        "Megatron-Core since a11077467a (2024-08-22, first tagged 24.09-alpha.rc0 on "
+        "2024-09-10) keeps each TP rank's sequence shard through the permutation and gathers "
+        "the routed tokens over the expert-TP group after the all-to-all (d98e8a6 "
+        "token_dispatcher.py MoEAlltoAllTokenDispatcher.dispatch_postprocess); torchtitan and "
+        "DeepSpeed route without a TP all-to-all: False")})
 
 _DEFAULT_CHOICES = {"host": PER_KERNEL_LAUNCH, "expert_dispatch": ACTIVATION_DTYPE_DISPATCH}

@@ -204,6 +204,12 @@ class FrameworkProfile:
             combine's gradient; ``fp8_1x128`` moves FP8 with per-tile scales there under
             precision ``"fp8"`` (:func:`autopar.cost.dispatch.dispatch_bytes_ratio`). The
             combines move the activation dtype. Time only: no buffer is priced in memory.
+        moe_tp_token_alltoall: under TP > 1 the all-to-all dispatcher first turns each TP
+            rank's sequence shard of the tokens into all of the TP group's tokens with 1/tp of
+            the hidden size (an all-to-all over TP), and back after the combine, and gathers the
+            router's logits over TP (Megatron-Core's dispatcher of 2024-03-27 to 2024-09-10:
+            :data:`autopar.frameworks.stacks.megatron.ALLTOALL_SEQ_2024`); priced by
+            :meth:`autopar.cost.blocks.BlockCosts.block_cost`. Time only.
         stage_split: where an even split of the decoder blocks over pipeline stages puts the
             remainder when the plan gives no cut (:data:`STAGE_SPLITS`,
             :meth:`split_stages`).
@@ -282,6 +288,7 @@ class FrameworkProfile:
     zero3_persistent_elements: int = 0
     zero3_reduce_bucket_elements: int = 0
     moe_dispatch_dtype: str = "activation"
+    moe_tp_token_alltoall: bool = False
     cost_sources: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_COST_SOURCES))
     #: memory conventions (bytes per state, optimizer temporaries, what PP keeps unsharded...),
     #: sourced inside :class:`autopar.frameworks.memory.MemoryConventions`
@@ -310,7 +317,8 @@ class FrameworkProfile:
                      self.host_issue, self.zero0_grad_copy_passes, self.zero0_step_bytes,
                      self.zero0_step_host_ops_per_tensor, self.zero1_step_bytes,
                      self.zero1_step_host_ops_per_tensor, self.zero3_persistent_elements,
-                     self.zero3_reduce_bucket_elements, self.moe_dispatch_dtype))
+                     self.zero3_reduce_bucket_elements, self.moe_dispatch_dtype,
+                     self.moe_tp_token_alltoall))
 
     @classmethod
     def capability_names(cls) -> tuple[str, ...]:

@@ -62,7 +62,7 @@ COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_g
                "zero12_grad_copy_passes", "host_issue", "zero0_grad_copy_passes",
                "zero0_step_bytes", "zero0_step_host_ops_per_tensor", "zero1_step_bytes",
                "zero1_step_host_ops_per_tensor", "zero3_persistent_elements",
-               "zero3_reduce_bucket_elements", "moe_dispatch_dtype")
+               "zero3_reduce_bucket_elements", "moe_dispatch_dtype", "moe_tp_token_alltoall")
 #: Parts of a block that run as plain eager PyTorch ops inside a stack that is otherwise fused
 #: (:attr:`FrameworkProfile.eager_parts`; costed by :func:`autopar.cost.compute.layer_time`):
 #: ``glu``: a gated linear unit's activation as its own kernel before the multiply
@@ -259,6 +259,9 @@ DEFAULT_COST_SOURCES = {
     "host_issue": "no stock stack captures its training step in CUDA graphs by default "
                   "(torch.compile's default mode, torchtitan, Megatron-LM without "
                   "--enable-cuda-graph): the host issues every kernel",
+    "moe_tp_token_alltoall": "no TP all-to-all of the tokens around an MoE layer unless a "
+                             "framework's dispatcher runs one (autopar.frameworks.stacks."
+                             "megatron.ALLTOALL_SEQ_2024)",
     "moe_dispatch_dtype": "the dispatch all-to-all carries the activation dtype unless a "
                           "framework says otherwise (autopar.frameworks.choices."
                           "ACTIVATION_DTYPE_DISPATCH gives the stacks' code)",

@@ -43,7 +43,10 @@ FP8_DISPATCH = ExpertDispatch(
         "the forward and backward combine components, we retain them in BF16'; section 3.3.2, "
         "Fine-Grained Quantization: activations scaled per '1x128 tile' (its fp32 scale: "
         "autopar.cost.dispatch.FP8_1X128_BYTES); the report trains only in FP8, so under other "
-        "precisions the activation dtype")})
+        "precisions the activation dtype"),
+        "moe_tp_token_alltoall": "DeepSeek-V3 trains its MoE layers without tensor "
+        "parallelism (section 3.2: 'we do not use costly Tensor Parallelism'): no TP all-to-all "
+        "is priced"})
 
 CHOICES: Choices = replace(megatron.CHOICES, sharded_dp=SHARDED_DP, expert_dispatch=FP8_DISPATCH)
 
