@@ -113,3 +113,19 @@ def test_megatron_runs_dated_before_the_token_level_dispatcher_take_the_2024_dis
     rec = records.parse(_published("moer-mlm756-mixtral8x7b-h100-16gpu-tp2-ep8"))
     assert validation.record_profile(rec).moe_tp_token_alltoall
     assert not validation.dated_before("Megatron-Core 0.17.1, 2026-06", "2024-09-10")
+
+
+def test_zero1_step_runs_on_the_dense_shard_and_the_expert_shard():
+    """The distributed optimizer shards dense states over dp x cp and the routed experts' over
+    their expert-data-parallel group (ba773259 core/optimizer/__init__.py
+    get_megatron_optimizer), as the memory model keeps them: at tp 2, dp 8, ep 8 a rank steps
+    1/8 of its dense parameters and all of its expert shard."""
+    cm, c, psi, experts = _dp_cost(8)
+    c1 = cm.resolve(ParallelConfig(tp=2, dp=8, ep=8, zero_stage=1, sequence_parallel=True))
+    layers = cm.stage_layout(c1)[0].layers
+    share, owners = cm.zero1_split(c1, layers, psi)
+    assert share == pytest.approx((psi - experts) / 8 + experts) and owners == 8
+    cm4, _, psi4, experts4 = _dp_cost(4)
+    c4 = cm4.resolve(ParallelConfig(tp=2, dp=8, ep=4, zero_stage=1, sequence_parallel=True))
+    share4, _ = cm4.zero1_split(c4, cm4.stage_layout(c4)[0].layers, psi4)
+    assert share4 == pytest.approx((psi4 - experts4) / 8 + experts4 / 2)
