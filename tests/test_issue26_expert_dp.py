@@ -103,7 +103,9 @@ def test_2024_alltoall_dispatcher_adds_its_tp_alltoalls_and_logits_gather():
     assert logits == pytest.approx(256 * 8 * 2)   # tokens x experts x bf16
     extra = 2 * tp_g.time("all_to_all", shard) + tp_g.time("all_gather", logits)
     assert was.tp_s - new.tp_s == pytest.approx(2 * extra)
-    assert was.fwd_s - new.fwd_s == pytest.approx(extra)
+    # the 2024 dispatcher's host reads are charged with the dispatch, half of it forward
+    assert was.fwd_s - new.fwd_s == pytest.approx(
+        extra + cm_old.blocks_cost.dispatch_sync_s(moe, c) / 2)
     assert (_moe_block_tp_s(old, tp=1)[3].tp_s == _moe_block_tp_s(now, tp=1)[3].tp_s == 0.0)
 
 
@@ -129,3 +131,22 @@ def test_zero1_step_runs_on_the_dense_shard_and_the_expert_shard():
     c4 = cm4.resolve(ParallelConfig(tp=2, dp=8, ep=4, zero_stage=1, sequence_parallel=True))
     share4, _ = cm4.zero1_split(c4, cm4.stage_layout(c4)[0].layers, psi4)
     assert share4 == pytest.approx((psi4 - experts4) / 8 + experts4 / 2)
+
+
+def test_2024_dispatcher_host_reads_expose_the_ops_after_them():
+    """ba773259 preprocess reads the token counts back twice with blocking copies under ep > 1:
+    the GPU waits for the 9 ops issued after the reads (11 with the TP all-to-all) and the
+    counts' all-gather over EP; Megatron-LM's current profile prices none, and ep 1 none."""
+    from autopar.frameworks import get_profile
+    from autopar.frameworks.stacks.megatron import with_alltoall_seq_2024
+    old = with_alltoall_seq_2024(get_profile("megatron"))
+    cm, c, moe, was = _moe_block_tp_s(old)
+    host = cm.params.host_op_s
+    counts = cm.groups.group("ep", c).time("all_gather", 8 * 8 * 8)
+    assert cm.blocks_cost.dispatch_sync_s(moe, c) == pytest.approx(11 * host + counts)
+    cm1, c1, moe1, _ = _moe_block_tp_s(old, tp=1)
+    assert cm1.blocks_cost.dispatch_sync_s(moe1, c1) == pytest.approx(
+        9 * host + cm1.groups.group("ep", c1).time("all_gather", 8 * 8 * 8))
+    cm_now, c_now, moe_now, now = _moe_block_tp_s(get_profile("megatron"))
+    assert cm_now.blocks_cost.dispatch_sync_s(moe_now, c_now) == 0.0
+    assert was.ep_s - now.ep_s == pytest.approx(11 * host + counts)

@@ -151,6 +151,27 @@ class BlockCosts:
         load = (tp_g.load("all_to_all", shard).scaled(2) + tp_g.load("all_gather", logits))
         return t, load
 
+    def dispatch_sync_s(self, layer, c: ParallelConfig) -> float:
+        """Seconds the GPU waits per MoE ``layer`` forward (ep > 1, all-to-all dispatcher)
+        behind the dispatcher's blocking reads of the token counts
+        (:attr:`autopar.frameworks.FrameworkProfile.moe_dispatch_sync_ops`): after each read
+        the stream is empty, so the host's issue time of the ops up to the all-to-all
+        (``moe_dispatch_sync_ops``, two more with the TP all-to-all of
+        ``moe_tp_token_alltoall`` under TP > 1, each
+        :attr:`autopar.cost.params.CostParams.host_op_s`) and the all-gather of the counts
+        over EP between the reads (``ep x experts`` int64 counts) are exposed. 0 when the
+        profile prices no such read. A lower bound: the host's time per op is torch's alone
+        (no module or autograd overhead), and the reads' own round trips are not counted."""
+        prof = self.inputs.profile
+        if not (prof.moe_dispatch_sync_ops and layer.num_experts and c.ep > 1
+                and c.dispatcher == "alltoall"):
+            return 0.0
+        ops = prof.moe_dispatch_sync_ops + (
+            2 if prof.moe_tp_token_alltoall and c.tp > 1 and not c.folded else 0)
+        counts = c.ep * layer.num_experts * 8
+        return (ops * self.inputs.params.host_op_s
+                + self.groups.group("ep", c).time("all_gather", counts))
+
     def routed_scale(self, layer, b: int, tp: int, cp: int, sp: bool) -> float:
         """Routed rows of MoE ``layer`` over dropless routing under the training config's
         capacity factor (:func:`autopar.cost.capacity.routed_scale`), for a router call on one
@@ -281,6 +302,10 @@ class BlockCosts:
             if mode == "full" or (mr is not None and mr.dispatch):
                 ef *= 1.5  # the recomputed forward dispatches again
                 eload = eload.scaled(1.5)
+            # the dispatcher's blocking reads of the token counts drain the stream; charged
+            # with the dispatch (FrameworkProfile.moe_dispatch_sync_ops), once per forward run
+            sync = self.dispatch_sync_s(layer, c)
+            ef += sync * (2 if mode == "full" or (mr is not None and mr.dispatch) else 1)
         rec = lt.recompute_s(mode, mr.ops if mr is not None else None)
         # FLOPs the recomputed forward repeats (HFU), in MFU's convention: a causal attention
         # op at the half a causal kernel executes

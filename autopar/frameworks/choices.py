@@ -182,6 +182,7 @@ class ExpertDispatch(Choice):
     KIND: ClassVar[str] = "expert dispatch"
     moe_dispatch_dtype: str
     moe_tp_token_alltoall: bool = False
+    moe_dispatch_sync_ops: int = 0
 
 
 @dataclass(frozen=True)
@@ -338,6 +339,11 @@ ACTIVATION_DTYPE_DISPATCH = ExpertDispatch(
         "2024-09-10) keeps each TP rank's sequence shard through the permutation and gathers "
         "the routed tokens over the expert-TP group after the all-to-all (d98e8a6 "
         "token_dispatcher.py MoEAlltoAllTokenDispatcher.dispatch_postprocess); torchtitan and "
-        "DeepSpeed route without a TP all-to-all: False")})
+        "DeepSpeed route without a TP all-to-all: False"),
+        "moe_dispatch_sync_ops": (
+        "not priced: Megatron-Core since a11077467a reads the token counts on a side stream "
+        "and waits on one event at its cuda_sync_point (d98e8a6 token_dispatcher.py "
+        "_maybe_dtoh_and_synchronize), with work queued behind it; torchtitan's and "
+        "DeepSpeed's host syncs are not read: 0")})
 
 _DEFAULT_CHOICES = {"host": PER_KERNEL_LAUNCH, "expert_dispatch": ACTIVATION_DTYPE_DISPATCH}

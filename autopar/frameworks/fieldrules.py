@@ -103,7 +103,9 @@ def checked_fields(v: dict, check: FieldCheck, cost_fix: str,
                     ("zero3_persistent_elements",
                      "elements of the largest parameter tensor ZeRO-3 keeps whole; 0 = none"),
                     ("zero3_reduce_bucket_elements",
-                     "gradient elements per ZeRO-3 reduce-scatter bucket; 0 = per tensor")):
+                     "gradient elements per ZeRO-3 reduce-scatter bucket; 0 = per tensor"),
+                    ("moe_dispatch_sync_ops",
+                     "host-issued ops after an MoE dispatcher's blocking reads; 0 = none")):
         out[f] = check.number(f, v[f], 0, unit, 0, integer=True)
     out["attention_kernels"] = check.mapping(
         "attention_kernels", v["attention_kernels"], ATTENTION_KERNELS, {"*": "fa2"},

@@ -210,6 +210,14 @@ class FrameworkProfile:
             router's logits over TP (Megatron-Core's dispatcher of 2024-03-27 to 2024-09-10:
             :data:`autopar.frameworks.stacks.megatron.ALLTOALL_SEQ_2024`); priced by
             :meth:`autopar.cost.blocks.BlockCosts.block_cost`. Time only.
+        moe_dispatch_sync_ops: under expert parallelism the all-to-all dispatcher reads the
+            token counts back to the host with blocking copies before its all-to-all, so the
+            stream drains and the GPU waits while the host issues the ops that follow them up
+            to the all-to-all: this many per MoE layer's forward (two more under
+            ``moe_tp_token_alltoall`` with TP > 1: the sp2hp cat and all-to-all), each at
+            :attr:`autopar.cost.params.CostParams.host_op_s`, plus the all-gather of the
+            counts over EP that runs between the reads; 0: not priced
+            (:meth:`autopar.cost.blocks.BlockCosts.dispatch_sync_s`). Time only.
         stage_split: where an even split of the decoder blocks over pipeline stages puts the
             remainder when the plan gives no cut (:data:`STAGE_SPLITS`,
             :meth:`split_stages`).
@@ -289,6 +297,7 @@ class FrameworkProfile:
     zero3_reduce_bucket_elements: int = 0
     moe_dispatch_dtype: str = "activation"
     moe_tp_token_alltoall: bool = False
+    moe_dispatch_sync_ops: int = 0
     cost_sources: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_COST_SOURCES))
     #: memory conventions (bytes per state, optimizer temporaries, what PP keeps unsharded...),
     #: sourced inside :class:`autopar.frameworks.memory.MemoryConventions`
@@ -318,7 +327,7 @@ class FrameworkProfile:
                      self.zero0_step_host_ops_per_tensor, self.zero1_step_bytes,
                      self.zero1_step_host_ops_per_tensor, self.zero3_persistent_elements,
                      self.zero3_reduce_bucket_elements, self.moe_dispatch_dtype,
-                     self.moe_tp_token_alltoall))
+                     self.moe_tp_token_alltoall, self.moe_dispatch_sync_ops))
 
     @classmethod
     def capability_names(cls) -> tuple[str, ...]:

@@ -62,7 +62,8 @@ COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_g
                "zero12_grad_copy_passes", "host_issue", "zero0_grad_copy_passes",
                "zero0_step_bytes", "zero0_step_host_ops_per_tensor", "zero1_step_bytes",
                "zero1_step_host_ops_per_tensor", "zero3_persistent_elements",
-               "zero3_reduce_bucket_elements", "moe_dispatch_dtype", "moe_tp_token_alltoall")
+               "zero3_reduce_bucket_elements", "moe_dispatch_dtype", "moe_tp_token_alltoall",
+               "moe_dispatch_sync_ops")
 #: Parts of a block that run as plain eager PyTorch ops inside a stack that is otherwise fused
 #: (:attr:`FrameworkProfile.eager_parts`; costed by :func:`autopar.cost.compute.layer_time`):
 #: ``glu``: a gated linear unit's activation as its own kernel before the multiply
@@ -259,6 +260,9 @@ DEFAULT_COST_SOURCES = {
     "host_issue": "no stock stack captures its training step in CUDA graphs by default "
                   "(torch.compile's default mode, torchtitan, Megatron-LM without "
                   "--enable-cuda-graph): the host issues every kernel",
+    "moe_dispatch_sync_ops": "no blocking host read in an MoE dispatcher is priced unless a "
+                             "framework's dispatcher is read to make one (autopar.frameworks."
+                             "stacks.megatron.ALLTOALL_SEQ_2024)",
     "moe_tp_token_alltoall": "no TP all-to-all of the tokens around an MoE layer unless a "
                              "framework's dispatcher runs one (autopar.frameworks.stacks."
                              "megatron.ALLTOALL_SEQ_2024)",

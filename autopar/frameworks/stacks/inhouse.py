@@ -46,7 +46,8 @@ FP8_DISPATCH = ExpertDispatch(
         "precisions the activation dtype"),
         "moe_tp_token_alltoall": "DeepSeek-V3 trains its MoE layers without tensor "
         "parallelism (section 3.2: 'we do not use costly Tensor Parallelism'): no TP all-to-all "
-        "is priced"})
+        "is priced",
+        "moe_dispatch_sync_ops": "HAI-LLM's dispatcher is not published: no host read priced"})
 
 CHOICES: Choices = replace(megatron.CHOICES, sharded_dp=SHARDED_DP, expert_dispatch=FP8_DISPATCH)
 

@@ -181,7 +181,7 @@ ALLTOALL_SEQ_2024 = ExpertDispatch(
     name="megatron-alltoall-seq-2024",
     summary="Megatron-Core's 2024 all-to-all dispatcher: TP all-to-alls sp2hp / hp2sp around "
             "the MoE layer and the router logits gathered over TP",
-    moe_dispatch_dtype="activation", moe_tp_token_alltoall=True,
+    moe_dispatch_dtype="activation", moe_tp_token_alltoall=True, moe_dispatch_sync_ops=9,
     sources={"moe_dispatch_dtype": ACTIVATION_DTYPE_DISPATCH.sources["moe_dispatch_dtype"],
              "moe_tp_token_alltoall": (
                  _BA77 + "token_dispatcher.py MoEAlltoAllTokenDispatcher.token_permutation "
@@ -192,7 +192,19 @@ ALLTOALL_SEQ_2024 = ExpertDispatch(
                  "(gather_from_sequence_parallel_region(logits) when tensor_model_parallel_size "
                  "> 1 and the dispatcher is alltoall). The all-gather / reduce-scatter of the "
                  "routed tokens over TP after / before the experts (lines 426-431, 452-457) "
-                 "move what the later dispatcher's expert-TP gather moves, priced as before")})
+                 "move what the later dispatcher's expert-TP gather moves, priced as before"),
+             "moe_dispatch_sync_ops": (
+                 _BA77 + "token_dispatcher.py MoEAlltoAllTokenDispatcher.preprocess under ep > "
+                 "1: input_splits read with a blocking .to(torch.device('cpu')).numpy() (lines "
+                 "331-336), then the counts all-gathered over EP (_gather_along_first_dim_"
+                 "expert_parallel, line 337), indexed (340) and summed and read back blocking "
+                 "again (output_splits, 343-345); after that the sum and non-blocking copy of "
+                 "the local counts (346-348) and token_permutation's argsort, floor division "
+                 "and index_select (moe_utils.py permute, lines 119-121) before the EP "
+                 "all_to_all_single (token_dispatcher.py 413): kernel-launching ops 3 between "
+                 "the two reads (all-gather, index, sum) + 1 (the second read) + 5 after it = "
+                 "9, views and allocations not counted (a lower bound); the all-gather's own "
+                 "seconds run between the reads on an idle stream")})
 
 
 def with_alltoall_seq_2024(profile):
