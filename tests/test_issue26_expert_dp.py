@@ -150,3 +150,19 @@ def test_2024_dispatcher_host_reads_expose_the_ops_after_them():
     cm_now, c_now, moe_now, now = _moe_block_tp_s(get_profile("megatron"))
     assert cm_now.blocks_cost.dispatch_sync_s(moe_now, c_now) == 0.0
     assert was.ep_s - now.ep_s == pytest.approx(11 * host + counts)
+
+
+@pytest.mark.parametrize("framework, precision, nbytes", [
+    ("megatron", "bf16", 4), ("megatron", "fp8", 4), ("megatron", "fp16", 2),
+    ("megatron-2023", "bf16", 4), ("megatron-2023", "fp16", 2),
+    ("nemo", "bf16", 2), ("inhouse-2024", "bf16", 2), ("torchtitan", "bf16", 4),
+    ("deepspeed", "bf16", 2)])
+def test_megatron_reduces_gradients_in_fp32_under_bf16_only(framework, precision, nbytes):
+    """Megatron-LM arguments.py sets accumulate_allreduce_grads_in_fp32 under --bf16 (ba773259
+    lines 282-288; d98e8a64 1209-1216 unless --grad-reduce-in-bf16); fp16 keeps fp16 buffers.
+    NeMo's recipes reduce in bf16 (grad_sync_dtype=bf16)."""
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=256, framework=framework,
+                                   precision=precision)
+    graph, _ = model_graph(_MODEL, train)
+    cm = CostModel(graph, autopar.Cluster.from_spec("2x8xH100-80GB"), train)
+    assert cm.reduce_bytes == nbytes

@@ -91,6 +91,7 @@ class ShardedDataParallel(Choice):
     zero3_gather: str
     zero3_regather_per_micro_batch: bool
     grad_reduce_bytes: int | None
+    grad_reduce_fp16_in_fp16: bool = False
     zero1_param_sync: str
     zero1_group_size: int | None
     zero1_grad_all_reduce: bool

@@ -125,6 +125,9 @@ class FrameworkProfile:
             pipeline sends/receives run beside compute rather than blocking it; () for none.
         grad_reduce_bytes: bytes per gradient element in the data-parallel reduction; None = the
             cost model's :attr:`~autopar.cost.params.CostParams.grad_bytes`.
+        grad_reduce_fp16_in_fp16: ``grad_reduce_bytes`` is the framework's bf16 rule only:
+            under precision "fp16" the reduction runs in fp16 (Megatron-LM turns
+            ``accumulate_allreduce_grads_in_fp32`` on for ``--bf16`` alone).
         step_fixed_s: a sourced fixed cost per optimizer step (seconds); 0 when none is sourced.
         zero1_param_sync: how ZeRO-1 returns updated parameters (:data:`ZERO1_PARAM_SYNCS`).
         zero1_group_size: ZeRO-1 shards over at most this many data-parallel ranks (e.g.
@@ -273,6 +276,7 @@ class FrameworkProfile:
     overlap_tp_comm: bool = False
     overlap_pp_p2p: tuple[str, ...] = ()
     grad_reduce_bytes: int | None = None
+    grad_reduce_fp16_in_fp16: bool = False
     step_fixed_s: float = 0.0
     zero1_param_sync: str = "all_gather"
     zero1_group_size: int | None = None
@@ -316,7 +320,8 @@ class FrameworkProfile:
         return hash((self.name, self.version, tuple(sorted(self.attention_kernels.items())),
                      self.fusion, self.overlap_dp_grad_reduce, self.zero3_gather,
                      self.zero3_regather_per_micro_batch, self.overlap_tp_comm,
-                     self.overlap_pp_p2p, self.grad_reduce_bytes, self.step_fixed_s,
+                     self.overlap_pp_p2p, self.grad_reduce_bytes, self.grad_reduce_fp16_in_fp16,
+                     self.step_fixed_s,
                      self.zero1_param_sync, self.zero1_group_size, self.zero1_grad_all_reduce,
                      tuple(sorted(self.cp_attention.items())), self.optimizer_step_bytes,
                      tuple(sorted(self.eager_parts)), self.zero_grad_copy_passes,

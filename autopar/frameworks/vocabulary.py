@@ -55,7 +55,7 @@ MOE_DISPATCH_DTYPES = ("activation", "fp8_1x128")
 #: :class:`~autopar.frameworks.profiles.FrameworkProfile`; sources in ``cost_sources``).
 COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_gather",
                "zero3_regather_per_micro_batch", "overlap_tp_comm", "overlap_pp_p2p",
-               "grad_reduce_bytes", "step_fixed_s", "zero1_param_sync", "zero1_group_size",
+               "grad_reduce_bytes", "grad_reduce_fp16_in_fp16", "step_fixed_s", "zero1_param_sync", "zero1_group_size",
                "zero1_grad_all_reduce", "cp_attention", "optimizer_step_bytes", "eager_parts",
                "zero_grad_copy_passes", "zero1_partition", "sync_grad_bucket_elements",
                "fsdp2_copies", "tp_mlp_reduce_per_linear", "zero2_grad_all_reduce",
@@ -217,6 +217,7 @@ DEFAULT_COST_SOURCES = {
     "overlap_pp_p2p": "torch.distributed.pipelining waits on its batched isend/irecv before "
                       "the next stage op, under every schedule",
     "grad_reduce_bytes": "the compute dtype unless a reduce dtype is set (CostParams.grad_bytes)",
+    "grad_reduce_fp16_in_fp16": "the reduce dtype, when set, holds under fp16 training too",
     "step_fixed_s": "no sourced fixed per-step cost",
     "zero1_param_sync": "ZeroRedundancyOptimizer / FSDP: parameters return by all-gather",
     "zero1_group_size": "ZeRO shards over the whole data-parallel group",

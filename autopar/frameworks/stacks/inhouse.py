@@ -16,12 +16,14 @@ from . import megatron
 
 SHARDED_DP = replace(
     megatron.DISTRIBUTED_OPTIMIZER, name="inhouse-2024-dp", overlap_dp_grad_reduce=True,
-    fsdp2_copies=False,
+    fsdp2_copies=False, grad_reduce_bytes=None,
     summary="an unpublished sharded data parallelism assumed to overlap its reduction",
     sources={**megatron.DISTRIBUTED_OPTIMIZER.sources,
              "overlap_dp_grad_reduce": "large 2024 in-house pretraining stacks overlap the "
              "data-parallel reduction with backward (Megatron-Core DDP overlap_grad_reduce, as "
              "NeMo's recipes); the stack itself is not published",
+             "grad_reduce_bytes": "CostParams.grad_bytes (bf16 reduction): the in-house "
+             "stacks' reduction dtype is not published (an assumption)",
              "fsdp2_copies": "the in-house stack's sharding code is not published, and torch's "
              "FSDP2 (fully_shard, torch 2.4, July 2024) postdates these runs: its copies are "
              "not charged"})

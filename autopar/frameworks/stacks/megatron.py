@@ -15,16 +15,25 @@ from ..seqrule import MEGATRON_RULE
 from ..vocabulary import DEFAULT_COST_SOURCES, MIXED_FUSED_OPTIMIZER_STEP_BYTES
 
 #: The distributed optimizer (ZeRO-1) and DDP with Megatron-LM's defaults: reduction after
-#: backward; ZeRO-3 is torch FSDP2 (--use-torch-fsdp2).
+#: backward, in fp32 under bf16 (fp16 under fp16); ZeRO-3 is torch FSDP2 (--use-torch-fsdp2).
 DISTRIBUTED_OPTIMIZER = replace(
     FSDP2, name="megatron-distributed-optimizer", overlap_dp_grad_reduce=False,
-    summary="Megatron-Core DDP / distributed optimizer, --overlap-grad-reduce off; ZeRO-3 "
-            "through --use-torch-fsdp2",
+    grad_reduce_bytes=4, grad_reduce_fp16_in_fp16=True,
+    summary="Megatron-Core DDP / distributed optimizer, --overlap-grad-reduce off, gradients "
+            "reduced in fp32 under bf16; ZeRO-3 through --use-torch-fsdp2",
     sources={**FSDP2.sources,
              "overlap_dp_grad_reduce": "arguments.py --overlap-grad-reduce is off by "
                                        "default: gradients are reduced after backward",
-             "grad_reduce_bytes": "CostParams.grad_bytes (bf16 reduction, as NeMo's "
-                                  "distributed optimizer)"})
+             "grad_reduce_bytes": "arguments.py: under --bf16 accumulate_allreduce_grads_in_"
+                                  "fp32 is set (d98e8a64 lines 1209-1216, unless --grad-reduce-"
+                                  "in-bf16; ba773259 (2024-04) lines 282-288, 'accumulate and "
+                                  "all-reduce gradients in fp32 for bfloat16 data type'), and "
+                                  "core/distributed/distributed_data_parallel.py reduces gradient "
+                                  "buffers of torch.float then (ba773259 line 105): 4",
+             "grad_reduce_fp16_in_fp16": "arguments.py sets accumulate_allreduce_grads_in_fp32 "
+                                         "for --bf16 only (--accumulate-allreduce-grads-in-fp32 "
+                                         "default off): under --fp16 the buffers, and their "
+                                         "reduction, are fp16"})
 
 #: Transformer Engine / apex FusedAdam behind fp32 main parameters.
 MIXED_FUSED_ADAM = OptimizerStep(
