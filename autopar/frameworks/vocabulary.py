@@ -55,7 +55,8 @@ MOE_DISPATCH_DTYPES = ("activation", "fp8_1x128")
 #: :class:`~autopar.frameworks.profiles.FrameworkProfile`; sources in ``cost_sources``).
 COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_gather",
                "zero3_regather_per_micro_batch", "overlap_tp_comm", "overlap_pp_p2p",
-               "grad_reduce_bytes", "grad_reduce_fp16_in_fp16", "step_fixed_s", "zero1_param_sync", "zero1_group_size",
+               "grad_reduce_bytes", "grad_reduce_fp16_in_fp16", "step_fixed_s",
+               "zero1_param_sync", "zero1_group_size",
                "zero1_grad_all_reduce", "cp_attention", "optimizer_step_bytes", "eager_parts",
                "zero_grad_copy_passes", "zero1_partition", "sync_grad_bucket_elements",
                "fsdp2_copies", "tp_mlp_reduce_per_linear", "zero2_grad_all_reduce",
