@@ -37,7 +37,9 @@ from autopar.frameworks import (FrameworkProfile, MemoryConventions, get_profile
 from autopar.frameworks.choices import TORCH_COMPILE, with_choice
 from autopar.frameworks.stacks.deepspeed import (HF_AUTO, with_deepspeed_030,
                                                  with_hf_trainer_torch_adamw, with_zero_config)
-from autopar.frameworks.stacks.megatron import (MOE_PROBS_IN_ACTIVATION_SINCE,
+from autopar.frameworks.stacks.megatron import (ALLTOALL_TOKEN_LEVEL_SINCE,
+                                                MOE_PROBS_IN_ACTIVATION_SINCE,
+                                                with_alltoall_seq_2024,
                                                 with_moe_probs_at_combine)
 from autopar.frameworks.stacks.torchtitan import FUSED_ADAMW_SINCE, with_foreach_adamw
 from autopar.search.optimize import search
@@ -201,7 +203,10 @@ def record_profile(rec: Record) -> FrameworkProfile:
     AdamW (:func:`autopar.frameworks.stacks.torchtitan.with_foreach_adamw`); a Megatron-LM or
     NeMo run dated before :data:`autopar.frameworks.stacks.megatron.
     MOE_PROBS_IN_ACTIVATION_SINCE` keeps the MoE combine's expert output
-    (:func:`autopar.frameworks.stacks.megatron.with_moe_probs_at_combine`)."""
+    (:func:`autopar.frameworks.stacks.megatron.with_moe_probs_at_combine`), and one dated
+    before :data:`autopar.frameworks.stacks.megatron.ALLTOALL_TOKEN_LEVEL_SINCE` runs the 2024
+    all-to-all dispatcher with its TP all-to-alls (:func:`autopar.frameworks.stacks.megatron.
+    with_alltoall_seq_2024`)."""
     profile = get_profile(profile_name(rec))
     f = rec.framework.lower().replace(" ", "").replace("-", "")
     compiled = rec.torch_compile   # the run's own statement (training.torch_compile) first
@@ -228,6 +233,11 @@ def record_profile(rec: Record) -> FrameworkProfile:
         # the framework text dates the run before Megatron-Core folded the router's
         # probabilities into the experts' activation: its combine kept the expert output
         profile = with_moe_probs_at_combine(profile)
+    if (_kind(rec.framework) in ("megatron", "nemo")
+            and dated_before(rec.framework, ALLTOALL_TOKEN_LEVEL_SINCE)):
+        # the framework text dates the run before Megatron-Core's token-level all-to-all
+        # dispatcher: under TP its dispatcher ran all-to-alls over TP around the MoE layer
+        profile = with_alltoall_seq_2024(profile)
     if re.search(r"\b(?:full|pure) bf16\b", rec.framework.lower()):
         # the stack trains in pure bf16 (torchtune's ``dtype: bf16``): a memory option only
         profile = with_pure_bf16(profile)

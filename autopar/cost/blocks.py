@@ -133,6 +133,45 @@ class BlockCosts:
             self._layer_times[key] = t
         return t
 
+    def tp_token_alltoall(self, layer, c: ParallelConfig, bscale: float
+                          ) -> tuple[float, LinkLoad]:
+        """Forward seconds and link load, per micro-batch, of the TP collectives Megatron-Core's
+        2024 all-to-all dispatcher adds to MoE ``layer`` under TP > 1
+        (:attr:`autopar.frameworks.FrameworkProfile.moe_tp_token_alltoall`): two all-to-alls
+        over TP of one rank's sequence shard, [S*B/tp, H] (sp2hp before the permutation, hp2sp
+        after the combine; all-to-all bytes = what one rank sends plus keeps), and the
+        all-gather of the router's logits, [S*B, experts] unsharded. Backward moves the same
+        bytes the other way (the reverse all-to-alls, the logits' reduce-scatter), which
+        :meth:`block_cost` charges at the forward's seconds."""
+        tp_g = self.groups.group("tp", c)
+        shard = layer.output_bytes * bscale / c.cp / c.tp
+        logits = sum(o.bytes_written for o in layer.ops
+                     if getattr(o, "moe_role", "") == "router") * bscale / c.cp
+        t = 2 * tp_g.time("all_to_all", shard) + tp_g.time("all_gather", logits)
+        load = (tp_g.load("all_to_all", shard).scaled(2) + tp_g.load("all_gather", logits))
+        return t, load
+
+    def dispatch_sync_s(self, layer, c: ParallelConfig) -> float:
+        """Seconds the GPU waits per MoE ``layer`` forward (ep > 1, all-to-all dispatcher)
+        behind the dispatcher's blocking reads of the token counts
+        (:attr:`autopar.frameworks.FrameworkProfile.moe_dispatch_sync_ops`): after each read
+        the stream is empty, so the host's issue time of the ops up to the all-to-all
+        (``moe_dispatch_sync_ops``, two more with the TP all-to-all of
+        ``moe_tp_token_alltoall`` under TP > 1, each
+        :attr:`autopar.cost.params.CostParams.host_op_s`) and the all-gather of the counts
+        over EP between the reads (``ep x experts`` int64 counts) are exposed. 0 when the
+        profile prices no such read. A lower bound: the host's time per op is torch's alone
+        (no module or autograd overhead), and the reads' own round trips are not counted."""
+        prof = self.inputs.profile
+        if not (prof.moe_dispatch_sync_ops and layer.num_experts and c.ep > 1
+                and c.dispatcher == "alltoall"):
+            return 0.0
+        ops = prof.moe_dispatch_sync_ops + (
+            2 if prof.moe_tp_token_alltoall and c.tp > 1 and not c.folded else 0)
+        counts = c.ep * layer.num_experts * 8
+        return (ops * self.inputs.params.host_op_s
+                + self.groups.group("ep", c).time("all_gather", counts))
+
     def routed_scale(self, layer, b: int, tp: int, cp: int, sp: bool) -> float:
         """Routed rows of MoE ``layer`` over dropless routing under the training config's
         capacity factor (:func:`autopar.cost.capacity.routed_scale`), for a router call on one
@@ -217,6 +256,13 @@ class BlockCosts:
                                              micro_batch=bscale * c.etp / tp, cp=cp,
                                              sequence_parallel=True)
             tf, tb, fb, bb = tf + xf, tb + xb, fb + xfb, bb + xbb
+        if (self.inputs.profile.moe_tp_token_alltoall and layer.num_experts and tp > 1
+                and c.dispatcher == "alltoall" and not folded):
+            xf, xfb = self.tp_token_alltoall(layer, c, bscale)
+            # each all-to-all's gradient is the reverse all-to-all of the same bytes, and the
+            # logits' all-gather's a reduce-scatter of them (FrameworkProfile.
+            # moe_tp_token_alltoall)
+            tf, tb, fb, bb = tf + xf, tb + xf, fb + xfb, bb + xfb
         if mode == "full":  # the recomputed forward repeats its collectives
             tb += tf
             bb += fb
@@ -256,6 +302,10 @@ class BlockCosts:
             if mode == "full" or (mr is not None and mr.dispatch):
                 ef *= 1.5  # the recomputed forward dispatches again
                 eload = eload.scaled(1.5)
+            # the dispatcher's blocking reads of the token counts drain the stream; charged
+            # with the dispatch (FrameworkProfile.moe_dispatch_sync_ops), once per forward run
+            sync = self.dispatch_sync_s(layer, c)
+            ef += sync * (2 if mode == "full" or (mr is not None and mr.dispatch) else 1)
         rec = lt.recompute_s(mode, mr.ops if mr is not None else None)
         # FLOPs the recomputed forward repeats (HFU), in MFU's convention: a causal attention
         # op at the half a causal kernel executes

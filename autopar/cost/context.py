@@ -74,7 +74,9 @@ class CostInputs:
             compute_peak=(device.peak("bf16") * device.clock_scale
                           if train.precision == "fp8" else peak),
             hbm_Bps=device.hbm_bandwidth_Bps * params.hbm_efficiency,
-            reduce_bytes=profile.grad_reduce_bytes or params.grad_bytes,
+            reduce_bytes=(train.dtype_bytes if train.precision == "fp16"
+                          and profile.grad_reduce_fp16_in_fp16 else
+                          profile.grad_reduce_bytes or params.grad_bytes),
             blocks=tuple(layer.index for layer in graph.layers if layer.kind == "block"))
 
     def micro_batches(self, c) -> int:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import ParallelConfig
+from ..config import PARAMETER_COPIES, ParallelConfig
 from ..hardware.collectives import NO_LOAD, LinkLoad
 from . import offload
 from .blocks import BlockCosts
@@ -33,6 +33,35 @@ from .groups import Groups
 from .ranks import RankLayers
 from .states import ModelStates
 from .zero3 import Zero3Passes
+
+
+@dataclass(frozen=True)
+class ReductionGroups:
+    """A rank's data-parallel collectives split by the group they run over: ``dense``
+    parameter elements over ``dp_g`` (the dp x cp group), ``experts`` over ``edp_g`` (the
+    expert-data-parallel group; None when it is ``dp_g``). The two run one after the other
+    (Megatron-Core starts each buffer's reduction in turn: distributed_data_parallel.py
+    ``for buffer in self.buffers + self.expert_parallel_buffers``), so their seconds add; a
+    group of one rank moves nothing."""
+
+    dp_g: object
+    dense: float
+    edp_g: object | None
+    experts: float
+
+    def time(self, op: str, nbytes: float) -> float:
+        """Seconds of collective ``op`` over ``nbytes`` bytes per parameter element."""
+        t = self.dp_g.time(op, self.dense * nbytes)
+        if self.edp_g is not None and self.edp_g.size > 1 and self.experts > 0:
+            t += self.edp_g.time(op, self.experts * nbytes)
+        return t
+
+    def load(self, op: str, nbytes: float) -> LinkLoad:
+        """What :meth:`time`'s collectives put on each link."""
+        ld = self.dp_g.load(op, self.dense * nbytes)
+        if self.edp_g is not None and self.edp_g.size > 1 and self.experts > 0:
+            ld = ld + self.edp_g.load(op, self.experts * nbytes)
+        return ld
 
 
 @dataclass(frozen=True)
@@ -137,13 +166,14 @@ class DataParallel(Zero3Passes):
         # sharded-DP all-gathers and reduce-scatters per step, for the copies around them
         gathers = reduces = 0.0
         if dp * cp > 1:
-            t_ag = dp_g.time("all_gather", psi * wbytes)
-            t_rs = dp_g.time("reduce_scatter", psi * rbytes)
+            coll = self.reduction_groups(c, layout[rank].layers, psi)
+            t_ag = coll.time("all_gather", wbytes)
+            t_rs = coll.time("reduce_scatter", rbytes)
             # what those put on each link, for the ledger (not needed for the time alone)
             l_ag = l_rs = NO_LOAD
             if with_loads:
-                l_ag = dp_g.load("all_gather", psi * wbytes)
-                l_rs = dp_g.load("reduce_scatter", psi * rbytes)
+                l_ag = coll.load("all_gather", wbytes)
+                l_rs = coll.load("reduce_scatter", rbytes)
             if c.zero_stage == 3:   # gathered and reduced per block or per parameter
                 t_ag = self.zero3_collective_s(c, bottleneck, wbytes, "all_gather")
                 t_rs = self.zero3_collective_s(c, bottleneck, rbytes, "reduce_scatter")
@@ -182,8 +212,8 @@ class DataParallel(Zero3Passes):
                 # DeepSpeed all-reduces each bucket instead, every rank keeping its slice
                 # (FrameworkProfile.zero2_grad_all_reduce)
                 if prof.zero2_grad_all_reduce:
-                    t_rs = dp_g.time("all_reduce", psi * rbytes)
-                    l_rs = dp_g.load("all_reduce", psi * rbytes) if with_loads else NO_LOAD
+                    t_rs = coll.time("all_reduce", rbytes)
+                    l_rs = coll.load("all_reduce", rbytes) if with_loads else NO_LOAD
                 dp_exposed = m * beside(t_rs, bwd1, ov_grad)
                 dp_slow *= m
                 dp_exposed += beside(t_ag, fwd1, ov_grad)
@@ -192,12 +222,12 @@ class DataParallel(Zero3Passes):
                 loads.append((l_ag, 1.0))
             else:
                 if c.zero_stage == 0:
-                    t_grad = dp_g.time("all_reduce", psi * rbytes)
+                    t_grad = coll.time("all_reduce", rbytes)
                     t_param = 0.0
-                    l_grad, l_param = dp_g.load("all_reduce", psi * rbytes), NO_LOAD
+                    l_grad, l_param = coll.load("all_reduce", rbytes), NO_LOAD
                 elif prof.zero1_grad_all_reduce:   # full gradients all-reduced, then sharded
-                    t_grad, t_param = dp_g.time("all_reduce", psi * rbytes), t_ag
-                    l_grad, l_param = dp_g.load("all_reduce", psi * rbytes), l_ag
+                    t_grad, t_param = coll.time("all_reduce", rbytes), t_ag
+                    l_grad, l_param = coll.load("all_reduce", rbytes), l_ag
                 else:
                     t_grad, t_param = t_rs, t_ag
                     l_grad, l_param = l_rs, l_ag
@@ -227,6 +257,23 @@ class DataParallel(Zero3Passes):
         optimizer_s = self.optimizer_step_s(c, layout[rank].layers, psi)
         grad_copy_s = self.compute_stream_copies_s(c, m, psi, gathers, reduces)
         return DPCost(dp_exposed, dp_slow, grad_copy_s, optimizer_s, tuple(loads))
+
+    def reduction_groups(self, c: ParallelConfig, layers: tuple[int, ...],
+                         psi: float) -> "ReductionGroups":
+        """The groups a rank's ``psi`` parameter elements (of graph ``layers``) are reduced and
+        gathered over: the dense ones over the dp x cp group, the routed experts' over the
+        expert-data-parallel group (:meth:`autopar.cost.groups.Groups.group` "edp": Megatron-
+        Core's separate expert gradient buffers), one collective when the two groups are the
+        same (no expert parallelism, or no experts on the rank)."""
+        dp_g = self.groups.group("dp", c)
+        experts = 0.0
+        if c.ep > 1 or c.folded:
+            experts = (self.ranks.rank_params(c.tp, c.ep, layers, c.etp)[1]
+                       * PARAMETER_COPIES.get(c.schedule, 1))
+        edp_g = self.groups.group("edp", c) if experts > 0 else dp_g
+        if edp_g.ranks == dp_g.ranks:
+            return ReductionGroups(dp_g, psi, None, 0.0)
+        return ReductionGroups(dp_g, psi - experts, edp_g, experts)
 
     def optimizer_step_s(self, c: ParallelConfig, layers: tuple[int, ...], psi: float) -> float:
         """Seconds of the optimizer step of the resolved config ``c`` on the pipeline rank

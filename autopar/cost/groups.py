@@ -32,7 +32,17 @@ class Groups:
         dimension; with MoE parallel folding (``c.expert_tp`` set), ep ranks ``etp`` apart among
         the ranks of one pipeline stage in placement order, and "etp" the first etp of them
         (the expert RankGenerator of Megatron-Core parallel_state.py: etp innermost, then ep,
-        over the tp x cp x dp ranks of a stage)."""
+        over the tp x cp x dp ranks of a stage).
+
+        "edp" is the expert-data-parallel group, over which the routed experts' gradients are
+        reduced and ZeRO-1 shards them: dp * cp / ep ranks without folding (the DP ranks ep
+        apart, with the CP ranks), tp * cp * dp / (ep * etp) with folding (the stage's ranks
+        etp * ep apart). Megatron-Core keeps expert gradients in their own buffers, reduced
+        over that group: at ba773259 (2024-04) distributed_data_parallel.py lines 81-92 and
+        142-145 (params with ``allreduce`` False, set on expert weights by experts.py line
+        135) over parallel_state.py's data-modulo-expert group (lines 508-517: ranks
+        tp * ep apart among the tp * dp ranks); at d98e8a64 the expt_dp group of the expert
+        RankGenerator."""
         key = (dim, c.tp, c.cp, c.dp, c.pp, c.ep, c.placement, c.expert_tp)
         g = self._groups.get(key)
         if g is None:
@@ -47,17 +57,21 @@ class Groups:
             ranks = [0]
             if dim == "etp" and not c.folded:   # expert TP is the attention's TP group
                 dim, dims = "tp", ("tp",)
-            if dim in ("ep", "etp") and c.folded:
-                # the stage's ranks in placement order (innermost fastest), then etp x ep
+            if dim in ("ep", "etp", "edp") and c.folded:
+                # the stage's ranks in placement order (innermost fastest), then etp x ep x edp
                 stage = [0]
                 for d in order:
                     if d != "pp":
                         stage = [r + k * strides[d] for k in range(getattr(c, d)) for r in stage]
-                ranks = stage[:c.etp] if dim == "etp" else stage[:c.ep * c.etp:c.etp]
+                ranks = (stage[:c.etp] if dim == "etp" else stage[:c.ep * c.etp:c.etp]
+                         if dim == "ep" else stage[::c.ep * c.etp])
                 dims = ()
             elif dim == "ep":  # experts split over the innermost ep ranks of the DP dimension
                 ranks = [k * strides["dp"] for k in range(c.ep)]
                 dims = ()
+            elif dim == "edp":   # the DP ranks ep apart, and the CP ranks
+                ranks = [k * c.ep * strides["dp"] for k in range(max(1, c.dp // c.ep))]
+                dims = ("cp",)
             for d in dims:
                 ranks = [r + k * strides[d] for r in ranks for k in range(getattr(c, d))]
             ranks = sorted(ranks)

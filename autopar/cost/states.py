@@ -8,7 +8,7 @@ import bisect
 import math
 from dataclasses import dataclass
 
-from ..config import ParallelConfig
+from ..config import PARAMETER_COPIES, ParallelConfig
 from . import memory as mem
 from . import offload
 from .context import CostInputs
@@ -274,6 +274,16 @@ class ModelStates:
         z = max(1, min(c.dp * c.cp, self.inputs.profile.zero1_group_size or c.dp * c.cp))
         etp = None if c.etp == c.tp else c.etp
         if self.inputs.profile.zero1_partition == "flat":
+            if c.ep > 1 or c.folded:
+                # the routed experts' states are sharded over their expert-data-parallel group,
+                # as _rank_states keeps them (Megatron-Core ba773259 core/optimizer/__init__.py
+                # get_megatron_optimizer: a separate optimizer for expert parameters, over the
+                # data-modulo-expert group)
+                experts = (self.ranks.rank_params(c.tp, c.ep, layers, c.etp)[1]
+                           * PARAMETER_COPIES.get(c.schedule, 1))
+                edp = max(1, c.tp * c.dp * c.cp // (c.ep * c.etp))
+                z_e = max(1, min(edp, self.inputs.profile.zero1_group_size or edp))
+                return (params - experts) / z + experts / z_e, z
             return params / z, z
         key = (z, c.tp, c.ep, etp, layers)
         hit = self._zero1_splits.get(key)

@@ -91,6 +91,7 @@ class ShardedDataParallel(Choice):
     zero3_gather: str
     zero3_regather_per_micro_batch: bool
     grad_reduce_bytes: int | None
+    grad_reduce_fp16_in_fp16: bool = False
     zero1_param_sync: str
     zero1_group_size: int | None
     zero1_grad_all_reduce: bool
@@ -181,6 +182,8 @@ class ExpertDispatch(Choice):
 
     KIND: ClassVar[str] = "expert dispatch"
     moe_dispatch_dtype: str
+    moe_tp_token_alltoall: bool = False
+    moe_dispatch_sync_ops: int = 0
 
 
 @dataclass(frozen=True)
@@ -331,6 +334,17 @@ ACTIVATION_DTYPE_DISPATCH = ExpertDispatch(
         "distributed/deepep/deepep.py:446 dispatch_tokens torch.ops.deepep.dispatch("
         "hidden_states, ...); DeepSpeed deepspeed/moe/sharded_moe.py MOELayer.forward "
         "_AllToAll.apply(self.ep_group, dispatched_input) on einsum('sec,sm->ecm', "
-        "dispatch_mask.type_as(input[0]), reshaped_input), the input's dtype")})
+        "dispatch_mask.type_as(input[0]), reshaped_input), the input's dtype"),
+        "moe_tp_token_alltoall": (
+        "Megatron-Core since a11077467a (2024-08-22, first tagged 24.09-alpha.rc0 on "
+        "2024-09-10) keeps each TP rank's sequence shard through the permutation and gathers "
+        "the routed tokens over the expert-TP group after the all-to-all (d98e8a6 "
+        "token_dispatcher.py MoEAlltoAllTokenDispatcher.dispatch_postprocess); torchtitan and "
+        "DeepSpeed route without a TP all-to-all: False"),
+        "moe_dispatch_sync_ops": (
+        "not priced: Megatron-Core since a11077467a reads the token counts on a side stream "
+        "and waits on one event at its cuda_sync_point (d98e8a6 token_dispatcher.py "
+        "_maybe_dtoh_and_synchronize), with work queued behind it; torchtitan's and "
+        "DeepSpeed's host syncs are not read: 0")})
 
 _DEFAULT_CHOICES = {"host": PER_KERNEL_LAUNCH, "expert_dispatch": ACTIVATION_DTYPE_DISPATCH}

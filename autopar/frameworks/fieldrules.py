@@ -22,7 +22,8 @@ _ZERO_STAGE_FIELDS = ("zero_stages", "zero_stages_with_tp", "zero_stages_with_pp
 _BOOL_FIELDS = ("per_block_recompute", "expert_parallel", "per_block_reshard",
                 "overlap_dp_grad_reduce", "zero3_regather_per_micro_batch", "overlap_tp_comm",
                 "zero1_grad_all_reduce", "fsdp2_copies", "tp_mlp_reduce_per_linear",
-                "experts_tp_sharded", "zero2_grad_all_reduce", "kv_heads_below_tp")
+                "experts_tp_sharded", "zero2_grad_all_reduce", "kv_heads_below_tp",
+                "moe_tp_token_alltoall", "grad_reduce_fp16_in_fp16")
 
 
 def checked_fields(v: dict, check: FieldCheck, cost_fix: str,
@@ -102,7 +103,9 @@ def checked_fields(v: dict, check: FieldCheck, cost_fix: str,
                     ("zero3_persistent_elements",
                      "elements of the largest parameter tensor ZeRO-3 keeps whole; 0 = none"),
                     ("zero3_reduce_bucket_elements",
-                     "gradient elements per ZeRO-3 reduce-scatter bucket; 0 = per tensor")):
+                     "gradient elements per ZeRO-3 reduce-scatter bucket; 0 = per tensor"),
+                    ("moe_dispatch_sync_ops",
+                     "host-issued ops after an MoE dispatcher's blocking reads; 0 = none")):
         out[f] = check.number(f, v[f], 0, unit, 0, integer=True)
     out["attention_kernels"] = check.mapping(
         "attention_kernels", v["attention_kernels"], ATTENTION_KERNELS, {"*": "fa2"},

@@ -125,6 +125,9 @@ class FrameworkProfile:
             pipeline sends/receives run beside compute rather than blocking it; () for none.
         grad_reduce_bytes: bytes per gradient element in the data-parallel reduction; None = the
             cost model's :attr:`~autopar.cost.params.CostParams.grad_bytes`.
+        grad_reduce_fp16_in_fp16: ``grad_reduce_bytes`` is the framework's bf16 rule only:
+            under precision "fp16" the reduction runs in fp16 (Megatron-LM turns
+            ``accumulate_allreduce_grads_in_fp32`` on for ``--bf16`` alone).
         step_fixed_s: a sourced fixed cost per optimizer step (seconds); 0 when none is sourced.
         zero1_param_sync: how ZeRO-1 returns updated parameters (:data:`ZERO1_PARAM_SYNCS`).
         zero1_group_size: ZeRO-1 shards over at most this many data-parallel ranks (e.g.
@@ -204,6 +207,20 @@ class FrameworkProfile:
             combine's gradient; ``fp8_1x128`` moves FP8 with per-tile scales there under
             precision ``"fp8"`` (:func:`autopar.cost.dispatch.dispatch_bytes_ratio`). The
             combines move the activation dtype. Time only: no buffer is priced in memory.
+        moe_tp_token_alltoall: under TP > 1 the all-to-all dispatcher first turns each TP
+            rank's sequence shard of the tokens into all of the TP group's tokens with 1/tp of
+            the hidden size (an all-to-all over TP), and back after the combine, and gathers the
+            router's logits over TP (Megatron-Core's dispatcher of 2024-03-27 to 2024-09-10:
+            :data:`autopar.frameworks.stacks.megatron.ALLTOALL_SEQ_2024`); priced by
+            :meth:`autopar.cost.blocks.BlockCosts.block_cost`. Time only.
+        moe_dispatch_sync_ops: under expert parallelism the all-to-all dispatcher reads the
+            token counts back to the host with blocking copies before its all-to-all, so the
+            stream drains and the GPU waits while the host issues the ops that follow them up
+            to the all-to-all: this many per MoE layer's forward (two more under
+            ``moe_tp_token_alltoall`` with TP > 1: the sp2hp cat and all-to-all), each at
+            :attr:`autopar.cost.params.CostParams.host_op_s`, plus the all-gather of the
+            counts over EP that runs between the reads; 0: not priced
+            (:meth:`autopar.cost.blocks.BlockCosts.dispatch_sync_s`). Time only.
         stage_split: where an even split of the decoder blocks over pipeline stages puts the
             remainder when the plan gives no cut (:data:`STAGE_SPLITS`,
             :meth:`split_stages`).
@@ -259,6 +276,7 @@ class FrameworkProfile:
     overlap_tp_comm: bool = False
     overlap_pp_p2p: tuple[str, ...] = ()
     grad_reduce_bytes: int | None = None
+    grad_reduce_fp16_in_fp16: bool = False
     step_fixed_s: float = 0.0
     zero1_param_sync: str = "all_gather"
     zero1_group_size: int | None = None
@@ -282,6 +300,8 @@ class FrameworkProfile:
     zero3_persistent_elements: int = 0
     zero3_reduce_bucket_elements: int = 0
     moe_dispatch_dtype: str = "activation"
+    moe_tp_token_alltoall: bool = False
+    moe_dispatch_sync_ops: int = 0
     cost_sources: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_COST_SOURCES))
     #: memory conventions (bytes per state, optimizer temporaries, what PP keeps unsharded...),
     #: sourced inside :class:`autopar.frameworks.memory.MemoryConventions`
@@ -300,7 +320,8 @@ class FrameworkProfile:
         return hash((self.name, self.version, tuple(sorted(self.attention_kernels.items())),
                      self.fusion, self.overlap_dp_grad_reduce, self.zero3_gather,
                      self.zero3_regather_per_micro_batch, self.overlap_tp_comm,
-                     self.overlap_pp_p2p, self.grad_reduce_bytes, self.step_fixed_s,
+                     self.overlap_pp_p2p, self.grad_reduce_bytes, self.grad_reduce_fp16_in_fp16,
+                     self.step_fixed_s,
                      self.zero1_param_sync, self.zero1_group_size, self.zero1_grad_all_reduce,
                      tuple(sorted(self.cp_attention.items())), self.optimizer_step_bytes,
                      tuple(sorted(self.eager_parts)), self.zero_grad_copy_passes,
@@ -310,7 +331,8 @@ class FrameworkProfile:
                      self.host_issue, self.zero0_grad_copy_passes, self.zero0_step_bytes,
                      self.zero0_step_host_ops_per_tensor, self.zero1_step_bytes,
                      self.zero1_step_host_ops_per_tensor, self.zero3_persistent_elements,
-                     self.zero3_reduce_bucket_elements, self.moe_dispatch_dtype))
+                     self.zero3_reduce_bucket_elements, self.moe_dispatch_dtype,
+                     self.moe_tp_token_alltoall, self.moe_dispatch_sync_ops))
 
     @classmethod
     def capability_names(cls) -> tuple[str, ...]:

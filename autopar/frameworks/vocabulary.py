@@ -55,14 +55,16 @@ MOE_DISPATCH_DTYPES = ("activation", "fp8_1x128")
 #: :class:`~autopar.frameworks.profiles.FrameworkProfile`; sources in ``cost_sources``).
 COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_gather",
                "zero3_regather_per_micro_batch", "overlap_tp_comm", "overlap_pp_p2p",
-               "grad_reduce_bytes", "step_fixed_s", "zero1_param_sync", "zero1_group_size",
+               "grad_reduce_bytes", "grad_reduce_fp16_in_fp16", "step_fixed_s",
+               "zero1_param_sync", "zero1_group_size",
                "zero1_grad_all_reduce", "cp_attention", "optimizer_step_bytes", "eager_parts",
                "zero_grad_copy_passes", "zero1_partition", "sync_grad_bucket_elements",
                "fsdp2_copies", "tp_mlp_reduce_per_linear", "zero2_grad_all_reduce",
                "zero12_grad_copy_passes", "host_issue", "zero0_grad_copy_passes",
                "zero0_step_bytes", "zero0_step_host_ops_per_tensor", "zero1_step_bytes",
                "zero1_step_host_ops_per_tensor", "zero3_persistent_elements",
-               "zero3_reduce_bucket_elements", "moe_dispatch_dtype")
+               "zero3_reduce_bucket_elements", "moe_dispatch_dtype", "moe_tp_token_alltoall",
+               "moe_dispatch_sync_ops")
 #: Parts of a block that run as plain eager PyTorch ops inside a stack that is otherwise fused
 #: (:attr:`FrameworkProfile.eager_parts`; costed by :func:`autopar.cost.compute.layer_time`):
 #: ``glu``: a gated linear unit's activation as its own kernel before the multiply
@@ -216,6 +218,7 @@ DEFAULT_COST_SOURCES = {
     "overlap_pp_p2p": "torch.distributed.pipelining waits on its batched isend/irecv before "
                       "the next stage op, under every schedule",
     "grad_reduce_bytes": "the compute dtype unless a reduce dtype is set (CostParams.grad_bytes)",
+    "grad_reduce_fp16_in_fp16": "the reduce dtype, when set, holds under fp16 training too",
     "step_fixed_s": "no sourced fixed per-step cost",
     "zero1_param_sync": "ZeroRedundancyOptimizer / FSDP: parameters return by all-gather",
     "zero1_group_size": "ZeRO shards over the whole data-parallel group",
@@ -259,6 +262,12 @@ DEFAULT_COST_SOURCES = {
     "host_issue": "no stock stack captures its training step in CUDA graphs by default "
                   "(torch.compile's default mode, torchtitan, Megatron-LM without "
                   "--enable-cuda-graph): the host issues every kernel",
+    "moe_dispatch_sync_ops": "no blocking host read in an MoE dispatcher is priced unless a "
+                             "framework's dispatcher is read to make one (autopar.frameworks."
+                             "stacks.megatron.ALLTOALL_SEQ_2024)",
+    "moe_tp_token_alltoall": "no TP all-to-all of the tokens around an MoE layer unless a "
+                             "framework's dispatcher runs one (autopar.frameworks.stacks."
+                             "megatron.ALLTOALL_SEQ_2024)",
     "moe_dispatch_dtype": "the dispatch all-to-all carries the activation dtype unless a "
                           "framework says otherwise (autopar.frameworks.choices."
                           "ACTIVATION_DTYPE_DISPATCH gives the stacks' code)",

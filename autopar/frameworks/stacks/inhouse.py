@@ -16,12 +16,14 @@ from . import megatron
 
 SHARDED_DP = replace(
     megatron.DISTRIBUTED_OPTIMIZER, name="inhouse-2024-dp", overlap_dp_grad_reduce=True,
-    fsdp2_copies=False,
+    fsdp2_copies=False, grad_reduce_bytes=None,
     summary="an unpublished sharded data parallelism assumed to overlap its reduction",
     sources={**megatron.DISTRIBUTED_OPTIMIZER.sources,
              "overlap_dp_grad_reduce": "large 2024 in-house pretraining stacks overlap the "
              "data-parallel reduction with backward (Megatron-Core DDP overlap_grad_reduce, as "
              "NeMo's recipes); the stack itself is not published",
+             "grad_reduce_bytes": "CostParams.grad_bytes (bf16 reduction): the in-house "
+             "stacks' reduction dtype is not published (an assumption)",
              "fsdp2_copies": "the in-house stack's sharding code is not published, and torch's "
              "FSDP2 (fully_shard, torch 2.4, July 2024) postdates these runs: its copies are "
              "not charged"})
@@ -43,7 +45,11 @@ FP8_DISPATCH = ExpertDispatch(
         "the forward and backward combine components, we retain them in BF16'; section 3.3.2, "
         "Fine-Grained Quantization: activations scaled per '1x128 tile' (its fp32 scale: "
         "autopar.cost.dispatch.FP8_1X128_BYTES); the report trains only in FP8, so under other "
-        "precisions the activation dtype")})
+        "precisions the activation dtype"),
+        "moe_tp_token_alltoall": "DeepSeek-V3 trains its MoE layers without tensor "
+        "parallelism (section 3.2: 'we do not use costly Tensor Parallelism'): no TP all-to-all "
+        "is priced",
+        "moe_dispatch_sync_ops": "HAI-LLM's dispatcher is not published: no host read priced"})
 
 CHOICES: Choices = replace(megatron.CHOICES, sharded_dp=SHARDED_DP, expert_dispatch=FP8_DISPATCH)
 

@@ -7,23 +7,33 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ...config import CP_MODES, RECOMPUTE_MODULES
-from ..choices import (FSDP2, FUSED_CP, AttentionKernels, Choices, Fusion, OptimizerStep,
-                       PipelineComm, TensorParallelComm, compose)
+from ..choices import (ACTIVATION_DTYPE_DISPATCH, FSDP2, FUSED_CP, AttentionKernels, Choices,
+                       ExpertDispatch, Fusion, OptimizerStep, PipelineComm, TensorParallelComm,
+                       compose, with_choice)
 from ..memory import MEGATRON_MEMORY
 from ..seqrule import MEGATRON_RULE
 from ..vocabulary import DEFAULT_COST_SOURCES, MIXED_FUSED_OPTIMIZER_STEP_BYTES
 
 #: The distributed optimizer (ZeRO-1) and DDP with Megatron-LM's defaults: reduction after
-#: backward; ZeRO-3 is torch FSDP2 (--use-torch-fsdp2).
+#: backward, in fp32 under bf16 (fp16 under fp16); ZeRO-3 is torch FSDP2 (--use-torch-fsdp2).
 DISTRIBUTED_OPTIMIZER = replace(
     FSDP2, name="megatron-distributed-optimizer", overlap_dp_grad_reduce=False,
-    summary="Megatron-Core DDP / distributed optimizer, --overlap-grad-reduce off; ZeRO-3 "
-            "through --use-torch-fsdp2",
+    grad_reduce_bytes=4, grad_reduce_fp16_in_fp16=True,
+    summary="Megatron-Core DDP / distributed optimizer, --overlap-grad-reduce off, gradients "
+            "reduced in fp32 under bf16; ZeRO-3 through --use-torch-fsdp2",
     sources={**FSDP2.sources,
              "overlap_dp_grad_reduce": "arguments.py --overlap-grad-reduce is off by "
                                        "default: gradients are reduced after backward",
-             "grad_reduce_bytes": "CostParams.grad_bytes (bf16 reduction, as NeMo's "
-                                  "distributed optimizer)"})
+             "grad_reduce_bytes": "arguments.py: under --bf16 accumulate_allreduce_grads_in_"
+                                  "fp32 is set (d98e8a64 lines 1209-1216, unless --grad-reduce-"
+                                  "in-bf16; ba773259 (2024-04) lines 282-288, 'accumulate and "
+                                  "all-reduce gradients in fp32 for bfloat16 data type'), and "
+                                  "core/distributed/distributed_data_parallel.py reduces gradient "
+                                  "buffers of torch.float then (ba773259 line 105): 4",
+             "grad_reduce_fp16_in_fp16": "arguments.py sets accumulate_allreduce_grads_in_fp32 "
+                                         "for --bf16 only (--accumulate-allreduce-grads-in-fp32 "
+                                         "default off): under --fp16 the buffers, and their "
+                                         "reduction, are fp16"})
 
 #: Transformer Engine / apex FusedAdam behind fp32 main parameters.
 MIXED_FUSED_ADAM = OptimizerStep(
@@ -163,6 +173,54 @@ MEMORY_BEFORE_CORE_0_13 = replace(MEGATRON_MEMORY, moe_combine_saved=1, sources=
                          "moe_utils.py unpermute(..., probs) runs 'permuted_tokens = "
                          "permuted_tokens * permuted_probs.unsqueeze(-1)' on the experts' "
                          "output, which the multiply keeps for backward: 1"})
+
+
+#: The first Megatron-LM release whose all-to-all dispatcher keeps each TP rank's sequence
+#: shard through the permutation (a11077467a, 2024-08-22, "MoE alltoall token dispatcher
+#: optimizations", first tagged 24.09-alpha.rc0 on 2024-09-10): runs dated before it moved the
+#: tokens between sequence and hidden sharding with TP all-to-alls (:data:`ALLTOALL_SEQ_2024`).
+ALLTOALL_TOKEN_LEVEL_SINCE = "2024-09-10"
+
+_BA77 = "Megatron-LM ba773259 (2024-04-04) megatron/core/transformer/moe/"
+
+#: Megatron-Core's all-to-all dispatcher as merged in 9208adbdc7 (2024-03-27) until
+#: a11077467a: under TP > 1, all_to_all_sp2hp before the permutation and all_to_all_hp2sp
+#: after the combine, and the router's logits gathered over TP.
+ALLTOALL_SEQ_2024 = ExpertDispatch(
+    name="megatron-alltoall-seq-2024",
+    summary="Megatron-Core's 2024 all-to-all dispatcher: TP all-to-alls sp2hp / hp2sp around "
+            "the MoE layer and the router logits gathered over TP",
+    moe_dispatch_dtype="activation", moe_tp_token_alltoall=True, moe_dispatch_sync_ops=9,
+    sources={"moe_dispatch_dtype": ACTIVATION_DTYPE_DISPATCH.sources["moe_dispatch_dtype"],
+             "moe_tp_token_alltoall": (
+                 _BA77 + "token_dispatcher.py MoEAlltoAllTokenDispatcher.token_permutation "
+                 "lines 401-404 ('hidden_states: [S*B/TP, H] -> [S*B, H/TP]': "
+                 "tensor_parallel.all_to_all_sp2hp when the TP world size > 1) and "
+                 "token_unpermutation lines 482-485 (all_to_all_hp2sp, '[S*B, H/TP] -> "
+                 "[S*B/TP, H]'); router.py TopKRouter.routing lines 235-240 "
+                 "(gather_from_sequence_parallel_region(logits) when tensor_model_parallel_size "
+                 "> 1 and the dispatcher is alltoall). The all-gather / reduce-scatter of the "
+                 "routed tokens over TP after / before the experts (lines 426-431, 452-457) "
+                 "move what the later dispatcher's expert-TP gather moves, priced as before"),
+             "moe_dispatch_sync_ops": (
+                 _BA77 + "token_dispatcher.py MoEAlltoAllTokenDispatcher.preprocess under ep > "
+                 "1: input_splits read with a blocking .to(torch.device('cpu')).numpy() (lines "
+                 "331-336), then the counts all-gathered over EP (_gather_along_first_dim_"
+                 "expert_parallel, line 337), indexed (340) and summed and read back blocking "
+                 "again (output_splits, 343-345); after that the sum and non-blocking copy of "
+                 "the local counts (346-348) and token_permutation's argsort, floor division "
+                 "and index_select (moe_utils.py permute, lines 119-121) before the EP "
+                 "all_to_all_single (token_dispatcher.py 413): kernel-launching ops 3 between "
+                 "the two reads (all-gather, index, sum) + 1 (the second read) + 5 after it = "
+                 "9, views and allocations not counted (a lower bound); the all-gather's own "
+                 "seconds run between the reads on an idle stream")})
+
+
+def with_alltoall_seq_2024(profile):
+    """``profile`` (the Megatron-LM or NeMo :class:`~autopar.frameworks.FrameworkProfile`) with
+    the all-to-all dispatcher Megatron-Core ran before :data:`ALLTOALL_TOKEN_LEVEL_SINCE`
+    (:data:`ALLTOALL_SEQ_2024`). A version option (time only), not the profile's default."""
+    return with_choice(profile, ALLTOALL_SEQ_2024)
 
 
 def with_moe_probs_at_combine(profile):
