@@ -157,3 +157,28 @@ def test_fixed_plan_estimate_equals_transformers_route(name, plan):
                          autopar.ParallelConfig(**plan))
     assert _rel(a.step_time_s, b.step_time_s) < 0.01
     assert _rel(a.memory_per_gpu_bytes, b.memory_per_gpu_bytes) < 0.01
+
+
+_FP_MOE = {"name": "moe-fp", "family": "llama", "num_layers": 2, "hidden_size": 128,
+           "num_heads": 4, "num_kv_heads": 4, "ffn_hidden_size": 256, "vocab_size": 512,
+           "seq_len": 128, "tied_embeddings": False, "num_experts": 8, "top_k": 2,
+           "moe_ffn_hidden_size": 256}
+
+
+@pytest.mark.parametrize("model, seq", [(_FP_MOE, 128), ("hf-tiny-mixtral", 64)])
+def test_expert_gemms_are_priced_in_every_precision(model, seq):
+    """torch's meta kernel of _grouped_mm takes bf16 only: under fp16/fp32 the built-in model
+    runs autopar::grouped_mm and transformers its grouped_mm_fallback op; both are the same
+    grouped GEMM, so the expert FLOPs do not depend on the precision (transformers' fallback was
+    priced as an element-wise op before)."""
+    if isinstance(model, str):
+        pytest.importorskip("transformers")
+    from autopar.problem import model_graph
+    flops = set()
+    for precision in ("bf16", "fp16", "fp32"):
+        g, _ = model_graph(model, autopar.TrainingConfig(global_batch_size=8, seq_len=seq,
+                                                         precision=precision))
+        block = g.blocks[0]
+        assert [o.kind for o in block.ops if "grouped" in o.target] == ["matmul", "matmul"]
+        flops.add((block.fwd_flops, block.bwd_flops))
+    assert len(flops) == 1

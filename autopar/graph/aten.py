@@ -52,9 +52,20 @@ _ROUTER_PATH = _packets("_to_copy", "to", "softmax", "_softmax", "sigmoid", "vie
                         "add", "mul", "div", "masked_fill")
 
 
+#: Custom ops that are ``aten._grouped_mm`` under another name, with its arguments (rows
+#: [S, in], weights [E, in, out], group end offsets [E]): autopar's own for dtypes torch's meta
+#: kernel refuses (:func:`autopar.models.moe.grouped_mm`) and transformers' fallback
+#: (``transformers.integrations.moe._grouped_mm_fallback``, taken for non-bf16 weights).
+GROUPED_GEMM_ALIASES = frozenset({"autopar::grouped_mm", "transformers::grouped_mm_fallback"})
+
+
 def packet(target):
-    """The overload packet of an aten OpOverload (``aten.linear.default`` -> ``aten.linear``)."""
-    return getattr(target, "overloadpacket", target)
+    """The overload packet of an aten OpOverload (``aten.linear.default`` -> ``aten.linear``);
+    a :data:`GROUPED_GEMM_ALIASES` op -> ``aten._grouped_mm``."""
+    p = getattr(target, "overloadpacket", target)
+    if getattr(p, "_qualified_op_name", None) in GROUPED_GEMM_ALIASES:
+        return aten._grouped_mm
+    return p
 
 
 def op_kind(n: fx.Node) -> str:

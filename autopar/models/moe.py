@@ -68,21 +68,75 @@ def combines_in_fp32(config: ModelConfig) -> bool:
     return config.uses_mla or plain
 
 
+def _loop_mm(x: torch.Tensor, weight_t: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Rows ``x`` [S, in] times each group's ``weight_t`` [E, in, out] -> [S, out], one GEMM per
+    expert; ``offsets`` [E] int32: the end row of each expert's group."""
+    ends = offsets.tolist()
+    starts = [0, *ends[:-1]]
+    return torch.cat([x[a:b] @ weight_t[e] for e, (a, b) in enumerate(zip(starts, ends))])
+
+
+@torch.library.custom_op("autopar::grouped_mm", mutates_args=())
+def grouped_mm(x: torch.Tensor, weight_t: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """``torch._grouped_mm(x, weight_t, offs=offsets)`` for every dtype: torch's meta kernel of
+    ``_grouped_mm`` takes bf16 only (torch 2.13), while fp16/fp32 grouped GEMMs exist in training
+    stacks (Megatron-Core's grouped_gemm, Transformer Engine). The extractor prices it as a
+    grouped GEMM (:func:`autopar.graph.aten.packet`). Shapes as :func:`_loop_mm`."""
+    return _loop_mm(x, weight_t, offsets)
+
+
+@grouped_mm.register_fake
+def _grouped_mm_fake(x, weight_t, offsets):
+    return x.new_empty(x.shape[0], weight_t.shape[-1])
+
+
+def _grouped_mm_setup(ctx, inputs, output):
+    x, weight_t, offsets = inputs
+    ctx.save_for_backward(x, weight_t, offsets)
+
+
+def _grouped_mm_backward(ctx, grad):
+    x, weight_t, offsets = ctx.saved_tensors
+    return _grouped_mm_grads(x, weight_t, offsets, grad)
+
+
+@torch.library.custom_op("autopar::grouped_mm_grads", mutates_args=())
+def _grouped_mm_grads(x: torch.Tensor, weight_t: torch.Tensor, offsets: torch.Tensor,
+                      grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx [S, in], dweight_t [E, in, out]) of :func:`grouped_mm`: per group grad @ w^T and
+    x^T @ grad."""
+    ends = offsets.tolist()
+    starts = [0, *ends[:-1]]
+    dx = torch.cat([grad[a:b] @ weight_t[e].t() for e, (a, b) in enumerate(zip(starts, ends))])
+    dw = torch.stack([x[a:b].t() @ grad[a:b] for a, b in zip(starts, ends)])
+    return dx, dw
+
+
+@_grouped_mm_grads.register_fake
+def _grouped_mm_grads_fake(x, weight_t, offsets, grad):
+    return torch.empty_like(x), torch.empty_like(weight_t)
+
+
+grouped_mm.register_autograd(lambda ctx, grad: (*_grouped_mm_backward(ctx, grad), None),
+                             setup_context=_grouped_mm_setup)
+
+
 def _grouped_linear(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """Rows ``x`` [S, in] sorted by expert times each expert's ``weight`` [E, out, in]^T ->
     [S, out]; ``offsets`` [E] int32: the end row of each expert's group.
 
     On the meta device and on CUDA in bf16 one ``torch._grouped_mm`` (what the extractor prices
-    by :func:`autopar.graph.kernels.grouped_gemm_flops`); elsewhere (CPU training, fp32) one
-    ``F.linear`` per expert: torch's CPU grouped GEMM needs 16-byte aligned strides and its
+    by :func:`autopar.graph.kernels.grouped_gemm_flops`); on the meta device in another dtype
+    :func:`grouped_mm` (the same op for every dtype, priced the same); elsewhere (CPU training,
+    fp32) one GEMM per expert: torch's CPU grouped GEMM needs 16-byte aligned strides and its
     backward fails on small shapes (torch 2.13).
     """
     x = x.to(weight.dtype)
+    if x.device.type == "meta" and x.dtype != torch.bfloat16:
+        return grouped_mm(x, weight.transpose(-2, -1), offsets)
     if x.device.type == "meta" or (x.device.type == "cuda" and x.dtype == torch.bfloat16):
         return torch._grouped_mm(x, weight.transpose(-2, -1), offs=offsets)
-    ends = offsets.tolist()
-    starts = [0, *ends[:-1]]
-    return torch.cat([F.linear(x[a:b], weight[e]) for e, (a, b) in enumerate(zip(starts, ends))])
+    return _loop_mm(x, weight.transpose(-2, -1), offsets)
 
 
 class Experts(nn.Module):
