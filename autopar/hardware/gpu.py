@@ -185,8 +185,8 @@ class Device:
     @property
     def architecture(self) -> str:
         """GPU architecture (:func:`architecture` of the name and :attr:`arch`): "hopper",
-        "ampere", "ada", "blackwell", "volta", "cdna3", "cdna4", else "unknown". The cost model's efficiency constants are
-        per architecture (one without its own figures takes the Ampere ones)."""
+        "ampere", "ada", "blackwell", "volta", "cdna3", "cdna4", else "unknown". The cost
+        model's efficiency constants are per architecture (one without its own figures takes the Ampere ones)."""
         return architecture(self.name, self.arch)
 
     def peak(self, dtype: str) -> float:
