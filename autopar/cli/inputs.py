@@ -15,7 +15,9 @@ from ..frameworks import edits_text, get_profile, with_edits
 from ..graph import hf
 from ..hardware.devices import memory_ambiguity
 from ..hardware.spec import parse_spec
-from ..io.importers import Imported, from_megatron_args, from_torchtitan_toml
+from ..io.imported import Imported
+from ..io.megatron_importer import from_megatron_args
+from ..io.torchtitan_importer import from_torchtitan_toml
 from ..io.titan_config import from_torchtitan_config
 from ..problem import Problem, model_config_of
 from ..report.summary import plural, reshard_text
@@ -310,7 +312,7 @@ def read_problem(args) -> tuple[Problem, dict, list[str]]:
         param_offload=getattr(args, "param_offload", False),
         activation_offload=getattr(args, "activation_offload", False),
         optimizer_state_dtype=args.optimizer_state_dtype or "fp32",
-        # the CLI's flags, else what --megatron-args set (autopar.io.importers)
+        # the CLI's flags, else what --megatron-args set (autopar.io.megatron_importer)
         moe_capacity_factor=(getattr(args, "moe_capacity_factor", None)
                              or tr.get("moe_capacity_factor")),
         moe_pad_to_capacity=(getattr(args, "moe_pad_to_capacity", False)

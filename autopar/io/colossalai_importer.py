@@ -8,8 +8,7 @@ import json
 from pathlib import Path
 
 from ..errors import InvalidParallelConfig
-from .importers import Imported
-from .plugin_importers import read_source, refusal
+from .imported import Imported, read_source, refusal
 
 #: Colossal-AI 0.5.0 plugins autopar reads (colossalai/booster/plugin).
 COLOSSALAI_PLUGINS = ("HybridParallelPlugin", "MoeHybridParallelPlugin", "GeminiPlugin",

@@ -3,11 +3,11 @@
 names) into autopar's terms.
 
 The fields are turned back into the Megatron-LM arguments they stand for and read by
-:func:`autopar.io.importers.from_megatron_args`, so Megatron-LM's rules (the layer split over
-the pipeline, the overlap flags) apply as they do to Megatron-LM's own arguments; Megatron-Bridge's
-rules on top (``training/config.py`` at 067f987df03b) are checked here: Megatron FSDP and torch
-FSDP2 are exclusive, and the distributed optimizer is on when either ``ddp`` or ``optimizer``
-sets it.
+:func:`autopar.io.megatron_importer.from_megatron_args`, so Megatron-LM's rules (the layer split
+over the pipeline, the overlap flags) apply as they do to Megatron-LM's own arguments;
+Megatron-Bridge's rules on top (``training/config.py`` at 067f987df03b) are checked here:
+Megatron FSDP and torch FSDP2 are exclusive, and the distributed optimizer is on when either
+``ddp`` or ``optimizer`` sets it.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import InvalidParallelConfig, MissingDependency
-from .importers import Imported, from_megatron_args
-from .plugin_importers import read_source, refusal
+from .imported import Imported, read_source, refusal
+from .megatron_importer import from_megatron_args
 
 def _flag_table() -> dict[tuple[str, str], str]:
     """ConfigContainer (section, field) -> the Megatron-LM flag it stands for: the inverse of

@@ -1,8 +1,7 @@
 """Read an Accelerate launch YAML into autopar's terms, refusing what Accelerate or DeepSpeed
-would refuse (with its rule and a fix); :func:`read_source` and :func:`refusal` are shared with
-:mod:`autopar.io.colossalai_importer`.
+would refuse (with its rule and a fix).
 
-It returns an :class:`~autopar.io.importers.Imported`. The rules are the frameworks' own, at the
+It returns an :class:`~autopar.io.imported.Imported`. The rules are the frameworks' own, at the
 versions the exporter writes for (:mod:`autopar.runtime.export.accelerate`):
 
 - Accelerate 1.16 ``utils/dataclasses.py`` (``FullyShardedDataParallelPlugin``: FSDP2 takes a
@@ -21,30 +20,9 @@ import re
 from pathlib import Path
 
 from ..errors import InvalidParallelConfig, MissingDependency
-from .importers import Imported
+from .imported import Imported, read_source, refusal
 
 _ACC_PRECISION = {"bf16": "bf16", "fp16": "fp16", "no": "fp32", "fp8": "fp8"}
-
-
-def read_source(source, what: str) -> str:
-    """The text of ``source``: itself when it looks like file contents, else the file it names.
-
-    Raises:
-        InvalidParallelConfig: the file cannot be read.
-    """
-    text = str(source)
-    if "\n" in text or ": " in text or text.lstrip().startswith("{"):
-        return text
-    try:
-        return Path(source).read_text()
-    except OSError as exc:
-        raise InvalidParallelConfig(f"cannot read {what} {source}: {exc.strerror or exc}. Fix: "
-                                    "pass the path of an existing file (or its text).") from exc
-
-
-def refusal(rule: str, fix: str) -> InvalidParallelConfig:
-    """The error for a framework's ``rule`` that a configuration breaks, with its ``fix``."""
-    return InvalidParallelConfig(f"{rule}. Fix: {fix}.")
 
 
 def from_accelerate_yaml(source: str | Path) -> Imported:

@@ -8,7 +8,7 @@ returning ``Trainer.Config``) and ``--section.key value`` overrides. A file is r
 ``TrainingConfig(...)`` / ``CompileConfig(...)`` keyword literals, ``activation_checkpoint`` set
 to ``FullAC.Config()``, ``SelectiveAC.Config()`` or ``None``, and ``model_registry("FLAVOR",
 moe_comm_backend=...)``. The keys then map as the TOML's do
-(:func:`autopar.io.importers.from_torchtitan_doc`).
+(:func:`autopar.io.torchtitan_importer.from_torchtitan_doc`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import InvalidParallelConfig
-from .importers import Imported, from_torchtitan_doc
+from .imported import Imported
+from .torchtitan_importer import from_torchtitan_doc
 
 #: torchtitan 0.3.0 config classes -> their section of Trainer.Config (trainer.py).
 _SECTIONS = {"ParallelismConfig": "parallelism", "TrainingConfig": "training",

@@ -5,7 +5,7 @@ files with ``Trainer.Config`` dataclasses returned by a function that ``--module
 The file starts from torchtitan's own registry function for the model (e.g.
 ``torchtitan.models.llama3.config_registry.llama3_8b``: its dataset, optimizer and step count)
 and sets what the plan decides, one ``config.<section>.<field> = value`` per line, so
-:func:`autopar.io.importers.from_torchtitan_config` reads it back without running it. Names
+:func:`autopar.io.titan_config.from_torchtitan_config` reads it back without running it. Names
 follow torchtitan 0.3.0 (``config/configs.py`` ParallelismConfig, TrainingConfig,
 CompileConfig; ``trainer.py`` Trainer.Config; ``distributed/activation_checkpoint.py``).
 """
