@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autopar.models.config import ModelConfig
+from autopar.models.layers import RMSNorm, SwiGLU
 
 
 class Router(nn.Module):
@@ -186,7 +187,6 @@ class MoE(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        from autopar.models.transformer import SwiGLU  # circular at import time
 
         h = config.hidden_size
         self.router = Router(h, config.num_experts, config.top_k,
@@ -219,7 +219,6 @@ class LatentAttention(nn.Module):
 
     def __init__(self, config: ModelConfig, rope: nn.Module) -> None:
         super().__init__()
-        from autopar.models.transformer import RMSNorm  # circular at import time
 
         h, a = config.hidden_size, config.num_heads
         self.num_heads = a
