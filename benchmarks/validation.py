@@ -41,7 +41,8 @@ from autopar.frameworks.stacks.megatron import (ALLTOALL_TOKEN_LEVEL_SINCE,
                                                 MOE_PROBS_IN_ACTIVATION_SINCE,
                                                 with_alltoall_seq_2024,
                                                 with_moe_probs_at_combine)
-from autopar.frameworks.stacks.torchtitan import FUSED_ADAMW_SINCE, with_foreach_adamw
+from autopar.frameworks.stacks.torchtitan import (FUSED_ADAMW_SINCE, with_chunked_loss,
+                                              with_foreach_adamw)
 from autopar.search.optimize import search
 
 from .records import Record, RecordError, parse, source_key
@@ -206,7 +207,8 @@ def record_profile(rec: Record) -> FrameworkProfile:
     (:func:`autopar.frameworks.stacks.megatron.with_moe_probs_at_combine`), and one dated
     before :data:`autopar.frameworks.stacks.megatron.ALLTOALL_TOKEN_LEVEL_SINCE` runs the 2024
     all-to-all dispatcher with its TP all-to-alls (:func:`autopar.frameworks.stacks.megatron.
-    with_alltoall_seq_2024`)."""
+    with_alltoall_seq_2024`); a record's ``training.loss_chunks`` runs its loss in that many
+    sequence chunks (:func:`autopar.frameworks.stacks.torchtitan.with_chunked_loss`)."""
     profile = get_profile(profile_name(rec))
     f = rec.framework.lower().replace(" ", "").replace("-", "")
     compiled = rec.torch_compile   # the run's own statement (training.torch_compile) first
@@ -238,6 +240,11 @@ def record_profile(rec: Record) -> FrameworkProfile:
         # the framework text dates the run before Megatron-Core's token-level all-to-all
         # dispatcher: under TP its dispatcher ran all-to-alls over TP around the MoE layer
         profile = with_alltoall_seq_2024(profile)
+    chunks = (rec.raw.get("training") or {}).get("loss_chunks")
+    if chunks:
+        # the run's loss computes the LM head and cross entropy per sequence chunk
+        # (training.loss_chunks: torchtitan's ChunkedCELoss)
+        profile = with_chunked_loss(profile, chunks, f"record {rec.id}")
     if re.search(r"\b(?:full|pure) bf16\b", rec.framework.lower()):
         # the stack trains in pure bf16 (torchtune's ``dtype: bf16``): a memory option only
         profile = with_pure_bf16(profile)

@@ -77,3 +77,54 @@ def test_dsv3_proxy_peak_allocated_with_full_recompute():
     assert rec.measured_memory_gib == pytest.approx(58.744)
     assert e.memory_breakdown.allocated / GiB == pytest.approx(54.52, abs=0.05)
     assert e.memory_breakdown.allocated / GiB == pytest.approx(rec.measured_memory_gib, rel=0.10)
+
+
+TITAN9 = "mem-titan-dsv3-16b-8xh100-dp8-ep4-run9-graphtrainer-minimalasyncep-cudagraph-b16"
+
+
+def _memory_record(rid: str) -> dict:
+    import json
+    from pathlib import Path
+    f = Path(records.__file__).parent / "data" / "published_runs_memory.json"
+    return next(r for r in json.loads(f.read_text()) if r["id"] == rid)
+
+
+def test_torchtitan_chunked_loss_keeps_one_chunk_of_logits():
+    """torchtitan's ChunkedCELoss (components/loss.py at 6b9602339, num_chunks 8): DeepSeek-V3
+    16B, local batch 16 x 4096 tokens, vocab 102400. Unchunked, the head keeps the fp32
+    log-probabilities (16 x 1600 MiB = 25 GiB) and the loss's backward works on 8 bytes per
+    logit (50 GiB). Chunked: kept = the final norm's input (0.25 GiB) + its eager RMSNorm fp32
+    copy (0.5 GiB) + the accumulated input gradient (0.25 GiB) = 1.0 GiB; transient = (25 + 50)
+    / 8 GiB for one chunk + the hidden states' chunks and the fp32 accumulator (3 x 0.25 GiB)."""
+    raw = _memory_record(TITAN9)
+    assert raw["training"]["loss_chunks"] == 8 and "num_chunks=8" in raw["source_quote"]
+    rec = records.parse(raw)
+    prof = validation.record_profile(rec)
+    assert prof.memory.loss_chunks == 8
+    train = validation.training(rec)
+    graph, _ = validation.model_graph(rec.model, train)
+    cm = validation.CostModel(graph, rec.cluster, train, framework=prof)
+    c = cm.resolve(autopar.ParallelConfig(**{**validation.framework_defaults(rec), **rec.fixed}))
+    head = len(graph.layers) - 1
+    bc = cm.block_cost(head, "none", c)
+    assert bc.act_bytes / GiB == pytest.approx(1.0, abs=0.01)
+    assert bc.transient_bytes / GiB == pytest.approx(75.0 / 8 + 0.75, abs=0.01)
+    unchunked = validation.CostModel(graph, rec.cluster, train,
+                                     framework=validation.get_profile("torchtitan"))
+    whole = unchunked.block_cost(head, "none", unchunked.resolve(c))
+    assert whole.act_bytes / GiB == pytest.approx(26.0, abs=0.01)
+    assert whole.transient_bytes / GiB == pytest.approx(50.0, abs=0.01)
+    e = cm.estimate(c)
+    # measured 57.31 GiB peak reserved (torchtitan max_reserved_gib); 120.4 GiB before
+    assert rec.measured_memory_gib == pytest.approx(57.31)
+    assert e.memory_breakdown.total / GiB == pytest.approx(54.8, abs=0.1)
+
+
+def test_loss_chunks_is_a_whole_number():
+    from autopar.errors import AutoparError
+    from autopar.frameworks.stacks.torchtitan import with_chunked_loss
+    prof = validation.get_profile("torchtitan")
+    assert prof.memory.loss_chunks == 0
+    assert with_chunked_loss(prof, 4, "a test").memory.loss_chunks == 4
+    with pytest.raises(AutoparError, match="loss_chunks"):
+        with_chunked_loss(prof, -1, "a test")

@@ -403,6 +403,13 @@ class BlockCosts:
         transient = act_none - act + conv.unfused_score_work_bytes * scores
         # the loss's backward: gradients of the logits beside what it saved
         transient += conv.loss_work_bytes * logits
+        if layer.kind == "head" and conv.loss_chunks > 1 and logits:
+            # a chunked loss (MemoryConventions.loss_chunks): the logit-sized tensors one chunk
+            # at a time inside the loss call; the head keeps its input's gradient
+            act, transient = mem.chunked_loss_bytes(
+                layer, chunks=conv.loss_chunks, loss_saved_bytes=conv.loss_saved_bytes,
+                loss_work_bytes=conv.loss_work_bytes, kept_extra=eager, micro_batch=bscale,
+                tp=tp, cp=cp, sequence_parallel=sp)
         if self.inputs.train.precision == "fp8" and layer.kind == "block":
             # the FP8 copy of the running layer's Linear weights and its transpose (1 byte each)
             transient += 2.0 * mem.layer_params_per_rank(layer, tp, ep=c.ep, etp=c.etp)

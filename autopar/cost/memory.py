@@ -256,6 +256,41 @@ def fp8_input_delta(layer: Layer, *, input_bytes: int | None, shared_bytes: int 
     return delta * micro_batch / cp
 
 
+def chunked_loss_bytes(layer: Layer, *, chunks: int, loss_saved_bytes: int,
+                       loss_work_bytes: int, kept_extra: float, micro_batch: float, tp: int,
+                       cp: int, sequence_parallel: bool) -> tuple[float, float]:
+    """(kept, transient) bytes of the head ``layer`` per micro-batch when its LM head and loss
+    run over ``chunks`` sequence chunks inside the loss call, each chunk's forward and backward
+    before the next (:attr:`autopar.frameworks.MemoryConventions.loss_chunks`).
+
+    Kept until the decoder's backward: the head's saved tensors other than the LM head's input
+    (the final norm's, ``seq - linear_seq``, with ``kept_extra``: what an eager norm keeps beyond
+    the graph's count) and the input's accumulated gradient, one [tokens, hidden] tensor in the
+    training dtype (``layer_input``). Transient while the loss runs: one chunk's logit-sized
+    tensors (the head's ``tp`` part, the loss's saved bytes beyond the graph's fp32 count and
+    its backward work, ``loss_saved_bytes`` / ``loss_work_bytes`` per logit element) / chunks,
+    beside the chunks of the hidden states (a contiguous copy, 1 x ``layer_input``) and the fp32
+    gradient accumulator (2 x).
+
+    Source: torchtitan 6b9602339 (graph_trainer/dsv3_scaling) torchtitan/components/loss.py
+    ``ChunkedCELoss.__call__``: ``h_chunks = [c.detach().requires_grad_(...) for c in
+    _chunk(hidden_states)]`` (``_chunk_local``: ``c.contiguous()`` per ``torch.chunk``),
+    ``GradAccumulator(hidden_states, ..., dtype=torch.float32)`` (``torch.zeros_like(local,
+    dtype=dtype)``), per chunk ``logits = lm_head(h_chunk)``, ``chunk_loss.backward()``,
+    ``grad_accumulator.add(h_chunk.grad)``; then ``accumulated_grad = grad_accumulator.result()
+    .to(hidden_states.dtype)`` saved by ``_DecoderOutputGradientBackProp`` for the decoder's
+    backward. Scales with ``micro_batch`` (in units of the graph's micro-batch) / cp.
+    """
+    a = layer.activations
+    seq_div = tp if sequence_parallel else 1
+    scale = micro_batch / cp
+    logits = sum(o.bytes_written for o in layer.ops if o.kind == "loss") / 4.0 * scale / tp
+    hidden = a.layer_input / seq_div * scale
+    kept = (a.seq - a.linear_seq) / seq_div * scale + kept_extra + hidden
+    chunk = (a.tp / tp * scale + (loss_saved_bytes - 4) * logits + loss_work_bytes * logits)
+    return kept, chunk / max(1, chunks) + 3.0 * hidden
+
+
 def kv_repeat_bytes(layer: Layer, *, micro_batch: float, tp: int, cp: int) -> float:
     """Bytes one layer's fused attention keeps per micro-batch beyond the graph's count when K
     and V are repeated to every query head before it

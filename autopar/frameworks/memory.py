@@ -121,6 +121,13 @@ class MemoryConventions:
             group after the dispatch and the grouped expert GEMM keeps them whole for backward:
             etp / tp of the routed tokens per rank, where the graph's sequence-parallel count
             keeps 1 / tp; 0 where the experts keep what the graph counts.
+        loss_chunks: sequence chunks the loss runs the LM head and the cross-entropy over one
+            at a time, each chunk's forward and backward inside the loss call (torchtitan's
+            ``ChunkedCELoss``): the logit-sized tensors (the head's saved ones, the loss's
+            work) exist for one chunk at a time while the loss runs, and the head keeps its
+            input's accumulated gradient for the decoder's backward
+            (:func:`autopar.cost.memory.chunked_loss_bytes`); 0 or 1: the whole sequence at
+            once.
         sources: where each figure comes from, by field name.
 
     Raises:
@@ -156,6 +163,7 @@ class MemoryConventions:
     kv_repeat_saved: int = 0
     moe_combine_saved: int = 1
     expert_input_gathered: int = 0
+    loss_chunks: int = 0
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -211,6 +219,7 @@ _UNITS = {
     "moe_combine_saved": ("0 or 1 (whether the MoE combine keeps the expert output)", 1),
     "expert_input_gathered": ("0 or 1 (whether the experts keep the expert-TP-gathered "
                               "tokens)", 0),
+    "loss_chunks": ("sequence chunks of the loss (0 or 1: unchunked)", 8),
 }
 #: Fields that may be None, and what None stands for.
 _NONE_MEANS = {"weight_bytes": "the training dtype's bytes",
@@ -305,6 +314,12 @@ NO_DEEPSPEED_ZERO3_SOURCES = {
                            "buffer (counted with the block), no bucket copy",
 }
 
+#: The loss of a stack that computes the LM head and its loss on the whole sequence.
+WHOLE_LOSS_SOURCES = {
+    "loss_chunks": "the LM head and the loss run on the whole sequence at once (no chunked "
+                   "loss): 0",
+}
+
 #: The MoE fields of a stack that runs the model's own MoE block as the graph traces it.
 GRAPH_MOE_SOURCES = {
     "moe_combine_saved": "the graph's count: transformers' MoE blocks (Qwen3MoeSparseMoeBlock, "
@@ -319,6 +334,7 @@ TORCH_MEMORY = MemoryConventions(
     unfused_score_saved_bytes=4, unfused_score_work_bytes=8,
     sources={
         **NO_DEEPSPEED_ZERO3_SOURCES,
+        **WHOLE_LOSS_SOURCES,
         "weight_bytes": "the model's parameters in the training dtype (autopar/runtime/dp.py)",
         "grad_bytes": "gradients in the parameters' dtype (autopar/runtime/dp.py _mp_policy)",
         "moment_bytes": _FP32_MOMENTS,
@@ -354,6 +370,7 @@ TORCHTITAN_MEMORY = MemoryConventions(
     unfused_score_work_bytes=8, kv_repeat_saved=1,
     sources={
         **NO_DEEPSPEED_ZERO3_SOURCES,
+        **WHOLE_LOSS_SOURCES,
         "weight_bytes": "torchtitan v0.2.2 models/llama3/infra/parallelize.py apply_fsdp: "
                         "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) over a model "
                         "built in fp32: sharded parameters stay fp32",
@@ -396,6 +413,7 @@ MEGATRON_MEMORY = MemoryConventions(
     loss_work_bytes=2, moe_combine_saved=0, expert_input_gathered=1,
     sources={
         **NO_DEEPSPEED_ZERO3_SOURCES,
+        **WHOLE_LOSS_SOURCES,
         "weight_bytes": "arguments.py --bf16: params_dtype bfloat16",
         "grad_bytes": "arguments.py (line 1207): 'bfloat16 requires gradient accumulation and "
                       "all-reduce to be performed in fp32' -> accumulate_allreduce_grads_in_fp32 "
@@ -490,6 +508,7 @@ DEEPSPEED_MEMORY = MemoryConventions(
     zero3_prefetch_elements=50_000_000, zero3_max_live_elements=1_000_000_000,
     zero3_reduce_copies=1,
     sources={
+        **WHOLE_LOSS_SOURCES,
         "zero3_reduce_copies": _DS_Z3_REDUCE_COPY,
         "zero3_step_temp_bytes": _DS_Z3_STEP,
         "zero3_sub_group_elements": _DS_Z3_SUB_GROUP,

@@ -15,7 +15,8 @@ from dataclasses import replace
 
 from ..choices import (AttentionKernels, Choices, Fusion, OptimizerStep, TensorParallelComm,
                        capabilities_of, compose)
-from ..memory import GRAPH_MOE_SOURCES, NO_DEEPSPEED_ZERO3_SOURCES, MemoryConventions
+from ..memory import (GRAPH_MOE_SOURCES, NO_DEEPSPEED_ZERO3_SOURCES, WHOLE_LOSS_SOURCES,
+                      MemoryConventions)
 from ..vocabulary import DEFAULT_COST_SOURCES
 from . import pytorch
 
@@ -115,6 +116,7 @@ CHOICES: Choices = replace(pytorch.CHOICES, sharded_dp=HYBRID_ZERO,
 _AT_TAG = "InternEvo v0.2.1dev20231121 (the tag of its memory table)"
 _COMMON = {
     **NO_DEEPSPEED_ZERO3_SOURCES,
+    **WHOLE_LOSS_SOURCES,
     "weight_bytes": f"{_AT_TAG} configs/7B_sft.py model.dtype bfloat16",
     "grad_bytes": f"{_AT_TAG}: gradients in the bf16 model dtype (reduced in bf16 buckets)",
     "master_weight_bytes": f"{_AT_TAG} hybrid_zero_optim.py / fsdp_optimizer.py: fp32 copies "

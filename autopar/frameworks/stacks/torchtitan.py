@@ -63,6 +63,26 @@ def with_foreach_adamw(profile):
     return with_choice(profile, FOREACH_ADAMW_2024)
 
 
+def with_chunked_loss(profile, chunks: int, source: str):
+    """``profile`` with its LM head and cross-entropy run over ``chunks`` sequence chunks inside
+    the loss call (:attr:`autopar.frameworks.MemoryConventions.loss_chunks`): torchtitan's
+    ``ChunkedCELoss`` (torchtitan/components/loss.py, ``Config.num_chunks`` = 8 by default, at
+    6b9602339 on the graph_trainer/dsv3_scaling branch), chosen per job in its config, not the
+    profile's default (v0.2.2's loss runs on the whole sequence). ``source``: where the run
+    states it. A memory option only.
+
+    Raises:
+        InvalidTrainingConfig: ``chunks`` not a whole number >= 0 (from
+            :class:`~autopar.frameworks.MemoryConventions`).
+    """
+    mem = profile.memory
+    return replace(profile, memory=replace(
+        mem, loss_chunks=chunks, sources={
+            **mem.sources, "loss_chunks": f"{source}: ChunkedCELoss over {chunks} chunks "
+            "(torchtitan components/loss.py ChunkedCELoss.__call__: lm_head and "
+            "cross_entropy_loss forward and backward per chunk)"}))
+
+
 CHOICES = Choices(
     sharded_dp=SHARDED_DP, optimizer_step=FUSED_ADAMW, attention=SDPA_FLASH,
     fusion=replace(EAGER, sources={**EAGER.sources, "fusion": "job_config.py Compile.enable "
