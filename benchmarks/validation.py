@@ -33,7 +33,7 @@ from autopar.api import model_graph
 from autopar.config import V_SCHEDULES
 from autopar.cost.model import CostModel
 from autopar.frameworks import (FrameworkProfile, MemoryConventions, get_profile, shard_within,
-                                with_pure_bf16)
+                                with_inplace_loss, with_pure_bf16)
 from autopar.frameworks.choices import TORCH_COMPILE, with_choice
 from autopar.frameworks.stacks.deepspeed import (HF_AUTO, with_deepspeed_030,
                                                  with_hf_trainer_torch_adamw, with_zero_config)
@@ -179,6 +179,13 @@ def profile_name(rec: Record) -> str:
     return "flash-attention-training" if "flashattentionv1" in f else "torch"
 
 
+#: PithTrain's cross entropy (mlc-ai/pith-train 093a9e4, 2026-05): every run's criterion.
+PITHTRAIN_LOSS = ("pith-train 093a9e4 pithtrain/tasks/pretrain_language_model.py criterion -> "
+                  "pithtrain/operators/cross_entropy.py CrossEntropy: cross_entropy_fwd "
+                  "overwrites the logits with (softmax - onehot) / N in their dtype, "
+                  "ctx.save_for_backward(inp.detach()), backward inp.mul_(grad_output)")
+
+
 def dated_before(text: str, iso: str) -> bool:
     """Whether the first date in a framework text ("2024", "2024-11", "~2025-01") lies wholly
     before the ISO date ``iso`` (a year alone: before its year; a year and month: before its
@@ -208,7 +215,9 @@ def record_profile(rec: Record) -> FrameworkProfile:
     before :data:`autopar.frameworks.stacks.megatron.ALLTOALL_TOKEN_LEVEL_SINCE` runs the 2024
     all-to-all dispatcher with its TP all-to-alls (:func:`autopar.frameworks.stacks.megatron.
     with_alltoall_seq_2024`); a record's ``training.loss_chunks`` runs its loss in that many
-    sequence chunks (:func:`autopar.frameworks.stacks.torchtitan.with_chunked_loss`)."""
+    sequence chunks (:func:`autopar.frameworks.stacks.torchtitan.with_chunked_loss`); a
+    PithTrain run's loss writes the logits' gradient in place (:data:`PITHTRAIN_LOSS`,
+    :func:`autopar.frameworks.stacks.with_inplace_loss`)."""
     profile = get_profile(profile_name(rec))
     f = rec.framework.lower().replace(" ", "").replace("-", "")
     compiled = rec.torch_compile   # the run's own statement (training.torch_compile) first
@@ -240,6 +249,9 @@ def record_profile(rec: Record) -> FrameworkProfile:
         # the framework text dates the run before Megatron-Core's token-level all-to-all
         # dispatcher: under TP its dispatcher ran all-to-alls over TP around the MoE layer
         profile = with_alltoall_seq_2024(profile)
+    if "pithtrain" in f:
+        # PithTrain's loss writes the logits' gradient into them in its forward
+        profile = with_inplace_loss(profile, PITHTRAIN_LOSS)
     chunks = (rec.raw.get("training") or {}).get("loss_chunks")
     if chunks:
         # the run's loss computes the LM head and cross entropy per sequence chunk

@@ -111,6 +111,26 @@ def with_pure_bf16(profile: str | FrameworkProfile) -> FrameworkProfile:
     return replace(p, memory=pure_bf16(p.memory))
 
 
+def with_inplace_loss(profile: str | FrameworkProfile, source: str,
+                      logit_bytes: int = 2) -> FrameworkProfile:
+    """``profile`` whose loss is a fused cross entropy that writes the logits' gradient into the
+    logits in its forward and keeps only them for backward: ``logit_bytes`` per logit element
+    saved (the logits' dtype, 2 in bf16) and no work beside them in backward
+    (:attr:`autopar.frameworks.MemoryConventions.loss_saved_bytes`, ``loss_work_bytes`` 0).
+    ``source``: the stack's loss that does so. A memory option only.
+
+    Raises:
+        InvalidTrainingConfig: an unknown framework; ``logit_bytes`` not a whole number >= 0.
+    """
+    p = get_profile(profile)
+    mem = p.memory
+    return replace(p, memory=replace(
+        mem, loss_saved_bytes=logit_bytes, loss_work_bytes=0,
+        sources={**mem.sources, "loss_saved_bytes": f"{source}: the logits, overwritten with "
+                 f"their gradient ({logit_bytes} bytes)", "loss_work_bytes": f"{source}: "
+                 "backward scales the saved gradient in place: 0"}))
+
+
 def shard_within(profile: str | FrameworkProfile, ranks: int) -> FrameworkProfile:
     """``profile`` with ZeRO sharding over groups of ``ranks`` data-parallel ranks, replicated
     across groups (HSDP with ``ranks`` = GPUs per node; InternEvo ``parallel.zero1=ranks``), as
