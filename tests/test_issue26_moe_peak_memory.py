@@ -139,7 +139,7 @@ def test_pithtrain_loss_keeps_the_bf16_logits_as_their_gradient():
     backward: Qwen3-30B-A3B's head at 4096 tokens keeps 4096 x 151936 x 2 bytes = 1.16 GiB of
     logits (not 2.32 GiB of fp32 log-probabilities) plus the final norm's 0.06 GiB, and its
     backward allocates nothing beside them (not 8 bytes per logit = 4.64 GiB). The fullest rank
-    (pipeline rank 0, which holds the head under DualPipeV) comes to 55.6 GiB allocated against
+    (pipeline rank 0, which holds the head under DualPipeV) comes to 55.5 GiB allocated against
     48.33 measured (+15%; 61.4 before): what else is over is in the branch's report."""
     rec = records.parse(_published(PITH_FSDP))
     prof = validation.record_profile(rec)
@@ -155,5 +155,5 @@ def test_pithtrain_loss_keeps_the_bf16_logits_as_their_gradient():
     assert head.act_bytes == pytest.approx(2 * logits + 33587200 + 2 * 2048 * 4096 * 2, rel=1e-4)
     assert head.transient_bytes == 0.0
     e = cm.estimate(c)
-    assert e.memory_breakdown.allocated / GiB == pytest.approx(55.61, abs=0.05)
+    assert e.memory_breakdown.allocated / GiB == pytest.approx(55.50, abs=0.05)
     assert rec.measured_memory_gib == pytest.approx(48.33)
