@@ -128,6 +128,24 @@ def test_megatron_writes_experts_and_latent_attention():
     assert args.moe_token_dispatcher_type == "alltoall" and args.expert_model_parallel_size == "4"
 
 
+@pytest.mark.parametrize("pp, v", [(2, 1), (2, 2)])
+def test_megatron_layout_places_the_mtp_layer_last(pp, v):
+    """A multi-token-prediction block is written as 'm' after every decoder layer, so the
+    layout's 't' count equals --num-layers, as Megatron-Core checks (pipeline_parallel_layer_
+    layout.py validate_layer_layout); a DeepSeek-V3 export had 62 't' for 61 layers."""
+    model = dict(name="tiny-mtp", family="llama", num_layers=7, hidden_size=64, num_heads=4,
+                 vocab_size=256, seq_len=64, ffn_hidden_size=128, num_experts=8, top_k=2,
+                 moe_ffn_hidden_size=32, first_dense_layers=1, mtp_layers=1)
+    p = autopar.optimize(model, autopar.Cluster.custom(1, 8, "H100-80GB"),
+                         autopar.TrainingConfig(global_batch_size=16, seq_len=64),
+                         fixed=dict(tp=1, pp=pp, dp=4, ep=4, virtual_stages=v))
+    args = _megatron_parser().parse_args(to_megatron_args(p).value)
+    layout = args.pipeline_model_parallel_layout
+    assert layout.endswith("mL") and int(args.num_layers) == 7 and args.mtp_num_layers == "1"
+    layer_layout = pytest.importorskip("megatron.core.transformer.pipeline_parallel_layer_layout")
+    layer_layout.PipelineParallelLayerLayout(layout, pp).validate_layer_layout(7, 1)
+
+
 def test_megatron_says_what_it_cannot_express():
     _, fixed = SHAPES["3d-mixed"]
     p = autopar.optimize("tiny-llama", autopar.Cluster.custom(1, 8, "A100-80GB"), TRAIN,

@@ -74,11 +74,13 @@ def to_megatron_args(plan) -> Export:
                                  "allgather": "all_gather"}[c.cp_mode]]
     v = c.virtual_stages or 1
     blocks = c.stage_blocks or ()
-    if blocks and c.pp > 1 and not uniform(blocks):
+    mtp = int(m.get("mtp_layers") or 0)
+    if blocks and c.pp > 1 and (not uniform(blocks) or mtp):
         # any cut, interleaved chunks included, exactly (arguments.py
         # --pipeline-model-parallel-layout, parsed by megatron/core/transformer/
-        # pipeline_parallel_layer_layout.py: chunks in model order, '|' between them)
-        a += ["--pipeline-model-parallel-layout", pipeline_layout(blocks)]
+        # pipeline_parallel_layer_layout.py: chunks in model order, '|' between them); with
+        # MTP blocks always, since --num-layers counts decoder layers only
+        a += ["--pipeline-model-parallel-layout", pipeline_layout(blocks, mtp)]
     elif v > 1:
         a += ["--num-layers-per-virtual-pipeline-stage", str(blocks[0] if blocks else 1)]
     if c.schedule == "gpipe":
@@ -193,12 +195,22 @@ def _overlap_flags(plan, w) -> tuple[list[str], tuple[str, ...]]:
     return flags, tuple(wrote)
 
 
-def pipeline_layout(blocks: tuple[int, ...]) -> str:
+def pipeline_layout(blocks: tuple[int, ...], mtp: int = 0) -> str:
     """Megatron-LM's layout string for decoder blocks per pipeline chunk in model order
-    (``pp x virtual_stages`` entries): ``E`` the embedding, ``t`` a decoder layer, ``L`` the loss,
-    ``|`` between chunks, ``t*n`` for n layers; e.g. (11, 12, 12, 11) -> ``Et*11|t*12|t*12|t*11L``.
+    (``pp x virtual_stages`` entries): ``E`` the embedding, ``t`` a decoder layer, ``m`` a
+    multi-token-prediction layer (the model's last ``mtp`` blocks), ``L`` the loss, ``|`` between
+    chunks, ``t*n`` for n layers; e.g. (11, 12, 12, 11) -> ``Et*11|t*12|t*12|t*11L``, and with
+    ``mtp=1`` ``Et*11|t*12|t*12|t*10mL``. Megatron-Core checks the ``t`` count against
+    ``--num-layers`` and the ``m`` count against ``--mtp-num-layers``, MTP after every decoder
+    layer (megatron/core/transformer/pipeline_parallel_layer_layout.py
+    ``validate_layer_layout``).
     """
-    parts = [f"t*{n}" if n else "" for n in blocks]
+    parts = []
+    left = sum(blocks) - mtp    # decoder layers not yet placed
+    for n in blocks:
+        t = max(0, min(n, left))
+        left -= t
+        parts.append((f"t*{t}" if t else "") + "m" * (n - t))
     parts[0] = "E" + parts[0]
     parts[-1] = parts[-1] + "L"
     return "|".join(parts)
