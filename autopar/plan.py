@@ -129,7 +129,8 @@ class Plan:
         return hooks.call("export", "to_torchtitan_config", self)
 
     def to_torchtitan(self, series: str | None = None):
-        """torchtitan's format for ``series`` ("0.2", "0.3"; None = the installed one):
+        """torchtitan's format for ``series`` ("0.2", "0.3"; None = the installed one, else
+        the one the plan was made for):
         :func:`autopar.runtime.to_torchtitan`."""
         return hooks.call("export", "to_torchtitan", self, series)
 

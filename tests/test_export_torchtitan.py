@@ -276,6 +276,55 @@ def test_export_follows_the_installed_torchtitan(monkeypatch):
         p.to_torchtitan("0.1")
 
 
+def test_export_follows_the_plans_torchtitan_when_none_is_installed(monkeypatch):
+    """Not installed: a plan made under ``torchtitan`` (v0.2.2) is written as the 0.2 TOML, one
+    under ``torchtitan-0.3`` as the 0.3 config; installed and not the plan's series: the
+    installed format, with a first warning naming the --framework to re-plan with. An
+    explicit series is written as asked, with no such warning."""
+    plans = {fw: autopar.optimize("tiny-llama", _cluster(8), autopar.TrainingConfig(
+        16, 32, precision="bf16", optimizer="adamw", framework=fw), fixed=SHAPES["fsdp"][1])
+             for fw in ("torchtitan", "torchtitan-0.3")}
+    monkeypatch.setattr(titan_version, "installed_torchtitan", lambda: None)
+    assert titan_version.torchtitan_series(plans["torchtitan"]) == "0.2"
+    assert titan_version.torchtitan_series(plans["torchtitan-0.3"]) == "0.3"
+    ex = plans["torchtitan"].to_torchtitan()
+    assert tomllib.loads(ex.value)["parallelism"]["data_parallel_shard_degree"] == 8
+    assert not any("is installed" in w for w in ex.warnings)
+    assert any(w.startswith("re-estimated under torchtitan:") for w in ex.warnings)
+    assert "def autopar_plan():" in plans["torchtitan-0.3"].to_torchtitan().value
+    monkeypatch.setattr(titan_version, "installed_torchtitan", lambda: "0.3")
+    ex = plans["torchtitan"].to_torchtitan()
+    assert "def autopar_plan():" in ex.value
+    assert ex.warnings[0] == (
+        "torchtitan 0.3 is installed, so this file is in its format, but the plan was made for "
+        "torchtitan 0.2 (--framework torchtitan); what 0.3 runs can differ from the plan (see "
+        "the re-estimate). Fix: re-plan for the installed torchtitan with --framework "
+        "torchtitan-0.3, or write the format the plan was made for with --export "
+        "torchtitan-0.2")
+    assert not any("is installed" in w for w in plans["torchtitan"].to_torchtitan("0.3").warnings)
+    assert not any("is installed" in w for w in plans["torchtitan-0.3"].to_torchtitan().warnings)
+    monkeypatch.setattr(titan_version, "installed_torchtitan", lambda: "0.2")
+    ex = plans["torchtitan-0.3"].to_torchtitan()
+    assert "[parallelism]" in ex.value
+    assert "re-plan for the installed torchtitan with --framework torchtitan," in ex.warnings[0]
+
+
+def test_cli_export_torchtitan_follows_the_plans_framework(tmp_path, monkeypatch):
+    """``--framework torchtitan --export torchtitan FILE`` without torchtitan installed writes
+    the v0.2.2 TOML the plan was made for, re-estimated at the plan's own step time."""
+    from types import SimpleNamespace
+    from autopar.cli.exports import export_plan
+    monkeypatch.setattr(titan_version, "installed_torchtitan", lambda: None)
+    p = autopar.optimize("tiny-llama", _cluster(8), autopar.TrainingConfig(
+        16, 32, precision="bf16", optimizer="adamw", framework="torchtitan"),
+        fixed=SHAPES["tp-zero2"][1])
+    out = tmp_path / "job.toml"
+    got = export_plan(SimpleNamespace(export=("torchtitan", str(out))), p)
+    assert got["framework"] == "torchtitan-0.2" and got["fits"] is True
+    assert tomllib.loads(out.read_text())["parallelism"]["tensor_parallel_degree"] == 2
+    assert any("runs the plan as estimated" in w for w in got["warnings"]), got["warnings"]
+
+
 def test_cli_export_names_the_series_and_the_module(tmp_path, monkeypatch):
     from autopar.cli import main
     out = tmp_path / "myjob.py"

@@ -127,3 +127,73 @@ def test_cli_rejects_unknown_export_target(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "autopar exports to megatron, megatron-bridge, torchtitan, torchtitan-0.2, " \
         "torchtitan-0.3, deepspeed, accelerate-fsdp, accelerate-deepspeed, colossalai" in err
+
+
+def test_torchtitan_and_megatron_build_only_their_rank_orders():
+    """torchtitan (v0.2.2 and 0.3.0 distributed/parallel_dims.py build_mesh: [pp, dp_replicate,
+    dp_shard, cp, tp] outermost first) builds tp-cp-dp-pp only; Megatron-LM that and
+    tp-cp-pp-dp (--use-tp-pp-dp-mapping); torch (plan.apply) any order. Only dimensions of
+    degree > 1 decide."""
+    from autopar.runtime.export.common import RANK_ORDERS
+    for name in ("torchtitan", "torchtitan-0.3"):
+        assert PROFILES[name].placements == (("tp", "cp", "dp", "pp"),)
+    assert PROFILES["megatron"].placements == (("tp", "cp", "dp", "pp"), ("tp", "cp", "pp", "dp"))
+    assert PROFILES["nemo"].placements == PROFILES["megatron"].placements
+    assert PROFILES["torch"].placements == () and PROFILES["deepspeed"].placements == ()
+    # the exporters' rank orders are the profiles'
+    for fw in ("torchtitan", "megatron"):
+        assert tuple(o for o, _ in RANK_ORDERS[fw]) == PROFILES[fw].placements
+    c = autopar.ParallelConfig(tp=2, pp=4, dp=2, zero_stage=2, sequence_parallel=True,
+                               placement=("tp", "cp", "pp", "dp"))
+    why = PROFILES["torchtitan"].unsupported(c)
+    assert why.startswith("torchtitan builds its device mesh only in the rank order tp-cp-dp-pp")
+    assert "parallel_dims.py" in why and "not placement tp-cp-pp-dp (its tp-pp-dp" in why
+    assert "fix: placement=('tp', 'cp', 'dp', 'pp') (--placement tp,cp,dp,pp)" in why
+    assert "torchtitan-0.3 builds" in PROFILES["torchtitan-0.3"].unsupported(c)
+    assert PROFILES["megatron"].unsupported(c.replace(zero_stage=1)) is None
+    assert PROFILES["torch"].unsupported(c) is None
+    # degree-1 dimensions do not decide: with pp = 1, tp-cp-pp-dp is tp-dp, torchtitan's order
+    assert PROFILES["torchtitan"].unsupported(c.replace(pp=1, dp=8)) is None
+    # CP beside TP only in Megatron: tp-dp-cp-pp with cp > 1 is refused
+    cp = autopar.ParallelConfig(tp=2, cp=2, pp=2, dp=2, zero_stage=1, sequence_parallel=True,
+                                placement=("tp", "dp", "cp", "pp"))
+    assert "megatron builds its device mesh only in the rank order tp-cp-dp-pp or " \
+           "tp-cp-pp-dp" in PROFILES["megatron"].unsupported(cp)
+
+
+def test_search_tries_only_the_placements_the_framework_builds():
+    from autopar.search import space
+    base = dict(tp=2, cp=2, pp=2, dp=2)
+    assert len(space.placements(base, {})) == 6          # torch: tp innermost, any other order
+    assert space.placements(base, {}, PROFILES["torchtitan"]) == [("tp", "cp", "dp", "pp")]
+    assert space.placements(base, {}, PROFILES["megatron"]) == [("tp", "cp", "dp", "pp"),
+                                                                ("tp", "cp", "pp", "dp")]
+    # cp = 1: tp-dp-pp and tp-pp-dp for torch and Megatron, tp-dp-pp for torchtitan
+    assert len(space.placements({**base, "cp": 1}, {}, PROFILES["megatron"])) == 2
+    assert space.placements({**base, "cp": 1}, {}, PROFILES["torchtitan-0.3"]) == [
+        ("tp", "cp", "dp", "pp")]
+
+
+def test_torchtitan_search_keeps_pipeline_stages_outermost():
+    """llama3-8b, tp=2 pp=4 dp=2 pinned on 2x8 H100: torch's fastest puts the pipeline inside a
+    node and dp across the two (tp-cp-pp-dp, 2.065 s); torchtitan, which builds only
+    tp-cp-dp-pp, gets that order (2.104 s; before this rule its search returned tp-cp-pp-dp,
+    2.059 s, which its exporter then rewrote); a pinned tp-cp-pp-dp is refused at once."""
+    pytest.importorskip("transformers")
+    fixed = {"tp": 2, "pp": 4, "dp": 2}
+    cluster = autopar.Cluster.from_spec("2x8xH100")
+    plans = {fw: autopar.optimize("llama3-8b", cluster, autopar.TrainingConfig(
+        64, 4096, framework=fw), fixed=fixed, top_k=5, objective="fastest")
+        for fw in ("torch", "torchtitan")}
+    assert plans["torch"].config.placement == ("tp", "cp", "pp", "dp")
+    assert plans["torch"].estimate.step_time_s == pytest.approx(2.065, abs=2e-3)
+    titan = plans["torchtitan"]
+    assert titan.estimate.step_time_s == pytest.approx(2.104, abs=2e-3)
+    for e in (titan.estimate, *titan.alternatives, *titan.pareto):
+        assert e.config.placement == ("tp", "cp", "dp", "pp"), e.config
+    with pytest.raises(autopar.errors.InvalidParallelConfig,
+                       match=r"cannot run under torchtitan: torchtitan builds its device mesh "
+                             r"only in the rank order tp-cp-dp-pp"):
+        autopar.optimize("llama3-8b", cluster, autopar.TrainingConfig(
+            64, 4096, framework="torchtitan"),
+            fixed={**fixed, "placement": ("tp", "cp", "pp", "dp")})

@@ -223,3 +223,13 @@ def test_attention_kernel_keys_are_architectures():
     ok = get_profile("torch").with_costs({"attention_kernels": "t"},
                                          attention_kernels={"*": "fa2", "hopper": "fa3"})
     assert ok.attention_kernel("hopper") == "fa3" and ok.attention_kernel("ampere") == "fa2"
+
+
+def test_placements_must_order_every_mesh_dimension():
+    kwargs = {f.name: getattr(MEGA, f.name) for f in dataclasses.fields(FrameworkProfile)}
+    msg = _refusal(lambda: FrameworkProfile(**{**kwargs, "placements": (("tp", "dp", "pp"),)}))
+    assert "placements=(('tp', 'dp', 'pp'),): [('tp', 'dp', 'pp')] not an order of all of " \
+           "['tp', 'cp', 'dp', 'pp']" in msg
+    assert "fix: e.g. placements=(('tp', 'cp', 'dp', 'pp'),)" in msg
+    p = FrameworkProfile(**{**kwargs, "placements": [["tp", "cp", "pp", "dp"]]})
+    assert p.placements == (("tp", "cp", "pp", "dp"),)

@@ -12,8 +12,8 @@ from ..errors import InvalidTrainingConfig, MissingDependency, output_error
 
 
 #: ``--export`` targets: name -> (Plan method, its keyword arguments). ``torchtitan`` writes the
-#: installed torchtitan's format (the newest when none is installed: autopar.runtime.to_torchtitan);
-#: ``torchtitan-0.2`` / ``torchtitan-0.3`` pick one.
+#: installed torchtitan's format (when none is installed, the one the plan was made for, else the
+#: newest: autopar.runtime.to_torchtitan); ``torchtitan-0.2`` / ``torchtitan-0.3`` pick one.
 EXPORTERS = {"megatron": ("to_megatron_args", {}),
              "megatron-bridge": ("to_megatron_bridge", {}), "torchtitan": ("to_torchtitan", {}),
              "torchtitan-0.2": ("to_torchtitan_toml", {}),
@@ -66,8 +66,8 @@ def export_plan(args, plan) -> dict | None:
     method, kwargs = EXPORTERS[framework]
     ex = getattr(plan, method)(**kwargs)
     if framework == "torchtitan":   # say which format was written
-        from ..runtime.export import installed_torchtitan
-        framework = f"torchtitan-{installed_torchtitan() or '0.3'}"
+        from ..runtime.export.version import torchtitan_series
+        framework = f"torchtitan-{torchtitan_series(plan)}"
     text = ex.text()
     if framework == "torchtitan-0.3":   # the run line names the file's module
         text = text.replace("--module NAME", f"--module {Path(path).stem}").replace(

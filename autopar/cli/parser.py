@@ -178,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--export", nargs=2, metavar=("FRAMEWORK", "FILE"), default=None,
                    help=f"also write the plan for a framework ({', '.join(EXPORTERS)}: Megatron-LM"
                    " arguments; Megatron-Bridge ConfigContainer override YAML; torchtitan's "
-                   "format for the installed torchtitan, the newest when none is "
+                   "format for the installed torchtitan, when none is installed the one the plan was "
+                   "made for (--framework torchtitan: 0.2, torchtitan-0.3: 0.3) "
                    "(torchtitan-0.2: TOML, torchtitan-0.3: Python config); "
                    "DeepSpeed JSON; Accelerate launch YAML with its FSDP or DeepSpeed plugin; "
                    "Colossal-AI plugin JSON) to FILE and print what that "

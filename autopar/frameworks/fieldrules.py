@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from ..config import (ARCHITECTURES, ATTENTION_KERNELS, CP_MODES, DISPATCHERS, RECOMPUTE_MODES,
-                      RECOMPUTE_MODULES, SCHEDULES)
+from ..config import (ARCHITECTURES, ATTENTION_KERNELS, CP_MODES, DISPATCHERS, MESH_DIMS,
+                      RECOMPUTE_MODES, RECOMPUTE_MODULES, SCHEDULES)
 from .checks import FieldCheck
 from .memory import MemoryConventions
 from .seqrule import SeqLenRule
@@ -114,6 +114,7 @@ def checked_fields(v: dict, check: FieldCheck, cost_fix: str,
     out["cp_attention"] = check.mapping(
         "cp_attention", v["cp_attention"], CP_ATTENTION_PATHS, {}, keys=CP_MODES,
         what="CP mode -> how a rank runs attention under it")
+    out["placements"] = _placements(v["placements"], check)
     out["stage_split"] = check.choice("stage_split", v["stage_split"], STAGE_SPLITS, "middle")
     out["seq_rule"] = check.instance("seq_rule", v["seq_rule"], SeqLenRule, "SeqLenRule()")
     out["memory"] = check.instance("memory", v["memory"], MemoryConventions,
@@ -127,3 +128,21 @@ def checked_fields(v: dict, check: FieldCheck, cost_fix: str,
     else:
         out["cost_sources"] = MappingProxyType(dict(v["cost_sources"]))
     return out
+
+
+def _placements(value, check: FieldCheck):
+    """``placements``: a tuple (a list is converted) of rank orders, each ordering all of
+    :data:`autopar.config.MESH_DIMS` once (innermost first); () for any order."""
+    if isinstance(value, list):
+        value = tuple(value)
+    if not isinstance(value, tuple):
+        check.bad("placements", value, f"must be a tuple of rank orders, each of all of "
+                  f"{list(MESH_DIMS)} innermost first; () for any order", (MESH_DIMS,))
+        return value
+    value = tuple(tuple(o) if isinstance(o, list) else o for o in value)
+    bad = [o for o in value if not isinstance(o, tuple) or len(o) != len(MESH_DIMS)
+           or sorted(map(str, o)) != sorted(MESH_DIMS)]
+    if bad:
+        check.bad("placements", value, f"{bad} not an order of all of {list(MESH_DIMS)} "
+                  "(innermost first)", (MESH_DIMS,))
+    return value

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Mapping
 
-from ..config import ParallelConfig
+from ..config import DEFAULT_PLACEMENT, ParallelConfig
 from ..errors import InvalidParallelConfig
 from .checks import FieldCheck, close_names
 from .fieldrules import checked_fields
@@ -224,6 +224,13 @@ class FrameworkProfile:
         stage_split: where an even split of the decoder blocks over pipeline stages puts the
             remainder when the plan gives no cut (:data:`STAGE_SPLITS`,
             :meth:`split_stages`).
+        placements: the rank orders the framework builds its device mesh in, each innermost
+            first over all of :data:`autopar.config.MESH_DIMS` (the convention of
+            :attr:`autopar.config.ParallelConfig.placement`); only the dimensions of degree
+            > 1 decide, so orders that differ in where degree-1 dimensions sit are one. ``()``:
+            any order (the framework lays the mesh out as the plan says, as ``plan.apply``
+            does). The search tries only these (:func:`autopar.search.space.placements`) and
+            :meth:`unsupported` refuses others (:meth:`placement_violation`).
         cost_sources: cost field name -> its source (every cost field has one).
 
     Raises:
@@ -263,6 +270,7 @@ class FrameworkProfile:
     experts_tp_sharded: bool = True
     stage_split: str = "middle"
     recompute_modules: tuple[str, ...] = ()
+    placements: tuple[tuple[str, ...], ...] = ()
     sources: Mapping[str, str] = field(default_factory=dict)
     # -- sequence-length divisibility for CP and SP (issue 13); sourced inside the rule --------
     seq_rule: SeqLenRule = SeqLenRule()
@@ -340,6 +348,27 @@ class FrameworkProfile:
         fields of :data:`COST_FIELDS`)."""
         return tuple(f.name for f in fields(cls) if f.name not in (
             "name", "version", "sources", "cost_sources", "seq_rule", "memory") + COST_FIELDS)
+
+    def placement_violation(self, c: ParallelConfig) -> str | None:
+        """Why this framework cannot lay ``c``'s ranks out in its placement (None: the
+        default :data:`autopar.config.DEFAULT_PLACEMENT`), with the rule's source and a fix, or
+        None when it can (``placements`` empty, or the order of ``c``'s dimensions of degree
+        > 1, an open degree counted as > 1, is one of ``placements``)."""
+        if not self.placements:
+            return None
+        want = tuple(c.placement or DEFAULT_PLACEMENT)
+
+        def real(order):
+            return tuple(d for d in order if getattr(c, d) is None or getattr(c, d) > 1)
+
+        if any(real(order) == real(want) for order in self.placements):
+            return None
+        orders = " or ".join("-".join(o) for o in self.placements)
+        return (f"{self.name} builds its device mesh only in the rank order {orders} "
+                f"(innermost first; {self._src('placements')}), not placement "
+                f"{'-'.join(want)} (its {'-'.join(real(want))} over the dimensions of degree "
+                f"> 1); fix: placement={self.placements[0]!r} (--placement "
+                f"{','.join(self.placements[0])}), or leave placement unset")
 
     def attention_kernel(self, architecture: str) -> str:
         """The fused attention kernel this framework runs on ``architecture`` (the ``"*"`` entry
@@ -471,6 +500,8 @@ class FrameworkProfile:
         if c.cp > 1 and c.cp_mode not in self.cp_modes:
             return (f"{fw} has no context-parallel mode {c.cp_mode!r} (it has "
                     f"{list(self.cp_modes) or 'no context parallelism'}; {self._src('cp_modes')})")
+        if (why := self.placement_violation(c)) is not None:
+            return why
         if c.ep > 1 and not self.expert_parallel:
             return f"{fw} has no expert parallelism ({self._src('expert_parallel')})"
         if c.dispatcher not in self.dispatchers:

@@ -52,7 +52,7 @@ class MeshGroups:
         b, sp = base["micro_batch_size"], base["sequence_parallel"]
         m = cm.train.global_batch_size // (dp * b)
         best = math.inf
-        for placement in space.placements(base, self._fixed):
+        for placement in space.placements(base, self._fixed, self._cm.profile):
             mesh = (tp, cp, dp, pp, ep, etp, placement)
             where = self._layouts.get(mesh)
             if where is None:
@@ -106,7 +106,7 @@ def mesh_groups(cm: CostModel, fixed: dict, limits) -> MeshGroups:
                         ep=ep, expert_tp=etp,
                         dispatcher=fixed.get("dispatcher", ParallelConfig.dispatcher),
                         recompute_modules=fixed.get("recompute_modules"))
-            placement = space.placements(base, fixed)[0]
+            placement = space.placements(base, fixed, profile)[0]
             modes, c = [], None
             for mode in space.cp_modes(g, base, fixed, profile):
                 try:

@@ -136,7 +136,7 @@ def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
     cm = run.cm
     blocks = max(cm.graph.num_blocks, 1)
     m = cm.train.global_batch_size // (base["dp"] * base["micro_batch_size"])
-    placement = space.placements(base, fixed)[0]
+    placement = space.placements(base, fixed, run.profile)[0]
     mode = space.cp_modes(cm.graph, base, fixed, run.profile)[0]
     out = []
     if run.require_fit:
@@ -196,7 +196,7 @@ def refine(run: Run, c: ParallelConfig, fixed: dict, allowed) -> None:
     cm = run.cm
     base = dict(tp=c.tp, cp=c.cp, pp=c.pp, dp=c.dp, ep=c.ep)
     seen = set()
-    for placement in space.placements(base, fixed):
+    for placement in space.placements(base, fixed, run.profile):
         placed = c.replace(placement=placement)
         links = tuple((d, cm.group(d, placed).link, cm.group(d, placed).ranks)
                       for d in ("tp", "cp", "dp", "pp"))

@@ -273,17 +273,26 @@ def sequence_parallel_options(tp: int, fixed: dict, profile: FrameworkProfile = 
         seq_len is None or rules.seq_split(profile, seq_len, tp, cp, sp) is None)][:1]
 
 
-def placements(base: dict, fixed: dict) -> list[tuple[str, ...]]:
+def placements(base: dict, fixed: dict,
+               profile: FrameworkProfile = _TORCH) -> list[tuple[str, ...]]:
     """Rank placements worth trying, innermost first, TP always innermost (on the fastest
-    links). Orders that differ only in where degree-1 dimensions sit are one placement."""
+    links), only those the framework builds (:attr:`FrameworkProfile.placements`; the first
+    is the default, tp-cp-dp-pp). Orders that differ only in where degree-1 dimensions sit
+    are one placement. A pinned placement is returned as pinned (the pin check,
+    :meth:`FrameworkProfile.unsupported`, refuses one the framework does not build)."""
     if "placement" in fixed:
         return [tuple(fixed["placement"])]
+
+    def canon(order):
+        return tuple(d for d in order if base.get(d, 1) > 1)
+
+    built = {canon(o) for o in profile.placements}
     out, seen = [], set()
     for rest in permutations(("cp", "dp", "pp")):
         order = ("tp", *rest)
-        canon = tuple(d for d in order if base.get(d, 1) > 1)
-        if canon not in seen:
-            seen.add(canon)
+        key = canon(order)
+        if key not in seen and (not built or key in built):
+            seen.add(key)
             out.append(order)
     return out
 

@@ -403,6 +403,9 @@ PROFILE = compose(
     moe_sequence_parallel=(False,), experts_tp_sharded=False, seq_rule=DEEPSPEED_RULE,
     memory=DEEPSPEED_MEMORY,
     sources={
+        "placements": "any order (not restricted in this profile; its exporter lays the ranks "
+                      "out as deepspeed/runtime/pipe/topology.py PipeModelDataParallelTopology "
+                      "axes [pipe, data, model], outermost first)",
         "dispatchers": "deepspeed/moe/sharded_moe.py MOELayer: _AllToAll of the dispatched "
                        "tokens (no DeepEP)",
         "kv_heads_below_tp": "no tensor-parallel attention of its own (Megatron-DeepSpeed "

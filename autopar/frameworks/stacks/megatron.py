@@ -104,7 +104,12 @@ PROFILE = compose(
     expert_tensor_parallel="any",
     dispatchers=("alltoall", "deepep"), kv_heads_below_tp=True,
     memory=MEGATRON_MEMORY,
+    placements=(("tp", "cp", "dp", "pp"), ("tp", "cp", "pp", "dp")),
     sources={
+        "placements": "megatron/training/arguments.py --use-tp-pp-dp-mapping ('changes the "
+                      "order from tp-cp-ep-dp-pp to tp-cp-ep-pp-dp'; "
+                      "core/parallel_state.py initialize_model_parallel(order=...)): those two "
+                      "orders only, tp and cp innermost",
         "dispatchers": "core/transformer/transformer_config.py moe_token_dispatcher_type "
                        "'allgather' | 'alltoall' | 'flex' and moe_flex_dispatcher_backend "
                        "'deepep' (default) | 'hybridep' | 'ncclep'; 'flex' + 'deepep' runs "

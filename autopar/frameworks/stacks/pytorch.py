@@ -46,6 +46,8 @@ PROFILE = compose(
     memory=TORCH_MEMORY,
     per_block_reshard=True,
     sources={
+        "placements": "any order: autopar/runtime/mesh.py builds the DeviceMesh in the plan's "
+                      "placement (ParallelConfig.placement, innermost first)",
         "dispatchers": "autopar/runtime/ep.py: routed tokens go to their experts' ranks with "
                        "all_to_all_single (no DeepEP)",
         "kv_heads_below_tp": "autopar/runtime/tp.py shards the K/V projections' heads over TP: "

@@ -103,7 +103,11 @@ PROFILE = compose(
     seq_rule=TORCHTITAN_RULE,
     memory=TORCHTITAN_MEMORY,
     dispatchers=("alltoall", "deepep"),
+    placements=(("tp", "cp", "dp", "pp"),),
     sources={
+        "placements": "distributed/parallel_dims.py ParallelDims.build_mesh: the world mesh "
+                      "as [pp, dp_replicate, dp_shard, cp, tp], outermost first, with no "
+                      "option to reorder (tp innermost, then cp, dp, pp)",
         "dispatchers": "job_config.py Parallelism.expert_parallel_comm_backend 'standard' "
                        "(all-to-all, distributed/expert_parallel.py) | 'deepep' "
                        "(distributed/deepep/deepep.py; models/llama4/infra/parallelize.py "
@@ -172,6 +176,10 @@ SOURCES_03 = {
     "cp_modes": "torchtitan 0.3.0 models/common/attention.py ('CP all-gathers k/v') and "
                 "distributed/context_parallel/api.py flex_cp_allgather (llama3's default flex "
                 "attention); ParallelismConfig has no context_parallel_rotate_method",
+    "placements": "torchtitan 0.3.0 distributed/parallel_dims.py ParallelDims.build_mesh "
+                  "unflattens the world mesh as ('pp', 'batch', 'cp', 'tp') and ('pp', "
+                  "'dp_replicate', 'dp_shard' (or 'fsdp'), 'cp', 'tp'), outermost first, with "
+                  "no option to reorder (tp innermost, then cp, dp, pp)",
     "overlaps_ep_comm": "torchtitan 0.3.0 distributed/pipeline_parallel.py registers no "
                         "DualPipeV overlap callback (only experiments/graph_trainer has one)",
     "dispatchers": "torchtitan 0.3.0 models/common/config_utils.py make_token_dispatcher_config: "

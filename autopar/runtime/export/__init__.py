@@ -15,7 +15,8 @@ Megatron-LM ``megatron/training/arguments.py`` (core_r0.12 and later), Megatron-
 067f987df03b (``training/config.py``), torchtitan v0.2.2
 (``torchtitan/config/job_config.py``, a TOML job file: :mod:`.torchtitan`) and torchtitan 0.3.0
 (``torchtitan/config/configs.py``, a Python config file: :mod:`.torchtitan_config`; which one
-:func:`to_torchtitan` writes follows the installed torchtitan, :mod:`.version`), DeepSpeed 0.19
+:func:`to_torchtitan` writes follows the installed torchtitan, else the plan's framework,
+:mod:`.version`), DeepSpeed 0.19
 (``deepspeed/runtime/config.py``), Accelerate 1.16 (``commands/config/config_args.py``),
 Colossal-AI 0.5 (``colossalai/booster/plugin``). One module per framework;
 :mod:`.common` holds what they share.
