@@ -401,11 +401,11 @@ PROFILE = compose(
     stage_cuts="balanced", cp_modes=(), recompute_modes=("none", "full"),
     per_block_recompute=False, sequence_parallel=(False,), expert_parallel=True,
     moe_sequence_parallel=(False,), experts_tp_sharded=False, seq_rule=DEEPSPEED_RULE,
-    memory=DEEPSPEED_MEMORY,
+    memory=DEEPSPEED_MEMORY, placements=(("tp", "cp", "dp", "pp"),),
     sources={
-        "placements": "any order (not restricted in this profile; its exporter lays the ranks "
-                      "out as deepspeed/runtime/pipe/topology.py PipeModelDataParallelTopology "
-                      "axes [pipe, data, model], outermost first)",
+        "placements": "deepspeed/runtime/pipe/topology.py PipeModelDataParallelTopology: axes "
+                      "[pipe, data, model], outermost first, so model (tp) innermost, then "
+                      "data, then pipe (no context parallelism)",
         "dispatchers": "deepspeed/moe/sharded_moe.py MOELayer: _AllToAll of the dispatched "
                        "tokens (no DeepEP)",
         "kv_heads_below_tp": "no tensor-parallel attention of its own (Megatron-DeepSpeed "
