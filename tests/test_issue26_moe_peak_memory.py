@@ -17,13 +17,8 @@ FULLRECOMPUTE = _PR.format("429", "fullrecompute-nooverlap")
 
 
 def _published(rid: str) -> dict:
-    import json
-    from pathlib import Path
-    for f in sorted((Path(records.__file__).parent / "data").glob("published_runs_moe*.json")):
-        for r in json.loads(f.read_text()):
-            if r["id"] == rid:
-                return r
-    raise KeyError(rid)
+    from benchmarks.validation import load_corpus
+    return next(r for r in load_corpus() if isinstance(r, dict) and r.get("id") == rid)
 
 
 def _estimate(rid: str):
