@@ -108,8 +108,10 @@ def _parallel_flags(p: argparse.ArgumentParser, prefix: str = "", what: str = ""
                         f"default: tp){what}")
     p.add_argument(f"{dash}dispatcher", dest=f"{dest}dispatcher", default=None,
                    choices=list(DISPATCHERS),
-                   help=f"MoE token dispatcher: NCCL all-to-all or DeepEP (default "
-                        f"alltoall; the search keeps the one given){what}")
+                   help=f"MoE token dispatcher: NCCL all-to-all, DeepEP, or Megatron-Core's "
+                        f"all-gather over the expert-TP x EP group (a given one is kept; "
+                        f"unset, the search chooses between alltoall and allgather where the "
+                        f"framework runs both, else alltoall){what}")
     p.add_argument(f"{dash}schedule", dest=f"{dest}schedule", default=None,
                    choices=list(SCHEDULES),
                    help=f"pipeline schedule (torch.distributed.pipelining's){what}")

@@ -315,6 +315,26 @@ def ep_options(graph: ModelGraph, dp: int, fixed: dict,
     return [e for e in divisors(dp) if not rules.ep_split(e, dp, experts)]
 
 
+#: Dispatchers the search chooses between where a framework runs them (DeepEP stays a pinned
+#: choice: its price is one vendor's published bandwidth table, autopar.cost.dispatch).
+SEARCHED_DISPATCHERS = ("alltoall", "allgather")
+
+
+def dispatchers(ep: int, fixed: dict, profile: FrameworkProfile | None) -> tuple[str, ...]:
+    """Token dispatchers to try for a group with ``ep`` expert-parallel ranks: the pinned one
+    (``fixed["dispatcher"]``); else, with ep > 1, those of :data:`SEARCHED_DISPATCHERS` the
+    framework runs (:attr:`FrameworkProfile.dispatchers`: Megatron-Core's all-to-all and
+    all-gather); else the default, ``ParallelConfig.dispatcher``. Only MoE groups with ep > 1
+    are multiplied."""
+    if fixed.get("dispatcher") is not None:
+        return (fixed["dispatcher"],)
+    if ep > 1 and profile is not None:
+        found = tuple(d for d in SEARCHED_DISPATCHERS if d in profile.dispatchers)
+        if found:
+            return found
+    return (ParallelConfig.dispatcher,)
+
+
 def expert_options(graph: ModelGraph, tp: int, cp: int, dp: int, fixed: dict,
                    profile: FrameworkProfile = _TORCH, gpus_per_node: int | None = None
                    ) -> list[tuple[int, int | None]]:

@@ -404,7 +404,7 @@ PROFILE = compose(
     memory=DEEPSPEED_MEMORY,
     sources={
         "dispatchers": "deepspeed/moe/sharded_moe.py MOELayer: _AllToAll of the dispatched "
-                       "tokens (no DeepEP)",
+                       "tokens (no DeepEP, no all-gather dispatcher)",
         "kv_heads_below_tp": "no tensor-parallel attention of its own (Megatron-DeepSpeed "
                              "splits heads: tp divides the KV heads)",
         "per_block_reshard": "deepspeed/runtime/zero/config.py: stage3_param_persistence_"
