@@ -325,9 +325,10 @@ class ParallelConfig:
             is stored as None, so both spellings are one plan). :attr:`etp` is the degree.
         dispatcher: the MoE token dispatcher, one of :data:`DISPATCHERS` ("alltoall", the
             default, "deepep" or "allgather"); only frameworks that run it accept "deepep" or
-            "allgather" (:attr:`autopar.frameworks.FrameworkProfile.dispatchers`). A pinned
-            dispatcher is kept; unpinned, the search chooses between "alltoall" and
-            "allgather" for ep > 1 where the framework runs both
+            "allgather" (:attr:`autopar.frameworks.FrameworkProfile.dispatchers`). The search
+            keeps a pinned dispatcher and uses "alltoall" when none is pinned; pinning "auto"
+            (``fixed={"dispatcher": "auto"}``, ``--dispatcher auto``) lets it choose between
+            "alltoall" and "allgather" for ep > 1 where the framework runs both
             (:func:`autopar.search.space.dispatchers`; DeepEP is never searched).
 
     Raises:

@@ -109,16 +109,26 @@ def test_allgather_at_ep1_is_todays_expert_tp_gather_and_trades_against_alltoall
     assert est[8, 8, "allgather"].step_time_s < est[8, 8, "alltoall"].step_time_s
 
 
-def test_search_chooses_between_alltoall_and_allgather_for_megatron_only():
+def test_search_chooses_between_alltoall_and_allgather_when_asked_for_megatron_only():
+    """The dispatcher is searched only under ``dispatcher="auto"`` (it doubles the MoE groups:
+    opt-in); unpinned, the search keeps all-to-all as before."""
     meg, titan = get_profile("megatron"), get_profile("torchtitan")
-    assert space.dispatchers(8, {}, meg) == ("alltoall", "allgather")
-    assert space.dispatchers(1, {}, meg) == ("alltoall",)
+    auto = {"dispatcher": "auto"}
+    assert space.dispatchers(8, auto, meg) == ("alltoall", "allgather")
+    assert space.dispatchers(1, auto, meg) == ("alltoall",)
+    assert space.dispatchers(8, auto, titan) == ("alltoall",)
+    assert space.dispatchers(8, {}, meg) == ("alltoall",)
     assert space.dispatchers(8, {"dispatcher": "deepep"}, meg) == ("deepep",)
-    assert space.dispatchers(8, {}, titan) == ("alltoall",)
-    plan = autopar.optimize(_MOE, "1x8xH100-80GB", _train(), fixed={"tp": 1, "pp": 1, "ep": 8})
-    assert plan.config.dispatcher in ("alltoall", "allgather")
+    # top-8 of 32 under tp 2 = etp 2, ep 8 on two nodes: all-gather is the faster (the test
+    # above), and "auto" finds it
+    k8, at = {**_MOE, "top_k": 8}, {"tp": 2, "pp": 1, "ep": 8, "expert_tp": 2}
+    chosen = autopar.optimize(k8, "2x8xH100-80GB", _train(), fixed={**at, **auto})
+    assert chosen.config.dispatcher == "allgather"
+    assert autopar.optimize(k8, "2x8xH100-80GB", _train(), fixed=at
+                            ).config.dispatcher == "alltoall"
+    fixed = {"tp": 1, "pp": 1, "ep": 8}
     pinned = autopar.optimize(_MOE, "1x8xH100-80GB", _train(),
-                              fixed={"tp": 1, "pp": 1, "ep": 8, "dispatcher": "allgather"})
+                              fixed={**fixed, "dispatcher": "allgather"})
     assert pinned.config.dispatcher == "allgather"
     assert "--moe-token-dispatcher-type allgather" in " ".join(pinned.to_megatron_args().value)
 
