@@ -65,8 +65,10 @@ MESH_DIMS = ("tp", "cp", "dp", "pp")
 #: ``--moe-token-dispatcher-type alltoall``, torchtitan's and plan.apply's EP); "deepep" =
 #: DeepSeek's DeepEP normal kernels, which send a token once per destination node over RDMA and
 #: forward it over NVLink (Megatron-Core ``--moe-token-dispatcher-type flex
-#: --moe-flex-dispatcher-backend deepep``). Priced in :mod:`autopar.cost.dispatch`.
-DISPATCHERS = ("alltoall", "deepep")
+#: --moe-flex-dispatcher-backend deepep``); "allgather" = every rank of the expert-TP x EP group
+#: gathers the group's tokens and reduce-scatters the experts' output back (Megatron-Core's
+#: default, ``--moe-token-dispatcher-type allgather``). Priced in :mod:`autopar.cost.dispatch`.
+DISPATCHERS = ("alltoall", "deepep", "allgather")
 CP_MODES = ("ring", "ulysses", "allgather")
 #: Fused attention kernels the cost model knows (:attr:`autopar.cost.params.CostParams.
 #: attention_efficiency` is keyed by them; a framework profile's ``attention_kernels`` names them):
@@ -322,9 +324,12 @@ class ParallelConfig:
             tp, with ep carved out of dp (the mapping autopar used before; a value equal to tp
             is stored as None, so both spellings are one plan). :attr:`etp` is the degree.
         dispatcher: the MoE token dispatcher, one of :data:`DISPATCHERS` ("alltoall", the
-            default, or "deepep"); only frameworks that run it accept "deepep"
-            (:attr:`autopar.frameworks.FrameworkProfile.dispatchers`). The search keeps it as
-            given (a pinned choice, never searched).
+            default, "deepep" or "allgather"); only frameworks that run it accept "deepep" or
+            "allgather" (:attr:`autopar.frameworks.FrameworkProfile.dispatchers`). The search
+            keeps a pinned dispatcher and uses "alltoall" when none is pinned; pinning "auto"
+            (``fixed={"dispatcher": "auto"}``, ``--dispatcher auto``) lets it choose between
+            "alltoall" and "allgather" for ep > 1 where the framework runs both
+            (:func:`autopar.search.space.dispatchers`; DeepEP is never searched).
 
     Raises:
         InvalidParallelConfig: a degree below 1, an unknown mode, or inconsistent choices.
@@ -444,7 +449,7 @@ class ParallelConfig:
         if self.dispatcher != "alltoall" and self.dispatcher not in DISPATCHERS:
             raise InvalidParallelConfig(
                 f"dispatcher {self.dispatcher!r} is not one of {DISPATCHERS}. Fix: use "
-                "'alltoall' (default) or 'deepep'.")
+                "'alltoall' (default), 'deepep' or 'allgather'.")
         if self.expert_tp is not None:
             _positive_int("ParallelConfig", "expert_tp", self.expert_tp)
             if self.expert_tp == self.tp:   # today's mapping, written one way only

@@ -254,10 +254,12 @@ def _device(name: str, overrides: dict | None):
 _MOE_PLAN_KEYS = {"ep": "ep", "etp": "expert_tp"}
 #: A record's ``plan.dispatcher`` -> the ParallelConfig dispatcher autopar prices it with
 #: (autopar.cost.dispatch): "alltoall" (Megatron-Core MoEAlltoAllTokenDispatcher, torchtitan's
-#: EP) and "flex/deepep" (Megatron-Core's flex dispatcher with the DeepEP backend). null = the
-#: framework default, all-to-all wherever EP > 1 in Megatron-Core (--moe-token-dispatcher-type
-#: alltoall is what its MoE guides pair with EP) and torchtitan's default ('standard')
-_DISPATCHERS = {"alltoall": "alltoall", None: None, "flex/deepep": "deepep"}
+#: EP), "allgather" (Megatron-Core MoEAllGatherTokenDispatcher) and "flex/deepep" (Megatron-
+#: Core's flex dispatcher with the DeepEP backend). null = an open field (``Record.
+#: open_fields`` "dispatcher"), which takes the framework's default
+#: (benchmarks.validation.framework_defaults)
+_DISPATCHERS = {"alltoall": "alltoall", None: None, "flex/deepep": "deepep",
+                "allgather": "allgather"}
 #: Fabrics DeepEP's published bandwidths do not cover: its normal kernels were measured over
 #: ConnectX-7 InfiniBand with GPU-initiated RDMA (IBGDA; DeepEP docs/legacy.md). On AWS EFA
 #: DeepEP runs through a CPU proxy (UCCL-EP, or NVSHMEM over libfabric), whose published
@@ -432,6 +434,8 @@ def parse(rec: dict) -> Record:
     open_fields = tuple(k for k in _PLAN_KEYS if plan.get(k) is None)
     if t.get("micro_batch_size") is None:
         open_fields += ("micro_batch_size",)
+    if "dispatcher" not in fixed and (plan.get("ep") or 1) > 1:
+        open_fields += ("dispatcher",)   # an MoE run with EP that names no dispatcher
     meas = rec["measured"]
     step = meas.get("step_time_s")
     note = meas.get("step_time_note", "published")

@@ -332,6 +332,23 @@ def block_level_recompute(rec: Record, num_blocks: int) -> tuple[str, ...] | Non
     return tuple(modes)
 
 
+def default_dispatcher(rec: Record) -> str:
+    """The MoE token dispatcher a record's framework runs when the record names none:
+    Megatron-LM and NeMo run Megatron-Core's default, ``allgather`` (transformer_config.py
+    ``moe_token_dispatcher_type = "allgather"`` and arguments.py ``--moe-token-dispatcher-type``
+    default 'allgather' at every commit from the dispatcher's first, 20383240c5 of 2024-01-20,
+    through 9208adbdc7 (2024-03-27), ac0474d26e (2024-10-29), 9e3adb5334 (2025-06-09) and
+    megatron-core 0.16.1 line 675); ms-swift's Megatron-SWIFT sets its own, ``alltoall``
+    (swift/megatron/argument/megatron_args.py MegatronArguments.moe_token_dispatcher_type =
+    'alltoall'); a profile that runs no all-gather dispatcher (Megatron-LM of 2023, torchtitan,
+    DeepSpeed, torch) takes ``alltoall``."""
+    f = rec.framework.lower()
+    if _kind(rec.framework) in ("megatron", "nemo") and "swift" not in f and \
+            "allgather" in record_profile(rec).dispatchers:
+        return "allgather"
+    return "alltoall"
+
+
 def framework_defaults(rec: Record) -> dict:
     """Values for the record's open plan fields: its framework's defaults (see :data:`_DEFAULTS`);
     an interleaved schedule with an unpublished chunk count takes the smallest interleaving, 2."""
@@ -350,6 +367,7 @@ def framework_defaults(rec: Record) -> dict:
         d["virtual_stages"] = 2
     if fixed.get("tp", 1) == 1:
         d["sequence_parallel"] = False
+    d["dispatcher"] = default_dispatcher(rec)
     out = {k: v for k, v in d.items() if k in rec.open_fields}
     if "dp" in rec.open_fields:
         out.pop("dp", None)

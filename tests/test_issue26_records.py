@@ -52,7 +52,7 @@ def test_moe_record_parses_with_its_expert_mapping():
 
 
 @pytest.mark.parametrize("change, reason", [
-    ({"dispatcher": "allgather"}, "'allgather' token dispatcher"),
+    ({"dispatcher": "flex/hybridep"}, "'flex/hybridep' token dispatcher"),
 ])
 def test_what_autopar_does_not_price_is_refused(change, reason):
     with pytest.raises(records.RecordError, match="not modelled") as err:

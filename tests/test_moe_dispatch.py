@@ -75,7 +75,7 @@ def test_deepep_holds_twenty_sms():
 
 
 def test_dispatcher_is_a_validated_plan_field():
-    assert DISPATCHERS == ("alltoall", "deepep")
+    assert DISPATCHERS == ("alltoall", "deepep", "allgather")
     assert autopar.ParallelConfig().dispatcher == "alltoall"
     with pytest.raises(InvalidParallelConfig, match="dispatcher 'flex' is not one of"):
         autopar.ParallelConfig(dispatcher="flex")
@@ -176,5 +176,5 @@ def test_records_read_deepep_and_refuse_it_over_efa():
         records.parse(_rec(plan={"dispatcher": "flex/deepep"},
                            cluster={"num_gpus": 16,
                                     "inter_node": "32x 100 Gbps EFA per node (AWS p5.48xlarge)"}))
-    with pytest.raises(records.RecordError, match="'allgather' token dispatcher"):
-        records.parse(_rec(plan={"dispatcher": "allgather"}))
+    with pytest.raises(records.RecordError, match="'hybridep' token dispatcher"):
+        records.parse(_rec(plan={"dispatcher": "hybridep"}))

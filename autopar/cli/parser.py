@@ -107,9 +107,12 @@ def _parallel_flags(p: argparse.ArgumentParser, prefix: str = "", what: str = ""
                    help=f"expert-tensor-parallel degree of MoE layers (MoE parallel folding; "
                         f"default: tp){what}")
     p.add_argument(f"{dash}dispatcher", dest=f"{dest}dispatcher", default=None,
-                   choices=list(DISPATCHERS),
-                   help=f"MoE token dispatcher: NCCL all-to-all or DeepEP (default "
-                        f"alltoall; the search keeps the one given){what}")
+                   choices=[*DISPATCHERS, "auto"],
+                   help=f"MoE token dispatcher: NCCL all-to-all, DeepEP, or Megatron-Core's "
+                        f"all-gather over the expert-TP x EP group (default alltoall; a given "
+                        f"one is kept; 'auto' lets the search choose between alltoall and "
+                        f"allgather where the framework runs both, at about twice the MoE "
+                        f"search time){what}")
     p.add_argument(f"{dash}schedule", dest=f"{dest}schedule", default=None,
                    choices=list(SCHEDULES),
                    help=f"pipeline schedule (torch.distributed.pipelining's){what}")

@@ -16,7 +16,7 @@ from . import offload
 from .comm import cp_layer_comm, split_expert_tp, tp_layer_comm
 from .compute import LayerTime, layer_time
 from .context import CostInputs
-from .dispatch import dispatch_bytes_ratio, dispatch_cost
+from .dispatch import allgather_time, allgather_traffic, dispatch_bytes_ratio, dispatch_cost
 from .groups import Groups
 from .host import host_time
 from .selective import is_default, module_recompute
@@ -151,6 +151,15 @@ class BlockCosts:
         load = (tp_g.load("all_to_all", shard).scaled(2) + tp_g.load("all_gather", logits))
         return t, load
 
+    def allgather_traffic(self, layer, c: ParallelConfig, token_bytes: float):
+        """:class:`autopar.cost.dispatch.AllGatherTraffic` of MoE ``layer`` under the all-gather
+        dispatcher for a rank holding ``token_bytes`` of tokens, over the expert-TP x EP group
+        (etp x ep ranks); probabilities in the activation dtype (Megatron-Core's
+        ``moe_router_dtype`` default None, router.py lines 95-100)."""
+        dt = self.inputs.train.dtype_bytes
+        ntok = token_bytes / (self.inputs.graph.hidden_size * dt)
+        return allgather_traffic(token_bytes, ntok, layer.num_experts, c.etp * c.ep, dt)
+
     def dispatch_sync_s(self, layer, c: ParallelConfig) -> float:
         """Seconds the GPU waits per MoE ``layer`` forward (ep > 1, all-to-all dispatcher)
         behind the dispatcher's blocking reads of the token counts
@@ -228,8 +237,12 @@ class BlockCosts:
         lt = self.layer_time(index, c.micro_batch_size, tp, cp, sp, c.cp_mode,
                              c.etp if folded else None, c.ep)
         # DeepEP's flex group is tp x ep: it sends each token to every expert-TP shard itself
-        # (autopar.cost.dispatch), with no all-gather over the expert-TP group after it
-        attn_layer, expert_layer = split_expert_tp(layer) if folded else (layer, None)
+        # (autopar.cost.dispatch), with no all-gather over the expert-TP group after it; the
+        # all-gather dispatcher gathers over the expert-TP x EP group, which takes the experts'
+        # TP collectives with it (priced below with the dispatch)
+        gathered = bool(layer.num_experts) and c.dispatcher == "allgather" and c.ep > 1
+        attn_layer, expert_layer = (split_expert_tp(layer) if folded or gathered
+                                    else (layer, None))
         tf, tb, fb, bb = tp_layer_comm(attn_layer, self.groups.group("tp", c), micro_batch=bscale,
                                        cp=cp, sequence_parallel=sp,
                                        mlp_per_linear=self.inputs.profile.tp_mlp_reduce_per_linear)
@@ -290,14 +303,18 @@ class BlockCosts:
             # direction in the framework's format (FP8 under FP8: dispatch_ratio)
             tokens = layer.output_bytes * bscale / cp / (tp if sp else 1)
             train = self.inputs.train
-            d = dispatch_cost(c.dispatcher, tokens, layer.num_experts,
-                              layer.experts_per_token, self.groups.group("ep", c),
-                              etp=c.etp if folded else 1,
-                              routed_scale=self.routed_scale(layer, c.micro_batch_size, tp, cp,
-                                                             sp),
-                              dispatch_ratio=dispatch_bytes_ratio(
-                                  self.inputs.profile.moe_dispatch_dtype, train.precision,
-                                  train.dtype_bytes))
+            if gathered:
+                d = allgather_time(self.allgather_traffic(layer, c, tokens),
+                                   self.groups.group("tpep", c))
+            else:
+                d = dispatch_cost(c.dispatcher, tokens, layer.num_experts,
+                                  layer.experts_per_token, self.groups.group("ep", c),
+                                  etp=c.etp if folded else 1,
+                                  routed_scale=self.routed_scale(layer, c.micro_batch_size, tp,
+                                                                 cp, sp),
+                                  dispatch_ratio=dispatch_bytes_ratio(
+                                      self.inputs.profile.moe_dispatch_dtype, train.precision,
+                                      train.dtype_bytes))
             ef, eload = d.seconds, d.load
             if mode == "full" or (mr is not None and mr.dispatch):
                 ef *= 1.5  # the recomputed forward dispatches again
@@ -366,6 +383,12 @@ class BlockCosts:
         # tensors, kept by every mode but full recompute, which re-makes them one block at a time
         padded = (self.routed_scale(layer, c.micro_batch_size, tp, cp, sp) - 1.0) * \
             mem.routed_saved_bytes(layer, micro_batch=bscale, tp=tp, cp=cp, etp=c.etp)
+        if gathered:
+            # the all-gather dispatcher keeps the local experts' columns of the gathered routing
+            # map (bool) and the permutation's int32 row map, [G T, E / ep] each
+            # (token_dispatcher.py MoEAllGatherTokenDispatcher.dispatch_postprocess, unpermute)
+            moe += self.allgather_traffic(layer, c, layer.output_bytes * bscale / cp /
+                                          (tp if sp else 1)).routing_map / c.ep * 5.0
         act_none += moe + padded
         # FP8 training: Linear inputs and routed experts' gated-unit inputs kept in FP8
         # (MemoryConventions fp8_input_saved_bytes, fp8_shared_input_saved_bytes,
@@ -401,6 +424,12 @@ class BlockCosts:
                 act += moe + fp8_in
         # recomputing a block re-materialises what it did not keep, one block at a time
         transient = act_none - act + conv.unfused_score_work_bytes * scores
+        if gathered:
+            # the all-gather dispatcher's gathered tokens (Megatron's global memory buffer) and
+            # the unpermuted expert output before its reduce-scatter, [G T, H] each, live
+            # through the layer (token_dispatcher.py token_dispatch, combine_preprocess)
+            transient += 2.0 * self.allgather_traffic(
+                layer, c, layer.output_bytes * bscale / cp / (tp if sp else 1)).tokens
         # the loss's backward: gradients of the logits beside what it saved
         transient += conv.loss_work_bytes * logits
         if layer.kind == "head" and conv.loss_chunks > 1 and logits:

@@ -1,7 +1,7 @@
 """MoE token dispatch and combine per dispatcher: seconds and link loads of one MoE layer's
 expert-parallel traffic per micro-batch on one GPU (:func:`dispatch_cost`).
 
-Two dispatchers (:data:`autopar.config.DISPATCHERS`):
+Three dispatchers (:data:`autopar.config.DISPATCHERS`):
 
 * ``alltoall``: NCCL all-to-alls of every routed copy of a token (k copies for top-k), timed by
   the EP group's collective model (Lepikhin et al. 2020, GShard; Megatron-Core
@@ -14,8 +14,12 @@ Two dispatchers (:data:`autopar.config.DISPATCHERS`):
   are pipelined in one kernel, so the slower of the two sets the time. The achieved
   bandwidths are DeepEP's published ones (:class:`DeepEPParams`). Derivation:
   docs/reference/moe_dispatch.md.
+* ``allgather``: Megatron-Core's default, ``MoEAllGatherTokenDispatcher``
+  (:func:`allgather_time`): every rank of the expert-TP x EP group gathers all of the group's
+  tokens, routing map and probabilities, permutes locally the rows routed to its own experts,
+  and reduce-scatters the experts' output back.
 
-Both move the same data four times per layer and micro-batch (dispatch and combine forward,
+All-to-all and DeepEP move the same data four times per layer and micro-batch (dispatch and combine forward,
 their gradients backward; a full recompute dispatches once more), on the critical path: autopar
 overlaps expert-parallel traffic with compute only under a DualPipe schedule
 (:meth:`autopar.cost.pipeline.timing.PipelineTimer.pair_overlap`), and charges the compute
@@ -231,6 +235,71 @@ def alltoall_time(routed_bytes: float, group, dispatch_ratio: float = 1.0) -> Di
         group.load("all_to_all", sent).scaled(2) + group.load("all_to_all", routed_bytes).scaled(2))
 
 
+@dataclass(frozen=True)
+class AllGatherTraffic:
+    """Bytes of Megatron-Core's all-gather dispatcher for one MoE layer and micro-batch on one
+    rank of its expert-TP x EP group (``tp_ep``, ``G`` ranks, each holding ``T`` tokens of
+    hidden size ``H``, ``E`` routed experts, ``d`` bytes per activation element).
+
+    Read from megatron-core 0.16.1 ``megatron/core/transformer/moe/token_dispatcher.py``
+    ``MoEAllGatherTokenDispatcher`` (the same structure at Megatron-LM ba773259, 2024-04):
+
+    * ``token_dispatch`` (lines 256-278): ``gather_from_sequence_parallel_region`` over
+      ``tp_ep_group`` of the routing map ([T, E] bool, no gradient), the probabilities ([T, E]
+      in the router's dtype: the activation dtype unless ``moe_router_dtype`` is set,
+      ``router.py`` lines 95-100) and the hidden states ([T, H] -> [G T, H]);
+    * ``dispatch_postprocess`` (280-308): the local experts' columns of the gathered map and
+      probabilities, and ``permute`` of the gathered tokens to the rows routed to this rank's
+      experts (G T k / ep on average: the same rows the all-to-all delivers);
+    * ``combine_preprocess`` / ``token_combine`` (310-341): ``unpermute`` back to [G T, H] and
+      ``reduce_scatter_to_sequence_parallel_region`` over ``tp_ep_group`` in the
+      probabilities' dtype to [T, H].
+
+    Backward runs the adjoints (``tensor_parallel/mappings.py``: a gather's gradient is a
+    reduce-scatter and a reduce-scatter's an all-gather): reduce-scatters of the tokens' and
+    the probabilities' gradients, an all-gather of the output's gradient.
+
+    Attributes (nccl-tests sizes: the gathered / unscattered message, G T x row bytes):
+        tokens: G T H d, the hidden states each way (forward gather, forward reduce-scatter,
+            and their two adjoints).
+        probs: G T E d, the probabilities (forward gather, backward reduce-scatter).
+        routing_map: G T E x 1 byte (forward gather only).
+    """
+
+    tokens: float
+    probs: float
+    routing_map: float
+
+
+def allgather_traffic(token_bytes: float, tokens: float, experts: int, ranks: int,
+                      probs_bytes: float) -> AllGatherTraffic:
+    """:class:`AllGatherTraffic` of one rank holding ``tokens`` tokens (``token_bytes`` = tokens
+    x hidden x dtype bytes) in a ``ranks``-rank expert-TP x EP group, ``experts`` routed
+    experts, probabilities of ``probs_bytes`` per element."""
+    g = max(1, ranks)
+    return AllGatherTraffic(tokens=g * token_bytes, probs=g * tokens * experts * probs_bytes,
+                            routing_map=g * tokens * experts * 1.0)
+
+
+def allgather_time(traffic: AllGatherTraffic, group) -> DispatchCost:
+    """Megatron-Core's all-gather dispatcher over the expert-TP x EP ``group``
+    (:class:`~autopar.cost.comm.Collectives`): forward all-gathers of the tokens, the
+    probabilities and the routing map and a reduce-scatter of the expert output; backward a
+    reduce-scatter of the tokens' gradient and of the probabilities', and an all-gather of the
+    output's gradient (:class:`AllGatherTraffic`). With ``group.size`` 1 (etp = ep = 1) it
+    costs nothing."""
+    t = traffic
+    fwd = (("all_gather", t.tokens), ("all_gather", t.probs), ("all_gather", t.routing_map),
+           ("reduce_scatter", t.tokens))
+    bwd = (("reduce_scatter", t.tokens), ("reduce_scatter", t.probs), ("all_gather", t.tokens))
+    seconds, load = 0.0, NO_LOAD
+    for op, nbytes in fwd + bwd:
+        if nbytes > 0:
+            seconds += group.time(op, nbytes)
+            load = load + group.load(op, nbytes)
+    return DispatchCost(seconds, load)
+
+
 def dispatch_cost(dispatcher: str, token_bytes: float, experts: int, top_k: int, group,
                   etp: int = 1, params: DeepEPParams = DEEPEP,
                   routed_scale: float = 1.0, dispatch_ratio: float = 1.0) -> DispatchCost:
@@ -251,9 +320,15 @@ def dispatch_cost(dispatcher: str, token_bytes: float, experts: int, top_k: int,
             gradient move per byte the combines move (:func:`dispatch_bytes_ratio`: below 1
             where the framework dispatches FP8).
 
+    The ``allgather`` dispatcher is priced by :func:`allgather_time` over the expert-TP x EP
+    group instead (its gathers replace the expert-TP gather, so the caller prices both).
+
     Raises:
-        ValueError: an unknown dispatcher.
+        ValueError: an unknown dispatcher, or ``allgather`` (priced by :func:`allgather_time`).
     """
+    if dispatcher == "allgather":
+        raise ValueError("the allgather dispatcher runs over the expert-TP x EP group: price it "
+                         "with allgather_time(allgather_traffic(...), tp_ep_group)")
     if group.size <= 1 or token_bytes <= 0:
         return DispatchCost(0.0, NO_LOAD)
     token_bytes *= routed_scale

@@ -34,6 +34,11 @@ class Groups:
         (the expert RankGenerator of Megatron-Core parallel_state.py: etp innermost, then ep,
         over the tp x cp x dp ranks of a stage).
 
+        "tpep" is the expert-TP x EP group (the TP ranks of each "ep" rank; with folding the
+        stage's first etp x ep ranks), over
+        which Megatron-Core's all-gather dispatcher gathers (token_dispatcher.py
+        ``tp_ep_group``).
+
         "edp" is the expert-data-parallel group, over which the routed experts' gradients are
         reduced and ZeRO-1 shards them: dp * cp / ep ranks without folding (the DP ranks ep
         apart, with the CP ranks), tp * cp * dp / (ep * etp) with folding (the stage's ranks
@@ -57,14 +62,20 @@ class Groups:
             ranks = [0]
             if dim == "etp" and not c.folded:   # expert TP is the attention's TP group
                 dim, dims = "tp", ("tp",)
-            if dim in ("ep", "etp", "edp") and c.folded:
+            if dim == "tpep" and not c.folded:
+                # the expert-TP x EP group (Megatron-Core pg_collection.tp_ep, over which the
+                # all-gather dispatcher gathers): the TP ranks of each EP rank
+                ranks = [k * strides["dp"] for k in range(c.ep)]
+                dims = ("tp",)
+            elif dim in ("ep", "etp", "edp", "tpep") and c.folded:
                 # the stage's ranks in placement order (innermost fastest), then etp x ep x edp
                 stage = [0]
                 for d in order:
                     if d != "pp":
                         stage = [r + k * strides[d] for k in range(getattr(c, d)) for r in stage]
                 ranks = (stage[:c.etp] if dim == "etp" else stage[:c.ep * c.etp:c.etp]
-                         if dim == "ep" else stage[::c.ep * c.etp])
+                         if dim == "ep" else stage[:c.ep * c.etp] if dim == "tpep"
+                         else stage[::c.ep * c.etp])
                 dims = ()
             elif dim == "ep":  # experts split over the innermost ep ranks of the DP dimension
                 ranks = [k * strides["dp"] for k in range(c.ep)]

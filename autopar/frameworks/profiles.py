@@ -506,7 +506,8 @@ class FrameworkProfile:
             return f"{fw} has no expert parallelism ({self._src('expert_parallel')})"
         if c.dispatcher not in self.dispatchers:
             return (f"{fw} has no {c.dispatcher!r} token dispatcher (it runs "
-                    f"{list(self.dispatchers)}; {self._src('dispatchers')})")
+                    f"{list(self.dispatchers)}; {self._src('dispatchers')}). Fix: "
+                    f"dispatcher={self.dispatchers[0]!r}")
         rule = self.expert_tensor_parallel
         if (c.ep > 1 or moe) and rule == "one" and c.etp != 1:
             return (f"{fw} has no expert tensor parallelism (expert_tp 1 only), not "

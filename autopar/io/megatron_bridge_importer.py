@@ -104,12 +104,14 @@ def from_megatron_bridge_yaml(source: str | Path | dict) -> Imported:
                           "use p2p, a2a or all_gather")
         par["cp_mode"] = _CP_MODES[mode]
     if model.get("expert_model_parallel_size", 1) > 1:
-        kind = model.get("moe_token_dispatcher_type")
+        # unset: TransformerConfig's default, 'allgather' (megatron-core 0.16.1
+        # transformer_config.py line 675)
+        kind = model.get("moe_token_dispatcher_type") or "allgather"
         if kind == "flex" and model.get("moe_flex_dispatcher_backend") == "deepep":
             par["dispatcher"] = "deepep"
-        elif kind == "alltoall":
-            par["dispatcher"] = "alltoall"
-        elif kind is not None:
+        elif kind in ("alltoall", "allgather"):
+            par["dispatcher"] = kind
+        else:
             notes.append(f"moe_token_dispatcher_type {kind!r} is modelled as all-to-all.")
     pp = int(model.get("pipeline_model_parallel_size") or 1)
     if pp > 1:

@@ -86,6 +86,8 @@ def _megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--recompute-method", choices=["uniform", "block"], default=None)
     p.add_argument("--recompute-modules", nargs="+", default=None)
     p.add_argument("--fp8-format", default=None)
+    p.add_argument("--moe-token-dispatcher-type", default=None)
+    p.add_argument("--moe-flex-dispatcher-backend", default=None)
     p.add_argument("--moe-expert-capacity-factor", type=float, default=None)
     p.add_argument("--moe-pad-expert-input-to-capacity", action="store_true")
     # router settings (Megatron-Core transformer_config.py moe_router_*; lists as arguments.py
@@ -178,6 +180,8 @@ def from_megatron_args(text: str | list[str]) -> Imported:
     if ns.expert_tensor_parallel_size is not None:
         # None when equal to tp (ParallelConfig stores that mapping one way)
         par["expert_tp"] = ns.expert_tensor_parallel_size
+    if (ns.expert_model_parallel_size or 1) > 1:
+        par["dispatcher"] = _megatron_dispatcher(ns, notes)
     if ns.moe_expert_capacity_factor is not None and ns.moe_expert_capacity_factor >= 0:
         # transformer_config.py: a negative factor means None (dropless)
         train["moe_capacity_factor"] = ns.moe_expert_capacity_factor
@@ -201,6 +205,24 @@ def from_megatron_args(text: str | list[str]) -> Imported:
     return Imported(parallel=par, train=train, num_layers=ns.num_layers, notes=tuple(notes),
                     costs=costs, cost_sources=sources,
                     layer_split=split, model_fields=model_fields)
+
+
+def _megatron_dispatcher(ns, notes: list) -> str:
+    """The autopar dispatcher (:data:`autopar.config.DISPATCHERS`) of the parsed
+    ``--moe-token-dispatcher-type`` and ``--moe-flex-dispatcher-backend``: absent = Megatron-Core's
+    default, ``allgather`` (transformer_config.py moe_token_dispatcher_type, megatron-core 0.16.1
+    line 675, and arguments.py's default since 2024-01); ``flex`` with the DeepEP backend (its
+    default) = ``deepep``; what autopar does not price (``alltoall_seq``, the HybridEP and
+    NCCL-EP backends) is modelled as ``alltoall`` and named in ``notes``."""
+    kind = ns.moe_token_dispatcher_type or "allgather"
+    if kind in ("allgather", "alltoall"):
+        return kind
+    if kind == "flex" and (ns.moe_flex_dispatcher_backend or "deepep") == "deepep":
+        return "deepep"
+    what = (f"--moe-token-dispatcher-type {kind}" if kind != "flex" else
+            f"--moe-flex-dispatcher-backend {ns.moe_flex_dispatcher_backend}")
+    notes.append(f"{what} is not priced; modelled as the all-to-all dispatcher.")
+    return "alltoall"
 
 
 def _megatron_router(ns, notes: list) -> dict:

@@ -334,7 +334,9 @@ def check_moe(c, experts: list) -> None:
     group; the model may be on the meta device.
 
     Raises:
-        UnsupportedPlanError: ep > 1 on a model without stacked experts; MoE layers under
+        UnsupportedPlanError: ep > 1 on a model without stacked experts; a dispatcher other
+            than all-to-all with ep > 1 (:func:`autopar.runtime.ep.dispatch_forward` runs
+            all-to-all only); MoE layers under
             sequence parallelism (the ``torch`` profile's rule,
             :func:`autopar.frameworks.rules.moe_sp`, which the search reads too).
     """
@@ -342,6 +344,13 @@ def check_moe(c, experts: list) -> None:
         raise UnsupportedPlanError(
             f"ep={c.ep}: the model has no stacked-experts MoE layers (gate_up_proj/down_proj "
             "[experts, ...]) for expert parallelism to split. Fix: plan with ep=1.")
+    if c.ep > 1 and experts and c.dispatcher != "alltoall":
+        # autopar/runtime/ep.py dispatch_forward: all_to_all_single of the routed rows only
+        raise UnsupportedPlanError(
+            f"dispatcher {c.dispatcher!r}: plan.apply dispatches MoE tokens with all-to-all "
+            "only (autopar/runtime/ep.py). Fix: plan with dispatcher='alltoall' (the torch "
+            "profile's only dispatcher), or run the plan in Megatron-LM "
+            "(plan.to_megatron_args()).")
     why = rules.moe_sp(get_profile("torch"), c.tp, c.sequence_parallel) if experts else None
     if why:
         raise rules.refuse(why, UnsupportedPlanError, "MoE layers under sequence parallelism: ")

@@ -48,19 +48,21 @@ class MeshGroups:
         cm = self._cm
         per_node = cm.cluster.gpus_per_node
         tp, cp, pp, dp, ep = (base[k] for k in ("tp", "cp", "pp", "dp", "ep"))
-        etp = base.get("expert_tp")
+        etp, disp = base.get("expert_tp"), base.get("dispatcher")
         b, sp = base["micro_batch_size"], base["sequence_parallel"]
+        # the all-gather dispatcher's collectives run over the expert-TP x EP group
+        dims = ("tp", "cp", "ep", "etp") + (("tpep",) if disp == "allgather" else ())
         m = cm.train.global_batch_size // (dp * b)
         best = math.inf
         for placement in space.placements(base, self._fixed, self._cm.profile):
-            mesh = (tp, cp, dp, pp, ep, etp, placement)
+            mesh = (tp, cp, dp, pp, ep, etp, placement, len(dims))
             where = self._layouts.get(mesh)
             if where is None:
                 c0 = ParallelConfig(**base, placement=placement, cp_mode=modes[0])
                 where = self._layouts[mesh] = tuple(
-                    layout_of(cm.group(d, c0).ranks, per_node) for d in ("tp", "cp", "ep", "etp"))
+                    layout_of(cm.group(d, c0).ranks, per_node) for d in dims)
             for mode in modes:
-                key = (tp, cp, sp, b, mode, ep, etp, *where)
+                key = (tp, cp, sp, b, mode, ep, etp, disp, *where)
                 total = self._sums.get(key)
                 if total is None:
                     c = cm.resolve(ParallelConfig(**base, placement=placement, cp_mode=mode))
@@ -101,21 +103,22 @@ def mesh_groups(cm: CostModel, fixed: dict, limits) -> MeshGroups:
             if limits.max_dims is not None and sum(
                     1 for d in (tp, cp, pp, dp, ep) if d > 1) > limits.max_dims:
                 continue   # more parallel dimensions than the search allows
-            # the token dispatcher is a pinned choice (or the default), never searched
-            base = dict(tp=tp, cp=cp, pp=pp, dp=dp, micro_batch_size=b, sequence_parallel=sp,
-                        ep=ep, expert_tp=etp,
-                        dispatcher=fixed.get("dispatcher", ParallelConfig.dispatcher),
-                        recompute_modules=fixed.get("recompute_modules"))
-            placement = space.placements(base, fixed, profile)[0]
-            modes, c = [], None
-            for mode in space.cp_modes(g, base, fixed, profile):
-                try:
-                    c = cm.resolve(ParallelConfig(**base, placement=placement, cp_mode=mode))
-                except InvalidParallelConfig:
-                    continue
-                modes.append(mode)
-            if modes:
-                m = train.global_batch_size // (dp * b)
-                entries.append((m * compute_sum(cm, c) / pp,
-                                (tp, cp, pp, dp, b, sp, ep, etp or 0), base, tuple(modes)))
+            for disp in space.dispatchers(ep, fixed, profile):
+                base = dict(tp=tp, cp=cp, pp=pp, dp=dp, micro_batch_size=b,
+                            sequence_parallel=sp, ep=ep, expert_tp=etp, dispatcher=disp,
+                            recompute_modules=fixed.get("recompute_modules"))
+                placement = space.placements(base, fixed, profile)[0]
+                modes, c = [], None
+                for mode in space.cp_modes(g, base, fixed, profile):
+                    try:
+                        c = cm.resolve(ParallelConfig(**base, placement=placement,
+                                                      cp_mode=mode))
+                    except InvalidParallelConfig:
+                        continue
+                    modes.append(mode)
+                if modes:
+                    m = train.global_batch_size // (dp * b)
+                    entries.append((m * compute_sum(cm, c) / pp,
+                                    (tp, cp, pp, dp, b, sp, ep, etp or 0, disp), base,
+                                    tuple(modes)))
     return MeshGroups(cm, fixed, entries)

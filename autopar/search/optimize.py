@@ -249,7 +249,7 @@ def _pins_the_framework_runs(profile, fixed: dict, moe: bool = False) -> None:
         InvalidParallelConfig: the reason from :meth:`FrameworkProfile.unsupported` and a fix.
     """
     keys = {k: v for k, v in fixed.items() if k in ParallelConfig.__dataclass_fields__
-            and k not in ("stage_blocks",)}
+            and k not in ("stage_blocks",) and not (k == "dispatcher" and v == "auto")}
     if not keys:
         return
     if "zero_stage" not in keys:  # an open ZeRO stage: one the framework runs on this mesh

@@ -93,7 +93,8 @@ def check_fixed(fixed: dict | None) -> dict:
     if unknown:
         raise InvalidParallelConfig(
             f"fixed= has unknown keys {unknown}. Fix: use only {list(FIXABLE)}.")
-    checked = ParallelConfig(**{k: v for k, v in fixed.items()})  # type and range checks
+    checked = ParallelConfig(**{k: v for k, v in fixed.items()   # type and range checks
+                                if not (k == "dispatcher" and v == AUTO_DISPATCHER)})
     if "schedule" in fixed:
         fixed["schedule"] = checked.schedule  # an alias, normalised
     return fixed
@@ -322,6 +323,32 @@ def ep_options(graph: ModelGraph, dp: int, fixed: dict,
     if not experts or not profile.expert_parallel:
         return [1]
     return [e for e in divisors(dp) if not rules.ep_split(e, dp, experts)]
+
+
+#: Dispatchers the search chooses between when asked to (``fixed={"dispatcher": "auto"}``, the
+#: CLI's ``--dispatcher auto``) where a framework runs them. DeepEP stays a pinned choice: its
+#: price is one vendor's published bandwidth table (autopar.cost.dispatch).
+SEARCHED_DISPATCHERS = ("alltoall", "allgather")
+#: The ``fixed`` dispatcher value that asks the search to choose (not a :data:`DISPATCHERS`
+#: name: searching it doubles the MoE groups, measured on benchmarks.search_speed's MoE cases
+#: under the megatron profile at 2.1x the CPU seconds, so it is opt-in).
+AUTO_DISPATCHER = "auto"
+
+
+def dispatchers(ep: int, fixed: dict, profile: FrameworkProfile | None) -> tuple[str, ...]:
+    """Token dispatchers to try for a group with ``ep`` expert-parallel ranks: the pinned one
+    (``fixed["dispatcher"]``); with ``"auto"`` (:data:`AUTO_DISPATCHER`) and ep > 1, those of
+    :data:`SEARCHED_DISPATCHERS` the framework runs (:attr:`FrameworkProfile.dispatchers`:
+    Megatron-Core's all-to-all and all-gather), so only MoE groups with ep > 1 are multiplied;
+    else the default, ``ParallelConfig.dispatcher`` (all-to-all)."""
+    pin = fixed.get("dispatcher")
+    if pin == AUTO_DISPATCHER:
+        found = tuple(d for d in SEARCHED_DISPATCHERS
+                      if profile is not None and d in profile.dispatchers)
+        return found if ep > 1 and found else (ParallelConfig.dispatcher,)
+    if pin is not None:
+        return (pin,)
+    return (ParallelConfig.dispatcher,)
 
 
 def expert_options(graph: ModelGraph, tp: int, cp: int, dp: int, fixed: dict,

@@ -407,7 +407,7 @@ PROFILE = compose(
                       "[pipe, data, model], outermost first, so model (tp) innermost, then "
                       "data, then pipe (no context parallelism)",
         "dispatchers": "deepspeed/moe/sharded_moe.py MOELayer: _AllToAll of the dispatched "
-                       "tokens (no DeepEP)",
+                       "tokens (no DeepEP, no all-gather dispatcher)",
         "kv_heads_below_tp": "no tensor-parallel attention of its own (Megatron-DeepSpeed "
                              "splits heads: tp divides the KV heads)",
         "per_block_reshard": "deepspeed/runtime/zero/config.py: stage3_param_persistence_"

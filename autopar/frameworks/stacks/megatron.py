@@ -102,7 +102,7 @@ PROFILE = compose(
     sequence_parallel=(True, False), expert_parallel=True, seq_rule=MEGATRON_RULE,
     moe_sequence_parallel=(True,),
     expert_tensor_parallel="any",
-    dispatchers=("alltoall", "deepep"), kv_heads_below_tp=True,
+    dispatchers=("alltoall", "deepep", "allgather"), kv_heads_below_tp=True,
     memory=MEGATRON_MEMORY,
     placements=(("tp", "cp", "dp", "pp"), ("tp", "cp", "pp", "dp")),
     sources={
@@ -114,8 +114,12 @@ PROFILE = compose(
                        "'allgather' | 'alltoall' | 'flex' and moe_flex_dispatcher_backend "
                        "'deepep' (default) | 'hybridep' | 'ncclep'; 'flex' + 'deepep' runs "
                        "DeepEP over the tp x ep group (moe/token_dispatcher.py "
-                       "MoEFlexTokenDispatcher, moe/fused_a2a.py). autopar prices alltoall and "
-                       "deepep (allgather, hybridep, ncclep not priced)",
+                       "MoEFlexTokenDispatcher, moe/fused_a2a.py). autopar prices alltoall, "
+                       "deepep and allgather (the default: moe_token_dispatcher_type = "
+                       "'allgather', megatron-core 0.16.1 transformer_config.py line 675, and "
+                       "since the dispatcher's first commit 20383240c5, 2024-01-20; "
+                       "MoEAllGatherTokenDispatcher gathers over the expert-TP x EP group). "
+                       "hybridep and ncclep are not priced",
         "kv_heads_below_tp": "core/transformer/attention.py (since f7dfb99795, 2025-12-06, "
                              "'Support TP greater than num_kv_heads'): 'if "
                              "self.config.num_query_groups < world_size' each rank keeps one "

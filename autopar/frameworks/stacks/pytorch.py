@@ -49,7 +49,7 @@ PROFILE = compose(
         "placements": "any order: autopar/runtime/mesh.py builds the DeviceMesh in the plan's "
                       "placement (ParallelConfig.placement, innermost first)",
         "dispatchers": "autopar/runtime/ep.py: routed tokens go to their experts' ranks with "
-                       "all_to_all_single (no DeepEP)",
+                       "all_to_all_single (no DeepEP, no all-gather dispatcher)",
         "kv_heads_below_tp": "autopar/runtime/tp.py shards the K/V projections' heads over TP: "
                              "tp divides the KV heads",
         "per_block_reshard": "torch.distributed.fsdp.fully_shard(block, reshard_after_forward=...)"

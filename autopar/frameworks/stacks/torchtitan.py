@@ -111,7 +111,9 @@ PROFILE = compose(
         "dispatchers": "job_config.py Parallelism.expert_parallel_comm_backend 'standard' "
                        "(all-to-all, distributed/expert_parallel.py) | 'deepep' "
                        "(distributed/deepep/deepep.py; models/llama4/infra/parallelize.py "
-                       "refuses it with ep = 1 or expert_tensor_parallel_degree > 1)",
+                       "refuses it with ep = 1 or expert_tensor_parallel_degree > 1); no "
+                       "all-gather dispatcher (torchtitan 0.3.0 models/common/token_dispatcher.py: "
+                       "all-to-all and DeepEP dispatchers only)",
         "kv_heads_below_tp": "models/llama3/infra/parallelize.py apply_tp: wk / wv are "
                              "ColwiseParallel, so tp divides n_kv_heads",
         "per_block_reshard": "job_config.py Parallelism.fsdp_reshard_after_forward: one policy "
@@ -184,7 +186,9 @@ SOURCES_03 = {
                         "DualPipeV overlap callback (only experiments/graph_trainer has one)",
     "dispatchers": "torchtitan 0.3.0 models/common/config_utils.py make_token_dispatcher_config: "
                    "moe_comm_backend 'standard' (all-to-all) | 'deepep' (| 'hybridep', "
-                   "'minimal_async_ep', which autopar does not price)",
+                   "'minimal_async_ep', which autopar does not price); models/common/"
+                   "token_dispatcher.py has AllToAllTokenDispatcher, TorchAOTokenDispatcher "
+                   "(all-to-all) and DeepEPTokenDispatcher: no all-gather dispatcher",
 }
 
 PROFILE_03 = compose(

@@ -317,12 +317,12 @@ def _megatron_moe_model(m: dict, dispatcher: str = "alltoall") -> list[str]:
             runs[-1][1] += 1
         else:
             runs.append([bit, 1])
-    # the plan's dispatcher, as autopar priced it (autopar.cost.dispatch): alltoall, or DeepEP
-    # through the flex dispatcher (transformer_config.py moe_token_dispatcher_type 'flex',
-    # moe_flex_dispatcher_backend 'deepep'); Megatron's default is allgather. Grouped GEMM: the
-    # expert kernel autopar prices (one GEMM per local expert set)
+    # the plan's dispatcher, as autopar priced it (autopar.cost.dispatch): alltoall, allgather
+    # (Megatron's default, written all the same), or DeepEP through the flex dispatcher
+    # (transformer_config.py moe_token_dispatcher_type 'flex', moe_flex_dispatcher_backend
+    # 'deepep'). Grouped GEMM: the expert kernel autopar prices (one GEMM per local expert set)
     flags = (["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
-             if dispatcher == "deepep" else ["--moe-token-dispatcher-type", "alltoall"])
+             if dispatcher == "deepep" else ["--moe-token-dispatcher-type", dispatcher])
     a += ["--num-experts", str(m["num_experts"]), "--moe-router-topk", str(m["top_k"]),
           "--moe-ffn-hidden-size", str(m["moe_ffn_hidden_size"]),
           "--moe-layer-freq", "+".join(f"[{bit}]*{n}" for bit, n in runs),
