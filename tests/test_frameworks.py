@@ -139,9 +139,10 @@ def test_torchtitan_and_megatron_build_only_their_rank_orders():
         assert PROFILES[name].placements == (("tp", "cp", "dp", "pp"),)
     assert PROFILES["megatron"].placements == (("tp", "cp", "dp", "pp"), ("tp", "cp", "pp", "dp"))
     assert PROFILES["nemo"].placements == PROFILES["megatron"].placements
-    assert PROFILES["torch"].placements == () and PROFILES["deepspeed"].placements == ()
+    assert PROFILES["torch"].placements == ()
+    assert PROFILES["deepspeed"].placements == (("tp", "cp", "dp", "pp"),)   # its topology
     # the exporters' rank orders are the profiles'
-    for fw in ("torchtitan", "megatron"):
+    for fw in ("torchtitan", "megatron", "deepspeed"):
         assert tuple(o for o, _ in RANK_ORDERS[fw]) == PROFILES[fw].placements
     c = autopar.ParallelConfig(tp=2, pp=4, dp=2, zero_stage=2, sequence_parallel=True,
                                placement=("tp", "cp", "pp", "dp"))
