@@ -10,15 +10,15 @@ from operator import attrgetter
 from ..config import ParallelConfig
 from ..graph.kernels import ATTENTION_BACKWARD_RATIO
 from ..hardware.collectives import NO_LOAD, LinkLoad
-from . import capacity
 from . import memory as mem
 from . import offload
 from .comm import cp_layer_comm, split_expert_tp, tp_layer_comm
 from .compute import LayerTime, layer_time
 from .context import CostInputs
-from .dispatch import allgather_time, allgather_traffic, dispatch_bytes_ratio, dispatch_cost
+from .dispatch import allgather_time, dispatch_bytes_ratio, dispatch_cost
 from .groups import Groups
 from .host import host_time
+from .moe_block import MoEBlockCosts
 from .selective import is_default, module_recompute
 
 #: Share of a causal attention op's counted (non-causal, FlopCounterMode) FLOPs that MFU and HFU
@@ -80,7 +80,7 @@ block_cost_fields = attrgetter("tp", "cp", "dp", "pp", "micro_batch_size", "sequ
                                "recompute_modules")
 
 
-class BlockCosts:
+class BlockCosts(MoEBlockCosts):
     """Per-layer costs of one cost model's graph, cached by layer signature and sharding.
 
     Args:
@@ -132,65 +132,6 @@ class BlockCosts:
                            routed_scale=rows)
             self._layer_times[key] = t
         return t
-
-    def tp_token_alltoall(self, layer, c: ParallelConfig, bscale: float
-                          ) -> tuple[float, LinkLoad]:
-        """Forward seconds and link load, per micro-batch, of the TP collectives Megatron-Core's
-        2024 all-to-all dispatcher adds to MoE ``layer`` under TP > 1
-        (:attr:`autopar.frameworks.FrameworkProfile.moe_tp_token_alltoall`): two all-to-alls
-        over TP of one rank's sequence shard, [S*B/tp, H] (sp2hp before the permutation, hp2sp
-        after the combine; all-to-all bytes = what one rank sends plus keeps), and the
-        all-gather of the router's logits, [S*B, experts] unsharded. Backward moves the same
-        bytes the other way (the reverse all-to-alls, the logits' reduce-scatter), which
-        :meth:`block_cost` charges at the forward's seconds."""
-        tp_g = self.groups.group("tp", c)
-        shard = layer.output_bytes * bscale / c.cp / c.tp
-        logits = sum(o.bytes_written for o in layer.ops
-                     if getattr(o, "moe_role", "") == "router") * bscale / c.cp
-        t = 2 * tp_g.time("all_to_all", shard) + tp_g.time("all_gather", logits)
-        load = (tp_g.load("all_to_all", shard).scaled(2) + tp_g.load("all_gather", logits))
-        return t, load
-
-    def allgather_traffic(self, layer, c: ParallelConfig, token_bytes: float):
-        """:class:`autopar.cost.dispatch.AllGatherTraffic` of MoE ``layer`` under the all-gather
-        dispatcher for a rank holding ``token_bytes`` of tokens, over the expert-TP x EP group
-        (etp x ep ranks); probabilities in the activation dtype (Megatron-Core's
-        ``moe_router_dtype`` default None, router.py lines 95-100)."""
-        dt = self.inputs.train.dtype_bytes
-        ntok = token_bytes / (self.inputs.graph.hidden_size * dt)
-        return allgather_traffic(token_bytes, ntok, layer.num_experts, c.etp * c.ep, dt)
-
-    def dispatch_sync_s(self, layer, c: ParallelConfig) -> float:
-        """Seconds the GPU waits per MoE ``layer`` forward (ep > 1, all-to-all dispatcher)
-        behind the dispatcher's blocking reads of the token counts
-        (:attr:`autopar.frameworks.FrameworkProfile.moe_dispatch_sync_ops`): after each read
-        the stream is empty, so the host's issue time of the ops up to the all-to-all
-        (``moe_dispatch_sync_ops``, two more with the TP all-to-all of
-        ``moe_tp_token_alltoall`` under TP > 1, each
-        :attr:`autopar.cost.params.CostParams.host_op_s`) and the all-gather of the counts
-        over EP between the reads (``ep x experts`` int64 counts) are exposed. 0 when the
-        profile prices no such read. A lower bound: the host's time per op is torch's alone
-        (no module or autograd overhead), and the reads' own round trips are not counted."""
-        prof = self.inputs.profile
-        if not (prof.moe_dispatch_sync_ops and layer.num_experts and c.ep > 1
-                and c.dispatcher == "alltoall"):
-            return 0.0
-        ops = prof.moe_dispatch_sync_ops + (
-            2 if prof.moe_tp_token_alltoall and c.tp > 1 and not c.folded else 0)
-        counts = c.ep * layer.num_experts * 8
-        return (ops * self.inputs.params.host_op_s
-                + self.groups.group("ep", c).time("all_gather", counts))
-
-    def routed_scale(self, layer, b: int, tp: int, cp: int, sp: bool) -> float:
-        """Routed rows of MoE ``layer`` over dropless routing under the training config's
-        capacity factor (:func:`autopar.cost.capacity.routed_scale`), for a router call on one
-        rank's share of a micro-batch of ``b`` sequences: / cp, and / tp under sequence
-        parallelism; 1 for a dense layer or dropless MoE."""
-        if not layer.num_experts or self.inputs.train.moe_capacity_factor is None:
-            return 1.0
-        tokens = b * self.inputs.train.seq_len / cp / (tp if sp else 1)
-        return capacity.routed_scale(self.inputs.train, tokens, layer.experts_per_token,
-                                     layer.num_experts)
 
     def kv_gather_bytes(self, layer, tp: int) -> float:
         """Bytes of the fused QKV projection output of ``layer``'s graph micro-batch (unsharded,
