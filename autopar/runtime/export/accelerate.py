@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from ..errors import UnsupportedPlanError
 from ..verdict import per_block_text
-from .common import Export, block_modes, finish, node_layout, one_reshard_policy, rank_order
+from .common import Export, block_modes, finish, node_layout, one_reshard_policy, rank_order, unwritten
 
 #: ``plugin`` -> (accelerate's ``distributed_type``, the autopar profile that prices it, the
 #: degrees Accelerate fixes whatever that profile allows).
@@ -77,15 +77,13 @@ def to_accelerate_config(plan, plugin: str = "fsdp") -> Export:
         warn.append("precision fp8: Accelerate's fp8 needs an fp8_config backend (Transformer "
                     "Engine, torchao or MS-AMP) that autopar does not price; used bf16")
         t_written = replace(t, precision="bf16")
-    if t.optimizer_state_dtype != "fp32":
-        warn.append(f"optimizer_state_dtype {t.optimizer_state_dtype}: Accelerate's config has "
-                    "no switch for the moments' dtype; used fp32")
-        t_written = replace(t_written, optimizer_state_dtype="fp32")
-    if t.activation_offload:
-        warn.append("activation_offload: not written (autopar prices torch's save_on_cpu; "
-                    "fsdp_activation_checkpointing_offload offloads checkpoints, which autopar "
-                    "does not price)")
-        t_written = replace(t_written, activation_offload=False)
+    t_written = unwritten(t_written, "optimizer_state_dtype", warn,
+                          f"optimizer_state_dtype {t.optimizer_state_dtype}: Accelerate's config "
+                          "has no switch for the moments' dtype; used fp32")
+    t_written = unwritten(t_written, "activation_offload", warn,
+                          "activation_offload: not written (autopar prices torch's save_on_cpu; "
+                          "fsdp_activation_checkpointing_offload offloads checkpoints, which "
+                          "autopar does not price)")
     if plugin == "fsdp":
         w, t_written = _fsdp(doc, c, w, t_written, warn)
     else:

@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from ..errors import UnsupportedPlanError
 from ..verdict import per_block_text
-from .common import Export, balanced_cut, block_modes, finish, one_reshard_policy
+from .common import Export, balanced_cut, block_modes, finish, one_reshard_policy, unwritten
 
 #: The Colossal-AI source the names were read from.
 COLOSSALAI_VERSION = "Colossal-AI 0.5.0 (4f9953be335ef371b3848719ddafe596c01ecd37)"
@@ -81,14 +81,12 @@ def to_colossalai_plugin(plan) -> Export:
             warn.append("optimizer_offload: Colossal-AI offloads the optimizer under ZeRO only; "
                         "not written at ZeRO-0")
             t_written = replace(t_written, optimizer_offload=False)
-    if t.activation_offload:
-        warn.append("activation_offload: Colossal-AI's plugins have no activation offload; not "
-                    "written")
-        t_written = replace(t_written, activation_offload=False)
-    if t.optimizer_state_dtype != "fp32":
-        warn.append(f"optimizer_state_dtype {t.optimizer_state_dtype}: the plugins keep fp32 "
-                    "master states; used fp32")
-        t_written = replace(t_written, optimizer_state_dtype="fp32")
+    t_written = unwritten(t_written, "activation_offload", warn,
+                          "activation_offload: Colossal-AI's plugins have no activation offload; "
+                          "not written")
+    t_written = unwritten(t_written, "optimizer_state_dtype", warn,
+                          f"optimizer_state_dtype {t.optimizer_state_dtype}: the plugins keep "
+                          "fp32 master states; used fp32")
     if w.pp > 1:
         kwargs["microbatch_size"] = mbs   # one step's batch per dp rank runs as micro-batches
         batch, accum = t.global_batch_size // w.dp, 1

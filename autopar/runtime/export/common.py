@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ...config import ParallelConfig
 from ...hardware import Cluster
@@ -86,6 +86,21 @@ def strongest_mode(modes) -> str:
 def uniform(blocks: tuple[int, ...]) -> bool:
     """All entries equal (or none)."""
     return len(set(blocks)) <= 1
+
+
+#: Training fields an exporter writes back to their default when its framework has no switch
+#: for them (:func:`unwritten`).
+_TRAIN_DEFAULTS = {"activation_offload": False, "optimizer_state_dtype": "fp32"}
+
+
+def unwritten(t, name: str, warn: list[str], note: str):
+    """``t`` (a TrainingConfig) with field ``name`` back at its default (:data:`_TRAIN_DEFAULTS`)
+    and ``note`` appended to ``warn`` when it was not at the default; ``t`` unchanged otherwise."""
+    default = _TRAIN_DEFAULTS[name]
+    if getattr(t, name) == default:
+        return t
+    warn.append(note)
+    return replace(t, **{name: default})
 
 
 def finish(plan, value, warn: list[str], written: ParallelConfig, framework: str,

@@ -7,7 +7,7 @@ from dataclasses import replace
 from ..errors import UnsupportedPlanError
 from ...frameworks import with_edits
 from .common import (Export, balanced_cut, block_modes, finish, one_reshard_policy,
-                     rank_order, strongest_mode)
+                     rank_order, strongest_mode, unwritten)
 from ..verdict import per_block_text, plan_edits
 
 def to_deepspeed_config(plan) -> Export:
@@ -157,15 +157,13 @@ def to_deepspeed_config(plan) -> Export:
             warn.append(f"param_offload: DeepSpeed offloads parameters under ZeRO-3 only "
                         f"(offload_param); not written at ZeRO-{w.zero_stage}")
             t_written = replace(t_written, param_offload=False)
-    if t.activation_offload:
-        warn.append("activation_offload: not written (autopar prices torch's save_on_cpu; "
-                    "DeepSpeed's activation_checkpointing.cpu_checkpointing offloads "
-                    "partitioned checkpoints, which autopar does not price)")
-        t_written = replace(t_written, activation_offload=False)
-    if t.optimizer_state_dtype != "fp32":
-        warn.append(f"optimizer_state_dtype {t.optimizer_state_dtype}: DeepSpeed's config has no "
-                    "switch for the moments' dtype; used fp32")
-        t_written = replace(t_written, optimizer_state_dtype="fp32")
+    t_written = unwritten(t_written, "activation_offload", warn,
+                          "activation_offload: not written (autopar prices torch's save_on_cpu; "
+                          "DeepSpeed's activation_checkpointing.cpu_checkpointing offloads "
+                          "partitioned checkpoints, which autopar does not price)")
+    t_written = unwritten(t_written, "optimizer_state_dtype", warn,
+                          f"optimizer_state_dtype {t.optimizer_state_dtype}: DeepSpeed's config "
+                          "has no switch for the moments' dtype; used fp32")
     wrote = (("overlap_dp_grad_reduce",) if c.zero_stage in (1, 2)
              and "overlap_dp_grad_reduce" in plan_edits(plan, "deepspeed") else ())
     return finish(plan, cfg, warn, w, "deepspeed", comment="", train=t_written,

@@ -9,7 +9,7 @@ from dataclasses import replace
 from ..errors import UnsupportedPlanError
 from ..verdict import per_block_text
 from .common import (Export, block_modes, finish, one_reshard_policy, rank_order,
-                     strongest_mode)
+                     strongest_mode, unwritten)
 
 def _toml_value(v) -> str:
     if isinstance(v, bool):
@@ -340,19 +340,16 @@ def titan_offload(t, w, warn: list[str], version: str):
         warn.append(f"param_offload: torchtitan offloads FSDP shards only; not written at "
                     f"ZeRO-{w.zero_stage}")
         t = replace(t, param_offload=False)
-    if t.activation_offload:
-        warn.append(f"activation_offload: not written (torchtitan {version} has no activation "
-                    "offload option)")
-        t = replace(t, activation_offload=False)
+    t = unwritten(t, "activation_offload", warn, f"activation_offload: not written "
+                  f"(torchtitan {version} has no activation offload option)")
     if t.optimizer_offload and not offload:
         warn.append("optimizer_offload: torchtitan offloads only everything together "
                     "(training.enable_cpu_offload: parameters, gradients and optimizer states "
                     "through FSDP2's CPUOffloadPolicy); not written, the optimizer stays on the GPU")
         t = replace(t, optimizer_offload=False)
-    if t.optimizer_state_dtype != "fp32":
-        warn.append(f"optimizer_state_dtype {t.optimizer_state_dtype}: torchtitan's optimizers "
-                    "keep states in the parameters' dtype (fp32 shards); used fp32")
-        t = replace(t, optimizer_state_dtype="fp32")
+    t = unwritten(t, "optimizer_state_dtype", warn,
+                  f"optimizer_state_dtype {t.optimizer_state_dtype}: torchtitan's optimizers "
+                  "keep states in the parameters' dtype (fp32 shards); used fp32")
     return offload, t
 
 
