@@ -24,9 +24,8 @@ from autopar.runtime import (
 )
 from autopar.runtime import UnsupportedPlanError
 from autopar.runtime.export import MEGATRON_FLAGS
+from export_shapes import SHAPES as BASE_SHAPES, TRAIN, shape_plan
 
-TRAIN = autopar.TrainingConfig(global_batch_size=16, seq_len=32, precision="bf16",
-                               optimizer="adamw")
 
 #: Megatron-LM's own flag table (every flag its parser defines, with values and choices), read
 #: by building the parser at the commit it records: benchmarks/megatron_arguments.py.
@@ -52,24 +51,13 @@ _DS_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accu
             "zero_optimization", "gradient_clipping", "bf16", "fp16", "optimizer",
             "tensor_parallel", "pipeline", "activation_checkpointing"}
 
-SHAPES = {
-    "fsdp": (8, dict(dp=8, tp=1, pp=1, zero_stage=3)),
-    "tp-zero2": (8, dict(dp=4, tp=2, pp=1, zero_stage=2)),
-    "3d-mixed": (8, dict(pp=2, dp=2, tp=2, recompute=("full", "none", "selective", "none"),
-                         micro_batch_size=1, zero_stage=1, stage_blocks=(1, 1, 1, 1),
-                         virtual_stages=2)),
-    "pp-uneven": (8, dict(pp=2, dp=4, tp=1, zero_stage=0, stage_blocks=(1, 3),
-                          recompute="full", schedule="gpipe")),
-    "two-nodes": (16, dict(dp=8, tp=2, pp=1, zero_stage=3, recompute="selective")),
-}
+SHAPES = {**BASE_SHAPES,
+          "two-nodes": (16, dict(dp=8, tp=2, pp=1, zero_stage=3, recompute="selective"))}
 
 
 @pytest.fixture(scope="module", params=list(SHAPES))
 def plan(request):
-    gpus, fixed = SHAPES[request.param]
-    nodes = max(1, gpus // 8)
-    return autopar.optimize("tiny-llama", autopar.Cluster.custom(nodes, gpus // nodes,
-                                                                 "A100-80GB"), TRAIN, fixed=fixed)
+    return shape_plan(*SHAPES[request.param])
 
 
 def _megatron_parser() -> argparse.ArgumentParser:

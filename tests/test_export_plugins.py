@@ -24,9 +24,8 @@ from autopar.errors import InvalidParallelConfig
 from autopar.io.colossalai_importer import from_colossalai_plugin
 from autopar.io.plugin_importers import from_accelerate_yaml
 from autopar.runtime import to_accelerate_config, to_colossalai_plugin
+from export_shapes import shape_plan
 
-TRAIN = autopar.TrainingConfig(global_batch_size=16, seq_len=32, precision="bf16",
-                               optimizer="adamw")
 
 SHAPES = {
     "fsdp": (8, dict(dp=8, tp=1, pp=1, zero_stage=3)),
@@ -47,10 +46,7 @@ _COLOSSAL = json.loads((Path(__file__).parent / "data" / "colossalai_plugins.jso
 
 @pytest.fixture(scope="module", params=list(SHAPES))
 def plan(request):
-    gpus, fixed = SHAPES[request.param]
-    nodes = max(1, gpus // 8)
-    return autopar.optimize("tiny-llama", autopar.Cluster.custom(nodes, gpus // nodes,
-                                                                 "A100-80GB"), TRAIN, fixed=fixed)
+    return shape_plan(*SHAPES[request.param])
 
 
 def _same(imported: dict, written: ParallelConfig):

@@ -29,36 +29,22 @@ import autopar
 from autopar.io.importers import from_torchtitan_toml
 from autopar.io.titan_config import from_torchtitan_config
 from autopar.runtime.export import version as titan_version
+from export_shapes import SHAPES as BASE_SHAPES, TRAIN, shape_plan
+from export_shapes import cluster as _cluster
 
 DATA = Path(__file__).parent / "data"
 SCHEMA_02 = json.loads((DATA / "torchtitan_0.2.2_job_config.json").read_text())
 SCHEMA_03 = json.loads((DATA / "torchtitan_0.3.0_config.json").read_text())
 INSTALLED = titan_version.installed_torchtitan()
 
-TRAIN = autopar.TrainingConfig(global_batch_size=16, seq_len=32, precision="bf16",
-                               optimizer="adamw")
-SHAPES = {
-    "fsdp": (8, dict(dp=8, tp=1, pp=1, zero_stage=3)),
-    "tp-zero2": (8, dict(dp=4, tp=2, pp=1, zero_stage=2)),
-    "3d-mixed": (8, dict(pp=2, dp=2, tp=2, recompute=("full", "none", "selective", "none"),
-                         micro_batch_size=1, zero_stage=1, stage_blocks=(1, 1, 1, 1),
-                         virtual_stages=2)),
-    "pp-uneven": (8, dict(pp=2, dp=4, tp=1, zero_stage=0, stage_blocks=(1, 3),
-                          recompute="full", schedule="gpipe")),
-    "cp-ring": (8, dict(dp=2, tp=2, cp=2, pp=1, zero_stage=3, cp_mode="ring")),
-    "two-nodes": (16, dict(dp=8, tp=2, pp=1, zero_stage=3, recompute="selective")),
-}
-
-
-def _cluster(gpus: int):
-    nodes = max(1, gpus // 8)
-    return autopar.Cluster.custom(nodes, gpus // nodes, "A100-80GB")
+SHAPES = {**BASE_SHAPES,
+          "cp-ring": (8, dict(dp=2, tp=2, cp=2, pp=1, zero_stage=3, cp_mode="ring")),
+          "two-nodes": (16, dict(dp=8, tp=2, pp=1, zero_stage=3, recompute="selective"))}
 
 
 @pytest.fixture(scope="module", params=list(SHAPES))
 def plan(request):
-    gpus, fixed = SHAPES[request.param]
-    return autopar.optimize("tiny-llama", _cluster(gpus), TRAIN, fixed=fixed)
+    return shape_plan(*SHAPES[request.param])
 
 
 def _gpus(plan) -> int:
