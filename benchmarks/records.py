@@ -396,6 +396,9 @@ def parse(rec: dict) -> Record:
                                    optimizer_offload=t.get("optimizer_offload") is True,
                                    param_offload=t.get("param_offload") is True,
                                    activation_offload=t.get("activation_offload") is True,
+                                   # the optimizer's moment dtype (null: fp32, Adam's own)
+                                   optimizer_state_dtype=t.get("optimizer_state_dtype")
+                                   or "fp32",
                                    # token dropping (null: dropless); padding only where the
                                    # record says so (Megatron-Core's default is off)
                                    moe_capacity_factor=plan.get("capacity_factor"),

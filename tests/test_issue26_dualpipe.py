@@ -1,5 +1,6 @@
 """Issue 26: DeepSeek's bidirectional DualPipe as a schedule: DualPipeV's order on the same
-ranks (the same bubble up to the stage size), with each stage's parameters on two ranks."""
+ranks (the same bubble up to the stage size), with each stage's parameters on two ranks and its
+activations counted along DualPipe's own step (pp + 1 stages, deepseek-ai/DualPipe README)."""
 
 from __future__ import annotations
 
@@ -57,3 +58,37 @@ def test_pinning_a_schedule_the_framework_lacks_names_its_schedules():
                                                    "'dualpipe'.*inhouse-2024"):
         autopar.optimize("tiny-llama", "1x8xH100", TRAIN, fixed=dict(schedule="dualpipe"))
 
+
+@pytest.mark.parametrize("pp", [2, 4, 8, 16])
+def test_dualpipe_holds_pp_plus_one_stages(pp):
+    """deepseek-ai/DualPipe README: "Activation Per Device" PP+1 for DualPipe on PP devices
+    (one micro-batch through one stage each); its step is DualPipeV's on pp / 2 ranks with
+    m / 2 micro-batches. A stage is two of the rank's V chunks, so the in-flight count in chunk
+    units is 2 (pp + 1), where DualPipeV's own order on pp ranks holds 2 pp + 1."""
+    from autopar.cost import memory as mem
+    from autopar.cost.pipeline.orders import dualpipe_stage_peak
+    for m in (2 * pp, 2 * pp + 1, 6 * pp):
+        for r in range(pp):
+            assert dualpipe_stage_peak(pp, m, r) == pp + 1
+            assert mem.in_flight("dualpipe", r, pp, m, 2) == 2 * (pp + 1)
+            assert mem.in_flight("dualpipev", r, pp, m, 2) == 2 * pp + 1
+    with pytest.raises(ValueError, match="even"):
+        dualpipe_stage_peak(3, 12, 0)
+    with pytest.raises(ValueError, match="micro-batches"):
+        dualpipe_stage_peak(pp, 2 * pp - 1, 0)
+
+
+def test_dualpipe_caches_fp8_weights_of_both_copies():
+    """Transformer Engine's FP8 weight cache (MemoryConventions.fp8_weight_cache_bytes) is per
+    module: DualPipe's two copies of a stage are two modules, two caches."""
+    from autopar.frameworks.memory import MEGATRON_MEMORY
+    fp8 = dataclasses.replace(TRAIN, precision="fp8")
+    graph, _ = model_graph("tiny-llama", fp8)
+    cm = CostModel(graph, autopar.Cluster.from_spec("1x8xH100"), fp8,
+                   framework=dataclasses.replace(BOTH, memory=MEGATRON_MEMORY))
+    gathered = {}
+    for schedule in ("dualpipev", "dualpipe"):
+        c = cm.resolve(autopar.ParallelConfig(**BASE, schedule=schedule))
+        gathered[schedule] = [st.gather_bytes for st in cm.stage_layout(c)]
+    assert all(v > 0 for v in gathered["dualpipev"])
+    assert gathered["dualpipe"] == pytest.approx([2 * v for v in gathered["dualpipev"]])

@@ -166,23 +166,51 @@ def test_plan_apply_refuses_module_recompute():
 def test_mla_up_proj_drops_the_query_key_value_the_attention_saved(mixed, moe_graph):
     """Megatron-Core's "mla_up_proj" (multi_latent_attention.py recompute_up_proj) frees the
     up projections' outputs once the attention core ran: what the attention op saved less its
-    output; the up projections and rotary ops run again, the down projections do not. A block
-    without latent attention, or one that recomputes the attention core already, drops
-    nothing more."""
+    output; with the query / key-value norms fused into the up projections inside the
+    checkpoint (Transformer Engine spec), the up projections' saved inputs (the normed
+    latents) go too. The norms, up projections and rotary ops run again, the down
+    projections do not. A block without latent attention, or one that recomputes the
+    attention core already, drops nothing more."""
     from autopar.cost.selective import ModuleRecompute, module_recompute
     cm, _ = mixed
     block = next(b for b in cm.graph.blocks if b.num_experts)
     att = block_parts(block).attention[0]
     saved = sum(n for name, part, n in block.saved_by_op
                 if name == block.ops[att].name and part != "core")
+    ups = {o.name for o in block.ops[:att] if o.kind == "matmul" and o.tp_role}
+    up_in = sum(n for name, part, n in block.saved_by_op if name in ups and part != "core")
+    assert len(ups) == 2 and up_in > 0
     r = module_recompute(block, ("mla_up_proj",))
-    assert r.seq + r.tp == pytest.approx(saved - block.ops[att].bytes_written)
+    assert r.seq + r.tp == pytest.approx(saved - block.ops[att].bytes_written + up_in)
+    assert r.linear_seq + r.linear_tp == pytest.approx(up_in)   # Linear inputs among them
     assert r.tp > 0 and r.core == 0
     again = [block.ops[i] for i in r.ops]
     assert all(i < att for i in r.ops)
     assert any(o.kind == "matmul" and o.tp_role == "column" for o in again)   # up projections
+    assert sum(o.kind == "norm" for o in again) == 2                         # their norms
     assert not any(o.kind == "matmul" and not o.tp_role for o in again)      # not the down ones
     both = module_recompute(block, ("core_attn", "mla_up_proj"))
     assert both.tp == module_recompute(block, ("core_attn",)).tp
     plain = moe_graph.blocks[0]   # grouped-query attention: nothing to drop
     assert module_recompute(plain, ("mla_up_proj",)) == ModuleRecompute()
+
+
+def test_fp8_checkpointed_linear_input_goes_at_its_fp8_bytes(moe_graph):
+    """Under FP8 a Linear keeps its input as an FP8 copy (Megatron: 1 byte per element,
+    MemoryConventions.fp8_input_saved_bytes); "moe_act" checkpoints the expert activation and
+    frees the second expert GEMM's input with that copy: the activations fall by s k f x 1
+    byte, not by the bf16 tensor (s k f x 2) the graph counts."""
+    act = module_recompute(moe_graph.blocks[0], ("moe_act",))
+    assert (act.linear_seq, act.linear_tp) == (0, S * K * F * 2)
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=S, framework="megatron",
+                                   precision="fp8")
+    cm = CostModel(moe_graph, autopar.Cluster.custom(1, 8, "H100-80GB"), train)
+    index = next(i for i, layer in enumerate(moe_graph.layers) if layer.num_experts)
+    base = dict(tp=1, pp=1, dp=8, ep=4, zero_stage=1, micro_batch_size=1)
+
+    def kept(**kw):
+        c = cm.resolve(autopar.ParallelConfig(**base, **kw))
+        return cm.block_cost(index, c.recompute, c).act_bytes
+
+    dropped = kept(recompute="none") - kept(recompute="selective", recompute_modules=("moe_act",))
+    assert dropped == pytest.approx(S * K * F * 1)

@@ -71,6 +71,17 @@ def test_capacity_factor_record_parses_into_the_training_config():
     assert records.parse(_rec()).train.moe_capacity_factor is None
 
 
+def test_optimizer_state_dtype_is_read_from_the_record():
+    """training.optimizer_state_dtype (DeepSeek-V3's BF16 AdamW moments, arXiv 2412.19437
+    section 3.3.3): absent or null is fp32."""
+    assert records.parse(_rec()).train.optimizer_state_dtype == "fp32"
+    bf16 = records.parse(_rec(training={"optimizer_state_dtype": "bf16"})).train
+    assert bf16.optimizer_state_dtype == "bf16"
+    dsv3 = next(r for r in validation.load_corpus() if r.get("id") == "b-deepseek-v3-2048gpu")
+    assert records.parse(dsv3).train.optimizer_state_dtype == "bf16"
+    assert "track the first and second moments" in dsv3["source_quote"]
+
+
 def test_dualpipev_record_takes_its_two_chunks():
     rec = records.parse(_rec(plan={"pp": 2, "dp": 4, "schedule": "dualpipev"}))
     assert validation.framework_defaults(rec)["virtual_stages"] == 2

@@ -346,13 +346,22 @@ class BlockCosts(MoEBlockCosts):
                 sequence_parallel=sp)
         act_none += fp8_in
         if mr is not None:
-            # the modules' dropped tensors (counted at the graph's dtype: a dropped Linear
-            # input kept in FP8 is over-subtracted by its FP8 saving, memory.fp8_input_delta);
+            # the modules' dropped tensors (counted at the graph's dtype; a checkpointed
+            # Linear's input kept in FP8 is restored below to its FP8 count, a norm output
+            # "layernorm" drops is not: memory.fp8_input_delta);
             # the attention core takes the framework's extra score and repeated K / V bytes
             # with it, a recomputed MoE layer its framework delta and capacity rows with the
             # graph's tensors they adjust
             act = act_none - mr.dropped_bytes(micro_batch=bscale, tp=tp, cp=cp,
                                               sequence_parallel=sp)
+            if fp8_in and conv.fp8_input_saved_bytes is not None:
+                # a checkpointed Linear's input goes with its FP8 copy, which fp8_in had
+                # counted at fp8_input_saved_bytes per element: what the drop took at the
+                # graph's dtype beyond that comes back (not a norm output "layernorm" drops:
+                # selective.ModuleRecompute.linear_seq)
+                act += (1.0 - conv.fp8_input_saved_bytes / self.inputs.train.dtype_bytes) * \
+                    mr.linear_dropped_bytes(micro_batch=bscale, tp=tp, cp=cp,
+                                            sequence_parallel=sp)
             if "core_attn" in modules:
                 act -= score_extra + kv_repeat
             if "moe" in modules:

@@ -11,7 +11,9 @@ block input. Micro-batches in flight per pipeline rank i of p: 1F1B min(m, p - i
 1F1B with v chunks: (p - i - 1) * 2 + (v - 1) * p + 1 chunk-micro-batches (Narayanan et al. 2021,
 Megatron-LM's warm-up count); GPipe: all m; the split-backward schedules (interleaved zero
 bubble, ZBV, DualPipeV): counted along torch's own action order, a micro-batch held from its
-forward to its weight-gradient pass (:func:`autopar.cost.pipeline.orders.peak_in_flight`).
+forward to its weight-gradient pass (:func:`autopar.cost.pipeline.orders.peak_in_flight`);
+DeepSeek's DualPipe along its own step, pp + 1 whole stages
+(:func:`autopar.cost.pipeline.orders.dualpipe_stage_peak`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 
 from ..config import CC9_ARCHITECTURES
 from ..graph.types import Layer
-from .pipeline.orders import SPLIT_BACKWARD, rank_peak_in_flight
+from .pipeline.orders import SPLIT_BACKWARD, dualpipe_stage_peak, rank_peak_in_flight
 # re-exported: their callers read them as memory.X
 from .saved_adjust import (chunked_loss_bytes, fp8_input_delta,  # noqa: F401
                            moe_saved_delta, routed_saved_bytes)
@@ -220,12 +222,16 @@ def kv_repeat_bytes(layer: Layer, *, micro_batch: float, tp: int, cp: int) -> fl
 
 def in_flight(schedule: str, stage: int, pp: int, num_micro_batches: int, virtual: int) -> float:
     """Micro-batches (times chunks) whose activations pipeline rank ``stage`` holds at its peak,
-    in units of "one micro-batch through one chunk".
+    in units of "one micro-batch through one chunk" (under DualPipe a stage is two of the
+    rank's chunks: 2 x :func:`~autopar.cost.pipeline.orders.dualpipe_stage_peak` for even pp).
 
     Raises:
         ValueError: a split-backward schedule that cannot order these counts.
     """
     m = num_micro_batches
+    if schedule == "dualpipe" and pp > 1 and pp % 2 == 0:
+        # each DualPipe stage is two of the rank's V chunks (autopar.config.V_SCHEDULES)
+        return 2.0 * dualpipe_stage_peak(pp, m, stage)
     if schedule in SPLIT_BACKWARD and pp > 1:
         return float(rank_peak_in_flight(schedule, pp, m, virtual, stage))
     if pp == 1:

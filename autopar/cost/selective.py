@@ -33,8 +33,14 @@ input norm, attention, output projection, pre-MLP norm, MLP or MoE layer):
   ``CheckpointWithoutOutput``, whose output is discarded once the attention core has run,
   ``qkv_up_checkpoint.discard_output_and_register_recompute``): in a multi-latent attention
   block (one whose down projections, replicated GEMMs, precede the attention), the query, key
-  and value the attention op saved are dropped (what it saved less its output), and the ops from
-  the first up projection to the attention, norms and down projections apart, run again. A no-op
+  and value the attention op saved are dropped (what it saved less its output), with the up
+  projections' saved inputs: in the Transformer Engine spec the query and key-value norms are
+  fused into the up projections (``gpt_layer_specs.py``: ``linear_q_up_proj`` /
+  ``linear_kv_up_proj`` are ``column_parallel_layer_norm_linear()`` with ``qk_layernorm``,
+  ``q_layernorm`` / ``kv_layernorm`` ``IdentityOp``), so the normed latents are inside the
+  checkpoint, whose inputs are the down projections' outputs (``qkv_up_checkpoint.checkpoint(
+  qkv_up_proj_and_rope_apply, q_compressed, kv_compressed, ...)``). The ops after the first down
+  projection up to the attention, down projections apart, run again. A no-op
   elsewhere, and under "core_attn", which drops the attention's saved tensors already. DeepSeek-
   V3's recipe (arXiv 2412.19437 section 3.2.3: RMSNorm and MLA up-projection outputs
   recomputed, the SwiGLU output too) is "layernorm", "mla_up_proj", "moe_act";
@@ -67,6 +73,13 @@ class ModuleRecompute:
             graph's micro-batch, unsharded.
         ops: indices of ``layer.ops`` whose forward the backward runs again.
         dispatch: the MoE dispatch and combine all-to-alls run again ("moe").
+        linear_seq, linear_tp: the part of ``seq`` / ``tp`` that is the saved inputs of
+            checkpointed Linear ops (GEMMs that saved them first; a tensor another op saved
+            first is not counted), whose FP8 copies go with them
+            (:meth:`linear_dropped_bytes`). The norm outputs "layernorm" drops are not among
+            them; under FP8 they stay dropped at the graph's dtype (the Linear after a norm
+            keeps an FP8 copy of its own, while the bf16 output that other ops, Megatron's
+            router, keep is counted in the graph as the router's cast copy: not separated).
     """
 
     seq: float = 0.0
@@ -74,6 +87,8 @@ class ModuleRecompute:
     core: float = 0.0
     ops: tuple[int, ...] = ()
     dispatch: bool = False
+    linear_seq: float = 0.0
+    linear_tp: float = 0.0
 
     def dropped_bytes(self, *, micro_batch: float, tp: int, cp: int,
                       sequence_parallel: bool) -> float:
@@ -83,6 +98,15 @@ class ModuleRecompute:
         units of the graph's micro-batch."""
         seq_div = tp if sequence_parallel else 1
         return (self.seq / seq_div + (self.tp + self.core) / tp) * micro_batch / cp
+
+    def linear_dropped_bytes(self, *, micro_batch: float, tp: int, cp: int,
+                             sequence_parallel: bool) -> float:
+        """The checkpointed Linear inputs among :meth:`dropped_bytes` (``linear_seq``,
+        ``linear_tp``), sharded alike: at the graph's dtype, where FP8 training kept them as
+        FP8 copies (:func:`autopar.cost.memory.fp8_input_delta`), so the caller adds back
+        what the FP8 count had already taken off."""
+        seq_div = tp if sequence_parallel else 1
+        return (self.linear_seq / seq_div + self.linear_tp / tp) * micro_batch / cp
 
 
 @dataclass(frozen=True)
@@ -162,6 +186,7 @@ def module_recompute(layer: Layer, modules: tuple[str, ...]) -> ModuleRecompute:
     parts = block_parts(layer) if layer.kind == "block" else None
     ops = layer.ops
     dropped = {"seq": 0.0, "tp": 0.0, "core": 0.0}
+    linear = {"seq": 0.0, "tp": 0.0}   # of which checkpointed Linear inputs
     again: set[int] = set()
     if "core_attn" in modules:
         dropped["core"] += layer.activations.core
@@ -177,18 +202,28 @@ def module_recompute(layer: Layer, modules: tuple[str, ...]) -> ModuleRecompute:
             saved_at.setdefault(i, {}).setdefault(part, 0)
             saved_at[i][part] += nbytes
 
+    def drop_linear_input(i: int) -> None:
+        # a checkpointed GEMM's saved input (and with it its FP8 copy under FP8)
+        for part, nbytes in saved_at.get(i, {}).items():
+            if part != "core":
+                dropped[part] += nbytes
+                linear[part] += nbytes
+
     def drop_saved(span, less: float = 0.0) -> None:
         # what the span's ops saved, less its input kept by the checkpoint (a "seq" tensor)
-        seq = 0.0
+        seq = lin_seq = 0.0
         for i in span:
             for part, nbytes in saved_at.get(i, {}).items():
                 if part == "core" and "core_attn" in modules:
                     continue   # counted once, with the attention core
                 if part == "seq":
                     seq += nbytes
+                    lin_seq += nbytes if _linear(ops[i]) else 0.0
                 else:
                     dropped[part] += nbytes
+                    linear[part] += nbytes if _linear(ops[i]) and part == "tp" else 0.0
         dropped["seq"] += max(0.0, seq - less)
+        linear["seq"] += max(0.0, lin_seq - less)
 
     moe = bool(layer.num_experts)
     norms = [i for i in (parts.input_norm, parts.pre_mlp_norm) if i is not None]
@@ -208,8 +243,15 @@ def module_recompute(layer: Layer, modules: tuple[str, ...]) -> ModuleRecompute:
             # the attention's output stays saved (its own backward needs it)
             out_part = ops[att].region if ops[att].region in ("seq", "tp") else "tp"
             dropped[out_part] = max(0.0, dropped[out_part] - ops[att].bytes_written)
-            again.update(i for i in range(up, att) if ops[i].kind != "norm"
-                         and not (ops[i].kind == "matmul" and not ops[i].tp_role))
+            # the query / key-value norms are fused into the up projections
+            # (TELayerNormColumnParallelLinear) inside the checkpoint: the up projections'
+            # saved inputs (the normed latents) go too; the norms' own inputs, the down
+            # projections' outputs, are the checkpoint's inputs and stay
+            for i in range(up, att):
+                if ops[i].kind == "matmul" and ops[i].tp_role:
+                    drop_linear_input(i)
+            again.update(i for i in range(down[0] + 1, att)
+                         if not (ops[i].kind == "matmul" and not ops[i].tp_role))
     if moe and "moe" in modules:
         # the MoE layer after its (separate) pre-MLP norm; the norm's output, which its first
         # op saved, is the checkpoint's input: kept, or dropped above by "layernorm"
@@ -217,11 +259,10 @@ def module_recompute(layer: Layer, modules: tuple[str, ...]) -> ModuleRecompute:
         pre_out = ops[parts.pre_mlp_norm].bytes_written if parts.pre_mlp_norm is not None else 0
         drop_saved(body, less=pre_out)
         again.update(body)
-        return _done(dropped, again, dispatch=True)
+        return _done(dropped, again, linear, dispatch=True)
     if moe and "moe_act" in modules and parts.expert_out is not None:
         # the activation's output is what the second expert GEMM saved: its input
-        for part, nbytes in saved_at.get(parts.expert_out, {}).items():
-            dropped[part] += nbytes
+        drop_linear_input(parts.expert_out)
         again.update(parts.moe_act)
     if moe and "shared_experts" in modules and parts.shared:
         drop_saved(parts.shared)
@@ -230,13 +271,21 @@ def module_recompute(layer: Layer, modules: tuple[str, ...]) -> ModuleRecompute:
         # the fused pre-MLP norm and the MLP: the norm's own saved input is the checkpoint's
         drop_saved(parts.mlp[1:])
         again.update(parts.mlp)
-    return _done(dropped, again)
+    return _done(dropped, again, linear)
 
 
-def _done(dropped: dict[str, float], again: set[int], dispatch: bool = False
-          ) -> ModuleRecompute:
+def _linear(op) -> bool:
+    """Whether ``op`` is a Linear whose saved input the graph counts among the Linear-only
+    inputs (:attr:`~autopar.graph.types.ActivationBytes.linear_seq`): a GEMM other than the
+    router (which saves its own cast copies)."""
+    return op.kind == "matmul" and op.moe_role != "router"
+
+
+def _done(dropped: dict[str, float], again: set[int], linear: dict[str, float],
+          dispatch: bool = False) -> ModuleRecompute:
     return ModuleRecompute(seq=dropped["seq"], tp=dropped["tp"], core=dropped["core"],
-                           ops=tuple(sorted(again)), dispatch=dispatch)
+                           ops=tuple(sorted(again)), dispatch=dispatch,
+                           linear_seq=linear["seq"], linear_tp=linear["tp"])
 
 
 def is_default(modules: tuple[str, ...]) -> bool:

@@ -74,7 +74,8 @@ class ModelStates:
         DeepSpeed's per-parameter fetch: :meth:`per_parameter_gathered`), or, under pipeline
         parallelism where the framework keeps them, the unsharded
         parameters and gradients its chunks hold at pipeline rank ``rank``'s activation peak
-        (:meth:`pp_unsharded_bytes`); plus cached FP8 weight copies. With ``param_offload`` the
+        (:meth:`pp_unsharded_bytes`); plus cached FP8 weight copies (of each copy of the parameters:
+        :data:`autopar.config.PARAMETER_COPIES`). With ``param_offload`` the
         weight shards (and under FSDP the gradient shards) are on the host and the working
         bytes add the two units' shards copied in before their all-gathers
         (:mod:`autopar.cost.offload`).
@@ -130,7 +131,9 @@ class ModelStates:
             if pp > 1 and conv.pp_unsharded_bytes:
                 work = max(self.pp_unsharded_bytes(c, rank, params), work)
         if train.precision == "fp8" and conv.fp8_weight_cache_bytes:
-            work += conv.fp8_weight_cache_bytes * sum(
+            # each copy of the parameters (DualPipe's two: PARAMETER_COPIES) is its own
+            # modules, each caching its FP8 weights
+            work += conv.fp8_weight_cache_bytes * PARAMETER_COPIES.get(c.schedule, 1) * sum(
                 self.ranks.layer_params_per_rank(i, c.tp, True, c.ep, c.etp) for i in layers
                 if g.layers[i].kind == "block")
         return RankStates(states, work)

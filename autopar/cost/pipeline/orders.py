@@ -40,7 +40,9 @@ Pipeline Parallelism", arXiv 2401.10241; DeepSeek-AI 2024, DeepSeek-V3 technical
   backward chunk in the steady state and have the bubble (pp/2 - 1)(F&B + B - 3W) in units of
   their own stage (deepseek-ai/DualPipe README): a DualPipe stage is a DualPipeV chunk's
   double, so its bubble is (pp/2 - 1)/pp of a micro-batch's work against DualPipeV's
-  (pp - 1)/(2 pp); the two copies of the parameters are in the memory model.
+  (pp - 1)/(2 pp); the two copies of the parameters are in the memory model, and its
+  activations follow its own step (:func:`dualpipe_stage_peak`: pp + 1 stages, where
+  DualPipeV's order on the same ranks holds pp + 1/2).
 
 Memory: torch's input-gradient pass keeps the autograd graph for the weight pass
 (``torch/distributed/pipelining/_backward.py``, ``stage_backward_input`` calls
@@ -292,6 +294,31 @@ def rank_peak_in_flight(schedule: str, pp: int, m: int, v: int, rank: int) -> in
         per_round = m // rounds
         m = next((k * per_round for k in range(3, rounds) if k * per_round // pp == k), m)
     return _rank_peak(schedule, pp, m, v, rank)
+
+
+def dualpipe_stage_peak(pp: int, m: int, rank: int) -> int:
+    """Micro-batch-stages whose activations rank ``rank`` of DeepSeek's bidirectional DualPipe
+    on ``pp`` ranks holds at its peak, for ``m`` micro-batches per step (``m / 2`` fed from
+    each end), in units of one micro-batch through one whole stage (1/pp of the model; the
+    rank holds two stages, one per direction).
+
+    DualPipe's ``step`` (deepseek-ai/DualPipe ``dualpipe/dualpipe.py``, steps 1-8) is
+    DualPipeV's on ``pp / 2`` ranks (``dualpipev.py``, its "cut-in-half"): rank ``r`` runs the
+    order of DualPipeV's rank ``min(r, pp - 1 - r)`` (``half_rank``) with ``m / 2`` micro-batches
+    (``half_num_chunks``), each chunk a whole stage: step 1 ``(num_half_ranks - half_rank - 1)
+    * 2`` forwards, step 4 ``half_num_chunks - num_ranks + half_rank + 1`` pairs, as
+    :func:`_dualpipev` with pp / 2 ranks. The peak is ``pp + 1`` on every rank, the README's
+    table ("Activation Per Device: PP+1" for DualPipe on PP devices).
+
+    Raises:
+        ValueError: odd ``pp`` or fewer than 2 pp micro-batches (``step`` asserts
+            ``num_ranks % 2 == 0`` and ``num_chunks >= num_ranks * 2``).
+    """
+    if pp % 2 or pp < 2:
+        raise ValueError(f"DualPipe runs on an even number of pipeline ranks, not {pp}")
+    if m < 2 * pp:
+        raise ValueError(f"DualPipe needs at least 2 pp = {2 * pp} micro-batches, not {m}")
+    return rank_peak_in_flight("dualpipev", pp // 2, m // 2, 2, min(rank, pp - 1 - rank))
 
 
 @lru_cache(maxsize=8192)
