@@ -257,13 +257,26 @@ class BlockCosts(MoEBlockCosts):
                                       self.inputs.profile.moe_dispatch_dtype, train.precision,
                                       train.dtype_bytes))
             ef, eload = d.seconds, d.load
-            if mode == "full" or (mr is not None and mr.dispatch):
+            # the all-to-all dispatcher's side collectives: the probabilities' all-to-all each
+            # way and the counts' all-gather in forward (FrameworkProfile.moe_probs_alltoall,
+            # moe_counts_gather)
+            probs_s, pload, gather_s, gload = 0.0, NO_LOAD, 0.0, NO_LOAD
+            if not gathered:
+                probs_s, pload, gather_s, gload = self.alltoall_metadata_s(
+                    layer, c, tokens / (self.inputs.graph.hidden_size * train.dtype_bytes)
+                    * max(1, layer.experts_per_token)
+                    * self.routed_scale(layer, c.micro_batch_size, tp, cp, sp))
+            ef, eload = ef + probs_s, eload + pload
+            redispatch = mode == "full" or (mr is not None and mr.dispatch)
+            if redispatch:
                 ef *= 1.5  # the recomputed forward dispatches again
                 eload = eload.scaled(1.5)
             # the dispatcher's blocking reads of the token counts drain the stream; charged
-            # with the dispatch (FrameworkProfile.moe_dispatch_sync_ops), once per forward run
-            sync = self.dispatch_sync_s(layer, c)
-            ef += sync * (2 if mode == "full" or (mr is not None and mr.dispatch) else 1)
+            # with the dispatch (FrameworkProfile.moe_dispatch_sync_ops), once per forward run,
+            # as the counts' all-gather
+            sync = self.dispatch_sync_s(layer, c) + gather_s
+            ef += sync * (2 if redispatch else 1)
+            eload = eload + gload.scaled(2 if redispatch else 1)
         rec = lt.recompute_s(mode, mr.ops if mr is not None else None)
         # FLOPs the recomputed forward repeats (HFU), in MFU's convention: a causal attention
         # op at the half a causal kernel executes

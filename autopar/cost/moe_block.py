@@ -6,7 +6,7 @@ uses that class's ``inputs`` and ``groups``)."""
 from __future__ import annotations
 
 from ..config import ParallelConfig
-from ..hardware.collectives import LinkLoad
+from ..hardware.collectives import NO_LOAD, LinkLoad
 from . import capacity
 from .dispatch import allgather_traffic
 
@@ -63,6 +63,42 @@ class MoEBlockCosts:
         counts = c.ep * layer.num_experts * 8
         return (ops * self.inputs.params.host_op_s
                 + self.groups.group("ep", c).time("all_gather", counts))
+
+    def alltoall_metadata_s(self, layer, c: ParallelConfig, routed_rows: float
+                            ) -> tuple[float, LinkLoad, float, LinkLoad]:
+        """(seconds of the probabilities' all-to-alls, forward + backward, and their link load;
+        seconds of the counts' all-gather, forward, and its load) of MoE ``layer`` per micro-batch on one rank that
+        routes ``routed_rows`` rows (its tokens x top-k, after any capacity factor), under the
+        all-to-all dispatcher with ep > 1; zeros otherwise.
+
+        * :attr:`autopar.frameworks.FrameworkProfile.moe_probs_alltoall`: the rows'
+          probabilities, one element each in the activation dtype (Megatron-Core's
+          ``moe_router_dtype`` default None), all-to-all'd over EP after the tokens, and their
+          gradient back in backward: two all-to-alls of ``routed_rows x dtype bytes``
+          (nccl-tests size: what a rank sends plus keeps, as the tokens' all-to-all counts it).
+        * :attr:`~autopar.frameworks.FrameworkProfile.moe_counts_gather`: the all-gather of
+          every rank's per-expert int64 counts over the expert-TP x EP group ("tpep", etp x ep
+          ranks), output ``etp x ep x experts x 8`` bytes, forward only (no gradient).
+
+        Both are messages of a few kB to a few hundred kB: their time is the collectives'
+        per-call and per-peer latency on the EP group's links
+        (:func:`autopar.hardware.collectives.algorithm_times`)."""
+        prof = self.inputs.profile
+        if not (layer.num_experts and c.ep > 1 and c.dispatcher == "alltoall"
+                and (prof.moe_probs_alltoall or prof.moe_counts_gather)):
+            return 0.0, NO_LOAD, 0.0, NO_LOAD
+        a2a_s, a2a_load, gather_s, gather_load = 0.0, NO_LOAD, 0.0, NO_LOAD
+        if prof.moe_probs_alltoall:
+            ep_g = self.groups.group("ep", c)
+            probs = routed_rows * self.inputs.train.dtype_bytes
+            a2a_s = 2 * ep_g.time("all_to_all", probs)
+            a2a_load = ep_g.load("all_to_all", probs).scaled(2)
+        if prof.moe_counts_gather:
+            g = self.groups.group("tpep", c)
+            counts = g.size * layer.num_experts * 8
+            gather_s = g.time("all_gather", counts)
+            gather_load = g.load("all_gather", counts)
+        return a2a_s, a2a_load, gather_s, gather_load
 
     def routed_scale(self, layer, b: int, tp: int, cp: int, sp: bool) -> float:
         """Routed rows of MoE ``layer`` over dropless routing under the training config's

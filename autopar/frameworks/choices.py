@@ -184,6 +184,8 @@ class ExpertDispatch(Choice):
     moe_dispatch_dtype: str
     moe_tp_token_alltoall: bool = False
     moe_dispatch_sync_ops: int = 0
+    moe_probs_alltoall: bool = False
+    moe_counts_gather: bool = False
 
 
 @dataclass(frozen=True)
@@ -345,6 +347,15 @@ ACTIVATION_DTYPE_DISPATCH = ExpertDispatch(
         "not priced: Megatron-Core since a11077467a reads the token counts on a side stream "
         "and waits on one event at its cuda_sync_point (d98e8a6 token_dispatcher.py "
         "_maybe_dtoh_and_synchronize), with work queued behind it; torchtitan's and "
-        "DeepSpeed's host syncs are not read: 0")})
+        "DeepSpeed's host syncs are not read: 0"),
+        "moe_probs_alltoall": (
+        "torchtitan v0.2.2 (distributed/expert_parallel.py ExpertParallel._token_dispatch) and "
+        "DeepSpeed (moe/sharded_moe.py MOELayer.forward) move only the tokens in their "
+        "all-to-alls; Megatron-Core's own dispatcher is "
+        "autopar.frameworks.stacks.megatron.MEGATRON_ALLTOALL_DISPATCH: False"),
+        "moe_counts_gather": (
+        "not priced for a stack whose dispatcher is not read for it (torchtitan's all-to-all "
+        "of the counts is not priced); Megatron-Core's: autopar.frameworks.stacks.megatron."
+        "MEGATRON_ALLTOALL_DISPATCH: False")})
 
 _DEFAULT_CHOICES = {"host": PER_KERNEL_LAUNCH, "expert_dispatch": ACTIVATION_DTYPE_DISPATCH}

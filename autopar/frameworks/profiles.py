@@ -221,6 +221,16 @@ class FrameworkProfile:
             :attr:`autopar.cost.params.CostParams.host_op_s`, plus the all-gather of the
             counts over EP that runs between the reads; 0: not priced
             (:meth:`autopar.cost.blocks.BlockCosts.dispatch_sync_s`). Time only.
+        moe_probs_alltoall: under expert parallelism the all-to-all dispatcher sends each routed
+            row's router probability in an all-to-all of its own after the tokens' (one
+            element per row, the activation dtype), and its gradient back in backward
+            (Megatron-Core since 2659630721, core 0.13:
+            :data:`autopar.frameworks.stacks.megatron.MEGATRON_ALLTOALL_DISPATCH`); priced by
+            :meth:`autopar.cost.moe_block.MoEBlockCosts.alltoall_metadata_s`. Time only.
+        moe_counts_gather: under expert parallelism the all-to-all dispatcher all-gathers
+            each rank's per-expert token counts (int64) over the expert-TP x EP group in
+            forward, on the compute stream, before the permutation; priced with
+            ``moe_probs_alltoall``. Time only.
         stage_split: where an even split of the decoder blocks over pipeline stages puts the
             remainder when the plan gives no cut (:data:`STAGE_SPLITS`,
             :meth:`split_stages`).
@@ -310,6 +320,8 @@ class FrameworkProfile:
     moe_dispatch_dtype: str = "activation"
     moe_tp_token_alltoall: bool = False
     moe_dispatch_sync_ops: int = 0
+    moe_probs_alltoall: bool = False
+    moe_counts_gather: bool = False
     cost_sources: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_COST_SOURCES))
     #: memory conventions (bytes per state, optimizer temporaries, what PP keeps unsharded...),
     #: sourced inside :class:`autopar.frameworks.memory.MemoryConventions`
@@ -340,7 +352,8 @@ class FrameworkProfile:
                      self.zero0_step_host_ops_per_tensor, self.zero1_step_bytes,
                      self.zero1_step_host_ops_per_tensor, self.zero3_persistent_elements,
                      self.zero3_reduce_bucket_elements, self.moe_dispatch_dtype,
-                     self.moe_tp_token_alltoall, self.moe_dispatch_sync_ops))
+                     self.moe_tp_token_alltoall, self.moe_dispatch_sync_ops,
+                     self.moe_probs_alltoall, self.moe_counts_gather))
 
     @classmethod
     def capability_names(cls) -> tuple[str, ...]:

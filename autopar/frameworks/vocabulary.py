@@ -64,7 +64,7 @@ COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_g
                "zero0_step_bytes", "zero0_step_host_ops_per_tensor", "zero1_step_bytes",
                "zero1_step_host_ops_per_tensor", "zero3_persistent_elements",
                "zero3_reduce_bucket_elements", "moe_dispatch_dtype", "moe_tp_token_alltoall",
-               "moe_dispatch_sync_ops")
+               "moe_dispatch_sync_ops", "moe_probs_alltoall", "moe_counts_gather")
 #: Parts of a block that run as plain eager PyTorch ops inside a stack that is otherwise fused
 #: (:attr:`FrameworkProfile.eager_parts`; costed by :func:`autopar.cost.compute.layer_time`):
 #: ``glu``: a gated linear unit's activation as its own kernel before the multiply
@@ -265,6 +265,12 @@ DEFAULT_COST_SOURCES = {
     "moe_dispatch_sync_ops": "no blocking host read in an MoE dispatcher is priced unless a "
                              "framework's dispatcher is read to make one (autopar.frameworks."
                              "stacks.megatron.ALLTOALL_SEQ_2024)",
+    "moe_probs_alltoall": "no all-to-all of the router's probabilities beside the tokens' "
+                          "unless a framework's dispatcher runs one (autopar.frameworks."
+                          "stacks.megatron.MEGATRON_ALLTOALL_DISPATCH)",
+    "moe_counts_gather": "no all-gather of the per-expert token counts in an MoE dispatch "
+                         "unless a framework's dispatcher is read to run one (autopar."
+                         "frameworks.stacks.megatron.MEGATRON_ALLTOALL_DISPATCH)",
     "moe_tp_token_alltoall": "no TP all-to-all of the tokens around an MoE layer unless a "
                              "framework's dispatcher runs one (autopar.frameworks.stacks."
                              "megatron.ALLTOALL_SEQ_2024)",

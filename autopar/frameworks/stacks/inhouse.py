@@ -49,7 +49,11 @@ FP8_DISPATCH = ExpertDispatch(
         "moe_tp_token_alltoall": "DeepSeek-V3 trains its MoE layers without tensor "
         "parallelism (section 3.2: 'we do not use costly Tensor Parallelism'): no TP all-to-all "
         "is priced",
-        "moe_dispatch_sync_ops": "HAI-LLM's dispatcher is not published: no host read priced"})
+        "moe_dispatch_sync_ops": "HAI-LLM's dispatcher is not published: no host read priced",
+        "moe_probs_alltoall": "HAI-LLM's dispatcher is not published: no probabilities' "
+        "all-to-all priced",
+        "moe_counts_gather": "HAI-LLM's dispatcher is not published: no counts' gather "
+        "priced"})
 
 CHOICES: Choices = replace(megatron.CHOICES, sharded_dp=SHARDED_DP, expert_dispatch=FP8_DISPATCH)
 

@@ -87,9 +87,50 @@ P2P_2023 = PipelineComm(
                           "overlap_p2p_comm the default') overlapped pipeline sends only under "
                           "--overlap-p2p-communication, off by default"})
 
+_TD17 = "Megatron-Core core_v0.17.1 megatron/core/transformer/moe/token_dispatcher.py "
+_COUNTS_GATHER = (
+    _TD17 + "MoEAlltoAllTokenDispatcher.preprocess (dropless, ep or expert-TP > 1): "
+    "num_local_tokens_per_expert = routing_map.sum(dim=0).long(), then "
+    "gather_from_sequence_parallel_region(num_local_tokens_per_expert, group=self.tp_ep_group) "
+    "for the output splits: an all-gather of experts x int64 per rank over the expert-TP x EP "
+    "group, issued on the compute stream before the permutation (the same gather at ba773259 "
+    "over EP, where ALLTOALL_SEQ_2024 prices it with the blocking reads)")
+_PROBS_A2A = (
+    _TD17 + "MoEAlltoAllTokenDispatcher.token_dispatch: after all_to_all(self.ep_group, "
+    "permutated_local_input_tokens, ...) a second all_to_all(self.ep_group, permuted_probs, "
+    "self.output_splits, self.input_splits) of the routed rows' probabilities (one element "
+    "per row); tensor_parallel/mappings.py _AllToAll.backward sends the gradient back the "
+    "reverse way. Added by 2659630721 (2025-04-09, 'perf(MoE): Memory efficient token "
+    "permutation', first tagged core_v0.13.0rc0), which moved the probabilities into the "
+    "experts' activation (before it, token_unpermutation weighted the output locally); the "
+    "expert-TP all-gather of the probabilities it also adds under etp > 1 is not priced")
+
+#: Megatron-Core's all-to-all dispatcher since core 0.13 (2659630721): tokens in the activation
+#: dtype, the router's probabilities in an all-to-all of their own beside them, and the
+#: per-expert counts all-gathered over the expert-TP x EP group before each dispatch.
+MEGATRON_ALLTOALL_DISPATCH = ExpertDispatch(
+    name="megatron-alltoall-0.13",
+    summary="Megatron-Core's all-to-all dispatcher since core 0.13: the tokens' all-to-all, "
+            "the probabilities' all-to-all and the counts' all-gather per MoE layer",
+    moe_dispatch_dtype="activation", moe_probs_alltoall=True, moe_counts_gather=True,
+    sources={**ACTIVATION_DTYPE_DISPATCH.sources, "moe_probs_alltoall": _PROBS_A2A,
+             "moe_counts_gather": _COUNTS_GATHER})
+
+#: The same dispatcher before 2659630721: no probabilities' all-to-all.
+MEGATRON_ALLTOALL_DISPATCH_BEFORE_0_13 = replace(
+    MEGATRON_ALLTOALL_DISPATCH, name="megatron-alltoall-before-0.13",
+    summary="Megatron-Core's all-to-all dispatcher from 2024-09 to core 0.13: the tokens' "
+            "all-to-all and the counts' all-gather per MoE layer",
+    moe_probs_alltoall=False,
+    sources={**MEGATRON_ALLTOALL_DISPATCH.sources, "moe_probs_alltoall": (
+        "Megatron-Core before 2659630721 (read at its parent): token_permutation all-to-alls "
+        "the tokens only and token_unpermutation weights the experts' output by "
+        "self.local_probs on the rank that computed it: no probabilities' all-to-all")})
+
 CHOICES = Choices(sharded_dp=DISTRIBUTED_OPTIMIZER, optimizer_step=MIXED_FUSED_ADAM,
                   attention=TE_CUDNN, fusion=TE_FUSED, tensor_parallel=MEGATRON_TP,
-                  pipeline=OVERLAP_P2P, context_parallel=FUSED_CP)
+                  pipeline=OVERLAP_P2P, context_parallel=FUSED_CP,
+                  expert_dispatch=MEGATRON_ALLTOALL_DISPATCH)
 
 PROFILE = compose(
     CHOICES,
@@ -201,6 +242,12 @@ ALLTOALL_SEQ_2024 = ExpertDispatch(
             "the MoE layer and the router logits gathered over TP",
     moe_dispatch_dtype="activation", moe_tp_token_alltoall=True, moe_dispatch_sync_ops=9,
     sources={"moe_dispatch_dtype": ACTIVATION_DTYPE_DISPATCH.sources["moe_dispatch_dtype"],
+             "moe_probs_alltoall": MEGATRON_ALLTOALL_DISPATCH_BEFORE_0_13.sources[
+                 "moe_probs_alltoall"],
+             "moe_counts_gather": (
+                 _BA77 + "token_dispatcher.py MoEAlltoAllTokenDispatcher.preprocess line 337: "
+                 "the counts' all-gather over EP runs between the two blocking reads, priced "
+                 "with them (moe_dispatch_sync_ops), so not again here"),
              "moe_tp_token_alltoall": (
                  _BA77 + "token_dispatcher.py MoEAlltoAllTokenDispatcher.token_permutation "
                  "lines 401-404 ('hidden_states: [S*B/TP, H] -> [S*B, H/TP]': "
@@ -236,14 +283,21 @@ def with_moe_probs_at_combine(profile):
     """``profile`` (the Megatron-LM or NeMo :class:`~autopar.frameworks.FrameworkProfile`) as
     Megatron-Core ran MoE before :data:`MOE_PROBS_IN_ACTIVATION_SINCE`: the combine weights the
     experts' output by the router's probabilities and keeps it
-    (:data:`MEMORY_BEFORE_CORE_0_13`). A version option (memory only), not the profile's
-    default."""
-    return replace(profile, memory=replace(profile.memory, moe_combine_saved=1, sources={
+    (:data:`MEMORY_BEFORE_CORE_0_13`), and its all-to-all dispatcher sends no probabilities
+    (:data:`MEGATRON_ALLTOALL_DISPATCH_BEFORE_0_13`; the same commit added their all-to-all).
+    A version option, not the profile's default."""
+    profile = replace(profile, memory=replace(profile.memory, moe_combine_saved=1, sources={
         **profile.memory.sources,
         "moe_combine_saved": MEMORY_BEFORE_CORE_0_13.sources["moe_combine_saved"]}))
+    if not profile.moe_probs_alltoall:
+        return profile
+    return profile.with_costs({"moe_probs_alltoall": MEGATRON_ALLTOALL_DISPATCH_BEFORE_0_13
+                               .sources["moe_probs_alltoall"]}, moe_probs_alltoall=False)
 
 
-CHOICES_2023 = replace(CHOICES, pipeline=P2P_2023)
+#: (Megatron-LM before 2023-10 had no expert-parallel dispatcher of Megatron-Core's: the stock
+#: activation-dtype dispatch, no counts' gather or probabilities' all-to-all.)
+CHOICES_2023 = replace(CHOICES, pipeline=P2P_2023, expert_dispatch=ACTIVATION_DTYPE_DISPATCH)
 
 #: What Megatron-LM could run before 4eeff55d1f, where it differs from main: read from that
 #: commit's tree (``megatron/arguments.py``, ``megatron/model/transformer.py``). A search under
