@@ -429,6 +429,13 @@ TORCHTITAN_MEMORY = MemoryConventions(
                            "'F.scaled_dot_product_attention(xq, xk, xv, is_causal=True)', which "
                            "saves its inputs for backward: 1",
         **GRAPH_MOE_SOURCES,
+        "moe_router_input_saved": "the graph's count: torchtitan models/common/moe.py "
+                                  "TokenChoiceTopKRouter.forward runs 'scores_TE = "
+                                  "self.gate(x_TD)' under torch.autocast(dtype=torch.float32) "
+                                  "(since ab5ed59f8, 2026-03-04, 'Execute moe.gate in "
+                                  "float32'), whose linear keeps fp32 copies of its input and "
+                                  "weight, as transformers' DeepSeek-V3 gate the graph traces: "
+                                  "0 (runs before it kept the bf16 input: not modelled)",
     })
 
 MEGATRON_MEMORY = MemoryConventions(
