@@ -486,7 +486,10 @@ MEGATRON_MEMORY = MemoryConventions(
                              "WeightedSwiGLUFunction saves its input and the probabilities); "
                              "token_dispatcher.py combine_postprocess calls unpermute without "
                              "probs (since 2659630721, 2025-04-09, 'Memory efficient token "
-                             "permutation', first released in core_v0.13.0rc0): 0",
+                             "permutation', first released in core_v0.13.0rc0; at core_v0.13.0 "
+                             "GroupedMLP and SequentialMLP apply permuted_probs in the "
+                             "activation too, and --moe-apply-probs-on-input, top-1 only, "
+                             "multiplies the experts' input instead): 0",
         "moe_router_input_saved": _MCORE_ROUTER_SAVED,
         "expert_input_gathered": "megatron/core/transformer/moe/token_dispatcher.py "
                                  "MoEAlltoAllTokenDispatcher.dispatch_postprocess: after the "
