@@ -123,7 +123,11 @@ def test_deepseek_v3_record_memory_down_time_same():
     (the step's 19.53 s is with the report's recompute modules and FP8 dispatch:
     tests/test_fp8_dispatch.py). 116.2 GiB since the checkpointed Linear inputs go at their
     FP8 bytes, DualPipe holds pp + 1 stages and caches both copies' FP8 weights and the
-    moments are BF16 (109.7 GiB before): the run is still predicted not to fit."""
+    moments are BF16 (109.7 GiB before): the run is still predicted not to fit. 115.6 GiB
+    (activations 82.70 GB) since each MoE router keeps its bf16 input, not the graph's fp32
+    copies (-126 MiB per MoE layer and micro-batch, +59 MB for the bf16 input beside the shared
+    expert's FP8 copy), and "layernorm" leaves the MLA down projections' FP8 copies of the
+    input norm's output kept (+59 MB per block and micro-batch)."""
     from benchmarks import validation as v
     from benchmarks.records import parse
     raw = next(r for r in v.load_corpus() if isinstance(r, dict)
@@ -134,7 +138,7 @@ def test_deepseek_v3_record_memory_down_time_same():
     cm = CostModel(graph, rec.cluster, train, framework=v.record_profile(rec))
     e = cm.estimate(autopar.ParallelConfig(**{**v.framework_defaults(rec), **rec.fixed}))
     assert e.step_time_s == pytest.approx(19.53, abs=0.01)
-    assert e.memory_breakdown.activations / 1e9 == pytest.approx(83.20, abs=0.01)
+    assert e.memory_breakdown.activations / 1e9 == pytest.approx(82.70, abs=0.01)
     assert e.memory_breakdown.optimizer_states / 1e9 == pytest.approx(5.75, abs=0.01)
-    assert e.memory_per_gpu_bytes / 2 ** 30 == pytest.approx(116.2, abs=0.1)
+    assert e.memory_per_gpu_bytes / 2 ** 30 == pytest.approx(115.6, abs=0.1)
     assert not e.fits

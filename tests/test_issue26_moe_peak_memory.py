@@ -57,20 +57,21 @@ def test_dsv3_proxy_peak_allocated_without_recompute():
     assert b[2].weights / GiB == pytest.approx(6.99, abs=0.01)
     assert b[2].gradients / GiB == pytest.approx(13.97, abs=0.01)
     assert b[2].optimizer_states / GiB == pytest.approx(32.15, abs=0.01)
-    assert b[2].activations / GiB == pytest.approx(13.94, abs=0.05)
+    assert b[2].activations / GiB == pytest.approx(13.07, abs=0.05)
     assert rec.measured_memory_gib == pytest.approx(67.094)
-    assert b[2].allocated / GiB == pytest.approx(67.11, abs=0.05)
+    assert b[2].allocated / GiB == pytest.approx(66.24, abs=0.05)
     assert b[2].allocated / GiB == pytest.approx(rec.measured_memory_gib, rel=0.05)
 
 
 def test_dsv3_proxy_peak_allocated_with_full_recompute():
     """PR #6429 arm C (full recompute, uniform, 1 layer): 60,154 MB = 58.74 GiB. Predicted 54.5
-    GiB (-7%): the same model states as without recompute; the activations drop to the layers'
-    inputs and one recomputed layer. The 8.35 GiB the PR measures between the arms is below the
+    GiB (-7%; 54.52 before the router kept its bf16 input in place of transformers' fp32 copies):
+    the same model states as without recompute; the activations drop to the layers' inputs and
+    one recomputed layer. The 8.35 GiB the PR measures between the arms is below the
     12.6 GiB predicted between them (unexplained: see the branch's report)."""
     rec, e = _estimate(FULLRECOMPUTE)
     assert rec.measured_memory_gib == pytest.approx(58.744)
-    assert e.memory_breakdown.allocated / GiB == pytest.approx(54.52, abs=0.05)
+    assert e.memory_breakdown.allocated / GiB == pytest.approx(54.46, abs=0.05)
     assert e.memory_breakdown.allocated / GiB == pytest.approx(rec.measured_memory_gib, rel=0.10)
 
 

@@ -333,6 +333,14 @@ class BlockCosts(MoEBlockCosts):
             layer, combine_saved=bool(conv.moe_combine_saved),
             input_gathered=bool(conv.expert_input_gathered), micro_batch=bscale, tp=tp,
             etp=c.etp, cp=cp, sequence_parallel=sp, dtype_bytes=self.inputs.train.dtype_bytes)
+        fp8_copies = (self.inputs.train.precision == "fp8" and layer.kind == "block"
+                      and conv.fp8_input_saved_bytes is not None)
+        if conv.moe_router_input_saved:
+            # the router keeps its input as passed and its weight, not the graph's cast copies
+            # (MemoryConventions.moe_router_input_saved); part of the MoE layer as above
+            moe += mem.router_saved_delta(
+                layer, fp8_linear_copies=fp8_copies, micro_batch=bscale, tp=tp, cp=cp,
+                sequence_parallel=sp, dtype_bytes=self.inputs.train.dtype_bytes)
         # routed rows an expert capacity adds (padding) or removes (dropping): their saved
         # tensors, kept by every mode but full recompute, which re-makes them one block at a time
         padded = (self.routed_scale(layer, c.micro_batch_size, tp, cp, sp) - 1.0) * \
@@ -361,7 +369,7 @@ class BlockCosts(MoEBlockCosts):
         if mr is not None:
             # the modules' dropped tensors (counted at the graph's dtype; a checkpointed
             # Linear's input kept in FP8 is restored below to its FP8 count, a norm output
-            # "layernorm" drops is not: memory.fp8_input_delta);
+            # only Linears keep to its FP8 copies: memory.fp8_input_delta);
             # the attention core takes the framework's extra score and repeated K / V bytes
             # with it, a recomputed MoE layer its framework delta and capacity rows with the
             # graph's tensors they adjust
@@ -375,6 +383,10 @@ class BlockCosts(MoEBlockCosts):
                 act += (1.0 - conv.fp8_input_saved_bytes / self.inputs.train.dtype_bytes) * \
                     mr.linear_dropped_bytes(micro_batch=bscale, tp=tp, cp=cp,
                                             sequence_parallel=sp)
+                # a norm output only Linears keep: fp8_in had made it their FP8 copies, which
+                # "layernorm" does not discard; its training-dtype drop comes back whole
+                act += mr.norm_linear_dropped_bytes(micro_batch=bscale, tp=tp, cp=cp,
+                                                    sequence_parallel=sp)
             if "core_attn" in modules:
                 act -= score_extra + kv_repeat
             if "moe" in modules:

@@ -25,7 +25,7 @@ from ..graph.types import Layer
 from .pipeline.orders import SPLIT_BACKWARD, dualpipe_stage_peak, rank_peak_in_flight
 # re-exported: their callers read them as memory.X
 from .saved_adjust import (chunked_loss_bytes, fp8_input_delta,  # noqa: F401
-                           moe_saved_delta, routed_saved_bytes)
+                           moe_saved_delta, routed_saved_bytes, router_saved_delta)
 
 
 @dataclass(frozen=True)

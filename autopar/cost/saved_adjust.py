@@ -144,3 +144,46 @@ def moe_saved_delta(layer: Layer, *, combine_saved: bool, input_gathered: bool,
                       if ops[i].tp_role == "column"), default=0)
         delta += fc1_in * (etp / tp - 1 / seq_div)
     return delta * micro_batch / cp
+
+
+def router_saved_delta(layer: Layer, *, fp8_linear_copies: bool, micro_batch: float, tp: int,
+                       cp: int, sequence_parallel: bool, dtype_bytes: int) -> float:
+    """Bytes one MoE block keeps per micro-batch beyond (positive) or short of (negative) the
+    graph's count where the router's gate GEMM keeps its input as passed, in the training
+    dtype, and its weight parameter (:attr:`autopar.frameworks.MemoryConventions.
+    moe_router_input_saved`; Megatron-Core's ``RouterGatingLinearFunction``).
+
+    The router is the op with ``moe_role == "router"`` (a replicated GEMM); its input in the
+    training dtype is the block's ``[tokens, hidden]`` (:attr:`~autopar.graph.types.Layer.
+    output_bytes`). Where the
+    graph's router saved no more than that (transformers' Qwen3-MoE and Mixtral gates run in
+    bf16 and keep the norm output itself), 0. Where it saved more (cast copies: transformers'
+    DeepSeek-V3 ``MoEGate`` saves the fp32 input and weight, 4 + 4 bytes), those bytes come
+    off, and the input in the training dtype comes on unless the graph already counts it at
+    another op that keeps it whole: a shared expert's first GEMM, a GEMM outside the routed
+    experts after the router whose ``gemm = (tokens, hidden, n)`` reads ``[tokens, hidden]``
+    and that saved its input. Under FP8
+    training with Linear inputs kept as FP8 copies (``fp8_linear_copies``) that GEMM's count
+    becomes its FP8 copy (:func:`fp8_input_delta`), so the router's training-dtype tensor
+    comes on beside it (as Transformer Engine's shared inputs: 2 + 1 bytes per element).
+
+    Sharded as the graph's "seq" part (by t only with sequence parallelism; Megatron-Core's
+    router runs on the sequence-parallel shard), scaled by ``micro_batch`` (in units of the
+    graph's micro-batch) / cp. 0 for a layer without a router.
+    """
+    ops = layer.ops
+    at = next((i for i, o in enumerate(ops) if o.moe_role == "router"), None)
+    if at is None or layer.kind != "block":
+        return 0.0
+    router = ops[at]
+    own = layer.output_bytes   # the block's [tokens, hidden] in the training dtype
+    graph = sum(n for name, part, n in layer.saved_by_op if name == router.name)
+    if graph <= own:
+        return 0.0
+    saved = {name for name, _, n in layer.saved_by_op if n > 0}
+    shared = any(o.kind == "matmul" and not o.moe_role and len(o.gemm) == 3
+                 and o.gemm[0] * o.gemm[1] * dtype_bytes == own and o.name in saved
+                 for o in ops[at + 1:])
+    delta = -graph + (own if (not shared or fp8_linear_copies) else 0.0)
+    seq_div = tp if sequence_parallel else 1
+    return delta / seq_div * micro_batch / cp

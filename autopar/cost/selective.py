@@ -77,9 +77,16 @@ class ModuleRecompute:
             checkpointed Linear ops (GEMMs that saved them first; a tensor another op saved
             first is not counted), whose FP8 copies go with them
             (:meth:`linear_dropped_bytes`). The norm outputs "layernorm" drops are not among
-            them; under FP8 they stay dropped at the graph's dtype (the Linear after a norm
-            keeps an FP8 copy of its own, while the bf16 output that other ops, Megatron's
-            router, keep is counted in the graph as the router's cast copy: not separated).
+            them.
+        norm_linear_seq: of ``seq``, the outputs of norms "layernorm" drops that only Linear
+            ops keep (the input norm before multi-latent attention, read by the down
+            projections ``linear_q_down_proj`` / ``linear_kv_down_proj``, Transformer Engine
+            Linears, and counted by the graph at its first saver, a Linear). Under FP8 those
+            Linears keep FP8 copies of their own, which ``CheckpointWithoutOutput`` does not
+            discard: the drop takes only the training-dtype output, which no op keeps then
+            (:meth:`norm_linear_dropped_bytes`). The pre-MLP norm's output is not among them:
+            Megatron-Core's router keeps it in the training dtype
+            (:func:`autopar.cost.memory.router_saved_delta`), and that tensor is what goes.
     """
 
     seq: float = 0.0
@@ -89,6 +96,7 @@ class ModuleRecompute:
     dispatch: bool = False
     linear_seq: float = 0.0
     linear_tp: float = 0.0
+    norm_linear_seq: float = 0.0
 
     def dropped_bytes(self, *, micro_batch: float, tp: int, cp: int,
                       sequence_parallel: bool) -> float:
@@ -107,6 +115,15 @@ class ModuleRecompute:
         what the FP8 count had already taken off."""
         seq_div = tp if sequence_parallel else 1
         return (self.linear_seq / seq_div + self.linear_tp / tp) * micro_batch / cp
+
+    def norm_linear_dropped_bytes(self, *, micro_batch: float, tp: int, cp: int,
+                                  sequence_parallel: bool) -> float:
+        """The norm outputs among :meth:`dropped_bytes` that only Linear ops keep
+        (``norm_linear_seq``), sharded as ``seq``: at the graph's dtype. Under FP8 Linear
+        copies the caller adds them back whole: the graph's count of them had become the
+        Linears' FP8 copies (:func:`autopar.cost.memory.fp8_input_delta`), which stay."""
+        seq_div = tp if sequence_parallel else 1
+        return self.norm_linear_seq / seq_div * micro_batch / cp
 
 
 @dataclass(frozen=True)
@@ -227,10 +244,15 @@ def module_recompute(layer: Layer, modules: tuple[str, ...]) -> ModuleRecompute:
 
     moe = bool(layer.num_experts)
     norms = [i for i in (parts.input_norm, parts.pre_mlp_norm) if i is not None]
+    norm_linear = 0.0
     if "layernorm" in modules:
         for i in norms:
             dropped["seq"] += ops[i].bytes_written
             again.add(i)
+        if parts.input_norm is not None and _first_saver_is_linear(
+                ops, saved_at, parts.input_norm):
+            # before multi-latent attention only the down projections (Linears) read it
+            norm_linear += ops[parts.input_norm].bytes_written
     att = parts.attention[0] if parts.attention else None
     down = [i for i in range(att or 0) if ops[i].kind == "matmul" and not ops[i].tp_role]
     if "mla_up_proj" in modules and "core_attn" not in modules and down and att is not None:
@@ -259,7 +281,7 @@ def module_recompute(layer: Layer, modules: tuple[str, ...]) -> ModuleRecompute:
         pre_out = ops[parts.pre_mlp_norm].bytes_written if parts.pre_mlp_norm is not None else 0
         drop_saved(body, less=pre_out)
         again.update(body)
-        return _done(dropped, again, linear, dispatch=True)
+        return _done(dropped, again, linear, norm_linear, dispatch=True)
     if moe and "moe_act" in modules and parts.expert_out is not None:
         # the activation's output is what the second expert GEMM saved: its input
         drop_linear_input(parts.expert_out)
@@ -271,7 +293,16 @@ def module_recompute(layer: Layer, modules: tuple[str, ...]) -> ModuleRecompute:
         # the fused pre-MLP norm and the MLP: the norm's own saved input is the checkpoint's
         drop_saved(parts.mlp[1:])
         again.update(parts.mlp)
-    return _done(dropped, again, linear)
+    return _done(dropped, again, linear, norm_linear)
+
+
+def _first_saver_is_linear(ops, saved_at: dict[int, dict[str, int]], norm: int) -> bool:
+    """Whether the first op after norm ``ops[norm]`` that saved anything is a Linear
+    (:func:`_linear`) whose saved "seq" bytes are the norm's output: the graph counts that
+    output among the Linear-only inputs there."""
+    j = next((i for i in range(norm + 1, len(ops)) if saved_at.get(i)), None)
+    return (j is not None and _linear(ops[j])
+            and saved_at[j].get("seq", 0) == ops[norm].bytes_written)
 
 
 def _linear(op) -> bool:
@@ -282,10 +313,11 @@ def _linear(op) -> bool:
 
 
 def _done(dropped: dict[str, float], again: set[int], linear: dict[str, float],
-          dispatch: bool = False) -> ModuleRecompute:
+          norm_linear: float = 0.0, dispatch: bool = False) -> ModuleRecompute:
     return ModuleRecompute(seq=dropped["seq"], tp=dropped["tp"], core=dropped["core"],
                            ops=tuple(sorted(again)), dispatch=dispatch,
-                           linear_seq=linear["seq"], linear_tp=linear["tp"])
+                           linear_seq=linear["seq"], linear_tp=linear["tp"],
+                           norm_linear_seq=norm_linear)
 
 
 def is_default(modules: tuple[str, ...]) -> bool:

@@ -117,6 +117,14 @@ class MemoryConventions:
             transformers MoE blocks it traces); 0 where the probabilities are folded into the
             experts' activation, which keeps only the [routed tokens, 1] probabilities beside
             the up projection's output it keeps anyway.
+        moe_router_input_saved: 1 where an MoE router's gate GEMM keeps for backward its input
+            as its caller passed it (the pre-MLP norm's output, in the training dtype) and the
+            gate weight itself, so that a router the graph traced with cast copies (a cast to
+            fp32 of the input and the weight before the gate GEMM, as transformers'
+            DeepSeek-V3 ``MoEGate`` does) keeps those copies no longer; the norm output then
+            counts as kept by the router, an op that is not a Linear (under FP8 it stays in
+            the training dtype beside a shared expert's FP8 copy):
+            :func:`autopar.cost.memory.router_saved_delta`. 0: the graph's count.
         expert_input_gathered: 1 where the routed tokens are all-gathered over the expert-TP
             group after the dispatch and the grouped expert GEMM keeps them whole for backward:
             etp / tp of the routed tokens per rank, where the graph's sequence-parallel count
@@ -162,6 +170,7 @@ class MemoryConventions:
     zero3_reduce_copies: int = 0
     kv_repeat_saved: int = 0
     moe_combine_saved: int = 1
+    moe_router_input_saved: int = 0
     expert_input_gathered: int = 0
     loss_chunks: int = 0
     sources: Mapping[str, str] = field(default_factory=dict)
@@ -217,6 +226,7 @@ _UNITS = {
     "zero3_reduce_copies": ("copies of a reduce bucket", 1),
     "kv_repeat_saved": ("0 or 1 (whether SDPA keeps K and V repeated to every head)", 0),
     "moe_combine_saved": ("0 or 1 (whether the MoE combine keeps the expert output)", 1),
+    "moe_router_input_saved": ("0 or 1 (whether the MoE router keeps its uncast input)", 0),
     "expert_input_gathered": ("0 or 1 (whether the experts keep the expert-TP-gathered "
                               "tokens)", 0),
     "loss_chunks": ("sequence chunks of the loss (0 or 1: unchunked)", 8),
@@ -301,6 +311,18 @@ _TORCHAO_FP8_INPUT = (
 _NO_FP8_LINEARS = ("no FP8 Linear: precision 'fp8' runs its Linears in bf16 here "
                    "(autopar/runtime/dp.py _DTYPES maps fp8 to bfloat16): None")
 
+_MCORE_ROUTER_SAVED = (
+    "megatron/core/transformer/moe/router.py TopKRouter.gating: since 0f058666a8 (2025-06-14, "
+    "first in core_v0.13.0rc0) 'logits = router_gating_linear(input, self.weight, ..., "
+    "router_dtype)', whose moe_utils.py RouterGatingLinearFunction.forward runs "
+    "'ctx.save_for_backward(inp, weight, bias)' on the input as passed (the pre-MLP norm's "
+    "bf16 output) and the parameter, the GEMM writing fp32 logits without casting its inputs "
+    "(te_general_gemm(weight, inp, router_dtype, ...)); before dab7723821 (2025-03-06, "
+    "core_v0.12.0) 'logits = torch.nn.functional.linear(input, self.weight)' (core_v0.8.0, "
+    "core_v0.10.0), which saves the same input: 1. Between them (core_v0.12.x) "
+    "'F.linear(input.to(router_dtype), self.weight.to(router_dtype))' kept fp32 copies only "
+    "under --moe-router-dtype fp32 (default None: no cast); no record states that flag")
+
 #: The DeepSpeed ZeRO-3 fields of a stack that gathers per layer (FSDP) or has no ZeRO-3 of
 #: its own: none of DeepSpeed's stage-3 buffers.
 NO_DEEPSPEED_ZERO3_SOURCES = {
@@ -327,6 +349,8 @@ GRAPH_MOE_SOURCES = {
                          "output by the routing weights, a mul that saves it: 1",
     "expert_input_gathered": "the graph's count: the experts keep the rank's own routed "
                              "tokens (no expert-TP all-gather established for this stack): 0",
+    "moe_router_input_saved": "the graph's count: the model's own router as traced (its "
+                              "casts, if any, and what its gate GEMM saves): 0",
 }
 
 TORCH_MEMORY = MemoryConventions(
@@ -405,12 +429,19 @@ TORCHTITAN_MEMORY = MemoryConventions(
                            "'F.scaled_dot_product_attention(xq, xk, xv, is_causal=True)', which "
                            "saves its inputs for backward: 1",
         **GRAPH_MOE_SOURCES,
+        "moe_router_input_saved": "the graph's count: torchtitan models/common/moe.py "
+                                  "TokenChoiceTopKRouter.forward runs 'scores_TE = "
+                                  "self.gate(x_TD)' under torch.autocast(dtype=torch.float32) "
+                                  "(since ab5ed59f8, 2026-03-04, 'Execute moe.gate in "
+                                  "float32'), whose linear keeps fp32 copies of its input and "
+                                  "weight, as transformers' DeepSeek-V3 gate the graph traces: "
+                                  "0 (runs before it kept the bf16 input: not modelled)",
     })
 
 MEGATRON_MEMORY = MemoryConventions(
     grad_bytes=4, unfused_score_saved_bytes=2, unfused_score_work_bytes=4,
     fp8_weight_cache_bytes=2, fp8_input_saved_bytes=1, fp8_shared_input_saved_bytes=3,
-    loss_work_bytes=2, moe_combine_saved=0, expert_input_gathered=1,
+    loss_work_bytes=2, moe_combine_saved=0, moe_router_input_saved=1, expert_input_gathered=1,
     sources={
         **NO_DEEPSPEED_ZERO3_SOURCES,
         **WHOLE_LOSS_SOURCES,
@@ -455,7 +486,11 @@ MEGATRON_MEMORY = MemoryConventions(
                              "WeightedSwiGLUFunction saves its input and the probabilities); "
                              "token_dispatcher.py combine_postprocess calls unpermute without "
                              "probs (since 2659630721, 2025-04-09, 'Memory efficient token "
-                             "permutation', first released in core_v0.13.0rc0): 0",
+                             "permutation', first released in core_v0.13.0rc0; at core_v0.13.0 "
+                             "GroupedMLP and SequentialMLP apply permuted_probs in the "
+                             "activation too, and --moe-apply-probs-on-input, top-1 only, "
+                             "multiplies the experts' input instead): 0",
+        "moe_router_input_saved": _MCORE_ROUTER_SAVED,
         "expert_input_gathered": "megatron/core/transformer/moe/token_dispatcher.py "
                                  "MoEAlltoAllTokenDispatcher.dispatch_postprocess: after the "
                                  "all-to-all, gather_from_sequence_parallel_region over the "

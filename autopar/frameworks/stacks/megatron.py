@@ -219,10 +219,12 @@ MOE_PROBS_IN_ACTIVATION_SINCE = "2025-06-27"
 #: Megatron's memory conventions before :data:`MOE_PROBS_IN_ACTIVATION_SINCE`.
 MEMORY_BEFORE_CORE_0_13 = replace(MEGATRON_MEMORY, moe_combine_saved=1, sources={
     **MEGATRON_MEMORY.sources,
-    "moe_combine_saved": "Megatron-Core before 2659630721 (read at its parent): "
-                         "moe_utils.py unpermute(..., probs) runs 'permuted_tokens = "
-                         "permuted_tokens * permuted_probs.unsqueeze(-1)' on the experts' "
-                         "output, which the multiply keeps for backward: 1"})
+    "moe_combine_saved": "Megatron-Core before 2659630721 (read at its parent, and at "
+                         "core_v0.12.0): moe_utils.py unpermute(..., probs) runs "
+                         "'permuted_tokens = permuted_tokens * permuted_probs.unsqueeze(-1)' on "
+                         "the experts' output, which the multiply keeps for backward (at "
+                         "ba773259, 2024-04: 'unpermuted_tokens * probs.unsqueeze(-1)' on the "
+                         "index-copied [tokens, topk, hidden] output, the same size): 1"})
 
 
 #: The first Megatron-LM release whose all-to-all dispatcher keeps each TP rank's sequence
