@@ -49,11 +49,35 @@ def test_large_messages_within_8_percent_of_p5_nccl_tests(op, nodes, size_mb, al
     assert t == pytest.approx(M / (algbw * 1e9), rel=0.08)
 
 
-def test_small_all_to_all_over_many_nodes_is_overpriced():
-    """Known limit: the pairwise model charges one network latency per peer, so at 32 MB on
-    8 nodes it is about twice the measured 1.15 ms (nccl_alltoall.csv)."""
-    t = _p5(8).collective_time("all_to_all", 32 * MB, list(range(64)))
-    assert 1.8 < t / (32 * MB / 29.13e9) < 2.4
+#: crazyguitar/aws-gpu-communication-benchmark data/nccl_alltoall.csv (a77f70db), out-of-place
+#: busbw GB/s at 32 MiB and 256 MiB, 2 to 32 p5 nodes (autopar.hardware.nccl_tests.PUBLISHED).
+_P5_A2A_32_256 = {2: (44.79, 74.26), 4: (34.45, 54.28), 8: (28.67, 44.40), 16: (24.63, 34.77),
+                  32: (19.72, 30.21)}
+
+
+def test_p5_all_to_all_busbw_within_the_validated_spread():
+    """Not fitted: NCCL's peers in flight at once (one network latency per round of peers) and
+    its proxy's first posts at NCCL's net overhead. Over the published 32 and 256 MiB runs the
+    prediction stays within 0.55x-1.2x of the measured busbw; the model's worst points are
+    4-8 nodes at 32 MiB (too slow: 0.79x, 0.56x) and 32 nodes at 256 MiB (too fast, 1.18x)."""
+    import math
+    logs = []
+    for nodes, (b32, b256) in _P5_A2A_32_256.items():
+        c = _p5(nodes)
+        for mib, meas in ((32, b32), (256, b256)):
+            pred = c.bus_bandwidth("all_to_all", mib * MB, tuple(range(8 * nodes))) / 1e9
+            assert 0.55 < pred / meas < 1.2, (nodes, mib, pred, meas)
+            logs.append(abs(math.log(pred / meas)))
+    assert sum(logs) / len(logs) < 0.25   # 0.22 (0.11 over all 35 published sizes)
+
+
+def test_small_all_to_all_latency_does_not_grow_per_peer_by_the_network_latency():
+    """The old pairwise price charged (n - 1) x 28 us on p5 (0.43 ms for 16 ranks, 0.87 ms for
+    32); NCCL runs the peers at once, so a few-kB all-to-all costs launch + one network step +
+    the proxy's posts (LL: 1 us each, 2 per remote peer)."""
+    for nodes, remote in ((2, 8), (4, 24)):
+        t = _p5(nodes).collective_time("all_to_all", 4096, tuple(range(8 * nodes)))
+        assert t == pytest.approx(5e-6 + 28e-6 + 2 * remote * 1e-6, rel=0.01)
 
 
 def test_efa_collectives_hold_two_ctas_per_nic():

@@ -13,7 +13,7 @@ from typing import Sequence
 import networkx as nx
 
 from autopar.errors import InvalidClusterSpec, InvalidParallelConfig
-from autopar.hardware import collectives
+from autopar.hardware import collectives, nccl
 from autopar.hardware.catalog import Catalog
 from autopar.hardware.comm_params import DEFAULT_COMM_PARAMS, CommParams
 from autopar.hardware.devices import CATALOG, Device, picklable
@@ -249,9 +249,46 @@ class Cluster:
                 inter, inter_lat = 0.0, 0.0
             self._cache["fabric"] = collectives.Fabric(
                 intra, inter, self.intra_link.latency_s, inter_lat, self.comm_params.launch_latency_s,
-                "pci" if self.intra_link.kind == "pcie" else "nvlink",
+                "pci" if self.intra_link.kind == "pcie" else "nvlink", self._p2p_channels(),
+                self._p2p_channels_per_net_peer(),
             )
         return self._cache["fabric"]
+
+    def _p2p_channels(self) -> int:
+        """NCCL's ``p2pnChannels`` for a communicator over whole nodes of this cluster: its
+        channels (:func:`autopar.hardware.nccl.collective_ctas`: 2 per NIC across nodes, the
+        intra-node count inside one) rounded up to a power of 2, at most 32 (NVIDIA/nccl
+        src/graph/paths.cc ``ncclTopoComputeP2pChannels``: ``min(nChannels,
+        NCCL_MAX_P2P_NCHANNELS)`` then ``pow2Up``). A group using fewer of the node's NICs runs
+        fewer channels; taking the node's is optimistic for it (it only matters past 8 x that
+        many ranks, :func:`autopar.hardware.collectives.all_to_all_waves`)."""
+        intra_cls, inter_cls = self.link_classes
+        if inter_cls is not None and self.nics_per_node:
+            ch = nccl.collective_ctas(inter_cls, self.nics_per_node)
+        else:
+            ch = nccl.collective_ctas(intra_cls, 0) if intra_cls != "local" else 1
+        return min(collectives.MAX_P2P_CHANNELS, 1 << max(0, int(ch) - 1).bit_length())
+
+    def _p2p_channels_per_net_peer(self) -> int:
+        """NCCL's channels per peer on another node (NVIDIA/nccl src/graph/paths.cc
+        ``ncclTopoGetNchannels``): ``max(netCount, ceil(netBw / 14 GB/s))`` over the NICs local
+        to the GPU (``topo.cc`` ``ncclTopoGetLocalNetCountByBw``: its NICs, at line rate, until
+        they reach the GPU's PCIe bandwidth; NIC ``j`` of ``k`` is local to GPUs ``j g / k`` ..,
+        :func:`autopar.hardware.nccl.local_nics`), rounded up to a power of 2 (``pow2Up``); 1
+        without NICs. NVLink peers allow more (2 per NVLink), so the network's is the minimum."""
+        if self.inter_link is None or not self.nics_per_node:
+            return 1
+        per_gpu = max(1, self.nics_per_node // self.gpus_per_node)
+        count, bw = 0, 0.0
+        for _ in range(per_gpu):
+            count += 1
+            bw += self.inter_link.bandwidth_Bps
+            if bw >= self.device.pcie_bandwidth_Bps:
+                break
+        if self.nics_per_node < self.gpus_per_node:   # GPUs share a NIC: NCCL counts it whole
+            count, bw = 1, self.inter_link.bandwidth_Bps
+        ch = max(count, -(-int(bw / 1e9) // 14))
+        return 1 << max(0, ch - 1).bit_length()
 
     def group_fabric(self, layout: collectives.GroupLayout) -> collectives.Fabric:
         """:meth:`fabric` as a group laid out as ``layout`` sees it: on a mesh intra link

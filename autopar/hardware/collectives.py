@@ -51,8 +51,12 @@ Algorithms (each a sum of a launch latency, per-hop alphas and bytes over the bo
   algorithms are Ring, PAT with one rank per node, and NVLS / CollNet, which need SHARP
   across nodes): those run as one ring over the whole group. PAT
   (NCCL >= 2.23, one rank per node, lower latency for small messages) is not modelled.
-* ``pairwise`` (all_to_all): n-1 exchange rounds (Thakur et al., 2005), NVLink and NIC traffic
-  overlapping; ``direct`` (send_recv): one hop.
+* ``pairwise`` (all_to_all): NCCL's all-to-all is a group of a send and a receive per peer,
+  and the peers progress at once, 8 per channel over up to 32 channels (src/enqueue.cc,
+  src/graph/paths.cc, src/init.cc ``p2pSchedule``; :func:`all_to_all_waves`): one step
+  latency per round of peers (one round up to 256 ranks across nodes, one per 8 ranks inside
+  an NVLink node), not n-1, and the bytes to node peers (NVLink) and to other nodes (NICs)
+  moving at once; ``direct`` (send_recv): one hop.
 
 ``collective_time`` returns the fastest applicable algorithm, as NCCL's tuner picks; uneven groups are
 costed at their worst node (most members for intra-node terms, fewest for NIC share).
@@ -60,6 +64,7 @@ costed at their worst node (most members for intra-node terms, fewest for NIC sh
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -98,6 +103,13 @@ class Fabric:
         launch_latency_s: fixed cost per collective call, seconds.
         intra_hw: ``"nvlink"`` or ``"pci"``: which row of NCCL's hardware latencies the
             intra-node steps of a collective spanning nodes take (:data:`NCCL_HW_LATENCY_US`).
+        p2p_channels: NCCL's ``p2pnChannels``, the channels send/recv operations spread over
+            (:func:`all_to_all_waves`): the communicator's channels rounded up to a power of 2,
+            at most 32 (src/graph/paths.cc ``ncclTopoComputeP2pChannels``).
+        p2p_channels_per_peer: NCCL's ``p2pnChannelsPerPeer`` before it is lowered for many
+            peers: for a peer on another node, ``max(NICs local to the GPU, ceil(their GB/s /
+            14))`` rounded up to a power of 2 (src/graph/paths.cc ``ncclTopoGetNchannels``,
+            ``NCCL_P2P_PER_CHANNEL_NET_BW`` 14 GB/s; ``ncclTopoComputeP2pChannels``).
     """
 
     intra_Bps: float
@@ -106,6 +118,8 @@ class Fabric:
     inter_latency_s: float
     launch_latency_s: float
     intra_hw: str = "nvlink"
+    p2p_channels: int = 32
+    p2p_channels_per_peer: int = 4
 
 
 @lru_cache(maxsize=65536)
@@ -319,12 +333,114 @@ def _hierarchical(op: str, M: float, g: GroupLayout, f: Fabric) -> float:
     return intra_s + inter_s
 
 
-def _pairwise_all_to_all(M: float, g: GroupLayout, f: Fabric) -> float:
+#: Send/recv operations one channel's thread block runs at once, one per warp group, each to a
+#: different peer: NVIDIA/nccl src/include/device.h ``NCCL_MAX_DEV_WORK_P2P_PER_BATCH`` (8;
+#: 2.8 release notes: "Increase send/recv parallelism by 8x, each warp sending or receiving
+#: to a different peer").
+P2P_PER_BATCH = 8
+#: Most p2p channels: src/graph/paths.cc ``NCCL_MAX_P2P_NCHANNELS`` default ``MAXCHANNELS`` (32).
+MAX_P2P_CHANNELS = 32
+
+
+def all_to_all_waves(g: GroupLayout, f: Fabric) -> int:
+    """Rounds of peers an NCCL all-to-all (``ncclGroupStart``, a ``ncclSend`` and ``ncclRecv``
+    per peer, ``ncclGroupEnd``) runs one after another; every peer of a round is in flight at
+    once, so the all-to-all pays one step latency per round, not one per peer.
+
+    NVIDIA/nccl at 5067397: ``init.cc`` orders the peers (``p2pSchedule``, node by node); a
+    channel's thread block runs up to :data:`P2P_PER_BATCH` of them at once (one work batch,
+    ``enqueue.cc`` ``ncclAddWorkBatchToPlan``: a batch holds one group of 8 consecutive rounds)
+    and its batches in turn; ``channel.h`` ``ncclP2pChannelBaseForRound`` puts each group of 8
+    rounds on its own base channel and ``device.h`` ``ncclP2pChannelForPart`` stripes a peer's
+    bytes over ``p2pnChannelsPerPeer`` channels from there. Across nodes
+    ``paths.cc`` ``ncclTopoComputeP2pChannels`` halves the channels per peer (down to 1) until
+    ``channelsPerPeer x ceil(n / 8) <= p2pnChannels``, "to fit all the peers within a single
+    round": ``ceil(ceil(n / 8) / p2pnChannels)`` rounds (1 up to 8 x 32 = 256 ranks). Inside
+    one NVLink node a peer takes every channel (``ncclTopoGetNchannels``: 2 per NVLink of the
+    path, capped at ``p2pnChannels``), so each group of 8 peers is a round: ``ceil(n / 8)``.
+    ``p2pnChannels`` is :attr:`Fabric.p2p_channels`."""
+    groups = -(-g.size // P2P_PER_BATCH)
+    if g.nodes == 1:
+        return groups
+    return -(-groups // max(1, f.p2p_channels))
+
+
+#: Bytes of one network step of a send/recv (Simple protocol): src/init.cc
+#: ``NCCL_P2P_NET_CHUNKSIZE`` default 128 KiB (``computeBuffSizes``, communicators spanning nodes).
+P2P_NET_CHUNK_BYTES = 128 * 1024
+#: Per-channel bytes up to which a send/recv uses the LL protocol: src/enqueue.cc
+#: ``NCCL_P2P_LL_THRESHOLD`` default 16 KiB (``addP2pToPlan``: LL when bytes <= nChannels x it).
+P2P_LL_THRESHOLD_BYTES = 16 * 1024
+
+
+def _pow2_down_halving(c: int, limit: int, groups: int) -> int:
+    while c * groups > limit and c > 1:
+        c //= 2
+    return c
+
+
+def p2p_net_parts(peer_bytes: float, g: GroupLayout, f: Fabric) -> int:
+    """Channels one send (or receive) of ``peer_bytes`` to a peer on another node is split over
+    in an all-to-all of the group ``g`` (each part is its own network connection).
+
+    NVIDIA/nccl at 5067397: ``paths.cc`` ``ncclTopoComputeP2pChannels`` starts from
+    ``p2pnChannelsPerPeer`` (:attr:`Fabric.p2p_channels_per_peer`) and halves it until
+    ``it x ceil(n / 8) <= p2pnChannels``; ``enqueue.cc`` ``scheduleP2pTasksToPlan`` halves a
+    minimum from it until ``it x n <= p2pnChannels``, and ``addP2pToPlan`` takes
+    ``min(minimum, ceil(bytes / (chunk / 2)))`` parts, doubling them (up to the per-peer
+    channels) while a part holds more than one chunk (:data:`P2P_NET_CHUNK_BYTES`).
+    """
     n = g.size
-    alpha = (n - 1) * (f.inter_latency_s if g.nodes > 1 else f.intra_latency_s)
+    c_max = _pow2_down_halving(max(1, f.p2p_channels_per_peer), f.p2p_channels,
+                               -(-n // P2P_PER_BATCH))
+    c_min = _pow2_down_halving(c_max, f.p2p_channels, n)
+    if peer_bytes <= 0:
+        return 1
+    b = max(1, math.ceil(peer_bytes))
+    min_part, max_part = P2P_NET_CHUNK_BYTES // 2, P2P_NET_CHUNK_BYTES
+    parts = max(1, min(c_min, -(-b // min_part)))
+    size = max(min_part, -(-b // parts))
+    while size > max_part and parts <= c_max // 2:
+        parts *= 2
+        size = -(-b // parts)
+    return parts
+
+
+def all_to_all_net_posts_s(M: float, g: GroupLayout, f: Fabric) -> float:
+    """Seconds the GPU's proxy thread spends launching the first network operation of every
+    connection of an all-to-all of ``M`` bytes (nccl-tests size) over a group spanning nodes;
+    0 inside one node (NVLink / PCIe peers need no proxy).
+
+    Each GPU has one proxy progress thread ("NCCL Progress", src/proxy.cc
+    ``ncclProxyProgress``) that posts every network send and receive. A rank on the
+    worst-served node (``g.min_per_node`` members) has ``n - min_per_node`` peers on other
+    nodes, each a send and a receive split over :func:`p2p_net_parts` connections, so
+    ``2 x (n - m) x parts`` first posts before the last peer's bytes can move. Each is priced at
+    NCCL's own per-post cost: ``tuning.cc`` ``getNetOverhead`` (1 us on Intel x86, 2 on AMD;
+    :data:`NCCL_NET_OVERHEAD_US`), x3 under the Simple protocol (``ncclTopoTuneModel``:
+    "Inter-node rings still have to launch nsteps * net overhead", ``netOverhead *= 3`` for
+    Simple); a peer's send is LL up to 16 KiB per part (:data:`P2P_LL_THRESHOLD_BYTES`).
+    Later chunks of a connection are posted while earlier ones are on the wire and are not
+    counted."""
+    if g.nodes == 1:
+        return 0.0
+    peer = M / g.size
+    parts = p2p_net_parts(peer, g, f)
+    simple = peer > parts * P2P_LL_THRESHOLD_BYTES
+    posts = 2 * (g.size - g.min_per_node) * parts
+    return posts * NCCL_NET_OVERHEAD_US * (3 if simple else 1) * 1e-6
+
+
+def _pairwise_all_to_all(M: float, g: GroupLayout, f: Fabric) -> float:
+    """Launch + :func:`all_to_all_waves` x the step latency of the slowest link (the network
+    across nodes) + the proxy's first posts (:func:`all_to_all_net_posts_s`) + the slower of
+    the bytes to node peers over the intra-node link and the bytes to other nodes through the
+    NICs (both move at once)."""
+    n = g.size
+    alpha = all_to_all_waves(g, f) * (f.inter_latency_s if g.nodes > 1 else f.intra_latency_s)
     intra = (g.max_per_node - 1) / n * M / f.intra_Bps
     inter = (n - g.min_per_node) / n * M / f.inter_per_gpu_Bps if g.nodes > 1 else 0.0
-    return f.launch_latency_s + alpha + max(intra, inter)
+    return f.launch_latency_s + alpha + all_to_all_net_posts_s(M, g, f) + max(intra, inter)
 
 
 def _direct_send_recv(M: float, g: GroupLayout, f: Fabric) -> float:
