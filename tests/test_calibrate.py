@@ -41,8 +41,9 @@ def _collectives(launch, alpha, bw, scope="intra", n_max=8, nodes=1):
         for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"):
             size = 2 if op == "send_recv" else n
             for nbytes in (4096, 65536, 2 ** 20, 2 ** 24, 2 ** 28):
-                steps, vol = algorithm_terms(op, size, nbytes)
-                out.append(CollectiveSample(op, scope, size, nodes if scope == "inter" else 1,
+                spans = nodes if scope == "inter" else 1
+                steps, vol = algorithm_terms(op, size, nbytes, spans)
+                out.append(CollectiveSample(op, scope, size, spans,
                                             nbytes, launch + steps * alpha + vol / bw))
     return tuple(out)
 
@@ -178,7 +179,7 @@ def test_calibrate_runs_on_gloo_and_its_file_prices_a_plan(tmp_path):
     # checks the file's path into the cost model, not the machine's load
     cal = dataclasses.replace(cal, collectives=tuple(
         dataclasses.replace(c, seconds=5e-6 + sum(t * w for t, w in zip(
-            algorithm_terms(c.op, c.group_size, c.nbytes), (2e-6, 1 / 1e9))))
+            algorithm_terms(c.op, c.group_size, c.nbytes, c.nodes), (2e-6, 1 / 1e9))))
         for c in cal.collectives))
     cluster = measured_cluster(cal)
     assert cluster.world_size == 4 and cluster.device.name == "measured-cpu"
@@ -235,3 +236,12 @@ def test_the_comparison_prices_measured_attention_at_its_shape():
     eff = p.attention_ceiling("fa2", "ampere") * p.attention_shape_factor("fa2", 128, 8192)
     assert model == f"{312e12 * eff / 1e12:.0f} TFLOP/s at efficiency {eff:.3f} (FA2)"
     assert measured.endswith("TFLOP/s")
+
+
+def test_all_to_all_fit_steps_are_the_cost_models_rounds():
+    """The calibration fits an all-to-all's alpha over the rounds of peers the cost model
+    charges (NCCL runs up to 8 peers per channel at once), not n-1 exchanges."""
+    assert algorithm_terms("all_to_all", 8, 1e6)[0] == 1.0
+    assert algorithm_terms("all_to_all", 16, 1e6)[0] == 2.0       # one node: 8 peers a round
+    assert algorithm_terms("all_to_all", 16, 1e6, 16)[0] == 1.0   # one per node: one round
+    assert algorithm_terms("all_reduce", 16, 1e6)[0] == 30.0

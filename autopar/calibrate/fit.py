@@ -12,11 +12,11 @@ measurements; docs/calibrate.md).
   -> ``kernel_launch_s``.
 * Collectives -> alpha-beta: ``seconds = launch + steps x alpha + volume / bandwidth`` with the
   steps and volume of the algorithm ``hardware.collectives`` uses for that op and group (ring
-  for all_reduce / all_gather / reduce_scatter, pairwise all_to_all, direct send/recv), fitted
-  by non-negative least squares on relative error; intra-node groups give the intra link's
-  bandwidth and alpha and the launch latency, rail groups across nodes the per-GPU NIC share and
-  the network alpha. The fitted figures replace the links (efficiency 1: the fit is already what
-  the GPUs achieve).
+  for all_reduce / all_gather / reduce_scatter; all_to_all one step per round of peers NCCL
+  runs at once; direct send/recv), fitted by non-negative least squares on relative error;
+  intra-node groups give the intra link's bandwidth and alpha and the launch latency, rail
+  groups across nodes the per-GPU NIC share and the network alpha. The fitted figures replace
+  the links (efficiency 1: the fit is already what the GPUs achieve).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from ..cost.params import CostParams
 from ..errors import InvalidCalibration
 from ..graph.kernels import ATTENTION_BACKWARD_RATIO
 from ..hardware import Cluster
+from ..hardware.collectives import Fabric, GroupLayout, all_to_all_waves
 from ..hardware.comm_params import CommParams
 from ..hardware.devices import Device
 from ..hardware.links import LinkType
@@ -41,6 +42,10 @@ from .schema import Calibration, CollectiveSample, load_calibration
 
 #: Grid of ``matmul_half_size`` values the GEMM fit tries (elements; 4 to 16384, 2^(1/4) steps).
 HALF_SIZE_GRID = tuple(4.0 * 2 ** (i / 4) for i in range(49))
+
+#: Only the p2p channel count of this fabric is read (:func:`algorithm_terms`): NCCL's default
+#: 32 (src/graph/paths.cc ``NCCL_MAX_P2P_NCHANNELS``); the rates are placeholders.
+_DEFAULT_P2P = Fabric(1.0, 1.0, 0.0, 0.0, 0.0)
 
 #: Largest root-mean-square relative error of a fit (GEMM curve, alpha-beta) on its own
 #: measurements that passes without a warning. 0.25 is about 3x the cost model's own error on
@@ -81,14 +86,21 @@ class Calibrated:
     warnings: tuple[str, ...] = ()
 
 
-def algorithm_terms(op: str, n: int, nbytes: float) -> tuple[float, float]:
-    """(alpha steps, bytes over the bottleneck link) of ``op`` on ``n`` ranks, one per node or
-    all on one node, as ``hardware.collectives`` costs it: ring all_reduce 2(n-1) steps and
-    2(n-1)/n bytes; ring all_gather / reduce_scatter and pairwise all_to_all n-1 and (n-1)/n;
-    send_recv 1 and the message."""
+def algorithm_terms(op: str, n: int, nbytes: float, nodes: int = 1) -> tuple[float, float]:
+    """(alpha steps, bytes over the bottleneck link) of ``op`` on ``n`` ranks over ``nodes``
+    nodes (one rank per node, or all on one node), as ``hardware.collectives`` costs it: ring
+    all_reduce 2(n-1) steps and 2(n-1)/n bytes; ring all_gather / reduce_scatter n-1 and
+    (n-1)/n; all_to_all (n-1)/n bytes and one step per round of peers NCCL runs at once
+    (:func:`autopar.hardware.collectives.all_to_all_waves` at NCCL's default 32 p2p channels);
+    send_recv 1 and the message. The all-to-all's proxy posts across nodes
+    (``all_to_all_net_posts_s``, NCCL's own per-post constant) are not separated: a fit of
+    inter-node all-to-alls carries them in its alpha."""
     if op == "all_reduce":
         return 2.0 * (n - 1), 2.0 * (n - 1) / n * nbytes
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+    if op == "all_to_all":
+        layout = GroupLayout(n, nodes, -(-n // nodes), n // nodes, nodes > 1)
+        return float(all_to_all_waves(layout, _DEFAULT_P2P)), (n - 1) / n * nbytes
+    if op in ("all_gather", "reduce_scatter"):
         return float(n - 1), (n - 1) / n * nbytes
     return 1.0, float(nbytes)
 
@@ -122,7 +134,7 @@ def fit_alpha_beta(samples: list[CollectiveSample], launch_s: float | None = Non
     """
     rows, rhs = [], []
     for s in samples:
-        steps, vol = algorithm_terms(s.op, s.group_size, s.nbytes)
+        steps, vol = algorithm_terms(s.op, s.group_size, s.nbytes, s.nodes)
         t = s.seconds - (launch_s or 0.0)
         rows.append(([steps, vol] if launch_s is not None else [1.0, steps, vol]))
         rhs.append(t)
