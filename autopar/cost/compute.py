@@ -53,6 +53,9 @@ class LayerTime:
     #: forward seconds of each op of the layer, in ``layer.ops`` order (a memory-bound chain
     #: fused by ``fusion="compile"`` counts at its first op); they sum to ``fwd_s``
     op_fwd_s: tuple[float, ...] = ()
+    #: forward seconds of the layer's GEMMs (matmul ops at their GEMM rate, FP8 casts apart);
+    #: backward runs two GEMMs of each (``bwd_s`` holds twice this)
+    gemm_fwd_s: float = 0.0
 
     def recompute_s(self, mode: str, ops: tuple[int, ...] | None = None) -> float:
         """Extra backward-time seconds a recompute mode costs (the repeated forward): all of it
@@ -344,7 +347,7 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
     Returns:
         :class:`LayerTime` in seconds and per-GPU FLOPs.
     """
-    fwd = bwd = attn = wgrad = 0.0
+    fwd = bwd = attn = wgrad = gemm = 0.0
     fwd_flops = bwd_flops = 0.0
     scale = micro_batch / cp
     sac_saved = set(op_sac_saved(layer)) if layer.kind == "block" else set()
@@ -378,6 +381,7 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
             fp8 = fp8_peak_flops is not None and op.tp_role in ("column", "row")
             t = flops / ((fp8_peak_flops if fp8 else peak_flops) * eff)
             fwd += t
+            gemm += t
             bwd += 2.0 * t
             if op.gemm or op.num_parameters or op.tp_role:  # a weight GEMM: dW is one of two
                 wgrad += t
@@ -426,4 +430,4 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
     return LayerTime(fwd_s=fwd, bwd_s=bwd, attention_fwd_s=attn, fwd_flops=fwd_flops,
                      bwd_flops=bwd_flops, wgrad_s=wgrad,
                      op_sac_recompute_s=fwd - sac_fwd, checkpointed_s=repeated_s,
-                     op_fwd_s=tuple(op_fwd))
+                     op_fwd_s=tuple(op_fwd), gemm_fwd_s=gemm)
