@@ -120,8 +120,9 @@ def test_expert_glu_input_delta():
 def test_deepseek_v3_record_memory_down_time_same():
     """b-deepseek-v3-2048gpu (2,048 H800, pp16 ep64 DualPipe, fp8) under inhouse-2024:
     201.3 GiB (activations 171.5 GB) before FP8 activation storage, which changes no time
-    (the step's 19.52 s is with the report's recompute modules and FP8 dispatch:
-    tests/test_fp8_dispatch.py)."""
+    (the step's 19.57 s is with the report's recompute modules and FP8 dispatch:
+    tests/test_fp8_dispatch.py, and the Hopper GEMMs' second wave beside the DP collectives:
+    tests/test_persistent_gemm_overlap.py; 19.52 s before it)."""
     from benchmarks import validation as v
     from benchmarks.records import parse
     raw = next(r for r in v.load_corpus() if isinstance(r, dict)
@@ -131,7 +132,7 @@ def test_deepseek_v3_record_memory_down_time_same():
     graph, _ = model_graph(rec.model, train)
     cm = CostModel(graph, rec.cluster, train, framework=v.record_profile(rec))
     e = cm.estimate(autopar.ParallelConfig(**{**v.framework_defaults(rec), **rec.fixed}))
-    assert e.step_time_s == pytest.approx(19.52, abs=0.01)
+    assert e.step_time_s == pytest.approx(19.57, abs=0.01)
     assert e.memory_breakdown.activations / 1e9 == pytest.approx(76.88, abs=0.01)
     assert e.memory_per_gpu_bytes / 2 ** 30 == pytest.approx(109.7, abs=0.1)
     assert not e.fits
