@@ -42,7 +42,7 @@ from autopar.frameworks.stacks.megatron import (ALLTOALL_TOKEN_LEVEL_SINCE,
                                                 with_alltoall_seq_2024,
                                                 with_moe_probs_at_combine)
 from autopar.frameworks.stacks.torchtitan import (FUSED_ADAMW_SINCE, with_chunked_loss,
-                                              with_foreach_adamw)
+                                              with_float8nocompile, with_foreach_adamw)
 from autopar.search.optimize import search
 
 from .records import Record, RecordError, parse, source_key
@@ -215,7 +215,9 @@ def record_profile(rec: Record) -> FrameworkProfile:
     before :data:`autopar.frameworks.stacks.megatron.ALLTOALL_TOKEN_LEVEL_SINCE` runs the 2024
     all-to-all dispatcher with its TP all-to-alls (:func:`autopar.frameworks.stacks.megatron.
     with_alltoall_seq_2024`); a record's ``training.loss_chunks`` runs its loss in that many
-    sequence chunks (:func:`autopar.frameworks.stacks.torchtitan.with_chunked_loss`); a
+    sequence chunks (:func:`autopar.frameworks.stacks.torchtitan.with_chunked_loss`); an
+    eager FP8 run whose ``training.fp8_recipe`` names float8nocompile casts with torchao's
+    prototype kernels (:func:`autopar.frameworks.stacks.torchtitan.with_float8nocompile`); a
     PithTrain run's loss writes the logits' gradient in place (:data:`PITHTRAIN_LOSS`,
     :func:`autopar.frameworks.stacks.with_inplace_loss`)."""
     profile = get_profile(profile_name(rec))
@@ -252,6 +254,11 @@ def record_profile(rec: Record) -> FrameworkProfile:
     if "pithtrain" in f:
         # PithTrain's loss writes the logits' gradient into them in its forward
         profile = with_inplace_loss(profile, PITHTRAIN_LOSS)
+    recipe = str((rec.raw.get("training") or {}).get("fp8_recipe") or "").lower()
+    if rec.train.precision == "fp8" and not compiled and "float8nocompile" in recipe:
+        # an eager FP8 run whose recipe names torchao's float8nocompile prototype: its casts
+        # are that prototype's amax-then-cast Triton kernels
+        profile = with_float8nocompile(profile, f"record {rec.id}")
     chunks = (rec.raw.get("training") or {}).get("loss_chunks")
     if chunks:
         # the run's loss computes the LM head and cross entropy per sequence chunk

@@ -120,7 +120,7 @@ def test_expert_glu_input_delta():
 def test_deepseek_v3_record_memory_down_time_same():
     """b-deepseek-v3-2048gpu (2,048 H800, pp16 ep64 DualPipe, fp8) under inhouse-2024:
     201.3 GiB (activations 171.5 GB) before FP8 activation storage, which changes no time
-    (the step's 19.53 s is with the report's recompute modules and FP8 dispatch:
+    (the step's 19.78 s is with the report's recompute modules and FP8 dispatch:
     tests/test_fp8_dispatch.py). 116.2 GiB since the checkpointed Linear inputs go at their
     FP8 bytes, DualPipe holds pp + 1 stages and caches both copies' FP8 weights and the
     moments are BF16 (109.7 GiB before): the run is still predicted not to fit. 115.6 GiB
@@ -137,7 +137,7 @@ def test_deepseek_v3_record_memory_down_time_same():
     graph, _ = model_graph(rec.model, train)
     cm = CostModel(graph, rec.cluster, train, framework=v.record_profile(rec))
     e = cm.estimate(autopar.ParallelConfig(**{**v.framework_defaults(rec), **rec.fixed}))
-    assert e.step_time_s == pytest.approx(19.53, abs=0.01)
+    assert e.step_time_s == pytest.approx(19.78, abs=0.01)
     assert e.memory_breakdown.activations / 1e9 == pytest.approx(82.70, abs=0.01)
     assert e.memory_breakdown.optimizer_states / 1e9 == pytest.approx(5.75, abs=0.01)
     assert e.memory_per_gpu_bytes / 2 ** 30 == pytest.approx(115.6, abs=0.1)

@@ -177,9 +177,10 @@ def test_search_tries_only_the_placements_the_framework_builds():
 
 def test_torchtitan_search_keeps_pipeline_stages_outermost():
     """llama3-8b, tp=2 pp=4 dp=2 pinned on 2x8 H100: torch's fastest puts the pipeline inside a
-    node and dp across the two (tp-cp-pp-dp, 2.065 s); torchtitan, which builds only
-    tp-cp-dp-pp, gets that order (2.104 s; before this rule its search returned tp-cp-pp-dp,
-    2.059 s, which its exporter then rewrote); a pinned tp-cp-pp-dp is refused at once."""
+    node and dp across the two (tp-cp-pp-dp, 2.086 s); torchtitan, which builds only
+    tp-cp-dp-pp, gets that order (2.106 s; before this rule its search returned tp-cp-pp-dp,
+    which its exporter then rewrote); a pinned tp-cp-pp-dp is refused at once. (2.065 and
+    2.104 s before the Hopper GEMMs' second wave beside the DP collectives.)"""
     pytest.importorskip("transformers")
     fixed = {"tp": 2, "pp": 4, "dp": 2}
     cluster = autopar.Cluster.from_spec("2x8xH100")
@@ -187,9 +188,9 @@ def test_torchtitan_search_keeps_pipeline_stages_outermost():
         64, 4096, framework=fw), fixed=fixed, top_k=5, objective="fastest")
         for fw in ("torch", "torchtitan")}
     assert plans["torch"].config.placement == ("tp", "cp", "pp", "dp")
-    assert plans["torch"].estimate.step_time_s == pytest.approx(2.065, abs=2e-3)
+    assert plans["torch"].estimate.step_time_s == pytest.approx(2.086, abs=2e-3)
     titan = plans["torchtitan"]
-    assert titan.estimate.step_time_s == pytest.approx(2.104, abs=2e-3)
+    assert titan.estimate.step_time_s == pytest.approx(2.106, abs=2e-3)
     for e in (titan.estimate, *titan.alternatives, *titan.pareto):
         assert e.config.placement == ("tp", "cp", "dp", "pp"), e.config
     with pytest.raises(autopar.errors.InvalidParallelConfig,

@@ -53,6 +53,9 @@ class LayerTime:
     #: forward seconds of each op of the layer, in ``layer.ops`` order (a memory-bound chain
     #: fused by ``fusion="compile"`` counts at its first op); they sum to ``fwd_s``
     op_fwd_s: tuple[float, ...] = ()
+    #: forward seconds of the layer's GEMMs (matmul ops at their GEMM rate, FP8 casts apart);
+    #: backward runs two GEMMs of each (``bwd_s`` holds twice this)
+    gemm_fwd_s: float = 0.0
 
     def recompute_s(self, mode: str, ops: tuple[int, ...] | None = None) -> float:
         """Extra backward-time seconds a recompute mode costs (the repeated forward): all of it
@@ -76,6 +79,18 @@ class LayerTime:
 #: FP8 recipe runs on a Linear's input and weight in forward and its output gradient in backward;
 #: the amax reduction rides in the same pass).
 FP8_CAST_BYTES_PER_ELEMENT = 4
+#: HBM bytes per element of each FP8 cast around one Linear when torchao's float8nocompile
+#: prototype runs it (``eager_parts`` "fp8_amax_casts"; torchao prototype/float8nocompile,
+#: float8nocompile_linear.py ``matmul_with_args_in_hp`` and kernels/fp8_dynamic_tensorwise.py):
+#: every cast first reads the bf16 tensor for its tensorwise amax (``_amax_atomic``: 2), then
+#: converts it (read 2, write 1 per fp8 layout). Forward: the input to row- and column-major
+#: fp8 (2 + 2 + 2 = 6 per element of the M x K input) and the weight to transposed fp8 (5 per
+#: element of K x N); backward: the output gradient twice, row-major and transposed (2 x 5 per
+#: element of M x N), and the weight again, column-major (5 per K x N). As (input, weight,
+#: output gradient, weight in backward); the fused cast-transpose above is (4, 4, 4, 0).
+FP8_AMAX_CAST_BYTES = (6, 5, 10, 5)
+FP8_FUSED_CAST_BYTES = (FP8_CAST_BYTES_PER_ELEMENT, FP8_CAST_BYTES_PER_ELEMENT,
+                        FP8_CAST_BYTES_PER_ELEMENT, 0)
 
 #: HBM bytes per element an RMSNorm moves when eager PyTorch runs it as the model writes it, over
 #: the 4 (read 2, write 2) of a fused kernel. Counted from the composite of Hugging Face's
@@ -303,7 +318,10 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
             GEMMs (TP role column/row) run at it and pay the FP8 casts
             (:data:`FP8_CAST_BYTES_PER_ELEMENT`); attention, the vocabulary projection (not FP8 in
             Megatron-Core nor in torchtitan's Float8 converter, which skips ``output``) and
-            element-wise ops run in BF16.
+            element-wise ops run in BF16. The casts are Transformer Engine's fused
+            cast-transpose (:data:`FP8_FUSED_CAST_BYTES`), or torchao float8nocompile's
+            amax-then-cast kernels with ``eager_parts`` "fp8_amax_casts"
+            (:data:`FP8_AMAX_CAST_BYTES`).
         hbm_bandwidth: HBM bandwidth (bytes/s).
         params: calibration constants.
         architecture: the GPU architecture, for the per-architecture GEMM and attention ceilings.
@@ -344,7 +362,7 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
     Returns:
         :class:`LayerTime` in seconds and per-GPU FLOPs.
     """
-    fwd = bwd = attn = wgrad = 0.0
+    fwd = bwd = attn = wgrad = gemm = 0.0
     fwd_flops = bwd_flops = 0.0
     scale = micro_batch / cp
     sac_saved = set(op_sac_saved(layer)) if layer.kind == "block" else set()
@@ -378,13 +396,16 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
             fp8 = fp8_peak_flops is not None and op.tp_role in ("column", "row")
             t = flops / ((fp8_peak_flops if fp8 else peak_flops) * eff)
             fwd += t
+            gemm += t
             bwd += 2.0 * t
             if op.gemm or op.num_parameters or op.tp_role:  # a weight GEMM: dW is one of two
                 wgrad += t
             if fp8 and op.gemm:
                 bw = hbm_bandwidth * params.hbm_efficiency
-                fwd += FP8_CAST_BYTES_PER_ELEMENT * (m * k + k * n) / bw
-                bwd += FP8_CAST_BYTES_PER_ELEMENT * m * n / bw
+                cx, cw, cg, cwb = (FP8_AMAX_CAST_BYTES if "fp8_amax_casts" in eager_parts
+                                   else FP8_FUSED_CAST_BYTES)
+                fwd += (cx * m * k + cw * k * n) / bw
+                bwd += (cg * m * n + cwb * k * n) / bw
             fwd_flops += flops
             bwd_flops += 2.0 * flops
         elif op.kind == "attention":
@@ -426,4 +447,4 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
     return LayerTime(fwd_s=fwd, bwd_s=bwd, attention_fwd_s=attn, fwd_flops=fwd_flops,
                      bwd_flops=bwd_flops, wgrad_s=wgrad,
                      op_sac_recompute_s=fwd - sac_fwd, checkpointed_s=repeated_s,
-                     op_fwd_s=tuple(op_fwd))
+                     op_fwd_s=tuple(op_fwd), gemm_fwd_s=gemm)

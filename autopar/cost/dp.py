@@ -27,6 +27,7 @@ from ..hardware.collectives import NO_LOAD, LinkLoad
 from . import offload
 from .blocks import BlockCosts
 from .buckets import bucketed_exposed_s
+from ..hardware.nccl import mixed_share
 from .comm import overlapped_comm
 from .context import CostInputs
 from .groups import Groups
@@ -103,6 +104,7 @@ class DataParallel(Zero3Passes):
         # ZeRO-3 passes by (layout, rank, bytes per element, op): the search prices one
         # layout under many recompute and kept-gathered choices (zero3._NOT_IN_ZERO3), not read here
         self._zero3: dict[tuple, object] = {}
+        self._shares: dict[tuple, float] = {}   # overlap_share by layers and layout fields
         self._param_tensors: list[int] | None = None   # per graph layer (param_tensors)
 
     def cost(self, c: ParallelConfig, layout: tuple, bottleneck: int, fwd1: float,
@@ -132,7 +134,7 @@ class DataParallel(Zero3Passes):
         # (overlapped_comm; autopar/hardware/nccl.py): ``dp_slow`` seconds
         ov_grad = prof.overlap_dp_grad_reduce
         ov_gather = prof.zero3_gather == "per_block"
-        share = self.groups.comm_share(dp_g)
+        share = self.overlap_share(c, layout[rank].layers, dp_g)
         dp_slow = 0.0
 
         def beside(comm_s: float, window_s: float, overlapped: bool) -> float:
@@ -257,6 +259,35 @@ class DataParallel(Zero3Passes):
         optimizer_s = self.optimizer_step_s(c, layout[rank].layers, psi)
         grad_copy_s = self.compute_stream_copies_s(c, m, psi, gathers, reduces)
         return DPCost(dp_exposed, dp_slow, grad_copy_s, optimizer_s, tuple(loads))
+
+    def overlap_share(self, c: ParallelConfig, layers: tuple[int, ...], dp_g) -> float:
+        """The share of :func:`autopar.cost.comm.overlapped_comm` for the DP collectives over
+        ``dp_g`` beside the compute of graph ``layers`` under the resolved config ``c``: the
+        SMs NCCL holds (:meth:`autopar.cost.groups.Groups.comm_share`) for every kernel, and on
+        GPUs with persistent GEMMs the second wave those SMs force on each GEMM
+        (:meth:`~autopar.cost.groups.Groups.gemm_share`) for the GEMMs' part of the layers'
+        forward and backward seconds (:attr:`autopar.cost.compute.LayerTime.gemm_fwd_s`, three
+        times over: forward and two backward GEMMs), mixed by
+        :func:`autopar.hardware.nccl.mixed_share`."""
+        other, gemm_share = self.groups.comm_share(dp_g), self.groups.gemm_share(dp_g)
+        if gemm_share <= other:
+            return other
+        g = self.inputs.graph
+        key = (layers, c.micro_batch_size, c.tp, c.cp, c.sequence_parallel, c.cp_mode,
+               c.etp, c.ep, c.folded, dp_g.ranks)
+        hit = self._shares.get(key)
+        if hit is None:
+            gemm = total = 0.0
+            for li in layers:
+                folded = c.folded and bool(g.layers[li].num_experts)
+                lt = self.blocks.layer_time(li, c.micro_batch_size, c.tp, c.cp,
+                                            c.sequence_parallel, c.cp_mode,
+                                            c.etp if folded else None, c.ep)
+                gemm += 3.0 * lt.gemm_fwd_s
+                total += lt.fwd_s + lt.bwd_s
+            hit = self._shares[key] = mixed_share(min(1.0, gemm / total) if total > 0 else 0.0,
+                                                 gemm_share, other)
+        return hit
 
     def reduction_groups(self, c: ParallelConfig, layers: tuple[int, ...],
                          psi: float) -> "ReductionGroups":

@@ -5,7 +5,8 @@ them holds (:class:`Groups`)."""
 from __future__ import annotations
 
 from ..config import DEFAULT_PLACEMENT, ParallelConfig
-from ..hardware.nccl import compute_share_taken, local_nics
+from ..hardware.nccl import (collective_ctas, compute_share_taken, gemm_share_taken,
+                             local_nics)
 from .comm import Collectives
 from .types import GroupLinks
 
@@ -115,6 +116,21 @@ class Groups:
         if hit is None:
             hit = self._shares[grp.ranks] = compute_share_taken(
                 cl.device, grp.link, local_nics(grp.ranks, cl.gpus_per_node, cl.nics_per_node))
+        return hit
+
+    def gemm_share(self, grp: Collectives) -> float:
+        """Share of a persistent GEMM's rate a collective over ``grp`` takes while in flight
+        (:func:`autopar.hardware.nccl.gemm_share_taken`: its CTAs push the GEMM's one-CTA-per-SM
+        grid into a second wave on Hopper); 0 on GPUs whose GEMMs are not persistent."""
+        cl = self.cluster
+        if grp.size <= 1:
+            return 0.0
+        key = ("gemm", grp.ranks)
+        hit = self._shares.get(key)
+        if hit is None:
+            ctas = collective_ctas(grp.link, local_nics(grp.ranks, cl.gpus_per_node,
+                                                        cl.nics_per_node))
+            hit = self._shares[key] = gemm_share_taken(cl.device, ctas)
         return hit
 
     def zero1_group(self, c: ParallelConfig) -> Collectives | None:

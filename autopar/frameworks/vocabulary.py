@@ -72,8 +72,11 @@ COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_g
 #: is cast to fp32 (``x.float()``) before each fused norm, which then reads fp32, and the cast
 #: and norm are checkpointed (repeated in backward); ``fp32_cross_entropy``: the loss is torch's
 #: ``F.cross_entropy(logits.float(), labels)`` as eager ATen kernels (the cast, log_softmax,
-#: nll_loss and their backward: :data:`autopar.cost.compute.EAGER_CE_FWD_BYTES_PER_LOGIT`).
-EAGER_PARTS = ("glu", "norm_input_cast", "fp32_cross_entropy")
+#: nll_loss and their backward: :data:`autopar.cost.compute.EAGER_CE_FWD_BYTES_PER_LOGIT`);
+#: ``fp8_amax_casts``: under FP8 each Linear operand is cast by an amax pass then a cast kernel,
+#: again in backward (torchao's float8nocompile prototype:
+#: :data:`autopar.cost.compute.FP8_AMAX_CAST_BYTES`).
+EAGER_PARTS = ("glu", "norm_input_cast", "fp32_cross_entropy", "fp8_amax_casts")
 #: Bytes per parameter the optimizer step moves through HBM in the ``torch`` profile: torch.optim.
 #: AdamW as constructed by default (foreach on CUDA since torch 2.0, ``_default_to_fused_or_foreach``
 #: in torch/optim/optimizer.py), whose ``_multi_tensor_adam`` (torch/optim/adam.py, torch 2.13,

@@ -45,6 +45,8 @@ not counted: it is under 5% of HBM bandwidth for a NIC-bound collective.
 
 from __future__ import annotations
 
+import math
+
 from autopar.errors import InvalidClusterSpec
 
 #: NCCL's largest channel count (src/include/device.h MAXCHANNELS = 32).
@@ -57,6 +59,49 @@ INTRA_NODE_CTAS = {"nvlink": 24, "pcie": 2, "xgmi": 24}
 LINK_CLASSES = ("local", "nvlink", "pcie", "infiniband", "roce", "efa", "ethernet", "xgmi")
 #: Largest share of the SMs a collective is taken to hold (keeps compute progressing).
 MAX_SM_SHARE = 0.5
+#: GPU architectures whose library GEMMs run a persistent grid of one CTA per SM: Hopper's
+#: cuBLAS / CUTLASS 3 kernels size the grid as min(SMs, output tiles) and each CTA loops over its
+#: share of the tiles (CUTLASS include/cutlass/gemm/kernel/tile_scheduler_params.h,
+#: ``PersistentTileSchedulerSm90Params::get_grid_shape``: ``min(sm_count, problem_blocks_total)``
+#: for 1x1 clusters). Ampere's cuBLAS kernels launch one CTA per output tile (many waves).
+PERSISTENT_GEMM_ARCHITECTURES = frozenset({"hopper"})
+
+
+def gemm_share_taken(device, ctas: int) -> float:
+    """Share of a persistent GEMM's rate (dimensionless, in [0, :data:`MAX_SM_SHARE`]) lost
+    while an NCCL collective holds ``ctas`` of ``device``'s SMs.
+
+    A persistent GEMM (:data:`PERSISTENT_GEMM_ARCHITECTURES`) launches one CTA per SM, each with
+    an equal, fixed share of the output tiles; with ``c`` SMs held only ``S - c`` CTAs run at
+    once and the rest wait for a second wave, so the GEMM takes ``ceil(S / (S - c))`` times as
+    long: a share of ``1 - 1 / ceil(S / (S - c))`` (one half for any 0 < c < S / 2). Measured:
+    a cuBLAS GEMM of 132 CTAs on an H100 beside an FSDP-style all-gather of 24 CTAs ran in two
+    waves and took nearly twice as long (NVIDIA developer forum, "Compute-Communication Overlap
+    Causes Severe GEMM Performance Degradation because of Tail Effect", thread 337991). 0 on
+    other architectures (non-persistent GEMMs lose ``ctas / S``:
+    :func:`compute_share_taken`), with no collective, or an unknown SM count.
+    """
+    sms = getattr(device, "sm_count", 0)
+    if (ctas <= 0 or sms <= 0 or ctas >= sms
+            or getattr(device, "architecture", "") not in PERSISTENT_GEMM_ARCHITECTURES):
+        return 0.0
+    return min(MAX_SM_SHARE, 1.0 - 1.0 / math.ceil(sms / (sms - ctas)))
+
+
+def mixed_share(gemm_fraction: float, gemm_share: float, other_share: float) -> float:
+    """The single share of :func:`autopar.cost.comm.overlapped_comm` for compute of which
+    ``gemm_fraction`` of the seconds (alone) are GEMMs slowed by ``gemm_share`` and the rest by
+    ``other_share``: the slowed compute lasts ``f / (1 - g) + (1 - f) / (1 - o)`` times as long,
+    so the share is ``1 - 1 / that``.
+
+    Raises:
+        ValueError: a fraction outside [0, 1] or a share outside [0, 1).
+    """
+    if not (0.0 <= gemm_fraction <= 1.0 and 0.0 <= gemm_share < 1.0 and 0.0 <= other_share < 1.0):
+        raise ValueError(f"mixed_share needs a fraction in [0, 1] and shares in [0, 1); got "
+                         f"{gemm_fraction}, {gemm_share}, {other_share}")
+    stretch = gemm_fraction / (1.0 - gemm_share) + (1.0 - gemm_fraction) / (1.0 - other_share)
+    return 1.0 - 1.0 / stretch
 
 
 def local_nics(ranks, gpus_per_node: int, nics_per_node: int) -> int:

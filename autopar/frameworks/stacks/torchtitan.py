@@ -63,6 +63,22 @@ def with_foreach_adamw(profile):
     return with_choice(profile, FOREACH_ADAMW_2024)
 
 
+def with_float8nocompile(profile, source: str):
+    """``profile`` with its FP8 casts run by torchao's float8nocompile prototype (eager Triton
+    kernels, an amax pass then a cast per Linear operand, recast in backward:
+    :data:`autopar.cost.compute.FP8_AMAX_CAST_BYTES`), the ``eager_parts`` entry
+    "fp8_amax_casts"; ``source``: where the run states it. Costs only FP8 runs.
+
+    Raises:
+        InvalidTrainingConfig: as :meth:`autopar.frameworks.FrameworkProfile.with_costs`.
+    """
+    parts = tuple(dict.fromkeys((*profile.eager_parts, "fp8_amax_casts")))
+    return profile.with_costs(
+        {"eager_parts": f"{source}: torchao prototype/float8nocompile (float8nocompile_linear.py "
+                        "matmul_with_args_in_hp; kernels/fp8_dynamic_tensorwise.py _amax_atomic "
+                        "before each _to_fp8_* cast)"}, eager_parts=parts)
+
+
 def with_chunked_loss(profile, chunks: int, source: str):
     """``profile`` with its LM head and cross-entropy run over ``chunks`` sequence chunks inside
     the loss call (:attr:`autopar.frameworks.MemoryConventions.loss_chunks`): torchtitan's
