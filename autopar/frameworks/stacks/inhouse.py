@@ -47,7 +47,7 @@ LLAMA3_FSDP = replace(
              "zero2_reduce_per_step": _LLAMA3 + "Numerical stability: 'we use FP32 gradient "
              "accumulation during backward computation over multiple micro-batches and also "
              "reduce-scatter gradients in FP32 across data parallel workers in FSDP'; "
-             "Parallelism for Model Scaling: 'Our use of FSDP for Llama 3 shards the optimizer "
+             "Parallelism for Model Scaling: 'Our use of FSDP for Llama 3 shards optimizer "
              "states and gradients, but for model shards we do not reshard after forward "
              "computation to avoid an extra all-gather communication during backward passes' "
              "(one reduce-scatter per step read from the accumulation over micro-batches, as "
