@@ -37,6 +37,7 @@ from autopar.frameworks import (FrameworkProfile, MemoryConventions, get_profile
 from autopar.frameworks.choices import TORCH_COMPILE, with_choice
 from autopar.frameworks.stacks.deepspeed import (HF_AUTO, with_deepspeed_030,
                                                  with_hf_trainer_torch_adamw, with_zero_config)
+from autopar.frameworks.stacks.inhouse import with_llama3_fsdp
 from autopar.frameworks.stacks.megatron import (ALLTOALL_TOKEN_LEVEL_SINCE,
                                                 MOE_PROBS_IN_ACTIVATION_SINCE,
                                                 with_alltoall_seq_2024,
@@ -219,7 +220,9 @@ def record_profile(rec: Record) -> FrameworkProfile:
     eager FP8 run whose ``training.fp8_recipe`` names float8nocompile casts with torchao's
     prototype kernels (:func:`autopar.frameworks.stacks.torchtitan.with_float8nocompile`); a
     PithTrain run's loss writes the logits' gradient in place (:data:`PITHTRAIN_LOSS`,
-    :func:`autopar.frameworks.stacks.with_inplace_loss`)."""
+    :func:`autopar.frameworks.stacks.with_inplace_loss`); Meta's in-house stack ("meta
+    internal" in the framework text: the Llama 3 runs) runs the data parallelism the Llama 3
+    paper states (:func:`autopar.frameworks.stacks.inhouse.with_llama3_fsdp`)."""
     profile = get_profile(profile_name(rec))
     f = rec.framework.lower().replace(" ", "").replace("-", "")
     compiled = rec.torch_compile   # the run's own statement (training.torch_compile) first
@@ -251,6 +254,10 @@ def record_profile(rec: Record) -> FrameworkProfile:
         # the framework text dates the run before Megatron-Core's token-level all-to-all
         # dispatcher: under TP its dispatcher ran all-to-alls over TP around the MoE layer
         profile = with_alltoall_seq_2024(profile)
+    if profile.name.startswith("inhouse") and "metainternal" in f:
+        # Meta's Llama 3 stack: the data parallelism its paper states (fp32 gradients
+        # accumulated over the micro-batches, one fp32 reduce-scatter per step)
+        profile = with_llama3_fsdp(profile)
     if "pithtrain" in f:
         # PithTrain's loss writes the logits' gradient into them in its forward
         profile = with_inplace_loss(profile, PITHTRAIN_LOSS)

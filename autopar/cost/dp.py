@@ -208,6 +208,13 @@ class DataParallel(Zero3Passes):
                               + beside_copies(t_rs, d2h, bwd1, ov_grad))
                 gathers, reduces = 1, 1
                 loads.append((l_ag + l_rs, 1.0))
+            elif c.zero_stage == 2 and prof.zero2_reduce_per_step:
+                # unsharded gradients accumulated over the step's micro-batches: one
+                # reduce-scatter behind the last backward, one gather behind the first forward
+                # (FrameworkProfile.zero2_reduce_per_step; memory pays, ModelStates)
+                dp_exposed = beside(t_rs, bwd1, ov_grad) + beside(t_ag, fwd1, ov_grad)
+                gathers, reduces = 1, 1
+                loads.append((l_rs + l_ag, 1.0))
             elif c.zero_stage == 2:
                 # sharded gradients cannot accumulate locally: reduce-scatter every micro-batch,
                 # each hidden behind that micro-batch's backward; parameters gathered once.

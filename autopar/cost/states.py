@@ -113,6 +113,11 @@ class ModelStates:
             # gathered compute-dtype parameters kept between forward and backward
             w = wb * params / (c.dp * c.cp) + train.dtype_bytes * params
             states = (w, states[1], states[2])
+        if c.zero_stage == 2 and self.inputs.profile.zero2_reduce_per_step and c.dp * c.cp > 1:
+            # gradients accumulated unsharded over the step's micro-batches, in the reduce
+            # dtype, until the one reduce-scatter after the last backward
+            # (FrameworkProfile.zero2_reduce_per_step)
+            states = (states[0], self.inputs.reduce_bytes * params, states[2])
         # parameter offload: the shards leave the GPU (and under FSDP the gradient shards);
         # each unit's shard is copied in before its all-gather (autopar.cost.offload)
         states = offload.resident_states(train, states)

@@ -100,6 +100,7 @@ class ShardedDataParallel(Choice):
     zero_grad_copy_passes: int
     fsdp2_copies: bool
     zero2_grad_all_reduce: bool = False
+    zero2_reduce_per_step: bool = False
     zero12_grad_copy_passes: int = 0
     zero0_grad_copy_passes: int = 0
     zero0_step_bytes: int = 0

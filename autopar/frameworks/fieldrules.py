@@ -22,9 +22,9 @@ _ZERO_STAGE_FIELDS = ("zero_stages", "zero_stages_with_tp", "zero_stages_with_pp
 _BOOL_FIELDS = ("per_block_recompute", "expert_parallel", "per_block_reshard",
                 "overlap_dp_grad_reduce", "zero3_regather_per_micro_batch", "overlap_tp_comm",
                 "zero1_grad_all_reduce", "fsdp2_copies", "tp_mlp_reduce_per_linear",
-                "experts_tp_sharded", "zero2_grad_all_reduce", "kv_heads_below_tp",
-                "moe_tp_token_alltoall", "grad_reduce_fp16_in_fp16", "moe_probs_alltoall",
-                "moe_counts_gather")
+                "experts_tp_sharded", "zero2_grad_all_reduce", "zero2_reduce_per_step",
+                "kv_heads_below_tp", "moe_tp_token_alltoall", "grad_reduce_fp16_in_fp16",
+                "moe_probs_alltoall", "moe_counts_gather")
 
 
 def checked_fields(v: dict, check: FieldCheck, cost_fix: str,

@@ -173,6 +173,11 @@ class FrameworkProfile:
             data-parallel group and every rank keeps its own slice (DeepSpeed
             ``use_multi_rank_bucket_allreduce``), instead of reduce-scattered: twice the volume
             on the wire, every micro-batch.
+        zero2_reduce_per_step: under ZeRO-2 with several micro-batches per step, each rank
+            accumulates its unsharded gradients (in the reduce dtype) over the step's
+            micro-batches and reduce-scatters them once, after the last backward (memory pays
+            the unsharded gradients, at ``grad_reduce_bytes`` per element), instead of
+            reduce-scattering every micro-batch; the parameters are gathered once either way.
         zero12_grad_copy_passes: under ZeRO-1/2, passes (reads + writes) over each parameter's
             compute-dtype gradient that the implementation adds to every gradient reduction on
             the compute stream (every micro-batch under ZeRO-2, once per step under ZeRO-1;
@@ -308,6 +313,7 @@ class FrameworkProfile:
     fsdp2_copies: bool = True
     tp_mlp_reduce_per_linear: bool = False
     zero2_grad_all_reduce: bool = False
+    zero2_reduce_per_step: bool = False
     zero12_grad_copy_passes: int = 0
     host_issue: str = "per_kernel"
     zero0_grad_copy_passes: int = 0
@@ -347,7 +353,8 @@ class FrameworkProfile:
                      tuple(sorted(self.eager_parts)), self.zero_grad_copy_passes,
                      self.zero1_partition, self.sync_grad_bucket_elements,
                      self.fsdp2_copies, self.tp_mlp_reduce_per_linear,
-                     self.zero2_grad_all_reduce, self.zero12_grad_copy_passes,
+                     self.zero2_grad_all_reduce, self.zero2_reduce_per_step,
+                     self.zero12_grad_copy_passes,
                      self.host_issue, self.zero0_grad_copy_passes, self.zero0_step_bytes,
                      self.zero0_step_host_ops_per_tensor, self.zero1_step_bytes,
                      self.zero1_step_host_ops_per_tensor, self.zero3_persistent_elements,

@@ -60,7 +60,8 @@ COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_g
                "zero1_grad_all_reduce", "cp_attention", "optimizer_step_bytes", "eager_parts",
                "zero_grad_copy_passes", "zero1_partition", "sync_grad_bucket_elements",
                "fsdp2_copies", "tp_mlp_reduce_per_linear", "zero2_grad_all_reduce",
-               "zero12_grad_copy_passes", "host_issue", "zero0_grad_copy_passes",
+               "zero2_reduce_per_step", "zero12_grad_copy_passes", "host_issue",
+               "zero0_grad_copy_passes",
                "zero0_step_bytes", "zero0_step_host_ops_per_tensor", "zero1_step_bytes",
                "zero1_step_host_ops_per_tensor", "zero3_persistent_elements",
                "zero3_reduce_bucket_elements", "moe_dispatch_dtype", "moe_tp_token_alltoall",
@@ -240,6 +241,9 @@ DEFAULT_COST_SOURCES = {
                              "(its own copies are fsdp2_copies)",
     "zero2_grad_all_reduce": "ZeRO-2 reduce-scatters each gradient bucket (FSDP2 / FSDP "
                              "reduce_scatter_tensor)",
+    "zero2_reduce_per_step": "ZeRO-2 reduce-scatters every micro-batch's gradients (sharded "
+                             "gradients cannot accumulate locally: DeepSpeed stage 2, FSDP "
+                             "without no_sync)",
     "zero12_grad_copy_passes": "no ZeRO-1/2 bucket copies on the compute stream (FSDP2 copies "
                                "are fsdp2_copies; DDP buckets are autograd's own views)",
     "zero0_grad_copy_passes": "no copies charged beside the ZeRO-0 all-reduce (none sourced "

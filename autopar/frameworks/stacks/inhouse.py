@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..choices import Choices, ExpertDispatch, capabilities_of, compose
+from ..choices import Choices, ExpertDispatch, capabilities_of, compose, with_choice
 from . import megatron
 
 SHARDED_DP = replace(
@@ -27,6 +27,46 @@ SHARDED_DP = replace(
              "fsdp2_copies": "the in-house stack's sharding code is not published, and torch's "
              "FSDP2 (fully_shard, torch 2.4, July 2024) postdates these runs: its copies are "
              "not charged"})
+
+_LLAMA3 = "Llama 3 (Dubey et al. 2024, arXiv 2407.21783) section 3.3.2, "
+
+#: Meta's Llama 3 stack (its 405B pretraining, 2024) as the paper states its FSDP: optimizer
+#: states and gradients sharded, the parameters gathered for forward and not resharded for
+#: backward (ZeRO-2 in autopar's plan terms), gradients accumulated in fp32 over the step's
+#: micro-batches and reduce-scattered in fp32. The paper does not say in so many words that
+#: the reduce-scatter runs once per step; its fp32 accumulation "over multiple micro-batches"
+#: before an fp32 reduce-scatter reads as the local (unsharded) accumulation that PyTorch's own
+#: composition of FSDP with pipeline parallelism runs (torch/distributed/pipelining/stage.py
+#: backward_maybe_with_nosync: set_requires_gradient_sync(False) and
+#: set_reshard_after_backward(False) until the last backward), so that is what is priced.
+LLAMA3_FSDP = replace(
+    SHARDED_DP, name="llama3-fsdp", zero2_reduce_per_step=True, grad_reduce_bytes=4,
+    summary="Llama 3's FSDP: no reshard after forward, fp32 gradients accumulated over the "
+            "micro-batches, one fp32 reduce-scatter per step",
+    sources={**SHARDED_DP.sources,
+             "zero2_reduce_per_step": _LLAMA3 + "Numerical stability: 'we use FP32 gradient "
+             "accumulation during backward computation over multiple micro-batches and also "
+             "reduce-scatter gradients in FP32 across data parallel workers in FSDP'; "
+             "Parallelism for Model Scaling: 'Our use of FSDP for Llama 3 shards optimizer "
+             "states and gradients, but for model shards we do not reshard after forward "
+             "computation to avoid an extra all-gather communication during backward passes' "
+             "(one reduce-scatter per step read from the accumulation over micro-batches, as "
+             "torch.distributed.pipelining stage.py composes FSDP with PP: an assumption)",
+             "grad_reduce_bytes": _LLAMA3 + "Numerical stability: 'reduce-scatter gradients "
+             "in FP32 across data parallel workers in FSDP': 4",
+             "overlap_dp_grad_reduce": _LLAMA3 + "Network-aware parallelism configuration: DP "
+             "(FSDP) is the outermost dimension 'because it can tolerate longer network "
+             "latency by asynchronously prefetching sharded model weights and reducing "
+             "gradients': the gather and the reduction run beside compute"})
+
+
+def with_llama3_fsdp(profile):
+    """``profile`` (``inhouse-2024``) with the data parallelism the Llama 3 paper states for
+    Meta's stack (:data:`LLAMA3_FSDP`): one fp32 reduce-scatter per step of gradients
+    accumulated unsharded in fp32, one gather. A record option, not the profile's default (the
+    other in-house stacks publish nothing of theirs)."""
+    return with_choice(profile, LLAMA3_FSDP)
+
 
 _DSV3_FP8 = "DeepSeek-V3 (arXiv 2412.19437) section 3.3.3, Low-Precision Storage: "
 
