@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ...errors import InvalidParallelConfig
 from ..choices import Choices, ExpertDispatch, capabilities_of, compose, with_choice
+from ..layersplit import MegatronLayerSplit
 from . import megatron
 
 SHARDED_DP = replace(
@@ -66,6 +68,38 @@ def with_llama3_fsdp(profile):
     accumulated unsharded in fp32, one gather. A record option, not the profile's default (the
     other in-house stacks publish nothing of theirs)."""
     return with_choice(profile, LLAMA3_FSDP)
+
+
+#: Llama 3's pipeline balance (section 3.3.2, Pipeline parallelism improvements): "To balance
+#: the pipeline, we reduce one Transformer layer each from the first and the last stages,
+#: respectively. This means that the first model chunk on the first stage has only the
+#: embedding, and the last model chunk on the last stage has only output projection and loss
+#: calculation." The same cut as Megatron-LM's --account-for-embedding-in-pipeline-split
+#: --account-for-loss-in-pipeline-split: the embedding and the loss each take one layer's slot.
+LLAMA3_LAYER_SPLIT = MegatronLayerSplit(embedding=True, loss=True)
+
+
+def llama3_pipeline_chunks(num_layers: int, pp: int) -> tuple[int, tuple[int, ...]]:
+    """The interleaved pipeline the Llama 3 paper describes for ``num_layers`` decoder layers
+    over ``pp`` ranks: ``(virtual_stages, stage_blocks)``, decoder layers per chunk in model
+    order (``pp * virtual_stages`` entries, :data:`LLAMA3_LAYER_SPLIT`).
+
+    The paper does not give V; it says that taking one layer from the first stage leaves its
+    first chunk with the embedding alone, which holds only if every chunk has one layer, so
+    V = (num_layers + 2) / pp (an inference from section 3.3.2: 126 layers over pp 16 -> 8).
+
+    Raises:
+        InvalidParallelConfig: ``num_layers + 2`` is not a multiple of ``pp`` (no one-layer
+            chunks), or ``pp`` < 2 (no pipeline to balance).
+    """
+    if pp < 2 or (num_layers + 2) % pp:
+        raise InvalidParallelConfig(
+            f"Llama 3's one-layer chunks need num_layers + 2 = {num_layers + 2} to be a "
+            f"multiple of pp={pp} with pp >= 2 (section 3.3.2: the first chunk holds only the "
+            "embedding once one layer is taken from the first stage). Fix: a pp that divides "
+            f"{num_layers + 2}, or give stage_blocks yourself.")
+    v = (num_layers + 2) // pp
+    return v, LLAMA3_LAYER_SPLIT.chunks(num_layers, pp, v)
 
 
 _DSV3_FP8 = "DeepSeek-V3 (arXiv 2412.19437) section 3.3.3, Low-Precision Storage: "
