@@ -36,7 +36,8 @@ from autopar.frameworks import (FrameworkProfile, MemoryConventions, get_profile
                                 with_inplace_loss, with_pure_bf16)
 from autopar.frameworks.choices import TORCH_COMPILE, with_choice
 from autopar.frameworks.stacks.deepspeed import (HF_AUTO, with_deepspeed_030,
-                                                 with_hf_trainer_torch_adamw, with_zero_config)
+                                                 with_hf_trainer_torch_adamw,
+                                                 with_megatron_v1_model, with_zero_config)
 from autopar.frameworks.stacks.inhouse import with_llama3_fsdp
 from autopar.frameworks.stacks.megatron import (ALLTOALL_TOKEN_LEVEL_SINCE,
                                                 MOE_PROBS_IN_ACTIVATION_SINCE,
@@ -222,7 +223,9 @@ def record_profile(rec: Record) -> FrameworkProfile:
     PithTrain run's loss writes the logits' gradient in place (:data:`PITHTRAIN_LOSS`,
     :func:`autopar.frameworks.stacks.with_inplace_loss`); Meta's in-house stack ("meta
     internal" in the framework text: the Llama 3 runs) runs the data parallelism the Llama 3
-    paper states (:func:`autopar.frameworks.stacks.inhouse.with_llama3_fsdp`)."""
+    paper states (:func:`autopar.frameworks.stacks.inhouse.with_llama3_fsdp`); a DeepSpeed run
+    of DeepSpeedExamples' Megatron-LM GPT-2 runs that model's own attention ops
+    (:func:`autopar.frameworks.stacks.deepspeed.with_megatron_v1_model`)."""
     profile = get_profile(profile_name(rec))
     f = rec.framework.lower().replace(" ", "").replace("-", "")
     compiled = rec.torch_compile   # the run's own statement (training.torch_compile) first
@@ -239,6 +242,9 @@ def record_profile(rec: Record) -> FrameworkProfile:
                                                           rec.framework.lower()):
         # the framework text names DeepSpeed 0.3 or before: its ZeRO-1 is stage1.py
         profile = with_deepspeed_030(profile)
+    if _kind(rec.framework) == "deepspeed" and "deepspeedexamplesmegatronlm" in f:
+        # DeepSpeedExamples' Megatron-LM v1 GPT-2: its attention scales and masks in 3 ops
+        profile = with_megatron_v1_model(profile)
     if _kind(rec.framework) == "deepspeed":
         profile = _deepspeed_options(rec, profile)
     if _kind(rec.framework) == "torchtitan" and dated_before(rec.framework, FUSED_ADAMW_SINCE):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..graph.kernels import ATTENTION_BACKWARD_RATIO
+from ..graph.kernels import ATTENTION_BACKWARD_RATIO, UNFUSED_SCORE_BYTES
 from ..graph.router import ROUTER_LOSS_KERNELS, is_router_loss, router_loss_backward_bytes
 from ..graph.types import Layer
 from .memory import GLU_ACTIVATIONS, op_sac_saved
@@ -271,6 +271,31 @@ def _memory_bound_ops(ops, fusion: str):
 UNFUSED_SCORE_PASSES = 11
 
 
+#: Extra HBM bytes per attention-score element, forward and backward each, of an unfused
+#: attention that scales its scores and applies the causal mask as three separate element-wise
+#: ops (``eager_parts`` "separate_scale_mask") where the graph's unfused path
+#: (:data:`autopar.graph.kernels.UNFUSED_SCORE_BYTES`) counts one scale+mask pass (read and
+#: write of 2-byte scores, 4). Megatron-LM v1 as DeepSpeedExamples ran it (Megatron-LM/mpu/
+#: transformer.py at a79272c, GPT2ParallelSelfAttention.forward): ``attention_scores /
+#: math.sqrt(...)``, then ``torch.mul(attention_scores, ltor_mask) - 10000.0 * (1.0 -
+#: ltor_mask)``: a division, a multiply and a subtraction over the [b, np, s, s] scores (the
+#: [1, 1, s, s] mask terms are small and left out): 3 x 4 = 12 bytes, 8 more than counted.
+#: Backward: the division's and the multiply's input gradients (read and write, 4 each; the
+#: subtraction passes its gradient through without a kernel): 8.
+SEPARATE_SCALE_MASK_BYTES_PER_SCORE = 8
+
+
+def unfused_scores(op) -> float:
+    """Attention-score elements of an unfused attention op at the graph's micro-batch: the
+    op's bytes beyond its q, k and v inputs (taken as three times its output, exact for
+    multi-head attention and an overestimate of k and v, so a slight underestimate of the
+    scores, under grouped-query attention) over the graph's
+    :data:`autopar.graph.kernels.UNFUSED_SCORE_BYTES`. 0 for a fused attention op."""
+    if op.fused:
+        return 0.0
+    return max(0.0, op.bytes_read - 3.0 * op.bytes_written) / UNFUSED_SCORE_BYTES
+
+
 def _fused_attention_s(causal, flops, peak_flops, params, architecture, kernel, dims):
     """(forward, backward) seconds of a fused attention kernel: the ceiling is for forward +
     backward; it splits by the backward's relative efficiency r: forward at
@@ -348,7 +373,9 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
             does: M x etp / tp rows, N (column) or K (row) / etp, which the efficiency curve
             reads.
         eager_parts: parts of the block the framework runs as eager ops inside a fused stack
-            (:data:`autopar.frameworks.profiles.EAGER_PARTS`; :func:`memory_bound_kernels`).
+            (:data:`autopar.frameworks.profiles.EAGER_PARTS`; :func:`memory_bound_kernels`);
+            "separate_scale_mask" adds :data:`SEPARATE_SCALE_MASK_BYTES_PER_SCORE` to an
+            unfused attention's forward and backward.
         local_experts: routed experts one rank holds (E / ep). A grouped expert GEMM runs one
             GEMM per local expert over the tokens routed to it (Megatron-Core GroupedMLP:
             ``grouped_gemm.ops.gmm`` with ``batch_sizes`` = tokens per expert; TE
@@ -424,6 +451,11 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
                 t = (flops / (peak_flops * params.matmul_ceiling(architecture))
                      + op.bytes_read * scale / tp / (hbm_bandwidth * params.hbm_efficiency))
                 bwd += 2.0 * t
+                if "separate_scale_mask" in eager_parts:
+                    extra = (SEPARATE_SCALE_MASK_BYTES_PER_SCORE * unfused_scores(op) * scale
+                             / tp / (hbm_bandwidth * params.hbm_efficiency))
+                    t += extra
+                    bwd += extra
             fwd += t
             attn += t
             fwd_flops += flops

@@ -76,8 +76,12 @@ COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_g
 #: nll_loss and their backward: :data:`autopar.cost.compute.EAGER_CE_FWD_BYTES_PER_LOGIT`);
 #: ``fp8_amax_casts``: under FP8 each Linear operand is cast by an amax pass then a cast kernel,
 #: again in backward (torchao's float8nocompile prototype:
-#: :data:`autopar.cost.compute.FP8_AMAX_CAST_BYTES`).
-EAGER_PARTS = ("glu", "norm_input_cast", "fp32_cross_entropy", "fp8_amax_casts")
+#: :data:`autopar.cost.compute.FP8_AMAX_CAST_BYTES`); ``separate_scale_mask``: an unfused
+#: attention scales its scores and applies the causal mask as three element-wise ops (divide,
+#: multiply, subtract: Megatron-LM v1 in DeepSpeedExamples,
+#: :data:`autopar.cost.compute.SEPARATE_SCALE_MASK_BYTES_PER_SCORE`).
+EAGER_PARTS = ("glu", "norm_input_cast", "fp32_cross_entropy", "fp8_amax_casts",
+               "separate_scale_mask")
 #: Bytes per parameter the optimizer step moves through HBM in the ``torch`` profile: torch.optim.
 #: AdamW as constructed by default (foreach on CUDA since torch 2.0, ``_default_to_fused_or_foreach``
 #: in torch/optim/optimizer.py), whose ``_multi_tensor_adam`` (torch/optim/adam.py, torch 2.13,

@@ -124,6 +124,33 @@ ZERO_030 = replace(
                                                "(0.3.0)"})
 
 
+#: The DeepSpeedExamples Megatron-LM GPT-2 (the 2019 Megatron-LM v1 code at DeepSpeedExamples
+#: a79272c, the model of the 2020 DeepSpeed runs): eager ops with the fp32 loss
+#: (pretrain_gpt2.py ``mpu.vocab_parallel_cross_entropy(output.contiguous().float(), labels)``)
+#: and an unfused attention that scales and masks its scores in three element-wise ops
+#: (``separate_scale_mask``). Swap it in with :func:`with_megatron_v1_model`.
+MEGATRON_V1_MODEL = replace(
+    EAGER, name="dse-megatron-v1-eager",
+    summary="DeepSpeedExamples Megatron-LM v1 GPT-2: eager ops, fp32 loss, attention scaled "
+            "and masked in three element-wise ops",
+    eager_parts=("fp32_cross_entropy", "separate_scale_mask"),
+    sources={**EAGER.sources,
+             "eager_parts": "DeepSpeedExamples a79272c Megatron-LM/pretrain_gpt2.py: "
+                            "vocab_parallel_cross_entropy(output.contiguous().float(), "
+                            "labels); Megatron-LM/mpu/transformer.py GPT2ParallelSelfAttention"
+                            ".forward: 'attention_scores / math.sqrt(...)' then "
+                            "'torch.mul(attention_scores, ltor_mask) - 10000.0 * (1.0 - "
+                            "ltor_mask)'"})
+
+
+def with_megatron_v1_model(profile):
+    """``profile`` (DeepSpeed) running DeepSpeedExamples' Megatron-LM v1 GPT-2 model
+    (:data:`MEGATRON_V1_MODEL`). A model-code option for runs whose framework text names
+    DeepSpeedExamples' Megatron-LM, not the profile's default (which runs the model's own
+    ops as the graph counts them)."""
+    return with_choice(profile, MEGATRON_V1_MODEL)
+
+
 def with_deepspeed_030(profile):
     """``profile`` (DeepSpeed) as DeepSpeed 0.3.0 (2020) runs ZeRO-1 (:data:`ZERO_030`); its
     ZeRO-0 path (engine.py buckets, FP16_Optimizer) is the profile's own, read at 0.3.0 and
