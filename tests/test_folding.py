@@ -93,11 +93,14 @@ def test_folded_communication_by_hand(tiny):
     assert bp.tp_bytes == pytest.approx(30720.0 + 4 * 24576 / 2)
     # etp = 1: no expert-TP collectives. The all-to-all: 64 tokens / tp (SP) x 3 copies x 64 x 2
     # = 12288 bytes, (ep - 1) / ep of it leaves each rank, 4 times (dispatch and combine,
-    # forward and backward)
+    # forward and backward). Megatron-Core's dispatcher also all-to-alls the rows'
+    # probabilities (32 tokens x 3 copies x 2 bytes, forward and its gradient back) and
+    # all-gathers the int64 counts of the 8 experts over the etp x ep ranks, forward only
+    probs = 32 * 3 * 2
     assert cm.group("ep", fold).ranks == tuple(range(8))
-    assert bf.ep_bytes == pytest.approx(4 * 12288 * 7 / 8)
+    assert bf.ep_bytes == pytest.approx((4 * 12288 + 2 * probs + 8 * 8 * 8) * 7 / 8)
     assert cm.group("ep", plain).ranks == (0, 2)
-    assert bp.ep_bytes == pytest.approx(4 * 12288 * 1 / 2)
+    assert bp.ep_bytes == pytest.approx((4 * 12288 + 2 * probs) * 1 / 2 + 4 * 8 * 8 * 3 / 4)
 
 
 def test_folded_expert_tp_collectives_by_hand(tiny):
