@@ -278,3 +278,25 @@ def test_a_global_batch_just_short_of_a_multiple_of_the_gpus_is_pointed_out(caps
     (text,) = _batch_divisibility_note(1000, 21)
     assert "factor 1 with the 21 GPUs" in text and "1,008 (+0.8%)" in text
     assert _batch_divisibility_note(32, 8) == [] and _batch_divisibility_note(40, 32) == []
+
+
+def test_export_can_be_repeated_and_writes_every_file(capsys, tmp_path):
+    # the new-user pass: a second --export replaced the first, silently
+    a, ds = tmp_path / "a.sh", tmp_path / "ds.json"
+    code, out, err = run(capsys, "plan", *TINY, "--json", "--export", "megatron", str(a),
+                         "--export", "deepspeed", str(ds))
+    assert code == 0, err
+    data = json.loads(out)
+    assert [e["framework"] for e in data["exports"]] == ["megatron", "deepspeed"]
+    assert data["export"] == data["exports"][0]
+    assert "--tensor-model-parallel-size" in a.read_text() and json.loads(ds.read_text())
+    code, out, err = run(capsys, "plan", *TINY, "--export", "megatron", str(a),
+                         "--export", "deepspeed", str(ds))
+    assert code == 0 and f"wrote {a}" in out and f"wrote {ds}" in out
+
+
+def test_two_exports_to_one_file_are_refused_before_the_search(capsys, tmp_path):
+    f = str(tmp_path / "x.txt")
+    code, out, err = run(capsys, "plan", *TINY, "--export", "megatron", f,
+                         "--export", "deepspeed", f)
+    assert code == 2 and "more than once" in err and "Fix:" in err and "searching" not in err

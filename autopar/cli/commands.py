@@ -39,7 +39,7 @@ from ..report.advice import fixes_to_fit
 from ..report.explain import UNREACHED, compare
 from ..report.summary import plural, trust_lines
 from . import measure_cmds
-from .exports import check_outputs, export_plan
+from .exports import check_outputs, export_plans
 from .inputs import parallel_choices, read_problem
 from .output import Interrupt, Progress, finish, print_trust, run_costs
 from .parser import build_parser
@@ -79,7 +79,7 @@ def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
     progress.stopped(plan.search)
     if args.out:
         plan.to_json(args.out)
-    exported = export_plan(args, plan)
+    exported = export_plans(args, plan)
     ref = _compare_estimate(args, problem)
     money = run_costs(args, [("best", plan.estimate)]
                       + [(f"alternative {i + 1}", a) for i, a in enumerate(plan.alternatives[:3])]
@@ -93,8 +93,8 @@ def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
         data["compare"] = compare(plan.estimate, ref, "hand-tuned").to_dict()
     if money:
         data["run_cost"] = [{"plan": n, **m} for n, _, m in money]
-    if exported:
-        data["export"] = exported
+    if exported:   # "export": the first (as before --export could be repeated); "exports": all
+        data["export"], data["exports"] = exported[0], exported
     if args.json:
         return data
     e = plan.estimate
@@ -128,11 +128,11 @@ def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
     out.print(f"search: {plural(s.evaluated, 'configuration')}, "
               f"{plural(s.meshes, 'mesh', 'meshes')}, {s.wall_s:.1f} s{stopped}{margin}; MFU "
               f"convention: {e.flops_convention}", style="dim", highlight=False)
-    if exported:
-        out.print(f"[bold]export[/bold] to {exported['framework']}: wrote {exported['file']}"
-                  + ("" if exported["fits"] is not False else
+    for ex in exported:
+        out.print(f"[bold]export[/bold] to {ex['framework']}: wrote {ex['file']}"
+                  + ("" if ex["fits"] is not False else
                      " [red](what it runs does not fit: see below)[/red]"))
-        for w in exported["warnings"]:
+        for w in ex["warnings"]:
             out.print(f"  - {w}", highlight=False, markup=False)
     return data
 

@@ -179,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     _search_flags(p)
     p.add_argument("--out", default=None, help="write the plan JSON to this file")
     p.add_argument("--export", nargs=2, metavar=("FRAMEWORK", "FILE"), default=None,
+                   action="append",
                    help=f"also write the plan for a framework ({', '.join(EXPORTERS)}: Megatron-LM"
                    " arguments; Megatron-Bridge ConfigContainer override YAML; torchtitan's "
                    "format for the installed torchtitan, when none is installed the one the plan was "
@@ -187,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "DeepSpeed JSON; Accelerate launch YAML with its FSDP or DeepSpeed plugin; "
                    "Colossal-AI plugin JSON) to FILE and print what that "
                    "file really runs (re-estimated; the nearest runnable plan when it does not "
-                   "fit)")
+                   "fit); repeat it to write several")
     _parallel_flags(p, "compare-", " of a hand-tuned plan to set against the best")
     e = sub.add_parser("estimate", help="judge one configuration, with an OOM verdict and fixes")
     _common(e, "the schedule of one step and memory per stage")
