@@ -300,3 +300,22 @@ def test_two_exports_to_one_file_are_refused_before_the_search(capsys, tmp_path)
     code, out, err = run(capsys, "plan", *TINY, "--export", "megatron", f,
                          "--export", "deepspeed", f)
     assert code == 2 and "more than once" in err and "Fix:" in err and "searching" not in err
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["models", "--out", "x.txt"], None),                     # models has no --out
+    (["models", "--jsn"], "Did you mean --json?"),
+    (["estimate", *TINY, "--objective", "fastest"], None),     # a plan/explain flag
+    (["plan", *TINY, "--global-batch-size", "64"], "Did you mean --global-batch?"),
+])
+def test_a_flag_is_suggested_only_when_the_subcommand_has_it(capsys, argv, hint):
+    # the new-user pass: `models --out x.txt` was answered "Did you mean --out?"
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert f"see 'autopar {argv[0]} --help'" in err
+    if hint is None:
+        assert "Did you mean" not in err, err
+    else:
+        assert hint in err, err
