@@ -319,3 +319,20 @@ def test_a_flag_is_suggested_only_when_the_subcommand_has_it(capsys, argv, hint)
         assert "Did you mean" not in err, err
     else:
         assert hint in err, err
+
+
+@pytest.mark.parametrize("spec", ["12xH100", "3xH100", "13xH100", "12xMI300X", "12xRTX-4090",
+                                  "100xGB200"])
+def test_a_gpu_count_that_fills_no_whole_nodes_suggests_specs_that_work(spec):
+    # the new-user pass: '12xH100' suggested '1x12xh100', which an 8-GPU H100 board refuses
+    import re
+    from autopar.errors import InvalidClusterSpec
+    from autopar.hardware.cluster import Cluster
+    with pytest.raises(InvalidClusterSpec) as exc:
+        Cluster.from_spec(spec)
+    text = str(exc.value)
+    assert "Fix: write" in text
+    suggested = re.findall(r"'(\d+x[\dx]*[a-z][a-z0-9\-]*)'", text.split("Fix:")[1])
+    assert suggested, text
+    for s in suggested:
+        Cluster.from_spec(s)   # each suggestion is valid
