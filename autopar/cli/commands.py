@@ -29,7 +29,7 @@ from .. import alternatives
 from ..api import search_plan
 from ..cost.capacity import capacity_text
 from ..cost.offload import offload_text
-from ..search.robust import objective_text
+from ..search.robust import objective_text, passed_over
 from ..config import ParallelConfig, TrainingConfig
 from ..errors import AutoparError, MissingDependency
 from ..graph import hf
@@ -230,7 +230,7 @@ def _cmd_explain(args, problem, fixed, out, err, interrupt=None) -> dict:
     data = {"best": best.to_dict(), "comparisons": [c.to_dict() for c in comps],
             "skipped": skipped,
             "search": {"complete": s.complete, "gap": s.gap, "evaluated": s.evaluated,
-                       "meshes": s.meshes,
+                       "meshes": s.meshes, "objective": s.objective,
                        "stopped_by": None if s.complete else progress.cause()}}
     if money:
         data["run_cost"] = [{"plan": n, **m} for n, _, m in money]
@@ -238,7 +238,10 @@ def _cmd_explain(args, problem, fixed, out, err, interrupt=None) -> dict:
         return data
     c = best.config
     band = f" {best.error_band.text()}" if best.error_band else ""
-    head = "Best plan" if s.complete else f"Best plan found before {progress.why()}"
+    # the robust objective may pass over a faster plan: then the plan is "chosen", not "best"
+    chosen = passed_over(best, plan.alternatives, s.objective) is not None
+    head = ("Chosen plan" if chosen else "Best plan") if s.complete else \
+        f"Best plan found before {progress.why()}"
     out.print(f"[bold]{head}[/bold]: tp={c.tp} pp={c.pp} dp={c.dp} cp={c.cp} zero="
               f"{c.zero_stage} recompute={c.recompute if isinstance(c.recompute, str) else 'mixed'}"
               f" mbs={c.micro_batch_size} v={c.virtual_stages} schedule={c.schedule}: "
@@ -246,6 +249,8 @@ def _cmd_explain(args, problem, fixed, out, err, interrupt=None) -> dict:
               f"{best.memory_per_gpu_bytes / 1e9:.1f} GB per GPU.", highlight=False)
     for label, text in trust_lines(best):
         out.print(f"{label}: {text}", highlight=False, markup=False)
+    out.print(f"objective: {objective_text(best, plan.alternatives, s.objective)}",
+              highlight=False, markup=False)   # the line plan prints
     if not s.complete:
         faster = [cmp.name for cmp in comps if UNREACHED in cmp.note]
         out.print(f"The search was stopped by {progress.why()}: this plan is the best it had "
