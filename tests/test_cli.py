@@ -371,3 +371,17 @@ def test_explain_and_plan_say_the_robust_plan_was_chosen_not_fastest(capsys,
     (pct,) = set(re.findall(r"alternative 1, is ([\d.]+)% faster by the model", text))
     row1 = re.search(r"│ 1 │ [\d,.]+ │ ([-+][\d.]+)% │", text)
     assert row1 and float(row1.group(1)) == -float(pct), (pct, row1)
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--moe-capacity-factor", "1.25"], "the model has no routed experts"),
+    (["--dispatcher", "deepep"], "dispatcher='deepep' only apply to mixture-of-experts layers"),
+    (["--expert-tp", "2"], "expert_tp=2 only apply to mixture-of-experts layers"),
+    (["--dispatcher", "deepep", "--expert-tp", "2"], "drop --dispatcher and --expert-tp"),
+])
+def test_moe_flags_on_a_dense_model_blame_the_model_not_the_framework(capsys, flags, words):
+    # the new-user pass: under the default framework (torch) these said torch cannot run them,
+    # which sent users to another framework, where the dense model fails the same way
+    code, out, err = run(capsys, "plan", *TINY, *flags)
+    assert code == 2 and words in err and "Fix:" in err, err
+    assert "under torch" not in err and "framework 'torch'" not in err and "searching" not in err
