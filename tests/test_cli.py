@@ -385,3 +385,16 @@ def test_moe_flags_on_a_dense_model_blame_the_model_not_the_framework(capsys, fl
     code, out, err = run(capsys, "plan", *TINY, *flags)
     assert code == 2 and words in err and "Fix:" in err, err
     assert "under torch" not in err and "framework 'torch'" not in err and "searching" not in err
+
+
+def test_a_model_dict_with_top_k_over_its_experts_names_a_fix(capsys, tmp_path):
+    # the new-user pass: the message named the rule but no fix
+    model = tmp_path / "moe.json"
+    model.write_text(json.dumps({
+        "name": "my-moe", "family": "llama", "num_layers": 4, "hidden_size": 256,
+        "num_heads": 4, "vocab_size": 1000, "seq_len": 512, "num_experts": 4, "top_k": 6,
+        "moe_ffn_hidden_size": 512}))
+    code, out, err = run(capsys, "estimate", "--model", str(model), "--cluster", "1x8xA100-80GB",
+                         "--global-batch", "32")
+    assert code == 2 and "InvalidModelConfig" in err, err
+    assert "top_k=6 must be in [1, num_experts=4]" in err and "fix: top_k at most 4" in err
