@@ -398,3 +398,10 @@ def test_a_model_dict_with_top_k_over_its_experts_names_a_fix(capsys, tmp_path):
                          "--global-batch", "32")
     assert code == 2 and "InvalidModelConfig" in err, err
     assert "top_k=6 must be in [1, num_experts=4]" in err and "fix: top_k at most 4" in err
+
+
+def test_an_estimate_notes_a_dispatcher_a_dense_model_ignores(capsys):
+    code, out, err = run(capsys, "estimate", *TINY, "--dispatcher", "deepep", "--json")
+    assert code == 0, err
+    assert any("dispatcher 'deepep' ignored: the model is dense" in n
+               for n in json.loads(out)["notes"])

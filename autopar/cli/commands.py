@@ -142,6 +142,10 @@ def _cmd_estimate(args, problem, par, notes, out) -> dict:
     if par.get("sequence_parallel") and est.config.tp == 1:
         notes = [*notes, "sequence parallelism shards the ops tensor parallelism replicates, so "
                          "it needs tp > 1: ignored at tp=1"]
+    if not problem.graph.num_experts and par.get("dispatcher") not in (None, "alltoall", "auto"):
+        # plan refuses it (autopar.search.optimize); an estimate prices no dispatch either way
+        notes = [*notes, f"dispatcher {par['dispatcher']!r} ignored: the model is dense (no "
+                         "routed experts to dispatch)"]
     fixes = [] if est.fits else fixes_to_fit(problem, est.config)
     money = run_costs(args, [("yours" + ("" if est.fits else " (OOM)"), est)]
                       + [(t, e) for t, e in fixes if e.fits][:3])
