@@ -182,7 +182,8 @@ def test_estimate_from_framework_configs(capsys, tmp_path):
 def test_explain_words_and_json(capsys):
     code, out, _ = run(capsys, "explain", *TINY, "--compare-tp", "2")
     assert code == 0
-    assert "Why the best plan wins" in out and "hand-tuned plan" in out
+    assert "Why this plan was chosen" in out and "hand-tuned plan" in out
+    assert "\nobjective: robust: " in out
     code, out, _ = run(capsys, "explain", *TINY, "--json")
     data = json.loads(out)
     assert data["comparisons"] and all("sentence" in c for c in data["comparisons"])
@@ -278,3 +279,129 @@ def test_a_global_batch_just_short_of_a_multiple_of_the_gpus_is_pointed_out(caps
     (text,) = _batch_divisibility_note(1000, 21)
     assert "factor 1 with the 21 GPUs" in text and "1,008 (+0.8%)" in text
     assert _batch_divisibility_note(32, 8) == [] and _batch_divisibility_note(40, 32) == []
+
+
+def test_export_can_be_repeated_and_writes_every_file(capsys, tmp_path):
+    # the new-user pass: a second --export replaced the first, silently
+    a, ds = tmp_path / "a.sh", tmp_path / "ds.json"
+    code, out, err = run(capsys, "plan", *TINY, "--json", "--export", "megatron", str(a),
+                         "--export", "deepspeed", str(ds))
+    assert code == 0, err
+    data = json.loads(out)
+    assert [e["framework"] for e in data["exports"]] == ["megatron", "deepspeed"]
+    assert data["export"] == data["exports"][0]
+    assert "--tensor-model-parallel-size" in a.read_text() and json.loads(ds.read_text())
+    code, out, err = run(capsys, "plan", *TINY, "--export", "megatron", str(a),
+                         "--export", "deepspeed", str(ds))
+    assert code == 0 and f"wrote {a}" in out and f"wrote {ds}" in out
+
+
+def test_two_exports_to_one_file_are_refused_before_the_search(capsys, tmp_path):
+    f = str(tmp_path / "x.txt")
+    code, out, err = run(capsys, "plan", *TINY, "--export", "megatron", f,
+                         "--export", "deepspeed", f)
+    assert code == 2 and "more than once" in err and "Fix:" in err and "searching" not in err
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["models", "--out", "x.txt"], None),                     # models has no --out
+    (["models", "--jsn"], "Did you mean --json?"),
+    (["estimate", *TINY, "--objective", "fastest"], None),     # a plan/explain flag
+    (["plan", *TINY, "--global-batch-size", "64"], "Did you mean --global-batch?"),
+])
+def test_a_flag_is_suggested_only_when_the_subcommand_has_it(capsys, argv, hint):
+    # the new-user pass: `models --out x.txt` was answered "Did you mean --out?"
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert f"see 'autopar {argv[0]} --help'" in err
+    if hint is None:
+        assert "Did you mean" not in err, err
+    else:
+        assert hint in err, err
+
+
+@pytest.mark.parametrize("spec", ["12xH100", "3xH100", "13xH100", "12xMI300X", "12xRTX-4090",
+                                  "100xGB200"])
+def test_a_gpu_count_that_fills_no_whole_nodes_suggests_specs_that_work(spec):
+    # the new-user pass: '12xH100' suggested '1x12xh100', which an 8-GPU H100 board refuses
+    import re
+    from autopar.errors import InvalidClusterSpec
+    from autopar.hardware.cluster import Cluster
+    with pytest.raises(InvalidClusterSpec) as exc:
+        Cluster.from_spec(spec)
+    text = str(exc.value)
+    assert "Fix: write" in text
+    suggested = re.findall(r"'(\d+x[\dx]*[a-z][a-z0-9\-]*)'", text.split("Fix:")[1])
+    assert suggested, text
+    for s in suggested:
+        Cluster.from_spec(s)   # each suggestion is valid
+
+
+@pytest.fixture
+def only_fsdp_validated(monkeypatch):
+    """The band table with only FSDP (and the pooled stand-in) validated at a band wide enough
+    that the robust objective passes over the faster plan of llama3-8b on one H100 node (as
+    tests/test_issue25_robust.py sets it)."""
+    from autopar.cost import published, regime
+    fsdp = ("torch", "bf16", "hopper", "fsdp", "dense", "1 node", "3-30B")
+    monkeypatch.setattr(published, "BANDS", {fsdp: (0.9, -0.01, 30, 3),
+                                             ("*",) * 7: (0.9, -0.01, 30, 3)})
+    regime.band_for.cache_clear()
+    yield
+    regime.band_for.cache_clear()
+
+
+def test_explain_and_plan_say_the_robust_plan_was_chosen_not_fastest(capsys,
+                                                                      only_fsdp_validated):
+    # the new-user pass: explain titled "Why the best plan wins" over faster alternatives, and
+    # plan's note said "2.6% faster" where its table said -2.5% for the same pair
+    import re
+    argv = ["--model", "llama3-8b", "--cluster", "1x8xH100-80GB"]
+    code, out, err = run(capsys, "explain", *argv)
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "Chosen plan:" in text and "Best plan:" not in text
+    assert "objective: robust: a simpler plan of a validated regime" in text
+    assert "Why this plan was chosen" in text and "Why the best plan wins" not in text
+    code, out, err = run(capsys, "plan", *argv)
+    assert code == 0, err
+    text = " ".join(out.split())
+    (pct,) = set(re.findall(r"alternative 1, is ([\d.]+)% faster by the model", text))
+    row1 = re.search(r"│ 1 │ [\d,.]+ │ ([-+][\d.]+)% │", text)
+    assert row1 and float(row1.group(1)) == -float(pct), (pct, row1)
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--moe-capacity-factor", "1.25"], "the model has no routed experts"),
+    (["--dispatcher", "deepep"], "dispatcher='deepep' only apply to mixture-of-experts layers"),
+    (["--expert-tp", "2"], "expert_tp=2 only apply to mixture-of-experts layers"),
+    (["--dispatcher", "deepep", "--expert-tp", "2"], "drop --dispatcher and --expert-tp"),
+])
+def test_moe_flags_on_a_dense_model_blame_the_model_not_the_framework(capsys, flags, words):
+    # the new-user pass: under the default framework (torch) these said torch cannot run them,
+    # which sent users to another framework, where the dense model fails the same way
+    code, out, err = run(capsys, "plan", *TINY, *flags)
+    assert code == 2 and words in err and "Fix:" in err, err
+    assert "under torch" not in err and "framework 'torch'" not in err and "searching" not in err
+
+
+def test_a_model_dict_with_top_k_over_its_experts_names_a_fix(capsys, tmp_path):
+    # the new-user pass: the message named the rule but no fix
+    model = tmp_path / "moe.json"
+    model.write_text(json.dumps({
+        "name": "my-moe", "family": "llama", "num_layers": 4, "hidden_size": 256,
+        "num_heads": 4, "vocab_size": 1000, "seq_len": 512, "num_experts": 4, "top_k": 6,
+        "moe_ffn_hidden_size": 512}))
+    code, out, err = run(capsys, "estimate", "--model", str(model), "--cluster", "1x8xA100-80GB",
+                         "--global-batch", "32")
+    assert code == 2 and "InvalidModelConfig" in err, err
+    assert "top_k=6 must be in [1, num_experts=4]" in err and "fix: top_k at most 4" in err
+
+
+def test_an_estimate_notes_a_dispatcher_a_dense_model_ignores(capsys):
+    code, out, err = run(capsys, "estimate", *TINY, "--dispatcher", "deepep", "--json")
+    assert code == 0, err
+    assert any("dispatcher 'deepep' ignored: the model is dense" in n
+               for n in json.loads(out)["notes"])

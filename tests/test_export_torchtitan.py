@@ -298,14 +298,13 @@ def test_export_follows_the_plans_torchtitan_when_none_is_installed(monkeypatch)
 def test_cli_export_torchtitan_follows_the_plans_framework(tmp_path, monkeypatch):
     """``--framework torchtitan --export torchtitan FILE`` without torchtitan installed writes
     the v0.2.2 TOML the plan was made for, re-estimated at the plan's own step time."""
-    from types import SimpleNamespace
     from autopar.cli.exports import export_plan
     monkeypatch.setattr(titan_version, "installed_torchtitan", lambda: None)
     p = autopar.optimize("tiny-llama", _cluster(8), autopar.TrainingConfig(
         16, 32, precision="bf16", optimizer="adamw", framework="torchtitan"),
         fixed=SHAPES["tp-zero2"][1])
     out = tmp_path / "job.toml"
-    got = export_plan(SimpleNamespace(export=("torchtitan", str(out))), p)
+    got = export_plan(p, "torchtitan", str(out))
     assert got["framework"] == "torchtitan-0.2" and got["fits"] is True
     assert tomllib.loads(out.read_text())["parallelism"]["tensor_parallel_degree"] == 2
     assert any("runs the plan as estimated" in w for w in got["warnings"]), got["warnings"]

@@ -70,7 +70,7 @@ def test_explain_after_ctrl_c_names_the_plan_found_and_the_faster_layouts(capsys
     assert code == 0, err
     text = " ".join(out.split())   # the console wraps lines at 140 columns
     assert "Best plan found before the interrupt:" in text
-    assert "Best plan:" not in text and "Why the best plan wins" not in text
+    assert "Best plan:" not in text and "Why this plan was chosen" not in text
     assert ("faster layouts below it the search had not reached: pure data parallel with ZeRO-3 (FSDP), "
             "pipeline-heavy PP=8") in text
     assert text.count(UNREACHED) == 2

@@ -29,7 +29,7 @@ from .. import alternatives
 from ..api import search_plan
 from ..cost.capacity import capacity_text
 from ..cost.offload import offload_text
-from ..search.robust import objective_text
+from ..search.robust import objective_text, passed_over
 from ..config import ParallelConfig, TrainingConfig
 from ..errors import AutoparError, MissingDependency
 from ..graph import hf
@@ -39,7 +39,7 @@ from ..report.advice import fixes_to_fit
 from ..report.explain import UNREACHED, compare
 from ..report.summary import plural, trust_lines
 from . import measure_cmds
-from .exports import check_outputs, export_plan
+from .exports import check_outputs, export_plans
 from .inputs import parallel_choices, read_problem
 from .output import Interrupt, Progress, finish, print_trust, run_costs
 from .parser import build_parser
@@ -79,7 +79,7 @@ def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
     progress.stopped(plan.search)
     if args.out:
         plan.to_json(args.out)
-    exported = export_plan(args, plan)
+    exported = export_plans(args, plan)
     ref = _compare_estimate(args, problem)
     money = run_costs(args, [("best", plan.estimate)]
                       + [(f"alternative {i + 1}", a) for i, a in enumerate(plan.alternatives[:3])]
@@ -93,8 +93,8 @@ def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
         data["compare"] = compare(plan.estimate, ref, "hand-tuned").to_dict()
     if money:
         data["run_cost"] = [{"plan": n, **m} for n, _, m in money]
-    if exported:
-        data["export"] = exported
+    if exported:   # "export": the first (as before --export could be repeated); "exports": all
+        data["export"], data["exports"] = exported[0], exported
     if args.json:
         return data
     e = plan.estimate
@@ -128,11 +128,11 @@ def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
     out.print(f"search: {plural(s.evaluated, 'configuration')}, "
               f"{plural(s.meshes, 'mesh', 'meshes')}, {s.wall_s:.1f} s{stopped}{margin}; MFU "
               f"convention: {e.flops_convention}", style="dim", highlight=False)
-    if exported:
-        out.print(f"[bold]export[/bold] to {exported['framework']}: wrote {exported['file']}"
-                  + ("" if exported["fits"] is not False else
+    for ex in exported:
+        out.print(f"[bold]export[/bold] to {ex['framework']}: wrote {ex['file']}"
+                  + ("" if ex["fits"] is not False else
                      " [red](what it runs does not fit: see below)[/red]"))
-        for w in exported["warnings"]:
+        for w in ex["warnings"]:
             out.print(f"  - {w}", highlight=False, markup=False)
     return data
 
@@ -142,6 +142,10 @@ def _cmd_estimate(args, problem, par, notes, out) -> dict:
     if par.get("sequence_parallel") and est.config.tp == 1:
         notes = [*notes, "sequence parallelism shards the ops tensor parallelism replicates, so "
                          "it needs tp > 1: ignored at tp=1"]
+    if not problem.graph.num_experts and par.get("dispatcher") not in (None, "alltoall", "auto"):
+        # plan refuses it (autopar.search.optimize); an estimate prices no dispatch either way
+        notes = [*notes, f"dispatcher {par['dispatcher']!r} ignored: the model is dense (no "
+                         "routed experts to dispatch)"]
     fixes = [] if est.fits else fixes_to_fit(problem, est.config)
     money = run_costs(args, [("yours" + ("" if est.fits else " (OOM)"), est)]
                       + [(t, e) for t, e in fixes if e.fits][:3])
@@ -230,7 +234,7 @@ def _cmd_explain(args, problem, fixed, out, err, interrupt=None) -> dict:
     data = {"best": best.to_dict(), "comparisons": [c.to_dict() for c in comps],
             "skipped": skipped,
             "search": {"complete": s.complete, "gap": s.gap, "evaluated": s.evaluated,
-                       "meshes": s.meshes,
+                       "meshes": s.meshes, "objective": s.objective,
                        "stopped_by": None if s.complete else progress.cause()}}
     if money:
         data["run_cost"] = [{"plan": n, **m} for n, _, m in money]
@@ -238,7 +242,10 @@ def _cmd_explain(args, problem, fixed, out, err, interrupt=None) -> dict:
         return data
     c = best.config
     band = f" {best.error_band.text()}" if best.error_band else ""
-    head = "Best plan" if s.complete else f"Best plan found before {progress.why()}"
+    # the robust objective may pass over a faster plan: then the plan is "chosen", not "best"
+    chosen = passed_over(best, plan.alternatives, s.objective) is not None
+    head = ("Chosen plan" if chosen else "Best plan") if s.complete else \
+        f"Best plan found before {progress.why()}"
     out.print(f"[bold]{head}[/bold]: tp={c.tp} pp={c.pp} dp={c.dp} cp={c.cp} zero="
               f"{c.zero_stage} recompute={c.recompute if isinstance(c.recompute, str) else 'mixed'}"
               f" mbs={c.micro_batch_size} v={c.virtual_stages} schedule={c.schedule}: "
@@ -246,6 +253,8 @@ def _cmd_explain(args, problem, fixed, out, err, interrupt=None) -> dict:
               f"{best.memory_per_gpu_bytes / 1e9:.1f} GB per GPU.", highlight=False)
     for label, text in trust_lines(best):
         out.print(f"{label}: {text}", highlight=False, markup=False)
+    out.print(f"objective: {objective_text(best, plan.alternatives, s.objective)}",
+              highlight=False, markup=False)   # the line plan prints
     if not s.complete:
         faster = [cmp.name for cmp in comps if UNREACHED in cmp.note]
         out.print(f"The search was stopped by {progress.why()}: this plan is the best it had "

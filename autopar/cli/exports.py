@@ -33,11 +33,18 @@ def check_outputs(args) -> None:
         InvalidTrainingConfig, OutputError, MissingDependency: as :func:`export_plan`, the plan
             writer and the plot would.
     """
-    export = getattr(args, "export", None)
-    if export and export[0] not in EXPORTERS:
-        raise InvalidTrainingConfig(f"--export {export[0]!r}: autopar exports to "
-                                    f"{', '.join(EXPORTERS)}. Fix: e.g. --export megatron args.txt")
-    paths = [getattr(args, "out", None), export[1] if export else None,
+    exports = getattr(args, "export", None) or []
+    for framework, _ in exports:
+        if framework not in EXPORTERS:
+            raise InvalidTrainingConfig(f"--export {framework!r}: autopar exports to "
+                                        f"{', '.join(EXPORTERS)}. Fix: e.g. --export megatron "
+                                        "args.txt")
+    files = [Path(f).resolve() for _, f in exports]
+    twice = next((f for f in files if files.count(f) > 1), None)
+    if twice is not None:
+        raise InvalidTrainingConfig(f"--export names {twice} more than once: the last export "
+                                    "would overwrite the others. Fix: one FILE per --export.")
+    paths = [getattr(args, "out", None), *(f for _, f in exports),
              getattr(args, "plot", None)]
     for path in filter(None, paths):
         folder = Path(path).resolve().parent
@@ -51,15 +58,24 @@ def check_outputs(args) -> None:
                                 "or pip install matplotlib).")
 
 
-def export_plan(args, plan) -> dict | None:
-    """Write ``--export FRAMEWORK FILE``; returns what was written and its verdict.
+def export_plans(args, plan) -> list[dict]:
+    """Write every ``--export FRAMEWORK FILE`` (the flag may be repeated), in the order given;
+    returns what :func:`export_plan` returns for each.
+
+    Raises:
+        as :func:`export_plan`.
+    """
+    return [export_plan(plan, framework, path)
+            for framework, path in (getattr(args, "export", None) or [])]
+
+
+def export_plan(plan, framework: str, path: str) -> dict:
+    """Write ``plan`` for ``framework`` (a key of :data:`EXPORTERS`) to ``path``; returns what was
+    written and its verdict: ``{"framework", "file", "fits", "warnings"}``.
 
     Raises:
         InvalidTrainingConfig: an unknown framework; OutputError: FILE cannot be written.
     """
-    if not args.export:
-        return None
-    framework, path = args.export
     if framework not in EXPORTERS:
         raise InvalidTrainingConfig(f"--export {framework!r}: autopar exports to "
                                     f"{', '.join(EXPORTERS)}. Fix: e.g. --export megatron args.txt")

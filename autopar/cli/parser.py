@@ -135,20 +135,44 @@ _non_negative_int = int_at_least(0)
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with errors in one line: the problem, the closest option for a misspelt one,
-    and where the full list is (argparse's default prints the whole usage, ~30 lines for
-    ``plan``, before the one line that matters)."""
+    """argparse with errors in one line: the problem, the closest option of the subcommand
+    given for a misspelt one, and where the full list is (argparse's default prints the whole
+    usage, ~30 lines for ``plan``, before the one line that matters)."""
+
+    #: The subparser of the command line's subcommand while :meth:`parse_args` reports
+    #: unrecognized arguments (None: the top level, or no subcommand was given).
+    _command_parser: "argparse.ArgumentParser | None" = None
+
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but unrecognized arguments are judged against the subcommand given:
+        argparse reports them from the top-level parser, which knows every subcommand's
+        options, so ``models --out`` was answered "Did you mean --out?"."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self._command_parser = _subparsers(self).get(getattr(ns, "command", None))
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns
 
     def error(self, message):
         hint = ""
+        scope = self._command_parser or self
         if message.startswith("unrecognized arguments:"):
-            known = _option_strings(self)
+            known = _option_strings(scope)
             close = [m for tok in message.split(":", 1)[1].split() if tok.startswith("-")
-                     for m in difflib.get_close_matches(tok.split("=")[0], known, n=1)]
+                     for m in difflib.get_close_matches(tok.split("=")[0], known, n=1)
+                     if m != tok.split("=")[0]]
             if close:
                 hint = f" Did you mean {', '.join(close)}?"
-        self.exit(2, f"{self.prog}: error: {message}.{hint} Fix: see '{self.prog} --help' "
+        self.exit(2, f"{self.prog}: error: {message}.{hint} Fix: see '{scope.prog} --help' "
                      "for the options.\n")
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict:
+    """``{name: subparser}`` of ``parser``'s subcommands (empty without any)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
 
 
 def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
@@ -156,9 +180,8 @@ def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
     out = []
     for action in parser._actions:
         out += [o for o in action.option_strings if o.startswith("--")]
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                out += _option_strings(sub)
+    for sub in _subparsers(parser).values():
+        out += _option_strings(sub)
     return sorted(set(out))
 
 
@@ -179,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     _search_flags(p)
     p.add_argument("--out", default=None, help="write the plan JSON to this file")
     p.add_argument("--export", nargs=2, metavar=("FRAMEWORK", "FILE"), default=None,
+                   action="append",
                    help=f"also write the plan for a framework ({', '.join(EXPORTERS)}: Megatron-LM"
                    " arguments; Megatron-Bridge ConfigContainer override YAML; torchtitan's "
                    "format for the installed torchtitan, when none is installed the one the plan was "
@@ -187,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "DeepSpeed JSON; Accelerate launch YAML with its FSDP or DeepSpeed plugin; "
                    "Colossal-AI plugin JSON) to FILE and print what that "
                    "file really runs (re-estimated; the nearest runnable plan when it does not "
-                   "fit)")
+                   "fit); repeat it to write several")
     _parallel_flags(p, "compare-", " of a hand-tuned plan to set against the best")
     e = sub.add_parser("estimate", help="judge one configuration, with an OOM verdict and fixes")
     _common(e, "the schedule of one step and memory per stage")

@@ -58,6 +58,27 @@ def _positive(value: str, what: str, spec: str) -> int:
     return n
 
 
+def _count_fix(total: int, per_node: int, gpu_name: str, box) -> str:
+    """The fix for a ``TOTALxGPU`` spec whose ``total`` is not a multiple of ``per_node``: specs
+    :class:`~autopar.hardware.cluster.Cluster` accepts (a suggestion the node-size check refuses
+    next is no fix: ``1x12xH100`` is refused, an HGX H100 board joins at most 8 GPUs).
+
+    Nodes of an NVSwitch/NVLink board, a rack's NVLink domain or a switchless mesh (xGMI) hold
+    at most ``per_node`` GPUs, so the fix is the nearest whole numbers of nodes or, when some
+    divisor of ``total`` in 2..per_node exists, smaller nodes of it; a node of another fabric
+    (PCIe) may hold more, so one node of ``total`` GPUs is offered too."""
+    low, high = total // per_node * per_node, (total // per_node + 1) * per_node
+    near = " or ".join(f"'{n}x{gpu_name}'" for n in (low, high) if n) + " (full nodes)"
+    bounded = box is None or box.rack_scale or get_link(box.intra_link).kind in (
+        "nvswitch", "nvlink") or get_link(box.intra_link).mesh_links
+    part = max(d for d in range(1, per_node + 1) if total % d == 0)
+    other = (f"'{total // part}x{part}x{gpu_name}' (nodes of {part})" if part > 1 else "")
+    if not bounded:
+        other = f"'1x{total}x{gpu_name}' (one node)"
+    return (f"Fix: write {near}"
+            + (f", or {other}" if other else ""))
+
+
 def parse_spec(spec: str, catalog: Catalog = CATALOG) -> ParsedSpec:
     """Read a cluster spec string (grammar in the module docstring); GPU names resolve in
     ``catalog`` (default: :data:`autopar.hardware.devices.CATALOG`).
@@ -90,16 +111,11 @@ def parse_spec(spec: str, catalog: Catalog = CATALOG) -> ParsedSpec:
         box = catalog.box(device)
         per_node = box.gpus_per_node if box is not None else DEFAULT_GPUS_PER_NODE
         if total % per_node:
-            # a suggestion the size check would refuse next is no fix
-            rack = box is not None and box.rack_scale
             fix = (f"check the GPU count: autopar plans for at most {MAX_WORLD_SIZE} GPUs"
-                   if total > MAX_WORLD_SIZE else
-                   f"write NODESxGPUSxGPU with nodes of at most {per_node} GPUs (one NVLink "
-                   f"domain), e.g. '{max(1, total // per_node)}x{per_node}x{gpu_name}'" if rack else
-                   f"write NODESxGPUSxGPU instead, e.g. '1x{total}x{gpu_name}'")
+                   if total > MAX_WORLD_SIZE else _count_fix(total, per_node, gpu_name, box))
             raise InvalidClusterSpec(
                 f"cluster spec {spec!r}: GPU count {total} in {main!r} is not a multiple of "
-                f"{per_node} (GPUs per {gpu_name} node); {fix}")
+                f"{per_node} (GPUs per {gpu_name} node): {fix}")
         num_nodes, gpus_per_node = total // per_node, per_node
     if not plus:
         return ParsedSpec(num_nodes, gpus_per_node, device, None, None, gpu_name)

@@ -246,7 +246,8 @@ class ModelConfig:
             if value > MAX_SIZE["ffn_hidden_size"]:
                 raise _fail(name, f"{key}={value} exceeds {MAX_SIZE['ffn_hidden_size']}")
         if not isinstance(self.qk_norm, bool):
-            raise _fail(name, f"qk_norm must be a bool, got {self.qk_norm!r}")
+            raise _fail(name, f"qk_norm must be a bool, got {self.qk_norm!r}; fix: true or "
+                              "false")
         if self.kv_channels == 0:
             raise _fail(name, "kv_channels=0; fix: omit it (hidden_size / num_heads) or pass "
                               "the head size")
@@ -256,7 +257,8 @@ class ModelConfig:
                               "for the llama family (RMSNorm, SwiGLU, RoPE); fix: family='llama'")
         if self.moe_layer_interval < 1:
             raise _fail(name, "moe_layer_interval must be >= 1 (1: every layer after the "
-                              "first_dense_layers is MoE)")
+                              "first_dense_layers is MoE); fix: moe_layer_interval=1, or "
+                              "omit it")
         if not self.is_moe:
             moe_keys = [k for k in ("top_k", "num_shared_experts", "first_dense_layers")
                         if getattr(self, k)]
@@ -270,7 +272,9 @@ class ModelConfig:
                                   "at least 2 experts; fix: num_experts >= 2, or 0 for dense")
             if not 1 <= self.top_k <= self.num_experts:
                 raise _fail(name, f"top_k={self.top_k} must be in [1, num_experts="
-                                  f"{self.num_experts}] (routed experts per token)")
+                                  f"{self.num_experts}] (routed experts per token); fix: top_k "
+                                  f"at most {self.num_experts} (Mixtral 8x7B: 2 of 8), or more "
+                                  "num_experts")
             if not self.moe_ffn_hidden_size:
                 raise _fail(name, "moe_ffn_hidden_size (each routed expert's MLP width) is "
                                   "missing; fix: pass it (Mixtral 8x7B: 14336)")

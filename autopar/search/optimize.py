@@ -246,8 +246,24 @@ def _pins_the_framework_runs(profile, fixed: dict, moe: bool = False) -> None:
     layers when ``moe``): the search would only find nothing, slowly, and could not say why.
 
     Raises:
-        InvalidParallelConfig: the reason from :meth:`FrameworkProfile.unsupported` and a fix.
+        InvalidParallelConfig: the reason from :meth:`FrameworkProfile.unsupported` and a fix;
+            first, MoE-only pins (a dispatcher other than the default, an expert-TP degree other
+            than tp) on a dense model, which no framework would make runnable.
     """
+    if not moe:
+        # judged before the framework: blaming it sent users to another framework, where the
+        # dense model fails the same way
+        moe_only = {"dispatcher": "--dispatcher",
+                    "expert_tp": "--expert-tp"}
+        given = [k for k in moe_only if fixed.get(k) is not None and not (
+            k == "dispatcher" and fixed[k] in ("auto", "alltoall")) and not (
+            k == "expert_tp" and fixed[k] == fixed.get("tp", 1))]
+        if given:
+            pins = " and ".join(f"{k}={fixed[k]!r}" for k in given)
+            raise InvalidParallelConfig(
+                f"the pinned {pins} only apply to mixture-of-experts layers, but the model is "
+                f"dense (no routed experts). Fix: drop "
+                f"{' and '.join(moe_only[k] for k in given)}, or use a mixture-of-experts model.")
     keys = {k: v for k, v in fixed.items() if k in ParallelConfig.__dataclass_fields__
             and k not in ("stage_blocks",) and not (k == "dispatcher" and v == "auto")}
     if not keys:

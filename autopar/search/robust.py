@@ -190,8 +190,15 @@ def passed_over(estimate: Estimate, alternatives, objective: str) -> Estimate | 
 
 def passed_over_note(estimate: Estimate, faster: Estimate) -> str:
     """"X% faster by the model, inside its band (± Y%): not trusted over a simpler, validated
-    plan" for the plan ``faster`` the robust objective passed over for ``estimate``."""
-    return (f"{advantage(faster, estimate) * 100:.1f}% faster by the model, inside its band "
+    plan" for the plan ``faster`` the robust objective passed over for ``estimate``.
+
+    X is ``1 - t_faster / t_estimate``, the alternatives' "vs best" figure
+    (:func:`autopar.report.summary.gap_text`) without its minus sign, so the note and the table
+    agree; the rule itself (:func:`choose`) compares :func:`advantage`, ``t_estimate /
+    t_faster - 1``, which is larger, with the band, so X is inside the band whenever the rule
+    applied."""
+    pct = 100 * (1 - faster.step_time_s / estimate.step_time_s)
+    return (f"{pct:.{1 if pct >= 0.1 else 3}f}% faster by the model, inside its band "
             f"({band_text(faster)}): not trusted over a simpler, validated plan")
 
 
