@@ -160,6 +160,14 @@ def test_the_cli_states_a_defaulted_batch(capsys):
                           "1x8xA100-80GB", "--seq-len", "512", "--tp", "2", "--json",
                           "--global-batch", "64")
     assert not [n for n in json.loads(out)["notes"] if "global batch" in n]
+    # the sequence length given: no note on it; left out: the model's context, said so
+    assert not [n for n in json.loads(out)["notes"] if n.startswith("sequence length")]
+    code, out, err = _run(capsys, "estimate", "--model", "tiny-llama", "--cluster",
+                          "1x8xA100-80GB", "--tp", "2", "--json", "--global-batch", "64")
+    assert code == 0, err
+    notes = [n for n in json.loads(out)["notes"] if n.startswith("sequence length: ")]
+    # tiny-llama's preset context is 32 tokens
+    assert notes == ["sequence length: 32 tokens, the model's context length (--seq-len sets it)"]
 
 
 # ---------------------------------------------------------------- item 9: OOM fixes

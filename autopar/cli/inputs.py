@@ -317,6 +317,10 @@ def read_problem(args) -> tuple[Problem, dict, list[str]]:
                              or tr.get("moe_capacity_factor")),
         moe_pad_to_capacity=(getattr(args, "moe_pad_to_capacity", False)
                              or tr.get("moe_pad_to_capacity", False)))
+    if args.seq_len is None and not tr.get("seq_len"):
+        # a long-context preset would otherwise be planned at its full context unannounced
+        notes.append(f"sequence length: {train.seq_len} tokens, the model's context length "
+                     "(--seq-len sets it)")
     if args.global_batch is None and not tr.get("global_batch_size"):
         notes.append(api.default_batch_note(train, cluster.world_size, unit))
     elif args.global_batch is not None:
