@@ -19,6 +19,7 @@ from .dispatch import allgather_time, dispatch_bytes_ratio, dispatch_cost
 from .groups import Groups
 from .host import host_time
 from .moe_block import MoEBlockCosts
+from .saved_adjust import fp8_drop_restored
 from .selective import is_default, module_recompute
 
 #: Share of a causal attention op's counted (non-causal, FlopCounterMode) FLOPs that MFU and HFU
@@ -376,17 +377,9 @@ class BlockCosts(MoEBlockCosts):
             act = act_none - mr.dropped_bytes(micro_batch=bscale, tp=tp, cp=cp,
                                               sequence_parallel=sp)
             if fp8_in and conv.fp8_input_saved_bytes is not None:
-                # a checkpointed Linear's input goes with its FP8 copy, which fp8_in had
-                # counted at fp8_input_saved_bytes per element: what the drop took at the
-                # graph's dtype beyond that comes back (not a norm output "layernorm" drops:
-                # selective.ModuleRecompute.linear_seq)
-                act += (1.0 - conv.fp8_input_saved_bytes / self.inputs.train.dtype_bytes) * \
-                    mr.linear_dropped_bytes(micro_batch=bscale, tp=tp, cp=cp,
-                                            sequence_parallel=sp)
-                # a norm output only Linears keep: fp8_in had made it their FP8 copies, which
-                # "layernorm" does not discard; its training-dtype drop comes back whole
-                act += mr.norm_linear_dropped_bytes(micro_batch=bscale, tp=tp, cp=cp,
-                                                    sequence_parallel=sp)
+                act += fp8_drop_restored(mr, conv.fp8_input_saved_bytes,
+                                         self.inputs.train.dtype_bytes, micro_batch=bscale,
+                                         tp=tp, cp=cp, sequence_parallel=sp)
             if "core_attn" in modules:
                 act -= score_extra + kv_repeat
             if "moe" in modules:

@@ -187,3 +187,16 @@ def router_saved_delta(layer: Layer, *, fp8_linear_copies: bool, micro_batch: fl
     delta = -graph + (own if (not shared or fp8_linear_copies) else 0.0)
     seq_div = tp if sequence_parallel else 1
     return delta / seq_div * micro_batch / cp
+
+
+def fp8_drop_restored(recompute, fp8_saved_bytes: float, dtype_bytes: int, *,
+                      micro_batch: float, tp: int, cp: int, sequence_parallel: bool) -> float:
+    """Bytes per micro-batch on one rank that a module recompute's drop (counted at the graph's
+    dtype, ``dtype_bytes``) took beyond what FP8 copies of Linear inputs held: a checkpointed
+    Linear's input goes with its FP8 copy of ``fp8_saved_bytes`` per element, so the rest of
+    its drop comes back; a norm output only Linears keep was counted as their FP8 copies, which
+    "layernorm" recompute does not discard, so its drop comes back whole.
+    ``recompute``: an :class:`autopar.cost.selective.ModuleRecompute`."""
+    shard = dict(micro_batch=micro_batch, tp=tp, cp=cp, sequence_parallel=sequence_parallel)
+    return ((1.0 - fp8_saved_bytes / dtype_bytes) * recompute.linear_dropped_bytes(**shard)
+            + recompute.norm_linear_dropped_bytes(**shard))
