@@ -84,12 +84,14 @@ def rank_recompute(cm: CostModel, c: ParallelConfig, st: StageLayout,
 
 
 def rank_recompute_bounded(cm: CostModel, c: ParallelConfig, st: StageLayout,
-                           allowed: tuple[str, ...] = MODES, log: SolveLog | None = None):
+                           allowed: tuple[str, ...] = MODES, log: SolveLog | None = None,
+                           rc: RankCosts | None = None):
     """(:func:`rank_recompute`'s answer, a proven lower bound in seconds on the rank's fastest
     fitting time): the answer's own time where it is proven optimal (the enumeration, or
-    CP-SAT within its work limit), else CP-SAT's proven bound; None with the answer None."""
+    CP-SAT within its work limit), else CP-SAT's proven bound; None with the answer None.
+    ``rc``: ``rank_costs(cm, c, st, slots(allowed))`` where the caller already has it."""
     modes = slots(allowed)
-    rc = rank_costs(cm, c, st, modes)
+    rc = rank_costs(cm, c, st, modes) if rc is None else rc
     if not rc.step_fits:
         return None, None
     if not rc.by_sig:
@@ -230,7 +232,7 @@ FIT_RTOL = 1e-9
 
 
 def rank_fits(cm: CostModel, c: ParallelConfig, st: StageLayout,
-              allowed: tuple[str, ...] = MODES) -> bool:
+              allowed: tuple[str, ...] = MODES, rc: RankCosts | None = None) -> bool:
     """Whether :func:`rank_recompute` finds a fitting recomputation for this rank (the same
     answer, without searching for the fastest one).
 
@@ -239,16 +241,19 @@ def rank_fits(cm: CostModel, c: ParallelConfig, st: StageLayout,
     every block takes its least-memory mode among those whose transient is within the cap and
     the total is within the budget: activation memory is a sum over blocks, so the least total
     is the sum of the least per block. Totals within :data:`FIT_RTOL` of a budget are settled
-    by :func:`rank_recompute` itself.
+    by :func:`rank_recompute` itself. ``rc``: ``rank_costs(cm, c, st, slots(allowed))`` where
+    the caller already has it.
     """
     modes = slots(allowed)
-    rc = rank_costs(cm, c, st, modes)
+    rc = rank_costs(cm, c, st, modes) if rc is None else rc
     if not rc.step_fits:
         return False
     if not rc.by_sig:
         return rc.fixed_bytes + rc.floor_bytes <= rc.limit_bytes
     got = _least_fits(rc, modes)
-    return rank_recompute(cm, c, st, allowed) is not None if got is None else got
+    if got is None:
+        return rank_recompute_bounded(cm, c, st, allowed, None, rc)[0] is not None
+    return got
 
 
 def _least_fits(rc: RankCosts, modes: tuple[str, ...]) -> bool | None:
@@ -306,11 +311,19 @@ def dp_cut(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES,
 
     local: dict[tuple[int, int, int], float] = {}   # this call's f by (i, a, b)
     low: dict[tuple[int, int, int], float] = {}     # this call's floors of f by (i, a, b)
+    keys: dict[tuple[int, int, int], tuple] = {}    # this call's key_of by (i, a, b)
+    # this call's (layout, rank costs) by (i, a, b), from a floor for the f of the same
+    # interval (each computed once: both are pure functions of (c, i, a, b))
+    priced: dict[tuple[int, int, int], tuple] = {}
     modes = slots(allowed)
 
     def key_of(i: int, a: int, b: int) -> tuple:
-        return (ckey, i, a == 0, b == n, sigs[a - 1] if a else None, sigs[b - 1],
+        got = keys.get((i, a, b))
+        if got is None:
+            got = keys[(i, a, b)] = (
+                ckey, i, a == 0, b == n, sigs[a - 1] if a else None, sigs[b - 1],
                 tuple(prefix[s][b] - prefix[s][a] for s in kinds))
+        return got
 
     def floor(i: int, a: int, b: int) -> float:
         """f(i, a, b) where known, else a lower bound on it (:func:`time_floor`): enough to
@@ -325,7 +338,9 @@ def dp_cut(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES,
                 fkey = ("floor",) + key
                 hit = memo.get(fkey)
                 if hit is None:
-                    rc = rank_costs(cm, c, cm.interval_layout(c, i, a, b), modes)
+                    st = cm.interval_layout(c, i, a, b)
+                    rc = rank_costs(cm, c, st, modes)
+                    priced[(i, a, b)] = (st, rc)
                     hit = memo[fkey] = time_floor(rc, modes)
             low[(i, a, b)] = hit
         return hit
@@ -337,10 +352,13 @@ def dp_cut(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES,
         key = key_of(i, a, b)
         hit = memo.get(key)
         if hit is None:
-            st = cm.interval_layout(c, i, a, b)
+            st, rc = priced.pop((i, a, b), (None, None))
+            if st is None:
+                st = cm.interval_layout(c, i, a, b)
+                rc = rank_costs(cm, c, st, modes)
             # rank_fits answers "nothing fits" without searching for the fastest mix
-            got = rank_recompute(cm, c, st, allowed, log) if rank_fits(cm, c, st, allowed) \
-                else None
+            got = rank_recompute_bounded(cm, c, st, allowed, log, rc)[0] \
+                if rank_fits(cm, c, st, allowed, rc) else None
             hit = memo[key] = math.inf if got is None else got[0]
         local[(i, a, b)] = hit
         return hit
