@@ -371,7 +371,9 @@ def dp_cut(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES,
     for i in range(1, p):
         last = i == p - 1
         for b in (range(n, n + 1) if last else range(i + 1, n - (p - 1 - i) + 1)):
-            for a in range(i, b):
+            # stages near the balanced length n / p first: a low best[i][b] early prunes the
+            # rest (a min of maxima: the order of a changes which f are priced, not the value)
+            for a in sorted(range(i, b), key=lambda a: abs((b - a) * p - n)):
                 if best[i - 1][a] >= best[i][b] or floor(i, a, b) >= best[i][b]:
                     continue   # (inf included) no stage time can bring the max below best
                 val = max(best[i - 1][a], f(i, a, b))
