@@ -300,30 +300,22 @@ def dp_cut(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES,
     if (c.virtual_stages or 1) != 1 or n < p or p < 1:
         return None
     memo = {} if memo is None else memo
-    sigs = [cm.graph.layers[i].signature for i in cm.blocks]
-    kinds = sorted(set(sigs))
-    prefix = {s: [0] * (n + 1) for s in kinds}
-    for j, s in enumerate(sigs):
-        for s2 in kinds:
-            prefix[s2][j + 1] = prefix[s2][j] + (s2 == s)
     ckey = (c.tp, c.pp, c.cp, c.dp, c.micro_batch_size, c.sequence_parallel, c.zero_stage,
             c.schedule, c.placement, c.ep, c.cp_mode, allowed)
+    # one small int per configuration key in this memo: a key hashes three ints, not ckey
+    ids = memo.setdefault("configuration ids", {})
+    ckey = ids.setdefault(ckey, len(ids))
+    cls = _interval_classes(cm)
 
     local: dict[tuple[int, int, int], float] = {}   # this call's f by (i, a, b)
     low: dict[tuple[int, int, int], float] = {}     # this call's floors of f by (i, a, b)
-    keys: dict[tuple[int, int, int], tuple] = {}    # this call's key_of by (i, a, b)
     # this call's (layout, rank costs) by (i, a, b), from a floor for the f of the same
     # interval (each computed once: both are pure functions of (c, i, a, b))
     priced: dict[tuple[int, int, int], tuple] = {}
     modes = slots(allowed)
 
     def key_of(i: int, a: int, b: int) -> tuple:
-        got = keys.get((i, a, b))
-        if got is None:
-            got = keys[(i, a, b)] = (
-                ckey, i, a == 0, b == n, sigs[a - 1] if a else None, sigs[b - 1],
-                tuple(prefix[s][b] - prefix[s][a] for s in kinds))
-        return got
+        return (ckey, i, cls[a][b])
 
     def floor(i: int, a: int, b: int) -> float:
         """f(i, a, b) where known, else a lower bound on it (:func:`time_floor`): enough to
@@ -414,6 +406,37 @@ def dp_cut(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES,
         b = a
     cut.append(b)
     return tuple(reversed(cut))
+
+
+#: Per cost model: :func:`_interval_classes`' table.
+_CLASSES: "weakref.WeakKeyDictionary[CostModel, list]" = weakref.WeakKeyDictionary()
+
+
+def _interval_classes(cm: CostModel) -> list[list[int]]:
+    """``t[a][b]`` (0 <= a < b <= blocks): one id per class of block intervals [a, b) that
+    :func:`dp_cut` prices alike: equal whether it starts at block 0 and ends at the last, the
+    signatures of the block before it and of its last block, and its count of each signature.
+    Built once per cost model (O(blocks^2 x signatures)), so that an interval's memo key is
+    (configuration fields, rank, id) rather than a tuple rebuilt at each lookup."""
+    got = _CLASSES.get(cm)
+    if got is not None:
+        return got
+    n = len(cm.blocks)
+    sigs = [cm.graph.layers[i].signature for i in cm.blocks]
+    kinds = sorted(set(sigs))
+    prefix = {s: [0] * (n + 1) for s in kinds}
+    for j, s in enumerate(sigs):
+        for s2 in kinds:
+            prefix[s2][j + 1] = prefix[s2][j] + (s2 == s)
+    ids: dict[tuple, int] = {}
+    table = [[-1] * (n + 1) for _ in range(n + 1)]
+    for a in range(n):
+        for b in range(a + 1, n + 1):
+            content = (a == 0, b == n, sigs[a - 1] if a else None, sigs[b - 1],
+                       tuple(prefix[s][b] - prefix[s][a] for s in kinds))
+            table[a][b] = ids.setdefault(content, len(ids))
+    _CLASSES[cm] = table
+    return table
 
 
 def some_cut_fits(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES) -> bool:
