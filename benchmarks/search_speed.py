@@ -10,6 +10,7 @@ when one misses).
 - Qwen3-235B-A22B (built-in preset) on 512 H100, 2048 x 4096 tokens; Llama 4 Maverick
   (``hf-llama4-maverick``) on 1024 H100, 4096 x 8192; gpt-oss-120b (``hf-gpt-oss-120b``) on
   256 H100, 1024 x 8192: each <= 10 s.
+- Llama 3 8B on 144 GB200 (2 x 72, NVL72), 128 x 4096 tokens: <= 30 s (was 39-44 s).
 
 Each is the full space (no ``fixed=``, default :class:`autopar.search.space.SpaceLimits`). Timed:
 the search with a fresh :class:`CostModel` (cold caches), not the one-off graph extraction
@@ -64,6 +65,10 @@ CASES = (
     Case("qwen3-235b-a22b", "qwen3-235b-a22b", "64x8xH100", 2048, 4096, 10.0),
     Case("llama4-maverick", "hf-llama4-maverick", "128x8xH100", 4096, 8192, 10.0),
     Case("gpt-oss-120b", "hf-gpt-oss-120b", "32x8xH100", 1024, 8192, 10.0),
+    # a new user's report: a small batch on 144 GPUs (one GB200 NVL72 pair) took 39-44 s, the
+    # stage-cut programme over pp = 9 and 18 at every placement; 30 s is the level after the
+    # dp_cut memo fixes (a regression guard, not an issue's target)
+    Case("llama3-8b-gb200", "llama3-8b", "2x72xGB200", 128, 4096, 30.0),
 )
 
 

@@ -7,6 +7,7 @@ each fact with its source, are in :mod:`autopar.hardware.devices`; a hand-built 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Mapping
@@ -42,7 +43,14 @@ def architecture(name: str, arch: str = "") -> str:
     (:func:`autopar.cost.regime.gpu_generation`) both read it."""
     if arch:
         return arch
-    upper = str(name).upper()
+    return _architecture_of(str(name))
+
+
+@functools.lru_cache(maxsize=256)
+def _architecture_of(name: str) -> str:
+    """:func:`architecture` of a name with no ``arch`` (cached: the cost model asks once per
+    rank it prices, about a million times in a search of 144 GPUs)."""
+    upper = name.upper()
     for prefix, arch_name in ARCH_PREFIXES:
         if upper.startswith(prefix) and upper[len(prefix):len(prefix) + 1].isdigit():
             return arch_name

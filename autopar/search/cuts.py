@@ -84,12 +84,14 @@ def rank_recompute(cm: CostModel, c: ParallelConfig, st: StageLayout,
 
 
 def rank_recompute_bounded(cm: CostModel, c: ParallelConfig, st: StageLayout,
-                           allowed: tuple[str, ...] = MODES, log: SolveLog | None = None):
+                           allowed: tuple[str, ...] = MODES, log: SolveLog | None = None,
+                           rc: RankCosts | None = None):
     """(:func:`rank_recompute`'s answer, a proven lower bound in seconds on the rank's fastest
     fitting time): the answer's own time where it is proven optimal (the enumeration, or
-    CP-SAT within its work limit), else CP-SAT's proven bound; None with the answer None."""
+    CP-SAT within its work limit), else CP-SAT's proven bound; None with the answer None.
+    ``rc``: ``rank_costs(cm, c, st, slots(allowed))`` where the caller already has it."""
     modes = slots(allowed)
-    rc = rank_costs(cm, c, st, modes)
+    rc = rank_costs(cm, c, st, modes) if rc is None else rc
     if not rc.step_fits:
         return None, None
     if not rc.by_sig:
@@ -230,7 +232,7 @@ FIT_RTOL = 1e-9
 
 
 def rank_fits(cm: CostModel, c: ParallelConfig, st: StageLayout,
-              allowed: tuple[str, ...] = MODES) -> bool:
+              allowed: tuple[str, ...] = MODES, rc: RankCosts | None = None) -> bool:
     """Whether :func:`rank_recompute` finds a fitting recomputation for this rank (the same
     answer, without searching for the fastest one).
 
@@ -239,16 +241,19 @@ def rank_fits(cm: CostModel, c: ParallelConfig, st: StageLayout,
     every block takes its least-memory mode among those whose transient is within the cap and
     the total is within the budget: activation memory is a sum over blocks, so the least total
     is the sum of the least per block. Totals within :data:`FIT_RTOL` of a budget are settled
-    by :func:`rank_recompute` itself.
+    by :func:`rank_recompute` itself. ``rc``: ``rank_costs(cm, c, st, slots(allowed))`` where
+    the caller already has it.
     """
     modes = slots(allowed)
-    rc = rank_costs(cm, c, st, modes)
+    rc = rank_costs(cm, c, st, modes) if rc is None else rc
     if not rc.step_fits:
         return False
     if not rc.by_sig:
         return rc.fixed_bytes + rc.floor_bytes <= rc.limit_bytes
     got = _least_fits(rc, modes)
-    return rank_recompute(cm, c, st, allowed) is not None if got is None else got
+    if got is None:
+        return rank_recompute_bounded(cm, c, st, allowed, None, rc)[0] is not None
+    return got
 
 
 def _least_fits(rc: RankCosts, modes: tuple[str, ...]) -> bool | None:
@@ -295,22 +300,22 @@ def dp_cut(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES,
     if (c.virtual_stages or 1) != 1 or n < p or p < 1:
         return None
     memo = {} if memo is None else memo
-    sigs = [cm.graph.layers[i].signature for i in cm.blocks]
-    kinds = sorted(set(sigs))
-    prefix = {s: [0] * (n + 1) for s in kinds}
-    for j, s in enumerate(sigs):
-        for s2 in kinds:
-            prefix[s2][j + 1] = prefix[s2][j] + (s2 == s)
     ckey = (c.tp, c.pp, c.cp, c.dp, c.micro_batch_size, c.sequence_parallel, c.zero_stage,
             c.schedule, c.placement, c.ep, c.cp_mode, allowed)
+    # one small int per configuration key in this memo: a key hashes three ints, not ckey
+    ids = memo.setdefault("configuration ids", {})
+    ckey = ids.setdefault(ckey, len(ids))
+    cls = _interval_classes(cm)
 
     local: dict[tuple[int, int, int], float] = {}   # this call's f by (i, a, b)
     low: dict[tuple[int, int, int], float] = {}     # this call's floors of f by (i, a, b)
+    # this call's (layout, rank costs) by (i, a, b), from a floor for the f of the same
+    # interval (each computed once: both are pure functions of (c, i, a, b))
+    priced: dict[tuple[int, int, int], tuple] = {}
     modes = slots(allowed)
 
     def key_of(i: int, a: int, b: int) -> tuple:
-        return (ckey, i, a == 0, b == n, sigs[a - 1] if a else None, sigs[b - 1],
-                tuple(prefix[s][b] - prefix[s][a] for s in kinds))
+        return (ckey, i, cls[a][b])
 
     def floor(i: int, a: int, b: int) -> float:
         """f(i, a, b) where known, else a lower bound on it (:func:`time_floor`): enough to
@@ -325,7 +330,9 @@ def dp_cut(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES,
                 fkey = ("floor",) + key
                 hit = memo.get(fkey)
                 if hit is None:
-                    rc = rank_costs(cm, c, cm.interval_layout(c, i, a, b), modes)
+                    st = cm.interval_layout(c, i, a, b)
+                    rc = rank_costs(cm, c, st, modes)
+                    priced[(i, a, b)] = (st, rc)
                     hit = memo[fkey] = time_floor(rc, modes)
             low[(i, a, b)] = hit
         return hit
@@ -337,10 +344,13 @@ def dp_cut(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES,
         key = key_of(i, a, b)
         hit = memo.get(key)
         if hit is None:
-            st = cm.interval_layout(c, i, a, b)
+            st, rc = priced.pop((i, a, b), (None, None))
+            if st is None:
+                st = cm.interval_layout(c, i, a, b)
+                rc = rank_costs(cm, c, st, modes)
             # rank_fits answers "nothing fits" without searching for the fastest mix
-            got = rank_recompute(cm, c, st, allowed, log) if rank_fits(cm, c, st, allowed) \
-                else None
+            got = rank_recompute_bounded(cm, c, st, allowed, log, rc)[0] \
+                if rank_fits(cm, c, st, allowed, rc) else None
             hit = memo[key] = math.inf if got is None else got[0]
         local[(i, a, b)] = hit
         return hit
@@ -353,7 +363,9 @@ def dp_cut(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES,
     for i in range(1, p):
         last = i == p - 1
         for b in (range(n, n + 1) if last else range(i + 1, n - (p - 1 - i) + 1)):
-            for a in range(i, b):
+            # stages near the balanced length n / p first: a low best[i][b] early prunes the
+            # rest (a min of maxima: the order of a changes which f are priced, not the value)
+            for a in sorted(range(i, b), key=lambda a: abs((b - a) * p - n)):
                 if best[i - 1][a] >= best[i][b] or floor(i, a, b) >= best[i][b]:
                     continue   # (inf included) no stage time can bring the max below best
                 val = max(best[i - 1][a], f(i, a, b))
@@ -394,6 +406,37 @@ def dp_cut(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES,
         b = a
     cut.append(b)
     return tuple(reversed(cut))
+
+
+#: Per cost model: :func:`_interval_classes`' table.
+_CLASSES: "weakref.WeakKeyDictionary[CostModel, list]" = weakref.WeakKeyDictionary()
+
+
+def _interval_classes(cm: CostModel) -> list[list[int]]:
+    """``t[a][b]`` (0 <= a < b <= blocks): one id per class of block intervals [a, b) that
+    :func:`dp_cut` prices alike: equal whether it starts at block 0 and ends at the last, the
+    signatures of the block before it and of its last block, and its count of each signature.
+    Built once per cost model (O(blocks^2 x signatures)), so that an interval's memo key is
+    (configuration fields, rank, id) rather than a tuple rebuilt at each lookup."""
+    got = _CLASSES.get(cm)
+    if got is not None:
+        return got
+    n = len(cm.blocks)
+    sigs = [cm.graph.layers[i].signature for i in cm.blocks]
+    kinds = sorted(set(sigs))
+    prefix = {s: [0] * (n + 1) for s in kinds}
+    for j, s in enumerate(sigs):
+        for s2 in kinds:
+            prefix[s2][j + 1] = prefix[s2][j] + (s2 == s)
+    ids: dict[tuple, int] = {}
+    table = [[-1] * (n + 1) for _ in range(n + 1)]
+    for a in range(n):
+        for b in range(a + 1, n + 1):
+            content = (a == 0, b == n, sigs[a - 1] if a else None, sigs[b - 1],
+                       tuple(prefix[s][b] - prefix[s][a] for s in kinds))
+            table[a][b] = ids.setdefault(content, len(ids))
+    _CLASSES[cm] = table
+    return table
 
 
 def some_cut_fits(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES) -> bool:
