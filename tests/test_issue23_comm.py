@@ -264,5 +264,8 @@ def test_a_gpu_count_beyond_the_limit_is_not_answered_with_a_spec_the_limit_refu
     with pytest.raises(autopar.InvalidClusterSpec) as info:
         autopar.Cluster.from_spec("99999999999xH100")
     assert "1x99999999999" not in str(info.value) and "at most 1048576 GPUs" in str(info.value)
-    with pytest.raises(autopar.InvalidClusterSpec, match="e.g. '1x13xh100'"):
+    # 13 H100 fill no whole 8-GPU nodes: the suggestions are whole-node specs that parse (a
+    # '1x13xh100' the board's 8-GPU check refuses is not offered)
+    with pytest.raises(autopar.InvalidClusterSpec, match="'8xh100' or '16xh100'") as info:
         autopar.Cluster.from_spec("13xH100")
+    assert "1x13" not in str(info.value)
