@@ -245,6 +245,7 @@ class BlockCosts(MoEBlockCosts):
             # direction in the framework's format (FP8 under FP8: dispatch_ratio)
             tokens = layer.output_bytes * bscale / cp / (tp if sp else 1)
             train = self.inputs.train
+            scale = self.routed_scale(layer, c.micro_batch_size, tp, cp, sp)
             if gathered:
                 d = allgather_time(self.allgather_traffic(layer, c, tokens),
                                    self.groups.group("tpep", c))
@@ -252,8 +253,7 @@ class BlockCosts(MoEBlockCosts):
                 d = dispatch_cost(c.dispatcher, tokens, layer.num_experts,
                                   layer.experts_per_token, self.groups.group("ep", c),
                                   etp=c.etp if folded else 1,
-                                  routed_scale=self.routed_scale(layer, c.micro_batch_size, tp,
-                                                                 cp, sp),
+                                  routed_scale=scale,
                                   dispatch_ratio=dispatch_bytes_ratio(
                                       self.inputs.profile.moe_dispatch_dtype, train.precision,
                                       train.dtype_bytes))
@@ -265,8 +265,7 @@ class BlockCosts(MoEBlockCosts):
             if not gathered:
                 probs_s, pload, gather_s, gload = self.alltoall_metadata_s(
                     layer, c, tokens / (self.inputs.graph.hidden_size * train.dtype_bytes)
-                    * max(1, layer.experts_per_token)
-                    * self.routed_scale(layer, c.micro_batch_size, tp, cp, sp))
+                    * max(1, layer.experts_per_token) * scale)
             ef, eload = ef + probs_s, eload + pload
             redispatch = mode == "full" or (mr is not None and mr.dispatch)
             if redispatch:
