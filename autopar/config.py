@@ -134,6 +134,24 @@ def _recompute_modules(value: Any) -> tuple[str, ...] | None:
     return None if ordered == DEFAULT_RECOMPUTE_MODULES else ordered
 
 
+def _expert_load(value: Any) -> tuple[float, ...]:
+    """``TrainingConfig.moe_expert_load`` checked, as a tuple of floats.
+
+    Raises:
+        InvalidTrainingConfig: not a sequence of at least two finite numbers >= 0 with a
+            positive sum.
+    """
+    ok = isinstance(value, (list, tuple)) and len(value) >= 2 and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+        for x in value) and sum(value) > 0
+    if not ok:
+        raise InvalidTrainingConfig(
+            f"moe_expert_load must list each routed expert's load (at least two finite numbers "
+            f">= 0, not all 0; e.g. per-expert token counts); got {value!r:.120}. Fix: pass one "
+            "number per expert, or None for balanced routing.")
+    return tuple(float(x) for x in value)
+
+
 def _bool(cls_name: str, name: str, value: Any) -> None:
     if not isinstance(value, bool):
         err = InvalidTrainingConfig if cls_name == "TrainingConfig" else InvalidParallelConfig
@@ -181,10 +199,20 @@ class TrainingConfig:
             was not sent (Megatron-Core ``--moe-pad-expert-input-to-capacity``): the all-to-all,
             the expert GEMMs and their saved activations are sized by the capacity, not by the
             routed tokens. Needs ``moe_capacity_factor``.
+        moe_expert_load: how the router spreads the routed rows over the experts, one number per
+            routed expert in expert order (shape [E]; any scale: each is read as its share of
+            the sum), e.g. per-expert token counts logged from a run. None (default): balanced,
+            as Megatron-Core's ``--moe-router-force-load-balancing`` routes. Under expert
+            parallelism the EP rank holding the busiest contiguous block of E / ep experts sets
+            the pace of the dispatch, the expert GEMMs and their saved activations
+            (:func:`autopar.cost.capacity.routed_scale`, which also applies a capacity factor
+            expert by expert).
 
     Raises:
         InvalidTrainingConfig: a non-positive size or an unknown precision/optimizer/framework;
-            a capacity factor that is not a positive finite number, or padding without one.
+            a capacity factor that is not a positive finite number, or padding without one;
+            an expert load that is not a sequence of at least two finite numbers >= 0 with a
+            positive sum.
     """
 
     global_batch_size: int
@@ -200,6 +228,7 @@ class TrainingConfig:
     activation_offload: bool = False
     moe_capacity_factor: float | None = None
     moe_pad_to_capacity: bool = False
+    moe_expert_load: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         _positive_int("TrainingConfig", "global_batch_size", self.global_batch_size,
@@ -224,6 +253,9 @@ class TrainingConfig:
                 "needs moe_capacity_factor (Megatron-Core: 'moe_expert_capacity_factor must be "
                 "set to use moe_pad_expert_input_to_capacity'). Fix: set moe_capacity_factor, "
                 "or drop moe_pad_to_capacity.")
+        if self.moe_expert_load is not None:
+            # one spelling (a tuple of floats): plan files bring it back as a JSON list
+            object.__setattr__(self, "moe_expert_load", _expert_load(self.moe_expert_load))
         if not isinstance(self.optimizer_state_dtype, str) \
                 or self.optimizer_state_dtype not in OPTIMIZER_STATE_DTYPES:
             raise InvalidTrainingConfig(

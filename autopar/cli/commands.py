@@ -63,7 +63,9 @@ def _plan_command(args, train: TrainingConfig) -> str:
              "--activation-offload" if train.activation_offload else "",
              f"--moe-capacity-factor {train.moe_capacity_factor}"
              if train.moe_capacity_factor is not None else "",
-             "--moe-pad-to-capacity" if train.moe_pad_to_capacity else ""]
+             "--moe-pad-to-capacity" if train.moe_pad_to_capacity else "",
+             "--moe-expert-load " + ",".join(f"{x:g}" for x in train.moe_expert_load)
+             if train.moe_expert_load is not None else ""]
     return " ".join(w for w in words if w)
 
 

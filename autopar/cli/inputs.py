@@ -167,6 +167,7 @@ def _plan_problem(args) -> tuple[Problem, dict, list[str]]:
              "optimizer_state_dtype": args.optimizer_state_dtype,
              "moe_capacity_factor": getattr(args, "moe_capacity_factor", None),
              "moe_pad_to_capacity": True if getattr(args, "moe_pad_to_capacity", False) else None,
+             "moe_expert_load": getattr(args, "moe_expert_load", None),
              "framework": getattr(args, "framework", None)}
     train = TrainingConfig(**{**kw["train"].__dict__,
                               **{k: v for k, v in given.items() if v is not None}})
@@ -316,7 +317,8 @@ def read_problem(args) -> tuple[Problem, dict, list[str]]:
         moe_capacity_factor=(getattr(args, "moe_capacity_factor", None)
                              or tr.get("moe_capacity_factor")),
         moe_pad_to_capacity=(getattr(args, "moe_pad_to_capacity", False)
-                             or tr.get("moe_pad_to_capacity", False)))
+                             or tr.get("moe_pad_to_capacity", False)),
+        moe_expert_load=getattr(args, "moe_expert_load", None))
     if args.seq_len is None and not tr.get("seq_len"):
         # a long-context preset would otherwise be planned at its full context unannounced
         notes.append(f"sequence length: {train.seq_len} tokens, the model's context length "

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
+import os
+from pathlib import Path
 
 from ..config import DISPATCHERS, FRAMEWORKS, OPTIMIZER_STATE_DTYPES, RECOMPUTE_MODES, SCHEDULES
 from ..cost.offload import frameworks_running
@@ -22,6 +25,25 @@ def positive_float(text: str) -> float:
     if not v > 0 or v == float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r} must be a positive finite number")
     return v
+
+
+def expert_load(text: str) -> tuple[float, ...]:
+    """argparse type: per-expert loads, comma- or space-separated numbers, or a file holding
+    them (a JSON list or the same text); checked in full by ``TrainingConfig``."""
+    body = text
+    if os.path.isfile(text):
+        try:
+            body = Path(text).read_text()
+        except OSError as exc:
+            raise argparse.ArgumentTypeError(f"cannot read {text!r}: {exc}")
+    try:
+        words = json.loads(body) if body.lstrip().startswith("[") else \
+            body.replace(",", " ").split()
+        return tuple(float(w) for w in words)
+    except (ValueError, TypeError):
+        raise argparse.ArgumentTypeError(
+            f"{text[:80]!r} is neither numbers separated by commas nor a file of them "
+            "(one load per routed expert, e.g. 1,1,2,0.5)")
 
 
 def _common(p: argparse.ArgumentParser, plot: str) -> None:
@@ -55,6 +77,11 @@ def _common(p: argparse.ArgumentParser, plot: str) -> None:
     p.add_argument("--moe-pad-to-capacity", action="store_true",
                    help="with --moe-capacity-factor: every expert runs its full capacity "
                         "(--moe-pad-expert-input-to-capacity)")
+    p.add_argument("--moe-expert-load", type=expert_load, default=None, metavar="LOADS",
+                   help="how the router spreads tokens over the routed experts: one number per "
+                        "expert in expert order (e.g. logged token counts), comma-separated or "
+                        "a file; the EP rank with the busiest block of experts sets the pace "
+                        "(default: balanced routing)")
     p.add_argument("--optimizer-state-dtype", default=None, choices=list(OPTIMIZER_STATE_DTYPES),
                    help="dtype of Adam's moments (default fp32)")
     p.add_argument("--framework", default=None, choices=list(FRAMEWORKS),

@@ -116,7 +116,7 @@ class BlockCosts(MoEBlockCosts):
         skew = (2 * cp - 1) / cp if (cp > 1 and cp_mode != "ulysses"
                                      and inp.train.seq_len % (2 * cp)) else 1.0
         etp = None if etp == tp else etp
-        rows = self.routed_scale(layer, b, tp, cp, sp)
+        rows = self.routed_scale(layer, b, tp, cp, sp, ep)
         key = (layer.signature, b, tp, cp, sp, path, skew, etp, local, rows)
         t = self._layer_times.get(key)
         if t is None:
@@ -245,7 +245,7 @@ class BlockCosts(MoEBlockCosts):
             # direction in the framework's format (FP8 under FP8: dispatch_ratio)
             tokens = layer.output_bytes * bscale / cp / (tp if sp else 1)
             train = self.inputs.train
-            scale = self.routed_scale(layer, c.micro_batch_size, tp, cp, sp)
+            scale = self.routed_scale(layer, c.micro_batch_size, tp, cp, sp, c.ep)
             if gathered:
                 d = allgather_time(self.allgather_traffic(layer, c, tokens),
                                    self.groups.group("tpep", c))
@@ -343,7 +343,7 @@ class BlockCosts(MoEBlockCosts):
                 sequence_parallel=sp, dtype_bytes=self.inputs.train.dtype_bytes)
         # routed rows an expert capacity adds (padding) or removes (dropping): their saved
         # tensors, kept by every mode but full recompute, which re-makes them one block at a time
-        padded = (self.routed_scale(layer, c.micro_batch_size, tp, cp, sp) - 1.0) * \
+        padded = (self.routed_scale(layer, c.micro_batch_size, tp, cp, sp, c.ep) - 1.0) * \
             mem.routed_saved_bytes(layer, micro_batch=bscale, tp=tp, cp=cp, etp=c.etp)
         if gathered:
             # the all-gather dispatcher keeps the local experts' columns of the gathered routing

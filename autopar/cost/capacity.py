@@ -10,13 +10,22 @@ all-to-all dispatcher sizes its splits and grouped GEMM by it: token_dispatcher.
 ``MoEAlltoAllTokenDispatcher.preprocess``, ``drop_and_pad``); without it an expert runs
 min(its load, capacity).
 
-autopar prices routing as balanced (every expert receives T x top_k / E rows of a router call;
-:mod:`autopar.cost.compute`), so a factor >= 1 drops nothing and costs what dropless does unless
-the input is padded; below 1 it drops the excess. The routed rows of a layer scale by
-:func:`routed_scale`; the dispatch/combine all-to-all, the expert GEMMs and the routed
-activations they save scale with them (:mod:`autopar.cost.blocks`). What imbalance a trained
-router causes, and so what a factor saves over dropless, is not modelled: it depends on the data
-and the router's state, which no input describes.
+Routing is balanced unless ``TrainingConfig.moe_expert_load`` says how the router spreads the
+rows (e.g. per-expert token counts logged from a run): then expert e receives ``l_e`` times the
+balanced load (``l_e`` = its share x E, mean 1) from every router call, an expert capacity keeps
+``min(l_e, capacity / balanced load)`` of it, expert by expert, and the EP rank holding the
+busiest block of experts sets the pace: every framework priced here places E / ep contiguous
+experts on each EP rank (Megatron-Core moe_layer.py ``local_expert_indices = [ep_rank x
+num_local_experts + i]``; torchtitan shards the expert dimension with ``Shard(0)``; DeepSpeed's
+all-to-all splits the [E, capacity, hidden] dispatch by expert: moe/sharded_moe.py
+``MOELayer.forward`` "ecm -> gecm") and the all-to-all that combines their outputs waits for
+the slowest. With balanced routing a factor >= 1 drops
+nothing and costs what dropless does unless the input is padded; below 1 it drops the excess. The
+routed rows of a layer scale by :func:`routed_scale`; the dispatch/combine all-to-all, the expert
+GEMMs and the routed activations they save scale with them (:mod:`autopar.cost.blocks`). Every
+router call is taken to see the same spread (the cap applies per call, so calls that differ drop
+more than their mean shows), and one load vector serves every MoE layer (the user's choice, e.g.
+the worst layer's); a trained router's loads vary by layer and over training.
 """
 
 from __future__ import annotations
@@ -64,17 +73,63 @@ def check_framework(train: TrainingConfig) -> None:
         f"use framework 'megatron' (--framework megatron).")
 
 
-def check_model(train: TrainingConfig, num_experts: int) -> None:
-    """Refuse a capacity factor on a model without routed experts.
+def check_model(train: TrainingConfig, num_experts: int, top_k: int = 0) -> None:
+    """Refuse MoE routing inputs the model cannot have.
+
+    Args:
+        num_experts: routed experts E of the model's MoE layers (0: dense).
+        top_k: experts per token (0: not checked).
 
     Raises:
-        InvalidTrainingConfig: ``moe_capacity_factor`` set and ``num_experts`` is 0.
+        InvalidTrainingConfig: ``moe_capacity_factor`` or ``moe_expert_load`` set and
+            ``num_experts`` is 0; a ``moe_expert_load`` whose length is not ``num_experts``, or
+            whose largest share exceeds 1 / top_k (an expert takes each token at most once).
     """
-    if train.moe_capacity_factor is not None and not num_experts:
+    load = train.moe_expert_load
+    if not num_experts:
+        for name, value in (("moe_capacity_factor", train.moe_capacity_factor),
+                            ("moe_expert_load", load)):
+            if value is not None:
+                flag = name.replace("_", "-")
+                raise InvalidTrainingConfig(
+                    f"{name}={value!r:.60}: the model has no routed experts. Fix: drop {name} "
+                    f"(--{flag}), or use a mixture-of-experts model.")
+        return
+    if load is None:
+        return
+    if len(load) != num_experts:
         raise InvalidTrainingConfig(
-            f"moe_capacity_factor={train.moe_capacity_factor}: the model has no routed experts "
-            "to cap. Fix: drop moe_capacity_factor (--moe-capacity-factor), or use a "
-            "mixture-of-experts model.")
+            f"moe_expert_load lists {len(load)} experts but the model's MoE layers route to "
+            f"{num_experts}. Fix: give one load per routed expert, in expert order.")
+    if top_k and max(load) / sum(load) > 1.0 / top_k + 1e-9:
+        raise InvalidTrainingConfig(
+            f"moe_expert_load gives one expert {max(load) / sum(load):.3f} of the routed rows, "
+            f"more than 1 / top_k = {1.0 / top_k:.3f}: with {top_k} experts per token an expert "
+            "takes each token at most once. Fix: give per-expert token counts of one layer.")
+
+
+def relative_loads(train: TrainingConfig, num_experts: int) -> tuple[float, ...] | None:
+    """Each routed expert's load over the balanced load (mean 1), shape [E], from
+    ``train.moe_expert_load``; None when routing is balanced (no load given) or the length is
+    not ``num_experts`` (a layer of another size: priced balanced)."""
+    load = train.moe_expert_load
+    if load is None or len(load) != num_experts:
+        return None
+    total = sum(load)
+    return tuple(x * num_experts / total for x in load)
+
+
+def busiest_rank(rel: tuple[float, ...], ep: int) -> float:
+    """Mean of ``rel`` over the busiest of ``ep`` contiguous blocks of E / ep experts (the
+    experts one EP rank holds; module docstring); ``ep`` 1: the mean over all.
+
+    Raises:
+        ValueError: ``ep`` does not divide the number of experts.
+    """
+    if ep < 1 or len(rel) % ep:
+        raise ValueError(f"ep {ep} does not divide the {len(rel)} routed experts")
+    local = len(rel) // ep
+    return max(sum(rel[r * local:(r + 1) * local]) for r in range(ep)) / local
 
 
 def expert_capacity(tokens: float, top_k: int, num_experts: int, factor: float) -> int:
@@ -83,33 +138,49 @@ def expert_capacity(tokens: float, top_k: int, num_experts: int, factor: float) 
     return math.ceil(tokens * top_k / num_experts * factor)
 
 
-def routed_scale(train: TrainingConfig, tokens: float, top_k: int, num_experts: int) -> float:
-    """Routed rows an MoE layer runs over the T x top_k of dropless routing (balanced).
+def routed_scale(train: TrainingConfig, tokens: float, top_k: int, num_experts: int,
+                 ep: int = 1) -> float:
+    """Rows the busiest EP rank's experts run in an MoE layer, over its share of dropless,
+    balanced routing (T x top_k / ep rows per router call of T tokens).
 
     Args:
-        train: its ``moe_capacity_factor`` (None: dropless, 1.0) and ``moe_pad_to_capacity``.
+        train: its ``moe_capacity_factor`` (None: dropless), ``moe_pad_to_capacity`` and
+            ``moe_expert_load`` (None: balanced).
         tokens: tokens one router call sees, T (a rank's micro-batch share).
         top_k: experts per token; num_experts: routed experts E of the layer.
+        ep: expert-parallel degree (1: each rank holds every expert, so only the capacity
+            matters; also the lower bound over ep the search uses).
 
     Returns:
         Padded: E x min(capacity, T) / (T x top_k) (an expert never holds a token twice: with
-        capacity >= T Megatron-Core's capacity mask keeps all T). Not padded: min(1, capacity
-        / (T x top_k / E)), what is left after the excess over capacity is dropped.
+        capacity >= T Megatron-Core's capacity mask keeps all T). Not padded: the busiest
+        rank's mean of min(l_e, capacity / (T x top_k / E)) over its experts (balanced: every
+        l_e = 1). Dropless: the busiest rank's mean l_e.
     """
-    factor = train.moe_capacity_factor
-    if factor is None or not num_experts or not top_k or tokens <= 0:
+    if not num_experts or not top_k or tokens <= 0:
         return 1.0
+    factor = train.moe_capacity_factor
+    rel = relative_loads(train, num_experts)
+    if factor is None:
+        return busiest_rank(rel, ep) if rel else 1.0
     cap = expert_capacity(tokens, top_k, num_experts, factor)
     load = tokens * top_k / num_experts
     if train.moe_pad_to_capacity:
         return min(cap, tokens) / load
-    return min(1.0, cap / load)
+    kept = min(cap, tokens) / load
+    if rel is None:
+        return min(1.0, kept)
+    return busiest_rank(tuple(min(x, kept) for x in rel), ep)
 
 
 def capacity_text(train: TrainingConfig) -> str:
-    """", MoE capacity factor 1.5 (padded)" for a plan's or an estimate's header line, or ""
-    for dropless MoE."""
-    if train.moe_capacity_factor is None:
-        return ""
-    return (f", MoE capacity factor {train.moe_capacity_factor:g}"
-            + (" (padded)" if train.moe_pad_to_capacity else ""))
+    """", MoE capacity factor 1.5 (padded)" and ", MoE expert loads (busiest 2.67x the mean)"
+    for a plan's or an estimate's header line, or "" for balanced dropless MoE."""
+    text = ""
+    if train.moe_capacity_factor is not None:
+        text = (f", MoE capacity factor {train.moe_capacity_factor:g}"
+                + (" (padded)" if train.moe_pad_to_capacity else ""))
+    load = train.moe_expert_load
+    if load is not None:
+        text += f", MoE expert loads (busiest {max(load) * len(load) / sum(load):.2f}x the mean)"
+    return text

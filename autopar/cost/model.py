@@ -85,7 +85,8 @@ class CostModel:
                  conventions: MemoryConventions | None = None):
         check_seq_len(graph, train)
         offload.check_framework(train)
-        capacity.check_model(train, graph.num_experts)   # a dense model first: no framework
+        capacity.check_model(train, graph.num_experts,   # a dense model first: no framework
+                             max((ly.experts_per_token for ly in graph.layers), default=0))
         capacity.check_framework(train)                  # would make its capacity factor run
         self._given = (params, attention_kernel, framework, conventions)   # for rebuilt()
         self.inputs = inp = CostInputs.build(graph, cluster, train, params, attention_kernel,

@@ -100,13 +100,17 @@ class MoEBlockCosts:
             gather_load = g.load("all_gather", counts)
         return a2a_s, a2a_load, gather_s, gather_load
 
-    def routed_scale(self, layer, b: int, tp: int, cp: int, sp: bool) -> float:
-        """Routed rows of MoE ``layer`` over dropless routing under the training config's
-        capacity factor (:func:`autopar.cost.capacity.routed_scale`), for a router call on one
-        rank's share of a micro-batch of ``b`` sequences: / cp, and / tp under sequence
-        parallelism; 1 for a dense layer or dropless MoE."""
-        if not layer.num_experts or self.inputs.train.moe_capacity_factor is None:
+    def routed_scale(self, layer, b: int, tp: int, cp: int, sp: bool, ep: int | None = 1
+                     ) -> float:
+        """Rows the busiest EP rank runs in MoE ``layer`` over dropless balanced routing, under
+        the training config's capacity factor and expert loads
+        (:func:`autopar.cost.capacity.routed_scale`), for a router call on one rank's share of
+        a micro-batch of ``b`` sequences: / cp, and / tp under sequence parallelism; ``ep``
+        None: 1 (the search's lower bound); 1 for a dense layer or balanced dropless MoE."""
+        train = self.inputs.train
+        if not layer.num_experts or (train.moe_capacity_factor is None
+                                     and train.moe_expert_load is None):
             return 1.0
-        tokens = b * self.inputs.train.seq_len / cp / (tp if sp else 1)
-        return capacity.routed_scale(self.inputs.train, tokens, layer.experts_per_token,
-                                     layer.num_experts)
+        tokens = b * train.seq_len / cp / (tp if sp else 1)
+        return capacity.routed_scale(train, tokens, layer.experts_per_token,
+                                     layer.num_experts, ep or 1)
