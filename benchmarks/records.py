@@ -402,7 +402,9 @@ def parse(rec: dict) -> Record:
                                    # token dropping (null: dropless); padding only where the
                                    # record says so (Megatron-Core's default is off)
                                    moe_capacity_factor=plan.get("capacity_factor"),
-                                   moe_pad_to_capacity=plan.get("pad_to_capacity") is True)
+                                   moe_pad_to_capacity=plan.get("pad_to_capacity") is True,
+                                   # per-expert loads where published (null: balanced)
+                                   moe_expert_load=t.get("moe_expert_load"))
     fixed = {k: plan[k] for k in _PLAN_KEYS if plan.get(k) is not None}
     fixed.update(_moe_plan(plan, c.get("inter_node")))
     if plan.get("recompute_modules") is not None:

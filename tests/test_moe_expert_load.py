@@ -150,3 +150,13 @@ def test_cli_reads_a_list_or_a_file(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(common + ["--moe-expert-load", "1,two"])
     assert "neither numbers" in capsys.readouterr().err
+
+
+def test_a_record_can_carry_its_loads():
+    from benchmarks import records, validation
+    raw = next(r for r in validation.load_corpus()
+               if r["id"] == "moer-pai643-qwen3-30b-a3b-h800-16gpu-tp1-pp2-ep8")
+    counts = [2.0] * 16 + [1.0] * 112
+    loaded = {**raw, "training": {**raw["training"], "moe_expert_load": counts}}
+    assert records.parse(raw).train.moe_expert_load is None
+    assert records.parse(loaded).train.moe_expert_load == tuple(counts)
