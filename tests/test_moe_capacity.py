@@ -75,7 +75,7 @@ def test_training_config_refuses_bad_capacity(kw, match):
 
 def test_frameworks_without_token_dropping_are_refused(graph):
     cluster = autopar.Cluster.from_spec("1x4xH100")
-    for fw in ("torchtitan", "torch", "deepspeed"):
+    for fw in ("torchtitan", "torch"):
         train = replace(_train(moe_capacity_factor=1.0), framework=fw)
         with pytest.raises(InvalidTrainingConfig, match="drop moe_capacity_factor"):
             CostModel(graph, cluster, train)
@@ -135,8 +135,35 @@ def test_exporters_write_or_refuse_the_capacity(graph):
     assert "--moe-pad-expert-input-to-capacity" in args
     with pytest.raises(UnsupportedPlanError, match="torchtitan's MoE is dropless"):
         plan.to_torchtitan_toml()
-    with pytest.raises(UnsupportedPlanError, match="DeepSpeed sets an expert capacity"):
-        plan.to_deepspeed_config()
+    # DeepSpeed sets the capacity in the model code: the JSON config says so, and runs
+    ds = plan.to_deepspeed_config()
+    assert any("MoE(capacity_factor=1.5, drop_tokens=True)" in w for w in ds.warnings)
+
+
+def test_deepspeed_pads_every_expert_to_its_capacity(graph):
+    # deepspeed/moe/sharded_moe.py topkgating: C = max(ceil(T / E x factor x k), min_capacity 4)
+    # rows per expert, whatever the expert was sent; dropless pads to the busiest expert
+    ds = _train(moe_capacity_factor=1.0)
+    assert capacity.routed_scale(ds, 4096, 2, 8, rule="deepspeed") == pytest.approx(1.0)
+    assert capacity.routed_scale(ds, 8, 2, 8, rule="deepspeed") == pytest.approx(2.0)  # C = 4
+    half = _train(moe_capacity_factor=0.5)
+    assert capacity.routed_scale(half, 4096, 2, 8, rule="deepspeed") == pytest.approx(0.5)
+    hot = _train(moe_expert_load=(3, 1, 1, 1, 1, 1, 1, 1))
+    # Megatron dropless: the busiest EP rank's block; DeepSpeed dropless: the busiest expert
+    assert capacity.routed_scale(hot, 4096, 2, 8, ep=4) == pytest.approx((2.4 + 0.8) / 2)
+    assert capacity.routed_scale(hot, 4096, 2, 8, ep=4, rule="deepspeed") == pytest.approx(2.4)
+    assert capacity.routed_scale(replace(hot, moe_capacity_factor=1.0), 4096, 2, 8, ep=4,
+                                 rule="deepspeed") == pytest.approx(1.0)
+    # the cost model takes the rule from the framework profile
+    cluster = autopar.Cluster.from_spec("1x4xH100")
+    times = {}
+    for fw in ("megatron", "deepspeed"):
+        for load in (None, (3, 1, 1, 1, 1, 1, 1, 1)):
+            cm = CostModel(graph, cluster, replace(_train(moe_expert_load=load), framework=fw))
+            block = next(i for i, layer in enumerate(graph.layers) if layer.num_experts)
+            times[fw, load is None] = cm.layer_time(block, 1, 1, 1, False, ep=4).fwd_flops
+    assert times["megatron", True] == times["deepspeed", True]
+    assert times["deepspeed", False] > times["megatron", False] > times["megatron", True]
 
 
 def test_megatron_import_reads_the_capacity():

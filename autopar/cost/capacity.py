@@ -34,6 +34,7 @@ import math
 
 from ..config import TrainingConfig
 from ..errors import InvalidTrainingConfig
+from ..frameworks.vocabulary import DEEPSPEED_MIN_CAPACITY
 
 #: Frameworks that run token dropping with a capacity factor, each with its source; a framework
 #: not listed is refused (:func:`check_framework`).
@@ -43,6 +44,9 @@ SUPPORT: dict[str, str] = {
                 "moe_expert_capacity_factor, moe_pad_expert_input_to_capacity)",
     "nemo": "NeMo 2.0 model configs pass Megatron-Core's TransformerConfig "
             "moe_expert_capacity_factor and moe_pad_expert_input_to_capacity",
+    "deepspeed": "deepspeed/moe/layer.py MoE(capacity_factor=..., drop_tokens=True), set in the "
+                 "model code; every expert padded to its capacity (FrameworkProfile."
+                 "moe_capacity_rule 'deepspeed')",
 }
 
 #: Where frameworks without a capacity factor say they are dropless.
@@ -139,7 +143,7 @@ def expert_capacity(tokens: float, top_k: int, num_experts: int, factor: float) 
 
 
 def routed_scale(train: TrainingConfig, tokens: float, top_k: int, num_experts: int,
-                 ep: int = 1) -> float:
+                 ep: int = 1, rule: str = "megatron") -> float:
     """Rows the busiest EP rank's experts run in an MoE layer, over its share of dropless,
     balanced routing (T x top_k / ep rows per router call of T tokens).
 
@@ -150,21 +154,29 @@ def routed_scale(train: TrainingConfig, tokens: float, top_k: int, num_experts: 
         top_k: experts per token; num_experts: routed experts E of the layer.
         ep: expert-parallel degree (1: each rank holds every expert, so only the capacity
             matters; also the lower bound over ep the search uses).
+        rule: the framework's :attr:`autopar.frameworks.FrameworkProfile.moe_capacity_rule`.
 
     Returns:
-        Padded: E x min(capacity, T) / (T x top_k) (an expert never holds a token twice: with
-        capacity >= T Megatron-Core's capacity mask keeps all T). Not padded: the busiest
-        rank's mean of min(l_e, capacity / (T x top_k / E)) over its experts (balanced: every
-        l_e = 1). Dropless: the busiest rank's mean l_e.
+        ``megatron``: padded: E x min(capacity, T) / (T x top_k) (an expert never holds a token
+        twice: with capacity >= T Megatron-Core's capacity mask keeps all T); not padded: the
+        busiest rank's mean of min(l_e, capacity / (T x top_k / E)) over its experts (balanced:
+        every l_e = 1); dropless: the busiest rank's mean l_e. ``deepspeed`` (every expert a
+        buffer of C rows): with a factor C = max(ceil(T / E x factor x top_k), 4), so
+        E x C / (T x top_k); dropless C = the busiest expert's count, so max l_e.
     """
     if not num_experts or not top_k or tokens <= 0:
         return 1.0
     factor = train.moe_capacity_factor
     rel = relative_loads(train, num_experts)
+    load = tokens * top_k / num_experts
+    if rule == "deepspeed":
+        if factor is None:
+            return max(rel) if rel else 1.0
+        return max(math.ceil(tokens / num_experts * factor * top_k),
+                   DEEPSPEED_MIN_CAPACITY) / load
     if factor is None:
         return busiest_rank(rel, ep) if rel else 1.0
     cap = expert_capacity(tokens, top_k, num_experts, factor)
-    load = tokens * top_k / num_experts
     if train.moe_pad_to_capacity:
         return min(cap, tokens) / load
     kept = min(cap, tokens) / load

@@ -103,8 +103,8 @@ class MoEBlockCosts:
     def routed_scale(self, layer, b: int, tp: int, cp: int, sp: bool, ep: int | None = 1
                      ) -> float:
         """Rows the busiest EP rank runs in MoE ``layer`` over dropless balanced routing, under
-        the training config's capacity factor and expert loads
-        (:func:`autopar.cost.capacity.routed_scale`), for a router call on one rank's share of
+        the training config's capacity factor and expert loads, by the framework's capacity
+        rule (:func:`autopar.cost.capacity.routed_scale`), for a router call on one rank's share of
         a micro-batch of ``b`` sequences: / cp, and / tp under sequence parallelism; ``ep``
         None: 1 (the search's lower bound); 1 for a dense layer or balanced dropless MoE."""
         train = self.inputs.train
@@ -113,4 +113,5 @@ class MoEBlockCosts:
             return 1.0
         tokens = b * train.seq_len / cp / (tp if sp else 1)
         return capacity.routed_scale(train, tokens, layer.experts_per_token,
-                                     layer.num_experts, ep or 1)
+                                     layer.num_experts, ep or 1,
+                                     self.inputs.profile.moe_capacity_rule)

@@ -187,6 +187,7 @@ class ExpertDispatch(Choice):
     moe_dispatch_sync_ops: int = 0
     moe_probs_alltoall: bool = False
     moe_counts_gather: bool = False
+    moe_capacity_rule: str = "megatron"
 
 
 @dataclass(frozen=True)
@@ -354,6 +355,12 @@ ACTIVATION_DTYPE_DISPATCH = ExpertDispatch(
         "DeepSpeed (moe/sharded_moe.py MOELayer.forward) move only the tokens in their "
         "all-to-alls; Megatron-Core's own dispatcher is "
         "autopar.frameworks.stacks.megatron.MEGATRON_ALLTOALL_DISPATCH: False"),
+        "moe_capacity_rule": (
+        "Megatron-Core runs each expert's routed rows (dropless, its default) or caps them at "
+        "ceil(T x top_k / E x factor) with --moe-expert-capacity-factor, padding only with "
+        "--moe-pad-expert-input-to-capacity (moe_utils.py get_capacity, router.py "
+        "apply_router_token_dropping); torchtitan's MoE is dropless (models/moe/moe.py MoEArgs "
+        "has no capacity); DeepSpeed's buffers: autopar.frameworks.stacks.deepspeed"),
         "moe_counts_gather": (
         "not priced for a stack whose dispatcher is not read for it (torchtitan's all-to-all "
         "of the counts is not priced); Megatron-Core's: autopar.frameworks.stacks.megatron."

@@ -13,7 +13,7 @@ from .memory import MemoryConventions
 from .seqrule import SeqLenRule
 from .vocabulary import (CHUNK_RULES, COST_FIELDS, CP_ATTENTION_PATHS, CUT_RULES, EAGER_PARTS,
                          ETP_RULES, FUSED_OPTIMIZER_STEP_BYTES, FUSION_LEVELS, HOST_ISSUES,
-                         MOE_DISPATCH_DTYPES, STAGE_SPLITS, ZERO1_PARAM_SYNCS, ZERO1_PARTITIONS,
+                         MOE_CAPACITY_RULES, MOE_DISPATCH_DTYPES, STAGE_SPLITS, ZERO1_PARAM_SYNCS, ZERO1_PARTITIONS,
                          ZERO3_GATHERS)
 
 
@@ -70,7 +70,8 @@ def checked_fields(v: dict, check: FieldCheck, cost_fix: str,
                        ("expert_tensor_parallel", ETP_RULES), ("fusion", FUSION_LEVELS),
                        ("zero3_gather", ZERO3_GATHERS), ("zero1_param_sync", ZERO1_PARAM_SYNCS),
                        ("zero1_partition", ZERO1_PARTITIONS), ("host_issue", HOST_ISSUES),
-                       ("moe_dispatch_dtype", MOE_DISPATCH_DTYPES)):
+                       ("moe_dispatch_dtype", MOE_DISPATCH_DTYPES),
+                       ("moe_capacity_rule", MOE_CAPACITY_RULES)):
         out[f] = check.choice(f, v[f], choices, choices[0])
     for f in _BOOL_FIELDS:
         out[f] = check.boolean(f, v[f])

@@ -51,7 +51,8 @@ from .vocabulary import (CHUNK_RULES, COST_FIELDS, CP_ATTENTION_PATHS, CUT_RULES
                          DEEPSPEED_ZERO12_GRAD_COPY_PASSES, DEFAULT_COST_SOURCES, EAGER_PARTS,
                          ETP_RULES, FSDP1_GRAD_COPY_PASSES, FUSED_OPTIMIZER_STEP_BYTES,
                          FUSION_LEVELS, HOST_ISSUES,
-                         MIXED_FUSED_OPTIMIZER_STEP_BYTES, MOE_DISPATCH_DTYPES, STAGE_SPLITS,
+                         MIXED_FUSED_OPTIMIZER_STEP_BYTES, MOE_CAPACITY_RULES,
+                         MOE_DISPATCH_DTYPES, STAGE_SPLITS,
                          TORCH_OPTIMIZER_STEP_BYTES, ZERO1_PARAM_SYNCS, ZERO1_PARTITIONS,
                          ZERO3_GATHERS)
 
@@ -236,6 +237,10 @@ class FrameworkProfile:
             each rank's per-expert token counts (int64) over the expert-TP x EP group in
             forward, on the compute stream, before the permutation; priced with
             ``moe_probs_alltoall``. Time only.
+        moe_capacity_rule: how the MoE layer sizes each expert's input
+            (:data:`MOE_CAPACITY_RULES`): ``megatron`` runs the routed rows (dropless) or caps
+            them at a capacity; ``deepspeed`` runs a padded buffer per expert, of the busiest
+            expert's count when dropless (priced by :func:`autopar.cost.capacity.routed_scale`).
         stage_split: where an even split of the decoder blocks over pipeline stages puts the
             remainder when the plan gives no cut (:data:`STAGE_SPLITS`,
             :meth:`split_stages`).
@@ -328,6 +333,7 @@ class FrameworkProfile:
     moe_dispatch_sync_ops: int = 0
     moe_probs_alltoall: bool = False
     moe_counts_gather: bool = False
+    moe_capacity_rule: str = "megatron"
     cost_sources: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_COST_SOURCES))
     #: memory conventions (bytes per state, optimizer temporaries, what PP keeps unsharded...),
     #: sourced inside :class:`autopar.frameworks.memory.MemoryConventions`
@@ -360,7 +366,8 @@ class FrameworkProfile:
                      self.zero1_step_host_ops_per_tensor, self.zero3_persistent_elements,
                      self.zero3_reduce_bucket_elements, self.moe_dispatch_dtype,
                      self.moe_tp_token_alltoall, self.moe_dispatch_sync_ops,
-                     self.moe_probs_alltoall, self.moe_counts_gather))
+                     self.moe_probs_alltoall, self.moe_counts_gather,
+                     self.moe_capacity_rule))
 
     @classmethod
     def capability_names(cls) -> tuple[str, ...]:

@@ -51,6 +51,20 @@ CP_ATTENTION_PATHS = ("fused", "masked", "unfused")
 #: HAI-LLM), and the activation dtype under any other precision. The two combines always move
 #: the activation dtype.
 MOE_DISPATCH_DTYPES = ("activation", "fp8_1x128")
+#: How a framework's MoE layer sizes each expert's input (:attr:`FrameworkProfile.
+#: moe_capacity_rule`; costed by :func:`autopar.cost.capacity.routed_scale`): ``megatron`` =
+#: dropless runs each expert's routed rows; a capacity factor caps each expert at
+#: ``ceil(T x top_k / E x factor)`` rows of a router call and pads to it only with
+#: ``moe_pad_to_capacity`` (Megatron-Core moe_utils.py ``get_capacity``; torchtitan and plan.apply
+#: are dropless); ``deepspeed`` = every expert runs a buffer of C rows (the [E, C, hidden]
+#: dispatch of deepspeed/moe/sharded_moe.py ``MOELayer.forward``, einsum "sec,sm->ecm"): with a
+#: capacity factor C = max(ceil(T / E x factor x top_k), min_capacity 4) (``topkgating``,
+#: ``_capacity``; deepspeed/moe/layer.py ``MoE(min_capacity=4)``), always padded; dropless
+#: (``MoE(drop_tokens=False)``) C = the largest expert's count, all-reduced (MAX) over the EP
+#: group, so every expert is padded to the busiest one.
+MOE_CAPACITY_RULES = ("megatron", "deepspeed")
+#: DeepSpeed-MoE's smallest expert capacity (deepspeed/moe/layer.py ``MoE(min_capacity=4)``).
+DEEPSPEED_MIN_CAPACITY = 4
 #: Names of the cost fields (defaults in
 #: :class:`~autopar.frameworks.profiles.FrameworkProfile`; sources in ``cost_sources``).
 COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_gather",
@@ -65,7 +79,8 @@ COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_g
                "zero0_step_bytes", "zero0_step_host_ops_per_tensor", "zero1_step_bytes",
                "zero1_step_host_ops_per_tensor", "zero3_persistent_elements",
                "zero3_reduce_bucket_elements", "moe_dispatch_dtype", "moe_tp_token_alltoall",
-               "moe_dispatch_sync_ops", "moe_probs_alltoall", "moe_counts_gather")
+               "moe_dispatch_sync_ops", "moe_probs_alltoall", "moe_counts_gather",
+               "moe_capacity_rule")
 #: Parts of a block that run as plain eager PyTorch ops inside a stack that is otherwise fused
 #: (:attr:`FrameworkProfile.eager_parts`; costed by :func:`autopar.cost.compute.layer_time`):
 #: ``glu``: a gated linear unit's activation as its own kernel before the multiply
@@ -279,6 +294,10 @@ DEFAULT_COST_SOURCES = {
     "moe_probs_alltoall": "no all-to-all of the router's probabilities beside the tokens' "
                           "unless a framework's dispatcher runs one (autopar.frameworks."
                           "stacks.megatron.MEGATRON_ALLTOALL_DISPATCH)",
+    "moe_capacity_rule": "each expert runs its routed rows (dropless) or min(rows, capacity), "
+                         "padded only when asked, as Megatron-Core's get_capacity and "
+                         "torchtitan's dropless MoE do, unless a framework's MoE layer is read "
+                         "to size its buffers otherwise (autopar.frameworks.stacks.deepspeed)",
     "moe_counts_gather": "no all-gather of the per-expert token counts in an MoE dispatch "
                          "unless a framework's dispatcher is read to run one (autopar."
                          "frameworks.stacks.megatron.MEGATRON_ALLTOALL_DISPATCH)",

@@ -8,8 +8,8 @@ from types import MappingProxyType
 from typing import Mapping
 
 from ...errors import InvalidTrainingConfig
-from ..choices import (DTENSOR_TP, EAGER, FSDP2, FUSED_CP, SDPA_FLASH, TORCH_PIPELINING, Choices,
-                       OptimizerStep, compose, with_choice)
+from ..choices import (ACTIVATION_DTYPE_DISPATCH, DTENSOR_TP, EAGER, FSDP2, FUSED_CP, SDPA_FLASH,
+                       TORCH_PIPELINING, Choices, OptimizerStep, compose, with_choice)
 from ..memory import DEEPSPEED_MEMORY
 from ..seqrule import DEEPSPEED_RULE
 from ..vocabulary import (DEEPSPEED_030_ZERO1_GRAD_COPY_PASSES, DEEPSPEED_030_ZERO1_STEP_BYTES,
@@ -407,6 +407,19 @@ def with_zero_config(profile, block: Mapping | None = None, hidden_size: int | N
     return replace(profile, memory=mem)
 
 
+#: DeepSpeed-MoE: tokens in the activation dtype, each expert's input a padded buffer.
+DEEPSPEED_MOE_DISPATCH = replace(
+    ACTIVATION_DTYPE_DISPATCH, name="deepspeed-moe",
+    summary="DeepSpeed-MoE: the [E, C, hidden] dispatch buffer, every expert padded to C",
+    moe_capacity_rule="deepspeed",
+    sources={**ACTIVATION_DTYPE_DISPATCH.sources, "moe_capacity_rule": (
+        "deepspeed/moe/sharded_moe.py (0.19.8) MOELayer.forward dispatches einsum('sec,sm->ecm', "
+        "dispatch_mask, input): C rows per expert whatever it was sent; topkgating with "
+        "drop_tokens=True sets C = _capacity(gates, capacity_factor * k, min_capacity) = "
+        "max(ceil(T / E x capacity_factor x k), min_capacity), with drop_tokens=False C = "
+        "torch.max(exp_counts) all-reduced with ReduceOp.MAX over the EP group; "
+        "deepspeed/moe/layer.py MoE(capacity_factor=1.0, min_capacity=4, drop_tokens=True)")})
+
 # the engine runs the model's own attention and ops, and its TP and pipeline sends as the
 # defaults are costed (synchronous, waited on); the records keep the default sources
 CHOICES = Choices(
@@ -418,7 +431,7 @@ CHOICES = Choices(
                             summary="AutoTP: synchronous TP collectives"),
     pipeline=replace(TORCH_PIPELINING, name="deepspeed-pipe",
                      summary="PipelineEngine: sends waited on before the next step"),
-    context_parallel=FUSED_CP)
+    context_parallel=FUSED_CP, expert_dispatch=DEEPSPEED_MOE_DISPATCH)
 
 PROFILE = compose(
     CHOICES,

@@ -127,7 +127,10 @@ FP8_DISPATCH = ExpertDispatch(
         "moe_probs_alltoall": "HAI-LLM's dispatcher is not published: no probabilities' "
         "all-to-all priced",
         "moe_counts_gather": "HAI-LLM's dispatcher is not published: no counts' gather "
-        "priced"})
+        "priced",
+        "moe_capacity_rule": "DeepSeek-V3 (arXiv 2412.19437) section 2.1.2, No Token-Dropping: "
+        "'DeepSeek-V3 does not drop any tokens during training': dropless, each expert its "
+        "routed rows"})
 
 CHOICES: Choices = replace(megatron.CHOICES, sharded_dp=SHARDED_DP, expert_dispatch=FP8_DISPATCH)
 

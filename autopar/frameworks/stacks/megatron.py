@@ -244,6 +244,7 @@ ALLTOALL_SEQ_2024 = ExpertDispatch(
             "the MoE layer and the router logits gathered over TP",
     moe_dispatch_dtype="activation", moe_tp_token_alltoall=True, moe_dispatch_sync_ops=9,
     sources={"moe_dispatch_dtype": ACTIVATION_DTYPE_DISPATCH.sources["moe_dispatch_dtype"],
+             "moe_capacity_rule": ACTIVATION_DTYPE_DISPATCH.sources["moe_capacity_rule"],
              "moe_probs_alltoall": MEGATRON_ALLTOALL_DISPATCH_BEFORE_0_13.sources[
                  "moe_probs_alltoall"],
              "moe_counts_gather": (

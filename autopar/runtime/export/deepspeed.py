@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..errors import UnsupportedPlanError
 from ...frameworks import with_edits
 from .common import (Export, balanced_cut, block_modes, finish, one_reshard_policy,
                      rank_order, strongest_mode, unwritten)
@@ -19,18 +18,10 @@ def to_deepspeed_config(plan) -> Export:
     stage, 1F1B; CP ranks become data-parallel ranks; recompute is whole layers. The written
     configuration is re-estimated (see :class:`Export`).
 
-    Raises:
-        UnsupportedPlanError: a plan that drops MoE tokens at a capacity (DeepSpeed sets it in
-            the model code, deepspeed.moe.layer.MoE(capacity_factor=...), with its own gating
-            rule, which autopar does not price).
+    An MoE capacity factor is set in the model code (``deepspeed.moe.layer.MoE(capacity_factor=
+    ...)``), so the export warns that it is not written.
     """
     c, t = plan.config, plan.train
-    if t.moe_capacity_factor is not None:
-        raise UnsupportedPlanError(
-            f"moe_capacity_factor={t.moe_capacity_factor}: DeepSpeed sets an expert capacity in "
-            "the model code (deepspeed.moe.layer.MoE(capacity_factor=..., drop_tokens=True)), "
-            "not in ds_config.json, and autopar does not price its gating's capacity rule. Fix: "
-            "plan with moe_capacity_factor=None, or export for Megatron-LM (to_megatron_args).")
     warn: list[str] = []
     w = c.replace(placement=rank_order(c, "deepspeed", warn)[1])
     w = one_reshard_policy(c, w, "DeepSpeed", warn)
@@ -68,7 +59,14 @@ def to_deepspeed_config(plan) -> Export:
             w = w.replace(sequence_parallel=False)
     if c.ep > 1:
         warn.append(f"ep={c.ep}: DeepSpeed sets expert parallelism in the model code "
-                    "(deepspeed.moe.layer.MoE(ep_size=...)), not in the JSON config; not set")
+                    "(deepspeed.moe.layer.MoE(ep_size=...)), not in the JSON config; not set"
+                    + ("" if t.moe_capacity_factor is not None else "; priced dropless, "
+                       "MoE(drop_tokens=False), which pads every expert to the busiest one"))
+    if t.moe_capacity_factor is not None:
+        warn.append(f"moe_capacity_factor={t.moe_capacity_factor:g}: DeepSpeed sets it in the "
+                    f"model code (deepspeed.moe.layer.MoE(capacity_factor="
+                    f"{t.moe_capacity_factor:g}, drop_tokens=True)), not in the JSON config; "
+                    "not set (every expert runs its padded capacity, as priced)")
     if c.folded:
         # deepspeed/utils/groups.py _create_expert_data_and_model_parallel: expert TP = TP,
         # expert-parallel groups inside the data-parallel group
