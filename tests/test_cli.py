@@ -371,6 +371,19 @@ def test_explain_and_plan_say_the_robust_plan_was_chosen_not_fastest(capsys,
     (pct,) = set(re.findall(r"alternative 1, is ([\d.]+)% faster by the model", text))
     row1 = re.search(r"│ 1 │ [\d,.]+ │ ([-+][\d.]+)% │", text)
     assert row1 and float(row1.group(1)) == -float(pct), (pct, row1)
+    # the clipolish pass: row 0 read "(best)" and the columns "vs best" above a faster row 1
+    assert "(chosen by the robust objective)" in text and "(best)" not in text
+    assert "differences from the chosen plan" in text and "vs chosen" in text
+    assert "vs best" not in text and "differs from best" not in text
+
+
+def test_plan_table_calls_the_fastest_plan_best(capsys):
+    # the robust objective that keeps the fastest plan, and --objective fastest: "(best)" stands
+    for objective in ("robust", "fastest"):
+        code, out, err = run(capsys, "plan", *TINY, "--objective", objective)
+        assert code == 0, err
+        text = " ".join(out.split())
+        assert "(best)" in text and "vs best" in text and "chosen by" not in text
 
 
 @pytest.mark.parametrize("flags, words", [

@@ -196,7 +196,7 @@ def comm_table(e: Estimate) -> Table:
     return t
 
 
-_ALTERNATIVES_TITLE = ("Top alternatives, one per kind of plan (differences from the best; "
+_ALTERNATIVES_TITLE = ("Top alternatives, one per kind of plan (differences from the {base}; "
                        "tie = equal step time, simpler plan first)")
 
 
@@ -207,15 +207,19 @@ def alternatives_table(best: Estimate, alts, money: list[dict] | None = None,
     with ``money`` (one :func:`autopar.report.advice.run_cost` dict per row, best first) also days and
     cost of the whole run. Under the robust ``objective`` a first alternative faster than
     ``best`` is the fastest plan it passed over, noted so
-    (:func:`autopar.search.robust.passed_over_note`)."""
-    t = _table(title)
-    for col in ("#", "step s", "vs best", "memory GB", "MFU", "differs from best"):
-        t.add_column(col, justify="left" if col == "differs from best" else "right")
+    (:func:`autopar.search.robust.passed_over_note`), and row 0 and the columns call ``best``
+    "chosen", not "best". ``title`` may hold ``{base}``, replaced by that word."""
+    faster = passed_over(best, alts, objective)
+    base = "best" if faster is None else "chosen"
+    t = _table(title.replace("{base}", "best" if faster is None else "chosen plan"))
+    for col in ("#", "step s", f"vs {base}", "memory GB", "MFU", f"differs from {base}"):
+        t.add_column(col, justify="left" if col.startswith("differs") else "right")
     if money:
         t.add_column("days", justify="right")
         t.add_column(f"cost, {money[0].get('currency', 'USD')}", justify="right")
     for i, a in enumerate([best, *alts]):
-        diff = "(best)" if i == 0 else (", ".join(config_diff(best.config, a.config)) or "same")
+        diff = (("(best)" if faster is None else f"(chosen by the {objective} objective)")
+                if i == 0 else (", ".join(config_diff(best.config, a.config)) or "same"))
         row = [str(i), f"{a.step_time_s:,.3f}",
                "" if i == 0 else gap_text(a.step_time_s, best.step_time_s),
                _gb(a.memory_per_gpu_bytes) + ("" if a.fits else " OOM"),
@@ -224,7 +228,6 @@ def alternatives_table(best: Estimate, alts, money: list[dict] | None = None,
             m = money[i]
             row += [f"{m['days']:,.1f}", "-" if m["cost"] is None else f"{m['cost']:,.0f}"]
         t.add_row(*row)
-    faster = passed_over(best, alts, objective)
     note = (f"alternative 1 is {passed_over_note(best, faster)}" if faster is not None
             else runner_up_note(best, alts))
     if note:
