@@ -418,3 +418,19 @@ def test_an_estimate_notes_a_dispatcher_a_dense_model_ignores(capsys):
     assert code == 0, err
     assert any("dispatcher 'deepep' ignored: the model is dense" in n
                for n in json.loads(out)["notes"])
+
+
+def test_v100_mfu_warning_says_what_it_compares(capsys):
+    # the clipolish pass: "exceeds the best published for any framework" read as the world's
+    # best and hid that the figure is another framework's run, in which convention
+    from autopar.cost.regime import mfu_ceiling
+    code, out, err = run(capsys, "plan", "--model", "gpt-1.7b", "--cluster", "1x8xV100-32GB",
+                         "--precision", "fp16", "--global-batch", "256", "--seq-len", "1024")
+    assert code == 0, err
+    text = " ".join(out.split())
+    best = mfu_ceiling("torch", "fp16", "volta")
+    assert best.cell[0] == "*"   # the corpus has no torch run on Volta
+    assert "best measured in autopar's corpus of published runs for fp16 on Volta GPUs" in text
+    assert "any framework (torch has no run there)" in text and best.record in text
+    assert "model FLOPs (recomputation excluded) over the step time" in text
+    assert "best published" not in text
