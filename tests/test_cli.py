@@ -4,6 +4,7 @@ configs are read, money arithmetic, bad input exits 2 with our message; every fl
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -434,3 +435,23 @@ def test_v100_mfu_warning_says_what_it_compares(capsys):
     assert "any framework (torch has no run there)" in text and best.record in text
     assert "model FLOPs (recomputation excluded) over the step time" in text
     assert "best published" not in text
+
+
+def test_a_huge_global_batch_gets_a_note_with_a_fix(capsys):
+    # the clipolish pass: --global-batch 10000000 (tokens meant, or a typo) was planned silently
+    from autopar.cli.inputs import LARGEST_PUBLISHED_TOKENS_PER_STEP, _huge_batch_note
+    code, out, err = run(capsys, "estimate", "--model", "tiny-llama", "--cluster",
+                         "2x4xA100-80GB", "--global-batch", "10000000", "--tp", "1", "--pp", "1")
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert ("the global batch 10,000,000 sequences x 32 tokens = 320.0M tokens per step is "
+            "larger than any published pre-training batch") in text
+    assert "--global-batch counts sequences, not tokens" in text
+    (fix,) = re.findall(r"Fix: for about 10,000,000 tokens per step, --global-batch (\d+);", text)
+    assert int(fix) % 8 == 0 and abs(int(fix) * 32 - 1e7) <= 4 * 32   # a multiple of the GPUs
+    # the boundary: the largest published batch itself is no surprise
+    assert _huge_batch_note(15_360, 4_096, 8, 512) == []
+    assert LARGEST_PUBLISHED_TOKENS_PER_STEP == 15_360 * 4_096
+    assert _huge_batch_note(15_361, 4_096, 8, 512)
+    code, out, err = run(capsys, "estimate", *TINY, "--tp", "1", "--pp", "1")
+    assert "larger than any published" not in " ".join((out + err).split())
