@@ -455,3 +455,31 @@ def test_a_huge_global_batch_gets_a_note_with_a_fix(capsys):
     assert _huge_batch_note(15_361, 4_096, 8, 512)
     code, out, err = run(capsys, "estimate", *TINY, "--tp", "1", "--pp", "1")
     assert "larger than any published" not in " ".join((out + err).split())
+
+
+def test_models_lists_mixtures_of_experts_as_such(capsys):
+    # the clipolish pass: Mixtral, DeepSeek and Qwen3-MoE were listed with family "llama" only,
+    # and the Hugging Face table showed gpt-oss and Llama 4 without their experts
+    code, out, err = run(capsys, "models", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    rows = {r["name"]: r for r in data["models"]}
+    assert rows["mixtral-8x7b"]["moe"] and rows["mixtral-8x7b"]["family"] == "llama"
+    assert rows["deepseek-v3"]["moe"] and rows["deepseek-v3"]["latent_attention"]
+    assert not rows["llama3-8b"]["moe"] and not rows["llama3-8b"]["latent_attention"]
+    hf_rows = {r["name"]: r for r in data["hf_models"]}
+    if hf_rows:   # transformers installed
+        assert (hf_rows["hf-gpt-oss-120b"]["experts"], hf_rows["hf-gpt-oss-120b"]["top_k"]) == (128, 4)
+        assert (hf_rows["hf-llama4-scout"]["experts"], hf_rows["hf-llama4-scout"]["top_k"]) == (16, 1)
+        assert (hf_rows["hf-deepseek-v3"]["experts"], hf_rows["hf-qwen3-30b-a3b"]["experts"]) == (256, 128)
+        assert hf_rows["hf-llama3-8b"]["experts"] is None
+    code, out, err = run(capsys, "models")
+    assert code == 0, err
+    lines = {line.split("│")[1].strip(): line for line in out.splitlines() if line.startswith("│")}
+    for name in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3"):
+        assert "│ llama MoE " in lines[name], lines[name]
+    assert "│ llama " in lines["llama3-8b"] and "MoE" not in lines["llama3-8b"]
+    assert "MLA" in lines["deepseek-v3"] and "MLA" not in lines["mixtral-8x7b"]
+    if hf_rows:
+        assert "128 top-4" in lines["hf-gpt-oss-120b"] and "16 top-1" in lines["hf-llama4-scout"]
+        assert "top-" not in lines["hf-llama3-8b"]

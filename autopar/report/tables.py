@@ -306,7 +306,7 @@ def model_row(name: str, config, source: str = "") -> dict:
     """One preset as plain JSON: its name, family, parameter count and shape (counts); for a
     mixture of experts its routed experts, top-k and expert FFN width; MTP modules; and where
     its numbers come from. ``ffn_hidden`` is the dense layers' width (None when every layer
-    is MoE)."""
+    is MoE); ``moe`` and ``latent_attention`` say whether it has routed experts and MLA."""
     dense = not config.is_moe or any(not config.moe_layer(i) for i in range(config.num_layers))
     return {"name": name, "family": config.family, "parameters": config.num_parameters,
             "layers": config.num_layers, "hidden": config.hidden_size,
@@ -314,28 +314,33 @@ def model_row(name: str, config, source: str = "") -> dict:
             "ffn_hidden": config.ffn_hidden_size if dense else None,
             "experts": config.num_experts, "top_k": config.top_k,
             "expert_ffn_hidden": config.moe_ffn_hidden_size,
+            "moe": config.is_moe, "latent_attention": config.uses_mla,
             "mtp_layers": config.mtp_layers, "vocabulary": config.vocab_size,
             "context_length": config.seq_len, "source": source}
 
 
 def hf_models_table(rows: list[dict]) -> Table:
     """Hugging Face presets (:func:`autopar.graph.hf.describe` dicts): the transformers class
-    traced on meta, layers, hidden size and vocabulary (counts)."""
-    t = _table("Hugging Face presets (transformers models traced on meta; need autopar\\[hf])")
-    for title in ("name", "transformers class", "layers", "hidden", "vocabulary"):
+    traced on meta, layers, hidden size, routed experts and top-k, and vocabulary (counts)."""
+    t = _table("Hugging Face presets (transformers models traced on meta; need autopar\\[hf]; "
+               "experts: routed, top-k)")
+    for title in ("name", "transformers class", "layers", "hidden", "experts", "vocabulary"):
         t.add_column(title, justify="left" if title in ("name", "transformers class") else "right")
     for r in rows:
+        experts = (f"{r['experts']:,} top-{r['top_k']}" if r.get("experts") else "-")
         t.add_row(r["name"], r["model_class"],
-                  *(f"{r[k]:,}" if isinstance(r[k], int) else "-"
-                    for k in ("layers", "hidden", "vocabulary")))
+                  *(f"{r[k]:,}" if isinstance(r[k], int) else "-" for k in ("layers", "hidden")),
+                  experts, f"{r['vocabulary']:,}" if isinstance(r["vocabulary"], int) else "-")
     return t
 
 
 def models_table(rows: list[dict]) -> Table:
     """Model presets (:func:`model_row` dicts): parameters (B = 1e9), layers, hidden size,
     attention and KV heads, FFN width, vocabulary and context length (tokens)."""
-    t = _table("Model presets (parameters: B = 1e9, M = 1e6, with any MTP module; context "
-               "length in tokens; FFN: dense layers; experts: routed, top-k, FFN each)")
+    t = _table("Model presets (family: the block's norm, MLP and positions, MoE: routed experts; "
+               "parameters: B = 1e9, M = 1e6, with any MTP module; KV heads: MLA for latent "
+               "attention; context length in tokens; FFN: dense layers; experts: routed, top-k, "
+               "FFN each)")
     cols = (("name", "name"), ("family", "family"), ("parameters", "parameters"),
             ("layers", "layers"), ("hidden", "hidden"), ("heads", "heads"),
             ("KV heads", "kv_heads"), ("FFN", "ffn_hidden"), ("experts", "experts"),
@@ -347,6 +352,10 @@ def models_table(rows: list[dict]) -> Table:
                      else "-" if v is None else str(v)) for k, v in r.items()}
         if r.get("mtp_layers"):
             cells["layers"] += f" + {r['mtp_layers']} MTP"
+        if r.get("moe"):
+            cells["family"] += " MoE"
+        if r.get("latent_attention"):   # keys and values come from a shared latent, not heads
+            cells["kv_heads"] = "MLA"
         cells["experts"] = (f"{r['experts']} top-{r['top_k']} x {r['expert_ffn_hidden']:,}"
                             if r.get("experts") else "-")
         t.add_row(*(cells[k] for _, k in cols))
