@@ -215,13 +215,29 @@ def test_the_printed_comparison_sets_measured_against_the_catalogue():
     rows = {q: (m, c) for q, m, c in comparison(_gpu_cal(collectives=_collectives(
         7e-6, 2e-6, 150e9)))}
     ceiling = rows["GEMM efficiency ceiling (16k^3)"]
-    assert ceiling[0].startswith("0.410 (half-size 256") and ceiling[1].startswith("0.820")
+    assert ceiling[0].startswith("0.410 of peak = 127.92 TFLOP/s (half-size 256")
+    assert ceiling[1].startswith("0.820 of peak = 255.84 TFLOP/s (half-size")
     assert rows["memory copy"] == ("1500.0 GB/s", "2039 GB/s HBM (x0.82 = 1672)")
     intra = next(v for k, v in rows.items() if k.startswith("intra-node bandwidth"))
     assert intra[0].startswith("150.00 GB/s, alpha 2.0 us, launch 7.0 us")
     assert intra[1].startswith("240.0 GB/s (nvlink3 x 0.80)")
     # the fitted model reproduces every measured collective
     assert rows["calibrated model vs measured collectives"][0].startswith("median |error| 0%")
+
+
+def test_a_cpu_ceiling_is_printed_with_its_unit():
+    # the clipolish pass: a CPU run printed the ceiling as a bare "32.4" (a ratio to the fastest
+    # measured GEMM, not a fraction of a peak)
+    from autopar.calibrate.run import ceiling_text
+    cpu = _gpu_cal(catalog=None)
+    cpu = Calibration(**{**cpu.__dict__, "device": DeviceInfo("cpu", "cpu", None, 1e10)})
+    rows = {q: m for q, m, _ in comparison(cpu)}
+    text = rows["GEMM efficiency ceiling (16k^3, of the fastest GEMM)"]
+    assert " the fastest GEMM = " in text and "TFLOP/s (half-size 256" in text
+    assert ceiling_text(32.4, 2e9, "the fastest GEMM") == "32.4x the fastest GEMM = 64.80 GFLOP/s"
+    assert ceiling_text(0.5, 2e9, "the fastest GEMM") == "0.500 of the fastest GEMM = 1.00 GFLOP/s"
+    assert ceiling_text(12345.6, 1e6, "the fastest GEMM") == ("12,346x the fastest GEMM = "
+                                                               "12.35 GFLOP/s")
 
 
 def test_the_comparison_prices_measured_attention_at_its_shape():

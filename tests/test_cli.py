@@ -4,6 +4,7 @@ configs are read, money arithmetic, bad input exits 2 with our message; every fl
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -371,6 +372,19 @@ def test_explain_and_plan_say_the_robust_plan_was_chosen_not_fastest(capsys,
     (pct,) = set(re.findall(r"alternative 1, is ([\d.]+)% faster by the model", text))
     row1 = re.search(r"│ 1 │ [\d,.]+ │ ([-+][\d.]+)% │", text)
     assert row1 and float(row1.group(1)) == -float(pct), (pct, row1)
+    # the clipolish pass: row 0 read "(best)" and the columns "vs best" above a faster row 1
+    assert "(chosen by the robust objective)" in text and "(best)" not in text
+    assert "differences from the chosen plan" in text and "vs chosen" in text
+    assert "vs best" not in text and "differs from best" not in text
+
+
+def test_plan_table_calls_the_fastest_plan_best(capsys):
+    # the robust objective that keeps the fastest plan, and --objective fastest: "(best)" stands
+    for objective in ("robust", "fastest"):
+        code, out, err = run(capsys, "plan", *TINY, "--objective", objective)
+        assert code == 0, err
+        text = " ".join(out.split())
+        assert "(best)" in text and "vs best" in text and "chosen by" not in text
 
 
 @pytest.mark.parametrize("flags, words", [
@@ -405,3 +419,67 @@ def test_an_estimate_notes_a_dispatcher_a_dense_model_ignores(capsys):
     assert code == 0, err
     assert any("dispatcher 'deepep' ignored: the model is dense" in n
                for n in json.loads(out)["notes"])
+
+
+def test_v100_mfu_warning_says_what_it_compares(capsys):
+    # the clipolish pass: "exceeds the best published for any framework" read as the world's
+    # best and hid that the figure is another framework's run, in which convention
+    from autopar.cost.regime import mfu_ceiling
+    code, out, err = run(capsys, "plan", "--model", "gpt-1.7b", "--cluster", "1x8xV100-32GB",
+                         "--precision", "fp16", "--global-batch", "256", "--seq-len", "1024")
+    assert code == 0, err
+    text = " ".join(out.split())
+    best = mfu_ceiling("torch", "fp16", "volta")
+    assert best.cell[0] == "*"   # the corpus has no torch run on Volta
+    assert "best measured in autopar's corpus of published runs for fp16 on Volta GPUs" in text
+    assert "any framework (torch has no run there)" in text and best.record in text
+    assert "model FLOPs (recomputation excluded) over the step time" in text
+    assert "best published" not in text
+
+
+def test_a_huge_global_batch_gets_a_note_with_a_fix(capsys):
+    # the clipolish pass: --global-batch 10000000 (tokens meant, or a typo) was planned silently
+    from autopar.cli.inputs import LARGEST_PUBLISHED_TOKENS_PER_STEP, _huge_batch_note
+    code, out, err = run(capsys, "estimate", "--model", "tiny-llama", "--cluster",
+                         "2x4xA100-80GB", "--global-batch", "10000000", "--tp", "1", "--pp", "1")
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert ("the global batch 10,000,000 sequences x 32 tokens = 320.0M tokens per step is "
+            "larger than any published pre-training batch") in text
+    assert "--global-batch counts sequences, not tokens" in text
+    (fix,) = re.findall(r"Fix: for about 10,000,000 tokens per step, --global-batch (\d+);", text)
+    assert int(fix) % 8 == 0 and abs(int(fix) * 32 - 1e7) <= 4 * 32   # a multiple of the GPUs
+    # the boundary: the largest published batch itself is no surprise
+    assert _huge_batch_note(15_360, 4_096, 8, 512) == []
+    assert LARGEST_PUBLISHED_TOKENS_PER_STEP == 15_360 * 4_096
+    assert _huge_batch_note(15_361, 4_096, 8, 512)
+    code, out, err = run(capsys, "estimate", *TINY, "--tp", "1", "--pp", "1")
+    assert "larger than any published" not in " ".join((out + err).split())
+
+
+def test_models_lists_mixtures_of_experts_as_such(capsys):
+    # the clipolish pass: Mixtral, DeepSeek and Qwen3-MoE were listed with family "llama" only,
+    # and the Hugging Face table showed gpt-oss and Llama 4 without their experts
+    code, out, err = run(capsys, "models", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    rows = {r["name"]: r for r in data["models"]}
+    assert rows["mixtral-8x7b"]["moe"] and rows["mixtral-8x7b"]["family"] == "llama"
+    assert rows["deepseek-v3"]["moe"] and rows["deepseek-v3"]["latent_attention"]
+    assert not rows["llama3-8b"]["moe"] and not rows["llama3-8b"]["latent_attention"]
+    hf_rows = {r["name"]: r for r in data["hf_models"]}
+    if hf_rows:   # transformers installed
+        assert (hf_rows["hf-gpt-oss-120b"]["experts"], hf_rows["hf-gpt-oss-120b"]["top_k"]) == (128, 4)
+        assert (hf_rows["hf-llama4-scout"]["experts"], hf_rows["hf-llama4-scout"]["top_k"]) == (16, 1)
+        assert (hf_rows["hf-deepseek-v3"]["experts"], hf_rows["hf-qwen3-30b-a3b"]["experts"]) == (256, 128)
+        assert hf_rows["hf-llama3-8b"]["experts"] is None
+    code, out, err = run(capsys, "models")
+    assert code == 0, err
+    lines = {line.split("│")[1].strip(): line for line in out.splitlines() if line.startswith("│")}
+    for name in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3"):
+        assert "│ llama MoE " in lines[name], lines[name]
+    assert "│ llama " in lines["llama3-8b"] and "MoE" not in lines["llama3-8b"]
+    assert "MLA" in lines["deepseek-v3"] and "MLA" not in lines["mixtral-8x7b"]
+    if hf_rows:
+        assert "128 top-4" in lines["hf-gpt-oss-120b"] and "16 top-1" in lines["hf-llama4-scout"]
+        assert "top-" not in lines["hf-llama3-8b"]

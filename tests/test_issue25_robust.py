@@ -73,7 +73,7 @@ def test_robust_returns_the_simpler_plan_inside_the_stand_in_band(bands, gap):
     assert plan.alternatives[0].config == fastest.config
     assert not plan.alternatives[0].error_band.validated
     text = plan.summary()
-    shorter = 1 - fastest.step_time_s / simple.step_time_s   # the table's "vs best", unsigned
+    shorter = 1 - fastest.step_time_s / simple.step_time_s   # the table's "vs chosen", unsigned
     note = (f"{shorter * 100:.1f}% faster by the model, inside its band (± {adv * 150:.0f}%, the "
             "corpus-wide band, standing in for its unvalidated regime's): not trusted over a "
             "simpler, validated plan")

@@ -159,7 +159,7 @@ def test_mfu_warning_never_prints_two_equal_percentages():
     for above in (1e-5, 3e-4, 1e-3, 0.02):
         (w,) = plausibility_warnings(best + above, r)
         ours, theirs = distinct_percents(best + above, best)
-        assert ours != theirs and f"MFU {ours} exceeds" in w and f"({theirs}: " in w
+        assert ours != theirs and f"MFU {ours} exceeds" in w and f": {theirs} (" in w
     assert distinct_percents(0.45712, 0.45695) == ("45.71%", "45.70%")
     assert distinct_percents(0.5, 0.4) == ("50.0%", "40.0%")   # one decimal when it differs
     assert distinct_percents(0.457, 0.457) == ("45.7%", "45.7%")

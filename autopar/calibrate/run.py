@@ -175,6 +175,16 @@ def flops_text(flops_per_s: float) -> str:
     return f"{flops_per_s:.2f} FLOP/s"
 
 
+def ceiling_text(fraction: float, ref_flops_per_s: float, of: str) -> str:
+    """A GEMM efficiency ceiling with its unit: "0.410 of peak = 127.92 TFLOP/s", or on a CPU
+    (``of`` "the fastest GEMM", a ratio that may exceed 1) "3.2x the fastest GEMM = 210.40
+    GFLOP/s"; FLOP/s as :func:`flops_text` writes them."""
+    rate = flops_text(fraction * ref_flops_per_s)
+    if fraction <= 1:
+        return f"{fraction:.3f} of {of} = {rate}"
+    return f"{fraction:,.{1 if fraction < 1000 else 0}f}x {of} = {rate}"
+
+
 def _base(cal: Calibration) -> tuple[Device | None, Cluster | None]:
     """(catalogue device or None, the cluster the calibration ran on or None): the catalogue
     GPU's default node, else :func:`measured_cluster` when the file can build one."""
@@ -205,12 +215,15 @@ def comparison(cal: Calibration) -> list[tuple[str, str, str]]:
                      flops_text(best.flops_per_s),
                      f"{peak / 1e12:.0f} TFLOP/s peak" if peak else "- (no datasheet)"))
         # no datasheet: the curve is fitted against the fastest GEMM, as measured_device does
-        c, h, err = fit_gemm(cal, peak or best.flops_per_s)
+        ref = peak or best.flops_per_s
+        c, h, err = fit_gemm(cal, ref)
         rows.append(("GEMM efficiency ceiling (16k^3)" if peak else
                      "GEMM efficiency ceiling (16k^3, of the fastest GEMM)",
-                     f"{c:.3f} (half-size {h:.0f}, fit rms {err:.2f})",
-                     f"{dflt.matmul_ceiling(cat.architecture):.3f} (half-size "
-                     f"{dflt.half_size(cat.architecture):.0f})" if peak else "- (no datasheet)"))
+                     f"{ceiling_text(c, ref, 'peak' if peak else 'the fastest GEMM')} "
+                     f"(half-size {h:.0f}, fit rms {err:.2f}, {len(cal.gemm)} GEMMs)",
+                     f"{ceiling_text(dflt.matmul_ceiling(cat.architecture), peak, 'peak')} "
+                     f"(half-size {dflt.half_size(cat.architecture):.0f})" if peak
+                     else "- (no datasheet)"))
     if cal.attention:
         a = cal.attention[0]
         fl = a.counted_flops * (0.5 if a.causal else 1.0) * 3.5 / a.fwd_bwd_s

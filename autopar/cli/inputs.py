@@ -257,6 +257,33 @@ def _batch_divisibility_note(batch: int, world: int) -> list[str]:
             f"(+{(nearer - batch) / batch:.1%}) allows them (--global-batch {nearer})"]
 
 
+#: The largest pre-training batch autopar knows published, in tokens per step: DeepSeek-V3's
+#: 15,360 sequences x 4,096 tokens (arXiv 2412.19437, pre-training hyper-parameters)
+LARGEST_PUBLISHED_TOKENS_PER_STEP = 15_360 * 4_096
+
+
+def _huge_batch_note(batch: int, seq_len: int, world: int, default_batch: int) -> list[str]:
+    """A note when ``batch`` sequences of ``seq_len`` tokens exceed
+    :data:`LARGEST_PUBLISHED_TOKENS_PER_STEP` (likely a typo, or tokens given for sequences),
+    naming as fixes the batch of ``batch`` tokens (a multiple of the ``world`` GPUs) and
+    autopar's default ``default_batch`` (sequences)."""
+    tokens = batch * seq_len
+    if tokens <= LARGEST_PUBLISHED_TOKENS_PER_STEP:
+        return []
+    as_tokens = max(1, round(batch / seq_len / world)) * world
+
+    def text(n: float) -> str:
+        return f"{n / 1e9:,.1f}B" if n >= 1e9 else f"{n / 1e6:,.1f}M"
+
+    return [f"the global batch {batch:,} sequences x {seq_len:,} tokens = {text(tokens)} "
+            "tokens per step is larger than any published pre-training batch (the largest "
+            f"autopar knows: DeepSeek-V3's 15,360 x 4,096 = "
+            f"{text(LARGEST_PUBLISHED_TOKENS_PER_STEP)} tokens); --global-batch counts "
+            f"sequences, not tokens. Fix: for about {batch:,} tokens per step, --global-batch "
+            f"{as_tokens}; autopar's default here is --global-batch {default_batch} "
+            f"({text(default_batch * seq_len)} tokens)"]
+
+
 def read_problem(args) -> tuple[Problem, dict, list[str]]:
     """The problem, the parallel choices the user gave, and notes on imported settings."""
     from .. import api
@@ -327,6 +354,8 @@ def read_problem(args) -> tuple[Problem, dict, list[str]]:
         notes.append(api.default_batch_note(train, cluster.world_size, unit))
     elif args.global_batch is not None:
         notes += _batch_divisibility_note(args.global_batch, cluster.world_size)
+        notes += _huge_batch_note(args.global_batch, train.seq_len, cluster.world_size,
+                                  default.global_batch_size)
     if args.calibration:
         from ..calibrate import calibrated, load_calibration
         cal = calibrated(cluster, None, load_calibration(args.calibration), train.precision)

@@ -295,16 +295,21 @@ def mfu_ceiling(framework: str, precision: str, gpu: str) -> MfuCeiling | None:
 
 
 def plausibility_warnings(mfu: float, regime: Regime) -> tuple[str, ...]:
-    """Warnings for an MFU above the best published one of its regime (none when below or when
-    the corpus has no run of that precision and GPU generation)."""
+    """Warnings for an MFU above the best one the corpus measured in its regime's framework,
+    precision and GPU generation (:func:`mfu_ceiling`; none when below or when the corpus has no
+    run of that precision and GPU generation). The text names the cell compared (the framework,
+    or any framework when it has no run there) and the shared convention of both figures."""
     best = mfu_ceiling(regime.framework, regime.precision, regime.gpu)
     if best is None or mfu <= best.mfu:
         return ()
-    who = regime.framework if best.cell[0] != ANY else "any framework"
+    who = (regime.framework if best.cell[0] != ANY else
+           f"any framework ({regime.framework} has no run there)")
     ours, theirs = distinct_percents(mfu, best.mfu)
-    return (f"MFU {ours} exceeds the best published for {who}, {regime.precision} on "
-            f"{regime.gpu.capitalize()} GPUs ({theirs}: {best.record}, its measured "
-            "step time under autopar's FLOPs convention): the estimate is likely optimistic",)
+    return (f"MFU {ours} exceeds the best measured in autopar's corpus of published runs for "
+            f"{regime.precision} on {regime.gpu.capitalize()} GPUs, {who}: {theirs} "
+            f"({best.record}); both are model FLOPs (recomputation excluded) over the step "
+            "time, against the GPU's dense peak: the estimate is likely optimistic (its step "
+            "time too short)",)
 
 
 def distinct_percents(a: float, b: float, max_decimals: int = 6) -> tuple[str, str]:

@@ -205,8 +205,9 @@ def list_presets() -> list[str]:
 
 def describe(name: str) -> dict:
     """Preset ``name`` as plain JSON: its transformers model class, layer count, hidden size,
-    vocabulary, positions (``max_position_embeddings``; counts, from the config class with the
-    preset's arguments; no model is built) and source.
+    vocabulary, positions (``max_position_embeddings``), routed experts and top-k (None for a
+    dense model; counts, from the config class with the preset's arguments; no model is built)
+    and source.
 
     Raises:
         InvalidModelConfig: unknown preset name.
@@ -223,7 +224,18 @@ def describe(name: str) -> dict:
             "hidden": getattr(config, "hidden_size", None),
             "vocabulary": getattr(config, "vocab_size", None),
             "positions": getattr(config, "max_position_embeddings", None),
-            "source": preset.source}
+            **_experts(config), "source": preset.source}
+
+
+def _experts(config) -> dict:
+    """``{"experts": routed experts, "top_k": experts per token}`` of a transformers config
+    (DeepSeek's ``n_routed_experts``, Mixtral/gpt-oss/Llama 4's ``num_local_experts``, Qwen3's
+    ``num_experts``); None for both in a dense model."""
+    for key in ("n_routed_experts", "num_local_experts", "num_experts"):
+        n = getattr(config, key, None)
+        if isinstance(n, int) and n > 0:
+            return {"experts": n, "top_k": getattr(config, "num_experts_per_tok", None)}
+    return {"experts": None, "top_k": None}
 
 
 def _transformers():

@@ -196,7 +196,7 @@ def comm_table(e: Estimate) -> Table:
     return t
 
 
-_ALTERNATIVES_TITLE = ("Top alternatives, one per kind of plan (differences from the best; "
+_ALTERNATIVES_TITLE = ("Top alternatives, one per kind of plan (differences from the {base}; "
                        "tie = equal step time, simpler plan first)")
 
 
@@ -207,15 +207,19 @@ def alternatives_table(best: Estimate, alts, money: list[dict] | None = None,
     with ``money`` (one :func:`autopar.report.advice.run_cost` dict per row, best first) also days and
     cost of the whole run. Under the robust ``objective`` a first alternative faster than
     ``best`` is the fastest plan it passed over, noted so
-    (:func:`autopar.search.robust.passed_over_note`)."""
-    t = _table(title)
-    for col in ("#", "step s", "vs best", "memory GB", "MFU", "differs from best"):
-        t.add_column(col, justify="left" if col == "differs from best" else "right")
+    (:func:`autopar.search.robust.passed_over_note`), and row 0 and the columns call ``best``
+    "chosen", not "best". ``title`` may hold ``{base}``, replaced by that word."""
+    faster = passed_over(best, alts, objective)
+    base = "best" if faster is None else "chosen"
+    t = _table(title.replace("{base}", "best" if faster is None else "chosen plan"))
+    for col in ("#", "step s", f"vs {base}", "memory GB", "MFU", f"differs from {base}"):
+        t.add_column(col, justify="left" if col.startswith("differs") else "right")
     if money:
         t.add_column("days", justify="right")
         t.add_column(f"cost, {money[0].get('currency', 'USD')}", justify="right")
     for i, a in enumerate([best, *alts]):
-        diff = "(best)" if i == 0 else (", ".join(config_diff(best.config, a.config)) or "same")
+        diff = (("(best)" if faster is None else f"(chosen by the {objective} objective)")
+                if i == 0 else (", ".join(config_diff(best.config, a.config)) or "same"))
         row = [str(i), f"{a.step_time_s:,.3f}",
                "" if i == 0 else gap_text(a.step_time_s, best.step_time_s),
                _gb(a.memory_per_gpu_bytes) + ("" if a.fits else " OOM"),
@@ -224,7 +228,6 @@ def alternatives_table(best: Estimate, alts, money: list[dict] | None = None,
             m = money[i]
             row += [f"{m['days']:,.1f}", "-" if m["cost"] is None else f"{m['cost']:,.0f}"]
         t.add_row(*row)
-    faster = passed_over(best, alts, objective)
     note = (f"alternative 1 is {passed_over_note(best, faster)}" if faster is not None
             else runner_up_note(best, alts))
     if note:
@@ -303,7 +306,7 @@ def model_row(name: str, config, source: str = "") -> dict:
     """One preset as plain JSON: its name, family, parameter count and shape (counts); for a
     mixture of experts its routed experts, top-k and expert FFN width; MTP modules; and where
     its numbers come from. ``ffn_hidden`` is the dense layers' width (None when every layer
-    is MoE)."""
+    is MoE); ``moe`` and ``latent_attention`` say whether it has routed experts and MLA."""
     dense = not config.is_moe or any(not config.moe_layer(i) for i in range(config.num_layers))
     return {"name": name, "family": config.family, "parameters": config.num_parameters,
             "layers": config.num_layers, "hidden": config.hidden_size,
@@ -311,28 +314,33 @@ def model_row(name: str, config, source: str = "") -> dict:
             "ffn_hidden": config.ffn_hidden_size if dense else None,
             "experts": config.num_experts, "top_k": config.top_k,
             "expert_ffn_hidden": config.moe_ffn_hidden_size,
+            "moe": config.is_moe, "latent_attention": config.uses_mla,
             "mtp_layers": config.mtp_layers, "vocabulary": config.vocab_size,
             "context_length": config.seq_len, "source": source}
 
 
 def hf_models_table(rows: list[dict]) -> Table:
     """Hugging Face presets (:func:`autopar.graph.hf.describe` dicts): the transformers class
-    traced on meta, layers, hidden size and vocabulary (counts)."""
-    t = _table("Hugging Face presets (transformers models traced on meta; need autopar\\[hf])")
-    for title in ("name", "transformers class", "layers", "hidden", "vocabulary"):
+    traced on meta, layers, hidden size, routed experts and top-k, and vocabulary (counts)."""
+    t = _table("Hugging Face presets (transformers models traced on meta; need autopar\\[hf]; "
+               "experts: routed, top-k)")
+    for title in ("name", "transformers class", "layers", "hidden", "experts", "vocabulary"):
         t.add_column(title, justify="left" if title in ("name", "transformers class") else "right")
     for r in rows:
+        experts = (f"{r['experts']:,} top-{r['top_k']}" if r.get("experts") else "-")
         t.add_row(r["name"], r["model_class"],
-                  *(f"{r[k]:,}" if isinstance(r[k], int) else "-"
-                    for k in ("layers", "hidden", "vocabulary")))
+                  *(f"{r[k]:,}" if isinstance(r[k], int) else "-" for k in ("layers", "hidden")),
+                  experts, f"{r['vocabulary']:,}" if isinstance(r["vocabulary"], int) else "-")
     return t
 
 
 def models_table(rows: list[dict]) -> Table:
     """Model presets (:func:`model_row` dicts): parameters (B = 1e9), layers, hidden size,
     attention and KV heads, FFN width, vocabulary and context length (tokens)."""
-    t = _table("Model presets (parameters: B = 1e9, M = 1e6, with any MTP module; context "
-               "length in tokens; FFN: dense layers; experts: routed, top-k, FFN each)")
+    t = _table("Model presets (family: the block's norm, MLP and positions, MoE: routed experts; "
+               "parameters: B = 1e9, M = 1e6, with any MTP module; KV heads: MLA for latent "
+               "attention; context length in tokens; FFN: dense layers; experts: routed, top-k, "
+               "FFN each)")
     cols = (("name", "name"), ("family", "family"), ("parameters", "parameters"),
             ("layers", "layers"), ("hidden", "hidden"), ("heads", "heads"),
             ("KV heads", "kv_heads"), ("FFN", "ffn_hidden"), ("experts", "experts"),
@@ -344,6 +352,10 @@ def models_table(rows: list[dict]) -> Table:
                      else "-" if v is None else str(v)) for k, v in r.items()}
         if r.get("mtp_layers"):
             cells["layers"] += f" + {r['mtp_layers']} MTP"
+        if r.get("moe"):
+            cells["family"] += " MoE"
+        if r.get("latent_attention"):   # keys and values come from a shared latent, not heads
+            cells["kv_heads"] = "MLA"
         cells["experts"] = (f"{r['experts']} top-{r['top_k']} x {r['expert_ffn_hidden']:,}"
                             if r.get("experts") else "-")
         t.add_row(*(cells[k] for _, k in cols))

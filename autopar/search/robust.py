@@ -192,7 +192,7 @@ def passed_over_note(estimate: Estimate, faster: Estimate) -> str:
     """"X% faster by the model, inside its band (± Y%): not trusted over a simpler, validated
     plan" for the plan ``faster`` the robust objective passed over for ``estimate``.
 
-    X is ``1 - t_faster / t_estimate``, the alternatives' "vs best" figure
+    X is ``1 - t_faster / t_estimate``, the alternatives' "vs chosen" figure
     (:func:`autopar.report.summary.gap_text`) without its minus sign, so the note and the table
     agree; the rule itself (:func:`choose`) compares :func:`advantage`, ``t_estimate /
     t_faster - 1``, which is larger, with the band, so X is inside the band whenever the rule
