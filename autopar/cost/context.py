@@ -15,6 +15,21 @@ from ..graph.types import ModelGraph
 from . import offload
 from .params import CostParams
 
+#: Fused attention kernels an architecture cannot run: FlashAttention-1 needs Turing or Ampere
+#: and FlashAttention-2 Ampere, Ada or Hopper (Dao-AILab/flash-attention README); PyTorch SDPA's
+#: flash backend refuses below sm80 ("Flash attention only supports gpu architectures in the
+#: range [sm80, sm121]", aten/src/ATen/native/transformers/cuda/sdp_utils.cpp
+#: check_flash_attention_hardware_support) and its cuDNN backend has the same floor;
+#: FlashAttention-3 is Hopper's (wgmma, TMA). The memory-efficient backend runs from sm50.
+KERNELS_NOT_ON: dict[str, tuple[str, ...]] = {"volta": ("fa1", "fa2", "fa3", "cudnn")}
+
+
+def runnable_kernel(kernel: str, architecture: str) -> str:
+    """``kernel``, or ``"efficient"`` (SDPA's memory-efficient backend, what
+    ``F.scaled_dot_product_attention`` dispatches to there) where ``architecture`` cannot run
+    it (:data:`KERNELS_NOT_ON`)."""
+    return "efficient" if kernel in KERNELS_NOT_ON.get(architecture, ()) else kernel
+
 
 @dataclass(frozen=True, eq=False)
 class CostInputs:
@@ -69,7 +84,8 @@ class CostInputs:
         return cls(
             graph=graph, cluster=cluster, train=train, params=params, profile=profile,
             conventions=conventions or profile.memory,
-            attention_kernel=attention_kernel or profile.attention_kernel(arch),
+            attention_kernel=attention_kernel or runnable_kernel(profile.attention_kernel(arch),
+                                                                 arch),
             peak=peak,
             compute_peak=(device.peak("bf16") * device.clock_scale
                           if train.precision == "fp8" else peak),

@@ -4,7 +4,7 @@ estimated, choices that change nothing, and inputs that leave a cost uncharged."
 from __future__ import annotations
 
 from ..config import ParallelConfig
-from .context import CostInputs
+from .context import CostInputs, runnable_kernel
 
 
 def estimate_notes(inputs: CostInputs, c: ParallelConfig) -> tuple[str, ...]:
@@ -71,6 +71,21 @@ def no_effect_notes(inputs: CostInputs, c: ParallelConfig) -> tuple[str, ...]:
                      f"{inputs.device.name!r} is {inputs.device.architecture}, so this estimate "
                      "prices a kernel it cannot run; fix: attention_kernels {'*': 'fa2'} for "
                      "it")
+    arch = inputs.device.architecture
+    wanted = inputs.profile.attention_kernel(arch)
+    if inputs.train.flash_attention and inputs.attention_kernel != wanted \
+            and runnable_kernel(wanted, arch) == inputs.attention_kernel:
+        notes.append(f"attention kernel {wanted} does not run on {arch} GPUs "
+                     f"({inputs.device.name!r}): priced as SDPA's memory-efficient kernel "
+                     "('efficient'), where torch's scaled_dot_product_attention dispatches; a "
+                     "Transformer Engine stack (megatron, nemo) runs its unfused attention "
+                     "there instead: fix: flash_attention=False (--no-flash-attention) prices "
+                     "that")
+    elif inputs.train.flash_attention and runnable_kernel(inputs.attention_kernel, arch) \
+            != inputs.attention_kernel:
+        notes.append(f"attention kernel {inputs.attention_kernel} does not run on {arch} GPUs "
+                     f"({inputs.device.name!r}): this estimate prices a kernel it cannot run; "
+                     "fix: attention_kernel='efficient', or flash_attention=False")
     if c.dp * c.cp > 1 and not inputs.device.sm_count:
         notes.append(f"device {inputs.device.name!r} has no sm_count: the compute slowdown "
                      "beside overlapped collectives (autopar.hardware.nccl) is not charged, "

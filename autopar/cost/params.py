@@ -70,11 +70,12 @@ class CostParams:
             (the fused attention Transformer Engine runs) are measured on one H200 at head dim
             128, sequence -> infinity (``attention_shape``'s fit): 0.34 and 0.58 of the BF16
             peak forward+backward (``benchmarks/data/gpu/h200_sweep.json``). A kernel without a
-            figure for an architecture falls back to ``"fa2/<architecture>"``, then to
-            ``"fa2/ampere"``. Efficiency is against the BF16 peak also in FP8 runs (attention
-            stays BF16). ``fa1/hopper`` has no measurement: an Ampere-era kernel (mma.sync, no
-            TMA/wgmma) keeps its speed relative to FlashAttention-2 on Hopper, so it is taken as
-            fa2/hopper x fa1/ampere / fa2/ampere = 0.34 x 0.30 / 0.60 = 0.17 (derived, not fitted).
+            figure for an architecture falls back to its own Ampere figure, then to
+            ``"fa2/<architecture>"``, then to ``"fa2/ampere"``. Efficiency is against the BF16
+            peak also in FP8 runs (attention stays BF16). ``fa1/hopper`` has no measurement: an
+            Ampere-era kernel (mma.sync, no TMA/wgmma) keeps its speed relative to
+            FlashAttention-2 on Hopper, so it is taken as fa2/hopper x fa1/ampere / fa2/ampere =
+            0.34 x 0.30 / 0.60 = 0.17 (derived, not fitted).
             ``efficient`` is SDPA's memory-efficient backend (the xFormers CUTLASS kernel), the
             one that runs when an explicit mask is passed: measured on one H200 at 0.145 of the
             BF16 peak forward+backward (head dim 128, sequence 8k-32k,
@@ -174,7 +175,8 @@ class CostParams:
         eff = self.attention_efficiency
         if isinstance(eff, (int, float)):
             return float(eff)
-        for key in (f"{kernel}/{architecture}", f"fa2/{architecture}", "fa2/ampere"):
+        for key in (f"{kernel}/{architecture}", f"{kernel}/ampere", f"fa2/{architecture}",
+                    "fa2/ampere"):
             if key in eff:
                 return eff[key]
         raise ValueError(f"no attention efficiency for {kernel}/{architecture} nor fa2/ampere")
