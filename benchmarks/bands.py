@@ -95,6 +95,21 @@ def bands(pts: list[Point]) -> dict[tuple, tuple[float, float, int, int]]:
     return out
 
 
+def measured_ranges(pts: list[Point]) -> dict[tuple, tuple[float, float]]:
+    """cell -> (low, high) for every cell :func:`bands` gives: the nearest-rank quantiles
+    (1 -+ :data:`~autopar.cost.regime.BAND_QUANTILE`) / 2 of measured / predicted step time over
+    the cell's runs, the middle BAND_QUANTILE of them (:func:`autopar.cost.regime.
+    measured_range`)."""
+    groups: dict[tuple, list[Point]] = defaultdict(list)
+    for p in pts:
+        for level in rg.LEVELS:
+            if p.key[0] == rg.ANY and level[0]:
+                continue
+            groups[rg.cell(p.key, level)].append(p)
+    return {c: rg.measured_range([p.residual for p in ps]) for c, ps in sorted(groups.items())
+            if len(ps) >= rg.MIN_RECORDS}
+
+
 def memory_residuals(pts: list[Point], raw: list[dict] | None = None,
                      experts: str | None = None) -> list[float]:
     """(predicted - measured) / measured peak memory of every run with a published peak (the
@@ -168,6 +183,11 @@ def render(pts: list[Point]) -> str:
         "BANDS: dict[tuple[str, ...], tuple[float, float, int, int]] = {",
     ]
     lines += [f"    {c!r}: {v!r}," for c, v in b.items()]
+    lines += ["}", "",
+              "#: The same cells -> (low, high): the middle 68% of their runs measured between low and",
+              "#: high times the predicted step time (autopar.cost.regime.measured_range).",
+              "MEASURED_RANGES: dict[tuple[str, ...], tuple[float, float]] = {"]
+    lines += [f"    {c!r}: {v!r}," for c, v in measured_ranges(pts).items()]
     lines += ["}", "",
               "#: (framework, precision, gpu generation) -> (best MFU measured, in autopar's FLOPs",
               "#: convention, record id, source); \"*\" = any framework.",

@@ -181,6 +181,20 @@ def cell(key: tuple[str, ...], level: tuple[bool, ...]) -> tuple[str, ...]:
     return tuple(k if keep else ANY for k, keep in zip(key, level))
 
 
+def measured_range(residuals: list[float], q: float = BAND_QUANTILE) -> tuple[float, float]:
+    """(low, high): the nearest-rank (1 - q) / 2 and (1 + q) / 2 quantiles of measured /
+    predicted step time, ``1 / (1 + e)`` for each residual ``e = (predicted - measured) /
+    measured``, rounded to 4 decimals: the middle ``q`` of the runs measured between ``low`` and
+    ``high`` times the prediction (unlike the half-width, it shows which side they fell on).
+
+    Raises:
+        ValueError: no residuals.
+    """
+    ratios = [1.0 / (1.0 + e) for e in residuals]
+    return (round(nearest_rank(ratios, (1.0 - q) / 2), 4),
+            round(nearest_rank(ratios, (1.0 + q) / 2), 4))
+
+
 def nearest_rank(values: list[float], q: float = BAND_QUANTILE) -> float:
     """The nearest-rank ``q`` quantile of ``values`` (the ceil(q n)-th smallest; Hyndman and Fan
     1996, definition 1).
@@ -209,6 +223,9 @@ class ErrorBand:
         cell: the regime's key (:data:`FIELDS`: framework, precision, gpu, sharding, experts,
             scale, size).
         quantile: the share of the cell's runs whose |residual| is within half_width.
+        measured_range: (low, high): the middle ``quantile`` of the cell's runs measured between
+            low and high times the predicted step time (:func:`measured_range`); None where
+            unvalidated.
     """
 
     half_width: float | None
@@ -217,6 +234,7 @@ class ErrorBand:
     sources: int
     cell: tuple[str, ...]
     quantile: float = BAND_QUANTILE
+    measured_range: tuple[float, float] | None = None
 
     @property
     def validated(self) -> bool:
@@ -241,9 +259,14 @@ class ErrorBand:
             return (f"unvalidated regime ({where}): {runs} (a band needs {VALIDATED_RUNS} "
                     f"from {VALIDATED_SOURCES} sources); the error here is unknown, and another "
                     "regime's band would not say it")
+        middle = ""
+        if self.measured_range is not None:
+            low, high = self.measured_range
+            middle = (f"; the middle {self.quantile:.0%} of them took {low:.2f}-{high:.2f} "
+                      "times the predicted step time")
         return (f"{self.text()}: {self.quantile:.0%} of {self.records} published runs ({where}; "
                 f"{self.sources} source{'s' if self.sources != 1 else ''}) were within it; "
-                f"their mean error {self.bias * 100:+.0f}% (predicted vs measured)")
+                f"their mean error {self.bias * 100:+.0f}% (predicted vs measured){middle}")
 
 
 @dataclass(frozen=True)
@@ -280,7 +303,8 @@ def band_for(regime: Regime) -> ErrorBand:
     half, bias, n, sources = row
     if not validates(n, sources):
         return ErrorBand(None, None, n, sources, regime.key())
-    return ErrorBand(half, bias, n, sources, regime.key())
+    return ErrorBand(half, bias, n, sources, regime.key(),
+                     measured_range=published.MEASURED_RANGES.get(regime.key()))
 
 
 @lru_cache(maxsize=None)
