@@ -30,7 +30,9 @@ whole corpus (``benchmarks/data/*.json``; see :mod:`benchmarks.validation`):
   per-regime table (GPU generation x framework family x sharding kind x dense/MoE x nodes x
   model size, :mod:`benchmarks.regimes`: runs, bias, MAPE) and the **band coverage**: the share
   of runs whose |error| is within the estimate's stated 68% band, per regime with at least 10
-  runs and pooled (and, for comparison, with the bands refitted without the run's source).
+  runs and pooled (and, for comparison, with the bands refitted without the run's source), and
+  the share of runs measured inside the middle-68% measured / predicted range of the other
+  sources' runs of their regime.
 - ``--split``: the sources listed in ``benchmarks/data/locked_split.json`` (the locked
   validation split, ``{"rule": ..., "sources": [source keys]}``) are held out: ``dev`` (the
   default) evaluates every other record and prints ``locked split: K sources, R runs held out

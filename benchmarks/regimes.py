@@ -131,19 +131,26 @@ def refit_coverage(rows: list[validation.Row]) -> list[str]:
     :data:`~autopar.cost.regime.VALIDATED_SOURCES` sources, never a coarser cell), from the runs
     of the other sources only (leave one source out for the band itself); the runs whose regime
     the other sources do not validate are counted apart."""
-    from .bands import Point, bands
+    from .bands import Point, bands, measured_ranges
     measured = [r for r in rows if r.error is not None]
     # keyed by the estimate's own regime (Row.regime), as benchmarks.bands.points keys a run
     pts = [Point(r.rec.id, r.rec.source_key, r.regime, r.error, 0.0) for r in measured]
-    hit = total = 0
+    hit = in_range = total = 0
     for src in sorted({p.source for p in pts}):
-        table_ = bands([p for p in pts if p.source != src])
+        others = [p for p in pts if p.source != src]
+        table_, ranges = bands(others), measured_ranges(others)
         for p in (p for p in pts if p.source == src):
             row = table_.get(p.key)
             if row is not None and rg.validates(row[2], row[3]):
                 total += 1
                 hit += abs(p.residual) <= row[0]
+                low, high = ranges[p.key]
+                in_range += low <= 1 / (1 + p.residual) <= high
     pct = 100 * hit / total if total else math.nan
+    pct_range = 100 * in_range / total if total else math.nan
     return [f"band coverage, bands refitted without the run's source: {hit} of {total} runs "
             f"({pct:.1f}%) in a regime the other sources validate; {len(pts) - total} runs "
-            "without one"]
+            "without one",
+            f"measured-range coverage, refitted the same way: {in_range} of {total} runs "
+            f"({pct_range:.1f}%) measured inside the middle 68% range of the other sources' "
+            "runs of their regime"]
