@@ -178,3 +178,27 @@ def test_records_read_deepep_and_refuse_it_over_efa():
                                     "inter_node": "32x 100 Gbps EFA per node (AWS p5.48xlarge)"}))
     with pytest.raises(records.RecordError, match="'hybridep' token dispatcher"):
         records.parse(_rec(plan={"dispatcher": "hybridep"}))
+
+
+def test_deepep_buffers_are_reserved_outside_the_allocator():
+    from autopar.cost.dispatch import deepep_buffer_bytes
+    # csrc/config.hpp at one node (no RDMA): 10 channels x 8 ranks x ((2 x 1 + 3) x 4 bytes
+    # + 256 receive tokens x (8192 + 8 + 1024 + 512 + 512) bytes), 128-aligned
+    assert deepep_buffer_bytes(8, 4096) == -(-(10 * 8 * (5 * 4 + 256 * 10248)) // 128) * 128
+    assert deepep_buffer_bytes(1, 4096) == 0
+    # across nodes the RDMA buffer joins; more ranks, more buffer
+    assert deepep_buffer_bytes(16, 4096) > deepep_buffer_bytes(8, 4096)
+    assert deepep_buffer_bytes(256, 7168) > deepep_buffer_bytes(64, 7168) > 0
+
+
+def test_a_deepep_plan_reserves_its_buffers():
+    from autopar.cost.dispatch import deepep_buffer_bytes
+    a2a, deep = _estimate("alltoall"), _estimate("deepep")
+    c = deep.config
+    hidden = _QWEN_MOE["hidden_size"]
+    extra = deep.memory_breakdown.reserved - a2a.memory_breakdown.reserved
+    # the buffers, plus the allocator's fragmentation share of whatever else differs
+    assert extra == pytest.approx(deepep_buffer_bytes(c.etp * c.ep, hidden), rel=0.05)
+    # outside torch's allocator: max_memory_allocated does not see them
+    assert deep.memory_breakdown.allocated == pytest.approx(a2a.memory_breakdown.allocated,
+                                                            rel=0.02)

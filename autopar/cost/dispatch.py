@@ -139,6 +139,52 @@ class DeepEPParams:
 DEEPEP = DeepEPParams()
 
 
+#: DeepEP's recommended normal-kernel configs (deep_ep/buffer.py at 04b06f7,
+#: ``get_dispatch_config`` / ``get_combine_config``): EP group size -> for dispatch and for
+#: combine, (NVLink receive tokens, RDMA send tokens, RDMA receive tokens) per channel. Sizes
+#: between rows take the next larger row; beyond the last, the last.
+DEEPEP_BUFFER_CONFIGS: dict[int, tuple[tuple[int, int, int], tuple[int, int, int]]] = {
+    2: ((256, 6, 128), (256, 6, 128)), 4: ((256, 6, 128), (256, 6, 128)),
+    8: ((256, 6, 128), (256, 6, 128)), 16: ((288, 20, 128), (288, 28, 128)),
+    24: ((288, 32, 128), (288, 20, 128)), 32: ((288, 32, 128), (288, 20, 128)),
+    64: ((288, 28, 128), (288, 20, 128)), 128: ((560, 32, 128), (560, 12, 128)),
+    144: ((720, 12, 128), (720, 8, 128)), 160: ((720, 12, 128), (720, 8, 128))}
+
+
+def _align(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def deepep_buffer_bytes(ranks: int, hidden: int, num_sms: int = DEEPEP.num_sms,
+                        nvl_peers: int = 8) -> int:
+    """Bytes of the NVLink and RDMA buffers DeepEP allocates per GPU, outside torch's allocator
+    (``cudaMalloc`` for IPC, NVSHMEM for RDMA), for an EP group of ``ranks`` GPUs and tokens of
+    ``hidden`` elements: the larger of the dispatch and combine configs' size hints (Megatron-
+    Core fused_a2a.py ``get_buffer``; DeepEP csrc/config.hpp ``get_nvl_buffer_size_hint`` and
+    ``get_rdma_buffer_size_hint`` at 030cdf0, with ``hidden_bytes = hidden x max(element
+    bytes, 2)``, an 8-byte ``SourceMeta``, 128 top-k slots and 128 scales per token). 0 for one
+    rank. The NVSHMEM symmetric heap's own reservation beyond the buffer is not counted."""
+    if ranks <= 1:
+        return 0
+    row = next((DEEPEP_BUFFER_CONFIGS[k] for k in sorted(DEEPEP_BUFFER_CONFIGS) if k >= ranks),
+               DEEPEP_BUFFER_CONFIGS[max(DEEPEP_BUFFER_CONFIGS)])
+    channels, hidden_bytes = num_sms // 2, 2 * hidden
+    nvl_ranks, rdma_ranks = min(ranks, nvl_peers), max(ranks // nvl_peers, 1)
+    # per token: the hidden state, its SourceMeta, 128 int64 top-k indices, 128 fp32 weights
+    # and 128 fp32 scales
+    token = hidden_bytes + 8 + 128 * 8 + 128 * 4 + 128 * 4
+    nvl = rdma = 0
+    for nvl_recv, rdma_send, rdma_recv in row:
+        n = channels * nvl_ranks * ((2 * rdma_ranks + 3) * 4 + nvl_recv * token)
+        nvl = max(nvl, _align(n, 128))
+        if ranks > nvl_peers:
+            recv = _align(rdma_recv, rdma_send)
+            r = channels * rdma_ranks * ((nvl_peers * 2 + 2) * 2 * 4
+                                         + recv * 2 * (token + 16)) + 2 ** 20
+            rdma = max(rdma, _align(r, 128))
+    return nvl + rdma
+
+
 def expected_distinct(experts: int, top_k: int, bins: int) -> float:
     """Expected number of distinct bins holding a token's ``top_k`` experts when its experts
     are drawn uniformly without replacement from ``experts`` split evenly into ``bins``

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from ..config import ParallelConfig
 from .blocks import BlockCosts
 from .context import CostInputs
+from .dispatch import deepep_buffer_bytes
 from .memory import MemoryBreakdown, cublas_workspace_bytes
 from .pipeline.timing import PipelineTiming
 from .states import ModelStates
@@ -40,6 +41,10 @@ def rank_memory(inputs: CostInputs, c: ParallelConfig, layout: tuple, timing: Pi
     parameter elements kept gathered forward to backward."""
     p, wbytes, device = inputs.params, inputs.train.dtype_bytes, inputs.device
     workspace = cublas_workspace_bytes(device.architecture)
+    # DeepEP's NVLink and RDMA buffers, allocated once per process over the expert-TP x EP
+    # group (Megatron-Core fused_a2a.py get_buffer; every rank charged, MoE layers or not)
+    moe_buffers = (deepep_buffer_bytes(c.etp * c.ep, inputs.graph.hidden_size)
+                   if c.dispatcher == "deepep" and c.ep > 1 and inputs.graph.num_experts else 0)
     stage_mem: list[MemoryBreakdown] = []
     alloc_totals: list[float] = []
     for rank, st in enumerate(layout):
@@ -69,8 +74,10 @@ def rank_memory(inputs: CostInputs, c: ParallelConfig, layout: tuple, timing: Pi
         working = max(timing.stage_transient[rank] + st.gather_bytes + bucket,
                       step_extra + held)
         transient = working + workspace
-        # outside the allocator, plus what it reserves beyond its allocated peak
-        reserved = p.reserved_bytes + p.fragmentation * (w + gr + o + act + transient)
+        # outside the allocator (DeepEP's buffers too), plus what it reserves beyond its
+        # allocated peak
+        reserved = (p.reserved_bytes + moe_buffers
+                    + p.fragmentation * (w + gr + o + act + transient))
         allocated = w + gr + o + act + transient + reserved
         alloc_totals.append(allocated)
         # blocks the step freed and cannot reuse stay reserved (reported, never OOM: the
