@@ -57,7 +57,7 @@ MOE_DISPATCH_DTYPES = ("activation", "fp8_1x128")
 #: ``ceil(T x top_k / E x factor)`` rows of a router call and pads to it only with
 #: ``moe_pad_to_capacity`` (Megatron-Core moe_utils.py ``get_capacity``; torchtitan and plan.apply
 #: are dropless); ``deepspeed`` = every expert runs a buffer of C rows (the [E, C, hidden]
-#: dispatch of deepspeed/moe/sharded_moe.py ``MOELayer.forward``, einsum "sec,sm->ecm"): with a
+#: buffer of deepspeed/moe/sharded_moe.py ``MOELayer.forward``, ``_sparse_encode``): with a
 #: capacity factor C = max(ceil(T / E x factor x top_k), min_capacity 4) (``topkgating``,
 #: ``_capacity``; deepspeed/moe/layer.py ``MoE(min_capacity=4)``), always padded; dropless
 #: (``MoE(drop_tokens=False)``) C = the largest expert's count, all-reduced (MAX) over the EP

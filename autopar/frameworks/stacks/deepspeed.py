@@ -410,11 +410,12 @@ def with_zero_config(profile, block: Mapping | None = None, hidden_size: int | N
 #: DeepSpeed-MoE: tokens in the activation dtype, each expert's input a padded buffer.
 DEEPSPEED_MOE_DISPATCH = replace(
     ACTIVATION_DTYPE_DISPATCH, name="deepspeed-moe",
-    summary="DeepSpeed-MoE: the [E, C, hidden] dispatch buffer, every expert padded to C",
+    summary="DeepSpeed-MoE: the [E, C, hidden] expert buffer, every expert padded to C",
     moe_capacity_rule="deepspeed",
     sources={**ACTIVATION_DTYPE_DISPATCH.sources, "moe_capacity_rule": (
-        "deepspeed/moe/sharded_moe.py (0.19.8) MOELayer.forward dispatches einsum('sec,sm->ecm', "
-        "dispatch_mask, input): C rows per expert whatever it was sent; topkgating with "
+        "deepspeed/moe/sharded_moe.py (0.19.8) MOELayer.forward places the routed rows in an "
+        "[E, C, hidden] buffer (_sparse_encode; zero rows where an expert got fewer, as the "
+        "one-hot einsum 'sec,sm->ecm' it replaced): C rows per expert; topkgating with "
         "drop_tokens=True sets C = _capacity(gates, capacity_factor * k, min_capacity) = "
         "max(ceil(T / E x capacity_factor x k), min_capacity), with drop_tokens=False C = "
         "torch.max(exp_counts) all-reduced with ReduceOp.MAX over the EP group; "
