@@ -79,16 +79,8 @@ def bands(pts: list[Point]) -> dict[tuple, tuple[float, float, int, int]]:
     """cell -> (half-width, bias, records, sources) for every cell of every level of
     :data:`autopar.cost.regime.LEVELS` with at least :data:`~autopar.cost.regime.MIN_RECORDS`
     records (a record whose framework is "*" joins only cells that pool the framework)."""
-    groups: dict[tuple, list[Point]] = defaultdict(list)
-    for p in pts:
-        for level in rg.LEVELS:
-            if p.key[0] == rg.ANY and level[0]:
-                continue
-            groups[rg.cell(p.key, level)].append(p)
     out = {}
-    for c, ps in sorted(groups.items()):
-        if len(ps) < rg.MIN_RECORDS:
-            continue
+    for c, ps in _cells(pts).items():
         errs = [p.residual for p in ps]
         out[c] = (round(rg.nearest_rank([abs(e) for e in errs]), 4),
                   round(sum(errs) / len(errs), 4), len(ps), len({p.source for p in ps}))
@@ -100,14 +92,20 @@ def measured_ranges(pts: list[Point]) -> dict[tuple, tuple[float, float]]:
     (1 -+ :data:`~autopar.cost.regime.BAND_QUANTILE`) / 2 of measured / predicted step time over
     the cell's runs, the middle BAND_QUANTILE of them (:func:`autopar.cost.regime.
     measured_range`)."""
+    return {c: rg.measured_range([p.residual for p in ps]) for c, ps in _cells(pts).items()}
+
+
+def _cells(pts: list[Point]) -> dict[tuple, list[Point]]:
+    """cell -> its points, sorted by cell, for every cell of every level of
+    :data:`autopar.cost.regime.LEVELS` with at least :data:`~autopar.cost.regime.MIN_RECORDS`
+    points (a point whose framework is "*" joins only cells that pool the framework)."""
     groups: dict[tuple, list[Point]] = defaultdict(list)
     for p in pts:
         for level in rg.LEVELS:
             if p.key[0] == rg.ANY and level[0]:
                 continue
             groups[rg.cell(p.key, level)].append(p)
-    return {c: rg.measured_range([p.residual for p in ps]) for c, ps in sorted(groups.items())
-            if len(ps) >= rg.MIN_RECORDS}
+    return {c: ps for c, ps in sorted(groups.items()) if len(ps) >= rg.MIN_RECORDS}
 
 
 def memory_residuals(pts: list[Point], raw: list[dict] | None = None,
