@@ -102,13 +102,14 @@ def _at_peak(schedule: str, pp: int, m: int, v: int, rank: int
     if schedule in DUAL_PIPES:   # their O pairs: the forward, then the backward
         order = [step for a in order for step in (
             (("F", a[1][0]), ("B", a[2][0])) if a[0] == "O" else (a,))]
+    chunks = pp * v
     total = top = 0
     fwd_open: set = set()
     bwd_open: set = set()
-    done_b: dict[int, int] = {}
-    seen_f: set = set()
-    count: dict[int, int] = {}   # activations held per chunk (a key from its first forward)
-    raised: list[int] = []       # chunks whose count rose since the last instant recorded
+    done_b = [0] * chunks
+    count = [0] * chunks    # activations held per global chunk
+    seen: list[int] = []    # chunks in order of their first forward
+    raised: list[int] = []  # chunks whose count rose since the last instant recorded
     sets: dict[tuple[frozenset, frozenset], None] = {}
     best: dict[int, int] = {}
     changed = True   # the set pair differs from the one last recorded at this level
@@ -116,16 +117,16 @@ def _at_peak(schedule: str, pp: int, m: int, v: int, rank: int
         kind, stage = a[0], a[1]
         if kind == "F":
             total += 1
-            count[stage] = count.get(stage, 0) + 1
+            count[stage] += 1
             raised.append(stage)
-            if stage not in seen_f:
-                seen_f.add(stage)
+            if stage not in fwd_open and stage not in seen:
+                seen.append(stage)
                 fwd_open.add(stage)
                 changed = True
             if total >= top:
                 if total > top:   # a new level: what the lower one recorded is dropped
                     top, sets, best, changed = total, {}, {}, True
-                    raised = list(count)
+                    raised = seen.copy()   # every chunk run so far is recorded
                 if changed:
                     sets.setdefault((frozenset(fwd_open), frozenset(bwd_open)), None)
                     changed = False
@@ -145,8 +146,8 @@ def _at_peak(schedule: str, pp: int, m: int, v: int, rank: int
                 changed = False
             total -= 1
             count[stage] -= 1
-            n = done_b[stage] = done_b.get(stage, 0) + 1
-            if n == m:
+            done_b[stage] += 1
+            if done_b[stage] == m:
                 fwd_open.discard(stage)
                 bwd_open.discard(stage)
                 changed = True
