@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 from dataclasses import asdict, dataclass, fields
@@ -299,6 +300,27 @@ def _distinct(items: tuple) -> tuple:
 #: :meth:`ParallelConfig.fields_except`'s getter per (class, names left out).
 _EXCEPT_GETTERS: dict[tuple, Any] = {}
 
+#: Every valid ``placement`` (an order of :data:`MESH_DIMS`), for the check's common case.
+_PLACEMENTS = frozenset(itertools.permutations(MESH_DIMS))
+
+#: ``stage_blocks`` tuples ParallelConfig has checked, each mapped to itself: a configuration
+#: holding that very object (``replace`` passes it on) skips the per-element check; an equal
+#: tuple of other element types (bools) is another object and is checked. Emptied when large.
+_CHECKED_BLOCKS: dict[tuple, tuple] = {}
+
+
+def _checked(known, value) -> bool:
+    """Whether ``value`` is a plain tuple that ``known`` holds (a dict: holds that very object);
+    False for anything else, unhashable values included (those take the full check)."""
+    if type(value) is not tuple:
+        return False
+    try:
+        if isinstance(known, dict):
+            return known.get(value) is value
+        return value in known
+    except TypeError:
+        return False
+
 
 @dataclass(frozen=True)
 class ParallelConfig:
@@ -439,7 +461,7 @@ class ParallelConfig:
         if not isinstance(self.cp_mode, str) or self.cp_mode not in CP_MODES:
             raise InvalidParallelConfig(
                 f"cp_mode {self.cp_mode!r} is not one of {CP_MODES}. Fix: use 'ring' (default).")
-        if self.placement is not None:
+        if self.placement is not None and not _checked(_PLACEMENTS, self.placement):
             if not isinstance(self.placement, (list, tuple)):
                 raise InvalidParallelConfig(
                     f"placement must be a sequence of {MESH_DIMS} (innermost first); got "
@@ -450,7 +472,8 @@ class ParallelConfig:
                 raise InvalidParallelConfig(
                     f"placement must order all of {MESH_DIMS} (innermost first); got "
                     f"{self.placement!r}. Fix: e.g. placement=('tp', 'cp', 'dp', 'pp').")
-        if self.stage_blocks is not None:
+        if self.stage_blocks is not None and not _checked(_CHECKED_BLOCKS,
+                                                          self.stage_blocks):
             blocks = self.stage_blocks
             plain = isinstance(blocks, (list, tuple)) and blocks and set(map(type, blocks)) == {
                 int} and min(blocks) >= 0   # the usual case, checked without a Python loop
@@ -461,6 +484,10 @@ class ParallelConfig:
                     f"blocks per pipeline chunk); got {self.stage_blocks!r}. Fix: e.g. "
                     "stage_blocks=(16, 16) for pp=2, or None for balanced cuts.")
             object.__setattr__(self, "stage_blocks", tuple(self.stage_blocks))
+            if type(blocks) is tuple:
+                if len(_CHECKED_BLOCKS) > 4096:
+                    _CHECKED_BLOCKS.clear()
+                _CHECKED_BLOCKS[blocks] = blocks
         if self.reshard_after_forward is not None:
             r = self.reshard_after_forward
             # bool cannot be subclassed: the set of element types is {bool} exactly when
@@ -548,8 +575,17 @@ class ParallelConfig:
             TypeError: a name that is not a field (as :func:`dataclasses.replace`).
             InvalidParallelConfig: the changed configuration breaks a rule.
         """
-        # every field is an init field: this is dataclasses.replace without its field walk
-        return type(self)(**{**self.__dict__, **changes})
+        # every field is an init field: this is dataclasses.replace without its field walk,
+        # and, for this class, without the generated __init__'s one setattr per field: the
+        # fields in the same order, then the same __post_init__
+        if type(self) is not ParallelConfig or not changes.keys() <= _FIELD_NAMES:
+            return type(self)(**{**self.__dict__, **changes})
+        new = object.__new__(ParallelConfig)
+        d = new.__dict__
+        d.update(self.__dict__)
+        d.update(changes)
+        new.__post_init__()
+        return new
 
     def fields_except(self, *names: str) -> tuple:
         """The field values in order, less those of ``names``: the cache key of a cost that
@@ -574,3 +610,7 @@ class ParallelConfig:
     def field_names(cls) -> tuple[str, ...]:
         """Names of the fields, in order."""
         return tuple(f.name for f in fields(cls))
+
+
+#: ParallelConfig's field names (:meth:`ParallelConfig.replace`'s fast path).
+_FIELD_NAMES = frozenset(f.name for f in fields(ParallelConfig))

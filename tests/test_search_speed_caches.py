@@ -310,3 +310,27 @@ def test_ranks_sharing_their_sums_equal_estimates_alone(cm, tp, pp, schedule, ze
     for k, e in got.items():
         assert _fields(CostModel(cm.graph, cm.cluster, cm.train).estimate(variants[k])) == \
             _fields(e)
+
+
+def test_parallel_config_replace_and_checks_memoised_are_the_constructor():
+    """ParallelConfig.replace builds without the generated __init__ and skips the element checks
+    of a placement or a stage_blocks tuple already checked (autopar.config._checked): the
+    result equals the constructor's, fields in the same order, and every refusal stays."""
+    from autopar.config import ParallelConfig
+    from autopar.errors import InvalidParallelConfig
+
+    c = ParallelConfig(tp=2, pp=2, dp=4, stage_blocks=(1, 3), placement=("tp", "cp", "dp", "pp"))
+    r = c.replace(zero_stage=1, recompute="full")
+    want = ParallelConfig(**{**c.__dict__, "zero_stage": 1, "recompute": "full"})
+    assert r == want and list(r.__dict__) == list(want.__dict__) and hash(r) == hash(want)
+    assert c.replace(stage_blocks=[2, 2]).stage_blocks == (2, 2)
+    assert c.replace(tp=1).sequence_parallel is False     # normalisations still run
+    for bad in (dict(stage_blocks=(True, 3)), dict(stage_blocks=(1, -3)),
+                dict(stage_blocks=([1], 3)), dict(placement=(["tp"], "cp", "dp", "pp")),
+                dict(placement=("tp", "tp", "dp", "pp")), dict(zero_stage=5)):
+        with pytest.raises(InvalidParallelConfig):
+            c.replace(**bad)
+        with pytest.raises(InvalidParallelConfig):
+            ParallelConfig(**{**c.__dict__, **bad})
+    with pytest.raises(TypeError):
+        c.replace(no_such_field=1)

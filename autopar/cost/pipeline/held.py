@@ -4,20 +4,10 @@ counts under several chunks per rank, and the chunks whose data-parallel state i
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from functools import lru_cache
 
-from .orders import check_order_args, peak_in_flight, rank_order
-
-def _chunk_steps(order) -> Iterator[tuple[str, int]]:
-    """(kind, global chunk) of each pass in a rank's order, an ``O`` pair as its ``F`` then its
-    ``B`` (the walk :func:`held_chunks_at_peak` and :func:`chunk_counts_at_peak` share)."""
-    for a in order:
-        if a[0] == "O":
-            yield "F", a[1][0]
-            yield "B", a[2][0]
-        else:
-            yield a[0], a[1]
+from ...config import DUAL_PIPES
+from .orders import check_order_args, rank_order
 
 
 def held_chunks_at_peak(schedule: str, pp: int, m: int, v: int, rank: int
@@ -65,38 +55,9 @@ def held_chunks_at_peak(schedule: str, pp: int, m: int, v: int, rank: int
     return _held_chunks_at_peak(schedule, pp, m, v, rank)
 
 
-@lru_cache(maxsize=4096)
 def _held_chunks_at_peak(schedule: str, pp: int, m: int, v: int, rank: int
                          ) -> tuple[tuple[frozenset, frozenset], ...]:
-    order = rank_order(schedule, pp, m, v, rank)
-    peak = peak_in_flight(tuple(order))
-    held = 0
-    fwd_open: set = set()
-    bwd_open: set = set()
-    done_b: dict[int, int] = {}
-    seen_f: set = set()
-    out: dict[tuple[frozenset, frozenset], None] = {}
-
-    def note() -> None:
-        if held == peak:
-            out.setdefault((frozenset(fwd_open), frozenset(bwd_open)), None)
-
-    for kind, stage in _chunk_steps(order):
-        if kind == "F":
-            held += 1
-            if stage not in seen_f:
-                seen_f.add(stage)
-                fwd_open.add(stage)
-            note()
-        elif kind in ("B", "W"):
-            bwd_open.add(stage)
-            note()
-            held -= 1
-            done_b[stage] = done_b.get(stage, 0) + 1
-            if done_b[stage] == m:
-                fwd_open.discard(stage)
-                bwd_open.discard(stage)
-    return tuple(out)
+    return _at_peak(schedule, pp, m, v, rank)[0]
 
 
 def chunk_counts_at_peak(schedule: str, pp: int, m: int, v: int, rank: int
@@ -114,24 +75,80 @@ def chunk_counts_at_peak(schedule: str, pp: int, m: int, v: int, rank: int
     return dict(_chunk_counts_at_peak(schedule, pp, m, v, rank))
 
 
-@lru_cache(maxsize=4096)
 def _chunk_counts_at_peak(schedule: str, pp: int, m: int, v: int, rank: int
                           ) -> tuple[tuple[int, int], ...]:
+    return _at_peak(schedule, pp, m, v, rank)[1]
+
+
+@lru_cache(maxsize=4096)
+def _at_peak(schedule: str, pp: int, m: int, v: int, rank: int
+             ) -> tuple[tuple[tuple[frozenset, frozenset], ...], tuple[tuple[int, int], ...]]:
+    """(:func:`held_chunks_at_peak`, :func:`chunk_counts_at_peak` as sorted (chunk, count)
+    pairs) of one rank, from one walk of its order (cached; the arguments are checked by the
+    callers).
+
+    One pass, without the peak known in advance: ``top`` is the most chunk-micro-batches held
+    so far, and what was recorded at a lower level is dropped when a new one is reached, so
+    what is left at the end is what was recorded at the instants holding the order's peak
+    (:func:`autopar.cost.pipeline.orders.peak_in_flight`: the same +1 per forward, -1 per backward or
+    weight pass, an ``O`` pair's forward first), in order of occurrence. Two instants are not
+    recorded again: a set pair unchanged since the last one recorded at the same level (the
+    dict keeps the first occurrence anyway), and the counts at the start of a backward or
+    weight pass: they are those after the last forward (only a forward raises a count, and a
+    backward or weight pass lowers the total below the level it ran at, so the last change
+    before an instant at the running peak is a forward, recorded at that same level).
+    """
     order = rank_order(schedule, pp, m, v, rank)
-    peak = peak_in_flight(tuple(order))
-    held: dict[int, int] = {}
+    if schedule in DUAL_PIPES:   # their O pairs: the forward, then the backward
+        order = [step for a in order for step in (
+            (("F", a[1][0]), ("B", a[2][0])) if a[0] == "O" else (a,))]
+    chunks = pp * v
+    total = top = 0
+    fwd_open: set = set()
+    bwd_open: set = set()
+    done_b = [0] * chunks
+    count = [0] * chunks    # activations held per global chunk
+    seen: list[int] = []    # chunks in order of their first forward
+    raised: list[int] = []  # chunks whose count rose since the last instant recorded
+    sets: dict[tuple[frozenset, frozenset], None] = {}
     best: dict[int, int] = {}
-
-    def note() -> None:
-        if sum(held.values()) == peak:
-            for c, n in held.items():
-                best[c] = max(best.get(c, 0), n)
-
-    for kind, stage in _chunk_steps(order):
+    changed = True   # the set pair differs from the one last recorded at this level
+    for a in order:
+        kind, stage = a[0], a[1]
         if kind == "F":
-            held[stage] = held.get(stage, 0) + 1
-            note()
-        elif kind in ("B", "W"):
-            note()
-            held[stage] -= 1
-    return tuple(sorted(best.items()))
+            total += 1
+            count[stage] += 1
+            raised.append(stage)
+            if stage not in fwd_open and stage not in seen:
+                seen.append(stage)
+                fwd_open.add(stage)
+                changed = True
+            if total >= top:
+                if total > top:   # a new level: what the lower one recorded is dropped
+                    top, sets, best, changed = total, {}, {}, True
+                    raised = seen.copy()   # every chunk run so far is recorded
+                if changed:
+                    sets.setdefault((frozenset(fwd_open), frozenset(bwd_open)), None)
+                    changed = False
+                # a count not raised since the last instant recorded is at most what that
+                # instant recorded for it
+                for c in raised:
+                    n = count[c]
+                    if n > best.get(c, -1):
+                        best[c] = n
+                raised = []
+        elif kind == "B" or kind == "W":
+            if stage not in bwd_open:
+                bwd_open.add(stage)
+                changed = True
+            if total == top and changed:
+                sets.setdefault((frozenset(fwd_open), frozenset(bwd_open)), None)
+                changed = False
+            total -= 1
+            count[stage] -= 1
+            done_b[stage] += 1
+            if done_b[stage] == m:
+                fwd_open.discard(stage)
+                bwd_open.discard(stage)
+                changed = True
+    return tuple(sets), tuple(sorted(best.items()))

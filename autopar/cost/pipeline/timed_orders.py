@@ -23,9 +23,9 @@ from .orders import rank_orders
 #: Slot 0 always holds 0.0 (an input ready at the start); slot 1 holds -inf (no predecessor).
 _ZERO, _NONE = 0, 1
 
-# special ops (a plain op's duration index is >= 0): a simulated backward that also waits for
-# its own forward, and a DualPipeV forward-backward pair
-_SB, _O = -1, -2
+# the special op of a replay (a plain op's duration index is >= 0): a DualPipeV
+# forward-backward pair
+_O = -2
 
 
 def _compile(orders: tuple, num_stages: int, m: int, gpipe_sim: bool) -> tuple:
@@ -37,7 +37,10 @@ def _compile(orders: tuple, num_stages: int, m: int, gpipe_sim: bool) -> tuple:
     ``(free, dep, d)``: it ends at ``max(slot free, slot dep) + durations[d]`` with ``d = kind *
     pp + rank`` over the kinds F, I, W, B. A special op is ``(free, dep, -1 - k)`` with
     ``special[k] = (code, dep2, rank)``.
-    ``gpipe_sim``: the 1F1B/GPipe simulation's rules (a backward also waits for its own forward).
+    ``gpipe_sim``: the 1F1B/GPipe simulation's rules (a backward also waits for its own
+    forward): every op is then ``(free, dep, own, d)``, ``own`` the slot of a backward's own
+    forward (``_NONE`` for a forward), a backward's ``d`` its input-gradient duration, and
+    special ops is None (the simulation's backward is one pass).
 
     Each rank's actions are taken in order while their inputs exist; a rank that waits is
     woken when the slot it waits for is written (work linear in the number of actions).
@@ -108,9 +111,9 @@ def _compile(orders: tuple, num_stages: int, m: int, gpipe_sim: bool) -> tuple:
                 if dep < 0:
                     waiting.setdefault(k, []).append(r)
                     break
-            if gpipe_sim and kind == "B":
-                ops.append((fr, dep, -1 - len(special)))
-                special.append((_SB, slot_of[s * m + j], r))
+            if gpipe_sim:   # (free, dep, own forward's slot or _NONE, duration index)
+                ops.append((fr, dep, slot_of[s * m + j] if kind == "B" else _NONE,
+                            code_of["I" if kind == "B" else kind] + r))
             else:
                 ops.append((fr, dep, code_of[kind] + r))
             if kind != "W":
@@ -124,7 +127,7 @@ def _compile(orders: tuple, num_stages: int, m: int, gpipe_sim: bool) -> tuple:
         pos[r], free[r] = i, fr
     if any(pos[r] < len(orders[r]) for r in range(p)):
         raise RuntimeError("pipeline replay deadlocked (a bug in autopar)")
-    return tuple(ops), tuple(free), tuple(special)
+    return tuple(ops), tuple(free), None if gpipe_sim else tuple(special)
 
 
 @lru_cache(maxsize=512)
@@ -167,15 +170,23 @@ def timed_step(plan: tuple, fwd, inp, wgt, overlap=None) -> float:
     durs = [*fwd, *inp, *wgt, *(i + w for i, w in zip(inp, wgt))]
     end = [0.0, float("-inf")]
     put = end.append
+    if special is None:   # a compiled simulation: a backward also waits for its own forward
+        for a, b, c, d in ops:
+            x, y = end[a], end[b]
+            if c == _NONE:
+                put((x if x >= y else y) + durs[d])
+            else:   # max(x, y, end[c]) as the builtin takes it: a later item only if greater
+                if y > x:
+                    x = y
+                y = end[c]
+                put((y if y > x else x) + durs[d])
+        return max(end[s] for s in last)
     for a, b, d in ops:
         x, y = end[a], end[b]
         if d >= 0:  # max(x, y) + duration, as the replay computes it (x on a tie)
             put((x if x >= y else y) + durs[d])
             continue
-        code, c, r = special[-1 - d]
-        if code == _SB:
-            put(max(x, y, end[c]) + inp[r])
-            continue
+        _code, c, r = special[-1 - d]   # an O pair (the only special op of a replay)
         hidden = overlap[r] if overlap else 0.0
         if hidden > 0:
             e = max(x, y, end[c]) + (fwd[r] + inp[r] + wgt[r] - hidden)
