@@ -147,9 +147,12 @@ def test_cli_reads_a_list_or_a_file(tmp_path, capsys):
         assert main(common + ["--moe-expert-load", given]) == 0
         outs.append(" ".join(capsys.readouterr().out.split()))   # rich wraps long lines
     assert "MoE expert loads (busiest 1.60x the mean)" in outs[0] and outs[0] == outs[1]
-    with pytest.raises(SystemExit):
-        main(common + ["--moe-expert-load", "1,two"])
-    assert "neither numbers" in capsys.readouterr().err
+    for given, says in (("1,two", "'two' is not a number"),
+                        (str(tmp_path / "missing.json"), "no file"),
+                        (str(model), "expected a JSON list of per-expert loads in")):
+        with pytest.raises(SystemExit):
+            main(common + ["--moe-expert-load", given])
+        assert says in capsys.readouterr().err
 
 
 def test_a_record_can_carry_its_loads():

@@ -30,20 +30,35 @@ def positive_float(text: str) -> float:
 def expert_load(text: str) -> tuple[float, ...]:
     """argparse type: per-expert loads, comma- or space-separated numbers, or a file holding
     them (a JSON list or the same text); checked in full by ``TrainingConfig``."""
-    body = text
+    body, where = text, ""
     if os.path.isfile(text):
         try:
-            body = Path(text).read_text()
+            body, where = Path(text).read_text(), f" in {text!r}"
         except OSError as exc:
             raise argparse.ArgumentTypeError(f"cannot read {text!r}: {exc}")
-    try:
-        words = json.loads(body) if body.lstrip().startswith("[") else \
-            body.replace(",", " ").split()
-        return tuple(float(w) for w in words)
-    except (ValueError, TypeError):
-        raise argparse.ArgumentTypeError(
-            f"{text[:80]!r} is neither numbers separated by commas nor a file of them "
-            "(one load per routed expert, e.g. 1,1,2,0.5)")
+    elif text.endswith((".json", ".txt", ".csv")) or os.sep in text:
+        raise argparse.ArgumentTypeError(f"no file {text!r} (give one load per routed expert, "
+                                         "comma-separated, or a file of them)")
+    if body.lstrip().startswith(("[", "{")):
+        try:
+            words = json.loads(body)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"not valid JSON{where}: {exc}")
+        if not isinstance(words, list):
+            raise argparse.ArgumentTypeError(
+                f"expected a JSON list of per-expert loads{where}, got a "
+                f"{type(words).__name__}")
+    else:
+        words = body.replace(",", " ").split()
+    out = []
+    for w in words:
+        try:
+            out.append(float(w))
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(
+                f"{str(w)[:40]!r}{where} is not a number (one load per routed expert, e.g. "
+                "1,1,2,0.5)")
+    return tuple(out)
 
 
 def _common(p: argparse.ArgumentParser, plot: str) -> None:

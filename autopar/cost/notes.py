@@ -75,12 +75,13 @@ def no_effect_notes(inputs: CostInputs, c: ParallelConfig) -> tuple[str, ...]:
     wanted = inputs.profile.attention_kernel(arch)
     if inputs.train.flash_attention and inputs.attention_kernel != wanted \
             and runnable_kernel(wanted, arch) == inputs.attention_kernel:
+        te = wanted == "cudnn"   # Transformer Engine's fused attention (megatron, nemo)
         notes.append(f"attention kernel {wanted} does not run on {arch} GPUs "
                      f"({inputs.device.name!r}): priced as SDPA's memory-efficient kernel "
-                     "('efficient'), where torch's scaled_dot_product_attention dispatches; a "
-                     "Transformer Engine stack (megatron, nemo) runs its unfused attention "
-                     "there instead: fix: flash_attention=False (--no-flash-attention) prices "
-                     "that")
+                     "('efficient'), where torch's scaled_dot_product_attention dispatches"
+                     + ("; Transformer Engine runs its unfused attention there instead: fix: "
+                        "flash_attention=False (--no-flash-attention) prices that" if te
+                        else ""))
     elif inputs.train.flash_attention and runnable_kernel(inputs.attention_kernel, arch) \
             != inputs.attention_kernel:
         notes.append(f"attention kernel {inputs.attention_kernel} does not run on {arch} GPUs "

@@ -213,8 +213,11 @@ class Device:
             # a GPU without BF16 (Volta: V100) trains in FP16 with loss scaling
             hint = (" (no BF16 tensor cores: train in mixed precision fp16, precision='fp16')"
                     if key == "bf16" and "fp16" in self.peak_flops else "")
+            # the training precisions it has (a datasheet's tf32 is a matmul mode, not one)
+            usable = [k for k in self.peak_flops if k in PRECISIONS]
+            default = " (bf16: autopar's default precision)" if key == "bf16" else ""
             raise InvalidTrainingConfig(
-                f"{self.name} does not support {key} (it supports {list(self.peak_flops)}); "
+                f"{self.name} does not support {key}{default} (it supports {usable}); "
                 f"pick one of those precisions or a GPU that has {key}{hint}"
             )
         return self.peak_flops[key]

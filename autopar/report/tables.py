@@ -129,7 +129,7 @@ def stage_rows(e: Estimate) -> list[dict]:
 
 def stages_table(e: Estimate) -> Table:
     """Pipeline ranks: blocks (layers), recompute per block, time per micro-batch, memory."""
-    t = _table("Pipeline stages (per micro-batch; memory is the rank's peak)")
+    t = _table("Pipeline stages (per micro-batch; memory is the rank's peak, * the highest)")
     for col, just in (("rank", "right"), ("blocks (layers)", "left"), ("# blocks", "right"),
                       ("recompute", "left"), ("fwd ms", "right"), ("bwd ms", "right"),
                       ("memory GB", "right")):
