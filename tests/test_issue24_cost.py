@@ -141,3 +141,12 @@ def test_cost_modules_are_small_and_costmodel_thin():
              for p in COST.rglob("*.py")}
     assert max(sizes.values()) <= 450, sizes
     assert sizes["model.py"] < 400
+
+
+def test_a_plan_whose_model_name_was_edited_alone_is_refused(plan_dict):
+    d = json.loads(json.dumps(plan_dict))
+    if d.get("model_config") is None:
+        pytest.skip("the fixture's plan has no model_config")
+    d["model"] = "llama2-13b"
+    with pytest.raises(InvalidPlanFile, match=r"model 'llama2-13b' but model_config describes 'tiny'"):
+        Plan.from_json(json.dumps(d))

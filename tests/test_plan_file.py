@@ -93,8 +93,10 @@ def test_loading_never_executes_code(tmp_path, plan_dict):
     marker = tmp_path / "pwned"
     d = json.loads(json.dumps(plan_dict))
     d["model"] = f"__import__('pathlib').Path({str(marker)!r}).touch()"
-    plan = _load(d)          # a string stays a string
-    assert plan.model.startswith("__import__") and not marker.exists()
+    # a string stays a string: refused as a name model_config does not have, never run
+    with pytest.raises(InvalidPlanFile, match="but model_config describes"):
+        _load(d)
+    assert not marker.exists()
 
 
 def test_a_plan_file_cannot_claim_to_fit_above_the_gpu():

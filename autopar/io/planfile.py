@@ -361,6 +361,12 @@ def check_plan(d: Any) -> dict:
             model_config = ModelConfig.from_dict(mc)
         except AutoparError as exc:
             raise _fail("model_config", f"is not a valid model: {exc}") from exc
+        if model_config.name != d["model"]:
+            # the plan is of model_config; a hand edit of the name alone would be ignored
+            raise _fail("model", f"{d['model']!r:.80} but model_config describes "
+                                 f"{model_config.name!r:.80}: the plan is of model_config. "
+                                 "Fix: edit both, or replan the other model (autopar plan "
+                                 "--model ...)")
     req, opt = _dataclass_keys(TrainingConfig)
     try:
         train = TrainingConfig(**_keys(d["train"], "train", req, opt))
