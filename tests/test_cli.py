@@ -483,3 +483,20 @@ def test_models_lists_mixtures_of_experts_as_such(capsys):
     if hf_rows:
         assert "128 top-4" in lines["hf-gpt-oss-120b"] and "16 top-1" in lines["hf-llama4-scout"]
         assert "top-" not in lines["hf-llama3-8b"]
+
+
+def test_an_export_that_cannot_be_written_leaves_no_file_behind(capsys, tmp_path):
+    # the new-user pass: the deepspeed file was written, then the torchtitan export failed
+    model = tmp_path / "moe.json"
+    model.write_text(json.dumps(dict(
+        name="cap-moe", family="llama", num_layers=2, hidden_size=128, num_heads=4,
+        num_kv_heads=2, vocab_size=512, seq_len=256, ffn_hidden_size=512, num_experts=8,
+        top_k=2, moe_ffn_hidden_size=256)))
+    ds, tt = tmp_path / "ds.json", tmp_path / "tt.toml"
+    code, out, err = run(capsys, "plan", "--model", str(model), "--cluster", "1x4xH100",
+                         "--global-batch", "8", "--seq-len", "256", "--framework", "megatron",
+                         "--moe-capacity-factor", "1.0", "--export", "deepspeed", str(ds),
+                         "--export", "torchtitan", str(tt))
+    assert code == 2 and "torchtitan's MoE is dropless" in err
+    assert f"--export torchtitan {tt}" in err and "no --export file was written" in err
+    assert not ds.exists() and not tt.exists()

@@ -8,7 +8,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from ..errors import InvalidTrainingConfig, MissingDependency, output_error
+from ..errors import AutoparError, InvalidTrainingConfig, MissingDependency, output_error
 
 
 #: ``--export`` targets: name -> (Plan method, its keyword arguments). ``torchtitan`` writes the
@@ -60,13 +60,20 @@ def check_outputs(args) -> None:
 
 def export_plans(args, plan) -> list[dict]:
     """Write every ``--export FRAMEWORK FILE`` (the flag may be repeated), in the order given;
-    returns what :func:`export_plan` returns for each.
+    returns what :func:`export_plan` returns for each. Every export is built before any file is
+    written, so one that cannot be written leaves none behind.
 
     Raises:
-        as :func:`export_plan`.
+        as :func:`export_plan`, naming the export and that no file was written.
     """
-    return [export_plan(plan, framework, path)
-            for framework, path in (getattr(args, "export", None) or [])]
+    built = []
+    for framework, path in getattr(args, "export", None) or []:
+        try:
+            built.append(_build(plan, framework, path))
+        except AutoparError as exc:
+            raise type(exc)(f"--export {framework} {path}: {exc} (no --export file was "
+                            "written; without this --export the plan is printed)") from exc
+    return [_write(*b) for b in built]
 
 
 def export_plan(plan, framework: str, path: str) -> dict:
@@ -74,8 +81,14 @@ def export_plan(plan, framework: str, path: str) -> dict:
     written and its verdict: ``{"framework", "file", "fits", "warnings"}``.
 
     Raises:
-        InvalidTrainingConfig: an unknown framework; OutputError: FILE cannot be written.
+        InvalidTrainingConfig: an unknown framework; OutputError: FILE cannot be written;
+        UnsupportedPlanError: the framework cannot run the plan.
     """
+    return _write(*_build(plan, framework, path))
+
+
+def _build(plan, framework: str, path: str):
+    """(framework label, path, text, Export) of one export, nothing written."""
     if framework not in EXPORTERS:
         raise InvalidTrainingConfig(f"--export {framework!r}: autopar exports to "
                                     f"{', '.join(EXPORTERS)}. Fix: e.g. --export megatron args.txt")
@@ -88,6 +101,10 @@ def export_plan(plan, framework: str, path: str) -> dict:
     if framework == "torchtitan-0.3":   # the run line names the file's module
         text = text.replace("--module NAME", f"--module {Path(path).stem}").replace(
             "Save as NAME.py and run", "Run")
+    return framework, path, text, ex
+
+
+def _write(framework: str, path: str, text: str, ex) -> dict:
     try:
         Path(path).write_text(text)
     except OSError as exc:
