@@ -500,3 +500,14 @@ def test_an_export_that_cannot_be_written_leaves_no_file_behind(capsys, tmp_path
     assert code == 2 and "torchtitan's MoE is dropless" in err
     assert f"--export torchtitan {tt}" in err and "no --export file was written" in err
     assert not ds.exists() and not tt.exists()
+
+
+def test_explain_reads_a_plan_file(capsys, tmp_path):
+    # the new-user pass: `explain --plan FILE` was "unrecognized arguments ... Did you mean --plot?"
+    f = tmp_path / "p.json"
+    code, _, err = run(capsys, "plan", *TINY, "--out", str(f))
+    assert code == 0, err
+    code, out, err = run(capsys, "explain", "--plan", str(f))
+    assert code == 0, err
+    saved = json.loads(f.read_text())["config"]
+    assert f"Plan of {f}" in out and f"tp={saved['tp']} pp={saved['pp']} dp={saved['dp']}" in out

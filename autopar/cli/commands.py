@@ -248,6 +248,8 @@ def _cmd_explain(args, problem, fixed, out, err, interrupt=None) -> dict:
     chosen = passed_over(best, plan.alternatives, s.objective) is not None
     head = ("Chosen plan" if chosen else "Best plan") if s.complete else \
         f"Best plan found before {progress.why()}"
+    if getattr(args, "plan", None):   # explain --plan: the file's configuration, pinned
+        head = f"Plan of {args.plan}"
     out.print(f"[bold]{head}[/bold]: tp={c.tp} pp={c.pp} dp={c.dp} cp={c.cp} zero="
               f"{c.zero_stage} recompute={c.recompute if isinstance(c.recompute, str) else 'mixed'}"
               f" mbs={c.micro_batch_size} v={c.virtual_stages} schedule={c.schedule}: "

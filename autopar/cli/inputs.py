@@ -144,7 +144,8 @@ def _plan_problem(args) -> tuple[Problem, dict, list[str]]:
     """
     from ..io.planfile import check_plan
     from ..plan import read_plan_json
-    if args.megatron_args or args.torchtitan_toml or getattr(args, "torchtitan_config", None):
+    if (getattr(args, "megatron_args", None) or getattr(args, "torchtitan_toml", None)
+            or getattr(args, "torchtitan_config", None)):
         raise InvalidTrainingConfig("give --plan or --megatron-args/--torchtitan-toml/"
                                     "--torchtitan-config, not both. "
                                     "Fix: drop one; they would set the same choices.")

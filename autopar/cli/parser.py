@@ -281,6 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     _parallel_flags(x, what=" (pinned in the searched best plan)")
     _search_flags(x)
     _parallel_flags(x, "compare-", " of a hand-tuned plan to explain too")
+    x.add_argument("--plan", default=None, metavar="FILE",
+                   help="explain a plan file's configuration against the usual alternatives; "
+                   "its model, cluster and training config are used unless flags are given")
     mo = sub.add_parser("models", help="list model presets with their size and shape")
     mo.add_argument("--json", action="store_true", help="print the presets as JSON on stdout")
     measure_cmds.add_parsers(sub, positive_float, int_at_least)
