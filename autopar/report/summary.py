@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from ..cost.capacity import capacity_text
 from ..cost.offload import offload_text
 from ..search.ranking import TIE_RTOL, tied
 from ..search.robust import objective_text, passed_over, passed_over_note
@@ -147,7 +148,7 @@ def plan_summary(plan) -> str:
     e, c = plan.estimate, plan.config
     head = (f"autopar plan: {plan.model} on {plan.cluster} ({plural(plan.world_size, 'GPU')}), "
             f"global batch {plan.train.global_batch_size} x {plan.train.seq_len} tokens, "
-            f"{plan.train.precision}{offload_text(plan.train)}")
+            f"{plan.train.precision}{offload_text(plan.train)}{capacity_text(plan.train)}")
     lines = [head, "-" * len(head), "parallelism      " + config_text(c)]
     edits = getattr(plan, "profile_edits", None)
     if edits:

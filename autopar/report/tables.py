@@ -58,8 +58,11 @@ def degrees_table(e: Estimate, cluster=None) -> Table:
     for dim, words in _DIMS:
         deg = getattr(c, dim)
         t.add_row(f"{dim} ({words})", str(deg), crossed(links.of(dim)) if deg > 1 else "-")
-    if c.ep > 1:  # experts split over ep of the dp x cp ranks
-        t.add_row("ep (expert parallel)", str(c.ep), crossed(links.ep))
+    if c.ep > 1 or c.folded:  # experts split over ep of the dp x cp ranks, and / or cut by etp
+        t.add_row("ep (expert parallel)", str(c.ep), crossed(links.ep) if c.ep > 1 else "-")
+        if c.folded:
+            t.add_row("expert tp (MoE folding)", str(c.etp),
+                      crossed(links.etp) if c.etp > 1 and links.etp else "-")
         t.add_row("token dispatcher", c.dispatcher,
                   "DeepEP: a token sent once per node" if c.dispatcher == "deepep" else "")
     if cluster is not None and cluster.domain_text():
