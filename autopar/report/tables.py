@@ -158,7 +158,9 @@ def performance_table(e: Estimate) -> Table:
               + (f" {e.error_band.text()}" if e.error_band else ""), "100%")
     for k, v in e.time_breakdown.as_dict().items():
         if v > 0:
-            t.add_row(f"  {k}", f"{v:,.3f} s", f"{100 * v / e.step_time_s:.1f}%")
+            # MoE folding: the expert-TP group's collectives are priced with TP's
+            label = f"{k} (incl. expert tp)" if k == "tp_comm" and e.config.folded else k
+            t.add_row(f"  {label}", f"{v:,.3f} s", f"{100 * v / e.step_time_s:.1f}%")
     t.add_row("tokens/s (cluster)", f"{e.tokens_per_s:,.0f}", "")
     t.add_row("MFU / HFU", f"{e.mfu * 100:.1f}% / {e.hfu * 100:.1f}%", "")
     return t
@@ -173,7 +175,7 @@ def memory_table(e: Estimate) -> Table:
     for k, v in e.memory_breakdown.as_dict().items():
         t.add_row(k, _gb(v))
     t.add_row("total", _gb(e.memory_per_gpu_bytes), style="bold")
-    t.add_row("GPU memory", _gb(e.memory_limit_bytes))
+    t.add_row(f"GPU memory ({e.memory_limit_bytes / 2**30:.1f} GiB)", _gb(e.memory_limit_bytes))
     return t
 
 
@@ -194,8 +196,9 @@ def comm_table(e: Estimate) -> Table:
             if getattr(e.config, dim) > 1:
                 users.setdefault(link, []).append(dim)
     for lc in e.comm_by_link:
-        t.add_row(link_name(lc.link), _gb(lc.nbytes), f"{lc.seconds:,.2f}",
-                  ", ".join(users.get(lc.link, [])))
+        dims = [d if d != "tp" or not e.config.folded else "tp (incl. expert tp)"
+                for d in users.get(lc.link, [])]
+        t.add_row(link_name(lc.link), _gb(lc.nbytes), f"{lc.seconds:,.2f}", ", ".join(dims))
     return t
 
 
