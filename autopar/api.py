@@ -134,6 +134,15 @@ def _train(train, model_cfg, cluster, model=None) -> TrainingConfig:
     if train is None:
         return default_training(model_cfg, cluster, model=model)
     if isinstance(train, dict):
+        # a dict may leave out the batch or the length: they take what train=None would
+        # (the model's length, about 4M tokens per step), as the CLI's flags do
+        if not {"global_batch_size", "seq_len"} <= set(train):
+            seq = train.get("seq_len")
+            default = default_training(model_cfg, cluster, seq_len=seq if isinstance(seq, int)
+                                       and not isinstance(seq, bool) and seq > 0 else None,
+                                       model=model)
+            train = {"global_batch_size": default.global_batch_size,
+                     "seq_len": default.seq_len, **train}
         return _from_dict(TrainingConfig, train, InvalidTrainingConfig)
     if not isinstance(train, TrainingConfig):
         raise InvalidTrainingConfig(
@@ -205,7 +214,8 @@ def estimate(model: Any, cluster: Cluster | str, train: TrainingConfig | dict,
     Args:
         model: module, preset name, model dict or ModelConfig.
         cluster: :class:`Cluster` or spec string.
-        train: :class:`TrainingConfig` (or its fields as a dict).
+        train: :class:`TrainingConfig` (or its fields as a dict; a missing
+            ``global_batch_size`` or ``seq_len`` takes :func:`default_training`'s).
         config: :class:`ParallelConfig` (or its fields as a dict); ``None`` fields are filled
             with defaults (dp from the GPU count, micro-batch 1, no interleaving).
         params: cost-model calibration constants.
@@ -271,8 +281,9 @@ def optimize(model: Any, cluster: Cluster | str, train: TrainingConfig | dict | 
     Args:
         model: module (meta device is fine), preset name, model dict or ModelConfig.
         cluster: :class:`Cluster` or spec string, e.g. ``"4x8xA100-80GB"``.
-        train: :class:`TrainingConfig`; default: the model's sequence length and a ~4M-token
-            global batch (:func:`default_training`).
+        train: :class:`TrainingConfig` (or its fields as a dict; one without
+            ``global_batch_size`` or ``seq_len`` takes the defaults for them); default: the
+            model's sequence length and a ~4M-token global batch (:func:`default_training`).
         fixed: choices to pin, e.g. ``{"tp": 8}``; the rest is searched.
         time_limit_s: return the best plan found within this many seconds.
         top_k: how many runner-up plans to keep in ``Plan.alternatives`` (plus the best).

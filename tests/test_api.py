@@ -217,3 +217,17 @@ def test_default_batch_follows_the_sequence_asked_for():
     pytest.importorskip("transformers")
     assert default_training(None, cluster, model="hf-tiny-llama").seq_len == 128
     assert default_training(None, cluster, model="hf-deepseek-v3").seq_len == 8192
+
+
+def test_a_training_dict_may_leave_out_the_batch_or_the_length():
+    # the new-user pass: the CLI defaults --seq-len to the model's, a dict raised "needs seq_len"
+    cluster = autopar.Cluster.from_spec("1x8xA100-80GB")
+    cfg = {"tp": 1, "pp": 1, "dp": 8}
+    e = autopar.estimate("tiny-llama", cluster, {"global_batch_size": 16}, cfg)
+    default = autopar.api.default_training(autopar.models.get_config("tiny-llama"), cluster)
+    assert e.step_time_s > 0
+    e2 = autopar.estimate("tiny-llama", cluster, {"global_batch_size": 16,
+                                                   "seq_len": default.seq_len}, cfg)
+    assert e == e2
+    e3 = autopar.estimate("tiny-llama", cluster, {"seq_len": 32}, cfg)
+    assert e3.step_time_s > 0
