@@ -246,10 +246,15 @@ def _batch_divisibility_note(batch: int, world: int) -> list[str]:
     """A note when the global batch ``batch`` (sequences) is not a multiple of the ``world``
     GPUs but one lies within :data:`BATCH_NUDGE` above it: data parallelism must divide the
     batch, so the plans that use every GPU for it are out of reach (the new-user pass saw 1000
-    sequences on 21 GPUs pick a pipeline 27% slower than dp=21 with 1008)."""
+    sequences on 21 GPUs pick a pipeline 27% slower than dp=21 with 1008); and when the batch is
+    smaller than the GPU count."""
     if batch % world == 0:
         return []
     nearer = -(-batch // world) * world
+    if batch < world:
+        return [f"the global batch {batch:,} is smaller than the {world:,} GPUs: at most "
+                f"{batch:,} data-parallel ranks, so the other GPUs must split each sequence "
+                f"(tp, pp, cp); --global-batch {world} or more lets data parallelism use them all"]
     if nearer > batch * (1 + BATCH_NUDGE):
         return []
     return [f"the global batch {batch:,} shares only the factor {math.gcd(batch, world)} with "
