@@ -142,6 +142,7 @@ def _plan_problem(args) -> tuple[Problem, dict, list[str]]:
     The file is checked as :meth:`autopar.Plan.from_json` checks it (a missing choice is named),
     but its estimate is not read: the configuration is estimated again here.
     """
+    from .. import api
     from ..io.planfile import check_plan
     from ..plan import read_plan_json
     if (getattr(args, "megatron_args", None) or getattr(args, "torchtitan_toml", None)
@@ -198,9 +199,12 @@ def _plan_problem(args) -> tuple[Problem, dict, list[str]]:
     elif edits:
         notes.append(f"costed with the plan's edited {train.framework} profile fields: "
                      f"{edits_text(edits)}")
-    problem = Problem.build(model, args.cluster or kw["cluster"], train,
+    cluster = api.as_cluster(args.cluster or kw["cluster"])
+    profile, option_notes = _stack_options(args, with_edits(train.framework, edits), cluster)
+    notes += option_notes
+    problem = Problem.build(model, cluster, train,
                             memory_margin=getattr(args, "memory_margin", None),
-                            framework=with_edits(train.framework, edits))
+                            framework=profile)
     world = problem.cost_model.cluster.world_size
     return problem, par, [*notes, *_derived_notes(before, par, world, bool(args.cluster))]
 
@@ -370,6 +374,25 @@ def read_problem(args) -> tuple[Problem, dict, list[str]]:
         notes += [f"calibration warning: {w}" for w in cal.warnings]
         notes.append(f"calibrated from {args.calibration}: "
                      + ", ".join(sorted(k for k in cal.fitted if "." in k)))
+    if getattr(args, "stack_option", None):
+        profile, option_notes = _stack_options(args, profile or get_profile(train.framework),
+                                               cluster)
+        notes += option_notes
     return (Problem.build(model, cluster, train, params=params,
                           memory_margin=getattr(args, "memory_margin", None), framework=profile),
             par, notes)
+
+
+def _stack_options(args, profile, cluster):
+    """(``profile`` with ``--stack-option``'s named options, notes naming them); ``profile``
+    unchanged without the flag.
+
+    Raises:
+        InvalidTrainingConfig: as :func:`autopar.frameworks.options.with_options`.
+    """
+    names = getattr(args, "stack_option", None) or []
+    if not names:
+        return profile, []
+    from ..frameworks.options import STACK_OPTIONS, with_options
+    profile = with_options(profile, names, cluster.gpus_per_node)
+    return profile, [f"stack option {n}: {STACK_OPTIONS[n].summary}" for n in names]

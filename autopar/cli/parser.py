@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..config import DISPATCHERS, FRAMEWORKS, OPTIMIZER_STATE_DTYPES, RECOMPUTE_MODES, SCHEDULES
 from ..cost.offload import frameworks_running
+from ..frameworks.options import STACK_OPTIONS
 from . import measure_cmds
 from .exports import EXPORTERS
 
@@ -97,6 +98,11 @@ def _common(p: argparse.ArgumentParser, plot: str) -> None:
                         "expert in expert order (e.g. logged token counts), comma-separated or "
                         "a file; the EP rank with the busiest block of experts sets the pace "
                         "(default: balanced routing)")
+    p.add_argument("--stack-option", action="append", default=None, metavar="NAME",
+                   help="a named variant of the framework's stack (a version, a flag, the "
+                        "model's own code), repeatable: "
+                        + ", ".join(f"{n} ({', '.join(o.frameworks) or 'any'})"
+                                    for n, o in STACK_OPTIONS.items()))
     p.add_argument("--optimizer-state-dtype", default=None, choices=list(OPTIMIZER_STATE_DTYPES),
                    help="dtype of Adam's moments (default fp32)")
     p.add_argument("--framework", default=None, choices=list(FRAMEWORKS),
