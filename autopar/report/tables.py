@@ -160,7 +160,9 @@ def performance_table(e: Estimate) -> Table:
         if v > 0:
             # MoE folding: the expert-TP group's collectives are priced with TP's
             label = f"{k} (incl. expert tp)" if k == "tp_comm" and e.config.folded else k
-            t.add_row(f"  {label}", f"{v:,.3f} s", f"{100 * v / e.step_time_s:.1f}%")
+            # below a millisecond in ms, so a small component does not read 0.000 s
+            t.add_row(f"  {label}", f"{v:,.3f} s" if v >= 1e-3 else f"{v * 1e3:.3f} ms",
+                      f"{100 * v / e.step_time_s:.1f}%")
     t.add_row("tokens/s (cluster)", f"{e.tokens_per_s:,.0f}", "")
     t.add_row("MFU / HFU", f"{e.mfu * 100:.1f}% / {e.hfu * 100:.1f}%", "")
     return t
