@@ -291,3 +291,14 @@ def test_squared_relu_mlp():
     args = autopar.optimize(cfg, "1x8xA100-80GB", autopar.TrainingConfig(8, 32),
                             top_k=1).to_megatron_args().value
     assert "--squared-relu" in args and "--swiglu" not in args
+
+
+def test_a_preset_suggestion_is_a_near_one_or_none():
+    # the new-user pass: --model gpt4 was answered "Did you mean 'gpt-18.4b'?"
+    with pytest.raises(InvalidModelConfig) as exc:
+        get_config("gpt4")
+    assert "Did you mean" not in str(exc.value)
+    for typed, meant in (("gpt3", "gpt3-175b"), ("mixtral", "mixtral-8x7b"),
+                         ("tinyllama", "tiny-llama"), ("deepseekv3", "deepseek-v3")):
+        with pytest.raises(InvalidModelConfig, match=f"Did you mean '{meant}'"):
+            get_config(typed)

@@ -179,7 +179,10 @@ def get_config(spec: str | Mapping[str, Any] | ModelConfig) -> ModelConfig:
         key = spec.strip().lower()
         if key in PRESETS:
             return PRESETS[key].config
-        close = difflib.get_close_matches(key, list(PRESETS), n=1, cutoff=0.4)
+        # a preset the name begins (gpt3 -> gpt3-175b), else the closest by spelling; a
+        # loose match (gpt4 -> gpt-18.4b) misleads more than none
+        close = ([p for p in PRESETS if p.startswith(key)][:1]
+                 or difflib.get_close_matches(key, list(PRESETS), n=1, cutoff=0.65))
         hint = f" Did you mean {close[0]!r}?" if close else ""
         if _HUB_ID.fullmatch(spec.strip()):
             # "owner/name" as the Hugging Face Hub names a model: nothing is downloaded
