@@ -206,7 +206,7 @@ def record_profile(rec: Record) -> FrameworkProfile:
     """The record's library profile (:func:`profile_name`) with the options its record states:
     torch.compile (:data:`autopar.frameworks.choices.TORCH_COMPILE`: ``training.torch_compile``,
     else "torch.compile" in the framework text), FSDP's HYBRID_SHARD in the
-    notes (HSDP within a node) or InternEvo's ``zero1=N`` (:func:`autopar.frameworks.
+    notes or ``plan.hybrid_shard`` (HSDP within a node) or InternEvo's ``zero1=N`` (:func:`autopar.frameworks.
     shard_within`), "full bf16" / "pure bf16" in the framework text (:func:`autopar.frameworks.
     with_pure_bf16`); a torchtitan run dated before torchtitan's fused-AdamW default
     (:data:`autopar.frameworks.stacks.torchtitan.FUSED_ADAMW_SINCE`) steps with the foreach
@@ -233,7 +233,9 @@ def record_profile(rec: Record) -> FrameworkProfile:
         compiled = "torch.compile" in rec.framework.lower() and "nocompile" not in f
     if compiled:
         profile = with_choice(profile, TORCH_COMPILE)
-    if _kind(rec.framework) == "fsdp" and "HYBRID_SHARD" in rec.raw.get("notes", ""):
+    if (_kind(rec.framework) == "fsdp" and "HYBRID_SHARD" in rec.raw.get("notes", "")) or \
+            rec.raw.get("plan", {}).get("hybrid_shard") is True:
+        # sharded within a node, replicated across nodes (the --stack-option hsdp)
         profile = shard_within(profile, rec.cluster.gpus_per_node)
     z = re.search(r"zero1[=_](-?\d+)", rec.id + " " + rec.raw.get("notes", ""))
     if profile.name.startswith("internevo") and z and int(z.group(1)) > 1:

@@ -47,3 +47,24 @@ def test_the_cli_applies_notes_and_saves_them(capsys, tmp_path):
     assert edits["fusion"]["value"] == "compile"
     plan = autopar.Plan.from_json(f)     # the option travels with the plan
     assert plan.profile_edits == edits
+
+
+def test_hybrid_sharding_shards_the_states_within_its_group():
+    # PithTrain distributed.py "hsdp": non-expert states sharded over cp x ep, experts over cp;
+    # autopar: dense over min(dp x cp, group), experts over group / ep (here 8 / 8 = 1)
+    from autopar.api import model_graph
+    from autopar.cost.model import CostModel
+    moe = dict(name="hsdp-moe", family="llama", num_layers=2, hidden_size=256, num_heads=4,
+               num_kv_heads=2, vocab_size=512, seq_len=128, ffn_hidden_size=512, num_experts=16,
+               top_k=2, moe_ffn_hidden_size=256)
+    train = autopar.TrainingConfig(global_batch_size=16, seq_len=128, framework="fsdp1")
+    graph = model_graph(moe, train)[0]
+    cluster = autopar.Cluster.from_spec("2x8xH100")
+    cfg = autopar.ParallelConfig(tp=1, pp=1, dp=16, ep=8, zero_stage=3, micro_batch_size=1)
+    full = CostModel(graph, cluster, train)
+    hsdp = CostModel(graph, cluster, train,
+                     framework=with_options(get_profile("fsdp1"), ["hsdp"], 8))
+    assert full.states.zero_groups(full.resolve(cfg)) == (16, 2)
+    assert hsdp.states.zero_groups(hsdp.resolve(cfg)) == (8, 1)
+    a, b = full.estimate(cfg).memory_breakdown, hsdp.estimate(cfg).memory_breakdown
+    assert b.optimizer_states > a.optimizer_states and b.weights > a.weights

@@ -101,17 +101,17 @@ class ModelStates:
         k_opt = 0 if train.optimizer_offload else mem.optimizer_state_bytes_per_param(
             train.optimizer, conv.master_weight_bytes, train.optimizer_state_dtype,
             conv.moment_bytes)
-        dense = mem.model_state_bytes(params - experts, c.zero_stage, c.dp * c.cp, wb, gb, k_opt)
-        # each expert shard is replicated over the expert-data-parallel ranks, and ZeRO shards
-        # it over those: dp * cp / ep, or with MoE parallel folding tp * cp * dp / (ep * etp)
-        # (Megatron-Core parallel_state.py expert_data_parallel_size)
-        moe = mem.model_state_bytes(experts, c.zero_stage,
-                                    c.tp * c.dp * c.cp // (c.ep * c.etp), wb, gb, k_opt)
+        # the states are sharded over the ZeRO group: dp x cp, or the smaller group a hybrid
+        # sharding sets (FrameworkProfile.zero1_group_size: FSDP's HYBRID_SHARD, InternEvo's
+        # zero1=N), replicated across groups
+        z, z_e = self.zero_groups(c)
+        dense = mem.model_state_bytes(params - experts, c.zero_stage, z, wb, gb, k_opt)
+        moe = mem.model_state_bytes(experts, c.zero_stage, z_e, wb, gb, k_opt)
         states = tuple(a + b for a, b in zip(dense, moe))
         if c.zero_stage == 2 and wb > train.dtype_bytes and c.dp * c.cp > 1:
             # FSDP2 without resharding after forward: fp32 shards (the master copy) plus the
             # gathered compute-dtype parameters kept between forward and backward
-            w = wb * params / (c.dp * c.cp) + train.dtype_bytes * params
+            w = wb * params / z + train.dtype_bytes * params
             states = (w, states[1], states[2])
         if c.zero_stage == 2 and self.inputs.profile.zero2_reduce_per_step and c.dp * c.cp > 1:
             # gradients accumulated unsharded over the step's micro-batches, in the reduce
@@ -250,7 +250,7 @@ class ModelStates:
         if self.inputs.train.optimizer_offload:
             return 0.0
         conv = self.inputs.conventions
-        held = params / (c.dp * c.cp) if c.zero_stage >= 1 else params
+        held = params / self.zero_groups(c)[0] if c.zero_stage >= 1 else params
         if c.zero_stage == 3 and conv.zero3_step_temp_bytes is not None:
             # DeepSpeed's stage-3 step works one sub-group at a time (MemoryConventions.
             # zero3_step_temp_bytes, zero3_sub_group_elements: stage3.py step())
@@ -265,8 +265,21 @@ class ModelStates:
         when the step runs on the CPU)."""
         if self.inputs.train.optimizer_offload or not self.inputs.conventions.step_cached_bytes:
             return 0.0
-        held = params / (c.dp * c.cp) if c.zero_stage >= 1 else params
+        held = params / self.zero_groups(c)[0] if c.zero_stage >= 1 else params
         return self.inputs.conventions.step_cached_bytes * held
+
+    def zero_groups(self, c: ParallelConfig) -> tuple[int, int]:
+        """(ranks the dense states are sharded over, ranks the routed experts' states are
+        sharded over) under ZeRO: z = min(dp x cp, ``zero1_group_size``), and the experts'
+        expert-data-parallel group, dp x cp / ep or, with MoE parallel folding, tp x dp x cp /
+        (ep x etp) (Megatron-Core parallel_state.py expert_data_parallel_size); a smaller group
+        holds z / ep copies of each expert (the EP ranks are inside it: PithTrain
+        distributed.py "hsdp": "Shards within the inner mesh dimension (cp x ep for non-MoE; cp
+        for MoE)"), at least one."""
+        group = self.inputs.profile.zero1_group_size
+        z = max(1, min(c.dp * c.cp, group or c.dp * c.cp))
+        edp = max(1, c.tp * c.dp * c.cp // (c.ep * c.etp))
+        return z, (edp if not group else max(1, min(edp, z // c.ep)))
 
     def zero1_split(self, c: ParallelConfig, layers: tuple[int, ...],
                     params: float) -> tuple[float, int]:
@@ -279,7 +292,7 @@ class ModelStates:
         largest first to the least-loaded rank (:func:`autopar.cost.zero1.greedy_shares`,
         InternEvo c18bec9 hybrid_zero_optim.py ``_partition_param_list``): the largest share is
         at least the largest tensor, and at most as many ranks as tensors hold one."""
-        z = max(1, min(c.dp * c.cp, self.inputs.profile.zero1_group_size or c.dp * c.cp))
+        z, z_e = self.zero_groups(c)
         etp = None if c.etp == c.tp else c.etp
         if self.inputs.profile.zero1_partition == "flat":
             if c.ep > 1 or c.folded:
@@ -289,8 +302,6 @@ class ModelStates:
                 # data-modulo-expert group)
                 experts = (self.ranks.rank_params(c.tp, c.ep, layers, c.etp)[1]
                            * PARAMETER_COPIES.get(c.schedule, 1))
-                edp = max(1, c.tp * c.dp * c.cp // (c.ep * c.etp))
-                z_e = max(1, min(edp, self.inputs.profile.zero1_group_size or edp))
                 return (params - experts) / z + experts / z_e, z
             return params / z, z
         key = (z, c.tp, c.ep, etp, layers)
