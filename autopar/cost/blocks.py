@@ -93,6 +93,7 @@ class BlockCosts(MoEBlockCosts):
         self.inputs, self.groups = inputs, groups
         self._layer_times: dict[tuple, LayerTime] = {}
         self._block_costs: dict[tuple, BlockCost] = {}
+        self._routed_scales: dict[tuple, float] = {}
         self._flops_per_seq: float | None = None
 
     def layer_time(self, index: int, b: int, tp: int, cp: int, sp: bool,

@@ -14,7 +14,7 @@ from .dispatch import allgather_traffic
 class MoEBlockCosts:
     """MoE cost helpers of :class:`autopar.cost.blocks.BlockCosts` (``self.inputs``:
     :class:`~autopar.cost.context.CostInputs`; ``self.groups``:
-    :class:`~autopar.cost.groups.Groups`)."""
+    :class:`~autopar.cost.groups.Groups`; ``self._routed_scales``: a dict it fills)."""
 
     def tp_token_alltoall(self, layer, c: ParallelConfig, bscale: float
                           ) -> tuple[float, LinkLoad]:
@@ -112,6 +112,11 @@ class MoEBlockCosts:
                                      and train.moe_expert_load is None):
             return 1.0
         tokens = b * train.seq_len / cp / (tp if sp else 1)
-        return capacity.routed_scale(train, tokens, layer.experts_per_token,
-                                     layer.num_experts, ep or 1,
-                                     self.inputs.profile.moe_capacity_rule)
+        # asked for every layer time and block cost of the search: kept per distinct input
+        # (the expert loads are normalised and grouped by rank once per key)
+        key = (tokens, layer.experts_per_token, layer.num_experts, ep or 1)
+        if key not in self._routed_scales:
+            self._routed_scales[key] = capacity.routed_scale(
+                train, tokens, layer.experts_per_token, layer.num_experts, ep or 1,
+                self.inputs.profile.moe_capacity_rule)
+        return self._routed_scales[key]
