@@ -82,8 +82,9 @@ def no_effect_notes(inputs: CostInputs, c: ParallelConfig) -> tuple[str, ...]:
                      + ("; Transformer Engine runs its unfused attention there instead: fix: "
                         "flash_attention=False (--no-flash-attention) prices that" if te
                         else ""))
-    elif inputs.train.flash_attention and runnable_kernel(inputs.attention_kernel, arch) \
-            != inputs.attention_kernel:
+    # an explicit kernel the GPU cannot run (fa3 off Hopper has its own note above)
+    elif inputs.train.flash_attention and inputs.attention_kernel != "fa3" and \
+            runnable_kernel(inputs.attention_kernel, arch) != inputs.attention_kernel:
         notes.append(f"attention kernel {inputs.attention_kernel} does not run on {arch} GPUs "
                      f"({inputs.device.name!r}): this estimate prices a kernel it cannot run; "
                      "fix: attention_kernel='efficient', or flash_attention=False")
