@@ -260,6 +260,7 @@ def test_a_violation_is_a_frozen_record_of_a_known_rule():
              rules.tp_node(16, 8).rule, rules.ulysses_heads(2, 4, 4, 2).rule,
              rules.ep_needs_moe(2, 0).rule, rules.ep_split(3, 4, 8).rule,
              rules.expert_folding(3, 1, 8, 8).rule, rules.folding_sp(1, 2, False).rule,
+             rules.deepep_ranks(1, 12).rule,
              rules.moe_sp(get_profile("torch"), 2, True).rule,
              rules.seq_split(get_profile("megatron"), 4098, 1, 2, False).rule,
              rules.batch_split(10, 4).rule, rules.pp_blocks(4, 2, 4).rule,

@@ -11,7 +11,7 @@ import pytest
 import autopar
 from autopar.config import DISPATCHERS
 from autopar.cost.dispatch import DEEPEP, deepep_time, expected_distinct
-from autopar.errors import InvalidParallelConfig
+from autopar.errors import InfeasibleError, InvalidParallelConfig
 from autopar.frameworks import get_profile, rules
 
 GB = 1e9
@@ -183,12 +183,14 @@ def test_records_read_deepep_and_refuse_it_over_efa():
 def test_deepep_buffers_are_reserved_outside_the_allocator():
     from autopar.cost.dispatch import deepep_buffer_bytes
     # csrc/config.hpp at one node (no RDMA): 10 channels x 8 ranks x ((2 x 1 + 3) x 4 bytes
-    # + 256 receive tokens x (8192 + 8 + 1024 + 512 + 512) bytes), 128-aligned
-    assert deepep_buffer_bytes(8, 4096) == -(-(10 * 8 * (5 * 4 + 256 * 10248)) // 128) * 128
+    # + 256 receive tokens x (8192 + 8 + 1024 + 512 + 512) bytes), 128-aligned, and the 32 MiB
+    # workspace (LEGACY_NUM_WORKSPACE_BYTES); no NVSHMEM inside one node
+    assert deepep_buffer_bytes(8, 4096) == (-(-(10 * 8 * (5 * 4 + 256 * 10248)) // 128) * 128
+                                            + 32 * 2 ** 20)
     assert deepep_buffer_bytes(1, 4096) == 0
-    # across nodes the RDMA buffer joins; more ranks, more buffer
-    assert deepep_buffer_bytes(16, 4096) > deepep_buffer_bytes(8, 4096)
-    assert deepep_buffer_bytes(256, 7168) > deepep_buffer_bytes(64, 7168) > 0
+    # across nodes NVSHMEM's heap joins (512 MiB chunks); more ranks, more buffer
+    assert deepep_buffer_bytes(16, 4096) > deepep_buffer_bytes(8, 4096) + 2 ** 29
+    assert deepep_buffer_bytes(160, 7168) > deepep_buffer_bytes(64, 7168) > 0
 
 
 def test_a_deepep_plan_reserves_its_buffers():
@@ -202,3 +204,88 @@ def test_a_deepep_plan_reserves_its_buffers():
     # outside torch's allocator: max_memory_allocated does not see them
     assert deep.memory_breakdown.allocated == pytest.approx(a2a.memory_breakdown.allocated,
                                                             rel=0.02)
+
+
+def test_deepep_runs_only_the_group_sizes_its_kernels_are_compiled_for():
+    """DeepEP csrc/kernels/legacy/launch.cuh: SWITCH_RANKS 2, 4, 8 inside a node;
+    SWITCH_RDMA_RANKS 2, 3, 4, 6, 8, 12, 16, 18, 20 groups of 8 NVLink peers across nodes."""
+    assert rules.DEEPEP_RANKS == (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160)
+    for etp, ep in ((1, 2), (1, 8), (2, 8), (1, 24), (4, 8), (1, 160), (8, 20)):
+        assert rules.deepep_ranks(etp, ep, 8) is None, (etp, ep)
+    for etp, ep in ((1, 3), (1, 6), (1, 12), (1, 40), (1, 80), (1, 256), (3, 4)):
+        v = rules.deepep_ranks(etp, ep, 8)
+        assert v.rule == "deepep_ranks" and f"{etp}*{ep} = {etp * ep} ranks" in v.problem
+        assert v.fix.endswith("dispatcher='alltoall'")
+    assert rules.deepep_ranks(1, 12).fix.startswith("ep in [2, 4, 8, 16, 24, 32, 48, ")
+    assert rules.deepep_ranks(2, 6).fix.startswith("ep in [2, 4, 8, 12, 16, 24, ")
+    # whole NVLink groups per node: 8 ranks over nodes of 4 GPUs cannot share IPC buffers
+    v = rules.deepep_ranks(1, 8, 4)
+    assert "whole groups of 8" in v.problem and v.fix == "ep in [2, 4] at expert_tp=1, or " \
+        "dispatcher='alltoall'"
+    assert rules.deepep_ranks(1, 16, 4).rule == "deepep_ranks"
+    assert rules.deepep_ranks(1, 4, 4) is None and rules.deepep_ranks(1, 16, 72) is None
+    assert rules.deepep_ranks(1, 8, 72) is None and rules.deepep_ranks(1, 8, 12) is not None
+
+
+def test_a_fixed_deepep_plan_of_an_unsupported_size_is_refused():
+    model = dict(_QWEN_MOE, num_experts=48)
+    train = autopar.TrainingConfig(global_batch_size=48, seq_len=1024, micro_batch_size=1,
+                                   framework="megatron")
+    with pytest.raises(InvalidParallelConfig) as info:   # 12 ranks: no kernel
+        autopar.estimate(model, "6x8xH800-80GB", train,
+                         autopar.ParallelConfig(tp=1, pp=1, ep=12, dispatcher="deepep"))
+    assert info.value.rule == "deepep_ranks"
+    assert "expert_tp*ep = 1*12 = 12 ranks" in str(info.value)
+    assert "Fix: ep in [2, 4, 8, 16, 24" in str(info.value)
+    # the same plan under all-to-all runs, and so does DeepEP over 24 ranks
+    autopar.estimate(model, "6x8xH800-80GB", train,
+                     autopar.ParallelConfig(tp=1, pp=1, ep=12, dispatcher="alltoall"))
+    autopar.estimate(model, "6x8xH800-80GB", train,
+                     autopar.ParallelConfig(tp=1, pp=1, ep=24, dispatcher="deepep"))
+
+
+def test_the_search_offers_no_deepep_plan_its_kernels_cannot_run():
+    model = dict(_QWEN_MOE, num_experts=48)
+    train = autopar.TrainingConfig(global_batch_size=48, seq_len=1024, micro_batch_size=1,
+                                   framework="megatron")
+    plan = autopar.optimize(model, "6x8xH800-80GB", train, top_k=20,
+                            fixed={"tp": 1, "pp": 1, "cp": 1, "dispatcher": "deepep"})
+    seen = {(c.etp, c.ep) for c in (plan.config, *(a.config for a in plan.alternatives))}
+    # expert_tp x ep groups of 2 ... 48 ranks, none of 6, 12 (etp 1) or 36
+    assert len(seen) > 10 and {t * e for t, e in seen} <= set(rules.DEEPEP_RANKS), seen
+    assert (1, 12) not in seen and (1, 6) not in seen
+    # pinned to a size DeepEP has no kernel for, the search says so
+    with pytest.raises(InfeasibleError) as info:
+        autopar.optimize(model, "6x8xH800-80GB", train,
+                         fixed={"tp": 1, "pp": 1, "ep": 12, "expert_tp": 1, "dispatcher": "deepep"})
+    assert info.value.rule == "deepep_ranks"
+    assert str(info.value).startswith("no legal parallel layout for moe-2node on 48 GPUs: "
+                                      "dispatcher 'deepep' runs its expert-TP x EP group of "
+                                      "expert_tp*ep = 1*12 = 12 ranks only at [2, 4, 8, 16, ")
+    # with expert_tp open, ep 12 pairs with expert_tp 2 (24 ranks)
+    plan = autopar.optimize(model, "6x8xH800-80GB", train,
+                            fixed={"tp": 1, "pp": 1, "ep": 12, "dispatcher": "deepep"})
+    assert (plan.config.etp, plan.config.ep) == (2, 12)
+
+
+def test_nvshmem_heap_maps_whole_512_mib_chunks():
+    from autopar.cost.dispatch import nvshmem_heap_bytes
+    mib = 2 ** 20
+    assert nvshmem_heap_bytes(0) == 0
+    # NVSHMEM's own first chunk holds a buffer up to 512 MiB - 10 MiB - 128 bytes
+    assert nvshmem_heap_bytes(93 * 10 ** 6) == 512 * mib
+    assert nvshmem_heap_bytes(502 * mib - 128) == 512 * mib
+    # beyond it a second mapping of (buffer + 128) rounded up to 512 MiB
+    assert nvshmem_heap_bytes(502 * mib - 127) == 1024 * mib
+    assert nvshmem_heap_bytes(1024 * mib - 128) == 1536 * mib
+    assert nvshmem_heap_bytes(1024 * mib) == 2048 * mib
+
+
+def test_deepep_across_nodes_holds_the_nvshmem_heap_beside_its_buffers():
+    from autopar.cost.dispatch import deepep_buffer_bytes, deepep_buffer_hints
+    nvl, rdma = deepep_buffer_hints(16, 7168)
+    # 10 channels x 2 RDMA ranks x ((8 x 2 + 2) x 2 x 4 + 140 x 2 x (16392 + 16)) + 1 MiB
+    # (92_936_256), 128-aligned
+    assert rdma == 92_936_320 == -(-(10 * 2 * (18 * 8 + 140 * 2 * 16408) + 2 ** 20) // 128) * 128
+    assert deepep_buffer_hints(8, 7168)[1] == 0
+    assert deepep_buffer_bytes(16, 7168) == nvl + 32 * 2 ** 20 + 512 * 2 ** 20

@@ -155,17 +155,62 @@ def _align(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
-def deepep_buffer_bytes(ranks: int, hidden: int, num_sms: int = DEEPEP.num_sms,
-                        nvl_peers: int = 8) -> int:
-    """Bytes of the NVLink and RDMA buffers DeepEP allocates per GPU, outside torch's allocator
-    (``cudaMalloc`` for IPC, NVSHMEM for RDMA), for an EP group of ``ranks`` GPUs and tokens of
-    ``hidden`` elements: the larger of the dispatch and combine configs' size hints (Megatron-
-    Core fused_a2a.py ``get_buffer``; DeepEP csrc/config.hpp ``get_nvl_buffer_size_hint`` and
-    ``get_rdma_buffer_size_hint`` at 030cdf0, with ``hidden_bytes = hidden x max(element
-    bytes, 2)``, an 8-byte ``SourceMeta``, 128 top-k slots and 128 scales per token). 0 for one
-    rank. The NVSHMEM symmetric heap's own reservation beyond the buffer is not counted."""
-    if ranks <= 1:
+#: Bytes of the workspace every DeepEP buffer ``cudaMalloc``s beside its NVLink and RDMA buffers:
+#: ``LEGACY_NUM_WORKSPACE_BYTES = 32 * 1024 * 1024`` (deepseek-ai/DeepEP
+#: csrc/kernels/legacy/compiled.cuh at dd758ca; ``NUM_WORKSPACE_BYTES``, the same since the
+#: first release ebfe47e), allocated in csrc/legacy/buffer.hpp's ``Buffer`` constructor.
+DEEPEP_WORKSPACE_BYTES = 32 * 2 ** 20
+#: Granularity of NVSHMEM's symmetric heap (physical memory is mapped onto it in multiples of
+#: it): 2**29 bytes = 512 MiB, NVSHMEM's default ``NVSHMEM_CUMEM_GRANULARITY``
+#: (NVIDIA/nvshmem src/include/host/env/env_defs.h at 2d7d25f) and what DeepEP sets before
+#: initialising NVSHMEM (deep_ep/buffers/legacy.py: "NVSHMEM initialization requires at least
+#: 256 MiB").
+NVSHMEM_HEAP_GRANULARITY = 2 ** 29
+#: NVSHMEM's own allocations on its heap, beside the user's: ``G_BUF_SIZE`` (8 MiB) and
+#: ``G_COALESCING_BUF_SIZE`` (128 x 64 x 32 x 8 = 2 MiB), env_defs.h; the teams' sync arrays
+#: (DeepEP sets ``NVSHMEM_MAX_TEAMS=7``) are KiB and not counted.
+NVSHMEM_HEAP_INTERNAL_BYTES = 8 * 2 ** 20 + 2 * 2 ** 20
+#: Alignment DeepEP asks of its RDMA buffer (``nvshmem_align``;
+#: ``LEGACY_NUM_BUFFER_ALIGNMENT_BYTES``, compiled.cuh).
+DEEPEP_BUFFER_ALIGNMENT = 128
+
+
+def nvshmem_heap_bytes(rdma_bytes: int) -> int:
+    """Device bytes NVSHMEM's symmetric heap holds per GPU once DeepEP has put an RDMA buffer of
+    ``rdma_bytes`` on it; 0 when ``rdma_bytes`` is 0 (a one-node group: DeepEP then does not
+    initialise NVSHMEM, deep_ep/buffers/legacy.py, outside low-latency mode).
+
+    NVIDIA/nvshmem src/host/mem/mem_heap.cpp at 2d7d25f (the default heap when CUDA VMM is
+    available, ``nvshmemi_symmetric_heap_vidmem_dynamic_vmm``): an allocation the mapped heap
+    cannot hold maps a new ``cuMemCreate`` chunk of (size + alignment) rounded up to
+    :data:`NVSHMEM_HEAP_GRANULARITY` (``allocate_physical_memory_to_heap``). NVSHMEM's own
+    allocations at initialisation (team_internal.cpp, proxy.cpp) map the first 512 MiB chunk;
+    DeepEP's buffer fits in its rest if ``rdma_bytes`` + :data:`NVSHMEM_HEAP_INTERNAL_BYTES` +
+    128 <= 512 MiB, else a second mapping of ``rdma_bytes + 128`` rounded up to 512 MiB joins
+    it. So 512 MiB for a buffer up to ~502 MiB, 1 GiB up to ~512 MiB, 1.5 GiB up to 1 GiB, ...
+    (DeepEP caps the buffer below 2**31 bytes in normal mode, buffer.hpp). The static heap
+    (``NVSHMEM_DISABLE_CUDA_VMM=1``: ``NVSHMEM_SYMMETRIC_SIZE``, 1 GiB by default, reserved at
+    once) is not modelled."""
+    if rdma_bytes <= 0:
         return 0
+    g = NVSHMEM_HEAP_GRANULARITY
+    if rdma_bytes + NVSHMEM_HEAP_INTERNAL_BYTES + DEEPEP_BUFFER_ALIGNMENT <= g:
+        return g
+    return g + _align(rdma_bytes + DEEPEP_BUFFER_ALIGNMENT, g)
+
+
+def deepep_buffer_hints(ranks: int, hidden: int, num_sms: int = DEEPEP.num_sms,
+                        nvl_peers: int = 8) -> tuple[int, int]:
+    """(NVLink, RDMA) buffer bytes Megatron-Core asks DeepEP for, per GPU, for an expert-TP x EP
+    group of ``ranks`` GPUs and tokens of ``hidden`` elements: the larger of the dispatch and
+    combine configs' size hints (Megatron-Core fused_a2a.py ``get_buffer``: ``num_nvl_bytes``
+    and ``num_rdma_bytes``; DeepEP csrc/config.hpp ``get_nvl_buffer_size_hint`` and
+    ``get_rdma_buffer_size_hint`` at 030cdf0, with ``hidden_bytes = hidden x max(element
+    bytes, 2)``, an 8-byte ``SourceMeta``, 128 top-k slots and 128 scales per token;
+    configs :data:`DEEPEP_BUFFER_CONFIGS`). RDMA 0 inside one node (``ranks`` <=
+    ``nvl_peers``); (0, 0) for one rank."""
+    if ranks <= 1:
+        return 0, 0
     row = next((DEEPEP_BUFFER_CONFIGS[k] for k in sorted(DEEPEP_BUFFER_CONFIGS) if k >= ranks),
                DEEPEP_BUFFER_CONFIGS[max(DEEPEP_BUFFER_CONFIGS)])
     channels, hidden_bytes = num_sms // 2, 2 * hidden
@@ -182,7 +227,21 @@ def deepep_buffer_bytes(ranks: int, hidden: int, num_sms: int = DEEPEP.num_sms,
             r = channels * rdma_ranks * ((nvl_peers * 2 + 2) * 2 * 4
                                          + recv * 2 * (token + 16)) + 2 ** 20
             rdma = max(rdma, _align(r, 128))
-    return nvl + rdma
+    return nvl, rdma
+
+
+def deepep_buffer_bytes(ranks: int, hidden: int, num_sms: int = DEEPEP.num_sms,
+                        nvl_peers: int = 8) -> int:
+    """Device bytes DeepEP holds per GPU outside torch's caching allocator for an expert-TP x EP
+    group of ``ranks`` GPUs and tokens of ``hidden`` elements (0 for one rank): its NVLink
+    buffer (``cudaMalloc``, shared over CUDA IPC; :func:`deepep_buffer_hints`), its 32 MiB
+    workspace (:data:`DEEPEP_WORKSPACE_BYTES`) and, across nodes, NVSHMEM's symmetric heap
+    holding its RDMA buffer (:func:`nvshmem_heap_bytes`: the heap's 512 MiB mappings, not the
+    buffer alone)."""
+    if ranks <= 1:
+        return 0
+    nvl, rdma = deepep_buffer_hints(ranks, hidden, num_sms, nvl_peers)
+    return nvl + DEEPEP_WORKSPACE_BYTES + nvshmem_heap_bytes(rdma)
 
 
 def expected_distinct(experts: int, top_k: int, bins: int) -> float:

@@ -208,7 +208,8 @@ class CostModel:
         done = self._resolved_keys.get(key)
         if done is None:
             try:
-                hit = resolve(config, self.graph, self.cluster.world_size, self.train)
+                hit = resolve(config, self.graph, self.cluster.world_size, self.train,
+                              self.cluster.gpus_per_node)
             except InvalidParallelConfig as exc:
                 return exc
             self._resolved_keys[key] = hit

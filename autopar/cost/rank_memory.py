@@ -41,8 +41,9 @@ def rank_memory(inputs: CostInputs, c: ParallelConfig, layout: tuple, timing: Pi
     parameter elements kept gathered forward to backward."""
     p, wbytes, device = inputs.params, inputs.train.dtype_bytes, inputs.device
     workspace = cublas_workspace_bytes(device.architecture)
-    # DeepEP's NVLink and RDMA buffers, allocated once per process over the expert-TP x EP
-    # group (Megatron-Core fused_a2a.py get_buffer; every rank charged, MoE layers or not)
+    # DeepEP's NVLink buffer, workspace and (across nodes) NVSHMEM heap with its RDMA buffer,
+    # allocated once per process over the expert-TP x EP group (Megatron-Core fused_a2a.py
+    # get_buffer; every rank charged, MoE layers or not)
     moe_buffers = (deepep_buffer_bytes(c.etp * c.ep, inputs.graph.hidden_size)
                    if c.dispatcher == "deepep" and c.ep > 1 and inputs.graph.num_experts else 0)
     stage_mem: list[MemoryBreakdown] = []

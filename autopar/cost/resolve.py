@@ -4,8 +4,9 @@ The rules are :mod:`autopar.frameworks.rules`' (each error names the rule, as ``
 fix), checked in this order: the degrees multiply to the GPUs (mesh_size); tp divides the
 attention and KV heads (tp_heads), tp * cp too under Ulysses CP (ulysses_heads); experts:
 MoE parallel folding (expert_folding, folding_sp), else ep needs a MoE model (ep_needs_moe) and
-divides the experts and dp (ep_split); cp divides the sequence (cp_seq) and the target
-framework's sequence split holds (seq_split); the global batch is a multiple of dp *
+divides the experts and dp (ep_split); DeepEP's kernels run the expert-TP x EP group and the
+node (deepep_ranks); cp divides the sequence (cp_seq) and the target framework's sequence split
+holds (seq_split); the global batch is a multiple of dp *
 micro-batch (batch_split); pp * v <= blocks (pp_blocks); interleaved 1F1B needs the micro-batch
 count to be a multiple of pp (interleave_fill, Megatron-LM); interleaved zero bubble a multiple
 of its rounds (schedule_rounds) and DualPipeV at least 2 pp micro-batches (pipeline_fill; torch
@@ -32,8 +33,9 @@ def check(violation: rules.Violation | None) -> None:
 
 
 def resolve(config: ParallelConfig, graph: ModelGraph, world_size: int,
-            train: TrainingConfig) -> ParallelConfig:
-    """A copy of ``config`` with every ``None`` filled and every rule checked.
+            train: TrainingConfig, gpus_per_node: int | None = None) -> ParallelConfig:
+    """A copy of ``config`` with every ``None`` filled and every rule checked
+    (``gpus_per_node``, where given, for the rules that read the node: deepep_ranks).
 
     Defaults: dp from the world size; micro-batch from ``train`` or 1; one virtual stage;
     schedule 1F1B (interleaved when virtual_stages > 1); balanced stage cuts.
@@ -55,6 +57,8 @@ def resolve(config: ParallelConfig, graph: ModelGraph, world_size: int,
         check(rules.folding_sp(c.etp, c.tp, c.sequence_parallel))
     else:
         check(rules.ep_needs_moe(c.ep, experts) or rules.ep_split(c.ep, dp, experts))
+    if c.dispatcher == "deepep" and c.ep > 1 and experts:   # as the cost model prices it
+        check(rules.deepep_ranks(c.etp, c.ep, gpus_per_node))
     check(rules.cp_seq(c.cp, train.seq_len))
     # the target framework's split of each sequence over CP and SP ranks; an indivisible length
     # makes ranks' reduce-scatter/all-gather shapes differ (a gloo size mismatch at run time) or

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 #: Every rule's name, as :attr:`Violation.rule` carries it.
 RULES = ("mesh_size", "tp_heads", "tp_node", "ulysses_heads", "ep_needs_moe", "ep_split",
-         "expert_folding", "folding_sp", "moe_sp", "cp_seq", "seq_split", "batch_split",
+         "expert_folding", "deepep_ranks", "folding_sp", "moe_sp", "cp_seq", "seq_split", "batch_split",
          "pp_blocks", "stage_cuts", "interleave_fill", "schedule_rounds", "pipeline_fill",
          "schedule_chunks")
 
@@ -150,6 +150,66 @@ def expert_folding(ep: int, etp: int, span: int, experts: int) -> Violation | No
                          f"expert_tp=None (etp = tp), or ep and expert_tp with ep*expert_tp "
                          f"dividing {span}")
     return None
+
+
+#: Group sizes DeepEP's normal (training) kernels run on inside one NVLink domain: the cases of
+#: ``SWITCH_RANKS`` (deepseek-ai/DeepEP csrc/kernels/legacy/launch.cuh at dd758ca, 2026-07-14;
+#: the same 2, 4, 8 since the first release ebfe47e), which every intranode kernel switches on
+#: (csrc/kernels/legacy/intranode.cu); any other size fails ``"Unsupported ranks"``.
+DEEPEP_NVL_RANKS = (2, 4, 8)
+#: NVLink peers per RDMA rank of DeepEP's internode kernels: ``LEGACY_NUM_MAX_NVL_PEERS = 8``
+#: (csrc/kernels/legacy/compiled.cuh), statically asserted in csrc/legacy/buffer.hpp; a rank r
+#: of the group is NVLink rank r % 8 of RDMA rank r // 8.
+DEEPEP_NVL_PEERS = 8
+#: RDMA ranks (groups of 8 NVLink peers) DeepEP's internode kernels run on: the cases of
+#: ``SWITCH_RDMA_RANKS`` (launch.cuh at dd758ca; 3 and 6 / 12 came with e02e4d2 "Support EP24"
+#: and c939644 "Support EP48/96", 2025-09), the same keys as ``get_dispatch_config`` /
+#: ``get_combine_config``'s maps (deep_ep/buffers/legacy.py: 16 ... 160 ranks) and within
+#: ``LEGACY_NUM_MAX_RDMA_PEERS = 20`` (buffer.hpp asserts num_ranks <= 8 x 20 outside
+#: low-latency mode).
+DEEPEP_RDMA_RANKS = (2, 3, 4, 6, 8, 12, 16, 18, 20)
+#: Every expert-TP x EP group size DeepEP's normal kernels run on.
+DEEPEP_RANKS = DEEPEP_NVL_RANKS + tuple(DEEPEP_NVL_PEERS * r for r in DEEPEP_RDMA_RANKS)
+
+
+def _deepep_runs(n: int, gpus_per_node: int | None) -> bool:
+    return n in DEEPEP_RANKS and (gpus_per_node is None
+                                  or gpus_per_node % min(n, DEEPEP_NVL_PEERS) == 0)
+
+
+def deepep_ranks(etp: int, ep: int, gpus_per_node: int | None = None) -> Violation | None:
+    """DeepEP's normal kernels run the expert-TP x EP group of ``etp * ep`` ranks (Megatron-Core
+    token_dispatcher.py ``MoEFlexTokenDispatcher``: one DeepEP buffer over ``tp_ep_group``,
+    "DeepEP dispatcher requires TPxEP > 1"; fused_a2a.py ``get_buffer`` sizes it by
+    ``Buffer.get_dispatch_config(group.size())``, which asserts "Unsupported number of EP
+    ranks" off its map).
+
+    The group must be one of :data:`DEEPEP_RANKS`: 2, 4 or 8 ranks inside one node
+    (:data:`DEEPEP_NVL_RANKS`; CUDA IPC over NVLink), or 8 x 2, 3, 4, 6, 8, 12, 16, 18 or 20 =
+    16, 24, 32, 48, 64, 96, 128, 144 or 160 ranks in whole groups of 8 NVLink peers
+    (:data:`DEEPEP_RDMA_RANKS`; DeepEP's buffer.hpp asserts ``num_ranks < 8 or num_ranks % 8
+    == 0``). With ``gpus_per_node`` given, a node (autopar's NVLink domain) must hold whole
+    groups: ``gpus_per_node`` a multiple of the group (up to 8 ranks) or of 8 (beyond). The
+    rank order inside the node (autopar's placement) is not checked. DeepEP's low-latency
+    kernels (other limits: hidden sizes of ``SWITCH_HIDDEN``) are not what the flex dispatcher
+    runs in training, so they are not a way out here."""
+    n = etp * ep
+    if _deepep_runs(n, gpus_per_node):
+        return None
+    if n in DEEPEP_RANKS:
+        block = min(n, DEEPEP_NVL_PEERS)
+        problem = (f"dispatcher 'deepep' needs each node to hold whole groups of {block} of its "
+                   f"{n} ranks (expert_tp*ep = {etp}*{ep}), but a node has {gpus_per_node} GPUs "
+                   "(DeepEP joins up to 8 ranks of a node over NVLink, csrc/legacy/buffer.hpp)")
+    else:
+        problem = (f"dispatcher 'deepep' runs its expert-TP x EP group of expert_tp*ep = "
+                   f"{etp}*{ep} = {n} ranks only at {list(DEEPEP_RANKS)} ranks (DeepEP's "
+                   "kernels are compiled for those: SWITCH_RANKS / SWITCH_RDMA_RANKS in "
+                   "csrc/kernels/legacy/launch.cuh)")
+    fits = [d // etp for d in DEEPEP_RANKS
+            if d % etp == 0 and d // etp > 1 and _deepep_runs(d, gpus_per_node)]
+    fix = (f"ep in {fits} at expert_tp={etp}, or " if fits else "") + "dispatcher='alltoall'"
+    return Violation("deepep_ranks", problem, fix)
 
 
 def folding_sp(etp: int, tp: int, sequence_parallel: bool) -> Violation | None:

@@ -55,6 +55,15 @@ def no_mesh_error(cm: CostModel, fixed: dict) -> AutoparError:
         return InfeasibleError(f"{head}: ep={ep} does not divide the model's {experts} experts "
                                f"(each expert-parallel rank holds experts / ep of them). Fix: "
                                f"ep in {fits}, or leave it to autopar.")
+    if fixed.get("dispatcher") == "deepep" and ep > 1 and experts:
+        # DeepEP's kernels run only some expert-TP x EP group sizes (rules.deepep_ranks): a
+        # pinned ep no expert_tp can pair with (or the pinned one) leaves no layout
+        etp = fixed.get("expert_tp") or fixed.get("tp")
+        gpn = cm.cluster.gpus_per_node
+        tries = [etp] if etp else [t for t in range(1, gpn + 1) if gpn % t == 0]
+        broken = [rules.deepep_ranks(t, ep, gpn) for t in tries]
+        if all(broken):
+            return rules.refuse(broken[0], InfeasibleError, f"{head}: ")
     v = fixed.get("virtual_stages") or 1
     if v > 1 and fixed.get("pp", 2) == 1:
         return InfeasibleError(f"{head}: virtual_stages={v} interleaves pipeline stages, but "
