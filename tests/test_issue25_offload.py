@@ -196,3 +196,41 @@ def test_the_header_says_what_is_offloaded():
     assert offload.offload_text(autopar.TrainingConfig(8, 128)) == ""
     t = autopar.TrainingConfig(8, 128, param_offload=True, activation_offload=True)
     assert offload.offload_text(t) == ", parameters and activations offloaded to the CPU"
+
+
+def test_parameter_offload_stages_the_shard_of_the_hybrid_sharding_group(monkeypatch):
+    """Under hybrid sharding (FSDP HYBRID_SHARD, here 4 ranks a group) each rank holds 1/4 of
+    a unit, not 1/8: the two shards copied in before the gathers, and each gather's
+    host-to-device copy, are a quarter of the unit (ModelStates.zero_groups, as the ZeRO
+    states)."""
+    from autopar.frameworks import get_profile
+    from autopar.frameworks.options import with_options
+    train = autopar.TrainingConfig(64, 256, micro_batch_size=1, framework="fsdp1",
+                                   param_offload=True)
+    graph, _ = model_graph("tiny-llama", train)
+    cluster = autopar.Cluster.from_spec("1x8xA100-80GB")
+    full = CostModel(graph, cluster, train)
+    plain = CostModel(graph, cluster, autopar.TrainingConfig(64, 256, micro_batch_size=1,
+                                                             framework="fsdp1"),
+                      framework=with_options(get_profile("fsdp1"), ["hsdp"], 4))
+    hsdp = CostModel(graph, cluster, train,
+                     framework=with_options(get_profile("fsdp1"), ["hsdp"], 4))
+    c = hsdp.resolve(ZERO3)
+    assert hsdp.states.zero_groups(c) == (4, 4) and full.states.zero_groups(c) == (8, 8)
+    g_full = full.stage_layout(full.resolve(ZERO3))[0].gather_bytes
+    g_hsdp = hsdp.stage_layout(c)[0].gather_bytes
+    g_plain = plain.stage_layout(plain.resolve(ZERO3))[0].gather_bytes
+    assert g_full - g_plain == 2 * LARGEST / 8 * 2 == 23_104
+    assert g_hsdp - g_plain == 2 * LARGEST / 4 * 2 == 46_208
+    # the host-to-device copy of each gather moves the rank's 1/4 shard: 217,664 / 4 elements
+    seen = []
+    real = offload.param_copy_s
+
+    def spy(train, shard_elements, *rest):
+        seen.append(shard_elements)
+        return real(train, shard_elements, *rest)
+
+    monkeypatch.setattr(offload, "param_copy_s", spy)
+    hsdp.estimate(ZERO3)
+    full.estimate(ZERO3)
+    assert seen == [PARAMS / 4, PARAMS / 8]

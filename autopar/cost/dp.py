@@ -161,8 +161,9 @@ class DataParallel(Zero3Passes):
 
         # parameter offload: each ZeRO-3 gather first copies the shard in, each reduction
         # copies the gradient shard out, on FSDP's side streams with the collectives
-        # (autopar.cost.offload); 0 without it
-        h2d, d2h = offload.param_copy_s(train, psi / (dp * cp),
+        # (autopar.cost.offload); 0 without it. The shard is the rank's: psi over the ZeRO
+        # group (dp x cp, or a hybrid sharding's smaller group, ModelStates.zero_groups)
+        h2d, d2h = offload.param_copy_s(train, psi / self.states.zero_groups(c)[0],
                                         inp.conventions.weight_bytes or wbytes, rbytes,
                                         inp.device.pcie_bandwidth_Bps)
         # sharded-DP all-gathers and reduce-scatters per step, for the copies around them

@@ -167,7 +167,9 @@ def resident_states(train: TrainingConfig, states: tuple[float, float, float]
 def staging_elements(train: TrainingConfig, largest_layer: float, shards: int) -> float:
     """Parameter elements of the shard copies on the GPU beside ZeRO-3's gathered ones: the
     running and the prefetched unit's shard (``largest_layer`` elements over ``shards``
-    ranks), each copied in before its all-gather."""
+    ranks, the ZeRO group the parameters are sharded over: dp x cp, or a hybrid sharding's
+    smaller group, :meth:`autopar.cost.states.ModelStates.zero_groups`; routed experts are
+    counted at that group too), each copied in before its all-gather."""
     return 2 * largest_layer / shards if train.param_offload and shards > 0 else 0.0
 
 

@@ -131,8 +131,10 @@ class ModelStates:
             gathered = 2 * largest
             if conv.zero3_prefetch_elements and self.inputs.profile.zero3_gather == "per_parameter":
                 gathered = self.per_parameter_gathered(c, layers)
+            # the shard each gather copies in is the one this rank holds: over the ZeRO group
+            # (dp x cp, or the hybrid sharding's smaller group: zero_groups)
             work = train.dtype_bytes * gathered + (conv.weight_bytes or train.dtype_bytes) \
-                * offload.staging_elements(train, largest, c.dp * c.cp)
+                * offload.staging_elements(train, largest, self.zero_groups(c)[0])
             if pp > 1 and conv.pp_unsharded_bytes:
                 work = max(self.pp_unsharded_bytes(c, rank, params), work)
         if train.precision == "fp8" and conv.fp8_weight_cache_bytes:
