@@ -5,6 +5,8 @@ zero3_pp_reduce_after_flush; autopar.frameworks.stacks.pithtrain.PITHTRAIN_FSDP)
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 import autopar
@@ -98,3 +100,20 @@ def test_only_the_pithtrain_records_run_it():
             hybrid = raw["plan"].get("hybrid_shard") is True
             assert prof.zero1_group_size == (8 if hybrid else None)
     assert not get_profile("fsdp1").zero3_pp_root_regather
+
+
+def test_loop_keeps_bf16_parameters_and_fp32_gradients_unsharded():
+    # PithTrain holds 2 + 4 bytes per parameter of a chunk through the loop (torch's: 2 + 2)
+    p = with_pithtrain_fsdp("fsdp1")
+    assert (p.memory.pp_unsharded_bytes, p.memory.pp_unsharded_forward_bytes) == (6, 2)
+    assert "093a9e4" in p.memory.sources["pp_unsharded_bytes"]
+    torch_mem = get_profile("fsdp1").memory
+    assert (torch_mem.pp_unsharded_bytes, torch_mem.pp_unsharded_forward_bytes) == (4, 0)
+    pith, base = _model(p), _model(replace(p, memory=torch_mem))
+    c = pith.resolve(_CFG)
+    # under 1F1B (one chunk) a rank's activations peak at its first backward: every byte held
+    for r in range(c.pp):
+        assert pith.states.pp_unsharded_bytes(c, r, 1e9) == pytest.approx(6e9)
+        assert base.states.pp_unsharded_bytes(c, r, 1e9) == pytest.approx(4e9)
+    assert (pith.estimate(_CFG).memory_breakdown.transient
+            > base.estimate(_CFG).memory_breakdown.transient)

@@ -63,10 +63,31 @@ PITHTRAIN_FSDP = replace(
              "torch.distributed.fsdp.fully_shard (FSDP2)"})
 
 
+#: What PithTrain keeps unsharded through the DualPipeV loop (module docstring): a chunk's bf16
+#: parameters from its first forward (blocks and experts never reshard in the loop), and its
+#: gradients, accumulated unsharded in the fp32 reduce dtype (FSDP2 FSDPParamGroup.post_backward
+#: without gradient sync: to_accumulated_grad_if_needed upcasts to reduce_dtype), until
+#: run_post_backward reduce-scatters them after the loop.
+PITHTRAIN_PP_UNSHARDED = {
+    "pp_unsharded_bytes": (6, _PITH + "pithtrain/dualpipe/dualpipev.py DualPipeV.step: "
+                           "set_reshard_after_backward(False), set_requires_gradient_sync(False) "
+                           "for the loop, so each chunk keeps its bf16 parameters (2) and its "
+                           "gradients accumulated unsharded in fp32 (4: MixedPrecisionPolicy "
+                           "reduce_dtype=float32, torch FSDPParam.to_accumulated_grad_if_needed) "
+                           "until run_post_backward after the loop"),
+    "pp_unsharded_forward_bytes": (2, _PITH + "pithtrain/modules/training.py apply_fsdp: "
+                                   "decoder layers and experts fully_shard(reshard_after_"
+                                   "forward=False): the bf16 parameters (2) held from the "
+                                   "chunk's first forward"),
+}
+
+
 def with_pithtrain_fsdp(profile):
     """``profile`` with PithTrain's sharded data parallelism (:data:`PITHTRAIN_FSDP`): blocks
     gathered once per step, the layers outside them gathered again every micro-batch, the
-    fp32 gradient reduce-scatters issued after the pipeline's last operation. A record option
+    fp32 gradient reduce-scatters issued after the pipeline's last operation; in memory, what
+    the loop keeps unsharded (:data:`PITHTRAIN_PP_UNSHARDED`: bf16 parameters from a chunk's
+    first forward, fp32 gradients from its first backward). A record option
     (:func:`benchmarks.validation.record_profile` for a PithTrain run), an edit of the profile
     that travels with it (:func:`autopar.frameworks.choices.with_choice`).
 
@@ -74,4 +95,8 @@ def with_pithtrain_fsdp(profile):
         InvalidTrainingConfig: an unknown framework name.
     """
     from . import get_profile
-    return with_choice(get_profile(profile), PITHTRAIN_FSDP)
+    p = with_choice(get_profile(profile), PITHTRAIN_FSDP)
+    mem = p.memory
+    return replace(p, memory=replace(
+        mem, **{k: v for k, (v, _src) in PITHTRAIN_PP_UNSHARDED.items()},
+        sources={**mem.sources, **{k: src for k, (_v, src) in PITHTRAIN_PP_UNSHARDED.items()}}))
