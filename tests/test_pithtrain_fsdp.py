@@ -117,3 +117,23 @@ def test_loop_keeps_bf16_parameters_and_fp32_gradients_unsharded():
         assert base.states.pp_unsharded_bytes(c, r, 1e9) == pytest.approx(4e9)
     assert (pith.estimate(_CFG).memory_breakdown.transient
             > base.estimate(_CFG).memory_breakdown.transient)
+
+
+def test_compiled_layer_keeps_no_eager_norm_or_glu_extras():
+    from autopar.cost import memory as mem
+    from autopar.frameworks.stacks.pithtrain import PITHTRAIN_FUSION, with_pithtrain_kernels
+    p = with_pithtrain_kernels("fsdp1")
+    assert (p.fusion, p.eager_parts) == ("compile", ())
+    assert "093a9e4" in p.cost_sources["fusion"] and PITHTRAIN_FUSION.fusion == "compile"
+    eager, compiled = _model(get_profile("fsdp1")), _model(p)
+    c = eager.resolve(_CFG)
+    li = next(i for i, lay in enumerate(eager.graph.layers) if lay.kind == "block")
+    layer = eager.graph.layers[li]
+    extra = mem.eager_saved_bytes(layer, fusion="eager", dtype_bytes=2, micro_batch=1, tp=1, cp=1,
+                                  sequence_parallel=False)
+    assert extra > 0
+    assert (eager.block_cost(li, "none", c).act_bytes - compiled.block_cost(li, "none", c).act_bytes
+            == pytest.approx(extra, rel=1e-9))
+    # the PithTrain records take it
+    raw = next(r for r in validation.load_corpus() if r["id"].startswith("moe-pithtrain-pr40"))
+    assert validation.record_profile(records.parse(raw)).fusion == "compile"

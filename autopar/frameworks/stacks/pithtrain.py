@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..choices import FSDP2, with_choice
+from ..choices import FSDP2, Fusion, with_choice
 
 _PITH = "mlc-ai/pith-train 093a9e4 "
 
@@ -100,3 +100,37 @@ def with_pithtrain_fsdp(profile):
     return replace(p, memory=replace(
         mem, **{k: v for k, (v, _src) in PITHTRAIN_PP_UNSHARDED.items()},
         sources={**mem.sources, **{k: src for k, (_v, src) in PITHTRAIN_PP_UNSHARDED.items()}}))
+
+
+#: PithTrain's Qwen3-MoE decoder layer (pithtrain/models/qwen3_30b_a3b.py at 093a9e4; its
+#: DeepSeek-V2-Lite and gpt-oss layers carry similar decorators, not read here for a record):
+#: the attention half, the router and
+#: the weighted combine are torch.compile'd regions, and the experts' gated unit is a fused
+#: autograd function that keeps its two inputs only.
+PITHTRAIN_FUSION = Fusion(
+    name="pithtrain-compiled-layer",
+    summary="PithTrain: attention half, router and combine under torch.compile(fullgraph=True), "
+            "experts' SiLU-mul one fused op",
+    fusion="compile", eager_parts=(),
+    sources={"fusion": _PITH + "pithtrain/models/qwen3_30b_a3b.py: "
+             "Qwen3MoeDecoderLayer._forward_attn_compute (input RMSNorm, q/k/v, q/k RMSNorm, "
+             "RoPE, attention, o_proj, residual, post-attention RMSNorm), Qwen3MoeGate.compute "
+             "(router, softmax, top-k, normalisation) and forward_aggregate (weighted combine, "
+             "residual) are @torch.compile(fullgraph=True); the experts' silu(gate) * up is "
+             "pithtrain/operators/silu_mul.py _SiLUMul (ctx.save_for_backward(gate, up))",
+             "eager_parts": _PITH + "none: the loss is its fused CrossEntropy "
+             "(pithtrain/operators/cross_entropy.py), the GLU _SiLUMul"})
+
+
+def with_pithtrain_kernels(profile):
+    """``profile`` running PithTrain's compiled decoder layer (:data:`PITHTRAIN_FUSION`):
+    norms and point-wise chains fused (``fusion="compile"``), so neither the time of eager
+    point-wise kernels nor the extra tensors eager norms and GLUs keep
+    (:func:`autopar.cost.memory.eager_saved_bytes`) are charged. A record option, as
+    :func:`with_pithtrain_fsdp`.
+
+    Raises:
+        InvalidTrainingConfig: an unknown framework name.
+    """
+    from . import get_profile
+    return with_choice(get_profile(profile), PITHTRAIN_FUSION)
