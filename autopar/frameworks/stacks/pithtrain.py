@@ -117,7 +117,9 @@ PITHTRAIN_FUSION = Fusion(
              "RoPE, attention, o_proj, residual, post-attention RMSNorm), Qwen3MoeGate.compute "
              "(router, softmax, top-k, normalisation) and forward_aggregate (weighted combine, "
              "residual) are @torch.compile(fullgraph=True); the experts' silu(gate) * up is "
-             "pithtrain/operators/silu_mul.py _SiLUMul (ctx.save_for_backward(gate, up))",
+             "pithtrain/operators/silu_mul.py _SiLUMul (ctx.save_for_backward(gate, up)); "
+             "not priced apart: the final norm before the head, run eagerly in "
+             "pithtrain/dualpipe/execution.py epilog_f",
              "eager_parts": _PITH + "none: the loss is its fused CrossEntropy "
              "(pithtrain/operators/cross_entropy.py), the GLU _SiLUMul"})
 
