@@ -39,6 +39,7 @@ from autopar.frameworks.stacks.deepspeed import (HF_AUTO, with_deepspeed_030,
                                                  with_hf_trainer_torch_adamw,
                                                  with_megatron_v1_model, with_zero_config)
 from autopar.frameworks.stacks.inhouse import with_llama3_fsdp
+from autopar.frameworks.stacks.pithtrain import with_pithtrain_fsdp, with_pithtrain_kernels
 from autopar.frameworks.stacks.megatron import (ALLTOALL_TOKEN_LEVEL_SINCE,
                                                 MOE_PROBS_IN_ACTIVATION_SINCE,
                                                 with_alltoall_seq_2024,
@@ -221,10 +222,14 @@ def record_profile(rec: Record) -> FrameworkProfile:
     eager FP8 run whose ``training.fp8_recipe`` names float8nocompile casts with torchao's
     prototype kernels (:func:`autopar.frameworks.stacks.torchtitan.with_float8nocompile`); a
     PithTrain run's loss writes the logits' gradient in place (:data:`PITHTRAIN_LOSS`,
-    :func:`autopar.frameworks.stacks.with_inplace_loss`); Meta's in-house stack ("meta
-    internal" in the framework text: the Llama 3 runs) runs the data parallelism the Llama 3
-    paper states (:func:`autopar.frameworks.stacks.inhouse.with_llama3_fsdp`); a DeepSpeed run
-    of DeepSpeedExamples' Megatron-LM GPT-2 runs that model's own attention ops
+    :func:`autopar.frameworks.stacks.with_inplace_loss`) and its data parallelism is FSDP2
+    under its DualPipeV loop (:func:`autopar.frameworks.stacks.pithtrain.with_pithtrain_fsdp`),
+    its decoder layers compiled (:func:`autopar.frameworks.stacks.pithtrain.
+    with_pithtrain_kernels`);
+    Meta's in-house stack ("meta internal" in the framework text: the Llama 3 runs) runs the
+    data parallelism the Llama 3 paper states
+    (:func:`autopar.frameworks.stacks.inhouse.with_llama3_fsdp`); a DeepSpeed run of
+    DeepSpeedExamples' Megatron-LM GPT-2 runs that model's own attention ops
     (:func:`autopar.frameworks.stacks.deepspeed.with_megatron_v1_model`)."""
     profile = get_profile(profile_name(rec))
     f = rec.framework.lower().replace(" ", "").replace("-", "")
@@ -233,6 +238,9 @@ def record_profile(rec: Record) -> FrameworkProfile:
         compiled = "torch.compile" in rec.framework.lower() and "nocompile" not in f
     if compiled:
         profile = with_choice(profile, TORCH_COMPILE)
+    if "pithtrain" in f:
+        # PithTrain's FSDP2 under its DualPipeV loop (before its HSDP shard group, below)
+        profile = with_pithtrain_fsdp(profile)
     if (_kind(rec.framework) == "fsdp" and "HYBRID_SHARD" in rec.raw.get("notes", "")) or \
             rec.raw.get("plan", {}).get("hybrid_shard") is True:
         # sharded within a node, replicated across nodes (the --stack-option hsdp)
@@ -267,8 +275,10 @@ def record_profile(rec: Record) -> FrameworkProfile:
         # accumulated over the micro-batches, one fp32 reduce-scatter per step)
         profile = with_llama3_fsdp(profile)
     if "pithtrain" in f:
-        # PithTrain's loss writes the logits' gradient into them in its forward
+        # PithTrain's loss writes the logits' gradient into them in its forward; its decoder
+        # layers run compiled regions and fused ops
         profile = with_inplace_loss(profile, PITHTRAIN_LOSS)
+        profile = with_pithtrain_kernels(profile)
     recipe = str((rec.raw.get("training") or {}).get("fp8_recipe") or "").lower()
     if rec.train.precision == "fp8" and not compiled and "float8nocompile" in recipe:
         # an eager FP8 run whose recipe names torchao's float8nocompile prototype: its casts

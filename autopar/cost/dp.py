@@ -5,7 +5,9 @@ the framework's copies around them and the optimizer step (:class:`DPCost`, from
 
 Which mechanisms apply is the framework profile's: overlap of the gradient reduce
 (``overlap_dp_grad_reduce``), how ZeRO-3 gathers (``zero3_gather``, per block or per
-parameter; ``zero3_regather_per_micro_batch`` under PP), FSDP1's flat-gradient copies
+parameter; ``zero3_regather_per_micro_batch`` under PP, and there the layers outside the
+blocks gathered every micro-batch, ``zero3_pp_root_regather``, and the reductions issued after
+the pipeline's last operation, ``zero3_pp_reduce_after_flush``), FSDP1's flat-gradient copies
 (``zero_grad_copy_passes``), FSDP2's copy-in/out (``fsdp2_copies``), ZeRO-1 with full
 all-reduce (``zero1_grad_all_reduce``) or broadcast parameter sync (``zero1_param_sync``),
 bucketed reduction with device syncs (``sync_grad_bucket_elements``), the ZeRO group and
@@ -168,6 +170,7 @@ class DataParallel(Zero3Passes):
                                         inp.device.pcie_bandwidth_Bps)
         # sharded-DP all-gathers and reduce-scatters per step, for the copies around them
         gathers = reduces = 0.0
+        root_copies = 0.0   # elements of the per-micro-batch gathers outside the blocks
         if dp * cp > 1:
             coll = self.reduction_groups(c, layout[rank].layers, psi)
             t_ag = coll.time("all_gather", wbytes)
@@ -204,11 +207,25 @@ class DataParallel(Zero3Passes):
             elif c.zero_stage == 3:
                 # under PP the framework keeps parameters gathered and gradients unsharded
                 # across the step's micro-batches: one gather behind the first forward, one
-                # reduce-scatter behind the last backward (memory pays, not time)
-                dp_exposed = (beside_copies(t_ag, h2d, fwd1, ov_gather)
-                              + beside_copies(t_rs, d2h, bwd1, ov_grad))
+                # reduce-scatter behind the last backward (memory pays, not time), or, where
+                # the framework issues the reductions after the pipeline's last operation
+                # (FrameworkProfile.zero3_pp_reduce_after_flush), with nothing beside them
+                if prof.zero3_pp_reduce_after_flush:
+                    rs_exposed = t_rs + d2h
+                else:
+                    rs_exposed = beside_copies(t_rs, d2h, bwd1, ov_grad)
+                dp_exposed = beside_copies(t_ag, h2d, fwd1, ov_gather) + rs_exposed
                 gathers, reduces = 1, 1
                 loads.append((l_ag + l_rs, 1.0))
+                if prof.zero3_pp_root_regather:
+                    # the layers outside the blocks reshard after every forward: each
+                    # micro-batch gathers them once more (m beyond the step's one gather), the
+                    # compute waiting on each (FrameworkProfile.zero3_pp_root_regather)
+                    t_root, l_root, root_elems = self.zero3_root_gather(c, bottleneck, wbytes)
+                    dp_exposed += m * t_root
+                    root_copies = m * root_elems
+                    if with_loads and t_root > 0:
+                        loads.append((l_root, m))
             elif c.zero_stage == 2 and prof.zero2_reduce_per_step:
                 # unsharded gradients accumulated over the step's micro-batches: one
                 # reduce-scatter behind the last backward, one gather behind the first forward
@@ -266,6 +283,9 @@ class DataParallel(Zero3Passes):
                                            ov_gather)
         optimizer_s = self.optimizer_step_s(c, layout[rank].layers, psi)
         grad_copy_s = self.compute_stream_copies_s(c, m, psi, gathers, reduces)
+        if prof.fsdp2_copies and root_copies:
+            # FSDP2's copy-out of each of those gathers, on the compute stream (fsdp2_copies)
+            grad_copy_s += root_copies * 2 * wbytes / inp.hbm_Bps
         return DPCost(dp_exposed, dp_slow, grad_copy_s, optimizer_s, tuple(loads))
 
     def overlap_share(self, c: ParallelConfig, layers: tuple[int, ...], dp_g) -> float:

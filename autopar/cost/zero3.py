@@ -87,6 +87,34 @@ class Zero3Passes:
         self._zero3[key] = (comm, exposed)
         return self._zero3[key]
 
+    def zero3_root_gather(self, c: ParallelConfig, rank: int,
+                          wbytes: float) -> tuple[float, LinkLoad, float]:
+        """(seconds, link load, parameter elements) of one all-gather of pipeline rank
+        ``rank``'s layers outside the blocks (embedding, final norm, head), one collective per
+        layer (each its own FSDP module), over the ZeRO group: the whole dp x cp group, or the
+        shard group a hybrid sharding sets (``zero1_group_size``; FSDP2's HSDP gathers over the
+        mesh's shard dimension only). ``wbytes``: bytes per gathered element (2 for bf16).
+        (0, no load, 0) when the rank holds no such layer or the group is one rank."""
+        key = (c.fields_except(*_NOT_IN_ZERO3), rank, wbytes, "root")
+        hit = self._zero3.get(key)
+        if hit is not None:
+            return hit
+        g = self.inputs.graph
+        zg = self.groups.zero1_group(c)
+        layers = self.ranks.rank_layers(c.pp, c.stage_blocks, c.schedule)[rank][0]
+        elems = [self.ranks.layer_params_per_rank(li, c.tp, True, c.ep, c.etp)
+                 for li in layers if g.layers[li].kind != "block"]
+        elems = [n for n in elems if n > 0]
+        if zg is None or not elems:
+            self._zero3[key] = (0.0, NO_LOAD, 0.0)
+            return self._zero3[key]
+        t = sum(zg.time("all_gather", n * wbytes) for n in elems)
+        load = NO_LOAD
+        for n in elems:
+            load += zg.load("all_gather", n * wbytes)
+        self._zero3[key] = (t, load, float(sum(elems)))
+        return self._zero3[key]
+
     def zero3_collective_load(self, c: ParallelConfig, rank: int, nbytes_per_element: float,
                               op: str) -> LinkLoad:
         """The per-link :class:`LinkLoad` of the collectives :meth:`zero3_collective_s` times."""

@@ -90,6 +90,8 @@ class ShardedDataParallel(Choice):
     overlap_dp_grad_reduce: bool
     zero3_gather: str
     zero3_regather_per_micro_batch: bool
+    zero3_pp_root_regather: bool = False
+    zero3_pp_reduce_after_flush: bool = False
     grad_reduce_bytes: int | None
     grad_reduce_fp16_in_fp16: bool = False
     zero1_param_sync: str

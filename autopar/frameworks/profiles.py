@@ -120,6 +120,14 @@ class FrameworkProfile:
         zero3_regather_per_micro_batch: under pipeline parallelism, ZeRO-3 parameters are
             gathered (and gradients reduce-scattered) for every micro-batch; False when the
             framework keeps them unsharded across a step's micro-batches (a memory cost, not time).
+        zero3_pp_root_regather: with ``zero3_regather_per_micro_batch`` False, the rank's
+            layers outside the blocks (embedding, final norm, head) are still resharded after
+            every forward: each micro-batch gathers them again over the ZeRO group (one more
+            all-gather of them per micro-batch), and the compute waits on each gather (no
+            compute beside it: exposed whole).
+        zero3_pp_reduce_after_flush: with ``zero3_regather_per_micro_batch`` False, the step's
+            gradient reduce-scatters are issued after the pipeline's last operation, with no
+            compute left beside them (exposed whole), instead of behind the last backward.
         overlap_tp_comm: tensor-parallel collectives overlap the GEMMs beside them (userbuffers
             ring exchange, Transformer Engine ``tp_comm_overlap``; or async TP).
         overlap_pp_p2p: the schedules (of :data:`autopar.config.SCHEDULES`) under which
@@ -301,6 +309,8 @@ class FrameworkProfile:
     overlap_dp_grad_reduce: bool = True
     zero3_gather: str = "per_block"
     zero3_regather_per_micro_batch: bool = True
+    zero3_pp_root_regather: bool = False
+    zero3_pp_reduce_after_flush: bool = False
     overlap_tp_comm: bool = False
     overlap_pp_p2p: tuple[str, ...] = ()
     grad_reduce_bytes: int | None = None
@@ -351,7 +361,8 @@ class FrameworkProfile:
     def __hash__(self) -> int:
         return hash((self.name, self.version, tuple(sorted(self.attention_kernels.items())),
                      self.fusion, self.overlap_dp_grad_reduce, self.zero3_gather,
-                     self.zero3_regather_per_micro_batch, self.overlap_tp_comm,
+                     self.zero3_regather_per_micro_batch, self.zero3_pp_root_regather,
+                     self.zero3_pp_reduce_after_flush, self.overlap_tp_comm,
                      self.overlap_pp_p2p, self.grad_reduce_bytes, self.grad_reduce_fp16_in_fp16,
                      self.step_fixed_s,
                      self.zero1_param_sync, self.zero1_group_size, self.zero1_grad_all_reduce,

@@ -68,7 +68,8 @@ DEEPSPEED_MIN_CAPACITY = 4
 #: Names of the cost fields (defaults in
 #: :class:`~autopar.frameworks.profiles.FrameworkProfile`; sources in ``cost_sources``).
 COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_gather",
-               "zero3_regather_per_micro_batch", "overlap_tp_comm", "overlap_pp_p2p",
+               "zero3_regather_per_micro_batch", "zero3_pp_root_regather",
+               "zero3_pp_reduce_after_flush", "overlap_tp_comm", "overlap_pp_p2p",
                "grad_reduce_bytes", "grad_reduce_fp16_in_fp16", "step_fixed_s",
                "zero1_param_sync", "zero1_group_size",
                "zero1_grad_all_reduce", "cp_attention", "optimizer_step_bytes", "eager_parts",
@@ -237,6 +238,13 @@ DEFAULT_COST_SOURCES = {
     "zero3_gather": "FSDP2 fully_shard per block with implicit forward/backward prefetch",
     "zero3_regather_per_micro_batch": "plain gradient accumulation re-runs forward/backward, "
                                       "and FSDP re-gathers every micro-batch",
+    "zero3_pp_root_regather": "under PP every ZeRO-3 module the framework keeps gathered "
+                              "across micro-batches, the non-block layers too (torch."
+                              "distributed.pipelining stage.py: set_reshard_after_backward(False) "
+                              "on the whole stage module)",
+    "zero3_pp_reduce_after_flush": "the last micro-batch's backward reduce-scatters the "
+                                   "gradients as it runs (torch.distributed.pipelining stage.py: "
+                                   "gradient sync enabled for the last backward)",
     "overlap_tp_comm": "DTensor TP collectives are synchronous on the compute stream",
     "overlap_pp_p2p": "torch.distributed.pipelining waits on its batched isend/irecv before "
                       "the next stage op, under every schedule",
