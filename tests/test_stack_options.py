@@ -17,7 +17,7 @@ from autopar.frameworks.options import STACK_OPTIONS, with_options
 _FOR = {"torch-compile": "torch", "cuda-graphs": "megatron", "hsdp": "fsdp1",
         "foreach-adamw": "torchtitan", "float8nocompile": "torchtitan",
         "alltoall-2024": "megatron", "deepspeed-0.3": "deepspeed",
-        "megatron-v1-model": "deepspeed", "llama3-fsdp": "inhouse-2024"}
+        "megatron-v1-model": "deepspeed", "llama3-fsdp": "inhouse-2024", "pithtrain": "fsdp1"}
 
 
 @pytest.mark.parametrize("name", sorted(STACK_OPTIONS))
@@ -68,3 +68,18 @@ def test_hybrid_sharding_shards_the_states_within_its_group():
     assert hsdp.states.zero_groups(hsdp.resolve(cfg)) == (8, 1)
     a, b = full.estimate(cfg).memory_breakdown, hsdp.estimate(cfg).memory_breakdown
     assert b.optimizer_states > a.optimizer_states and b.weights > a.weights
+
+
+def test_the_pithtrain_option_prices_what_the_corpus_prices_for_a_pithtrain_run():
+    """--stack-option pithtrain sets the same cost fields the validation corpus applies to a
+    PithTrain record (stacks.pithtrain.with_pithtrain_fsdp / with_pithtrain_kernels), minus the
+    memory conventions a plan file cannot carry."""
+    from autopar.frameworks.stacks.pithtrain import with_pithtrain_fsdp, with_pithtrain_kernels
+    chosen = with_options(get_profile("fsdp1"), ["pithtrain"], 8)
+    option = profile_edits(chosen)
+    corpus = with_pithtrain_kernels(with_pithtrain_fsdp(get_profile("fsdp1")))
+    assert option["fusion"]["value"] == "compile"
+    assert option["zero3_pp_root_regather"]["value"] is True
+    assert option["grad_reduce_bytes"]["value"] == 4
+    assert all(getattr(corpus, field) == getattr(chosen, field) for field in option)
+    assert corpus.memory.pp_unsharded_bytes == 6

@@ -18,6 +18,7 @@ from ..errors import InvalidTrainingConfig
 from .choices import CUDA_GRAPHS, TORCH_COMPILE, with_choice
 from .profiles import FrameworkProfile
 from .stacks import deepspeed, inhouse, megatron, shard_within, torchtitan
+from .stacks.pithtrain import PITHTRAIN_FSDP, PITHTRAIN_FUSION
 
 #: Where torchao's float8nocompile prototype is chosen (a torchtitan job's float8 converter).
 _FLOAT8NOCOMPILE = ("torchao prototype/float8nocompile with torchtitan's float8 converter "
@@ -74,6 +75,11 @@ STACK_OPTIONS: dict[str, StackOption] = {o.name: o for o in (
                 lambda p, _: deepspeed.with_megatron_v1_model(p)),
     StackOption("llama3-fsdp", ("inhouse",), "the data parallelism the Llama 3 paper states "
                 "(inhouse.with_llama3_fsdp)", lambda p, _: inhouse.with_llama3_fsdp(p)),
+    # the cost fields of stacks.pithtrain only: what its DualPipeV loop keeps unsharded is a
+    # memory convention (stacks.pithtrain.with_pithtrain_fsdp, from Python)
+    StackOption("pithtrain", ("fsdp1",), "PithTrain's FSDP2 under its DualPipeV loop and its "
+                "compiled decoder layer (stacks.pithtrain.PITHTRAIN_FSDP, PITHTRAIN_FUSION)",
+                lambda p, _: with_choice(with_choice(p, PITHTRAIN_FSDP), PITHTRAIN_FUSION)),
 )}
 
 
