@@ -38,6 +38,27 @@ measures, per layer and micro-batch, the pieces that figure is made of:
   the test model's parameter tensors (12 layers of the eager block); one GPU, so without their
   all-reduces.
 
+- ``moe_layer``: Megatron-Core's own ``TransformerLayer`` with an MoE MLP (megatron-core as
+  installed, 0.16.1 in this project's venv; the Transformer Engine spec with grouped GEMM when TE
+  imports, else the local spec, whose ``SequentialMLP`` loops over the experts in Python and is
+  not what production runs use) at Qwen3-30B-A3B's per-rank shape (hidden 2048, 32 heads / 4
+  groups, q/k RMSNorm, 128 experts top-8 of ffn 768) and the tokens per rank of the AWS p5
+  campaign (sequence 4096 / TP 8 = 512 tokens, micro-batch 1 and 4), on one GPU (tp = ep = 1),
+  for the all-to-all dispatcher (with and without ``moe_permute_fusion``; TE >= 2.1 for the
+  fused one) and the all-gather one: the same per-layer figures as ``blocks`` plus the host
+  synchronisations per layer forward and backward (profiler rows of :data:`SYNC_CALLS`). The
+  all-to-all dispatcher's device-to-host copy of the token counts and its wait on that copy's
+  event run at ep = 1 too (token_dispatcher.py ``MoEAlltoAllTokenDispatcher.preprocess``: the
+  wait is at "before_permutation_2" with several local experts and no permute fusion, else
+  "before_finish", when ep = tp = 1; "before_ep_alltoall" under EP; "before_permutation_1" with
+  a capacity factor, dropless or not, where the output size is read); the unfused permute's
+  two ``masked_select`` (moe_utils.py ``permute``) and the all-gather dispatcher's ``.cpu()`` of
+  ``tokens_per_expert`` and ``masked_select`` of the probabilities block the host whatever the
+  EP size. Megatron-Core is CUDA-only (its router and attention buffers call
+  ``torch.cuda``), so this section does not run with ``--device cpu``. On a device machine
+  without megatron-core, carry it: copy ``site-packages/megatron`` (17 MB) to an ignored
+  folder of the tree, pass it in ``carry`` and put it on ``PYTHONPATH``.
+
 Not measurable on one GPU and still needed: the same per-micro-batch figures inside a Megatron-LM
 8-GPU run with the CI flags (``--deterministic-mode``, ``NCCL_ALGO=Ring``,
 ``CUDA_DEVICE_MAX_CONNECTIONS=1``, TP collectives and pipeline sends), e.g. a ``torch.profiler``
@@ -73,9 +94,28 @@ LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cu
                 "cudaLaunchCooperativeKernel")
 
 
+#: Profiler names of the runtime calls where the host waits for the GPU: a blocking copy to
+#: the host (``.cpu()``, ``.item()``, ``.tolist()``, and the count ``nonzero`` / ``masked_select``
+#: read) synchronises the stream; Megatron's side-stream copy is waited on with an event.
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize")
+#: (name, tokens per rank, micro-batch): Qwen3-30B-A3B under TP 8 with sequence parallelism at
+#: sequence 4096 (the AWS awsome-distributed-ai p5 campaign's records, micro-batch 1 and 4).
+MOE_SHAPES = (("qwen3-30b-a3b-tp8-mb1", 512, 1), ("qwen3-30b-a3b-tp8-mb4", 512, 4))
+#: Qwen3-30B-A3B's layer (Megatron-Bridge qwen3_30b_a3b_pretrain_config, as the corpus records
+#: describe it): hidden, heads, query groups, experts, top-k, expert ffn.
+MOE_MODEL = {"hidden": 2048, "heads": 32, "groups": 4, "experts": 128, "topk": 8, "ffn": 768}
+MOE_LAYERS = 4
+
+
 def launches(names_counts) -> int:
     """Kernel launches among profiler rows given as ``(name, count)`` pairs (:data:`LAUNCH_CALLS`)."""
     return sum(n for name, n in names_counts if name in LAUNCH_CALLS)
+
+
+def syncs(names_counts) -> int:
+    """Host waits on the GPU among profiler rows given as ``(name, count)`` pairs
+    (:data:`SYNC_CALLS`)."""
+    return sum(n for name, n in names_counts if name in SYNC_CALLS)
 
 
 def median(xs: list[float]) -> float:
@@ -243,6 +283,126 @@ def run_step_extras(torch, device: str) -> list[dict]:
     return rows
 
 
+class LayerStack:
+    """Megatron-Core ``TransformerLayer`` s called one after another on ``[s, b, h]`` input (each
+    returns ``(output, context)``); ``len`` is the number of layers, as
+    :func:`measure_layer_stack` expects. Built by :func:`megatron_moe_stack`."""
+
+    def __init__(self, layers):
+        self.layers = layers
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __call__(self, x):
+        for layer in self.layers:
+            x, _ = layer(x, attention_mask=None)
+        return x
+
+
+def megatron_moe_config(dispatcher: str, permute_fusion: bool, layers: int = MOE_LAYERS,
+                        model: dict | None = None):
+    """Megatron-Core ``TransformerConfig`` of :data:`MOE_MODEL` (or ``model``, same keys) with
+    the ``dispatcher`` ("alltoall" or "allgather") and ``moe_permute_fusion``: bf16, no bias,
+    SwiGLU, RMSNorm with q/k norm, balanced routing (``moe_router_force_load_balancing``, as the
+    AWS bench sets it), no auxiliary loss, no dropout."""
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    m = model or MOE_MODEL
+    return TransformerConfig(
+        num_layers=layers, hidden_size=m["hidden"], num_attention_heads=m["heads"],
+        num_query_groups=m["groups"], ffn_hidden_size=m["ffn"], moe_ffn_hidden_size=m["ffn"],
+        num_moe_experts=m["experts"], moe_router_topk=m["topk"],
+        moe_token_dispatcher_type=dispatcher, moe_permute_fusion=permute_fusion,
+        moe_grouped_gemm=True, moe_router_load_balancing_type="none",
+        moe_router_force_load_balancing=True, add_bias_linear=False, gated_linear_unit=True,
+        activation_func=F.silu, normalization="RMSNorm", qk_layernorm=True, bf16=True,
+        params_dtype=torch.bfloat16, hidden_dropout=0.0, attention_dropout=0.0)
+
+
+def megatron_moe_stack(torch, dispatcher: str, permute_fusion: bool, have_te: bool):
+    """:class:`LayerStack` of :data:`MOE_LAYERS` Megatron-Core MoE layers on the current GPU
+    (the TE spec with grouped GEMM when ``have_te``, else the local spec with the experts as a
+    ``SequentialMLP``) and the spec's name."""
+    from megatron.core.models.gpt import gpt_layer_specs as specs
+    from megatron.core.transformer.transformer_layer import TransformerLayer
+
+    cfg = megatron_moe_config(dispatcher, permute_fusion)
+    if have_te:
+        spec, name = specs.get_gpt_layer_with_transformer_engine_spec(
+            num_experts=cfg.num_moe_experts, moe_grouped_gemm=True, qk_layernorm=True), "te"
+    else:
+        cfg.moe_grouped_gemm = False
+        spec, name = specs.get_gpt_layer_local_spec(
+            num_experts=cfg.num_moe_experts, moe_grouped_gemm=False, qk_layernorm=True), "local"
+    layers = torch.nn.ModuleList(TransformerLayer(cfg, spec.submodules, layer_number=i + 1)
+                                 for i in range(cfg.num_layers)).cuda()
+    return LayerStack(layers), name
+
+
+def host_syncs(torch, model, x) -> tuple[int, int]:
+    """Host waits (:data:`SYNC_CALLS`) during one forward and during its backward."""
+    # the runtime calls are CUPTI rows: recorded only with the CUDA activity
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as fwd:
+        loss = model(x).float().square().mean()
+    with torch.profiler.profile(activities=acts) as bwd:
+        loss.backward()
+    torch.cuda.synchronize()
+    return (syncs((e.key, e.count) for e in fwd.key_averages()),
+            syncs((e.key, e.count) for e in bwd.key_averages()))
+
+
+def run_moe_layer(torch, device: str) -> list[dict]:
+    """The ``moe_layer`` section (module docstring); CUDA only."""
+    if device != "cuda":
+        raise RuntimeError("Megatron-Core's MoE layer needs CUDA (its router and attention "
+                           "call torch.cuda); run this section on a GPU")
+    import os
+
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    try:
+        import transformer_engine  # noqa: F401
+        have_te = True
+    except ImportError:
+        have_te = False
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    torch.cuda.set_device(0)
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl", rank=0, world_size=1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1)
+    model_parallel_cuda_manual_seed(1234)
+    variants = [("alltoall", False), ("allgather", False)]
+    if have_te:
+        variants.insert(0, ("alltoall", True))
+    rows = []
+    for dispatcher, fusion in variants:
+        variant = {"dispatcher": dispatcher, "moe_permute_fusion": fusion}
+        try:   # one failed variant (e.g. a TE without fused permute) is recorded, not fatal
+            model, spec = megatron_moe_stack(torch, dispatcher, fusion, have_te)
+            for name, tokens, mb in MOE_SHAPES:
+                x = torch.randn(tokens, mb, MOE_MODEL["hidden"], device="cuda",
+                                dtype=torch.bfloat16, requires_grad=True)
+                row = {"shape": name, "tokens": tokens, "micro_batch": mb, "spec": spec,
+                       **variant, **measure_layer_stack(torch, model, x, "cuda")}
+                f, b = host_syncs(torch, model, x)
+                row["syncs_fwd_per_layer"] = f / len(model)
+                row["syncs_bwd_per_layer"] = b / len(model)
+                rows.append(row)
+            del model
+        except Exception as e:  # noqa: BLE001
+            rows.append({**variant, "error": repr(e)[:300],
+                         "trace": traceback.format_exc()[-1500:]})
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main(argv: list[str]) -> int:
     out = Path(argv[0])
     device = argv[argv.index("--device") + 1] if "--device" in argv else "cuda"
@@ -256,7 +416,8 @@ def main(argv: list[str]) -> int:
                 if ln.startswith("model name")), platform.processor())
     result = {"torch": torch.__version__, "cpu": cpu, "device": device,
               "gpu": torch.cuda.get_device_name() if device == "cuda" else None}
-    sections = {"blocks": run_blocks, "te_layer": run_te, "step_extras": run_step_extras}
+    sections = {"blocks": run_blocks, "te_layer": run_te, "step_extras": run_step_extras,
+                "moe_layer": run_moe_layer}
     for name, fn in sections.items():
         try:
             result[name] = fn(torch, device)

@@ -58,3 +58,26 @@ def test_the_ci_test_block_issues_36_kernels_per_micro_batch_at_the_dispatch_flo
     assert (k.fwd, k.bwd) == (14, 22)
     h = host_time(block, fusion="fused")
     assert h.fwd_s + h.bwd_s == pytest.approx(36 * CostParams().host_op_s)
+
+
+def test_only_host_waits_are_counted_as_syncs():
+    rows = [("cudaStreamSynchronize", 3), ("cudaEventSynchronize", 1), ("cudaLaunchKernel", 9),
+            ("cudaMemcpyAsync", 4), ("cudaDeviceSynchronize", 1)]
+    assert gpu_host.syncs(rows) == 5
+
+
+def test_the_moe_probe_builds_qwen3_30b_a3bs_layer_for_each_dispatcher():
+    pytest.importorskip("megatron.core")
+    for dispatcher in ("alltoall", "allgather"):
+        c = gpu_host.megatron_moe_config(dispatcher, False, layers=2)
+        assert (c.hidden_size, c.num_attention_heads, c.num_query_groups) == (2048, 32, 4)
+        assert (c.num_moe_experts, c.moe_router_topk, c.moe_ffn_hidden_size) == (128, 8, 768)
+        assert c.moe_token_dispatcher_type == dispatcher and not c.moe_permute_fusion
+        assert c.moe_router_force_load_balancing and c.qk_layernorm
+    # 512 tokens per rank: sequence 4096 over TP 8 (sequence parallel), micro-batch 1 and 4
+    assert [(t, mb) for _, t, mb in gpu_host.MOE_SHAPES] == [(512, 1), (512, 4)]
+
+
+def test_the_moe_probe_refuses_to_run_without_cuda():
+    with pytest.raises(RuntimeError, match="needs CUDA"):
+        gpu_host.run_moe_layer(torch, "cpu")
