@@ -258,14 +258,17 @@ class Layouts:
         each non-block layer at the micro-batches its own chunk holds at the rank's peak
         (:func:`autopar.cost.pipeline.held.chunk_counts_at_peak`, the most at any instant of
         that peak), where that differs from the rank's mean ``flight``. Orders torch cannot
-        build keep the mean."""
+        build keep the mean. A rank holding decoder blocks only (the middle ranks) has none,
+        so its order is not walked."""
+        kinds = self.inputs.graph.layers
+        if all(kinds[li].kind == "block" for li in layers):
+            return ()
         m = self.inputs.train.global_batch_size // (c.dp * c.micro_batch_size)
         try:
             counts = chunk_counts_at_peak(c.schedule, c.pp, m, c.virtual_stages, rank)
         except ValueError:
             return ()
         _l, mine, _g, chunks = self.ranks.rank_layers(c.pp, c.stage_blocks, c.schedule)[rank]
-        kinds = self.inputs.graph.layers
         out = []
         for ci in mine:
             for li in chunks[ci]:
