@@ -123,8 +123,9 @@ class Layouts:
                 experts = (self.ranks.rank_params(c.tp, c.ep, st.layers, c.etp)[1]
                            * PARAMETER_COPIES.get(c.schedule, 1))
                 rs = self.states.rank_states(c, st.params, experts, st.layers, pp, rank)
-                out.append(_stage_layout(st.layers, st.flight, st.p2p_s, st.p2p_load, st.params,
-                                       rs.states, rs.working_bytes, st.edge_flight))
+                out.append(_stage_layout(st.layers, st.flight, st.p2p_s, st.p2p_load,
+                                         st.params, rs.states, rs.working_bytes,
+                                         st.edge_flight))
             self._layouts[key] = tuple(out)
             return self._layouts[key]
         # the parts a time-only layout priced already (time_layout), else priced now
@@ -268,8 +269,8 @@ class Layouts:
         rs = self.states.rank_states(c, params, experts, layers, pp, rank)
         flight = mem.in_flight(c.schedule, rank, pp, m, c.virtual_stages) / max(1, len(parts))
         edge = self.edge_flight(c, rank, layers, flight) if len(parts) > 1 and pp > 1 else ()
-        return _stage_layout(layers, flight, p2p_s, p2p_load, params, rs.states, rs.working_bytes,
-                           edge)
+        return _stage_layout(layers, flight, p2p_s, p2p_load, params, rs.states,
+                             rs.working_bytes, edge)
 
     def edge_flight(self, c: ParallelConfig, rank: int, layers: tuple[int, ...],
                      flight: float) -> tuple[tuple[int, float], ...]:
