@@ -408,6 +408,25 @@ class ParallelConfig:
     dispatcher: str = "alltoall"
     recompute_modules: tuple[str, ...] | None = None
 
+    # the hash, once computed, in a slot beside the instance dict (so neither a field nor
+    # copied by replace(), pickled or compared): a search hashes each configuration many
+    # times as a cache key, its per-block tuples included
+    __slots__ = ("__dict__", "__weakref__", "_hash")
+
+    def __hash__(self) -> int:
+        """The dataclass's own hash (of the field values in order), computed once."""
+        try:
+            return self._hash
+        except AttributeError:
+            h = hash(self.fields_except())
+            object.__setattr__(self, "_hash", h)
+            return h
+
+    def __getstate__(self) -> dict:
+        """The fields only (a cached hash is not carried to another process, whose string
+        hashes differ)."""
+        return dict(self.__dict__)
+
     def __post_init__(self) -> None:
         # the usual case (plain ints >= 1, or None where allowed) passes without the per-field
         # calls below, which give the error messages

@@ -232,6 +232,24 @@ def test_state_at_peak_one_pass_matches_the_two_pass_definition():
                         assert chunk_counts_at_peak(schedule, pp, m, v, r) == counts
 
 
+def test_state_at_peak_of_long_steps_matches_the_whole_order():
+    """Long steps: one chunk per rank (1F1B, GPipe) is answered without a walk, and interleaved
+    1F1B walks only the prefix of its order that shows every peak state
+    (:func:`autopar.cost.pipeline.orders.looped_peak_order`); both give exactly the plain
+    two-pass walk of the whole order, over many rounds of micro-batches."""
+    for pp, v, rounds in ((2, 3, 9), (3, 2, 7), (4, 4, 6), (6, 2, 5), (8, 3, 4), (5, 1, 8)):
+        for m in (rounds * pp, rounds * pp + rounds, 3 * pp + 1):
+            for schedule, chunks in (("interleaved-1f1b", v), ("1f1b", 1), ("gpipe", 1)):
+                try:
+                    check_order_args(schedule, pp, m, chunks)
+                except ValueError:
+                    continue
+                for r in range(pp):
+                    sets, counts = _at_peak_two_passes(schedule, pp, m, chunks, r)
+                    assert held_chunks_at_peak(schedule, pp, m, chunks, r) == sets
+                    assert chunk_counts_at_peak(schedule, pp, m, chunks, r) == counts
+
+
 def test_long_steps_are_extrapolated_from_a_replayed_prefix():
     fwd, bwd, wgt = (1.0, 1.3, 0.9, 1.1), (2.0, 2.4, 1.9, 2.2), (0.9, 1.1, 0.8, 1.0)
     for name, v in (("interleaved-zero-bubble", 2), ("zbv-zero-bubble", 2), ("dualpipev", 2)):

@@ -60,6 +60,25 @@ class StageLayout:
         return self.flight
 
 
+def _stage_layout(layers: tuple[int, ...], flight: float, p2p_s: float, p2p_load: LinkLoad,
+                  params: float, states: tuple[float, float, float], gather_bytes: float = 0.0,
+                  edge_flight: tuple[tuple[int, float], ...] = ()) -> StageLayout:
+    """``StageLayout(...)`` with its fields written into the instance dict at once instead of
+    by the frozen dataclass's one ``object.__setattr__`` per field (a search builds one per
+    pipeline rank of every layout); equal, hashed and printed alike."""
+    st = object.__new__(StageLayout)
+    d = st.__dict__
+    d["layers"] = layers
+    d["flight"] = flight
+    d["p2p_s"] = p2p_s
+    d["p2p_load"] = p2p_load
+    d["params"] = params
+    d["states"] = states
+    d["gather_bytes"] = gather_bytes
+    d["edge_flight"] = edge_flight
+    return st
+
+
 #: The fields of a resolved configuration a rank's layout reads, less the ZeRO stage (which only
 #: its model states read): the key of the layouts shared by a mesh's ZeRO stages.
 _mesh_fields = attrgetter("tp", "pp", "cp", "dp", "micro_batch_size", "sequence_parallel",
@@ -104,8 +123,9 @@ class Layouts:
                 experts = (self.ranks.rank_params(c.tp, c.ep, st.layers, c.etp)[1]
                            * PARAMETER_COPIES.get(c.schedule, 1))
                 rs = self.states.rank_states(c, st.params, experts, st.layers, pp, rank)
-                out.append(StageLayout(st.layers, st.flight, st.p2p_s, st.p2p_load, st.params,
-                                       rs.states, rs.working_bytes, st.edge_flight))
+                out.append(_stage_layout(st.layers, st.flight, st.p2p_s, st.p2p_load,
+                                         st.params, rs.states, rs.working_bytes,
+                                         st.edge_flight))
             self._layouts[key] = tuple(out)
             return self._layouts[key]
         # the parts a time-only layout priced already (time_layout), else priced now
@@ -158,7 +178,7 @@ class Layouts:
                 if parts is None:
                     parts = self._time_parts[mesh] = tuple(
                         self._time_part(c, layers, ps) for layers, ps in self._rank_parts(c))
-                hit = tuple(StageLayout(layers, 0.0, p2p_s, p2p_load, params, (0.0, 0.0, 0.0))
+                hit = tuple(_stage_layout(layers, 0.0, p2p_s, p2p_load, params, (0.0, 0.0, 0.0))
                             for layers, p2p_s, p2p_load, params, _experts in parts)
             self._time_layouts[key] = hit
         return hit
@@ -249,8 +269,8 @@ class Layouts:
         rs = self.states.rank_states(c, params, experts, layers, pp, rank)
         flight = mem.in_flight(c.schedule, rank, pp, m, c.virtual_stages) / max(1, len(parts))
         edge = self.edge_flight(c, rank, layers, flight) if len(parts) > 1 and pp > 1 else ()
-        return StageLayout(layers, flight, p2p_s, p2p_load, params, rs.states, rs.working_bytes,
-                           edge)
+        return _stage_layout(layers, flight, p2p_s, p2p_load, params, rs.states,
+                             rs.working_bytes, edge)
 
     def edge_flight(self, c: ParallelConfig, rank: int, layers: tuple[int, ...],
                      flight: float) -> tuple[tuple[int, float], ...]:
@@ -258,14 +278,17 @@ class Layouts:
         each non-block layer at the micro-batches its own chunk holds at the rank's peak
         (:func:`autopar.cost.pipeline.held.chunk_counts_at_peak`, the most at any instant of
         that peak), where that differs from the rank's mean ``flight``. Orders torch cannot
-        build keep the mean."""
+        build keep the mean. A rank holding decoder blocks only (the middle ranks) has none,
+        so its order is not walked."""
+        kinds = self.inputs.graph.layers
+        if all(kinds[li].kind == "block" for li in layers):
+            return ()
         m = self.inputs.train.global_batch_size // (c.dp * c.micro_batch_size)
         try:
             counts = chunk_counts_at_peak(c.schedule, c.pp, m, c.virtual_stages, rank)
         except ValueError:
             return ()
         _l, mine, _g, chunks = self.ranks.rank_layers(c.pp, c.stage_blocks, c.schedule)[rank]
-        kinds = self.inputs.graph.layers
         out = []
         for ci in mine:
             for li in chunks[ci]:

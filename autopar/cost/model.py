@@ -40,7 +40,8 @@ from .params import CostParams
 from .pipeline.timing import PipelineTimer
 from .rank_memory import rank_memory
 from .ranks import RankLayers
-from .regime import Regime, band_for, headroom_warnings, plausibility_warnings
+from .regime import (ErrorBand, Regime, band_for, headroom_warnings, plausibility_warnings,
+                     sharding_kind)
 from .resolve import resolve
 from .states import ModelStates
 from .types import Estimate, LinkComm, TimeBreakdown
@@ -107,6 +108,7 @@ class CostModel:
         self.dp = DataParallel(inp, self.groups, self.ranks, self.states, self.blocks_cost)
         self.pipeline = PipelineTimer(inp, self.ranks, self.blocks_cost)
         self._estimates: dict[ParallelConfig, Estimate] = {}
+        self._regimes: dict[str, tuple[Regime, ErrorBand]] = {}   # by sharding kind (_regime)
         self._steps: dict[ParallelConfig, float] = {}
         self._noted: dict[ParallelConfig, tuple[Estimate, Estimate]] = {}
         self._resolved: dict[ParallelConfig, ParallelConfig | InvalidParallelConfig] = {}
@@ -310,6 +312,18 @@ class CostModel:
                 + self.profile.step_fixed_s)
         return step, dpc, pt, layout, keep
 
+    def _regime(self, c: ParallelConfig) -> tuple[Regime, ErrorBand]:
+        """The :class:`Regime` of the resolved config ``c`` and its error band
+        (:func:`autopar.cost.regime.band_for`): for one model, cluster and training config a
+        function of the plan's sharding kind only (:meth:`Regime.of`), so cached by it (both
+        are frozen)."""
+        kind = sharding_kind(c.tp, c.pp, c.cp, c.zero_stage)
+        hit = self._regimes.get(kind)
+        if hit is None:
+            regime = Regime.of_kind(self.train, self.cluster, self.graph, kind)
+            hit = self._regimes[kind] = (regime, band_for(regime))
+        return hit
+
     def _estimate(self, c: ParallelConfig) -> Estimate:
         """:meth:`estimate` of the resolved config ``c``, uncached."""
         train, device = self.train, self.device
@@ -342,13 +356,13 @@ class CostModel:
             dp_comm_exposed=dpc.exposed_s, overlap_slowdown=dpc.slowdown_s,
             dp_copies=dpc.copies_s, optimizer=dpc.optimizer_s,
             fixed_step=self.profile.step_fixed_s, host_exposed=m * parts.host)
-        regime = Regime.of(train, self.cluster, self.graph, c)
+        regime, band = self._regime(c)
         warns = (*self.graph.warnings, *plausibility_warnings(mfu, regime),
                  *estimate_notes(self.inputs, c),
                  *headroom_warnings(totals[peak_rank], device.visible_memory_bytes,
                                     moe=self.graph.num_experts > 0))
         return Estimate(
-            error_band=band_for(regime), warnings=warns,
+            error_band=band, warnings=warns,
             config=c, step_time_s=step, mfu=mfu, hfu=hfu,
             tokens_per_s=train.tokens_per_step / step,
             memory_per_gpu_bytes=totals[peak_rank],

@@ -34,6 +34,22 @@ class RankMemory:
         return tuple(b.total for b in self.breakdowns)
 
 
+def _breakdown(weights: float, gradients: float, optimizer_states: float, activations: float,
+               transient: float, reserved: float) -> MemoryBreakdown:
+    """``MemoryBreakdown(...)`` with its fields written into the instance dict at once instead
+    of by the frozen dataclass's one ``object.__setattr__`` per field (one per pipeline rank of
+    every estimate); equal, hashed and printed alike."""
+    b = object.__new__(MemoryBreakdown)
+    d = b.__dict__
+    d["weights"] = weights
+    d["gradients"] = gradients
+    d["optimizer_states"] = optimizer_states
+    d["activations"] = activations
+    d["transient"] = transient
+    d["reserved"] = reserved
+    return b
+
+
 def rank_memory(inputs: CostInputs, c: ParallelConfig, layout: tuple, timing: PipelineTiming,
                 keep: tuple[float, ...], blocks: BlockCosts, states: ModelStates) -> RankMemory:
     """The :class:`RankMemory` of the resolved config ``c`` whose ranks hold ``layout``
@@ -86,5 +102,5 @@ def rank_memory(inputs: CostInputs, c: ParallelConfig, layout: tuple, timing: Pi
         cached = step_extra + states.step_cached_bytes(c, st.params) - working
         if cached > 0:
             reserved += max(0.0, min(cached, device.visible_memory_bytes - allocated))
-        stage_mem.append(MemoryBreakdown(w, gr, o, act, transient, reserved))
+        stage_mem.append(_breakdown(w, gr, o, act, transient, reserved))
     return RankMemory(tuple(stage_mem), tuple(alloc_totals))

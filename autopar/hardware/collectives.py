@@ -519,15 +519,15 @@ class LinkLoad:
             return self
         if self is NO_LOAD:
             return other
-        return LinkLoad(self.intra_bytes + other.intra_bytes, self.intra_s + other.intra_s,
-                        self.inter_bytes + other.inter_bytes, self.inter_s + other.inter_s)
+        return _link_load(self.intra_bytes + other.intra_bytes, self.intra_s + other.intra_s,
+                          self.inter_bytes + other.inter_bytes, self.inter_s + other.inter_s)
 
     def scaled(self, k: float) -> "LinkLoad":
         """The load of ``k`` such collectives."""
         if self is NO_LOAD:
             return self
-        return LinkLoad(k * self.intra_bytes, k * self.intra_s, k * self.inter_bytes,
-                        k * self.inter_s)
+        return _link_load(k * self.intra_bytes, k * self.intra_s, k * self.inter_bytes,
+                          k * self.inter_s)
 
     @property
     def nbytes(self) -> float:
@@ -537,6 +537,20 @@ class LinkLoad:
 
 #: The load of a collective that moves nothing (one rank, zero bytes).
 NO_LOAD = LinkLoad()
+
+
+def _link_load(intra_bytes: float, intra_s: float, inter_bytes: float,
+               inter_s: float) -> LinkLoad:
+    """``LinkLoad(intra_bytes, intra_s, inter_bytes, inter_s)``, its fields written into the
+    instance dict at once instead of by the frozen dataclass's one ``object.__setattr__`` per
+    field (a search sums tens of thousands of loads); equal, hashed and printed alike."""
+    load = object.__new__(LinkLoad)
+    d = load.__dict__
+    d["intra_bytes"] = intra_bytes
+    d["intra_s"] = intra_s
+    d["inter_bytes"] = inter_bytes
+    d["inter_s"] = inter_s
+    return load
 
 
 def link_load(op: str, nbytes: float, g: GroupLayout, f: Fabric) -> LinkLoad:

@@ -27,6 +27,7 @@ import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from operator import itemgetter
 
 from ..cost.model import CostModel
 from ..cost.offload import check_plan
@@ -179,7 +180,7 @@ def _search(cm: CostModel, fixed: dict | None, *, time_limit_s: float | None, to
             if progress:  # every group searched or bounded out
                 progress("search", len(groups), len(groups), run.best)
             stage = "refine"
-        candidates.sort(key=lambda x: (x[0], repr(x[3])))
+        _sort_by_time_then_text(candidates)
         small = len(candidates) <= limits.exhaustive_below
         for i, (t, _v, _zero, c) in enumerate(candidates):
             best = run.best.step_time_s if run.best is not None else math.inf
@@ -239,6 +240,23 @@ def _search(cm: CostModel, fixed: dict | None, *, time_limit_s: float | None, to
                         assignments=run.log.solves, assignment_gap=run.log.gap)
 
 
+
+
+def _sort_by_time_then_text(candidates: list) -> None:
+    """Sort phase 1's (time, v, zero, config) in place by time, equal times by the
+    configuration's text: the order of the key ``(time, repr(config))``, with the text built
+    only for the configurations whose time ties another's (a search has thousands of
+    candidates, each text a few hundred characters, and few ties). Both sorts are stable, so
+    entries equal in both keep their order as under the one key."""
+    candidates.sort(key=itemgetter(0))
+    i, n = 0, len(candidates)
+    while i < n:
+        t, j = candidates[i][0], i + 1
+        while j < n and candidates[j][0] == t:
+            j += 1
+        if j - i > 1:
+            candidates[i:j] = sorted(candidates[i:j], key=lambda x: repr(x[3]))
+        i = j
 
 
 def _pins_the_framework_runs(profile, fixed: dict, moe: bool = False) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ...config import DUAL_PIPES
-from .orders import check_order_args, rank_order
+from .orders import check_order_args, looped_peak_order, rank_order
 
 
 def held_chunks_at_peak(schedule: str, pp: int, m: int, v: int, rank: int
@@ -98,7 +98,21 @@ def _at_peak(schedule: str, pp: int, m: int, v: int, rank: int
     backward or weight pass lowers the total below the level it ran at, so the last change
     before an instant at the running peak is a forward, recorded at that same level).
     """
-    order = rank_order(schedule, pp, m, v, rank)
+    if v == 1 and schedule in ("1f1b", "gpipe"):
+        # one chunk (the rank's own): its first forward opens it and every later forward
+        # raises the count until the rank's first backward, which runs at that level (1F1B
+        # runs min(m, pp - rank) forwards before it, GPipe all m) and opens its gradients;
+        # afterwards a forward only follows a backward, so the level is never passed again,
+        # and the chunk closes at its last backward, below it. So the walk records the chunk
+        # forward-only, then forward and backward (checked equal to the walk,
+        # tests/test_schedules.py)
+        one = frozenset((rank,))
+        peak = min(m, pp - rank) if schedule == "1f1b" else m
+        return ((one, frozenset()), (one, one)), ((rank, peak),)
+    if schedule == "interleaved-1f1b":   # its steady state repeats: the prefix that shows it
+        order = looped_peak_order(pp, m, v, rank)
+    else:
+        order = rank_order(schedule, pp, m, v, rank)
     if schedule in DUAL_PIPES:   # their O pairs: the forward, then the backward
         order = [step for a in order for step in (
             (("F", a[1][0]), ("B", a[2][0])) if a[0] == "O" else (a,))]

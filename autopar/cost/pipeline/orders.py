@@ -132,44 +132,70 @@ def _one_f_one_b(_s: str, pp: int, m: int, _v: int, r: int) -> list:
     return out
 
 
-def _looped(schedule: str, pp: int, m: int, v: int, r: int) -> list:
+def _looped(schedule: str, pp: int, m: int, v: int, r: int, steps: int | None = None) -> list:
+    # steps: only the actions of the first ``steps`` steps (interleaved 1F1B; see
+    # looped_peak_order), None for all
     zb = schedule == "interleaved-zero-bubble"
     rounds = max(1, m // pp)
     per_round = m // rounds
     warm = min((v - 1) * per_round + (1 if zb else 2) * (pp - 1 - r), m * v)
     total = m * v
-
-    def f_stage(step: int) -> int:
-        return (step // per_round) % v * pp + r
-
-    def b_stage(step: int) -> int:
-        return (v - 1 - ((step - warm) // per_round) % v) * pp + r
-
+    # step -> chunk: forward step s runs chunk (s // per_round) % v, backward step s (from
+    # warm on) chunk v - 1 - ((s - warm) // per_round) % v, each on this rank (global index
+    # chunk * pp + r); written inline, as the walk over m * v steps is a search's hot loop
     # next micro-batch per global chunk, for forwards, backwards and weight passes
     nf, nb, nw = [0] * (pp * v), [0] * (pp * v), [0] * (pp * v)
-    out, b_steps, w_done = [], [], 0
+    out: list = []
+    put = out.append
+    b_stages, w_done = [], 0   # the chunk of each backward run, for the weight passes
     back = "I" if zb else "B"
-    for step in range(total + warm):
+    top = (v - 1) * pp + r
+    for step in range(total + warm if steps is None else min(steps, total + warm)):
         if step < total:
-            stage = f_stage(step)
-            out.append(("F", stage, nf[stage]))
+            stage = (step // per_round) % v * pp + r
+            put(("F", stage, nf[stage]))
             nf[stage] += 1
         if step >= warm:
-            stage = b_stage(step)
-            out.append((back, stage, nb[stage]))
+            stage = top - ((step - warm) // per_round) % v * pp
+            put((back, stage, nb[stage]))
             nb[stage] += 1
-            b_steps.append(step)
-            if zb and step - warm >= r:  # rank r delays its weight passes by r steps
-                stage = b_stage(b_steps[w_done])
-                out.append(("W", stage, nw[stage]))
-                nw[stage] += 1
-                w_done += 1
-    while zb and w_done < len(b_steps):
-        stage = b_stage(b_steps[w_done])
-        out.append(("W", stage, nw[stage]))
+            if zb:
+                b_stages.append(stage)
+                if step - warm >= r:  # rank r delays its weight passes by r steps
+                    stage = b_stages[w_done]
+                    put(("W", stage, nw[stage]))
+                    nw[stage] += 1
+                    w_done += 1
+    while zb and w_done < len(b_stages):
+        stage = b_stages[w_done]
+        put(("W", stage, nw[stage]))
         nw[stage] += 1
         w_done += 1
     return out
+
+
+def looped_peak_order(pp: int, m: int, v: int, r: int) -> tuple[Action, ...]:
+    """The first actions of interleaved 1F1B's order on rank ``r`` (:func:`_looped`) that hold
+    every distinct state of its activation peak (all of them for a short step; the arguments
+    checked by the caller): what :mod:`autopar.cost.pipeline.held` walks.
+
+    Step ``s`` runs forward ``s`` (while ``s < m v``), then from ``s = warm`` on backward
+    ``s - warm``. The rank holds ``s + 1`` chunk-micro-batches after forward ``s`` up to
+    ``warm``, then ``warm + 1`` after every forward: its peak, reached only at the forwards and
+    backward starts of the steady steps ``warm <= s < m v``. In those steps every chunk has run
+    its first forward (chunk ``c`` at step ``c per_round``, ``warm >= (v - 1) per_round``) and
+    none its last backward (the first to finish, chunk ``v - 1``, ends at step ``m v + warm -
+    (v - 1) per_round - 1 >= m v - 1``); the chunks whose backward has begun are all of them
+    from ``warm + (v - 1) per_round`` on; and each window of ``v per_round`` steady steps runs
+    ``per_round`` forwards and backwards of every chunk, so each chunk's count repeats with that
+    period. So the steps before ``warm + (2 v - 1) per_round + 1`` show every (chunks forward,
+    chunks backward, count) the walk records (checked equal to the whole order over pp 1-32,
+    v 1-8, tests/test_schedules.py)."""
+    rounds = max(1, m // pp)
+    per_round = m // rounds
+    warm = min((v - 1) * per_round + 2 * (pp - 1 - r), m * v)
+    return tuple(_looped("interleaved-1f1b", pp, m, v, r,
+                         steps=warm + (2 * v - 1) * per_round + 1))
 
 
 def _zbv(_s: str, pp: int, m: int, _v: int, r: int) -> list:

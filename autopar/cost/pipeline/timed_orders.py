@@ -181,6 +181,11 @@ def timed_step(plan: tuple, fwd, inp, wgt, overlap=None) -> float:
                 y = end[c]
                 put((y if y > x else x) + durs[d])
         return max(end[s] for s in last)
+    if not special:   # plain ops only (no DualPipeV pair): the loop without its branch
+        for a, b, d in ops:
+            x, y = end[a], end[b]
+            put((x if x >= y else y) + durs[d])
+        return max(end[s] for s in last)
     for a, b, d in ops:
         x, y = end[a], end[b]
         if d >= 0:  # max(x, y) + duration, as the replay computes it (x on a tie)
