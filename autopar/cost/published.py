@@ -10,8 +10,8 @@ with its published plan (open fields at its framework's default). Rules and mean
 #: (autopar.cost.regime.FIELDS) -> (band half-width, mean signed residual
 #: (predicted - measured) / measured, runs, sources); "*" = pooled.
 BANDS: dict[tuple[str, ...], tuple[float, float, int, int]] = {
-    ('*', '*', '*', '*', '*', '*', '*'): (0.119, -0.1124, 482, 45),
-    ('*', 'bf16', '*', '*', '*', '*', '*'): (0.1133, -0.1152, 418, 37),
+    ('*', '*', '*', '*', '*', '*', '*'): (0.119, -0.1132, 482, 45),
+    ('*', 'bf16', '*', '*', '*', '*', '*'): (0.1133, -0.1162, 418, 37),
     ('*', 'bf16', 'ampere', '*', '*', '*', '*'): (0.1043, -0.0715, 267, 18),
     ('*', 'bf16', 'ampere', 'data', '*', '*', '*'): (0.1173, -0.081, 53, 8),
     ('*', 'bf16', 'ampere', 'data', 'dense', '1 node', '3-30B'): (0.103, -0.0712, 13, 6),
@@ -28,7 +28,7 @@ BANDS: dict[tuple[str, ...], tuple[float, float, int, int]] = {
     ('*', 'bf16', 'ampere', 'tensor', 'dense', '1 node', '3-30B'): (0.1024, -0.0476, 5, 3),
     ('*', 'bf16', 'ampere', 'tensor', 'dense', '2-64 nodes', '3-30B'): (0.0908, -0.0925, 13, 2),
     ('*', 'bf16', 'ampere', 'tensor', 'dense', '2-64 nodes', '30-100B'): (0.1585, -0.0079, 5, 1),
-    ('*', 'bf16', 'hopper', '*', '*', '*', '*'): (0.2002, -0.1926, 151, 22),
+    ('*', 'bf16', 'hopper', '*', '*', '*', '*'): (0.204, -0.1951, 151, 22),
     ('*', 'bf16', 'hopper', 'data', '*', '*', '*'): (0.8138, -0.4339, 11, 3),
     ('*', 'bf16', 'hopper', 'data', 'dense', '2-64 nodes', '<3B'): (0.1463, -0.1981, 7, 2),
     ('*', 'bf16', 'hopper', 'fsdp', '*', '*', '*'): (0.055, -0.024, 76, 6),
@@ -37,10 +37,10 @@ BANDS: dict[tuple[str, ...], tuple[float, float, int, int]] = {
     ('*', 'bf16', 'hopper', 'fsdp', 'dense', '2-64 nodes', '3-30B'): (0.061, -0.0228, 18, 4),
     ('*', 'bf16', 'hopper', 'fsdp', 'dense', '2-64 nodes', '30-100B'): (0.0605, 0.0257, 9, 4),
     ('*', 'bf16', 'hopper', 'fsdp', 'dense', '2-64 nodes', '<3B'): (0.0636, -0.0554, 8, 1),
-    ('*', 'bf16', 'hopper', 'pipeline', '*', '*', '*'): (0.3853, -0.3129, 54, 12),
+    ('*', 'bf16', 'hopper', 'pipeline', '*', '*', '*'): (0.43, -0.3199, 54, 12),
     ('*', 'bf16', 'hopper', 'pipeline', 'dense', '1 node', '<3B'): (0.9222, -0.8793, 13, 2),
     ('*', 'bf16', 'hopper', 'pipeline', 'dense', '>64 nodes', '>100B'): (0.1281, -0.0534, 6, 2),
-    ('*', 'bf16', 'hopper', 'pipeline', 'moe', '2-64 nodes', '30-100B'): (0.3853, -0.343, 10, 3),
+    ('*', 'bf16', 'hopper', 'pipeline', 'moe', '2-64 nodes', '30-100B'): (0.4411, -0.3808, 10, 3),
     ('*', 'bf16', 'hopper', 'pipeline', 'moe', '2-64 nodes', '>100B'): (0.1345, -0.0451, 19, 2),
     ('*', 'bf16', 'hopper', 'tensor', '*', '*', '*'): (0.9245, -0.5583, 10, 6),
     ('*', 'bf16', 'hopper', 'tensor', 'dense', '1 node', '<3B'): (0.9326, -0.9271, 5, 2),
@@ -89,8 +89,8 @@ BANDS: dict[tuple[str, ...], tuple[float, float, int, int]] = {
     ('megatron', 'fp16', 'volta', '*', '*', '*', '*'): (0.131, -0.0631, 21, 2),
     ('megatron', 'fp16', 'volta', 'data', '*', '*', '*'): (0.0933, -0.0095, 7, 2),
     ('megatron', 'fp16', 'volta', 'tensor', '*', '*', '*'): (0.2111, -0.1417, 10, 2),
-    ('torch', '*', '*', '*', '*', '*', '*'): (0.0761, -0.0543, 270, 9),
-    ('torch', 'bf16', '*', '*', '*', '*', '*'): (0.0751, -0.0492, 260, 8),
+    ('torch', '*', '*', '*', '*', '*', '*'): (0.0761, -0.0557, 270, 9),
+    ('torch', 'bf16', '*', '*', '*', '*', '*'): (0.0751, -0.0507, 260, 8),
     ('torch', 'bf16', 'ampere', '*', '*', '*', '*'): (0.0855, -0.0581, 180, 6),
     ('torch', 'bf16', 'ampere', 'fsdp', '*', '*', '*'): (0.0855, -0.0581, 180, 6),
     ('torch', 'bf16', 'ampere', 'fsdp', 'dense', '1 node', '3-30B'): (0.0787, -0.0005, 28, 1),
@@ -98,7 +98,7 @@ BANDS: dict[tuple[str, ...], tuple[float, float, int, int]] = {
     ('torch', 'bf16', 'ampere', 'fsdp', 'dense', '2-64 nodes', '3-30B'): (0.1782, -0.1655, 34, 5),
     ('torch', 'bf16', 'ampere', 'fsdp', 'dense', '2-64 nodes', '30-100B'): (0.3153, -0.219, 20, 5),
     ('torch', 'bf16', 'ampere', 'fsdp', 'dense', '2-64 nodes', '<3B'): (0.0743, -0.0625, 21, 2),
-    ('torch', 'bf16', 'hopper', '*', '*', '*', '*'): (0.0588, -0.0292, 80, 5),
+    ('torch', 'bf16', 'hopper', '*', '*', '*', '*'): (0.0588, -0.0339, 80, 5),
     ('torch', 'bf16', 'hopper', 'data', '*', '*', '*'): (0.1463, -0.1123, 6, 1),
     ('torch', 'bf16', 'hopper', 'data', 'dense', '2-64 nodes', '<3B'): (0.1463, -0.1123, 6, 1),
     ('torch', 'bf16', 'hopper', 'fsdp', '*', '*', '*'): (0.0517, -0.0153, 72, 4),
@@ -121,8 +121,8 @@ BANDS: dict[tuple[str, ...], tuple[float, float, int, int]] = {
 #: The same cells -> (low, high): the middle 68% of their runs measured between low and
 #: high times the predicted step time (autopar.cost.regime.measured_range).
 MEASURED_RANGES: dict[tuple[str, ...], tuple[float, float]] = {
-    ('*', '*', '*', '*', '*', '*', '*'): (0.9564, 1.3458),
-    ('*', 'bf16', '*', '*', '*', '*', '*'): (0.9584, 1.3278),
+    ('*', '*', '*', '*', '*', '*', '*'): (0.9564, 1.3497),
+    ('*', 'bf16', '*', '*', '*', '*', '*'): (0.9584, 1.3305),
     ('*', 'bf16', 'ampere', '*', '*', '*', '*'): (0.9556, 1.2042),
     ('*', 'bf16', 'ampere', 'data', '*', '*', '*'): (0.9837, 1.1918),
     ('*', 'bf16', 'ampere', 'data', 'dense', '1 node', '3-30B'): (0.9371, 1.315),
@@ -151,7 +151,7 @@ MEASURED_RANGES: dict[tuple[str, ...], tuple[float, float]] = {
     ('*', 'bf16', 'hopper', 'pipeline', '*', '*', '*'): (0.9579, 7.0822),
     ('*', 'bf16', 'hopper', 'pipeline', 'dense', '1 node', '<3B'): (7.0567, 13.9743),
     ('*', 'bf16', 'hopper', 'pipeline', 'dense', '>64 nodes', '>100B'): (0.9365, 1.1474),
-    ('*', 'bf16', 'hopper', 'pipeline', 'moe', '2-64 nodes', '30-100B'): (1.2503, 2.1518),
+    ('*', 'bf16', 'hopper', 'pipeline', 'moe', '2-64 nodes', '30-100B'): (1.2572, 2.2022),
     ('*', 'bf16', 'hopper', 'pipeline', 'moe', '2-64 nodes', '>100B'): (0.9029, 1.3438),
     ('*', 'bf16', 'hopper', 'tensor', '*', '*', '*'): (1.0457, 14.8458),
     ('*', 'bf16', 'hopper', 'tensor', 'dense', '1 node', '<3B'): (11.3203, 17.03),
@@ -276,4 +276,4 @@ MFU_CEILINGS: dict[tuple[str, str, str], tuple[float, str, str]] = {
 MEMORY_BAND: tuple[float, float, int, float, float] = (0.1032, -0.0617, 97, 0.7846, 0.092)
 
 #: The same for mixtures of experts (their own runs).
-MOE_MEMORY_BAND: tuple[float, float, int, float, float] = (0.1579, -0.0072, 10, 0.3654, 0.0827)
+MOE_MEMORY_BAND: tuple[float, float, int, float, float] = (0.0766, -0.0325, 10, 0.3654, 0.0827)
