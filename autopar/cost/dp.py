@@ -218,14 +218,11 @@ class DataParallel(Zero3Passes):
                 gathers, reduces = 1, 1
                 loads.append((l_ag + l_rs, 1.0))
                 if prof.zero3_pp_root_regather:
-                    # the layers outside the blocks reshard after every forward: each
-                    # micro-batch gathers them once more (m beyond the step's one gather), the
-                    # compute waiting on each (FrameworkProfile.zero3_pp_root_regather)
+                    # the layers outside the blocks reshard after every forward: m gathers more,
+                    # the compute waiting on each (FrameworkProfile.zero3_pp_root_regather)
                     t_root, l_root, root_elems = self.zero3_root_gather(c, bottleneck, wbytes)
-                    dp_exposed += m * t_root
-                    root_copies = m * root_elems
-                    if with_loads and t_root > 0:
-                        loads.append((l_root, m))
+                    dp_exposed, root_copies = dp_exposed + m * t_root, m * root_elems
+                    loads += [(l_root, m)] if with_loads and t_root > 0 else []
             elif c.zero_stage == 2 and prof.zero2_reduce_per_step:
                 # unsharded gradients accumulated over the step's micro-batches: one
                 # reduce-scatter behind the last backward, one gather behind the first forward
