@@ -19,7 +19,7 @@ DESIGN = ROOT.parent / "docs" / "design.md"
 #: before it. Each layer is a top-level package or module of autopar (``autopar`` itself, the
 #: package's ``__init__``, is the top: it provides the services of ``autopar.hooks``).
 #: docs/design.md's "Layer order" lists the same names in the same order (tested below).
-LAYERS = ("errors", "hooks", "config", "graph", "hardware", "models", "frameworks", "cost",
+LAYERS = ("errors", "frozen", "hooks", "config", "graph", "hardware", "models", "frameworks", "cost",
           "search", "problem", "io", "plan", "report", "runtime", "calibrate", "reestimate",
           "alternatives", "api", "cli", "autopar")
 

@@ -9,6 +9,7 @@ from operator import attrgetter
 
 from ..config import PARAMETER_COPIES, ParallelConfig
 from ..errors import InvalidParallelConfig
+from ..frozen import built
 from ..hardware.collectives import NO_LOAD, LinkLoad
 from . import memory as mem
 from .context import CostInputs
@@ -63,20 +64,9 @@ class StageLayout:
 def _stage_layout(layers: tuple[int, ...], flight: float, p2p_s: float, p2p_load: LinkLoad,
                   params: float, states: tuple[float, float, float], gather_bytes: float = 0.0,
                   edge_flight: tuple[tuple[int, float], ...] = ()) -> StageLayout:
-    """``StageLayout(...)`` with its fields written into the instance dict at once instead of
-    by the frozen dataclass's one ``object.__setattr__`` per field (a search builds one per
-    pipeline rank of every layout); equal, hashed and printed alike."""
-    st = object.__new__(StageLayout)
-    d = st.__dict__
-    d["layers"] = layers
-    d["flight"] = flight
-    d["p2p_s"] = p2p_s
-    d["p2p_load"] = p2p_load
-    d["params"] = params
-    d["states"] = states
-    d["gather_bytes"] = gather_bytes
-    d["edge_flight"] = edge_flight
-    return st
+    """``StageLayout(...)``, built at once (:func:`autopar.frozen.built`): a hot path."""
+    return built(StageLayout, layers=layers, flight=flight, p2p_s=p2p_s, p2p_load=p2p_load,
+                 params=params, states=states, gather_bytes=gather_bytes, edge_flight=edge_flight)
 
 
 #: The fields of a resolved configuration a rank's layout reads, less the ZeRO stage (which only

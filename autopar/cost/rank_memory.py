@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import ParallelConfig
+from ..frozen import built
 from .blocks import BlockCosts
 from .context import CostInputs
 from .dispatch import deepep_buffer_bytes
@@ -36,18 +37,10 @@ class RankMemory:
 
 def _breakdown(weights: float, gradients: float, optimizer_states: float, activations: float,
                transient: float, reserved: float) -> MemoryBreakdown:
-    """``MemoryBreakdown(...)`` with its fields written into the instance dict at once instead
-    of by the frozen dataclass's one ``object.__setattr__`` per field (one per pipeline rank of
-    every estimate); equal, hashed and printed alike."""
-    b = object.__new__(MemoryBreakdown)
-    d = b.__dict__
-    d["weights"] = weights
-    d["gradients"] = gradients
-    d["optimizer_states"] = optimizer_states
-    d["activations"] = activations
-    d["transient"] = transient
-    d["reserved"] = reserved
-    return b
+    """``MemoryBreakdown(...)``, built at once (:func:`autopar.frozen.built`): a hot path."""
+    return built(MemoryBreakdown, weights=weights, gradients=gradients,
+                 optimizer_states=optimizer_states, activations=activations, transient=transient,
+                 reserved=reserved)
 
 
 def rank_memory(inputs: CostInputs, c: ParallelConfig, layout: tuple, timing: PipelineTiming,
