@@ -571,3 +571,21 @@ def test_torchtitan_export_of_experts_names_the_moe_model_not_llama3():
     warning = next(w for w in ex.warnings if "torchtitan's llama3 does not have" in w)
     assert "num_experts=8" in warning and "kv_lora_rank=16" in warning
     assert not any("llama3_args" in w for w in ex.warnings)
+
+
+def test_megatron_args_cp_comm_type_sets_the_context_parallel_mode():
+    """--cp-comm-type (Megatron-Core transformer_config.py cp_comm_type) is read, not ignored:
+    p2p -> ring, a2a -> ulysses, all_gather -> allgather; a2a+p2p and per-layer mixes refused."""
+    from autopar.errors import InvalidParallelConfig
+    from autopar.io.megatron_importer import from_megatron_args
+    base = "--context-parallel-size 4 --cp-comm-type "
+    for kind, mode in (("p2p", "ring"), ("a2a", "ulysses"), ("all_gather", "allgather")):
+        imp = from_megatron_args(base + kind)
+        assert imp.parallel["cp_mode"] == mode
+        assert not any("--cp-comm-type" in n for n in imp.notes)
+    assert from_megatron_args(base + "a2a a2a").parallel["cp_mode"] == "ulysses"
+    with pytest.raises(InvalidParallelConfig, match="a2a\\+p2p.*not modelled.*Fix"):
+        from_megatron_args(base + "a2a+p2p")
+    with pytest.raises(InvalidParallelConfig, match="differs by layer"):
+        from_megatron_args(base + "a2a p2p")
+    assert "cp_mode" not in from_megatron_args("--cp-comm-type a2a").parallel   # cp 1

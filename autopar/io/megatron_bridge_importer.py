@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..errors import InvalidParallelConfig, MissingDependency
 from .imported import Imported, read_source, refusal
-from .megatron_importer import from_megatron_args
+from .megatron_importer import cp_mode, from_megatron_args
 
 def _flag_table() -> dict[tuple[str, str], str]:
     """ConfigContainer (section, field) -> the Megatron-LM flag it stands for: the inverse of
@@ -38,8 +38,6 @@ def _flag_table() -> dict[tuple[str, str], str]:
     return table
 
 
-#: Megatron-Core cp_comm_type -> autopar's cp_mode (transformer_config.py).
-_CP_MODES = {"p2p": "ring", "a2a": "ulysses", "all_gather": "allgather"}
 _DTYPE_NAMES = {"torch.bfloat16": "bf16", "bfloat16": "bf16", "bf16": "bf16",
                 "torch.float16": "fp16", "float16": "fp16", "fp16": "fp16",
                 "torch.float32": "fp32", "float32": "fp32", "fp32": "fp32"}
@@ -97,12 +95,7 @@ def from_megatron_bridge_yaml(source: str | Path | dict) -> Imported:
         train["precision"] = "fp32"
     par = dict(imp.parallel)
     if model.get("context_parallel_size", 1) > 1 and model.get("cp_comm_type"):
-        mode = model["cp_comm_type"]
-        if mode not in _CP_MODES:
-            raise refusal(f"Megatron-Core: cp_comm_type {mode!r} is not one of "
-                          f"{', '.join(_CP_MODES)} (a2a+p2p, hierarchical, is not modelled)",
-                          "use p2p, a2a or all_gather")
-        par["cp_mode"] = _CP_MODES[mode]
+        par["cp_mode"] = cp_mode(model["cp_comm_type"])
     if model.get("expert_model_parallel_size", 1) > 1:
         # unset: TransformerConfig's default, 'allgather' (megatron-core 0.16.1
         # transformer_config.py line 675)

@@ -13,6 +13,7 @@ Megatron-LM                                              autopar
 ``--tensor-model-parallel-size``                         ``tp``
 ``--pipeline-model-parallel-size``                       ``pp``
 ``--context-parallel-size``                              ``cp``
+``--cp-comm-type p2p|a2a|all_gather`` (one for all)      ``cp_mode`` ring / ulysses / allgather
 ``--sequence-parallel``                                  ``sequence_parallel``
 ``--recompute-granularity full|selective``               ``recompute``
 ``--recompute-activations``                              ``recompute="selective"``
@@ -53,7 +54,11 @@ import shlex
 from ..errors import InvalidParallelConfig
 from ..frameworks.layersplit import MegatronLayerSplit, layout_chunks
 from ..models.config import ROUTER_LOAD_BALANCING, ROUTER_SCORE_FUNCTIONS
-from .imported import Imported
+from .imported import Imported, refusal
+
+#: Megatron-Core cp_comm_type -> autopar's cp_mode (transformer_config.py: "p2p", "all_gather",
+#: "a2a" or "a2a+p2p", per layer).
+CP_MODES = {"p2p": "ring", "a2a": "ulysses", "all_gather": "allgather"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -76,6 +81,8 @@ def _megatron_parser() -> argparse.ArgumentParser:
                  "expert-tensor-parallel-size", "data-parallel-size"):
         p.add_argument(f"--{name}", type=int, default=None)
     p.add_argument("--pipeline-model-parallel-layout", default=None)
+    # arguments.py: one value, or one per layer (transformer_config.py cp_comm_type)
+    p.add_argument("--cp-comm-type", nargs="+", default=None)
     for name in ("sequence-parallel", "recompute-activations", "use-distributed-optimizer",
                  "use-torch-fsdp2", "bf16", "fp16", "use-flash-attn", "overlap-grad-reduce",
                  "overlap-param-gather", "tp-comm-overlap", "no-overlap-p2p-communication",
@@ -98,6 +105,25 @@ def _megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--moe-router-enable-expert-bias", action="store_true")
     p.add_argument("--moe-z-loss-coeff", type=float, default=None)
     return p
+
+
+def cp_mode(kinds) -> str:
+    """autopar's ``cp_mode`` for Megatron-Core's ``cp_comm_type`` (one name, or one per layer).
+
+    Raises:
+        InvalidParallelConfig: a2a+p2p (hierarchical, not modelled), an unknown name, or layers
+            that differ (one mode per plan).
+    """
+    kinds = [kinds] if isinstance(kinds, str) else list(kinds)
+    if any(k not in CP_MODES for k in kinds):
+        bad = next(k for k in kinds if k not in CP_MODES)
+        raise refusal(f"Megatron-Core: cp_comm_type {bad!r} is not one of {', '.join(CP_MODES)} "
+                      "(a2a+p2p, hierarchical, is not modelled)", "use p2p, a2a or all_gather")
+    if len(set(kinds)) > 1:
+        raise refusal(f"Megatron-Core: cp_comm_type differs by layer ({', '.join(sorted(set(kinds)))}"
+                      "); autopar prices one context-parallel mode per plan",
+                      "give one cp_comm_type for every layer")
+    return CP_MODES[kinds[0]]
 
 
 def from_megatron_args(text: str | list[str]) -> Imported:
@@ -130,6 +156,8 @@ def from_megatron_args(text: str | list[str]) -> Imported:
             par[dst] = getattr(ns, src)
     if ns.data_parallel_size is not None:
         par["dp"] = ns.data_parallel_size
+    if ns.cp_comm_type and (ns.context_parallel_size or 1) > 1:
+        par["cp_mode"] = cp_mode(ns.cp_comm_type)
     if ns.sequence_parallel:
         par["sequence_parallel"] = True
     if ns.recompute_granularity:
