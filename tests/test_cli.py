@@ -457,6 +457,11 @@ def test_a_huge_global_batch_gets_a_note_with_a_fix(capsys):
     assert _huge_batch_note(15_361, 4_096, 8, 512)
     code, out, err = run(capsys, "estimate", *TINY, "--tp", "1", "--pp", "1")
     assert "larger than any published" not in " ".join((out + err).split())
+    # a new user's --global-batch 64 --seq-len 1000000: the sequences are the cause, and the
+    # fix is a batch of sequences, not a reading of 64 as tokens
+    (note,) = _huge_batch_note(64, 1_000_000, 32, 512)
+    assert "not tokens" not in note and "at sequences of 1,000,000 tokens" in note
+    assert "Fix: --global-batch 62 or fewer" in note     # 62.9M // 1M
 
 
 def test_models_lists_mixtures_of_experts_as_such(capsys):

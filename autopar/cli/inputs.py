@@ -274,24 +274,31 @@ LARGEST_PUBLISHED_TOKENS_PER_STEP = 15_360 * 4_096
 
 def _huge_batch_note(batch: int, seq_len: int, world: int, default_batch: int) -> list[str]:
     """A note when ``batch`` sequences of ``seq_len`` tokens exceed
-    :data:`LARGEST_PUBLISHED_TOKENS_PER_STEP` (likely a typo, or tokens given for sequences),
-    naming as fixes the batch of ``batch`` tokens (a multiple of the ``world`` GPUs) and
-    autopar's default ``default_batch`` (sequences)."""
+    :data:`LARGEST_PUBLISHED_TOKENS_PER_STEP`: when ``batch`` is at least ``seq_len`` x ``world``
+    (likely tokens given for sequences), naming as fixes the batch of ``batch`` tokens (a
+    multiple of the ``world`` GPUs) and autopar's default ``default_batch`` (sequences);
+    otherwise the long sequences are the cause, and the fix is the batch of sequences that
+    stays within the largest published batch."""
     tokens = batch * seq_len
     if tokens <= LARGEST_PUBLISHED_TOKENS_PER_STEP:
         return []
-    as_tokens = max(1, round(batch / seq_len / world)) * world
 
     def text(n: float) -> str:
         return f"{n / 1e9:,.1f}B" if n >= 1e9 else f"{n / 1e6:,.1f}M"
 
-    return [f"the global batch {batch:,} sequences x {seq_len:,} tokens = {text(tokens)} "
+    head = (f"the global batch {batch:,} sequences x {seq_len:,} tokens = {text(tokens)} "
             "tokens per step is larger than any published pre-training batch (the largest "
             f"autopar knows: DeepSeek-V3's 15,360 x 4,096 = "
-            f"{text(LARGEST_PUBLISHED_TOKENS_PER_STEP)} tokens); --global-batch counts "
-            f"sequences, not tokens. Fix: for about {batch:,} tokens per step, --global-batch "
-            f"{as_tokens}; autopar's default here is --global-batch {default_batch} "
-            f"({text(default_batch * seq_len)} tokens)"]
+            f"{text(LARGEST_PUBLISHED_TOKENS_PER_STEP)} tokens)")
+    if batch >= seq_len * world:
+        as_tokens = max(1, round(batch / seq_len / world)) * world
+        return [f"{head}; --global-batch counts sequences, not tokens. Fix: for about "
+                f"{batch:,} tokens per step, --global-batch {as_tokens}; autopar's default "
+                f"here is --global-batch {default_batch} ({text(default_batch * seq_len)} "
+                "tokens)"]
+    within = max(1, LARGEST_PUBLISHED_TOKENS_PER_STEP // seq_len)
+    return [f"{head}, at sequences of {seq_len:,} tokens. Fix: --global-batch {within:,} or "
+            f"fewer keeps a step within that batch ({text(within * seq_len)} tokens)"]
 
 
 def read_problem(args) -> tuple[Problem, dict, list[str]]:
