@@ -225,6 +225,19 @@ def test_deepep_runs_only_the_group_sizes_its_kernels_are_compiled_for():
     assert rules.deepep_ranks(1, 16, 4).rule == "deepep_ranks"
     assert rules.deepep_ranks(1, 4, 4) is None and rules.deepep_ranks(1, 16, 72) is None
     assert rules.deepep_ranks(1, 8, 72) is None and rules.deepep_ranks(1, 8, 12) is not None
+    # the fix names only sizes that also divide the experts and the GPUs (a new user's
+    # deepseek-v2, 160 experts, on 40 GPUs: ep 5 -> [2, 4, 8], not 16 or 24)
+    assert rules.deepep_ranks(1, 5, 8, 160, 40).fix == ("ep in [2, 4, 8] at expert_tp=1, or "
+                                                        "dispatcher='alltoall'")
+
+
+def test_a_pinned_ep_that_divides_no_experts_names_deepep_sizes_under_deepep():
+    """The divisibility fix under dispatcher='deepep' keeps the ep values DeepEP runs too."""
+    from autopar.errors import InfeasibleError
+    model = dict(_QWEN_MOE, num_experts=160)
+    train = autopar.TrainingConfig(global_batch_size=40, seq_len=256, framework="megatron")
+    with pytest.raises(InfeasibleError, match=r"ep=24 does not divide.*Fix: ep in \[1, 2, 4, 8\],"):
+        autopar.optimize(model, "5x8xH100", train, fixed=dict(ep=24, dispatcher="deepep"))
 
 
 def test_a_fixed_deepep_plan_of_an_unsupported_size_is_refused():

@@ -58,7 +58,7 @@ def resolve(config: ParallelConfig, graph: ModelGraph, world_size: int,
     else:
         check(rules.ep_needs_moe(c.ep, experts) or rules.ep_split(c.ep, dp, experts))
     if c.dispatcher == "deepep" and c.ep > 1 and experts:   # as the cost model prices it
-        check(rules.deepep_ranks(c.etp, c.ep, gpus_per_node))
+        check(rules.deepep_ranks(c.etp, c.ep, gpus_per_node, experts, world_size))
     check(rules.cp_seq(c.cp, train.seq_len))
     # the target framework's split of each sequence over CP and SP ranks; an indivisible length
     # makes ranks' reduce-scatter/all-gather shapes differ (a gloo size mismatch at run time) or

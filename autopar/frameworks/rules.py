@@ -177,7 +177,8 @@ def _deepep_runs(n: int, gpus_per_node: int | None) -> bool:
                                   or gpus_per_node % min(n, DEEPEP_NVL_PEERS) == 0)
 
 
-def deepep_ranks(etp: int, ep: int, gpus_per_node: int | None = None) -> Violation | None:
+def deepep_ranks(etp: int, ep: int, gpus_per_node: int | None = None,
+                 num_experts: int | None = None, world: int | None = None) -> Violation | None:
     """DeepEP's normal kernels run the expert-TP x EP group of ``etp * ep`` ranks (Megatron-Core
     token_dispatcher.py ``MoEFlexTokenDispatcher``: one DeepEP buffer over ``tp_ep_group``,
     "DeepEP dispatcher requires TPxEP > 1"; fused_a2a.py ``get_buffer`` sizes it by
@@ -192,7 +193,9 @@ def deepep_ranks(etp: int, ep: int, gpus_per_node: int | None = None) -> Violati
     groups: ``gpus_per_node`` a multiple of the group (up to 8 ranks) or of 8 (beyond). The
     rank order inside the node (autopar's placement) is not checked. DeepEP's low-latency
     kernels (other limits: hidden sizes of ``SWITCH_HIDDEN``) are not what the flex dispatcher
-    runs in training, so they are not a way out here."""
+    runs in training, so they are not a way out here. ``num_experts``, ``world`` (GPUs): the
+    fix then names only the ep values that also divide the experts and groups that divide the
+    GPUs."""
     n = etp * ep
     if _deepep_runs(n, gpus_per_node):
         return None
@@ -207,7 +210,9 @@ def deepep_ranks(etp: int, ep: int, gpus_per_node: int | None = None) -> Violati
                    "kernels are compiled for those: SWITCH_RANKS / SWITCH_RDMA_RANKS in "
                    "csrc/kernels/legacy/launch.cuh)")
     fits = [d // etp for d in DEEPEP_RANKS
-            if d % etp == 0 and d // etp > 1 and _deepep_runs(d, gpus_per_node)]
+            if d % etp == 0 and d // etp > 1 and _deepep_runs(d, gpus_per_node)
+            and (not num_experts or num_experts % (d // etp) == 0)
+            and (not world or world % d == 0)]
     fix = (f"ep in {fits} at expert_tp={etp}, or " if fits else "") + "dispatcher='alltoall'"
     return Violation("deepep_ranks", problem, fix)
 

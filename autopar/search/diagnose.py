@@ -52,6 +52,12 @@ def no_mesh_error(cm: CostModel, fixed: dict) -> AutoparError:
     if experts and experts % ep:
         # each EP rank holds experts / ep of every MoE layer's experts
         fits = [d for d in range(1, experts + 1) if experts % d == 0 and world % d == 0]
+        if fixed.get("dispatcher") == "deepep":
+            # and a group DeepEP runs at some expert_tp (rules.deepep_ranks)
+            gpn = cm.cluster.gpus_per_node
+            fits = [d for d in fits if d == 1 or any(
+                rules.deepep_ranks(t, d, gpn) is None for t in range(1, gpn + 1)
+                if gpn % t == 0 and world % (t * d) == 0)]
         return InfeasibleError(f"{head}: ep={ep} does not divide the model's {experts} experts "
                                f"(each expert-parallel rank holds experts / ep of them). Fix: "
                                f"ep in {fits}, or leave it to autopar.")
@@ -61,7 +67,7 @@ def no_mesh_error(cm: CostModel, fixed: dict) -> AutoparError:
         etp = fixed.get("expert_tp") or fixed.get("tp")
         gpn = cm.cluster.gpus_per_node
         tries = [etp] if etp else [t for t in range(1, gpn + 1) if gpn % t == 0]
-        broken = [rules.deepep_ranks(t, ep, gpn) for t in tries]
+        broken = [rules.deepep_ranks(t, ep, gpn, experts, world) for t in tries]
         if all(broken):
             return rules.refuse(broken[0], InfeasibleError, f"{head}: ")
     v = fixed.get("virtual_stages") or 1
