@@ -589,3 +589,18 @@ def test_megatron_args_cp_comm_type_sets_the_context_parallel_mode():
     with pytest.raises(InvalidParallelConfig, match="differs by layer"):
         from_megatron_args(base + "a2a p2p")
     assert "cp_mode" not in from_megatron_args("--cp-comm-type a2a").parallel   # cp 1
+
+
+def test_an_export_named_for_the_other_torchtitan_format_says_so(tmp_path):
+    """--export torchtitan picks the format by the installed torchtitan or the plan's framework,
+    not by the file name: a 0.2 TOML written to job.py gets a warning with the fix."""
+    from types import SimpleNamespace
+
+    from autopar.cli.exports import _write
+    ex = SimpleNamespace(fits=True, warnings=())
+    out = _write("torchtitan-0.2", str(tmp_path / "job.py"), "[job]\n", ex)
+    (w,) = out["warnings"]
+    assert "holds torchtitan-0.2's format (toml)" in w and "--export torchtitan-0.3" in w
+    assert _write("torchtitan-0.2", str(tmp_path / "job.toml"), "[job]\n", ex)["warnings"] == []
+    assert _write("torchtitan-0.3", str(tmp_path / "job.py"), "x = 1\n", ex)["warnings"] == []
+    assert _write("megatron", str(tmp_path / "a.py"), "--tp 1\n", ex)["warnings"] == []

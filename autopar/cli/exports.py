@@ -104,9 +104,21 @@ def _build(plan, framework: str, path: str):
     return framework, path, text, ex
 
 
+#: The file suffix each torchtitan format is read from (0.2: ``--job.config_file`` TOML; 0.3:
+#: ``--module`` imports a Python file).
+_SUFFIX = {"torchtitan-0.2": ".toml", "torchtitan-0.3": ".py"}
+
+
 def _write(framework: str, path: str, text: str, ex) -> dict:
     try:
         Path(path).write_text(text)
     except OSError as exc:
         raise output_error(path, exc) from exc
-    return {"framework": framework, "file": path, "fits": ex.fits, "warnings": list(ex.warnings)}
+    warnings = list(ex.warnings)
+    want = _SUFFIX.get(framework)
+    if want and Path(path).suffix != want:
+        # --export torchtitan picks the format, not the file name: say when they disagree
+        other = "torchtitan-0.3" if framework == "torchtitan-0.2" else "torchtitan-0.2"
+        warnings.append(f"{path} holds {framework}'s format ({want[1:]}), not what its name "
+                        f"suggests. Fix: name it *{want}, or --export {other} {path}.")
+    return {"framework": framework, "file": path, "fits": ex.fits, "warnings": warnings}
