@@ -604,3 +604,10 @@ def test_an_export_named_for_the_other_torchtitan_format_says_so(tmp_path):
     assert _write("torchtitan-0.2", str(tmp_path / "job.toml"), "[job]\n", ex)["warnings"] == []
     assert _write("torchtitan-0.3", str(tmp_path / "job.py"), "x = 1\n", ex)["warnings"] == []
     assert _write("megatron", str(tmp_path / "a.py"), "--tp 1\n", ex)["warnings"] == []
+
+
+def test_printing_an_export_prints_its_text():
+    """A new user's print(plan.to_torchrun_command("train.py")) printed Export(value=...)."""
+    from autopar.runtime.export.common import Export
+    ex = Export("torchrun --standalone train.py", warnings=("w",))
+    assert str(ex) == ex.text() and "torchrun --standalone train.py" in str(ex)

@@ -39,6 +39,10 @@ class Export:
     fits: bool | None = None
     body: str | None = None
 
+    def __str__(self) -> str:
+        """:meth:`text`, so ``print(plan.to_torchrun_command("train.py"))`` prints the command."""
+        return self.text()
+
     def text(self) -> str:
         """The value as text, warnings first as comments (for JSON: under ``"_autopar_warnings"``,
         a key DeepSpeed ignores)."""
