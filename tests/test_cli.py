@@ -391,8 +391,8 @@ def test_plan_table_calls_the_fastest_plan_best(capsys):
 
 @pytest.mark.parametrize("flags, words", [
     (["--moe-capacity-factor", "1.25"], "the model has no routed experts"),
-    (["--dispatcher", "deepep"], "dispatcher='deepep' only apply to mixture-of-experts layers"),
-    (["--expert-tp", "2"], "expert_tp=2 only apply to mixture-of-experts layers"),
+    (["--dispatcher", "deepep"], "--dispatcher deepep only apply to mixture-of-experts layers"),
+    (["--expert-tp", "2"], "--expert-tp 2 only apply to mixture-of-experts layers"),
     (["--dispatcher", "deepep", "--expert-tp", "2"], "drop --dispatcher and --expert-tp"),
 ])
 def test_moe_flags_on_a_dense_model_blame_the_model_not_the_framework(capsys, flags, words):
@@ -518,3 +518,14 @@ def test_explain_reads_a_plan_file(capsys, tmp_path):
     assert code == 0, err
     saved = json.loads(f.read_text())["config"]
     assert f"Plan of {f}" in out and f"tp={saved['tp']} pp={saved['pp']} dp={saved['dp']}" in out
+
+
+def test_cli_errors_name_the_flags_a_cli_user_types(capsys):
+    """A new user got "TrainingConfig.seq_len ... pass an int" and "Fix: dispatcher='alltoall'"
+    from the command line: the CLI names its own flags (the API name kept beside the field)."""
+    from autopar.cli.commands import flag_words
+    code, out, err = run(capsys, "plan", "--model", "tiny-llama", "--cluster", "1x8xH100",
+                         "--global-batch", "16", "--seq-len", "0")
+    assert code == 2 and "--seq-len (TrainingConfig.seq_len) must be" in " ".join(err.split())
+    assert flag_words("Fix: dispatcher='alltoall'; ep=3 does not divide; expert_tp*ep = 2*4") \
+        == "Fix: --dispatcher alltoall; --ep 3 does not divide; expert_tp*ep = 2*4"

@@ -259,7 +259,7 @@ def test_fixes_fill_the_cluster_and_num_layers_must_be_the_models(capsys):
             "--global-batch", "1536", "--megatron-args"]
     assert main([*base, "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 8"]) == 2
     err = capsys.readouterr().err
-    assert "Fix: pp=4;" in err and "pp=6" not in err and "pp=10" not in err, err
+    assert "Fix: --pp 4;" in err and "pp 6" not in err and "pp 10" not in err, err
     imp = from_megatron_args("--tensor-model-parallel-size 8 --pipeline-model-parallel-size 16 "
                                "--num-layers 60 --decoder-first-pipeline-num-layers 2 "
                                "--decoder-last-pipeline-num-layers 2")

@@ -55,7 +55,7 @@ def test_cli_schedule_at_pp_1(capsys):
                        "--global-batch", "16", "--seq-len", "32", "--schedule", "dualpipev",
                        "--pp", "1")
     assert code == 2
-    assert "schedule='dualpipev' is a pipeline schedule and pp=1 is pinned" in err
+    assert "--schedule dualpipev is a pipeline schedule and --pp 1 is pinned" in err
 
 
 @pytest.fixture(scope="module")

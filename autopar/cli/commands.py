@@ -21,6 +21,7 @@ docs/cli.md.
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 from rich.console import Console
@@ -43,6 +44,26 @@ from .exports import check_outputs, export_plans
 from .inputs import parallel_choices, read_problem
 from .output import Interrupt, Progress, finish, print_trust, run_costs
 from .parser import build_parser
+
+
+#: The Python API's names in an error -> the command line's flags (a CLI user types those).
+_FLAGS = {"TrainingConfig.seq_len": "--seq-len", "TrainingConfig.global_batch_size": "--global-batch",
+          "TrainingConfig.micro_batch_size": "--micro-batch",
+          "TrainingConfig(framework=...)": "--framework"}
+_PINS = {"tp": "--tp", "pp": "--pp", "dp": "--dp", "cp": "--cp", "ep": "--ep",
+         "expert_tp": "--expert-tp", "dispatcher": "--dispatcher", "zero_stage": "--zero",
+         "virtual_stages": "--virtual-stages", "micro_batch_size": "--micro-batch",
+         "schedule": "--schedule", "recompute": "--recompute"}
+_PIN = re.compile(r"(?<![\w.*-])(" + "|".join(sorted(_PINS, key=len, reverse=True))
+                  + r")=('?)([\w.-]+)\2(?![\w(])")
+
+
+def flag_words(text: str) -> str:
+    """An error's text in the command line's words: ``TrainingConfig.seq_len`` as ``--seq-len
+    (TrainingConfig.seq_len)``, a pin ``dispatcher='alltoall'`` as ``--dispatcher alltoall``."""
+    for api, flag in _FLAGS.items():
+        text = text.replace(api, f"{flag} ({api})")
+    return _PIN.sub(lambda m: f"{_PINS[m.group(1)]} {m.group(3)}", text)
 
 
 def free_fraction(e) -> float:
@@ -325,6 +346,6 @@ def run(argv=None) -> int:
             finish(args, cmd(args, problem, par, out, err, interrupt), err)
         return 0
     except AutoparError as exc:
-        err.print(f"autopar: {type(exc).__name__}: {exc}", style="red", markup=False,
-                  soft_wrap=True, highlight=False)
+        err.print(f"autopar: {type(exc).__name__}: {flag_words(str(exc))}", style="red",
+                  markup=False, soft_wrap=True, highlight=False)
         return 2
