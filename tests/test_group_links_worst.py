@@ -75,3 +75,23 @@ def test_all_groups_matches_rank_groups(dim):
     else:
         want = want[dim]
     assert sorted(rows) == want
+
+
+def test_placement_table_says_infiniband_for_a_straddling_pipeline():
+    # 16-rank replicas on 72-GPU racks: replica 4 (ranks 64-79) hops 68 -> 72 across racks
+    import autopar
+    from rich.console import Console
+    from autopar.report.tables import degrees_table
+
+    cluster = Cluster.from_spec("2x72xGB200")
+    train = autopar.TrainingConfig(global_batch_size=144, seq_len=4096)
+    est = autopar.estimate("llama3-8b", cluster, train, ParallelConfig(
+        tp=4, pp=4, dp=9, placement=("tp", "cp", "pp", "dp")))
+    assert est.group_links.pp == "infiniband" and est.group_links.tp == "nvlink"
+    con = Console(record=True, width=200)
+    con.print(degrees_table(est, cluster))
+    rows = {line.split("│")[1].strip(): line for line in con.export_text().splitlines()
+            if line.count("│") > 2}
+    assert "InfiniBand" in rows["pp (pipeline parallel)"]
+    assert "inside one" not in rows["pp (pipeline parallel)"]
+    assert "NVLink (inside one 72-GPU domain)" in rows["tp (tensor parallel)"]
