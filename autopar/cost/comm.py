@@ -66,7 +66,8 @@ class Collectives:
 
     Args:
         cluster: an :class:`autopar.hardware.Cluster`.
-        ranks: the representative group (every other group of the same dimension is congruent).
+        ranks: the group that prices its dimension (the slowest of the dimension's groups,
+            :meth:`autopar.cost.groups.Groups.group`).
     """
 
     def __init__(self, cluster, ranks: tuple[int, ...]):

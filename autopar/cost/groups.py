@@ -4,6 +4,8 @@ them holds (:class:`Groups`)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..config import DEFAULT_PLACEMENT, ParallelConfig
 from ..hardware.nccl import (collective_ctas, compute_share_taken, gemm_share_taken,
                              local_nics)
@@ -12,7 +14,8 @@ from .types import GroupLinks
 
 
 class Groups:
-    """The representative process groups of one cluster, cached per mesh.
+    """The process groups that price each mesh dimension on one cluster (the slowest group
+    of the dimension), cached per mesh.
 
     Args:
         cluster: an :class:`autopar.hardware.Cluster`.
@@ -25,8 +28,9 @@ class Groups:
         self._shares: dict[tuple, float] = {}
 
     def group(self, dim: str, c: ParallelConfig) -> Collectives:
-        """The representative process group (the one holding rank 0) of mesh dimension ``dim``
-        under the config's placement; "dp" means the dp x cp group, over which gradients are
+        """The process group that prices mesh dimension ``dim`` under the config's placement:
+        rank 0's, unless another group of the dimension is slower (:meth:`_worst`: the step
+        waits for the slowest); "dp" means the dp x cp group, over which gradients are
         reduced and ZeRO shards (CP ranks hold the same weights); "pp" a pair of neighbours.
 
         "ep" is the expert-parallel group: without folding, the innermost ep ranks of the DP
@@ -93,9 +97,51 @@ class Groups:
                 pairs = [(ranks[i], ranks[i + 1]) for i in range(len(ranks) - 1)]
                 ranks = list(max(pairs, key=lambda pr: (
                     self.cluster.collective_time("send_recv", 1e8, pr), -pr[0])))
-            g = Collectives(self.cluster, tuple(ranks))
+            g = Collectives(self.cluster, self._worst(dim, c, tuple(ranks)))
             self._groups[key] = g
         return g
+
+    def _worst(self, dim: str, c: ParallelConfig, first: tuple[int, ...]) -> tuple[int, ...]:
+        """The group of ``dim`` (for "pp", the neighbouring pair) whose collective is slowest
+        over all the groups of that dimension; ``first`` (rank 0's, found by :meth:`group`)
+        unless another group is slower.
+
+        Every rank of a dimension runs its collectives together and the step waits for the
+        slowest group, so where node boundaries cut the groups unevenly (a 48-rank replica on
+        2 x 72 GPUs: replica 0 on node 0, replica 1 over nodes 0 and 1) that group prices the
+        dimension. Groups are compared by (crosses nodes, seconds of one 100 MB collective:
+        all-to-all for "ep"/"tpep", send/recv for "pp", all-reduce otherwise); groups whose
+        ranks are the same up to a shift by whole nodes cost the same and are timed once.
+        The groups are :func:`all_groups`'s."""
+        if len(first) <= 1 or self.cluster.world_size <= 1:
+            return first
+        rows = all_groups(dim, c)
+        if rows is None:
+            return first
+        gpn = self.cluster.gpus_per_node
+        if dim == "pp":   # every hop between neighbouring stages of every pipeline
+            rows = np.stack([rows[:, :-1], rows[:, 1:]], axis=-1).reshape(-1, 2)
+        if rows.size == 0 or int(rows.max()) >= self.cluster.world_size:
+            return first
+        base = (rows[:, :1] // gpn) * gpn
+        shapes, index = np.unique(rows - base, axis=0, return_index=True)
+        if len(shapes) == 1:   # every group is a node-shift of one: rank 0's prices them all
+            return first
+        op = "all_to_all" if dim in ("ep", "tpep") else "send_recv" if dim == "pp" \
+            else "all_reduce"
+        cl = self.cluster
+
+        def cost(ranks):
+            return (cl.link_class(ranks) != cl.link_classes[0],
+                    cl.collective_time(op, 1e8, ranks))
+
+        worst, worst_cost = first, cost(first)
+        for i in sorted(index.tolist()):
+            ranks = tuple(int(r) for r in rows[i])
+            k = cost(ranks)
+            if k > worst_cost:
+                worst, worst_cost = ranks, k
+        return worst
 
     def links(self, c: ParallelConfig) -> GroupLinks:
         """The link class each mesh dimension's groups cross (``etp`` only under folding)."""
@@ -141,3 +187,60 @@ class Groups:
         if z <= 1:
             return None
         return dp_g if z == dp_g.size else Collectives(self.cluster, dp_g.ranks[:z])
+
+
+def all_groups(dim: str, c: ParallelConfig) -> np.ndarray | None:
+    """Every process group of mesh dimension ``dim`` (the names of :meth:`Groups.group`) under
+    the config's placement, as an int array (groups, group size) of sorted global ranks; None
+    where the degrees do not split evenly (ep not dividing dp without folding, etp x ep not
+    dividing a stage's ranks with it).
+
+    The mesh is laid as :func:`autopar.hardware.rank_groups` lays it (the placement's first
+    dimension on consecutive ranks); with MoE parallel folding the expert groups cut each
+    pipeline stage's tp x cp x dp ranks, in placement order, etp innermost, then ep, then
+    expert-dp (Megatron-Core parallel_state.py, the expert RankGenerator)."""
+    order = tuple(c.placement or DEFAULT_PLACEMENT)
+    sizes = [getattr(c, d) for d in order]
+    mesh = np.arange(int(np.prod(sizes))).reshape(sizes[::-1])   # outermost axis first
+    axis = {d: len(order) - 1 - i for i, d in enumerate(order)}
+
+    def over(arr, axes):
+        """Groups spanning ``axes`` of ``arr``: those axes last, the rest flattened."""
+        rest = [a for a in range(arr.ndim) if a not in axes]
+        moved = np.transpose(arr, rest + list(axes))
+        return moved.reshape(-1, int(np.prod([arr.shape[a] for a in axes])))
+
+    if dim == "etp" and not c.folded:
+        dim = "tp"
+    if dim in ("tp", "cp", "pp"):
+        out = over(mesh, [axis[dim]])
+    elif dim == "dp":
+        out = over(mesh, [axis["cp"], axis["dp"]])
+    elif not c.folded:   # ep carved out of dp: dp coordinate m * ep + k, k the ep rank
+        if c.dp % c.ep:
+            return None
+        a = axis["dp"]
+        split = mesh.reshape(mesh.shape[:a] + (c.dp // c.ep, c.ep) + mesh.shape[a + 1:])
+        shift = lambda b: b + 1 if b > a else b   # axes after dp move one along
+        groups = {"ep": [a + 1], "edp": [shift(axis["cp"]), a],
+                  "tpep": [shift(axis["tp"]), a + 1]}
+        if dim not in groups:
+            return None
+        out = over(split, groups[dim])
+    else:   # folded: cut each stage's ranks, in placement order (innermost fastest)
+        stage = np.moveaxis(mesh, axis["pp"], 0).reshape(c.pp, -1)
+        n, block = stage.shape[1], c.ep * c.etp
+        if n % block:
+            return None
+        cut = stage.reshape(c.pp, n // block, c.ep, c.etp)
+        if dim == "etp":
+            out = cut.reshape(-1, c.etp)
+        elif dim == "ep":
+            out = over(cut, [2])
+        elif dim == "tpep":
+            out = cut.reshape(-1, block)
+        elif dim == "edp":
+            out = over(cut, [1])
+        else:
+            return None
+    return np.sort(out, axis=1)
