@@ -95,3 +95,31 @@ def test_placement_table_says_infiniband_for_a_straddling_pipeline():
     assert "InfiniBand" in rows["pp (pipeline parallel)"]
     assert "inside one" not in rows["pp (pipeline parallel)"]
     assert "NVLink (inside one 72-GPU domain)" in rows["tp (tensor parallel)"]
+
+
+def test_the_shortcuts_agree_with_looking_at_every_group():
+    """_distinct_rows is np.unique(axis=0)'s first indices; _node_aligned only says True where
+    every group of the dimension has rank 0's shape on the nodes."""
+    import numpy as np
+
+    from autopar.cost.groups import _distinct_rows, _node_aligned, all_groups
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        rows = rng.integers(0, 4, size=(int(rng.integers(1, 30)), int(rng.integers(1, 5))))
+        want = np.sort(np.unique(rows, axis=0, return_index=True)[1])
+        assert (_distinct_rows(rows) == want).all()
+    for gpn, degrees in ((8, (4, 1, 12, 3)), (8, (2, 1, 4, 4)), (72, (4, 1, 12, 3)),
+                         (72, (4, 1, 9, 4)), (7, (2, 1, 1, 14))):
+        tp, cp, pp, dp = degrees
+        c = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp)
+        for dim in ("tp", "pp", "dp"):
+            if not _node_aligned(dim, c, gpn):
+                continue
+            rows = all_groups(dim, c)
+            shapes = {tuple(r - (r[0] // gpn) * gpn) for r in rows}
+            nodes = {tuple(r // gpn - r[0] // gpn) for r in rows}
+            assert len(nodes) == 1, (gpn, degrees, dim)
+            assert all(len(set(s)) == len(s) for s in shapes)
+    straddles = ("tp", "cp", "pp", "dp")   # replica 1 of tp4 pp12 over ranks 48-95
+    assert not _node_aligned("pp", ParallelConfig(tp=4, pp=12, dp=3, placement=straddles), 72)
+    assert _node_aligned("pp", ParallelConfig(tp=4, pp=9, dp=4, placement=straddles), 72)

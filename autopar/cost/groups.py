@@ -113,19 +113,19 @@ class Groups:
         all-to-all for "ep"/"tpep", send/recv for "pp", all-reduce otherwise); groups whose
         ranks are the same up to a shift by whole nodes cost the same and are timed once.
         The groups are :func:`all_groups`'s."""
-        if len(first) <= 1 or self.cluster.world_size <= 1:
+        gpn = self.cluster.gpus_per_node
+        if len(first) <= 1 or self.cluster.world_size <= 1 or _node_aligned(dim, c, gpn):
             return first
         rows = all_groups(dim, c)
         if rows is None:
             return first
-        gpn = self.cluster.gpus_per_node
         if dim == "pp":   # every hop between neighbouring stages of every pipeline
             rows = np.stack([rows[:, :-1], rows[:, 1:]], axis=-1).reshape(-1, 2)
         if rows.size == 0 or int(rows.max()) >= self.cluster.world_size:
             return first
         base = (rows[:, :1] // gpn) * gpn
-        shapes, index = np.unique(rows - base, axis=0, return_index=True)
-        if len(shapes) == 1:   # every group is a node-shift of one: rank 0's prices them all
+        index = _distinct_rows(rows - base)
+        if len(index) == 1:   # every group is a node-shift of one: rank 0's prices them all
             return first
         op = "all_to_all" if dim in ("ep", "tpep") else "send_recv" if dim == "pp" \
             else "all_reduce"
@@ -136,7 +136,7 @@ class Groups:
                     cl.collective_time(op, 1e8, ranks))
 
         worst, worst_cost = first, cost(first)
-        for i in sorted(index.tolist()):
+        for i in index.tolist():
             ranks = tuple(int(r) for r in rows[i])
             k = cost(ranks)
             if k > worst_cost:
@@ -189,6 +189,44 @@ class Groups:
         return dp_g if z == dp_g.size else Collectives(self.cluster, dp_g.ranks[:z])
 
 
+def _node_aligned(dim: str, c: ParallelConfig, gpn: int) -> bool:
+    """Whether every group of ``dim`` (tp, cp, pp; dp without cp) lies on the nodes as rank 0's
+    does, read from the placement alone: each prefix product of the placement's degrees
+    (innermost first) divides the node's GPUs or is a multiple of them, so a node boundary
+    falls only between whole digits of the rank and a group either stays in its node's
+    aligned block or takes one rank per node step, alike for every group. False (look at
+    every group) for the expert dimensions and a dp x cp group."""
+    if dim not in ("tp", "cp", "pp") and not (dim == "dp" and c.cp == 1):
+        return False
+    prefix = 1
+    for d in tuple(c.placement or DEFAULT_PLACEMENT):
+        prefix *= getattr(c, d)
+        if prefix % gpn and gpn % prefix:
+            return False
+    return True
+
+
+#: Fixed odd 64-bit weights hashing a row of ranks to one integer (:func:`_distinct_rows`).
+_ROW_WEIGHTS = np.random.default_rng(0).integers(1, 2**62, size=4096, dtype=np.int64) | 1
+
+
+def _distinct_rows(rows: np.ndarray) -> np.ndarray:
+    """Indices of the first row of each distinct row of the int array ``rows`` (groups, size),
+    in row order: ``np.unique(rows, axis=0, return_index=True)[1]`` sorted, by a 1-D unique of
+    one wrapping 64-bit hash per row (a search asks this of 16,384-rank meshes a thousand
+    times; the 2-D unique sorts the rows themselves), checked row by row against its
+    representative, and the 2-D unique where two rows share a hash."""
+    n = rows.shape[1]
+    if n > len(_ROW_WEIGHTS):
+        return np.sort(np.unique(rows, axis=0, return_index=True)[1])
+    with np.errstate(over="ignore"):
+        h = (rows.astype(np.int64) * _ROW_WEIGHTS[:n]).sum(axis=1)
+    _, index, inverse = np.unique(h, return_index=True, return_inverse=True)
+    if not (rows == rows[index[inverse.ravel()]]).all():   # a collision: the exact way
+        return np.sort(np.unique(rows, axis=0, return_index=True)[1])
+    return np.sort(index)
+
+
 def all_groups(dim: str, c: ParallelConfig) -> np.ndarray | None:
     """Every process group of mesh dimension ``dim`` (the names of :meth:`Groups.group`) under
     the config's placement, as an int array (groups, group size) of sorted global ranks; None
@@ -221,7 +259,8 @@ def all_groups(dim: str, c: ParallelConfig) -> np.ndarray | None:
             return None
         a = axis["dp"]
         split = mesh.reshape(mesh.shape[:a] + (c.dp // c.ep, c.ep) + mesh.shape[a + 1:])
-        shift = lambda b: b + 1 if b > a else b   # axes after dp move one along
+        def shift(b):   # axes after dp move one along
+            return b + 1 if b > a else b
         groups = {"ep": [a + 1], "edp": [shift(axis["cp"]), a],
                   "tpep": [shift(axis["tp"]), a + 1]}
         if dim not in groups:
