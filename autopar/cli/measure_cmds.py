@@ -4,8 +4,10 @@ user's nodes, or as one process); the measuring itself is in :mod:`autopar.calib
 from __future__ import annotations
 
 import json
+import os
 import warnings
 
+import torch
 import torch.distributed as dist
 from rich.console import Console
 from rich.table import Table
@@ -146,13 +148,18 @@ def cmd_calibrate(args, out: Console, err: Console) -> dict | None:
 
 def cmd_measure(args, out: Console, err: Console) -> dict | None:
     """Run the plan's steps; rank 0 writes the record to ``--out``."""
-    from ..calibrate.measure import record, run_steps
+    from ..calibrate.measure import preflight, record, run_steps
     from ..hardware import Cluster
     from ..plan import Plan
     cluster = Cluster.from_spec(args.cluster) if args.cluster else None
     with warnings.catch_warnings(record=True) as caught:  # the calibration's notes: rank 0 prints
         warnings.simplefilter("always", UserWarning)
         plan = Plan.from_json(args.plan, cluster=cluster, calibration=args.calibration)
+    if not dist.is_initialized():  # refused before a process group or a model exists
+        world = int(os.environ.get("WORLD_SIZE", 1)) if "RANK" in os.environ else 1
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) \
+            if torch.cuda.is_available() else torch.device("cpu")
+        preflight(plan, world, device, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     rec, rank = _on_every_rank(lambda device: record(
         plan, run_steps(plan, args.steps, args.warmup, device), args.steps, args.warmup, device,
         args.calibration), single_group=True)
