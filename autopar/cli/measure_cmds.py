@@ -119,13 +119,33 @@ def cmd_calibrate(args, out: Console, err: Console) -> dict | None:
     options = Options(model=model_arg(args.model), seq_len=args.seq_len,
                       precision=args.precision, budget_s=args.budget, min_bytes=args.min_bytes,
                       max_bytes=args.max_bytes, copy_bytes=args.copy_bytes, catalog=args.device)
-    cal, rank = _on_every_rank(lambda device: run_calibration(options, device))
+    talk = int(os.environ.get("RANK", 0)) == 0  # rank 0 reports progress, on stderr
+
+    def progress(line: str) -> None:
+        if talk:
+            err.print(f"calibrate: {line}", style="dim", highlight=False)
+
+    def work(device):
+        if talk:
+            err.print(f"calibrate: budget {args.budget:g} s (--budget); what is measured by "
+                      "then is written, with notes on what was skipped", style="dim",
+                      highlight=False)
+            if "RANK" not in os.environ:
+                err.print("calibrate: one process (not under torchrun): no collectives are "
+                          "measured; run `torchrun --nproc-per-node=N -m autopar.cli calibrate "
+                          "...` to measure links" + ("" if device.type == "cuda" else
+                          "; on a CPU the figures describe this CPU (a measured cluster), "
+                          "not a GPU"), style="yellow", highlight=False)
+        return run_calibration(options, device, progress)
+
+    cal, rank = _on_every_rank(work)
     if rank != 0:
         return None
     cal.to_json(args.out)
+    notes = [f"note: {n}" for n in cal.notes]
     warns = [f"warning: {w}" for w in fit_warnings(cal)]
     if args.json:
-        for w in warns:  # on stderr, so that --json's output stays the file
+        for w in warns + notes:  # on stderr, so that --json's output stays the file
             err.print(w, style="bold yellow", highlight=False)
         return cal.to_dict()
     w = cal.world
@@ -142,6 +162,8 @@ def cmd_calibrate(args, out: Console, err: Console) -> dict | None:
                   "--nproc-per-node=GPUS to measure links.", style="yellow")
     for w in warns:
         out.print(w, style="bold yellow", highlight=False)
+    for n in notes:
+        out.print(n, style="yellow", highlight=False)
     err.print(f"wrote {args.out}", style="dim")
     return None
 
