@@ -176,14 +176,14 @@ def bench_gemms(shapes, dtype: torch.dtype, device: torch.device, clock: Clock) 
     rate = probe_rate(dtype, device)
     for i, (m, k, n) in enumerate(shapes):
         if clock.expired():
-            clock.notes.append(f"the budget ran out after {len(out)} of {len(shapes)} GEMM "
-                               "shapes; the rest were not measured.")
+            clock.notes.append(f"the budget ran out at GEMM shape {i + 1} of {len(shapes)} "
+                               f"({len(out)} measured); the rest were not measured.")
             break
         flops = 2.0 * m * k * n
         predicted = GEMM_CALLS * flops / rate
         nbytes = 4.0 * (m * k + k * n) + elem * (m * k + k * n + m * n)
         if not clock.affords(predicted, nbytes):
-            skipped.append((m, k, n, predicted, nbytes))
+            skipped.append((m, k, n, predicted, nbytes, rate))
             continue
         clock.say(f"GEMM {i + 1}/{len(shapes)} {m}x{k}x{n} (predicted {predicted:.3g} s)")
         a = torch.randn(m, k, device=device).to(dtype)
@@ -195,8 +195,9 @@ def bench_gemms(shapes, dtype: torch.dtype, device: torch.device, clock: Clock) 
         a @ b
         sync(device)
         once = time.perf_counter() - t0
-        if clock.affords((WARMUP + REPEATS) * once):
-            t = timed(lambda: a @ b, device, _iters_for(once))
+        iters = _iters_for(once)
+        if clock.affords((WARMUP + REPEATS * iters) * once):
+            t = timed(lambda: a @ b, device, iters)
         else:  # the prediction was short: keep the one timed call rather than overrun
             t = once
             single.append(f"{m}x{k}x{n}")
@@ -207,12 +208,12 @@ def bench_gemms(shapes, dtype: torch.dtype, device: torch.device, clock: Clock) 
         clock.notes.append(f"GEMM {', '.join(single)}: one timed call, not the median of "
                            f"{REPEATS} (its repetitions did not fit the budget left).")
     if skipped:
-        m, k, n, predicted, nbytes = skipped[0]
+        m, k, n, predicted, nbytes, at = skipped[0]
         clock.notes.append(
             f"{len(skipped)} of {len(shapes)} GEMM shapes were skipped: their predicted time "
-            f"({GEMM_CALLS} calls at {rate / 1e9:.3g} GFLOP/s) exceeded the budget left, or "
-            f"their tensors the free memory (the largest: {m}x{k}x{n}, {predicted:.3g} s, "
-            f"{nbytes / 2 ** 30:.2f} GiB). Fix: a larger --budget, a shorter --seq-len, or a "
+            f"({GEMM_CALLS} calls at the rate seen so far) exceeded the budget left, or "
+            f"their tensors the free memory (the largest: {m}x{k}x{n}, {predicted:.3g} s at "
+            f"{at / 1e9:.3g} GFLOP/s, {nbytes / 2 ** 30:.2f} GiB). Fix: a larger --budget, a shorter --seq-len, or a "
             "GPU.")
     times = slowest([t for *_, t in out], device)
     return [GemmSample(m, k, n, t) for (m, k, n, _), t in zip(out, times)]
@@ -274,12 +275,12 @@ def bench_attention(shape, dtype: torch.dtype, device: torch.device, clock: Cloc
     fwd_bwd()
     sync(device)
     once = time.perf_counter() - t0
-    if not clock.affords((WARMUP + REPEATS) * once * 4.5 / 3.5):
+    iters = _iters_for(once)
+    if not clock.affords((WARMUP + REPEATS * iters) * once * 4.5 / 3.5):
         clock.notes.append(f"attention (seq {s}, {h} heads) was stopped after its sizing calls "
                            f"({once:.3g} s each): its timed repetitions did not fit the budget "
                            "left. Fix: a larger --budget or a shorter --seq-len.")
         return []
-    iters = _iters_for(once)
     t_f, t_fb = slowest([timed(fwd, device, iters), timed(fwd_bwd, device, iters)], device)
     return [AttentionSample(1, h, kv, s, hd, causal, t_f, t_fb)]
 
