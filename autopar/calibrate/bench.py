@@ -213,8 +213,8 @@ def bench_gemms(shapes, dtype: torch.dtype, device: torch.device, clock: Clock) 
             f"{len(skipped)} of {len(shapes)} GEMM shapes were skipped: their predicted time "
             f"({GEMM_CALLS} calls at the rate seen so far) exceeded the budget left, or "
             f"their tensors the free memory (the largest: {m}x{k}x{n}, {predicted:.3g} s at "
-            f"{at / 1e9:.3g} GFLOP/s, {nbytes / 2 ** 30:.2f} GiB). Fix: a larger --budget, a shorter --seq-len, or a "
-            "GPU.")
+            f"{at / 1e9:.3g} GFLOP/s, {nbytes / 2 ** 30:.2f} GiB). Fix: a larger --budget, a "
+            "shorter --seq-len, or a GPU.")
     times = slowest([t for *_, t in out], device)
     return [GemmSample(m, k, n, t) for (m, k, n, _), t in zip(out, times)]
 
