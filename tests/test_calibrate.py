@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import os
+import types
 
 import pytest
 import torch
@@ -261,3 +262,65 @@ def test_all_to_all_fit_steps_are_the_cost_models_rounds():
     assert algorithm_terms("all_to_all", 16, 1e6)[0] == 2.0       # one node: 8 peers a round
     assert algorithm_terms("all_to_all", 16, 1e6, 16)[0] == 1.0   # one per node: one round
     assert algorithm_terms("all_reduce", 16, 1e6)[0] == 30.0
+
+
+# ------------------------------------------------------------------ the budget is honoured
+class _FakeClock:
+    """A clock that moves ``step`` seconds each time it is read (no wall time is asserted)."""
+
+    def __init__(self, step: float):
+        self.t, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.t += self.step
+        return self.t
+
+
+def test_the_budget_stops_the_run_and_keeps_what_it_measured(tmp_path, monkeypatch):
+    # new user: `calibrate --model llama3-8b` on a 2-core CPU ran 518 s past its 300 s budget
+    import autopar.calibrate.run as run_mod
+    monkeypatch.delenv("RANK", raising=False)
+    # the run module's clock only (time.monotonic itself stays real for everything else)
+    monkeypatch.setattr(run_mod, "time", types.SimpleNamespace(monotonic=_FakeClock(1.0)))
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", "--model", "tiny-llama", "--out", str(out), "--budget", "6",
+                 "--copy-bytes", str(2 ** 20), "--json"]) == 0
+    cal = load_calibration(out)
+    shapes = len(gemm_shapes(autopar.problem.model_graph(
+        autopar.models.get_config("tiny-llama"),
+        autopar.TrainingConfig(global_batch_size=1, seq_len=32, precision="bf16"))[0]))
+    assert cal.memory is not None and 0 < len(cal.gemm) < shapes and cal.attention == ()
+    assert any(f"({len(cal.gemm)} measured); the rest were not measured" in n
+               for n in cal.notes)
+    assert any("budget ran out before attention" in n for n in cal.notes)
+    assert json.loads(out.read_text())["notes"] == list(cal.notes)
+
+
+def test_a_benchmark_predicted_past_the_budget_is_skipped_with_a_note(tmp_path, capsys,
+                                                                       monkeypatch):
+    import autopar.calibrate.bench as bench
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(bench, "probe_rate", lambda dtype, device: 1.0)  # 1 FLOP/s
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", "--model", "tiny-llama", "--out", str(out), "--budget", "30",
+                 "--copy-bytes", str(2 ** 20)]) == 0
+    captured = capsys.readouterr()
+    cal = load_calibration(out)
+    assert cal.gemm == () and cal.attention == () and cal.memory is not None
+    assert "GEMM shapes were skipped: their predicted time" in " ".join(cal.notes)
+    assert "note: attention (seq 32, 4 heads) was skipped" in captured.out
+    assert "calibrate: budget 30 s (--budget)" in captured.err
+    assert "no collectives are measured" in captured.err
+    assert "calibrate: memory copy of 1 MiB" in captured.err
+
+
+def test_the_notes_are_loaded_strictly(tmp_path):
+    cal = dataclasses.replace(_gpu_cal(), notes=("attention was skipped.",))
+    path = tmp_path / "cal.json"
+    cal.to_json(path)
+    assert load_calibration(path) == cal
+    assert "notes" not in _gpu_cal().to_dict()   # a complete run's file keeps its bytes
+    d = json.loads(path.read_text())
+    d["notes"] = [3]
+    with pytest.raises(InvalidCalibration, match=r"notes\[0\]"):
+        load_calibration(d)

@@ -103,3 +103,48 @@ def test_cli_measure_refuses_zero_steps(tmp_path, capsys):
     with pytest.raises(SystemExit):   # the bound named for -1 was ">= 0"
         main(["measure", "--plan", str(plan_path), "--steps", "-1"])
     assert "argument --steps: '-1' must be >= 1" in capsys.readouterr().err
+
+
+def _refuse_build(monkeypatch):
+    """Make any model build fail the test: a refusal must come before it."""
+    import autopar.calibrate.measure as measure
+
+    def no_build(*a, **k):
+        raise AssertionError("a model was built before the refusal")
+    monkeypatch.setattr(measure, "build", no_build)
+
+
+def test_cli_measure_refuses_a_multi_rank_plan_in_one_process(tmp_path, capsys, monkeypatch):
+    # new user: a 32-rank plan measured in a plain shell built the whole model and was OOM-killed
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    _refuse_build(monkeypatch)
+    train = autopar.TrainingConfig(global_batch_size=8, seq_len=32, precision="fp32",
+                                   optimizer="adam")
+    plan = autopar.optimize("tiny-llama", autopar.Cluster.from_spec("2x4xA100"), train,
+                            fixed=dict(tp=1, pp=1, cp=1, dp=8, zero_stage=0,
+                                       micro_batch_size=1))
+    plan_path, out = tmp_path / "plan.json", tmp_path / "rec.json"
+    plan.to_json(plan_path)
+    assert main(["measure", "--plan", str(plan_path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "InvalidParallelConfig" in err and "needs 8 ranks" in err
+    assert "WORLD_SIZE unset" in err and "nothing was built" in err
+    assert "torchrun --nnodes=2 --nproc-per-node=4 -m autopar.cli measure" in err
+    assert not out.exists() and not dist.is_initialized()
+
+
+def test_measure_refuses_a_model_larger_than_the_memory_before_building(tmp_path, capsys,
+                                                                        monkeypatch):
+    import autopar.calibrate.measure as measure
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    _refuse_build(monkeypatch)
+    monkeypatch.setattr(measure, "available_bytes", lambda device: 1024.0)
+    plan_path, out = tmp_path / "plan.json", tmp_path / "rec.json"
+    _plan(1, dp=1).to_json(plan_path)
+    assert main(["measure", "--plan", str(plan_path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "builds the whole tiny-llama model in fp32" in err and "nothing was built" in err
+    assert "Fix: measure a smaller model" in err
+    assert not out.exists() and not dist.is_initialized()

@@ -259,4 +259,5 @@ def measure_links(device, min_bytes: int | None = None, max_bytes: int | None = 
                        device=device_info(device, catalog), world=world, model=None, seq_len=1,
                        precision="bf16" if device.type == "cuda" else "fp32",
                        measured_fields=measured_fields((), (), None, coll), gemm=(),
-                       attention=(), memory=None, collectives=tuple(coll))
+                       attention=(), memory=None, collectives=tuple(coll),
+                       notes=tuple(clock.notes))

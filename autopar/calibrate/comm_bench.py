@@ -123,7 +123,11 @@ def bench_collectives(world: int, local: int, byte_sizes: list[int], device: tor
             nodes = min(gs.nodes, 2) if op == "send_recv" else gs.nodes
             for nbytes in byte_sizes:
                 if clock.expired():
+                    clock.notes.append(f"the budget ran out after {len(out)} collective "
+                                       "measurements; the rest were not measured.")
                     return out
+                if not out:
+                    clock.say(f"collectives ({len(byte_sizes)} sizes per op and group shape)")
                 fn = _op_call(op, nbytes, gs.size, mine, idx, peer, device)
                 iters = max(1, min(MAX_ITERS, TARGET_BYTES // nbytes))
                 dist.barrier()

@@ -14,15 +14,16 @@ compared with the plan.
 from __future__ import annotations
 
 import datetime
+import os
 import resource
 import time
 
 import torch
 import torch.distributed as dist
 
-from ..errors import AutoparError, InvalidPlanFile
+from ..errors import AutoparError, InvalidParallelConfig, InvalidPlanFile
 from ..hardware import Cluster
-from ..models import build
+from ..models import build, get_config
 from ..plan import Plan
 from .fit import measured_cluster
 from .run import device_info, match_catalog
@@ -55,6 +56,76 @@ def _gather(value: float, device: torch.device) -> list[float]:
     return t.tolist()
 
 
+def launch_hint(plan: Plan) -> str:
+    """The torchrun line that starts ``plan.world_size`` ranks as the plan's cluster lays them
+    out (nodes x GPUs per node; all on one node when the cluster spec is a custom name)."""
+    try:
+        c = Cluster.from_spec(plan.cluster)
+        nodes, per_node = c.num_nodes, c.gpus_per_node
+    except AutoparError:
+        nodes, per_node = 1, plan.world_size
+    if nodes * per_node != plan.world_size:
+        nodes, per_node = 1, plan.world_size
+    cmd = (f"`torchrun --nnodes={nodes} --nproc-per-node={per_node} -m autopar.cli measure "
+           "--plan FILE --out FILE`")
+    return cmd + (f" on each of the {nodes} nodes (with --rdzv-backend=c10d --rdzv-endpoint="
+                  "HOST:PORT)" if nodes > 1 else "")
+
+
+def available_bytes(device: torch.device) -> float:
+    """Bytes a rank can allocate now: a GPU's free memory (``torch.cuda.mem_get_info``), else
+    the host's MemAvailable (/proc/meminfo; the free pages where there is none)."""
+    if device.type == "cuda":
+        return float(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024  # the file counts KiB
+    except OSError:
+        pass
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+
+
+def preflight(plan: Plan, world: int, device: torch.device, ranks_here: int = 1) -> None:
+    """Refuse, before any model is built, a run that cannot work: ``world`` ranks (the process
+    group's size; 1 for a plain process) for a plan of ``plan.world_size``, or a model whose
+    fp32 parameters (4 bytes each: :func:`run_steps` builds the whole model on every rank
+    before ``plan.apply`` shards it) do not fit the memory ``ranks_here`` ranks share (the
+    host's on a CPU, each GPU's own on a GPU).
+
+    Raises:
+        InvalidPlanFile: the plan has no model_config.
+        InvalidParallelConfig: the world size or the memory does not match, with the fix.
+    """
+    if plan.model_config is None:
+        raise InvalidPlanFile(
+            f"plan of {plan.model!r} has no model_config, so its model cannot be rebuilt here. "
+            "Fix: plan a preset or a model dict (autopar plan --model NAME --out plan.json).")
+    if world != plan.world_size:
+        how = ("this is one plain process (WORLD_SIZE unset: not started by torchrun)"
+               if world == 1 else f"the process group has {world}")
+        raise InvalidParallelConfig(
+            f"the plan of {plan.model} on {plan.cluster} needs {plan.world_size} ranks (its "
+            f"world size: tp {plan.config.tp} x pp {plan.config.pp} x dp {plan.config.dp} x cp "
+            f"{plan.config.cp}); {how}, and nothing was built. Fix: run it on the plan's "
+            f"cluster with {launch_hint(plan)}, or measure a plan made for {world} rank(s) "
+            f"(e.g. autopar plan --cluster 1x{world}x<GPU> ... --out FILE).")
+    need = 4.0 * get_config(plan.model_config).num_parameters * (
+        ranks_here if device.type != "cuda" else 1)
+    have = available_bytes(device)
+    if need > have:
+        where = (f"the host's available memory ({have / 2 ** 30:.1f} GiB, shared by "
+                 f"{ranks_here} rank(s))" if device.type != "cuda"
+                 else f"this GPU's free memory ({have / 2 ** 30:.1f} GiB)")
+        raise InvalidParallelConfig(
+            f"autopar measure builds the whole {plan.model} model in fp32 on every rank before "
+            f"plan.apply shards it: {need / 2 ** 30:.1f} GiB, more than {where}; nothing was "
+            "built. Fix: measure a smaller model with the same parallel layout (a model dict "
+            "with fewer layers or a smaller hidden size: autopar plan --model FILE.json ... "
+            "--out FILE), or run on devices with more memory.")
+
+
 def run_steps(plan: Plan, steps: int, warmup: int, device: torch.device) -> dict:
     """Apply ``plan`` on this rank and time ``warmup + steps`` optimizer steps (an initialised
     process group of the plan's world size is needed).
@@ -65,13 +136,12 @@ def run_steps(plan: Plan, steps: int, warmup: int, device: torch.device) -> dict
 
     Raises:
         InvalidPlanFile: the plan has no model_config (a module's plan cannot be rebuilt).
-        InvalidParallelConfig / UnsupportedPlanError: the world size does not match, or the
-            runtime cannot apply the plan.
+        InvalidParallelConfig: the world size does not match, or the model cannot be built in
+            the memory there is (:func:`preflight`, checked before anything is built).
+        UnsupportedPlanError: the runtime cannot apply the plan.
     """
-    if plan.model_config is None:
-        raise InvalidPlanFile(
-            f"plan of {plan.model!r} has no model_config, so its model cannot be rebuilt here. "
-            "Fix: plan a preset or a model dict (autopar plan --model NAME --out plan.json).")
+    preflight(plan, dist.get_world_size(), device,
+              int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())))
     precision = plan.train.precision
     model = build(plan.model_config, device=device, dtype=torch.float32, seed=0)
     run = plan.apply(model)

@@ -121,14 +121,22 @@ def world_layout() -> World:
     return World(world, local, world // local)
 
 
-def run_calibration(opts: Options, device: torch.device) -> Calibration:
+def run_calibration(opts: Options, device: torch.device, progress=None,
+                    now=None) -> Calibration:
     """Run every benchmark within ``opts.budget_s`` and return the calibration (the same on
     every rank). The process group, if any, must be initialised.
+
+    The memory copy runs first (cheap, and :func:`~.fit.measured_cluster` needs it), then the
+    GEMMs, attention and the collectives. A benchmark whose predicted time exceeds the budget
+    left is skipped and the run stops at the deadline, keeping what it measured; the file's
+    ``notes`` say what was skipped. ``progress``: a callable given one line per step (None:
+    silent); ``now``: the clock in seconds (None: ``time.monotonic``; a test's fake clock).
 
     Raises:
         InvalidCalibration / InvalidModelConfig: a bad option or model.
     """
-    start = time.monotonic()
+    now = now or time.monotonic
+    start = now()
     precision = opts.precision or ("bf16" if device.type == "cuda" else "fp32")
     if precision not in PRECISIONS:
         raise InvalidCalibration(f"precision {precision!r} cannot be measured; use one of "
@@ -137,9 +145,12 @@ def run_calibration(opts: Options, device: torch.device) -> Calibration:
         torch.backends.cuda.matmul.allow_tf32 = True
     info = device_info(device, opts.catalog)
     world = world_layout()
-    clock = Clock(start + opts.budget_s, device)
+    clock = Clock(start + opts.budget_s, device, now=now, progress=progress)
     gemm, attention, seq_len, model_name = [], [], opts.seq_len or 0, None
     dtype = _DTYPES[precision]
+    gpu = device.type == "cuda"
+    copy = opts.copy_bytes or (2 ** 30 if gpu else 2 ** 26)
+    memory = bench_memory(copy, device, clock)
     if opts.model is not None:
         cfg = get_config(opts.model)
         seq_len = opts.seq_len or cfg.seq_len
@@ -147,10 +158,8 @@ def run_calibration(opts: Options, device: torch.device) -> Calibration:
                                                        precision="bf16"))
         model_name = cfg.name
         gemm = bench_gemms(gemm_shapes(graph), dtype, device, clock)
-        attention = bench_attention(attention_shape(graph), dtype, device, clock)
-    gpu = device.type == "cuda"
-    copy = opts.copy_bytes or (2 ** 30 if gpu else 2 ** 26)
-    memory = bench_memory(copy, device, clock)
+        rate = max((2.0 * g.m * g.k * g.n / g.seconds for g in gemm), default=0.0)
+        attention = bench_attention(attention_shape(graph), dtype, device, clock, rate)
     coll = []
     if world.world_size > 1:
         lo = opts.min_bytes or (2 ** 12 if gpu else 2 ** 10)
@@ -163,7 +172,8 @@ def run_calibration(opts: Options, device: torch.device) -> Calibration:
         backend=dist.get_backend() if dist.is_initialized() else "none", device=info,
         world=world, model=model_name, seq_len=max(seq_len, 1), precision=precision,
         measured_fields=measured_fields(gemm, attention, memory, coll), gemm=tuple(gemm),
-        attention=tuple(attention), memory=memory, collectives=tuple(coll))
+        attention=tuple(attention), memory=memory, collectives=tuple(coll),
+        notes=tuple(clock.notes))
 
 
 def flops_text(flops_per_s: float) -> str:

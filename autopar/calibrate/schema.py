@@ -13,7 +13,8 @@ Layout (version 1; :meth:`Calibration.to_dict` writes it)::
                     "causal": bool, "fwd_s": num, "fwd_bwd_s": num}, ...],
      "memory": {"copy_bytes": int, "copy_s": num, "launch_s": num},
      "collectives": [{"op": str, "scope": "intra" | "inter", "group_size": int, "nodes": int,
-                      "nbytes": int, "seconds": num}, ...]}
+                      "nbytes": int, "seconds": num}, ...],
+     "notes": [str, ...]}  (optional: what the run skipped, e.g. past its --budget)
 
 Units: seconds, bytes. Every time is the median over timed repetitions of one call (collectives:
 the slowest rank's median, since a collective ends when its last rank does). ``device.catalog``
@@ -156,10 +157,15 @@ class Calibration:
     attention: tuple[AttentionSample, ...]
     memory: MemorySample | None
     collectives: tuple[CollectiveSample, ...]
+    notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
-        """The JSON object of the file (format and version first)."""
+        """The JSON object of the file (format and version first; ``notes`` only when there
+        are any, so that a complete run's file keeps its bytes)."""
         d = asdict(self)
+        d["notes"] = list(self.notes)
+        if not self.notes:
+            del d["notes"]
         d["measured_fields"] = list(self.measured_fields)
         for key in ("gemm", "attention", "collectives"):
             d[key] = list(d[key])
@@ -286,7 +292,9 @@ def check_calibration(d: Any) -> Calibration:
     if isinstance(v, bool) or not isinstance(v, int) or v != CALIBRATION_VERSION:
         raise _fail("version", f"= {v!r:.40}: this autopar reads version {CALIBRATION_VERSION} "
                                "(a newer file needs a newer autopar)")
-    d = _obj(d, "the calibration", _TOP)
+    d = _obj(d, "the calibration", _TOP, optional=("notes",))
+    notes = tuple(_str(n, f"notes[{i}]") for i, n in enumerate(_list(d.get("notes", []),
+                                                                      "notes")))
     dev = _obj(d["device"], "device", tuple(f.name for f in fields(DeviceInfo)))
     device = DeviceInfo(_str(dev["kind"], "device.kind", ("cuda", "cpu")),
                         _str(dev["name"], "device.name"),
@@ -330,7 +338,7 @@ def check_calibration(d: Any) -> Calibration:
         seq_len=_int(d["seq_len"], "seq_len"),
         precision=_str(d["precision"], "precision", PRECISIONS),
         measured_fields=expect, gemm=gemm, attention=attention, memory=memory,
-        collectives=coll)
+        collectives=coll, notes=notes)
 
 
 def load_calibration(source: str | Path | dict | Calibration) -> Calibration:

@@ -4,8 +4,10 @@ user's nodes, or as one process); the measuring itself is in :mod:`autopar.calib
 from __future__ import annotations
 
 import json
+import os
 import warnings
 
+import torch
 import torch.distributed as dist
 from rich.console import Console
 from rich.table import Table
@@ -117,13 +119,33 @@ def cmd_calibrate(args, out: Console, err: Console) -> dict | None:
     options = Options(model=model_arg(args.model), seq_len=args.seq_len,
                       precision=args.precision, budget_s=args.budget, min_bytes=args.min_bytes,
                       max_bytes=args.max_bytes, copy_bytes=args.copy_bytes, catalog=args.device)
-    cal, rank = _on_every_rank(lambda device: run_calibration(options, device))
+    talk = int(os.environ.get("RANK", 0)) == 0  # rank 0 reports progress, on stderr
+
+    def progress(line: str) -> None:
+        if talk:
+            err.print(f"calibrate: {line}", style="dim", highlight=False)
+
+    def work(device):
+        if talk:
+            err.print(f"calibrate: budget {args.budget:g} s (--budget); what is measured by "
+                      "then is written, with notes on what was skipped", style="dim",
+                      highlight=False)
+            if "RANK" not in os.environ:
+                err.print("calibrate: one process (not under torchrun): no collectives are "
+                          "measured; run `torchrun --nproc-per-node=N -m autopar.cli calibrate "
+                          "...` to measure links" + ("" if device.type == "cuda" else
+                          "; on a CPU the figures describe this CPU (a measured cluster), "
+                          "not a GPU"), style="yellow", highlight=False)
+        return run_calibration(options, device, progress)
+
+    cal, rank = _on_every_rank(work)
     if rank != 0:
         return None
     cal.to_json(args.out)
+    notes = [f"note: {n}" for n in cal.notes]
     warns = [f"warning: {w}" for w in fit_warnings(cal)]
     if args.json:
-        for w in warns:  # on stderr, so that --json's output stays the file
+        for w in warns + notes:  # on stderr, so that --json's output stays the file
             err.print(w, style="bold yellow", highlight=False)
         return cal.to_dict()
     w = cal.world
@@ -140,19 +162,26 @@ def cmd_calibrate(args, out: Console, err: Console) -> dict | None:
                   "--nproc-per-node=GPUS to measure links.", style="yellow")
     for w in warns:
         out.print(w, style="bold yellow", highlight=False)
+    for n in notes:
+        out.print(n, style="yellow", highlight=False)
     err.print(f"wrote {args.out}", style="dim")
     return None
 
 
 def cmd_measure(args, out: Console, err: Console) -> dict | None:
     """Run the plan's steps; rank 0 writes the record to ``--out``."""
-    from ..calibrate.measure import record, run_steps
+    from ..calibrate.measure import preflight, record, run_steps
     from ..hardware import Cluster
     from ..plan import Plan
     cluster = Cluster.from_spec(args.cluster) if args.cluster else None
     with warnings.catch_warnings(record=True) as caught:  # the calibration's notes: rank 0 prints
         warnings.simplefilter("always", UserWarning)
         plan = Plan.from_json(args.plan, cluster=cluster, calibration=args.calibration)
+    if not dist.is_initialized():  # refused before a process group or a model exists
+        world = int(os.environ.get("WORLD_SIZE", 1)) if "RANK" in os.environ else 1
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) \
+            if torch.cuda.is_available() else torch.device("cpu")
+        preflight(plan, world, device, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     rec, rank = _on_every_rank(lambda device: record(
         plan, run_steps(plan, args.steps, args.warmup, device), args.steps, args.warmup, device,
         args.calibration), single_group=True)
