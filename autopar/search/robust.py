@@ -98,14 +98,16 @@ def trusted_band(e: Estimate) -> tuple[float | None, bool]:
 
 
 def band_text(e: Estimate) -> str:
-    """"± 7%", or "± 12%, the corpus-wide band, standing in for its unvalidated regime's"."""
+    """"± 7%", or, in an unvalidated regime, "± 12%: the corpus-wide band the rule uses where
+    the regime has none (this plan's own error is unknown)": the rule needs a width, the
+    estimate's band still says it has none."""
     half, own = trusted_band(e)
     if half is None:
         return "± unknown"
     if own:
         return f"± {half * 100:.0f}%"
-    return (f"± {half * 100:.0f}%, the corpus-wide band, standing in for its unvalidated "
-            "regime's")
+    return (f"± {half * 100:.0f}%: the corpus-wide band the rule uses where the regime has "
+            "none (this plan's own error is unknown)")
 
 
 def advantage(fast: Estimate, slow: Estimate) -> float:
