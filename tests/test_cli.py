@@ -32,6 +32,8 @@ def test_plan_tables_progress_and_money(capsys):
                  "Whole run", "hand-tuned", "GPU-hours"):
         assert text in out, text
     assert "searching" in err and "best so far" in err
+    # the run's days and cost carry the step time's band (a new user: no uncertainty shown)
+    assert "each carries its band" in " ".join(out.split()) and "± " in out.split("Whole run")[1]
 
 
 def test_plan_json_is_a_plan_with_extras(capsys, tmp_path):

@@ -244,14 +244,18 @@ def alternatives_table(best: Estimate, alts, money: list[dict] | None = None,
 
 
 def money_table(rows: list[tuple[str, Estimate, dict]], tokens: float) -> Table:
-    """Wall-clock days, GPU-hours and cost of training on ``tokens`` tokens, per plan."""
+    """Wall-clock days, GPU-hours and cost of training on ``tokens`` tokens, per plan, each
+    with its step time's error band (days, GPU-hours and cost scale with the step time)."""
     t = _table(f"Whole run: {tokens:.3g} tokens")
     currency = rows[0][2].get("currency", "USD") if rows else "USD"
-    for col in ("plan", "tokens/s", "days", "GPU-hours", f"cost, {currency}"):
+    for col in ("plan", "tokens/s", "days", "GPU-hours", f"cost, {currency}", "band"):
         t.add_column(col, justify="left" if col == "plan" else "right")
     for name, e, m in rows:
+        band = e.error_band.text() if e.error_band is not None else "± unknown"
         t.add_row(name, f"{e.tokens_per_s:,.0f}", f"{m['days']:,.1f}", f"{m['gpu_hours']:,.0f}",
-                  "-" if m["cost"] is None else f"{m['cost']:,.0f}")
+                  "-" if m["cost"] is None else f"{m['cost']:,.0f}", band)
+    t.caption, t.caption_justify = ("days, GPU-hours and cost scale with the step time: each "
+                                    "carries its band"), "left"
     return t
 
 
