@@ -278,7 +278,7 @@ def test_a_global_batch_just_short_of_a_multiple_of_the_gpus_is_pointed_out(caps
     (note,) = [line for line in (out + err).splitlines() if "shares only" in line]
     assert note.startswith("note: the global batch 998 shares only the factor 2 with the 8 GPUs")
     assert "1,000 (+0.2%) allows them (--global-batch 1000)" in note
-    from autopar.cli.inputs import _batch_divisibility_note
+    from autopar.cli.batch_notes import batch_divisibility_note as _batch_divisibility_note
     (text,) = _batch_divisibility_note(1000, 21)
     assert "factor 1 with the 21 GPUs" in text and "1,008 (+0.8%)" in text
     assert _batch_divisibility_note(32, 8) == [] and _batch_divisibility_note(40, 32) == []
@@ -443,7 +443,8 @@ def test_v100_mfu_warning_says_what_it_compares(capsys):
 
 def test_a_huge_global_batch_gets_a_note_with_a_fix(capsys):
     # the clipolish pass: --global-batch 10000000 (tokens meant, or a typo) was planned silently
-    from autopar.cli.inputs import LARGEST_PUBLISHED_TOKENS_PER_STEP, _huge_batch_note
+    from autopar.cli.batch_notes import LARGEST_PUBLISHED_TOKENS_PER_STEP
+    from autopar.cli.batch_notes import huge_batch_note as _huge_batch_note
     code, out, err = run(capsys, "estimate", "--model", "tiny-llama", "--cluster",
                          "2x4xA100-80GB", "--global-batch", "10000000", "--tp", "1", "--pp", "1")
     assert code == 0, err

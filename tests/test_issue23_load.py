@@ -235,7 +235,7 @@ def test_a_poor_fit_warns_in_the_result_and_the_cli(tmp_path, capsys, monkeypatc
                          calibration=bad)
     # the CLI prints it beside the table (the run itself is replaced: the fit is under test)
     import autopar.calibrate.run as run
-    monkeypatch.setattr(run, "run_calibration", lambda opts, device: bad)
+    monkeypatch.setattr(run, "run_calibration", lambda opts, device, progress=None: bad)
     assert main(["calibrate", "--model", "tiny-llama", "--out", str(tmp_path / "c.json")]) == 0
     captured = capsys.readouterr()
     assert "GFLOP/s" in captured.out and "TFLOP/s" not in captured.out

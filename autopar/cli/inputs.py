@@ -6,7 +6,6 @@ file), with notes on what was imported or derived."""
 from __future__ import annotations
 
 import json
-import math
 from types import SimpleNamespace
 
 from ..config import TrainingConfig
@@ -21,6 +20,7 @@ from ..io.torchtitan_importer import from_torchtitan_toml
 from ..io.titan_config import from_torchtitan_config
 from ..problem import Problem, model_config_of
 from ..report.summary import plural, reshard_text
+from .batch_notes import batch_divisibility_note, huge_batch_note
 
 
 def model_arg(text: str | None):
@@ -241,66 +241,6 @@ def _overridden(args, imp: Imported, world: int, blocks: int, tr: dict) -> list[
     return out
 
 
-#: How far (relative) the next multiple of the GPU count may lie above a given global batch for
-#: :func:`_batch_divisibility_note` to suggest it: a change a user may well accept
-BATCH_NUDGE = 0.05
-
-
-def _batch_divisibility_note(batch: int, world: int) -> list[str]:
-    """A note when the global batch ``batch`` (sequences) is not a multiple of the ``world``
-    GPUs but one lies within :data:`BATCH_NUDGE` above it: data parallelism must divide the
-    batch, so the plans that use every GPU for it are out of reach (the new-user pass saw 1000
-    sequences on 21 GPUs pick a pipeline 27% slower than dp=21 with 1008); and when the batch is
-    smaller than the GPU count."""
-    if batch % world == 0:
-        return []
-    nearer = -(-batch // world) * world
-    if batch < world:
-        return [f"the global batch {batch:,} is smaller than the {world:,} GPUs: at most "
-                f"{batch:,} data-parallel ranks, so the other GPUs must split each sequence "
-                f"(tp, pp, cp); --global-batch {world} or more lets data parallelism use them all"]
-    if nearer > batch * (1 + BATCH_NUDGE):
-        return []
-    return [f"the global batch {batch:,} shares only the factor {math.gcd(batch, world)} with "
-            f"the {world:,} GPUs: data parallelism must divide it, so some plans that shard it "
-            f"over every GPU are out of reach; if the batch may change, {nearer:,} "
-            f"(+{(nearer - batch) / batch:.1%}) allows them (--global-batch {nearer})"]
-
-
-#: The largest pre-training batch autopar knows published, in tokens per step: DeepSeek-V3's
-#: 15,360 sequences x 4,096 tokens (arXiv 2412.19437, pre-training hyper-parameters)
-LARGEST_PUBLISHED_TOKENS_PER_STEP = 15_360 * 4_096
-
-
-def _huge_batch_note(batch: int, seq_len: int, world: int, default_batch: int) -> list[str]:
-    """A note when ``batch`` sequences of ``seq_len`` tokens exceed
-    :data:`LARGEST_PUBLISHED_TOKENS_PER_STEP`: when ``batch`` is at least ``seq_len`` x ``world``
-    (likely tokens given for sequences), naming as fixes the batch of ``batch`` tokens (a
-    multiple of the ``world`` GPUs) and autopar's default ``default_batch`` (sequences);
-    otherwise the long sequences are the cause, and the fix is the batch of sequences that
-    stays within the largest published batch."""
-    tokens = batch * seq_len
-    if tokens <= LARGEST_PUBLISHED_TOKENS_PER_STEP:
-        return []
-
-    def text(n: float) -> str:
-        return f"{n / 1e9:,.1f}B" if n >= 1e9 else f"{n / 1e6:,.1f}M"
-
-    head = (f"the global batch {batch:,} sequences x {seq_len:,} tokens = {text(tokens)} "
-            "tokens per step is larger than any published pre-training batch (the largest "
-            f"autopar knows: DeepSeek-V3's 15,360 x 4,096 = "
-            f"{text(LARGEST_PUBLISHED_TOKENS_PER_STEP)} tokens)")
-    if batch >= seq_len * world:
-        as_tokens = max(1, round(batch / seq_len / world)) * world
-        return [f"{head}; --global-batch counts sequences, not tokens. Fix: for about "
-                f"{batch:,} tokens per step, --global-batch {as_tokens}; autopar's default "
-                f"here is --global-batch {default_batch} ({text(default_batch * seq_len)} "
-                "tokens)"]
-    within = max(1, LARGEST_PUBLISHED_TOKENS_PER_STEP // seq_len)
-    return [f"{head}, at sequences of {seq_len:,} tokens. Fix: --global-batch {within:,} or "
-            f"fewer keeps a step within that batch ({text(within * seq_len)} tokens)"]
-
-
 def read_problem(args) -> tuple[Problem, dict, list[str]]:
     """The problem, the parallel choices the user gave, and notes on imported settings."""
     from .. import api
@@ -370,8 +310,8 @@ def read_problem(args) -> tuple[Problem, dict, list[str]]:
     if args.global_batch is None and not tr.get("global_batch_size"):
         notes.append(api.default_batch_note(train, cluster.world_size, unit))
     elif args.global_batch is not None:
-        notes += _batch_divisibility_note(args.global_batch, cluster.world_size)
-        notes += _huge_batch_note(args.global_batch, train.seq_len, cluster.world_size,
+        notes += batch_divisibility_note(args.global_batch, cluster.world_size)
+        notes += huge_batch_note(args.global_batch, train.seq_len, cluster.world_size,
                                   default.global_batch_size)
     if args.calibration:
         from ..calibrate import calibrated, load_calibration
