@@ -25,6 +25,7 @@ from ..errors import AutoparError, InvalidParallelConfig, InvalidPlanFile
 from ..hardware import Cluster
 from ..models import build, get_config
 from ..plan import Plan
+from .bench import available_bytes
 from .fit import measured_cluster
 from .run import device_info, match_catalog
 from .schema import load_calibration
@@ -70,21 +71,6 @@ def launch_hint(plan: Plan) -> str:
            "--plan FILE --out FILE`")
     return cmd + (f" on each of the {nodes} nodes (with --rdzv-backend=c10d --rdzv-endpoint="
                   "HOST:PORT)" if nodes > 1 else "")
-
-
-def available_bytes(device: torch.device) -> float:
-    """Bytes a rank can allocate now: a GPU's free memory (``torch.cuda.mem_get_info``), else
-    the host's MemAvailable (/proc/meminfo; the free pages where there is none)."""
-    if device.type == "cuda":
-        return float(torch.cuda.mem_get_info(device)[0])
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024  # the file counts KiB
-    except OSError:
-        pass
-    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
 
 
 def preflight(plan: Plan, world: int, device: torch.device, ranks_here: int = 1) -> None:
