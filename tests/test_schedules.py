@@ -212,6 +212,19 @@ def _at_peak_two_passes(schedule, pp, m, v, r):
     return tuple(sets), dict(sorted(best.items()))
 
 
+def _assert_peaks_as_two_passes(schedule: str, pp: int, m: int, v: int) -> None:
+    """Every rank's held chunks and counts at its peak equal the plain two-pass walk's (nothing
+    checked for a combination the schedule refuses)."""
+    try:
+        check_order_args(schedule, pp, m, v)
+    except ValueError:
+        return
+    for r in range(pp):
+        sets, counts = _at_peak_two_passes(schedule, pp, m, v, r)
+        assert held_chunks_at_peak(schedule, pp, m, v, r) == sets
+        assert chunk_counts_at_peak(schedule, pp, m, v, r) == counts
+
+
 def test_state_at_peak_one_pass_matches_the_two_pass_definition():
     """The cached one-pass walk (autopar.cost.pipeline.held._at_peak: no peak known in advance,
     instants that cannot change the answer skipped) gives exactly the plain two-pass walk's
@@ -222,14 +235,7 @@ def test_state_at_peak_one_pass_matches_the_two_pass_definition():
         for pp in range(1, 6):
             for v in (1, 2, 3):
                 for m in range(1, 3 * pp + 3):
-                    try:
-                        check_order_args(schedule, pp, m, v)
-                    except ValueError:
-                        continue
-                    for r in range(pp):
-                        sets, counts = _at_peak_two_passes(schedule, pp, m, v, r)
-                        assert held_chunks_at_peak(schedule, pp, m, v, r) == sets
-                        assert chunk_counts_at_peak(schedule, pp, m, v, r) == counts
+                    _assert_peaks_as_two_passes(schedule, pp, m, v)
 
 
 def test_state_at_peak_of_long_steps_matches_the_whole_order():
@@ -240,14 +246,7 @@ def test_state_at_peak_of_long_steps_matches_the_whole_order():
     for pp, v, rounds in ((2, 3, 9), (3, 2, 7), (4, 4, 6), (6, 2, 5), (8, 3, 4), (5, 1, 8)):
         for m in (rounds * pp, rounds * pp + rounds, 3 * pp + 1):
             for schedule, chunks in (("interleaved-1f1b", v), ("1f1b", 1), ("gpipe", 1)):
-                try:
-                    check_order_args(schedule, pp, m, chunks)
-                except ValueError:
-                    continue
-                for r in range(pp):
-                    sets, counts = _at_peak_two_passes(schedule, pp, m, chunks, r)
-                    assert held_chunks_at_peak(schedule, pp, m, chunks, r) == sets
-                    assert chunk_counts_at_peak(schedule, pp, m, chunks, r) == counts
+                _assert_peaks_as_two_passes(schedule, pp, m, chunks)
 
 
 def test_long_steps_are_extrapolated_from_a_replayed_prefix():
