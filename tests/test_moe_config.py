@@ -49,6 +49,35 @@ def test_mtp_module_adds_a_block_and_a_second_head_pass():
     assert [layer.index for layer in g1.layers] == list(range(len(g1.layers)))
 
 
+def test_mtp_stage_without_the_embedding_keeps_a_copy_of_the_table():
+    """The MTP module looks up the shifted tokens' embeddings, so a pipeline rank that runs it
+    without the embedding layer holds a copy of the table, as Megatron-Core builds it
+    (megatron/core/models/gpt/gpt_model.py: ``if self.pre_process or self.mtp_process:
+    self.embedding = ...``); a rank holding both stores the table once, and the model's unique
+    parameter count does not change."""
+    from autopar.cost.ranks import RankLayers
+
+    cfg = ModelConfig.from_dict({**_TINY_MOE, "mtp_layers": 1})
+    g = config_graph(cfg, 64, "bf16", True)
+    table = cfg.vocab_size * cfg.hidden_size
+    mtp = next(layer for layer in g.layers if layer.name == "mtp.1")
+    assert mtp.shared_parameters == table
+    assert mtp.ops[0].kind == "embedding" and mtp.ops[0].num_parameters == 0
+    assert g.num_parameters == cfg.num_parameters
+    ranks = RankLayers(g, tuple(b.index for b in g.blocks))
+    embedding, head = 0, len(g.layers) - 1
+    others = tuple(i for i in range(len(g.layers)) if i not in (embedding, mtp.index, head))
+    last = (mtp.index, head)
+    apart = ranks.rank_params(1, 1, others + (embedding,))[0] + ranks.rank_params(1, 1, last)[0]
+    together = ranks.rank_params(1, 1, tuple(range(len(g.layers))))[0]
+    assert together == g.num_parameters
+    assert apart - together == table
+    # vocabulary-parallel, as the embedding layer: the copy is split over TP
+    assert ranks.rank_params(2, 1, last)[0] == pytest.approx(
+        ranks.rank_params(2, 1, (head,))[0] + ranks.layer_params_per_rank(
+            mtp.index, 2, False, 1) + table / 2)
+
+
 @pytest.mark.parametrize("extra, cls, extra_params", [
     ({}, "MixtralForCausalLM", 0),
     (dict(num_shared_experts=2, first_dense_layers=1), "Qwen2MoeForCausalLM", 2 * 64),

@@ -57,10 +57,15 @@ class RankLayers:
         hit = self._params.get(key)
         if hit is None:
             g = self.graph
-            kinds = {g.layers[i].kind for i in layers}
-            total = sum(self.layer_params_per_rank(
-                i, tp, not (g.layers[i].kind == "head" and "embedding" in kinds), ep, etp)
-                for i in layers)
+            # the shared parameters are the embedding table (a tied head's weight, an MTP
+            # block's lookup): stored once per rank, by the embedding layer when it is here,
+            # else by the first layer here that uses them (the copy Megatron-Core keeps)
+            table_here = any(g.layers[i].kind == "embedding" for i in layers)
+            total = 0.0
+            for i in layers:
+                shared = g.layers[i].shared_parameters > 0
+                total += self.layer_params_per_rank(i, tp, not (shared and table_here), ep, etp)
+                table_here = table_here or shared
             experts = sum(mem.expert_params_per_rank(g.layers[i], tp, ep, etp) for i in layers)
             hit = self._params[key] = (total, experts)
         return hit

@@ -12,13 +12,22 @@ last pipeline stage. transformers does not build them, so they are added to the 
 - a block per depth: a copy of the model's last block (DeepSeek-V3's MTP block has the MoE layer
   spec), with the 2h -> h projection as one more GEMM (kept whole under TP: an approximation of
   Megatron's column-parallel ``eh_proj``, a 2h x h GEMM beside a block of experts) whose 2h-wide
-  input is saved for its backward;
+  input is saved for its backward, and the gather of the shifted tokens' embeddings, which reads
+  the embedding table: the block uses the table's parameters as a tied head does
+  (``Layer.shared_parameters``), so a pipeline stage that runs it without the embedding layer
+  holds a copy of the table. Megatron-Core builds that copy (``megatron/core/models/gpt/
+  gpt_model.py``: ``if self.pre_process or self.mtp_process: self.embedding = ...``, "we need to
+  maintain a copy of embedding layer in the mtp process stage and tie it to the embedding in the
+  pre processing stage"); DeepSeek-V3's DualPipe places the embedding and the MTP module on the
+  same rank (section 3.2.3), where the stage stores the table once;
 - a second pass through the head: the head layer's ops again (the output GEMM and the loss on the
   MTP hidden states) with no parameters of their own (the head is shared), so the head costs
   twice its compute and keeps twice its saved logits.
 
-Not counted: the two RMSNorms and the embedding gather per depth (memory-bound work of h per
-token) and the MTP final norm's h parameters.
+Not counted: the two RMSNorms per depth (memory-bound work of h per token), the MTP final norm's
+h parameters, and the all-reduce over Megatron's embedding group that keeps a copied table's
+gradients equal to the first stage's after each step (``finalize_model_grads.py``
+``_allreduce_word_embedding_grads``).
 """
 
 from __future__ import annotations
@@ -37,9 +46,25 @@ def _projection(block: Layer, graph: ModelGraph, depth: int) -> Op:
               gemm=(tokens, 2 * h, h))
 
 
+def _gather(graph: ModelGraph, depth: int) -> Op:
+    """The embedding lookup of depth ``depth``'s shifted tokens: the rows it reads and writes
+    (tokens x h), and no parameters of its own (the table is the embedding layer's)."""
+    rows = graph.seq_len * graph.micro_batch_size * graph.hidden_size * graph.dtype_bytes
+    return Op(name=f"mtp{depth}_embedding", kind="embedding", target="embedding", fwd_flops=0.0,
+              bytes_read=rows, bytes_written=rows, num_parameters=0, region="seq",
+              tp_role="vocab")
+
+
+def _table_parameters(graph: ModelGraph) -> int:
+    """Parameter elements of the graph's embedding table (0 without an embedding layer)."""
+    return sum(o.num_parameters for layer in graph.layers if layer.kind == "embedding"
+               for o in layer.ops if o.kind == "embedding")
+
+
 def with_mtp_layers(graph: ModelGraph, depths: int) -> ModelGraph:
     """``graph`` with ``depths`` MTP modules (module docstring): a block per depth before the
-    head, and the head's ops once more per depth.
+    head (using the embedding table as shared parameters), and the head's ops once more per
+    depth.
 
     Args:
         graph: an extracted graph whose last layer is the head and which has blocks.
@@ -58,14 +83,17 @@ def with_mtp_layers(graph: ModelGraph, depths: int) -> ModelGraph:
     last = graph.blocks[-1]
     e = graph.dtype_bytes
     tokens = graph.seq_len * graph.micro_batch_size
+    table = _table_parameters(graph)
     added: list[Layer] = []
     for depth in range(1, depths + 1):
         proj = _projection(last, graph, depth)
         act = last.activations
         added.append(dataclasses.replace(
             last, name=f"mtp.{depth}", signature=f"{last.signature}|mtp",
-            ops=(proj, *last.ops), num_parameters=last.num_parameters + proj.num_parameters,
-            param_bytes=last.param_bytes + proj.num_parameters * e,
+            ops=(_gather(graph, depth), proj, *last.ops),
+            num_parameters=last.num_parameters + proj.num_parameters + table,
+            shared_parameters=last.shared_parameters + table,
+            param_bytes=last.param_bytes + (proj.num_parameters + table) * e,
             fwd_flops=last.fwd_flops + proj.fwd_flops,
             bwd_flops=last.bwd_flops + 2 * proj.fwd_flops,
             activations=dataclasses.replace(act, seq=act.seq + tokens * 2 * graph.hidden_size * e),
@@ -85,7 +113,8 @@ def with_mtp_layers(graph: ModelGraph, depths: int) -> ModelGraph:
                    for i, layer in enumerate((*body, *added, head)))
     return dataclasses.replace(
         graph, layers=layers,
-        num_parameters=graph.num_parameters + sum(b.num_parameters for b in added),
+        num_parameters=graph.num_parameters + sum(b.num_parameters - b.shared_parameters
+                                                  for b in added),
         notes=(*graph.notes, f"{depths} multi-token-prediction module(s) added "
                              "(autopar.graph.mtp): a copy of the last block with its 2h -> h "
                              "projection each, and the shared head run once more each"))
