@@ -159,6 +159,19 @@ def test_flags_that_replace_imported_values_say_so(capsys):
     assert not any("sequence length" in n for n in data["notes"])   # equal: nothing to say
 
 
+def test_a_single_megatron_flag_is_the_value_of_megatron_args(capsys):
+    # the new-user pass: --megatron-args "--use-distributed-optimizer" (one flag, no space) was
+    # read by argparse as an option and answered "expected one argument"
+    code, out, err = run(capsys, "estimate", *TINY, "--tp", "2", "--megatron-args",
+                         "--use-distributed-optimizer", "--json")
+    assert code == 0, err
+    assert json.loads(out)["config"]["zero_stage"] == 1
+    # a missing value before one of autopar's own flags is still refused
+    with pytest.raises(SystemExit):
+        main(["estimate", *TINY, "--megatron-args", "--tp", "2"])
+    assert "--megatron-args: expected one argument" in capsys.readouterr().err
+
+
 def test_estimate_from_framework_configs(capsys, tmp_path):
     code, out, err = run(capsys, "estimate", "--model", "tiny-llama", "--cluster",
                          "2x4xA100-80GB", "--megatron-args",
