@@ -203,3 +203,21 @@ def test_explain_counts_kept_blocks_only_between_zero3_plans():
     assert "zero 3->1" in config_diff(kept, plain)
     both = config_diff(autopar.ParallelConfig(dp=8, zero_stage=3), kept)
     assert "FSDP keeps 0->3 of 4 blocks gathered" in both
+
+
+def test_a_bad_pinned_degree_is_offered_every_degree_a_pin_may_take():
+    # user pass of 2026-12-06: --cp 3 was answered "use cp in [1, 2, 4]" and --tp 3 "use tp in
+    # [1, 2, 4, 8] ... fit in a node", yet --cp 8 and --tp 16 are accepted as pins (the list was
+    # the unpinned search's, which keeps TP in a node and 1024+ tokens per CP rank)
+    two = autopar.Cluster.custom(2, 8, "A100-80GB")
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=4096)
+    for key in ("tp", "cp"):
+        with pytest.raises(InfeasibleError) as info:
+            autopar.optimize("llama2-7b", two, train, fixed={key: 3})
+        assert f"use {key} in [1, 2, 4, 8, 16]" in str(info.value)
+    assert "a pinned tp may span nodes" in str(
+        pytest.raises(InfeasibleError, autopar.optimize, "llama2-7b", two, train,
+                      fixed={"tp": 3}).value)
+    for key in ("tp", "cp"):   # each value offered is accepted
+        plan = autopar.optimize("llama2-7b", two, train, fixed={key: 16}, time_limit_s=5)
+        assert getattr(plan.config, key) == 16
