@@ -221,3 +221,14 @@ def test_a_bad_pinned_degree_is_offered_every_degree_a_pin_may_take():
     for key in ("tp", "cp"):   # each value offered is accepted
         plan = autopar.optimize("llama2-7b", two, train, fixed={key: 16}, time_limit_s=5)
         assert getattr(plan.config, key) == 16
+
+
+def test_a_transformers_config_is_refused_with_how_to_build_the_model():
+    # user pass of 2026-12-06: a LlamaConfig got "model must be an nn.Module, ...; got
+    # LlamaConfig. Fix: e.g. autopar.optimize('llama2-70b', ...)", which does not say how
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                                   num_attention_heads=4, vocab_size=256)
+    with pytest.raises(autopar.errors.InvalidModelConfig,
+                       match="AutoModelForCausalLM.from_config"):
+        autopar.optimize(cfg, TINY8, TRAIN)
