@@ -545,3 +545,12 @@ def test_cli_errors_name_the_flags_a_cli_user_types(capsys):
     assert code == 2 and "--seq-len (TrainingConfig.seq_len) must be" in " ".join(err.split())
     assert flag_words("Fix: dispatcher='alltoall'; ep=3 does not divide; expert_tp*ep = 2*4") \
         == "Fix: --dispatcher alltoall; --ep 3 does not divide; expert_tp*ep = 2*4"
+
+
+def test_plan_says_sp_is_ignored_at_a_pinned_tp_1(capsys):
+    # the new-user pass of 2026-12-06: estimate said so, plan and explain dropped --sp silently
+    code, out, err = run(capsys, "plan", *TINY, "--sp", "--tp", "1")
+    assert code == 0, err
+    assert "needs tp > 1: ignored at tp=1" in err
+    code, out, err = run(capsys, "plan", *TINY, "--sp")
+    assert code == 0 and "ignored at tp=1" not in err   # tp searched: sp is used where tp > 1

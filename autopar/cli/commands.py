@@ -160,11 +160,15 @@ def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
     return data
 
 
+#: The note for ``--sp`` at tp = 1 (plan, explain and estimate).
+SP_AT_TP1 = ("sequence parallelism shards the ops tensor parallelism replicates, so it needs "
+             "tp > 1: ignored at tp=1")
+
+
 def _cmd_estimate(args, problem, par, notes, out) -> dict:
     est = problem.estimate(ParallelConfig(**par))
     if par.get("sequence_parallel") and est.config.tp == 1:
-        notes = [*notes, "sequence parallelism shards the ops tensor parallelism replicates, so "
-                         "it needs tp > 1: ignored at tp=1"]
+        notes = [*notes, SP_AT_TP1]
     if not problem.graph.num_experts and par.get("dispatcher") not in (None, "alltoall", "auto"):
         # plan refuses it (autopar.search.optimize); an estimate prices no dispatch either way
         notes = [*notes, f"dispatcher {par['dispatcher']!r} ignored: the model is dense (no "
@@ -339,6 +343,8 @@ def run(argv=None) -> int:
         if args.command == "estimate":
             finish(args, _cmd_estimate(args, problem, par, notes, out), err)
             return 0
+        if par.get("sequence_parallel") and par.get("tp") == 1:   # --sp --tp 1: as estimate
+            notes = [*notes, SP_AT_TP1]
         for n in notes:  # estimate prints its notes with its tables
             err.print(f"note: {n}", style="yellow", highlight=False, markup=False)
         with Interrupt(err) as interrupt:  # from here the first Ctrl-C keeps the best plan
