@@ -232,3 +232,16 @@ def test_a_transformers_config_is_refused_with_how_to_build_the_model():
     with pytest.raises(autopar.errors.InvalidModelConfig,
                        match="AutoModelForCausalLM.from_config"):
         autopar.optimize(cfg, TINY8, TRAIN)
+
+
+def test_a_hand_edited_plan_file_is_not_told_to_use_a_flag_that_cannot_help(capsys, tmp_path):
+    # user pass of 2026-12-06: a plan file edited to tp=4 (dp left at 8) was answered "Fix: --dp
+    # 2", and `estimate --plan FILE --dp 2` failed the same way (the file is checked first)
+    plan = autopar.optimize("tiny-llama", TINY8, TRAIN, fixed={"tp": 1, "pp": 1})
+    d = plan.to_dict()
+    d["config"]["tp"] = 4
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(d))
+    code, out, err = run(capsys, "estimate", "--plan", str(path))
+    assert code == 2 and "InvalidPlanFile" in err
+    assert "Fix: dp=2 (GPUs / (tp*pp*cp))" in err and "--dp" not in err

@@ -32,7 +32,7 @@ from ..cost.capacity import capacity_text
 from ..cost.offload import offload_text
 from ..search.robust import objective_text, passed_over
 from ..config import ParallelConfig, TrainingConfig
-from ..errors import AutoparError, MissingDependency
+from ..errors import AutoparError, InvalidPlanFile, MissingDependency
 from ..graph import hf
 from ..problem import Problem
 from ..report import tables
@@ -352,6 +352,9 @@ def run(argv=None) -> int:
             finish(args, cmd(args, problem, par, out, err, interrupt), err)
         return 0
     except AutoparError as exc:
-        err.print(f"autopar: {type(exc).__name__}: {flag_words(str(exc))}", style="red",
+        # a plan file's fields are fixed in the file (it is checked before flags apply): its
+        # message keeps their names, where "--dp 4" read as a flag that would help and did not
+        text = str(exc) if isinstance(exc, InvalidPlanFile) else flag_words(str(exc))
+        err.print(f"autopar: {type(exc).__name__}: {text}", style="red",
                   markup=False, soft_wrap=True, highlight=False)
         return 2
