@@ -245,3 +245,17 @@ def test_a_hand_edited_plan_file_is_not_told_to_use_a_flag_that_cannot_help(caps
     code, out, err = run(capsys, "estimate", "--plan", str(path))
     assert code == 2 and "InvalidPlanFile" in err
     assert "Fix: dp=2 (GPUs / (tp*pp*cp))" in err and "--dp" not in err
+
+
+def test_a_per_block_recompute_pin_given_as_a_list_is_kept():
+    # user pass of 2026-12-06: fixed={"recompute": ["full"] * 4} (a list, as JSON gives) was
+    # dropped and the search chose "none"; a tuple of the wrong length was taken as one mode
+    plan = autopar.optimize("tiny-llama", TINY8, TRAIN,
+                            fixed={"recompute": ["full", "none", "full", "none"]})
+    assert plan.config.recompute == ("full", "none", "full", "none")
+    assert autopar.optimize("tiny-llama", TINY8, TRAIN,
+                            fixed={"recompute": ["full"] * 4}).config.recompute == "full"
+    for wrong in (["full"] * 3, ("full",) * 3):
+        with pytest.raises(autopar.errors.InvalidParallelConfig, match="3 entries but the "
+                                                                      "model has 4 blocks"):
+            autopar.optimize("tiny-llama", TINY8, TRAIN, fixed={"recompute": wrong})
