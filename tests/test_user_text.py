@@ -259,3 +259,20 @@ def test_a_per_block_recompute_pin_given_as_a_list_is_kept():
         with pytest.raises(autopar.errors.InvalidParallelConfig, match="3 entries but the "
                                                                       "model has 4 blocks"):
             autopar.optimize("tiny-llama", TINY8, TRAIN, fixed={"recompute": wrong})
+
+
+def test_explain_does_not_compare_tp_layouts_the_framework_cannot_price_for_moe():
+    # user pass of 2026-12-06: `explain` on Mixtral under torch compared "TP=8 inside each
+    # node", priced with the experts split over TP, which torch does not do (estimate warns
+    # "optimistic"; the search leaves such meshes out)
+    from autopar.problem import Problem
+    from autopar.report.explain import canonical_alternatives, left_out_notes
+    moe = dict(name="tiny-moe", family="llama", num_layers=4, hidden_size=64, num_heads=8,
+               num_kv_heads=8, vocab_size=256, seq_len=64, ffn_hidden_size=128,
+               num_experts=8, top_k=2, moe_ffn_hidden_size=32)
+    train = autopar.TrainingConfig(global_batch_size=16, seq_len=64)
+    torch_p = Problem.build(moe, TINY8, train)
+    assert not any(pins.get("tp", 1) > 1 for _, pins in canonical_alternatives(torch_p))
+    assert any("keeps experts whole on every TP rank" in n for n in left_out_notes(torch_p))
+    mega = Problem.build(moe, TINY8, autopar.TrainingConfig(16, 64, framework="megatron"))
+    assert any(pins.get("tp") == 8 for _, pins in canonical_alternatives(mega))
