@@ -276,3 +276,19 @@ def test_explain_does_not_compare_tp_layouts_the_framework_cannot_price_for_moe(
     assert any("keeps experts whole on every TP rank" in n for n in left_out_notes(torch_p))
     mega = Problem.build(moe, TINY8, autopar.TrainingConfig(16, 64, framework="megatron"))
     assert any(pins.get("tp") == 8 for _, pins in canonical_alternatives(mega))
+
+
+def test_a_torchtitan_toml_autopar_wrote_for_a_model_without_a_flavor_reads_back(tmp_path):
+    # user pass of 2026-12-06: `--export torchtitan-0.2` of a llama2-7b plan writes name
+    # "llama3", flavor "llama2-7b" (torchtitan has no such flavor); `estimate --torchtitan-toml`
+    # of that file then looked for the preset "llama3-llama2-7b"
+    from autopar.io.importers import from_torchtitan_toml
+    plan = autopar.optimize("llama2-7b", autopar.Cluster.custom(2, 8, "A100-80GB"),
+                            autopar.TrainingConfig(64, 4096), fixed={"tp": 2, "pp": 1},
+                            time_limit_s=5)
+    path = tmp_path / "job.toml"
+    path.write_text(plan.to_torchtitan_toml().text())
+    assert from_torchtitan_toml(path).model == "llama2-7b"
+    text = path.read_text().replace('flavor = "llama2-7b"', 'flavor = "8B"')
+    path.write_text(text)
+    assert from_torchtitan_toml(path).model == "llama3-8b"   # torchtitan's own flavors as before
