@@ -545,6 +545,8 @@ def test_cli_errors_name_the_flags_a_cli_user_types(capsys):
     assert code == 2 and "--seq-len (TrainingConfig.seq_len) must be" in " ".join(err.split())
     assert flag_words("Fix: dispatcher='alltoall'; ep=3 does not divide; expert_tp*ep = 2*4") \
         == "Fix: --dispatcher alltoall; --ep 3 does not divide; expert_tp*ep = 2*4"
+    # the new-user pass of 2026-12-06: "Fix: --expert-tp None" named a value the flag refuses
+    assert flag_words("Fix: expert_tp=None (etp = tp)") == "Fix: no --expert-tp (etp = tp)"
 
 
 def test_plan_says_sp_is_ignored_at_a_pinned_tp_1(capsys):

@@ -60,10 +60,13 @@ _PIN = re.compile(r"(?<![\w.*-])(" + "|".join(sorted(_PINS, key=len, reverse=Tru
 
 def flag_words(text: str) -> str:
     """An error's text in the command line's words: ``TrainingConfig.seq_len`` as ``--seq-len
-    (TrainingConfig.seq_len)``, a pin ``dispatcher='alltoall'`` as ``--dispatcher alltoall``."""
+    (TrainingConfig.seq_len)``, a pin ``dispatcher='alltoall'`` as ``--dispatcher alltoall``,
+    ``expert_tp=None`` as ``no --expert-tp``."""
     for api, flag in _FLAGS.items():
         text = text.replace(api, f"{flag} ({api})")
-    return _PIN.sub(lambda m: f"{_PINS[m.group(1)]} {m.group(3)}", text)
+    # a pin set to None is the flag left out (there is no "--expert-tp None" to type)
+    return _PIN.sub(lambda m: f"no {_PINS[m.group(1)]}" if m.group(3) == "None"
+                    else f"{_PINS[m.group(1)]} {m.group(3)}", text)
 
 
 def free_fraction(e) -> float:
