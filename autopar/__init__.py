@@ -84,9 +84,10 @@ def _reestimate(kw: dict, **kwargs) -> dict:
     return reestimate(kw, **kwargs)
 
 
-def _nearest(cm, framework: str, planned, limits: dict | None = None) -> str:
+def _nearest(cm, framework: str, planned, limits: dict | None = None,
+             memory_margin: float | None = None) -> str:
     from .alternatives import nearest
-    return nearest(cm, framework, planned, limits)
+    return nearest(cm, framework, planned, limits, memory_margin)
 
 
 for _name, _fn in (("plan_summary", _plan_summary), ("apply", _apply), ("export", _export),

@@ -23,7 +23,7 @@ from .problem import Problem
 from .report.explain import (UNREACHED, Comparison, canonical_alternatives, compare,
                              left_out_notes, tp_across_nodes)
 from .runtime.verdict import GB, describe, pct_text
-from .search.margin import search_with_margin
+from .search.margin import check_margin, search_with_margin
 from .search.optimize import search
 from .search.ranking import tied
 
@@ -111,16 +111,24 @@ def _stopped(c: Comparison) -> Comparison:
 
 
 def nearest(cm: CostModel, framework: str, planned: Estimate,
-            limits: dict | None = None) -> str:
+            limits: dict | None = None, memory_margin: float | None = None) -> str:
     """The nearest plan ``framework`` can run, as one line: the best plan with the planned
     degrees (tp, pp, cp, dp) if one fits under the framework, else the best plan of a new
     search restricted to the framework (``optimize(..., TrainingConfig(framework=...))``).
     ``cm``: the cost model of the plan's problem under ``framework``'s profile; ``limits``:
     degrees the exported file's runner fixes whatever the profile allows (e.g. ``pp=1`` for
-    Accelerate, which has no pipeline), kept in every search and named in the fix.
+    Accelerate, which has no pipeline), kept in every search and named in the fix;
+    ``memory_margin``: the fraction of each GPU's memory kept free, as in ``optimize`` (None:
+    the default for the model's kind, :func:`autopar.search.margin.check_margin`), so the plan
+    named is the one the command it prints finds (it filled memory to the last byte).
+
+    Raises:
+        InvalidSearchOption: a bad ``memory_margin``.
     """
     c = planned.config
     limits = dict(limits or {})
+    moe = cm.graph.num_experts > 0
+    margin = check_margin(memory_margin, moe)
     found = None
     tries = [limits or None]
     planned_mesh = dict(tp=c.tp, pp=c.pp, cp=c.cp, dp=c.dp)
@@ -129,23 +137,26 @@ def nearest(cm: CostModel, framework: str, planned: Estimate,
         tries.insert(0, {**planned_mesh, **limits})
     for fixed in tries:
         try:
-            found = search(cm, fixed, top_k=1).best
+            found = search_with_margin(cm, fixed, memory_margin=margin, top_k=1).best
             break
         except AutoparError:
             continue
+    flag = "" if margin == check_margin(None, moe) else f" --memory-margin {margin:g}"
+    kwarg = "" if not flag else f", memory_margin={margin:g}"
     if found is None:
-        return (f"no plan {framework} can run fits on this cluster (autopar searched with "
-                f"framework={framework!r}{_limits_text(limits, ', ')}). Fix: more or larger "
-                "GPUs, or a smaller batch")
+        return (f"no plan {framework} can run fits on this cluster with {margin:.0%} of each "
+                f"GPU's memory kept free (autopar searched with framework={framework!r}"
+                f"{_limits_text(limits, ', ')}). Fix: more or larger GPUs, a smaller batch, or "
+                "a smaller --memory-margin")
     change = pct_text(found.step_time_s, planned.step_time_s)
     return (f"nearest plan {framework} can run{_limits_text(limits, ' with ')}: "
             f"{describe(found.config)}: "
             f"{found.step_time_s:.4g} s per step ({change} vs the plan), "
-            f"{found.memory_per_gpu_bytes / GB:.1f} GB per GPU. Fix: export "
-            f"that plan (autopar plan ... --framework {framework}"
-            + "".join(f" --{k} {v}" for k, v in limits.items())
+            f"{found.memory_per_gpu_bytes / GB:.1f} GB per GPU ({margin:.0%} kept free). Fix: "
+            f"export that plan (autopar plan ... --framework {framework}"
+            + "".join(f" --{k} {v}" for k, v in limits.items()) + flag
             + f", or autopar.optimize(..., TrainingConfig(..., framework={framework!r})"
-            + (f", fixed={limits!r}" if limits else "") + "))")
+            + (f", fixed={limits!r}" if limits else "") + kwarg + "))")
 
 
 def _limits_text(limits: dict, sep: str) -> str:

@@ -26,7 +26,7 @@ SERVICES = {
               "to_torchtitan_config, to_deepspeed_config, to_accelerate_config, "
               "to_colossalai_plugin, to_torchrun_command, to_slurm_script)",
     "reestimate": "(plan-file fields, **kw) -> fields: autopar.reestimate.reestimate",
-    "nearest": "(cost model, framework, planned estimate, limits=None) -> str: "
+    "nearest": "(cost model, framework, planned estimate, limits=None, memory_margin=None) -> str: "
                "autopar.alternatives.nearest",
 }
 

@@ -72,6 +72,13 @@ def model_config_of(model) -> ModelConfig | None:
         return None
     if isinstance(model, (str, dict, ModelConfig)):
         return get_config(model)
+    if hasattr(model, "to_dict") and hasattr(model, "model_type"):
+        # a transformers PretrainedConfig: hyperparameters without a module to trace
+        raise InvalidModelConfig(
+            f"model is a transformers {type(model).__name__}, not a model: autopar traces the "
+            "nn.Module. Fix: build it on the meta device (no memory, no weights): `with "
+            "torch.device('meta'): model = transformers.AutoModelForCausalLM.from_config(cfg)`, "
+            "then pass model.")
     raise InvalidModelConfig(
         f"model must be an nn.Module, a preset name, a model dict or a ModelConfig; got "
         f"{type(model).__name__}. Fix: e.g. autopar.optimize('llama2-70b', ...).")

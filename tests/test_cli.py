@@ -159,6 +159,19 @@ def test_flags_that_replace_imported_values_say_so(capsys):
     assert not any("sequence length" in n for n in data["notes"])   # equal: nothing to say
 
 
+def test_a_single_megatron_flag_is_the_value_of_megatron_args(capsys):
+    # the new-user pass: --megatron-args "--use-distributed-optimizer" (one flag, no space) was
+    # read by argparse as an option and answered "expected one argument"
+    code, out, err = run(capsys, "estimate", *TINY, "--tp", "2", "--megatron-args",
+                         "--use-distributed-optimizer", "--json")
+    assert code == 0, err
+    assert json.loads(out)["config"]["zero_stage"] == 1
+    # a missing value before one of autopar's own flags is still refused
+    with pytest.raises(SystemExit):
+        main(["estimate", *TINY, "--megatron-args", "--tp", "2"])
+    assert "--megatron-args: expected one argument" in capsys.readouterr().err
+
+
 def test_estimate_from_framework_configs(capsys, tmp_path):
     code, out, err = run(capsys, "estimate", "--model", "tiny-llama", "--cluster",
                          "2x4xA100-80GB", "--megatron-args",
@@ -532,3 +545,14 @@ def test_cli_errors_name_the_flags_a_cli_user_types(capsys):
     assert code == 2 and "--seq-len (TrainingConfig.seq_len) must be" in " ".join(err.split())
     assert flag_words("Fix: dispatcher='alltoall'; ep=3 does not divide; expert_tp*ep = 2*4") \
         == "Fix: --dispatcher alltoall; --ep 3 does not divide; expert_tp*ep = 2*4"
+    # the new-user pass of 2026-12-06: "Fix: --expert-tp None" named a value the flag refuses
+    assert flag_words("Fix: expert_tp=None (etp = tp)") == "Fix: no --expert-tp (etp = tp)"
+
+
+def test_plan_says_sp_is_ignored_at_a_pinned_tp_1(capsys):
+    # the new-user pass of 2026-12-06: estimate said so, plan and explain dropped --sp silently
+    code, out, err = run(capsys, "plan", *TINY, "--sp", "--tp", "1")
+    assert code == 0, err
+    assert "needs tp > 1: ignored at tp=1" in err
+    code, out, err = run(capsys, "plan", *TINY, "--sp")
+    assert code == 0 and "ignored at tp=1" not in err   # tp searched: sp is used where tp > 1

@@ -275,3 +275,19 @@ def test_the_nearest_plan_keeps_the_degrees_the_runner_fixes():
     line = nearest(problem.cost_model, "torch", plan.estimate, {"pp": 1, "ep": 1})
     assert line.startswith("nearest plan torch can run with pp=1 ep=1: ")
     assert " pp=1 " in line and "--pp 1 --ep 1" in line and "fixed={'pp': 1, 'ep': 1}" in line
+
+
+def test_the_nearest_plan_keeps_the_memory_margin_its_command_keeps():
+    # user pass of 2026-12-06: the nearest plan offered for an Accelerate export of Mixtral
+    # filled 84.9 of 84.9 GB, while the `autopar plan` command it printed keeps 8% free and
+    # finds another plan
+    from autopar.alternatives import nearest
+    from autopar.problem import Problem
+    from autopar.search.margin import check_margin
+    plan = _fixed("1x8xA100-80GB", dict(tp=1, pp=2, dp=4, zero_stage=1, micro_batch_size=1))
+    cm = Problem.build("tiny-llama", "1x8xA100-80GB", plan.train).cost_model
+    line = nearest(cm, "torch", plan.estimate, {"pp": 1})
+    assert f"({check_margin(None):.0%} kept free)" in line and "--memory-margin" not in line
+    line = nearest(cm, "torch", plan.estimate, {"pp": 1}, memory_margin=0.3)
+    assert "(30% kept free)" in line
+    assert "--pp 1 --memory-margin 0.3," in line and "memory_margin=0.3))" in line

@@ -86,6 +86,7 @@ def test_cli_measure_single_process(tmp_path, capsys):
         torch.set_num_threads(threads)
     text = capsys.readouterr().out
     assert "median step" in text and "predicted" in text
+    assert "(1 rank): median step" in text and "over 3 steps" in text   # was "(1 ranks)"
     _check(json.loads(out.read_text()), plan, 3)
     assert not dist.is_initialized()
 

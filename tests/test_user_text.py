@@ -203,3 +203,92 @@ def test_explain_counts_kept_blocks_only_between_zero3_plans():
     assert "zero 3->1" in config_diff(kept, plain)
     both = config_diff(autopar.ParallelConfig(dp=8, zero_stage=3), kept)
     assert "FSDP keeps 0->3 of 4 blocks gathered" in both
+
+
+def test_a_bad_pinned_degree_is_offered_every_degree_a_pin_may_take():
+    # user pass of 2026-12-06: --cp 3 was answered "use cp in [1, 2, 4]" and --tp 3 "use tp in
+    # [1, 2, 4, 8] ... fit in a node", yet --cp 8 and --tp 16 are accepted as pins (the list was
+    # the unpinned search's, which keeps TP in a node and 1024+ tokens per CP rank)
+    two = autopar.Cluster.custom(2, 8, "A100-80GB")
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=4096)
+    for key in ("tp", "cp"):
+        with pytest.raises(InfeasibleError) as info:
+            autopar.optimize("llama2-7b", two, train, fixed={key: 3})
+        assert f"use {key} in [1, 2, 4, 8, 16]" in str(info.value)
+    assert "a pinned tp may span nodes" in str(
+        pytest.raises(InfeasibleError, autopar.optimize, "llama2-7b", two, train,
+                      fixed={"tp": 3}).value)
+    for key in ("tp", "cp"):   # each value offered is accepted
+        plan = autopar.optimize("llama2-7b", two, train, fixed={key: 16}, time_limit_s=5)
+        assert getattr(plan.config, key) == 16
+
+
+def test_a_transformers_config_is_refused_with_how_to_build_the_model():
+    # user pass of 2026-12-06: a LlamaConfig got "model must be an nn.Module, ...; got
+    # LlamaConfig. Fix: e.g. autopar.optimize('llama2-70b', ...)", which does not say how
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                                   num_attention_heads=4, vocab_size=256)
+    with pytest.raises(autopar.errors.InvalidModelConfig,
+                       match="AutoModelForCausalLM.from_config"):
+        autopar.optimize(cfg, TINY8, TRAIN)
+
+
+def test_a_hand_edited_plan_file_is_not_told_to_use_a_flag_that_cannot_help(capsys, tmp_path):
+    # user pass of 2026-12-06: a plan file edited to tp=4 (dp left at 8) was answered "Fix: --dp
+    # 2", and `estimate --plan FILE --dp 2` failed the same way (the file is checked first)
+    plan = autopar.optimize("tiny-llama", TINY8, TRAIN, fixed={"tp": 1, "pp": 1})
+    d = plan.to_dict()
+    d["config"]["tp"] = 4
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(d))
+    code, out, err = run(capsys, "estimate", "--plan", str(path))
+    assert code == 2 and "InvalidPlanFile" in err
+    assert "Fix: dp=2 (GPUs / (tp*pp*cp))" in err and "--dp" not in err
+
+
+def test_a_per_block_recompute_pin_given_as_a_list_is_kept():
+    # user pass of 2026-12-06: fixed={"recompute": ["full"] * 4} (a list, as JSON gives) was
+    # dropped and the search chose "none"; a tuple of the wrong length was taken as one mode
+    plan = autopar.optimize("tiny-llama", TINY8, TRAIN,
+                            fixed={"recompute": ["full", "none", "full", "none"]})
+    assert plan.config.recompute == ("full", "none", "full", "none")
+    assert autopar.optimize("tiny-llama", TINY8, TRAIN,
+                            fixed={"recompute": ["full"] * 4}).config.recompute == "full"
+    for wrong in (["full"] * 3, ("full",) * 3):
+        with pytest.raises(autopar.errors.InvalidParallelConfig, match="3 entries but the "
+                                                                      "model has 4 blocks"):
+            autopar.optimize("tiny-llama", TINY8, TRAIN, fixed={"recompute": wrong})
+
+
+def test_explain_does_not_compare_tp_layouts_the_framework_cannot_price_for_moe():
+    # user pass of 2026-12-06: `explain` on Mixtral under torch compared "TP=8 inside each
+    # node", priced with the experts split over TP, which torch does not do (estimate warns
+    # "optimistic"; the search leaves such meshes out)
+    from autopar.problem import Problem
+    from autopar.report.explain import canonical_alternatives, left_out_notes
+    moe = dict(name="tiny-moe", family="llama", num_layers=4, hidden_size=64, num_heads=8,
+               num_kv_heads=8, vocab_size=256, seq_len=64, ffn_hidden_size=128,
+               num_experts=8, top_k=2, moe_ffn_hidden_size=32)
+    train = autopar.TrainingConfig(global_batch_size=16, seq_len=64)
+    torch_p = Problem.build(moe, TINY8, train)
+    assert not any(pins.get("tp", 1) > 1 for _, pins in canonical_alternatives(torch_p))
+    assert any("keeps experts whole on every TP rank" in n for n in left_out_notes(torch_p))
+    mega = Problem.build(moe, TINY8, autopar.TrainingConfig(16, 64, framework="megatron"))
+    assert any(pins.get("tp") == 8 for _, pins in canonical_alternatives(mega))
+
+
+def test_a_torchtitan_toml_autopar_wrote_for_a_model_without_a_flavor_reads_back(tmp_path):
+    # user pass of 2026-12-06: `--export torchtitan-0.2` of a llama2-7b plan writes name
+    # "llama3", flavor "llama2-7b" (torchtitan has no such flavor); `estimate --torchtitan-toml`
+    # of that file then looked for the preset "llama3-llama2-7b"
+    from autopar.io.importers import from_torchtitan_toml
+    plan = autopar.optimize("llama2-7b", autopar.Cluster.custom(2, 8, "A100-80GB"),
+                            autopar.TrainingConfig(64, 4096), fixed={"tp": 2, "pp": 1},
+                            time_limit_s=5)
+    path = tmp_path / "job.toml"
+    path.write_text(plan.to_torchtitan_toml().text())
+    assert from_torchtitan_toml(path).model == "llama2-7b"
+    text = path.read_text().replace('flavor = "llama2-7b"', 'flavor = "8B"')
+    path.write_text(text)
+    assert from_torchtitan_toml(path).model == "llama3-8b"   # torchtitan's own flavors as before

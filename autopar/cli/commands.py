@@ -32,7 +32,7 @@ from ..cost.capacity import capacity_text
 from ..cost.offload import offload_text
 from ..search.robust import objective_text, passed_over
 from ..config import ParallelConfig, TrainingConfig
-from ..errors import AutoparError, MissingDependency
+from ..errors import AutoparError, InvalidPlanFile, MissingDependency
 from ..graph import hf
 from ..problem import Problem
 from ..report import tables
@@ -60,10 +60,13 @@ _PIN = re.compile(r"(?<![\w.*-])(" + "|".join(sorted(_PINS, key=len, reverse=Tru
 
 def flag_words(text: str) -> str:
     """An error's text in the command line's words: ``TrainingConfig.seq_len`` as ``--seq-len
-    (TrainingConfig.seq_len)``, a pin ``dispatcher='alltoall'`` as ``--dispatcher alltoall``."""
+    (TrainingConfig.seq_len)``, a pin ``dispatcher='alltoall'`` as ``--dispatcher alltoall``,
+    ``expert_tp=None`` as ``no --expert-tp``."""
     for api, flag in _FLAGS.items():
         text = text.replace(api, f"{flag} ({api})")
-    return _PIN.sub(lambda m: f"{_PINS[m.group(1)]} {m.group(3)}", text)
+    # a pin set to None is the flag left out (there is no "--expert-tp None" to type)
+    return _PIN.sub(lambda m: f"no {_PINS[m.group(1)]}" if m.group(3) == "None"
+                    else f"{_PINS[m.group(1)]} {m.group(3)}", text)
 
 
 def free_fraction(e) -> float:
@@ -160,11 +163,15 @@ def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
     return data
 
 
+#: The note for ``--sp`` at tp = 1 (plan, explain and estimate).
+SP_AT_TP1 = ("sequence parallelism shards the ops tensor parallelism replicates, so it needs "
+             "tp > 1: ignored at tp=1")
+
+
 def _cmd_estimate(args, problem, par, notes, out) -> dict:
     est = problem.estimate(ParallelConfig(**par))
     if par.get("sequence_parallel") and est.config.tp == 1:
-        notes = [*notes, "sequence parallelism shards the ops tensor parallelism replicates, so "
-                         "it needs tp > 1: ignored at tp=1"]
+        notes = [*notes, SP_AT_TP1]
     if not problem.graph.num_experts and par.get("dispatcher") not in (None, "alltoall", "auto"):
         # plan refuses it (autopar.search.optimize); an estimate prices no dispatch either way
         notes = [*notes, f"dispatcher {par['dispatcher']!r} ignored: the model is dense (no "
@@ -339,6 +346,8 @@ def run(argv=None) -> int:
         if args.command == "estimate":
             finish(args, _cmd_estimate(args, problem, par, notes, out), err)
             return 0
+        if par.get("sequence_parallel") and par.get("tp") == 1:   # --sp --tp 1: as estimate
+            notes = [*notes, SP_AT_TP1]
         for n in notes:  # estimate prints its notes with its tables
             err.print(f"note: {n}", style="yellow", highlight=False, markup=False)
         with Interrupt(err) as interrupt:  # from here the first Ctrl-C keeps the best plan
@@ -346,6 +355,9 @@ def run(argv=None) -> int:
             finish(args, cmd(args, problem, par, out, err, interrupt), err)
         return 0
     except AutoparError as exc:
-        err.print(f"autopar: {type(exc).__name__}: {flag_words(str(exc))}", style="red",
+        # a plan file's fields are fixed in the file (it is checked before flags apply): its
+        # message keeps their names, where "--dp 4" read as a flag that would help and did not
+        text = str(exc) if isinstance(exc, InvalidPlanFile) else flag_words(str(exc))
+        err.print(f"autopar: {type(exc).__name__}: {text}", style="red",
                   markup=False, soft_wrap=True, highlight=False)
         return 2

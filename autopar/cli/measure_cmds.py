@@ -14,6 +14,7 @@ from rich.table import Table
 
 from ..errors import InvalidCalibration, output_error
 from ..hardware import Cluster
+from ..report.summary import plural
 from .inputs import model_arg
 
 
@@ -199,8 +200,8 @@ def cmd_measure(args, out: Console, err: Console) -> dict | None:
         return rec
     m, p = rec["measured"], rec["prediction"]
     out.print(f"[bold]autopar measure[/bold]: {plan.model} plan on {plan.cluster} "
-              f"({plan.world_size} ranks): median step {m['step_time_s']:.4f} s over "
-              f"{args.steps} steps; predicted {p['step_time_s']:.4f} s "
+              f"({plural(plan.world_size, 'rank')}): median step {m['step_time_s']:.4f} s over "
+              f"{plural(args.steps, 'step')}; predicted {p['step_time_s']:.4f} s "
               f"({p['step_time_relative_error'] * 100:+.1f}%)", highlight=False)
     if m["memory_gib"] is not None:
         out.print(f"peak memory {m['memory_gib']:.2f} GiB per GPU (max over ranks); predicted "

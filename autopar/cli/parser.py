@@ -8,6 +8,7 @@ import argparse
 import difflib
 import json
 import os
+import sys
 from pathlib import Path
 
 from ..config import DISPATCHERS, FRAMEWORKS, OPTIMIZER_STATE_DTYPES, RECOMPUTE_MODES, SCHEDULES
@@ -194,7 +195,12 @@ class _Parser(argparse.ArgumentParser):
     def parse_args(self, args=None, namespace=None):
         """As argparse's, but unrecognized arguments are judged against the subcommand given:
         argparse reports them from the top-level parser, which knows every subcommand's
-        options, so ``models --out`` was answered "Did you mean --out?"."""
+        options, so ``models --out`` was answered "Did you mean --out?". A lone flag given as
+        the value of :data:`FLAG_VALUED` (``--megatron-args "--sequence-parallel"``) is taken as
+        that value: argparse reads any token starting with ``-`` and holding no space as an
+        option, and answered "expected one argument"."""
+        args = _join_flag_values(sys.argv[1:] if args is None else list(args),
+                                 set(_option_strings(self)))
         ns, extras = self.parse_known_args(args, namespace)
         if extras:
             self._command_parser = _subparsers(self).get(getattr(ns, "command", None))
@@ -213,6 +219,28 @@ class _Parser(argparse.ArgumentParser):
                 hint = f" Did you mean {', '.join(close)}?"
         self.exit(2, f"{self.prog}: error: {message}.{hint} Fix: see '{scope.prog} --help' "
                      "for the options.\n")
+
+
+#: Options whose value is itself a string of flags (another framework's arguments).
+FLAG_VALUED = ("--megatron-args", "--torchtitan-config")
+
+
+def _join_flag_values(args: list[str], own: set[str]) -> list[str]:
+    """``args`` with ``OPT VALUE`` written ``OPT=VALUE`` for an option of :data:`FLAG_VALUED`
+    whose value starts with ``-`` and is not one of autopar's own options (``own``), e.g.
+    ``--megatron-args --use-distributed-optimizer``; other arguments unchanged."""
+    out, i = [], 0
+    while i < len(args):
+        tok = args[i]
+        nxt = args[i + 1] if i + 1 < len(args) else None
+        if (tok in FLAG_VALUED and nxt is not None and nxt.startswith("-")
+                and nxt.split("=", 1)[0] not in own):
+            out.append(f"{tok}={nxt}")
+            i += 2
+            continue
+        out.append(tok)
+        i += 1
+    return out
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict:

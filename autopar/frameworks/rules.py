@@ -408,8 +408,8 @@ def schedule_chunks(schedule: str, v: int) -> Violation | None:
 #: kv, gpn, blocks, seq, gbs); the rules behind each: tp: mesh_size, tp_heads, tp_node; pp:
 #: mesh_size, pp_blocks; cp: mesh_size, cp_seq; dp: batch_split.
 DEGREE_RULES = {
-    "tp": "tp must divide the GPUs, the {heads} heads and {kv} KV heads, and fit in a node of "
-          "{gpn} GPUs",
+    "tp": "tp must divide the GPUs and the {heads} heads and {kv} KV heads (the search keeps "
+          "it inside a node of {gpn} GPUs; a pinned tp may span nodes)",
     "pp": "pp must divide the GPUs and be at most the model's {blocks} blocks (too few layers "
           "for a deeper pipeline)",
     "cp": "cp must divide the GPUs and the sequence length {seq}",

@@ -24,6 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import InvalidParallelConfig
+from ..models.presets import PRESETS
 from .imported import Imported
 
 
@@ -192,6 +193,9 @@ def from_torchtitan_doc(doc: dict, series: str, what: str = "torchtitan") -> Imp
         train["precision"] = "fp8"
     preset = None
     if model.get("name") and model.get("flavor"):
-        preset = f"{model['name']}-{str(model['flavor']).lower()}".replace("_", "-")
+        flavor = str(model["flavor"]).lower().replace("_", "-")
+        # a flavor that is itself a preset name is one autopar's export wrote for a model
+        # torchtitan has no flavor of ("llama2-7b" under "llama3"): read back as that preset
+        preset = flavor if flavor in PRESETS else f"{model['name']}-{flavor}".replace("_", "-")
     return Imported(parallel=par, train=train, model=preset, notes=tuple(notes),
                     local_batch_size=None if gbs else local)

@@ -297,7 +297,9 @@ def left_out_notes(problem: Problem) -> list[str]:
         broken = _tp_refusal(problem, tp)
         if broken is None:
             continue
-        if broken.rule == "mesh_size":
+        if broken.rule == "tp_experts":
+            out.append(f"{name}: {broken.problem} ({broken.fix}).")
+        elif broken.rule == "mesh_size":
             out.append(f"{name} is not possible: the cluster has {world} GPU"
                        f"{'' if world == 1 else 's'} ({cl.num_nodes} node"
                        f"{'' if cl.num_nodes == 1 else 's'}).")
@@ -316,10 +318,18 @@ def _tp_layouts(problem: Problem) -> tuple[tuple[int, str], ...]:
 def _tp_refusal(problem: Problem, tp: int) -> rules.Violation | None:
     """The first rule a ``tp`` (pp = cp = 1) layout breaks on this model and cluster, or None;
     heads read as the search space reads them (unknown counts as 1)."""
-    g = problem.cost_model.graph
-    return (rules.mesh_size(problem.cluster.world_size, tp, 1, 1)
-            or rules.tp_heads(tp, g.attention_heads or 1, g.kv_heads or 1,
-                              problem.cost_model.profile.kv_heads_below_tp))
+    g, profile = problem.cost_model.graph, problem.cost_model.profile
+    broken = (rules.mesh_size(problem.cluster.world_size, tp, 1, 1)
+              or rules.tp_heads(tp, g.attention_heads or 1, g.kv_heads or 1,
+                                profile.kv_heads_below_tp))
+    if broken is None and tp > 1 and g.num_experts and not profile.experts_tp_sharded:
+        # the search leaves these out too (autopar.search.space.meshes): the cost model would
+        # price the experts split over TP, which this framework does not do
+        return rules.Violation(
+            "tp_experts", f"{profile.name} keeps experts whole on every TP rank, which the cost "
+                          "model does not price (it splits them), so it is not compared",
+            "--framework megatron or torchtitan, which split experts over TP")
+    return broken
 
 
 def tp_across_nodes(problem: Problem, est: Estimate) -> tuple[str, Estimate] | None:

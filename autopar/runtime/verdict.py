@@ -190,7 +190,8 @@ def verdict(plan, written: ParallelConfig, framework: str,
         lines.append(f"{profile.name} cannot run it as written: {refused}")
     if not fits:
         # a search: done above the runtime (autopar.alternatives.nearest)
-        lines.append(hooks.call("nearest", cm, profile.name, pe, limits))
+        lines.append(hooks.call("nearest", cm, profile.name, pe, limits,
+                                memory_margin=plan.search.memory_margin or None))
     return lines, fits
 
 

@@ -130,8 +130,7 @@ def no_mesh_error(cm: CostModel, fixed: dict) -> AutoparError:
             f"whose product divides {world},{hint} or leave some to autopar.")
     for key in sorted(k for k in fixed if k in _RULES):
         rest = {k: v for k, v in fixed.items() if k != key}
-        options = sorted({m[("tp", "cp", "pp", "dp").index(key)]
-                          for m in space.meshes(g, cm.cluster, any_batch, rest, limits)})
+        options = _pin_options(cm, key, rest, any_batch, limits)
         if options:
             return InfeasibleError(
                 f"{head}: fixed {key}={fixed[key]} breaks a rule: {_fmt(_RULES[key], cm)}. "
@@ -139,6 +138,23 @@ def no_mesh_error(cm: CostModel, fixed: dict) -> AutoparError:
     return InfeasibleError(
         f"{head} with fixed={fixed}: {'; '.join(_fmt(r, cm) for r in _RULES.values())}. "
         "Fix: relax fixed=, or use a GPU count with more divisors.")
+
+
+def _pin_options(cm: CostModel, key: str, rest: dict, any_batch,
+                 limits: space.SpaceLimits) -> list[int]:
+    """The values of degree ``key`` (tp, cp, pp or dp) that, pinned with the pins ``rest``,
+    leave a legal mesh: what a fix for a bad pin may name. The unpinned search space is
+    narrower (TP inside a node, at least ``limits.min_cp_chunk`` tokens per CP rank), so its
+    degrees left out values a pin is allowed (``--tp 16`` on two 8-GPU nodes, ``--cp 8``)."""
+    g = cm.graph
+    heads, kv = g.attention_heads or 1, g.kv_heads or 1
+    out = []
+    for v in space.divisors(cm.cluster.world_size):
+        if key == "tp" and rules.tp_heads(v, heads, kv, cm.profile.kv_heads_below_tp):
+            continue   # a pinned tp is checked against the heads when it is resolved
+        if space.meshes(g, cm.cluster, any_batch, {**rest, key: v}, limits):
+            out.append(v)
+    return out
 
 
 def _pipeline_schedule_error(cm: CostModel, fixed: dict, head: str, any_batch,

@@ -105,7 +105,8 @@ def search(cm: CostModel, fixed: dict | None = None, *, time_limit_s: float | No
 
     Raises:
         InvalidParallelConfig: ``fixed`` has unknown keys or bad values, or pins a ZeRO stage
-            other than 3 under ``param_offload``.
+            other than 3 under ``param_offload``, or per-block ``recompute`` modes whose
+            count is not the model's blocks.
         InfeasibleError: nothing fits; the message names the binding constraint and a fix.
     """
     if cm.train.param_offload:
@@ -152,6 +153,8 @@ def _search(cm: CostModel, fixed: dict | None, *, time_limit_s: float | None, to
     """:func:`search` itself (with the collector paused by the caller)."""
     t0 = time.monotonic()
     fixed = space.check_fixed(fixed)
+    if "recompute" in fixed:
+        ParallelConfig(recompute=fixed["recompute"]).block_recompute(cm.graph.num_blocks)
     limits = limits or space.SpaceLimits()
     run = Run(cm, time_limit_s, progress, require_fit, top_k)
     run.layerwise = limits.layerwise

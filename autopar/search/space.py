@@ -97,6 +97,10 @@ def check_fixed(fixed: dict | None) -> dict:
                                 if not (k == "dispatcher" and v == AUTO_DISPATCHER)})
     if "schedule" in fixed:
         fixed["schedule"] = checked.schedule  # an alias, normalised
+    if "recompute" in fixed:
+        # a per-block list becomes the tuple the search reads as per-block modes (a list was
+        # neither a str nor a tuple there: the pin was dropped and the search chose)
+        fixed["recompute"] = checked.recompute
     return fixed
 
 
