@@ -101,6 +101,21 @@ class Groups:
             self._groups[key] = g
         return g
 
+    def stages(self, c: ParallelConfig, stages: tuple[int, ...]) -> Collectives:
+        """The group of the ranks at pipeline stages ``stages`` that share rank 0's other
+        coordinates (Megatron-Core's embedding group: the first and last stages), under the
+        config's placement."""
+        key = ("stages", stages, c.tp, c.cp, c.dp, c.pp, c.ep, c.placement, c.expert_tp)
+        g = self._groups.get(key)
+        if g is None:
+            stride = 1
+            for d in c.placement or DEFAULT_PLACEMENT:
+                if d == "pp":
+                    break
+                stride *= getattr(c, d)
+            g = self._groups[key] = Collectives(self.cluster, tuple(s * stride for s in stages))
+        return g
+
     def _worst(self, dim: str, c: ParallelConfig, first: tuple[int, ...]) -> tuple[int, ...]:
         """The group of ``dim`` (for "pp", the neighbouring pair) whose collective is slowest
         over all the groups of that dimension; ``first`` (rank 0's, found by :meth:`group`)

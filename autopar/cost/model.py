@@ -33,6 +33,7 @@ from .comm import Collectives, CommLedger
 from .compute import LayerTime
 from .context import CostInputs, check_seq_len
 from .dp import DataParallel
+from .embedding_sync import EmbeddingSync
 from .groups import Groups
 from .layout import Layouts, StageLayout
 from .notes import estimate_notes, resolve_notes
@@ -107,6 +108,7 @@ class CostModel:
         self.layouts = Layouts(inp, self.groups, self.ranks, self.states)
         self.dp = DataParallel(inp, self.groups, self.ranks, self.states, self.blocks_cost)
         self.pipeline = PipelineTimer(inp, self.ranks, self.blocks_cost)
+        self.embedding_sync = EmbeddingSync(inp, self.groups, self.ranks)
         self._estimates: dict[ParallelConfig, Estimate] = {}
         self._regimes: dict[str, tuple[Regime, ErrorBand]] = {}   # by sharding kind (_regime)
         self._steps: dict[ParallelConfig, float] = {}
@@ -308,6 +310,11 @@ class CostModel:
         b = pt.bottleneck
         dpc = self.dp.cost(c, layout, b, pt.stage_fwd[b], pt.stage_bwd[b], keep,
                            with_loads=not time_only)
+        # the embedding copies' all-reduce, after the DP reduction with nothing beside it
+        sync_s, sync_load = self.embedding_sync.cost(c)
+        if sync_s > 0:
+            dpc = replace(dpc, exposed_s=dpc.exposed_s + sync_s,
+                          loads=dpc.loads + (((sync_load, 1.0),) if not time_only else ()))
         step = (pt.t_pipe + dpc.copies_s + dpc.exposed_s + dpc.slowdown_s + dpc.optimizer_s
                 + self.profile.step_fixed_s)
         return step, dpc, pt, layout, keep

@@ -24,10 +24,9 @@ last pipeline stage. transformers does not build them, so they are added to the 
   MTP hidden states) with no parameters of their own (the head is shared), so the head costs
   twice its compute and keeps twice its saved logits.
 
-Not counted: the two RMSNorms per depth (memory-bound work of h per token), the MTP final norm's
-h parameters, and the all-reduce over Megatron's embedding group that keeps a copied table's
-gradients equal to the first stage's after each step (``finalize_model_grads.py``
-``_allreduce_word_embedding_grads``).
+The copy's gradients are summed with the first stage's once per step
+(:mod:`autopar.cost.embedding_sync`). Not counted: the two RMSNorms per depth (memory-bound work
+of h per token) and the MTP final norm's h parameters.
 """
 
 from __future__ import annotations
