@@ -108,8 +108,7 @@ class MoEBlockCosts:
         a micro-batch of ``b`` sequences: / cp, and / tp under sequence parallelism; ``ep``
         None: 1 (the search's lower bound); 1 for a dense layer or balanced dropless MoE."""
         train = self.inputs.train
-        if not layer.num_experts or (train.moe_capacity_factor is None
-                                     and train.moe_expert_load is None):
+        if not layer.num_experts:
             return 1.0
         tokens = b * train.seq_len / cp / (tp if sp else 1)
         # asked for every layer time and block cost of the search: kept per distinct input
