@@ -129,7 +129,9 @@ def test_deepseek_v3_record_memory_down_time_same():
     expert's FP8 copy), and "layernorm" leaves the MLA down projections' FP8 copies of the
     input norm's output kept (+59 MB per block and micro-batch). The MTP module's embedding
     gather (autopar.graph.mtp) adds 0.01 s and no memory: DualPipe holds the embedding and the
-    MTP module on one rank, which stores the table once."""
+    MTP module on one rank, which stores the table once. 19.86 s and 116.4 GiB (activations
+    83.45 GB) since routing balanced in expectation is priced as random: the busiest of the 64
+    EP ranks runs 1.3% more routed rows (capacity.random_routing_scale)."""
     from benchmarks import validation as v
     from benchmarks.records import parse
     raw = next(r for r in v.load_corpus() if isinstance(r, dict)
@@ -139,8 +141,8 @@ def test_deepseek_v3_record_memory_down_time_same():
     graph, _ = model_graph(rec.model, train)
     cm = CostModel(graph, rec.cluster, train, framework=v.record_profile(rec))
     e = cm.estimate(autopar.ParallelConfig(**{**v.framework_defaults(rec), **rec.fixed}))
-    assert e.step_time_s == pytest.approx(19.79, abs=0.01)
-    assert e.memory_breakdown.activations / 1e9 == pytest.approx(82.70, abs=0.01)
+    assert e.step_time_s == pytest.approx(19.86, abs=0.01)
+    assert e.memory_breakdown.activations / 1e9 == pytest.approx(83.45, abs=0.01)
     assert e.memory_breakdown.optimizer_states / 1e9 == pytest.approx(5.75, abs=0.01)
-    assert e.memory_per_gpu_bytes / 2 ** 30 == pytest.approx(115.6, abs=0.1)
+    assert e.memory_per_gpu_bytes / 2 ** 30 == pytest.approx(116.4, abs=0.1)
     assert not e.fits

@@ -13,6 +13,7 @@ pytest.importorskip("transformers")
 
 import autopar  # noqa: E402
 from autopar.config import ParallelConfig  # noqa: E402
+from autopar.cost import capacity  # noqa: E402
 from autopar.cost.model import CostModel  # noqa: E402
 from autopar.frameworks import get_profile  # noqa: E402
 from autopar.frameworks.stacks.megatron import (  # noqa: E402
@@ -68,7 +69,9 @@ def test_probabilities_alltoall_and_counts_gather_are_charged_with_the_dispatch(
     cm, c, moe, on = _block(get_profile("megatron"))
     _, _, _, off = _block(_off(get_profile("megatron")))
     ep_g, g = cm.groups.group("ep", c), cm.groups.group("tpep", c)
-    rows = 256 * 2                       # one sequence of 256 tokens x top-2 at tp 1
+    # one sequence of 256 tokens x top-2 at tp 1, on the busiest EP rank of random routing
+    # (capacity.random_routing_scale)
+    rows = 256 * 2 * capacity.random_routing_scale(256, 2, 8, 8)
     probs = rows * 2
     counts = 8 * 8 * 8
     extra = 2 * ep_g.time("all_to_all", probs) + g.time("all_gather", counts)
@@ -85,7 +88,8 @@ def test_full_recompute_repeats_the_forward_ones():
     cm, c, moe, on = _block(get_profile("megatron"), mode="full")
     _, _, _, off = _block(_off(get_profile("megatron")), mode="full")
     ep_g, g = cm.groups.group("ep", c), cm.groups.group("tpep", c)
-    extra = 3 * ep_g.time("all_to_all", 256 * 2 * 2) + 2 * g.time("all_gather", 8 * 8 * 8)
+    probs = 256 * 2 * 2 * capacity.random_routing_scale(256, 2, 8, 8)
+    extra = 3 * ep_g.time("all_to_all", probs) + 2 * g.time("all_gather", 8 * 8 * 8)
     assert on.ep_s - off.ep_s == pytest.approx(extra)
 
 

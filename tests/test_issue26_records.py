@@ -89,16 +89,17 @@ def test_dualpipev_record_takes_its_two_chunks():
 
 def test_expert_gemm_efficiency_reads_one_local_experts_rows():
     """Fewer experts per rank (more EP) means more rows per expert GEMM: the same expert
-    FLOPs take less time at ep 8 (one expert per rank) than at ep 1 (eight), and the default
-    (the search's bound) is the fastest."""
+    FLOPs take less time at ep 8 (one expert per rank) than at ep 1 (eight), even with the
+    busiest rank's excess rows of random routing (capacity.random_routing_scale), and the
+    default (the search's bound: balanced rows, one expert's GEMM) is the fastest."""
     train = autopar.TrainingConfig(global_batch_size=16, seq_len=256)
     model = {k: v for k, v in _MOE["model"].items() if v is not None}
     graph, _ = model_graph({**model, "family": "llama"}, train)
     cm = CostModel(graph, autopar.Cluster.from_spec("1x8xH100-80GB"), train)
     moe = next(b.index for b in graph.blocks if b.num_experts)
     t1, t8, bound = (cm.layer_time(moe, 1, 1, 1, False, ep=e) for e in (1, 8, None))
-    assert t1.fwd_flops == t8.fwd_flops
-    assert t1.fwd_s > t8.fwd_s == pytest.approx(bound.fwd_s)
+    assert t8.fwd_flops > t1.fwd_flops == bound.fwd_flops
+    assert t1.fwd_s > t8.fwd_s > bound.fwd_s
 
 
 def _published(rid: str) -> dict:

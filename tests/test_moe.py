@@ -93,8 +93,10 @@ def test_each_moe_block_pays_four_all_to_alls(cm):
     c = cm.resolve(autopar.ParallelConfig(tp=1, pp=1, ep=8, zero_stage=1, recompute="none"))
     i = next(i for i, layer in enumerate(cm.graph.layers) if layer.num_experts)
     layer = cm.graph.layers[i]
+    # the busiest EP rank's rows under random routing (capacity.random_routing_scale)
     routed = (layer.output_bytes * c.micro_batch_size / cm.graph.micro_batch_size
-              * layer.experts_per_token)
+              * layer.experts_per_token
+              * cm.blocks_cost.routed_scale(layer, c.micro_batch_size, 1, 1, False, 8))
     one = cm.group("ep", c).time("all_to_all", routed)
     bc = cm.block_cost(i, "none", c)
     assert bc.ep_s == pytest.approx(4 * one, rel=1e-12)

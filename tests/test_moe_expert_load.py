@@ -44,7 +44,7 @@ def _estimate(graph, ep: int, **kw):
 
 
 @pytest.mark.parametrize("load, ep, factor, scale", [
-    (None, 4, None, 1.0),                          # balanced dropless
+    (None, 4, None, capacity.random_routing_scale(16, 2, 4, 4)),   # balanced in expectation
     ((1, 1, 1, 1), 4, None, 1.0),                  # balanced, given
     ((3, 3, 1, 1), 1, None, 1.0),                  # one rank holds all: the mean
     ((3, 3, 1, 1), 2, None, 1.5),                  # rank 0 holds experts 0-1 at 1.5x
@@ -94,11 +94,17 @@ def test_loads_must_fit_the_model(graph):
                                                          moe_expert_load=(1, 1)))
 
 
-def test_balanced_loads_change_nothing(graph):
+def test_equal_loads_are_the_exact_balanced_split(graph):
+    """Given loads are the rows every call sends (no fluctuation added): equal ones are the
+    exact balanced split, which runs less than routing balanced in expectation only, whose
+    busiest EP rank runs its random excess (capacity.random_routing_scale)."""
     e0 = _estimate(graph, 4)
     e1 = _estimate(graph, 4, moe_expert_load=(5,) * 8)
-    assert e1.step_time_s == e0.step_time_s
-    assert e1.memory_per_gpu_bytes == e0.memory_per_gpu_bytes
+    e_1 = _estimate(graph, 1)
+    assert e1.step_time_s < e0.step_time_s
+    assert e1.memory_per_gpu_bytes < e0.memory_per_gpu_bytes
+    # one EP rank holds every expert: its rows are the whole call's, nothing to fluctuate
+    assert e_1.step_time_s == _estimate(graph, 1, moe_expert_load=(5,) * 8).step_time_s
 
 
 def test_the_busiest_rank_is_slower_and_heavier(graph):

@@ -10,22 +10,28 @@ all-to-all dispatcher sizes its splits and grouped GEMM by it: token_dispatcher.
 ``MoEAlltoAllTokenDispatcher.preprocess``, ``drop_and_pad``); without it an expert runs
 min(its load, capacity).
 
-Routing is balanced unless ``TrainingConfig.moe_expert_load`` says how the router spreads the
-rows (e.g. per-expert token counts logged from a run): then expert e receives ``l_e`` times the
-balanced load (``l_e`` = its share x E, mean 1) from every router call, an expert capacity keeps
-``min(l_e, capacity / balanced load)`` of it, expert by expert, and the EP rank holding the
-busiest block of experts sets the pace: every framework priced here places E / ep contiguous
-experts on each EP rank (Megatron-Core moe_layer.py ``local_expert_indices = [ep_rank x
-num_local_experts + i]``; torchtitan shards the expert dimension with ``Shard(0)``; DeepSpeed's
-all-to-all splits the [E, capacity, hidden] dispatch by expert: moe/sharded_moe.py
+Routing is balanced (in expectation) unless ``TrainingConfig.moe_expert_load`` says how the
+router spreads the rows (e.g. per-expert token counts logged from a run): then expert e receives
+``l_e`` times the balanced load (``l_e`` = its share x E, mean 1) from every router call, an
+expert capacity keeps ``min(l_e, capacity / balanced load)`` of it, expert by expert, and the EP
+rank holding the busiest block of experts sets the pace: every framework priced here places
+E / ep contiguous experts on each EP rank (Megatron-Core moe_layer.py
+``local_expert_indices = [ep_rank x num_local_experts + i]``; torchtitan shards the expert
+dimension with ``Shard(0)``; DeepSpeed's all-to-all splits the [E, capacity, hidden] dispatch by
+expert: moe/sharded_moe.py
 ``MOELayer.forward`` "ecm -> gecm") and the all-to-all that combines their outputs waits for
-the slowest. With balanced routing a factor >= 1 drops
-nothing and costs what dropless does unless the input is padded; below 1 it drops the excess. The
+the slowest. Without loads routing is balanced in expectation only: each token's experts a
+uniformly random set (what ``--moe-router-force-load-balancing`` runs), every call drawn apart,
+so the busiest EP rank runs a little more than its share (:func:`random_routing_scale`) and a
+factor of 1 drops that excess; a factor well above 1 drops nothing and costs what dropless
+does unless the input is padded; below 1 it drops the excess over the capacity. The
 routed rows of a layer scale by :func:`routed_scale`; the dispatch/combine all-to-all, the expert
-GEMMs and the routed activations they save scale with them (:mod:`autopar.cost.blocks`). Every
-router call is taken to see the same spread (the cap applies per call, so calls that differ drop
-more than their mean shows), and one load vector serves every MoE layer (the user's choice, e.g.
-the worst layer's); a trained router's loads vary by layer and over training.
+GEMMs and the routed activations they save scale with them (:mod:`autopar.cost.blocks`). Given
+loads, every router call is taken to see the same spread (the cap applies per call, so calls
+that differ drop more than their mean shows; no fluctuation is added to them), and one load
+vector serves
+every MoE layer (the user's choice, e.g. the worst layer's); a trained router's loads vary by
+layer and over training.
 """
 
 from __future__ import annotations
@@ -190,6 +196,20 @@ def random_routing_scale(tokens: float, top_k: int, num_experts: int, ep: int,
     return (n * mean_y + expected_max_normal(ep) * math.sqrt(var)) / (n * m) if m > 0 else 1.0
 
 
+def busiest_expert_scale(tokens: float, top_k: int, num_experts: int, ep: int = 1) -> float:
+    """DeepSpeed's dropless buffer over the balanced load under random routing (as
+    :func:`random_routing_scale`): every expert is padded to the busiest expert's count of the
+    step's calls (deepspeed/moe/sharded_moe.py ``topkgating``: ``new_capacity = max(exp_counts)``,
+    all-reduced with MAX over the expert group), the expected maximum of E x ep binomial counts
+    of mean T k / E."""
+    p = top_k / num_experts
+    m = tokens * p
+    if m <= 0:
+        return 1.0
+    return 1.0 + expected_max_normal(num_experts * max(ep, 1)) * math.sqrt(
+        tokens * p * (1.0 - p)) / m
+
+
 def routed_scale(train: TrainingConfig, tokens: float, top_k: int, num_experts: int,
                  ep: int = 1, rule: str = "megatron") -> float:
     """Rows the busiest EP rank's experts run in an MoE layer, over its share of dropless,
@@ -207,10 +227,12 @@ def routed_scale(train: TrainingConfig, tokens: float, top_k: int, num_experts: 
     Returns:
         ``megatron``: padded: E x min(capacity, T) / (T x top_k) (an expert never holds a token
         twice: with capacity >= T Megatron-Core's capacity mask keeps all T); not padded: the
-        busiest rank's mean of min(l_e, capacity / (T x top_k / E)) over its experts (balanced:
-        every l_e = 1); dropless: the busiest rank's mean l_e. ``deepspeed`` (every expert a
-        buffer of C rows): with a factor C = max(ceil(T / E x factor x top_k), 4), so
-        E x C / (T x top_k); dropless C = the busiest expert's count, so max l_e.
+        busiest rank's mean of min(l_e, capacity / (T x top_k / E)) over its experts; dropless:
+        the busiest rank's mean l_e. Without loads (balanced in expectation) both are
+        :func:`random_routing_scale`'s, with the capacity or without. ``deepspeed`` (every
+        expert a buffer of C rows): with a factor C = max(ceil(T / E x factor x top_k), 4), so
+        E x C / (T x top_k); dropless C = the busiest expert's count, so max l_e, or without
+        loads :func:`busiest_expert_scale`.
     """
     if not num_experts or not top_k or tokens <= 0:
         return 1.0
@@ -219,7 +241,7 @@ def routed_scale(train: TrainingConfig, tokens: float, top_k: int, num_experts: 
     load = tokens * top_k / num_experts
     if rule == "deepspeed":
         if factor is None:
-            return max(rel) if rel else 1.0
+            return max(rel) if rel else busiest_expert_scale(tokens, top_k, num_experts, ep)
         return max(math.ceil(tokens / num_experts * factor * top_k),
                    DEEPSPEED_MIN_CAPACITY) / load
     if factor is None:
