@@ -189,3 +189,41 @@ def test_header_line_names_the_capacity():
     assert capacity.capacity_text(_train()) == ""
     assert capacity.capacity_text(_train(moe_capacity_factor=1.5, moe_pad_to_capacity=True)) \
         == ", MoE capacity factor 1.5 (padded)"
+
+
+def _simulated_busiest(tokens: int, top_k: int, experts: int, ep: int, trials: int,
+                       cap: int | None = None) -> float:
+    """Monte Carlo of Megatron-Core's forced balancing: normal logits, top-k per token, one
+    router call per EP rank, each expert's rows capped per call; the busiest EP rank's rows
+    over its balanced share, averaged over trials."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    local = experts // ep
+    share = ep * tokens * top_k / ep
+    out = []
+    for _ in range(trials):
+        counts = np.zeros((ep, experts))
+        for src in range(ep):
+            picks = np.argpartition(rng.standard_normal((tokens, experts)), -top_k,
+                                    axis=1)[:, -top_k:]
+            c = np.bincount(picks.ravel(), minlength=experts).astype(float)
+            counts[src] = c if cap is None else np.minimum(c, cap)
+        per_rank = counts.sum(axis=0).reshape(ep, local).sum(axis=1)
+        out.append(per_rank.max() / share)
+    return float(np.mean(out))
+
+
+@pytest.mark.parametrize("tokens, top_k, experts, ep, cap", [
+    (1024, 8, 128, 8, None),   # Qwen3-235B at tp 4 (SP), ep 8
+    (512, 2, 32, 8, None),
+    (1024, 8, 128, 8, 64),     # capacity factor 1
+    (4096, 2, 8, 8, None),     # Mixtral, one expert per rank
+])
+def test_random_routing_scale_matches_a_simulation(tokens, top_k, experts, ep, cap):
+    """The closed form (binomial counts, the without-replacement factor, Blom's expected
+    maximum) against 40 simulated steps of random top-k routing: within 0.6%."""
+    want = _simulated_busiest(tokens, top_k, experts, ep, 40, cap)
+    got = capacity.random_routing_scale(tokens, top_k, experts, ep, cap)
+    assert got == pytest.approx(want, rel=0.006)
+    # one rank holding every expert runs the whole call: nothing fluctuates
+    assert capacity.random_routing_scale(tokens, top_k, experts, 1) == 1.0
