@@ -245,6 +245,15 @@ def test_a_hand_edited_plan_file_is_not_told_to_use_a_flag_that_cannot_help(caps
     code, out, err = run(capsys, "estimate", "--plan", str(path))
     assert code == 2 and "InvalidPlanFile" in err
     assert "Fix: dp=2 (GPUs / (tp*pp*cp))" in err and "--dp" not in err
+    # the flags override the file (docs/cli.md), so they may also repair an edit (tp 2 of the
+    # model's 2 KV heads, dp left at 8)
+    d["config"]["tp"] = 2
+    path.write_text(json.dumps(d))
+    code, out, err = run(capsys, "estimate", "--plan", str(path), "--dp", "4")
+    assert code == 0, err
+    assert "re-estimating the configuration of" in err + out
+    code, out, err = run(capsys, "estimate", "--plan", str(path), "--dp", "3")
+    assert code == 2 and "tp*pp*cp*dp = 2*1*1*3" in err
 
 
 def test_a_per_block_recompute_pin_given_as_a_list_is_kept():

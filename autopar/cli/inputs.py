@@ -9,7 +9,8 @@ import json
 from types import SimpleNamespace
 
 from ..config import TrainingConfig
-from ..errors import AutoparError, InvalidClusterSpec, InvalidModelConfig, InvalidTrainingConfig
+from ..errors import (AutoparError, InvalidClusterSpec, InvalidModelConfig, InvalidPlanFile,
+                      InvalidTrainingConfig)
 from ..frameworks import edits_text, get_profile, with_edits
 from ..graph import hf
 from ..hardware.devices import memory_ambiguity
@@ -136,6 +137,19 @@ def _derived_notes(before: dict, after: dict, world: int, new_cluster: bool) -> 
     return notes
 
 
+def _with_flags(config: dict, flags: dict) -> dict:
+    """A plan file's ``config`` dict with the flags' ``ParallelConfig`` fields set and the
+    fields they derive (:data:`_DERIVED`) cleared unless a flag gives them too."""
+    out = dict(config)
+    for key, value in flags.items():
+        if out.get(key) != value:
+            for derived in _DERIVED.get(key, ()):
+                if derived not in flags and derived in out:
+                    out[derived] = None
+        out[key] = value
+    return out
+
+
 def _plan_problem(args) -> tuple[Problem, dict, list[str]]:
     """``estimate --plan FILE``: the plan file's problem and choices, flags overriding them.
 
@@ -150,7 +164,16 @@ def _plan_problem(args) -> tuple[Problem, dict, list[str]]:
         raise InvalidTrainingConfig("give --plan or --megatron-args/--torchtitan-toml/"
                                     "--torchtitan-config, not both. "
                                     "Fix: drop one; they would set the same choices.")
-    kw = check_plan(read_plan_json(args.plan))
+    raw = read_plan_json(args.plan)
+    try:
+        kw = check_plan(raw)
+    except InvalidPlanFile:
+        # a hand edit the flags repair (the docs: flags override the file): check the file
+        # with them applied, and their derived fields (dp, cuts) left to derive again
+        flags = parallel_choices(args)
+        if not flags or not isinstance(raw, dict) or not isinstance(raw.get("config"), dict):
+            raise
+        kw = check_plan({**raw, "config": _with_flags(raw["config"], flags)})
     if kw["model_config"] is None and args.model is None and kw.get("model") in hf.HF_PRESETS:
         args.model = kw["model"]   # a Hugging Face preset's plan: rebuilt from its name
     if kw["model_config"] is None and args.model is None:
