@@ -14,24 +14,22 @@ Routing is balanced (in expectation) unless ``TrainingConfig.moe_expert_load`` s
 router spreads the rows (e.g. per-expert token counts logged from a run): then expert e receives
 ``l_e`` times the balanced load (``l_e`` = its share x E, mean 1) from every router call, an
 expert capacity keeps ``min(l_e, capacity / balanced load)`` of it, expert by expert, and the EP
-rank holding the busiest block of experts sets the pace: every framework priced here places
-E / ep contiguous experts on each EP rank (Megatron-Core moe_layer.py
-``local_expert_indices = [ep_rank x num_local_experts + i]``; torchtitan shards the expert
-dimension with ``Shard(0)``; DeepSpeed's all-to-all splits the [E, capacity, hidden] dispatch by
-expert: moe/sharded_moe.py
-``MOELayer.forward`` "ecm -> gecm") and the all-to-all that combines their outputs waits for
-the slowest. Without loads routing is balanced in expectation only: each token's experts a
-uniformly random set (what ``--moe-router-force-load-balancing`` runs), every call drawn apart,
-so the busiest EP rank runs a little more than its share (:func:`random_routing_scale`) and a
-factor of 1 drops that excess; a factor well above 1 drops nothing and costs what dropless
-does unless the input is padded; below 1 it drops the excess over the capacity. The
-routed rows of a layer scale by :func:`routed_scale`; the dispatch/combine all-to-all, the expert
-GEMMs and the routed activations they save scale with them (:mod:`autopar.cost.blocks`). Given
-loads, every router call is taken to see the same spread (the cap applies per call, so calls
-that differ drop more than their mean shows; no fluctuation is added to them), and one load
-vector serves
-every MoE layer (the user's choice, e.g. the worst layer's); a trained router's loads vary by
-layer and over training.
+rank holding the busiest block of experts sets the pace: every framework priced here places E /
+ep contiguous experts on each EP rank (Megatron-Core moe_layer.py ``local_expert_indices =
+[ep_rank x num_local_experts + i]``; torchtitan shards the expert dimension with ``Shard(0)``;
+DeepSpeed's all-to-all splits the [E, capacity, hidden] dispatch by expert: moe/sharded_moe.py
+``MOELayer.forward`` "ecm -> gecm") and the all-to-all that combines their outputs waits for the
+slowest. Without loads routing is balanced in expectation only: each token's experts a uniformly
+random set (what ``--moe-router-force-load-balancing`` runs), every call drawn apart, so the
+busiest EP rank runs a little more than its share (:func:`random_routing_scale`) and a factor of
+1 drops that excess; a factor well above 1 drops nothing and costs what dropless does unless the
+input is padded; below 1 it drops the excess over the capacity. The routed rows of a layer scale
+by :func:`routed_scale`; the dispatch/combine all-to-all, the expert GEMMs and the routed
+activations they save scale with them (:mod:`autopar.cost.blocks`). Given loads, every router
+call is taken to see the same spread (the cap applies per call, so calls that differ drop more
+than their mean shows; no fluctuation is added to them), and one load vector serves every MoE
+layer (the user's choice, e.g. the worst layer's); a trained router's loads vary by layer and
+over training.
 """
 
 from __future__ import annotations
