@@ -202,8 +202,9 @@ class TrainingConfig:
             routed tokens. Needs ``moe_capacity_factor``.
         moe_expert_load: how the router spreads the routed rows over the experts, one number per
             routed expert in expert order (shape [E]; any scale: each is read as its share of
-            the sum), e.g. per-expert token counts logged from a run. None (default): balanced,
-            as Megatron-Core's ``--moe-router-force-load-balancing`` routes. Under expert
+            the sum), e.g. per-expert token counts logged from a run. None (default): balanced
+            in expectation, as Megatron-Core's ``--moe-router-force-load-balancing`` routes
+            (random top-k; the busiest EP rank's excess priced). Under expert
             parallelism the EP rank holding the busiest contiguous block of E / ep experts sets
             the pace of the dispatch, the expert GEMMs and their saved activations
             (:func:`autopar.cost.capacity.routed_scale`, which also applies a capacity factor

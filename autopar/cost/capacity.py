@@ -156,6 +156,13 @@ def expected_max_normal(n: int) -> float:
     return NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
 
 
+def _expert_count(tokens: float, top_k: int, num_experts: int) -> tuple[float, float]:
+    """(mean, standard deviation) of one expert's rows from one router call of ``tokens``
+    tokens under random top-k routing: Binomial(T, k / E)."""
+    p = top_k / num_experts
+    return tokens * p, math.sqrt(tokens * p * (1.0 - p))
+
+
 def random_routing_scale(tokens: float, top_k: int, num_experts: int, ep: int,
                          cap: float | None = None) -> float:
     """Rows the busiest of ``ep`` EP ranks runs over its balanced share when routing is balanced
@@ -180,8 +187,8 @@ def random_routing_scale(tokens: float, top_k: int, num_experts: int, ep: int,
     """
     if ep < 1 or num_experts % ep:
         raise ValueError(f"ep {ep} does not divide the {num_experts} routed experts")
-    local, p = num_experts // ep, top_k / num_experts
-    m, s = tokens * p, math.sqrt(tokens * p * (1.0 - p))
+    local = num_experts // ep
+    m, s = _expert_count(tokens, top_k, num_experts)
     mean_y, var_y = m, s * s
     if cap is not None and s > 0:
         a = (min(cap, tokens) - m) / s
@@ -200,12 +207,8 @@ def busiest_expert_scale(tokens: float, top_k: int, num_experts: int, ep: int = 
     step's calls (deepspeed/moe/sharded_moe.py ``topkgating``: ``new_capacity = max(exp_counts)``,
     all-reduced with MAX over the expert group), the expected maximum of E x ep binomial counts
     of mean T k / E."""
-    p = top_k / num_experts
-    m = tokens * p
-    if m <= 0:
-        return 1.0
-    return 1.0 + expected_max_normal(num_experts * max(ep, 1)) * math.sqrt(
-        tokens * p * (1.0 - p)) / m
+    m, s = _expert_count(tokens, top_k, num_experts)
+    return 1.0 + expected_max_normal(num_experts * max(ep, 1)) * s / m if m > 0 else 1.0
 
 
 def routed_scale(train: TrainingConfig, tokens: float, top_k: int, num_experts: int,

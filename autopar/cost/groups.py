@@ -56,13 +56,8 @@ class Groups:
         key = (dim, c.tp, c.cp, c.dp, c.pp, c.ep, c.placement, c.expert_tp)
         g = self._groups.get(key)
         if g is None:
-            # rank r's coordinate along a dimension is (r // stride) % size, strides growing
-            # outward in placement order (as autopar.hardware.rank_groups lays the mesh)
             order = c.placement or DEFAULT_PLACEMENT
-            stride, strides = 1, {}
-            for d in order:
-                strides[d] = stride
-                stride *= getattr(c, d)
+            strides = _strides(c)
             dims = ("cp", "dp") if dim == "dp" else (dim,)
             ranks = [0]
             if dim == "etp" and not c.folded:   # expert TP is the attention's TP group
@@ -108,11 +103,7 @@ class Groups:
         key = ("stages", stages, c.tp, c.cp, c.dp, c.pp, c.ep, c.placement, c.expert_tp)
         g = self._groups.get(key)
         if g is None:
-            stride = 1
-            for d in c.placement or DEFAULT_PLACEMENT:
-                if d == "pp":
-                    break
-                stride *= getattr(c, d)
+            stride = _strides(c)["pp"]
             g = self._groups[key] = Collectives(self.cluster, tuple(s * stride for s in stages))
         return g
 
@@ -202,6 +193,17 @@ class Groups:
         if z <= 1:
             return None
         return dp_g if z == dp_g.size else Collectives(self.cluster, dp_g.ranks[:z])
+
+
+def _strides(c: ParallelConfig) -> dict[str, int]:
+    """Each mesh dimension's stride in the global rank: rank r's coordinate along a dimension
+    is (r // stride) % size, strides growing outward in placement order (as
+    :func:`autopar.hardware.rank_groups` lays the mesh)."""
+    stride, strides = 1, {}
+    for d in c.placement or DEFAULT_PLACEMENT:
+        strides[d] = stride
+        stride *= getattr(c, d)
+    return strides
 
 
 def _node_aligned(dim: str, c: ParallelConfig, gpn: int) -> bool:

@@ -106,7 +106,8 @@ class MoEBlockCosts:
         the training config's capacity factor and expert loads, by the framework's capacity
         rule (:func:`autopar.cost.capacity.routed_scale`), for a router call on one rank's share of
         a micro-batch of ``b`` sequences: / cp, and / tp under sequence parallelism; ``ep``
-        None: 1 (the search's lower bound); 1 for a dense layer or balanced dropless MoE."""
+        None: 1 (the search's lower bound); 1 for a dense layer; balanced dropless MoE: the
+        busiest rank's excess under random routing (1 at ep 1)."""
         train = self.inputs.train
         if not layer.num_experts:
             return 1.0

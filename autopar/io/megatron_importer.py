@@ -115,8 +115,8 @@ def cp_mode(kinds) -> str:
             that differ (one mode per plan).
     """
     kinds = [kinds] if isinstance(kinds, str) else list(kinds)
-    if any(k not in CP_MODES for k in kinds):
-        bad = next(k for k in kinds if k not in CP_MODES)
+    bad = next((k for k in kinds if k not in CP_MODES), None)
+    if bad is not None:
         raise refusal(f"Megatron-Core: cp_comm_type {bad!r} is not one of {', '.join(CP_MODES)} "
                       "(a2a+p2p, hierarchical, is not modelled)", "use p2p, a2a or all_gather")
     if len(set(kinds)) > 1:
