@@ -426,6 +426,9 @@ class Row:
     #: the estimate's regime key (:meth:`autopar.cost.regime.Regime.key`, as the cost model
     #: computes it: the cell its band is looked up in); () when not estimated here
     regime: tuple = ()
+    #: the step the estimate's host-time warning states (:func:`autopar.cost.notes.
+    #: host_rate_notes`), seconds; None when it does not warn
+    host_warned_s: float | None = None
 
     def memory_as_published(self) -> float:
         """Predicted GiB of the counter the record publishes (its ``memory_kind`` on its
@@ -478,7 +481,40 @@ def evaluate(rec: Record, spread: bool = True) -> Row:
                   for kind in ("allocated", "active", "reserved", "device"))
     return Row(rec, e.step_time_s, fastest, e.memory_per_gpu_bytes / GIB, e.fits, chosen, e.mfu,
                e.error_band.half_width if e.error_band is not None else None, kinds,
-               e.error_band.cell if e.error_band is not None else ())
+               e.error_band.cell if e.error_band is not None else (), _host_warned_s(e))
+
+
+def _host_warned_s(e) -> float | None:
+    """The step seconds an estimate's host-time warning states, or None without one."""
+    for w in e.warnings:
+        m = re.match(r"host time: .* this step would take about ([0-9.e+-]+) s", w)
+        if m:
+            return float(m.group(1))
+    return None
+
+
+def host_warning_lines(rows: list[Row]) -> list[str]:
+    """How the host-time warning (:func:`autopar.cost.notes.host_rate_notes`) sorts the runs
+    of the frameworks that publish a per-kernel host time: the runs it warns on and the
+    others, each with n, signed bias and MAPE of the priced step, and for the warned runs the
+    same of the step the warning states. A diagnostic of the warning, not of the model."""
+    warned = [r for r in rows if r.error is not None and r.host_warned_s is not None]
+    names = {profile_name(r.rec) for r in warned}
+    quiet = [r for r in rows if r.error is not None and r.host_warned_s is None
+             and profile_name(r.rec) in names]
+    if not warned:
+        return ["host-time warning: no run with a measured step time is warned"]
+
+    def fig(errs):
+        return (f"n {len(errs)}, bias {100 * sum(errs) / len(errs):+.1f}%, "
+                f"MAPE {_mape(errs):.1f}%") if errs else "n 0"
+
+    stated = [r.host_warned_s / r.rec.measured_step_s - 1 for r in warned]
+    return [f"host-time warning ({', '.join(sorted(names))}: the profile's published "
+            "per-kernel host time, not priced):",
+            f"  warned runs, priced step:  {fig([r.error for r in warned])}",
+            f"  warned runs, stated step:  {fig(stated)}",
+            f"  their other runs:          {fig([r.error for r in quiet])}"]
 
 
 #: What a record autopar cannot estimate raises (it is refused with :func:`refusal`).

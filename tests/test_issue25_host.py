@@ -133,3 +133,61 @@ def test_plan_files_without_host_exposed_still_read():
              fixed_step=0.0)
     tb = TimeBreakdown.from_dict(d)
     assert tb.host_exposed == 0.0 and "host_exposed" in tb.absent and tb.as_dict() == d
+
+
+def _host_note(e):
+    notes = [w for w in e.warnings if w.startswith("host time:")]
+    assert len(notes) <= 1
+    return notes[0] if notes else None
+
+
+def _stated_s(note: str) -> float:
+    import re
+    return float(re.search(r"this step would take about ([0-9.e+-]+) s", note).group(1))
+
+
+def test_megatron_states_its_published_host_time_and_the_step_at_that_rate():
+    """Megatron-Core/TE's CI step times imply ~100 us per kernel (the profile's
+    host_op_s_published, with its source); the estimate keeps pricing the measured 8.13 us and
+    warns with the step at the published rate, which matches re-pricing with that rate."""
+    meg = get_profile("megatron")
+    assert meg.host_op_s_published == pytest.approx(100e-6)
+    assert "golden_values_dev_dgx_h100" in meg.cost_sources["host_op_s_published"]
+    assert get_profile("nemo").host_op_s_published == meg.host_op_s_published
+    for name in ("torch", "torchtitan", "deepspeed", "megatron-2023", "inhouse-2024"):
+        assert get_profile(name).host_op_s_published == 0.0, name
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=1024)
+    cfg = autopar.ParallelConfig(tp=1, pp=1, dp=8, zero_stage=1, micro_batch_size=1)
+    e = _estimate("gpt-1.7b", "1x8xH100", train, cfg, meg)
+    note = _host_note(e)
+    assert note is not None and "not priced" in note and "cuda-graphs" in note
+    # the price is unchanged: the torch-like 8.13 us per kernel
+    assert e.time_breakdown.host_exposed == 0.0
+    graph = model_graph("gpt-1.7b", train)[0]
+    slow = CostModel(graph, autopar.Cluster.from_spec("1x8xH100"), train, framework=meg,
+                     params=replace(CostParams(), host_op_s=meg.host_op_s_published))
+    repriced = slow.estimate(cfg).step_time_s
+    assert repriced > 1.1 * e.step_time_s
+    assert _stated_s(note) == pytest.approx(repriced, rel=0.02)
+
+
+def test_no_host_time_note_under_cuda_graphs_other_stacks_or_enough_work():
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=1024)
+    cfg = autopar.ParallelConfig(tp=1, pp=1, dp=8, zero_stage=1, micro_batch_size=1)
+    meg = get_profile("megatron")
+    graphed = _estimate("gpt-1.7b", "1x8xH100", train, cfg, with_choice(meg, CUDA_GRAPHS))
+    assert _host_note(graphed) is None
+    assert with_choice(meg, CUDA_GRAPHS).host_op_s_published == 0.0
+    assert _host_note(_estimate("gpt-1.7b", "1x8xH100", train, cfg, get_profile("torch"))) is None
+    # a Llama-3-8B block at 4096 tokens: ~100 us of GPU work per kernel, nothing to warn
+    big = autopar.TrainingConfig(global_batch_size=8, seq_len=4096)
+    e = _estimate("llama3-8b", "1x8xH100", big,
+                  autopar.ParallelConfig(tp=1, pp=1, dp=8, zero_stage=1, micro_batch_size=1),
+                  meg)
+    assert _host_note(e) is None
+
+
+def test_a_negative_published_host_time_is_refused():
+    with pytest.raises(InvalidTrainingConfig, match="host_op_s_published"):
+        get_profile("megatron").with_costs({"host_op_s_published": "test"},
+                                           host_op_s_published=-1e-6)

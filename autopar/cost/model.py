@@ -36,7 +36,7 @@ from .dp import DataParallel
 from .embedding_sync import EmbeddingSync
 from .groups import Groups
 from .layout import Layouts, StageLayout
-from .notes import estimate_notes, resolve_notes
+from .notes import estimate_notes, host_rate_notes, resolve_notes
 from .params import CostParams
 from .pipeline.timing import PipelineTimer
 from .rank_memory import rank_memory
@@ -366,6 +366,7 @@ class CostModel:
         regime, band = self._regime(c)
         warns = (*self.graph.warnings, *plausibility_warnings(mfu, regime),
                  *estimate_notes(self.inputs, c),
+                 *host_rate_notes(self.inputs, pt.stage_host, m, step),
                  *headroom_warnings(totals[peak_rank], device.visible_memory_bytes,
                                     moe=self.graph.num_experts > 0))
         return Estimate(

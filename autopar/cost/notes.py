@@ -94,3 +94,42 @@ def no_effect_notes(inputs: CostInputs, c: ParallelConfig) -> tuple[str, ...]:
                      "so this estimate is optimistic; fix: give the device's SM count "
                      "(dataclasses.replace(device, sm_count=...))")
     return tuple(notes)
+
+
+#: The step-time growth at a stack's published per-kernel host time from which an estimate
+#: warns (:func:`host_rate_notes`): 10%, the size of the development split's typical error.
+HOST_RATE_WARN = 0.10
+
+
+def host_rate_notes(inputs: CostInputs, stage_host: tuple, m: int, step_s: float
+                    ) -> tuple[str, ...]:
+    """A warning when the step would grow by :data:`HOST_RATE_WARN` or more if each kernel took
+    the framework's published host seconds
+    (:attr:`~autopar.frameworks.FrameworkProfile.host_op_s_published`) instead of the priced
+    :attr:`~autopar.cost.params.CostParams.host_op_s`.
+
+    Each pipeline rank's micro-batch then takes ``max(stream, k x host)`` per pass (``k`` the
+    ratio of the two rates; ``stage_host`` as :attr:`PipelineTiming.stage_host`), and the step
+    grows by ``m`` times the growth of the slowest rank's micro-batch (the bubble's growth is
+    not counted: an estimate of the size, not a price). Nothing is warned under CUDA graphs or
+    where no figure is published."""
+    prof, per = inputs.profile, inputs.params.host_op_s
+    if prof.host_issue != "per_kernel" or prof.host_op_s_published <= per or not stage_host:
+        return ()
+    k = prof.host_op_s_published / per
+    now = [max(gf, hf) + max(gb, hb) for gf, gb, hf, hb in stage_host]
+    then = [max(gf, k * hf) + max(gb, k * hb) for gf, gb, hf, hb in stage_host]
+    extra = m * (max(then) - max(now))
+    if step_s <= 0 or extra < HOST_RATE_WARN * step_s:
+        return ()
+    r = then.index(max(then))
+    gf, gb, hf, hb = stage_host[r]
+    n = round((hf + hb) / per)
+    return (f"host time: pipeline rank {r} issues about {n:,} kernels per micro-batch for "
+            f"{(gf + gb) * 1e3:.3g} ms of GPU work ({(gf + gb) / max(n, 1) * 1e6:.0f} us each); "
+            f"autopar prices {per * 1e6:.3g} us of host time per kernel (a measured lower "
+            f"bound), while published step times of the {prof.name} stack imply about "
+            f"{prof.host_op_s_published * 1e6:.0f} us (its profile's host_op_s_published, "
+            f"not priced); at that rate this step would take about {step_s + extra:.3g} s "
+            f"(+{extra / step_s:.0%}). Fix: more work per kernel (a larger micro-batch, less "
+            "tensor or expert parallelism), or CUDA graphs (--stack-option cuda-graphs)",)

@@ -175,6 +175,7 @@ class HostIssue(Choice):
 
     KIND: ClassVar[str] = "host issue"
     host_issue: str
+    host_op_s_published: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -312,7 +313,8 @@ FUSED_CP = ContextParallelAttention(
 PER_KERNEL_LAUNCH = HostIssue(
     name="per-kernel-launch", summary="the host dispatches and launches every kernel of a "
                                       "micro-batch (no CUDA graphs)",
-    host_issue="per_kernel", sources={"host_issue": _D["host_issue"]})
+    host_issue="per_kernel", sources={"host_issue": _D["host_issue"],
+                                      "host_op_s_published": _D["host_op_s_published"]})
 
 CUDA_GRAPHS = HostIssue(
     name="cuda-graphs", summary="forward and backward captured once and replayed as CUDA graphs",
@@ -320,7 +322,8 @@ CUDA_GRAPHS = HostIssue(
     sources={"host_issue": "CUDA graphs replay a captured sequence of kernels with one launch "
                            "(CUDA C++ Programming Guide, 'CUDA Graphs'; torch.cuda.graphs and "
                            "torch.compile(mode='reduce-overhead'); Transformer Engine "
-                           "make_graphed_callables, Megatron-LM --enable-cuda-graph)"})
+                           "make_graphed_callables, Megatron-LM --enable-cuda-graph)",
+             "host_op_s_published": "a captured step replays without per-kernel host work: 0"})
 
 #: Every stock stack's MoE dispatch, in the activation dtype.
 ACTIVATION_DTYPE_DISPATCH = ExpertDispatch(

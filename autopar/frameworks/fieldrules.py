@@ -80,6 +80,9 @@ def checked_fields(v: dict, check: FieldCheck, cost_fix: str,
         "grad_reduce_bytes", v["grad_reduce_bytes"], (None, 1, 2, 4), 4,
         what="bytes per gradient element; None = the cost model's CostParams.grad_bytes")
     out["step_fixed_s"] = check.number("step_fixed_s", v["step_fixed_s"], 0, "seconds", 0.0)
+    out["host_op_s_published"] = check.number(
+        "host_op_s_published", v["host_op_s_published"], 0,
+        "seconds per kernel; 0 = no published figure", 0.0)
     out["zero1_group_size"] = check.number(
         "zero1_group_size", v["zero1_group_size"], 1, "data-parallel ranks", 8, integer=True,
         none_means="the whole data-parallel group")

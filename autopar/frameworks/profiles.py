@@ -216,6 +216,10 @@ class FrameworkProfile:
         host_issue: how the host issues a micro-batch's kernels (:data:`HOST_ISSUES`):
             ``per_kernel`` charges each rank's micro-batch at least its kernel count times the
             host's time per op (:mod:`autopar.cost.host`); ``cuda_graph`` charges none.
+        host_op_s_published: seconds of host time per counted kernel that this stack's
+            published step times imply beyond what is priced (not a measurement of host time;
+            0 = none published). Never priced: an estimate whose step would grow by 10% or
+            more at this rate says so (:func:`autopar.cost.notes.host_rate_notes`).
         moe_dispatch_dtype: the format MoE tokens travel in along the dispatch direction
             (:data:`MOE_DISPATCH_DTYPES`): the forward dispatch and the backward dispatch of the
             combine's gradient; ``fp8_1x128`` moves FP8 with per-tile scales there under
@@ -331,6 +335,7 @@ class FrameworkProfile:
     zero2_reduce_per_step: bool = False
     zero12_grad_copy_passes: int = 0
     host_issue: str = "per_kernel"
+    host_op_s_published: float = 0.0
     zero0_grad_copy_passes: int = 0
     zero0_step_bytes: int = 0
     zero0_step_host_ops_per_tensor: int = 0
@@ -372,7 +377,8 @@ class FrameworkProfile:
                      self.fsdp2_copies, self.tp_mlp_reduce_per_linear,
                      self.zero2_grad_all_reduce, self.zero2_reduce_per_step,
                      self.zero12_grad_copy_passes,
-                     self.host_issue, self.zero0_grad_copy_passes, self.zero0_step_bytes,
+                     self.host_issue, self.host_op_s_published,
+                     self.zero0_grad_copy_passes, self.zero0_step_bytes,
                      self.zero0_step_host_ops_per_tensor, self.zero1_step_bytes,
                      self.zero1_step_host_ops_per_tensor, self.zero3_persistent_elements,
                      self.zero3_reduce_bucket_elements, self.moe_dispatch_dtype,

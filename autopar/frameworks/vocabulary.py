@@ -76,7 +76,7 @@ COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_g
                "zero_grad_copy_passes", "zero1_partition", "sync_grad_bucket_elements",
                "fsdp2_copies", "tp_mlp_reduce_per_linear", "zero2_grad_all_reduce",
                "zero2_reduce_per_step", "zero12_grad_copy_passes", "host_issue",
-               "zero0_grad_copy_passes",
+               "host_op_s_published", "zero0_grad_copy_passes",
                "zero0_step_bytes", "zero0_step_host_ops_per_tensor", "zero1_step_bytes",
                "zero1_step_host_ops_per_tensor", "zero3_persistent_elements",
                "zero3_reduce_bucket_elements", "moe_dispatch_dtype", "moe_tp_token_alltoall",
@@ -296,6 +296,8 @@ DEFAULT_COST_SOURCES = {
     "host_issue": "no stock stack captures its training step in CUDA graphs by default "
                   "(torch.compile's default mode, torchtitan, Megatron-LM without "
                   "--enable-cuda-graph): the host issues every kernel",
+    "host_op_s_published": "no published step time of this stack implies a host time per "
+                           "kernel beyond the priced one: 0",
     "moe_dispatch_sync_ops": "no blocking host read in an MoE dispatcher is priced unless a "
                              "framework's dispatcher is read to make one (autopar.frameworks."
                              "stacks.megatron.ALLTOALL_SEQ_2024)",

@@ -88,6 +88,9 @@ class PipelineTiming:
             (None where the framework does not overlap them).
         t_pipe: seconds of the pipelined step (compute and in-stage communication).
         bubble: pipeline idle seconds of it.
+        stage_host: per rank, one micro-batch's (forward, backward) stream seconds before any
+            host excess and (forward, backward) host seconds to issue its kernels
+            (:mod:`autopar.cost.host`), for :func:`autopar.cost.notes.host_rate_notes`.
     """
 
     stage_time: tuple[float, ...]
@@ -103,6 +106,7 @@ class PipelineTiming:
     overlap: tuple[float, ...] | None
     t_pipe: float
     bubble: float
+    stage_host: tuple[tuple[float, float, float, float], ...] = ()
 
 
 class PipelineTimer:
@@ -216,6 +220,7 @@ class PipelineTimer:
         stage_transient = [0.0] * pp
         recompute_flops = 0.0
         rank_comm: list[list[tuple]] = [[] for _ in range(pp)]  # one GPU's traffic per rank
+        stage_host = []
         # a rank's sums depend on the configuration less its ZeRO fields and on the recompute
         # modes of that rank's own layers: variants that change one rank's modes reuse the rest
         base = c.fields_except("zero_stage", "reshard_after_forward", "recompute")
@@ -257,6 +262,8 @@ class PipelineTimer:
             rank_comm[rank].append(("pp", st.p2p_load))
             # the host issues each pass's kernels one by one: a pass takes at least their
             # issue time (autopar.cost.host); only the excess over the stream's seconds shows
+            stage_host.append((stage_fwd[rank], stage_bwd[rank], sums.host_fwd_s,
+                               sums.host_bwd_s))
             host_fx = host_exposed_s(stage_fwd[rank], sums.host_fwd_s)
             host_bx = host_exposed_s(stage_bwd[rank], sums.host_bwd_s)
             stage_fwd[rank] += host_fx
@@ -273,5 +280,5 @@ class PipelineTimer:
             tuple(stage_time), tuple(StageParts(**p) for p in stage_parts), tuple(stage_fwd),
             tuple(stage_bwd), tuple(stage_wgrad), tuple(stage_act), tuple(stage_transient),
             recompute_flops, tuple(tuple(rc) for rc in rank_comm), bottleneck, overlap, t_pipe,
-            bubble)
+            bubble, tuple(stage_host))
         return hit

@@ -132,7 +132,8 @@ FP8_DISPATCH = ExpertDispatch(
         "'DeepSeek-V3 does not drop any tokens during training': dropless, each expert its "
         "routed rows"})
 
-CHOICES: Choices = replace(megatron.CHOICES, sharded_dp=SHARDED_DP, expert_dispatch=FP8_DISPATCH)
+CHOICES: Choices = replace(megatron.CHOICES, sharded_dp=SHARDED_DP, expert_dispatch=FP8_DISPATCH,
+                           host=None)
 
 #: Megatron-LM's 2024 conventions with DeepSeek-V3's FP8 activation caching (the only FP8 run
 #: of these stacks): Linear inputs in FP8 for the FP8 weight-gradient GEMM; the input of the
