@@ -141,11 +141,63 @@ def test_measure_refuses_a_model_larger_than_the_memory_before_building(tmp_path
     for var in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)
     _refuse_build(monkeypatch)
-    monkeypatch.setattr(measure, "available_bytes", lambda device: 1024.0)
+    monkeypatch.setattr(measure, "available_bytes", lambda device: 1e5)
     plan_path, out = tmp_path / "plan.json", tmp_path / "rec.json"
     _plan(1, dp=1).to_json(plan_path)
     assert main(["measure", "--plan", str(plan_path), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "builds the whole tiny-llama model in fp32" in err and "nothing was built" in err
     assert "Fix: measure a smaller model" in err
+    # in GB (1e9 bytes), as plan and estimate print memory
+    need = 4.0 * autopar.models.get_config("tiny-llama").num_parameters   # fp32 bytes
+    flat = " ".join(err.split())
+    assert f"shards it: {need / 1e9:.3g} GB, more than" in flat  # 0.000871 (GiB: 0.000811)
+    assert "(0.0001 GB, shared by 1 rank(s))" in flat
+    assert "GiB" not in err
     assert not out.exists() and not dist.is_initialized()
+
+
+def _gpu_like_record(rec: dict, peak_bytes: float) -> dict:
+    """``rec`` as a GPU run writes it: ``memory_gib`` and the memory error set from the peak."""
+    rec["measured"]["memory_per_rank_bytes"] = [peak_bytes] * len(
+        rec["measured"]["memory_per_rank_bytes"])
+    rec["measured"]["memory_gib"] = peak_bytes / 2 ** 30
+    pred = rec["prediction"]["memory_per_gpu_bytes"]
+    rec["prediction"]["memory_relative_error"] = (pred - peak_bytes) / peak_bytes
+    return rec
+
+
+def test_memory_line_is_in_gb_as_plan_and_estimate_print_it():
+    # a new user: plan/estimate print GB (1e9 bytes), measure printed GiB (2^30)
+    from autopar.cli.measure_cmds import memory_line
+    rec = {"measured": {"memory_gib": 42e9 / 2 ** 30, "memory_per_rank_bytes": [40e9, 42e9]},
+           "prediction": {"memory_per_gpu_bytes": 45e9, "memory_relative_error": 3 / 42}}
+    assert memory_line(rec) == ("peak memory 42.00 GB per GPU (max over ranks); predicted "
+                                "45.00 GB (+7.1%)")   # in GiB: 39.12 and 41.91
+    rec["prediction"]["memory_relative_error"] = None
+    assert memory_line(rec).endswith("predicted 45.00 GB")
+
+
+def test_cli_measure_prints_gb_and_keeps_memory_gib_in_the_record(tmp_path, capsys,
+                                                                  monkeypatch):
+    import autopar.calibrate.measure as measure
+    real = measure.record
+    monkeypatch.setattr(measure, "run_steps", lambda plan, steps, warmup, device: {
+        "step_times_s": [0.5] * steps, "memory_per_rank_bytes": [1.0] * plan.world_size,
+        "losses": [5.5] * (steps + warmup), "notes": []})
+    monkeypatch.setattr(measure, "record",
+                        lambda *a, **k: _gpu_like_record(real(*a, **k), 42e9))
+    plan = _plan(1, dp=1)
+    plan_path, out = tmp_path / "plan.json", tmp_path / "rec.json"
+    plan.to_json(plan_path)
+    assert main(["measure", "--plan", str(plan_path), "--steps", "3", "--warmup", "1",
+                 "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    pred = plan.estimate.memory_per_gpu_bytes
+    assert (f"peak memory 42.00 GB per GPU (max over ranks); predicted {pred / 1e9:.2f} GB "
+            f"({(pred - 42e9) / 42e9 * 100:+.1f}%)") in " ".join(text.split())
+    assert "GiB" not in text
+    rec = json.loads(out.read_text())   # the record's fields are unchanged: GiB, and bytes
+    assert rec["measured"]["memory_gib"] == pytest.approx(42e9 / 2 ** 30)
+    assert max(rec["measured"]["memory_per_rank_bytes"]) == 42e9
+    assert not dist.is_initialized()

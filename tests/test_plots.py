@@ -79,3 +79,37 @@ def test_missing_matplotlib_is_our_error(monkeypatch, problem):
     est = problem.estimate(autopar.ParallelConfig())
     with pytest.raises(autopar.errors.AutoparError, match="pip install"):
         plots.plot_memory(est, "never.png")
+
+
+def test_pareto_alternatives_are_drawn_above_the_front(problem):
+    """A new user's report: alternatives that lie on the front were hidden under its line and
+    dots. Each is now drawn above them, larger than a front dot, in its own colour, and the
+    rendered pixel at its centre has that colour."""
+    import numpy as np
+    from matplotlib.colors import to_rgba
+    plan, result = search_plan(problem, top_k=3)
+    front = sorted(result.pareto, key=lambda e: e.memory_per_gpu_bytes)
+    assert len(front) >= 3
+    on_front = front[1:3]   # alternatives that are points of the front: the hidden case
+    ax = plots.plot_pareto(front, best=plan.estimate, alternatives=on_front)
+    try:
+        line = next(l for l in ax.get_lines() if l.get_label() == "Pareto front")
+        alts = next(c for c in ax.collections if c.get_label() == "top alternatives")
+        best = next(c for c in ax.collections if c.get_label().startswith("best:"))
+        assert line.get_zorder() < alts.get_zorder() < best.get_zorder()
+        assert alts.get_visible() and alts.get_alpha() in (None, 1.0)
+        assert alts.get_sizes()[0] > line.get_markersize() ** 2      # both in points^2
+        face = alts.get_facecolors()[0]
+        assert not np.allclose(face, to_rgba(line.get_color()))       # not the front's blue
+        assert np.allclose(alts.get_edgecolors()[0], to_rgba("black"))
+        assert np.allclose(alts.get_offsets(), [(e.memory_per_gpu_bytes / 1e9, e.step_time_s)
+                                                for e in on_front])
+        fig = ax.figure
+        fig.canvas.draw()
+        rgba = np.asarray(fig.canvas.buffer_rgba())
+        height = rgba.shape[0]
+        for x, y in ax.transData.transform(alts.get_offsets()):
+            pixel = rgba[int(round(height - y)), int(round(x))] / 255.0
+            assert np.allclose(pixel, face, atol=0.02), (pixel, face)
+    finally:
+        plots._pyplot().close(ax.figure)

@@ -101,12 +101,12 @@ def preflight(plan: Plan, world: int, device: torch.device, ranks_here: int = 1)
         ranks_here if device.type != "cuda" else 1)
     have = available_bytes(device)
     if need > have:
-        where = (f"the host's available memory ({have / 2 ** 30:.1f} GiB, shared by "
+        where = (f"the host's available memory ({have / 1e9:.3g} GB, shared by "
                  f"{ranks_here} rank(s))" if device.type != "cuda"
-                 else f"this GPU's free memory ({have / 2 ** 30:.1f} GiB)")
+                 else f"this GPU's free memory ({have / 1e9:.3g} GB)")
         raise InvalidParallelConfig(
             f"autopar measure builds the whole {plan.model} model in fp32 on every rank before "
-            f"plan.apply shards it: {need / 2 ** 30:.1f} GiB, more than {where}; nothing was "
+            f"plan.apply shards it: {need / 1e9:.3g} GB, more than {where}; nothing was "
             "built. Fix: measure a smaller model with the same parallel layout (a model dict "
             "with fewer layers or a smaller hidden size: autopar plan --model FILE.json ... "
             "--out FILE), or run on devices with more memory.")

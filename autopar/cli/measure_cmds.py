@@ -203,13 +203,24 @@ def cmd_measure(args, out: Console, err: Console) -> dict | None:
               f"({plural(plan.world_size, 'rank')}): median step {m['step_time_s']:.4f} s over "
               f"{plural(args.steps, 'step')}; predicted {p['step_time_s']:.4f} s "
               f"({p['step_time_relative_error'] * 100:+.1f}%)", highlight=False)
-    if m["memory_gib"] is not None:
-        out.print(f"peak memory {m['memory_gib']:.2f} GiB per GPU (max over ranks); predicted "
-                  f"{p['memory_per_gpu_bytes'] / 2 ** 30:.2f} GiB", highlight=False)
+    if m["memory_gib"] is not None:  # a GPU's allocator peak; None on a CPU (not compared)
+        out.print(memory_line(rec), highlight=False)
     if rec["notes"]:
         out.print(f"note: {rec['notes']}", style="yellow", highlight=False)
     err.print(f"wrote {args.out}", style="dim")
     return None
+
+
+def memory_line(rec: dict) -> str:
+    """The measured and predicted peak memory per GPU of a GPU's record (:func:`cmd_measure`),
+    in GB (1e9 bytes) as ``plan`` and ``estimate`` print memory, e.g. ``peak memory 42.00 GB
+    per GPU (max over ranks); predicted 45.00 GB (+7.1%)``. The record's ``memory_gib`` field
+    stays in GiB; the line is computed from ``memory_per_rank_bytes``."""
+    m, p = rec["measured"], rec["prediction"]
+    line = (f"peak memory {max(m['memory_per_rank_bytes']) / 1e9:.2f} GB per GPU (max over "
+            f"ranks); predicted {p['memory_per_gpu_bytes'] / 1e9:.2f} GB")
+    err = p.get("memory_relative_error")
+    return line if err is None else f"{line} ({err * 100:+.1f}%)"
 
 
 def _measured(args):
@@ -339,6 +350,8 @@ def _unreferenced(args, cal, out: Console) -> dict | None:
 
 
 def _size(nbytes: int) -> str:
+    """A collective's message size in binary units (GiB = 2^30 bytes): the sweeps' sizes are
+    powers of two, as nccl-tests' are, so 8 GiB prints exactly where GB would read 8.6."""
     for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
         if nbytes >= scale:
             return f"{nbytes / scale:.0f} {unit}"

@@ -318,6 +318,12 @@ def plot_memory(est: Estimate, path: PathLike = None, *, ax: Axes | None = None,
 
 
 # -- Pareto front --------------------------------------------------------------------------------
+#: Drawing order of the Pareto plot, bottom to top: the front (line and dots), the alternatives
+#: (many of them are points of the front: drawn below it they were hidden), then the best and the
+#: reference plans.
+PARETO_ZORDER = {"front": 3, "alternatives": 4, "marked": 5}
+
+
 def _short(c) -> str:
     rc = c.recompute if isinstance(c.recompute, str) else "mixed"
     return f"tp{c.tp} pp{c.pp} dp{c.dp} cp{c.cp} z{c.zero_stage} {rc}"
@@ -333,7 +339,8 @@ def plot_pareto(front: Sequence[Estimate], path: PathLike = None, *,
     Args:
         front: estimates on the front (``SearchResult.pareto``).
         best: the chosen plan's estimate (starred).
-        alternatives: other estimates to show (grey dots).
+        alternatives: other estimates to show (purple dots with a black edge, drawn above the
+            front so that those on it stay visible).
         reference: a hand-tuned configuration's estimate (red cross; may not fit).
         reference_label: its legend text.
 
@@ -342,24 +349,26 @@ def plot_pareto(front: Sequence[Estimate], path: PathLike = None, *,
     """
     fig, ax = _axes(ax, (8, 5.5))
     front = sorted(front, key=lambda e: e.memory_per_gpu_bytes)
-    if alternatives:
-        ax.scatter([a.memory_per_gpu_bytes / 1e9 for a in alternatives],
-                   [a.step_time_s for a in alternatives], color="#999999", s=18,
-                   label="top alternatives", zorder=2)
     if front:
         ax.plot([e.memory_per_gpu_bytes / 1e9 for e in front], [e.step_time_s for e in front],
-                "o-", color="#0072B2", ms=5, drawstyle="steps-post", label="Pareto front", zorder=3)
+                "o-", color="#0072B2", ms=5, drawstyle="steps-post", label="Pareto front",
+                zorder=PARETO_ZORDER["front"])
+    if alternatives:  # above the front: alternatives often lie on it
+        ax.scatter([a.memory_per_gpu_bytes / 1e9 for a in alternatives],
+                   [a.step_time_s for a in alternatives], color="#CC79A7", s=48,
+                   edgecolor="black", linewidths=0.8, label="top alternatives",
+                   zorder=PARETO_ZORDER["alternatives"])
     limits = [e.memory_limit_bytes for e in [*front, best, reference] if e is not None]
     if limits:
         ax.axvline(limits[0] / 1e9, color="#D55E00", ls="--", lw=1.2,
                    label=f"GPU memory {limits[0] / 1e9:.0f} GB")
     if best is not None:
         ax.scatter([best.memory_per_gpu_bytes / 1e9], [best.step_time_s], marker="*", s=260,
-                   color="#009E73", edgecolor="black", zorder=5,
+                   color="#009E73", edgecolor="black", zorder=PARETO_ZORDER["marked"],
                    label=f"best: {_short(best.config)}")
     if reference is not None:
         ax.scatter([reference.memory_per_gpu_bytes / 1e9], [reference.step_time_s], marker="X",
-                   s=160, color="#D55E00", edgecolor="black", zorder=5,
+                   s=160, color="#D55E00", edgecolor="black", zorder=PARETO_ZORDER["marked"],
                    label=f"{reference_label}: {_short(reference.config)}"
                          f"{'' if reference.fits else ' (OOM)'}")
     ys = [e.step_time_s for e in [*front, *alternatives, best, reference] if e is not None]
