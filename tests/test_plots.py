@@ -93,7 +93,7 @@ def test_pareto_alternatives_are_drawn_above_the_front(problem):
     on_front = front[1:3]   # alternatives that are points of the front: the hidden case
     ax = plots.plot_pareto(front, best=plan.estimate, alternatives=on_front)
     try:
-        line = next(l for l in ax.get_lines() if l.get_label() == "Pareto front")
+        line = next(ln for ln in ax.get_lines() if ln.get_label() == "Pareto front")
         alts = next(c for c in ax.collections if c.get_label() == "top alternatives")
         best = next(c for c in ax.collections if c.get_label().startswith("best:"))
         assert line.get_zorder() < alts.get_zorder() < best.get_zorder()
