@@ -36,7 +36,7 @@ from .dp import DataParallel
 from .embedding_sync import EmbeddingSync
 from .groups import Groups
 from .layout import Layouts, StageLayout
-from .notes import estimate_notes, host_rate_notes, resolve_notes
+from .notes import estimate_notes, host_rate_growth, host_rate_notes, resolve_notes
 from .params import CostParams
 from .pipeline.timing import PipelineTimer
 from .rank_memory import rank_memory
@@ -258,6 +258,21 @@ class CostModel:
                     hit, warnings=(*hit.warnings, *notes)))
             hit = noted[1]
         return hit
+
+    def published_host_step_s(self, config: ParallelConfig) -> float:
+        """:meth:`estimate`'s step seconds with each kernel at the framework's published host
+        time instead of the priced one (:func:`autopar.cost.notes.host_rate_growth`; the step
+        itself where none is published). Not a price: what the robust objective compares
+        plans by when the fastest one is host-bound at that rate.
+
+        Raises:
+            InvalidParallelConfig: the configuration breaks a rule of the model or cluster.
+        """
+        c = self.resolve(config)
+        e = self.estimate(c)
+        pt = self.pipeline.timing(c, self.layouts.stage_layout(c))
+        return e.step_time_s + host_rate_growth(self.inputs, pt.stage_host,
+                                                e.num_micro_batches)[0]
 
     def step_without_dp_s(self, config: ParallelConfig) -> float:
         """``step_time_s - (dp_comm_exposed + overlap_slowdown + dp_copies)`` of

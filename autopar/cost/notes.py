@@ -96,36 +96,43 @@ def no_effect_notes(inputs: CostInputs, c: ParallelConfig) -> tuple[str, ...]:
     return tuple(notes)
 
 
+#: How the host-time warning of :func:`host_rate_notes` begins.
+HOST_NOTE_PREFIX = "host time: "
 #: The step-time growth at a stack's published per-kernel host time from which an estimate
 #: warns (:func:`host_rate_notes`): 10%, the size of the development split's typical error.
 HOST_RATE_WARN = 0.10
 
 
-def host_rate_notes(inputs: CostInputs, stage_host: tuple, m: int, step_s: float
-                    ) -> tuple[str, ...]:
-    """A warning when the step would grow by :data:`HOST_RATE_WARN` or more if each kernel took
-    the framework's published host seconds
-    (:attr:`~autopar.frameworks.FrameworkProfile.host_op_s_published`) instead of the priced
-    :attr:`~autopar.cost.params.CostParams.host_op_s`.
+def host_rate_growth(inputs: CostInputs, stage_host: tuple, m: int) -> tuple[float, int]:
+    """(seconds the step would grow by if each kernel took the framework's published host
+    seconds, the pipeline rank that would be slowest then).
 
-    Each pipeline rank's micro-batch then takes ``max(stream, k x host)`` per pass (``k`` the
-    ratio of the two rates; ``stage_host`` as :attr:`PipelineTiming.stage_host`), and the step
-    grows by ``m`` times the growth of the slowest rank's micro-batch (the bubble's growth is
-    not counted: an estimate of the size, not a price). Nothing is warned under CUDA graphs or
-    where no figure is published."""
+    The published rate is :attr:`~autopar.frameworks.FrameworkProfile.host_op_s_published`,
+    the priced one :attr:`~autopar.cost.params.CostParams.host_op_s`. Each pipeline rank's
+    micro-batch then takes ``max(stream, k x host)`` per pass (``k`` the ratio of the two rates;
+    ``stage_host`` as :attr:`PipelineTiming.stage_host`), and the step grows by ``m`` times the
+    growth of the slowest rank's micro-batch (the bubble's growth is not counted: an estimate
+    of the size, not a price). (0.0, 0) under CUDA graphs or where no figure is published."""
     prof, per = inputs.profile, inputs.params.host_op_s
     if prof.host_issue != "per_kernel" or prof.host_op_s_published <= per or not stage_host:
-        return ()
+        return 0.0, 0
     k = prof.host_op_s_published / per
     now = [max(gf, hf) + max(gb, hb) for gf, gb, hf, hb in stage_host]
     then = [max(gf, k * hf) + max(gb, k * hb) for gf, gb, hf, hb in stage_host]
-    extra = m * (max(then) - max(now))
+    return m * (max(then) - max(now)), then.index(max(then))
+
+
+def host_rate_notes(inputs: CostInputs, stage_host: tuple, m: int, step_s: float
+                    ) -> tuple[str, ...]:
+    """A warning when the step (``step_s`` seconds) would grow by :data:`HOST_RATE_WARN` or more
+    at the framework's published per-kernel host time (:func:`host_rate_growth`)."""
+    extra, r = host_rate_growth(inputs, stage_host, m)
     if step_s <= 0 or extra < HOST_RATE_WARN * step_s:
         return ()
-    r = then.index(max(then))
+    prof, per = inputs.profile, inputs.params.host_op_s
     gf, gb, hf, hb = stage_host[r]
     n = round((hf + hb) / per)
-    return (f"host time: pipeline rank {r} issues about {n:,} kernels per micro-batch for "
+    return (f"{HOST_NOTE_PREFIX}pipeline rank {r} issues about {n:,} kernels per micro-batch for "
             f"{(gf + gb) * 1e3:.3g} ms of GPU work ({(gf + gb) / max(n, 1) * 1e6:.0f} us each); "
             f"autopar prices {per * 1e6:.3g} us of host time per kernel (a measured lower "
             f"bound), while published step times of the {prof.name} stack imply about "
