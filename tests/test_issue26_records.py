@@ -131,3 +131,15 @@ def test_an_expert_parallelism_that_does_not_divide_the_experts_says_so():
         autopar.optimize("hf-tiny-mixtral", "1x8xH100",
                          autopar.TrainingConfig(global_batch_size=16, seq_len=32),
                          fixed=dict(ep=3))
+
+
+def test_mixtral_report_is_warned_host_bound_with_a_step_near_the_measured_one():
+    """What autopar does say about Megatron-LM #756 (the priced step stays 35% short, the
+    strict xfail above): the estimate warns it host-bound at the ~100 us per kernel Megatron's
+    CI step times imply (FrameworkProfile.host_op_s_published, not priced), and the step it
+    states at that rate is within 15% of the measured 5.539 s (it states 4.88 s)."""
+    rec = records.parse(_published("moer-mlm756-mixtral8x7b-h100-16gpu-tp2-ep8"))
+    row = validation.evaluate(rec, spread=False)
+    assert row.predicted_s < 0.7 * rec.measured_step_s
+    assert row.host_warned_s is not None
+    assert row.host_warned_s == pytest.approx(rec.measured_step_s, rel=0.15)
