@@ -52,7 +52,7 @@ from ..cost.model import CostModel
 from ..cost.notes import HOST_NOTE_PREFIX, HOST_RATE_WARN
 from ..cost.regime import ANY, FIELDS, Regime, band_for
 from ..cost.types import Estimate
-from ..errors import AutoparError, InvalidSearchOption
+from ..errors import AutoparError, InvalidParallelConfig, InvalidSearchOption
 from . import space
 from .margin import search_with_margin
 from .optimize import SearchResult
@@ -146,10 +146,17 @@ def host_choice(cm: CostModel, fastest: Estimate, candidates) -> Estimate | None
     t_f = cm.published_host_step_s(fastest.config)
     if half is None or t_f < (1 + HOST_RATE_WARN) * fastest.step_time_s:
         return None
-    inside = [(cm.published_host_step_s(c.config), c) for c in candidates
-              if c.fits and c.config != fastest.config
-              and (tied(c.step_time_s, fastest.step_time_s) or advantage(fastest, c) <= half)]
-    inside = [(t, c) for t, c in inside if t < t_f and not tied(t, t_f)]
+    inside = []
+    for c in candidates:
+        if not c.fits or c.config == fastest.config or not (
+                tied(c.step_time_s, fastest.step_time_s) or advantage(fastest, c) <= half):
+            continue
+        try:
+            t = cm.published_host_step_s(c.config)
+        except InvalidParallelConfig:   # a plan this cost model cannot price: not a candidate
+            continue
+        if t < t_f and not tied(t, t_f):
+            inside.append((t, c))
     if not inside:
         return None
     return min(inside, key=lambda tc: (tc[0], tc[1].step_time_s, *simplicity_key(tc[1])))[1]
