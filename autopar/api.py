@@ -223,8 +223,10 @@ def estimate(model: Any, cluster: Cluster | str, train: TrainingConfig | dict,
             :class:`autopar.calibrate.Calibration` (``autopar calibrate``): its measured
             constants replace the datasheet ones (docs/calibrate.md).
         profile: a copied and edited framework profile to cost with
-            (:meth:`autopar.frameworks.FrameworkProfile.with_costs`); it names the framework
-            (``train.framework`` becomes its name). Default: ``train.framework``'s own.
+            (:meth:`autopar.frameworks.FrameworkProfile.with_costs`, or the CLI's
+            ``--stack-option`` names through :func:`autopar.frameworks.options.with_options`,
+            e.g. ``with_options(get_profile("megatron"), ["cuda-graphs"], 8)``); it names the
+            framework (``train.framework`` becomes its name). Default: ``train.framework``'s own.
 
     Returns:
         :class:`Estimate` (``fits`` tells whether it fits in memory).

@@ -180,3 +180,7 @@ def test_pinned_degrees_whose_product_does_not_divide_the_gpus_are_named():
     msg = str(info.value)
     assert "tp=4 x pp=4 = 16 GPUs per data-parallel replica do not divide the 8 GPUs" in msg
     assert "pp in [1, 2]" in msg
+    # with dp pinned too the product is the whole mesh, not one replica's GPUs
+    with pytest.raises(autopar.InfeasibleError) as info:
+        autopar.optimize("llama2-7b", "1x8xA100-80GB", TRAIN, fixed={"tp": 2, "pp": 2, "dp": 4})
+    assert "tp=2 x pp=2 x dp=4 = 16 GPUs do not divide the 8 GPUs" in str(info.value)

@@ -31,6 +31,8 @@ def test_every_option_edits_cost_fields_a_plan_file_records(name):
 def test_an_unknown_or_foreign_option_is_refused_with_the_ones_that_apply():
     with pytest.raises(InvalidTrainingConfig, match="not one autopar knows.*torch-compile"):
         with_options(get_profile("megatron"), ["turbo"], 8)
+    with pytest.raises(InvalidTrainingConfig, match="Did you mean 'cuda-graphs'"):
+        with_options(get_profile("megatron"), ["cuda-graph"], 8)
     with pytest.raises(InvalidTrainingConfig, match="is for torchtitan, not megatron.*"
                                                     "alltoall-2024"):
         with_options(get_profile("megatron"), ["foreach-adamw"], 8)

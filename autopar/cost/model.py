@@ -261,13 +261,7 @@ class CostModel:
 
     def published_host_step_s(self, config: ParallelConfig) -> float:
         """:meth:`estimate`'s step seconds with each kernel at the framework's published host
-        time instead of the priced one (:func:`autopar.cost.notes.host_rate_growth`; the step
-        itself where none is published). Not a price: what the robust objective compares
-        plans by when the fastest one is host-bound at that rate.
-
-        Raises:
-            InvalidParallelConfig: the configuration breaks a rule of the model or cluster.
-        """
+        time (:func:`autopar.cost.notes.host_rate_growth`; not a price). Raises as it does."""
         c = self.resolve(config)
         e = self.estimate(c)
         pt = self.pipeline.timing(c, self.layouts.stage_layout(c))

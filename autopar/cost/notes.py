@@ -138,5 +138,7 @@ def host_rate_notes(inputs: CostInputs, stage_host: tuple, m: int, step_s: float
             f"bound), while published step times of the {prof.name} stack imply about "
             f"{prof.host_op_s_published * 1e6:.0f} us (its profile's host_op_s_published, "
             f"not priced); at that rate this step would take about {step_s + extra:.3g} s "
-            f"(+{extra / step_s:.0%}). Fix: more work per kernel (a larger micro-batch, less "
-            "tensor or expert parallelism), or CUDA graphs (--stack-option cuda-graphs)",)
+            f"(+{extra / step_s:.0%}). Fix: CUDA graphs (--stack-option cuda-graphs), or more "
+            "work per kernel: more tokens per GPU (a larger global batch, or fewer GPUs), then "
+            "a larger micro-batch or less tensor or expert parallelism (pinning those alone, "
+            "the search may restore the split)",)

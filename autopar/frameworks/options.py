@@ -11,6 +11,8 @@ cannot record: they are for ``CostModel(..., framework=profile)`` from Python.
 
 from __future__ import annotations
 
+import difflib
+
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -94,8 +96,10 @@ def with_options(profile: FrameworkProfile, names, gpus_per_node: int) -> Framew
         option = STACK_OPTIONS.get(name)
         fits = [o.name for o in STACK_OPTIONS.values() if o.applies_to(profile.name)]
         if option is None:
+            near = difflib.get_close_matches(str(name), list(STACK_OPTIONS), n=1)
+            guess = f"Did you mean {near[0]!r}? " if near else ""
             raise InvalidTrainingConfig(
-                f"stack option {name!r} is not one autopar knows. Fix: one of "
+                f"stack option {name!r} is not one autopar knows. {guess}Fix: one of "
                 f"{sorted(STACK_OPTIONS)} ({profile.name} takes {fits}).")
         if not option.applies_to(profile.name):
             raise InvalidTrainingConfig(

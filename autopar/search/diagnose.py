@@ -124,8 +124,10 @@ def no_mesh_error(cm: CostModel, fixed: dict) -> AutoparError:
         options = sorted({m[("tp", "cp", "pp", "dp").index(last)]
                           for m in space.meshes(g, cm.cluster, any_batch, rest, limits)})
         hint = f" e.g. {last} in {options[:12]} with the others as pinned," if options else ""
+        # with dp pinned too the product is the whole mesh, not one replica's share
+        per = "" if "dp" in pinned else " per data-parallel replica"
         return InfeasibleError(
-            f"{head}: the pinned degrees {names} = {product} GPUs per data-parallel replica "
+            f"{head}: the pinned degrees {names} = {product} GPUs{per} "
             f"do not divide the {world} GPUs (tp x cp x pp x dp = GPUs). Fix: pin degrees "
             f"whose product divides {world},{hint} or leave some to autopar.")
     for key in sorted(k for k in fixed if k in _RULES):
