@@ -137,7 +137,7 @@ def host_rate_notes(inputs: CostInputs, stage_host: tuple, m: int, step_s: float
             f"autopar prices {per * 1e6:.3g} us of host time per kernel (a measured lower "
             f"bound), while published step times of the {prof.name} stack imply about "
             f"{prof.host_op_s_published * 1e6:.0f} us (its profile's host_op_s_published, "
-            f"not priced); at that rate this step would take about {step_s + extra:.3g} s "
+            f"not priced); at that rate this step would take about {step_s + extra:.4g} s "
             f"(+{extra / step_s:.0%}). Fix: CUDA graphs (--stack-option cuda-graphs), or more "
             "work per kernel: more tokens per GPU (a larger global batch, or fewer GPUs), then "
             "a larger micro-batch or less tensor or expert parallelism (pinning those alone, "
