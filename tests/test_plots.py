@@ -95,7 +95,7 @@ def test_pareto_alternatives_are_drawn_above_the_front(problem):
     try:
         line = next(ln for ln in ax.get_lines() if ln.get_label() == "Pareto front")
         alts = next(c for c in ax.collections if c.get_label() == "top alternatives")
-        best = next(c for c in ax.collections if c.get_label().startswith("best:"))
+        best = next(c for c in ax.collections if c.get_label().startswith("chosen:"))
         assert line.get_zorder() < alts.get_zorder() < best.get_zorder()
         assert alts.get_visible() and alts.get_alpha() in (None, 1.0)
         assert alts.get_sizes()[0] > line.get_markersize() ** 2      # both in points^2

@@ -365,7 +365,7 @@ def plot_pareto(front: Sequence[Estimate], path: PathLike = None, *,
     if best is not None:
         ax.scatter([best.memory_per_gpu_bytes / 1e9], [best.step_time_s], marker="*", s=260,
                    color="#009E73", edgecolor="black", zorder=PARETO_ZORDER["marked"],
-                   label=f"best: {_short(best.config)}")
+                   label=f"chosen: {_short(best.config)}")
     if reference is not None:
         ax.scatter([reference.memory_per_gpu_bytes / 1e9], [reference.step_time_s], marker="X",
                    s=160, color="#D55E00", edgecolor="black", zorder=PARETO_ZORDER["marked"],

@@ -279,7 +279,7 @@ def fixes_table(base: Estimate, fixes: list[tuple[str, Estimate]], margin: float
 def comparison_table(comps: list[Comparison], complete: bool = True) -> Table:
     """One row per compared plan: slowdown, MFU, memory and the largest differences
     (``complete`` False: the base is the best plan a stopped search found, and is named so)."""
-    base = "best" if complete else "found"
+    base = "chosen" if complete else "found"
     # under the robust objective the chosen plan need not be the fastest: "why it wins" was
     # untrue above the faster plan it passed over
     t = _table("Why this plan was chosen (differences: compared plan minus it)" if complete else
