@@ -10,11 +10,11 @@ with its published plan (open fields at its framework's default). Rules and mean
 #: (autopar.cost.regime.FIELDS) -> (band half-width, mean signed residual
 #: (predicted - measured) / measured, runs, sources); "*" = pooled.
 BANDS: dict[tuple[str, ...], tuple[float, float, int, int]] = {
-    ('*', '*', '*', '*', '*', '*', '*'): (0.119, -0.1126, 482, 45),
-    ('*', 'bf16', '*', '*', '*', '*', '*'): (0.1135, -0.1156, 418, 37),
-    ('*', 'bf16', 'ampere', '*', '*', '*', '*'): (0.1043, -0.0715, 267, 18),
-    ('*', 'bf16', 'ampere', 'data', '*', '*', '*'): (0.1173, -0.081, 53, 8),
-    ('*', 'bf16', 'ampere', 'data', 'dense', '1 node', '3-30B'): (0.103, -0.0712, 13, 6),
+    ('*', '*', '*', '*', '*', '*', '*'): (0.119, -0.1128, 482, 45),
+    ('*', 'bf16', '*', '*', '*', '*', '*'): (0.1135, -0.1158, 418, 37),
+    ('*', 'bf16', 'ampere', '*', '*', '*', '*'): (0.1043, -0.0719, 267, 18),
+    ('*', 'bf16', 'ampere', 'data', '*', '*', '*'): (0.1173, -0.0831, 53, 8),
+    ('*', 'bf16', 'ampere', 'data', 'dense', '1 node', '3-30B'): (0.103, -0.0795, 13, 6),
     ('*', 'bf16', 'ampere', 'data', 'dense', '1 node', '<3B'): (0.1563, 0.0544, 5, 1),
     ('*', 'bf16', 'ampere', 'data', 'dense', '2-64 nodes', '3-30B'): (0.0906, -0.0901, 26, 3),
     ('*', 'bf16', 'ampere', 'data', 'dense', '>64 nodes', '3-30B'): (0.2008, -0.1791, 8, 3),
@@ -121,11 +121,11 @@ BANDS: dict[tuple[str, ...], tuple[float, float, int, int]] = {
 #: The same cells -> (low, high): the middle 68% of their runs measured between low and
 #: high times the predicted step time (autopar.cost.regime.measured_range).
 MEASURED_RANGES: dict[tuple[str, ...], tuple[float, float]] = {
-    ('*', '*', '*', '*', '*', '*', '*'): (0.9556, 1.3523),
-    ('*', 'bf16', '*', '*', '*', '*', '*'): (0.9583, 1.3305),
-    ('*', 'bf16', 'ampere', '*', '*', '*', '*'): (0.9556, 1.2042),
+    ('*', '*', '*', '*', '*', '*', '*'): (0.9565, 1.3523),
+    ('*', 'bf16', '*', '*', '*', '*', '*'): (0.9584, 1.3305),
+    ('*', 'bf16', 'ampere', '*', '*', '*', '*'): (0.9584, 1.2042),
     ('*', 'bf16', 'ampere', 'data', '*', '*', '*'): (0.9837, 1.1918),
-    ('*', 'bf16', 'ampere', 'data', 'dense', '1 node', '3-30B'): (0.9371, 1.315),
+    ('*', 'bf16', 'ampere', 'data', 'dense', '1 node', '3-30B'): (0.9501, 1.315),
     ('*', 'bf16', 'ampere', 'data', 'dense', '1 node', '<3B'): (0.8518, 1.0409),
     ('*', 'bf16', 'ampere', 'data', 'dense', '2-64 nodes', '3-30B'): (1.0809, 1.1281),
     ('*', 'bf16', 'ampere', 'data', 'dense', '>64 nodes', '3-30B'): (1.164, 1.3497),
