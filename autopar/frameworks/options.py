@@ -12,7 +12,6 @@ cannot record: they are for ``CostModel(..., framework=profile)`` from Python.
 from __future__ import annotations
 
 import difflib
-
 from collections.abc import Callable
 from dataclasses import dataclass
 
