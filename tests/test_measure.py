@@ -152,7 +152,7 @@ def test_measure_refuses_a_model_larger_than_the_memory_before_building(tmp_path
     need = 4.0 * autopar.models.get_config("tiny-llama").num_parameters   # fp32 bytes
     flat = " ".join(err.split())
     assert f"shards it: {need / 1e9:.3g} GB, more than" in flat  # 0.000871 (GiB: 0.000811)
-    assert "(0.0001 GB, shared by 1 rank(s))" in flat
+    assert "(0.0001 GB, shared by 1 rank)" in flat
     assert "GiB" not in err
     assert not out.exists() and not dist.is_initialized()
 

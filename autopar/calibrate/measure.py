@@ -95,14 +95,14 @@ def preflight(plan: Plan, world: int, device: torch.device, ranks_here: int = 1)
             f"the plan of {plan.model} on {plan.cluster} needs {plan.world_size} ranks (its "
             f"world size: tp {plan.config.tp} x pp {plan.config.pp} x dp {plan.config.dp} x cp "
             f"{plan.config.cp}); {how}, and nothing was built. Fix: run it on the plan's "
-            f"cluster with {launch_hint(plan)}, or measure a plan made for {world} rank(s) "
+            f"cluster with {launch_hint(plan)}, or measure a plan made for {world} rank{'s' if world != 1 else ''} "
             f"(e.g. autopar plan --cluster 1x{world}x<GPU> ... --out FILE).")
     need = 4.0 * get_config(plan.model_config).num_parameters * (
         ranks_here if device.type != "cuda" else 1)
     have = available_bytes(device)
     if need > have:
         where = (f"the host's available memory ({have / 1e9:.3g} GB, shared by "
-                 f"{ranks_here} rank(s))" if device.type != "cuda"
+                 f"{ranks_here} rank{'s' if ranks_here != 1 else ''})" if device.type != "cuda"
                  else f"this GPU's free memory ({have / 1e9:.3g} GB)")
         raise InvalidParallelConfig(
             f"autopar measure builds the whole {plan.model} model in fp32 on every rank before "

@@ -74,8 +74,9 @@ def add_parsers(sub, positive_float, int_at_least) -> None:
                    help="catalogue GPU these GPUs are, when the automatic match from the device "
                         "name is wrong (e.g. H100-SXM5-80GB)")
     c.add_argument("--json", action="store_true", help="print the calibration JSON")
-    m = sub.add_parser("measure", help="run a plan's training steps on synthetic data (under "
-                       "torchrun) and record step time, memory and the prediction error")
+    what = ("run a plan's training steps on synthetic data (under torchrun) and record step "
+            "time, memory and the prediction error")
+    m = sub.add_parser("measure", help=what, description=what[0].upper() + what[1:] + ".")
     m.add_argument("--plan", required=True, help="plan file (autopar plan --out)")
     m.add_argument("--out", required=True, help="record file to write (published-run JSON)")
     m.add_argument("--steps", type=int_at_least(1), default=10,
