@@ -266,7 +266,8 @@ class TrainingConfig:
         if self.micro_batch_size is not None and self.micro_batch_size > self.global_batch_size:
             raise InvalidTrainingConfig(
                 f"micro_batch_size {self.micro_batch_size} exceeds global_batch_size "
-                f"{self.global_batch_size}. Fix: use a micro-batch <= the global batch.")
+                f"{self.global_batch_size} (--micro-batch, --global-batch on the command "
+                "line). Fix: use a micro-batch <= the global batch.")
         if not isinstance(self.precision, str) or self.precision not in PRECISIONS:
             raise InvalidTrainingConfig(
                 f"precision {self.precision!r} is not one of {PRECISIONS}. Fix: use 'bf16'.")
