@@ -536,6 +536,24 @@ def test_explain_reads_a_plan_file(capsys, tmp_path):
     assert f"Plan of {f}" in out and f"tp={saved['tp']} pp={saved['pp']} dp={saved['dp']}" in out
 
 
+def test_a_bad_cluster_in_a_plan_file_names_the_file_and_its_field(capsys, tmp_path):
+    # a new user: a hand-edited cluster gave InvalidClusterSpec with no word of the plan file
+    f = tmp_path / "p.json"
+    code, _, err = run(capsys, "plan", *TINY, "--out", str(f))
+    assert code == 0, err
+    d = json.loads(f.read_text())
+    d["cluster"] = "1x8xH10O"
+    f.write_text(json.dumps(d))
+    code, _, err = run(capsys, "estimate", "--plan", str(f))
+    flat = " ".join(err.split())
+    assert code == 2 and "InvalidPlanFile" in flat
+    assert f"{f}: its 'cluster' field: cluster spec '1x8xH10O'" in flat
+    assert "Did you mean 'H100-SXM5-80GB'" in flat and "--cluster SPEC" in flat
+    # --cluster stands in for the file's field
+    code, out, err = run(capsys, "estimate", "--plan", str(f), "--cluster", "1x8xH100")
+    assert code == 0, err
+
+
 def test_cli_errors_name_the_flags_a_cli_user_types(capsys):
     """A new user got "TrainingConfig.seq_len ... pass an int" and "Fix: dispatcher='alltoall'"
     from the command line: the CLI names its own flags (the API name kept beside the field)."""

@@ -222,7 +222,13 @@ def _plan_problem(args) -> tuple[Problem, dict, list[str]]:
     elif edits:
         notes.append(f"costed with the plan's edited {train.framework} profile fields: "
                      f"{edits_text(edits)}")
-    cluster = api.as_cluster(args.cluster or kw["cluster"])
+    try:
+        cluster = api.as_cluster(args.cluster or kw["cluster"])
+    except InvalidClusterSpec as exc:
+        if args.cluster:
+            raise
+        raise InvalidPlanFile(f"{args.plan}: its 'cluster' field: {exc}. Or give --cluster SPEC "
+                              "to estimate the plan on another cluster") from exc
     profile, option_notes = _stack_options(args, with_edits(train.framework, edits), cluster)
     notes += option_notes
     problem = Problem.build(model, cluster, train,
