@@ -32,6 +32,7 @@ import autopar
 from autopar.api import model_graph
 from autopar.config import V_SCHEDULES
 from autopar.cost.model import CostModel
+from autopar.cost.notes import stated_host_step_s
 from autopar.frameworks import (FrameworkProfile, MemoryConventions, get_profile, shard_within,
                                 with_inplace_loss, with_pure_bf16)
 from autopar.frameworks.choices import TORCH_COMPILE, with_choice
@@ -481,16 +482,7 @@ def evaluate(rec: Record, spread: bool = True) -> Row:
                   for kind in ("allocated", "active", "reserved", "device"))
     return Row(rec, e.step_time_s, fastest, e.memory_per_gpu_bytes / GIB, e.fits, chosen, e.mfu,
                e.error_band.half_width if e.error_band is not None else None, kinds,
-               e.error_band.cell if e.error_band is not None else (), _host_warned_s(e))
-
-
-def _host_warned_s(e) -> float | None:
-    """The step seconds an estimate's host-time warning states, or None without one."""
-    for w in e.warnings:
-        m = re.match(r"host time: .* this step would take about ([0-9.e+-]+) s", w)
-        if m:
-            return float(m.group(1))
-    return None
+               e.error_band.cell if e.error_band is not None else (), stated_host_step_s(e.warnings))
 
 
 def host_warning_lines(rows: list[Row]) -> list[str]:

@@ -202,13 +202,7 @@ def _plan_problem(args) -> tuple[Problem, dict, list[str]]:
     if args.cluster and "dp" not in flags:
         # another cluster: dp is what its GPUs leave over (as with --tp/--pp/--cp edits)
         par["dp"] = None
-    for key in flags:
-        if flags[key] == before.get(key):
-            continue   # the plan's own value: nothing derived from it changes
-        for derived in _DERIVED.get(key, ()):
-            if derived not in flags:
-                par[derived] = None
-    par.update(flags)
+    par = _with_flags(par, flags)
     written = kw["estimate"]
     note = (f"re-estimating the configuration of {args.plan}; the file's own estimate "
             f"({written.step_time_s:.3f} s/step, {written.memory_per_gpu_bytes / 1e9:.1f} GB per GPU"

@@ -96,8 +96,10 @@ def no_effect_notes(inputs: CostInputs, c: ParallelConfig) -> tuple[str, ...]:
     return tuple(notes)
 
 
-#: How the host-time warning of :func:`host_rate_notes` begins.
+#: How the host-time warning of :func:`host_rate_notes` begins, and the words before the step
+#: it states (read back by :func:`stated_host_step_s`).
 HOST_NOTE_PREFIX = "host time: "
+_STATED = "this step would take about "
 #: The step-time growth at a stack's published per-kernel host time from which an estimate
 #: warns (:func:`host_rate_notes`): 10%, the size of the development split's typical error.
 HOST_RATE_WARN = 0.10
@@ -137,8 +139,17 @@ def host_rate_notes(inputs: CostInputs, stage_host: tuple, m: int, step_s: float
             f"autopar prices {per * 1e6:.3g} us of host time per kernel (a measured lower "
             f"bound), while published step times of the {prof.name} stack imply about "
             f"{prof.host_op_s_published * 1e6:.0f} us (its profile's host_op_s_published, "
-            f"not priced); at that rate this step would take about {step_s + extra:.4g} s "
+            f"not priced); at that rate {_STATED}{step_s + extra:.4g} s "
             f"(+{extra / step_s:.0%}). Fix: CUDA graphs (--stack-option cuda-graphs), or more "
             "work per kernel: more tokens per GPU (a larger global batch, or fewer GPUs), then "
             "a larger micro-batch or less tensor or expert parallelism (pinning those alone, "
             "the search may restore the split)",)
+
+
+def stated_host_step_s(warnings) -> float | None:
+    """The step seconds the host-time warning among ``warnings`` (an estimate's) states
+    (:func:`host_rate_notes`, 4 significant figures), or None without one."""
+    for w in warnings:
+        if w.startswith(HOST_NOTE_PREFIX) and _STATED in w:
+            return float(w.split(_STATED, 1)[1].split(" s", 1)[0])
+    return None

@@ -49,7 +49,7 @@ from dataclasses import replace
 
 from ..cost import published
 from ..cost.model import CostModel
-from ..cost.notes import HOST_NOTE_PREFIX, HOST_RATE_WARN
+from ..cost.notes import HOST_RATE_WARN, stated_host_step_s
 from ..cost.regime import ANY, FIELDS, Regime, band_for
 from ..cost.types import Estimate
 from ..errors import AutoparError, InvalidParallelConfig, InvalidSearchOption
@@ -222,24 +222,14 @@ def passed_over(estimate: Estimate, alternatives, objective: str) -> Estimate | 
     return None
 
 
-def _host_stated_s(e: Estimate) -> float | None:
-    """The step seconds ``e``'s host-time warning states (:func:`autopar.cost.notes.
-    host_rate_notes`), or None without one."""
-    for w in e.warnings:
-        if w.startswith(HOST_NOTE_PREFIX):
-            _, _, tail = w.partition("this step would take about ")
-            return float(tail.split(" s", 1)[0])
-    return None
-
-
 def host_passed(estimate: Estimate, faster: Estimate) -> bool:
     """Whether the host-time rule (:func:`host_choice`) passed ``faster`` over for
     ``estimate``: ``faster`` is warned host-bound and ``estimate`` is not, or is warned
     shorter."""
-    t_fast = _host_stated_s(faster)
+    t_fast = stated_host_step_s(faster.warnings)
     if t_fast is None:
         return False
-    t_est = _host_stated_s(estimate)
+    t_est = stated_host_step_s(estimate.warnings)
     return t_est is None or t_est < t_fast
 
 
@@ -256,8 +246,8 @@ def passed_over_note(estimate: Estimate, faster: Estimate) -> str:
     if host_passed(estimate, faster):
         return (f"{pct:.{1 if pct >= 0.1 else 3}f}% faster by the model, inside its band "
                 f"({band_text(faster)}), but host-bound at its stack's published host time "
-                f"(about {_host_stated_s(faster):.3g} s a step there, this plan "
-                f"{_host_stated_s(estimate) or estimate.step_time_s:.3g} s)")
+                f"(about {stated_host_step_s(faster.warnings):.3g} s a step there, this plan "
+                f"{stated_host_step_s(estimate.warnings) or estimate.step_time_s:.3g} s)")
     return (f"{pct:.{1 if pct >= 0.1 else 3}f}% faster by the model, inside its band "
             f"({band_text(faster)}): not trusted over a simpler, validated plan")
 
