@@ -125,32 +125,43 @@ def table(rows: list[validation.Row], held_out: bool = False) -> list[str]:
 
 
 def refit_coverage(rows: list[validation.Row]) -> list[str]:
-    """One line: the share of runs within a band computed, by the rules of
+    """Lines: the share of runs within a band computed, by the rules of
     :func:`autopar.cost.regime.band_for` (the run's own regime, validated by
     :data:`~autopar.cost.regime.VALIDATED_RUNS` runs of
     :data:`~autopar.cost.regime.VALIDATED_SOURCES` sources, never a coarser cell), from the runs
     of the other sources only (leave one source out for the band itself); the runs whose regime
-    the other sources do not validate are counted apart."""
+    the other sources do not validate are counted apart; then the same per band regime with at
+    least :data:`MIN_COVERAGE_RUNS` such runs."""
     from .bands import Point, bands, measured_ranges
     measured = [r for r in rows if r.error is not None]
     # keyed by the estimate's own regime (Row.regime), as benchmarks.bands.points keys a run
     pts = [Point(r.rec.id, r.rec.source_key, r.regime, r.error, 0.0) for r in measured]
     hit = in_range = total = 0
+    per_key: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0])  # hit, in range, runs
     for src in sorted({p.source for p in pts}):
         others = [p for p in pts if p.source != src]
         table_, ranges = bands(others), measured_ranges(others)
         for p in (p for p in pts if p.source == src):
             row = table_.get(p.key)
             if row is not None and rg.validates(row[2], row[3]):
-                total += 1
-                hit += abs(p.residual) <= row[0]
                 low, high = ranges[p.key]
-                in_range += low <= 1 / (1 + p.residual) <= high
+                counts = (abs(p.residual) <= row[0], low <= 1 / (1 + p.residual) <= high, 1)
+                total += 1
+                hit += counts[0]
+                in_range += counts[1]
+                per_key[p.key] = [a + b for a, b in zip(per_key[p.key], counts)]
     pct = 100 * hit / total if total else math.nan
     pct_range = 100 * in_range / total if total else math.nan
-    return [f"band coverage, bands refitted without the run's source: {hit} of {total} runs "
-            f"({pct:.1f}%) in a regime the other sources validate; {len(pts) - total} runs "
-            "without one",
-            f"measured-range coverage, refitted the same way: {in_range} of {total} runs "
-            f"({pct_range:.1f}%) measured inside the middle 68% range of the other sources' "
-            "runs of their regime"]
+    lines = [f"band coverage, bands refitted without the run's source: {hit} of {total} runs "
+             f"({pct:.1f}%) in a regime the other sources validate; {len(pts) - total} runs "
+             "without one",
+             f"measured-range coverage, refitted the same way: {in_range} of {total} runs "
+             f"({pct_range:.1f}%) measured inside the middle 68% range of the other sources' "
+             "runs of their regime",
+             f"  per band regime with at least {MIN_COVERAGE_RUNS} such runs (the estimate's "
+             "regime key): in band, in measured range"]
+    for key, (h, r, n) in sorted(per_key.items(), key=lambda kv: (-kv[1][2], kv[0])):
+        if n >= MIN_COVERAGE_RUNS:
+            lines.append(f"  {'/'.join(map(str, key)):56s} {n:4d}  {h:4d} {100 * h / n:3.0f}%"
+                         f"  {r:4d} {100 * r / n:3.0f}%")
+    return lines

@@ -85,3 +85,27 @@ def test_a_moe_estimate_is_in_a_moe_regime():
     e = autopar.estimate("hf-tiny-qwen3-moe", cluster, train, {"dp": 8})
     assert e.error_band.cell[4:] == ("moe", "1 node", "<3B")
     assert not e.error_band.validated   # no MoE run validates a regime
+
+
+def test_refit_coverage_per_regime():
+    """Bands refitted without each run's source: one line per band regime the other sources
+    validate with at least MIN_COVERAGE_RUNS runs, its runs inside the band and the range."""
+    from benchmarks import regimes
+    NS = SimpleNamespace
+    key = ("torch", "bf16", "ampere", "fsdp", "dense", "2-64 nodes", "3-30B")
+    small = ("torch", "bf16", "hopper", "fsdp", "dense", "1 node", "<3B")
+    # three sources of five runs each at residuals -10% .. -30%: leaving a source out leaves
+    # ten runs of two sources, which validate the regime
+    rows = [NS(error=-0.1 * (1 + i % 3), regime=key,
+               rec=NS(id=f"r{s}{i}", source_key=f"s{s}")) for s in range(3) for i in range(5)]
+    rows += [NS(error=-0.05, regime=small, rec=NS(id=f"q{i}", source_key="s0"))
+             for i in range(4)]
+    lines = regimes.refit_coverage(rows)
+    assert lines[0].startswith("band coverage, bands refitted without the run's source: ")
+    assert "of 15 runs" in lines[0] and "4 runs without one" in lines[0]
+    per = lines[3:]
+    assert len(per) == 1 and per[0].strip().startswith("/".join(key))
+    # each band: the 7th of the other ten |residuals| (nearest rank, 68%) = 0.2, so 4 of each
+    # source's 5 runs (0.1, 0.2, 0.3, 0.1, 0.2) fall inside
+    n, hit = int(per[0].split()[-5]), int(per[0].split()[-4])
+    assert (n, hit) == (15, 12) and "12 of 15 runs" in lines[0]
