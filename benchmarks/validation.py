@@ -47,6 +47,7 @@ from autopar.frameworks.stacks.megatron import (ALLTOALL_TOKEN_LEVEL_SINCE,
                                                 with_moe_probs_at_combine)
 from autopar.frameworks.stacks.torchtitan import (FUSED_ADAMW_SINCE, with_chunked_loss,
                                               with_float8nocompile, with_foreach_adamw)
+from autopar.frameworks.stacks.xtuner import with_xtuner_attention
 from autopar.search.optimize import search
 
 from .records import Record, RecordError, parse, source_key
@@ -231,7 +232,10 @@ def record_profile(rec: Record) -> FrameworkProfile:
     data parallelism the Llama 3 paper states
     (:func:`autopar.frameworks.stacks.inhouse.with_llama3_fsdp`); a DeepSpeed run of
     DeepSpeedExamples' Megatron-LM GPT-2 runs that model's own attention ops
-    (:func:`autopar.frameworks.stacks.deepspeed.with_megatron_v1_model`)."""
+    (:func:`autopar.frameworks.stacks.deepspeed.with_megatron_v1_model`); an XTuner 0.1 run
+    ("XTuner 0.1." in a DeepSpeed framework text) runs XTuner's attention, KV heads repeated
+    before its sequence-parallel all-to-all (:func:`autopar.frameworks.stacks.xtuner.
+    with_xtuner_attention`)."""
     profile = get_profile(profile_name(rec))
     f = rec.framework.lower().replace(" ", "").replace("-", "")
     compiled = rec.torch_compile   # the run's own statement (training.torch_compile) first
@@ -258,6 +262,10 @@ def record_profile(rec: Record) -> FrameworkProfile:
         profile = with_megatron_v1_model(profile)
     if _kind(rec.framework) == "deepspeed":
         profile = _deepspeed_options(rec, profile)
+    if _kind(rec.framework) == "deepspeed" and re.search(r"\bxtuner 0\.1\.", rec.framework.lower()):
+        # XTuner 0.1.x on DeepSpeed: its attention repeats the KV heads before the sequence-
+        # parallel all-to-all and flash-attn keeps them (autopar.frameworks.stacks.xtuner)
+        profile = with_xtuner_attention(profile)
     if _kind(rec.framework) == "torchtitan" and dated_before(rec.framework, FUSED_ADAMW_SINCE):
         # the framework text dates the run before torchtitan made the fused AdamW its default
         profile = with_foreach_adamw(profile)

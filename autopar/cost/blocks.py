@@ -237,7 +237,8 @@ class BlockCosts(MoEBlockCosts):
             tb = max(0.0, tb - self.inputs.params.dp_overlap * gemm_b)
         cf, cb, cload = cp_layer_comm(layer, self.groups.group("cp", c), micro_batch=bscale, tp=tp,
                                        attention_fwd_s=lt.attention_fwd_s, mode=c.cp_mode,
-                                       overlap=self.inputs.params.dp_overlap)
+                                       overlap=self.inputs.params.dp_overlap,
+                                       kv_repeat=self.inputs.profile.ulysses_kv_repeat)
         ef, eload = 0.0, NO_LOAD
         if c.ep > 1 and layer.num_experts:
             # dispatch and combine of the rank's tokens forward, the same two backward (half

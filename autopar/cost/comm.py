@@ -230,7 +230,7 @@ def split_expert_tp(layer: Layer) -> tuple[Layer, Layer]:
 
 def cp_layer_comm(layer: Layer, group: Collectives, *, micro_batch: int, tp: int,
                   attention_fwd_s: float, mode: str = "ring",
-                  overlap: float = 1.0) -> tuple[float, float, LinkLoad]:
+                  overlap: float = 1.0, kv_repeat: bool = False) -> tuple[float, float, LinkLoad]:
     """Exposed context-parallel communication of one block: (fwd_s, bwd_s, the load: bytes on
     the wire per GPU and micro-batch, forward + backward, and the seconds the links carry them
     before overlap).
@@ -241,6 +241,11 @@ def cp_layer_comm(layer: Layer, group: Collectives, *, micro_batch: int, tp: int
         Ring Attention). Hidden up to ``overlap`` of the attention time.
       ulysses: all-to-all of Q, K, V before attention (sequence-sharded -> head-sharded) and of the
         output after it; the same in backward (Jacobs et al. 2023, DeepSpeed-Ulysses). Exposed.
+        With ``kv_repeat`` (:attr:`autopar.frameworks.FrameworkProfile.ulysses_kv_repeat`) K and
+        V are repeated to the query heads before the all-to-all and cross it at Q's width:
+        3 x Q's bytes instead of Q + 2 x the KV heads' (XTuner 0.1.16 dispatch/llama.py
+        llama_attn_forward: repeat_kv before flash_attn_wo_mask's all-to-all; backward
+        all-to-alls dQ, dK, dV at the same width, then repeat_kv's gradient sums the copies).
       allgather: all-gather of K and V before attention, reduce-scatter of dK and dV in backward
         (Llama 3, Dubey et al. 2024, section 3.3.2). Exposed.
     """
@@ -256,6 +261,8 @@ def cp_layer_comm(layer: Layer, group: Collectives, *, micro_batch: int, tp: int
     kv_bytes = qkv_bytes * (2 * kv) / (q_heads + 2 * kv)
     out_bytes = qkv_bytes * q_heads / (q_heads + 2 * kv)
     if mode == "ulysses":
+        if kv_repeat and 0 < kv < q_heads:   # grouped-query K and V at Q's width
+            qkv_bytes = out_bytes * 3
         fwd = group.time("all_to_all", qkv_bytes / cp) + group.time("all_to_all", out_bytes / cp)
         return fwd, fwd, (group.load("all_to_all", qkv_bytes / cp)
                           + group.load("all_to_all", out_bytes / cp)).scaled(2)

@@ -213,7 +213,7 @@ class CostModel:
         if done is None:
             try:
                 hit = resolve(config, self.graph, self.cluster.world_size, self.train,
-                              self.cluster.gpus_per_node)
+                              self.cluster.gpus_per_node, self.profile)
             except InvalidParallelConfig as exc:
                 return exc
             self._resolved_keys[key] = hit

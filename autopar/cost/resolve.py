@@ -2,7 +2,8 @@
 
 The rules are :mod:`autopar.frameworks.rules`' (each error names the rule, as ``rule``, and a
 fix), checked in this order: the degrees multiply to the GPUs (mesh_size); tp divides the
-attention and KV heads (tp_heads), tp * cp too under Ulysses CP (ulysses_heads); experts:
+attention and KV heads (tp_heads), tp * cp too under Ulysses CP (ulysses_heads; the KV heads
+not where the profile repeats them, ulysses_kv_repeat); experts:
 MoE parallel folding (expert_folding, folding_sp), else ep needs a MoE model (ep_needs_moe) and
 divides the experts and dp (ep_split); DeepEP's kernels run the expert-TP x EP group and the
 node (deepep_ranks); cp divides the sequence (cp_seq) and the target framework's sequence split
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from ..config import DEFAULT_PLACEMENT, DUAL_PIPES, V_SCHEDULES, ParallelConfig, TrainingConfig
 from ..errors import InvalidParallelConfig
-from ..frameworks import get_profile, rules
+from ..frameworks import FrameworkProfile, get_profile, rules
 from ..graph.types import ModelGraph
 from .stages import balanced_stage_blocks
 
@@ -33,9 +34,13 @@ def check(violation: rules.Violation | None) -> None:
 
 
 def resolve(config: ParallelConfig, graph: ModelGraph, world_size: int,
-            train: TrainingConfig, gpus_per_node: int | None = None) -> ParallelConfig:
+            train: TrainingConfig, gpus_per_node: int | None = None,
+            profile: FrameworkProfile | None = None) -> ParallelConfig:
     """A copy of ``config`` with every ``None`` filled and every rule checked
     (``gpus_per_node``, where given, for the rules that read the node: deepep_ranks).
+
+    ``profile``: the framework profile whose rules apply (an edited one, e.g. a record's);
+    None = the profile of ``train.framework``.
 
     Defaults: dp from the world size; micro-batch from ``train`` or 1; one virtual stage;
     schedule 1F1B (interleaved when virtual_stages > 1); balanced stage cuts.
@@ -48,9 +53,10 @@ def resolve(config: ParallelConfig, graph: ModelGraph, world_size: int,
     mp = c.tp * c.pp * c.cp
     dp = c.dp if c.dp is not None else world_size // mp
     check(rules.mesh_size(world_size, c.tp, c.pp, c.cp, dp))
+    prof = profile or get_profile(train.framework)
     heads, kv = graph.attention_heads, graph.kv_heads
-    check(rules.tp_heads(c.tp, heads, kv, get_profile(train.framework).kv_heads_below_tp))
-    check(rules.ulysses_heads(c.tp, c.cp, heads, kv, c.cp_mode))
+    check(rules.tp_heads(c.tp, heads, kv, prof.kv_heads_below_tp))
+    check(rules.ulysses_heads(c.tp, c.cp, heads, kv, c.cp_mode, prof.ulysses_kv_repeat))
     experts = getattr(graph, "num_experts", 0)
     if c.folded:
         check(rules.expert_folding(c.ep, c.etp, c.tp * c.cp * dp, experts))
@@ -63,7 +69,7 @@ def resolve(config: ParallelConfig, graph: ModelGraph, world_size: int,
     # the target framework's split of each sequence over CP and SP ranks; an indivisible length
     # makes ranks' reduce-scatter/all-gather shapes differ (a gloo size mismatch at run time) or
     # trips the framework's own assertion
-    check(rules.seq_split(get_profile(train.framework), train.seq_len, c.tp, c.cp,
+    check(rules.seq_split(prof, train.seq_len, c.tp, c.cp,
                           bool(c.sequence_parallel)))
     mbs = c.micro_batch_size or train.micro_batch_size or 1
     check(rules.batch_split(train.global_batch_size, dp, mbs))

@@ -162,10 +162,12 @@ class PipelineComm(Choice):
 
 @dataclass(frozen=True, kw_only=True)
 class ContextParallelAttention(Choice):
-    """CP mode -> how a rank runs attention under it (a mode not listed: fused)."""
+    """CP mode -> how a rank runs attention under it (a mode not listed: fused), and whether
+    Ulysses CP repeats the KV heads to the query heads before its all-to-all."""
 
     KIND: ClassVar[str] = "context-parallel attention"
     cp_attention: Mapping[str, str]
+    ulysses_kv_repeat: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -308,7 +310,8 @@ TORCH_PIPELINING = PipelineComm(
 
 FUSED_CP = ContextParallelAttention(
     name="fused-per-chunk", summary="the framework's fused attention kernel per CP chunk",
-    cp_attention={}, sources={"cp_attention": _D["cp_attention"]})
+    cp_attention={}, sources={"cp_attention": _D["cp_attention"],
+                              "ulysses_kv_repeat": _D["ulysses_kv_repeat"]})
 
 PER_KERNEL_LAUNCH = HostIssue(
     name="per-kernel-launch", summary="the host dispatches and launches every kernel of a "

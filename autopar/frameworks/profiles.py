@@ -155,6 +155,12 @@ class FrameworkProfile:
         cp_attention: CP mode -> how a rank runs attention under it (:data:`CP_ATTENTION_PATHS`:
             "fused" kernel, "masked" = SDPA with an explicit mask (memory-efficient kernel, all
             pairs), "unfused" = plain tensor ops); a mode not listed runs "fused".
+        ulysses_kv_repeat: under Ulysses CP the framework repeats the KV heads to the query
+            head count (heads / kv heads copies of each, Hugging Face ``repeat_kv``) before the
+            all-to-all: tp * cp need divide only the query heads
+            (:func:`autopar.frameworks.rules.ulysses_heads`), and K and V cross the all-to-all
+            and reach the attention kernel at the query heads' width
+            (:func:`autopar.cost.comm.cp_layer_comm`); False: at their own head count.
         optimizer_step_bytes: HBM bytes per optimizer-held parameter of one optimizer step
             (the optimizer's passes and gradient clipping), costed at the HBM bandwidth on the
             parameters of the rank's ZeRO shard (:data:`TORCH_OPTIMIZER_STEP_BYTES`,
@@ -349,6 +355,7 @@ class FrameworkProfile:
     moe_probs_alltoall: bool = False
     moe_counts_gather: bool = False
     moe_capacity_rule: str = "megatron"
+    ulysses_kv_repeat: bool = False
     cost_sources: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_COST_SOURCES))
     #: memory conventions (bytes per state, optimizer temporaries, what PP keeps unsharded...),
     #: sourced inside :class:`autopar.frameworks.memory.MemoryConventions`
@@ -384,7 +391,7 @@ class FrameworkProfile:
                      self.zero3_reduce_bucket_elements, self.moe_dispatch_dtype,
                      self.moe_tp_token_alltoall, self.moe_dispatch_sync_ops,
                      self.moe_probs_alltoall, self.moe_counts_gather,
-                     self.moe_capacity_rule))
+                     self.moe_capacity_rule, self.ulysses_kv_repeat))
 
     @classmethod
     def capability_names(cls) -> tuple[str, ...]:

@@ -99,16 +99,27 @@ def tp_node(tp: int, gpus_per_node: int) -> Violation | None:
     return None
 
 
-def ulysses_heads(tp: int, cp: int, heads: int, kv: int, cp_mode: str = "ulysses"
-                  ) -> Violation | None:
-    """Ulysses context parallelism splits heads over tp * cp, which must divide the heads and KV
-    heads."""
+def ulysses_heads(tp: int, cp: int, heads: int, kv: int, cp_mode: str = "ulysses",
+                  kv_repeat: bool = False) -> Violation | None:
+    """Ulysses context parallelism splits heads over tp * cp, which must divide the query heads
+    and, unless the framework repeats the KV heads to the query heads before the all-to-all
+    (``kv_repeat``: :attr:`autopar.frameworks.FrameworkProfile.ulysses_kv_repeat`, XTuner),
+    the KV heads. No rule when the head count is unknown (0)."""
     n = tp * cp
-    if cp > 1 and cp_mode == "ulysses" and heads and (heads % n or kv % n):
+    if not (cp > 1 and cp_mode == "ulysses" and heads):
+        return None
+    if heads % n:
+        return Violation("ulysses_heads", f"Ulysses context parallelism splits heads over tp*cp = "
+                                          f"{n}, which must divide the {heads} attention heads",
+                         "use cp_mode='ring' or a tp*cp dividing the heads")
+    if kv % n and not kv_repeat:
         return Violation("ulysses_heads", f"Ulysses context parallelism splits heads over tp*cp = "
                                           f"{n}, which must divide the {heads} heads and {kv} KV "
-                                          "heads",
-                         "use cp_mode='ring' or a smaller cp")
+                                          "heads (this framework sends K and V at their own head "
+                                          "count)",
+                         "use cp_mode='ring' or a smaller cp, or a framework that repeats the KV "
+                         "heads before the all-to-all (FrameworkProfile.ulysses_kv_repeat, "
+                         "XTuner's sequence parallelism)")
     return None
 
 

@@ -81,7 +81,7 @@ COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_g
                "zero1_step_host_ops_per_tensor", "zero3_persistent_elements",
                "zero3_reduce_bucket_elements", "moe_dispatch_dtype", "moe_tp_token_alltoall",
                "moe_dispatch_sync_ops", "moe_probs_alltoall", "moe_counts_gather",
-               "moe_capacity_rule")
+               "moe_capacity_rule", "ulysses_kv_repeat")
 #: Parts of a block that run as plain eager PyTorch ops inside a stack that is otherwise fused
 #: (:attr:`FrameworkProfile.eager_parts`; costed by :func:`autopar.cost.compute.layer_time`):
 #: ``glu``: a gated linear unit's activation as its own kernel before the multiply
@@ -304,6 +304,11 @@ DEFAULT_COST_SOURCES = {
     "moe_probs_alltoall": "no all-to-all of the router's probabilities beside the tokens' "
                           "unless a framework's dispatcher runs one (autopar.frameworks."
                           "stacks.megatron.MEGATRON_ALLTOALL_DISPATCH)",
+    "ulysses_kv_repeat": "K and V cross the Ulysses all-to-all at their own (KV) head count, "
+                         "so tp * cp must divide the KV heads as well as the query heads "
+                         "(Transformer Engine context_parallel.py AttnFuncWithCPAndQKVOA2A."
+                         "forward, 9c61cd7e: assert q.shape[-2] % cp_size == 0 and "
+                         "k.shape[-2] % cp_size == 0)",
     "moe_capacity_rule": "each expert runs its routed rows (dropless) or min(rows, capacity), "
                          "padded only when asked, as Megatron-Core's get_capacity and "
                          "torchtitan's dropless MoE do, unless a framework's MoE layer is read "

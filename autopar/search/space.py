@@ -312,7 +312,8 @@ def cp_modes(graph: ModelGraph, base: dict, fixed: dict,
         return ["ring"]
     modes = ["ring", "allgather"]
     heads, kv = graph.attention_heads, graph.kv_heads
-    if heads and not rules.ulysses_heads(base["tp"], base["cp"], heads, kv):
+    if heads and not rules.ulysses_heads(base["tp"], base["cp"], heads, kv,
+                                         kv_repeat=profile.ulysses_kv_repeat):
         modes.insert(1, "ulysses")
     return [m for m in modes if m in profile.cp_modes] or modes[:1]
 

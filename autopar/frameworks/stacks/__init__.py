@@ -24,7 +24,9 @@ name                           what runs the plan
 The first four have exporters, and ``torchtitan-0.3`` (torchtitan's Python config); all are
 selectable with ``TrainingConfig(framework=...)``, ``--framework`` and in plan files. Options
 on top of a profile: :func:`shard_within` (HSDP, InternEvo ``parallel.zero1``) and
-:func:`autopar.frameworks.choices.with_choice` (e.g. ``TORCH_COMPILE``).
+:func:`autopar.frameworks.choices.with_choice` (e.g. ``TORCH_COMPILE``); XTuner 0.1's
+attention on the ``deepspeed`` profile is :func:`autopar.frameworks.stacks.xtuner.
+with_xtuner_attention`.
 """
 
 from __future__ import annotations

@@ -29,7 +29,10 @@ PLAN_APPLY_CP = ContextParallelAttention(
                         "calls SDPA with an explicit boolean mask (flash refuses masks, "
                         "so the memory-efficient kernel runs over all pairs); ring CP "
                         "computes each hop's scores in plain tensor ops; Ulysses runs "
-                        "SDPA is_causal on whole sequences (fused)"})
+                        "SDPA is_causal on whole sequences (fused)",
+        "ulysses_kv_repeat": "autopar/runtime/cp.py _ulysses all-to-alls K and V at their "
+                             "own head count and refuses KV heads that tp * cp does not "
+                             "divide: False"})
 
 CHOICES = Choices(sharded_dp=SHARDED_DP, optimizer_step=TORCH_FOREACH_ADAMW,
                   attention=SDPA_FLASH, fusion=EAGER, tensor_parallel=DTENSOR_TP,
