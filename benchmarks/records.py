@@ -384,6 +384,9 @@ def parse(rec: dict) -> Record:
         if precision is None:
             raise RecordError(f"precision not published: {why}")
         assumed["precision"] = f"not published: {precision}, {why}"
+    if t.get("global_batch_size") is None:
+        # no framework defaults the global batch: a run without one has no step to estimate
+        raise RecordError("global batch not published: no framework default stands in for it")
     plan = rec["plan"]
     train = autopar.TrainingConfig(global_batch_size=t["global_batch_size"],
                                    seq_len=rec["model"]["seq_len"],

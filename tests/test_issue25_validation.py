@@ -143,6 +143,13 @@ def test_unpublished_precision_takes_a_documented_default_or_is_refused():
         records.parse(r)
 
 
+def test_unpublished_global_batch_is_refused_as_the_records():
+    """No framework defaults the global batch: the refusal says so, not the library's
+    TrainingConfig check."""
+    with pytest.raises(records.RecordError, match="^global batch not published"):
+        records.parse(_record("b", training__global_batch_size=None))
+
+
 def test_every_record_is_evaluated_or_refused_with_one_line_reason():
     moe = _record("moe", plan__dispatcher="flex")   # a token dispatcher autopar does not price
     raw = [_record("ok"), _record("v", model__vocab_size=None), moe,
