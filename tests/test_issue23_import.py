@@ -275,3 +275,52 @@ def test_a_torchtitan_toml_with_a_non_integer_degree_says_how_to_fix_it():
     with pytest.raises(InvalidParallelConfig, match=r"tensor_parallel_degree must be an integer; "
                                                     r"got 'x'\. Fix: write it as a whole number"):
         from_torchtitan_toml('[parallelism]\ntensor_parallel_degree = "x"\n')
+
+
+def test_block_recompute_imports_as_megatron_runs_it():
+    """--recompute-method block --recompute-num-layers N: full recompute of the first N layers
+    of every pipeline chunk and none of the rest (transformer_block.py _checkpointed_forward),
+    which the megatron profile accepts (recompute_first_n), not full on every block."""
+    from autopar.frameworks import get_profile
+    from autopar.frameworks.rules import first_n_full
+    imp = from_megatron_args(f"--num-layers 8 {PP} 2 --recompute-granularity full "
+                             "--recompute-method block --recompute-num-layers 3")
+    par, _ = imp.complete(world_size=2, num_blocks=8)
+    assert par["recompute"] == ("full",) * 3 + ("none",) + ("full",) * 3 + ("none",)
+    assert not any("modelled as full" in n for n in imp.notes)
+    assert first_n_full(par["recompute"], (4, 4)) == 3
+    # uneven chunks: N applies within each; a chunk shorter than N is recomputed whole
+    assert first_n_full(("full", "full", "full", "full", "none"), (2, 3)) == 2
+    assert first_n_full(("full", "full", "full", "none", "none"), (2, 3)) is None
+    assert first_n_full(("full", "none", "full", "full"), (2, 2)) is None
+    assert first_n_full(("none", "full", "full", "none"), (2, 2)) is None
+    c = autopar.ParallelConfig(tp=1, pp=2, dp=1, recompute=par["recompute"],
+                               stage_blocks=(4, 4))
+    assert get_profile("megatron").unsupported(c) is None
+    assert "one recompute policy" in get_profile("torchtitan").unsupported(c)
+    # a CLI --recompute overrides the file's
+    par, _ = imp.complete(world_size=2, num_blocks=8, overrides={"recompute": "selective"})
+    assert par["recompute"] == "selective"
+    # uniform groups of several layers stay priced as full on every block, said
+    imp = from_megatron_args("--recompute-granularity full --recompute-method uniform "
+                             "--recompute-num-layers 2")
+    assert imp.parallel["recompute"] == "full"
+    assert any("modelled as full" in n for n in imp.notes)
+
+
+def test_an_exported_block_recompute_reads_back_at_the_exports_estimate(capsys, tmp_path):
+    """The Megatron export's per-block recompute mix (first N per stage) estimates the same
+    when its arguments are fed back to estimate --megatron-args."""
+    out = tmp_path / "meg.txt"
+    main(["plan", "--model", "llama3-70b", "--cluster", "4x8xH100", "--global-batch", "512",
+          "--seq-len", "8192", "--export", "megatron", str(out)])
+    text = out.read_text()
+    written = re.search(r"re-estimated under megatron.*?: ([0-9.]+) s per step", text)
+    if "--recompute-method block" not in text or written is None:
+        pytest.skip("this search's plan has no per-block recompute mix to export")
+    args = " ".join(ln for ln in text.splitlines() if not ln.startswith("#"))
+    capsys.readouterr()
+    main(["estimate", "--model", "llama3-70b", "--cluster", "4x8xH100", "--framework",
+          "megatron", "--megatron-args", args, "--json"])
+    est = json.loads(capsys.readouterr().out)
+    assert est["step_time_s"] == pytest.approx(float(written.group(1)), rel=1e-3)

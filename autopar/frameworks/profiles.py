@@ -42,7 +42,7 @@ from ..errors import InvalidParallelConfig
 from .checks import FieldCheck, close_names
 from .fieldrules import checked_fields
 from .memory import TORCH_MEMORY, MemoryConventions
-from .rules import moe_sp
+from .rules import first_n_full, moe_sp
 from .seqrule import SeqLenRule
 # the vocabularies and constants live in .vocabulary; re-exported here, where callers import them
 from .vocabulary import (CHUNK_RULES, COST_FIELDS, CP_ATTENTION_PATHS, CUT_RULES,  # noqa: F401
@@ -75,6 +75,10 @@ class FrameworkProfile:
         cp_modes: context-parallel exchanges (:data:`autopar.config.CP_MODES`); empty = no CP.
         recompute_modes: activation recompute policies (:data:`autopar.config.RECOMPUTE_MODES`).
         per_block_recompute: a different policy per decoder block is expressible.
+        recompute_first_n: beside one policy for all blocks, the framework's flags can
+            recompute the first N blocks of every pipeline chunk fully and the others not at
+            all (Megatron-LM ``--recompute-method block --recompute-num-layers N``;
+            :func:`autopar.frameworks.rules.first_n_full`).
         recompute_modules: the Megatron-Core submodules a "selective" block may recompute
             (:data:`autopar.config.RECOMPUTE_MODULES`; a plan's
             :attr:`~autopar.config.ParallelConfig.recompute_modules`); empty = only the
@@ -309,6 +313,7 @@ class FrameworkProfile:
     stage_split: str = "middle"
     recompute_modules: tuple[str, ...] = ()
     placements: tuple[tuple[str, ...], ...] = ()
+    recompute_first_n: bool = False
     sources: Mapping[str, str] = field(default_factory=dict)
     # -- sequence-length divisibility for CP and SP (issue 13); sourced inside the rule --------
     seq_rule: SeqLenRule = SeqLenRule()
@@ -583,7 +588,8 @@ class FrameworkProfile:
                     f"{sorted(set(c.recompute_modules) - set(self.recompute_modules))} (it "
                     f"recomputes {list(self.recompute_modules) or 'the attention core only'} "
                     f"under 'selective'; {self._src('recompute_modules')})")
-        if len(set(modes)) > 1 and not self.per_block_recompute:
+        if len(set(modes)) > 1 and not self.per_block_recompute and not (
+                self.recompute_first_n and first_n_full(modes, c.stage_blocks) is not None):
             return (f"{fw} sets one recompute policy for all blocks "
                     f"({self._src('per_block_recompute')})")
         if c.reshard_after_forward is not None and not self.per_block_reshard:

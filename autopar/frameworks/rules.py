@@ -426,3 +426,30 @@ DEGREE_RULES = {
     "cp": "cp must divide the GPUs and the sequence length {seq}",
     "dp": "dp = GPUs / (tp*cp*pp) must divide the global batch {gbs}",
 }
+
+
+def first_n_full(modes: tuple[str, ...], chunks: tuple[int, ...] | None) -> int | None:
+    """N when the per-block recompute ``modes`` are "full" for the first N blocks of every
+    pipeline chunk (``chunks``: blocks per chunk, in order; all of a chunk when it has fewer)
+    and "none" for the rest, as Megatron-LM's ``--recompute-method block
+    --recompute-num-layers N`` recomputes (megatron/core/transformer/transformer_block.py
+    ``_checkpointed_forward``: per chunk, layers ``0 <= l < recompute_num_layers``); else None
+    (also for unknown chunks)."""
+    if not chunks or sum(chunks) != len(modes):
+        return None
+    first, n, whole = 0, None, 0
+    for size in chunks:
+        part = tuple(modes[first:first + size])
+        k = sum(1 for m in part if m == "full")
+        if part != ("full",) * k + ("none",) * (size - k):
+            return None
+        if k < size:   # a chunk with "none" blocks fixes N
+            if n is not None and n != k:
+                return None
+            n = k
+        else:          # a chunk recomputed whole needs N >= its size
+            whole = max(whole, size)
+        first += size
+    if n is None:
+        return whole
+    return n if n >= whole else None

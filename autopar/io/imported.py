@@ -36,6 +36,10 @@ class Imported:
             and applied in :meth:`complete`); None for a torchtitan TOML.
         model_fields: :class:`~autopar.models.ModelConfig` fields the source sets (Megatron-LM's
             router flags), applied to the model's config by the caller.
+        recompute_first_n: Megatron-LM's ``--recompute-method block --recompute-num-layers
+            N``: full recompute of the first N blocks of every pipeline chunk and none of the
+            others, written per block in :meth:`complete` (where the chunks are known; with an
+            unknown layer count, full recompute of every block); None otherwise.
     """
 
     parallel: dict = field(default_factory=dict)
@@ -48,6 +52,7 @@ class Imported:
     cost_sources: dict = field(default_factory=dict)
     layer_split: MegatronLayerSplit | None = None
     model_fields: dict = field(default_factory=dict)
+    recompute_first_n: int | None = None
 
     def complete(self, world_size: int, num_blocks: int,
                  overrides: dict | None = None) -> tuple[dict, dict]:
@@ -89,6 +94,13 @@ class Imported:
                 par["stage_blocks"] = chunks
             else:
                 par.pop("stage_blocks", None)
+            if self.recompute_first_n is not None and "recompute" not in (overrides or {}):
+                # transformer_block.py _checkpointed_forward ('block'): per chunk, layers
+                # 0..N-1 checkpointed, the rest run without recompute
+                n = self.recompute_first_n
+                modes = tuple("full" if i < n else "none" for size in chunks
+                              for i in range(size))
+                par["recompute"] = modes if len(set(modes)) > 1 else modes[0]
         if self.local_batch_size is not None and "global_batch_size" not in train:
             mp = par.get("tp", 1) * pp * par.get("cp", 1)
             dp = par.get("dp") or max(1, world_size // mp)

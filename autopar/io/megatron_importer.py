@@ -18,6 +18,7 @@ Megatron-LM                                              autopar
 ``--recompute-granularity full|selective``               ``recompute``
 ``--recompute-activations``                              ``recompute="selective"``
 ``--recompute-modules`` (with selective)                 ``recompute_modules``
+``--recompute-method block --recompute-num-layers N``    full on the first N blocks of each chunk
 ``--use-distributed-optimizer``                          ``zero_stage=1``
 ``--use-torch-fsdp2``                                    ``zero_stage=3``
 ``--micro-batch-size`` / ``--global-batch-size``         micro-batch / global batch
@@ -150,6 +151,7 @@ def from_megatron_args(text: str | list[str]) -> Imported:
     par: dict = {}
     train: dict = {}
     notes: list[str] = []
+    first_n = None
     for src, dst in (("tensor_model_parallel_size", "tp"), ("pipeline_model_parallel_size", "pp"),
                      ("context_parallel_size", "cp")):
         if getattr(ns, src) is not None:
@@ -166,10 +168,16 @@ def from_megatron_args(text: str | list[str]) -> Imported:
             # Megatron-Core's checkpointed submodules (autopar.cost.selective); a name autopar
             # does not price is refused by ParallelConfig
             par["recompute_modules"] = tuple(ns.recompute_modules)
-        if ns.recompute_granularity == "full" and ns.recompute_num_layers is not None:
-            notes.append(f"--recompute-method {ns.recompute_method or 'uniform'} "
-                         f"--recompute-num-layers {ns.recompute_num_layers} is modelled as full "
-                         "recomputation of every block (an upper bound on its time).")
+        if (ns.recompute_granularity == "full" and ns.recompute_method == "block"
+                and ns.recompute_num_layers is not None):
+            # the first N layers of every pipeline chunk, applied per block in
+            # Imported.complete once the chunks are known
+            first_n = ns.recompute_num_layers
+        elif ns.recompute_granularity == "full" and (ns.recompute_num_layers or 1) > 1:
+            notes.append(f"--recompute-method uniform --recompute-num-layers "
+                         f"{ns.recompute_num_layers} (groups of layers checkpointed together) "
+                         "is modelled as full recomputation of every block: the same "
+                         "recompute time, more memory than the groups keep.")
     elif ns.recompute_activations:
         par["recompute"] = "selective"
     if ns.use_distributed_optimizer:
@@ -232,7 +240,7 @@ def from_megatron_args(text: str | list[str]) -> Imported:
                      + (f"; did you mean {' '.join(meant)}?" if meant else ""))
     return Imported(parallel=par, train=train, num_layers=ns.num_layers, notes=tuple(notes),
                     costs=costs, cost_sources=sources,
-                    layer_split=split, model_fields=model_fields)
+                    layer_split=split, model_fields=model_fields, recompute_first_n=first_n)
 
 
 def _megatron_dispatcher(ns, notes: list) -> str:

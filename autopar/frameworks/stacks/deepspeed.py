@@ -470,6 +470,8 @@ PROFILE = compose(
         "recompute_modes": "deepspeed/runtime/activation_checkpointing/checkpointing.py: whole "
                            "checkpointed layers (no selective attention-core recompute)",
         "per_block_recompute": "pipe/module.py activation_checkpoint_interval: every N-th layer",
+        "recompute_first_n": "pipe/module.py activation_checkpoint_interval N checkpoints "
+                             "every N layers as one group, not the first N of a stage: False",
         "recompute_modules": "no per-submodule checkpointing: checkpointing.py checkpoints "
                              "whole layers",
         "sequence_parallel": "AutoTP (deepspeed/module_inject/auto_tp.py) has no Megatron-style "

@@ -156,7 +156,7 @@ PROFILE = compose(
     zero_stages_with_ep=(0, 1), schedules=("1f1b", "interleaved-1f1b"),
     interleaved_chunks="any", stage_cuts="any", cp_modes=CP_MODES,
     recompute_modes=("none", "selective", "full"), per_block_recompute=False,
-    recompute_modules=RECOMPUTE_MODULES,
+    recompute_first_n=True, recompute_modules=RECOMPUTE_MODULES,
     sequence_parallel=(True, False), expert_parallel=True, seq_rule=MEGATRON_RULE,
     moe_sequence_parallel=(True,),
     expert_tensor_parallel="any",
@@ -212,6 +212,11 @@ PROFILE = compose(
                              "__post_init__, line 1940: default ['core_attn'])",
         "per_block_recompute": "arguments.py --recompute-method uniform | block (the first N "
                                "layers of every stage), no per-layer list",
+        "recompute_first_n": "arguments.py --recompute-granularity full --recompute-method "
+                             "block --recompute-num-layers N: core/transformer/"
+                             "transformer_block.py _checkpointed_forward checkpoints layers "
+                             "0..N-1 of each TransformerBlock (one per pipeline chunk) and runs "
+                             "the rest without recompute",
         "sequence_parallel": "arguments.py --sequence-parallel (optional)",
         "moe_sequence_parallel": "megatron/core/transformer/moe/moe_layer.py MoELayer.forward "
                                  "raises in training when the TP group has > 1 rank and "

@@ -84,6 +84,8 @@ PROFILE = compose(
                              "the attention core; no Megatron-Core module checkpoints",
         "per_block_recompute": "checkpoint_wrapper is applied per module (autopar/runtime/"
                                "recompute.py)",
+        "recompute_first_n": "per_block_recompute covers any per-block mix: no flag of "
+                             "its own",
         "sequence_parallel": "torch.distributed.tensor.parallel.SequenceParallel is optional",
         "moe_sequence_parallel": "autopar/runtime/tp.py shards nn.Linear layers only: the "
                                  "stacked experts stay whole on each TP rank and route whole "

@@ -161,6 +161,8 @@ PROFILE = compose(
                              "(selective is op-level or every N-th layer)",
         "per_block_recompute": "job_config.py ActivationCheckpoint: one mode for all blocks "
                                "(selective_ac_option N = full every N-th block)",
+        "recompute_first_n": "job_config.py ActivationCheckpoint: selective_ac_option N "
+                             "recomputes every N-th block, not the first N of a stage",
         "sequence_parallel": "models/llama3/infra/parallelize.py apply_tp: norms always "
                              "SequenceParallel under TP",
         "moe_sequence_parallel": "models/llama4/infra/parallelize.py apply_moe_ep_tp: the "
