@@ -70,6 +70,13 @@ def model_config_of(model) -> ModelConfig | None:
     """
     if isinstance(model, nn.Module) or (isinstance(model, str) and model in hf.HF_PRESETS):
         return None
+    if isinstance(model, str) and f"hf-{model.strip().lower()}" in hf.HF_PRESETS:
+        # the model autopar has only as a Hugging Face preset (gpt-oss, Llama 4): say that
+        # name, not the closest built-in one by spelling
+        raise InvalidModelConfig(
+            f"unknown model preset {model!r}. Did you mean 'hf-{model.strip().lower()}' (the "
+            "Hugging Face preset, built from its transformers class; needs transformers)? "
+            "`autopar models` lists every preset.")
     if isinstance(model, (str, dict, ModelConfig)):
         return get_config(model)
     if hasattr(model, "to_dict") and hasattr(model, "model_type"):

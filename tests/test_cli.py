@@ -574,3 +574,12 @@ def test_plan_says_sp_is_ignored_at_a_pinned_tp_1(capsys):
     assert "needs tp > 1: ignored at tp=1" in err
     code, out, err = run(capsys, "plan", *TINY, "--sp")
     assert code == 0 and "ignored at tp=1" not in err   # tp searched: sp is used where tp > 1
+
+
+def test_a_model_autopar_has_as_a_hugging_face_preset_is_named(capsys):
+    """gpt-oss and Llama 4 are Hugging Face presets (hf-*): their bare names point there, not to
+    the closest built-in preset by spelling (gpt-oss-120b once suggested 'gpt-1008b')."""
+    assert main(["plan", "--model", "gpt-oss-120b", "--cluster", "4x8xH100",
+                 "--global-batch", "64", "--seq-len", "4096"]) == 2
+    err = capsys.readouterr().err
+    assert "Did you mean 'hf-gpt-oss-120b'" in err and "gpt-1008b'?" not in err
