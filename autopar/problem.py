@@ -36,6 +36,7 @@ from .graph.positions import max_positions, with_position_warning
 from .graph.types import ModelGraph
 from .hardware import Cluster
 from .models import ModelConfig, build, get_config
+from .models.presets import PRESETS
 from .models.hf_equivalent import preset_for_config
 from .search.margin import check_margin
 
@@ -70,7 +71,8 @@ def model_config_of(model) -> ModelConfig | None:
     """
     if isinstance(model, nn.Module) or (isinstance(model, str) and model in hf.HF_PRESETS):
         return None
-    if isinstance(model, str) and f"hf-{model.strip().lower()}" in hf.HF_PRESETS:
+    if (isinstance(model, str) and model.strip().lower() not in PRESETS
+            and f"hf-{model.strip().lower()}" in hf.HF_PRESETS):
         # the model autopar has only as a Hugging Face preset (gpt-oss, Llama 4): say that
         # name, not the closest built-in one by spelling
         raise InvalidModelConfig(

@@ -324,3 +324,20 @@ def test_an_exported_block_recompute_reads_back_at_the_exports_estimate(capsys, 
           "megatron", "--megatron-args", args, "--json"])
     est = json.loads(capsys.readouterr().out)
     assert est["step_time_s"] == pytest.approx(float(written.group(1)), rel=1e-3)
+
+
+def test_megatron_model_shape_flags_must_describe_the_model(capsys):
+    """--hidden-size, --num-attention-heads, --ffn-hidden-size, --num-query-groups (with
+    --group-query-attention) and --vocab-size are checked against the model estimated, as
+    --num-layers is: another model's arguments are refused, naming the fields."""
+    imp = from_megatron_args("--hidden-size 8192 --num-attention-heads 64 --group-query-attention "
+                             "--num-query-groups 8 --ffn-hidden-size 28672 --vocab-size 128256")
+    assert imp.shape_mismatch(autopar.models.get_config("llama3-70b")) is None
+    why = imp.shape_mismatch(autopar.models.get_config("llama3-8b"))
+    assert "hidden_size 8192 (the model: 4096)" in why and "Fix:" in why
+    assert not any("--hidden-size" in n for n in imp.notes)   # read, not "ignored"
+    # without --group-query-attention Megatron-LM does not read --num-query-groups
+    assert "num_kv_heads" not in from_megatron_args("--num-query-groups 2").model_shape
+    assert main(["estimate", "--model", "llama3-8b", "--cluster", "1x8xH100", "--megatron-args",
+                 "--tensor-model-parallel-size 8 --hidden-size 8192"]) == 2
+    assert "describe another model: hidden_size 8192" in capsys.readouterr().err

@@ -290,6 +290,8 @@ def read_problem(args) -> tuple[Problem, dict, list[str]]:
             notes.append("ignored for a traced module or Hugging Face preset (no ModelConfig): "
                          + ", ".join(f"{k}={v}" for k, v in imp.model_fields.items()))
         blocks = cfg.num_layers if cfg is not None else 0
+        if (mismatch := imp.shape_mismatch(cfg)) is not None:
+            raise InvalidModelConfig(mismatch)
         # the flags override the import before Megatron-LM's layer split is applied
         par, tr = imp.complete(cluster.world_size, blocks, overrides=parallel_choices(args))
         notes = list(imp.notes) + _overridden(args, imp, cluster.world_size, blocks, tr)

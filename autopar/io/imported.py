@@ -40,6 +40,8 @@ class Imported:
             N``: full recompute of the first N blocks of every pipeline chunk and none of the
             others, written per block in :meth:`complete` (where the chunks are known; with an
             unknown layer count, full recompute of every block); None otherwise.
+        model_shape: model-shape values the source states (ModelConfig field -> value), checked
+            against the model estimated (:meth:`shape_mismatch`).
     """
 
     parallel: dict = field(default_factory=dict)
@@ -53,6 +55,21 @@ class Imported:
     layer_split: MegatronLayerSplit | None = None
     model_fields: dict = field(default_factory=dict)
     recompute_first_n: int | None = None
+    model_shape: dict = field(default_factory=dict)
+
+    def shape_mismatch(self, model_config) -> str | None:
+        """Why the source's model-shape flags (``model_shape``: ModelConfig field -> value, e.g.
+        Megatron-LM's ``--hidden-size``) do not describe ``model_config`` (a ModelConfig), as
+        an error message with the fix; None when they agree or there is nothing to compare."""
+        if model_config is None:
+            return None
+        off = {k: (v, getattr(model_config, k, None)) for k, v in self.model_shape.items()
+               if getattr(model_config, k, None) not in (None, v)}
+        if not off:
+            return None
+        said = ", ".join(f"{k} {v} (the model: {m})" for k, (v, m) in off.items())
+        return (f"the imported arguments describe another model: {said}. Fix: choose the model "
+                "they were written for (--model), or drop those flags.")
 
     def complete(self, world_size: int, num_blocks: int,
                  overrides: dict | None = None) -> tuple[dict, dict]:

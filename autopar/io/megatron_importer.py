@@ -29,6 +29,7 @@ Megatron-LM                                              autopar
 ``--account-for-embedding/loss-in-pipeline-split``       ``stage_blocks`` as Megatron splits
 ``--pipeline-model-parallel-layout``                     ``stage_blocks``, ``virtual_stages``
 ``--seq-length``                                         ``seq_len``
+``--hidden-size``, ``--num-attention-heads``, ...         checked against the model (model_shape)
 ``--expert-model-parallel-size``                         ``ep``
 ``--expert-tensor-parallel-size``                        ``expert_tp`` (MoE parallel folding)
 ``--bf16`` / ``--fp16`` / ``--fp8-format``               precision
@@ -71,6 +72,14 @@ class _Parser(argparse.ArgumentParser):
                                     "\"--tensor-model-parallel-size 4 --sequence-parallel\".")
 
 
+#: Megatron-LM's model-shape flags -> the autopar.models.ModelConfig field each must match
+#: (checked against the model estimated, as --num-layers is; --num-query-groups only with
+#: --group-query-attention, arguments.py).
+_SHAPE_FLAGS = {"hidden-size": "hidden_size", "num-attention-heads": "num_heads",
+                "ffn-hidden-size": "ffn_hidden_size", "num-query-groups": "num_kv_heads",
+                "vocab-size": "vocab_size"}
+
+
 def _megatron_parser() -> argparse.ArgumentParser:
     p = _Parser(add_help=False, allow_abbrev=False)
     for name in ("tensor-model-parallel-size", "pipeline-model-parallel-size",
@@ -79,8 +88,9 @@ def _megatron_parser() -> argparse.ArgumentParser:
                  "num-virtual-stages-per-pipeline-rank", "decoder-first-pipeline-num-layers",
                  "decoder-last-pipeline-num-layers",
                  "num-layers", "recompute-num-layers", "expert-model-parallel-size",
-                 "expert-tensor-parallel-size", "data-parallel-size"):
+                 "expert-tensor-parallel-size", "data-parallel-size", *_SHAPE_FLAGS):
         p.add_argument(f"--{name}", type=int, default=None)
+    p.add_argument("--group-query-attention", action="store_true")
     p.add_argument("--pipeline-model-parallel-layout", default=None)
     # arguments.py: one value, or one per layer (transformer_config.py cp_comm_type)
     p.add_argument("--cp-comm-type", nargs="+", default=None)
@@ -192,6 +202,10 @@ def from_megatron_args(text: str | list[str]) -> Imported:
     if ns.seq_length is not None:
         train["seq_len"] = ns.seq_length
     split = _megatron_split(ns, notes)
+    shape = {field: getattr(ns, flag.replace("-", "_")) for flag, field in _SHAPE_FLAGS.items()
+             if getattr(ns, flag.replace("-", "_")) is not None}
+    if not ns.group_query_attention:
+        shape.pop("num_kv_heads", None)   # Megatron-LM reads it only with GQA on
     if ns.num_layers is not None:
         # Megatron-LM refuses these arguments as given: so does the import
         pp = par.get("pp", 1)
@@ -240,7 +254,8 @@ def from_megatron_args(text: str | list[str]) -> Imported:
                      + (f"; did you mean {' '.join(meant)}?" if meant else ""))
     return Imported(parallel=par, train=train, num_layers=ns.num_layers, notes=tuple(notes),
                     costs=costs, cost_sources=sources,
-                    layer_split=split, model_fields=model_fields, recompute_first_n=first_n)
+                    layer_split=split, model_fields=model_fields, recompute_first_n=first_n,
+                    model_shape=shape)
 
 
 def _megatron_dispatcher(ns, notes: list) -> str:
