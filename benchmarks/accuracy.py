@@ -279,6 +279,13 @@ def out_of_sample_summary(lines: list[str]) -> str:
             "plan.apply)")
 
 
+def corpus_size(lines: list[str]) -> str:
+    """The corpus size README.md gives (``N published runs``: the development split's records,
+    evaluated or refused), from :func:`validation_lines`; generated so it follows the corpus."""
+    runs = _one(r"(\d+) records, (\d+) evaluated", lines)[1]
+    return f"{runs} published runs"
+
+
 def summary(rows: list[Row]) -> tuple[float, float, int]:
     """(mean absolute error, max absolute error, records), errors as fractions."""
     errors = [abs(r.error) for r in rows]
@@ -311,15 +318,17 @@ GENERATED = (("docs/cost-model.md", "accuracy-table", markdown_table),
 
 def render_docs(rows: list[Row], validation: list[str] | None = None) -> dict[Path, str]:
     """Each file of :data:`GENERATED` with its marked parts replaced by ``rows``' rendering, and
-    docs/cost-model.md's ``out-of-sample`` part by :func:`out_of_sample_summary` of
-    ``validation`` (:func:`validation_lines`) when given.
+    docs/cost-model.md's ``out-of-sample`` part by :func:`out_of_sample_summary` and README.md's
+    ``corpus-size`` by :func:`corpus_size` of ``validation`` (:func:`validation_lines`) when
+    given.
 
     Raises:
         ValueError: a file lacks its ``begin generated``/``end generated`` marker pair.
     """
     parts = [(rel, name, render(rows)) for rel, name, render in GENERATED]
     if validation is not None:
-        parts.append(("docs/cost-model.md", "out-of-sample", out_of_sample_summary(validation)))
+        parts += [("docs/cost-model.md", "out-of-sample", out_of_sample_summary(validation)),
+                  ("README.md", "corpus-size", corpus_size(validation))]
     return docgen.render(parts)
 
 

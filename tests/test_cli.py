@@ -254,9 +254,9 @@ def test_every_flag_is_documented():
 
 
 @pytest.mark.parametrize("flags, words", [
-    (["--out", "/nonexistent-folder/p.json"], "no such folder"),
+    (["--out", "/nonexistent-folder/p.json"], "No such file or directory"),
     (["--export", "jax", "x.txt"], "autopar exports to megatron"),
-    (["--export", "megatron", "/nonexistent-folder/a.txt"], "no such folder"),
+    (["--export", "megatron", "/nonexistent-folder/a.txt"], "No such file or directory"),
 ])
 def test_outputs_are_checked_before_the_search(capsys, flags, words):
     # these failed only after the search had run (seconds to minutes on a large problem)

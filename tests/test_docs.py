@@ -119,10 +119,31 @@ def test_out_of_sample_summary_in_the_docs_is_the_validations_output():
     from benchmarks import accuracy
 
     texts = accuracy.render_docs(accuracy.run(), accuracy.validation_lines())
-    path = ROOT / "docs" / "cost-model.md"
-    assert path.read_text() == texts[path], (
-        "docs/cost-model.md differs from the validation's output: run "
-        "`python -m benchmarks.accuracy --write-docs`")
+    for path in (ROOT / "docs" / "cost-model.md", ROOT / "README.md"):
+        assert path.read_text() == texts[path], (
+            f"{path.relative_to(ROOT)} differs from the validation's output: run "
+            "`python -m benchmarks.accuracy --write-docs`")
+
+
+def test_readme_corpus_size_is_generated_and_current():
+    # a new user's trial: README.md said "367 published runs" while docs/cost-model.md said 577;
+    # the figure is now generated with the out-of-sample summary. This checks it against the
+    # corpus without the validation (which the test above runs): the records outside the
+    # locked split, as validation_lines counts them
+    from benchmarks import accuracy, validation
+
+    readme = (ROOT / "README.md").read_text()
+    m = re.search(r"<!-- begin generated: corpus-size [^>]*-->(\d+) published runs"
+                  r"<!-- end generated: corpus-size -->", readme)
+    assert m, "README.md lacks its generated corpus-size figure"
+    dev, _ = validation.split_corpus(validation.load_corpus(validation.corpus_files()),
+                                     validation.locked_sources())
+    assert int(m.group(1)) == len(dev), (
+        "README.md's corpus size is stale: run `python -m benchmarks.accuracy --write-docs`")
+    cost_model = (ROOT / "docs" / "cost-model.md").read_text()
+    assert f"({len(dev)} published runs, " in cost_model
+    assert accuracy.corpus_size([f"{len(dev)} records, 1 evaluated, 0 refused"]) == m.group(0)[
+        m.group(0).index("-->") + 3:m.group(0).rindex("<!--")]
 
 
 def test_mkdocs_builds_strict(tmp_path):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from dataclasses import replace
 
 from rich.console import Console
 
@@ -41,7 +42,7 @@ from ..report.explain import UNREACHED, compare
 from ..report.summary import plural, trust_lines
 from . import measure_cmds
 from .exports import check_outputs, export_plans
-from .inputs import parallel_choices, read_problem
+from .inputs import moved_plan_error, parallel_choices, read_problem
 from .output import Interrupt, Progress, finish, print_trust, run_costs
 from .parser import build_parser
 
@@ -154,6 +155,8 @@ def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
     out.print(f"search: {plural(s.evaluated, 'configuration')}, "
               f"{plural(s.meshes, 'mesh', 'meshes')}, {s.wall_s:.1f} s{stopped}{margin}; MFU "
               f"convention: {e.flops_convention}", style="dim", highlight=False)
+    if args.out:   # as each --export says what it wrote
+        out.print(f"[bold]plan file[/bold]: wrote {args.out}", highlight=False)
     for ex in exported:
         out.print(f"[bold]export[/bold] to {ex['framework']}: wrote {ex['file']}"
                   + ("" if ex["fits"] is not False else
@@ -168,10 +171,39 @@ SP_AT_TP1 = ("sequence parallelism shards the ops tensor parallelism replicates,
              "tp > 1: ignored at tp=1")
 
 
+def sp_off_note(problem: Problem, par: dict, est) -> list[str]:
+    """The note ``estimate`` prints when sequence parallelism is off only by default: ``est``
+    (of the choices ``par``) has tp > 1 and SP off, ``par`` does not give ``sequence_parallel``
+    (no ``--sp``/``--no-sp``, no plan file, no imported ``--sequence-parallel``), and the
+    framework profile allows SP (its ``sequence_parallel`` values include True). Says the step
+    time (s) and memory per GPU (GB = 1e9 bytes) of the same configuration with SP on (one more
+    estimate); [] otherwise, or when that estimate raises."""
+    c = est.config
+    moe = problem.graph.num_experts > 0
+    if c.tp == 1 or c.sequence_parallel or "sequence_parallel" in par \
+            or True not in problem.profile.sequence_parallel_values(moe=moe):
+        return []
+    try:
+        sp = problem.estimate(replace(c, sequence_parallel=True))
+    except AutoparError:
+        return []
+    return [f"sequence parallelism is off (the default without --sp); with --sp: "
+            f"{sp.step_time_s:.1f} s/step, MFU {sp.mfu * 100:.1f}%, "
+            f"{sp.memory_per_gpu_bytes / 1e9:.1f} GB per GPU{'' if sp.fits else ' (does not fit)'} "
+            f"(now {est.step_time_s:.1f} s, {est.memory_per_gpu_bytes / 1e9:.1f} GB)"]
+
+
 def _cmd_estimate(args, problem, par, notes, out) -> dict:
-    est = problem.estimate(ParallelConfig(**par))
+    try:
+        est = problem.estimate(ParallelConfig(**par))
+    except AutoparError as exc:   # estimate --plan on a cluster its mesh does not fill
+        moved = moved_plan_error(args, problem, par, exc)
+        if moved is exc:
+            raise
+        raise moved from exc
     if par.get("sequence_parallel") and est.config.tp == 1:
         notes = [*notes, SP_AT_TP1]
+    notes = [*notes, *sp_off_note(problem, par, est)]
     if not problem.graph.num_experts and par.get("dispatcher") not in (None, "alltoall", "auto"):
         # plan refuses it (autopar.search.optimize); an estimate prices no dispatch either way
         notes = [*notes, f"dispatcher {par['dispatcher']!r} ignored: the model is dense (no "

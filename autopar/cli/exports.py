@@ -49,9 +49,9 @@ def check_outputs(args) -> None:
     for path in filter(None, paths):
         folder = Path(path).resolve().parent
         if not folder.is_dir() or not os.access(folder, os.W_OK):
-            raise output_error(path, OSError(errno.ENOENT if not folder.is_dir() else errno.EACCES,
-                                             "no such folder" if not folder.is_dir()
-                                             else "folder not writable"))
+            # the OS's own words, as writing the file would raise (docs/errors.md, OutputError)
+            code = errno.ENOENT if not folder.is_dir() else errno.EACCES
+            raise output_error(path, OSError(code, os.strerror(code)))
     if getattr(args, "plot", None) and importlib.util.find_spec("matplotlib") is None:
         raise MissingDependency("--plot needs matplotlib, which is not installed. Fix: pip "
                                 "install \"autopar[plot]\" (from a clone: pip install -e \".[plot]\"; "

@@ -6,6 +6,7 @@ file), with notes on what was imported or derived."""
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 from ..config import TrainingConfig
@@ -229,7 +230,51 @@ def _plan_problem(args) -> tuple[Problem, dict, list[str]]:
                             memory_margin=getattr(args, "memory_margin", None),
                             framework=profile)
     world = problem.cost_model.cluster.world_size
+    # what moved_plan_error needs when this plan does not resolve on the new cluster
+    args.plan_mesh = {"config": before, "cluster": kw["cluster"], "model": kw["model"]}
     return problem, par, [*notes, *_derived_notes(before, par, world, bool(args.cluster))]
+
+
+def moved_plan_error(args, problem: Problem, par: dict, exc: AutoparError) -> AutoparError:
+    """``exc`` (raised resolving or estimating ``par``, the choices of ``estimate --plan FILE``)
+    said in the plan's terms when ``--cluster`` gave a cluster the plan's mesh does not fill
+    (tp x pp x cp x dp of the file differs from its GPUs): dp was derived again for it, which the
+    user never set, so the message names the plan's mesh, the derived dp, and fixes that work
+    (re-plan with ``autopar plan``, the plan's own cluster, or degrees that fill the new one).
+    ``exc`` itself otherwise. The result is of ``exc``'s type."""
+    mesh = getattr(args, "plan_mesh", None)
+    if not args.cluster or mesh is None:
+        return exc
+    c = mesh["config"]
+    tp, pp, cp, dp = (c.get(k) or 1 for k in ("tp", "pp", "cp", "dp"))
+    old, world = tp * pp * cp * dp, problem.cost_model.cluster.world_size
+    if old == world:
+        return exc
+    rest = (par.get("tp") or 1) * (par.get("pp") or 1) * (par.get("cp") or 1)
+    derived = (f"; for them dp was derived as {world // rest} (not in the plan or the flags), and "
+               if "dp" not in parallel_choices(args) and world % rest == 0 else "; ")
+    # the inner message's own fix names that derived dp: only its problem is kept
+    why = re.split(r"[.;]?\s*\b[Ff]ix:", str(exc), maxsplit=1)[0].rstrip(". ")
+    train = problem.cost_model.train
+    replan = _plan_command_text(args, mesh["model"], train)
+    return type(exc)(
+        f"the plan {args.plan} is a mesh of {old} GPUs (tp x pp x cp x dp = {tp} x {pp} x {cp} "
+        f"x {dp}), which does not fill the {world} GPUs of --cluster {args.cluster}{derived}"
+        f"the plan cannot run there: {why}. Fix: re-plan for this cluster ({replan}); or "
+        f"estimate the plan on its own cluster (--cluster {mesh['cluster']}); or give --dp "
+        f"(with --tp/--pp/--cp) so that tp x pp x cp x dp = {world} and dp x micro-batch "
+        f"divides the global batch {train.global_batch_size} (--micro-batch sets the latter)")
+
+
+def _plan_command_text(args, name: str, train: TrainingConfig) -> str:
+    """``autopar plan`` with the model (``--model``, else the plan's model ``name`` when it is a
+    preset, else a placeholder for its model dict file), ``--cluster``, batch and sequence of
+    ``estimate --plan``."""
+    from ..models import PRESETS
+    model = args.model or (name if name in PRESETS or name in hf.HF_PRESETS else "MODEL.json")
+    return (f"autopar plan --model {model} --cluster {args.cluster} --global-batch "
+            f"{train.global_batch_size} --seq-len {train.seq_len}"
+            + (f" --framework {train.framework}" if train.framework != "torch" else ""))
 
 
 def _batch_unit(args, par: dict, world: int) -> int | None:

@@ -276,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p, "the schedule of one step, memory per stage and the Pareto front")
     _parallel_flags(p, what=" (pinned; the rest is searched)")
     _search_flags(p)
-    p.add_argument("--out", default=None, help="write the plan JSON to this file")
+    p.add_argument("--out", default=None, help="write the plan JSON to this file (a line says so)")
     p.add_argument("--export", nargs=2, metavar=("FRAMEWORK", "FILE"), default=None,
                    action="append",
                    help=f"also write the plan for a framework ({', '.join(EXPORTERS)}: Megatron-LM"

@@ -105,7 +105,8 @@ _FINITE = ("step_time_s", "mfu", "hfu", "tokens_per_s", "memory_per_gpu_bytes",
 
 def _fail(where: str, rule: str) -> InvalidPlanFile:
     rule = rule.rstrip().rstrip(".")
-    if "Fix:" in rule:  # a nested error already says how to fix it: one fix, one full stop
+    if "fix:" in rule.lower():  # a nested error already says how to fix it (ModelConfig's
+        # "; fix: ..." or "Fix: ..."): one fix, one full stop
         return InvalidPlanFile(f"invalid plan file: {where} {rule}.")
     return InvalidPlanFile(f"invalid plan file: {where} {rule}. {_FIX}")
 

@@ -8,6 +8,7 @@ import shlex
 from dataclasses import dataclass, field, replace
 
 from ...config import ParallelConfig
+from ...errors import InvalidTrainingConfig
 from ...hardware import Cluster
 from ..verdict import verdict
 
@@ -140,7 +141,16 @@ def torchrun_command(plan, script: str, script_args: tuple[str, ...] = (), *,
                      rdzv_id: str = "autopar") -> tuple[str, list[str]]:
     """(the ``torchrun`` command line, one per node, that starts the plan's ranks running
     ``script``; warnings): the standalone rendezvous on one node, c10d at ``rdzv_host``
-    otherwise (:func:`autopar.runtime.launch.to_torchrun_command` documents the arguments)."""
+    otherwise (:func:`autopar.runtime.launch.to_torchrun_command` documents the arguments).
+
+    Raises:
+        InvalidTrainingConfig: ``script`` is not a non-empty string (an empty one was written as
+            ``''``, which torchrun cannot start).
+    """
+    if not isinstance(script, str) or not script.strip():
+        raise InvalidTrainingConfig(
+            f"the training script must be a non-empty path; got {script!r}. Fix: the script each "
+            "rank runs, e.g. to_torchrun_command('train.py').")
     nodes, per_node, warn = node_layout(plan)
     cmd = ["torchrun", f"--nnodes={nodes}", f"--nproc-per-node={per_node}"]
     if nodes == 1:
