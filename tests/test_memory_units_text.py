@@ -14,7 +14,8 @@ import autopar
 ROOT = Path(autopar.__file__).parent
 #: modules that print memory figures to a person
 FILES = ("cost/notes.py", "cost/regime.py", "search/diagnose.py", "search/margin.py",
-         "cli/output.py", "cli/commands.py", "cli/inputs.py", "cli/measure_cmds.py",
+         "cli/output.py", "cli/commands.py", "cli/inputs.py", "cli/plan_input.py",
+         "cli/measure_cmds.py",
          "runtime/verdict.py", "alternatives.py", "hardware/catalog.py", "calibrate/check.py",
          *(str(p.relative_to(ROOT)) for p in sorted((ROOT / "report").glob("*.py"))))
 SI = re.compile(r"\b1e9\b|\b10 ?\*\* ?9\b|\bGB\b")          # a divisor named GB = 1e9

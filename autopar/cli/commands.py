@@ -42,7 +42,8 @@ from ..report.explain import UNREACHED, compare
 from ..report.summary import plural, trust_lines
 from . import measure_cmds
 from .exports import check_outputs, export_plans
-from .inputs import moved_plan_error, parallel_choices, read_problem
+from .inputs import parallel_choices, read_problem
+from .plan_input import moved_plan_error
 from .output import Interrupt, Progress, finish, print_trust, run_costs
 from .parser import build_parser
 
