@@ -260,12 +260,6 @@ _MOE_PLAN_KEYS = {"ep": "ep", "etp": "expert_tp"}
 #: (benchmarks.validation.framework_defaults)
 _DISPATCHERS = {"alltoall": "alltoall", None: None, "flex/deepep": "deepep",
                 "allgather": "allgather"}
-#: Fabrics DeepEP's published bandwidths do not cover: its normal kernels were measured over
-#: ConnectX-7 InfiniBand with GPU-initiated RDMA (IBGDA; DeepEP docs/legacy.md). On AWS EFA
-#: DeepEP runs through a CPU proxy (UCCL-EP, or NVSHMEM over libfabric), whose published
-#: tables (uccl-project/uccl ep/README.md: p5en, H200 with 2 x 200 Gb/s EFA per GPU) are of
-#: another GPU and NIC count than a p5's, and NVSHMEM's has none: not priced
-_DEEPEP_FABRICS_NOT_PRICED = re.compile(r"\befa\b", re.I)
 
 
 def _model_fields(model: dict) -> dict:
@@ -282,22 +276,18 @@ def _model_fields(model: dict) -> dict:
             if v is not None or k not in (*MOE_FIELDS, *ROUTER_DEFAULTS, "head_dim")}
 
 
-def _moe_plan(plan: dict, inter_node: str | None = None) -> dict:
+def _moe_plan(plan: dict) -> dict:
     """{ParallelConfig field: value} of a record's published expert mapping and dispatcher
-    (``inter_node``: the record's ``cluster.inter_node`` text).
+    (DeepEP across EFA nodes is refused by the library's rule, autopar.frameworks.rules.
+    deepep_fabric, when the record is estimated).
 
     Raises:
-        RecordError: a dispatcher autopar does not price, or DeepEP over a fabric its
-            published bandwidths do not cover (EFA).
+        RecordError: a dispatcher autopar does not price.
     """
     if plan.get("dispatcher") not in _DISPATCHERS:
         raise RecordError(f"not modelled: the {plan['dispatcher']!r} token dispatcher (autopar "
                           f"prices {sorted(k for k in _DISPATCHERS if k)})")
     dispatcher = _DISPATCHERS[plan.get("dispatcher")]
-    if dispatcher == "deepep" and _DEEPEP_FABRICS_NOT_PRICED.search(inter_node or ""):
-        raise RecordError(f"not modelled: DeepEP over {inter_node!r} (EFA: a CPU-proxied "
-                          "transport, UCCL-EP or NVSHMEM over libfabric; DeepEP's published "
-                          "bandwidths are for InfiniBand with GPU-initiated RDMA)")
     out = {field: plan[key] for key, field in _MOE_PLAN_KEYS.items()
            if plan.get(key) is not None}
     if dispatcher is not None:
@@ -409,7 +399,7 @@ def parse(rec: dict) -> Record:
                                    # per-expert loads where published (null: balanced)
                                    moe_expert_load=t.get("moe_expert_load"))
     fixed = {k: plan[k] for k in _PLAN_KEYS if plan.get(k) is not None}
-    fixed.update(_moe_plan(plan, c.get("inter_node")))
+    fixed.update(_moe_plan(plan))
     if plan.get("recompute_modules") is not None:
         # Megatron-Core --recompute-modules of a "selective" plan (autopar.cost.selective)
         fixed["recompute_modules"] = tuple(plan["recompute_modules"])

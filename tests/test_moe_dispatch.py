@@ -164,6 +164,27 @@ def test_megatron_tp8_over_four_kv_heads_prices_the_qkv_gather():
                                                 micro_batch_size=1), cfg)
 
 
+def test_deepep_across_efa_nodes_is_refused_and_never_searched():
+    """DeepEP's internode kernels need GPU-initiated RDMA, which EFA lacks (rules.deepep_fabric):
+    a plan naming it is refused with the fix, the search picks another dispatcher, and within a
+    node (NVLink only) or over InfiniBand it stays a choice."""
+    from autopar.frameworks.rules import deepep_fabric
+    assert deepep_fabric(1, 16, "efa", 8).rule == "deepep_fabric"
+    assert "dispatcher='alltoall'" in deepep_fabric(1, 16, "efa", 8).fix
+    assert deepep_fabric(1, 8, "efa", 8) is None            # one node: NVLink kernels
+    assert deepep_fabric(1, 16, "efa", 72) is None          # inside one NVL72 domain
+    assert deepep_fabric(1, 16, "infiniband", 8) is None
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=256, framework="megatron")
+    moe = {"name": "m", "family": "llama", "num_layers": 2, "hidden_size": 256, "num_heads": 4,
+           "vocab_size": 1000, "seq_len": 256, "num_experts": 16, "top_k": 2,
+           "moe_ffn_hidden_size": 128}
+    with pytest.raises(autopar.InvalidParallelConfig, match="deepep' over EFA"):
+        autopar.estimate(moe, "2x8xH100-80GB+32xefa-v2-100g", train,
+                         autopar.ParallelConfig(dp=16, ep=16, dispatcher="deepep"))
+    plan = autopar.optimize(moe, "2x8xH100-80GB+32xefa-v2-100g", train, fixed={"ep": 16})
+    assert plan.config.dispatcher != "deepep"
+
+
 def test_records_read_deepep_and_refuse_it_over_efa():
     pytest.importorskip("transformers")
     from benchmarks import records
@@ -172,10 +193,14 @@ def test_records_read_deepep_and_refuse_it_over_efa():
                             cluster={"num_gpus": 16, "inter_node": "8x InfiniBand NDR"}))
     assert ib.fixed["dispatcher"] == "deepep"
     assert records.parse(_rec()).fixed["dispatcher"] == "alltoall"
-    with pytest.raises(records.RecordError, match="DeepEP over .*EFA"):
-        records.parse(_rec(plan={"dispatcher": "flex/deepep"},
-                           cluster={"num_gpus": 16,
-                                    "inter_node": "32x 100 Gbps EFA per node (AWS p5.48xlarge)"}))
+    # over EFA the record parses and the library's rule refuses its estimate (deepep_fabric)
+    efa = records.parse(_rec(plan={"dispatcher": "flex/deepep", "tp": 2, "dp": 8, "ep": 8,
+                                   "sequence_parallel": True},
+                             cluster={"num_gpus": 16,
+                                      "inter_node": "32x 100 Gbps EFA per node (AWS p5.48xlarge)"}))
+    from benchmarks import validation
+    with pytest.raises(autopar.InvalidParallelConfig, match="deepep' over EFA"):
+        validation.evaluate(efa, spread=False)
     with pytest.raises(records.RecordError, match="'hybridep' token dispatcher"):
         records.parse(_rec(plan={"dispatcher": "hybridep"}))
 

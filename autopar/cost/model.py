@@ -213,7 +213,8 @@ class CostModel:
         if done is None:
             try:
                 hit = resolve(config, self.graph, self.cluster.world_size, self.train,
-                              self.cluster.gpus_per_node, self.profile)
+                              self.cluster.gpus_per_node, self.profile,
+                              getattr(self.cluster.inter_link, "kind", None))
             except InvalidParallelConfig as exc:
                 return exc
             self._resolved_keys[key] = hit

@@ -6,8 +6,8 @@ attention and KV heads (tp_heads), tp * cp too under Ulysses CP (ulysses_heads; 
 not where the profile repeats them, ulysses_kv_repeat); experts:
 MoE parallel folding (expert_folding, folding_sp), else ep needs a MoE model (ep_needs_moe) and
 divides the experts and dp (ep_split); DeepEP's kernels run the expert-TP x EP group and the
-node (deepep_ranks); cp divides the sequence (cp_seq) and the target framework's sequence split
-holds (seq_split); the global batch is a multiple of dp *
+node (deepep_ranks), across nodes not over EFA (deepep_fabric); cp divides the sequence
+(cp_seq) and the target framework's sequence split holds (seq_split); the global batch is a multiple of dp *
 micro-batch (batch_split); pp * v <= blocks (pp_blocks); interleaved 1F1B needs the micro-batch
 count to be a multiple of pp (interleave_fill, Megatron-LM); interleaved zero bubble a multiple
 of its rounds (schedule_rounds) and DualPipeV at least 2 pp micro-batches (pipeline_fill; torch
@@ -35,12 +35,14 @@ def check(violation: rules.Violation | None) -> None:
 
 def resolve(config: ParallelConfig, graph: ModelGraph, world_size: int,
             train: TrainingConfig, gpus_per_node: int | None = None,
-            profile: FrameworkProfile | None = None) -> ParallelConfig:
+            profile: FrameworkProfile | None = None,
+            inter_kind: str | None = None) -> ParallelConfig:
     """A copy of ``config`` with every ``None`` filled and every rule checked
     (``gpus_per_node``, where given, for the rules that read the node: deepep_ranks).
 
     ``profile``: the framework profile whose rules apply (an edited one, e.g. a record's);
-    None = the profile of ``train.framework``.
+    None = the profile of ``train.framework``. ``inter_kind``: the kind of the cluster's
+    inter-node link (deepep_fabric), None for one node.
 
     Defaults: dp from the world size; micro-batch from ``train`` or 1; one virtual stage;
     schedule 1F1B (interleaved when virtual_stages > 1); balanced stage cuts.
@@ -65,6 +67,7 @@ def resolve(config: ParallelConfig, graph: ModelGraph, world_size: int,
         check(rules.ep_needs_moe(c.ep, experts) or rules.ep_split(c.ep, dp, experts))
     if c.dispatcher == "deepep" and c.ep > 1 and experts:   # as the cost model prices it
         check(rules.deepep_ranks(c.etp, c.ep, gpus_per_node, experts, world_size))
+        check(rules.deepep_fabric(c.etp, c.ep, inter_kind, gpus_per_node))
     check(rules.cp_seq(c.cp, train.seq_len))
     # the target framework's split of each sequence over CP and SP ranks; an indivisible length
     # makes ranks' reduce-scatter/all-gather shapes differ (a gloo size mismatch at run time) or

@@ -183,6 +183,30 @@ DEEPEP_RDMA_RANKS = (2, 3, 4, 6, 8, 12, 16, 18, 20)
 DEEPEP_RANKS = DEEPEP_NVL_RANKS + tuple(DEEPEP_NVL_PEERS * r for r in DEEPEP_RDMA_RANKS)
 
 
+def deepep_fabric(etp: int, ep: int, inter_kind: str | None,
+                  gpus_per_node: int | None = None) -> Violation | None:
+    """DeepEP's internode kernels (an expert-TP x EP group spanning nodes: beyond
+    ``gpus_per_node``, or :data:`DEEPEP_NVL_PEERS` when not given) post RDMA from the GPU
+    (NVSHMEM with InfiniBand GPUDirect Async): on an EFA network (``inter_kind`` "efa") stock
+    DeepEP does not run. Ports that proxy the GPU's requests through the CPU exist (UCCL-EP;
+    NVSHMEM over libfabric), but the only published microbenchmark of one (uccl-project/uccl
+    ep/README.md at da914a2054c2, p5en: EP16 50 GB/s dispatch, 18 GB/s combine) would price
+    it faster than NCCL's all-to-all, while training runs on p5 measured it 30-190% slower
+    (awslabs/awsome-distributed-ai, Qwen3-30B-A3B on 64 H100): no price autopar has is one
+    to plan with."""
+    node = gpus_per_node or DEEPEP_NVL_PEERS
+    if inter_kind == "efa" and etp * ep > node:
+        return Violation(
+            "deepep_fabric",
+            f"dispatcher 'deepep' over EFA: DeepEP's internode kernels ({etp * ep} ranks, beyond "
+            f"one node's {node}) need GPU-initiated RDMA (InfiniBand GPUDirect "
+            "Async), which EFA does not offer; its CPU-proxied ports (UCCL-EP, NVSHMEM over "
+            "libfabric) measured slower than NCCL's all-to-all on p5 and autopar has no price "
+            "for them",
+            "dispatcher='alltoall' (NCCL over EFA), or an expert-TP x EP group within a node")
+    return None
+
+
 def _deepep_runs(n: int, gpus_per_node: int | None) -> bool:
     return n in DEEPEP_RANKS and (gpus_per_node is None
                                   or gpus_per_node % min(n, DEEPEP_NVL_PEERS) == 0)
