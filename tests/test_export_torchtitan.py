@@ -427,10 +427,11 @@ def test_deepseek_v3_starts_from_torchtitans_671b_registry_function():
         assert callable(config_registry.deepseek_v3_671b)
 
 
-def test_deepseek_v3_export_uses_the_671b_base_and_no_mtp_stage_module():
+def test_deepseek_v3_export_uses_the_671b_base_and_no_mtp_stage_module(tmp_path, capsys):
     """The user's trial: DeepSeek-V3 on 256 H800s with pp 32 was written from
     deepseek_v3_16b() with 'layers.61' (the MTP block) in the last stage; torchtitan 0.3's model
-    has layers 0-60 and refuses MTP under pipelining."""
+    has layers 0-60 and refuses MTP under pipelining. Read back, the file estimates with the
+    MTP block on the last stage, as the export's re-estimate does."""
     p = autopar.optimize("deepseek-v3", "32x8xH800", autopar.TrainingConfig(
         global_batch_size=4096, seq_len=4096, framework="megatron"), fixed=dict(
         tp=1, pp=32, dp=8, ep=8, zero_stage=1, micro_batch_size=1, virtual_stages=1))
@@ -439,3 +440,11 @@ def test_deepseek_v3_export_uses_the_671b_base_and_no_mtp_stage_module():
     parts = _sets(ex.value)[("parallelism", "module_fqns_per_model_part")]
     layers = [f for part in parts for f in part if f.startswith("layers.")]
     assert layers == [f"layers.{i}" for i in range(61)]
+    out = tmp_path / "dsv3.py"
+    out.write_text(ex.text())
+    from autopar.cli import main
+    capsys.readouterr()
+    main(["estimate", "--model", "deepseek-v3", "--cluster", "32x8xH800", "--global-batch",
+          "4096", "--seq-len", "4096", "--torchtitan-config", str(out)])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "its 1 multi-token-prediction block(s) are estimated on the last stage" in text
