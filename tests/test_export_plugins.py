@@ -127,7 +127,7 @@ def test_accelerate_builds_its_plugins_from_the_yaml(plan, plugin, tmp_path, mon
                 multi_device=True, num_processes=plan.world_size, is_fsdp2=True,
                 distributed_type=DistributedType.FSDP, is_main_process=True))
     elif plugin == "fsdp":
-        assert args.multi_gpu and w.zero_stage == 0 and w.tp == w.cp == 1
+        raise AssertionError("the FSDP plugin's export must launch FSDP, not DDP")
     else:
         from accelerate.utils import DeepSpeedPlugin
         ds = DeepSpeedPlugin()
@@ -172,6 +172,32 @@ def test_accelerate_refuses_tensor_parallelism_without_a_shard_dimension():
     plan = _fixed("1x2xA100-80GB", dict(tp=2, pp=1, dp=1, zero_stage=0))
     ex = plan.to_accelerate_config()
     assert ex.written.tp == 1 and ex.written.dp == 2
+
+
+def test_accelerate_fsdp_export_writes_fsdp_for_a_plan_without_sharding():
+    """--export accelerate-fsdp never writes DDP (MULTI_GPU): FSDP2's fully_shard has no unsharded
+    mode, so a ZeRO-0 data-parallel plan is written as FSDP2 ZeRO-2 and said so with the DDP
+    alternative."""
+    ex = shape_plan(*SHAPES["ddp"]).to_accelerate_config()
+    assert "distributed_type: FSDP\n" in ex.text() and "fsdp_version: 2" in ex.text()
+    assert ex.written.zero_stage == 2
+    assert any(w.startswith("zero_stage 0: the plan shards nothing") and "--multi_gpu" in w
+               for w in ex.warnings)
+
+
+def test_accelerate_keeps_tensor_parallelism_when_folded_stages_give_fsdp_a_shard_dimension():
+    """The user's trial (llama3-70b tp4 pp8 dp1 ZeRO-0) was written as DDP over 32 ranks: TP was
+    folded away because dp was 1 before the pipeline stages became data-parallel ranks. With the
+    stages folded, dp_shard > 1 beside TP, which ParallelismConfig._validate_accelerator
+    accepts."""
+    plan = _fixed("1x8xA100-80GB", dict(tp=2, pp=4, dp=1, zero_stage=0, micro_batch_size=1))
+    ex = plan.to_accelerate_config()
+    w = ex.written
+    assert (w.tp, w.pp, w.dp, w.zero_stage) == (2, 1, 4, 2)
+    text = ex.text()
+    assert "distributed_type: FSDP\n" in text and "parallelism_config_tp_size: 2" in text
+    assert "parallelism_config_dp_shard_size: 4" in text
+    assert not any(x.startswith("tp=2:") for x in ex.warnings)
 
 
 def test_accelerate_import_refuses_what_accelerate_and_deepspeed_refuse():

@@ -351,3 +351,100 @@ def test_matches_reads_recorded_types():
     assert not _matches("sometimes", "Literal['default', 'always', 'never']")
     assert not _matches(True, "int") and _matches(None, "str | None")
     assert typing.get_origin(typing.Literal["a"]) is typing.Literal
+
+
+# -- multi-token prediction and the registry base -----------------------------------------------
+
+_TINY_MTP = dict(name="tiny-dsv3-mtp", family="llama", num_layers=4, hidden_size=64, num_heads=4,
+                 vocab_size=256, seq_len=64, ffn_hidden_size=128, num_experts=8, top_k=2,
+                 moe_ffn_hidden_size=32, num_shared_experts=1, first_dense_layers=1,
+                 kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                 mtp_layers=1)
+
+
+def _mtp_plan(**fixed):
+    pytest.importorskip("transformers")
+    return autopar.optimize(_TINY_MTP, autopar.Cluster.custom(1, 8, "H100-80GB"),
+                            autopar.TrainingConfig(global_batch_size=16, seq_len=64),
+                            fixed=dict(tp=1, ep=4, **fixed))
+
+
+def test_mtp_is_left_out_of_pipelined_exports_and_their_stage_cuts():
+    """torchtitan 0.3's deepseek_v3 refuses MTP under pipelining (mtp.py MTPDecoder.Config.
+    update_from_config) and v0.2.2 has none: both files list the 4 decoder layers only (no
+    'layers.4', which would be the MTP block), and each says so."""
+    p = _mtp_plan(pp=2, dp=4)
+    assert sum(p.config.stage_blocks) == 5                   # 4 layers + the MTP block
+    ex3 = p.to_torchtitan_config()
+    parts = _sets(ex3.value)[("parallelism", "module_fqns_per_model_part")]
+    layers = [f for part in parts for f in part if f.startswith("layers.")]
+    assert layers == [f"layers.{i}" for i in range(4)]
+    assert parts[-1][-2:] == ["norm", "lm_head"]
+    assert "num_mtp_layers" not in ex3.value and "MTPLoss" not in ex3.value
+    assert any("refuses it with pipeline parallelism" in w and "trains without them" in w
+               for w in ex3.warnings)
+    doc = tomllib.loads(p.to_torchtitan_toml().text())
+    fqns = [f for part in doc["parallelism"]["module_fqns_per_model_part"] for f in part]
+    assert "layers.4" not in fqns and "layers.3" in fqns
+
+
+def test_mtp_is_built_where_torchtitan_0_3_runs_it():
+    """Without pipeline and context parallelism the 0.3 file builds the MTP module and its loss
+    (models/deepseek_v3/config_registry.py deepseek_v3_debugmodel_mtp does the same)."""
+    p = _mtp_plan(pp=1, dp=8)
+    ex = p.to_torchtitan_config()
+    assert "num_mtp_layers=1" in ex.value
+    assert "config.loss = MTPLoss.Config(global_vocab_size=" in ex.value
+    assert any("multi-token-prediction module(s) written" in w for w in ex.warnings)
+
+
+def test_mtp_file_loads_and_builds_in_torchtitan_0_3(titan03):
+    """The MTP lines load with torchtitan's own ConfigManager and build an MTP layer (the tiny
+    flavor swapped for torchtitan's 'debugmodel', which it registers itself)."""
+    import torch
+    ex = _mtp_plan(pp=1, dp=8).to_torchtitan_config()
+    text = ex.value.replace("model_registry('tiny-dsv3-mtp'", "model_registry('debugmodel'")
+    cfg = _load(titan03, text, "autopar_mtp")
+    assert type(cfg.loss).__qualname__ == "MTPLoss.Config"
+    model = cfg.model_spec.model
+    model.update_from_config(config=cfg)
+    with torch.device("meta"):
+        assert len(model.build().mtp_layers) == 1
+
+
+def test_deepseek_v3_starts_from_torchtitans_671b_registry_function():
+    """torchtitan 0.3.0 has deepseek_v3_671b (models/deepseek_v3/config_registry.py): the
+    DeepSeek-V3 file starts from it; a flavor without its own function says which base it
+    uses and what the file overrides."""
+    from autopar.runtime.export.torchtitan_config import TITAN3_OWN_BASES
+    assert TITAN3_OWN_BASES[("deepseek_v3", "671B")] == "deepseek_v3_671b"
+    ex = _mtp_plan(pp=1, dp=8).to_torchtitan_config()
+    assert "config = config_registry.deepseek_v3_16b()" in ex.value
+    assert "# torchtitan 0.3.0 has no registry function for flavor 'tiny-dsv3-mtp'" in ex.value
+    assert "set below: model_spec" in ex.value
+    if INSTALLED == "0.3":
+        from torchtitan.models.deepseek_v3 import config_registry
+        assert callable(config_registry.deepseek_v3_671b)
+
+
+def test_deepseek_v3_export_uses_the_671b_base_and_no_mtp_stage_module(tmp_path, capsys):
+    """The user's trial: DeepSeek-V3 on 256 H800s with pp 32 was written from
+    deepseek_v3_16b() with 'layers.61' (the MTP block) in the last stage; torchtitan 0.3's model
+    has layers 0-60 and refuses MTP under pipelining. Read back, the file estimates with the
+    MTP block on the last stage, as the export's re-estimate does."""
+    p = autopar.optimize("deepseek-v3", "32x8xH800", autopar.TrainingConfig(
+        global_batch_size=4096, seq_len=4096, framework="megatron"), fixed=dict(
+        tp=1, pp=32, dp=8, ep=8, zero_stage=1, micro_batch_size=1, virtual_stages=1))
+    ex = p.to_torchtitan_config()
+    assert "config = config_registry.deepseek_v3_671b()" in ex.value
+    parts = _sets(ex.value)[("parallelism", "module_fqns_per_model_part")]
+    layers = [f for part in parts for f in part if f.startswith("layers.")]
+    assert layers == [f"layers.{i}" for i in range(61)]
+    out = tmp_path / "dsv3.py"
+    out.write_text(ex.text())
+    from autopar.cli import main
+    capsys.readouterr()
+    main(["estimate", "--model", "deepseek-v3", "--cluster", "32x8xH800", "--global-batch",
+          "4096", "--seq-len", "4096", "--torchtitan-config", str(out)])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "its 1 multi-token-prediction block(s) are estimated on the last stage" in text

@@ -115,6 +115,22 @@ def _batch_unit(args, par: dict, world: int) -> int | None:
     return dp * (par.get("micro_batch_size") or 1)
 
 
+def _mtp_on_last_stage(par: dict, cfg) -> list[str]:
+    """Put the model's multi-token-prediction (MTP) blocks on the last stage of an imported cut
+    that lists the decoder layers only (torchtitan's ``module_fqns_per_model_part``: its
+    pipelined models build no MTP module, and autopar's torchtitan exports leave it out), so
+    the cut covers the model autopar estimates; returns the note saying so (none otherwise)."""
+    mtp = getattr(cfg, "mtp_layers", 0) if cfg is not None else 0
+    cut = par.get("stage_blocks")
+    if not mtp or not cut or sum(cut) != cfg.num_layers:
+        return []
+    par["stage_blocks"] = (*cut[:-1], cut[-1] + mtp)
+    return [f"stage cuts: the file lists the model's {cfg.num_layers} decoder layers only; its "
+            f"{mtp} multi-token-prediction block(s) are estimated on the last stage (the file's "
+            "framework may train without them, e.g. torchtitan under pipelining: an upper bound "
+            "on time and memory)"]
+
+
 def _overridden(args, imp: Imported, world: int, blocks: int, tr: dict) -> list[str]:
     """Notes for flags whose values differ from the imported configuration's (the flags win;
     said, not silently)."""
@@ -166,6 +182,7 @@ def read_problem(args) -> tuple[Problem, dict, list[str]]:
         # the flags override the import before Megatron-LM's layer split is applied
         par, tr = imp.complete(cluster.world_size, blocks, overrides=parallel_choices(args))
         notes = list(imp.notes) + _overridden(args, imp, cluster.world_size, blocks, tr)
+        notes += _mtp_on_last_stage(par, cfg)
         if not args.framework:
             notes.append(f"costed as {_framework(args)} runs it (the imported arguments' "
                          "framework); --framework changes that")

@@ -114,7 +114,8 @@ def plan_edits(plan, framework: str) -> dict:
 def verdict(plan, written: ParallelConfig, framework: str,
             train: TrainingConfig | None = None, needs: str = "",
             wrote_edits: tuple[str, ...] = (),
-            limits: dict | None = None) -> tuple[list[str], bool | None]:
+            limits: dict | None = None,
+            framework_cut: bool = False) -> tuple[list[str], bool | None]:
     """Lines saying what the exported configuration will do under ``framework``.
 
     Args:
@@ -131,6 +132,9 @@ def verdict(plan, written: ParallelConfig, framework: str,
         limits: degrees the file's runner fixes beyond ``framework``'s profile (e.g. ``pp=1``
             for Accelerate, re-estimated under the torch profile): the nearest plan keeps them
             (:func:`autopar.alternatives.nearest`).
+        framework_cut: ``written.stage_blocks`` is the cut the framework computes itself (e.g.
+            DeepSpeed's partition by parameter count), so the profile's rule for planned cuts
+            does not judge it.
 
     Returns:
         (lines, fits). Lines for the export's warnings: the re-estimate (step time in seconds,
@@ -152,7 +156,10 @@ def verdict(plan, written: ParallelConfig, framework: str,
     # exporters write recompute mixes in the framework's own patterns (Megatron's first-N
     # layers per stage, torchtitan's every N-th block), which the profile's one-policy rule for
     # the search does not cover: judge the rest
-    refused = (profile.unsupported(written.replace(recompute=_strongest(written.recompute)))
+    judged = written.replace(recompute=_strongest(written.recompute))
+    if framework_cut:
+        judged = judged.replace(stage_blocks=None)
+    refused = (profile.unsupported(judged)
                or profile.seq_violation(train.seq_len, written.tp, written.cp,
                                         bool(written.sequence_parallel)))
     same = (not diffs and train.precision == plan.train.precision and not unwritten

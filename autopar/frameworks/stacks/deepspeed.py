@@ -469,9 +469,10 @@ PROFILE = compose(
                     "model's attention wrapped; the JSON config cannot express CP",
         "recompute_modes": "deepspeed/runtime/activation_checkpointing/checkpointing.py: whole "
                            "checkpointed layers (no selective attention-core recompute)",
-        "per_block_recompute": "pipe/module.py activation_checkpoint_interval: every N-th layer",
+        "per_block_recompute": "pipe/module.py activation_checkpoint_interval N: every layer "
+                               "with parameters, checkpointed in runs of N (no per-layer choice)",
         "recompute_first_n": "pipe/module.py activation_checkpoint_interval N checkpoints "
-                             "every N layers as one group, not the first N of a stage: False",
+                             "every layer in runs of N, not the first N of a stage: False",
         "recompute_modules": "no per-submodule checkpointing: checkpointing.py checkpoints "
                              "whole layers",
         "sequence_parallel": "AutoTP (deepspeed/module_inject/auto_tp.py) has no Megatron-style "

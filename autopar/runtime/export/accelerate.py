@@ -38,9 +38,10 @@ _PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no", "fp8": "bf16"}
 
 def to_accelerate_config(plan, plugin: str = "fsdp") -> Export:
     """The ``accelerate launch --config_file`` YAML for ``plan`` with Accelerate's FSDP plugin
-    (``plugin="fsdp"``: FSDP2, tensor and context parallelism through ``parallelism_config``;
-    pure data parallelism without ZeRO as DDP) or its DeepSpeed plugin (``"deepspeed"``: ZeRO
-    0-3 over every rank). ``num_machines`` and ``num_processes`` (all machines' processes) come
+    (``plugin="fsdp"``: always FSDP2, tensor and context parallelism through
+    ``parallelism_config``; a plan without ZeRO-2/3 sharding is written as ZeRO-2, said in a
+    warning; pipeline stages become data-parallel ranks) or its DeepSpeed plugin
+    (``"deepspeed"``: ZeRO 0-3 over every rank). ``num_machines`` and ``num_processes`` (all machines' processes) come
     from the cluster. What the script sets is written as a comment (:data:`SCRIPT_TAG`): its DataLoader batch
     size per process, gradient accumulation steps and (outside FSDP) gradient checkpointing.
 
@@ -101,7 +102,9 @@ def _fold_into_dp(c, w, limits: dict, warn: list[str]):
     """``w`` with the degrees Accelerate's plugin cannot run (``limits``) turned into data
     parallelism, each said in ``warn``."""
     folded = {k: getattr(c, k) for k in limits if getattr(c, k) > 1}
-    if c.tp > 1 and "tp" not in limits and c.dp == 1 and c.cp == 1:
+    # the data-parallel ranks once the pipeline stages are folded in
+    dp = c.dp * (c.pp if "pp" in folded else 1)
+    if c.tp > 1 and "tp" not in limits and dp == 1 and c.cp == 1:
         # parallelism_config.py _validate_accelerator: FSDP needs a dp_shard or cp dimension
         folded["tp"] = c.tp
     if not folded:
@@ -150,17 +153,18 @@ def _batch(w, t, warn: list[str]) -> tuple[int, int]:
 
 
 def _fsdp(doc: dict, c, w, t, warn: list[str]):
-    """Fill ``doc`` for the FSDP plugin (or DDP); returns (written config, written train)."""
-    if w.tp == 1 and w.cp == 1 and w.zero_stage == 0:
-        doc["distributed_type"] = "MULTI_GPU"   # DDP: no sharding asked
-        if t.param_offload or t.optimizer_offload:
-            warn.append("offload: DDP offloads nothing; not written")
-            t = replace(t, param_offload=False, optimizer_offload=False)
-        return w, t
+    """Fill ``doc`` for the FSDP plugin (FSDP2 always, ZeRO-0 and ZeRO-1 plans as ZeRO-2: FSDP2's
+    ``fully_shard`` has no unsharded mode); returns (written config, written train)."""
     if w.zero_stage < 2:
-        why = ("FSDP has no optimizer-state-only sharding" if w.zero_stage == 1 else
-               "Accelerate runs tensor and context parallelism under FSDP2 only (launch.py: "
-               "parallelism_config needs --use_fsdp and --fsdp_version=2)")
+        if w.zero_stage == 1:
+            why = "FSDP has no optimizer-state-only sharding"
+        elif w.tp > 1 or w.cp > 1:
+            why = ("Accelerate runs tensor and context parallelism under FSDP2 only (launch.py: "
+                   "parallelism_config needs --use_fsdp and --fsdp_version=2)")
+        else:
+            why = ("the plan shards nothing and FSDP2 always shards (fully_shard has no "
+                   "NO_SHARD; to run the plan as planned, as DDP, launch with accelerate "
+                   "launch --multi_gpu and no FSDP config)")
         warn.append(f"zero_stage {w.zero_stage}: {why}; used FSDP2 without resharding after "
                     "forward (ZeRO-2: less memory, gradients reduce-scattered)")
         w = w.replace(zero_stage=2)
@@ -228,7 +232,7 @@ def _deepspeed(doc: dict, w, t, accum: int, warn: list[str]):
 
 def _recompute(plan, w, doc: dict, warn: list[str]):
     """Recompute: the FSDP plugin checkpoints every wrapped block or none
-    (``fsdp_activation_checkpointing``); under DDP and DeepSpeed the model does it
+    (``fsdp_activation_checkpointing``); under DeepSpeed the model does it
     (``model.gradient_checkpointing_enable()``). Either way every block marked is recomputed
     whole."""
     modes = block_modes(plan)

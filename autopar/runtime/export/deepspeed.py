@@ -5,17 +5,20 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ...frameworks import with_edits
+from ...errors import AutoparError
 from .common import (Export, balanced_cut, block_modes, finish, one_reshard_policy,
                      rank_order, strongest_mode, unwritten)
-from ..verdict import per_block_text, plan_edits
+from ..verdict import _cost_model, per_block_text, plan_edits
 
 def to_deepspeed_config(plan) -> Export:
     """A DeepSpeed config dict (``ds_config.json``) for ``plan``.
 
     Tensor parallelism maps to DeepSpeed's AutoTP (``tensor_parallel.autotp_size``); pipeline
     stages to the ``pipeline`` section, which a ``PipelineModule`` reads (partitioned by
-    parameter count: DeepSpeed takes no explicit cut list). Pipelines run ZeRO-1, one chunk per
-    stage, 1F1B; CP ranks become data-parallel ranks; recompute is whole layers. The written
+    parameter count: DeepSpeed takes no explicit cut list; the cut it computes is estimated by
+    :func:`parameter_cut` and re-estimated). Pipelines run ZeRO-1, one chunk per stage, 1F1B;
+    CP ranks become data-parallel ranks; recompute is whole layers (under pipelining every
+    layer, ``activation_checkpoint_interval`` 1, whatever the per-block plan). The written
     configuration is re-estimated (see :class:`Export`).
 
     An MoE capacity factor is set in the model code (``deepspeed.moe.layer.MoE(capacity_factor=
@@ -98,11 +101,13 @@ def to_deepspeed_config(plan) -> Export:
         cfg["pipeline"] = {"stages": c.pp, "partition": "parameters",
                            "activation_checkpoint_interval": 0}
         blocks = c.stage_blocks or ()
-        balanced = balanced_cut(sum(blocks), c.pp) if blocks else None
-        if blocks and max(blocks) - min(blocks) > 1:
+        balanced, how = parameter_cut(plan) if blocks else (None, "")
+        # the plan's blocks per stage (an interleaved plan's chunks summed per stage)
+        per_stage = tuple(sum(blocks[s::c.pp]) for s in range(c.pp)) if blocks else ()
+        if blocks and balanced != per_stage:
             warn.append(f"stage cuts {blocks}: DeepSpeed's PipelineModule cannot take explicit "
-                        "cuts; used partition_method 'parameters' (balances parameter counts; "
-                        f"estimated as {balanced})")
+                        f"cuts; used partition_method 'parameters', estimated as {balanced} "
+                        f"({how})")
         if v > 1:
             warn.append(f"virtual_stages {v}: DeepSpeed has no interleaved schedule; used one "
                         "chunk per stage (1F1B)")
@@ -120,7 +125,19 @@ def to_deepspeed_config(plan) -> Export:
         cfg["activation_checkpointing"] = {"partition_activations": False,
                                            "contiguous_memory_optimization": False}
         strongest = strongest_mode(modes)
-        if len(set(modes)) > 1 or strongest in ("selective", "selective-op"):
+        if c.pp > 1 and (len(set(modes)) > 1 or strongest != "full"):
+            # pipe/module.py forward: with an interval N > 0 every run of N consecutive layers
+            # is checkpointed where _is_checkpointable (by default: any layer with parameters);
+            # the JSON has no per-layer choice (checkpointable_layers, by class name, is a
+            # PipelineModule argument in the model code)
+            warn.append(f"recompute ({per_block_text(modes)}): written as pipeline."
+                        "activation_checkpoint_interval 1, with which DeepSpeed's PipelineModule "
+                        "checkpoints every layer that has parameters (pipe/module.py forward, "
+                        "_is_checkpointable), so all "
+                        f"{len(modes)} blocks are recomputed whole: more recompute (and less "
+                        "activation memory) than the plan's per-block choice; the re-estimate "
+                        "prices full recompute on every block")
+        elif len(set(modes)) > 1 or strongest in ("selective", "selective-op"):
             warn.append(f"recompute ({per_block_text(modes)}): DeepSpeed's activation "
                         "checkpointing recomputes "
                         "whole checkpointed layers (the model calls "
@@ -165,9 +182,82 @@ def to_deepspeed_config(plan) -> Export:
     wrote = (("overlap_dp_grad_reduce",) if c.zero_stage in (1, 2)
              and "overlap_dp_grad_reduce" in plan_edits(plan, "deepspeed") else ())
     return finish(plan, cfg, warn, w, "deepspeed", comment="", train=t_written,
-                  wrote_edits=wrote)
+                  wrote_edits=wrote, framework_cut=c.pp > 1 and bool(c.stage_blocks))
 
 
 def _profile(plan):
     """The deepspeed profile the plan was costed with (its edits applied)."""
     return with_edits("deepspeed", plan_edits(plan, "deepspeed"))
+
+
+def partition_boundaries(weights: list[int], parts: int) -> list[int]:
+    """The stage boundaries (``parts + 1`` layer indices, first 0, last ``len(weights)``) that
+    DeepSpeed 0.19's ``partition_method='parameters'`` picks for per-layer parameter counts
+    ``weights``: ``deepspeed/runtime/utils.py partition_balanced``, a dynamic programme over
+    contiguous cuts that keeps, for the first i layers in j parts, the cut with the smallest
+    (largest part - smallest part) given the best cut of the layers before it, a later cut
+    winning a tie. With no more layers than parts each layer is its own part
+    (``partition_uniform``).
+
+    Raises:
+        ValueError: ``parts`` < 1.
+    """
+    n = len(weights)
+    if parts < 1:
+        raise ValueError(f"parts={parts}: a pipeline has at least one stage")
+    if n <= parts:
+        return [min(p, n) for p in range(parts + 1)]
+    inf = float("inf")
+    prefix = [0]
+    for x in weights:
+        prefix.append(prefix[-1] + x)
+    # best[i][j] = (cost, largest part, smallest part, where the last part starts)
+    best = [[(inf, inf, inf, 0)] * (parts + 1) for _ in range(n + 1)]
+    best[0][0] = (0, 0, inf, 0)
+    for i in range(1, n + 1):
+        for j in range(1, min(i, parts) + 1):
+            pick = best[i][j]
+            for k in range(i):
+                last = prefix[i] - prefix[k]
+                hi, lo = max(best[k][j - 1][1], last), min(best[k][j - 1][2], last)
+                if hi - lo <= pick[0]:
+                    pick = (hi - lo, hi, lo, k)
+            best[i][j] = pick
+    cuts = [n]
+    for j in range(parts, 0, -1):
+        cuts.append(best[cuts[-1]][j][3])
+    return cuts[::-1]
+
+
+def parameter_cut(plan) -> tuple[tuple[int, ...], str]:
+    """(decoder blocks per stage under DeepSpeed's ``partition_method='parameters'``, how it was
+    estimated). The PipelineModule is taken to hold one layer per graph layer: the embedding,
+    each block, the head with the final norm; each weighs its parameters as DeepSpeed counts them
+    (``_count_layer_params`` builds each layer: a ``deepspeed.moe.layer.MoE`` holds
+    num_experts / ep_size local experts). Where the model cannot be rebuilt, or a stage would
+    hold no block, the cut with equal block counts is used and said."""
+    c = plan.config
+    blocks = tuple(c.stage_blocks)
+    try:
+        layers = _cost_model(plan, plan.train).graph.layers
+    except AutoparError:
+        layers = None
+    if layers is None or sum(1 for x in layers if x.kind == "block") != sum(blocks):
+        return (balanced_cut(sum(blocks), c.pp),
+                "equal block counts: the model's layers could not be rebuilt to weigh them")
+    ep = max(1, c.ep)
+    weights = [x.num_parameters - x.expert_parameters + x.expert_parameters // ep
+               for x in layers]
+    bounds = partition_boundaries(weights, c.pp)
+    cut = tuple(sum(1 for x in layers[a:b] if x.kind == "block")
+                for a, b in zip(bounds, bounds[1:]))
+    if min(cut) == 0:
+        return (balanced_cut(sum(blocks), c.pp),
+                "equal block counts: DeepSpeed's parameter balance would leave a stage "
+                "without a decoder block, which autopar does not price; use partition "
+                "'uniform' or 'type:...' in the PipelineModule")
+    return cut, ("DeepSpeed's partition_balanced over each layer's parameter count: the "
+                 "embedding, one layer per block" + (f" with 1/{ep} of the experts (MoE(ep_size="
+                                                     f"{ep}) builds only its local ones)"
+                                                     if c.ep > 1 else "")
+                 + ", the head; deepspeed/runtime/pipe/module.py _partition_layers")

@@ -137,10 +137,14 @@ def _titan_moe_model(plan, m: dict, warn: list[str]) -> dict:
         "at an unknown flavor instead of training another model. Fix: register that flavor in "
         f"torchtitan/models/{model}/__init__.py with the plan's sizes ({sizes})")
     if m.get("mtp_layers"):
-        warn.append(f"model {name}: {m['mtp_layers']} multi-token-prediction module(s) planned "
-                    "(the last block in module_fqns_per_model_part); torchtitan's models have "
-                    "none, so the file trains without them and its stage cuts need one block "
-                    "fewer")
+        cut = (" module_fqns_per_model_part lists the decoder layers only, so the last stage "
+               f"has {m['mtp_layers']} block(s) fewer than planned;"
+               if plan.config.pp > 1 and plan.config.stage_blocks else "")
+        warn.append(f"model {name}: {m['mtp_layers']} multi-token-prediction module(s) planned; "
+                    "torchtitan v0.2.2's models have none (multi-token prediction arrived in "
+                    "0.3's deepseek_v3: --export torchtitan-0.3), so the file trains without "
+                    f"them;{cut} the re-estimate still prices them as planned (an upper bound "
+                    "on time and memory)")
     return {"name": model, "flavor": name}
 
 
@@ -269,7 +273,9 @@ def to_torchtitan_toml(plan) -> Export:
                         "not hidden, as estimated)")
         par["pipeline_parallel_microbatch_size"] = mbs
         if c.stage_blocks:
-            par["module_fqns_per_model_part"] = fqns_per_part(c.stage_blocks)
+            # the MTP blocks (after every decoder layer) are not torchtitan modules
+            mtp = int((plan.model_config or {}).get("mtp_layers") or 0)
+            par["module_fqns_per_model_part"] = fqns_per_part(without_mtp(c.stage_blocks, mtp))
         local = t.global_batch_size // c.dp   # all of a step's micro-batches in one schedule
     else:
         local = mbs                           # one forward; torchtitan accumulates the rest
@@ -351,6 +357,21 @@ def titan_offload(t, w, warn: list[str], version: str):
                   f"optimizer_state_dtype {t.optimizer_state_dtype}: torchtitan's optimizers "
                   "keep states in the parameters' dtype (fp32 shards); used fp32")
     return offload, t
+
+
+def without_mtp(stage_blocks, n: int):
+    """``stage_blocks`` with the last ``n`` blocks (the MTP modules, after every decoder layer)
+    taken off the last stages."""
+    if not stage_blocks or n <= 0:
+        return stage_blocks
+    cuts = list(stage_blocks)
+    for i in reversed(range(len(cuts))):
+        take = min(n, cuts[i])
+        cuts[i] -= take
+        n -= take
+        if not n:
+            break
+    return tuple(cuts)
 
 
 def fqns_per_part(stage_blocks, head: str = "output") -> list[list[str]]:

@@ -19,7 +19,7 @@ from .common import (Export, block_modes, finish, one_reshard_policy, rank_order
                      torchrun_command)
 from .torchtitan import (TITAN_LLAMA3_FLAVORS, TITAN_SCHEDULES, fqns_per_part, titan_ac,
                          titan_batch_check, titan_data_parallel, titan_offload, titan_refuses,
-                         titan_router)
+                         titan_router, without_mtp)
 
 #: The framework profile the file is re-estimated under (:mod:`autopar.frameworks.stacks`).
 FRAMEWORK = "torchtitan-0.3"
@@ -35,10 +35,23 @@ TITAN3_LLAMA3_BASES = {"8B": "llama3_8b", "70B": "llama3_70b", "405B": "llama3_4
 TITAN3_PRESETS = {"qwen3-30b-a3b": ("qwen3", "30B-A3B"), "qwen3-235b-a22b": ("qwen3", "235B-A22B"),
                   "deepseek-v2": ("deepseek_v3", "236B"), "deepseek-v3": ("deepseek_v3", "671B")}
 
-#: The registry function a MoE model's file starts from (its MoE trainer settings):
-#: models/qwen3/config_registry.py ``qwen3_30b_a3b``, models/deepseek_v3/config_registry.py
-#: ``deepseek_v3_16b``.
+#: The registry function a MoE model's file starts from (its MoE trainer settings) when its
+#: flavor has none of its own: models/qwen3/config_registry.py ``qwen3_30b_a3b``,
+#: models/deepseek_v3/config_registry.py ``deepseek_v3_16b``.
 TITAN3_MOE_BASES = {"qwen3": "qwen3_30b_a3b", "deepseek_v3": "deepseek_v3_16b"}
+
+#: MoE flavors with a registry function of their own in torchtitan 0.3.0: (model, flavor) ->
+#: function (models/deepseek_v3/config_registry.py ``deepseek_v3_671b``, ``deepseek_v3_16b``;
+#: models/qwen3/config_registry.py ``qwen3_30b_a3b``; there is none for 236B or 235B-A22B).
+TITAN3_OWN_BASES = {("deepseek_v3", "671B"): "deepseek_v3_671b",
+                    ("deepseek_v3", "16B"): "deepseek_v3_16b",
+                    ("qwen3", "30B-A3B"): "qwen3_30b_a3b"}
+
+#: What the file keeps from the registry function it starts from, and what it sets itself.
+_BASE_KEPT = ("dataloader, optimizer, lr_scheduler, training.steps, checkpoint and "
+              "hf_assets_path (the tokenizer)")
+_BASE_SET = ("model_spec, the loss, parallelism, training batch/sequence/precision, "
+             "activation_checkpoint and compile")
 
 #: autopar's dispatchers -> torchtitan 0.3's ``moe_comm_backend``
 #: (models/common/config_utils.py make_token_dispatcher_config: standard, deepep, hybridep,
@@ -59,7 +72,12 @@ def to_torchtitan_config(plan) -> Export:
     Ulysses are written as all-gather; recompute is one policy for all blocks (no every-N-th
     option); fp8 is the Float8 model converter; CUDA graphs are disabled where torchtitan
     refuses them (pipelining, expert-parallel dispatch). The file is re-estimated under the
-    ``torchtitan-0.3`` profile, whose nearest runnable plan keeps these rules.
+    ``torchtitan-0.3`` profile, whose nearest runnable plan keeps these rules. Multi-token
+    prediction is built (``num_mtp_layers``, ``MTPLoss``) where torchtitan runs it (deepseek_v3
+    without pipeline or context parallelism) and left out otherwise, the stage cuts then
+    listing the decoder layers only (:func:`_mtp_written`). The file starts from the flavor's
+    own registry function (``deepseek_v3_671b`` for DeepSeek-V3) where torchtitan has one, and
+    says in a comment which base it uses and what it overrides.
 
     Raises:
         UnsupportedPlanError: a GPT-style model, or a plan that drops MoE tokens at a capacity
@@ -105,8 +123,10 @@ def to_torchtitan_config(plan) -> Export:
         w, schedule = w.replace(schedule="dualpipev"), "dualpipev"
     par["pipeline_parallel_schedule"] = TITAN_SCHEDULES[schedule]
     par["pipeline_parallel_microbatch_size"] = mbs if c.pp > 1 else 1
-    par["module_fqns_per_model_part"] = (fqns_per_part(c.stage_blocks, head="lm_head")
-                                         if c.pp > 1 and c.stage_blocks else None)
+    mtp = _mtp_written(plan, m, c, warn)
+    cuts = without_mtp(c.stage_blocks, int(m.get("mtp_layers") or 0) - mtp)
+    par["module_fqns_per_model_part"] = (fqns_per_part(cuts, head="lm_head")
+                                         if c.pp > 1 and cuts else None)
     local = t.global_batch_size // c.dp if c.pp > 1 else mbs
     train = {"local_batch_size": local, "global_batch_size": t.global_batch_size,
              "seq_len": t.seq_len,
@@ -138,7 +158,7 @@ def to_torchtitan_config(plan) -> Export:
                     "function's AdamW (default_adamw, components/optimizer/optimizer.py)"
                     + ("; set its weight_decay to 0 for plain Adam" if t.optimizer == "adam"
                        else ""))
-    model, needs = _model_lines(plan, m, w, t_written, compiled, warn)
+    model, needs = _model_lines(plan, m, w, t_written, compiled, warn, mtp)
     sets = [f"    config.{section}.{k} = {v!r}" for section, kv in
              (("parallelism", par), ("training", train)) for k, v in kv.items()]
     ac_line = {"none": "None", "full": "FullAC.Config()"}.get(ac["mode"], "SelectiveAC.Config()")
@@ -154,6 +174,7 @@ def to_torchtitan_config(plan) -> Export:
         "", *model["defs"], "",
         f"def {CONFIG_FUNCTION}():",
         f"    config = config_registry.{model['base']}()",
+        *model["base_note"],
         *model["body"], *sets,
         f"    config.activation_checkpoint = {ac_line}",
         f"    config.compile = CompileConfig(enable={compiled})",
@@ -162,9 +183,47 @@ def to_torchtitan_config(plan) -> Export:
                   wrote_edits=("fusion",) if compiled else ())
 
 
-def _model_lines(plan, m: dict, w, t, compiled: bool, warn: list[str]) -> tuple[dict, str]:
-    """(the file's model part: imports, definitions, the base registry function and the lines
-    that set ``config.model_spec`` and the loss's vocabulary, what the user must add first)."""
+def titan3_module(plan, m: dict) -> str:
+    """The torchtitan 0.3 model (``llama3``, ``qwen3`` or ``deepseek_v3``) a plan's file names:
+    a preset's (:data:`TITAN3_PRESETS`), else deepseek_v3 for latent attention, qwen3 for other
+    experts or qk-norm, llama3 for a dense model."""
+    if not (m.get("num_experts") or m.get("kv_lora_rank") or m.get("qk_norm")):
+        return "llama3"
+    return TITAN3_PRESETS.get(str(plan.model), ("deepseek_v3" if m.get("kv_lora_rank")
+                                                 else "qwen3", None))[0]
+
+
+def _mtp_written(plan, m: dict, c, warn: list[str]) -> int:
+    """How many of the plan's multi-token-prediction (MTP) modules the file builds, the rest
+    said in ``warn``. torchtitan 0.3.0 has MTP in deepseek_v3 only (model_registry(...,
+    num_mtp_layers=N), models/deepseek_v3/mtp.py MTPDecoder with MTPLoss) and refuses it with
+    pipeline or context parallelism (MTPDecoder.Config.update_from_config raises
+    NotImplementedError 'MTP does not support pipeline parallelism yet' / '... context
+    parallelism yet')."""
+    n = int(m.get("mtp_layers") or 0)
+    if not n:
+        return 0
+    name, module = str(plan.model), titan3_module(plan, m)
+    if module == "deepseek_v3" and c.pp == 1 and c.cp == 1:
+        return n
+    why = (f"torchtitan 0.3's {module} model has none (MTP is in deepseek_v3 only)"
+           if module != "deepseek_v3" else
+           "torchtitan 0.3's deepseek_v3 has MTP (model_registry(num_mtp_layers=...)) but "
+           "refuses it with " + ("pipeline" if c.pp > 1 else "context") + " parallelism "
+           "(models/deepseek_v3/mtp.py MTPDecoder.Config.update_from_config: NotImplementedError)")
+    cut = (" module_fqns_per_model_part lists the decoder layers only, so the last stage has "
+           f"{n} block(s) fewer than planned;" if c.pp > 1 and c.stage_blocks else "")
+    warn.append(f"model {name}: {n} multi-token-prediction module(s) planned; {why}, so the file "
+                f"trains without them;{cut} the re-estimate still prices them as planned (an "
+                "upper bound on time and memory)")
+    return 0
+
+
+def _model_lines(plan, m: dict, w, t, compiled: bool, warn: list[str],
+                 mtp: int = 0) -> tuple[dict, str]:
+    """(the file's model part: imports, definitions, the base registry function, a comment on
+    what the file keeps from it, and the lines that set ``config.model_spec`` and the loss, what
+    the user must add first); ``mtp``: MTP modules to build (deepseek_v3 only)."""
     name = str(plan.model)
     moe = bool(m.get("num_experts") or m.get("kv_lora_rank") or m.get("qk_norm"))
     converters = ""
@@ -181,7 +240,7 @@ def _model_lines(plan, m: dict, w, t, compiled: bool, warn: list[str]) -> tuple[
         titan_router(plan, m, warn)
         module, flavor = TITAN3_PRESETS.get(name, ("deepseek_v3" if m.get("kv_lora_rank")
                                                    else "qwen3", name))
-        base = TITAN3_MOE_BASES[module]
+        base = TITAN3_OWN_BASES.get((module, flavor), TITAN3_MOE_BASES[module])
         if name not in TITAN3_PRESETS:
             needs = f"the flavor {flavor!r} is added"
             warn.append(f"model {name}: no torchtitan 0.3 flavor has its shape; written as "
@@ -189,7 +248,8 @@ def _model_lines(plan, m: dict, w, t, compiled: bool, warn: list[str]) -> tuple[
                         f"load until you register it in torchtitan/models/{module}/__init__.py "
                         "with the plan's sizes")
         backend = TITAN3_DISPATCHERS[w.dispatcher]
-        spec = f"model_registry({flavor!r}, moe_comm_backend={backend!r}{converters})"
+        extra = f", num_mtp_layers={mtp}" if mtp else ""
+        spec = f"model_registry({flavor!r}, moe_comm_backend={backend!r}{extra}{converters})"
     else:
         module = "llama3"
         shape = (m.get("num_layers"), m.get("hidden_size"), m.get("num_heads"),
@@ -213,10 +273,31 @@ def _model_lines(plan, m: dict, w, t, compiled: bool, warn: list[str]) -> tuple[
                         "llama3_configs)"]
         base = TITAN3_LLAMA3_BASES.get(flavor, "llama3_8b")
         spec = f"model_registry({flavor!r}{converters})"
+        own = flavor in TITAN3_LLAMA3_BASES
+    if moe:
+        own = (module, flavor) in TITAN3_OWN_BASES
     imports.insert(0, f"from torchtitan.models.{module} import config_registry, model_registry")
-    body = [f"    config.model_spec = {spec}",
-            "    config.loss.loss_fn.global_vocab_size = decoder_vocab_size(config.model_spec)"]
-    return {"imports": imports, "defs": defs, "base": base, "body": body}, needs
+    body = [f"    config.model_spec = {spec}"]
+    if mtp:
+        # models/deepseek_v3/config_registry.py deepseek_v3_debugmodel_mtp: MTP needs MTPLoss
+        imports.append("from torchtitan.models.deepseek_v3.mtp import MTPLoss")
+        body.append("    config.loss = MTPLoss.Config("
+                    "global_vocab_size=decoder_vocab_size(config.model_spec))")
+        warn.append(f"model {name}: {mtp} multi-token-prediction module(s) written "
+                    f"(model_registry(num_mtp_layers={mtp}) with MTPLoss, its default "
+                    "mtp_scale 0.3)")
+    else:
+        body.append("    config.loss.loss_fn.global_vocab_size = "
+                    "decoder_vocab_size(config.model_spec)")
+    if own:
+        note = [f"    # {base}: the registry function of flavor {flavor!r}; kept from it: "
+                f"{_BASE_KEPT}; set below: {_BASE_SET}"]
+    else:
+        note = [f"    # torchtitan 0.3.0 has no registry function for flavor {flavor!r}: {base} "
+                f"is the base for its trainer settings only; kept from it: {_BASE_KEPT} (set "
+                f"hf_assets_path to {name}'s tokenizer); set below: {_BASE_SET}"]
+    return {"imports": imports, "defs": defs, "base": base, "body": body,
+            "base_note": note}, needs
 
 
 def _llama3_flavor(name: str, shape: tuple, seq_len: int, m: dict, warn: list[str]) -> list[str]:
