@@ -28,6 +28,7 @@ from ..frameworks import FrameworkProfile
 from . import space
 from .ranking import TIE_RTOL, better, kind_key, more_frugal, ranked
 from .cuts import dp_cut, some_cut_fits
+from .first_n import first_n_estimate
 from .kept import dp_cost, keep_gathered
 from .recompute import SolveLog
 from .stages import best_recompute, cut_candidates
@@ -261,10 +262,15 @@ def evaluate(run: Run, c: ParallelConfig, fixed: dict, allowed,
 
 def _uniform_recompute(run: Run, c: ParallelConfig, allowed) -> Estimate | None:
     """For frameworks with one recompute policy for all blocks: the fastest fitting one (the
-    most frugal when none fits)."""
+    most frugal when none fits), Megatron-LM's first-N block recompute among them where the
+    profile has it (:mod:`autopar.search.first_n`)."""
     results = [e for e in (run.estimate(c.replace(recompute=m)) for m in allowed)
                if e is not None]
     fitting = [e for e in results if e.fits]
+    if results and not results[0].fits:
+        # no recompute does not fit: Megatron-LM's block recompute of the fewest blocks may
+        block = first_n_estimate(run, c, allowed)
+        fitting += [block] if block is not None else []
     if fitting:
         return ranked(fitting)[0]
     return results[-1] if results else None
