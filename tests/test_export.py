@@ -637,7 +637,7 @@ def test_deepspeed_cut_of_deepseek_v3_is_the_parameter_partition():
     layer with its 256/8 local experts) puts 5 blocks on the first stage, not the equal-count
     (4, ..., 4, 3, 3) the note used to give; the re-estimate prices DeepSpeed's cut and does
     not call it unrunnable."""
-    from autopar.runtime.verdict import _cost_model
+    from autopar.runtime.verdict import plans_cost_model
     p = autopar.optimize("deepseek-v3", "32x8xH800", autopar.TrainingConfig(
         global_batch_size=4096, seq_len=4096, framework="megatron"), fixed=dict(
         tp=1, pp=16, dp=16, ep=8, zero_stage=1, micro_batch_size=1, virtual_stages=1,
@@ -650,7 +650,7 @@ def test_deepspeed_cut_of_deepseek_v3_is_the_parameter_partition():
     assert f"estimated as {cut}" in note and "1/8 of the experts" in note
     assert not any("cannot run it as written" in w for w in ex.warnings)
     utils = pytest.importorskip("deepspeed.runtime.utils")
-    layers = _cost_model(p, p.train).graph.layers
+    layers = plans_cost_model(p, p.train).graph.layers
     weights = [x.num_parameters - x.expert_parameters + x.expert_parameters // 8
                for x in layers]
     bounds = utils.partition_balanced(weights, 16)

@@ -32,7 +32,7 @@ from ..problem import plan_cost_model
 GB = 1e9
 
 
-def _cost_model(plan, train: TrainingConfig, profile=None) -> CostModel:
+def plans_cost_model(plan, train: TrainingConfig, profile=None) -> CostModel:
     """Cost model of the plan's model (from ``plan.model_config``, or a Hugging Face preset
     rebuilt on meta from its name) and cluster under ``train``, as the plan-file loader builds
     it (:func:`autopar.problem.plan_cost_model`; graphs cached).
@@ -175,7 +175,7 @@ def verdict(plan, written: ParallelConfig, framework: str,
                 "preset or model dict, or call autopar.estimate(model, cluster, train, "
                 "<the written config>) yourself"], None
     try:
-        cm = _cost_model(plan, train, profile)
+        cm = plans_cost_model(plan, train, profile)
         e = cm.estimate(written)
     except AutoparError as exc:
         return [f"not re-estimated: {exc}"], None

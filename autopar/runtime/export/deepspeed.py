@@ -8,7 +8,7 @@ from ...frameworks import with_edits
 from ...errors import AutoparError
 from .common import (Export, balanced_cut, block_modes, finish, one_reshard_policy,
                      rank_order, strongest_mode, unwritten)
-from ..verdict import _cost_model, per_block_text, plan_edits
+from ..verdict import per_block_text, plan_edits, plans_cost_model
 
 def to_deepspeed_config(plan) -> Export:
     """A DeepSpeed config dict (``ds_config.json``) for ``plan``.
@@ -239,7 +239,7 @@ def parameter_cut(plan) -> tuple[tuple[int, ...], str]:
     c = plan.config
     blocks = tuple(c.stage_blocks)
     try:
-        layers = _cost_model(plan, plan.train).graph.layers
+        layers = plans_cost_model(plan, plan.train).graph.layers
     except AutoparError:
         layers = None
     if layers is None or sum(1 for x in layers if x.kind == "block") != sum(blocks):
