@@ -43,7 +43,7 @@ from ..report.summary import plural, trust_lines
 from . import measure_cmds
 from .exports import check_outputs, export_plans
 from .inputs import parallel_choices, read_problem
-from .plan_input import moved_plan_error
+from .plan_input import moved_plan_error, plan_problem
 from .output import Interrupt, Progress, finish, print_trust, run_costs
 from .parser import build_parser
 
@@ -375,7 +375,8 @@ def run(argv=None) -> int:
                 print(json.dumps(data, indent=2, sort_keys=True, default=str))
             return 1 if getattr(args, "short_links", 0) else 0  # calibrate --check's verdict
         check_outputs(args)
-        problem, par, notes = read_problem(args)  # graph extraction: Ctrl-C ends the command
+        # graph extraction: Ctrl-C ends the command
+        problem, par, notes = (plan_problem if getattr(args, "plan", None) else read_problem)(args)
         if args.command == "estimate":
             finish(args, _cmd_estimate(args, problem, par, notes, out), err)
             return 0

@@ -71,7 +71,7 @@ def _framework(args) -> str:
     return "torch"
 
 
-def _check_imports(args) -> None:
+def check_imports(args) -> None:
     """Refuse an empty ``--megatron-args`` or ``--torchtitan-toml``: either was read as absent
     (costed as plain torch, with no note), though the user meant to import something.
 
@@ -151,12 +151,10 @@ def _overridden(args, imp: Imported, world: int, blocks: int, tr: dict) -> list[
 
 
 def read_problem(args) -> tuple[Problem, dict, list[str]]:
-    """The problem, the parallel choices the user gave, and notes on imported settings."""
+    """The problem, the parallel choices the user gave, and notes on imported settings (a
+    plan file's: :func:`autopar.cli.plan_input.plan_problem`)."""
     from .. import api
-    _check_imports(args)
-    if getattr(args, "plan", None):
-        from .plan_input import plan_problem   # it reads flags with this module's helpers
-        return plan_problem(args)
+    check_imports(args)
     if args.cluster is None:
         raise InvalidClusterSpec("--cluster is required (a spec NODESxGPUSxGPU[+NICSxLINK], e.g. "
                                  "4x8xA100-80GB).")

@@ -14,7 +14,7 @@ from ..frameworks import edits_text, with_edits
 from ..graph import hf
 from ..problem import Problem
 from ..report.summary import plural, reshard_text
-from .inputs import model_arg, parallel_choices, stack_options
+from .inputs import check_imports, model_arg, parallel_choices, stack_options
 
 
 #: Choices a changed degree invalidates in a plan file's config: they are derived again
@@ -70,6 +70,7 @@ def plan_problem(args) -> tuple[Problem, dict, list[str]]:
     from .. import api
     from ..io.planfile import check_plan
     from ..plan import read_plan_json
+    check_imports(args)
     if (getattr(args, "megatron_args", None) or getattr(args, "torchtitan_toml", None)
             or getattr(args, "torchtitan_config", None)):
         raise InvalidTrainingConfig("give --plan or --megatron-args/--torchtitan-toml/"
