@@ -121,3 +121,8 @@ def test_a_plan_on_a_cluster_its_mesh_does_not_fill_names_the_mesh(capsys, tmp_p
     assert run(capsys, *replan.split()[1:])[0] == 0
     assert run(capsys, "estimate", "--plan", str(p), "--cluster", "2x8xH100",
                "--micro-batch", "2")[0] == 0
+    # explain --plan says it in the same terms (its search of the pinned plan found no layout)
+    code, _, err = run(capsys, "explain", "--plan", str(p), "--cluster", "2x8xH100")
+    text = " ".join(err.split())
+    assert code == 2 and "is a mesh of 8 GPUs" in text and replan in text, text
+    assert len(re.findall(r"\bfix:", text, re.I)) == 1, text

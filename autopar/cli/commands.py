@@ -43,7 +43,7 @@ from ..report.summary import plural, trust_lines
 from . import measure_cmds
 from .exports import check_outputs, export_plans
 from .inputs import parallel_choices, read_problem
-from .plan_input import moved_plan_error, plan_problem
+from .plan_input import in_plan_terms, plan_problem
 from .output import Interrupt, Progress, finish, print_trust, run_costs
 from .parser import build_parser
 
@@ -195,13 +195,8 @@ def sp_off_note(problem: Problem, par: dict, est) -> list[str]:
 
 
 def _cmd_estimate(args, problem, par, notes, out) -> dict:
-    try:
-        est = problem.estimate(ParallelConfig(**par))
-    except AutoparError as exc:   # estimate --plan on a cluster its mesh does not fill
-        moved = moved_plan_error(args, problem, par, exc)
-        if moved is exc:
-            raise
-        raise moved from exc
+    # estimate --plan on a cluster its mesh does not fill: said in the plan's terms
+    est = in_plan_terms(args, problem, par, lambda: problem.estimate(ParallelConfig(**par)))
     if par.get("sequence_parallel") and est.config.tp == 1:
         notes = [*notes, SP_AT_TP1]
     notes = [*notes, *sp_off_note(problem, par, est)]
@@ -282,8 +277,9 @@ def _cmd_estimate(args, problem, par, notes, out) -> dict:
 
 def _cmd_explain(args, problem, fixed, out, err, interrupt=None) -> dict:
     progress = Progress(err, args.json, interrupt)
-    plan, _ = search_plan(problem, fixed, time_limit_s=args.time_limit, top_k=args.top_k,
-                          progress=progress, objective=args.objective)
+    plan, _ = in_plan_terms(args, problem, fixed, lambda: search_plan(
+        problem, fixed, time_limit_s=args.time_limit, top_k=args.top_k, progress=progress,
+        objective=args.objective))
     progress.stopped(plan.search)
     best = plan.estimate
     ref = _compare_estimate(args, problem)

@@ -177,6 +177,18 @@ def moved_plan_error(args, problem: Problem, par: dict, exc: AutoparError) -> Au
         f"divides the global batch {train.global_batch_size} (--micro-batch sets the latter)")
 
 
+def in_plan_terms(args, problem: Problem, par: dict, call):
+    """``call()``, an error it raises said in the plan's terms by :func:`moved_plan_error`
+    (``estimate`` / ``explain --plan FILE`` on a cluster the plan's mesh does not fill)."""
+    try:
+        return call()
+    except AutoparError as exc:
+        moved = moved_plan_error(args, problem, par, exc)
+        if moved is exc:
+            raise
+        raise moved from exc
+
+
 def _plan_command_text(args, name: str, train: TrainingConfig) -> str:
     """``autopar plan`` with the model (``--model``, else the plan's model ``name`` when it is a
     preset, else a placeholder for its model dict file), ``--cluster``, batch and sequence of
