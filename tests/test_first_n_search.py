@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import autopar
 from autopar.frameworks import get_profile
-from autopar.search.first_n import first_n_estimate, first_n_modes
+from autopar.frameworks.rules import first_n_modes
+from autopar.search.first_n import first_n_estimate
 
 
 def test_first_n_modes_per_chunk():

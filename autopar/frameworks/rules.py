@@ -452,6 +452,13 @@ DEGREE_RULES = {
 }
 
 
+def first_n_modes(chunks: tuple[int, ...], n: int) -> tuple[str, ...]:
+    """Per-block recompute of Megatron-LM's ``--recompute-method block --recompute-num-layers
+    n``: "full" on the first ``n`` blocks of every chunk (``chunks``: blocks per pipeline chunk,
+    in model order), "none" on the others (:func:`first_n_full` reads it back)."""
+    return tuple("full" if i < n else "none" for size in chunks for i in range(size))
+
+
 def first_n_full(modes: tuple[str, ...], chunks: tuple[int, ...] | None) -> int | None:
     """N when the per-block recompute ``modes`` are "full" for the first N blocks of every
     pipeline chunk (``chunks``: blocks per chunk, in order; all of a chunk when it has fewer)

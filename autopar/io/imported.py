@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..errors import InvalidParallelConfig
 from ..frameworks.layersplit import MegatronLayerSplit
+from ..frameworks.rules import first_n_modes
 
 
 @dataclass(frozen=True)
@@ -114,9 +115,7 @@ class Imported:
             if self.recompute_first_n is not None and "recompute" not in (overrides or {}):
                 # transformer_block.py _checkpointed_forward ('block'): per chunk, layers
                 # 0..N-1 checkpointed, the rest run without recompute
-                n = self.recompute_first_n
-                modes = tuple("full" if i < n else "none" for size in chunks
-                              for i in range(size))
+                modes = first_n_modes(chunks, self.recompute_first_n)
                 par["recompute"] = modes if len(set(modes)) > 1 else modes[0]
         if self.local_batch_size is not None and "global_batch_size" not in train:
             mp = par.get("tp", 1) * pp * par.get("cp", 1)

@@ -15,12 +15,7 @@ from __future__ import annotations
 from ..config import ParallelConfig
 from ..cost.types import Estimate
 from ..errors import InvalidParallelConfig
-
-
-def first_n_modes(chunks: tuple[int, ...], n: int) -> tuple[str, ...]:
-    """Per-block recompute: "full" on the first ``n`` blocks of every chunk (``chunks``: blocks
-    per pipeline chunk, in model order), "none" on the others."""
-    return tuple("full" if i < n else "none" for size in chunks for i in range(size))
+from ..frameworks.rules import first_n_modes
 
 
 def first_n_estimate(run, c: ParallelConfig, allowed) -> Estimate | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ...frameworks.rules import first_n_modes
 from ..verdict import per_block_text, plan_edits
 from .common import Export, block_modes, finish, one_reshard_policy, rank_order, uniform
 
@@ -255,7 +256,7 @@ def _megatron_recompute(plan, warn: list[str]) -> tuple[list[str], str | tuple[s
                 "first N layers of every "
                 f"stage; used full recompute of the first {n_full} layers per stage"
                 + (", selective blocks not recomputed" if "selective" in modes else ""))
-    written = tuple("full" if i < n_full else "none" for n in blocks for i in range(n))
+    written = first_n_modes(tuple(blocks), n_full)
     return (["--recompute-granularity", "full", "--recompute-method", "block",
              "--recompute-num-layers", str(n_full)], written)
 
