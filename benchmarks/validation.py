@@ -588,6 +588,32 @@ def macro_pooled(by: dict[str, list[float]]) -> tuple[tuple[float, float], tuple
     return macro, (_mape(allerr), 100 * sum(allerr) / len(allerr))
 
 
+#: A source's signed step-time bias beyond this (a fraction) is named in :func:`kind_macro_lines`:
+#: issue 26's bound for a mixture-of-experts source (done-when 1), and shown for dense beside it.
+MOE_SOURCE_BIAS = 0.15
+
+
+def kind_macro_lines(rows: list[Row]) -> list[str]:
+    """Lines: the macro and pooled step-time figures (:func:`macro_pooled`) over the runs of
+    mixture-of-experts models (``model.num_experts`` set: :attr:`autopar.ModelConfig.is_moe`)
+    and over the dense ones, each with its count of sources whose signed bias lies beyond
+    :data:`MOE_SOURCE_BIAS`. A source with runs of both kinds counts in both, with its runs of
+    each kind."""
+    lines = []
+    for name, moe in (("MoE", True), ("dense", False)):
+        by = source_errors([r for r in rows if r.rec.model.is_moe == moe])
+        if not by:
+            lines.append(f"{name}: no run with a measured step time")
+            continue
+        (mm, mb), (pm, pb) = macro_pooled(by)
+        beyond = sum(abs(sum(e) / len(e)) > MOE_SOURCE_BIAS for e in by.values())
+        runs = sum(len(e) for e in by.values())
+        lines.append(f"{name}: macro over {len(by)} sources MAPE {mm:.1f}% bias {mb:+.1f}%; "
+                     f"pooled over {runs} runs MAPE {pm:.1f}% bias {pb:+.1f}%; sources with "
+                     f"bias beyond +-{100 * MOE_SOURCE_BIAS:.0f}%: {beyond}")
+    return lines
+
+
 def loso(rows: list[Row], held_out: bool = False) -> list[str]:
     """Lines: per source its signed bias and MAPE, the macro and pooled figures, then the
     pooled leave-one-source-out line (``held_out``: the rows of the locked split, predicted by
@@ -613,6 +639,7 @@ def loso(rows: list[Row], held_out: bool = False) -> list[str]:
     lines.append(f"macro (mean over {len(by)} sources of each source's figure): "
                  f"MAPE {mm:.1f}% bias {mb:+.1f}%")
     lines.append(f"pooled (over all {len(allerr)} runs): MAPE {pm:.1f}% bias {pb:+.1f}%")
+    lines += kind_macro_lines(rows)
     lines.append(f"{'locked split' if held_out else 'LOSO'} MAPE {_mape(allerr):.1f}% max "
                  f"{100 * max(map(abs, allerr), default=0):.1f}% "
                  f"worst source {abs(worst[1]):.1f}% over {len(allerr)} records, {len(by)} sources")
@@ -625,9 +652,12 @@ def _problem(rec: Record) -> tuple:
     comparison of frameworks, not of plans: the search chooses among one framework's plans)
     and the MoE routing (``training.router_load_balancing``: a run with Megatron-Core's
     ``--moe-router-force-load-balancing`` spreads tokens evenly, one with the trained router
-    does not, so their times differ by the routing, which no plan field holds)."""
+    does not, so their times differ by the routing, which no plan field holds). The experts
+    and top-k are part of the model: a dense model and an MoE model of the same shape are two
+    problems."""
     m, t = rec.model, rec.train
-    return (m.num_layers, m.hidden_size, m.num_heads, m.vocab_size, rec.cluster.device.name,
+    return (m.num_layers, m.hidden_size, m.num_heads, m.vocab_size, m.num_experts, m.top_k,
+            rec.cluster.device.name,
             rec.cluster.world_size, t.global_batch_size, t.seq_len, t.precision, rec.framework,
             (rec.raw.get("training") or {}).get("router_load_balancing"))
 
@@ -640,13 +670,19 @@ def _plan(rec: Record) -> tuple:
 
 def pairs(rows: list[Row]) -> list[str]:
     """Lines: each same-problem pair of measured runs of one framework that differ in the plan,
-    right or wrong, then the accuracy. Runs with the same plan (e.g. with and without torch.compile) are not a
-    plan pair; a predicted tie counts as wrong (the planner could not tell them apart)."""
+    right or wrong, then the accuracy over all pairs, over the pairs of MoE runs, and over the
+    pairs neither of whose runs the estimate warns host-bound (:attr:`Row.host_warned_s`: the
+    model says it does not price such a run's step, so its order there is not a claim). Runs
+    with the same plan (e.g. with and without torch.compile) are not a plan pair; a predicted
+    tie counts as wrong (the planner could not tell them apart)."""
     groups: dict[tuple, list[Row]] = defaultdict(list)
     for r in rows:
         if r.rec.measured_step_s:
             groups[_problem(r.rec)].append(r)
-    lines, right, total = [], 0, 0
+    lines = []
+    # (right, total) over all pairs, over pairs of MoE runs, over pairs neither of whose runs
+    # the estimate warns host-bound (the pairs the model claims to price)
+    tally = {"all": [0, 0], "moe": [0, 0], "quiet": [0, 0]}
     for g in groups.values():
         for i, a in enumerate(g):
             for b in g[i + 1:]:
@@ -655,13 +691,23 @@ def pairs(rows: list[Row]) -> list[str]:
                     continue
                 pa, pb = a.predicted_s, b.predicted_s
                 ok = abs(pa - pb) > 1e-9 * max(pa, pb) and (pa < pb) == (ma < mb)
-                right += ok
-                total += 1
+                kinds = ["all"] + ["moe"] * a.rec.model.is_moe + ["quiet"] * (
+                    a.host_warned_s is None and b.host_warned_s is None)
+                for k in kinds:
+                    tally[k][0] += ok
+                    tally[k][1] += 1
                 lines.append(f"{'ok   ' if ok else 'WRONG'} {a.rec.id} vs {b.rec.id}: measured "
                              f"{ma:.3f} vs {mb:.3f} s, predicted {a.predicted_s:.3f} vs "
                              f"{b.predicted_s:.3f} s")
-    pct = 100 * right / total if total else math.nan
-    lines.append(f"pairs ordered as measured: {right} of {total} ({pct:.1f}%)")
+
+    def share(k: str) -> str:
+        right, total = tally[k]
+        return f"{right} of {total} ({100 * right / total if total else math.nan:.1f}%)"
+
+    lines.append(f"pairs ordered as measured: {share('all')}")
+    lines.append(f"MoE pairs ordered as measured: {share('moe')}")
+    lines.append(f"pairs neither of whose runs is warned host-bound ordered as measured: "
+                 f"{share('quiet')}")
     return lines
 
 
@@ -696,10 +742,11 @@ def memory(rows: list[Row], measured: list[tuple[str, float, float]] | None = No
            ) -> list[str]:
     """Lines: predicted vs published peak memory (GiB), each compared with the counter the
     record publishes (:meth:`Row.memory_as_published`: peak reserved, allocated, active, or the
-    whole device when not stated), and the MAPE; then, when given, the measured plans of
+    whole device when not stated), and the MAPE, over all of them, over the MoE ones and over
+    those on Hopper GPUs (issue 25's Hopper count); then, when given, the measured plans of
     :func:`measured_plans_memory` and the MAPE over both; then :func:`oom_lines` (``refused``
     and ``raw``: the refused records and the raw records, to name refused OOM cases)."""
-    lines, errs = [], []
+    lines, errs, used = [], [], []
     for r in rows:
         m = r.rec.measured_memory_gib
         if not m or r.rec.oom:
@@ -707,11 +754,18 @@ def memory(rows: list[Row], measured: list[tuple[str, float, float]] | None = No
         pred = r.memory_as_published()
         err = (pred - m) / m
         errs.append(err)
+        used.append(r)
         kind = r.rec.memory_kind or "device (kind not stated)"
         rank = "" if r.rec.memory_rank == "peak" else f", {r.rec.memory_rank} rank"
         lines.append(f"{r.rec.id:44s} predicted {pred:6.1f} GiB measured {m:6.1f} GiB "
                      f"{100 * err:+6.1f}% ({kind}{rank})")
     lines.append(f"memory MAPE {_mape(errs):.1f}% over {len(errs)} runs")
+    for name, sub in (("MoE", [e for e, r in zip(errs, used) if r.rec.model.is_moe]),
+                      ("Hopper", [e for e, r in zip(errs, used)
+                                  if r.rec.cluster.device.architecture == "hopper"])):
+        bias = 100 * sum(sub) / len(sub) if sub else math.nan
+        lines.append(f"memory MAPE of {name} runs {_mape(sub):.1f}% bias {bias:+.1f}% over "
+                     f"{len(sub)} runs")
     if measured:
         own = []
         for name, pred, meas in measured:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -124,6 +125,55 @@ def test_loso_prints_macro_and_pooled_lines():
     assert "macro (mean over 2 sources of each source's figure): MAPE 20.0% bias -10.0%" in lines
     assert "pooled (over all 4 runs): MAPE 15.0% bias +0.0%" in lines
     assert lines[-1].startswith("LOSO MAPE 15.0% max 30.0%")
+
+
+def _moe(rid: str, source: str = "Paper M", **changes) -> dict:
+    return _record(rid, source, model__family="llama", model__mlp="swiglu", model__norm="rmsnorm",
+                   model__num_experts=8, model__top_k=2,
+                   model__moe_ffn_hidden_size=1024, **changes)
+
+
+def test_loso_prints_moe_and_dense_figures_with_sources_beyond_15_percent():
+    """Issue 26 done-when 1 is read from these lines: macro over the MoE runs' sources, and the
+    sources whose bias lies beyond +-15%; a dense source beside it. Hand-computed: MoE source M
+    errs -20% and -10% (bias -15.0%, not beyond), N +30% (beyond); dense A +10%."""
+    m = records.parse(_moe("m"))
+    n = records.parse(_moe("n", source="Paper N"))
+    a = records.parse(_record("a"))
+    assert m.model.is_moe and not a.model.is_moe
+    lines = validation.loso([_row(m, 0.8), _row(m, 0.9), _row(n, 1.3), _row(a, 1.1)])
+    assert ("MoE: macro over 2 sources MAPE 22.5% bias +7.5%; pooled over 3 runs MAPE 20.0% "
+            "bias +0.0%; sources with bias beyond +-15%: 1") in lines
+    assert ("dense: macro over 1 sources MAPE 10.0% bias +10.0%; pooled over 1 runs MAPE "
+            "10.0% bias +10.0%; sources with bias beyond +-15%: 0") in lines
+
+
+def test_pairs_counts_moe_pairs_and_pairs_without_a_host_warning_apart():
+    """Three plans of one MoE problem (a 3-pair group) and two of a dense one: the MoE pair
+    with a host-warned run counts in all and MoE pairs, not among the unwarned."""
+    m1 = records.parse(_moe("m1"))
+    m2 = records.parse(_moe("m2", plan__tp=2, plan__dp=4, measured__step_time_s=2.0))
+    m3 = records.parse(_moe("m3", plan__tp=4, plan__dp=2, measured__step_time_s=3.0))
+    d1 = records.parse(_record("d1"))
+    d2 = records.parse(_record("d2", plan__tp=2, plan__dp=4, measured__step_time_s=2.0))
+    warned = replace(_row(m3, 2.5), host_warned_s=3.0)
+    # m1 < m2 right, m1 < m3 right, m2 (2.6) > m3 (2.5) wrong; d1 > d2 predicted: wrong
+    rows = [_row(m1, 1.0), _row(m2, 2.6), warned, _row(d1, 2.1), _row(d2, 2.0)]
+    lines = validation.pairs(rows)
+    assert "pairs ordered as measured: 2 of 4 (50.0%)" in lines
+    assert "MoE pairs ordered as measured: 2 of 3 (66.7%)" in lines
+    assert ("pairs neither of whose runs is warned host-bound ordered as measured: 1 of 2 "
+            "(50.0%)") in lines
+
+
+def test_memory_lines_give_moe_and_hopper_runs_apart():
+    m = records.parse(_moe("m", cluster__gpu="H100-SXM5-80GB", measured__memory_gib=50.0))
+    a = records.parse(_record("a", measured__memory_gib=40.0))
+    rows = [replace(_row(m, 1.0), memory_gib=55.0), replace(_row(a, 1.0), memory_gib=30.0)]
+    lines = validation.memory(rows)
+    assert "memory MAPE 17.5% over 2 runs" in lines
+    assert "memory MAPE of MoE runs 10.0% bias +10.0% over 1 runs" in lines
+    assert "memory MAPE of Hopper runs 10.0% bias +10.0% over 1 runs" in lines
 
 
 # -- refusals and defaults ---------------------------------------------------------------------
