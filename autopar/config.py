@@ -386,6 +386,16 @@ class ParallelConfig:
             (``fixed={"dispatcher": "auto"}``, ``--dispatcher auto``) lets it choose between
             "alltoall" and "allgather" for ep > 1 where the framework runs both
             (:func:`autopar.search.space.dispatchers`; DeepEP is never searched).
+        vp_group: under interleaved 1F1B, the micro-batches each pipeline rank runs through one
+            model chunk before it moves to the next (Megatron-LM's
+            ``--microbatch-group-size-per-virtual-pipeline-stage`` N, in [pp, micro-batches],
+            the last group of the step holding the remainder, which must be 0 or at least pp:
+            megatron/core/pipeline_parallel/schedules.py ``get_schedule_table``,
+            ``forward_backward_pipelining_with_interleaving``). A larger N holds more
+            micro-batches in flight (warm-up ``2 (pp - rank - 1) + (v - 1) N``) and lets the
+            micro-batch count be any multiple-free value N allows. None (default) = the
+            schedule's own: pp under Megatron-LM; torch's ``ScheduleInterleaved1F1B`` takes
+            ``m / max(1, m // pp)`` and has no such knob. Needs virtual_stages > 1.
 
     Raises:
         InvalidParallelConfig: a degree below 1, an unknown mode, or inconsistent choices.
@@ -409,6 +419,7 @@ class ParallelConfig:
     expert_tp: int | None = None
     dispatcher: str = "alltoall"
     recompute_modules: tuple[str, ...] | None = None
+    vp_group: int | None = None
 
     # the hash, once computed, in a slot beside the instance dict (so neither a field nor
     # copied by replace(), pickled or compared): a search hashes each configuration many
@@ -537,6 +548,14 @@ class ParallelConfig:
         if self.recompute_modules is not None:
             object.__setattr__(self, "recompute_modules",
                                _recompute_modules(self.recompute_modules))
+        if self.vp_group is not None:
+            _positive_int("ParallelConfig", "vp_group", self.vp_group)
+            if self.virtual_stages == 1 or self.schedule not in (None, "interleaved-1f1b"):
+                raise InvalidParallelConfig(
+                    f"vp_group={self.vp_group} groups the micro-batches of interleaved 1F1B's "
+                    f"model chunks; schedule={self.schedule!r}, virtual_stages="
+                    f"{self.virtual_stages} has none. Fix: vp_group=None, or schedule="
+                    "'interleaved-1f1b' with virtual_stages > 1.")
 
     @property
     def selective_modules(self) -> tuple[str, ...]:

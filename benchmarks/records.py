@@ -403,6 +403,10 @@ def parse(rec: dict) -> Record:
     if plan.get("recompute_modules") is not None:
         # Megatron-Core --recompute-modules of a "selective" plan (autopar.cost.selective)
         fixed["recompute_modules"] = tuple(plan["recompute_modules"])
+    if plan.get("vp_group") is not None:
+        # Megatron-LM --microbatch-group-size-per-virtual-pipeline-stage (never open: absent,
+        # the schedule groups by its default)
+        fixed["vp_group"] = plan["vp_group"]
     split = plan.get("pipeline_split")
     if split:
         if not set(split) <= set(_SPLIT_PARTS):

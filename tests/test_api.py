@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import autopar
+from autopar.io.planfile import PLAN_VERSION
 from autopar.models import get_config, list_presets
 
 
@@ -140,7 +141,7 @@ def test_plan_json_round_trip(tmp_path):
     assert loaded.config == plan.config
     assert loaded.estimate.step_time_s == plan.estimate.step_time_s
     data = json.loads(text)
-    assert data["format"] == "autopar-plan" and data["version"] == 4
+    assert data["format"] == "autopar-plan" and data["version"] == PLAN_VERSION
 
 
 def test_plan_json_is_deterministic():

@@ -371,7 +371,7 @@ def test_plan_files_version_2_hold_per_block_resharding_and_version_1_loads(zero
     from autopar import Plan
     from autopar.io.planfile import PLAN_VERSION
     d = json.loads(zero3_plan.to_json())
-    assert d["version"] == PLAN_VERSION == 4
+    assert d["version"] == PLAN_VERSION == 5
     d["config"]["reshard_after_forward"] = [False, True, True, False]
     plan = Plan.from_json(json.dumps(d))
     assert plan.config.reshard_after_forward == (False, True, True, False)

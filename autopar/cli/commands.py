@@ -55,7 +55,7 @@ _FLAGS = {"TrainingConfig.seq_len": "--seq-len", "TrainingConfig.global_batch_si
 _PINS = {"tp": "--tp", "pp": "--pp", "dp": "--dp", "cp": "--cp", "ep": "--ep",
          "expert_tp": "--expert-tp", "dispatcher": "--dispatcher", "zero_stage": "--zero",
          "virtual_stages": "--virtual-stages", "micro_batch_size": "--micro-batch",
-         "schedule": "--schedule", "recompute": "--recompute"}
+         "schedule": "--schedule", "recompute": "--recompute", "vp_group": "--vp-group"}
 _PIN = re.compile(r"(?<![\w.*-])(" + "|".join(sorted(_PINS, key=len, reverse=True))
                   + r")=('?)([\w.-]+)\2(?![\w(])")
 

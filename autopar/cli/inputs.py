@@ -42,7 +42,8 @@ def model_arg(text: str | None):
 _PARALLEL = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "zero": "zero_stage",
              "recompute": "recompute", "sequence_parallel": "sequence_parallel",
              "virtual_stages": "virtual_stages", "micro_batch": "micro_batch_size", "ep": "ep",
-             "expert_tp": "expert_tp", "schedule": "schedule", "dispatcher": "dispatcher"}
+             "expert_tp": "expert_tp", "schedule": "schedule", "dispatcher": "dispatcher",
+             "vp_group": "vp_group"}
 
 
 def parallel_choices(args, prefix: str = "") -> dict:

@@ -148,6 +148,9 @@ def _parallel_flags(p: argparse.ArgumentParser, prefix: str = "", what: str = ""
                    help=f"sequence parallelism on (with tp > 1) or off{what}")
     p.add_argument(f"{dash}virtual-stages", dest=f"{dest}virtual_stages", type=int,
                    default=None, help=f"interleaved 1F1B chunks per pipeline rank{what}")
+    p.add_argument(f"{dash}vp-group", dest=f"{dest}vp_group", type=int, default=None,
+                   help=f"interleaved 1F1B micro-batches per chunk in turn (Megatron-LM "
+                        f"--microbatch-group-size-per-virtual-pipeline-stage; default pp){what}")
     p.add_argument(f"{dash}micro-batch", dest=f"{dest}micro_batch", type=int, default=None,
                    help=f"sequences per micro-batch{what}")
     p.add_argument(f"{dash}ep", dest=f"{dest}ep", type=int, default=None,

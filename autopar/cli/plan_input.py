@@ -20,7 +20,8 @@ from .inputs import check_imports, model_arg, parallel_choices, stack_options
 #: Choices a changed degree invalidates in a plan file's config: they are derived again
 #: (FSDP's per-block reshard_after_forward exists only under ZeRO-3).
 _DERIVED = {"tp": ("dp",), "pp": ("dp", "stage_blocks"), "cp": ("dp",),
-            "virtual_stages": ("stage_blocks",), "zero_stage": ("reshard_after_forward",)}
+            "virtual_stages": ("stage_blocks", "vp_group"),
+            "zero_stage": ("reshard_after_forward",)}
 
 
 def _derived_notes(before: dict, after: dict, world: int, new_cluster: bool) -> list[str]:

@@ -73,7 +73,7 @@ def _stage_layout(layers: tuple[int, ...], flight: float, p2p_s: float, p2p_load
 #: its model states read): the key of the layouts shared by a mesh's ZeRO stages.
 _mesh_fields = attrgetter("tp", "pp", "cp", "dp", "micro_batch_size", "sequence_parallel",
                           "schedule", "virtual_stages", "stage_blocks", "placement", "ep",
-                          "expert_tp")
+                          "expert_tp", "vp_group")
 
 
 class Layouts:
@@ -257,7 +257,8 @@ class Layouts:
         pp = c.pp
         m = self.inputs.train.global_batch_size // (c.dp * c.micro_batch_size)
         rs = self.states.rank_states(c, params, experts, layers, pp, rank)
-        flight = mem.in_flight(c.schedule, rank, pp, m, c.virtual_stages) / max(1, len(parts))
+        flight = mem.in_flight(c.schedule, rank, pp, m, c.virtual_stages,
+                               c.vp_group) / max(1, len(parts))
         edge = self.edge_flight(c, rank, layers, flight) if len(parts) > 1 and pp > 1 else ()
         return _stage_layout(layers, flight, p2p_s, p2p_load, params, rs.states,
                              rs.working_bytes, edge)
@@ -275,7 +276,8 @@ class Layouts:
             return ()
         m = self.inputs.train.global_batch_size // (c.dp * c.micro_batch_size)
         try:
-            counts = chunk_counts_at_peak(c.schedule, c.pp, m, c.virtual_stages, rank)
+            counts = chunk_counts_at_peak(c.schedule, c.pp, m, c.virtual_stages, rank,
+                                          c.vp_group)
         except ValueError:
             return ()
         _l, mine, _g, chunks = self.ranks.rank_layers(c.pp, c.stage_blocks, c.schedule)[rank]

@@ -220,10 +220,14 @@ def kv_repeat_bytes(layer: Layer, *, micro_batch: float, tp: int, cp: int) -> fl
     return extra * micro_batch / (tp * cp)
 
 
-def in_flight(schedule: str, stage: int, pp: int, num_micro_batches: int, virtual: int) -> float:
+def in_flight(schedule: str, stage: int, pp: int, num_micro_batches: int, virtual: int,
+              group: int | None = None) -> float:
     """Micro-batches (times chunks) whose activations pipeline rank ``stage`` holds at its peak,
     in units of "one micro-batch through one chunk" (under DualPipe a stage is two of the
     rank's chunks: 2 x :func:`~autopar.cost.pipeline.orders.dualpipe_stage_peak` for even pp).
+    Interleaved 1F1B: Megatron-LM's warm-up ``2 (pp - stage - 1) + (v - 1) N`` plus the one
+    in its first steady step, N the micro-batch ``group`` (None = pp; schedules.py
+    ``get_pp_rank_microbatches``).
 
     Raises:
         ValueError: a split-backward schedule that cannot order these counts.
@@ -239,7 +243,7 @@ def in_flight(schedule: str, stage: int, pp: int, num_micro_batches: int, virtua
     if schedule == "gpipe":
         return float(m * virtual)
     if schedule == "interleaved-1f1b" and virtual > 1:
-        return float(min(m * virtual, (pp - stage - 1) * 2 + (virtual - 1) * pp + 1))
+        return float(min(m * virtual, (pp - stage - 1) * 2 + (virtual - 1) * (group or pp) + 1))
     return float(min(m, pp - stage))
 
 

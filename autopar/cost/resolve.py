@@ -87,7 +87,7 @@ def resolve(config: ParallelConfig, graph: ModelGraph, world_size: int,
         # split, autopar.frameworks.layersplit); stage_cuts checks them
         check(rules.pp_blocks(c.pp, v, blocks))
     if schedule == "interleaved-1f1b":
-        check(rules.interleave_fill(c.pp, v, m))
+        check(rules.interleave_fill(c.pp, v, m, c.vp_group))
     if schedule == "interleaved-zero-bubble":
         check(rules.schedule_rounds(schedule, c.pp, m))
     if schedule in DUAL_PIPES:

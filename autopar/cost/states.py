@@ -224,7 +224,7 @@ class ModelStates:
             total = sum(raw.values())
             per = {ci: params * x / total if total else 0.0 for ci, x in raw.items()}
         try:
-            sets = held_chunks_at_peak(c.schedule, c.pp, m, v, rank)
+            sets = held_chunks_at_peak(c.schedule, c.pp, m, v, rank, c.vp_group)
         except ValueError:
             return conv.pp_unsharded_bytes * params
         fwd_b = conv.pp_unsharded_forward_bytes

@@ -79,6 +79,9 @@ class FrameworkProfile:
             recompute the first N blocks of every pipeline chunk fully and the others not at
             all (Megatron-LM ``--recompute-method block --recompute-num-layers N``;
             :func:`autopar.frameworks.rules.first_n_full`).
+        vp_group_tunable: under interleaved 1F1B the micro-batches per model-chunk group can
+            be set (Megatron-LM ``--microbatch-group-size-per-virtual-pipeline-stage``; a plan's
+            :attr:`~autopar.config.ParallelConfig.vp_group`); False: the schedule picks its own.
         recompute_modules: the Megatron-Core submodules a "selective" block may recompute
             (:data:`autopar.config.RECOMPUTE_MODULES`; a plan's
             :attr:`~autopar.config.ParallelConfig.recompute_modules`); empty = only the
@@ -314,6 +317,7 @@ class FrameworkProfile:
     recompute_modules: tuple[str, ...] = ()
     placements: tuple[tuple[str, ...], ...] = ()
     recompute_first_n: bool = False
+    vp_group_tunable: bool = False
     sources: Mapping[str, str] = field(default_factory=dict)
     # -- sequence-length divisibility for CP and SP (issue 13); sourced inside the rule --------
     seq_rule: SeqLenRule = SeqLenRule()
@@ -596,6 +600,10 @@ class FrameworkProfile:
             return (f"{fw} sets one FSDP reshard-after-forward policy for all blocks "
                     f"({self._src('per_block_reshard')})")
         v = c.virtual_stages or 1
+        if c.vp_group is not None and not self.vp_group_tunable:
+            return (f"{fw} sets the micro-batch groups of its interleaved schedule itself, not "
+                    f"vp_group={c.vp_group} ({self._src('vp_group_tunable')}). Fix: "
+                    "vp_group=None")
         if c.pp > 1:
             schedule = c.schedule or ("interleaved-1f1b" if v > 1 else None)
             if schedule is not None and schedule not in self.schedules:

@@ -375,13 +375,32 @@ def stage_cuts(stage_blocks, pp: int, v: int, blocks: int | None = None) -> Viol
     return None
 
 
-def interleave_fill(pp: int, v: int, m: int) -> Violation | None:
-    """Interleaved 1F1B (v > 1) needs the micro-batch count ``m`` to be a multiple of pp
-    (Megatron-LM's rule)."""
-    if v > 1 and m % pp:
-        return Violation("interleave_fill", f"interleaved 1F1B needs the micro-batch count ({m}) "
-                                            f"to be a multiple of pp={pp}",
-                         "change the global batch, dp or micro-batch so that it is, or use v=1")
+def interleave_fill(pp: int, v: int, m: int, group: int | None = None) -> Violation | None:
+    """Interleaved 1F1B (v > 1) runs the ``m`` micro-batches in groups of ``group`` per model
+    chunk (:attr:`autopar.config.ParallelConfig.vp_group`; None = pp): Megatron-LM needs pp <=
+    group <= m and the last group's remainder ``m % group`` to be 0 or at least pp
+    (megatron/core/pipeline_parallel/schedules.py ``forward_backward_pipelining_with_
+    interleaving``: "should range in [PP, M]", "should be 0, or larger than or equal to the
+    pipeline-parallel size"). With the default group pp: m a multiple of pp."""
+    if v <= 1:
+        return None
+    if group is None:
+        if m % pp:
+            return Violation("interleave_fill", f"interleaved 1F1B needs the micro-batch count "
+                                                f"({m}) to be a multiple of pp={pp}",
+                             "change the global batch, dp or micro-batch so that it is, use v=1, "
+                             "or (Megatron-LM) set vp_group to a group size that divides the "
+                             "micro-batches or leaves at least pp over")
+        return None
+    if not pp <= group <= m:
+        return Violation("interleave_fill", f"vp_group={group} must lie in [pp={pp}, micro-batch "
+                                            f"count={m}]",
+                         f"a vp_group from {pp} to {m}, or vp_group=None")
+    rest = m % group
+    if 0 < rest < pp:
+        return Violation("interleave_fill", f"vp_group={group} leaves a last group of {rest} "
+                                            f"micro-batches of {m}, fewer than pp={pp}",
+                         f"a vp_group that divides {m} or leaves at least {pp} over")
     return None
 
 

@@ -21,6 +21,8 @@ FIELDS = {
     "--expert-tensor-parallel-size": ("model", "expert_tensor_parallel_size"),
     "--cp-comm-type": ("model", "cp_comm_type"),
     "--pipeline-model-parallel-layout": ("model", "pipeline_model_parallel_layout"),
+    "--microbatch-group-size-per-virtual-pipeline-stage": (
+        "model", "microbatch_group_size_per_vp_stage"),
     "--recompute-granularity": ("model", "recompute_granularity"),
     "--recompute-method": ("model", "recompute_method"),
     "--recompute-num-layers": ("model", "recompute_num_layers"),

@@ -28,6 +28,7 @@ Megatron-LM                                              autopar
 ``--decoder-first/last-pipeline-num-layers``             ``stage_blocks`` as Megatron splits
 ``--account-for-embedding/loss-in-pipeline-split``       ``stage_blocks`` as Megatron splits
 ``--pipeline-model-parallel-layout``                     ``stage_blocks``, ``virtual_stages``
+``--microbatch-group-size-per-virtual-pipeline-stage``   ``vp_group`` (with virtual stages)
 ``--seq-length``                                         ``seq_len``
 ``--hidden-size``, ``--num-attention-heads``, ...         checked against the model (model_shape)
 ``--expert-model-parallel-size``                         ``ep``
@@ -88,7 +89,8 @@ def _megatron_parser() -> argparse.ArgumentParser:
                  "num-virtual-stages-per-pipeline-rank", "decoder-first-pipeline-num-layers",
                  "decoder-last-pipeline-num-layers",
                  "num-layers", "recompute-num-layers", "expert-model-parallel-size",
-                 "expert-tensor-parallel-size", "data-parallel-size", *_SHAPE_FLAGS):
+                 "expert-tensor-parallel-size", "data-parallel-size",
+                 "microbatch-group-size-per-virtual-pipeline-stage", *_SHAPE_FLAGS):
         p.add_argument(f"--{name}", type=int, default=None)
     p.add_argument("--group-query-attention", action="store_true")
     p.add_argument("--pipeline-model-parallel-layout", default=None)
@@ -219,6 +221,16 @@ def from_megatron_args(text: str | list[str]) -> Imported:
     elif split.layers_per_virtual_stage is not None:
         notes.append("--num-layers-per-virtual-pipeline-stage needs --num-layers to give the "
                      "virtual stage count; the model's block count is used instead.")
+    group = ns.microbatch_group_size_per_virtual_pipeline_stage
+    if group is not None:
+        if (par.get("virtual_stages") or 1) > 1 or split.layers_per_virtual_stage is not None:
+            # interleaved 1F1B's micro-batch group (model_parallel_config.py
+            # microbatch_group_size_per_vp_stage)
+            par["vp_group"] = group
+        else:
+            notes.append(f"--microbatch-group-size-per-virtual-pipeline-stage {group} is "
+                         "ignored: without virtual pipeline stages Megatron-LM runs 1F1B, "
+                         "which has no micro-batch groups.")
     if ns.fp8_format:
         train["precision"] = "fp8"
     elif ns.fp16:

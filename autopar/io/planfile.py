@@ -1,8 +1,8 @@
 """The plan file schema: strict checks that turn a parsed JSON object into a :class:`Plan`.
 
-Layout (version 4; :meth:`Plan.to_dict` writes it)::
+Layout (version 5; :meth:`Plan.to_dict` writes it)::
 
-    {"format": "autopar-plan", "version": 4, "model": str, "model_config": {...} | null,
+    {"format": "autopar-plan", "version": 5, "model": str, "model_config": {...} | null,
      "cluster": spec str, "train": {TrainingConfig fields}, "config": {ParallelConfig fields},
      "estimate": {Estimate fields}, "alternatives": [estimate...], "pareto": [estimate...],
      "search": {"evaluated": int, "meshes": int, "complete": bool, "gap": float,
@@ -23,7 +23,10 @@ meant; an int = MoE parallel folding); a version-2 file is migrated by setting i
 ``config.dispatcher`` (the MoE token dispatcher) takes "alltoall" when missing.
 Version 4 adds ``config.recompute_modules`` (null = a selective block recomputes the attention
 core, as version 3 meant; a list = Megatron-Core's --recompute-modules); a version-3 file is
-migrated by setting it to null. A version this autopar does not know is
+migrated by setting it to null. Version 5 adds ``config.vp_group`` (null = interleaved 1F1B
+groups its micro-batches as the schedule does by default, as version 4 meant; an int =
+Megatron-LM's --microbatch-group-size-per-virtual-pipeline-stage); a version-4 file is migrated
+by setting it to null. A version this autopar does not know is
 refused; an older known one is migrated by :data:`MIGRATIONS`. Nothing here executes code from
 the file.
 
@@ -51,7 +54,7 @@ from ..search.robust import OBJECTIVES
 PLAN_FORMAT = "autopar-plan"
 #: Version of the plan file layout this autopar writes; older ones it knows are migrated by
 #: :data:`MIGRATIONS`.
-PLAN_VERSION = 4
+PLAN_VERSION = 5
 
 #: Top-level keys ``autopar plan --json`` adds to a plan; accepted and ignored when loading.
 ANNOTATIONS = ("compare", "run_cost", "units")
@@ -85,8 +88,19 @@ def _v3_to_v4(d: dict) -> dict:
     return d
 
 
+def _v4_to_v5(d: dict) -> dict:
+    """Version 4 -> 5: interleaved 1F1B's micro-batch group (``config.vp_group``) appeared; a
+    version-4 plan's is the schedule's own (null)."""
+    d = dict(d, version=5)
+    if isinstance(d.get("config"), dict):
+        d["config"] = dict(d["config"])
+        d["config"].setdefault("vp_group", None)
+    return d
+
+
 #: version -> function upgrading a plan dict of that version to the next one.
-MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
+MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4,
+                                                 4: _v4_to_v5}
 
 _FIX = "Fix: regenerate the plan with plan.to_json() or `autopar plan --out plan.json`."
 #: An example value per config key, for the message naming a missing one.
@@ -139,7 +153,7 @@ def _dataclass_keys(cls) -> tuple[tuple[str, ...], tuple[str, ...]]:
 #: ParallelConfig fields added after plan version 1 was first written: they take their defaults
 #: when a file lacks them. Every other field is a choice the plan must state.
 _CONFIG_LATER = ("placement", "cp_mode", "ep", "reshard_after_forward", "expert_tp",
-                 "dispatcher", "recompute_modules")
+                 "dispatcher", "recompute_modules", "vp_group")
 
 
 def _config(d: Any, where: str) -> ParallelConfig:

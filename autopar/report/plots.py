@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Sequence
 
-from ..cost.pipeline.orders import SPLIT_BACKWARD, rank_orders, stage_rank
+from ..cost.pipeline.orders import SPLIT_BACKWARD, rank_orders, schedule_table, stage_rank
 from ..cost.pipeline.replay import replay
 from ..cost.types import Estimate
 from ..errors import AutoparError, MissingDependency, output_error  # noqa: F401 (re-export)
@@ -77,21 +77,25 @@ def _axes(ax, size):
 
 
 # -- pipeline schedule ---------------------------------------------------------------------------
-def _rank_order(rank: int, p: int, v: int, m: int, schedule: str) -> list[tuple[str, int, int]]:
+def _rank_order(rank: int, p: int, v: int, m: int, schedule: str,
+                group: int | None = None) -> list[tuple[str, int, int]]:
     """(kind, chunk, micro-batch) in the order one pipeline rank runs them (Megatron-LM's 1F1B,
-    interleaved 1F1B and GPipe orders)."""
+    interleaved 1F1B with micro-batch groups of ``group``, None = p, and GPipe orders)."""
     total = m * v
+    n = group or p
+    table = schedule_table(m, v, n) if v > 1 else ()
 
     def unit(k: int, backward: bool) -> tuple[int, int]:
-        group, pos = divmod(k, p * v)
-        j = pos // p
-        return (v - 1 - j if backward else j), group * p + pos % p
+        if v == 1:
+            return 0, k
+        chunk, j = table[k]
+        return (v - 1 - chunk if backward else chunk), j
     if schedule == "gpipe":
         warm = total
     elif v == 1:
         warm = min(p - rank - 1, total)
     else:
-        warm = min((p - rank - 1) * 2 + (v - 1) * p, total)
+        warm = min((p - rank - 1) * 2 + (v - 1) * n, total)
     order, f, b = [], 0, 0
     for _ in range(warm):
         order.append(("F", *unit(f, False)))
@@ -121,7 +125,7 @@ def schedule_events(est: Estimate) -> list[tuple[int, str, float, float, int, in
     bwd = list(est.stage_bwd_s) or [2 * t / 3 for t in est.stage_time_s]
     if p > 1 and c.schedule in SPLIT_BACKWARD:
         return _split_events(est, fwd, bwd)
-    orders = [_rank_order(r, p, v, m, c.schedule or "1f1b") for r in range(p)]
+    orders = [_rank_order(r, p, v, m, c.schedule or "1f1b", c.vp_group) for r in range(p)]
     done: dict[tuple[str, int, int], float] = {}
     free = [0.0] * p
     pos = [0] * p

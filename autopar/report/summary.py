@@ -140,7 +140,19 @@ def config_text(c) -> str:
     return (f"tp={c.tp} pp={c.pp} dp={c.dp} cp={c.cp}" + (f" ep={c.ep}" if c.ep > 1 else "")
             + f" sp={'on' if c.sequence_parallel else 'off'} "
             f"zero={c.zero_stage} recompute={rc} mbs={c.micro_batch_size} "
-            f"v={c.virtual_stages} schedule={c.schedule}" + (f" ({kept})" if kept else ""))
+            f"v={c.virtual_stages} schedule={c.schedule}"
+            + (f" vp_group={c.vp_group}" if getattr(c, "vp_group", None) else "")
+            + (f" ({kept})" if kept else ""))
+
+
+def group_text(c) -> str:
+    """The micro-batch group of an interleaved schedule (:attr:`autopar.config.ParallelConfig.
+    vp_group`) in words, "" when the schedule groups by its own default."""
+    n = getattr(c, "vp_group", None)
+    if not n or (c.virtual_stages or 1) <= 1:
+        return ""
+    return (f"{plural(n, 'micro-batch', 'micro-batches')} per chunk in turn (Megatron-LM "
+            "--microbatch-group-size-per-virtual-pipeline-stage)")
 
 
 def plan_summary(plan) -> str:

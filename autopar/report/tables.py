@@ -11,7 +11,7 @@ from ..cost.pipeline.orders import stage_rank
 from ..cost.types import Estimate, GroupLinks
 from .explain import Comparison, config_diff, link_name
 from ..search.robust import passed_over, passed_over_note
-from .summary import accumulation_why, gap_text, plural, reshard_text, runner_up_note
+from .summary import accumulation_why, gap_text, group_text, plural, reshard_text, runner_up_note
 
 _DIMS = (("tp", "tensor parallel"), ("cp", "context parallel"), ("pp", "pipeline parallel"),
          ("dp", "data parallel"))
@@ -77,7 +77,7 @@ def degrees_table(e: Estimate, cluster=None) -> Table:
         t.add_row("FSDP reshard", "per block", reshard_text(c))
     t.add_row("recompute", rc, "")
     t.add_row("schedule", f"{c.schedule}, v={c.virtual_stages}" if c.pp > 1 else
-              "- (no pipeline)", "")
+              "- (no pipeline)", group_text(c))
     m = e.num_micro_batches
     t.add_row("micro-batch", plural(c.micro_batch_size, "sequence"),
               f"{plural(m, 'micro-batch', 'micro-batches')} per step per data-parallel replica "

@@ -73,7 +73,7 @@ def check_plan(plan) -> None:
         UnsupportedPlanError: the first broken rule, with a fix. Rules: dp divides the global
             batch and the micro-batch divides each DP rank's share; no MoE parallel folding
             (``expert_tp`` None); no Megatron-Core recompute modules (``recompute_modules``
-            None); ep divides dp (experts are split over DP ranks); cp divides
+            None) nor micro-batch group (``vp_group`` None); ep divides dp (experts are split over DP ranks); cp divides
             the sequence; the stage cut gives pp x virtual_stages chunks; the pipeline
             schedule's rules (:func:`check_schedule`). Each rule but the folding one is a
             function of :mod:`autopar.frameworks.rules`, named on the error as ``rule``.
@@ -98,6 +98,13 @@ def check_plan(plan) -> None:
             "module checkpoints are not run here. Fix: export the plan to Megatron-LM "
             "(plan.to_megatron_args(): --recompute-modules), or plan with "
             "recompute_modules=None.")
+    if c.vp_group is not None:
+        raise UnsupportedPlanError(
+            f"vp_group={c.vp_group}: plan.apply runs torch's ScheduleInterleaved1F1B, which "
+            "groups the micro-batches by its own rounds (n_microbatches // max(1, "
+            "n_microbatches // pp)). Fix: export the plan to Megatron-LM "
+            "(plan.to_megatron_args(): --microbatch-group-size-per-virtual-pipeline-stage), or "
+            "plan with vp_group=None.")
     _check(rules.ep_split(c.ep, dp))
     _check(rules.cp_seq(c.cp, train.seq_len))
     v = c.virtual_stages or 1

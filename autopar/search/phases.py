@@ -164,7 +164,9 @@ def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
                 return out
             cfg = ParallelConfig(**base, placement=placement, cp_mode=mode, virtual_stages=v,
                                  zero_stage=zero, schedule=schedule,
-                                 stage_blocks=fixed.get("stage_blocks"))
+                                 stage_blocks=fixed.get("stage_blocks"),
+                                 vp_group=space.vp_group_option(base["pp"], m, fixed,
+                                                                run.profile) if v > 1 else None)
             try:
                 c = cm.resolve(cfg)
             except InvalidParallelConfig:

@@ -31,7 +31,8 @@ _TORCH = PROFILES["torch"]
 #: Keys ``fixed=`` may pin.
 FIXABLE = ("tp", "pp", "dp", "cp", "ep", "zero_stage", "recompute", "sequence_parallel",
            "micro_batch_size", "virtual_stages", "schedule", "stage_blocks", "placement",
-           "cp_mode", "reshard_after_forward", "expert_tp", "dispatcher", "recompute_modules")
+           "cp_mode", "reshard_after_forward", "expert_tp", "dispatcher", "recompute_modules",
+           "vp_group")
 
 
 def divisors(n: int) -> list[int]:
@@ -173,24 +174,45 @@ def micro_batches(train: TrainingConfig, dp: int, fixed: dict, limits: SpaceLimi
             and not (fill and rules.pipeline_fill("1f1b", pp, per_replica // b))]
 
 
+def vp_group_option(pp: int, m: int, fixed: dict, profile: FrameworkProfile = _TORCH
+                    ) -> int | None:
+    """The micro-batch group interleaved 1F1B runs with (:attr:`autopar.config.ParallelConfig.
+    vp_group`): a pinned one; else None (the schedule's default) where pp divides the ``m``
+    micro-batches or the framework cannot set it (:attr:`~autopar.frameworks.FrameworkProfile.
+    vp_group_tunable`); else the smallest Megatron-LM accepts (:func:`autopar.frameworks.rules.
+    interleave_fill`), which holds the fewest micro-batches in flight; None when there is none
+    (interleaving is then not offered)."""
+    if "vp_group" in fixed:
+        return fixed["vp_group"]
+    if pp <= 1 or m % pp == 0 or not profile.vp_group_tunable:
+        return None
+    return next((n for n in range(pp, m + 1) if not rules.interleave_fill(pp, 2, m, n)), None)
+
+
 def virtual_stage_options(pp: int, blocks: int, m: int, fixed: dict,
                           limits: SpaceLimits, profile: FrameworkProfile = _TORCH) -> list[int]:
-    """Interleaving degrees: 1, and v > 1 when pp > 1, pp * v <= blocks, pp divides m and the
+    """Interleaving degrees: 1, and v > 1 when pp > 1, pp * v <= blocks, pp divides m (or the
+    group of :func:`vp_group_option` groups m: :func:`autopar.frameworks.rules.interleave_fill`)
+    and the
     framework interleaves (only into equal chunks, blocks % (pp * v) == 0, when its rule is
-    "equal"). A pinned v is the only option, and none on a mesh with pp = 1 when it is > 1."""
+    "equal"). A pinned v is the only option, and none on a mesh with pp = 1 when it is > 1;
+    with a pinned ``vp_group``, v > 1 only."""
     if "virtual_stages" in fixed:
         # a pinned v > 1 means interleaving: a mesh without a pipeline cannot honour it
         return [fixed["virtual_stages"]] if pp > 1 or fixed["virtual_stages"] == 1 else []
     if fixed.get("schedule") in ("1f1b", "gpipe"):
         return [1]
     opts = [1]
-    if pp > 1 and not rules.interleave_fill(pp, 2, m) and "interleaved-1f1b" in profile.schedules \
-            and profile.interleaved_chunks != "none":
+    group = vp_group_option(pp, m, fixed, profile)
+    if pp > 1 and not rules.interleave_fill(pp, 2, m, group) \
+            and "interleaved-1f1b" in profile.schedules and profile.interleaved_chunks != "none":
         opts += [v for v in range(2, limits.max_virtual_stages + 1)
                  if not rules.pp_blocks(pp, v, blocks)
                  and (profile.interleaved_chunks == "any" or blocks % (pp * v) == 0)]
     if fixed.get("schedule") == "interleaved-1f1b":
         opts = [v for v in opts if v > 1] or opts
+    if "vp_group" in fixed:   # a pinned micro-batch group is interleaving's (ParallelConfig)
+        opts = [v for v in opts if v > 1]
     return opts
 
 

@@ -10,8 +10,8 @@ from ...config import DUAL_PIPES
 from .orders import check_order_args, looped_peak_order, rank_order
 
 
-def held_chunks_at_peak(schedule: str, pp: int, m: int, v: int, rank: int
-                         ) -> tuple[tuple[frozenset, frozenset], ...]:
+def held_chunks_at_peak(schedule: str, pp: int, m: int, v: int, rank: int,
+                        group: int | None = None) -> tuple[tuple[frozenset, frozenset], ...]:
     """Which of rank ``rank``'s chunks hold per-chunk data-parallel state at the instants its
     activations peak, for a framework that gathers a chunk's parameters once per step and
     accumulates its gradients unsharded until the chunk's last backward (FSDP under pipeline
@@ -45,43 +45,37 @@ def held_chunks_at_peak(schedule: str, pp: int, m: int, v: int, rank: int
     backward only after its later chunk has run several backwards, and the later chunk's state
     is freed before the earlier one's last backward.
 
+    ``group``: interleaved 1F1B's micro-batch group in Megatron-LM's order
+    (:func:`~autopar.cost.pipeline.orders.rank_orders`); None = torch's.
+
     Returns:
         the distinct (forward, backward) pairs of frozensets, in order of first occurrence.
 
     Raises:
         ValueError: the combination breaks a rule of :func:`check_order_args`.
     """
-    check_order_args(schedule, pp, m, v)
-    return _held_chunks_at_peak(schedule, pp, m, v, rank)
+    check_order_args(schedule, pp, m, v, group)
+    return _at_peak(schedule, pp, m, v, rank, group)[0]
 
 
-def _held_chunks_at_peak(schedule: str, pp: int, m: int, v: int, rank: int
-                         ) -> tuple[tuple[frozenset, frozenset], ...]:
-    return _at_peak(schedule, pp, m, v, rank)[0]
-
-
-def chunk_counts_at_peak(schedule: str, pp: int, m: int, v: int, rank: int
-                         ) -> dict[int, int]:
+def chunk_counts_at_peak(schedule: str, pp: int, m: int, v: int, rank: int,
+                         group: int | None = None) -> dict[int, int]:
     """Per global chunk of rank ``rank``: the most micro-batches it holds activations for at an
     instant where the rank holds its :func:`peak_in_flight` chunk-micro-batches (same walk and
     instants as :func:`held_chunks_at_peak`). Under interleaved 1F1B with m = pp the last rank
     holds its first chunk's m micro-batches but only one of its last chunk's (the one with the
-    output head), not the rank's mean of (m + 1) / 2.
+    output head), not the rank's mean of (m + 1) / 2. ``group`` as in
+    :func:`held_chunks_at_peak`.
 
     Raises:
         ValueError: the combination breaks a rule of :func:`check_order_args`.
     """
-    check_order_args(schedule, pp, m, v)
-    return dict(_chunk_counts_at_peak(schedule, pp, m, v, rank))
-
-
-def _chunk_counts_at_peak(schedule: str, pp: int, m: int, v: int, rank: int
-                          ) -> tuple[tuple[int, int], ...]:
-    return _at_peak(schedule, pp, m, v, rank)[1]
+    check_order_args(schedule, pp, m, v, group)
+    return dict(_at_peak(schedule, pp, m, v, rank, group)[1])
 
 
 @lru_cache(maxsize=4096)
-def _at_peak(schedule: str, pp: int, m: int, v: int, rank: int
+def _at_peak(schedule: str, pp: int, m: int, v: int, rank: int, group: int | None = None
              ) -> tuple[tuple[tuple[frozenset, frozenset], ...], tuple[tuple[int, int], ...]]:
     """(:func:`held_chunks_at_peak`, :func:`chunk_counts_at_peak` as sorted (chunk, count)
     pairs) of one rank, from one walk of its order (cached; the arguments are checked by the
@@ -110,7 +104,7 @@ def _at_peak(schedule: str, pp: int, m: int, v: int, rank: int
         peak = min(m, pp - rank) if schedule == "1f1b" else m
         return ((one, frozenset()), (one, one)), ((rank, peak),)
     if schedule == "interleaved-1f1b":   # its steady state repeats: the prefix that shows it
-        order = looped_peak_order(pp, m, v, rank)
+        order = looped_peak_order(pp, m, v, rank, group)
     else:
         order = rank_order(schedule, pp, m, v, rank)
     if schedule in DUAL_PIPES:   # their O pairs: the forward, then the backward

@@ -28,7 +28,10 @@ Pipeline Parallelism", arXiv 2401.10241; DeepSeek-AI 2024, DeepSeek-V3 technical
 - ``interleaved-1f1b`` (``ScheduleInterleaved1F1B``) and ``interleaved-zero-bubble``
   (``ScheduleInterleavedZeroBubble``, the paper's ZB-H1 generalised to v chunks): rounds of
   ``mpr = m / max(1, m // pp)`` micro-batches walk the rank's chunks; warm-up
-  ``(v - 1) mpr + k (pp - 1 - r)`` forwards (k = 2 for 1F1B, 1 for zero bubble); the zero-bubble
+  ``(v - 1) mpr + k (pp - 1 - r)`` forwards (k = 2 for 1F1B, 1 for zero bubble). Megatron-LM's
+  interleaved 1F1B is the same walk with groups of N micro-batches
+  (``--microbatch-group-size-per-virtual-pipeline-stage``, default pp) in place of the rounds, a
+  last group holding the remainder (:func:`step_chunks`; ``group`` below); the zero-bubble
   variant splits each backward into I and W and, from rank r's ``r``-th steady step on, follows
   each I with the oldest pending W (weight gradients fill what would be bubbles).
 - ``zbv-zero-bubble`` (``ScheduleZBVZeroBubble``, the paper's ZB-V, section 6).
@@ -75,10 +78,12 @@ def stage_rank(stage: int, pp: int, schedule: str) -> int:
     return stage % pp
 
 
-def check_order_args(schedule: str, pp: int, m: int, v: int) -> None:
+def check_order_args(schedule: str, pp: int, m: int, v: int, group: int | None = None) -> None:
     """Raise ValueError unless ``schedule`` can be ordered for pp ranks, m micro-batches and v
     chunks per rank (torch's constructor rules: ZBV and DualPipeV need v = 2, DualPipeV
-    m >= 2 pp, the looped schedules m a multiple of their rounds, GPipe and 1F1B v = 1)."""
+    m >= 2 pp, the looped schedules m a multiple of their rounds, GPipe and 1F1B v = 1).
+    ``group``: Megatron-LM's micro-batch group of interleaved 1F1B (module docstring), in
+    [pp, m] with a last group of 0 or at least pp micro-batches over; None: torch's rounds."""
     if schedule not in ORDERED:
         raise ValueError(f"unknown pipeline schedule {schedule!r}; known: {ORDERED}")
     if pp < 1 or m < 1 or v < 1:
@@ -89,16 +94,25 @@ def check_order_args(schedule: str, pp: int, m: int, v: int) -> None:
         raise ValueError(f"{schedule} runs exactly two chunks per rank, not {v}")
     if schedule in DUAL_PIPES and m < 2 * pp:
         raise ValueError(f"{schedule} needs at least 2 pp = {2 * pp} micro-batches, not {m}")
-    if schedule in ("interleaved-1f1b", "interleaved-zero-bubble") and m % max(1, m // pp):
+    if group is not None:
+        if schedule != "interleaved-1f1b":
+            raise ValueError(f"a micro-batch group is Megatron-LM's interleaved 1F1B, not {schedule}")
+        if not pp <= group <= m or 0 < m % group < pp:
+            raise ValueError(f"micro-batch group {group} needs pp <= group <= m and m % group 0 "
+                             f"or at least pp (pp={pp}, m={m})")
+    elif schedule in ("interleaved-1f1b", "interleaved-zero-bubble") and m % max(1, m // pp):
         raise ValueError(f"{schedule} needs m a multiple of its rounds max(1, m // pp)")
 
 
-def rank_orders(schedule: str, pp: int, m: int, v: int = 1) -> tuple[tuple[Action, ...], ...]:
+def rank_orders(schedule: str, pp: int, m: int, v: int = 1, group: int | None = None
+                ) -> tuple[tuple[Action, ...], ...]:
     """Per pipeline rank, its compute actions in the order torch 2.13 issues them (cached).
 
     Args:
         schedule: a name of :data:`ORDERED`.
         pp: pipeline ranks; m: micro-batches per step; v: chunks per rank.
+        group: interleaved 1F1B's micro-batch group in Megatron-LM's order (module
+            docstring); None = torch's rounds.
 
     Returns:
         ``pp`` tuples of actions (module docstring); idle slots are not actions.
@@ -106,14 +120,14 @@ def rank_orders(schedule: str, pp: int, m: int, v: int = 1) -> tuple[tuple[Actio
     Raises:
         ValueError: the combination breaks a rule of :func:`check_order_args`.
     """
-    check_order_args(schedule, pp, m, v)
-    return _rank_orders(schedule, pp, m, v)
+    check_order_args(schedule, pp, m, v, group)
+    return _rank_orders(schedule, pp, m, v, group)
 
 
 @lru_cache(maxsize=1024)
-def _rank_orders(schedule: str, pp: int, m: int, v: int) -> tuple[tuple[Action, ...], ...]:
-    make = _MAKERS[schedule]
-    return tuple(tuple(make(schedule, pp, m, v, r)) for r in range(pp))
+def _rank_orders(schedule: str, pp: int, m: int, v: int, group: int | None = None
+                 ) -> tuple[tuple[Action, ...], ...]:
+    return tuple(rank_order(schedule, pp, m, v, r, group) for r in range(pp))
 
 
 def _gpipe(_s: str, _pp: int, m: int, _v: int, r: int) -> list:
@@ -132,17 +146,40 @@ def _one_f_one_b(_s: str, pp: int, m: int, _v: int, r: int) -> list:
     return out
 
 
-def _looped(schedule: str, pp: int, m: int, v: int, r: int, steps: int | None = None) -> list:
+@lru_cache(maxsize=256)
+def schedule_table(m: int, v: int, group: int) -> tuple[tuple[int, int], ...]:
+    """(model chunk 0 .. v-1, micro-batch) of each of a looped order's ``m v`` forward steps:
+    groups of ``group`` micro-batches walk the chunks in turn, the last group holding the
+    micro-batches left (Megatron-LM's ``get_schedule_table``, megatron/core/pipeline_parallel/
+    schedules.py; torch's rounds are the case ``group`` divides m). Backward step s runs the
+    same micro-batch through chunk ``v - 1 - chunk`` (Megatron's ``get_model_chunk_id(...,
+    forward=False)``)."""
+    out: list[tuple[int, int]] = []
+    for start in range(0, m, group):
+        stop = m if start + group >= m else start + group
+        out += [(chunk, j) for chunk in range(v) for j in range(start, stop)]
+    return tuple(out)
+
+
+@lru_cache(maxsize=256)
+def step_chunks(m: int, v: int, group: int) -> tuple[int, ...]:
+    """The chunk of each forward step of :func:`schedule_table`."""
+    return tuple(chunk for chunk, _ in schedule_table(m, v, group))
+
+
+def _looped(schedule: str, pp: int, m: int, v: int, r: int, steps: int | None = None,
+            group: int | None = None) -> list:
     # steps: only the actions of the first ``steps`` steps (interleaved 1F1B; see
-    # looped_peak_order), None for all
+    # looped_peak_order), None for all; group: Megatron's micro-batch group (None: torch's
+    # rounds, m / max(1, m // pp) micro-batches each)
     zb = schedule == "interleaved-zero-bubble"
-    rounds = max(1, m // pp)
-    per_round = m // rounds
+    per_round = group or m // max(1, m // pp)
     warm = min((v - 1) * per_round + (1 if zb else 2) * (pp - 1 - r), m * v)
     total = m * v
-    # step -> chunk: forward step s runs chunk (s // per_round) % v, backward step s (from
-    # warm on) chunk v - 1 - ((s - warm) // per_round) % v, each on this rank (global index
-    # chunk * pp + r); written inline, as the walk over m * v steps is a search's hot loop
+    # step -> chunk: forward step s runs chunk chunk_of[s], backward step s (from warm on)
+    # chunk v - 1 - chunk_of[s - warm], each on this rank (global index chunk * pp + r); read
+    # from a table, as the walk over m * v steps is a search's hot loop
+    chunk_of = step_chunks(m, v, per_round)
     # next micro-batch per global chunk, for forwards, backwards and weight passes
     nf, nb, nw = [0] * (pp * v), [0] * (pp * v), [0] * (pp * v)
     out: list = []
@@ -152,11 +189,11 @@ def _looped(schedule: str, pp: int, m: int, v: int, r: int, steps: int | None = 
     top = (v - 1) * pp + r
     for step in range(total + warm if steps is None else min(steps, total + warm)):
         if step < total:
-            stage = (step // per_round) % v * pp + r
+            stage = chunk_of[step] * pp + r
             put(("F", stage, nf[stage]))
             nf[stage] += 1
         if step >= warm:
-            stage = top - ((step - warm) // per_round) % v * pp
+            stage = top - chunk_of[step - warm] * pp
             put((back, stage, nb[stage]))
             nb[stage] += 1
             if zb:
@@ -174,7 +211,8 @@ def _looped(schedule: str, pp: int, m: int, v: int, r: int, steps: int | None = 
     return out
 
 
-def looped_peak_order(pp: int, m: int, v: int, r: int) -> tuple[Action, ...]:
+def looped_peak_order(pp: int, m: int, v: int, r: int, group: int | None = None
+                      ) -> tuple[Action, ...]:
     """The first actions of interleaved 1F1B's order on rank ``r`` (:func:`_looped`) that hold
     every distinct state of its activation peak (all of them for a short step; the arguments
     checked by the caller): what :mod:`autopar.cost.pipeline.held` walks.
@@ -190,12 +228,14 @@ def looped_peak_order(pp: int, m: int, v: int, r: int) -> tuple[Action, ...]:
     ``per_round`` forwards and backwards of every chunk, so each chunk's count repeats with that
     period. So the steps before ``warm + (2 v - 1) per_round + 1`` show every (chunks forward,
     chunks backward, count) the walk records (checked equal to the whole order over pp 1-32,
-    v 1-8, tests/test_schedules.py)."""
-    rounds = max(1, m // pp)
-    per_round = m // rounds
+    v 1-8, tests/test_schedules.py). With a Megatron ``group`` that leaves a shorter last group
+    the steps do not repeat to the end: the whole order."""
+    if group is not None and m % group:
+        return tuple(_looped("interleaved-1f1b", pp, m, v, r, group=group))
+    per_round = group or m // max(1, m // pp)
     warm = min((v - 1) * per_round + 2 * (pp - 1 - r), m * v)
     return tuple(_looped("interleaved-1f1b", pp, m, v, r,
-                         steps=warm + (2 * v - 1) * per_round + 1))
+                         steps=warm + (2 * v - 1) * per_round + 1, group=group))
 
 
 def _zbv(_s: str, pp: int, m: int, _v: int, r: int) -> list:
@@ -373,7 +413,11 @@ def peak_in_flight(order: tuple[Action, ...]) -> int:
     return peak
 
 
-def rank_order(schedule: str, pp: int, m: int, v: int, rank: int) -> tuple[Action, ...]:
-    """Rank ``rank``'s actions in torch's order (:func:`rank_orders`), unchecked: the caller
-    has checked the arguments with :func:`check_order_args`."""
+def rank_order(schedule: str, pp: int, m: int, v: int, rank: int, group: int | None = None
+               ) -> tuple[Action, ...]:
+    """Rank ``rank``'s actions in torch's order (:func:`rank_orders`; Megatron-LM's with a
+    micro-batch ``group``), unchecked: the caller has checked the arguments with
+    :func:`check_order_args`."""
+    if group is not None:
+        return tuple(_looped(schedule, pp, m, v, rank, group=group))
     return tuple(_MAKERS[schedule](schedule, pp, m, v, rank))

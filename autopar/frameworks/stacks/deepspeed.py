@@ -471,6 +471,8 @@ PROFILE = compose(
                            "checkpointed layers (no selective attention-core recompute)",
         "per_block_recompute": "pipe/module.py activation_checkpoint_interval N: every layer "
                                "with parameters, checkpointed in runs of N (no per-layer choice)",
+        "vp_group_tunable": "runtime/pipe/schedule.py TrainSchedule: 1F1B only, no "
+                            "interleaved schedule to group",
         "recompute_first_n": "pipe/module.py activation_checkpoint_interval N checkpoints "
                              "every layer in runs of N, not the first N of a stage: False",
         "recompute_modules": "no per-submodule checkpointing: checkpointing.py checkpoints "

@@ -156,7 +156,7 @@ PROFILE = compose(
     zero_stages_with_ep=(0, 1), schedules=("1f1b", "interleaved-1f1b"),
     interleaved_chunks="any", stage_cuts="any", cp_modes=CP_MODES,
     recompute_modes=("none", "selective", "full"), per_block_recompute=False,
-    recompute_first_n=True, recompute_modules=RECOMPUTE_MODULES,
+    recompute_first_n=True, vp_group_tunable=True, recompute_modules=RECOMPUTE_MODULES,
     sequence_parallel=(True, False), expert_parallel=True, seq_rule=MEGATRON_RULE,
     moe_sequence_parallel=(True,),
     expert_tensor_parallel="any",
@@ -212,6 +212,13 @@ PROFILE = compose(
                              "__post_init__, line 1940: default ['core_attn'])",
         "per_block_recompute": "arguments.py --recompute-method uniform | block (the first N "
                                "layers of every stage), no per-layer list",
+        "vp_group_tunable": ("megatron/core/model_parallel_config.py "
+                             "microbatch_group_size_per_vp_stage (default pp, __post_init__), "
+                             "set by --microbatch-group-size-per-virtual-pipeline-stage; core/"
+                             "pipeline_parallel/schedules.py get_schedule_table groups the "
+                             "micro-batches by it and forward_backward_pipelining_with_"
+                             "interleaving checks pp <= N <= M and M % N 0 or >= pp (added "
+                             "4295be1a6c, 2024-11-01)"),
         "recompute_first_n": "arguments.py --recompute-granularity full --recompute-method "
                              "block --recompute-num-layers N: core/transformer/"
                              "transformer_block.py _checkpointed_forward checkpoints layers "
@@ -333,7 +340,7 @@ CAPABILITIES_2023 = dict(
     zero_stages=(0, 1), zero_stages_with_tp=(0, 1), zero_stages_with_pp=(0, 1),
     zero_stages_with_ep=(0, 1), cp_modes=(), interleaved_chunks="equal", stage_cuts="balanced",
     expert_tensor_parallel="tp", dispatchers=("alltoall",), kv_heads_below_tp=False,
-    recompute_modules=())
+    recompute_modules=(), vp_group_tunable=False)
 SOURCES_2023 = {
     "dispatchers": "4eeff55d1f: no flex dispatcher (DeepEP was published in 2025-02)",
     "kv_heads_below_tp": "4eeff55d1f megatron/model/transformer.py: "
@@ -352,6 +359,8 @@ SOURCES_2023 = {
                   "divisible by transformer_pipeline_model_parallel_size'; no layout flag",
     "expert_tensor_parallel": "4eeff55d1f megatron/arguments.py: no "
                               "--expert-tensor-parallel-size; experts split over the TP group",
+    "vp_group_tunable": "the micro-batch group flag came with 4295be1a6c (2024-11-01), after "
+                        "4eeff55d1f: interleaved 1F1B groups the micro-batches by pp",
 }
 
 #: Megatron-LM as released through 2023 (before 4eeff55d1f): main's cost path without P2P

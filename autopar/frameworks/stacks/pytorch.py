@@ -84,6 +84,9 @@ PROFILE = compose(
                              "the attention core; no Megatron-Core module checkpoints",
         "per_block_recompute": "checkpoint_wrapper is applied per module (autopar/runtime/"
                                "recompute.py)",
+        "vp_group_tunable": ("torch/distributed/pipelining/schedules.py "
+                             "ScheduleInterleaved1F1B: microbatches_per_round = "
+                             "n_microbatches // max(1, n_microbatches // pp), no argument"),
         "recompute_first_n": "per_block_recompute covers any per-block mix: no flag of "
                              "its own",
         "sequence_parallel": "torch.distributed.tensor.parallel.SequenceParallel is optional",

@@ -161,6 +161,9 @@ PROFILE = compose(
                              "(selective is op-level or every N-th layer)",
         "per_block_recompute": "job_config.py ActivationCheckpoint: one mode for all blocks "
                                "(selective_ac_option N = full every N-th block)",
+        "vp_group_tunable": ("torch.distributed.pipelining ScheduleInterleaved1F1B sets its "
+                             "own rounds (n_microbatches // max(1, n_microbatches // pp)); "
+                             "job_config.py Parallelism has no group size"),
         "recompute_first_n": "job_config.py ActivationCheckpoint: selective_ac_option N "
                              "recomputes every N-th block, not the first N of a stage",
         "sequence_parallel": "models/llama3/infra/parallelize.py apply_tp: norms always "

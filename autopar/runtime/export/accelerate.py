@@ -19,7 +19,8 @@ from dataclasses import replace
 
 from ..errors import UnsupportedPlanError
 from ..verdict import per_block_text
-from .common import Export, block_modes, finish, node_layout, one_reshard_policy, rank_order, unwritten
+from .common import (Export, block_modes, finish, node_layout, one_reshard_policy, own_rounds,
+                     rank_order, unwritten)
 
 #: ``plugin`` -> (accelerate's ``distributed_type``, the autopar profile that prices it, the
 #: degrees Accelerate fixes whatever that profile allows).
@@ -60,7 +61,7 @@ def to_accelerate_config(plan, plugin: str = "fsdp") -> Export:
             "moe_capacity_factor=None, or export for Megatron-LM (to_megatron_args).")
     kind, framework, limits = PLUGINS[plugin]
     warn: list[str] = []
-    w = c.replace(placement=rank_order(c, "accelerate", warn)[1])
+    w = own_rounds(c, "accelerate", warn).replace(placement=rank_order(c, "accelerate", warn)[1])
     w = one_reshard_policy(c, w, "Accelerate", warn)
     w = _fold_into_dp(c, w, limits, warn)
     nodes, per_node, layout_warn = node_layout(plan)

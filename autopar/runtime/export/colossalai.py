@@ -23,7 +23,8 @@ from dataclasses import replace
 
 from ..errors import UnsupportedPlanError
 from ..verdict import per_block_text
-from .common import Export, balanced_cut, block_modes, finish, one_reshard_policy, unwritten
+from .common import (Export, balanced_cut, block_modes, finish, one_reshard_policy, own_rounds,
+                     unwritten)
 
 #: The Colossal-AI source the names were read from.
 COLOSSALAI_VERSION = "Colossal-AI 0.5.0 (4f9953be335ef371b3848719ddafe596c01ecd37)"
@@ -54,7 +55,7 @@ def to_colossalai_plugin(plan) -> Export:
             "export for Megatron-LM (to_megatron_args).")
     warn = [f"autopar has no {COLOSSALAI_VERSION} profile: re-estimated under torch, which "
             "prices its ZeRO, shardformer layers and schedules approximately"]
-    w = one_reshard_policy(c, c, "Colossal-AI", warn)
+    w = one_reshard_policy(c, own_rounds(c, "Colossal-AI", warn), "Colossal-AI", warn)
     mbs = c.micro_batch_size or t.micro_batch_size or 1
     common = {"precision": _PRECISION[t.precision], "enable_flash_attention": t.flash_attention,
               "max_norm": 1.0}

@@ -183,6 +183,18 @@ RANK_ORDERS: dict[str, tuple[tuple[tuple[str, ...], list[str]], ...]] = {
 }
 
 
+def own_rounds(c: ParallelConfig, framework: str, warn: list[str]) -> ParallelConfig:
+    """``c`` without Megatron-LM's micro-batch group (:attr:`ParallelConfig.vp_group`) for a
+    ``framework`` whose interleaved schedule takes its own rounds (torch's
+    ``ScheduleInterleaved1F1B``; DeepSpeed and ColossalAI have none to group), said in
+    ``warn``; ``c`` itself when it has none."""
+    if c.vp_group is None:
+        return c
+    warn.append(f"vp_group {c.vp_group}: {framework} sets the micro-batch groups of an "
+                "interleaved schedule itself; not written, the plan re-estimated without it")
+    return c.replace(vp_group=None)
+
+
 def rank_order(c: ParallelConfig, framework: str, warn: list[str]) -> tuple[list[str], tuple]:
     """(flags selecting the plan's rank placement in ``framework``, the placement the framework
     will really build). Only dimensions of degree > 1 decide: orders that differ only in trivial

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from ...frameworks import with_edits
 from ...errors import AutoparError
-from .common import (Export, balanced_cut, block_modes, finish, one_reshard_policy,
+from .common import (Export, balanced_cut, block_modes, finish, one_reshard_policy, own_rounds,
                      rank_order, strongest_mode, unwritten)
 from ..verdict import per_block_text, plan_edits, plans_cost_model
 
@@ -26,7 +26,7 @@ def to_deepspeed_config(plan) -> Export:
     """
     c, t = plan.config, plan.train
     warn: list[str] = []
-    w = c.replace(placement=rank_order(c, "deepspeed", warn)[1])
+    w = own_rounds(c, "deepspeed", warn).replace(placement=rank_order(c, "deepspeed", warn)[1])
     w = one_reshard_policy(c, w, "DeepSpeed", warn)
     mbs = c.micro_batch_size or t.micro_batch_size or 1
     cfg: dict = {

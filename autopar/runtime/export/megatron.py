@@ -13,6 +13,7 @@ from .common import Export, block_modes, finish, one_reshard_policy, rank_order,
 MEGATRON_FLAGS = frozenset({
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
     "--sequence-parallel", "--num-layers-per-virtual-pipeline-stage",
+    "--microbatch-group-size-per-virtual-pipeline-stage",
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
     "--micro-batch-size", "--global-batch-size", "--seq-length", "--max-position-embeddings",
     "--use-distributed-optimizer", "--use-torch-fsdp2", "--recompute-granularity",
@@ -84,6 +85,10 @@ def to_megatron_args(plan) -> Export:
         a += ["--pipeline-model-parallel-layout", pipeline_layout(blocks, mtp)]
     elif v > 1:
         a += ["--num-layers-per-virtual-pipeline-stage", str(blocks[0] if blocks else 1)]
+    if v > 1 and c.vp_group is not None:
+        # interleaved 1F1B's micro-batch group (model_parallel_config.py
+        # microbatch_group_size_per_vp_stage; default pp)
+        a += ["--microbatch-group-size-per-virtual-pipeline-stage", str(c.vp_group)]
     if c.schedule == "gpipe":
         warn.append("schedule gpipe: Megatron runs 1F1B (the same gradients, less activation "
                     "memory)")

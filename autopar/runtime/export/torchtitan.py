@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from ..errors import UnsupportedPlanError
 from ..verdict import per_block_text
-from .common import (Export, block_modes, finish, one_reshard_policy, rank_order,
+from .common import (Export, block_modes, finish, one_reshard_policy, own_rounds, rank_order,
                      strongest_mode, unwritten)
 
 def _toml_value(v) -> str:
@@ -212,7 +212,7 @@ def to_torchtitan_toml(plan) -> Export:
             "running it dropless would compute other tokens than the plan prices. Fix: plan "
             "with moe_capacity_factor=None, or export for Megatron-LM (to_megatron_args).")
     warn: list[str] = []
-    w = c.replace(placement=rank_order(c, "torchtitan", warn)[1])
+    w = own_rounds(c, "torchtitan", warn).replace(placement=rank_order(c, "torchtitan", warn)[1])
     w = one_reshard_policy(c, w, "torchtitan", warn)
     model = titan_flavor(plan, warn)
     par: dict = {"tensor_parallel_degree": c.tp, "pipeline_parallel_degree": c.pp,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..errors import UnsupportedPlanError
-from .common import (Export, block_modes, finish, one_reshard_policy, rank_order,
+from .common import (Export, block_modes, finish, one_reshard_policy, own_rounds, rank_order,
                      torchrun_command)
 from .torchtitan import (TITAN_LLAMA3_FLAVORS, TITAN_SCHEDULES, fqns_per_part, titan_ac,
                          titan_batch_check, titan_data_parallel, titan_offload, titan_refuses,
@@ -92,7 +92,7 @@ def to_torchtitan_config(plan) -> Export:
     m = plan.model_config or {}
     titan_refuses(plan, m)
     warn: list[str] = []
-    w = c.replace(placement=rank_order(c, "torchtitan", warn)[1])
+    w = own_rounds(c, "torchtitan", warn).replace(placement=rank_order(c, "torchtitan", warn)[1])
     w = one_reshard_policy(c, w, FRAMEWORK, warn)
     par: dict = {"tensor_parallel_degree": c.tp, "enable_sequence_parallel": True,
                  "pipeline_parallel_degree": c.pp, "context_parallel_degree": c.cp,
