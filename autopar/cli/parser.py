@@ -205,6 +205,13 @@ class _Parser(argparse.ArgumentParser):
         if extras:
             self._command_parser = _subparsers(self).get(getattr(ns, "command", None))
             self.error(f"unrecognized arguments: {' '.join(extras)}")
+        command = _subparsers(self).get(getattr(ns, "command", None))
+        both = _opposite_flags(args, command)
+        if both:
+            # argparse keeps the last of --sp / --no-sp without a word
+            self._command_parser = command
+            self.error(f"argument {both[1]}: not allowed with argument {both[0]} (they set "
+                       "opposite values; give one)")
         return ns
 
     def error(self, message):
@@ -241,6 +248,22 @@ def _join_flag_values(args: list[str], own: set[str]) -> list[str]:
         out.append(tok)
         i += 1
     return out
+
+
+def _opposite_flags(args: list[str], parser: "argparse.ArgumentParser | None"
+                    ) -> tuple[str, str] | None:
+    """The first ``(--X, --no-X)`` pair of one of ``parser``'s on/off options
+    (:class:`argparse.BooleanOptionalAction`, e.g. ``--sp`` / ``--no-sp``) that ``args`` both
+    hold; None when there is none (or no subcommand parser)."""
+    if parser is None:
+        return None
+    given = set(args)
+    for action in parser._actions:
+        if isinstance(action, argparse.BooleanOptionalAction):
+            on, off = action.option_strings[:2]
+            if on in given and off in given:
+                return on, off
+    return None
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict:
