@@ -253,10 +253,28 @@ def test_every_flag_is_documented():
                     assert f"`{flag}" in doc, f"{name} {flag} missing from docs/cli.md"
 
 
+def test_documented_choices_are_the_parsers():
+    # docs/cli.md listed --dispatcher as alltoall/deepep; the parser also takes allgather, auto
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    for name, p in sub.choices.items():
+        section = doc.split(f"### `autopar {name}`", 1)[1].split("\n### ", 1)[0]
+        for action in p._actions:
+            flag = next((f for f in action.option_strings if f.startswith("--")), None)
+            row = re.search(rf"^\| `{re.escape(flag or '-')}`[^|]*\| ([^|]*) \|", section, re.M)
+            if action.choices is None or row is None or "..." in row.group(1):
+                continue   # a row ending in "..." names a few of a long list
+            missing = [c for c in map(str, action.choices) if c not in row.group(1)]
+            assert not missing, f"{name} {flag}: docs/cli.md's values lack {missing}"
+
+
 @pytest.mark.parametrize("flags, words", [
     (["--out", "/nonexistent-folder/p.json"], "No such file or directory"),
     (["--export", "jax", "x.txt"], "autopar exports to megatron"),
     (["--export", "megatron", "/nonexistent-folder/a.txt"], "No such file or directory"),
+    (["--price-per-gpu-hour", "2"], "--price-per-gpu-hour needs --tokens"),
+    (["--tokens", "1e9", "--currency", "dollars"], "not an ISO 4217 currency code"),
 ])
 def test_outputs_are_checked_before_the_search(capsys, flags, words):
     # these failed only after the search had run (seconds to minutes on a large problem)
@@ -583,3 +601,22 @@ def test_a_model_autopar_has_as_a_hugging_face_preset_is_named(capsys):
                  "--global-batch", "64", "--seq-len", "4096"]) == 2
     err = capsys.readouterr().err
     assert "Did you mean 'hf-gpt-oss-120b'" in err and "gpt-1008b'?" not in err
+
+
+@pytest.mark.parametrize("flags", [["--sp", "--no-sp"], ["--no-compare-sp", "--compare-sp"]])
+def test_opposite_on_off_flags_are_refused(capsys, flags):
+    # argparse kept the last of --sp --no-sp without a word
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", *TINY, flags[0], "--tp", "2", flags[1]])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert f"argument {flags[1]}: not allowed with argument {flags[0]}" in err \
+        or f"argument {flags[0]}: not allowed with argument {flags[1]}" in err, err
+
+
+def test_an_unsupported_precision_names_the_flag_that_fixes_it(capsys):
+    # the message listed tf32 (no training precision) and named only precision='fp16'
+    code, _, err = run(capsys, "estimate", "--model", "tiny-llama", "--cluster", "1x8xA100-80GB",
+                       "--precision", "fp8")
+    assert code == 2 and "tf32" not in err, err
+    assert "A100-SXM4-80GB does not support fp8" in err and "Fix: --precision bf16" in err, err
