@@ -620,3 +620,23 @@ def test_an_unsupported_precision_names_the_flag_that_fixes_it(capsys):
                        "--precision", "fp8")
     assert code == 2 and "tf32" not in err, err
     assert "A100-SXM4-80GB does not support fp8" in err and "Fix: --precision bf16" in err, err
+
+
+@pytest.mark.parametrize("argv", [
+    ["estimate", *TINY, "--dispatcher", "auto"],
+    ["plan", *TINY, "--compare-dispatcher", "auto"],
+])
+def test_auto_dispatcher_is_a_search_pin_only(capsys, argv):
+    # estimate and --compare-* took 'auto' and then failed: "dispatcher 'auto' is not one of"
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "invalid choice: 'auto'" in err, err
+
+
+def test_a_refused_pin_names_the_framework_flag_once():
+    from autopar.cli.commands import flag_words
+    text = "or plan for another framework (--framework / TrainingConfig(framework=...))."
+    assert flag_words(text) == "or plan for another framework (--framework)."
+    assert flag_words("set TrainingConfig(framework=...)") == \
+        "set --framework (TrainingConfig(framework=...))"

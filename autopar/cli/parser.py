@@ -127,7 +127,8 @@ def _common(p: argparse.ArgumentParser, plot: str) -> None:
                         "measurements replace the datasheet constants")
 
 
-def _parallel_flags(p: argparse.ArgumentParser, prefix: str = "", what: str = "") -> None:
+def _parallel_flags(p: argparse.ArgumentParser, prefix: str = "", what: str = "",
+                    search: bool = False) -> None:
     dash = f"--{prefix}" if prefix else "--"
     dest = prefix.replace("-", "_")
     p.add_argument(f"{dash}tp", dest=f"{dest}tp", type=int, default=None,
@@ -155,13 +156,14 @@ def _parallel_flags(p: argparse.ArgumentParser, prefix: str = "", what: str = ""
     p.add_argument(f"{dash}expert-tp", dest=f"{dest}expert_tp", type=int, default=None,
                    help=f"expert-tensor-parallel degree of MoE layers (MoE parallel folding; "
                         f"default: tp){what}")
+    # 'auto' asks the search to choose: a pin of plan / explain, not one configuration
+    auto = ("; 'auto' lets the search choose between alltoall and allgather where the framework "
+            "runs both, at about twice the MoE search time" if search else "")
     p.add_argument(f"{dash}dispatcher", dest=f"{dest}dispatcher", default=None,
-                   choices=[*DISPATCHERS, "auto"],
+                   choices=[*DISPATCHERS, *(["auto"] if search else [])],
                    help=f"MoE token dispatcher: NCCL all-to-all, DeepEP, or Megatron-Core's "
                         f"all-gather over the expert-TP x EP group (default alltoall; a given "
-                        f"one is kept; 'auto' lets the search choose between alltoall and "
-                        f"allgather where the framework runs both, at about twice the MoE "
-                        f"search time){what}")
+                        f"one is kept{auto}){what}")
     p.add_argument(f"{dash}schedule", dest=f"{dest}schedule", default=None,
                    choices=list(SCHEDULES),
                    help=f"pipeline schedule (torch.distributed.pipelining's){what}")
@@ -297,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="search the fastest plan that fits")
     _common(p, "the schedule of one step, memory per stage and the Pareto front")
-    _parallel_flags(p, what=" (pinned; the rest is searched)")
+    _parallel_flags(p, what=" (pinned; the rest is searched)", search=True)
     _search_flags(p)
     p.add_argument("--out", default=None, help="write the plan JSON to this file (a line says so)")
     p.add_argument("--export", nargs=2, metavar=("FRAMEWORK", "FILE"), default=None,
@@ -335,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "model, cluster and training config are used unless flags are given")
     x = sub.add_parser("explain", help="why the best plan beats the usual alternatives")
     _common(x, "the step time of each compared plan by component")
-    _parallel_flags(x, what=" (pinned in the searched best plan)")
+    _parallel_flags(x, what=" (pinned in the searched best plan)", search=True)
     _search_flags(x)
     _parallel_flags(x, "compare-", " of a hand-tuned plan to explain too")
     x.add_argument("--plan", default=None, metavar="FILE",
