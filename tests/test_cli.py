@@ -640,3 +640,19 @@ def test_a_refused_pin_names_the_framework_flag_once():
     assert flag_words(text) == "or plan for another framework (--framework)."
     assert flag_words("set TrainingConfig(framework=...)") == \
         "set --framework (TrainingConfig(framework=...))"
+
+
+def test_an_imported_files_model_is_named_when_it_is_not_used_or_unknown(capsys, tmp_path):
+    # --model silently replaced the TOML's [model]; an unknown flavor read as a bad --model
+    toml = tmp_path / "job.toml"
+    toml.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\n'
+                    'tensor_parallel_degree = 2\n')
+    code, out, err = run(capsys, "estimate", *TINY, "--torchtitan-toml", str(toml), "--json")
+    assert code == 0, err
+    assert "the flags' model 'tiny-llama' replaces the imported 'llama3-8b' (the file's model " \
+           "name and flavor)" in json.loads(out)["notes"]
+    toml.write_text('[model]\nname = "deepseek_v3"\nflavor = "671B"\n')
+    code, _, err = run(capsys, "estimate", "--cluster", "1x8xH100", "--torchtitan-toml",
+                       str(toml))
+    assert code == 2 and "the imported file's model name and flavor give 'deepseek-v3-671b'" in err
+    assert "Did you mean 'deepseek-v3'?" in err and "Fix: name the model with --model" in err
