@@ -344,6 +344,12 @@ def test_two_exports_to_one_file_are_refused_before_the_search(capsys, tmp_path)
     (["models", "--jsn"], "Did you mean --json?"),
     (["estimate", *TINY, "--objective", "fastest"], None),     # a plan/explain flag
     (["plan", *TINY, "--global-batch-size", "64"], "Did you mean --global-batch?"),
+    # explain --megatron-args was answered "Did you mean --memory-margin?"
+    (["explain", *TINY, "--megatron-args", "--tensor-model-parallel-size 2"],
+     "--megatron-args is an option of autopar estimate, not of autopar explain."),
+    (["models", "--out", "x.txt"],
+     "--out is an option of autopar plan, autopar calibrate, autopar measure, not of autopar "
+     "models."),
 ])
 def test_a_flag_is_suggested_only_when_the_subcommand_has_it(capsys, argv, hint):
     # the new-user pass: `models --out x.txt` was answered "Did you mean --out?"

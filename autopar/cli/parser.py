@@ -221,11 +221,14 @@ class _Parser(argparse.ArgumentParser):
         scope = self._command_parser or self
         if message.startswith("unrecognized arguments:"):
             known = _option_strings(scope)
-            close = [m for tok in message.split(":", 1)[1].split() if tok.startswith("-")
-                     for m in difflib.get_close_matches(tok.split("=")[0], known, n=1)
-                     if m != tok.split("=")[0]]
-            if close:
-                hint = f" Did you mean {', '.join(close)}?"
+            flags = [t.split("=")[0] for t in message.split(":", 1)[1].split() if t[:1] == "-"]
+            close = [m for tok in flags for m in difflib.get_close_matches(tok, known, n=1)
+                     if m != tok]
+            other = [f"{tok} is an option of {', '.join(where)}, not of {scope.prog}"
+                     for tok in flags if (where := [f"autopar {n}" for n, sub in _subparsers(
+                         self).items() if sub is not scope and tok in _option_strings(sub)])]
+            if close or other:   # an option of another command: say so, not a near spelling
+                hint = f" {other[0]}." if other else f" Did you mean {', '.join(close)}?"
         self.exit(2, f"{self.prog}: error: {message}.{hint} Fix: see '{scope.prog} --help' "
                      "for the options.\n")
 
@@ -254,9 +257,8 @@ def _join_flag_values(args: list[str], own: set[str]) -> list[str]:
 
 def _opposite_flags(args: list[str], parser: "argparse.ArgumentParser | None"
                     ) -> tuple[str, str] | None:
-    """The first ``(--X, --no-X)`` pair of one of ``parser``'s on/off options
-    (:class:`argparse.BooleanOptionalAction`, e.g. ``--sp`` / ``--no-sp``) that ``args`` both
-    hold; None when there is none (or no subcommand parser)."""
+    """The first ``(--X, --no-X)`` pair of ``parser``'s on/off options (e.g. ``--sp`` /
+    ``--no-sp``) that ``args`` both hold; None when there is none (or no subcommand parser)."""
     if parser is None:
         return None
     given = set(args)
