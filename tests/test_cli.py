@@ -311,10 +311,12 @@ def test_a_global_batch_just_short_of_a_multiple_of_the_gpus_is_pointed_out(caps
     assert "1,000 (+0.2%) allows them (--global-batch 1000)" in note
     from autopar.cli.batch_notes import batch_divisibility_note as _batch_divisibility_note
     (text,) = _batch_divisibility_note(1000, 21)
-    assert "factor 1 with the 21 GPUs" in text and "1,008 (+0.8%)" in text
+    assert "1,000 shares no factor with the 21 GPUs" in text and "1,008 (+0.8%)" in text
     assert _batch_divisibility_note(32, 8) == [] and _batch_divisibility_note(40, 32) == []
     (small,) = _batch_divisibility_note(7, 8)
     assert "smaller than the 8 GPUs" in small and "--global-batch 8" in small
+    (one,) = _batch_divisibility_note(1, 8)   # was "at most 1 data-parallel ranks"
+    assert "at most 1 data-parallel rank, so" in one
 
 
 def test_export_can_be_repeated_and_writes_every_file(capsys, tmp_path):
