@@ -432,8 +432,8 @@ def test_plan_table_calls_the_fastest_plan_best(capsys):
 
 @pytest.mark.parametrize("flags, words", [
     (["--moe-capacity-factor", "1.25"], "the model has no routed experts"),
-    (["--dispatcher", "deepep"], "--dispatcher deepep only apply to mixture-of-experts layers"),
-    (["--expert-tp", "2"], "--expert-tp 2 only apply to mixture-of-experts layers"),
+    (["--dispatcher", "deepep"], "--dispatcher deepep only applies to mixture-of-experts layers"),
+    (["--expert-tp", "2"], "--expert-tp 2 only applies to mixture-of-experts layers"),
     (["--dispatcher", "deepep", "--expert-tp", "2"], "drop --dispatcher and --expert-tp"),
 ])
 def test_moe_flags_on_a_dense_model_blame_the_model_not_the_framework(capsys, flags, words):
@@ -664,3 +664,11 @@ def test_an_imported_files_model_is_named_when_it_is_not_used_or_unknown(capsys,
                        str(toml))
     assert code == 2 and "the imported file's model name and flavor give 'deepseek-v3-671b'" in err
     assert "Did you mean 'deepseek-v3'?" in err and "Fix: name the model with --model" in err
+
+
+def test_expert_tp_on_a_dense_model_is_refused_in_plain_words(capsys):
+    # estimate said "needs a MoE model whose 0 experts ep divides, and ep*etp = 2 dividing ..."
+    code, _, err = run(capsys, "estimate", *TINY, "--tp", "1", "--expert-tp", "2")
+    assert code == 2, err
+    assert "--expert-tp 2 needs a mixture-of-experts model; this model has no MoE layer" in err
+    assert "0 experts" not in err and "Fix: drop the expert_tp pin (--expert-tp)" in err
