@@ -253,10 +253,29 @@ def test_every_flag_is_documented():
                     assert f"`{flag}" in doc, f"{name} {flag} missing from docs/cli.md"
 
 
+def test_documented_choices_are_the_parsers():
+    # docs/cli.md listed --dispatcher as alltoall/deepep; the parser also takes allgather, auto
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    for name, p in sub.choices.items():
+        section = doc.split(f"### `autopar {name}`", 1)[1].split("\n### ", 1)[0]
+        for action in p._actions:
+            flag = next((f for f in action.option_strings if f.startswith("--")), None)
+            row = re.search(rf"^\| `{re.escape(flag or '-')}`[^|]*\| ([^|]*) \|", section, re.M)
+            if action.choices is None or row is None or "..." in row.group(1):
+                continue   # a row ending in "..." names a few of a long list
+            values = set(re.split(r"/|, ", row.group(1).strip()))   # "dualpipe" in "dualpipev"
+            missing = [c for c in map(str, action.choices) if c not in values]
+            assert not missing, f"{name} {flag}: docs/cli.md's values lack {missing}"
+
+
 @pytest.mark.parametrize("flags, words", [
     (["--out", "/nonexistent-folder/p.json"], "No such file or directory"),
     (["--export", "jax", "x.txt"], "autopar exports to megatron"),
     (["--export", "megatron", "/nonexistent-folder/a.txt"], "No such file or directory"),
+    (["--price-per-gpu-hour", "2"], "--price-per-gpu-hour needs --tokens"),
+    (["--tokens", "1e9", "--currency", "dollars"], "not an ISO 4217 currency code"),
 ])
 def test_outputs_are_checked_before_the_search(capsys, flags, words):
     # these failed only after the search had run (seconds to minutes on a large problem)
@@ -293,10 +312,12 @@ def test_a_global_batch_just_short_of_a_multiple_of_the_gpus_is_pointed_out(caps
     assert "1,000 (+0.2%) allows them (--global-batch 1000)" in note
     from autopar.cli.batch_notes import batch_divisibility_note as _batch_divisibility_note
     (text,) = _batch_divisibility_note(1000, 21)
-    assert "factor 1 with the 21 GPUs" in text and "1,008 (+0.8%)" in text
+    assert "1,000 shares no factor with the 21 GPUs" in text and "1,008 (+0.8%)" in text
     assert _batch_divisibility_note(32, 8) == [] and _batch_divisibility_note(40, 32) == []
     (small,) = _batch_divisibility_note(7, 8)
     assert "smaller than the 8 GPUs" in small and "--global-batch 8" in small
+    (one,) = _batch_divisibility_note(1, 8)   # was "at most 1 data-parallel ranks"
+    assert "at most 1 data-parallel rank, so" in one
 
 
 def test_export_can_be_repeated_and_writes_every_file(capsys, tmp_path):
@@ -326,6 +347,12 @@ def test_two_exports_to_one_file_are_refused_before_the_search(capsys, tmp_path)
     (["models", "--jsn"], "Did you mean --json?"),
     (["estimate", *TINY, "--objective", "fastest"], None),     # a plan/explain flag
     (["plan", *TINY, "--global-batch-size", "64"], "Did you mean --global-batch?"),
+    # explain --megatron-args was answered "Did you mean --memory-margin?"
+    (["explain", *TINY, "--megatron-args", "--tensor-model-parallel-size 2"],
+     "--megatron-args is an option of autopar estimate, not of autopar explain."),
+    (["models", "--out", "x.txt"],
+     "--out is an option of autopar plan, autopar calibrate, autopar measure, not of autopar "
+     "models."),
 ])
 def test_a_flag_is_suggested_only_when_the_subcommand_has_it(capsys, argv, hint):
     # the new-user pass: `models --out x.txt` was answered "Did you mean --out?"
@@ -406,8 +433,8 @@ def test_plan_table_calls_the_fastest_plan_best(capsys):
 
 @pytest.mark.parametrize("flags, words", [
     (["--moe-capacity-factor", "1.25"], "the model has no routed experts"),
-    (["--dispatcher", "deepep"], "--dispatcher deepep only apply to mixture-of-experts layers"),
-    (["--expert-tp", "2"], "--expert-tp 2 only apply to mixture-of-experts layers"),
+    (["--dispatcher", "deepep"], "--dispatcher deepep only applies to mixture-of-experts layers"),
+    (["--expert-tp", "2"], "--expert-tp 2 only applies to mixture-of-experts layers"),
     (["--dispatcher", "deepep", "--expert-tp", "2"], "drop --dispatcher and --expert-tp"),
 ])
 def test_moe_flags_on_a_dense_model_blame_the_model_not_the_framework(capsys, flags, words):
@@ -583,3 +610,66 @@ def test_a_model_autopar_has_as_a_hugging_face_preset_is_named(capsys):
                  "--global-batch", "64", "--seq-len", "4096"]) == 2
     err = capsys.readouterr().err
     assert "Did you mean 'hf-gpt-oss-120b'" in err and "gpt-1008b'?" not in err
+
+
+@pytest.mark.parametrize("flags", [["--sp", "--no-sp"], ["--no-compare-sp", "--compare-sp"]])
+def test_opposite_on_off_flags_are_refused(capsys, flags):
+    # argparse kept the last of --sp --no-sp without a word
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", *TINY, flags[0], "--tp", "2", flags[1]])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert f"argument {flags[1]}: not allowed with argument {flags[0]}" in err \
+        or f"argument {flags[0]}: not allowed with argument {flags[1]}" in err, err
+
+
+def test_an_unsupported_precision_names_the_flag_that_fixes_it(capsys):
+    # the message listed tf32 (no training precision) and named only precision='fp16'
+    code, _, err = run(capsys, "estimate", "--model", "tiny-llama", "--cluster", "1x8xA100-80GB",
+                       "--precision", "fp8")
+    assert code == 2 and "tf32" not in err, err
+    assert "A100-SXM4-80GB does not support fp8" in err and "Fix: --precision bf16" in err, err
+
+
+@pytest.mark.parametrize("argv", [
+    ["estimate", *TINY, "--dispatcher", "auto"],
+    ["plan", *TINY, "--compare-dispatcher", "auto"],
+])
+def test_auto_dispatcher_is_a_search_pin_only(capsys, argv):
+    # estimate and --compare-* took 'auto' and then failed: "dispatcher 'auto' is not one of"
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "invalid choice: 'auto'" in err, err
+
+
+def test_a_refused_pin_names_the_framework_flag_once():
+    from autopar.cli.commands import flag_words
+    text = "or plan for another framework (--framework / TrainingConfig(framework=...))."
+    assert flag_words(text) == "or plan for another framework (--framework)."
+    assert flag_words("set TrainingConfig(framework=...)") == \
+        "set --framework (TrainingConfig(framework=...))"
+
+
+def test_an_imported_files_model_is_named_when_it_is_not_used_or_unknown(capsys, tmp_path):
+    # --model silently replaced the TOML's [model]; an unknown flavor read as a bad --model
+    toml = tmp_path / "job.toml"
+    toml.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\n'
+                    'tensor_parallel_degree = 2\n')
+    code, out, err = run(capsys, "estimate", *TINY, "--torchtitan-toml", str(toml), "--json")
+    assert code == 0, err
+    assert "the flags' model 'tiny-llama' replaces the imported 'llama3-8b' (the file's model " \
+           "name and flavor)" in json.loads(out)["notes"]
+    toml.write_text('[model]\nname = "deepseek_v3"\nflavor = "671B"\n')
+    code, _, err = run(capsys, "estimate", "--cluster", "1x8xH100", "--torchtitan-toml",
+                       str(toml))
+    assert code == 2 and "the imported file's model name and flavor give 'deepseek-v3-671b'" in err
+    assert "Did you mean 'deepseek-v3'?" in err and "Fix: name the model with --model" in err
+
+
+def test_expert_tp_on_a_dense_model_is_refused_in_plain_words(capsys):
+    # estimate said "needs a MoE model whose 0 experts ep divides, and ep*etp = 2 dividing ..."
+    code, _, err = run(capsys, "estimate", *TINY, "--tp", "1", "--expert-tp", "2")
+    assert code == 2, err
+    assert "--expert-tp 2 needs a mixture-of-experts model; this model has no MoE layer" in err
+    assert "0 experts" not in err and "Fix: drop the expert_tp pin (--expert-tp)" in err

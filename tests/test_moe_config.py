@@ -133,7 +133,7 @@ def test_config_estimate_equals_hf_preset():
 
 @pytest.mark.parametrize("extra, words", [
     (dict(top_k=9), "top_k=9"),
-    (dict(top_k=0), "top_k=0"),
+    (dict(top_k=0), "top_k=0 (routed experts per token; 0 when not given)"),
     (dict(moe_ffn_hidden_size=None), "moe_ffn_hidden_size"),
     (dict(num_experts=1), "at least 2 experts"),
     (dict(first_dense_layers=3), "leaves no MoE"),

@@ -301,3 +301,25 @@ def test_a_torchtitan_toml_autopar_wrote_for_a_model_without_a_flavor_reads_back
     text = path.read_text().replace('flavor = "llama2-7b"', 'flavor = "8B"')
     path.write_text(text)
     assert from_torchtitan_toml(path).model == "llama3-8b"   # torchtitan's own flavors as before
+
+
+def test_plan_of_another_model_derives_its_per_block_choices_again(capsys, tmp_path):
+    # estimate --plan FILE --model M with M of another block count failed: "recompute has 4
+    # entries but the model has 6 blocks", then "stage_blocks ... sum to 4", flags never given
+    path = tmp_path / "p.json"
+    autopar.optimize("tiny-llama", TINY8, autopar.TrainingConfig(global_batch_size=16, seq_len=32),
+                     fixed=dict(tp=1, pp=2, recompute=("full", "none", "none", "none"),
+                                stage_blocks=(1, 3))).to_json(path)
+    model = tmp_path / "m.json"
+    model.write_text(json.dumps({"name": "six", "family": "llama", "num_layers": 6,
+                                 "hidden_size": 64, "num_heads": 4, "vocab_size": 256,
+                                 "seq_len": 32}))
+    data = _estimate_json(capsys, "--plan", str(path), "--model", str(model))
+    assert data["config"]["recompute"] == "none" and data["config"]["pp"] == 2
+    assert sum(data["config"]["stage_blocks"]) == 6
+    notes = " ".join(data["notes"])
+    assert "stage cuts 1/3 (the plan's 4 blocks) -> balanced over the 6 blocks" in notes
+    assert "-> 'none' on all 6 blocks" in notes and "balanced for pp" not in notes
+    # a flag still decides
+    data = _estimate_json(capsys, "--plan", str(path), "--model", str(model), "--recompute", "full")
+    assert data["config"]["recompute"] == "full"

@@ -22,12 +22,15 @@ def batch_divisibility_note(batch: int, world: int) -> list[str]:
     nearer = -(-batch // world) * world
     if batch < world:
         return [f"the global batch {batch:,} is smaller than the {world:,} GPUs: at most "
-                f"{batch:,} data-parallel ranks, so the other GPUs must split each sequence "
+                f"{batch:,} data-parallel rank{'s' if batch != 1 else ''}, so the other GPUs "
+                "must split each sequence "
                 f"(tp, pp, cp); --global-batch {world} or more lets data parallelism use them all"]
     if nearer > batch * (1 + BATCH_NUDGE):
         return []
-    return [f"the global batch {batch:,} shares only the factor {math.gcd(batch, world)} with "
-            f"the {world:,} GPUs: data parallelism must divide it, so some plans that shard it "
+    common = math.gcd(batch, world)
+    shares = f"shares only the factor {common} with" if common > 1 else "shares no factor with"
+    return [f"the global batch {batch:,} {shares} the {world:,} GPUs: data parallelism must "
+            "divide it, so some plans that shard it "
             f"over every GPU are out of reach; if the batch may change, {nearer:,} "
             f"(+{(nearer - batch) / batch:.1%}) allows them (--global-batch {nearer})"]
 

@@ -65,7 +65,8 @@ def flag_words(text: str) -> str:
     (TrainingConfig.seq_len)``, a pin ``dispatcher='alltoall'`` as ``--dispatcher alltoall``,
     ``expert_tp=None`` as ``no --expert-tp``."""
     for api, flag in _FLAGS.items():
-        text = text.replace(api, f"{flag} ({api})")
+        # a text naming both ("--framework / TrainingConfig(framework=...)") keeps the flag
+        text = text.replace(f"{flag} / {api}", flag).replace(api, f"{flag} ({api})")
     # a pin set to None is the flag left out (there is no "--expert-tp None" to type)
     return _PIN.sub(lambda m: f"no {_PINS[m.group(1)]}" if m.group(3) == "None"
                     else f"{_PINS[m.group(1)]} {m.group(3)}", text)

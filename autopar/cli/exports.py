@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from ..errors import AutoparError, InvalidTrainingConfig, MissingDependency, output_error
+from .output import run_costs
 
 
 #: ``--export`` targets: name -> (Plan method, its keyword arguments). ``torchtitan`` writes the
@@ -27,12 +28,13 @@ EXPORTERS = {"megatron": ("to_megatron_args", {}),
 def check_outputs(args) -> None:
     """Fail before any search on what would fail after it: an unknown ``--export`` framework,
     an output path in a folder that does not exist or cannot be written, ``--plot`` without
-    matplotlib.
+    matplotlib, ``--price-per-gpu-hour`` without ``--tokens`` or a bad ``--currency``.
 
     Raises:
         InvalidTrainingConfig, OutputError, MissingDependency: as :func:`export_plan`, the plan
-            writer and the plot would.
+            writer, the plot and :func:`autopar.cli.output.run_costs` would.
     """
+    run_costs(args, [])   # the run-cost flags, checked after the search before
     exports = getattr(args, "export", None) or []
     for framework, _ in exports:
         if framework not in EXPORTERS:

@@ -151,6 +151,25 @@ def _overridden(args, imp: Imported, world: int, blocks: int, tr: dict) -> list[
     return out
 
 
+def _model_of(args, imp: Imported | None):
+    """``--model``, else the model the imported file names (torchtitan's model name + flavor).
+
+    Raises:
+        InvalidModelConfig: ``--model`` unknown; or, without it, a file's model that is no
+            preset (e.g. torchtitan's ``deepseek_v3`` + ``671B``), named as the file's.
+    """
+    if args.model or imp is None or imp.model is None:
+        return model_arg(args.model)
+    try:
+        model_config_of(imp.model)   # raises for a name that is no preset
+        return imp.model
+    except InvalidModelConfig as exc:
+        raise InvalidModelConfig(
+            f"the imported file's model name and flavor give {imp.model!r}, which autopar does "
+            f"not know ({str(exc).split(' Valid presets', 1)[0]}). Fix: name the model with "
+            "--model (a preset, `autopar models`, or a model dict JSON)") from exc
+
+
 def read_problem(args) -> tuple[Problem, dict, list[str]]:
     """The problem, the parallel choices the user gave, and notes on imported settings (a
     plan file's: :func:`autopar.cli.plan_input.plan_problem`)."""
@@ -160,7 +179,7 @@ def read_problem(args) -> tuple[Problem, dict, list[str]]:
         raise InvalidClusterSpec("--cluster is required (a spec NODESxGPUSxGPU[+NICSxLINK], e.g. "
                                  "4x8xA100-80GB).")
     imp = _imported(args)
-    model = model_arg(args.model or (imp.model if imp else None))
+    model = _model_of(args, imp)
     cluster = api.as_cluster(args.cluster)
     par, tr, notes, params, profile = {}, {}, [], None, None
     ambiguous = memory_ambiguity(parse_spec(args.cluster).gpu_name)
@@ -181,6 +200,9 @@ def read_problem(args) -> tuple[Problem, dict, list[str]]:
         # the flags override the import before Megatron-LM's layer split is applied
         par, tr = imp.complete(cluster.world_size, blocks, overrides=parallel_choices(args))
         notes = list(imp.notes) + _overridden(args, imp, cluster.world_size, blocks, tr)
+        if args.model and imp.model and args.model != imp.model:
+            notes.append(f"the flags' model {args.model!r} replaces the imported {imp.model!r} "
+                         "(the file's model name and flavor)")
         notes += _mtp_on_last_stage(par, cfg)
         if not args.framework:
             notes.append(f"costed as {_framework(args)} runs it (the imported arguments' "

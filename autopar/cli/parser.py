@@ -127,7 +127,8 @@ def _common(p: argparse.ArgumentParser, plot: str) -> None:
                         "measurements replace the datasheet constants")
 
 
-def _parallel_flags(p: argparse.ArgumentParser, prefix: str = "", what: str = "") -> None:
+def _parallel_flags(p: argparse.ArgumentParser, prefix: str = "", what: str = "",
+                    search: bool = False) -> None:
     dash = f"--{prefix}" if prefix else "--"
     dest = prefix.replace("-", "_")
     p.add_argument(f"{dash}tp", dest=f"{dest}tp", type=int, default=None,
@@ -158,13 +159,14 @@ def _parallel_flags(p: argparse.ArgumentParser, prefix: str = "", what: str = ""
     p.add_argument(f"{dash}expert-tp", dest=f"{dest}expert_tp", type=int, default=None,
                    help=f"expert-tensor-parallel degree of MoE layers (MoE parallel folding; "
                         f"default: tp){what}")
+    # 'auto' asks the search to choose: a pin of plan / explain, not one configuration
+    auto = ("; 'auto' lets the search choose between alltoall and allgather where the framework "
+            "runs both, at about twice the MoE search time" if search else "")
     p.add_argument(f"{dash}dispatcher", dest=f"{dest}dispatcher", default=None,
-                   choices=[*DISPATCHERS, "auto"],
+                   choices=[*DISPATCHERS, *(["auto"] if search else [])],
                    help=f"MoE token dispatcher: NCCL all-to-all, DeepEP, or Megatron-Core's "
                         f"all-gather over the expert-TP x EP group (default alltoall; a given "
-                        f"one is kept; 'auto' lets the search choose between alltoall and "
-                        f"allgather where the framework runs both, at about twice the MoE "
-                        f"search time){what}")
+                        f"one is kept{auto}){what}")
     p.add_argument(f"{dash}schedule", dest=f"{dest}schedule", default=None,
                    choices=list(SCHEDULES),
                    help=f"pipeline schedule (torch.distributed.pipelining's){what}")
@@ -208,6 +210,13 @@ class _Parser(argparse.ArgumentParser):
         if extras:
             self._command_parser = _subparsers(self).get(getattr(ns, "command", None))
             self.error(f"unrecognized arguments: {' '.join(extras)}")
+        command = _subparsers(self).get(getattr(ns, "command", None))
+        both = _opposite_flags(args, command)
+        if both:
+            # argparse keeps the last of --sp / --no-sp without a word
+            self._command_parser = command
+            self.error(f"argument {both[1]}: not allowed with argument {both[0]} (they set "
+                       "opposite values; give one)")
         return ns
 
     def error(self, message):
@@ -215,11 +224,14 @@ class _Parser(argparse.ArgumentParser):
         scope = self._command_parser or self
         if message.startswith("unrecognized arguments:"):
             known = _option_strings(scope)
-            close = [m for tok in message.split(":", 1)[1].split() if tok.startswith("-")
-                     for m in difflib.get_close_matches(tok.split("=")[0], known, n=1)
-                     if m != tok.split("=")[0]]
-            if close:
-                hint = f" Did you mean {', '.join(close)}?"
+            flags = [t.split("=")[0] for t in message.split(":", 1)[1].split() if t[:1] == "-"]
+            close = [m for tok in flags for m in difflib.get_close_matches(tok, known, n=1)
+                     if m != tok]
+            other = [f"{tok} is an option of {', '.join(where)}, not of {scope.prog}"
+                     for tok in flags if (where := [f"autopar {n}" for n, sub in _subparsers(
+                         self).items() if sub is not scope and tok in _option_strings(sub)])]
+            if close or other:   # an option of another command: say so, not a near spelling
+                hint = f" {other[0]}." if other else f" Did you mean {', '.join(close)}?"
         self.exit(2, f"{self.prog}: error: {message}.{hint} Fix: see '{scope.prog} --help' "
                      "for the options.\n")
 
@@ -244,6 +256,21 @@ def _join_flag_values(args: list[str], own: set[str]) -> list[str]:
         out.append(tok)
         i += 1
     return out
+
+
+def _opposite_flags(args: list[str], parser: "argparse.ArgumentParser | None"
+                    ) -> tuple[str, str] | None:
+    """The first ``(--X, --no-X)`` pair of ``parser``'s on/off options (e.g. ``--sp`` /
+    ``--no-sp``) that ``args`` both hold; None when there is none (or no subcommand parser)."""
+    if parser is None:
+        return None
+    given = set(args)
+    for action in parser._actions:
+        if isinstance(action, argparse.BooleanOptionalAction):
+            on, off = action.option_strings[:2]
+            if on in given and off in given:
+                return on, off
+    return None
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict:
@@ -277,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="search the fastest plan that fits")
     _common(p, "the schedule of one step, memory per stage and the Pareto front")
-    _parallel_flags(p, what=" (pinned; the rest is searched)")
+    _parallel_flags(p, what=" (pinned; the rest is searched)", search=True)
     _search_flags(p)
     p.add_argument("--out", default=None, help="write the plan JSON to this file (a line says so)")
     p.add_argument("--export", nargs=2, metavar=("FRAMEWORK", "FILE"), default=None,
@@ -315,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "model, cluster and training config are used unless flags are given")
     x = sub.add_parser("explain", help="why the best plan beats the usual alternatives")
     _common(x, "the step time of each compared plan by component")
-    _parallel_flags(x, what=" (pinned in the searched best plan)")
+    _parallel_flags(x, what=" (pinned in the searched best plan)", search=True)
     _search_flags(x)
     _parallel_flags(x, "compare-", " of a hand-tuned plan to explain too")
     x.add_argument("--plan", default=None, metavar="FILE",

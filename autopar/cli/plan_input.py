@@ -142,9 +142,45 @@ def plan_problem(args) -> tuple[Problem, dict, list[str]]:
                             memory_margin=getattr(args, "memory_margin", None),
                             framework=profile)
     world = problem.cost_model.cluster.world_size
+    fitted = (_fit_blocks(par, flags, problem.graph.num_blocks, args.model)
+              if args.model is not None else [])
+    derived = [n for n in _derived_notes(before, par, world, bool(args.cluster))
+               if not (n.startswith("stage cuts") and fitted and fitted[0].startswith("stage"))]
     # what moved_plan_error needs when this plan does not resolve on the new cluster
     args.plan_mesh = {"config": before, "cluster": kw["cluster"], "model": kw["model"]}
-    return problem, par, [*notes, *_derived_notes(before, par, world, bool(args.cluster))]
+    return problem, par, [*notes, *fitted, *derived]
+
+
+def _fit_blocks(par: dict, flags: dict, blocks: int, model: str) -> list[str]:
+    """``estimate --plan FILE --model M``: the plan's per-block choices (stage cuts, recompute
+    and FSDP resharding per block) made for another block count than ``M``'s ``blocks`` are
+    derived again in ``par`` (in place), unless a flag gives them: balanced cuts, the mode most
+    of the plan's blocks take, every block resharded. They failed with "recompute has 80
+    entries but the model has 32 blocks", which named no flag the user had given.
+
+    Returns:
+        a note per choice derived again, with its old and new value.
+    """
+    notes = []
+    cuts = par.get("stage_blocks")
+    if cuts is not None and sum(cuts) != blocks and "stage_blocks" not in flags:
+        par["stage_blocks"] = None
+        notes.append(f"stage cuts {'/'.join(map(str, cuts))} (the plan's {sum(cuts)} blocks) -> "
+                     f"balanced over the {blocks} blocks of {model}")
+    modes = par.get("recompute")
+    if not isinstance(modes, str) and len(modes) != blocks and "recompute" not in flags:
+        # the mode most of the plan's blocks take (the first of a tie, in block order)
+        most = max(dict.fromkeys(modes), key=list(modes).count)
+        par["recompute"] = most
+        notes.append(f"recompute per block (the plan's {len(modes)} blocks) -> {most!r} on all "
+                     f"{blocks} blocks of {model}, the mode most of the plan's blocks take "
+                     "(--recompute sets another)")
+    reshard = par.get("reshard_after_forward")
+    if reshard is not None and len(reshard) != blocks and "reshard_after_forward" not in flags:
+        par["reshard_after_forward"] = None
+        notes.append(f"FSDP's per-block resharding (the plan's {len(reshard)} blocks) -> every "
+                     f"block of {model} resharded after forward")
+    return notes
 
 
 def moved_plan_error(args, problem: Problem, par: dict, exc: AutoparError) -> AutoparError:

@@ -153,7 +153,11 @@ def expert_folding(ep: int, etp: int, span: int, experts: int) -> Violation | No
     """MoE parallel folding (expert_tp beside tp): a MoE model whose experts ep divides, and
     ep * etp dividing ``span`` = tp * cp * dp (Megatron-Core parallel_state.py
     initialize_model_parallel: world_size % (etp * ep * pp) == 0)."""
-    if not experts or experts % ep or span % (ep * etp):
+    if not experts:   # a dense model: "whose 0 experts ep divides" said nothing useful
+        return Violation("expert_folding", f"expert_tp={etp} needs a mixture-of-experts model; "
+                                           "this model has no MoE layer",
+                         "drop the expert_tp pin (--expert-tp)")
+    if experts % ep or span % (ep * etp):
         return Violation("expert_folding",
                          f"expert_tp={etp} with ep={ep} (MoE parallel folding) needs a MoE model "
                          f"whose {experts} experts ep divides, and ep*etp = {ep * etp} dividing "

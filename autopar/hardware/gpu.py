@@ -13,6 +13,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from autopar.config import ARCHITECTURES
+from autopar.config import PRECISIONS as TRAINING_PRECISIONS
 from autopar.errors import InvalidClusterSpec, InvalidTrainingConfig
 
 #: Precisions a device may list in ``peak_flops``.
@@ -211,14 +212,17 @@ class Device:
             )
         if key not in self.peak_flops:
             # a GPU without BF16 (Volta: V100) trains in FP16 with loss scaling
-            hint = (" (no BF16 tensor cores: train in mixed precision fp16, precision='fp16')"
+            hint = (" (no BF16 tensor cores: train in mixed precision fp16)"
                     if key == "bf16" and "fp16" in self.peak_flops else "")
             # the training precisions it has (a datasheet's tf32 is a matmul mode, not one)
-            usable = [k for k in self.peak_flops if k in PRECISIONS]
+            usable = [k for k in TRAINING_PRECISIONS if k in self.peak_flops]
+            pick = "bf16" if "bf16" in usable else usable[0] if usable else None
             default = " (bf16: autopar's default precision)" if key == "bf16" else ""
+            fix = (f"--precision {pick} (precision='{pick}' in Python), or a GPU that has {key}"
+                   if pick else f"a GPU that has {key}")
             raise InvalidTrainingConfig(
-                f"{self.name} does not support {key}{default} (it supports {usable}); "
-                f"pick one of those precisions or a GPU that has {key}{hint}"
+                f"{self.name} does not support {key}{default}{hint}; it trains in {usable}. "
+                f"Fix: {fix}"
             )
         return self.peak_flops[key]
 

@@ -270,6 +270,10 @@ class ModelConfig:
             if self.num_experts < 2:
                 raise _fail(name, f"num_experts={self.num_experts}: a MoE layer routes among "
                                   "at least 2 experts; fix: num_experts >= 2, or 0 for dense")
+            if self.top_k == 0:   # the field's default: most often not given at all
+                raise _fail(name, f"top_k=0 (routed experts per token; 0 when not given) must "
+                                  f"be in [1, num_experts={self.num_experts}]; fix: pass top_k "
+                                  "with num_experts (Mixtral 8x7B: 2 of 8)")
             if not 1 <= self.top_k <= self.num_experts:
                 raise _fail(name, f"top_k={self.top_k} must be in [1, num_experts="
                                   f"{self.num_experts}] (routed experts per token); fix: top_k "

@@ -282,7 +282,8 @@ def _pins_the_framework_runs(profile, fixed: dict, moe: bool = False) -> None:
         if given:
             pins = " and ".join(f"{k}={fixed[k]!r}" for k in given)
             raise InvalidParallelConfig(
-                f"the pinned {pins} only apply to mixture-of-experts layers, but the model is "
+                f"the pinned {pins} only appl{'ies' if len(given) == 1 else 'y'} to "
+                "mixture-of-experts layers, but the model is "
                 f"dense (no routed experts). Fix: drop "
                 f"{' and '.join(moe_only[k] for k in given)}, or use a mixture-of-experts model.")
     keys = {k: v for k, v in fixed.items() if k in ParallelConfig.__dataclass_fields__
