@@ -1,66 +1,19 @@
 """The ``autopar`` command's argument parser: the flags of ``plan``, ``estimate``, ``explain`` and
-``models`` (``calibrate`` and ``measure``: :mod:`autopar.cli.measure_cmds`), their argparse types,
-and one-line errors for bad flags. The full flag reference is docs/cli.md."""
+``models`` (``calibrate`` and ``measure``: :mod:`autopar.cli.measure_cmds`; value types:
+:mod:`autopar.cli.argtypes`), and one-line errors for bad flags. The full flag reference is docs/cli.md."""
 
 from __future__ import annotations
 
 import argparse
 import difflib
-import json
-import os
 import sys
-from pathlib import Path
 
 from ..config import DISPATCHERS, FRAMEWORKS, OPTIMIZER_STATE_DTYPES, RECOMPUTE_MODES, SCHEDULES
 from ..cost.offload import frameworks_running
 from ..frameworks.options import STACK_OPTIONS
 from . import measure_cmds
+from .argtypes import expert_load, int_at_least, positive_float
 from .exports import EXPORTERS
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a positive finite number."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
-    if not v > 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive finite number")
-    return v
-
-
-def expert_load(text: str) -> tuple[float, ...]:
-    """argparse type: per-expert loads, comma- or space-separated numbers, or a file holding
-    them (a JSON list or the same text); checked in full by ``TrainingConfig``."""
-    body, where = text, ""
-    if os.path.isfile(text):
-        try:
-            body, where = Path(text).read_text(), f" in {text!r}"
-        except OSError as exc:
-            raise argparse.ArgumentTypeError(f"cannot read {text!r}: {exc}")
-    elif text.endswith((".json", ".txt", ".csv")) or os.sep in text:
-        raise argparse.ArgumentTypeError(f"no file {text!r} (give one load per routed expert, "
-                                         "comma-separated, or a file of them)")
-    if body.lstrip().startswith(("[", "{")):
-        try:
-            words = json.loads(body)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"not valid JSON{where}: {exc}")
-        if not isinstance(words, list):
-            raise argparse.ArgumentTypeError(
-                f"expected a JSON list of per-expert loads{where}, got a "
-                f"{type(words).__name__}")
-    else:
-        words = body.replace(",", " ").split()
-    out = []
-    for w in words:
-        try:
-            out.append(float(w))
-        except (TypeError, ValueError):
-            raise argparse.ArgumentTypeError(
-                f"{str(w)[:40]!r}{where} is not a number (one load per routed expert, e.g. "
-                "1,1,2,0.5)")
-    return tuple(out)
 
 
 def _common(p: argparse.ArgumentParser, plot: str) -> None:
@@ -170,19 +123,6 @@ def _parallel_flags(p: argparse.ArgumentParser, prefix: str = "", what: str = ""
     p.add_argument(f"{dash}schedule", dest=f"{dest}schedule", default=None,
                    choices=list(SCHEDULES),
                    help=f"pipeline schedule (torch.distributed.pipelining's){what}")
-
-
-def int_at_least(low: int):
-    """argparse type: an int >= ``low``."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{text!r} must be >= {low}")
-        return value
-    return parse
 
 
 _non_negative_int = int_at_least(0)
