@@ -289,6 +289,30 @@ def test_sequence_parallel_at_tp_1_is_noted(capsys):
     assert any("needs tp > 1: ignored at tp=1" in n for n in json.loads(out)["notes"])
 
 
+def test_cp_mode_at_cp_1_is_noted(capsys):
+    # --cp-mode at cp=1 was dropped silently while --sp at tp=1 got a note
+    code, out, err = run(capsys, "estimate", *TINY, "--tp", "2", "--cp-mode", "ulysses", "--json")
+    assert code == 0, err
+    assert any("needs cp > 1: ignored at cp=1" in n for n in json.loads(out)["notes"])
+    code, out, err = run(capsys, "estimate", *TINY, "--cp", "2", "--cp-mode", "ulysses", "--json")
+    assert code == 0 and not any("cp=1" in n for n in json.loads(out)["notes"]), out
+
+
+def test_estimate_without_parallel_flags_names_the_defaults(capsys):
+    # the new-user trial got an estimate of pure data parallelism with no word on its origin
+    code, out, err = run(capsys, "estimate", *TINY)
+    assert code == 0, err
+    assert re.search(r"note: no parallel flags given: estimated at the defaults tp=1 pp=1 dp=8 "
+                     r"cp=1, ZeRO 0, recompute none, micro-batch 1 .*`autopar plan`",
+                     " ".join(out.split())), out
+    code, out, _ = run(capsys, "estimate", *TINY, "--json")
+    assert sum("no parallel flags given" in n for n in json.loads(out)["notes"]) == 1
+    for flags in (["--zero", "1"], ["--micro-batch", "2"], ["--recompute", "full"]):
+        code, out, _ = run(capsys, "estimate", *TINY, *flags, "--json")
+        assert code == 0 and not any("no parallel flags" in n
+                                     for n in json.loads(out)["notes"]), flags
+
+
 def test_explain_compares_each_plan_once(capsys):
     """A runner-up that is also a canonical layout's best plan gets one row, and the other name
     is listed as skipped."""

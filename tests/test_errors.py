@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -64,6 +65,18 @@ def test_infeasible_names_the_batch_multiple():
 def test_infeasible_names_the_gpus_needed():
     with pytest.raises(autopar.InfeasibleError, match=r"at least \d+ GPUs of this kind"):
         autopar.optimize("llama2-7b", "1x1xA100-40GB", dict(global_batch_size=64, seq_len=4096))
+
+
+def test_infeasible_states_one_rounding_for_one_quantity():
+    # the new-user trial read "108 GB in all ... 107.8 GB per GPU sharded over all 1"
+    with pytest.raises(autopar.InfeasibleError) as info:
+        autopar.optimize("llama2-7b", "1x1xA100-40GB", dict(global_batch_size=64, seq_len=4096))
+    msg = str(info.value)
+    assert re.search(r"model states alone are \d+\.\d GB in all \(16 bytes per parameter "
+                     r"with adam; all of it on the one GPU\)", msg), msg
+    from autopar.search.diagnose import _states_text
+    assert _states_text(107.84e9, 16, "adam", 4) == (
+        "107.8 GB in all (16 bytes per parameter with adam; 27.0 GB per GPU sharded over all 4)")
 
 
 def test_infeasible_names_the_state_options_that_fit():

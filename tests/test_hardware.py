@@ -182,6 +182,18 @@ def test_bad_specs_name_the_part(spec, part):
         assert "h100-sxm5-80gb" in msg  # lists valid GPUs
 
 
+def test_more_nics_than_four_per_gpu_are_refused():
+    # the new-user trial gave 100 NICs to an 8-GPU node and got an estimate; 4 per GPU (AWS
+    # p5.48xlarge: 32 EFA for 8 H100) is the most a shipped node has, and stays accepted
+    with pytest.raises(InvalidClusterSpec) as e:
+        Cluster.from_spec("4x8xH100-80GB+100xib-ndr")
+    msg = str(e.value)
+    assert "100 NICs per node of 8 GPUs" in msg and "Fix:" in msg and "'+8xib-ndr'" in msg, msg
+    with pytest.raises(InvalidClusterSpec, match="33 NICs per node"):
+        Cluster.from_spec("16xH100-80GB+33xefa-v2-100g")
+    assert Cluster.from_spec("2x8xH100-80GB+32xefa-v2-100g").nics_per_node == 32
+
+
 def test_custom_and_validation():
     c = Cluster.custom(2, 4, "H100", intra="nvlink4", inter="roce-200g", nics_per_node=2)
     assert (c.world_size, c.inter_link.name, c.nics_per_node) == (8, "roce-200g", 2)

@@ -41,6 +41,7 @@ from ..report.advice import fixes_to_fit
 from ..report.explain import UNREACHED, compare
 from ..report.summary import plural, trust_lines
 from . import measure_cmds
+from .choice_notes import default_choices_note, ignored_choice_notes
 from .exports import check_outputs, export_plans
 from .inputs import parallel_choices, read_problem
 from .plan_input import in_plan_terms, plan_problem
@@ -168,11 +169,6 @@ def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
     return data
 
 
-#: The note for ``--sp`` at tp = 1 (plan, explain and estimate).
-SP_AT_TP1 = ("sequence parallelism shards the ops tensor parallelism replicates, so it needs "
-             "tp > 1: ignored at tp=1")
-
-
 def sp_off_note(problem: Problem, par: dict, est) -> list[str]:
     """The note ``estimate`` prints when sequence parallelism is off only by default: ``est``
     (of the choices ``par``) has tp > 1 and SP off, ``par`` does not give ``sequence_parallel``
@@ -198,9 +194,8 @@ def sp_off_note(problem: Problem, par: dict, est) -> list[str]:
 def _cmd_estimate(args, problem, par, notes, out) -> dict:
     # estimate --plan on a cluster its mesh does not fill: said in the plan's terms
     est = in_plan_terms(args, problem, par, lambda: problem.estimate(ParallelConfig(**par)))
-    if par.get("sequence_parallel") and est.config.tp == 1:
-        notes = [*notes, SP_AT_TP1]
-    notes = [*notes, *sp_off_note(problem, par, est)]
+    notes = [*notes, *ignored_choice_notes(args, par, est.config.tp, est.config.cp),
+             *sp_off_note(problem, par, est), *default_choices_note(args, par, est.config)]
     if not problem.graph.num_experts and par.get("dispatcher") not in (None, "alltoall", "auto"):
         # plan refuses it (autopar.search.optimize); an estimate prices no dispatch either way
         notes = [*notes, f"dispatcher {par['dispatcher']!r} ignored: the model is dense (no "
@@ -377,8 +372,8 @@ def run(argv=None) -> int:
         if args.command == "estimate":
             finish(args, _cmd_estimate(args, problem, par, notes, out), err)
             return 0
-        if par.get("sequence_parallel") and par.get("tp") == 1:   # --sp --tp 1: as estimate
-            notes = [*notes, SP_AT_TP1]
+        # --sp --tp 1: as estimate
+        notes = [*notes, *ignored_choice_notes(args, par, par.get("tp"), par.get("cp"))]
         for n in notes:  # estimate prints its notes with its tables
             err.print(f"note: {n}", style="yellow", highlight=False, markup=False)
         with Interrupt(err) as interrupt:  # from here the first Ctrl-C keeps the best plan

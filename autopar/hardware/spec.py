@@ -32,6 +32,11 @@ MAX_WORLD_SIZE = 2 ** 20
 #: GPUs per node assumed by the ``TOTALxGPU`` form (DGX/HGX boards carry 8).
 DEFAULT_GPUS_PER_NODE = 8
 
+#: Most compute NICs per GPU a spec may give: 4, the largest shipped figure autopar knows (AWS
+#: p5.48xlarge: 32 EFA interfaces for 8 H100 GPUs, its instance-type documentation); more (e.g.
+#: '4x8xH100+100xib-ndr') is taken for a typo, not priced as bandwidth no node has.
+MAX_NICS_PER_GPU = 4
+
 _GRAMMAR = "NODESxGPUSxGPU[+NICSxLINK] or TOTALxGPU[+NICSxLINK], e.g. '4x8xA100-80GB+4xib-hdr' or '2048xH100'"
 _MAIN = re.compile(r"^(\d+)x(?:(?:nvl)?(\d+)x)?([a-z][a-z0-9\-]*)$")
 _NIC = re.compile(r"^(\d+)x([a-z][a-z0-9\-]*)$")
@@ -85,7 +90,8 @@ def parse_spec(spec: str, catalog: Catalog = CATALOG) -> ParsedSpec:
 
     Raises:
         InvalidClusterSpec: naming the part that could not be read (the node/GPU part, the GPU name,
-            the NIC part or the link name), with the valid GPU or link names.
+            the NIC part or the link name), with the valid GPU or link names; or more NICs
+            per node than :data:`MAX_NICS_PER_GPU` per GPU.
     """
     if not isinstance(spec, str) or not spec.strip():
         raise InvalidClusterSpec(f"cluster spec must be a non-empty string like {_GRAMMAR}; got {spec!r}")
@@ -130,5 +136,11 @@ def parse_spec(spec: str, catalog: Catalog = CATALOG) -> ParsedSpec:
     except InvalidClusterSpec as err:
         raise InvalidClusterSpec(f"cluster spec {spec!r}: NIC part {nic_part!r}: {err}. Fix: use a "
                                  f"valid link name, e.g. '+8xib-ndr'") from None
-    return ParsedSpec(num_nodes, gpus_per_node, device,
-                      _positive(n.group(1), "the NIC count", spec), link, gpu_name)
+    nics = _positive(n.group(1), "the NIC count", spec)
+    if nics > MAX_NICS_PER_GPU * gpus_per_node:
+        raise InvalidClusterSpec(
+            f"cluster spec {spec!r}: {nics} NICs per node of {gpus_per_node} GPUs is more than "
+            f"{MAX_NICS_PER_GPU} per GPU, the most any shipped node has (AWS p5.48xlarge: 32 EFA "
+            f"for 8 GPUs); the NIC count is per node, not per cluster. Fix: give the NICs of one "
+            f"node, e.g. '+{gpus_per_node}x{n.group(2)}' (one per GPU)")
+    return ParsedSpec(num_nodes, gpus_per_node, device, nics, link, gpu_name)

@@ -295,10 +295,18 @@ def infeasible_error(cm: CostModel, smallest, fixed: dict,
         f"{dev.visible_memory_bytes / 1e9:.0f} GB per "
         f"{dev.name}. The most frugal configuration tried ({_short(e.config)}) needs "
         f"{e.memory_per_gpu_bytes / 1e9:.1f} GB per GPU; model states alone are "
-        f"{states / 1e9:.0f} GB in all ({k} bytes per parameter with {cm.train.optimizer}; "
-        f"{states / cm.cluster.world_size / 1e9:.1f} GB per GPU sharded over all "
-        f"{cm.cluster.world_size}). Smallest "
+        f"{_states_text(states, k, cm.train.optimizer, cm.cluster.world_size)}. Smallest "
         f"changes: {'; '.join(changes + [gpus])}. Fix: one of those, or a shorter sequence.")
+
+
+def _states_text(states: float, k: int, optimizer: str, world: int) -> str:
+    """The model states (``states`` bytes, ``k`` bytes per parameter with ``optimizer``) in all
+    and per GPU over the ``world`` GPUs, both in GB (1e9 bytes) to one decimal: the same
+    quantity is rounded the same way (one GPU: one figure)."""
+    head = f"{states / 1e9:.1f} GB in all ({k} bytes per parameter with {optimizer}"
+    if world == 1:
+        return head + "; all of it on the one GPU)"
+    return head + f"; {states / world / 1e9:.1f} GB per GPU sharded over all {world})"
 
 
 #: Training options that take model states off the GPU, as (field, value, how to ask for it).

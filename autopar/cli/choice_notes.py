@@ -1,0 +1,48 @@
+"""Notes on the parallel choices a command was given: a choice that does nothing where it was
+given (``--sp`` at tp = 1, ``--cp-mode`` at cp = 1), and an ``estimate`` whose configuration
+came from ``ParallelConfig``'s defaults because no parallel flag was given."""
+
+from __future__ import annotations
+
+#: The note for ``--sp`` at tp = 1 (plan, explain and estimate).
+SP_AT_TP1 = ("sequence parallelism shards the ops tensor parallelism replicates, so it needs "
+             "tp > 1: ignored at tp=1")
+
+#: The note for ``--cp-mode`` at cp = 1 (estimate; plan and explain have no --cp-mode).
+CP_MODE_AT_CP1 = ("--cp-mode sets how context parallelism exchanges K/V, so it needs cp > 1: "
+                  "ignored at cp=1")
+
+#: The ``ParallelConfig`` fields whose flags (--tp --pp --dp --cp --zero --recompute
+#: --virtual-stages --micro-batch --ep) choose an ``estimate``'s configuration.
+_CHOSEN = ("tp", "pp", "dp", "cp", "zero_stage", "recompute", "virtual_stages",
+           "micro_batch_size", "ep")
+
+#: The flags that import a whole configuration (``estimate``; ``--plan`` also for explain).
+_IMPORTS = ("plan", "megatron_args", "torchtitan_toml", "torchtitan_config")
+
+
+def ignored_choice_notes(args, par: dict, tp: int | None, cp: int | None) -> list[str]:
+    """The notes for choices ignored at the degrees ``tp`` and ``cp`` (None: not fixed, the
+    search picks them): :data:`SP_AT_TP1` when ``par`` turns sequence parallelism on at
+    tp = 1, :data:`CP_MODE_AT_CP1` when ``--cp-mode`` was given at cp = 1."""
+    notes = []
+    if par.get("sequence_parallel") and tp == 1:
+        notes.append(SP_AT_TP1)
+    if getattr(args, "cp_mode", None) and cp == 1:
+        notes.append(CP_MODE_AT_CP1)
+    return notes
+
+
+def default_choices_note(args, par: dict, config) -> list[str]:
+    """The note ``estimate`` prints when its configuration ``config`` (the estimate's
+    ``ParallelConfig``) is ParallelConfig's defaults: ``par`` (the choices given) holds none of
+    :data:`_CHOSEN` and no configuration was imported (:data:`_IMPORTS`); [] otherwise."""
+    if any(k in par for k in _CHOSEN) or any(getattr(args, f, None) for f in _IMPORTS):
+        return []
+    c = config
+    rec = c.recompute if isinstance(c.recompute, str) else "mixed"
+    ep = f" ep={c.ep}" if c.ep != 1 else ""
+    return [f"no parallel flags given: estimated at the defaults tp={c.tp} pp={c.pp} dp={c.dp} "
+            f"cp={c.cp}{ep}, ZeRO {c.zero_stage}, recompute {rec}, micro-batch "
+            f"{c.micro_batch_size} (--tp --pp --dp --cp --zero --recompute --micro-batch set "
+            "them); `autopar plan` with the same model, cluster and batch searches them"]
