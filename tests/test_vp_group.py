@@ -195,3 +195,12 @@ def test_plan_apply_refuses_a_group():
                                        vp_group=10))
     with pytest.raises(UnsupportedPlanError, match="vp_group=10"):
         check_plan(plan)
+
+
+def test_the_plan_command_names_the_group_it_chose(capsys):
+    from autopar.cli import main
+    assert main(["plan", "--model", "llama3-8b", "--cluster", "1x8xH100-80GB", "--framework",
+                 "megatron", "--global-batch", "44", "--seq-len", "2048", "--tp", "1", "--pp",
+                 "4", "--micro-batch", "1", "--objective", "fastest"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "interleaved-1f1b, v=4" in out and "6 micro-batches per chunk in" in out

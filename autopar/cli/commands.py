@@ -305,7 +305,8 @@ def _cmd_explain(args, problem, fixed, out, err, interrupt=None) -> dict:
         head = f"Plan of {args.plan}"
     out.print(f"[bold]{head}[/bold]: tp={c.tp} pp={c.pp} dp={c.dp} cp={c.cp} zero="
               f"{c.zero_stage} recompute={c.recompute if isinstance(c.recompute, str) else 'mixed'}"
-              f" mbs={c.micro_batch_size} v={c.virtual_stages} schedule={c.schedule}: "
+              f" mbs={c.micro_batch_size} v={c.virtual_stages} schedule={c.schedule}"
+              f"{f' vp_group={c.vp_group}' if c.vp_group else ''}: "
               f"{best.step_time_s:.3f} s/step{band}, MFU {best.mfu * 100:.1f}%, "
               f"{best.memory_per_gpu_bytes / 1e9:.1f} GB per GPU.", highlight=False)
     for label, text in trust_lines(best):
