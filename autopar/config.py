@@ -53,6 +53,9 @@ V_SCHEDULES = ("zbv-zero-bubble", "dualpipev", "dualpipe")
 #: DeepSeek's schedules (DualPipe and its V): a forward chunk paired with a backward chunk in
 #: the steady state, at least a micro-batch per chunk (2 pp).
 DUAL_PIPES = ("dualpipev", "dualpipe")
+#: Schedules that split a backward into input- and weight-gradient passes
+#: (:mod:`autopar.cost.pipeline.orders`).
+SPLIT_BACKWARD = ("interleaved-zero-bubble", "zbv-zero-bubble", "dualpipev", "dualpipe")
 #: The schedules ``torch.distributed.pipelining`` (torch 2.13) has a class for (all but DeepSeek's
 #: bidirectional DualPipe): what plain PyTorch and torchtitan run.
 TORCH_SCHEDULES = tuple(s for s in SCHEDULES if s != "dualpipe")

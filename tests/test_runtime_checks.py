@@ -33,3 +33,27 @@ def test_build_takes_the_sequence_length_the_plan_needs():
     assert model(torch.zeros(1, 64, dtype=torch.long)).shape == (1, 64, 256)
     with pytest.raises(autopar.errors.InvalidModelConfig):
         autopar.models.build("tiny-llama", seq_len=0)
+
+
+def test_zero3_under_a_split_backward_schedule_is_refused_by_plan_apply_and_never_searched():
+    """Measured wrong (FrameworkProfile.zero3_split_backward of the torch profile): ZeRO-3 with
+    ZBV or interleaved zero bubble drifted from one process while 1F1B with ZeRO-3 and ZBV
+    with ZeRO-1/2 matched. plan.apply refuses the pairing, the torch search never returns it
+    and a pin of it is refused naming the measurement; torchtitan (no resharding under PP by
+    default) keeps it."""
+    from autopar.runtime.validate import check_plan
+    fixed = dict(pp=2, dp=2, zero_stage=3)
+
+    def train(framework):
+        return autopar.TrainingConfig(global_batch_size=8, seq_len=32, framework=framework)
+    titan = autopar.optimize("tiny-llama", "1x4xA100-80GB", train("torchtitan"), fixed=fixed)
+    assert titan.config.schedule == "zbv-zero-bubble" and titan.config.zero_stage == 3
+    with pytest.raises(UnsupportedPlanError, match="zero_stage=3 under schedule"):
+        check_plan(titan)
+    torch_plan = autopar.optimize("tiny-llama", "1x4xA100-80GB", train("torch"), fixed=fixed)
+    assert torch_plan.config.schedule not in ("zbv-zero-bubble", "interleaved-zero-bubble",
+                                              "dualpipev")
+    check_plan(torch_plan)   # runnable
+    with pytest.raises(autopar.InvalidParallelConfig, match="does not train ZeRO-3 correctly"):
+        autopar.optimize("tiny-llama", "1x4xA100-80GB", train("torch"),
+                         fixed={**fixed, "schedule": "zbv-zero-bubble"})

@@ -19,7 +19,8 @@ from .vocabulary import (CHUNK_RULES, COST_FIELDS, CP_ATTENTION_PATHS, CUT_RULES
 
 _ZERO_STAGE_FIELDS = ("zero_stages", "zero_stages_with_tp", "zero_stages_with_pp",
                       "zero_stages_with_ep")
-_BOOL_FIELDS = ("per_block_recompute", "recompute_first_n", "vp_group_tunable", "expert_parallel", "per_block_reshard",
+_BOOL_FIELDS = ("per_block_recompute", "recompute_first_n", "vp_group_tunable",
+                "zero3_split_backward", "expert_parallel", "per_block_reshard",
                 "overlap_dp_grad_reduce", "zero3_regather_per_micro_batch",
                 "zero3_pp_root_regather", "zero3_pp_reduce_after_flush", "overlap_tp_comm",
                 "zero1_grad_all_reduce", "fsdp2_copies", "tp_mlp_reduce_per_linear",

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Mapping
 
-from ..config import DEFAULT_PLACEMENT, ParallelConfig
+from ..config import DEFAULT_PLACEMENT, SPLIT_BACKWARD, ParallelConfig
 from ..errors import InvalidParallelConfig
 from .checks import FieldCheck, close_names
 from .fieldrules import checked_fields
@@ -82,6 +82,9 @@ class FrameworkProfile:
         vp_group_tunable: under interleaved 1F1B the micro-batches per model-chunk group can
             be set (Megatron-LM ``--microbatch-group-size-per-virtual-pipeline-stage``; a plan's
             :attr:`~autopar.config.ParallelConfig.vp_group`); False: the schedule picks its own.
+        zero3_split_backward: ZeRO-3 (FSDP) trains correctly under the split-backward
+            schedules (:data:`autopar.cost.pipeline.orders.SPLIT_BACKWARD`); False where it was
+            measured not to.
         recompute_modules: the Megatron-Core submodules a "selective" block may recompute
             (:data:`autopar.config.RECOMPUTE_MODULES`; a plan's
             :attr:`~autopar.config.ParallelConfig.recompute_modules`); empty = only the
@@ -318,6 +321,7 @@ class FrameworkProfile:
     placements: tuple[tuple[str, ...], ...] = ()
     recompute_first_n: bool = False
     vp_group_tunable: bool = False
+    zero3_split_backward: bool = True
     sources: Mapping[str, str] = field(default_factory=dict)
     # -- sequence-length divisibility for CP and SP (issue 13); sourced inside the rule --------
     seq_rule: SeqLenRule = SeqLenRule()
@@ -609,6 +613,9 @@ class FrameworkProfile:
             if schedule is not None and schedule not in self.schedules:
                 return (f"{fw} has no {schedule} schedule (it runs {list(self.schedules)}; "
                         f"{self._src('schedules')})")
+            if c.zero_stage == 3 and schedule in SPLIT_BACKWARD and not self.zero3_split_backward:
+                return (f"{fw} does not train ZeRO-3 correctly under {schedule} "
+                        f"({self._src('zero3_split_backward')})")
             if v > 1 and self.interleaved_chunks == "none":
                 return f"{fw} has no interleaved schedule ({self._src('interleaved_chunks')})"
             blocks = c.stage_blocks

@@ -20,7 +20,7 @@ import math
 import time
 from typing import Callable
 
-from ..config import V_SCHEDULES, ParallelConfig
+from ..config import SPLIT_BACKWARD, V_SCHEDULES, ParallelConfig
 from ..cost.model import CostModel
 from ..cost.types import Estimate
 from ..errors import AutoparError, InvalidParallelConfig
@@ -162,6 +162,8 @@ def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
         for zero in space.zero_options(base, fixed, run.profile):
             if run.expired():
                 return out
+            if zero == 3 and schedule in SPLIT_BACKWARD and not run.profile.zero3_split_backward:
+                continue   # a pairing the framework trains wrong (FrameworkProfile field)
             cfg = ParallelConfig(**base, placement=placement, cp_mode=mode, virtual_stages=v,
                                  zero_stage=zero, schedule=schedule,
                                  stage_blocks=fixed.get("stage_blocks"),

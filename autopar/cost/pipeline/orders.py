@@ -59,12 +59,11 @@ from __future__ import annotations
 from collections import deque
 from functools import lru_cache
 
-from ...config import DUAL_PIPES, SCHEDULES, V_SCHEDULES
+from ...config import DUAL_PIPES, SCHEDULES, SPLIT_BACKWARD, V_SCHEDULES  # noqa: F401
 
 #: Schedules whose ranks each hold exactly two chunks in a V.
 V_SHAPED = V_SCHEDULES
-#: Schedules that split a backward into input- and weight-gradient passes.
-SPLIT_BACKWARD = ("interleaved-zero-bubble", "zbv-zero-bubble", "dualpipev", "dualpipe")
+
 #: Every schedule this module orders.
 ORDERED = SCHEDULES
 

@@ -473,6 +473,7 @@ PROFILE = compose(
                                "with parameters, checkpointed in runs of N (no per-layer choice)",
         "vp_group_tunable": "runtime/pipe/schedule.py TrainSchedule: 1F1B only, no "
                             "interleaved schedule to group",
+        "zero3_split_backward": "no split-backward schedule (runtime/pipe/schedule.py TrainSchedule)",
         "recompute_first_n": "pipe/module.py activation_checkpoint_interval N checkpoints "
                              "every layer in runs of N, not the first N of a stage: False",
         "recompute_modules": "no per-submodule checkpointing: checkpointing.py checkpoints "

@@ -219,6 +219,7 @@ PROFILE = compose(
                              "micro-batches by it and forward_backward_pipelining_with_"
                              "interleaving checks pp <= N <= M and M % N 0 or >= pp (added "
                              "4295be1a6c, 2024-11-01)"),
+        "zero3_split_backward": "no split-backward schedule (schedules.py: 1F1B, interleaved)",
         "recompute_first_n": "arguments.py --recompute-granularity full --recompute-method "
                              "block --recompute-num-layers N: core/transformer/"
                              "transformer_block.py _checkpointed_forward checkpoints layers "

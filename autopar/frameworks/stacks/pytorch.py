@@ -47,8 +47,15 @@ PROFILE = compose(
     per_block_recompute=True, sequence_parallel=(True, False), expert_parallel=True,
     moe_sequence_parallel=(False,), experts_tp_sharded=False,
     memory=TORCH_MEMORY,
-    per_block_reshard=True,
+    per_block_reshard=True, zero3_split_backward=False,
     sources={
+        "zero3_split_backward": (
+            "measured here (2026-12-07): plan.apply of tiny-llama in fp32 on 4 gloo ranks, pp 2 "
+            "x dp 2, 3 Adam steps against one process: ZeRO-3 under zbv-zero-bubble ends at loss "
+            "5.5562181 against 5.5556517 (interleaved zero bubble 5.5560675), while 1F1B with "
+            "ZeRO-3 and ZBV with ZeRO-1/2 match to 1e-7; any FSDP unit that reshards after forward "
+            "(autopar/runtime/dp.py fully_shard) gives wrong gradients under torch's split "
+            "input/weight backward"),
         "placements": "any order: autopar/runtime/mesh.py builds the DeviceMesh in the plan's "
                       "placement (ParallelConfig.placement, innermost first)",
         "dispatchers": "autopar/runtime/ep.py: routed tokens go to their experts' ranks with "

@@ -164,6 +164,11 @@ PROFILE = compose(
         "vp_group_tunable": ("torch.distributed.pipelining ScheduleInterleaved1F1B sets its "
                              "own rounds (n_microbatches // max(1, n_microbatches // pp)); "
                              "job_config.py Parallelism has no group size"),
+        "zero3_split_backward": ("torchtitan/distributed/fsdp.py get_fsdp_reshard_after_"
+                                 "forward_policy: 'default' -> not pp_enabled, so under PP no "
+                                 "unit reshards after forward, the setting under which ZeRO-3 "
+                                 "with ZBV matched one process in plan.apply's runtime; the "
+                                 "'always' policy was not measured"),
         "recompute_first_n": "job_config.py ActivationCheckpoint: selective_ac_option N "
                              "recomputes every N-th block, not the first N of a stage",
         "sequence_parallel": "models/llama3/infra/parallelize.py apply_tp: norms always "
