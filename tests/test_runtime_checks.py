@@ -33,3 +33,21 @@ def test_build_takes_the_sequence_length_the_plan_needs():
     assert model(torch.zeros(1, 64, dtype=torch.long)).shape == (1, 64, 256)
     with pytest.raises(autopar.errors.InvalidModelConfig):
         autopar.models.build("tiny-llama", seq_len=0)
+
+
+def test_a_meta_device_model_is_refused_with_the_fix():
+    # used to fail inside torch: "Cannot copy out of meta tensor; no data!"
+    with torch.device("meta"):
+        model = autopar.models.build("tiny-llama", dtype=torch.float32)
+    with pytest.raises(UnsupportedPlanError, match=r"meta device \('embed.weight'.*Fix: build "
+                       r"the full model in real memory"):
+        apply(_plan(32), model)
+
+
+def test_apply_outside_a_process_group_is_refused_with_the_fix():
+    # used to fail inside torch: "Default process group has not been initialized"
+    assert not torch.distributed.is_initialized()
+    model = autopar.models.build("tiny-llama", device="cpu", dtype=torch.float32)
+    with pytest.raises(UnsupportedPlanError, match="none is initialised. Fix: launch the "
+                       "script with torchrun.*init_process_group"):
+        apply(_plan(32), model)
