@@ -120,7 +120,16 @@ class ParallelRun:
         Returns:
             The mean cross entropy over the whole global batch (the same on every rank): each
             micro-batch's mean, averaged over micro-batches and dp x cp ranks.
+
+        Raises:
+            InvalidParallelConfig: ``batch`` is not 2-D, ``labels`` has another shape, or the
+                number of sequences is neither the global batch nor this DP rank's part.
         """
+        if batch.dim() != 2 or labels.shape != batch.shape:
+            raise InvalidParallelConfig(
+                f"batch {tuple(batch.shape)} and labels {tuple(labels.shape)}: step takes token "
+                "ids [sequences, seq_len] and labels of the same shape. Fix: pass "
+                "tokens[:, :-1] and tokens[:, 1:] of one [sequences, seq_len + 1] tensor.")
         x, y = self._local(batch), self._local(labels)
         c = self.plan.config
         # loss_parallel reduces the vocabulary-sharded logits of the TP head.
