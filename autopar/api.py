@@ -287,7 +287,8 @@ def optimize(model: Any, cluster: Cluster | str, train: TrainingConfig | dict | 
             ``global_batch_size`` or ``seq_len`` takes the defaults for them); default: the
             model's sequence length and a ~4M-token global batch (:func:`default_training`).
         fixed: choices to pin, e.g. ``{"tp": 8}``; the rest is searched.
-        time_limit_s: return the best plan found within this many seconds.
+        time_limit_s: return the best plan found within this many seconds (it binds once a
+            first plan fits or the most promising mesh has been searched).
         top_k: how many runner-up plans to keep in ``Plan.alternatives`` (plus the best).
         progress: ``progress(stage, done, total, best_estimate_or_None)`` callback.
         params: cost-model calibration constants.
@@ -323,7 +324,8 @@ def optimize(model: Any, cluster: Cluster | str, train: TrainingConfig | dict | 
         :class:`Plan` whose ``config`` has every field chosen and whose ``estimate`` fits.
 
     Raises:
-        InfeasibleError: nothing fits (the message says what binds and what to change).
+        InfeasibleError: nothing fits (the message says what binds and what to change), or
+            ``time_limit_s`` ran out before any plan fitted (the message says how far it got).
         AutoparError subclasses: invalid model, cluster, training config or fixed= choices;
             InvalidSearchOption for a bad ``time_limit_s``, ``top_k``, ``progress``,
             ``memory_margin`` or ``objective``;

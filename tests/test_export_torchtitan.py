@@ -28,6 +28,7 @@ import pytest
 import autopar
 from autopar.io.importers import from_torchtitan_toml
 from autopar.io.titan_config import from_torchtitan_config
+from autopar.runtime.errors import UnsupportedPlanError
 from autopar.runtime.export import version as titan_version
 from export_shapes import SHAPES as BASE_SHAPES, TRAIN, shape_plan
 from export_shapes import cluster as _cluster
@@ -258,7 +259,8 @@ def test_export_follows_the_installed_torchtitan(monkeypatch):
         monkeypatch.setattr(titan_version, "installed_torchtitan", lambda s=series: s)
         assert marker in p.to_torchtitan().value
     assert "[parallelism]" in p.to_torchtitan("0.2").value
-    with pytest.raises(ValueError, match="0.2, 0.3"):
+    # our own error type, as to_accelerate_config's unknown plugin (was a bare ValueError)
+    with pytest.raises(UnsupportedPlanError, match="0.2, 0.3. Fix: pass one"):
         p.to_torchtitan("0.1")
 
 

@@ -57,3 +57,34 @@ def test_zero3_under_a_split_backward_schedule_is_refused_by_plan_apply_and_neve
     with pytest.raises(autopar.InvalidParallelConfig, match="does not train ZeRO-3 correctly"):
         autopar.optimize("tiny-llama", "1x4xA100-80GB", train("torch"),
                          fixed={**fixed, "schedule": "zbv-zero-bubble"})
+
+
+def test_a_meta_device_model_is_refused_with_the_fix():
+    # used to fail inside torch: "Cannot copy out of meta tensor; no data!"
+    with torch.device("meta"):
+        model = autopar.models.build("tiny-llama", dtype=torch.float32)
+    with pytest.raises(UnsupportedPlanError, match=r"meta device \('embed.weight'.*Fix: build "
+                       r"the full model in real memory"):
+        apply(_plan(32), model)
+
+
+def test_apply_outside_a_process_group_is_refused_with_the_fix():
+    # used to fail inside torch: "Default process group has not been initialized"
+    assert not torch.distributed.is_initialized()
+    model = autopar.models.build("tiny-llama", device="cpu", dtype=torch.float32)
+    with pytest.raises(UnsupportedPlanError, match="none is initialised. Fix: launch the "
+                       "script with torchrun.*init_process_group"):
+        apply(_plan(32), model)
+
+
+@pytest.mark.parametrize("batch, labels", [((2, 32), (2, 31)), ((64,), (64,))])
+def test_step_refuses_labels_of_another_shape_or_a_flat_batch(batch, labels):
+    # labels one token short used to fail inside F.cross_entropy ("Expected input batch_size
+    # (64) to match target batch_size (62)"); the check comes before any use of the mesh
+    from autopar.runtime.apply import ParallelRun
+    model = autopar.models.build("tiny-llama", device="cpu", dtype=torch.float32)
+    run = ParallelRun(_plan(32), mesh=None, modules=[model], schedule=None,
+                      optimizer=torch.optim.Adam(model.parameters()), micro_batch_size=1)
+    with pytest.raises(autopar.InvalidParallelConfig, match=r"labels of the same shape. Fix: "
+                       r"pass tokens\[:, :-1\] and tokens\[:, 1:\]"):
+        run.step(torch.zeros(batch, dtype=torch.long), torch.zeros(labels, dtype=torch.long))

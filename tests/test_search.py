@@ -134,6 +134,15 @@ def test_time_limit_returns_best_so_far():
     assert result.best.fits and result.wall_s < 5
 
 
+def test_a_time_limit_that_ends_before_any_plan_fits_raises_saying_how_far_it_got():
+    # docs/errors.md: the limit binds once a plan fits or the most promising mesh group has
+    # been searched; Llama-2-70B's first group on 32 GPUs holds no fitting plan
+    train = autopar.TrainingConfig(global_batch_size=1024, seq_len=4096)
+    with pytest.raises(autopar.InfeasibleError, match=r"within time_limit_s=1e-06 \(1 of \d+ "
+                       r"candidate meshes searched.*Fix: raise time_limit_s"):
+        autopar.optimize("llama2-70b", "4x8xA100-80GB", train, time_limit_s=1e-6)
+
+
 def test_a_pin_the_framework_cannot_run_is_refused_at_once_with_its_reason():
     # a new user's pin of Megatron's "selective" under torchtitan searched for ~40 s and said
     # only "relax fixed="; open choices must not be judged (tp pinned, SP left open is fine)

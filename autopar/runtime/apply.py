@@ -120,7 +120,16 @@ class ParallelRun:
         Returns:
             The mean cross entropy over the whole global batch (the same on every rank): each
             micro-batch's mean, averaged over micro-batches and dp x cp ranks.
+
+        Raises:
+            InvalidParallelConfig: ``batch`` is not 2-D, ``labels`` has another shape, or the
+                number of sequences is neither the global batch nor this DP rank's part.
         """
+        if batch.dim() != 2 or labels.shape != batch.shape:
+            raise InvalidParallelConfig(
+                f"batch {tuple(batch.shape)} and labels {tuple(labels.shape)}: step takes token "
+                "ids [sequences, seq_len] and labels of the same shape. Fix: pass "
+                "tokens[:, :-1] and tokens[:, 1:] of one [sequences, seq_len + 1] tensor.")
         x, y = self._local(batch), self._local(labels)
         c = self.plan.config
         # loss_parallel reduces the vocabulary-sharded logits of the TP head.
@@ -238,10 +247,12 @@ def apply(plan, model: nn.Module, *, device_mesh: DeviceMesh | None = None,
             embeddings split by TP or PP; expert parallelism on a model without stacked experts;
             MoE layers under sequence parallelism; a model layout the runtime does not know; a
             model built for sequences shorter than the plan's ``train.seq_len`` (checked before
-            any collective, so every rank raises it).
+            any collective, so every rank raises it); a model with tensors on the meta device
+            (no data to train); no initialised process group.
         InvalidParallelConfig: the world size, mesh, blocks or batch do not match the plan.
     """
     check_plan(plan)
+    _check_real(model)
     c, train = plan.config, plan.train
     adapter = adapter_for(model)
     seq_notes = []
@@ -257,6 +268,7 @@ def apply(plan, model: nn.Module, *, device_mesh: DeviceMesh | None = None,
         seq_notes.append(f"the plan trains sequences of {train.seq_len} tokens, beyond the "
                          f"model's max_position_embeddings {limit}: positions past {limit} run, "
                          "but the model was not built for them.")
+    _check_launched()
     device = (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
               else torch.device("cpu"))
     mesh = build_mesh(c, device.type, device_mesh)
@@ -326,6 +338,32 @@ def apply(plan, model: nn.Module, *, device_mesh: DeviceMesh | None = None,
                      "passes: FSDP gradients are reduce-scattered once, after the last "
                      "micro-batch (torch's behaviour), so they are held unsharded until then.")
     return ParallelRun(plan, mesh, modules, schedule, opt, mbs, tuple(notes), states, cp)
+
+
+def _check_real(model: nn.Module) -> None:
+    """Raise :class:`UnsupportedPlanError` for a model with a tensor on the meta device: it has
+    no weights to move or train (torch's ``.to()`` would fail "Cannot copy out of meta
+    tensor"). Pure, so every rank raises it."""
+    meta = next((n for n, t in (*model.named_parameters(), *model.named_buffers())
+                 if t.is_meta), None)
+    if meta is not None:
+        raise UnsupportedPlanError(
+            f"the model is on the meta device ({meta!r} has no data), so there are no weights "
+            "to shard and train. Fix: build the full model in real memory with the same "
+            "weights on every rank, e.g. autopar.models.build(plan.model_config, "
+            "device='cpu', dtype=torch.bfloat16, seed=0); a meta-device model is for "
+            "planning (autopar.optimize) only.")
+
+
+def _check_launched() -> None:
+    """Raise :class:`UnsupportedPlanError` when no default process group is initialised
+    (torch would fail inside ``get_world_size``)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        raise UnsupportedPlanError(
+            "plan.apply runs on every rank of a process group, and none is initialised. Fix: "
+            "launch the script with torchrun (plan.to_torchrun_command('train.py')) and call "
+            "torch.distributed.init_process_group() before plan.apply, as docs/apply.md's "
+            "train.py does.")
 
 
 def check_moe(c, experts: list) -> None:

@@ -91,7 +91,9 @@ def search(cm: CostModel, fixed: dict | None = None, *, time_limit_s: float | No
         fixed: choices to pin (keys of :data:`autopar.search.space.FIXABLE`); with
             ``cm.train.param_offload`` an open ZeRO stage is pinned to 3.
         time_limit_s: stop after this many seconds and return the best so far with its gap
-            (the limit binds once a first fitting plan is found).
+            (the limit binds once a first fitting plan is found or the most promising mesh
+            group has been searched; :class:`InfeasibleError` when it runs out before any plan
+            fits).
         top_k: how many distinct plans to keep (the bound prunes against the k-th best).
         progress: called as ``progress(stage, done, total, best_so_far)`` as the search goes
             (stage ``"search"``: mesh groups, then ``"refine"``: phase-2 candidates), in that

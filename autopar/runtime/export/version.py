@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
 
+from ..errors import UnsupportedPlanError
 from .common import Export
 from .torchtitan import to_torchtitan_toml
 from .torchtitan_config import to_torchtitan_config
@@ -58,13 +59,14 @@ def to_torchtitan(plan, series: str | None = None) -> Export:
     (e.g. v0.2.2 hides EP all-to-alls under DualPipeV, 0.3.0 does not).
 
     Raises:
-        ValueError: an unknown series.
-        UnsupportedPlanError: as the chosen exporter.
+        UnsupportedPlanError: an unknown series (as ``to_accelerate_config``'s unknown plugin),
+            or as the chosen exporter.
     """
     chosen = torchtitan_series(plan, series)
     if chosen not in TORCHTITAN_EXPORTERS:
-        raise ValueError(f"torchtitan series {chosen!r}: autopar writes "
-                         f"{', '.join(TORCHTITAN_EXPORTERS)}. Fix: pass one of those.")
+        raise UnsupportedPlanError(
+            f"torchtitan series {chosen!r}: autopar writes {', '.join(TORCHTITAN_EXPORTERS)}. "
+            "Fix: pass one of those, or series=None for the installed torchtitan's.")
     ex = TORCHTITAN_EXPORTERS[chosen](plan)
     planned = planned_torchtitan(plan)
     if series is None and planned is not None and chosen != planned:
