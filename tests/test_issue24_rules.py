@@ -62,7 +62,7 @@ def _broken(c: ParallelConfig, graph, cluster, train: TrainingConfig, profile, l
     if c.pp > 1 and m:
         found += [rules.schedule_chunks(sched, v), rules.pipeline_fill(sched, c.pp * v, m)]
         if sched == "interleaved-1f1b":
-            found.append(rules.interleave_fill(c.pp, v, m))
+            found.append(rules.interleave_fill(c.pp, v, m, c.vp_group))
         if sched.startswith("interleaved"):
             found.append(rules.schedule_rounds(sched, c.pp, m))
     return [x for x in found if x is not None]
@@ -84,10 +84,14 @@ def _space(graph, cluster, train: TrainingConfig, profile, limits):
                                                               train.seq_len, cp, moe):
                         base = dict(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep)
                         for mode in space.cp_modes(graph, base, fixed, profile):
+                            # the micro-batch group the search takes (search/phases.py)
+                            group = (space.vp_group_option(pp, m, fixed, profile) if v > 1
+                                     else None)
                             yield ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep,
                                                  expert_tp=etp, micro_batch_size=mbs,
                                                  virtual_stages=v, schedule=sched,
-                                                 sequence_parallel=sp, cp_mode=mode)
+                                                 sequence_parallel=sp, cp_mode=mode,
+                                                 vp_group=group)
 
 
 CASES = [
@@ -120,7 +124,9 @@ def test_the_search_space_yields_only_layouts_the_rules_accept(model, nodes, tra
             assert info.value.rule == "folding_sp"
             continue
         r = resolve(c, graph, world, train)
-        if not r.folded:   # the runtime runs every resolved layout but MoE parallel folding
+        if not r.folded and r.vp_group is None:
+            # the runtime runs every resolved layout but MoE parallel folding and Megatron-LM's
+            # micro-batch groups
             check_plan(SimpleNamespace(config=r, train=train))
     assert n > 0
 
