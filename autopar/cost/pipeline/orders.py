@@ -59,6 +59,8 @@ from __future__ import annotations
 from collections import deque
 from functools import lru_cache
 
+# SPLIT_BACKWARD: defined in autopar.config (frameworks read it too), re-exported for the
+# pipeline modules that import it from here
 from ...config import DUAL_PIPES, SCHEDULES, SPLIT_BACKWARD, V_SCHEDULES  # noqa: F401
 
 #: Schedules whose ranks each hold exactly two chunks in a V.
