@@ -20,7 +20,7 @@ import math
 import time
 from typing import Callable
 
-from ..config import SPLIT_BACKWARD, V_SCHEDULES, ParallelConfig
+from ..config import V_SCHEDULES, ParallelConfig
 from ..cost.model import CostModel
 from ..cost.types import Estimate
 from ..errors import AutoparError, InvalidParallelConfig
@@ -158,17 +158,15 @@ def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
                                    and _uneven_cut_fits(run, e.config, fixed, allowed[-1:]))
                           for e in frugal):
             return out
+    group = space.vp_group_option(base["pp"], m, fixed, run.profile)
     for schedule, v in space.schedule_options(base["pp"], blocks, m, fixed, limits, run.profile):
-        for zero in space.zero_options(base, fixed, run.profile):
+        for zero in space.zero_options(base, fixed, run.profile, schedule):
             if run.expired():
                 return out
-            if zero == 3 and schedule in SPLIT_BACKWARD and not run.profile.zero3_split_backward:
-                continue   # a pairing the framework trains wrong (FrameworkProfile field)
             cfg = ParallelConfig(**base, placement=placement, cp_mode=mode, virtual_stages=v,
                                  zero_stage=zero, schedule=schedule,
                                  stage_blocks=fixed.get("stage_blocks"),
-                                 vp_group=space.vp_group_option(base["pp"], m, fixed,
-                                                                run.profile) if v > 1 else None)
+                                 vp_group=group if v > 1 else None)
             try:
                 c = cm.resolve(cfg)
             except InvalidParallelConfig:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import permutations
 
-from ..config import RECOMPUTE_MODES, ParallelConfig, TrainingConfig
+from ..config import RECOMPUTE_MODES, SPLIT_BACKWARD, ParallelConfig, TrainingConfig
 from ..errors import InvalidParallelConfig
 from ..frameworks import PROFILES, FrameworkProfile, rules
 from ..graph.types import ModelGraph
@@ -261,16 +261,23 @@ def schedule_options(pp: int, blocks: int, m: int, fixed: dict, limits: SpaceLim
     return out
 
 
-def zero_options(base: dict, fixed: dict, profile: FrameworkProfile = _TORCH) -> list[int]:
+def zero_options(base: dict, fixed: dict, profile: FrameworkProfile = _TORCH,
+                 schedule: str | None = None) -> list[int]:
     """ZeRO stages worth trying on the mesh ``base`` (tp, pp, dp, cp, ep): 0 when no rank
     shares weights (dp * cp = 1), else those of 0-3 the framework runs with these degrees (the
-    optimizer shards over dp x cp, as Megatron-LM's distributed optimizer does)."""
+    optimizer shards over dp x cp, as Megatron-LM's distributed optimizer does), without 3
+    under a split-backward ``schedule`` where the framework trains that pairing wrong
+    (:attr:`~autopar.frameworks.FrameworkProfile.zero3_split_backward`)."""
     if "zero_stage" in fixed:
-        return [fixed["zero_stage"]]
-    if base["dp"] * base.get("cp", 1) == 1:
-        return [0]
-    return list(profile.zero_options(base.get("tp", 1), base.get("pp", 1), base.get("cp", 1),
-                                     base.get("ep", 1)))
+        stages = [fixed["zero_stage"]]
+    elif base["dp"] * base.get("cp", 1) == 1:
+        stages = [0]
+    else:
+        stages = list(profile.zero_options(base.get("tp", 1), base.get("pp", 1),
+                                           base.get("cp", 1), base.get("ep", 1)))
+    if schedule in SPLIT_BACKWARD and base.get("pp", 1) > 1 and not profile.zero3_split_backward:
+        return [z for z in stages if z != 3]
+    return stages
 
 
 def recompute_modes(fixed: dict, profile: FrameworkProfile = _TORCH) -> tuple[str, ...]:

@@ -62,6 +62,7 @@ from functools import lru_cache
 # SPLIT_BACKWARD: defined in autopar.config (frameworks read it too), re-exported for the
 # pipeline modules that import it from here
 from ...config import DUAL_PIPES, SCHEDULES, SPLIT_BACKWARD, V_SCHEDULES  # noqa: F401
+from ...frameworks.rules import interleave_fill
 
 #: Schedules whose ranks each hold exactly two chunks in a V.
 V_SHAPED = V_SCHEDULES
@@ -98,9 +99,9 @@ def check_order_args(schedule: str, pp: int, m: int, v: int, group: int | None =
     if group is not None:
         if schedule != "interleaved-1f1b":
             raise ValueError(f"a micro-batch group is Megatron-LM's interleaved 1F1B, not {schedule}")
-        if not pp <= group <= m or 0 < m % group < pp:
-            raise ValueError(f"micro-batch group {group} needs pp <= group <= m and m % group 0 "
-                             f"or at least pp (pp={pp}, m={m})")
+        broken = interleave_fill(pp, v, m, group)
+        if broken is not None:
+            raise ValueError(broken.problem)
     elif schedule in ("interleaved-1f1b", "interleaved-zero-bubble") and m % max(1, m // pp):
         raise ValueError(f"{schedule} needs m a multiple of its rounds max(1, m // pp)")
 
