@@ -113,3 +113,21 @@ def test_pareto_alternatives_are_drawn_above_the_front(problem):
             assert np.allclose(pixel, face, atol=0.02), (pixel, face)
     finally:
         plots._pyplot().close(ax.figure)
+
+
+@pytest.mark.parametrize("m, group", [(6, None), (6, 6), (8, None), (10, 5)])
+def test_schedule_picture_runs_the_cost_models_order(m, group):
+    # the picture replays the order the memory walk counts (orders.rank_orders), also where
+    # pp does not divide m and no Megatron micro-batch group is set (torch's one round of 6)
+    from autopar.cost.pipeline.orders import rank_orders
+    p, v = 4, 2
+    for r in range(p):
+        drawn = plots._rank_order(r, p, v, m, None, group)
+        assert drawn == [(k, s // p, j) for k, s, j in rank_orders("interleaved-1f1b", p, m, v,
+                                                                     group)[r]]
+        assert len(drawn) == 2 * v * m
+    # rank 0 with torch's round of 6 warms up (v - 1) 6 + 2 (p - 1) = 12 forwards, all of the
+    # step's 12, before its first backward (the picture used to draw Megatron's default group
+    # of pp = 4 here, 10 forwards first: an order Megatron refuses for 6 micro-batches)
+    first_b = [k for k, _, _ in plots._rank_order(0, p, v, 6, None, None)].index("B")
+    assert first_b == 12

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Sequence
 
-from ..cost.pipeline.orders import SPLIT_BACKWARD, rank_orders, schedule_table, stage_rank
+from ..cost.pipeline.orders import SPLIT_BACKWARD, rank_orders, stage_rank
 from ..cost.pipeline.replay import replay
 from ..cost.types import Estimate
 from ..errors import AutoparError, MissingDependency, output_error  # noqa: F401 (re-export)
@@ -77,38 +77,16 @@ def _axes(ax, size):
 
 
 # -- pipeline schedule ---------------------------------------------------------------------------
-def _rank_order(rank: int, p: int, v: int, m: int, schedule: str,
+def _rank_order(rank: int, p: int, v: int, m: int, schedule: str | None,
                 group: int | None = None) -> list[tuple[str, int, int]]:
-    """(kind, chunk, micro-batch) in the order one pipeline rank runs them (Megatron-LM's 1F1B,
-    interleaved 1F1B with micro-batch groups of ``group``, None = p, and GPipe orders)."""
-    total = m * v
-    n = group or p
-    table = schedule_table(m, v, n) if v > 1 else ()
-
-    def unit(k: int, backward: bool) -> tuple[int, int]:
-        if v == 1:
-            return 0, k
-        chunk, j = table[k]
-        return (v - 1 - chunk if backward else chunk), j
-    if schedule == "gpipe":
-        warm = total
-    elif v == 1:
-        warm = min(p - rank - 1, total)
-    else:
-        warm = min((p - rank - 1) * 2 + (v - 1) * n, total)
-    order, f, b = [], 0, 0
-    for _ in range(warm):
-        order.append(("F", *unit(f, False)))
-        f += 1
-    while f < total:
-        order.append(("F", *unit(f, False)))
-        f += 1
-        order.append(("B", *unit(b, True)))
-        b += 1
-    while b < total:
-        order.append(("B", *unit(b, True)))
-        b += 1
-    return order
+    """(kind, chunk, micro-batch) in the order one pipeline rank runs them: the cost model's
+    order (:func:`autopar.cost.pipeline.orders.rank_orders`: 1F1B, interleaved 1F1B, in
+    Megatron-LM's order with a micro-batch ``group``, and GPipe), its global stages read as the
+    rank's chunks."""
+    name = schedule or "1f1b"
+    if v > 1 and name == "1f1b":
+        name = "interleaved-1f1b"
+    return [(kind, stage // p, j) for kind, stage, j in rank_orders(name, p, m, v, group)[rank]]
 
 
 def schedule_events(est: Estimate) -> list[tuple[int, str, float, float, int, int]]:
@@ -125,7 +103,7 @@ def schedule_events(est: Estimate) -> list[tuple[int, str, float, float, int, in
     bwd = list(est.stage_bwd_s) or [2 * t / 3 for t in est.stage_time_s]
     if p > 1 and c.schedule in SPLIT_BACKWARD:
         return _split_events(est, fwd, bwd)
-    orders = [_rank_order(r, p, v, m, c.schedule or "1f1b", c.vp_group) for r in range(p)]
+    orders = [_rank_order(r, p, v, m, c.schedule, c.vp_group) for r in range(p)]
     done: dict[tuple[str, int, int], float] = {}
     free = [0.0] * p
     pos = [0] * p
