@@ -34,7 +34,7 @@ from autopar.config import V_SCHEDULES
 from autopar.cost.model import CostModel
 from autopar.cost.notes import stated_host_step_s
 from autopar.frameworks import (FrameworkProfile, MemoryConventions, get_profile, shard_within,
-                                with_inplace_loss, with_pure_bf16)
+                                with_compiled_loss, with_inplace_loss, with_pure_bf16)
 from autopar.frameworks.choices import TORCH_COMPILE, with_choice
 from autopar.frameworks.stacks.deepspeed import (HF_AUTO, with_deepspeed_030,
                                                  with_hf_trainer_torch_adamw,
@@ -45,8 +45,9 @@ from autopar.frameworks.stacks.megatron import (ALLTOALL_TOKEN_LEVEL_SINCE,
                                                 MOE_PROBS_IN_ACTIVATION_SINCE,
                                                 with_alltoall_seq_2024,
                                                 with_moe_probs_at_combine)
-from autopar.frameworks.stacks.torchtitan import (FUSED_ADAMW_SINCE, with_chunked_loss,
-                                              with_float8nocompile, with_foreach_adamw)
+from autopar.frameworks.stacks.torchtitan import (COMPILED_LOSS, COMPILED_LOSS_SINCE,
+                                                  FUSED_ADAMW_SINCE, with_chunked_loss,
+                                                  with_float8nocompile, with_foreach_adamw)
 from autopar.frameworks.stacks.xtuner import with_xtuner_attention
 from autopar.search.optimize import search
 
@@ -243,6 +244,10 @@ def record_profile(rec: Record) -> FrameworkProfile:
         compiled = "torch.compile" in rec.framework.lower() and "nocompile" not in f
     if compiled:
         profile = with_choice(profile, TORCH_COMPILE)
+    if (compiled and _kind(rec.framework) == "torchtitan"
+            and not dated_before(rec.framework, COMPILED_LOSS_SINCE)):
+        # torchtitan compiles its loss with the model (from COMPILED_LOSS_SINCE on)
+        profile = with_compiled_loss(profile, COMPILED_LOSS)
     if "pithtrain" in f:
         # PithTrain's FSDP2 under its DualPipeV loop (before its HSDP shard group, below)
         profile = with_pithtrain_fsdp(profile)

@@ -249,18 +249,24 @@ def in_flight(schedule: str, stage: int, pp: int, num_micro_batches: int, virtua
 
 def op_sac_saved(layer: Layer) -> tuple[int, ...]:
     """Indices of ``layer.ops`` whose outputs torchtitan's op-level selective checkpointing
-    keeps: every attention op and every odd-numbered matmul (the 1st, 3rd, ...) of the block.
+    keeps: every attention op and every odd-numbered matmul (the 1st, 3rd, ...) of the block,
+    routed expert GEMMs neither kept nor counted.
 
     Source: torchtitan v0.2.2 ``distributed/activation_checkpoint.py`` ``_custom_policy``
     (saves the outputs of the ops in ``models/llama3/infra/parallelize.py``
     ``_op_sac_save_list``: aten.mm, the SDPA kernels, reduce_scatter_tensor, max, "except every
     second mm": ``meta[mm_count] % 2 == 0`` is recomputed); everything else is recomputed.
+    A routed expert GEMM (``moe_role == "expert"``) runs as ``torch._grouped_mm``, which no
+    save list holds and the mm counter does not count (``models/qwen3|llama4|deepseek_v3/infra/
+    parallelize.py`` at torchtitan 1bd2548b1, 2025-12; the shared default list of
+    ``distributed/activation_checkpoint.py`` at b5bcd76c6, 2026-08, and torch 2.13's
+    ``get_default_op_list().compute_intensive_ops``): it is recomputed and not counted.
     """
     saved, mm = [], 0
     for i, op in enumerate(layer.ops):
         if op.kind == "attention":
             saved.append(i)
-        elif op.kind == "matmul":
+        elif op.kind == "matmul" and op.moe_role != "expert":
             mm += 1
             if mm % 2 == 1:
                 saved.append(i)

@@ -133,6 +133,33 @@ def with_inplace_loss(profile: str | FrameworkProfile, source: str,
                  "backward scales the saved gradient in place: 0"}))
 
 
+def with_compiled_loss(profile: str | FrameworkProfile, source: str,
+                       logit_bytes: int = 2) -> FrameworkProfile:
+    """``profile`` whose cross entropy on the upcast logits runs under ``torch.compile``: it keeps
+    the logits in their dtype for backward (``logit_bytes`` per logit element, 2 in bf16; two
+    fp32 numbers per row left out) where eager keeps the fp32 log-probabilities (4), and its
+    backward writes one gradient in the logits' dtype (``logit_bytes``) where eager allocates
+    fp32 ones (:attr:`autopar.frameworks.MemoryConventions.loss_saved_bytes`,
+    ``loss_work_bytes``). Measured here on the CPU with torch 2.13's Inductor
+    (``python -m benchmarks.compiled_loss``, ``benchmarks/data/memory/compiled_loss_cpu.json``:
+    2.0 against 4.0 bytes kept per logit, one bf16 logit-sized buffer in the compiled code);
+    what is kept is AOTAutograd's partitioner's choice, the same on every device. ``source``:
+    the stack that compiles its loss. A memory option only.
+
+    Raises:
+        InvalidTrainingConfig: an unknown framework.
+    """
+    p = get_profile(profile)
+    mem = p.memory
+    what = ("torch.compile'd cross entropy (benchmarks/compiled_loss.py, measured on the CPU, "
+            "torch 2.13 Inductor)")
+    return replace(p, memory=replace(
+        mem, loss_saved_bytes=logit_bytes, loss_work_bytes=logit_bytes,
+        sources={**mem.sources, "loss_saved_bytes": f"{source}: {what}: the logits in their "
+                 f"dtype ({logit_bytes} bytes)", "loss_work_bytes": f"{source}: {what}: one "
+                 f"gradient in the logits' dtype ({logit_bytes} bytes)"}))
+
+
 def shard_within(profile: str | FrameworkProfile, ranks: int) -> FrameworkProfile:
     """``profile`` with ZeRO sharding over groups of ``ranks`` data-parallel ranks, replicated
     across groups (HSDP with ``ranks`` = GPUs per node; InternEvo ``parallel.zero1=ranks``), as

@@ -56,6 +56,18 @@ FOREACH_ADAMW_2024 = OptimizerStep(
 FUSED_ADAMW_SINCE = "2025-02-24"
 
 
+#: The first date (ISO) from which torchtitan compiles its loss whenever compile is on
+#: (bbb1b616e, 2025-04-02, PR #1033: ``components/loss.py`` ``build_cross_entropy_loss`` wraps
+#: ``cross_entropy_loss`` in ``torch.compile`` when ``training.compile``; later when
+#: ``compile.enable`` and "loss" in ``compile.components``, default ``["model", "loss"]``,
+#: job_config.py at 1bd2548b1). Before it the compiled loss was a comment. A compiled run from
+#: then on keeps the loss's memory as :func:`autopar.frameworks.stacks.with_compiled_loss` says.
+COMPILED_LOSS_SINCE = "2025-04-02"
+#: Where torchtitan's compiled loss is read (the ``source`` of ``with_compiled_loss``).
+COMPILED_LOSS = ("torchtitan components/loss.py build_cross_entropy_loss, compiled with the "
+                 "model since bbb1b616e (2025-04-02, PR #1033)")
+
+
 def with_foreach_adamw(profile):
     """``profile`` (torchtitan) with the optimizer step of torchtitan before
     :data:`FUSED_ADAMW_SINCE` (:data:`FOREACH_ADAMW_2024`): a version option, not the profile's
