@@ -165,7 +165,8 @@ def moe_reference():
     return _reference("moe")
 
 
-def _worker(rank, world, store_path, plan, family, data, ref_losses, ref_params, check=None):
+def _worker(rank, world, store_path, plan, family, data, ref_losses, ref_params, check=None,
+            loss_rtol=None, param_tol=TOL):
     torch.set_num_threads(1)  # 8 ranks share 2 cores
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank,
                             world_size=world)
@@ -175,14 +176,15 @@ def _worker(rank, world, store_path, plan, family, data, ref_losses, ref_params,
             CHECKS[name](run, rank)
         losses = torch.tensor([run.step(x, y) for x, y in data])
         diff = (losses - ref_losses).abs().max().item()
-        assert diff <= TOL, f"rank {rank}: losses {losses.tolist()} vs {ref_losses.tolist()}"
+        tol = TOL if loss_rtol is None else loss_rtol * ref_losses.abs().max().item()
+        assert diff <= tol, f"rank {rank}: losses {losses.tolist()} vs {ref_losses.tolist()}"
         if "sharded-grads" in (check or ()):
             assert run._sharded_grad_checks, "no micro-batch found reduce-scattered gradients"
         params = run.full_state_dict()
         assert params, f"rank {rank} holds no parameters"
         for name, p in params.items():
             d = (p - ref_params[name]).abs().max().item()
-            assert d <= TOL, f"rank {rank}: {name} differs by {d:.3g}"
+            assert d <= param_tol, f"rank {rank}: {name} differs by {d:.3g}"
     finally:
         dist.destroy_process_group()
 
@@ -312,6 +314,27 @@ def test_zero_bubble_schedules_train_like_one_process(schedule, v, reference):
                                        schedule=schedule))
     assert plan.config.schedule == schedule
     run_ranks(2, _worker, plan, family, data, ref_losses, ref_params, None)
+
+
+#: ZeRO-3 under split-backward schedules, pp 2 x dp 2 (every FSDP unit reshards after forward).
+#: Torch's stage reads the weights of its input and weight passes from the module, which lists
+#: a resharded unit's sharded parameters; before ShardedGradStage gathered the chunk first,
+#: these runs lost the weight gradients of every chunk but the first (ZBV: loss 5.5563536
+#: against 5.5556517 at step 3). Measured now: losses within 4.8e-7 (ZeRO-1 the same),
+#: parameters within 2.2e-7.
+ZERO3_SPLIT = (("zbv-zero-bubble", 2), ("interleaved-zero-bubble", 1))
+
+
+@pytest.mark.parametrize("schedule,v", ZERO3_SPLIT)
+def test_zero3_under_split_backward_schedules_trains_like_one_process(schedule, v, reference):
+    family, data, ref_losses, ref_params = reference
+    if family != "autopar":
+        pytest.skip("autopar's model only (CI time)")
+    plan = autopar.optimize("tiny-llama", autopar.Cluster.custom(1, 4, "A100-80GB"), TRAIN,
+                            fixed=dict(pp=2, dp=2, tp=1, virtual_stages=v, micro_batch_size=1,
+                                       schedule=schedule, zero_stage=3))
+    assert (plan.config.schedule, plan.config.zero_stage) == (schedule, 3)
+    run_ranks(4, _worker, plan, family, data, ref_losses, ref_params, None, 1e-6, 1e-6)
 
 
 def _hsdp_worker(rank, world, store_path, data, ref_losses, ref_params):

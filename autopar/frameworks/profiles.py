@@ -84,7 +84,8 @@ class FrameworkProfile:
             :attr:`~autopar.config.ParallelConfig.vp_group`); False: the schedule picks its own.
         zero3_split_backward: ZeRO-3 (FSDP) trains correctly under the split-backward
             schedules (:data:`autopar.cost.pipeline.orders.SPLIT_BACKWARD`); False where it was
-            measured not to.
+            measured not to or is not verified (stacks borrowing the torch profile's
+            capabilities: :func:`autopar.frameworks.stacks.pytorch.borrowed_capabilities`).
         recompute_modules: the Megatron-Core submodules a "selective" block may recompute
             (:data:`autopar.config.RECOMPUTE_MODULES`; a plan's
             :attr:`~autopar.config.ParallelConfig.recompute_modules`); empty = only the
@@ -614,7 +615,7 @@ class FrameworkProfile:
                 return (f"{fw} has no {schedule} schedule (it runs {list(self.schedules)}; "
                         f"{self._src('schedules')})")
             if c.zero_stage == 3 and schedule in SPLIT_BACKWARD and not self.zero3_split_backward:
-                return (f"{fw} does not train ZeRO-3 correctly under {schedule} "
+                return (f"{fw} is not known to train ZeRO-3 correctly under {schedule} "
                         f"({self._src('zero3_split_backward')})")
             if v > 1 and self.interleaved_chunks == "none":
                 return f"{fw} has no interleaved schedule ({self._src('interleaved_chunks')})"

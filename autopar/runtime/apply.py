@@ -298,7 +298,7 @@ def apply(plan, model: nn.Module, *, device_mesh: DeviceMesh | None = None,
     ids = local_chunk_ids(c.pp, mesh.rank("pp"), chunks, schedule or "1f1b")
     replicas = c.dp * c.cp
     fsdp = dp_mod.uses_fsdp(c.zero_stage, replicas)
-    modules = []
+    modules, resharded = [], []
     for cid in ids:
         chunk = Chunk(model, adapter, *bounds_of(stage_blocks, cid), has_embed=cid == 0,
                       has_head=cid == chunks - 1)
@@ -309,17 +309,20 @@ def apply(plan, model: nn.Module, *, device_mesh: DeviceMesh | None = None,
         if roles is not None:
             apply_tp(chunk, roles, mesh["tp"], c.sequence_parallel)
         apply_recompute(blocks, dict(enumerate(modes)))
+        units = []
         if fsdp:
-            dp_mod.apply_fsdp(chunk, blocks, mesh["dp_cp"], c.zero_stage, train.precision,
+            units = dp_mod.apply_fsdp(chunk, blocks, mesh["dp_cp"], c.zero_stage, train.precision,
                               experts=find_experts(chunk) if c.ep > 1 else [],
                               expert_mesh=mesh["edp_cp"], expert_divide_factor=replicas,
                               block_reshard=dict(enumerate(c.block_reshard(n_blocks))))
         modules.append(chunk)
+        resharded.append(units)
     local_batch = train.global_batch_size // c.dp
     mbs = c.micro_batch_size or train.micro_batch_size or local_batch
     if schedule is not None:
         schedule = build_schedule(modules, ids, chunks, schedule, local_batch // mbs, lm_loss,
-                                  mesh.group("pp"), device, c.zero_stage if fsdp else 0)
+                                  mesh.group("pp"), device, c.zero_stage if fsdp else 0,
+                                  resharded)
     params = list(dict.fromkeys(p for m in modules for p in m.parameters()))
     make = optimizer or (lambda ps: _OPTIMIZERS[train.optimizer](ps, lr=lr))
     states = None
@@ -336,7 +339,9 @@ def apply(plan, model: nn.Module, *, device_mesh: DeviceMesh | None = None,
     if fsdp and c.pp > 1 and schedule_name(c) in SPLIT_BACKWARD:
         notes.append(f"schedule {schedule_name(c)!r} splits backward into input and weight "
                      "passes: FSDP gradients are reduce-scattered once, after the last "
-                     "micro-batch (torch's behaviour), so they are held unsharded until then.")
+                     "micro-batch (torch's behaviour), so they are held unsharded until then, "
+                     "and each pass gathers the whole chunk's parameters at once (ZeRO-3: "
+                     "resharded after the weight pass).")
     return ParallelRun(plan, mesh, modules, schedule, opt, mbs, tuple(notes), states, cp)
 
 

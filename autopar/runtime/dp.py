@@ -55,7 +55,7 @@ def _mp_policy(chunk: nn.Module, precision: str) -> MixedPrecisionPolicy:
 def apply_fsdp(chunk: nn.Module, blocks: nn.ModuleDict, mesh, zero_stage: int, precision: str,
                experts: list[nn.Module] = (), expert_mesh=None,
                expert_divide_factor: float | None = None,
-               block_reshard: dict[int, bool] | None = None) -> None:
+               block_reshard: dict[int, bool] | None = None) -> list[nn.Module]:
     """``fully_shard`` the ``experts`` (over ``expert_mesh``), each block of ``chunk``, then
     ``chunk`` (over ``mesh``: 1-D = ZeRO over its ranks, 2-D = HSDP replicate x shard).
 
@@ -65,9 +65,14 @@ def apply_fsdp(chunk: nn.Module, blocks: nn.ModuleDict, mesh, zero_stage: int, p
 
     For bf16/fp16/fp8 plans whose parameters are fp32 the blocks compute in the low precision
     and reduce gradients in fp32 (``MixedPrecisionPolicy``); otherwise in the parameters' dtype.
+
+    Returns the FSDP units that reshard after forward ([] under ZeRO-2), which the split-
+    backward pipeline stages reshard again after each weight pass
+    (:class:`autopar.runtime.pipeline.ShardedGradStage`).
     """
     mp = _mp_policy(chunk, precision)
     reshard = zero_stage == 3
+    resharded = list(experts) if reshard else []
     for e in experts:
         fully_shard(e, mesh=expert_mesh, reshard_after_forward=reshard, mp_policy=mp)
         if expert_divide_factor is not None:
@@ -78,7 +83,10 @@ def apply_fsdp(chunk: nn.Module, blocks: nn.ModuleDict, mesh, zero_stage: int, p
     for key in list(blocks.keys()):
         own = reshard and (block_reshard or {}).get(int(key), True)
         fully_shard(blocks[key], mesh=mesh, reshard_after_forward=own, mp_policy=mp)
+        if own:
+            resharded.append(blocks[key])
     fully_shard(chunk, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+    return resharded + [chunk] if reshard else []
 
 
 def accumulate_sharded(modules: list[nn.Module], zero_stage: int, last: bool) -> None:

@@ -14,7 +14,6 @@ schedule with fewer micro-batches than stages still runs (``Schedule1F1B`` refus
 
 from __future__ import annotations
 
-from ..config import SPLIT_BACKWARD
 from ..frameworks import rules
 from .errors import UnsupportedPlanError
 
@@ -74,11 +73,10 @@ def check_plan(plan) -> None:
         UnsupportedPlanError: the first broken rule, with a fix. Rules: dp divides the global
             batch and the micro-batch divides each DP rank's share; no MoE parallel folding
             (``expert_tp`` None); no Megatron-Core recompute modules (``recompute_modules``
-            None) nor micro-batch group (``vp_group`` None); no ZeRO-3 under a split-backward
-            schedule (measured wrong: FrameworkProfile.zero3_split_backward); ep divides dp
-            (experts are split over DP ranks); cp divides the sequence; the stage cut gives
+            None) nor micro-batch group (``vp_group`` None); ep divides dp (experts are split
+            over DP ranks); cp divides the sequence; the stage cut gives
             pp x virtual_stages chunks; the pipeline schedule's rules (:func:`check_schedule`).
-            Each rule but the folding, group and ZeRO-3 ones is a function of
+            Each rule but the folding and group ones is a function of
             :mod:`autopar.frameworks.rules`, named on the error as ``rule``.
     """
     c, train = plan.config, plan.train
@@ -101,14 +99,6 @@ def check_plan(plan) -> None:
             "module checkpoints are not run here. Fix: export the plan to Megatron-LM "
             "(plan.to_megatron_args(): --recompute-modules), or plan with "
             "recompute_modules=None.")
-    if c.zero_stage == 3 and c.pp > 1 and schedule_name(c) in SPLIT_BACKWARD:
-        raise UnsupportedPlanError(
-            f"zero_stage=3 under schedule {schedule_name(c)!r}: FSDP units that reshard after "
-            "forward get wrong weight gradients under torch's split input/weight backward "
-            "(measured: tiny-llama pp 2 x dp 2 drifts from one process by 6e-4 in loss after 3 "
-            "steps, where 1F1B with ZeRO-3 and ZBV with ZeRO-1/2 match to 1e-7). Fix: "
-            "zero_stage=1 or 2 with this schedule, or schedule='1f1b' / 'interleaved-1f1b' "
-            "with ZeRO-3.")
     if c.vp_group is not None:
         raise UnsupportedPlanError(
             f"vp_group={c.vp_group}: plan.apply runs torch's ScheduleInterleaved1F1B, which "

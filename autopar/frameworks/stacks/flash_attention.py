@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..choices import EAGER_MODEL_LOSS, AttentionKernels, Choices, capabilities_of, compose
+from ..choices import EAGER_MODEL_LOSS, AttentionKernels, Choices, compose
 from ..memory import TORCH_MEMORY
 from . import pytorch
 
@@ -32,7 +32,7 @@ MEMORY = replace(TORCH_MEMORY, loss_saved_bytes=2, loss_work_bytes=0, sources={
     "loss_work_bytes": _APEX_CE + "xentropy_cuda_lib.backward(..., ctx.inplace_backward) "
                        "writes the gradient into the saved logits: 0"})
 
-PROFILE = compose(CHOICES, **{**capabilities_of(pytorch.PROFILE), "memory": MEMORY},
+PROFILE = compose(CHOICES, **{**pytorch.borrowed_capabilities(), "memory": MEMORY},
                   name="flash-attention-training",
                   version="flash-attention training code (Lightning DDP, FlashAttention v1), "
                           "2022")

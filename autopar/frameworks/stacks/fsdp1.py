@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..choices import EAGER_MODEL_LOSS, Choices, capabilities_of, compose
+from ..choices import EAGER_MODEL_LOSS, Choices, compose
 from ..vocabulary import FSDP1_GRAD_COPY_PASSES
 from . import pytorch
 
@@ -42,7 +42,7 @@ CHOICES: Choices = replace(pytorch.CHOICES, sharded_dp=FLAT_PARAM, fusion=EAGER_
 #: FSDP1 shards by ShardingStrategy: NO_SHARD (ZeRO-0), SHARD_GRAD_OP (ZeRO-2), FULL_SHARD
 #: (ZeRO-3) and their hybrid forms; none shards the optimizer states alone (ZeRO-1)
 FSDP1_ZERO = (0, 2, 3)
-_TORCH = capabilities_of(pytorch.PROFILE)
+_TORCH = pytorch.borrowed_capabilities()
 PROFILE = compose(
     CHOICES, **{**_TORCH, **{k: tuple(z for z in _TORCH[k] if z in FSDP1_ZERO)
                              for k in ("zero_stages", "zero_stages_with_tp",

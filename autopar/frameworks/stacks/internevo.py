@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..choices import (AttentionKernels, Choices, Fusion, OptimizerStep, TensorParallelComm,
-                       capabilities_of, compose)
+                       compose)
 from ..memory import (GRAPH_MOE_SOURCES, NO_DEEPSPEED_ZERO3_SOURCES, WHOLE_LOSS_SOURCES,
                       MemoryConventions)
 from ..vocabulary import DEFAULT_COST_SOURCES
@@ -191,7 +191,7 @@ _SPLIT = ("InternEvo v0.2.1dev20231121 internlm/solver/pipeline_utils.py partiti
 
 
 def _profile(name: str, version: str, memory: MemoryConventions):
-    caps = capabilities_of(pytorch.PROFILE)
+    caps = pytorch.borrowed_capabilities()
     return compose(CHOICES, **{**caps, "memory": memory, "stage_split": "last",
                               "sources": {**caps["sources"], "stage_split": _SPLIT}},
                    name=name, version=version)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..choices import AttentionKernels, Choices, capabilities_of, compose
+from ..choices import AttentionKernels, Choices, compose
 from ..memory import TORCH_MEMORY
 from . import fsdp1, pytorch
 
@@ -39,6 +39,6 @@ MEMORY = replace(TORCH_MEMORY, loss_saved_bytes=2, loss_work_bytes=2, sources={
     "loss_work_bytes": _FUSED_CE + "backward 'dlogits = logits if ctx.inplace_backward else "
                        "torch.empty_like(logits)': a bf16 gradient: 2"})
 
-PROFILE = compose(CHOICES, **{**capabilities_of(pytorch.PROFILE), "memory": MEMORY},
+PROFILE = compose(CHOICES, **{**pytorch.borrowed_capabilities(), "memory": MEMORY},
                   name="llm-foundry",
                   version="llm-foundry on Composer FSDP1, 2023 (scripts/train/yamls/pretrain)")

@@ -7,7 +7,8 @@ from dataclasses import replace
 
 from ...config import CP_MODES, RECOMPUTE_MODES, TORCH_SCHEDULES
 from ..choices import (DTENSOR_TP, EAGER, FSDP2, SDPA_FLASH, TORCH_FOREACH_ADAMW,
-                       TORCH_PIPELINING, Choices, ContextParallelAttention, compose)
+                       TORCH_PIPELINING, Choices, ContextParallelAttention, capabilities_of,
+                       compose)
 from ..memory import TORCH_MEMORY
 
 ALL_ZERO = (0, 1, 2, 3)
@@ -47,15 +48,17 @@ PROFILE = compose(
     per_block_recompute=True, sequence_parallel=(True, False), expert_parallel=True,
     moe_sequence_parallel=(False,), experts_tp_sharded=False,
     memory=TORCH_MEMORY,
-    per_block_reshard=True, zero3_split_backward=False,
+    per_block_reshard=True, zero3_split_backward=True,
     sources={
         "zero3_split_backward": (
-            "measured here (2026-12-07): plan.apply of tiny-llama in fp32 on 4 gloo ranks, pp 2 "
-            "x dp 2, 3 Adam steps against one process: ZeRO-3 under zbv-zero-bubble ends at loss "
-            "5.5562181 against 5.5556517 (interleaved zero bubble 5.5560675), while 1F1B with "
-            "ZeRO-3 and ZBV with ZeRO-1/2 match to 1e-7; any FSDP unit that reshards after forward "
-            "(autopar/runtime/dp.py fully_shard) gives wrong gradients under torch's split "
-            "input/weight backward"),
+            "autopar/runtime/pipeline.py ShardedGradStage gathers an FSDP chunk (public "
+            "FSDPModule.unshard) before torch's input- and weight-gradient passes, which read "
+            "the weights from submod.parameters(); measured (2026-12-07): plan.apply of "
+            "tiny-llama in fp32 on 4 gloo ranks, pp 2 x dp 2, 3 Adam steps, ZeRO-3 under "
+            "zbv-zero-bubble, interleaved zero bubble and dualpipev matches one process as "
+            "ZeRO-1 does (loss 5.5556517, parameters to 3e-7; tests/test_runtime.py); without "
+            "the gather a unit resharded after forward listed its sharded parameters and lost "
+            "its weight gradients (loss 5.5563536)"),
         "placements": "any order: autopar/runtime/mesh.py builds the DeviceMesh in the plan's "
                       "placement (ParallelConfig.placement, innermost first)",
         "dispatchers": "autopar/runtime/ep.py: routed tokens go to their experts' ranks with "
@@ -109,3 +112,23 @@ PROFILE = compose(
         "stage_split": "autopar/runtime/apply.py: stage_blocks as planned, else the cost "
                        "model's balanced cut (autopar.cost.stages.balanced_stage_blocks)",
     })
+
+
+#: Source of ``zero3_split_backward`` for stacks that borrow the torch profile's capabilities
+#: but run their own training loop.
+_SPLIT_UNVERIFIED = (
+    "not verified for this stack's own runtime: plan.apply trains ZeRO-3 under split-backward "
+    "schedules only because autopar/runtime/pipeline.py ShardedGradStage gathers each FSDP "
+    "chunk before torch's input/weight passes; torch's stock PipelineStage with units that "
+    "reshard after forward loses those weight gradients (measured in plan.apply before that "
+    "gather: tiny-llama pp 2 x dp 2, ZBV, loss 5.5563536 against 5.5556517)")
+
+
+def borrowed_capabilities() -> dict:
+    """The torch profile's capabilities (:func:`~autopar.frameworks.choices.capabilities_of`)
+    for a stack that runs the same layouts with its own runtime: as :data:`PROFILE` but
+    ``zero3_split_backward`` False, since what makes it True is plan.apply's own stage
+    (:class:`autopar.runtime.pipeline.ShardedGradStage`), not verified in that stack."""
+    caps = capabilities_of(PROFILE)
+    return {**caps, "zero3_split_backward": False,
+            "sources": {**caps["sources"], "zero3_split_backward": _SPLIT_UNVERIFIED}}

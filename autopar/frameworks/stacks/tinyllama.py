@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..choices import Choices, Fusion, capabilities_of, compose
+from ..choices import Choices, Fusion, compose
 from ..vocabulary import DEFAULT_COST_SOURCES
 from . import fsdp1, pytorch
 
@@ -19,5 +19,5 @@ LIT_GPT_FUSED = Fusion(
 
 CHOICES: Choices = replace(fsdp1.CHOICES, fusion=LIT_GPT_FUSED)
 
-PROFILE = compose(CHOICES, **capabilities_of(pytorch.PROFILE), name="tinyllama",
+PROFILE = compose(CHOICES, **pytorch.borrowed_capabilities(), name="tinyllama",
                   version="TinyLlama (lit-gpt fork, Lightning Fabric FSDP), 2023")
