@@ -357,7 +357,9 @@ def parse(rec: dict) -> Record:
         tmpl = node_template(base)  # an overridden GPU keeps its board's links
         intra = tmpl.intra_link if tmpl else None
         if tmpl and link is None and c["num_gpus"] > gpn:
-            link, nics = tmpl.nic_link, tmpl.nics_per_node
+            # the library's default node of gpn GPUs (Cluster.from_spec): the board's NICs,
+            # no more than one per GPU (catalog.Box.nics)
+            link, nics = tmpl.nic_link, tmpl.nics(gpn)
         cluster = autopar.Cluster.custom(c["num_gpus"] // gpn, gpn, device, intra=intra,
                                          inter=link, nics_per_node=nics if link else 0)
     except autopar.AutoparError as exc:

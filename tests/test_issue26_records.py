@@ -51,6 +51,18 @@ def test_moe_record_parses_with_its_expert_mapping():
     assert records.parse(_rec(plan={"etp": 2, "tp": 2, "dp": 4})).fixed["expert_tp"] == 2
 
 
+def test_an_unpublished_network_is_the_librarys_default_node_of_that_size():
+    # two nodes of 4 H200 with the fabric unpublished: the board's NICs, one per GPU at most
+    # (catalog.Box.nics, as Cluster.from_spec builds "2x4xH200-SXM-141GB"), not the 8 of a
+    # full HGX board
+    rec = records.parse(_rec(cluster={"gpu": "H200-SXM-141GB", "num_gpus": 8,
+                                      "gpus_per_node": 4, "inter_node": None}))
+    assert rec.cluster.nics_per_node == 4
+    assert rec.cluster.nics_per_node == autopar.Cluster.from_spec(
+        "2x4xH200-SXM-141GB").nics_per_node
+    assert "inter_node" in dict(rec.assumed)
+
+
 @pytest.mark.parametrize("change, reason", [
     ({"dispatcher": "flex/hybridep"}, "'flex/hybridep' token dispatcher"),
 ])
