@@ -4,9 +4,10 @@ came from ``ParallelConfig``'s defaults because no parallel flag was given."""
 
 from __future__ import annotations
 
+from ..config import SP_NEEDS_TP
+
 #: The note for ``--sp`` at tp = 1 (plan, explain and estimate).
-SP_AT_TP1 = ("sequence parallelism shards the ops tensor parallelism replicates, so it needs "
-             "tp > 1: ignored at tp=1")
+SP_AT_TP1 = f"{SP_NEEDS_TP}: ignored at tp=1"
 
 #: The note for ``--cp-mode`` at cp = 1 (estimate; plan and explain have no --cp-mode).
 CP_MODE_AT_CP1 = ("--cp-mode sets how context parallelism exchanges K/V, so it needs cp > 1: "
