@@ -697,3 +697,15 @@ def test_expert_tp_on_a_dense_model_is_refused_in_plain_words(capsys):
     assert code == 2, err
     assert "--expert-tp 2 needs a mixture-of-experts model; this model has no MoE layer" in err
     assert "0 experts" not in err and "Fix: drop the expert_tp pin (--expert-tp)" in err
+
+
+@pytest.mark.parametrize("command", ["plan", "explain"])
+def test_a_broken_compare_plan_names_the_compare_flags_before_searching(capsys, command):
+    # the new-user pass of 2026-12-07: --compare-ep 2 on a dense model was refused after the
+    # whole search, as "--ep 2 needs a mixture-of-experts model. Fix: --ep 1 (drop --ep ...)"
+    code, out, err = run(capsys, command, *TINY, "--compare-ep", "2")
+    assert code == 2 and out == ""
+    assert "searching" not in err   # refused before the search
+    assert ("InvalidParallelConfig: the hand-tuned plan of the --compare-* flags: --compare-ep 2 "
+            "needs a mixture-of-experts model") in err
+    assert "Fix: --compare-ep 1 (drop --compare-ep" in err and " --ep" not in err

@@ -59,18 +59,26 @@ _PINS = {"tp": "--tp", "pp": "--pp", "dp": "--dp", "cp": "--cp", "ep": "--ep",
          "schedule": "--schedule", "recompute": "--recompute", "vp_group": "--vp-group"}
 _PIN = re.compile(r"(?<![\w.*-])(" + "|".join(sorted(_PINS, key=len, reverse=True))
                   + r")=('?)([\w.-]+)\2(?![\w(])")
+_PIN_FLAG = re.compile(r"(?<![\w-])(" + "|".join(sorted(_PINS.values(), key=len, reverse=True))
+                       + r")(?![\w-])")
 
 
-def flag_words(text: str) -> str:
+def flag_words(text: str, pins: str = "--") -> str:
     """An error's text in the command line's words: ``TrainingConfig.seq_len`` as ``--seq-len
     (TrainingConfig.seq_len)``, a pin ``dispatcher='alltoall'`` as ``--dispatcher alltoall``,
-    ``expert_tp=None`` as ``no --expert-tp``."""
+    ``expert_tp=None`` as ``no --expert-tp``; ``pins="--compare-"`` writes the pins as the
+    ``--compare-*`` flags (``--compare-ep 2``)."""
     for api, flag in _FLAGS.items():
         # a text naming both ("--framework / TrainingConfig(framework=...)") keeps the flag
         text = text.replace(f"{flag} / {api}", flag).replace(api, f"{flag} ({api})")
+
+    def flag(name: str) -> str:
+        return pins + _PINS[name][2:]
+    if pins != "--":   # a flag the rule's text names itself ("drop --ep")
+        text = _PIN_FLAG.sub(lambda m: pins + m.group(1)[2:], text)
     # a pin set to None is the flag left out (there is no "--expert-tp None" to type)
-    return _PIN.sub(lambda m: f"no {_PINS[m.group(1)]}" if m.group(3) == "None"
-                    else f"{_PINS[m.group(1)]} {m.group(3)}", text)
+    return _PIN.sub(lambda m: f"no {flag(m.group(1))}" if m.group(3) == "None"
+                    else f"{flag(m.group(1))} {m.group(3)}", text)
 
 
 def free_fraction(e) -> float:
@@ -98,11 +106,23 @@ def _plan_command(args, train: TrainingConfig) -> str:
 
 
 def _compare_estimate(args, problem: Problem):
+    """The ``--compare-*`` plan's estimate (None without them), made before the search.
+
+    Raises:
+        AutoparError: the estimate's, its message naming the ``--compare-*`` flags.
+    """
     par = parallel_choices(args, "compare_")
-    return problem.estimate(ParallelConfig(**par)) if par else None
+    if not par:
+        return None
+    try:
+        return problem.estimate(ParallelConfig(**par))
+    except AutoparError as exc:
+        raise type(exc)("the hand-tuned plan of the --compare-* flags: "
+                        + flag_words(str(exc), pins="--compare-")) from None
 
 
 def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
+    ref = _compare_estimate(args, problem)
     progress = Progress(err, args.json, interrupt)
     plan, result = search_plan(problem, fixed, time_limit_s=args.time_limit, top_k=args.top_k,
                                progress=progress, objective=args.objective)
@@ -110,7 +130,6 @@ def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
     if args.out:
         plan.to_json(args.out)
     exported = export_plans(args, plan)
-    ref = _compare_estimate(args, problem)
     money = run_costs(args, [("best", plan.estimate)]
                       + [(f"alternative {i + 1}", a) for i, a in enumerate(plan.alternatives[:3])]
                       + ([("hand-tuned", ref)] if ref is not None else []))
@@ -272,13 +291,13 @@ def _cmd_estimate(args, problem, par, notes, out) -> dict:
 
 
 def _cmd_explain(args, problem, fixed, out, err, interrupt=None) -> dict:
+    ref = _compare_estimate(args, problem)
     progress = Progress(err, args.json, interrupt)
     plan, _ = in_plan_terms(args, problem, fixed, lambda: search_plan(
         problem, fixed, time_limit_s=args.time_limit, top_k=args.top_k, progress=progress,
         objective=args.objective))
     progress.stopped(plan.search)
     best = plan.estimate
-    ref = _compare_estimate(args, problem)
     comps, skipped = alternatives.named_alternatives(problem, plan,
                                         [("hand-tuned plan", ref)] if ref is not None else [])
     money = run_costs(args, [("best", best)] + [(c.name, c.other) for c in comps])
