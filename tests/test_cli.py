@@ -709,3 +709,14 @@ def test_a_broken_compare_plan_names_the_compare_flags_before_searching(capsys, 
     assert ("InvalidParallelConfig: the hand-tuned plan of the --compare-* flags: --compare-ep 2 "
             "needs a mixture-of-experts model") in err
     assert "Fix: --compare-ep 1 (drop --compare-ep" in err and " --ep" not in err
+
+
+def test_a_model_file_that_is_not_a_dict_is_named(capsys, tmp_path):
+    # the new-user pass of 2026-12-07: a JSON list said "model must be an nn.Module, ...; got
+    # list. Fix: e.g. autopar.optimize('llama2-70b', ...)", Python advice on the command line
+    f = tmp_path / "model.json"
+    f.write_text("[1, 2]")
+    code, out, err = run(capsys, "estimate", "--model", str(f), "--cluster", "1x8xA100-80GB")
+    assert code == 2
+    assert f"InvalidModelConfig: model file {f} holds a JSON list, not a model dict" in err
+    assert "autopar.optimize" not in err
