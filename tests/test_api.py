@@ -254,3 +254,5 @@ def test_sequence_parallel_at_tp_1_is_refused_not_dropped():
                             ).config.sequence_parallel
     plan = autopar.optimize("tiny-llama", cluster, train, fixed={"sequence_parallel": True})
     assert plan.config.sequence_parallel == (plan.config.tp > 1)
+    # a searched plan's config (tp=1 here) is estimated again without the refusal
+    assert autopar.estimate("tiny-llama", cluster, train, plan.config) == plan.estimate
