@@ -720,3 +720,26 @@ def test_a_model_file_that_is_not_a_dict_is_named(capsys, tmp_path):
     assert code == 2
     assert f"InvalidModelConfig: model file {f} holds a JSON list, not a model dict" in err
     assert "autopar.optimize" not in err
+
+
+def test_estimate_under_an_sp_only_framework_takes_sp_on_by_default(capsys):
+    # the new-user pass of 2026-12-07: `estimate --framework torchtitan --tp 2` estimated TP
+    # without SP (ParallelConfig's default), with a warning that torchtitan cannot run it
+    code, out, err = run(capsys, "estimate", *TINY, "--framework", "torchtitan", "--tp", "2",
+                         "--zero", "2", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["config"]["sequence_parallel"] is True
+    assert any(n.startswith("sequence parallelism on (not given): torchtitan runs tensor "
+                            "parallelism only with it") for n in data["notes"])
+    assert not any("only with sequence_parallel=True" in w for w in data["warnings"])
+    # --no-sp still estimates it off (and warns); torch keeps its default (off, with a note)
+    code, out, err = run(capsys, "estimate", *TINY, "--framework", "torchtitan", "--tp", "2",
+                         "--zero", "2", "--no-sp", "--json")
+    data = json.loads(out)
+    assert data["config"]["sequence_parallel"] is False
+    assert any("only with sequence_parallel=True" in w for w in data["warnings"])
+    code, out, err = run(capsys, "estimate", *TINY, "--tp", "2", "--json")
+    data = json.loads(out)
+    assert data["config"]["sequence_parallel"] is False
+    assert any("the default without --sp" in n for n in data["notes"])

@@ -41,7 +41,7 @@ from ..report.advice import fixes_to_fit
 from ..report.explain import UNREACHED, compare
 from ..report.summary import plural, trust_lines
 from . import measure_cmds
-from .choice_notes import default_choices_note, ignored_choice_notes
+from .choice_notes import default_choices_note, ignored_choice_notes, sp_only_default
 from .exports import check_outputs, export_plans
 from .inputs import parallel_choices, read_problem
 from .plan_input import in_plan_terms, plan_problem
@@ -211,9 +211,10 @@ def sp_off_note(problem: Problem, par: dict, est) -> list[str]:
 
 
 def _cmd_estimate(args, problem, par, notes, out) -> dict:
+    par, sp_on = sp_only_default(args, problem.profile, problem.graph.num_experts > 0, par)
     # estimate --plan on a cluster its mesh does not fill: said in the plan's terms
     est = in_plan_terms(args, problem, par, lambda: problem.estimate(ParallelConfig(**par)))
-    notes = [*notes, *ignored_choice_notes(args, par, est.config.tp, est.config.cp),
+    notes = [*notes, *sp_on, *ignored_choice_notes(args, par, est.config.tp, est.config.cp),
              *sp_off_note(problem, par, est), *default_choices_note(args, par, est.config)]
     if not problem.graph.num_experts and par.get("dispatcher") not in (None, "alltoall", "auto"):
         # plan refuses it (autopar.search.optimize); an estimate prices no dispatch either way
