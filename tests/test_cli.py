@@ -743,3 +743,17 @@ def test_estimate_under_an_sp_only_framework_takes_sp_on_by_default(capsys):
     data = json.loads(out)
     assert data["config"]["sequence_parallel"] is False
     assert any("the default without --sp" in n for n in data["notes"])
+
+
+def test_schedule_flag_takes_the_spellings_parallel_config_takes(capsys):
+    # the new-user pass of 2026-12-07: ParallelConfig(schedule="1F1B") is read as '1f1b'
+    # (SCHEDULE_ALIASES), --schedule 1F1B was an invalid choice
+    for given, read in (("1F1B", "1f1b"), ("Interleaved1F1B", "interleaved-1f1b"),
+                        ("ZBV", "zbv-zero-bubble")):
+        code, out, err = run(capsys, "estimate", *TINY, "--pp", "2", "--schedule", given,
+                             "--json")
+        assert code == 0, err
+        assert json.loads(out)["config"]["schedule"] == read
+    with pytest.raises(SystemExit) as exc:
+        main(["estimate", *TINY, "--pp", "2", "--schedule", "bogus"])
+    assert exc.value.code == 2 and "invalid choice: 'bogus'" in capsys.readouterr().err
