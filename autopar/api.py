@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from .calibrate.fit import calibrated
 from .calibrate.schema import Calibration, load_calibration
-from .config import ParallelConfig, TrainingConfig, check_sp_request
+from .config import ParallelConfig, TrainingConfig, check_micro_batch, check_sp_request
 from .cost.model import CostModel
 from .cost.params import CostParams
 from .cost.types import Estimate
@@ -243,6 +243,7 @@ def estimate(model: Any, cluster: Cluster | str, train: TrainingConfig | dict,
     cl, params = with_calibration(cl, params, calibration, tr.precision)
     config = _parallel(config)
     check_sp_request(config, "config")
+    check_micro_batch(tr, config, "the config's")
     return Problem.build(model, cl, tr, params, framework=profile).estimate(config)
 
 
@@ -341,6 +342,7 @@ def optimize(model: Any, cluster: Cluster | str, train: TrainingConfig | dict | 
     check_margin(memory_margin)   # None stays None: the model's kind picks the default
     cl = as_cluster(cluster)
     tr = _with_profile(_train(train, model_config_of(model), cl, model), profile)
+    check_micro_batch(tr, fixed or {}, "fixed=")
     cl, params = with_calibration(cl, params, calibration, tr.precision)
     problem = Problem.build(model, cl, tr, params, memory_margin=memory_margin,
                             framework=profile)

@@ -689,3 +689,20 @@ def check_sp_request(config: "ParallelConfig | dict", name: str) -> None:
             f"{name} asks for sequence_parallel=True at tp=1, but {SP_NEEDS_TP} (the CLI "
             "ignores --sp at --tp 1 with a note). Fix: sequence_parallel=False (or leave it "
             "out), or tp > 1, e.g. tp=2.")
+
+
+def check_micro_batch(train: TrainingConfig, given: "ParallelConfig | dict", name: str) -> None:
+    """Refuse two different micro-batch sizes: ``train.micro_batch_size`` and the
+    ``micro_batch_size`` of ``given`` (a ParallelConfig, or ``optimize``'s ``fixed=`` dict),
+    where the latter would silently win. ``name`` names ``given`` in the message.
+
+    Raises:
+        InvalidParallelConfig: both set and different, with the fix.
+    """
+    other = given.get("micro_batch_size") if isinstance(given, dict) \
+        else given.micro_batch_size
+    if None not in (other, train.micro_batch_size) and other != train.micro_batch_size:
+        raise InvalidParallelConfig(
+            f"two micro-batch sizes: TrainingConfig.micro_batch_size={train.micro_batch_size} "
+            f"and {name} micro_batch_size={other}; the second would be used and the first "
+            "ignored. Fix: set it in one place (or give both the same value).")

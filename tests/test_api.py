@@ -256,3 +256,20 @@ def test_sequence_parallel_at_tp_1_is_refused_not_dropped():
     assert plan.config.sequence_parallel == (plan.config.tp > 1)
     # a searched plan's config (tp=1 here) is estimated again without the refusal
     assert autopar.estimate("tiny-llama", cluster, train, plan.config) == plan.estimate
+
+
+def test_two_different_micro_batch_sizes_are_refused_not_one_dropped():
+    # the new-user pass of 2026-12-07: TrainingConfig(micro_batch_size=2) with
+    # ParallelConfig(micro_batch_size=4) (or fixed={"micro_batch_size": 4}) used 4, silently
+    cluster = "1x8xA100-80GB"
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=32, micro_batch_size=2)
+    with pytest.raises(autopar.errors.InvalidParallelConfig,
+                       match=r"two micro-batch sizes: TrainingConfig.micro_batch_size=2 and the "
+                             r"config's micro_batch_size=4.*Fix: set it in one place"):
+        autopar.estimate("tiny-llama", cluster, train, {"micro_batch_size": 4})
+    with pytest.raises(autopar.errors.InvalidParallelConfig, match=r"and fixed= micro_batch"):
+        autopar.optimize("tiny-llama", cluster, train, fixed={"micro_batch_size": 4})
+    # one place, or the same value twice, is fine
+    assert autopar.estimate("tiny-llama", cluster, train, {}).config.micro_batch_size == 2
+    assert autopar.estimate("tiny-llama", cluster, train,
+                            {"micro_batch_size": 2}).config.micro_batch_size == 2
