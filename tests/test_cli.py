@@ -699,6 +699,15 @@ def test_expert_tp_on_a_dense_model_is_refused_in_plain_words(capsys):
     assert "0 experts" not in err and "Fix: drop the expert_tp pin (--expert-tp)" in err
 
 
+def test_compare_sp_at_compare_tp_1_is_noted(capsys):
+    # the new-user pass of 2026-12-07: --sp at tp 1 was noted, --compare-sp dropped silently
+    code, out, err = run(capsys, "plan", *TINY, "--compare-sp", "--compare-zero", "1")
+    assert code == 0, err
+    assert "note: --compare-sp: sequence parallelism shards" in err and "ignored at tp=1" in err
+    code, out, err = run(capsys, "plan", *TINY, "--compare-sp", "--compare-tp", "2")
+    assert code == 0 and "--compare-sp:" not in err
+
+
 @pytest.mark.parametrize("command", ["plan", "explain"])
 def test_a_broken_compare_plan_names_the_compare_flags_before_searching(capsys, command):
     # the new-user pass of 2026-12-07: --compare-ep 2 on a dense model was refused after the

@@ -41,7 +41,8 @@ from ..report.advice import fixes_to_fit
 from ..report.explain import UNREACHED, compare
 from ..report.summary import plural, trust_lines
 from . import measure_cmds
-from .choice_notes import default_choices_note, ignored_choice_notes, sp_only_default
+from .choice_notes import (SP_AT_TP1, default_choices_note, ignored_choice_notes,
+                           sp_only_default)
 from .exports import check_outputs, export_plans
 from .inputs import parallel_choices, read_problem
 from .plan_input import in_plan_terms, plan_problem
@@ -395,6 +396,9 @@ def run(argv=None) -> int:
             return 0
         # --sp --tp 1: as estimate
         notes = [*notes, *ignored_choice_notes(args, par, par.get("tp"), par.get("cp"))]
+        cpar = parallel_choices(args, "compare_")   # --compare-sp at --compare-tp 1 likewise
+        if cpar.get("sequence_parallel") and cpar.get("tp", 1) == 1:
+            notes.append(f"--compare-sp: {SP_AT_TP1}")
         for n in notes:  # estimate prints its notes with its tables
             err.print(f"note: {n}", style="yellow", highlight=False, markup=False)
         with Interrupt(err) as interrupt:  # from here the first Ctrl-C keeps the best plan
