@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from .calibrate.fit import calibrated
 from .calibrate.schema import Calibration, load_calibration
-from .config import ParallelConfig, TrainingConfig
+from .config import ParallelConfig, TrainingConfig, check_micro_batch, check_sp_request
 from .cost.model import CostModel
 from .cost.params import CostParams
 from .cost.types import Estimate
@@ -232,7 +232,9 @@ def estimate(model: Any, cluster: Cluster | str, train: TrainingConfig | dict,
         :class:`Estimate` (``fits`` tells whether it fits in memory).
 
     Raises:
-        AutoparError subclasses: invalid model, cluster, training or parallel config;
+        AutoparError subclasses: invalid model, cluster, training or parallel config
+            (InvalidParallelConfig for ``sequence_parallel=True`` at tp=1, which the config
+            would drop);
             InvalidCalibration for a calibration that is invalid or of other hardware.
     """
     cl = as_cluster(cluster)
@@ -240,6 +242,8 @@ def estimate(model: Any, cluster: Cluster | str, train: TrainingConfig | dict,
     tr = _with_profile(_train(train, cfg_model, cl, model), profile)
     cl, params = with_calibration(cl, params, calibration, tr.precision)
     config = _parallel(config)
+    check_sp_request(config, "config")
+    check_micro_batch(tr, config, "the config's")
     return Problem.build(model, cl, tr, params, framework=profile).estimate(config)
 
 
@@ -326,16 +330,19 @@ def optimize(model: Any, cluster: Cluster | str, train: TrainingConfig | dict | 
     Raises:
         InfeasibleError: nothing fits (the message says what binds and what to change), or
             ``time_limit_s`` ran out before any plan fitted (the message says how far it got).
-        AutoparError subclasses: invalid model, cluster, training config or fixed= choices;
+        AutoparError subclasses: invalid model, cluster, training config or fixed= choices
+            (InvalidParallelConfig for ``sequence_parallel`` pinned on at ``tp`` 1);
             InvalidSearchOption for a bad ``time_limit_s``, ``top_k``, ``progress``,
             ``memory_margin`` or ``objective``;
             InvalidCalibration for a calibration that is invalid or of other hardware.
     """
     _search_options(fixed, time_limit_s, top_k, progress)
+    check_sp_request(fixed or {}, "fixed")
     check_objective(objective)
     check_margin(memory_margin)   # None stays None: the model's kind picks the default
     cl = as_cluster(cluster)
     tr = _with_profile(_train(train, model_config_of(model), cl, model), profile)
+    check_micro_batch(tr, fixed or {}, "fixed=")
     cl, params = with_calibration(cl, params, calibration, tr.precision)
     problem = Problem.build(model, cl, tr, params, memory_margin=memory_margin,
                             framework=profile)

@@ -29,6 +29,11 @@ RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", 
 #: (transformer_config.py ``__post_init__``: ``recompute_modules = ["core_attn"]``), Korthikanti
 #: et al. 2022's selective recomputation.
 DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
+#: Why sequence parallelism needs tp > 1 (Korthikanti et al. 2022: it shards over the TP group
+#: the activations TP leaves replicated); the CLI's note on ``--sp`` at tp=1 and the Python
+#: API's refusal of ``sequence_parallel=True`` at tp=1 both say it.
+SP_NEEDS_TP = ("sequence parallelism shards the ops tensor parallelism replicates, so it needs "
+               "tp > 1")
 #: dtypes the optimizer's moment estimates (Adam's m and v) may be kept in.
 OPTIMIZER_STATE_DTYPES = ("fp32", "bf16")
 #: Pipeline schedules, as ``torch.distributed.pipelining`` (torch 2.13) names its classes:
@@ -350,7 +355,9 @@ class ParallelConfig:
             attention core. Kept in :data:`RECOMPUTE_MODULES` order, the default stored as
             None (one plan, one spelling); read only for "selective" blocks (the search keeps a
             pinned set while it tries other modes).
-        sequence_parallel: shard the TP-replicated activations over the sequence (Korthikanti).
+        sequence_parallel: shard the TP-replicated activations over the sequence (Korthikanti);
+            needs tp > 1 (:data:`SP_NEEDS_TP`): at tp=1 it is turned off here, and
+            :func:`autopar.estimate` / :func:`autopar.optimize` refuse such a config.
         micro_batch_size: sequences per micro-batch; None = choose.
         virtual_stages: model chunks per pipeline rank (interleaved 1F1B); None = choose, 1 = none.
         schedule: one of :data:`SCHEDULES` ("gpipe", "1f1b", "interleaved-1f1b",
@@ -427,7 +434,10 @@ class ParallelConfig:
     # the hash, once computed, in a slot beside the instance dict (so neither a field nor
     # copied by replace(), pickled or compared): a search hashes each configuration many
     # times as a cache key, its per-block tuples included
-    __slots__ = ("__dict__", "__weakref__", "_hash")
+    # ``_sp_at_tp1``: set (in the same way, outside the fields) when the caller asked for
+    # sequence parallelism at tp=1 and __post_init__ turned it off, so that the public entry
+    # points can refuse the request rather than drop it silently (:func:`sp_dropped`)
+    __slots__ = ("__dict__", "__weakref__", "_hash", "_sp_at_tp1")
 
     def __hash__(self) -> int:
         """The dataclass's own hash (of the field values in order), computed once."""
@@ -493,6 +503,7 @@ class ParallelConfig:
                     "None), or schedule 'interleaved-zero-bubble' for other chunk counts.")
         if self.sequence_parallel and self.tp == 1:
             object.__setattr__(self, "sequence_parallel", False)
+            object.__setattr__(self, "_sp_at_tp1", True)
         if not isinstance(self.cp_mode, str) or self.cp_mode not in CP_MODES:
             raise InvalidParallelConfig(
                 f"cp_mode {self.cp_mode!r} is not one of {CP_MODES}. Fix: use 'ring' (default).")
@@ -657,3 +668,41 @@ class ParallelConfig:
 
 #: ParallelConfig's field names (:meth:`ParallelConfig.replace`'s fast path).
 _FIELD_NAMES = frozenset(f.name for f in fields(ParallelConfig))
+
+
+def check_sp_request(config: "ParallelConfig | dict", name: str) -> None:
+    """Refuse a request for sequence parallelism at tp=1, which :class:`ParallelConfig` turns
+    off (:data:`SP_NEEDS_TP`): ``config`` is a ParallelConfig built with
+    ``sequence_parallel=True, tp=1``, or a dict of pins (``optimize``'s ``fixed=``) with
+    ``sequence_parallel`` true and ``tp`` 1 (a dict without ``tp`` leaves it to the search,
+    which uses SP only where tp > 1). ``name`` names the argument in the message.
+
+    Raises:
+        InvalidParallelConfig: the request, with the rule and the fix.
+    """
+    if isinstance(config, ParallelConfig):
+        asked = getattr(config, "_sp_at_tp1", False)
+    else:
+        asked = bool(config.get("sequence_parallel")) and config.get("tp") == 1
+    if asked:
+        raise InvalidParallelConfig(
+            f"{name} asks for sequence_parallel=True at tp=1, but {SP_NEEDS_TP} (the CLI "
+            "ignores --sp at --tp 1 with a note). Fix: sequence_parallel=False (or leave it "
+            "out), or tp > 1, e.g. tp=2.")
+
+
+def check_micro_batch(train: TrainingConfig, given: "ParallelConfig | dict", name: str) -> None:
+    """Refuse two different micro-batch sizes: ``train.micro_batch_size`` and the
+    ``micro_batch_size`` of ``given`` (a ParallelConfig, or ``optimize``'s ``fixed=`` dict),
+    where the latter would silently win. ``name`` names ``given`` in the message.
+
+    Raises:
+        InvalidParallelConfig: both set and different, with the fix.
+    """
+    other = given.get("micro_batch_size") if isinstance(given, dict) \
+        else given.micro_batch_size
+    if None not in (other, train.micro_batch_size) and other != train.micro_batch_size:
+        raise InvalidParallelConfig(
+            f"two micro-batch sizes: TrainingConfig.micro_batch_size={train.micro_batch_size} "
+            f"and {name} micro_batch_size={other}; the second would be used and the first "
+            "ignored. Fix: set it in one place (or give both the same value).")

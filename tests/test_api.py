@@ -232,3 +232,44 @@ def test_a_training_dict_may_leave_out_the_batch_or_the_length():
     assert e == e2
     e3 = autopar.estimate("tiny-llama", cluster, {"seq_len": 32}, cfg)
     assert e3.step_time_s > 0
+
+
+def test_sequence_parallel_at_tp_1_is_refused_not_dropped():
+    # the new-user pass of 2026-12-07: ParallelConfig(tp=1, sequence_parallel=True) was
+    # estimated with SP off and nothing said (the CLI notes that --sp at --tp 1 is ignored)
+    cluster, train = "1x8xA100-80GB", {"global_batch_size": 16, "seq_len": 32}
+    for config in (autopar.ParallelConfig(tp=1, sequence_parallel=True),
+                   {"tp": 1, "sequence_parallel": True}, {"sequence_parallel": True}):
+        with pytest.raises(autopar.errors.InvalidParallelConfig,
+                           match=r"sequence_parallel=True at tp=1, but sequence parallelism "
+                                 r".*needs tp > 1.*Fix: sequence_parallel=False"):
+            autopar.estimate("tiny-llama", cluster, train, config)
+    with pytest.raises(autopar.errors.InvalidParallelConfig, match=r"^fixed asks for "):
+        autopar.optimize("tiny-llama", cluster, train,
+                         fixed={"tp": 1, "sequence_parallel": True})
+    # the config itself still reads as SP off (equal, same hash), and what the rule allows runs
+    assert autopar.ParallelConfig(tp=1, sequence_parallel=True) == autopar.ParallelConfig(tp=1)
+    assert autopar.estimate("tiny-llama", cluster, train,
+                            autopar.ParallelConfig(tp=2, sequence_parallel=True)
+                            ).config.sequence_parallel
+    plan = autopar.optimize("tiny-llama", cluster, train, fixed={"sequence_parallel": True})
+    assert plan.config.sequence_parallel == (plan.config.tp > 1)
+    # a searched plan's config (tp=1 here) is estimated again without the refusal
+    assert autopar.estimate("tiny-llama", cluster, train, plan.config) == plan.estimate
+
+
+def test_two_different_micro_batch_sizes_are_refused_not_one_dropped():
+    # the new-user pass of 2026-12-07: TrainingConfig(micro_batch_size=2) with
+    # ParallelConfig(micro_batch_size=4) (or fixed={"micro_batch_size": 4}) used 4, silently
+    cluster = "1x8xA100-80GB"
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=32, micro_batch_size=2)
+    with pytest.raises(autopar.errors.InvalidParallelConfig,
+                       match=r"two micro-batch sizes: TrainingConfig.micro_batch_size=2 and the "
+                             r"config's micro_batch_size=4.*Fix: set it in one place"):
+        autopar.estimate("tiny-llama", cluster, train, {"micro_batch_size": 4})
+    with pytest.raises(autopar.errors.InvalidParallelConfig, match=r"and fixed= micro_batch"):
+        autopar.optimize("tiny-llama", cluster, train, fixed={"micro_batch_size": 4})
+    # one place, or the same value twice, is fine
+    assert autopar.estimate("tiny-llama", cluster, train, {}).config.micro_batch_size == 2
+    assert autopar.estimate("tiny-llama", cluster, train,
+                            {"micro_batch_size": 2}).config.micro_batch_size == 2

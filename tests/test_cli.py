@@ -697,3 +697,72 @@ def test_expert_tp_on_a_dense_model_is_refused_in_plain_words(capsys):
     assert code == 2, err
     assert "--expert-tp 2 needs a mixture-of-experts model; this model has no MoE layer" in err
     assert "0 experts" not in err and "Fix: drop the expert_tp pin (--expert-tp)" in err
+
+
+def test_compare_sp_at_compare_tp_1_is_noted(capsys):
+    # the new-user pass of 2026-12-07: --sp at tp 1 was noted, --compare-sp dropped silently
+    code, out, err = run(capsys, "plan", *TINY, "--compare-sp", "--compare-zero", "1")
+    assert code == 0, err
+    assert "note: --compare-sp: sequence parallelism shards" in err and "ignored at tp=1" in err
+    code, out, err = run(capsys, "plan", *TINY, "--compare-sp", "--compare-tp", "2")
+    assert code == 0 and "--compare-sp:" not in err
+
+
+@pytest.mark.parametrize("command", ["plan", "explain"])
+def test_a_broken_compare_plan_names_the_compare_flags_before_searching(capsys, command):
+    # the new-user pass of 2026-12-07: --compare-ep 2 on a dense model was refused after the
+    # whole search, as "--ep 2 needs a mixture-of-experts model. Fix: --ep 1 (drop --ep ...)"
+    code, out, err = run(capsys, command, *TINY, "--compare-ep", "2")
+    assert code == 2 and out == ""
+    assert "searching" not in err   # refused before the search
+    assert ("InvalidParallelConfig: the hand-tuned plan of the --compare-* flags: --compare-ep 2 "
+            "needs a mixture-of-experts model") in err
+    assert "Fix: --compare-ep 1 (drop --compare-ep" in err and " --ep" not in err
+
+
+def test_a_model_file_that_is_not_a_dict_is_named(capsys, tmp_path):
+    # the new-user pass of 2026-12-07: a JSON list said "model must be an nn.Module, ...; got
+    # list. Fix: e.g. autopar.optimize('llama2-70b', ...)", Python advice on the command line
+    f = tmp_path / "model.json"
+    f.write_text("[1, 2]")
+    code, out, err = run(capsys, "estimate", "--model", str(f), "--cluster", "1x8xA100-80GB")
+    assert code == 2
+    assert f"InvalidModelConfig: model file {f} holds a JSON list, not a model dict" in err
+    assert "autopar.optimize" not in err
+
+
+def test_estimate_under_an_sp_only_framework_takes_sp_on_by_default(capsys):
+    # the new-user pass of 2026-12-07: `estimate --framework torchtitan --tp 2` estimated TP
+    # without SP (ParallelConfig's default), with a warning that torchtitan cannot run it
+    code, out, err = run(capsys, "estimate", *TINY, "--framework", "torchtitan", "--tp", "2",
+                         "--zero", "2", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["config"]["sequence_parallel"] is True
+    assert any(n.startswith("sequence parallelism on (not given): torchtitan runs tensor "
+                            "parallelism only with it") for n in data["notes"])
+    assert not any("only with sequence_parallel=True" in w for w in data["warnings"])
+    # --no-sp still estimates it off (and warns); torch keeps its default (off, with a note)
+    code, out, err = run(capsys, "estimate", *TINY, "--framework", "torchtitan", "--tp", "2",
+                         "--zero", "2", "--no-sp", "--json")
+    data = json.loads(out)
+    assert data["config"]["sequence_parallel"] is False
+    assert any("only with sequence_parallel=True" in w for w in data["warnings"])
+    code, out, err = run(capsys, "estimate", *TINY, "--tp", "2", "--json")
+    data = json.loads(out)
+    assert data["config"]["sequence_parallel"] is False
+    assert any("the default without --sp" in n for n in data["notes"])
+
+
+def test_schedule_flag_takes_the_spellings_parallel_config_takes(capsys):
+    # the new-user pass of 2026-12-07: ParallelConfig(schedule="1F1B") is read as '1f1b'
+    # (SCHEDULE_ALIASES), --schedule 1F1B was an invalid choice
+    for given, read in (("1F1B", "1f1b"), ("Interleaved1F1B", "interleaved-1f1b"),
+                        ("ZBV", "zbv-zero-bubble")):
+        code, out, err = run(capsys, "estimate", *TINY, "--pp", "2", "--schedule", given,
+                             "--json")
+        assert code == 0, err
+        assert json.loads(out)["config"]["schedule"] == read
+    with pytest.raises(SystemExit) as exc:
+        main(["estimate", *TINY, "--pp", "2", "--schedule", "bogus"])
+    assert exc.value.code == 2 and "invalid choice: 'bogus'" in capsys.readouterr().err

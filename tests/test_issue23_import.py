@@ -341,3 +341,9 @@ def test_megatron_model_shape_flags_must_describe_the_model(capsys):
     assert main(["estimate", "--model", "llama3-8b", "--cluster", "1x8xH100", "--megatron-args",
                  "--tensor-model-parallel-size 8 --hidden-size 8192"]) == 2
     assert "describe another model: hidden_size 8192" in capsys.readouterr().err
+    # the new-user pass of 2026-12-07: --num-layers is named in the same message, not in a
+    # second error after the first mismatch is fixed
+    assert main(["estimate", "--model", "llama3-8b", "--cluster", "1x8xH100", "--megatron-args",
+                 "--num-layers 80 --hidden-size 8192 --tensor-model-parallel-size 8"]) == 2
+    assert ("describe another model: num_layers 80 (the model: 32), hidden_size 8192 (the "
+            "model: 4096)") in capsys.readouterr().err

@@ -174,6 +174,20 @@ def test_invalid_configs_raise_helpful_errors(change, words):
         assert word in message, message
 
 
+def test_a_hugging_face_config_json_is_named_as_one():
+    # the new-user pass of 2026-12-07: a transformers config.json given as --model listed 18
+    # unknown keys and guesses such as 'num_attention_heads' -> did you mean 'num_kv_heads'?
+    hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+          "num_attention_heads": 32, "num_hidden_layers": 32, "intermediate_size": 11008,
+          "max_position_embeddings": 4096, "vocab_size": 32000}
+    with pytest.raises(InvalidModelConfig) as info:
+        ModelConfig.from_dict(hf)
+    message = str(info.value)
+    assert message.startswith("this is a Hugging Face config (model_type 'llama'), not autopar's")
+    assert "hf-* preset" in message and "num_attention_heads -> num_heads" in message
+    assert "did you mean" not in message
+
+
 def test_missing_keys_and_bad_specs():
     with pytest.raises(InvalidModelConfig, match="missing required key.*vocab_size"):
         ModelConfig.from_dict({k: v for k, v in BASE.items() if k != "vocab_size"})

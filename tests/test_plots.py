@@ -67,6 +67,25 @@ def test_cli_plot_flags(tmp_path, capsys):
         _png(tmp_path / f"{name}.png")
 
 
+def test_a_picture_format_matplotlib_cannot_write_is_refused_before_the_search(tmp_path,
+                                                                              capsys, problem):
+    # the new-user pass of 2026-12-07: --plot plan.txt failed after the search with "Fix: choose
+    # a path in an existing, writable folder", and --plot plan said "wrote plan" of plan.png
+    from autopar.cli import main
+    args = ["--model", "tiny-llama", "--cluster", "2x4xA100-80GB", "--global-batch", "32",
+            "--seq-len", "512"]
+    assert main(["plan", *args, "--plot", str(tmp_path / "plan.txt")]) == 2
+    err = capsys.readouterr().err
+    assert "OutputError: cannot write" in err and "matplotlib writes no '.txt' pictures" in err
+    assert "Fix: end the file name with .png" in err and "searching" not in err
+    assert main(["estimate", *args, "--plot", str(tmp_path / "est")]) == 0
+    assert f"wrote {tmp_path / 'est.png'}" in capsys.readouterr().err
+    _png(tmp_path / "est.png")
+    with pytest.raises(autopar.errors.OutputError, match="no '.doc' pictures"):
+        plots.plot_memory(problem.estimate(autopar.ParallelConfig()), tmp_path / "m.doc")
+    assert plots.check_plot_path("a/b.svg") == "a/b.svg"
+
+
 def test_missing_matplotlib_is_our_error(monkeypatch, problem):
     import builtins
     real = builtins.__import__

@@ -72,6 +72,16 @@ def test_a_meta_device_model_is_refused_with_the_fix():
         apply(_plan(32), model)
 
 
+@pytest.mark.parametrize("model", [None, "tiny-llama"])
+def test_a_model_that_is_no_module_is_refused_with_the_fix(model):
+    # the new-user pass of 2026-12-07: plan.apply(None) or plan.apply("tiny-llama") failed
+    # inside autopar with "AttributeError: ... has no attribute 'named_parameters'"
+    with pytest.raises(autopar.errors.InvalidModelConfig,
+                       match=r"plan.apply needs the model itself, an nn.Module; got "
+                             r"(NoneType|str). Fix: build it in real memory"):
+        _plan(32).apply(model)
+
+
 def test_apply_outside_a_process_group_is_refused_with_the_fix():
     # used to fail inside torch: "Default process group has not been initialized"
     assert not torch.distributed.is_initialized()

@@ -4,9 +4,10 @@ came from ``ParallelConfig``'s defaults because no parallel flag was given."""
 
 from __future__ import annotations
 
+from ..config import SP_NEEDS_TP
+
 #: The note for ``--sp`` at tp = 1 (plan, explain and estimate).
-SP_AT_TP1 = ("sequence parallelism shards the ops tensor parallelism replicates, so it needs "
-             "tp > 1: ignored at tp=1")
+SP_AT_TP1 = f"{SP_NEEDS_TP}: ignored at tp=1"
 
 #: The note for ``--cp-mode`` at cp = 1 (estimate; plan and explain have no --cp-mode).
 CP_MODE_AT_CP1 = ("--cp-mode sets how context parallelism exchanges K/V, so it needs cp > 1: "
@@ -46,3 +47,23 @@ def default_choices_note(args, par: dict, config) -> list[str]:
             f"cp={c.cp}{ep}, ZeRO {c.zero_stage}, recompute {rec}, micro-batch "
             f"{c.micro_batch_size} (--tp --pp --dp --cp --zero --recompute --micro-batch set "
             "them); `autopar plan` with the same model, cluster and batch searches them"]
+
+
+def sp_only_default(args, profile, moe: bool, par: dict) -> tuple[dict, list[str]]:
+    """``estimate``'s choices ``par`` with sequence parallelism on where it is off only by
+    default (no ``--sp``/``--no-sp``, no configuration imported or loaded: :data:`_IMPORTS`,
+    whose own SP setting stands), tp > 1, and the
+    framework ``profile`` runs tensor parallelism only with SP (its
+    :meth:`~autopar.frameworks.FrameworkProfile.sequence_parallel_values` on this model, MoE
+    or not (``moe``), is (True,): torchtitan; Megatron-LM's MoE layers), with the note saying
+    so; ``(par, [])`` otherwise. ParallelConfig's default (off) would be a configuration the
+    framework cannot run."""
+    if "sequence_parallel" in par or par.get("tp", 1) <= 1 \
+            or any(getattr(args, f, None) for f in _IMPORTS) \
+            or profile.sequence_parallel_values(moe=moe) != (True,):
+        return par, []
+    moe_only = moe and False in profile.sequence_parallel_values()   # dense layers take both
+    return {**par, "sequence_parallel": True}, [
+        f"sequence parallelism on (not given): {profile.name} runs tensor parallelism"
+        f"{' on MoE layers' if moe_only else ''} only with it (--no-sp estimates it off, a "
+        "configuration it cannot run)"]

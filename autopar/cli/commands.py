@@ -21,7 +21,6 @@ docs/cli.md.
 from __future__ import annotations
 
 import json
-import re
 import sys
 from dataclasses import replace
 
@@ -41,36 +40,14 @@ from ..report.advice import fixes_to_fit
 from ..report.explain import UNREACHED, compare
 from ..report.summary import plural, trust_lines
 from . import measure_cmds
-from .choice_notes import default_choices_note, ignored_choice_notes
+from .choice_notes import (SP_AT_TP1, default_choices_note, ignored_choice_notes,
+                           sp_only_default)
 from .exports import check_outputs, export_plans
 from .inputs import parallel_choices, read_problem
 from .plan_input import in_plan_terms, plan_problem
 from .output import Interrupt, Progress, finish, print_trust, run_costs
+from .flagwords import flag_words
 from .parser import build_parser
-
-
-#: The Python API's names in an error -> the command line's flags (a CLI user types those).
-_FLAGS = {"TrainingConfig.seq_len": "--seq-len", "TrainingConfig.global_batch_size": "--global-batch",
-          "TrainingConfig.micro_batch_size": "--micro-batch",
-          "TrainingConfig(framework=...)": "--framework"}
-_PINS = {"tp": "--tp", "pp": "--pp", "dp": "--dp", "cp": "--cp", "ep": "--ep",
-         "expert_tp": "--expert-tp", "dispatcher": "--dispatcher", "zero_stage": "--zero",
-         "virtual_stages": "--virtual-stages", "micro_batch_size": "--micro-batch",
-         "schedule": "--schedule", "recompute": "--recompute", "vp_group": "--vp-group"}
-_PIN = re.compile(r"(?<![\w.*-])(" + "|".join(sorted(_PINS, key=len, reverse=True))
-                  + r")=('?)([\w.-]+)\2(?![\w(])")
-
-
-def flag_words(text: str) -> str:
-    """An error's text in the command line's words: ``TrainingConfig.seq_len`` as ``--seq-len
-    (TrainingConfig.seq_len)``, a pin ``dispatcher='alltoall'`` as ``--dispatcher alltoall``,
-    ``expert_tp=None`` as ``no --expert-tp``."""
-    for api, flag in _FLAGS.items():
-        # a text naming both ("--framework / TrainingConfig(framework=...)") keeps the flag
-        text = text.replace(f"{flag} / {api}", flag).replace(api, f"{flag} ({api})")
-    # a pin set to None is the flag left out (there is no "--expert-tp None" to type)
-    return _PIN.sub(lambda m: f"no {_PINS[m.group(1)]}" if m.group(3) == "None"
-                    else f"{_PINS[m.group(1)]} {m.group(3)}", text)
 
 
 def free_fraction(e) -> float:
@@ -98,11 +75,23 @@ def _plan_command(args, train: TrainingConfig) -> str:
 
 
 def _compare_estimate(args, problem: Problem):
+    """The ``--compare-*`` plan's estimate (None without them), made before the search.
+
+    Raises:
+        AutoparError: the estimate's, its message naming the ``--compare-*`` flags.
+    """
     par = parallel_choices(args, "compare_")
-    return problem.estimate(ParallelConfig(**par)) if par else None
+    if not par:
+        return None
+    try:
+        return problem.estimate(ParallelConfig(**par))
+    except AutoparError as exc:
+        raise type(exc)("the hand-tuned plan of the --compare-* flags: "
+                        + flag_words(str(exc), pins="--compare-")) from None
 
 
 def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
+    ref = _compare_estimate(args, problem)
     progress = Progress(err, args.json, interrupt)
     plan, result = search_plan(problem, fixed, time_limit_s=args.time_limit, top_k=args.top_k,
                                progress=progress, objective=args.objective)
@@ -110,7 +99,6 @@ def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
     if args.out:
         plan.to_json(args.out)
     exported = export_plans(args, plan)
-    ref = _compare_estimate(args, problem)
     money = run_costs(args, [("best", plan.estimate)]
                       + [(f"alternative {i + 1}", a) for i, a in enumerate(plan.alternatives[:3])]
                       + ([("hand-tuned", ref)] if ref is not None else []))
@@ -192,9 +180,10 @@ def sp_off_note(problem: Problem, par: dict, est) -> list[str]:
 
 
 def _cmd_estimate(args, problem, par, notes, out) -> dict:
+    par, sp_on = sp_only_default(args, problem.profile, problem.graph.num_experts > 0, par)
     # estimate --plan on a cluster its mesh does not fill: said in the plan's terms
     est = in_plan_terms(args, problem, par, lambda: problem.estimate(ParallelConfig(**par)))
-    notes = [*notes, *ignored_choice_notes(args, par, est.config.tp, est.config.cp),
+    notes = [*notes, *sp_on, *ignored_choice_notes(args, par, est.config.tp, est.config.cp),
              *sp_off_note(problem, par, est), *default_choices_note(args, par, est.config)]
     if not problem.graph.num_experts and par.get("dispatcher") not in (None, "alltoall", "auto"):
         # plan refuses it (autopar.search.optimize); an estimate prices no dispatch either way
@@ -272,13 +261,13 @@ def _cmd_estimate(args, problem, par, notes, out) -> dict:
 
 
 def _cmd_explain(args, problem, fixed, out, err, interrupt=None) -> dict:
+    ref = _compare_estimate(args, problem)
     progress = Progress(err, args.json, interrupt)
     plan, _ = in_plan_terms(args, problem, fixed, lambda: search_plan(
         problem, fixed, time_limit_s=args.time_limit, top_k=args.top_k, progress=progress,
         objective=args.objective))
     progress.stopped(plan.search)
     best = plan.estimate
-    ref = _compare_estimate(args, problem)
     comps, skipped = alternatives.named_alternatives(problem, plan,
                                         [("hand-tuned plan", ref)] if ref is not None else [])
     money = run_costs(args, [("best", best)] + [(c.name, c.other) for c in comps])
@@ -375,6 +364,9 @@ def run(argv=None) -> int:
             return 0
         # --sp --tp 1: as estimate
         notes = [*notes, *ignored_choice_notes(args, par, par.get("tp"), par.get("cp"))]
+        cpar = parallel_choices(args, "compare_")   # --compare-sp at --compare-tp 1 likewise
+        if cpar.get("sequence_parallel") and cpar.get("tp", 1) == 1:
+            notes.append(f"--compare-sp: {SP_AT_TP1}")
         for n in notes:  # estimate prints its notes with its tables
             err.print(f"note: {n}", style="yellow", highlight=False, markup=False)
         with Interrupt(err) as interrupt:  # from here the first Ctrl-C keeps the best plan

@@ -58,6 +58,9 @@ def check_outputs(args) -> None:
         raise MissingDependency("--plot needs matplotlib, which is not installed. Fix: pip "
                                 "install \"autopar[plot]\" (from a clone: pip install -e \".[plot]\"; "
                                 "or pip install matplotlib).")
+    if getattr(args, "plot", None):   # a format matplotlib cannot write, before the search
+        from ..report.plots import check_plot_path
+        args.plot = check_plot_path(args.plot)   # "wrote FILE" names the file written
 
 
 def export_plans(args, plan) -> list[dict]:

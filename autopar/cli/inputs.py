@@ -33,10 +33,16 @@ def model_arg(text: str | None):
         return text
     try:
         with open(text) as f:
-            return json.load(f)
+            model = json.load(f)
     except (OSError, json.JSONDecodeError) as exc:
         raise InvalidModelConfig(f"cannot read model file {text}: {exc}. Fix: give a JSON "
                                  "file with a model dict, or a preset name.") from exc
+    if not isinstance(model, dict):
+        raise InvalidModelConfig(f"model file {text} holds a JSON {type(model).__name__}, not a "
+                                 "model dict (an object such as {\"name\": ..., \"family\": "
+                                 "\"llama\", ...}). Fix: give a JSON file with a model dict, or "
+                                 "a preset name.")
+    return model
 
 
 _PARALLEL = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "zero": "zero_stage",

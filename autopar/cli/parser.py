@@ -8,7 +8,8 @@ import argparse
 import difflib
 import sys
 
-from ..config import DISPATCHERS, FRAMEWORKS, OPTIMIZER_STATE_DTYPES, RECOMPUTE_MODES, SCHEDULES
+from ..config import (DISPATCHERS, FRAMEWORKS, OPTIMIZER_STATE_DTYPES, RECOMPUTE_MODES,
+                      SCHEDULE_ALIASES, SCHEDULES)
 from ..cost.offload import frameworks_running
 from ..frameworks.options import STACK_OPTIONS
 from . import measure_cmds
@@ -120,8 +121,9 @@ def _parallel_flags(p: argparse.ArgumentParser, prefix: str = "", what: str = ""
                    help=f"MoE token dispatcher: NCCL all-to-all, DeepEP, or Megatron-Core's "
                         f"all-gather over the expert-TP x EP group (default alltoall; a given "
                         f"one is kept{auto}){what}")
+    # the spellings ParallelConfig takes (torch's class names, case-insensitive) are read too
     p.add_argument(f"{dash}schedule", dest=f"{dest}schedule", default=None,
-                   choices=list(SCHEDULES),
+                   type=lambda s: SCHEDULE_ALIASES.get(s.lower(), s), choices=list(SCHEDULES),
                    help=f"pipeline schedule (torch.distributed.pipelining's){what}")
 
 

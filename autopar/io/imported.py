@@ -60,11 +60,14 @@ class Imported:
 
     def shape_mismatch(self, model_config) -> str | None:
         """Why the source's model-shape flags (``model_shape``: ModelConfig field -> value, e.g.
-        Megatron-LM's ``--hidden-size``) do not describe ``model_config`` (a ModelConfig), as
+        Megatron-LM's ``--hidden-size``; and ``num_layers``) do not describe ``model_config`` (a ModelConfig), as
         an error message with the fix; None when they agree or there is nothing to compare."""
         if model_config is None:
             return None
-        off = {k: (v, getattr(model_config, k, None)) for k, v in self.model_shape.items()
+        # --num-layers too, so that one message names every field another model's flags set
+        stated = {"num_layers": self.num_layers, **self.model_shape} if self.num_layers \
+            else self.model_shape
+        off = {k: (v, getattr(model_config, k, None)) for k, v in stated.items()
                if getattr(model_config, k, None) not in (None, v)}
         if not off:
             return None

@@ -452,12 +452,21 @@ class ModelConfig:
         :meth:`to_dict` is accepted.
 
         Raises:
-            InvalidModelConfig: ``d`` is not a mapping, has unknown or missing keys, or a value of the
-                wrong type or breaking a rule.
+            InvalidModelConfig: ``d`` is not a mapping, is a Hugging Face config (``model_type``
+                or ``architectures``), has unknown or missing keys, or a value of the wrong
+                type or breaking a rule.
         """
         if not isinstance(d, Mapping):
             raise InvalidModelConfig(f"a model dict must be a mapping, got {type(d).__name__}; "
                                      "fix: pass e.g. {'name': ..., 'family': 'gpt', ...}")
+        if "model_type" in d or "architectures" in d:   # a transformers config.json
+            raise InvalidModelConfig(
+                f"this is a Hugging Face config (model_type {d.get('model_type')!r}), not "
+                "autopar's model dict. Fix: use the hf-* preset of its family (`autopar "
+                "models`), in Python pass the transformers model built on the meta device, or "
+                "write autopar's keys (name, family; num_hidden_layers -> num_layers, "
+                "num_attention_heads -> num_heads, num_key_value_heads -> num_kv_heads, "
+                "intermediate_size -> ffn_hidden_size, max_position_embeddings -> seq_len).")
         label = d.get("name", "<unnamed>")
         if "head_dim" in d:
             # the published-run records' (and transformers') name for Megatron's kv_channels

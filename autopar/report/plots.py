@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Sequence
 from ..cost.pipeline.orders import SPLIT_BACKWARD, rank_orders, stage_rank
 from ..cost.pipeline.replay import replay
 from ..cost.types import Estimate
-from ..errors import AutoparError, MissingDependency, output_error  # noqa: F401 (re-export)
+from ..errors import (AutoparError, MissingDependency, OutputError,  # noqa: F401
+                      output_error)   # AutoparError, MissingDependency: re-exported
 from .summary import plural
 
 if TYPE_CHECKING:
@@ -49,14 +50,39 @@ def _pyplot():
     return plt
 
 
+def check_plot_path(path) -> str:
+    """The file matplotlib writes for the picture path ``path``: ``path``, or ``path + ".png"``
+    when it has no extension (matplotlib's default format); a path with an extension
+    matplotlib cannot write is refused.
+
+    Raises:
+        OutputError: the path, the formats matplotlib writes and the fix.
+        MissingDependency: matplotlib is not installed.
+    """
+    _pyplot()
+    from matplotlib.backend_bases import FigureCanvasBase
+    ext = os.path.splitext(str(path))[1][1:].lower()
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if ext and ext not in formats:
+        raise OutputError(f"cannot write {path}: matplotlib writes no '.{ext}' pictures (it "
+                          f"writes {', '.join(sorted(formats))}). Fix: end the file name with "
+                          ".png (or one of those).")
+    return str(path) if ext else f"{path}.png"
+
+
 def _save(fig, path, dpi: int) -> None:
-    """Write the figure; an unwritable path is an :class:`~autopar.errors.OutputError`."""
+    """Write the figure; an unwritable path or an extension matplotlib cannot write is an
+    :class:`~autopar.errors.OutputError`."""
     try:
+        check_plot_path(path)
         fig.savefig(path, dpi=dpi)
+    except OutputError:
+        raise
     except OSError as exc:
         raise output_error(path, exc) from exc
-    except ValueError as exc:  # matplotlib: an extension it cannot write
-        raise output_error(path, OSError(str(exc))) from exc
+    except ValueError as exc:  # matplotlib refuses the file name in another way
+        raise OutputError(f"cannot write {path}: {exc}. Fix: a file name ending in .png.") \
+            from exc
     finally:
         _pyplot().close(fig)
 

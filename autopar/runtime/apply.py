@@ -23,7 +23,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import loss_parallel
 
-from autopar.errors import InvalidParallelConfig
+from autopar.errors import InvalidModelConfig, InvalidParallelConfig
 from autopar.frameworks import get_profile, rules
 
 from . import cp as cp_mod
@@ -250,6 +250,7 @@ def apply(plan, model: nn.Module, *, device_mesh: DeviceMesh | None = None,
             any collective, so every rank raises it); a model with tensors on the meta device
             (no data to train); no initialised process group.
         InvalidParallelConfig: the world size, mesh, blocks or batch do not match the plan.
+        InvalidModelConfig: ``model`` is not an ``nn.Module``.
     """
     check_plan(plan)
     _check_real(model)
@@ -346,9 +347,16 @@ def apply(plan, model: nn.Module, *, device_mesh: DeviceMesh | None = None,
 
 
 def _check_real(model: nn.Module) -> None:
-    """Raise :class:`UnsupportedPlanError` for a model with a tensor on the meta device: it has
-    no weights to move or train (torch's ``.to()`` would fail "Cannot copy out of meta
+    """Raise :class:`InvalidModelConfig` for a ``model`` that is no ``nn.Module`` (a preset
+    name, None), and :class:`UnsupportedPlanError` for one with a tensor on the meta device:
+    it has no weights to move or train (torch's ``.to()`` would fail "Cannot copy out of meta
     tensor"). Pure, so every rank raises it."""
+    if not isinstance(model, nn.Module):
+        raise InvalidModelConfig(
+            f"plan.apply needs the model itself, an nn.Module; got {type(model).__name__}. Fix: "
+            "build it in real memory with the same weights on every rank, e.g. "
+            "autopar.models.build(plan.model_config, device='cpu', dtype=torch.bfloat16, "
+            "seed=0) (docs/apply.md).")
     meta = next((n for n, t in (*model.named_parameters(), *model.named_buffers())
                  if t.is_meta), None)
     if meta is not None:

@@ -299,10 +299,10 @@ def sequence_parallel_options(tp: int, fixed: dict, profile: FrameworkProfile = 
     framework's sequence split holds for sequences of ``seq_len`` tokens over tp x ``cp``
     (:func:`autopar.frameworks.rules.seq_split`), else off where the framework
     runs TP without it and that split holds; [] when neither does; or the value pinned."""
+    if tp == 1:   # before a pin: SP needs tp > 1, and a config built with it would be marked
+        return [False]   # as asking for it at tp=1 (config.check_sp_request)
     if "sequence_parallel" in fixed:
         return [fixed["sequence_parallel"]]
-    if tp == 1:
-        return [False]
     return [sp for sp in (True, False) if sp in profile.sequence_parallel_values(moe) and (
         seq_len is None or rules.seq_split(profile, seq_len, tp, cp, sp) is None)][:1]
 

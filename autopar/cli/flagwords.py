@@ -1,0 +1,37 @@
+"""An error's text in the command line's words: the Python API's names (``TrainingConfig.
+seq_len``, a pin ``ep=2``) as the flags a command-line user types (``--seq-len``, ``--ep 2``)."""
+
+from __future__ import annotations
+
+import re
+
+#: The Python API's names in an error -> the command line's flags (a CLI user types those).
+_FLAGS = {"TrainingConfig.seq_len": "--seq-len", "TrainingConfig.global_batch_size": "--global-batch",
+          "TrainingConfig.micro_batch_size": "--micro-batch",
+          "TrainingConfig(framework=...)": "--framework"}
+_PINS = {"tp": "--tp", "pp": "--pp", "dp": "--dp", "cp": "--cp", "ep": "--ep",
+         "expert_tp": "--expert-tp", "dispatcher": "--dispatcher", "zero_stage": "--zero",
+         "virtual_stages": "--virtual-stages", "micro_batch_size": "--micro-batch",
+         "schedule": "--schedule", "recompute": "--recompute", "vp_group": "--vp-group"}
+_PIN = re.compile(r"(?<![\w.*-])(" + "|".join(sorted(_PINS, key=len, reverse=True))
+                  + r")=('?)([\w.-]+)\2(?![\w(])")
+_PIN_FLAG = re.compile(r"(?<![\w-])(" + "|".join(sorted(_PINS.values(), key=len, reverse=True))
+                       + r")(?![\w-])")
+
+
+def flag_words(text: str, pins: str = "--") -> str:
+    """An error's text in the command line's words: ``TrainingConfig.seq_len`` as ``--seq-len
+    (TrainingConfig.seq_len)``, a pin ``dispatcher='alltoall'`` as ``--dispatcher alltoall``,
+    ``expert_tp=None`` as ``no --expert-tp``; ``pins="--compare-"`` writes the pins as the
+    ``--compare-*`` flags (``--compare-ep 2``)."""
+    for api, flag in _FLAGS.items():
+        # a text naming both ("--framework / TrainingConfig(framework=...)") keeps the flag
+        text = text.replace(f"{flag} / {api}", flag).replace(api, f"{flag} ({api})")
+
+    def flag(name: str) -> str:
+        return pins + _PINS[name][2:]
+    if pins != "--":   # a flag the rule's text names itself ("drop --ep")
+        text = _PIN_FLAG.sub(lambda m: pins + m.group(1)[2:], text)
+    # a pin set to None is the flag left out (there is no "--expert-tp None" to type)
+    return _PIN.sub(lambda m: f"no {flag(m.group(1))}" if m.group(3) == "None"
+                    else f"{flag(m.group(1))} {m.group(3)}", text)
