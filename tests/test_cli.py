@@ -618,6 +618,21 @@ def test_cli_errors_name_the_flags_a_cli_user_types(capsys):
     assert flag_words("Fix: expert_tp=None (etp = tp)") == "Fix: no --expert-tp (etp = tp)"
 
 
+def test_cli_errors_name_only_the_flags_the_user_gave(capsys):
+    # the new-user pass of 2026-12-07: "--ep 3 does not divide ... and --dp 16" named a flag
+    # that was never given (dp was derived from the GPU count)
+    from autopar.cli.flagwords import flag_words
+    args = ("estimate", "--model", "mixtral-8x7b", "--cluster", "2x8xH100", "--global-batch",
+            "256", "--seq-len", "4096", "--ep", "3")
+    code, _, err = run(capsys, *args)
+    text = " ".join(err.split())
+    assert code == 2 and "--ep 3 does not divide" in text and "and dp=16" in text
+    assert "--dp" not in text
+    code, _, err = run(capsys, *args, "--dp", "16")
+    assert code == 2 and "and --dp 16" in " ".join(err.split())
+    assert flag_words("ep=3 and dp=16", given=frozenset({"ep"})) == "--ep 3 and dp=16"
+
+
 def test_plan_says_sp_is_ignored_at_a_pinned_tp_1(capsys):
     # the new-user pass of 2026-12-06: estimate said so, plan and explain dropped --sp silently
     code, out, err = run(capsys, "plan", *TINY, "--sp", "--tp", "1")

@@ -87,7 +87,7 @@ def _compare_estimate(args, problem: Problem):
         return problem.estimate(ParallelConfig(**par))
     except AutoparError as exc:
         raise type(exc)("the hand-tuned plan of the --compare-* flags: "
-                        + flag_words(str(exc), pins="--compare-")) from None
+                        + flag_words(str(exc), pins="--compare-", given=frozenset(par))) from None
 
 
 def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
@@ -376,7 +376,8 @@ def run(argv=None) -> int:
     except AutoparError as exc:
         # a plan file's fields are fixed in the file (it is checked before flags apply): its
         # message keeps their names, where "--dp 4" read as a flag that would help and did not
-        text = str(exc) if isinstance(exc, InvalidPlanFile) else flag_words(str(exc))
+        text = str(exc) if isinstance(exc, InvalidPlanFile) else flag_words(
+            str(exc), given=frozenset(parallel_choices(args)))
         err.print(f"autopar: {type(exc).__name__}: {text}", style="red",
                   markup=False, soft_wrap=True, highlight=False)
         return 2

@@ -19,11 +19,13 @@ _PIN_FLAG = re.compile(r"(?<![\w-])(" + "|".join(sorted(_PINS.values(), key=len,
                        + r")(?![\w-])")
 
 
-def flag_words(text: str, pins: str = "--") -> str:
+def flag_words(text: str, pins: str = "--", given: frozenset[str] | None = None) -> str:
     """An error's text in the command line's words: ``TrainingConfig.seq_len`` as ``--seq-len
     (TrainingConfig.seq_len)``, a pin ``dispatcher='alltoall'`` as ``--dispatcher alltoall``,
     ``expert_tp=None`` as ``no --expert-tp``; ``pins="--compare-"`` writes the pins as the
-    ``--compare-*`` flags (``--compare-ep 2``)."""
+    ``--compare-*`` flags (``--compare-ep 2``). ``given``: the ParallelConfig fields the
+    command line set (None: all); a value the user did not type (``dp=16`` derived from the
+    GPU count) keeps its field name, not a flag the user never gave."""
     for api, flag in _FLAGS.items():
         # a text naming both ("--framework / TrainingConfig(framework=...)") keeps the flag
         text = text.replace(f"{flag} / {api}", flag).replace(api, f"{flag} ({api})")
@@ -33,5 +35,9 @@ def flag_words(text: str, pins: str = "--") -> str:
     if pins != "--":   # a flag the rule's text names itself ("drop --ep")
         text = _PIN_FLAG.sub(lambda m: pins + m.group(1)[2:], text)
     # a pin set to None is the flag left out (there is no "--expert-tp None" to type)
-    return _PIN.sub(lambda m: f"no {flag(m.group(1))}" if m.group(3) == "None"
-                    else f"{flag(m.group(1))} {m.group(3)}", text)
+    def word(m) -> str:
+        if given is not None and m.group(1) not in given:
+            return m.group(0)
+        return f"no {flag(m.group(1))}" if m.group(3) == "None" else \
+            f"{flag(m.group(1))} {m.group(3)}"
+    return _PIN.sub(word, text)
