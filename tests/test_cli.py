@@ -633,6 +633,19 @@ def test_cli_errors_name_only_the_flags_the_user_gave(capsys):
     assert flag_words("ep=3 and dp=16", given=frozenset({"ep"})) == "--ep 3 and dp=16"
 
 
+def test_cli_moe_errors_name_the_moe_flags(capsys):
+    # the new-user pass of 2026-12-07: MoE errors named TrainingConfig's fields on the CLI
+    from autopar.cli.flagwords import flag_words
+    code, _, err = run(capsys, "estimate", "--model", "tiny-llama", "--cluster", "1x8xH100",
+                       "--global-batch", "16", "--seq-len", "256", "--moe-capacity-factor", "1.0")
+    text = " ".join(err.split())
+    assert code == 2 and "--moe-capacity-factor 1.0: the model has no routed experts" in text
+    assert "drop --moe-capacity-factor," in text and "moe_capacity_factor" not in text
+    assert flag_words("moe_pad_to_capacity=True needs moe_capacity_factor; "
+                      "TrainingConfig.moe_expert_load") == \
+        "--moe-pad-to-capacity needs --moe-capacity-factor; TrainingConfig.moe_expert_load"
+
+
 def test_plan_says_sp_is_ignored_at_a_pinned_tp_1(capsys):
     # the new-user pass of 2026-12-06: estimate said so, plan and explain dropped --sp silently
     code, out, err = run(capsys, "plan", *TINY, "--sp", "--tp", "1")

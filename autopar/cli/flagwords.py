@@ -13,6 +13,10 @@ _PINS = {"tp": "--tp", "pp": "--pp", "dp": "--dp", "cp": "--cp", "ep": "--ep",
          "expert_tp": "--expert-tp", "dispatcher": "--dispatcher", "zero_stage": "--zero",
          "virtual_stages": "--virtual-stages", "micro_batch_size": "--micro-batch",
          "schedule": "--schedule", "recompute": "--recompute", "vp_group": "--vp-group"}
+#: TrainingConfig's mixture-of-experts fields -> their flags (each is typed when it is named).
+_MOE_FLAGS = {"moe_expert_load": "--moe-expert-load",
+              "moe_capacity_factor": "--moe-capacity-factor",
+              "moe_pad_to_capacity": "--moe-pad-to-capacity"}
 _PIN = re.compile(r"(?<![\w.*-])(" + "|".join(sorted(_PINS, key=len, reverse=True))
                   + r")=('?)([\w.-]+)\2(?![\w(])")
 _PIN_FLAG = re.compile(r"(?<![\w-])(" + "|".join(sorted(_PINS.values(), key=len, reverse=True))
@@ -23,12 +27,20 @@ def flag_words(text: str, pins: str = "--", given: frozenset[str] | None = None)
     """An error's text in the command line's words: ``TrainingConfig.seq_len`` as ``--seq-len
     (TrainingConfig.seq_len)``, a pin ``dispatcher='alltoall'`` as ``--dispatcher alltoall``,
     ``expert_tp=None`` as ``no --expert-tp``; ``pins="--compare-"`` writes the pins as the
-    ``--compare-*`` flags (``--compare-ep 2``). ``given``: the ParallelConfig fields the
+    ``--compare-*`` flags (``--compare-ep 2``); the mixture-of-experts training fields as their
+    flags (``moe_capacity_factor=1.0`` as ``--moe-capacity-factor 1.0``). ``given``: the ParallelConfig fields the
     command line set (None: all); a value the user did not type (``dp=16`` derived from the
     GPU count) keeps its field name, not a flag the user never gave."""
     for api, flag in _FLAGS.items():
         # a text naming both ("--framework / TrainingConfig(framework=...)") keeps the flag
         text = text.replace(f"{flag} / {api}", flag).replace(api, f"{flag} ({api})")
+
+    for api, flag_ in _MOE_FLAGS.items():
+        # "drop x (--x)" keeps the flag; x=True is the switch alone; x=v the flag and value
+        text = text.replace(f"{api} ({flag_})", flag_)
+        text = re.sub(rf"(?<![\w.-]){api}=True\b", flag_, text)
+        text = re.sub(rf"(?<![\w.-]){api}=([\w.+-]+)", rf"{flag_} \1", text)
+        text = re.sub(rf"(?<![\w.-]){api}(?![\w=])", flag_, text)
 
     def flag(name: str) -> str:
         return pins + _PINS[name][2:]
