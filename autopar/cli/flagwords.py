@@ -29,8 +29,9 @@ def flag_words(text: str, pins: str = "--", given: frozenset[str] | None = None)
     ``expert_tp=None`` as ``no --expert-tp``; ``pins="--compare-"`` writes the pins as the
     ``--compare-*`` flags (``--compare-ep 2``); the mixture-of-experts training fields as their
     flags (``moe_capacity_factor=1.0`` as ``--moe-capacity-factor 1.0``). ``given``: the ParallelConfig fields the
-    command line set (None: all); a value the user did not type (``dp=16`` derived from the
-    GPU count) keeps its field name, not a flag the user never gave."""
+    command line set (None: all); before "Fix:" a value the user did not type (``dp=16``
+    derived from the GPU count) keeps its field name, not a flag the user never gave; the fix
+    names the flags to type."""
     for api, flag in _FLAGS.items():
         # a text naming both ("--framework / TrainingConfig(framework=...)") keeps the flag
         text = text.replace(f"{flag} / {api}", flag).replace(api, f"{flag} ({api})")
@@ -47,9 +48,12 @@ def flag_words(text: str, pins: str = "--", given: frozenset[str] | None = None)
     if pins != "--":   # a flag the rule's text names itself ("drop --ep")
         text = _PIN_FLAG.sub(lambda m: pins + m.group(1)[2:], text)
     # a pin set to None is the flag left out (there is no "--expert-tp None" to type)
-    def word(m) -> str:
-        if given is not None and m.group(1) not in given:
+    def word(m, typed) -> str:
+        if typed is not None and m.group(1) not in typed:
             return m.group(0)
         return f"no {flag(m.group(1))}" if m.group(3) == "None" else \
             f"{flag(m.group(1))} {m.group(3)}"
-    return _PIN.sub(word, text)
+    # what the error found names only the flags typed; its fix says what to type, in flags
+    head, fix, tail = text.partition("Fix:")
+    return (_PIN.sub(lambda m: word(m, given), head) + fix
+            + _PIN.sub(lambda m: word(m, None), tail))
