@@ -794,3 +794,14 @@ def test_schedule_flag_takes_the_spellings_parallel_config_takes(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["estimate", *TINY, "--pp", "2", "--schedule", "bogus"])
     assert exc.value.code == 2 and "invalid choice: 'bogus'" in capsys.readouterr().err
+
+
+def test_framework_flag_reads_any_case(capsys):
+    # the new-user pass of 2026-12-07: --framework Megatron was an invalid choice
+    code, out, err = run(capsys, "estimate", *TINY, "--framework", "TorchTitan", "--tp", "2",
+                         "--zero", "2", "--json")
+    assert code == 0, err
+    assert json.loads(out)["config"]["sequence_parallel"] is True   # torchtitan's SP-only TP
+    with pytest.raises(SystemExit) as exc:
+        main(["estimate", *TINY, "--framework", "Megatrn"])
+    assert exc.value.code == 2 and "invalid choice: 'megatrn'" in capsys.readouterr().err

@@ -60,7 +60,8 @@ def _common(p: argparse.ArgumentParser, plot: str) -> None:
                                     for n, o in STACK_OPTIONS.items()))
     p.add_argument("--optimizer-state-dtype", default=None, choices=list(OPTIMIZER_STATE_DTYPES),
                    help="dtype of Adam's moments (default fp32)")
-    p.add_argument("--framework", default=None, choices=list(FRAMEWORKS),
+    # names are lower case; "Megatron" or "DeepSpeed" as a user writes them read the same
+    p.add_argument("--framework", default=None, choices=list(FRAMEWORKS), type=str.lower,
                    help="what will run the plan (default torch: plan.apply; megatron with "
                    "--megatron-args, torchtitan with --torchtitan-toml or --torchtitan-config); "
                    "the search emits only plans it can run, an estimate says when it cannot run "
