@@ -436,7 +436,7 @@ class ParallelConfig:
     # times as a cache key, its per-block tuples included
     # ``_sp_at_tp1``: set (in the same way, outside the fields) when the caller asked for
     # sequence parallelism at tp=1 and __post_init__ turned it off, so that the public entry
-    # points can refuse the request rather than drop it silently (:func:`sp_dropped`)
+    # points can refuse the request rather than drop it silently (:func:`check_sp_request`)
     __slots__ = ("__dict__", "__weakref__", "_hash", "_sp_at_tp1")
 
     def __hash__(self) -> int:

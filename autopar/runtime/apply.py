@@ -312,10 +312,11 @@ def apply(plan, model: nn.Module, *, device_mesh: DeviceMesh | None = None,
         apply_recompute(blocks, dict(enumerate(modes)))
         units = []
         if fsdp:
-            units = dp_mod.apply_fsdp(chunk, blocks, mesh["dp_cp"], c.zero_stage, train.precision,
-                              experts=find_experts(chunk) if c.ep > 1 else [],
-                              expert_mesh=mesh["edp_cp"], expert_divide_factor=replicas,
-                              block_reshard=dict(enumerate(c.block_reshard(n_blocks))))
+            units = dp_mod.apply_fsdp(
+                chunk, blocks, mesh["dp_cp"], c.zero_stage, train.precision,
+                experts=find_experts(chunk) if c.ep > 1 else [], expert_mesh=mesh["edp_cp"],
+                expert_divide_factor=replicas,
+                block_reshard=dict(enumerate(c.block_reshard(n_blocks))))
         modules.append(chunk)
         resharded.append(units)
     local_batch = train.global_batch_size // c.dp

@@ -124,13 +124,22 @@ def with_inplace_loss(profile: str | FrameworkProfile, source: str,
     Raises:
         InvalidTrainingConfig: an unknown framework; ``logit_bytes`` not a whole number >= 0.
     """
+    return _with_loss(profile, logit_bytes, 0,
+                      f"{source}: the logits, overwritten with their gradient ({logit_bytes} "
+                      "bytes)", f"{source}: backward scales the saved gradient in place: 0")
+
+
+def _with_loss(profile: str | FrameworkProfile, saved: int, work: int, saved_source: str,
+               work_source: str) -> FrameworkProfile:
+    """``profile`` whose loss keeps ``saved`` bytes per logit element for backward and allocates
+    ``work`` beside them in it (MemoryConventions ``loss_saved_bytes``, ``loss_work_bytes``),
+    each with its source."""
     p = get_profile(profile)
     mem = p.memory
     return replace(p, memory=replace(
-        mem, loss_saved_bytes=logit_bytes, loss_work_bytes=0,
-        sources={**mem.sources, "loss_saved_bytes": f"{source}: the logits, overwritten with "
-                 f"their gradient ({logit_bytes} bytes)", "loss_work_bytes": f"{source}: "
-                 "backward scales the saved gradient in place: 0"}))
+        mem, loss_saved_bytes=saved, loss_work_bytes=work,
+        sources={**mem.sources, "loss_saved_bytes": saved_source,
+                 "loss_work_bytes": work_source}))
 
 
 def with_compiled_loss(profile: str | FrameworkProfile, source: str,
@@ -149,15 +158,12 @@ def with_compiled_loss(profile: str | FrameworkProfile, source: str,
     Raises:
         InvalidTrainingConfig: an unknown framework.
     """
-    p = get_profile(profile)
-    mem = p.memory
     what = ("torch.compile'd cross entropy (benchmarks/compiled_loss.py, measured on the CPU, "
             "torch 2.13 Inductor)")
-    return replace(p, memory=replace(
-        mem, loss_saved_bytes=logit_bytes, loss_work_bytes=logit_bytes,
-        sources={**mem.sources, "loss_saved_bytes": f"{source}: {what}: the logits in their "
-                 f"dtype ({logit_bytes} bytes)", "loss_work_bytes": f"{source}: {what}: one "
-                 f"gradient in the logits' dtype ({logit_bytes} bytes)"}))
+    return _with_loss(profile, logit_bytes, logit_bytes,
+                      f"{source}: {what}: the logits in their dtype ({logit_bytes} bytes)",
+                      f"{source}: {what}: one gradient in the logits' dtype ({logit_bytes} "
+                      "bytes)")
 
 
 def shard_within(profile: str | FrameworkProfile, ranks: int) -> FrameworkProfile:
