@@ -291,9 +291,16 @@ def test_sequence_parallel_at_tp_1_is_noted(capsys):
 
 def test_cp_mode_at_cp_1_is_noted(capsys):
     # --cp-mode at cp=1 was dropped silently while --sp at tp=1 got a note
+    # said once: the estimate's own warning for a mode other than the default, the CLI's note
+    # for an explicit ring
     code, out, err = run(capsys, "estimate", *TINY, "--tp", "2", "--cp-mode", "ulysses", "--json")
     assert code == 0, err
-    assert any("needs cp > 1: ignored at cp=1" in n for n in json.loads(out)["notes"])
+    said = [n for n in json.loads(out)["notes"] + json.loads(out)["warnings"] if "cp=1" in n]
+    assert len(said) == 1 and "cp_mode='ulysses' at cp=1" in said[0], said
+    code, out, err = run(capsys, "estimate", *TINY, "--tp", "2", "--cp-mode", "ring", "--json")
+    assert code == 0, err
+    said = [n for n in json.loads(out)["notes"] + json.loads(out)["warnings"] if "cp=1" in n]
+    assert len(said) == 1 and "needs cp > 1: ignored at cp=1" in said[0], said
     code, out, err = run(capsys, "estimate", *TINY, "--cp", "2", "--cp-mode", "ulysses", "--json")
     assert code == 0 and not any("cp=1" in n for n in json.loads(out)["notes"]), out
 

@@ -62,3 +62,16 @@ def test_device_without_sm_count_is_noted_and_pays_no_slowdown():
     assert len(_notes(est, "has no sm_count")) == 1
     assert est.time_breakdown.overlap_slowdown == 0.0
     assert not _notes(CostModel(graph, known, train).estimate(cfg), "sm_count")
+
+def test_context_parallel_mode_at_cp_1_is_noted_and_costs_nothing():
+    # cp_mode='ulysses' at cp=1 was accepted in silence from Python (the CLI noted it)
+    cm = _model()
+    plain = cm.estimate(autopar.ParallelConfig(dp=16, micro_batch_size=2))
+    for mode in ("ulysses", "allgather"):
+        est = cm.estimate(autopar.ParallelConfig(dp=16, cp_mode=mode, micro_batch_size=2))
+        assert est.step_time_s == plain.step_time_s
+        assert len(_notes(est, f"cp_mode={mode!r} at cp=1")) == 1
+    assert not _notes(plain, "cp_mode")
+    ring = cm.estimate(autopar.ParallelConfig(dp=8, cp=2, cp_mode="ulysses",
+                                              micro_batch_size=2))
+    assert not _notes(ring, "cp_mode")

@@ -9,7 +9,9 @@ from ..config import SP_NEEDS_TP
 #: The note for ``--sp`` at tp = 1 (plan, explain and estimate).
 SP_AT_TP1 = f"{SP_NEEDS_TP}: ignored at tp=1"
 
-#: The note for ``--cp-mode`` at cp = 1 (estimate; plan and explain have no --cp-mode).
+#: The note for ``--cp-mode ring`` at cp = 1 (estimate; plan and explain have no --cp-mode):
+#: another mode there is said by the estimate itself (:func:`autopar.cost.notes.resolve_notes`),
+#: ring, ``ParallelConfig``'s default, is not.
 CP_MODE_AT_CP1 = ("--cp-mode sets how context parallelism exchanges K/V, so it needs cp > 1: "
                   "ignored at cp=1")
 
@@ -25,11 +27,11 @@ _IMPORTS = ("plan", "megatron_args", "torchtitan_toml", "torchtitan_config")
 def ignored_choice_notes(args, par: dict, tp: int | None, cp: int | None) -> list[str]:
     """The notes for choices ignored at the degrees ``tp`` and ``cp`` (None: not fixed, the
     search picks them): :data:`SP_AT_TP1` when ``par`` turns sequence parallelism on at
-    tp = 1, :data:`CP_MODE_AT_CP1` when ``--cp-mode`` was given at cp = 1."""
+    tp = 1, :data:`CP_MODE_AT_CP1` when ``--cp-mode ring`` was given at cp = 1."""
     notes = []
     if par.get("sequence_parallel") and tp == 1:
         notes.append(SP_AT_TP1)
-    if getattr(args, "cp_mode", None) and cp == 1:
+    if getattr(args, "cp_mode", None) == "ring" and cp == 1:
         notes.append(CP_MODE_AT_CP1)
     return notes
 

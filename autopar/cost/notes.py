@@ -39,8 +39,9 @@ def estimate_notes(inputs: CostInputs, c: ParallelConfig) -> tuple[str, ...]:
 
 
 def resolve_notes(config: ParallelConfig) -> tuple[str, ...]:
-    """Warnings for fields of the unresolved ``config`` that resolving drops at pp=1 (a
-    schedule, interleaving): said, not silently."""
+    """Warnings for fields of the unresolved ``config`` that change nothing: a schedule or
+    interleaving at pp=1 (resolving drops them), a context-parallel mode at cp=1. Said, not
+    silently."""
     notes = []
     if config.pp == 1 and config.schedule not in (None, "1f1b"):
         notes.append(
@@ -52,6 +53,11 @@ def resolve_notes(config: ParallelConfig) -> tuple[str, ...]:
             f"virtual_stages={config.virtual_stages} at pp=1: there is no pipeline to "
             "interleave, so it changes nothing here (costed as v=1); fix: drop it, or "
             "pp > 1")
+    if config.cp == 1 and config.cp_mode != "ring":
+        # one rank holds the whole sequence: no attention inputs are exchanged
+        notes.append(
+            f"cp_mode={config.cp_mode!r} at cp=1: there is no context parallelism, so the "
+            "exchange mode changes nothing here; fix: drop it, or cp > 1")
     return tuple(notes)
 
 
