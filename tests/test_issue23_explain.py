@@ -199,3 +199,21 @@ def test_explain_names_why_each_tensor_parallel_layout_is_left_out():
     wide = Problem.build("llama2-7b", "2x8xA100-80GB",
                          autopar.TrainingConfig(global_batch_size=64, seq_len=4096))
     assert left_out_notes(wide) == []
+
+
+def test_explain_on_one_gpu_does_not_compare_zero3_without_data_parallel_ranks():
+    # a new user's pass: on 1 GPU explain compared "pure data parallel with ZeRO-3" at dp=1, a
+    # plan whose ZeRO-3 shards nothing (its own estimate says so)
+    from autopar.report.explain import canonical_alternatives, left_out_notes
+
+    one = Problem.build("tiny-llama", "1x1xA100-80GB",
+                        autopar.TrainingConfig(global_batch_size=8, seq_len=32))
+    names = [name for name, _ in canonical_alternatives(one)]
+    assert not any("ZeRO-3" in n for n in names)
+    assert left_out_notes(one)[0] == (
+        "pure data parallel with ZeRO-3 (FSDP): on one GPU there is no data-parallel rank to "
+        "shard the model states with.")
+    two = Problem.build("tiny-llama", "1x2xA100-80GB",
+                        autopar.TrainingConfig(global_batch_size=8, seq_len=32))
+    assert "pure data parallel with ZeRO-3 (FSDP)" in [n for n, _ in canonical_alternatives(two)]
+    assert not any("ZeRO-3" in n for n in left_out_notes(two))

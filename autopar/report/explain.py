@@ -276,8 +276,9 @@ def canonical_alternatives(problem: Problem) -> list[tuple[str, dict]]:
     world = cl.world_size
     out: list[tuple[str, dict]] = [(name, {"tp": tp, "cp": 1}) for tp, name in _tp_layouts(problem)
                                    if _tp_refusal(problem, tp) is None]
-    out.append(("pure data parallel with ZeRO-3 (FSDP)",
-                {"tp": 1, "pp": 1, "cp": 1, "zero_stage": 3}))
+    if world > 1:   # on one GPU there is no data-parallel rank to shard with
+        out.append(("pure data parallel with ZeRO-3 (FSDP)",
+                    {"tp": 1, "pp": 1, "cp": 1, "zero_stage": 3}))
     blocks = max(g.num_blocks, 1)
     pps = [p for p in range(2, min(blocks, world) + 1)
            if rules.mesh_size(world, 1, p, 1) is None
@@ -288,11 +289,14 @@ def canonical_alternatives(problem: Problem) -> list[tuple[str, dict]]:
 
 
 def left_out_notes(problem: Problem) -> list[str]:
-    """Why each tensor-parallel layout of :func:`canonical_alternatives` is left out, one
-    sentence each (none when both are compared)."""
+    """Why each layout of :func:`canonical_alternatives` is left out, one sentence each (none
+    when all are compared): a tensor-parallel layout the rules refuse, ZeRO-3 on one GPU."""
     cl = problem.cluster
     world = cl.world_size
     out = []
+    if world == 1:
+        out.append("pure data parallel with ZeRO-3 (FSDP): on one GPU there is no "
+                   "data-parallel rank to shard the model states with.")
     for tp, name in _tp_layouts(problem):
         broken = _tp_refusal(problem, tp)
         if broken is None:
