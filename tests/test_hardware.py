@@ -37,7 +37,8 @@ REFERENCE_GPUS = [
     ("V100-SXM3-32GB", None, None, 32, 0.9, 300),
     # 2025 rows (issue 27; figures and sources in tests/test_hardware_2025.py)
     ("H20-96GB", 148, 296, 96, 4.0, 900),
-    ("B200-SXM-180GB", 2250, 4500, 180, 8.0, 1800),
+    # B200 HBM: the driver's bus width x clock, 7.67 TB/s (devices._B200_QUERY), not the 8 TB/s
+    ("B200-SXM-180GB", 2250, 4500, 180, 7.67232, 1800),
     ("B300-SXM-288GB", 2250, 4500, 288, 8.0, 1800),
     ("GB200-NVL72", 2500, 5000, 186, 8.0, 1800),
     ("GB300-NVL72", 2500, 5000, 288, 8.0, 1800),

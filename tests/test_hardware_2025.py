@@ -57,7 +57,9 @@ def test_nvidia_dense_peaks_are_the_tables_halved_per_gpu(name):
 # (name, bf16 TF, fp8 TF, memory GB (decimal), HBM TB/s, scale-up link bidir GB/s, TDP W)
 _SHEETS = [
     ("H20-96GB", 148, 296, 96, 4.0, 900, 400),
-    ("B200-SXM-180GB", 2250, 4500, 180, 8.0, 1800, 1000),   # DGX B200: 1,440 GB / 8, 64 TB/s / 8
+    # DGX B200: 1,440 GB / 8; HBM from the driver (bus x clock, devices._B200_QUERY), the
+    # sheet's 64 TB/s / 8 rounded
+    ("B200-SXM-180GB", 2250, 4500, 180, 7.67232, 1800, 1000),
     ("B300-SXM-288GB", 2250, 4500, 288, 8.0, 1800, 1100),
     ("GB200-NVL72", 2500, 5000, 186, 8.0, 1800, 1200),     # rack: 13.4 TB / 72, 576 TB/s / 72
     ("GB300-NVL72", 2500, 5000, 288, 8.0, 1800, 1400),
@@ -72,10 +74,17 @@ def test_datasheet_figures_in_si_units(name, bf16, fp8, mem, hbm, link, tdp):
     d = get_device(name)
     assert d.peak("bf16") == pytest.approx(bf16 * T) and d.peak("fp8") == pytest.approx(fp8 * T)
     assert d.memory_bytes == pytest.approx(mem * G)         # the vendor's decimal GB, not GiB
-    assert d.visible_memory_bytes == d.memory_bytes        # no measured framework capacity yet
     assert d.hbm_bandwidth_Bps == pytest.approx(hbm * T)
     assert d.nvlink_bandwidth_Bps == pytest.approx(link / 2 * G)   # per direction
     assert d.tdp_w == tdp
+    if name == "B200-SXM-180GB":
+        # a CUDA device query (pytorch/ao PR #4002): 148 SMs, 178.35 GiB to the framework (GiB:
+        # a torchtitan log shows 167.93 GiB as 94.15% of it)
+        assert d.sm_count == 148
+        assert d.visible_memory_bytes == pytest.approx(178.35 * 2 ** 30)
+        assert "PR #4002" in CATALOG.row(name).source_of("sm_count")
+        return
+    assert d.visible_memory_bytes == d.memory_bytes        # no measured framework capacity yet
     assert d.sm_count == 0   # not sourced: the estimate warns (no collective-SM slowdown charged)
 
 

@@ -234,8 +234,9 @@ GPUS: tuple[GpuRow, ...] = (
 # pages quote dense and sparse separately. Per-GPU figures of multi-GPU tables are the table's
 # total over its GPUs (8 for HGX, 72 for NVL72). Memory is the datasheet's decimal GB (1 GB =
 # 1e9 bytes, as the vendors state it); what the framework sees (``capacity_bytes``) is not
-# measured for these rows, so the datasheet figure stands in. No 2025 row gives ``sm_count``
-# (no collective-SM slowdown is charged: optimistic, see autopar/hardware/nccl.py).
+# measured for these rows, so the datasheet figure stands in, and only the B200 row gives
+# ``sm_count`` (a device query, :data:`_B200_QUERY`; the others charge no collective-SM
+# slowdown: optimistic, see autopar/hardware/nccl.py).
 # FP4 (NVFP4 / MXFP4) has no slot in :data:`PRECISIONS` and is left out.
 _HGX_B200 = ("NVIDIA HGX B200 spec table (per 8 GPUs, tensor rows with sparsity): FP8 72 PF, "
              "FP16/BF16 36 PF, TF32 18 PF, FP32 600 TF, total memory 1.4 TB (DGX B200 datasheet: "
@@ -278,20 +279,33 @@ _PCIE5 = "PCIe Gen5 x16 = 64 GB/s per direction (the NIC path: ConnectX-7 is a G
 
 
 def _row(name, aliases, box, flops_tf, mem_gb, hbm_tbps, link_bidir_gbps, pcie_gbps, sheet, *,
-         tdp_w, pcie_src=_PCIE5, link_src=None) -> GpuRow:
+         tdp_w, pcie_src=_PCIE5, link_src=None, hbm_src=None, sm_count=0, sm_src=_NO_SM,
+         visible_bytes=None, visible_src=_NO_CAPACITY) -> GpuRow:
     """A 2025 row from datasheet units: TFLOP/s (dense) per precision, GB, TB/s (HBM), GB/s
     bidirectional (NVLink or Infinity Fabric aggregate, halved to per direction), GB/s per
     direction (PCIe); ``sheet`` sources every fact but PCIe (``pcie_src``) and, when given,
-    the scale-up link (``link_src``)."""
+    the scale-up link (``link_src``), the HBM bandwidth (``hbm_src``), the SM count
+    (``sm_src``) and the memory the framework sees (``visible_bytes``, ``visible_src``)."""
     device = Device(name=name, peak_flops={k: v * _TERA for k, v in flops_tf.items()},
                     memory_bytes=mem_gb * _GIGA, hbm_bandwidth_Bps=hbm_tbps * _TERA,
                     nvlink_bandwidth_Bps=link_bidir_gbps * _GIGA / 2,
                     pcie_bandwidth_Bps=pcie_gbps * _GIGA, form_factor="sxm", source=sheet,
-                    tdp_w=tdp_w)
+                    tdp_w=tdp_w, capacity_bytes=visible_bytes, sm_count=sm_count)
     sources = {**dict.fromkeys(_SHEET_FACTS, sheet), "pcie_bandwidth_Bps": pcie_src,
                "tdp_w": sheet, "nvlink_bandwidth_Bps": link_src or sheet,
-               "sm_count": _NO_SM, "capacity_bytes": _NO_CAPACITY}
+               "hbm_bandwidth_Bps": hbm_src or sheet,
+               "sm_count": sm_src, "capacity_bytes": visible_src}
     return GpuRow(device, aliases, box, sources)
+
+
+#: What a B200's driver reports (pytorch/ao PR #4002, 2026-03-05, a CUDA device query on an
+#: NVIDIA B200): 148 SMs, a 7,680-bit memory bus at 3,996 MHz (double data rate: 7.67 TB/s, where
+#: the HGX table rounds to 8 TB/s) and 178.35 GB of global memory, GiB by the independent
+#: torchtitan log of NousResearch/torchtitan's DeepEP README (167.93 GiB shown as 94.15% of the
+#: device: 178.4 GiB).
+_B200_QUERY = ("CUDA device query on an NVIDIA B200 (pytorch/ao PR #4002, 2026-03-05): "
+               "'Number of SMs: 148', 'Memory Bus Width: 7680 bits', memory clock 3996 MHz, "
+               "'Total Global Memory: 178.35 GB'")
 
 
 _B200_TF = {"fp32": 75, "tf32": 1125, "fp16": 2250, "bf16": 2250, "fp8": 4500}
@@ -302,8 +316,15 @@ GPUS_2025: tuple[GpuRow, ...] = (
     _row("H20-96GB", ("h20",), "hgx-h20",
          {"fp32": 44, "tf32": 74, "fp16": 148, "bf16": 148, "fp8": 296}, 96, 4.0, 900, 64, _H20,
          tdp_w=400),
-    _row("B200-SXM-180GB", ("b200", "b200-180gb"), "hgx-b200", _B200_TF, 180, 8.0, 1800, 64,
-         _HGX_B200 + "; 1000 W per GPU (HGX B200)", tdp_w=1000),
+    _row("B200-SXM-180GB", ("b200", "b200-180gb"), "hgx-b200", _B200_TF, 180,
+         7680 / 8 * 3996e6 * 2 / _TERA, 1800, 64,
+         _HGX_B200 + "; 1000 W per GPU (HGX B200)", tdp_w=1000,
+         hbm_src=_B200_QUERY + ": 7680 / 8 bytes x 3996 MHz x 2 (DDR) = 7.67 TB/s (the HGX "
+                 "table's 8 TB/s is rounded)",
+         sm_count=148, sm_src=_B200_QUERY,
+         visible_bytes=178.35 * 2 ** 30,
+         visible_src=_B200_QUERY + " (GiB: NousResearch/torchtitan deepep/README.md logs "
+                     "167.93 GiB as 94.15% of the device, 178.4 GiB)"),
     _row("B300-SXM-288GB", ("b300", "b300-288gb"), "hgx-b300", _B200_TF, 288, 8.0, 1800, 128,
          _HGX_B300 + "; 1100 W per GPU (HGX B300)", tdp_w=1100, pcie_src=_PCIE6),
     _row("GB200-NVL72", ("gb200", "gb200-186gb"), "gb200-nvl72", _GB_TF, 186,
