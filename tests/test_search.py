@@ -151,3 +151,16 @@ def test_a_pin_the_framework_cannot_run_is_refused_at_once_with_its_reason():
         autopar.optimize("tiny-llama", "1x8xA100", train, fixed={"recompute": "selective"})
     plan = autopar.optimize("tiny-llama", "1x8xA100", train, fixed={"tp": 2, "pp": 2})
     assert plan.config.tp == 2 and plan.config.sequence_parallel
+
+
+def test_a_context_parallel_plan_is_found_without_pinning_cp():
+    # a new user's report: Llama-3-8B at 32k tokens on 8 H100 returned tp4 pp2 (28.0 s) as
+    # optimal, while --cp 4 found tp2 cp4 under Ulysses at 26.5 s: phase 1 costed every CP
+    # group under ring attention only, and phase 2 tries other modes only for the candidates
+    # phase 1 keeps
+    train = autopar.TrainingConfig(global_batch_size=32, seq_len=32768)
+    free = autopar.optimize("llama3-8b", "1x8xH100", train)
+    pinned = autopar.optimize("llama3-8b", "1x8xH100", train, fixed={"cp": 4})
+    assert pinned.config.cp == 4 and pinned.config.cp_mode == "ulysses"
+    assert free.estimate.step_time_s <= pinned.estimate.step_time_s * (1 + 1e-9)
+    assert free.config.cp > 1

@@ -126,8 +126,8 @@ class Run:
 
 def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
     """Phase 1 for one group: every schedule and interleaving (:func:`space.schedule_options`)
-    and ZeRO stage with the default placement and CP mode and balanced cuts. Returns
-    (time, v, zero, config) for phase 2.
+    and ZeRO stage with the default placement, balanced cuts and the group's fastest CP mode
+    (:func:`_group_cp_mode`). Returns (time, v, zero, config) for phase 2.
 
     A configuration whose :func:`recompute_free_bound` exceeds both the top-k bar
     (:meth:`Run.threshold`) and the phase-2 bar (``refine_within`` of the best so far) is not
@@ -138,7 +138,7 @@ def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
     blocks = max(cm.graph.num_blocks, 1)
     m = cm.train.global_batch_size // (base["dp"] * base["micro_batch_size"])
     placement = space.placements(base, fixed, run.profile)[0]
-    mode = space.cp_modes(cm.graph, base, fixed, run.profile)[0]
+    mode = _group_cp_mode(cm, base, fixed, run.profile, placement)
     out = []
     if run.require_fit:
         # the group's most frugal variants (most recomputation, no interleaving, each ZeRO
@@ -190,6 +190,26 @@ def coarse(run: Run, base: dict, fixed: dict, limits, allowed) -> list:
             out.append((e.step_time_s if e is not None and (e.fits or not run.require_fit)
                         else math.inf, v, zero, c))
     return out
+
+
+def _group_cp_mode(cm: CostModel, base: dict, fixed: dict, profile: FrameworkProfile,
+                   placement: tuple) -> str:
+    """The CP mode phase 1 costs a group under: of the legal modes
+    (:func:`space.cp_modes`), the one whose layers take the least time per micro-batch
+    (:func:`layer_sum`, the group bound's own figure, from cached layer costs), the first on a
+    tie. Phase 2 tries the other modes only for the candidates phase 1 keeps, so a group
+    judged by ring attention alone was dropped where Ulysses or the all-gather would have won."""
+    modes = space.cp_modes(cm.graph, base, fixed, profile)
+    if len(modes) == 1:
+        return modes[0]
+    sums = []
+    for i, mode in enumerate(modes):
+        try:
+            c = cm.resolve(ParallelConfig(**base, placement=placement, cp_mode=mode))
+        except InvalidParallelConfig:
+            continue
+        sums.append((layer_sum(cm, c), i, mode))
+    return min(sums)[2] if sums else modes[0]
 
 
 def refine(run: Run, c: ParallelConfig, fixed: dict, allowed) -> None:
