@@ -812,3 +812,30 @@ def test_framework_flag_reads_any_case(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["estimate", *TINY, "--framework", "Megatrn"])
     assert exc.value.code == 2 and "invalid choice: 'megatrn'" in capsys.readouterr().err
+
+
+def test_a_dispatcher_ignored_on_a_dense_model_does_not_empty_the_fix_table(capsys):
+    # a new user's report: --dispatcher deepep on a dense model was noted as ignored, yet kept
+    # in the configuration, so every fix was one torch cannot run and the table came out empty
+    flags = ["--model", "llama3-8b", "--cluster", "1x8xH100", "--global-batch", "64",
+             "--seq-len", "4096", "--json"]
+    code, out, err = run(capsys, "estimate", *flags, "--dispatcher", "deepep")
+    assert code == 0, err
+    data = json.loads(out)
+    plain = json.loads(run(capsys, "estimate", *flags)[1])
+    assert any("dispatcher 'deepep' ignored" in n for n in data["notes"])
+    assert data["verdict"] == plain["verdict"] == "out of memory"
+    assert [f["change"] for f in data["fixes"]] == [f["change"] for f in plain["fixes"]]
+    assert data["fixes"] and "fixes_unavailable" not in data
+
+
+def test_an_out_of_memory_configuration_the_framework_cannot_run_says_why_no_fix(capsys):
+    # every fix keeps the schedule torch cannot run: the reason is given, not a memory verdict
+    code, out, err = run(capsys, "estimate", "--model", "llama3-70b", "--cluster", "8x8xH100",
+                         "--tp", "8", "--pp", "8", "--schedule", "dualpipe",
+                         "--global-batch", "512", "--seq-len", "8192", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["verdict"] == "out of memory" and data["fixes"] == []
+    assert "torch cannot run this configuration" in data["fixes_unavailable"]
+    assert "dualpipe" in data["fixes_unavailable"]

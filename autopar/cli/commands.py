@@ -181,15 +181,21 @@ def sp_off_note(problem: Problem, par: dict, est) -> list[str]:
 
 def _cmd_estimate(args, problem, par, notes, out) -> dict:
     par, sp_on = sp_only_default(args, problem.profile, problem.graph.num_experts > 0, par)
+    dense_dispatcher = []
+    if not problem.graph.num_experts and par.get("dispatcher") not in (None, "alltoall", "auto"):
+        # plan refuses it (autopar.search.optimize); an estimate prices no dispatch either way,
+        # so it is dropped before estimating: kept, it made every fix one the framework cannot
+        # run (a dense model's fix table came out empty)
+        dense_dispatcher = [f"dispatcher {par['dispatcher']!r} ignored: the model is dense (no "
+                            "routed experts to dispatch)"]
+        par = {k: v for k, v in par.items() if k != "dispatcher"}
     # estimate --plan on a cluster its mesh does not fill: said in the plan's terms
     est = in_plan_terms(args, problem, par, lambda: problem.estimate(ParallelConfig(**par)))
     notes = [*notes, *sp_on, *ignored_choice_notes(args, par, est.config.tp, est.config.cp),
-             *sp_off_note(problem, par, est), *default_choices_note(args, par, est.config)]
-    if not problem.graph.num_experts and par.get("dispatcher") not in (None, "alltoall", "auto"):
-        # plan refuses it (autopar.search.optimize); an estimate prices no dispatch either way
-        notes = [*notes, f"dispatcher {par['dispatcher']!r} ignored: the model is dense (no "
-                         "routed experts to dispatch)"]
+             *sp_off_note(problem, par, est), *default_choices_note(args, par, est.config),
+             *dense_dispatcher]
     fixes = [] if est.fits else fixes_to_fit(problem, est.config)
+    cant_run = problem.profile.unsupported(est.config, moe=problem.graph.num_experts > 0)
     money = run_costs(args, [("yours" + ("" if est.fits else " (OOM)"), est)]
                       + [(t, e) for t, e in fixes if e.fits][:3])
     if args.plot:
@@ -205,6 +211,9 @@ def _cmd_estimate(args, problem, par, notes, out) -> dict:
                        "below_search_margin": e.fits and free_fraction(e) < margin,
                        "config": e.config.to_dict()} for t, e in fixes]}
     if not est.fits:
+        if cant_run:
+            data["fixes_unavailable"] = (f"{problem.profile.name} cannot run this "
+                                         f"configuration: {cant_run}")
         # the search command is offered whether or not a single change was found
         data["search_memory_margin"] = margin
         data["plan_command"] = _plan_command(args, problem.cost_model.train)
@@ -252,6 +261,11 @@ def _cmd_estimate(args, problem, par, notes, out) -> dict:
             out.print("These are one or two changes to your configuration; the search weighs "
                       "every mesh, recomputation and schedule and may find a faster plan that "
                       f"fits: {command}", highlight=False, markup=False)
+        elif cant_run:
+            # every fix keeps what the framework cannot run, so none is offered for it
+            out.print(f"No change is offered: {problem.profile.name} cannot run this "
+                      f"configuration ({cant_run}); the search weighs every mesh and "
+                      f"recomputation it can run: {command}", highlight=False, markup=False)
         else:
             out.print("None of these single or paired changes fits; the search weighs every "
                       f"mesh and recomputation: {command}", highlight=False, markup=False)
