@@ -839,3 +839,19 @@ def test_an_out_of_memory_configuration_the_framework_cannot_run_says_why_no_fix
     assert data["verdict"] == "out of memory" and data["fixes"] == []
     assert "torch cannot run this configuration" in data["fixes_unavailable"]
     assert "dualpipe" in data["fixes_unavailable"]
+
+
+def test_the_plan_command_after_an_oom_plan_file_names_its_model_and_cluster(capsys, tmp_path):
+    # a new user's report: `estimate --plan p.json --seq-len 8192` out of memory offered
+    # `autopar plan --global-batch 64 --seq-len 8192`, which cannot run without --model/--cluster
+    path = tmp_path / "p.json"
+    code, _, err = run(capsys, "plan", "--model", "llama3-8b", "--cluster", "1x8xH100",
+                       "--global-batch", "64", "--seq-len", "4096", "--out", str(path))
+    assert code == 0, err
+    code, out, err = run(capsys, "estimate", "--plan", str(path), "--seq-len", "8192", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["verdict"] == "out of memory"
+    assert data["plan_command"].startswith(
+        "autopar plan --model llama3-8b --cluster 1x8xH100-SXM5-80GB+8xib-ndr --global-batch 64 "
+        "--seq-len 8192")

@@ -406,3 +406,12 @@ def test_architecture_can_be_given_for_a_name_that_does_not_say():
     assert h100.architecture == "hopper" and h100.arch == ""
     with pytest.raises(InvalidClusterSpec, match="arch 'blackwel'"):
         replace(custom, arch="blackwel")
+
+
+def test_a_single_gpu_spec_without_a_node_count_is_offered_the_one_gpu_spec():
+    # a new user's report: '1xH100' was offered only '8xh100', not the single GPU it meant
+    with pytest.raises(InvalidClusterSpec) as e:
+        Cluster.from_spec("1xH100")
+    msg = str(e.value)
+    assert "'1x1xh100' (one GPU)" in msg and "'8xh100' (full nodes)" in msg, msg
+    assert Cluster.from_spec("1x1xh100").world_size == 1

@@ -31,7 +31,7 @@ from ..api import search_plan
 from ..cost.capacity import capacity_text
 from ..cost.offload import offload_text
 from ..search.robust import objective_text, passed_over
-from ..config import ParallelConfig, TrainingConfig
+from ..config import ParallelConfig
 from ..errors import AutoparError, InvalidPlanFile, MissingDependency
 from ..graph import hf
 from ..problem import Problem
@@ -40,6 +40,7 @@ from ..report.advice import fixes_to_fit
 from ..report.explain import UNREACHED, compare
 from ..report.summary import plural, trust_lines
 from . import measure_cmds
+from .plan_command import plan_command
 from .choice_notes import (SP_AT_TP1, default_choices_note, ignored_choice_notes,
                            sp_only_default)
 from .exports import check_outputs, export_plans
@@ -53,25 +54,6 @@ from .parser import build_parser
 def free_fraction(e) -> float:
     """The share of the GPU's memory an estimate leaves free (negative when it does not fit)."""
     return 1.0 - e.memory_per_gpu_bytes / e.memory_limit_bytes
-
-
-def _plan_command(args, train: TrainingConfig) -> str:
-    """The ``autopar plan`` command that searches the problem ``estimate`` was given."""
-    words = ["autopar plan", f"--model {args.model}" if args.model else "",
-             f"--cluster {args.cluster}" if args.cluster else "",
-             f"--global-batch {train.global_batch_size}", f"--seq-len {train.seq_len}",
-             f"--precision {train.precision}" if train.precision != "bf16" else "",
-             f"--framework {train.framework}" if train.framework != "torch" else "",
-             "--no-flash-attention" if not train.flash_attention else "",
-             "--optimizer-offload" if train.optimizer_offload else "",
-             "--param-offload" if train.param_offload else "",
-             "--activation-offload" if train.activation_offload else "",
-             f"--moe-capacity-factor {train.moe_capacity_factor}"
-             if train.moe_capacity_factor is not None else "",
-             "--moe-pad-to-capacity" if train.moe_pad_to_capacity else "",
-             "--moe-expert-load " + ",".join(f"{x:g}" for x in train.moe_expert_load)
-             if train.moe_expert_load is not None else ""]
-    return " ".join(w for w in words if w)
 
 
 def _compare_estimate(args, problem: Problem):
@@ -216,7 +198,7 @@ def _cmd_estimate(args, problem, par, notes, out) -> dict:
                                          f"configuration: {cant_run}")
         # the search command is offered whether or not a single change was found
         data["search_memory_margin"] = margin
-        data["plan_command"] = _plan_command(args, problem.cost_model.train)
+        data["plan_command"] = plan_command(args, problem)
     if money:
         data["run_cost"] = [{"plan": n, **m} for n, _, m in money]
     if args.json:

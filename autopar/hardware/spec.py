@@ -77,7 +77,9 @@ def _count_fix(total: int, per_node: int, gpu_name: str, box) -> str:
     bounded = box is None or box.rack_scale or get_link(box.intra_link).kind in (
         "nvswitch", "nvlink") or get_link(box.intra_link).mesh_links
     part = max(d for d in range(1, per_node + 1) if total % d == 0)
-    other = (f"'{total // part}x{part}x{gpu_name}' (nodes of {part})" if part > 1 else "")
+    # one GPU is one node of one (a single-GPU spec, '1x1xH100')
+    other = (f"'{total // part}x{part}x{gpu_name}' (nodes of {part})" if part > 1 else
+             f"'1x1x{gpu_name}' (one GPU)" if total == 1 else "")
     if not bounded:
         other = f"'1x{total}x{gpu_name}' (one node)"
     return (f"Fix: write {near}"

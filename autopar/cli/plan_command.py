@@ -1,0 +1,35 @@
+"""The ``autopar plan`` command an ``estimate`` offers when its configuration does not fit."""
+
+from __future__ import annotations
+
+from ..graph import hf
+from ..models.presets import PRESETS
+from ..plan import read_plan_json
+from ..problem import Problem
+
+
+def plan_command(args, problem: Problem) -> str:
+    """The ``autopar plan`` command that searches the problem ``estimate`` was given (the
+    model and cluster a ``--plan`` file names where no flag gave them)."""
+    train = problem.cost_model.train
+    model = args.model or (problem.model if isinstance(problem.model, str) else None)
+    if model is None and getattr(args, "plan", None):
+        # a --plan file of a preset names it (its model_config rebuilds the same model)
+        name = read_plan_json(args.plan).get("model")
+        model = name if isinstance(name, str) and (name in PRESETS or name in hf.HF_PRESETS) \
+            else None
+    cluster = args.cluster or problem.cost_model.cluster.name
+    words = ["autopar plan", f"--model {model}" if model else "", f"--cluster {cluster}",
+             f"--global-batch {train.global_batch_size}", f"--seq-len {train.seq_len}",
+             f"--precision {train.precision}" if train.precision != "bf16" else "",
+             f"--framework {train.framework}" if train.framework != "torch" else "",
+             "--no-flash-attention" if not train.flash_attention else "",
+             "--optimizer-offload" if train.optimizer_offload else "",
+             "--param-offload" if train.param_offload else "",
+             "--activation-offload" if train.activation_offload else "",
+             f"--moe-capacity-factor {train.moe_capacity_factor}"
+             if train.moe_capacity_factor is not None else "",
+             "--moe-pad-to-capacity" if train.moe_pad_to_capacity else "",
+             "--moe-expert-load " + ",".join(f"{x:g}" for x in train.moe_expert_load)
+             if train.moe_expert_load is not None else ""]
+    return " ".join(w for w in words if w)
