@@ -450,3 +450,19 @@ def test_deepseek_v3_export_uses_the_671b_base_and_no_mtp_stage_module(tmp_path,
           "4096", "--seq-len", "4096", "--torchtitan-config", str(out)])
     text = " ".join(capsys.readouterr().out.split())
     assert "its 1 multi-token-prediction block(s) are estimated on the last stage" in text
+
+
+def test_a_file_with_no_torchtitan_setting_is_refused_not_read_as_the_defaults(tmp_path):
+    # a new user's report: --torchtitan-config with a TOML job (or any Python file) imported
+    # nothing and estimated the defaults, saying "costed as torchtitan-0.3 runs it"
+    import pytest as _pytest
+    from autopar.errors import InvalidParallelConfig
+    from autopar.io.titan_config import from_torchtitan_config
+    toml = tmp_path / "job.toml"
+    toml.write_text("[parallelism]\ntensor_parallel_degree = 2\n[training]\nseq_len = 8192\n")
+    with _pytest.raises(InvalidParallelConfig, match="--torchtitan-toml"):
+        from_torchtitan_config(toml)
+    other = tmp_path / "x.py"
+    other.write_text("x = 1\n")
+    with _pytest.raises(InvalidParallelConfig, match="no torchtitan setting found"):
+        from_torchtitan_config(other)

@@ -39,7 +39,10 @@ def from_torchtitan_config(source: str | Path) -> Imported:
         name from torchtitan's model and flavor (``llama3`` + ``8B`` -> ``llama3-8b``).
 
     Raises:
-        InvalidParallelConfig: the file cannot be read, is not Python, or has a mistyped value.
+        InvalidParallelConfig: the file cannot be read, is not Python, holds no torchtitan
+            setting (a TOML job file:
+            :func:`autopar.io.torchtitan_importer.from_torchtitan_toml`), or has a
+            mistyped value.
     """
     text = str(source)
     if text.lstrip().startswith("--"):
@@ -54,6 +57,18 @@ def from_torchtitan_config(source: str | Path) -> Imported:
                     "the path of a torchtitan >= 0.3 Python config (or its text, or its "
                     "--section.key overrides).") from exc
         doc, notes = _from_python(text)
+        if not doc:
+            # nothing torchtitan's: estimating the defaults as if imported misleads
+            toml = str(source).endswith(".toml") or text.lstrip().startswith("[")
+            raise InvalidParallelConfig(
+                f"torchtitan config {source if chr(10) not in str(source) else '(text)'}: no "
+                "torchtitan setting found in it (no config.<section>.<key> = value lines, "
+                "ParallelismConfig(...) / TrainingConfig(...) / CompileConfig(...) calls or "
+                "model_registry(...)). Fix: "
+                + ("it looks like a TOML job file: pass it with --torchtitan-toml "
+                   "(autopar.io.torchtitan_importer.from_torchtitan_toml in Python)." if toml else
+                   "pass a torchtitan >= 0.3 Python config (as autopar's torchtitan-0.3 "
+                   "export writes it), or a TOML job file with --torchtitan-toml."))
     imp = from_torchtitan_doc(doc, "0.3", what="torchtitan config")
     model = doc.get("model", {})
     preset = model.get("registered") or imp.model
