@@ -855,3 +855,16 @@ def test_the_plan_command_after_an_oom_plan_file_names_its_model_and_cluster(cap
     assert data["plan_command"].startswith(
         "autopar plan --model llama3-8b --cluster 1x8xH100-SXM5-80GB+8xib-ndr --global-batch 64 "
         "--seq-len 8192")
+
+
+def test_a_fix_ending_a_sentence_or_turning_sequence_parallelism_on_is_typeable():
+    # a new user's report: "Fix: sequence_parallel=True, or --expert-tp None" (the full stop
+    # was read as part of the value, and sequence_parallel had no flag)
+    from autopar.cli.flagwords import flag_words
+    text = ("expert_tp=1 beside tp=2: the MoE layers take sequence-parallel inputs. "
+            "Fix: sequence_parallel=True, or expert_tp=None.")
+    assert flag_words(text, given=frozenset({"expert_tp", "tp"})) == (
+        "--expert-tp 1 beside --tp 2: the MoE layers take sequence-parallel inputs. "
+        "Fix: --sp, or no --expert-tp.")
+    assert flag_words("Fix: vp_group=None.") == "Fix: no --vp-group."
+    assert flag_words("Fix: moe_capacity_factor=1.5.") == "Fix: --moe-capacity-factor 1.5."

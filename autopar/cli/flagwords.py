@@ -51,9 +51,13 @@ def flag_words(text: str, pins: str = "--", given: frozenset[str] | None = None)
     def word(m, typed) -> str:
         if typed is not None and m.group(1) not in typed:
             return m.group(0)
-        return f"no {flag(m.group(1))}" if m.group(3) == "None" else \
-            f"{flag(m.group(1))} {m.group(3)}"
+        # a sentence's full stop is not part of the value ("expert_tp=None.")
+        value, stop = (m.group(3)[:-1], ".") if m.group(3).endswith(".") else (m.group(3), "")
+        return (f"no {flag(m.group(1))}" if value == "None" else
+                f"{flag(m.group(1))} {value}") + stop
     # what the error found names only the flags typed; its fix says what to type, in flags
     head, fix, tail = text.partition("Fix:")
+    if pins == "--":   # the switch a fix turns on (--sp; its --compare- form has none)
+        tail = re.sub(r"(?<![\w.-])sequence_parallel=True\b", "--sp", tail)
     return (_PIN.sub(lambda m: word(m, given), head) + fix
             + _PIN.sub(lambda m: word(m, None), tail))
