@@ -868,3 +868,15 @@ def test_a_fix_ending_a_sentence_or_turning_sequence_parallelism_on_is_typeable(
         "Fix: --sp, or no --expert-tp.")
     assert flag_words("Fix: vp_group=None.") == "Fix: no --vp-group."
     assert flag_words("Fix: moe_capacity_factor=1.5.") == "Fix: --moe-capacity-factor 1.5."
+
+
+def test_a_time_limit_error_names_the_flags_not_the_python_arguments():
+    # a new user's report: `plan --time-limit 1` said "raise time_limit_s, or pin choices with
+    # fixed=" (the Python API's words)
+    from autopar.cli.flagwords import flag_words
+    text = ("no fitting plan found within time_limit_s=1.0 (3 of 9 candidate meshes searched, "
+            "10 configurations). Fix: raise time_limit_s, or pin choices with fixed= to shrink "
+            "the space.")
+    out = flag_words(text)
+    assert "within --time-limit 1.0" in out and "Fix: raise --time-limit" in out
+    assert "time_limit_s" not in out and "fixed=" not in out

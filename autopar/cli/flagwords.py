@@ -9,6 +9,10 @@ import re
 _FLAGS = {"TrainingConfig.seq_len": "--seq-len", "TrainingConfig.global_batch_size": "--global-batch",
           "TrainingConfig.micro_batch_size": "--micro-batch",
           "TrainingConfig(framework=...)": "--framework"}
+#: The search's own arguments in an error -> what a command-line user types instead.
+_SEARCH_WORDS = {"within time_limit_s=": "within --time-limit ",
+                 "raise time_limit_s, or pin choices with fixed=":
+                     "raise --time-limit, or pin choices with flags (--tp, --pp, --cp, ...)"}
 _PINS = {"tp": "--tp", "pp": "--pp", "dp": "--dp", "cp": "--cp", "ep": "--ep",
          "expert_tp": "--expert-tp", "dispatcher": "--dispatcher", "zero_stage": "--zero",
          "virtual_stages": "--virtual-stages", "micro_batch_size": "--micro-batch",
@@ -32,6 +36,8 @@ def flag_words(text: str, pins: str = "--", given: frozenset[str] | None = None)
     command line set (None: all); before "Fix:" a value the user did not type (``dp=16``
     derived from the GPU count) keeps its field name, not a flag the user never gave; the fix
     names the flags to type."""
+    for api, words in _SEARCH_WORDS.items():
+        text = text.replace(api, words)
     for api, flag in _FLAGS.items():
         # a text naming both ("--framework / TrainingConfig(framework=...)") keeps the flag
         text = text.replace(f"{flag} / {api}", flag).replace(api, f"{flag} ({api})")
