@@ -88,7 +88,9 @@ def compute_bound(cm: CostModel, c: ParallelConfig) -> float:
     only, no estimate."""
     m = cm.train.global_batch_size // (c.dp * c.micro_batch_size)
     busiest = 0.0
-    for _layers, _chunks, groups, _all in cm.rank_layers(c.pp, c.stage_blocks):
+    # the ranks as the schedule lays the chunks (a V for ZBV / DualPipeV): the round-robin
+    # layout put other chunks together, and its busiest rank could exceed the step time
+    for _layers, _chunks, groups, _all in cm.rank_layers(c.pp, c.stage_blocks, c.schedule):
         rank = 0.0
         for li, n in groups:
             bc = cm.block_cost(li, "none", c)
