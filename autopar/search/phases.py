@@ -232,6 +232,8 @@ def refine(run: Run, c: ParallelConfig, fixed: dict, allowed) -> None:
                 cc = cm.resolve(cc)
             except InvalidParallelConfig:
                 continue
+            if lower_bound(cm, cc) > run.threshold() * (1 + BOUND_RTOL):
+                continue   # no cut or recomputation of this placement and mode can enter
             cuts = [cc.stage_blocks] if "stage_blocks" in fixed or not run.layerwise else \
                 cut_candidates(max(cm.graph.num_blocks, 1), cc.pp * cc.virtual_stages)
             if "stage_blocks" not in fixed and cc.virtual_stages == 1 and cc.pp > 1 \
