@@ -65,7 +65,8 @@ def _common(p: argparse.ArgumentParser, plot: str) -> None:
                    help="what will run the plan (default torch: plan.apply; megatron with "
                    "--megatron-args, torchtitan with --torchtitan-toml or --torchtitan-config); "
                    "the search emits only plans it can run, an estimate says when it cannot run "
-                   "the configuration")
+                   "the configuration (the published stacks, nemo, fsdp1, internevo, ..., borrow "
+                   "the layouts of the framework they are built on: see docs/cli.md)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--plot", metavar="FILE.png", default=None,
                    help=f"also draw {plot} to a PNG (needs matplotlib)")
