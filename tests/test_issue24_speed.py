@@ -69,8 +69,8 @@ def test_kept_gathered_screen_changes_neither_best_nor_top(monkeypatch):
     """The kept-gathered variants screened by their step time alone and by the lower bounds
     (DP saving, pipelined step, a timed variant of the same recomputation) leave the best and
     top plans what estimating every variant in full gives, on problems where the screen
-    drops most variants (llama3-8b on 8 H100: 48 of 52 at this writing) and fewer (llama3-8b
-    on 16 H100: 24 of 55)."""
+    drops some variants (llama2-7b on 8 H100: 196 of 778 at this writing; llama3-8b on 16 H100:
+    15 of 29)."""
     from autopar.search import kept, optimize
 
     calls = []
@@ -81,7 +81,9 @@ def test_kept_gathered_screen_changes_neither_best_nor_top(monkeypatch):
         calls.append(got[0])
         return got
 
-    cases = [("llama3-8b", "1x8xH100", 32, 8192), ("llama3-8b", "2x8xH100", 64, 8192)]
+    # (llama3-8b on 8 H100 at 32 x 8192 reaches no kept-gathered variant since the search
+    # costs Ulysses in phase 1: its best is dp4 cp2 ZeRO-1)
+    cases = [("llama2-7b", "1x8xH100", 32, 4096), ("llama3-8b", "2x8xH100", 64, 8192)]
     for name, cluster, batch, seq in cases:
         train = autopar.TrainingConfig(global_batch_size=batch, seq_len=seq)
         graph, _ = model_graph(name, train)

@@ -100,10 +100,20 @@ def test_a_validated_fastest_plan_is_judged_by_its_own_band(bands, gap):
     assert own[3] in ("tensor", "pipeline") and own[4:] == FSDP[4:]
     bands({FSDP: adv * 2, POOLED: adv * 2, own: adv / 2})
     plan = autopar.optimize(MODEL, CLUSTER)
-    assert plan.config == fastest.config and plan.estimate.error_band.validated
+    assert plan.estimate.error_band.validated and plan.config != simple.config
+    if plan.config != fastest.config:
+        # a plan of fewer dimensions in the fastest's own (validated) regime came within that
+        # regime's band (the fastest now has CP as a third dimension): the rule returns it
+        assert robust.dims(plan.estimate) < robust.dims(fastest)
+        assert plan.estimate.error_band.cell == own
+        assert robust.advantage(fastest, plan.estimate) <= adv / 2
     bands({FSDP: adv / 2, own: adv * 2})
     plan = autopar.optimize(MODEL, CLUSTER)
-    assert plan.config == simple.config
+    # the best simpler plan of a validated regime (the FSDP one, or a two-dimensional plan of
+    # the fastest's own regime when the fastest has three) came within the fastest's own band
+    assert robust.dims(plan.estimate) < robust.dims(fastest)
+    assert plan.estimate.error_band.validated
+    assert robust.advantage(fastest, plan.estimate) <= adv * 2
     assert f"inside its band (± {adv * 200:.0f}%)" in plan.summary()
 
 
