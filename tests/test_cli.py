@@ -880,3 +880,12 @@ def test_a_time_limit_error_names_the_flags_not_the_python_arguments():
     out = flag_words(text)
     assert "within --time-limit 1.0" in out and "Fix: raise --time-limit" in out
     assert "time_limit_s" not in out and "fixed=" not in out
+
+
+def test_the_search_line_says_the_meshes_are_the_space_not_those_searched(capsys):
+    # a new user's report: a stopped search printed "649 configurations, 1,028 meshes" when it
+    # had reached 102 of the 1,028
+    code, out, err = run(capsys, "plan", *TINY)
+    assert code == 0, err
+    line = [s for s in out.splitlines() if s.startswith("search: ")][0]
+    assert " meshes in the space, " in line or " mesh in the space, " in line, line

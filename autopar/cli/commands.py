@@ -125,8 +125,10 @@ def _cmd_plan(args, problem, fixed, out, err, interrupt=None) -> dict:
         "so far; how far it is from the best in the space is not bounded)")
     margin = (f"; {s.memory_margin:.0%} of each GPU's memory kept free" if s.memory_margin
               else "")
+    # the meshes of the space, not those searched (a stopped search reached fewer)
     out.print(f"search: {plural(s.evaluated, 'configuration')}, "
-              f"{plural(s.meshes, 'mesh', 'meshes')}, {s.wall_s:.1f} s{stopped}{margin}; MFU "
+              f"{plural(s.meshes, 'mesh', 'meshes')} in the space, {s.wall_s:.1f} s{stopped}"
+              f"{margin}; MFU "
               f"convention: {e.flops_convention}", style="dim", highlight=False)
     if args.out:   # as each --export says what it wrote
         out.print(f"[bold]plan file[/bold]: wrote {args.out}", highlight=False)
