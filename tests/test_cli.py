@@ -889,3 +889,22 @@ def test_the_search_line_says_the_meshes_are_the_space_not_those_searched(capsys
     assert code == 0, err
     line = [s for s in out.splitlines() if s.startswith("search: ")][0]
     assert " meshes in the space, " in line or " mesh in the space, " in line, line
+
+
+def test_an_imported_moe_configuration_on_a_dense_model_is_blamed_on_the_import(
+        capsys, tmp_path):
+    # a new user's report: a Mixtral torchtitan export imported with --model llama3-8b said
+    # "ep=8 needs a mixture-of-experts model ... Fix: --ep 1 (drop --ep)", a flag never typed
+    path = tmp_path / "mix.py"
+    code, _, err = run(capsys, "plan", "--model", "mixtral-8x7b", "--cluster", "2x8xH100",
+                       "--global-batch", "64", "--seq-len", "4096", "--framework",
+                       "torchtitan-0.3", "--export", "torchtitan-0.3", str(path))
+    assert code == 0, err
+    code, out, err = run(capsys, "estimate", "--model", "llama3-8b", "--cluster", "2x8xH100",
+                         "--torchtitan-config", str(path))
+    assert code == 2
+    assert "the imported configuration sets expert parallelism" in err
+    assert "Fix: --model mixtral-8x7b (the file's)" in err and "drop --ep" not in err
+    code, out, err = run(capsys, "estimate", "--model", "mixtral-8x7b", "--cluster", "2x8xH100",
+                         "--torchtitan-config", str(path))
+    assert code == 0, err

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 
 from ..config import TrainingConfig
-from ..errors import (AutoparError, InvalidClusterSpec, InvalidModelConfig, InvalidTrainingConfig)
+from ..errors import (AutoparError, InvalidClusterSpec, InvalidModelConfig, InvalidParallelConfig,
+                      InvalidTrainingConfig)
 from ..frameworks import get_profile
 from ..hardware.devices import memory_ambiguity
 from ..hardware.spec import parse_spec
@@ -205,6 +206,18 @@ def read_problem(args) -> tuple[Problem, dict, list[str]]:
             raise InvalidModelConfig(mismatch)
         # the flags override the import before Megatron-LM's layer split is applied
         par, tr = imp.complete(cluster.world_size, blocks, overrides=parallel_choices(args))
+        moe_pins = {k: v for k, v in (("ep", par.get("ep", 1)),
+                                      ("expert_tp", par.get("expert_tp")))
+                    if v is not None and (k == "expert_tp" or v > 1)}
+        if moe_pins and cfg is not None and not cfg.num_experts:
+            # an import for a mixture of experts applied to a dense --model: said as the
+            # import's, not as an --ep / --expert-tp the user never typed
+            pins = ", ".join(f"{k}={v}" for k, v in moe_pins.items())
+            raise InvalidParallelConfig(
+                f"the imported configuration sets expert parallelism ({pins}) for "
+                f"{imp.model or 'a mixture-of-experts model'}, but the model {args.model!r} is "
+                f"dense. Fix: --model {imp.model or '<the imported model>'} (the file's), or "
+                "import a dense model's configuration.")
         notes = list(imp.notes) + _overridden(args, imp, cluster.world_size, blocks, tr)
         if args.model and imp.model and args.model != imp.model:
             notes.append(f"the flags' model {args.model!r} replaces the imported {imp.model!r} "
