@@ -206,13 +206,12 @@ def read_problem(args) -> tuple[Problem, dict, list[str]]:
             raise InvalidModelConfig(mismatch)
         # the flags override the import before Megatron-LM's layer split is applied
         par, tr = imp.complete(cluster.world_size, blocks, overrides=parallel_choices(args))
-        moe_pins = {k: v for k, v in (("ep", par.get("ep", 1)),
-                                      ("expert_tp", par.get("expert_tp")))
-                    if v is not None and (k == "expert_tp" or v > 1)}
+        moe_pins = ([f"ep={par['ep']}"] if par.get("ep", 1) > 1 else []) + (
+            [f"expert_tp={par['expert_tp']}"] if par.get("expert_tp") is not None else [])
         if moe_pins and cfg is not None and not cfg.num_experts:
             # an import for a mixture of experts applied to a dense --model: said as the
             # import's, not as an --ep / --expert-tp the user never typed
-            pins = ", ".join(f"{k}={v}" for k, v in moe_pins.items())
+            pins = ", ".join(moe_pins)
             raise InvalidParallelConfig(
                 f"the imported configuration sets expert parallelism ({pins}) for "
                 f"{imp.model or 'a mixture-of-experts model'}, but the model {args.model!r} is "

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from ..graph import hf
 from ..models.presets import PRESETS
-from ..plan import read_plan_json
 from ..problem import Problem
 
 
@@ -13,11 +11,11 @@ def plan_command(args, problem: Problem) -> str:
     model and cluster a ``--plan`` file names where no flag gave them)."""
     train = problem.cost_model.train
     model = args.model or (problem.model if isinstance(problem.model, str) else None)
-    if model is None and getattr(args, "plan", None):
-        # a --plan file of a preset names it (its model_config rebuilds the same model)
-        name = read_plan_json(args.plan).get("model")
-        model = name if isinstance(name, str) and (name in PRESETS or name in hf.HF_PRESETS) \
-            else None
+    if model is None:
+        # a --plan file's model is rebuilt from its model_config, which names its preset (a
+        # Hugging Face preset's plan sets --model itself: autopar.cli.plan_input)
+        name = (problem.model_config or {}).get("name")
+        model = name if name in PRESETS else None
     cluster = args.cluster or problem.cost_model.cluster.name
     words = ["autopar plan", f"--model {model}" if model else "", f"--cluster {cluster}",
              f"--global-batch {train.global_batch_size}", f"--seq-len {train.seq_len}",

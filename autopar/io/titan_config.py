@@ -60,8 +60,9 @@ def from_torchtitan_config(source: str | Path) -> Imported:
         if not doc:
             # nothing torchtitan's: estimating the defaults as if imported misleads
             toml = str(source).endswith(".toml") or text.lstrip().startswith("[")
+            shown = "(text)" if "\n" in str(source) else source
             raise InvalidParallelConfig(
-                f"torchtitan config {source if chr(10) not in str(source) else '(text)'}: no "
+                f"torchtitan config {shown}: no "
                 "torchtitan setting found in it (no config.<section>.<key> = value lines, "
                 "ParallelismConfig(...) / TrainingConfig(...) / CompileConfig(...) calls or "
                 "model_registry(...)). Fix: "
