@@ -130,6 +130,9 @@ def rank_recompute_bounded(cm: CostModel, c: ParallelConfig, st: StageLayout,
 #: rank's problem (its modes, memory limit, fixed and floor bytes, and per signature the block
 #: count and the seconds, activation and transient bytes of each mode).
 _SOLVED: "weakref.WeakKeyDictionary[CostModel, dict]" = weakref.WeakKeyDictionary()
+#: Per cost model: the signatures' (memory, time) frontiers the enumeration builds
+#: (:func:`autopar.search.rank_dp.sig_frontier`), shared by the rank problems of a search.
+_FRONTIERS: "weakref.WeakKeyDictionary[CostModel, dict]" = weakref.WeakKeyDictionary()
 
 
 def _solve(cm: CostModel, rc: RankCosts, modes: tuple[str, ...]):
@@ -143,7 +146,10 @@ def _solve(cm: CostModel, rc: RankCosts, modes: tuple[str, ...]):
     key = _problem_key(rc, modes)
     if key in memo:
         return memo[key]
-    got = memo[key] = rank_dp.solve(rc, modes)
+    frontiers = _FRONTIERS.get(cm)
+    if frontiers is None:
+        frontiers = _FRONTIERS[cm] = {}
+    got = memo[key] = rank_dp.solve(rc, modes, frontiers)
     return got
 
 

@@ -21,6 +21,7 @@ modes) is found by enumerating the rank's largest transient (one of a few values
 
 from __future__ import annotations
 
+import bisect
 import math
 
 from .rankcost import STRENGTH, RankCosts
@@ -36,6 +37,15 @@ def chain(modes, t: dict, a: dict) -> tuple[str, ...]:
     weakest), by time rising: memory falls strictly along the chain and time rises strictly."""
     out: list[str] = []
     for m in sorted(modes, key=lambda x: (t[x], a[x], STRENGTH[x])):
+        if not out or a[m] < a[out[-1]]:
+            out.append(m)
+    return tuple(out)
+
+
+def _chain_sorted(ordered, a: dict) -> tuple[str, ...]:
+    """:func:`chain` of modes already sorted by (time, memory, strength)."""
+    out: list[str] = []
+    for m in ordered:
         if not out or a[m] < a[out[-1]]:
             out.append(m)
     return tuple(out)
@@ -72,6 +82,22 @@ def sig_points(k: int, ts: list, ms: list, budget: float) -> list:
     level(r - 1, k, 0.0, 0.0, ())
     level = None   # the recursive closure refers to itself: leave no cycle for the collector
     return pts
+
+
+def sig_frontier(k: int, ts: list, ms: list, budget: float, memo: dict | None = None) -> list:
+    """``frontier(sig_points(k, ts, ms, budget))``, shared through ``memo`` by every call with
+    the same blocks and chain: the points within a smaller budget are a prefix (by memory) of
+    those within a larger one, so the frontier of the prefix is the larger frontier cut at
+    ``budget`` (``frontier`` keeps a point by comparing it with smaller-memory points only).
+    ``memo`` maps (k, times, memories) to (the budget solved for, its frontier)."""
+    if memo is None:
+        return frontier(sig_points(k, ts, ms, budget))
+    key = (k, tuple(ts), tuple(ms))
+    got = memo.get(key)
+    if got is None or got[0] < budget:
+        got = memo[key] = (budget, frontier(sig_points(k, ts, ms, budget)))
+    pts = got[1]
+    return pts[:bisect.bisect_right(pts, budget, key=lambda p: p[0])]
 
 
 def best_of_sig(k: int, ts: list, ms: list, budget: float, tie, bound: float = math.inf):
@@ -132,22 +158,23 @@ def best_of_sig(k: int, ts: list, ms: list, budget: float, tie, bound: float = m
     return best
 
 
-def combine(per_sig: list, budget: float):
+def combine(per_sig: list, budget: float, memo: dict | None = None, bound: float = math.inf):
     """Fastest (time, memory, counts per signature in chain order) over all signatures within
     ``budget``; ``per_sig`` holds (blocks, chain times, chain memories, tie key) per signature.
     All signatures but the one with most blocks are combined as (memory, time) Pareto frontiers;
     each point is completed by that signature's exact best (:func:`best_of_sig`) under the
-    memory left, skipped when even its fastest completion cannot beat the best."""
+    memory left, skipped when even its fastest completion cannot beat the best. ``memo``: as
+    :func:`sig_frontier`. None when nothing fits or nothing is within ``bound`` seconds."""
     if len(per_sig) == 1:
         k, ts, ms, tie = per_sig[0]
-        got = best_of_sig(k, ts, ms, budget, tie)
+        got = best_of_sig(k, ts, ms, budget, tie, bound)
         return None if got is None else (got[0], got[1], (got[2],))
     inner = max(range(len(per_sig)), key=lambda j: (per_sig[j][0], j))
     acc = [(0.0, 0.0, ())]
     for j, (k, ts, ms, _tie) in enumerate(per_sig):
         if j == inner:
             continue
-        pts = frontier(sig_points(k, ts, ms, budget))
+        pts = sig_frontier(k, ts, ms, budget, memo)
         acc = frontier([(m0 + m1, t0 + t1, c0 + (c1,)) for m0, t0, c0 in acc
                          for m1, t1, c1 in pts if m0 + m1 <= budget])
         if not acc:
@@ -160,7 +187,7 @@ def combine(per_sig: list, budget: float):
 
     best = None
     for m0, t0, c0 in reversed(acc):   # fastest partial first: a good bound early
-        limit = math.inf if best is None else best[0] * (1 + _PRUNE_RTOL)
+        limit = bound if best is None else min(bound, best[0] * (1 + _PRUNE_RTOL))
         if t0 + fastest > limit:
             continue
         got = best_of_sig(k, ts, ms, budget - m0, tie, limit - t0)
@@ -174,21 +201,25 @@ def combine(per_sig: list, budget: float):
     return best
 
 
-def solve(rc: RankCosts, modes: tuple[str, ...]):
+def solve(rc: RankCosts, modes: tuple[str, ...], memo: dict | None = None):
     """The fastest fitting recomputation of the rank ``rc`` over ``modes`` (weakest first):
     (block seconds, block bytes at the peak (activations + the largest transient), {mode:
     count} per signature), or None when nothing fits. Ties in time go to less memory, then to
     fewer blocks in the strongest modes. ``rc.step_fits`` and rank without blocks are the
-    caller's."""
+    caller's. ``memo``: the signatures' frontiers (:func:`sig_frontier`), kept by the caller
+    across solves (a search's ranks share most of them)."""
     costs = rc.sigs
+    # each signature's modes by (time, memory, strength): chain() of a subset keeps this order
+    ordered = [sorted(modes, key=lambda x, t=t, a=a: (t[x], a[x], STRENGTH[x]))
+               for _k, t, a, _tr in costs]
     best = None
     for cap in rc.caps():
         budget = rc.limit_bytes - rc.fixed_bytes - cap
         if budget < 0:
             break   # caps rise: every later budget is smaller
         per_sig, chains = [], []
-        for k, t, a, tr in costs:
-            ch = chain([m for m in modes if tr[m] <= cap], t, a)
+        for (k, t, a, tr), order in zip(costs, ordered):
+            ch = _chain_sorted([m for m in order if tr[m] <= cap], a)
             if not ch:
                 break
             strong = sorted(range(len(ch)), key=lambda i: -STRENGTH[ch[i]])
@@ -196,7 +227,12 @@ def solve(rc: RankCosts, modes: tuple[str, ...]):
                             lambda cnt, s=strong: tuple(cnt[i] for i in s)))
             chains.append(ch)
         else:
-            got = combine(per_sig, budget)
+            # a larger transient cannot win on time where even every block in its fastest
+            # mode is slower than the best found (a tie still can, on memory)
+            bound = math.inf if best is None else best[0][0] * (1 + _PRUNE_RTOL)
+            if sum(k * ts[0] for k, ts, _ms, _tie in per_sig) > bound:
+                continue
+            got = combine(per_sig, budget, memo, bound)
             if got is not None:
                 time, memory, counts = got
                 by_mode = tuple(dict(zip(ch, cnt)) for ch, cnt in zip(chains, counts))
