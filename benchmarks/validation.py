@@ -44,7 +44,8 @@ from autopar.frameworks.stacks.pithtrain import with_pithtrain_fsdp, with_pithtr
 from autopar.frameworks.stacks.megatron import (ALLTOALL_TOKEN_LEVEL_SINCE,
                                                 MOE_PROBS_IN_ACTIVATION_SINCE,
                                                 with_alltoall_seq_2024,
-                                                with_moe_probs_at_combine)
+                                                with_moe_probs_at_combine,
+                                                with_overlapped_distributed_optimizer)
 from autopar.frameworks.stacks.torchtitan import (COMPILED_LOSS, COMPILED_LOSS_SINCE,
                                                   FUSED_ADAMW_SINCE, with_chunked_loss,
                                                   with_float8nocompile, with_foreach_adamw)
@@ -229,6 +230,8 @@ def record_profile(rec: Record) -> FrameworkProfile:
     under its DualPipeV loop (:func:`autopar.frameworks.stacks.pithtrain.with_pithtrain_fsdp`),
     its decoder layers compiled (:func:`autopar.frameworks.stacks.pithtrain.
     with_pithtrain_kernels`);
+    a Megatron-LLaMA run (2023) with ZeRO-2 runs that fork's OverlappedDistributedOptimizer
+    (:func:`autopar.frameworks.stacks.megatron.with_overlapped_distributed_optimizer`);
     Meta's in-house stack ("meta internal" in the framework text: the Llama 3 runs) runs the
     data parallelism the Llama 3 paper states
     (:func:`autopar.frameworks.stacks.inhouse.with_llama3_fsdp`); a DeepSpeed run of
@@ -284,6 +287,10 @@ def record_profile(rec: Record) -> FrameworkProfile:
         # the framework text dates the run before Megatron-Core's token-level all-to-all
         # dispatcher: under TP its dispatcher ran all-to-alls over TP around the MoE layer
         profile = with_alltoall_seq_2024(profile)
+    if profile.name == "megatron-2023" and "megatronllama" in f and rec.fixed.get("zero_stage") == 2:
+        # Megatron-LLaMA's ZeRO-2 is its OverlappedDistributedOptimizer (its only sharding of
+        # gradients): fp32 buckets reduce-scattered in every micro-batch's backward
+        profile = with_overlapped_distributed_optimizer(profile)
     if profile.name.startswith("inhouse") and "metainternal" in f:
         # Meta's Llama 3 stack: the data parallelism its paper states (fp32 gradients
         # accumulated over the micro-batches, one fp32 reduce-scatter per step)

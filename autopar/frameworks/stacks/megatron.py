@@ -372,3 +372,53 @@ PROFILE_2023 = compose(
        **{k: getattr(PROFILE, k) for k in PROFILE.capability_names()},
        **CAPABILITIES_2023, "sources": {**PROFILE.sources, **SOURCES_2023}},
     name="megatron-2023", version="Megatron-LM before 4eeff55d1f (2023-10-12)")
+
+
+_ODO = ("alibaba/Megatron-LLaMA megatron/optimizer/overlapped_dist_optimizer.py (25306de, "
+        "2023-10-09): ")
+
+#: Megatron-LLaMA's OverlappedDistributedOptimizer (``--overlapped-distributed-optimizer``,
+#: alibaba's 2023 fork of Megatron-LM): parameters replicated, gradients and optimizer states
+#: sharded over the data-parallel group (ZeRO-2 in autopar's plan terms). Each parameter's
+#: gradient hook copies the gradient into a bucket on a side stream and reduce-scatters the
+#: bucket as soon as it is full, in every micro-batch's backward: with several micro-batches a
+#: step moves the gradients over the network that many times. The parameter all-gather after
+#: the optimizer step is waited for in forward pre-hooks (from 25306de; before it the gather
+#: was not overlapped, about 1-2% of the Megatron-LLaMA reports' steps, not priced).
+OVERLAPPED_DISTRIBUTED_OPTIMIZER = replace(
+    DISTRIBUTED_OPTIMIZER, name="megatron-llama-overlapped-distributed-optimizer",
+    overlap_dp_grad_reduce=True, grad_reduce_bytes=4, grad_reduce_fp16_in_fp16=False,
+    zero2_grad_all_reduce=False, zero2_reduce_per_step=False,
+    summary="Megatron-LLaMA's OverlappedDistributedOptimizer: fp32 gradient buckets "
+            "reduce-scattered on a side stream in every micro-batch's backward",
+    sources={**DISTRIBUTED_OPTIMIZER.sources,
+             "overlap_dp_grad_reduce": _ODO + "_grad_hook runs _collect_grad under "
+             "torch.cuda.stream(self._reduction_stream); a full bucket is reduce-scattered "
+             "there (Bucket.reduce_scatter_grad), beside the backward on the default stream",
+             "grad_reduce_bytes": _ODO + "BucketAssignment: grad dtype torch.float32 if "
+             "args.accumulate_allreduce_grads_in_fp32 (set under --bf16 by arguments.py): 4",
+             "grad_reduce_fp16_in_fp16": _ODO + "the bucket dtype follows "
+             "accumulate_allreduce_grads_in_fp32 only",
+             "zero2_grad_all_reduce": _ODO + "dist.reduce_scatter_tensor per bucket",
+             "zero2_reduce_per_step": _ODO + "the gradient hooks fire in every backward; "
+             "the reduced shard is accumulated (accumulate_reduced_grad), the unsharded "
+             "gradient is dropped (param.grad = None after the copy)"})
+
+
+def with_overlapped_distributed_optimizer(profile):
+    """``profile`` (``megatron-2023``) running Megatron-LLaMA's OverlappedDistributedOptimizer
+    (:data:`OVERLAPPED_DISTRIBUTED_OPTIMIZER`): ZeRO-2 allowed (with TP; not with PP or EP,
+    which the fork's scripts do not combine with it), its gradients reduce-scattered in fp32
+    in every micro-batch. A capability change as well as a cost edit, so not a stack option
+    (a plan file cannot record it): from Python, ``CostModel(..., framework=profile)``.
+
+    Raises:
+        InvalidTrainingConfig: an unknown framework name.
+    """
+    from . import get_profile
+    p = with_choice(get_profile(profile), OVERLAPPED_DISTRIBUTED_OPTIMIZER)
+    src = (_ODO + "the optimizer shards gradients and states over the data-parallel group "
+           "(ZeRO-2); the fork's LLaMA scripts run it with TP and SP, PP 1")
+    return replace(p, zero_stages=tuple(sorted({*p.zero_stages, 2})),
+                   zero_stages_with_tp=tuple(sorted({*p.zero_stages_with_tp, 2})),
+                   sources={**p.sources, "zero_stages": src, "zero_stages_with_tp": src})
