@@ -54,6 +54,13 @@ def expert_load(text: str) -> tuple[float, ...]:
     return tuple(out)
 
 
+def lower_case(text: str) -> str:
+    """argparse type of an option choosing among lower-case names (a precision, a framework, a
+    dispatcher): the value in lower case, so that ``BF16`` or ``Megatron`` read as written in
+    the choices (:class:`autopar.cli.parser._Parser` gives it to every such option)."""
+    return text.lower()
+
+
 def int_at_least(low: int):
     """argparse type: an int >= ``low``."""
     def parse(text: str) -> int:

@@ -11,7 +11,8 @@ presets.
 
 Every command takes ``--json`` (machine-readable output on stdout), ``--plot FILE.png`` and
 ``--tokens N --price-per-gpu-hour P`` (days and cost of the whole run). Errors autopar raises on
-purpose are printed as one line (exit code 2, as argparse does for bad flags). Ctrl-C before a
+purpose are printed as one line (exit code 2, as argparse does for bad flags); with ``--json``
+as one JSON object on stdout, ``{"error": {"type", "message"}}``. Ctrl-C before a
 search has started (while torch loads, during graph extraction, during an estimate) ends the
 command with one line and exit code 130 (:func:`autopar.cli.main`); once a search runs, the first
 Ctrl-C stops it at the best plan found so far, which is printed. The full flag reference is
@@ -46,7 +47,8 @@ from .choice_notes import (SP_AT_TP1, default_choices_note, ignored_choice_notes
 from .exports import check_outputs, export_plans
 from .inputs import parallel_choices, read_problem
 from .plan_input import in_plan_terms, plan_problem
-from .output import Interrupt, Progress, finish, print_trust, run_costs
+from .output import (Interrupt, Progress, finish, print_error_json, print_trust,
+                     run_costs)
 from .flagwords import flag_words
 from .parser import build_parser
 
@@ -376,6 +378,9 @@ def run(argv=None) -> int:
         # message keeps their names, where "--dp 4" read as a flag that would help and did not
         text = str(exc) if isinstance(exc, InvalidPlanFile) else flag_words(
             str(exc), given=frozenset(parallel_choices(args)))
-        err.print(f"autopar: {type(exc).__name__}: {text}", style="red",
-                  markup=False, soft_wrap=True, highlight=False)
+        if getattr(args, "json", False):   # a script reading stdout gets JSON either way
+            print_error_json(type(exc).__name__, text)
+        else:
+            err.print(f"autopar: {type(exc).__name__}: {text}", style="red",
+                      markup=False, soft_wrap=True, highlight=False)
         return 2

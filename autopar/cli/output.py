@@ -154,6 +154,14 @@ def print_trust(out: Console, e) -> None:
                   highlight=False, markup=False)
 
 
+def print_error_json(kind: str, message: str) -> None:
+    """A failed command's output under ``--json``: one JSON object on stdout,
+    ``{"error": {"type": kind, "message": message}}`` (``kind``: the
+    :class:`~autopar.errors.AutoparError` subclass's name, or ``"UsageError"`` for a bad flag)."""
+    print(json.dumps({"error": {"type": kind, "message": message}}, indent=2, sort_keys=True),
+          flush=True)
+
+
 def finish(args, data: dict, err: Console) -> None:
     """Print ``data`` as JSON with ``--json``; note the plot file otherwise."""
     if args.json:

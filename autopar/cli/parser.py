@@ -13,8 +13,9 @@ from ..config import (DISPATCHERS, FRAMEWORKS, OPTIMIZER_STATE_DTYPES, RECOMPUTE
 from ..cost.offload import frameworks_running
 from ..frameworks.options import STACK_OPTIONS
 from . import measure_cmds
-from .argtypes import expert_load, int_at_least, positive_float
+from .argtypes import expert_load, int_at_least, lower_case, positive_float
 from .exports import EXPORTERS
+from .output import print_error_json
 
 
 def _common(p: argparse.ArgumentParser, plot: str) -> None:
@@ -60,8 +61,7 @@ def _common(p: argparse.ArgumentParser, plot: str) -> None:
                                     for n, o in STACK_OPTIONS.items()))
     p.add_argument("--optimizer-state-dtype", default=None, choices=list(OPTIMIZER_STATE_DTYPES),
                    help="dtype of Adam's moments (default fp32)")
-    # names are lower case; "Megatron" or "DeepSpeed" as a user writes them read the same
-    p.add_argument("--framework", default=None, choices=list(FRAMEWORKS), type=str.lower,
+    p.add_argument("--framework", default=None, choices=list(FRAMEWORKS),
                    help="what will run the plan (default torch: plan.apply; megatron with "
                    "--megatron-args, torchtitan with --torchtitan-toml or --torchtitan-config); "
                    "the search emits only plans it can run, an estimate says when it cannot run "
@@ -125,7 +125,8 @@ def _parallel_flags(p: argparse.ArgumentParser, prefix: str = "", what: str = ""
                         f"one is kept{auto}){what}")
     # the spellings ParallelConfig takes (torch's class names, case-insensitive) are read too
     p.add_argument(f"{dash}schedule", dest=f"{dest}schedule", default=None,
-                   type=lambda s: SCHEDULE_ALIASES.get(s.lower(), s), choices=list(SCHEDULES),
+                   type=lambda s: SCHEDULE_ALIASES.get(s.lower(), s.lower()),
+                   choices=list(SCHEDULES),
                    help=f"pipeline schedule (torch.distributed.pipelining's){what}")
 
 
@@ -135,11 +136,28 @@ _non_negative_int = int_at_least(0)
 class _Parser(argparse.ArgumentParser):
     """argparse with errors in one line: the problem, the closest option of the subcommand
     given for a misspelt one, and where the full list is (argparse's default prints the whole
-    usage, ~30 lines for ``plan``, before the one line that matters)."""
+    usage, ~30 lines for ``plan``, before the one line that matters); with ``--json`` on the
+    command line that line is a JSON object on stdout instead (type ``"UsageError"``). Choices
+    among lower-case names are read in any case (:meth:`add_argument`)."""
 
     #: The subparser of the command line's subcommand while :meth:`parse_args` reports
     #: unrecognized arguments (None: the top level, or no subcommand was given).
     _command_parser: "argparse.ArgumentParser | None" = None
+    #: The command line holds ``--json``: :meth:`error` prints its line as JSON on stdout
+    #: (set by :meth:`parse_args` on this parser and its subcommands', which report their own
+    #: flags' errors).
+    _json_errors: bool = False
+
+    def add_argument(self, *args, **kwargs):
+        """As argparse's, but an option choosing among lower-case names (every choice a
+        lower-case string) and given no ``type`` reads its value in any case
+        (:func:`~autopar.cli.argtypes.lower_case`): ``--precision BF16`` is ``bf16``,
+        ``--framework Megatron`` is ``megatron``; every such option, of every subcommand."""
+        choices = kwargs.get("choices")
+        if kwargs.get("type") is None and choices and all(
+                isinstance(c, str) and c == c.lower() for c in choices):
+            kwargs["type"] = lower_case
+        return super().add_argument(*args, **kwargs)
 
     def parse_args(self, args=None, namespace=None):
         """As argparse's, but unrecognized arguments are judged against the subcommand given:
@@ -150,6 +168,8 @@ class _Parser(argparse.ArgumentParser):
         option, and answered "expected one argument"."""
         args = _join_flag_values(sys.argv[1:] if args is None else list(args),
                                  set(_option_strings(self)))
+        for parser in (self, *_subparsers(self).values()):
+            parser._json_errors = "--json" in args
         ns, extras = self.parse_known_args(args, namespace)
         if extras:
             self._command_parser = _subparsers(self).get(getattr(ns, "command", None))
@@ -176,8 +196,11 @@ class _Parser(argparse.ArgumentParser):
                          self).items() if sub is not scope and tok in _option_strings(sub)])]
             if close or other:   # an option of another command: say so, not a near spelling
                 hint = f" {other[0]}." if other else f" Did you mean {', '.join(close)}?"
-        self.exit(2, f"{self.prog}: error: {message}.{hint} Fix: see '{scope.prog} --help' "
-                     "for the options.\n")
+        line = f"{message}.{hint} Fix: see '{scope.prog} --help' for the options."
+        if self._json_errors:
+            print_error_json("UsageError", line)
+            self.exit(2)
+        self.exit(2, f"{self.prog}: error: {line}\n")
 
 
 #: Options whose value is itself a string of flags (another framework's arguments).

@@ -62,7 +62,7 @@ def resolve(config: ParallelConfig, graph: ModelGraph, world_size: int,
     experts = getattr(graph, "num_experts", 0)
     if c.folded:
         check(rules.expert_folding(c.ep, c.etp, c.tp * c.cp * dp, experts))
-        check(rules.folding_sp(c.etp, c.tp, c.sequence_parallel))
+        check(rules.folding_sp(c.etp, c.tp, c.sequence_parallel, prof))
     else:
         check(rules.ep_needs_moe(c.ep, experts) or rules.ep_split(c.ep, dp, experts))
     if c.dispatcher == "deepep" and c.ep > 1 and experts:   # as the cost model prices it

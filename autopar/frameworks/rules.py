@@ -256,16 +256,24 @@ def deepep_ranks(etp: int, ep: int, gpus_per_node: int | None = None,
     return Violation("deepep_ranks", problem, fix)
 
 
-def folding_sp(etp: int, tp: int, sequence_parallel: bool) -> Violation | None:
-    """Folded MoE layers under tp > 1 take sequence-parallel inputs (Megatron-Core
-    transformer/moe/moe_layer.py raises without sequence_parallel in training)."""
-    if tp > 1 and not sequence_parallel:
-        return Violation("folding_sp",
-                         f"expert_tp={etp} beside tp={tp}: the MoE layers of Megatron-Core take "
-                         "sequence-parallel inputs when tp > 1 (transformer/moe/moe_layer.py "
-                         "raises without sequence_parallel in training)",
-                         "sequence_parallel=True, or expert_tp=None")
-    return None
+def folding_sp(etp: int, tp: int, sequence_parallel: bool, profile=None) -> Violation | None:
+    """Folded MoE layers under tp > 1 take sequence-parallel inputs: each TP rank sends its own
+    share of the tokens over the expert-TP x EP group (without SP every TP rank holds the same
+    tokens). The message cites ``profile``'s own source where its MoE layers take only
+    sequence-parallel inputs (:attr:`~autopar.frameworks.FrameworkProfile.moe_sequence_parallel`
+    ``(True,)``: Megatron-Core's moe_layer.py, torchtitan's apply_moe_ep_tp); for any other
+    framework (or None) it states the rule without one, as autopar prices folding."""
+    if tp == 1 or sequence_parallel:
+        return None
+    if profile is not None and tuple(profile.moe_sequence_parallel) == (True,):
+        why = (f"{profile.name}'s MoE layers take sequence-parallel inputs when tp > 1 "
+               f"({profile.sources['moe_sequence_parallel']})")
+    else:
+        why = ("folded MoE layers take sequence-parallel inputs when tp > 1 (each TP rank "
+               "sends its own share of the tokens to the experts; without sequence "
+               "parallelism every TP rank holds the same tokens)")
+    return Violation("folding_sp", f"expert_tp={etp} beside tp={tp}: {why}",
+                     "sequence_parallel=True, or expert_tp=None")
 
 
 def moe_sp(profile, tp: int, sequence_parallel: bool) -> Violation | None:

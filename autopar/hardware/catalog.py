@@ -219,17 +219,39 @@ class Catalog:
         """Every accepted GPU name: canonical names, then aliases (lower case)."""
         return self.names() + tuple(self.aliases)
 
+    def extending(self, name: str) -> tuple[str, ...]:
+        """Canonical names that continue ``name`` after a '-' (case-insensitive), in catalog
+        order: the GPUs a name written without its memory size (or form factor) may mean,
+        ``"h100-sxm5"``: H100-SXM5-80GB, ``"a100-sxm4"``: A100-SXM4-40GB and A100-SXM4-80GB;
+        () when none does."""
+        key = str(name).strip().lower() + "-"
+        return tuple(n for n in self.devices if n.lower().startswith(key))
+
     def row(self, name: str) -> GpuRow:
-        """The row of ``name`` (canonical name or alias, case-insensitive).
+        """The row of ``name``: a canonical name or alias, case-insensitive, or the beginning of
+        exactly one canonical name up to a '-' (:meth:`extending`; ``"H100-SXM5"`` for
+        H100-SXM5-80GB).
 
         Raises:
-            InvalidClusterSpec: if the name is unknown; the message lists the valid names and
-                the closest match.
+            InvalidClusterSpec: if the name is unknown (the message lists the valid names and
+                the closest match), or begins several canonical names (the message names them
+                and their memory sizes).
         """
         lookup = self._index["lookup"]
         key = str(name).strip().lower()
         if key in lookup:
             return self._index["rows"][lookup[key]]
+        longer = self.extending(key)
+        if len(longer) == 1:
+            return self._index["rows"][longer[0]]
+        if longer:
+            # several parts (often one per memory size): picking one would price the wrong GPU
+            parts = ", ".join(f"{n} ({self.devices[n].memory_bytes / 1e9:.0f} GB)"
+                              for n in longer)
+            raise InvalidClusterSpec(
+                f"GPU {name!r} begins the names of {len(longer)} GPUs of the catalog: {parts}. "
+                f"Fix: write the full name of yours: {', '.join(map(repr, longer[:-1]))} or "
+                f"{longer[-1]!r}")
         close = difflib.get_close_matches(key, list(lookup), n=1, cutoff=0.5)
         hint = f" Did you mean {lookup[close[0]]!r} ({close[0]!r})?" if close else ""
         raise InvalidClusterSpec(

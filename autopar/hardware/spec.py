@@ -109,6 +109,8 @@ def parse_spec(spec: str, catalog: Catalog = CATALOG) -> ParsedSpec:
     try:
         device = catalog.device(gpu_name)
     except InvalidClusterSpec as err:
+        if catalog.extending(gpu_name):   # several GPUs begin so: the error names them as fix
+            raise InvalidClusterSpec(f"cluster spec {spec!r}: {err}") from None
         raise InvalidClusterSpec(f"cluster spec {spec!r}: GPU part {gpu_name!r}: {err}. Fix: use a "
                                  f"valid GPU name, e.g. '4x8xA100-80GB'") from None
     if second is not None:
