@@ -407,8 +407,9 @@ OVERLAPPED_DISTRIBUTED_OPTIMIZER = replace(
 
 def with_overlapped_distributed_optimizer(profile):
     """``profile`` (``megatron-2023``) running Megatron-LLaMA's OverlappedDistributedOptimizer
-    (:data:`OVERLAPPED_DISTRIBUTED_OPTIMIZER`): ZeRO-2 allowed (with TP; not with PP or EP,
-    which the fork's scripts do not combine with it), its gradients reduce-scattered in fp32
+    (:data:`OVERLAPPED_DISTRIBUTED_OPTIMIZER`): ZeRO-2 allowed, with TP (the fork's LLaMA
+    scripts), not with PP (the fork took it to pipelines in its PR #38 of 2023-10-07, after
+    the reports this was built for; not read) or EP; its gradients reduce-scattered in fp32
     in every micro-batch. A capability change as well as a cost edit, so not a stack option
     (a plan file cannot record it): from Python, ``CostModel(..., framework=profile)``.
 
