@@ -57,7 +57,7 @@ from pathlib import Path
 
 import autopar
 
-from . import bands, docgen, regimes, validation
+from . import bands, docgen, lock_split, regimes, validation
 from .records import load, parse, source_key
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,6 +68,22 @@ def evaluate(rec, spread: bool = True) -> validation.Row:
     """One parsed record at its framework's defaults (see :func:`benchmarks.validation.evaluate`;
     ``spread`` also searches the fastest legal choice of the open fields)."""
     return validation.evaluate(rec, spread=spread)
+
+
+def check_locked_written() -> None:
+    """Refuse to run while ``benchmarks/data/locked_split.json`` lacks a source the rule locks
+    (:func:`benchmarks.lock_split.locked_sources`): a new corpus file's locked sources would be
+    estimated as development ones and their residuals seen before the end (LOCKED.md).
+
+    Raises:
+        SystemExit: naming the first missing source and the fix.
+    """
+    unwritten = sorted(set(lock_split.locked_sources()) - validation.locked_sources())
+    if unwritten:
+        raise SystemExit(
+            f"benchmarks/data/locked_split.json lacks {len(unwritten)} source(s) the rule locks "
+            f"(first: {unwritten[0][:80]!r}); estimating now would show their residuals. "
+            "Fix: python -m benchmarks.lock_split --write, then run this again.")
 
 
 def main(argv=None) -> int:
@@ -92,6 +108,8 @@ def main(argv=None) -> int:
                          "runs are counted, not estimated), locked (only the locked split) or "
                          "all (both, one after the other); alone it implies --cv source")
     args = ap.parse_args(argv)
+    if not args.plans:
+        check_locked_written()
     if args.split and not (args.cv or args.pairs or args.memory):
         args.cv = "source"
     if args.cv or args.pairs or args.memory:

@@ -43,3 +43,18 @@ def test_sources_whose_residuals_were_read_stay_in_development():
     new1 = set(lock_split._keys("published_runs_new1.json"))
     assert len(new1) == 3 and any(int(lock_split.digest(k)[0], 16) < 6 for k in new1)
     assert not new1 & set(lock_split.locked_sources())
+
+
+def test_accuracy_refuses_a_written_split_that_lacks_a_locked_source(monkeypatch):
+    """A new corpus file's locked sources must be written before anything is estimated: the
+    accuracy run refuses (naming the fix) rather than estimate them as development sources."""
+    import pytest
+
+    from benchmarks import accuracy
+
+    extra = "a source the rule locks but the file does not list"
+    monkeypatch.setattr(lock_split, "locked_sources",
+                        lambda: sorted([*json.loads(lock_split.LOCKED.read_text())["sources"],
+                                        extra]))
+    with pytest.raises(SystemExit, match=r"lacks 1 source.*lock_split --write"):
+        accuracy.main(["--cv", "source"])
