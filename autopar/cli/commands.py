@@ -231,7 +231,12 @@ def _cmd_estimate(args, problem, par, notes, out) -> dict:
                   f"{est.peak_stage}, {need - have:.1f} GB over the {have:.1f} GB GPU (largest: "
                   + ", ".join(f"{k} {v / 1e9:.1f} GB" for k, v in big) + "). Its MFU "
                   f"({est.mfu * 100:.1f}%) cannot be reached as configured.")
-        out.print(tables.fixes_table(est, fixes, margin))
+        if fixes:
+            out.print(tables.fixes_table(est, fixes, margin))
+        else:
+            out.print("No change of one or two settings in reach (recomputation, ZeRO, SP, "
+                      "micro-batch, doubling tp, pp or cp) lowers this peak: it needs more "
+                      "GPUs or another layout.", highlight=False)
         fit = [(t, e) for t, e in fixes if e.fits]
         command = data["plan_command"]
         if fit:

@@ -6,6 +6,8 @@ file), with notes on what was imported or derived."""
 from __future__ import annotations
 
 import json
+import shlex
+from pathlib import Path
 
 from ..config import TrainingConfig
 from ..errors import (AutoparError, InvalidClusterSpec, InvalidModelConfig, InvalidParallelConfig,
@@ -102,7 +104,46 @@ def _imported(args) -> Imported | None:
         raise InvalidTrainingConfig(
             f"give one of {', '.join('--' + f.replace('_', '-') for f in given)}, not "
             f"{len(given)}. Fix: drop all but one; they would set the same choices.")
-    return _IMPORT_FLAGS[given[0]](getattr(args, given[0])) if given else None
+    if not given:
+        return None
+    value = getattr(args, given[0])
+    if given[0] == "megatron_args":
+        value = megatron_args_text(value)
+    return _IMPORT_FLAGS[given[0]](value)
+
+
+def megatron_args_text(value: str) -> str | list[str]:
+    """The Megatron-LM arguments ``--megatron-args`` gives: the string itself, or, when it is
+    one word that is not a flag (a path), the words of that file (what ``--export megatron``
+    writes, or a launch script: shell comments and line continuations are read as the shell
+    reads them, and its words that are not flags are named as ignored by the importer).
+
+    Raises:
+        InvalidTrainingConfig: a path that names no readable text file.
+    """
+    word = value.strip()
+    if word.startswith("-") or len(word.split()) != 1:
+        return value
+    path = Path(word).expanduser()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InvalidTrainingConfig(
+            f"--megatron-args {word!r}: no such file, and not Megatron-LM flags (they start "
+            "with --). Fix: the path of a file of Megatron-LM arguments (as --export megatron "
+            "writes), or the flags as one string, e.g. \"--tensor-model-parallel-size 4\".") \
+            from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidTrainingConfig(
+            f"--megatron-args {word!r}: cannot read it as a text file "
+            f"({type(exc).__name__}). Fix: the path of a text file of Megatron-LM arguments, "
+            "or the flags as one string.") from None
+    try:   # the shell's reading: comments dropped, backslash-newline joins lines
+        return shlex.split(text, comments=True)
+    except ValueError as exc:
+        raise InvalidTrainingConfig(
+            f"--megatron-args {word!r}: cannot split the file into arguments ({exc}). Fix: "
+            "balance its quotes.") from None
 
 
 #: The import flags of ``estimate`` and their readers.

@@ -295,7 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how context parallelism exchanges K/V (default ring)")
     e.add_argument("--megatron-args", default=None, metavar="ARGS",
                    help="Megatron-LM arguments as one string, e.g. \"--tensor-model-parallel-size 4 "
-                   "--pipeline-model-parallel-size 2 --sequence-parallel\"")
+                   "--pipeline-model-parallel-size 2 --sequence-parallel\", or the path of a file "
+                   "of them (what --export megatron writes)")
     e.add_argument("--torchtitan-toml", default=None, metavar="FILE",
                    help="torchtitan v0.2.x job TOML ([parallelism], [activation_checkpoint], "
                    "[training])")

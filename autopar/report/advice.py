@@ -18,13 +18,17 @@ def fixes_to_fit(problem: Problem, config: ParallelConfig) -> list[tuple[str, Es
     """Changes to ``config`` that make it fit, each re-estimated: more recomputation, ZeRO,
     sequence parallelism, a smaller micro-batch, more TP, PP or CP (dp shrinking to match), and
     pairs of them, each one the training framework (``problem``'s ``train.framework``) can run.
-    Fitting ones first, fastest first; then the rest by memory.
+    Fitting ones first, fastest first; then the rest by memory, those only that lower the peak
+    (where the optimizer step's temporaries set it, recomputation and SP move bytes between
+    activations and the step's working memory and change nothing: they are not offered).
 
     Returns:
-        ``[(description, estimate)]`` (at most 8).
+        ``[(description, estimate)]`` (at most 8; empty when no change in reach lowers the
+        peak).
     """
     cm = problem.cost_model
     c = cm.resolve(config)
+    peak = cm.estimate(c).memory_per_gpu_bytes
     cands: dict[str, dict] = {}
     single: list[tuple[str, dict]] = []
     for rc in RECOMPUTE_MODES[1:]:   # the framework's own are kept below
@@ -62,7 +66,10 @@ def fixes_to_fit(problem: Problem, config: ParallelConfig) -> list[tuple[str, Es
         if profile.unsupported(changed, moe=cm.graph.num_experts > 0) is None:
             results.append((text, cm.estimate(changed)))
     fitting = sorted((r for r in results if r[1].fits), key=lambda r: r[1].step_time_s)
-    rest = sorted((r for r in results if not r[1].fits), key=lambda r: r[1].memory_per_gpu_bytes)
+    # a change that leaves the peak where it is (to a part in a thousand) helps nothing
+    rest = sorted((r for r in results if not r[1].fits
+                   and r[1].memory_per_gpu_bytes < peak * (1 - 1e-3)),
+                  key=lambda r: r[1].memory_per_gpu_bytes)
     return (fitting + rest)[:8]
 
 

@@ -273,7 +273,23 @@ def fixes_table(base: Estimate, fixes: list[tuple[str, Estimate]], margin: float
         t.add_row(text, _gb(e.memory_per_gpu_bytes), fits,
                   f"{e.step_time_s:,.3f}", f"{100 * (e.step_time_s / base.step_time_s - 1):+.1f}%",
                   f"{e.mfu * 100:.1f}% / {e.hfu * 100:.1f}%")
+    floor = _common_floor([e for _t, e in fixes if not e.fits])
+    if floor is not None:
+        t.caption, t.caption_justify = (
+            f"note: several changes stop at the same {floor / 1e9:.1f} GB: past them the peak "
+            "is the model states and the optimizer step's working memory, which recomputation "
+            "and SP do not lower (more GPUs, ZeRO or a larger tp/pp do)"), "left"
     return t
+
+
+def _common_floor(rows: list[Estimate]) -> float | None:
+    """The peak (bytes) two or more non-fitting changes share to a part in a thousand, the
+    lowest such; None when none do."""
+    peaks = sorted(e.memory_per_gpu_bytes for e in rows)
+    for a, b in zip(peaks, peaks[1:]):
+        if b <= a * (1 + 1e-3):
+            return a
+    return None
 
 
 def comparison_table(comps: list[Comparison], complete: bool = True) -> Table:
