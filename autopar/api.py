@@ -99,9 +99,12 @@ def default_batch_note(train: TrainingConfig, world: int, unit: int | None = Non
     tokens = gbs * seq
     step = unit or world
     of = f"the {world:,} GPUs" if unit is None else f"dp x micro-batch = {unit:,}"
-    why = f"about {DEFAULT_TOKENS_PER_STEP / 2 ** 20:.0f}M tokens rounded up to a multiple of {of}"
-    cap = (f"{MAX_DEFAULT_TOKENS_PER_STEP / 2 ** 20:.0f}M tokens, the batch Llama 3 405B reached "
-           f"on 16,384 H100 (arXiv 2407.21783, sec. 3.4.1)")
+    # every count in millions of tokens as the batch is written (2**24 as "16M" read as exceeded
+    # beside a "16.8M tokens per step" batch that met it), the power of two named beside it
+    why = (f"{_mtokens(DEFAULT_TOKENS_PER_STEP)} = 2^22 tokens rounded up to a multiple "
+           f"of {of}")
+    cap = (f"{_mtokens(MAX_DEFAULT_TOKENS_PER_STEP)} = 2^24 tokens, the batch Llama 3 405B "
+           f"reached on 16,384 H100 (arXiv 2407.21783, sec. 3.4.1)")
     if tokens > MAX_DEFAULT_TOKENS_PER_STEP:
         why += f"; above the default's cap of {cap}: one sequence per data-parallel replica"
     elif -(-max(1, DEFAULT_TOKENS_PER_STEP // seq) // step) * step != gbs:
@@ -109,8 +112,13 @@ def default_batch_note(train: TrainingConfig, world: int, unit: int | None = Non
                + ("the largest divisor of the " + f"{world:,} GPUs" if unit is None else of)
                + " within it")
     return (f"no global batch given: using {gbs:,} sequences x {seq:,} tokens = "
-            f"{tokens / 1e6:,.1f}M tokens per step ({why}); set it with --global-batch "
+            f"{_mtokens(tokens)} tokens per step ({why}); set it with --global-batch "
             "(TrainingConfig(global_batch_size=...) in Python)")
+
+
+def _mtokens(tokens: int) -> str:
+    """``tokens`` in millions (10**6), one decimal: 16,777,216 as "16.8M"."""
+    return f"{tokens / 1e6:,.1f}M"
 
 
 def _from_dict(cls, d: dict, err):

@@ -262,13 +262,19 @@ def read_plan_json(source: str | Path) -> object:
     text = str(source)
     if not text.lstrip().startswith("{"):
         shown = text if len(text) <= 80 else text[:77] + "..."
+        fix = "give the JSON file `autopar plan --out` (or plan.to_json()) wrote"
         try:
-            text = Path(source).read_text()
+            text = Path(source).read_text(encoding="utf-8")   # JSON is UTF-8 (RFC 8259)
+        except FileNotFoundError as exc:
+            raise InvalidPlanFile(f"no such file: {shown}. Fix: check the path, or {fix}, or "
+                                  "its JSON text.") from exc
+        except UnicodeDecodeError as exc:   # an image, an archive: bytes, not a plan's text
+            raise InvalidPlanFile(f"not a plan file: {shown} is not UTF-8 text. Fix: "
+                                  f"{fix}.") from exc
         except (OSError, ValueError) as exc:
-            raise InvalidPlanFile(
-                f"cannot read plan file {shown!r}: {type(exc).__name__}: "
-                f"{str(exc)[:200]}. Fix: pass the path of a plan written by "
-                "plan.to_json() or `autopar plan --out`, or its JSON text.") from exc
+            why = getattr(exc, "strerror", None) or str(exc)[:200]
+            raise InvalidPlanFile(f"cannot read plan file {shown}: {why}. Fix: {fix}, or its "
+                                  "JSON text.") from exc
     try:
         data = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:

@@ -9,10 +9,14 @@ import re
 _FLAGS = {"TrainingConfig.seq_len": "--seq-len", "TrainingConfig.global_batch_size": "--global-batch",
           "TrainingConfig.micro_batch_size": "--micro-batch",
           "TrainingConfig(framework=...)": "--framework"}
-#: The search's own arguments in an error -> what a command-line user types instead.
+#: The search's own arguments (and a None to leave a choice open) in an error -> what a
+#: command-line user types instead.
 _SEARCH_WORDS = {"within time_limit_s=": "within --time-limit ",
                  "raise time_limit_s, or pin choices with fixed=":
-                     "raise --time-limit, or pin choices with flags (--tp, --pp, --cp, ...)"}
+                     "raise --time-limit, or pin choices with flags (--tp, --pp, --cp, ...)",
+                 # a field left None is a flag left out (there is no "--dp None")
+                 "an int >= 1 or None to let autopar choose":
+                     "an int >= 1, or leave the flag out to let autopar choose"}
 _PINS = {"tp": "--tp", "pp": "--pp", "dp": "--dp", "cp": "--cp", "ep": "--ep",
          "expert_tp": "--expert-tp", "dispatcher": "--dispatcher", "zero_stage": "--zero",
          "virtual_stages": "--virtual-stages", "micro_batch_size": "--micro-batch",
@@ -23,6 +27,9 @@ _MOE_FLAGS = {"moe_expert_load": "--moe-expert-load",
               "moe_pad_to_capacity": "--moe-pad-to-capacity"}
 _PIN = re.compile(r"(?<![\w.*-])(" + "|".join(sorted(_PINS, key=len, reverse=True))
                   + r")=('?)([\w.-]+)\2(?![\w(])")
+#: ``ParallelConfig.tp`` and the like (not inside the "(...)" the flag is written before).
+_FIELD = re.compile(r"(?<!\()ParallelConfig\.(" + "|".join(sorted(_PINS, key=len, reverse=True))
+                    + r")(?!\w)")
 _PIN_FLAG = re.compile(r"(?<![\w-])(" + "|".join(sorted(_PINS.values(), key=len, reverse=True))
                        + r")(?![\w-])")
 
@@ -30,7 +37,8 @@ _PIN_FLAG = re.compile(r"(?<![\w-])(" + "|".join(sorted(_PINS.values(), key=len,
 def flag_words(text: str, pins: str = "--", given: frozenset[str] | None = None) -> str:
     """An error's text in the command line's words: ``TrainingConfig.seq_len`` as ``--seq-len
     (TrainingConfig.seq_len)``, a pin ``dispatcher='alltoall'`` as ``--dispatcher alltoall``,
-    ``expert_tp=None`` as ``no --expert-tp``; ``pins="--compare-"`` writes the pins as the
+    ``expert_tp=None`` as ``no --expert-tp``; ``ParallelConfig.tp`` as ``--tp
+    (ParallelConfig.tp)``; ``pins="--compare-"`` writes the pins as the
     ``--compare-*`` flags (``--compare-ep 2``); the mixture-of-experts training fields as their
     flags (``moe_capacity_factor=1.0`` as ``--moe-capacity-factor 1.0``). ``given``: the ParallelConfig fields the
     command line set (None: all); before "Fix:" a value the user did not type (``dp=16``
@@ -51,7 +59,10 @@ def flag_words(text: str, pins: str = "--", given: frozenset[str] | None = None)
 
     def flag(name: str) -> str:
         return pins + _PINS[name][2:]
-    if pins != "--":   # a flag the rule's text names itself ("drop --ep")
+    # a field the flags set ("ParallelConfig.tp must be a positive integer"), as --x (api) does
+    text = _FIELD.sub(lambda m: m.group(0) if given is not None and m.group(1) not in given
+                      else f"{_PINS[m.group(1)]} ({m.group(0)})", text)
+    if pins != "--":   # a flag the rule's text names itself ("drop --ep"), ours above too
         text = _PIN_FLAG.sub(lambda m: pins + m.group(1)[2:], text)
     # a pin set to None is the flag left out (there is no "--expert-tp None" to type)
     def word(m, typed) -> str:

@@ -17,6 +17,7 @@ from ..hardware.devices import memory_ambiguity
 from ..hardware.spec import parse_spec
 from ..io.imported import Imported
 from ..io.megatron_importer import from_megatron_args
+from ..io.planfile import PLAN_FORMAT
 from ..io.torchtitan_importer import from_torchtitan_toml
 from ..io.titan_config import from_torchtitan_config
 from ..problem import Problem, model_config_of
@@ -27,7 +28,8 @@ def model_arg(text: str | None):
     """A preset name, or the model dict of a JSON file (``*.json``).
 
     Raises:
-        InvalidModelConfig: no model given, or a JSON file that cannot be read.
+        InvalidModelConfig: no model given, a JSON file that cannot be read, or a plan file
+            (``autopar plan --out``'s, which ``--plan`` reads).
     """
     if text is None:
         raise InvalidModelConfig("--model is required (a preset name from `autopar models`, or "
@@ -37,7 +39,7 @@ def model_arg(text: str | None):
     try:
         with open(text) as f:
             model = json.load(f)
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidModelConfig(f"cannot read model file {text}: {exc}. Fix: give a JSON "
                                  "file with a model dict, or a preset name.") from exc
     if not isinstance(model, dict):
@@ -45,6 +47,11 @@ def model_arg(text: str | None):
                                  "model dict (an object such as {\"name\": ..., \"family\": "
                                  "\"llama\", ...}). Fix: give a JSON file with a model dict, or "
                                  "a preset name.")
+    if model.get("format") == PLAN_FORMAT:   # its keys read as a model's were a page of typos
+        raise InvalidModelConfig(f"model file {text} is a plan file (`autopar plan --out` wrote "
+                                 "it), not a model dict. Fix: this is a plan file; use --plan "
+                                 f"{text} (autopar estimate, explain), or give --model a preset "
+                                 "name or a JSON file with a model dict.")
     return model
 
 

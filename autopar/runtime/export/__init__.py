@@ -2,9 +2,10 @@
 torchtitan TOML, a DeepSpeed config, an
 Accelerate launch YAML (FSDP or DeepSpeed plugin), Colossal-AI plugin arguments.
 
-Each returns an :class:`Export`: the value in the framework's form and ``warnings``, one line
-per plan choice the framework cannot express, naming the nearest equivalent used. Nothing is
-dropped silently; ``Export.text()`` puts the warnings in the output as comments. Each exporter
+Each returns an :class:`Export`: a ``str``, the text to write, carrying the value in the
+framework's form and ``warnings``, one line per plan choice the framework cannot express, naming
+the nearest equivalent used. Nothing is dropped silently; the text (``Export.text()``) puts the
+warnings in the output as comments. Each exporter
 also builds the configuration it really writes (``Export.written``, in autopar's terms) and
 re-estimates it under that framework (:mod:`autopar.runtime.verdict`): the last warnings say the
 step time and memory of what the file runs against the plan's, whether it still fits, and when

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from ...config import ParallelConfig
 from ...errors import InvalidTrainingConfig
@@ -16,9 +16,11 @@ from ..verdict import verdict
 _MODE_ORDER = ("none", "selective", "selective-op", "full")
 
 
-@dataclass(frozen=True)
-class Export:
-    """An exported plan.
+class Export(str):
+    """An exported plan: its text (a ``str``, as :meth:`text` writes it: print it, write it to a
+    file, slice it), carrying what made it.
+
+    It compares and hashes as that text. It is read-only.
 
     Attributes:
         value: the framework's form (list of CLI arguments, TOML text, JSON-able dict, or a
@@ -34,29 +36,67 @@ class Export:
     """
 
     value: object
-    warnings: tuple[str, ...] = field(default=())
-    comment: str = "#"
-    written: ParallelConfig | None = None
-    fits: bool | None = None
-    body: str | None = None
+    warnings: tuple[str, ...]
+    comment: str
+    written: ParallelConfig | None
+    fits: bool | None
+    body: str | None
+
+    # a str, so that plan.to_slurm_script()[:800] and len() work as on the text a user sees
+    def __new__(cls, value: object, warnings: tuple[str, ...] = (), comment: str = "#",
+                written: ParallelConfig | None = None, fits: bool | None = None,
+                body: str | None = None) -> "Export":
+        warnings = tuple(warnings)
+        self = super().__new__(cls, _text(value, warnings, comment, body))
+        for name, v in (("value", value), ("warnings", warnings), ("comment", comment),
+                        ("written", written), ("fits", fits), ("body", body)):
+            object.__setattr__(self, name, v)
+        return self
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"an Export is read-only (setting {name!r}); build a new one")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"an Export is read-only (deleting {name!r})")
+
+    def with_warnings(self, warnings: tuple[str, ...]) -> "Export":
+        """This export with ``warnings`` in place of its own, its text remade (not named
+        ``replace``: that is the text's ``str.replace``)."""
+        return Export(**{**self._fields(), "warnings": tuple(warnings)})
+
+    def _fields(self) -> dict:
+        return {"value": self.value, "warnings": self.warnings, "comment": self.comment,
+                "written": self.written, "fits": self.fits, "body": self.body}
+
+    def __reduce__(self):
+        return (Export, tuple(self._fields().values()))
+
+    def __repr__(self) -> str:
+        return (f"Export(value={self.value!r}, warnings={self.warnings!r}, "
+                f"written={self.written!r}, fits={self.fits!r})")
 
     def __str__(self) -> str:
         """:meth:`text`, so ``print(plan.to_torchrun_command("train.py"))`` prints the command."""
         return self.text()
 
     def text(self) -> str:
-        """The value as text, warnings first as comments (for JSON: under ``"_autopar_warnings"``,
-        a key DeepSpeed ignores)."""
-        if isinstance(self.value, dict) and self.body is None:
-            d = dict(self.value)
-            if self.warnings:
-                d["_autopar_warnings"] = list(self.warnings)
-            return json.dumps(d, indent=2) + "\n"
-        # a list is command-line arguments: quoted for a POSIX shell (a layout string holds | and *)
-        body = (self.body if self.body is not None else shlex.join(self.value)
-                if isinstance(self.value, list) else str(self.value))
-        head = "".join(f"{self.comment} autopar: {w}\n" for w in self.warnings)
-        return head + body + ("" if body.endswith("\n") else "\n")
+        """The value as text (a plain ``str``), warnings first as comments (for JSON: under
+        ``"_autopar_warnings"``, a key DeepSpeed ignores)."""
+        return str.__str__(self)
+
+
+def _text(value: object, warnings: tuple[str, ...], comment: str, body: str | None) -> str:
+    """:meth:`Export.text` of these fields."""
+    if isinstance(value, dict) and body is None:
+        d = dict(value)
+        if warnings:
+            d["_autopar_warnings"] = list(warnings)
+        return json.dumps(d, indent=2) + "\n"
+    # a list is command-line arguments: quoted for a POSIX shell (a layout string holds | and *)
+    body = (body if body is not None else shlex.join(value)
+            if isinstance(value, list) else str(value))
+    head = "".join(f"{comment} autopar: {w}\n" for w in warnings)
+    return head + body + ("" if body.endswith("\n") else "\n")
 
 
 def block_modes(plan) -> tuple[str, ...]:

@@ -5,7 +5,6 @@ format."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
 
 from ..errors import UnsupportedPlanError
@@ -70,7 +69,7 @@ def to_torchtitan(plan, series: str | None = None) -> Export:
     ex = TORCHTITAN_EXPORTERS[chosen](plan)
     planned = planned_torchtitan(plan)
     if series is None and planned is not None and chosen != planned:
-        ex = replace(ex, warnings=(
+        ex = ex.with_warnings((
             f"torchtitan {chosen} is installed, so this file is in its format, but the plan "
             f"was made for torchtitan {planned} (--framework {SERIES_PROFILES[planned]}); "
             f"what {chosen} runs can differ from the plan (see the re-estimate). Fix: re-plan "
