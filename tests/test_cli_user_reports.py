@@ -9,6 +9,7 @@ import json
 import pytest
 
 from autopar.cli import build_parser, main
+from cli_run import run
 from autopar.errors import InvalidClusterSpec
 from autopar.frameworks import get_profile, rules
 from autopar.hardware.cluster import Cluster
@@ -18,11 +19,6 @@ TINY = ["--model", "tiny-llama", "--global-batch", "32", "--seq-len", "512"]
 MOE = ["--model", "mixtral-8x7b", "--cluster", "1x8xH100", "--global-batch", "64",
        "--seq-len", "4096"]
 
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
 
 
 def _subcommands():

@@ -11,21 +11,16 @@ import pytest
 import autopar
 from autopar.api import (DEFAULT_TOKENS_PER_STEP, MAX_DEFAULT_TOKENS_PER_STEP,
                          default_batch_note, default_global_batch)
-from autopar.cli import main
 from autopar.cli.flagwords import flag_words
 from autopar.config import TrainingConfig
 from autopar.errors import InvalidPlanFile
 from autopar.runtime.export.common import Export
 from export_shapes import shape_plan
+from cli_run import run
 
 TINY = ["--model", "tiny-llama", "--cluster", "1x8xH100", "--global-batch", "32",
         "--seq-len", "512"]
 
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
 
 
 # -- 1: a ParallelConfig field the flags set is named by its flag -----------------------------
