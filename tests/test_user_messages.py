@@ -138,3 +138,24 @@ def test_an_export_keeps_its_fields_and_stays_read_only():
     more = ex.with_warnings(("v", *ex.warnings))
     assert more == "# autopar: v\n# autopar: w\n--tp 2\n" and more.fits is True
     assert ex.replace("--tp 2", "--tp 4") == "# autopar: w\n--tp 4\n"
+
+
+def test_an_exports_warnings_go_below_a_scripts_interpreter_line():
+    """sbatch reads its #! line only as the first line: warnings follow it."""
+    ex = Export("#!/bin/bash\n#SBATCH --nodes=2\nsrun true\n", warnings=("a note",))
+    lines = ex.splitlines()
+    assert lines[0] == "#!/bin/bash" and lines[1] == "# autopar: a note"
+    assert lines[2:] == ["#SBATCH --nodes=2", "srun true"]
+    plain = Export("--tp 2", warnings=("a note",))
+    assert plain.splitlines() == ["# autopar: a note", "--tp 2"]
+
+
+def test_a_difference_in_a_setting_that_means_nothing_is_not_listed():
+    """"differs from best" named cp_mode at cp 1 and sp at tp 1 (a new user's report)."""
+    from autopar.config import ParallelConfig
+    from autopar.report.explain import config_diff
+    a = ParallelConfig(tp=1, pp=2, dp=4, cp=1, cp_mode="ring", sequence_parallel=False)
+    b = ParallelConfig(tp=1, pp=2, dp=4, cp=1, cp_mode="ulysses", sequence_parallel=True)
+    assert config_diff(a, b) == []
+    c = ParallelConfig(tp=2, pp=2, dp=2, cp=1, sequence_parallel=True)
+    assert config_diff(a, c) == ["tp 1->2", "dp 4->2", "sp off->on"]

@@ -76,6 +76,8 @@ def config_diff(base: ParallelConfig, other: ParallelConfig) -> list[str]:
     out = []
     for name in CONFIG_FIELDS:
         a, b = getattr(base, name, None), getattr(other, name, None)
+        if _inert(name, base, other):
+            continue
         if name == "placement":
             from ..config import DEFAULT_PLACEMENT
             a, b = "-".join(a or DEFAULT_PLACEMENT), "-".join(b or DEFAULT_PLACEMENT)
@@ -93,6 +95,23 @@ def config_diff(base: ParallelConfig, other: ParallelConfig) -> list[str]:
                      "virtual_stages": "v", "stage_blocks": "cuts"}.get(name, name)
             out.append(f"{short} {_value(a)}->{_value(b)}")
     return out
+
+
+def _inert(name: str, base: ParallelConfig, other: ParallelConfig) -> bool:
+    """Whether field ``name`` means nothing in both configs, so a difference in it is no
+    difference: the CP mode without CP, SP without TP, the dispatcher without EP, an expert TP
+    left to its default that equals the one given (etp defaults to tp)."""
+    if name == "cp_mode":
+        return base.cp == other.cp == 1
+    if name == "sequence_parallel":
+        return base.tp == other.tp == 1
+    if name == "dispatcher":
+        return base.ep == other.ep == 1
+    if name == "expert_tp":
+        a = base.expert_tp if base.expert_tp is not None else base.tp
+        b = other.expert_tp if other.expert_tp is not None else other.tp
+        return a == b
+    return False
 
 
 def _kept(reshard: tuple[bool, ...] | None) -> int:

@@ -96,7 +96,12 @@ def _text(value: object, warnings: tuple[str, ...], comment: str, body: str | No
     body = (body if body is not None else shlex.join(value)
             if isinstance(value, list) else str(value))
     head = "".join(f"{comment} autopar: {w}\n" for w in warnings)
-    return head + body + ("" if body.endswith("\n") else "\n")
+    tail = "" if body.endswith("\n") else "\n"
+    if body.startswith("#!"):
+        # a script's interpreter line must stay first (sbatch and the kernel read only it)
+        shebang, _, rest = body.partition("\n")
+        return shebang + "\n" + head + rest + tail
+    return head + body + tail
 
 
 def block_modes(plan) -> tuple[str, ...]:
