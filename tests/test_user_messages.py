@@ -159,3 +159,16 @@ def test_a_difference_in_a_setting_that_means_nothing_is_not_listed():
     assert config_diff(a, b) == []
     c = ParallelConfig(tp=2, pp=2, dp=2, cp=1, sequence_parallel=True)
     assert config_diff(a, c) == ["tp 1->2", "dp 4->2", "sp off->on"]
+
+
+def test_export_names_read_in_any_case_and_a_near_miss_is_named(capsys, tmp_path):
+    from types import SimpleNamespace
+
+    from autopar.cli.exports import check_outputs
+    args = SimpleNamespace(export=[["Megatron", str(tmp_path / "a.txt")]], out=None, plot=None,
+                           tokens=None, price_per_gpu_hour=None, currency="USD")
+    check_outputs(args)
+    assert args.export == [["megatron", str(tmp_path / "a.txt")]]
+    bad = SimpleNamespace(**{**vars(args), "export": [["megatrn", str(tmp_path / "b.txt")]]})
+    with pytest.raises(autopar.AutoparError, match="Did you mean 'megatron'"):
+        check_outputs(bad)

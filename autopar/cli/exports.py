@@ -3,6 +3,7 @@ before a search, and the export written with its verdict (what the file really r
 
 from __future__ import annotations
 
+import difflib
 import errno
 import importlib.util
 import os
@@ -36,11 +37,17 @@ def check_outputs(args) -> None:
     """
     run_costs(args, [])   # the run-cost flags, checked after the search before
     exports = getattr(args, "export", None) or []
+    # framework names in any case, as every choice of the CLI ("--export Megatron f")
+    exports = [[framework.lower(), path] for framework, path in exports]
+    if exports:
+        args.export = exports
     for framework, _ in exports:
         if framework not in EXPORTERS:
+            near = difflib.get_close_matches(framework, list(EXPORTERS), n=1)
+            guess = f" Did you mean {near[0]!r}?" if near else ""
             raise InvalidTrainingConfig(f"--export {framework!r}: autopar exports to "
-                                        f"{', '.join(EXPORTERS)}. Fix: e.g. --export megatron "
-                                        "args.txt")
+                                        f"{', '.join(EXPORTERS)}.{guess} Fix: e.g. --export "
+                                        "megatron args.txt")
     files = [Path(f).resolve() for _, f in exports]
     twice = next((f for f in files if files.count(f) > 1), None)
     if twice is not None:
@@ -94,6 +101,7 @@ def export_plan(plan, framework: str, path: str) -> dict:
 
 def _build(plan, framework: str, path: str):
     """(framework label, path, text, Export) of one export, nothing written."""
+    framework = framework.lower()
     if framework not in EXPORTERS:
         raise InvalidTrainingConfig(f"--export {framework!r}: autopar exports to "
                                     f"{', '.join(EXPORTERS)}. Fix: e.g. --export megatron args.txt")
