@@ -72,22 +72,19 @@ def test_a_plan_file_given_as_the_model_is_refused_as_one(capsys, tmp_path):
 
 
 # -- 3: the default batch's cap in the batch's units ------------------------------------------
-def test_a_capped_default_batch_and_its_cap_read_alike():
+@pytest.mark.parametrize("world, seq, tokens, words", [
     # llama3-70b (8,192 tokens) on 131,072 GPUs: 2,048 sequences = 2**24 tokens, at the cap
-    world, seq = 131072, 8192
+    (131072, 8192, MAX_DEFAULT_TOKENS_PER_STEP,
+     "= 16.8M tokens per step (capped at 16.8M = 2^24 tokens,"),
+    (8, 4096, DEFAULT_TOKENS_PER_STEP,
+     "= 4.2M tokens per step (4.2M = 2^22 tokens rounded up to a multiple of"),
+])
+def test_the_default_batch_and_its_target_or_cap_read_alike(world, seq, tokens, words):
     train = TrainingConfig(global_batch_size=default_global_batch(world, seq), seq_len=seq)
     note = default_batch_note(train, world)
-    assert train.global_batch_size * seq == MAX_DEFAULT_TOKENS_PER_STEP == 2 ** 24
-    assert "= 16.8M tokens per step (capped at 16.8M = 2^24 tokens," in note
-    assert "16M" not in note
-
-
-def test_an_uncapped_default_batch_names_its_target_alike():
-    world, seq = 8, 4096
-    train = TrainingConfig(global_batch_size=default_global_batch(world, seq), seq_len=seq)
-    note = default_batch_note(train, world)
-    assert train.global_batch_size * seq == DEFAULT_TOKENS_PER_STEP == 2 ** 22
-    assert "= 4.2M tokens per step (4.2M = 2^22 tokens rounded up to a multiple of" in note
+    assert train.global_batch_size * seq == tokens
+    assert (MAX_DEFAULT_TOKENS_PER_STEP, DEFAULT_TOKENS_PER_STEP) == (2 ** 24, 2 ** 22)
+    assert words in note and "16M" not in note
 
 
 # -- 4: an unreadable or missing --plan file --------------------------------------------------

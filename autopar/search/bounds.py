@@ -8,16 +8,36 @@ combined by :func:`beyond`). Each is admissible: never above the step time an es
 from __future__ import annotations
 
 import math
+import weakref
 
 from ..config import ParallelConfig
+from ..cost.blocks import block_cost_fields
 from ..cost.model import CostModel
 from ..errors import InvalidParallelConfig
+
+
+#: Per cost model: :func:`layer_sum` by the configuration fields the layers' costs read
+#: (:data:`autopar.cost.blocks.block_cost_fields`): a group's bound, phase 1's CP mode and
+#: refine's skip test ask for the same sums.
+_LAYER_SUMS: "weakref.WeakKeyDictionary[CostModel, dict]" = weakref.WeakKeyDictionary()
 
 
 def layer_sum(cm: CostModel, c: ParallelConfig) -> float:
     """Sum over all layers of one micro-batch's forward + backward without recomputation
     (without the expert-parallel all-to-alls where the framework can hide them, see
-    :attr:`autopar.frameworks.FrameworkProfile.overlaps_ep_comm`)."""
+    :attr:`autopar.frameworks.FrameworkProfile.overlaps_ep_comm`), once per cost model and
+    set of the fields the layers' costs read."""
+    memo = _LAYER_SUMS.get(cm)
+    if memo is None:
+        memo = _LAYER_SUMS[cm] = {}
+    key = block_cost_fields(c)
+    if key not in memo:
+        memo[key] = _layer_sum(cm, c)
+    return memo[key]
+
+
+def _layer_sum(cm: CostModel, c: ParallelConfig) -> float:
+    """:func:`layer_sum`, computed."""
     total = 0.0
     counts: dict[str, list] = {}
     for layer in cm.graph.layers:

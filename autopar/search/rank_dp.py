@@ -35,11 +35,7 @@ _PRUNE_RTOL = 1e-12
 def chain(modes, t: dict, a: dict) -> tuple[str, ...]:
     """The modes of ``modes`` not beaten in both time ``t`` and memory ``a`` (of equal ones the
     weakest), by time rising: memory falls strictly along the chain and time rises strictly."""
-    out: list[str] = []
-    for m in sorted(modes, key=lambda x: (t[x], a[x], STRENGTH[x])):
-        if not out or a[m] < a[out[-1]]:
-            out.append(m)
-    return tuple(out)
+    return _chain_sorted(sorted(modes, key=lambda x: (t[x], a[x], STRENGTH[x])), a)
 
 
 def _chain_sorted(ordered, a: dict) -> tuple[str, ...]:
