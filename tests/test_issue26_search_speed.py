@@ -37,6 +37,27 @@ def test_the_relaxation_bound_is_never_above_the_exact_answer(sigs, modes, floor
     assert bound >= 0
 
 
+@settings(max_examples=150, deadline=None)
+@given(sigs=SIGS,
+       modes=st.sampled_from([m for r in (1, 2, 3, 4) for m in itertools.combinations(MODES, r)]),
+       floor=BYTES, budgets=st.lists(st.integers(0, 40), min_size=2, max_size=8))
+def test_ranks_sharing_their_layers_costs_get_the_answers_solved_alone(sigs, modes, floor,
+                                                                       budgets):
+    # ranks built from the same layers' costs share what the solvers derive from them (caps,
+    # chains, hulls, answers by budget): each answer, in any order of budgets, is the one a
+    # problem of its own gets, and so is its relaxation bound
+    import dataclasses
+    from autopar.search import rank_dp
+    shared = rank_problem(sigs, floor, 0.0)
+    derived: dict = {}
+    cm = object.__new__(CostModel)   # a key for the per-model memos, nothing else
+    for budget in budgets:
+        rc = dataclasses.replace(shared, limit_bytes=float(budget), derived=derived)
+        alone = rank_problem(sigs, floor, budget)
+        assert cuts._solve(cm, rc, modes) == rank_dp.solve(alone, modes)
+        assert cuts.time_floor(rc, modes) == cuts.time_floor(alone, modes)
+
+
 def _result(r):
     return (repr(r.best.config), r.best.step_time_s,
             [(repr(e.config), e.step_time_s, e.memory_per_gpu_bytes) for e in r.top],

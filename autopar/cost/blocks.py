@@ -17,7 +17,7 @@ from .compute import LayerTime, layer_time
 from .context import CostInputs
 from .dispatch import allgather_time, dispatch_bytes_ratio, dispatch_cost
 from .groups import Groups
-from .host import host_time
+from .host import HostTime, host_time
 from .moe_block import MoEBlockCosts
 from .saved_adjust import fp8_drop_restored
 from .selective import is_default, module_recompute
@@ -94,6 +94,9 @@ class BlockCosts(MoEBlockCosts):
         self._layer_times: dict[tuple, LayerTime] = {}
         self._block_costs: dict[tuple, BlockCost] = {}
         self._routed_scales: dict[tuple, float] = {}
+        # host issue time by (signature, mode, recomputed module ops): the kernel counts read
+        # the layer's ops and the profile only, not the sharding
+        self._host: dict[tuple, HostTime] = {}
         self._flops_per_seq: float | None = None
 
     def layer_time(self, index: int, b: int, tp: int, cp: int, sp: bool,
@@ -420,10 +423,14 @@ class BlockCosts(MoEBlockCosts):
         act = kept
         # the weight-gradient GEMMs (lt.wgrad_s) run apart from the rest of backward under a
         # zero-bubble schedule; recomputation and communication stay with the input gradient
-        prof = self.inputs.profile
-        host = host_time(layer, fusion=prof.fusion, eager_parts=prof.eager_parts, mode=mode,
-                         host_issue=prof.host_issue, host_op_s=self.inputs.params.host_op_s,
-                         recompute_ops=mr.ops if mr is not None else None)
+        hkey = (layer.signature, mode, mr.ops if mr is not None else None)
+        host = self._host.get(hkey)
+        if host is None:
+            prof = self.inputs.profile
+            host = self._host[hkey] = host_time(
+                layer, fusion=prof.fusion, eager_parts=prof.eager_parts, mode=mode,
+                host_issue=prof.host_issue, host_op_s=self.inputs.params.host_op_s,
+                recompute_ops=mr.ops if mr is not None else None)
         bc = BlockCost(fwd_s=lt.fwd_s + tf + cf + ef / 2 + copy_s,
                        bwd_s=lt.bwd_s + rec + tb + cb + ef / 2 + copy_s,
                        compute_s=lt.fwd_s + lt.bwd_s + rec + 2 * copy_s,

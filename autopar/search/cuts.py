@@ -33,8 +33,10 @@ intervals' f are the work, and a model would need every one of them too.
 
 from __future__ import annotations
 
+import bisect
 import math
 import weakref
+from operator import itemgetter
 
 from ..config import ParallelConfig
 from ..cost.model import CostModel, StageLayout
@@ -146,10 +148,25 @@ def _solve(cm: CostModel, rc: RankCosts, modes: tuple[str, ...]):
     key = _problem_key(rc, modes)
     if key in memo:
         return memo[key]
+    # The answer reads the budget B = limit - fixed bytes only (with the layers' costs), and
+    # is the least (time, peak, strong counts) over the choices whose peak is within B, a set
+    # that grows with B. So an answer found under a larger budget B2 whose peak is within B is
+    # B's answer too (it is in B's set, which is inside B2's), and nothing fitting under B2
+    # means nothing under B. The least solved B2 >= B has the least peak of those answers;
+    # the margin keeps choices at the edge of B (sums rounded another way) to the solver.
+    budget = rc.limit_bytes - rc.fixed_bytes
+    solved = rc.derived.setdefault(("answers", modes), [])
+    i = bisect.bisect_left(solved, budget, key=itemgetter(0))
+    if i < len(solved):
+        got = solved[i][1]
+        if got is None or got[1] <= budget - FIT_RTOL * rc.limit_bytes:
+            memo[key] = got
+            return got
     frontiers = _FRONTIERS.get(cm)
     if frontiers is None:
         frontiers = _FRONTIERS[cm] = {}
     got = memo[key] = rank_dp.solve(rc, modes, frontiers)
+    solved.insert(i, (budget, got))
     return got
 
 
@@ -157,9 +174,11 @@ def _problem_key(rc: RankCosts, modes: tuple[str, ...]) -> tuple:
     """Everything both rank solvers read of ``rc`` under ``modes``: the modes, the memory
     limit, the fixed and floor bytes, and per signature the block count and the seconds,
     activation and transient bytes of each mode (not the layers' indices)."""
-    return (modes, rc.limit_bytes, rc.fixed_bytes, rc.floor_bytes,
-            tuple((k, tuple(t.items()), tuple(a.items()), tuple(tr.items()))
-                  for k, t, a, tr in rc.sigs))
+    sigs = rc.derived.get("key")
+    if sigs is None:   # the layers' part, the same for every rank built from them
+        sigs = rc.derived["key"] = tuple(
+            (k, tuple(t.items()), tuple(a.items()), tuple(tr.items())) for k, t, a, tr in rc.sigs)
+    return (modes, rc.limit_bytes, rc.fixed_bytes, rc.floor_bytes, sigs)
 
 
 def _solve_cp_sat(rc: RankCosts, modes: tuple[str, ...], log: SolveLog | None):
@@ -188,7 +207,8 @@ def time_floor(rc: RankCosts, modes: tuple[str, ...]) -> float:
     along each signature's lower convex hull of (bytes, seconds) at the least seconds per byte
     first (the fractional knapsack's optimum); an integer choice is one of the relaxation's
     points, so the least over the caps is at most the exact answer. A relative margin of 1e-9
-    covers the sums' rounding. Costs a sort of a few segments, no solve."""
+    covers the sums' rounding. No solve: each cap's hulls are built once per layers' costs
+    (:func:`_relaxation`, kept in ``rc.derived``), and a budget fills them."""
     if not rc.step_fits:
         return math.inf
     if not rc.by_sig:
@@ -198,37 +218,52 @@ def time_floor(rc: RankCosts, modes: tuple[str, ...]) -> float:
         budget = rc.limit_bytes - rc.fixed_bytes - cap
         if budget < 0:
             break   # caps rise: every later budget is smaller
-        time = mem = 0.0
-        segments = []
-        for k, t, a, tr in rc.sigs:
-            ch = rank_dp.chain([m for m in modes if tr[m] <= cap], t, a)
-            if not ch:
-                break
-            hull = [(a[ch[0]], t[ch[0]])]   # fastest first: bytes fall, seconds rise
-            for m in ch[1:]:
-                p = (a[m], t[m])
-                while len(hull) >= 2 and (hull[-1][1] - hull[-2][1]) * (hull[-2][0] - p[0]) \
-                        >= (p[1] - hull[-2][1]) * (hull[-2][0] - hull[-1][0]):
-                    hull.pop()   # above the chord from hull[-2] to p: not on the lower hull
-                hull.append(p)
-            time += k * hull[0][1]
-            mem += k * hull[0][0]
-            for (a0, t0), (a1, t1) in zip(hull, hull[1:]):
-                segments.append(((t1 - t0) / (a0 - a1), k * (a0 - a1)))
+        key = ("hull", modes, cap)
+        if key in rc.derived:
+            hull = rc.derived[key]
         else:
-            need = mem - budget
-            if need > 0:
-                segments.sort()
-                for rate, room in segments:
-                    take = min(need, room)
-                    time += rate * take
-                    need -= take
-                    if need <= 0:
-                        break
-                if need > 1e-9 * rc.limit_bytes:
-                    continue   # not even fractions fit under this cap
-            best = min(best, time)
+            hull = rc.derived[key] = _relaxation(rc, modes, cap)
+        if hull is None:
+            continue   # some signature has no mode within the cap
+        time, mem, segments = hull
+        need = mem - budget
+        if need > 0:
+            for rate, room in segments:
+                take = min(need, room)
+                time += rate * take
+                need -= take
+                if need <= 0:
+                    break
+            if need > 1e-9 * rc.limit_bytes:
+                continue   # not even fractions fit under this cap
+        best = min(best, time)
     return (rc.fixed_s + best) * (1 - 1e-9) if math.isfinite(best) else math.inf
+
+
+def _relaxation(rc: RankCosts, modes: tuple[str, ...], cap: float):
+    """:func:`time_floor`'s data under one transient ``cap``, which reads the rank's layers'
+    costs only (not its budget): (seconds and bytes with every block in its fastest mode,
+    the lower hulls' segments as (seconds per byte saved, bytes it can save), cheapest
+    first), or None when some signature has no mode within the cap."""
+    time = mem = 0.0
+    segments = []
+    for k, t, a, tr in rc.sigs:
+        ch = rank_dp.chain([m for m in modes if tr[m] <= cap], t, a)
+        if not ch:
+            return None
+        hull = [(a[ch[0]], t[ch[0]])]   # fastest first: bytes fall, seconds rise
+        for m in ch[1:]:
+            p = (a[m], t[m])
+            while len(hull) >= 2 and (hull[-1][1] - hull[-2][1]) * (hull[-2][0] - p[0]) \
+                    >= (p[1] - hull[-2][1]) * (hull[-2][0] - hull[-1][0]):
+                hull.pop()   # above the chord from hull[-2] to p: not on the lower hull
+            hull.append(p)
+        time += k * hull[0][1]
+        mem += k * hull[0][0]
+        for (a0, t0), (a1, t1) in zip(hull, hull[1:]):
+            segments.append(((t1 - t0) / (a0 - a1), k * (a0 - a1)))
+    segments.sort()
+    return time, mem, tuple(segments)
 
 
 #: Relative margin around a rank's budget inside which :func:`rank_fits` defers to

@@ -30,6 +30,9 @@ from .rankcost import STRENGTH, RankCosts
 #: exceeds the best time by more than this (sums in other orders differ by a few ulps), so a
 #: tie is never cut.
 _PRUNE_RTOL = 1e-12
+#: Relative margin of :func:`combine`'s cut of partial sums that cannot be completed: far above
+#: the rounding of sums taken in another order, far below any difference a choice makes.
+_PRUNE_MARGIN = 1e-9
 
 
 def chain(modes, t: dict, a: dict) -> tuple[str, ...]:
@@ -91,7 +94,10 @@ def sig_frontier(k: int, ts: list, ms: list, budget: float, memo: dict | None = 
     key = (k, tuple(ts), tuple(ms))
     got = memo.get(key)
     if got is None or got[0] < budget:
-        got = memo[key] = (budget, frontier(sig_points(k, ts, ms, budget)))
+        # a larger budget than asked (twice the last, at most every point's: k blocks in the
+        # most memory-hungry mode, ms[0]) so that rising budgets re-enumerate a few times only
+        wide = budget if got is None else max(budget, min(2 * got[0], k * ms[0] * 1.000001))
+        got = memo[key] = (wide, frontier(sig_points(k, ts, ms, wide)))
     pts = got[1]
     return pts[:bisect.bisect_right(pts, budget, key=lambda p: p[0])]
 
@@ -166,13 +172,29 @@ def combine(per_sig: list, budget: float, memo: dict | None = None, bound: float
         got = best_of_sig(k, ts, ms, budget, tie, bound)
         return None if got is None else (got[0], got[1], (got[2],))
     inner = max(range(len(per_sig)), key=lambda j: (per_sig[j][0], j))
-    acc = [(0.0, 0.0, ())]
+    # what the signatures not yet merged take at least: their blocks in the fastest mode, and
+    # in the least-memory one (memory falls along a chain). A partial sum that cannot be
+    # completed within the bound or the budget even so is dropped before the merge's sort (a
+    # point it beats could not be completed either); the margin keeps a tie off the cut
+    rest_s = sum(k * ts[0] for k, ts, _ms, _tie in per_sig)
+    rest_b = sum(k * ms[-1] for k, _ts, ms, _tie in per_sig)
+    slack = 1 + _PRUNE_MARGIN
+    acc = None
     for j, (k, ts, ms, _tie) in enumerate(per_sig):
         if j == inner:
             continue
+        rest_s -= k * ts[0]
+        rest_b -= k * ms[-1]
+        t_bar, b_bar = bound * slack - rest_s, budget * slack - rest_b
         pts = sig_frontier(k, ts, ms, budget, memo)
-        acc = frontier([(m0 + m1, t0 + t1, c0 + (c1,)) for m0, t0, c0 in acc
-                         for m1, t1, c1 in pts if m0 + m1 <= budget])
+        if acc is None:
+            # the first signature's frontier within the budget is the partial sums' as it is
+            # (sorted by memory, time falling): no merge, no sort
+            acc = [(m1, t1, (c1,)) for m1, t1, c1 in pts if t1 <= t_bar and m1 <= b_bar]
+        else:
+            acc = frontier([(m, t, c0 + (c1,)) for m0, t0, c0 in acc for m1, t1, c1 in pts
+                            if (m := m0 + m1) <= budget and m <= b_bar
+                            and (t := t0 + t1) <= t_bar])
         if not acc:
             return None
     k, ts, ms, tie = per_sig[inner]
@@ -197,6 +219,24 @@ def combine(per_sig: list, budget: float, memo: dict | None = None, bound: float
     return best
 
 
+def _chains(costs: list, modes: tuple[str, ...], cap: float):
+    """Per signature of ``costs`` (:attr:`RankCosts.sigs`), the chain (:func:`chain`) of the
+    modes whose transient is within ``cap``, as :func:`combine` takes it: (per signature
+    (blocks, chain times, chain memories, tie key), the chains); None when a signature has no
+    mode within the cap. Reads the layers' costs only, so :func:`solve` keeps it per cap in
+    :attr:`RankCosts.derived`."""
+    per_sig, chains = [], []
+    for k, t, a, tr in costs:
+        ch = chain([m for m in modes if tr[m] <= cap], t, a)
+        if not ch:
+            return None
+        strong = sorted(range(len(ch)), key=lambda i: -STRENGTH[ch[i]])
+        per_sig.append((k, [t[m] for m in ch], [a[m] for m in ch],
+                        lambda cnt, s=strong: tuple(cnt[i] for i in s)))
+        chains.append(ch)
+    return per_sig, chains
+
+
 def solve(rc: RankCosts, modes: tuple[str, ...], memo: dict | None = None):
     """The fastest fitting recomputation of the rank ``rc`` over ``modes`` (weakest first):
     (block seconds, block bytes at the peak (activations + the largest transient), {mode:
@@ -205,40 +245,35 @@ def solve(rc: RankCosts, modes: tuple[str, ...], memo: dict | None = None):
     caller's. ``memo``: the signatures' frontiers (:func:`sig_frontier`), kept by the caller
     across solves (a search's ranks share most of them)."""
     costs = rc.sigs
-    # each signature's modes by (time, memory, strength): chain() of a subset keeps this order
-    ordered = [sorted(modes, key=lambda x, t=t, a=a: (t[x], a[x], STRENGTH[x]))
-               for _k, t, a, _tr in costs]
     best = None
     for cap in rc.caps():
         budget = rc.limit_bytes - rc.fixed_bytes - cap
         if budget < 0:
             break   # caps rise: every later budget is smaller
-        per_sig, chains = [], []
-        for (k, t, a, tr), order in zip(costs, ordered):
-            ch = _chain_sorted([m for m in order if tr[m] <= cap], a)
-            if not ch:
-                break
-            strong = sorted(range(len(ch)), key=lambda i: -STRENGTH[ch[i]])
-            per_sig.append((k, [t[m] for m in ch], [a[m] for m in ch],
-                            lambda cnt, s=strong: tuple(cnt[i] for i in s)))
-            chains.append(ch)
+        key = ("chains", modes, cap)
+        if key in rc.derived:
+            got = rc.derived[key]
         else:
-            # a larger transient cannot win on time where even every block in its fastest
-            # mode is slower than the best found (a tie still can, on memory)
-            bound = math.inf if best is None else best[0][0] * (1 + _PRUNE_RTOL)
-            if sum(k * ts[0] for k, ts, _ms, _tie in per_sig) > bound:
-                continue
-            got = combine(per_sig, budget, memo, bound)
-            if got is not None:
-                time, memory, counts = got
-                by_mode = tuple(dict(zip(ch, cnt)) for ch, cnt in zip(chains, counts))
-                key = (time, memory + cap,
-                       tuple(tuple(n.get(m, 0) for m in reversed(modes)) for n in by_mode))
-                if best is None or key < best[0]:
-                    best = (key, by_mode)
-                if all(n.get("none", 0) == k for n, (k, _t, _a, _tr) in zip(by_mode, costs)) \
-                        and all(t["none"] <= min(t.values()) for _k, t, _a, _tr in costs):
-                    break   # no block recomputes, and no mode is faster than none
+            got = rc.derived[key] = _chains(costs, modes, cap)
+        if got is None:
+            continue   # some signature has no mode within the cap
+        per_sig, chains = got
+        # a larger transient cannot win on time where even every block in its fastest
+        # mode is slower than the best found (a tie still can, on memory)
+        bound = math.inf if best is None else best[0][0] * (1 + _PRUNE_RTOL)
+        if sum(k * ts[0] for k, ts, _ms, _tie in per_sig) > bound:
+            continue
+        got = combine(per_sig, budget, memo, bound)
+        if got is not None:
+            time, memory, counts = got
+            by_mode = tuple(dict(zip(ch, cnt)) for ch, cnt in zip(chains, counts))
+            key = (time, memory + cap,
+                   tuple(tuple(n.get(m, 0) for m in reversed(modes)) for n in by_mode))
+            if best is None or key < best[0]:
+                best = (key, by_mode)
+            if all(n.get("none", 0) == k for n, (k, _t, _a, _tr) in zip(by_mode, costs)) \
+                    and all(t["none"] <= min(t.values()) for _k, t, _a, _tr in costs):
+                break   # no block recomputes, and no mode is faster than none
     if best is None:
         return None
     (time, peak, _), by_mode = best

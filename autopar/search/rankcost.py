@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..config import RECOMPUTE_MODES, ParallelConfig
 from ..cost.memory import cublas_workspace_bytes
@@ -50,6 +50,10 @@ class RankCosts:
             {mode: transient bytes}), in ``by_sig`` order.
         step_fits: whether the optimizer step's temporaries fit beside the states.
         limit_bytes: the GPU's memory as the framework sees it.
+        derived: what the solvers derive from ``floor_bytes`` and ``sigs`` alone (the caps,
+            each cap's mode chains and hulls), kept by them and shared by every rank problem
+            built from the same layers' costs (:func:`rank_costs`): ranks of a search differ
+            mostly in their fixed bytes and budget. Not part of equality.
     """
 
     fixed_bytes: float
@@ -59,18 +63,23 @@ class RankCosts:
     sigs: list
     step_fits: bool
     limit_bytes: float
+    derived: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def budget_bytes(self) -> float:
         """Bytes left for the blocks' activations and the largest transient."""
         return self.limit_bytes - self.fixed_bytes
 
-    def caps(self) -> list[float]:
+    def caps(self) -> tuple[float, ...]:
         """Candidate values of the rank's largest transient: the non-block layers' and each
         (signature, mode)'s above it, rising."""
-        floor = self.floor_bytes
-        return sorted({floor} | {tr for _k, _t, _a, trs in self.sigs for tr in trs.values()
-                                 if tr > floor})
+        got = self.derived.get("caps")
+        if got is None:
+            floor = self.floor_bytes
+            got = self.derived["caps"] = tuple(sorted(
+                {floor} | {tr for _k, _t, _a, trs in self.sigs for tr in trs.values()
+                           if tr > floor}))
+        return got
 
     def modes_of(self, by_mode) -> dict[int, str]:
         """Mode by graph layer index of each block, from ``by_mode`` ({mode: count} per
@@ -91,8 +100,9 @@ _LAYER_COSTS: "weakref.WeakKeyDictionary[CostModel, dict]" = weakref.WeakKeyDict
 def _layer_costs(cm: CostModel, c: ParallelConfig, st: StageLayout, modes: tuple[str, ...]):
     """(per non-block layer (activation bytes x in-flight, forward + backward seconds), the
     largest non-block transient in bytes, block indices per signature, per signature (blocks,
-    {mode: seconds}, {mode: activation bytes x in-flight}, {mode: transient bytes})) of one
-    rank, cached per cost model (:data:`_LAYER_COSTS`)."""
+    {mode: seconds}, {mode: activation bytes x in-flight}, {mode: transient bytes}), the
+    solvers' :attr:`RankCosts.derived` of them) of one rank, cached per cost model
+    (:data:`_LAYER_COSTS`)."""
     memo = _LAYER_COSTS.get(cm)
     if memo is None:
         memo = _LAYER_COSTS[cm] = {}
@@ -119,7 +129,12 @@ def _layer_costs(cm: CostModel, c: ParallelConfig, st: StageLayout, modes: tuple
         costs.append((len(idx), {m: b.fwd_s + b.bwd_s for m, b in bcs.items()},
                       {m: b.act_bytes * st.flight for m, b in bcs.items()},
                       {m: b.transient_bytes for m, b in bcs.items()}))
-    hit = memo[key] = (tuple(fixed), floor, by_sig, costs)
+    # the solvers' derived data reads the costs' values only: ranks of other layers with the
+    # same values (another stretch of identical blocks) share it
+    sigs = tuple((k, tuple(t.items()), tuple(a.items()), tuple(tr.items()))
+                 for k, t, a, tr in costs)
+    derived = memo.setdefault(("derived", floor, modes, sigs), {"key": sigs})
+    hit = memo[key] = (tuple(fixed), floor, by_sig, costs, derived)
     return hit
 
 
@@ -127,7 +142,7 @@ def rank_costs(cm: CostModel, c: ParallelConfig, st: StageLayout,
                modes: tuple[str, ...]) -> RankCosts:
     """The recomputation problem of the rank laid out as ``st`` under the resolved ``c``, its
     blocks taking the modes ``modes`` (weakest first, :func:`slots`)."""
-    fixed, floor, by_sig, costs = _layer_costs(cm, c, st, modes)
+    fixed, floor, by_sig, costs, derived = _layer_costs(cm, c, st, modes)
     states = sum(st.states)
     # torch's cuBLAS workspaces, held through the whole step (autopar.cost.rank_memory)
     workspace = cublas_workspace_bytes(cm.device.architecture)
@@ -140,4 +155,4 @@ def rank_costs(cm: CostModel, c: ParallelConfig, st: StageLayout,
     limit = cm.device.visible_memory_bytes
     step_fits = (states + cm.reserved_bytes + cm.optimizer_step_bytes(c, st.params) + workspace
                  <= limit)
-    return RankCosts(fixed_mem, fixed_time, floor, by_sig, costs, step_fits, limit)
+    return RankCosts(fixed_mem, fixed_time, floor, by_sig, costs, step_fits, limit, derived)
