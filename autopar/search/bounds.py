@@ -18,7 +18,8 @@ from ..errors import InvalidParallelConfig
 
 #: Per cost model: :func:`layer_sum` by the configuration fields the layers' costs read
 #: (:data:`autopar.cost.blocks.block_cost_fields`): a group's bound, phase 1's CP mode and
-#: refine's skip test ask for the same sums.
+#: refine's skip test ask for the same sums (and, under "signature counts", the graph's layers
+#: per signature).
 _LAYER_SUMS: "weakref.WeakKeyDictionary[CostModel, dict]" = weakref.WeakKeyDictionary()
 
 
@@ -36,14 +37,26 @@ def layer_sum(cm: CostModel, c: ParallelConfig) -> float:
     return memo[key]
 
 
+def _signature_counts(cm: CostModel) -> list:
+    """[first layer index, count] per layer signature of ``cm``'s graph, in first-seen order
+    (layers of one signature cost the same), once per cost model."""
+    memo = _LAYER_SUMS.get(cm)
+    if memo is None:
+        memo = _LAYER_SUMS[cm] = {}
+    got = memo.get("signature counts")
+    if got is None:
+        counts: dict[str, list] = {}
+        for layer in cm.graph.layers:
+            counts.setdefault(layer.signature, [layer.index, 0])[1] += 1
+        got = memo["signature counts"] = list(counts.values())
+    return got
+
+
 def _layer_sum(cm: CostModel, c: ParallelConfig) -> float:
     """:func:`layer_sum`, computed."""
     total = 0.0
-    counts: dict[str, list] = {}
-    for layer in cm.graph.layers:
-        counts.setdefault(layer.signature, [layer.index, 0])[1] += 1
     hide = c.ep > 1 and bool(cm.profile.overlaps_ep_comm)
-    for li, n in counts.values():
+    for li, n in _signature_counts(cm):
         bc = cm.block_cost(li, "none", c)
         total += n * (bc.fwd_s + bc.bwd_s - (bc.ep_s if hide else 0.0))
     return total
@@ -60,10 +73,7 @@ def compute_sum(cm: CostModel, c: ParallelConfig) -> float:
     no recomputation): at most :func:`layer_sum` (which adds non-negative collective times
     to the same per-layer compute), and independent of placement and CP mode."""
     total = 0.0
-    counts: dict[str, list] = {}
-    for layer in cm.graph.layers:
-        counts.setdefault(layer.signature, [layer.index, 0])[1] += 1
-    for li, n in counts.values():
+    for li, n in _signature_counts(cm):
         lt = cm.layer_time(li, c.micro_batch_size, c.tp, c.cp, c.sequence_parallel)
         total += n * (lt.fwd_s + lt.bwd_s)
     return total

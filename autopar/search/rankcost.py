@@ -20,6 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from ..config import RECOMPUTE_MODES, ParallelConfig
+from ..cost.blocks import block_cost_fields
 from ..cost.memory import cublas_workspace_bytes
 from ..cost.model import CostModel, StageLayout
 
@@ -124,11 +125,18 @@ def _layer_costs(cm: CostModel, c: ParallelConfig, st: StageLayout, modes: tuple
             fixed.append((bc.act_bytes * st.flight_of(li), bc.fwd_s + bc.bwd_s))
             floor = max(floor, bc.transient_bytes)
     costs = []
-    for idx in by_sig.values():
-        bcs = {mode: cm.block_cost(idx[0], mode, c) for mode in modes}
-        costs.append((len(idx), {m: b.fwd_s + b.bwd_s for m, b in bcs.items()},
-                      {m: b.act_bytes * st.flight for m, b in bcs.items()},
-                      {m: b.transient_bytes for m, b in bcs.items()}))
+    fields = block_cost_fields(c)
+    for sig, idx in by_sig.items():
+        # per signature and configuration fields, shared by the ranks and layouts that hold it
+        skey = ("sig", sig, fields, modes)
+        per = memo.get(skey)
+        if per is None:
+            bcs = {mode: cm.block_cost(idx[0], mode, c) for mode in modes}
+            per = memo[skey] = ({m: b.fwd_s + b.bwd_s for m, b in bcs.items()},
+                                {m: b.act_bytes for m, b in bcs.items()},
+                                {m: b.transient_bytes for m, b in bcs.items()})
+        secs, acts, trans = per
+        costs.append((len(idx), secs, {m: a * st.flight for m, a in acts.items()}, trans))
     # the solvers' derived data reads the costs' values only: ranks of other layers with the
     # same values (another stretch of identical blocks) share it
     sigs = tuple((k, tuple(t.items()), tuple(a.items()), tuple(tr.items()))
