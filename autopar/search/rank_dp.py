@@ -66,15 +66,24 @@ def sig_points(k: int, ts: list, ms: list, budget: float) -> list:
     pts: list = []
     r = len(ts)
 
+    m0, t0 = ms[0], ts[0]
+
     def level(j: int, rest: int, mem: float, time: float, outer: tuple) -> None:
         if j == 0:
-            memory = mem + rest * ms[0]
+            memory = mem + rest * m0
             if memory <= budget:
-                pts.append((memory, time + rest * ts[0], (rest, *outer)))
+                pts.append((memory, time + rest * t0, (rest, *outer)))
             return
         mj, below = ms[j], ms[j - 1]
         base = mem + rest * below
         lo = 0 if base <= budget else max(0, math.ceil((base - budget) / (below - mj)) - 1)
+        if j == 1:   # the last choice: each count's point directly (the j == 0 case inlined)
+            tj = ts[1]
+            for n in range(min(lo, rest + 1), rest + 1):
+                memory = mem + n * mj + (rest - n) * m0
+                if memory <= budget:
+                    pts.append((memory, time + n * tj + (rest - n) * t0, (rest - n, n, *outer)))
+            return
         for n in range(min(lo, rest + 1), rest + 1):
             level(j - 1, rest - n, mem + n * mj, time + n * ts[j], (n, *outer))
 
