@@ -48,7 +48,9 @@ from autopar.frameworks.stacks.megatron import (ALLTOALL_TOKEN_LEVEL_SINCE,
                                                 with_overlapped_distributed_optimizer)
 from autopar.frameworks.stacks.torchtitan import (COMPILED_LOSS, COMPILED_LOSS_SINCE,
                                                   FUSED_ADAMW_SINCE, with_chunked_loss,
-                                                  with_float8nocompile, with_foreach_adamw)
+                                                  QK_NORM_SHARDED_SINCE,
+                                                  with_float8nocompile, with_foreach_adamw,
+                                                  with_replicated_qk_norm)
 from autopar.frameworks.stacks.xtuner import with_xtuner_attention
 from autopar.search.optimize import search
 
@@ -215,7 +217,10 @@ def record_profile(rec: Record) -> FrameworkProfile:
     shard_within`), "full bf16" / "pure bf16" in the framework text (:func:`autopar.frameworks.
     with_pure_bf16`); a torchtitan run dated before torchtitan's fused-AdamW default
     (:data:`autopar.frameworks.stacks.torchtitan.FUSED_ADAMW_SINCE`) steps with the foreach
-    AdamW (:func:`autopar.frameworks.stacks.torchtitan.with_foreach_adamw`); a Megatron-LM or
+    AdamW (:func:`autopar.frameworks.stacks.torchtitan.with_foreach_adamw`), and before
+    :data:`~autopar.frameworks.stacks.torchtitan.QK_NORM_SHARDED_SINCE` its query/key norms
+    replicated under TP (:func:`autopar.frameworks.stacks.torchtitan.with_replicated_qk_norm`);
+    a Megatron-LM or
     NeMo run dated before :data:`autopar.frameworks.stacks.megatron.
     MOE_PROBS_IN_ACTIVATION_SINCE` keeps the MoE combine's expert output
     (:func:`autopar.frameworks.stacks.megatron.with_moe_probs_at_combine`), and one dated
@@ -277,6 +282,11 @@ def record_profile(rec: Record) -> FrameworkProfile:
     if _kind(rec.framework) == "torchtitan" and dated_before(rec.framework, FUSED_ADAMW_SINCE):
         # the framework text dates the run before torchtitan made the fused AdamW its default
         profile = with_foreach_adamw(profile)
+    if _kind(rec.framework) == "torchtitan" and dated_before(rec.framework,
+                                                             QK_NORM_SHARDED_SINCE):
+        # the framework text dates the run before torchtitan's Qwen3 TP plan sharded the
+        # query/key norms: they ran on whole heads (nothing changes without them or at tp 1)
+        profile = with_replicated_qk_norm(profile)
     if (_kind(rec.framework) in ("megatron", "nemo")
             and dated_before(rec.framework, MOE_PROBS_IN_ACTIVATION_SINCE)):
         # the framework text dates the run before Megatron-Core folded the router's

@@ -13,7 +13,7 @@ from ..hardware.collectives import NO_LOAD, LinkLoad
 from . import memory as mem
 from . import offload
 from .comm import cp_layer_comm, split_expert_tp, tp_layer_comm
-from .compute import LayerTime, layer_time
+from .compute import LayerTime, layer_time, qk_norm_bytes
 from .context import CostInputs
 from .dispatch import allgather_time, dispatch_bytes_ratio, dispatch_cost
 from .groups import Groups
@@ -203,6 +203,17 @@ class BlockCosts(MoEBlockCosts):
             tb += tp_g.time("reduce_scatter", kvg)
             fb += tp_g.load("all_gather", kvg)
             bb += tp_g.load("reduce_scatter", kvg)
+        if tp > 1 and "tp_replicated_qk_norm" in self.inputs.profile.eager_parts:
+            # per-head norms run replicated (EAGER_PARTS): the head-sharded queries and keys
+            # are all-gathered over TP before them, and backward all-gathers their gradients
+            # (DTensor redistribute Shard -> Replicate, whose gradient's way back is the
+            # attention's local slice: autopar.frameworks.stacks.torchtitan
+            # QK_NORM_SHARDED_SINCE)
+            qk = qk_norm_bytes(layer) * bscale / cp
+            if qk:
+                tp_g = self.groups.group("tp", c)
+                gather_s, gather = tp_g.time("all_gather", qk), tp_g.load("all_gather", qk)
+                tf, tb, fb, bb = tf + gather_s, tb + gather_s, fb + gather, bb + gather
         if expert_layer is not None and (c.dispatcher == "alltoall" or c.ep == 1):
             # folded MoE: the routed tokens are all-gathered over the expert-TP group after the
             # dispatch all-to-all and reduce-scattered before the combine (DeepEP sends them to

@@ -245,6 +245,30 @@ def _cp_attention_s(flops, peak_flops, hbm_bandwidth, params, architecture, dims
     return t, 2.0 * t
 
 
+def qk_norm_ops(layer: Layer) -> frozenset[int]:
+    """Indices of ``layer``'s per-head query/key norms and the memory-bound ops between them and
+    the attention (the rotary embedding): from the first norm inside the tensor-parallel region
+    (the column-parallel projections' head-sharded outputs; a block's input norms sit outside
+    it) to the attention op. Empty without such a norm. What the eager part
+    ``tp_replicated_qk_norm`` runs on whole heads (:data:`autopar.frameworks.profiles.
+    EAGER_PARTS`)."""
+    out: list[int] = []
+    for i, op in enumerate(layer.ops):
+        if op.kind == "attention":
+            return frozenset(out)
+        if out or (op.kind == "norm" and op.region == "tp"):
+            if op.kind not in ("view", "matmul"):
+                out.append(i)
+    return frozenset()
+
+
+def qk_norm_bytes(layer: Layer) -> float:
+    """Bytes of the queries and keys that ``layer``'s per-head norms take (their outputs, the
+    graph's micro-batch, whole heads): what TP all-gathers before norms run replicated."""
+    ops = layer.ops
+    return float(sum(ops[i].bytes_written for i in qk_norm_ops(layer) if ops[i].kind == "norm"))
+
+
 def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_parallel: bool,
                peak_flops: float, hbm_bandwidth: float, params: CostParams,
                architecture: str = "ampere", fp8_peak_flops: float | None = None,
@@ -388,10 +412,14 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
             sac_fwd += fwd - before
     repeated_s = 0.0
     position = {id(op): i for i, op in enumerate(layer.ops)}
+    whole = (qk_norm_ops(layer) if tp > 1 and "tp_replicated_qk_norm" in eager_parts
+             else frozenset())
     for op, nbytes, kernels, bwd_bytes, repeated in memory_bound_kernels(layer, fusion,
                                                                            eager_parts):
         sharded = op.region == "tp" or op.tp_role in ("column", "row", "vocab") or (
             sequence_parallel)
+        if position[id(op)] in whole:
+            sharded = False   # on every head, on every TP rank (eager part above)
         share = scale / (tp if sharded else 1)
         bw = hbm_bandwidth * params.hbm_efficiency
         t = max(nbytes * share / bw, kernels * params.kernel_launch_s)

@@ -62,6 +62,10 @@ STACK_OPTIONS: dict[str, StackOption] = {o.name: o for o in (
     StackOption("foreach-adamw", ("torchtitan",), "torchtitan's optimizer step before its fused "
                 "AdamW default (torchtitan.with_foreach_adamw)",
                 lambda p, _: torchtitan.with_foreach_adamw(p)),
+    StackOption("replicated-qk-norm", ("torchtitan",), "torchtitan's Qwen3 TP plan before "
+                "2025-10-14: query/key norms on whole heads, queries and keys all-gathered "
+                "over TP (torchtitan.with_replicated_qk_norm)",
+                lambda p, _: torchtitan.with_replicated_qk_norm(p)),
     StackOption("float8nocompile", ("torchtitan",), "FP8 casts by torchao's float8nocompile "
                 "prototype kernels (torchtitan.with_float8nocompile)",
                 lambda p, _: torchtitan.with_float8nocompile(p, _FLOAT8NOCOMPILE)),

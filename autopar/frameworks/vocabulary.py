@@ -95,9 +95,14 @@ COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_g
 #: :data:`autopar.cost.compute.FP8_AMAX_CAST_BYTES`); ``separate_scale_mask``: an unfused
 #: attention scales its scores and applies the causal mask as three element-wise ops (divide,
 #: multiply, subtract: Megatron-LM v1 in DeepSpeedExamples,
-#: :data:`autopar.cost.compute.SEPARATE_SCALE_MASK_BYTES_PER_SCORE`).
+#: :data:`autopar.cost.compute.SEPARATE_SCALE_MASK_BYTES_PER_SCORE`);
+#: ``tp_replicated_qk_norm``: under tensor parallelism the per-head query/key norms run on the
+#: whole heads, replicated on every TP rank: the head-sharded queries and keys are all-gathered
+#: over TP before them and the ops between them and the attention (the rotary embedding) run on
+#: the whole tensors too (torchtitan's Qwen3 TP plan before 2025-10-14:
+#: :func:`autopar.frameworks.stacks.torchtitan.with_replicated_qk_norm`).
 EAGER_PARTS = ("glu", "norm_input_cast", "fp32_cross_entropy", "fp8_amax_casts",
-               "separate_scale_mask")
+               "separate_scale_mask", "tp_replicated_qk_norm")
 #: Bytes per parameter the optimizer step moves through HBM in the ``torch`` profile: torch.optim.
 #: AdamW as constructed by default (foreach on CUDA since torch 2.0, ``_default_to_fused_or_foreach``
 #: in torch/optim/optimizer.py), whose ``_multi_tensor_adam`` (torch/optim/adam.py, torch 2.13,

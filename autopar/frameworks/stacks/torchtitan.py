@@ -68,6 +68,37 @@ COMPILED_LOSS = ("torchtitan components/loss.py build_cross_entropy_loss, compil
                  "model since bbb1b616e (2025-04-02, PR #1033)")
 
 
+#: The first date (ISO) from which torchtitan's Qwen3 TP plan shards the per-head query/key
+#: norms over the heads (8c1d1c5fc, 2025-10-14, PR #1870 "Remove unnecessary all-gather qwen3":
+#: ``"attention.q_norm"``/``"attention.k_norm"``: ``SequenceParallel(sequence_dim=2)``). Before
+#: it they were ``NoParallel(use_local_output=False)`` (torchtitan/experiments/qwen3/infra/
+#: parallelize.py at d66b72a6a, 2025-09-17; models/qwen3 from d880de214, 2025-10-12), whose
+#: ``desired_input_layout`` is ``Replicate()``: the head-sharded DTensor from the column-parallel
+#: ``wq``/``wk`` is redistributed to Replicate (an all-gather over TP) and the norm, then the
+#: rotary embedding (model.py ``apply_rotary_emb`` on the norms' Replicate outputs), run on every
+#: head on every rank; the attention takes its heads back as a local slice.
+QK_NORM_SHARDED_SINCE = "2025-10-14"
+
+
+def with_replicated_qk_norm(profile):
+    """``profile`` (torchtitan) with the query/key norms replicated under TP, as torchtitan's
+    Qwen3 ran them before :data:`QK_NORM_SHARDED_SINCE`: the ``eager_parts`` entry
+    "tp_replicated_qk_norm" (:func:`autopar.cost.compute.layer_time` prices the norms and the
+    ops between them and the attention on whole heads; :meth:`autopar.cost.blocks.BlockCosts.
+    block_cost` the all-gather of the queries and keys forward and of their gradients backward).
+    Changes nothing at tp 1 or for a model without per-head norms.
+
+    Raises:
+        InvalidTrainingConfig: as :meth:`autopar.frameworks.FrameworkProfile.with_costs`.
+    """
+    parts = tuple(dict.fromkeys((*profile.eager_parts, "tp_replicated_qk_norm")))
+    return profile.with_costs(
+        {"eager_parts": "torchtitan Qwen3 TP plan before 8c1d1c5fc (2025-10-14, PR #1870): "
+                        "attention.q_norm / attention.k_norm as NoParallel(use_local_output="
+                        "False), input redistributed to Replicate (QK_NORM_SHARDED_SINCE)"},
+        eager_parts=parts)
+
+
 def with_foreach_adamw(profile):
     """``profile`` (torchtitan) with the optimizer step of torchtitan before
     :data:`FUSED_ADAMW_SINCE` (:data:`FOREACH_ADAMW_2024`): a version option, not the profile's
