@@ -347,3 +347,15 @@ def test_megatron_model_shape_flags_must_describe_the_model(capsys):
                  "--num-layers 80 --hidden-size 8192 --tensor-model-parallel-size 8"]) == 2
     assert ("describe another model: num_layers 80 (the model: 32), hidden_size 8192 (the "
             "model: 4096)") in capsys.readouterr().err
+
+
+def test_a_misspelt_flag_is_named_with_the_flag_meant():
+    """The new-user pass of 2026-12-07 (second): ``--pipline-model-parallel-size 4`` was only
+    noted as ignored, and the estimate ran at pp 1. A flag close to one the import reads is
+    named with that flag; Megatron-LM flags the import does not read stay notes only."""
+    imp = from_megatron_args("--tensor-model-parallel-size 8 --pipline-model-parallel-size 4 "
+                             "--lr 1e-4 --pipeline-model-parallel-split-rank 2")
+    note = next(n for n in imp.notes if n.startswith("ignored"))
+    assert "--pipline-model-parallel-size (did you mean --pipeline-model-parallel-size?)" in note
+    assert "--lr --pipeline-model-parallel-split-rank" in note   # no guess for these
+    assert imp.parallel == {"tp": 8}

@@ -52,6 +52,7 @@ and with the model's in :meth:`Imported.complete`
 from __future__ import annotations
 
 import argparse
+import difflib
 import shlex
 
 from ..errors import InvalidParallelConfig
@@ -252,8 +253,13 @@ def from_megatron_args(text: str | list[str]) -> Imported:
     model_fields = _megatron_router(ns, notes)
     flags = [u for u in unknown if u.startswith("--")]
     if flags:
+        # a flag one letter or two off one the import reads is likely that flag misspelt (a
+        # Megatron-LM flag autopar does not read is ignored as well, so it is not refused)
+        known = list(_megatron_parser()._option_string_actions)
+        said = [f"{f} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(
+            f.split("=")[0], known, n=1, cutoff=0.9)) else f for f in flags]
         notes.append("ignored (not a parallelism or batch setting autopar models): "
-                     + " ".join(flags))
+                     + " ".join(said))
     # a word that is neither a flag nor the value after an unknown flag is a typo (a flag
     # written without its "--"), which Megatron-LM itself refuses: say so, with the flag meant
     stray = [u for i, u in enumerate(unknown)
