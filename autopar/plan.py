@@ -261,7 +261,9 @@ def read_plan_json(source: str | Path) -> object:
             "pass e.g. 'plan.json'.")
     text = str(source)
     if not text.lstrip().startswith("{"):
-        shown = text if len(text) <= 80 else text[:77] + "..."
+        # a path is shown whole (a temporary directory alone takes 80 characters); text that
+        # is no path is cut
+        shown = text if len(text) <= 240 else text[:237] + "..."
         fix = "give the JSON file `autopar plan --out` (or plan.to_json()) wrote"
         try:
             text = Path(source).read_text(encoding="utf-8")   # JSON is UTF-8 (RFC 8259)

@@ -59,7 +59,8 @@ def _cost(field, value):
     ("overlap_pp_p2p", ["1f1c"], "['1f1c'] not in"),
     ("overlap_pp_p2p", "1f1b", "overlap_pp_p2p='1f1b': must be a tuple of names"),
     ("eager_parts", ("rope",), "['rope'] not in ['glu', 'norm_input_cast', 'fp32_cross_entropy', "
-                               "'fp8_amax_casts', 'separate_scale_mask']"),
+                               "'fp8_amax_casts', 'separate_scale_mask', "
+                               "'tp_replicated_qk_norm']"),
     ("fusion", "jit", "fusion='jit': must be one of ['eager', 'compile', 'fused']"),
     ("cp_attention", {"rign": "masked"}, "key 'rign' is not one of ['ring', 'ulysses', "
                                          "'allgather'] (did you mean 'ring'?)"),

@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 
 import autopar
-from autopar.cost.compute import layer_time, qk_norm_bytes, qk_norm_ops
+from autopar.cost.compute import layer_time
+from autopar.cost.qk_norm import qk_norm_bytes, qk_norm_ops
 from autopar.cost.model import CostModel
 from autopar.frameworks import get_profile
 from autopar.frameworks.options import STACK_OPTIONS

@@ -13,12 +13,13 @@ from ..hardware.collectives import NO_LOAD, LinkLoad
 from . import memory as mem
 from . import offload
 from .comm import cp_layer_comm, split_expert_tp, tp_layer_comm
-from .compute import LayerTime, layer_time, qk_norm_bytes
+from .compute import LayerTime, layer_time
 from .context import CostInputs
 from .dispatch import allgather_time, dispatch_bytes_ratio, dispatch_cost
 from .groups import Groups
-from .host import HostTime, host_time
+from .host import HostTime, cached_host_time
 from .moe_block import MoEBlockCosts
+from .qk_norm import qk_norm_gather
 from .saved_adjust import fp8_drop_restored
 from .selective import is_default, module_recompute
 
@@ -94,9 +95,7 @@ class BlockCosts(MoEBlockCosts):
         self._layer_times: dict[tuple, LayerTime] = {}
         self._block_costs: dict[tuple, BlockCost] = {}
         self._routed_scales: dict[tuple, float] = {}
-        # host issue time by (signature, mode, recomputed module ops): the kernel counts read
-        # the layer's ops and the profile only, not the sharding
-        self._host: dict[tuple, HostTime] = {}
+        self._host: dict[tuple, HostTime] = {}   # host.cached_host_time's
         self._flops_per_seq: float | None = None
 
     def layer_time(self, index: int, b: int, tp: int, cp: int, sp: bool,
@@ -199,21 +198,11 @@ class BlockCosts(MoEBlockCosts):
             # projection, all-gathers it over TP and keeps its query group's K/V; backward
             # reduce-scatters the gradient (all_gather_last_dim_from_tensor_parallel_region)
             tp_g = self.groups.group("tp", c)
-            tf += tp_g.time("all_gather", kvg)
-            tb += tp_g.time("reduce_scatter", kvg)
-            fb += tp_g.load("all_gather", kvg)
-            bb += tp_g.load("reduce_scatter", kvg)
-        if tp > 1 and "tp_replicated_qk_norm" in self.inputs.profile.eager_parts:
-            # per-head norms run replicated (EAGER_PARTS): the head-sharded queries and keys
-            # are all-gathered over TP before them, and backward all-gathers their gradients
-            # (DTensor redistribute Shard -> Replicate, whose gradient's way back is the
-            # attention's local slice: autopar.frameworks.stacks.torchtitan
-            # QK_NORM_SHARDED_SINCE)
-            qk = qk_norm_bytes(layer) * bscale / cp
-            if qk:
-                tp_g = self.groups.group("tp", c)
-                gather_s, gather = tp_g.time("all_gather", qk), tp_g.load("all_gather", qk)
-                tf, tb, fb, bb = tf + gather_s, tb + gather_s, fb + gather, bb + gather
+            tf, fb = tf + tp_g.time("all_gather", kvg), fb + tp_g.load("all_gather", kvg)
+            tb, bb = tb + tp_g.time("reduce_scatter", kvg), bb + tp_g.load("reduce_scatter", kvg)
+        if tp > 1 and "tp_replicated_qk_norm" in self.inputs.profile.eager_parts:  # qk_norm.py
+            g_s, g = qk_norm_gather(layer, self.groups.group("tp", c), bscale, cp)
+            tf, tb, fb, bb = tf + g_s, tb + g_s, fb + g, bb + g
         if expert_layer is not None and (c.dispatcher == "alltoall" or c.ep == 1):
             # folded MoE: the routed tokens are all-gathered over the expert-TP group after the
             # dispatch all-to-all and reduce-scattered before the combine (DeepEP sends them to
@@ -432,16 +421,10 @@ class BlockCosts(MoEBlockCosts):
                                                self.inputs.device.pcie_bandwidth_Bps)
         transient += act - kept
         act = kept
+        host = cached_host_time(self._host, layer, self.inputs.profile,
+                                self.inputs.params.host_op_s, mode, mr.ops if mr else None)
         # the weight-gradient GEMMs (lt.wgrad_s) run apart from the rest of backward under a
         # zero-bubble schedule; recomputation and communication stay with the input gradient
-        hkey = (layer.signature, mode, mr.ops if mr is not None else None)
-        host = self._host.get(hkey)
-        if host is None:
-            prof = self.inputs.profile
-            host = self._host[hkey] = host_time(
-                layer, fusion=prof.fusion, eager_parts=prof.eager_parts, mode=mode,
-                host_issue=prof.host_issue, host_op_s=self.inputs.params.host_op_s,
-                recompute_ops=mr.ops if mr is not None else None)
         bc = BlockCost(fwd_s=lt.fwd_s + tf + cf + ef / 2 + copy_s,
                        bwd_s=lt.bwd_s + rec + tb + cb + ef / 2 + copy_s,
                        compute_s=lt.fwd_s + lt.bwd_s + rec + 2 * copy_s,

@@ -23,6 +23,7 @@ from .eager_bytes import (  # noqa: F401 (tests and callers import them from her
     EAGER_CE_FWD_BYTES_PER_LOGIT, EAGER_CE_BWD_BYTES_PER_LOGIT, EAGER_CE_KERNELS)
 from .memory import GLU_ACTIVATIONS, op_sac_saved
 from .params import CostParams
+from .qk_norm import qk_norm_ops
 
 
 @dataclass(frozen=True)
@@ -243,30 +244,6 @@ def _cp_attention_s(flops, peak_flops, hbm_bandwidth, params, architecture, dims
     t = (flops / (peak_flops * params.matmul_ceiling(architecture))
          + UNFUSED_SCORE_PASSES * 2 * scores / (hbm_bandwidth * params.hbm_efficiency))
     return t, 2.0 * t
-
-
-def qk_norm_ops(layer: Layer) -> frozenset[int]:
-    """Indices of ``layer``'s per-head query/key norms and the memory-bound ops between them and
-    the attention (the rotary embedding): from the first norm inside the tensor-parallel region
-    (the column-parallel projections' head-sharded outputs; a block's input norms sit outside
-    it) to the attention op. Empty without such a norm. What the eager part
-    ``tp_replicated_qk_norm`` runs on whole heads (:data:`autopar.frameworks.profiles.
-    EAGER_PARTS`)."""
-    out: list[int] = []
-    for i, op in enumerate(layer.ops):
-        if op.kind == "attention":
-            return frozenset(out)
-        if out or (op.kind == "norm" and op.region == "tp"):
-            if op.kind not in ("view", "matmul"):
-                out.append(i)
-    return frozenset()
-
-
-def qk_norm_bytes(layer: Layer) -> float:
-    """Bytes of the queries and keys that ``layer``'s per-head norms take (their outputs, the
-    graph's micro-batch, whole heads): what TP all-gathers before norms run replicated."""
-    ops = layer.ops
-    return float(sum(ops[i].bytes_written for i in qk_norm_ops(layer) if ops[i].kind == "norm"))
 
 
 def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_parallel: bool,

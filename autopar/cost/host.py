@@ -154,6 +154,20 @@ def host_time(layer: Layer, *, fusion: str, eager_parts: tuple[str, ...] = (),
     return HostTime(k, k.fwd * per, (k.bwd + k.recompute) * per)
 
 
+def cached_host_time(memo: dict, layer: Layer, profile, host_op_s: float, mode: str,
+                     recompute_ops: tuple[int, ...] | None) -> HostTime:
+    """:func:`host_time` of ``layer`` under ``profile``'s fusion, eager parts and host issue,
+    kept in ``memo`` by (signature, mode, ``recompute_ops``): the kernel counts read the layer's
+    ops and the profile only, not the sharding."""
+    key = (layer.signature, mode, recompute_ops)
+    got = memo.get(key)
+    if got is None:
+        got = memo[key] = host_time(
+            layer, fusion=profile.fusion, eager_parts=profile.eager_parts, mode=mode,
+            host_issue=profile.host_issue, host_op_s=host_op_s, recompute_ops=recompute_ops)
+    return got
+
+
 def host_exposed_s(gpu_s: float, host_s: float) -> float:
     """Seconds the host adds to a pass whose stream work takes ``gpu_s``: what its issue time
     ``host_s`` exceeds it by (the host runs ahead of a slower GPU; module docstring)."""
