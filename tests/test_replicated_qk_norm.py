@@ -115,3 +115,20 @@ def test_the_profile_names_its_source():
     assert "PR #1870" in p.cost_sources["eager_parts"]
     # applying it twice is applying it once
     assert with_replicated_qk_norm(p).eager_parts == p.eager_parts
+
+
+@pytest.mark.parametrize("sp", [True, False])
+def test_the_whole_head_norms_keep_whole_head_tensors(graph, sp):
+    # what the per-head norms save (the graph's count, and an eager RMSNorm's fp32 copy) is
+    # not sharded over TP when they run on whole heads
+    from autopar.cost.memory import EAGER_RMSNORM_SAVED_EXTRA_BYTES, eager_saved_bytes
+    block, tp = graph.blocks[0], 2
+    args = dict(fusion="eager", dtype_bytes=2, micro_batch=1, tp=tp, cp=1, sequence_parallel=sp)
+    sharded = eager_saved_bytes(block, **args)
+    whole = eager_saved_bytes(block, **args, eager_parts=("tp_replicated_qk_norm",))
+    norms = [block.ops[i] for i in qk_norm_ops(block) if block.ops[i].kind == "norm"]
+    saved = sum(b for name, part, b in block.saved_by_op
+                if part == "tp" and name in {n.name for n in norms})
+    eager = sum(EAGER_RMSNORM_SAVED_EXTRA_BYTES * n.bytes_written / 2 for n in norms)
+    expected = saved * (1 - 1 / tp) + eager * (1 - (1 / tp if sp else 1))
+    assert saved > 0 and whole - sharded == pytest.approx(expected, rel=1e-12)

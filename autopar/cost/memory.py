@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from ..config import CC9_ARCHITECTURES
 from ..graph.types import Layer
 from .pipeline.orders import SPLIT_BACKWARD, dualpipe_stage_peak, rank_peak_in_flight
+from .qk_norm import qk_norm_ops
 # re-exported: their callers read them as memory.X
 from .saved_adjust import (chunked_loss_bytes, fp8_input_delta,  # noqa: F401
                            moe_saved_delta, routed_saved_bytes, router_saved_delta)
@@ -189,17 +190,23 @@ def eager_saved_bytes(layer: Layer, *, fusion: str, eager_parts: tuple[str, ...]
       ``a``'s size and dtype, sharded by t.
 
     A LayerNorm (aten ``native_layer_norm``, one kernel in eager PyTorch) and a non-gated
-    activation (the fused kernel saves what the eager op saves) add nothing. Scales with
-    ``micro_batch`` (in units of the graph's micro-batch) / cp.
+    activation (the fused kernel saves what the eager op saves) add nothing. Under the eager
+    part "tp_replicated_qk_norm" (:mod:`autopar.cost.qk_norm`) the per-head norms run on whole
+    heads: what they save (the graph's count and the eager extra) is not sharded by t. Scales
+    with ``micro_batch`` (in units of the graph's micro-batch) / cp.
     """
     eager = fusion == "eager"
     glu = eager or "glu" in eager_parts
     seq_div = tp if sequence_parallel else 1
-    extra = 0.0
-    for op in layer.ops:
+    whole = (qk_norm_ops(layer) if tp > 1 and "tp_replicated_qk_norm" in eager_parts
+             else frozenset())
+    names = {layer.ops[i].name for i in whole}
+    extra = sum(b - b / tp for name, part, b in layer.saved_by_op
+                if part == "tp" and name in names)
+    for i, op in enumerate(layer.ops):
         if eager and op.kind == "norm" and "rmsnorm" in op.target.lower():
             elements = op.bytes_written / dtype_bytes
-            extra += EAGER_RMSNORM_SAVED_EXTRA_BYTES * elements / seq_div
+            extra += EAGER_RMSNORM_SAVED_EXTRA_BYTES * elements / (1 if i in whole else seq_div)
         elif glu and op.kind == "view" and op.target.lower() in GLU_ACTIVATIONS:
             extra += op.bytes_read / tp
     return extra * micro_batch / cp
