@@ -316,3 +316,15 @@ def test_a_preset_suggestion_is_a_near_one_or_none():
                          ("tinyllama", "tiny-llama"), ("deepseekv3", "deepseek-v3")):
         with pytest.raises(InvalidModelConfig, match=f"Did you mean '{meant}'"):
             get_config(typed)
+
+
+def test_a_path_given_as_a_model_says_whether_the_file_exists(tmp_path):
+    """The new-user pass of 2026-12-07 (second): a path that does not exist was told only
+    that a model file must be .json."""
+    with pytest.raises(InvalidModelConfig, match=r"file path \(and no such file exists\): "
+                                                  r"a model file must be a \.json file"):
+        get_config(str(tmp_path / "nope.py"))
+    real = tmp_path / "model.py"
+    real.write_text("x = 1\n")
+    with pytest.raises(InvalidModelConfig, match=r"It looks like a file path: a model file"):
+        get_config(str(real))

@@ -200,9 +200,11 @@ def eager_saved_bytes(layer: Layer, *, fusion: str, eager_parts: tuple[str, ...]
     seq_div = tp if sequence_parallel else 1
     whole = (qk_norm_ops(layer) if tp > 1 and "tp_replicated_qk_norm" in eager_parts
              else frozenset())
-    names = {layer.ops[i].name for i in whole}
-    extra = sum(b - b / tp for name, part, b in layer.saved_by_op
-                if part == "tp" and name in names)
+    extra = 0.0
+    if whole:
+        names = {layer.ops[i].name for i in whole}
+        extra = sum(b - b / tp for name, part, b in layer.saved_by_op
+                    if part == "tp" and name in names)
     for i, op in enumerate(layer.ops):
         if eager and op.kind == "norm" and "rmsnorm" in op.target.lower():
             elements = op.bytes_written / dtype_bytes

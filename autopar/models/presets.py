@@ -6,6 +6,7 @@ import difflib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -191,9 +192,11 @@ def get_config(spec: str | Mapping[str, Any] | ModelConfig) -> ModelConfig:
                     "'hf-mistral-7b'), or in Python pass the transformers model built on the "
                     "meta device (autopar.optimize(model, cluster, train)).")
         elif "/" in spec or "\\" in spec or key.endswith((".txt", ".yaml", ".yml", ".py")):
-            # a path that is not a .json model file (the CLI reads only those)
-            hint = (" It looks like a file path: a model file must be a .json file holding a "
-                    "model dict (e.g. model.json).")
+            # a path that is not a .json model file (the CLI reads only those); one that does
+            # not exist is said first (a user fixing the suffix would meet that next)
+            missing = "" if Path(spec.strip()).exists() else " (and no such file exists)"
+            hint = (f" It looks like a file path{missing}: a model file must be a .json file "
+                    "holding a model dict (e.g. model.json).")
         raise InvalidModelConfig(f"unknown model preset {spec!r}.{hint} Valid presets: "
                                  f"{', '.join(PRESETS)}; a Hugging Face preset (hf-*, listed by "
                                  f"`autopar models`); or a model dict with keys "
