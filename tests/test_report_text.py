@@ -125,6 +125,25 @@ def test_config_diff_names_every_field_that_differs():
     assert config_diff(a, a) == []
 
 
+def test_a_compute_difference_names_the_work_split_before_the_recomputation():
+    # the new-user pass of 2026-12-07 (second): "+9.64 s of compute (recompute 9 selective+71
+    # none vs 12 selective+68 none)" blamed more compute on less recomputation, where the
+    # plans also differed in tp and cp
+    from autopar.api import model_graph
+    from autopar.cost.model import CostModel
+    from autopar.report.explain import compare
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=4096)
+    cm = CostModel(model_graph("llama3-8b", train)[0], autopar.Cluster.from_spec("1x8xH100"),
+                   train)
+    base = cm.estimate(autopar.ParallelConfig(tp=2, dp=4, recompute="full"))
+    other = cm.estimate(autopar.ParallelConfig(tp=4, dp=2, recompute="selective"))
+    words = {d.component: d.words for d in compare(base, other, "x").time}["compute"]
+    assert words == "compute (tp 4 vs 2, dp 2 vs 4, recompute selective vs full)"
+    same = cm.estimate(autopar.ParallelConfig(tp=2, dp=4, recompute="selective"))
+    words = {d.component: d.words for d in compare(base, same, "x").time}["compute"]
+    assert words == "compute (recompute selective vs full)"
+
+
 def test_long_stage_cuts_are_shown_as_runs():
     from autopar.config import ParallelConfig
     from autopar.report.explain import config_diff

@@ -262,9 +262,19 @@ def _time_words(key: str, est: Estimate, ref: Estimate) -> str:
             src = est
         words += f" on {link_name(src.group_links.of(dim) if src.group_links else None)}"
     if key == "compute" and est.config.recompute != ref.config.recompute:
-        words += (f" (recompute {_value(est.config.recompute)} vs "
-                  f"{_value(ref.config.recompute)})")
+        # the recomputation is one cause of a compute difference among others: the per-GPU
+        # share of the work (tp, cp, dp, micro-batch, ...) is named first where it changes too
+        also = [f"{short} {_value(getattr(est.config, f))} vs {_value(getattr(ref.config, f))}"
+                for f, short in _WORK_FIELDS.items()
+                if getattr(est.config, f) != getattr(ref.config, f)]
+        words += " (" + "".join(a + ", " for a in also) + (
+            f"recompute {_value(est.config.recompute)} vs {_value(ref.config.recompute)})")
     return words
+
+
+#: Fields whose change moves a GPU's compute besides its recomputation.
+_WORK_FIELDS = {"tp": "tp", "cp": "cp", "pp": "pp", "dp": "dp", "micro_batch_size": "mbs",
+                "ep": "ep", "expert_tp": "expert tp", "sequence_parallel": "sp"}
 
 
 def compare(base: Estimate, other: Estimate, name: str, note: str = "") -> Comparison:
