@@ -239,11 +239,23 @@ def _chains(costs: list, modes: tuple[str, ...], cap: float):
         ch = chain([m for m in modes if tr[m] <= cap], t, a)
         if not ch:
             return None
-        strong = sorted(range(len(ch)), key=lambda i: -STRENGTH[ch[i]])
-        per_sig.append((k, [t[m] for m in ch], [a[m] for m in ch],
-                        lambda cnt, s=strong: tuple(cnt[i] for i in s)))
+        per_sig.append((k, [t[m] for m in ch], [a[m] for m in ch], _tie_key(ch)))
         chains.append(ch)
     return per_sig, chains
+
+
+#: :func:`_tie_key` by chain: a search meets a handful of chains.
+_TIE_KEYS: dict = {}
+
+
+def _tie_key(ch: tuple[str, ...]):
+    """The tie key of a chain's counts (in chain order): the counts from the strongest mode
+    down, compared as a tuple (fewer blocks in the strongest modes first)."""
+    got = _TIE_KEYS.get(ch)
+    if got is None:
+        strong = tuple(sorted(range(len(ch)), key=lambda i: -STRENGTH[ch[i]]))
+        got = _TIE_KEYS[ch] = lambda cnt: tuple(cnt[i] for i in strong)
+    return got
 
 
 def solve(rc: RankCosts, modes: tuple[str, ...], memo: dict | None = None):
