@@ -19,7 +19,7 @@ from .dispatch import allgather_time, dispatch_bytes_ratio, dispatch_cost
 from .groups import Groups
 from .host import HostTime, cached_host_time
 from .moe_block import MoEBlockCosts
-from .qk_norm import qk_norm_gather
+from .qk_norm import qk_norm_gather, whole_head_ops
 from .saved_adjust import fp8_drop_restored
 from .selective import is_default, module_recompute
 
@@ -200,7 +200,7 @@ class BlockCosts(MoEBlockCosts):
             tp_g = self.groups.group("tp", c)
             tf, fb = tf + tp_g.time("all_gather", kvg), fb + tp_g.load("all_gather", kvg)
             tb, bb = tb + tp_g.time("reduce_scatter", kvg), bb + tp_g.load("reduce_scatter", kvg)
-        if tp > 1 and "tp_replicated_qk_norm" in self.inputs.profile.eager_parts:  # qk_norm.py
+        if whole_head_ops(layer, tp, self.inputs.profile.eager_parts):   # qk_norm.py
             g_s, g = qk_norm_gather(layer, self.groups.group("tp", c), bscale, cp)
             tf, tb, fb, bb = tf + g_s, tb + g_s, fb + g, bb + g
         if expert_layer is not None and (c.dispatcher == "alltoall" or c.ep == 1):

@@ -23,7 +23,7 @@ from .eager_bytes import (  # noqa: F401 (tests and callers import them from her
     EAGER_CE_FWD_BYTES_PER_LOGIT, EAGER_CE_BWD_BYTES_PER_LOGIT, EAGER_CE_KERNELS)
 from .memory import GLU_ACTIVATIONS, op_sac_saved
 from .params import CostParams
-from .qk_norm import qk_norm_ops
+from .qk_norm import whole_head_ops
 
 
 @dataclass(frozen=True)
@@ -389,8 +389,7 @@ def layer_time(layer: Layer, *, micro_batch: int, tp: int, cp: int, sequence_par
             sac_fwd += fwd - before
     repeated_s = 0.0
     position = {id(op): i for i, op in enumerate(layer.ops)}
-    whole = (qk_norm_ops(layer) if tp > 1 and "tp_replicated_qk_norm" in eager_parts
-             else frozenset())
+    whole = whole_head_ops(layer, tp, eager_parts)
     for op, nbytes, kernels, bwd_bytes, repeated in memory_bound_kernels(layer, fusion,
                                                                            eager_parts):
         sharded = op.region == "tp" or op.tp_role in ("column", "row", "vocab") or (

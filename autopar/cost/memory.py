@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from ..config import CC9_ARCHITECTURES
 from ..graph.types import Layer
 from .pipeline.orders import SPLIT_BACKWARD, dualpipe_stage_peak, rank_peak_in_flight
-from .qk_norm import qk_norm_ops
+from .qk_norm import whole_head_ops
 # re-exported: their callers read them as memory.X
 from .saved_adjust import (chunked_loss_bytes, fp8_input_delta,  # noqa: F401
                            moe_saved_delta, routed_saved_bytes, router_saved_delta)
@@ -198,8 +198,7 @@ def eager_saved_bytes(layer: Layer, *, fusion: str, eager_parts: tuple[str, ...]
     eager = fusion == "eager"
     glu = eager or "glu" in eager_parts
     seq_div = tp if sequence_parallel else 1
-    whole = (qk_norm_ops(layer) if tp > 1 and "tp_replicated_qk_norm" in eager_parts
-             else frozenset())
+    whole = whole_head_ops(layer, tp, eager_parts)
     extra = 0.0
     if whole:
         names = {layer.ops[i].name for i in whole}

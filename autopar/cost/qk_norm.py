@@ -31,6 +31,14 @@ def qk_norm_ops(layer: Layer) -> frozenset[int]:
     return frozenset()
 
 
+def whole_head_ops(layer: Layer, tp: int, eager_parts: tuple[str, ...]) -> frozenset[int]:
+    """:func:`qk_norm_ops` where they run on whole heads: under tensor parallelism (tp > 1) in a
+    framework whose ``eager_parts`` hold "tp_replicated_qk_norm"; else empty."""
+    if tp > 1 and "tp_replicated_qk_norm" in eager_parts:
+        return qk_norm_ops(layer)
+    return frozenset()
+
+
 def qk_norm_bytes(layer: Layer) -> float:
     """Bytes of the queries and keys that ``layer``'s per-head norms take (their outputs, the
     graph's micro-batch, whole heads): what TP all-gathers before norms run replicated."""

@@ -91,10 +91,13 @@ def config_diff(base: ParallelConfig, other: ParallelConfig) -> list[str]:
             out.append(f"FSDP keeps {ka}->{kb} of {blocks} blocks gathered" if ka != kb else
                        f"FSDP keeps {ka} of {blocks} blocks gathered (other blocks)")
         elif a != b:
-            short = {"sequence_parallel": "sp", "zero_stage": "zero", "micro_batch_size": "mbs",
-                     "virtual_stages": "v", "stage_blocks": "cuts"}.get(name, name)
-            out.append(f"{short} {_value(a)}->{_value(b)}")
+            out.append(f"{_SHORT.get(name, name)} {_value(a)}->{_value(b)}")
     return out
+
+
+#: Configuration fields under the short names the plan table uses.
+_SHORT = {"sequence_parallel": "sp", "zero_stage": "zero", "micro_batch_size": "mbs",
+          "virtual_stages": "v", "stage_blocks": "cuts"}
 
 
 def _inert(name: str, base: ParallelConfig, other: ParallelConfig) -> bool:
@@ -264,17 +267,17 @@ def _time_words(key: str, est: Estimate, ref: Estimate) -> str:
     if key == "compute" and est.config.recompute != ref.config.recompute:
         # the recomputation is one cause of a compute difference among others: the per-GPU
         # share of the work (tp, cp, dp, micro-batch, ...) is named first where it changes too
-        also = [f"{short} {_value(getattr(est.config, f))} vs {_value(getattr(ref.config, f))}"
-                for f, short in _WORK_FIELDS.items()
-                if getattr(est.config, f) != getattr(ref.config, f)]
+        also = [f"{_SHORT.get(f, f)} {_value(getattr(est.config, f))} vs "
+                f"{_value(getattr(ref.config, f))}"
+                for f in _WORK_FIELDS if getattr(est.config, f) != getattr(ref.config, f)]
         words += " (" + "".join(a + ", " for a in also) + (
             f"recompute {_value(est.config.recompute)} vs {_value(ref.config.recompute)})")
     return words
 
 
 #: Fields whose change moves a GPU's compute besides its recomputation.
-_WORK_FIELDS = {"tp": "tp", "cp": "cp", "pp": "pp", "dp": "dp", "micro_batch_size": "mbs",
-                "ep": "ep", "expert_tp": "expert tp", "sequence_parallel": "sp"}
+_WORK_FIELDS = ("tp", "cp", "pp", "dp", "micro_batch_size", "ep", "expert_tp",
+                "sequence_parallel")
 
 
 def compare(base: Estimate, other: Estimate, name: str, note: str = "") -> Comparison:

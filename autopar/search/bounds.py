@@ -18,9 +18,10 @@ from ..errors import InvalidParallelConfig
 
 #: Per cost model: :func:`layer_sum` by the configuration fields the layers' costs read
 #: (:data:`autopar.cost.blocks.block_cost_fields`): a group's bound, phase 1's CP mode and
-#: refine's skip test ask for the same sums (and, under "signature counts", the graph's layers
-#: per signature).
+#: refine's skip test ask for the same sums.
 _LAYER_SUMS: "weakref.WeakKeyDictionary[CostModel, dict]" = weakref.WeakKeyDictionary()
+#: Per cost model: :func:`_signature_counts`.
+_SIGNATURE_COUNTS: "weakref.WeakKeyDictionary[CostModel, list]" = weakref.WeakKeyDictionary()
 
 
 def layer_sum(cm: CostModel, c: ParallelConfig) -> float:
@@ -40,15 +41,12 @@ def layer_sum(cm: CostModel, c: ParallelConfig) -> float:
 def _signature_counts(cm: CostModel) -> list:
     """[first layer index, count] per layer signature of ``cm``'s graph, in first-seen order
     (layers of one signature cost the same), once per cost model."""
-    memo = _LAYER_SUMS.get(cm)
-    if memo is None:
-        memo = _LAYER_SUMS[cm] = {}
-    got = memo.get("signature counts")
+    got = _SIGNATURE_COUNTS.get(cm)
     if got is None:
         counts: dict[str, list] = {}
         for layer in cm.graph.layers:
             counts.setdefault(layer.signature, [layer.index, 0])[1] += 1
-        got = memo["signature counts"] = list(counts.values())
+        got = _SIGNATURE_COUNTS[cm] = list(counts.values())
     return got
 
 

@@ -38,13 +38,8 @@ _PRUNE_MARGIN = 1e-9
 def chain(modes, t: dict, a: dict) -> tuple[str, ...]:
     """The modes of ``modes`` not beaten in both time ``t`` and memory ``a`` (of equal ones the
     weakest), by time rising: memory falls strictly along the chain and time rises strictly."""
-    return _chain_sorted(sorted(modes, key=lambda x: (t[x], a[x], STRENGTH[x])), a)
-
-
-def _chain_sorted(ordered, a: dict) -> tuple[str, ...]:
-    """:func:`chain` of modes already sorted by (time, memory, strength)."""
     out: list[str] = []
-    for m in ordered:
+    for m in sorted(modes, key=lambda x: (t[x], a[x], STRENGTH[x])):
         if not out or a[m] < a[out[-1]]:
             out.append(m)
     return tuple(out)
