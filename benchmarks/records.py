@@ -63,6 +63,7 @@ class Record:
     oom_phase: str = ""
     fp8_recipe: str = ""
     torch_compile: bool | None = None
+    grad_reduce_dtype: str | None = None
 
     @property
     def ran(self) -> bool:
@@ -459,7 +460,21 @@ def parse(rec: dict) -> Record:
                   oom_phase=meas.get("oom_phase") or "",
                   fp8_recipe=t.get("fp8_recipe") or "",
                   torch_compile=t.get("torch_compile"),
+                  grad_reduce_dtype=_reduce_dtype(rec["id"], t.get("grad_reduce_dtype")),
                   assumed=tuple(sorted(assumed.items())))
+
+
+def _reduce_dtype(rid: str, value) -> str | None:
+    """A record's ``training.grad_reduce_dtype`` ("fp32" or null).
+
+    Raises:
+        RecordError: any other value, naming the record and the values read.
+    """
+    if value not in (None, "fp32"):
+        raise RecordError(f"{rid}: training.grad_reduce_dtype {value!r} is not read; fix: "
+                          "\"fp32\" (gradients reduced in fp32) or null (the framework's "
+                          "default)")
+    return value
 
 
 #: The training precision a framework family (:func:`benchmarks.validation.framework_kind` of

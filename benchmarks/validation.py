@@ -41,6 +41,7 @@ from autopar.frameworks.stacks.deepspeed import (HF_AUTO, with_deepspeed_030,
                                                  with_megatron_v1_model, with_zero_config)
 from autopar.frameworks.stacks.inhouse import with_llama3_fsdp
 from autopar.frameworks.stacks.pithtrain import with_pithtrain_fsdp, with_pithtrain_kernels
+from autopar.frameworks.stacks.pytorch import with_fp32_reduce
 from autopar.frameworks.stacks.megatron import (ALLTOALL_TOKEN_LEVEL_SINCE,
                                                 MOE_PROBS_IN_ACTIVATION_SINCE,
                                                 with_alltoall_seq_2024,
@@ -165,7 +166,9 @@ def profile_name(rec: Record) -> str:
     its ``training.framework`` text: NeMo -> ``nemo``; Megatron-LM of 2023 or before ->
     ``megatron-2023``, later -> ``megatron``; an unnamed in-house stack -> ``inhouse-2024``;
     DeepSpeed stacks -> ``deepspeed``; TinyLlama -> ``tinyllama``; llm-foundry ->
-    ``llm-foundry``; other FSDP trainers (fms-fsdp, fairscale FSDP) -> ``fsdp1``; InternEvo /
+    ``llm-foundry``; a trainer the text says runs FSDP2 -> ``torch`` (stock ``fully_shard``;
+    PithTrain apart, whose FSDP2 loop is its own option); other FSDP trainers (fms-fsdp,
+    fairscale FSDP) -> ``fsdp1``; InternEvo /
     InternLM -> ``internevo``, or ``internevo-fsdp`` for its ZeRO-3 (FSDP) runs; flash-attention's
     FlashAttention-v1 training code -> ``flash-attention-training``; else ``torch`` or
     ``torchtitan``."""
@@ -182,6 +185,8 @@ def profile_name(rec: Record) -> str:
     if kind in ("deepspeed", "torchtitan", "llm-foundry"):
         return kind
     if kind == "fsdp":
+        if "fsdp2" in f and "pithtrain" not in f:
+            return "torch"   # a trainer on stock FSDP2 (fully_shard), not FSDP1's flat params
         return "tinyllama" if "tinyllama" in f else "fsdp1"
     if intern:
         return "internevo-fsdp" if rec.fixed.get("zero_stage", 1) == 3 else "internevo"
@@ -310,6 +315,9 @@ def record_profile(rec: Record) -> FrameworkProfile:
         # layers run compiled regions and fused ops
         profile = with_inplace_loss(profile, PITHTRAIN_LOSS)
         profile = with_pithtrain_kernels(profile)
+    if rec.grad_reduce_dtype == "fp32" and profile.grad_reduce_bytes != 4:
+        # the run's FSDP mixed precision reduces in fp32 (training.grad_reduce_dtype)
+        profile = with_fp32_reduce(profile)
     recipe = str((rec.raw.get("training") or {}).get("fp8_recipe") or "").lower()
     if rec.train.precision == "fp8" and not compiled and "float8nocompile" in recipe:
         # an eager FP8 run whose recipe names torchao's float8nocompile prototype: its casts

@@ -16,7 +16,7 @@ from autopar.frameworks.options import STACK_OPTIONS, with_options
 #: A framework each option applies to.
 _FOR = {"torch-compile": "torch", "cuda-graphs": "megatron", "hsdp": "fsdp1",
         "foreach-adamw": "torchtitan", "float8nocompile": "torchtitan",
-        "replicated-qk-norm": "torchtitan",
+        "replicated-qk-norm": "torchtitan", "fp32-reduce": "torch",
         "alltoall-2024": "megatron", "deepspeed-0.3": "deepspeed",
         "megatron-v1-model": "deepspeed", "llama3-fsdp": "inhouse-2024", "pithtrain": "fsdp1"}
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ..errors import InvalidTrainingConfig
 from .choices import CUDA_GRAPHS, TORCH_COMPILE, with_choice
 from .profiles import FrameworkProfile
-from .stacks import deepspeed, inhouse, megatron, shard_within, torchtitan
+from .stacks import deepspeed, inhouse, megatron, pytorch, shard_within, torchtitan
 from .stacks.pithtrain import PITHTRAIN_FSDP, PITHTRAIN_FUSION
 
 #: Where torchao's float8nocompile prototype is chosen (a torchtitan job's float8 converter).
@@ -59,6 +59,9 @@ STACK_OPTIONS: dict[str, StackOption] = {o.name: o for o in (
                 "ZeRO/FSDP sharding within a node, replicated across nodes (FSDP's "
                 "HYBRID_SHARD, InternEvo's zero1=GPUs per node: autopar.frameworks.shard_within)",
                 lambda p, gpn: shard_within(p, gpn)),
+    StackOption("fp32-reduce", ("torch", "fsdp1", "tinyllama"), "data-parallel gradients "
+                "reduced in fp32 (FSDP MixedPrecisionPolicy reduce_dtype=torch.float32: "
+                "pytorch.with_fp32_reduce)", lambda p, _: pytorch.with_fp32_reduce(p)),
     StackOption("foreach-adamw", ("torchtitan",), "torchtitan's optimizer step before its fused "
                 "AdamW default (torchtitan.with_foreach_adamw)",
                 lambda p, _: torchtitan.with_foreach_adamw(p)),

@@ -114,6 +114,27 @@ PROFILE = compose(
     })
 
 
+#: torch's own mixed-precision policies with an fp32 reduction: FSDP2 ``MixedPrecisionPolicy(
+#: param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`` (torch 2.13 torch/distributed/fsdp/
+#: _fully_shard/_fsdp_collectives.py ``foreach_reduce``: the reduce-scatter's input and output
+#: are allocated in ``reduce_dtype`` and the unsharded gradients copied in), FSDP1
+#: ``MixedPrecision(reduce_dtype=torch.float32)``: 4 bytes per gradient element on the wire.
+FP32_REDUCE = ("torch MixedPrecisionPolicy / MixedPrecision reduce_dtype=torch.float32: the "
+               "reduce-scatter runs on fp32 buffers (torch/distributed/fsdp/_fully_shard/"
+               "_fsdp_collectives.py foreach_reduce allocates its input and output in "
+               "reduce_dtype): 4 bytes per element (--stack-option fp32-reduce)")
+
+
+def with_fp32_reduce(profile):
+    """``profile`` reducing its data-parallel gradients in fp32 (:data:`FP32_REDUCE`): the
+    ``grad_reduce_bytes`` cost field set to 4, an edit that travels with a plan.
+
+    Raises:
+        InvalidTrainingConfig: as :meth:`autopar.frameworks.FrameworkProfile.with_costs`.
+    """
+    return profile.with_costs({"grad_reduce_bytes": FP32_REDUCE}, grad_reduce_bytes=4)
+
+
 #: Source of ``zero3_split_backward`` for stacks that borrow the torch profile's capabilities
 #: but run their own training loop.
 _SPLIT_UNVERIFIED = (
