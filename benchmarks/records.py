@@ -64,6 +64,7 @@ class Record:
     fp8_recipe: str = ""
     torch_compile: bool | None = None
     grad_reduce_dtype: str | None = None
+    loss_compiled: bool = False
 
     @property
     def ran(self) -> bool:
@@ -461,6 +462,7 @@ def parse(rec: dict) -> Record:
                   fp8_recipe=t.get("fp8_recipe") or "",
                   torch_compile=t.get("torch_compile"),
                   grad_reduce_dtype=_reduce_dtype(rec["id"], t.get("grad_reduce_dtype")),
+                  loss_compiled=t.get("loss_compiled") is True,
                   assumed=tuple(sorted(assumed.items())))
 
 

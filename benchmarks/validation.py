@@ -261,6 +261,10 @@ def record_profile(rec: Record) -> FrameworkProfile:
             and not dated_before(rec.framework, COMPILED_LOSS_SINCE)):
         # torchtitan compiles its loss with the model (from COMPILED_LOSS_SINCE on)
         profile = with_compiled_loss(profile, COMPILED_LOSS)
+    elif rec.loss_compiled and not compiled:
+        # the model runs eager, its loss under torch.compile (training.loss_compiled:
+        # torchtitan's compile.components = ["loss"])
+        profile = with_compiled_loss(profile, f"record {rec.id}: compile components ['loss']")
     if "pithtrain" in f:
         # PithTrain's FSDP2 under its DualPipeV loop (before its HSDP shard group, below)
         profile = with_pithtrain_fsdp(profile)

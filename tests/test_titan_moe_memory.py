@@ -72,8 +72,21 @@ def test_compiled_loss_convention_is_what_was_measured():
     (TITAN_EP4, True),   # torchtitan 2025-12, compiled
     ("moe2-titanfork-qwen3-30b-a3b-8xh200-exp1-tp4-ep2-etp4-lbs2-s4096-fullac-eager", False),
     # torchtitan 2025-01 compiled: before COMPILED_LOSS_SINCE the loss stayed eager
-    ("mem-float8nocompile-llama3-8b-8xh100-seq4096-noac-fp8-compile", False)])
+    ("mem-float8nocompile-llama3-8b-8xh100-seq4096-noac-fp8-compile", False),
+    # the model eager, the loss compiled (training.loss_compiled: compile.components ["loss"])
+    ("new4-titan1610-dsv3-16b-8xh100-fsdp8-ep8-lbs8-sacop-sdpa", True),
+    ("mem-oom-titan-dsv3-16b-8xh100-80gb-default-toml", True)])
 def test_records_run_the_loss_their_torchtitan_ran(rid, compiled_loss):
     prof = validation.record_profile(_record(rid))
     assert (prof.memory.loss_saved_bytes == 2) is compiled_loss
     assert COMPILED_LOSS_SINCE == "2025-04-02"
+
+
+def test_a_compiled_loss_alone_changes_the_head_memory_only():
+    rec = _record("new4-titan1610-dsv3-16b-8xh100-fsdp8-ep8-lbs8-sacop-sdpa")
+    assert rec.loss_compiled and rec.torch_compile is False
+    prof = validation.record_profile(rec)
+    assert prof.fusion == get_profile("torchtitan").fusion      # the model stays eager
+    raw = {**rec.raw, "training": {k: v for k, v in rec.raw["training"].items()
+                                   if k != "loss_compiled"}}
+    assert validation.record_profile(parse(raw)).memory.loss_saved_bytes == 4
