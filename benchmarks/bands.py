@@ -151,12 +151,14 @@ def memory_band(residuals: list[float]) -> tuple[float, float, int, float, float
 
 
 def ceilings(pts: list[Point]) -> dict[tuple, tuple[float, str, str]]:
-    """(framework, precision, gpu) -> (best measured MFU, record id, source), per framework and
-    pooled over frameworks ("*"); ties go to the first record in corpus order."""
+    """(framework, precision, gpu, experts) -> (best measured MFU, record id, source), per
+    framework and pooled over frameworks ("*"), dense models and mixtures of experts apart (an
+    MoE step's all-to-alls and small expert GEMMs hold its MFU below a dense model's); ties go
+    to the first record in corpus order."""
     best: dict[tuple, Point] = {}
     for p in pts:
-        fw, prec, gpu = p.key[:3]
-        for c in dict.fromkeys(((fw, prec, gpu), (rg.ANY, prec, gpu))):
+        fw, prec, gpu, experts = p.key[0], p.key[1], p.key[2], p.key[4]
+        for c in dict.fromkeys(((fw, prec, gpu, experts), (rg.ANY, prec, gpu, experts))):
             if c not in best or p.measured_mfu > best[c].measured_mfu:
                 best[c] = p
     return {c: (round(p.measured_mfu, 4), p.id, p.source) for c, p in sorted(best.items())}
@@ -187,9 +189,9 @@ def render(pts: list[Point]) -> str:
               "MEASURED_RANGES: dict[tuple[str, ...], tuple[float, float]] = {"]
     lines += [f"    {c!r}: {v!r}," for c, v in measured_ranges(pts).items()]
     lines += ["}", "",
-              "#: (framework, precision, gpu generation) -> (best MFU measured, in autopar's FLOPs",
-              "#: convention, record id, source); \"*\" = any framework.",
-              "MFU_CEILINGS: dict[tuple[str, str, str], tuple[float, str, str]] = {"]
+              "#: (framework, precision, gpu generation, experts) -> (best MFU measured, in",
+              "#: autopar's FLOPs convention, record id, source); \"*\" = any framework.",
+              "MFU_CEILINGS: dict[tuple[str, str, str, str], tuple[float, str, str]] = {"]
     for c, (mfu, rid, src) in m.items():
         lines.append(f"    {c!r}: ({mfu!r}, {rid!r},")
         lines.append(f"        {src!r}),")

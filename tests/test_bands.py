@@ -50,8 +50,8 @@ def test_each_band_covers_its_quantile_of_its_runs(corpus_points):
 
 
 def test_mfu_ceilings_are_the_best_measured(corpus_points):
-    for (fw, prec, gpu), (mfu, rid, _) in published.MFU_CEILINGS.items():
-        mine = [p for p in corpus_points if p.key[1:3] == (prec, gpu)
+    for (fw, prec, gpu, experts), (mfu, rid, _) in published.MFU_CEILINGS.items():
+        mine = [p for p in corpus_points if p.key[1:3] == (prec, gpu) and p.key[4] == experts
                 and fw in (ANY, p.key[0])]
         best = max(mine, key=lambda p: p.measured_mfu)
         assert round(best.measured_mfu, 4) == mfu and 0 < mfu < 1
@@ -97,15 +97,29 @@ def test_regimes_and_fallback():
 def test_plausibility_warning_above_the_best_published_only():
     r = Regime("megatron", "bf16", "hopper", "pipeline", "dense", ">64 nodes", ">100B")
     best = mfu_ceiling("megatron", "bf16", "hopper")
-    assert best.cell == ("megatron", "bf16", "hopper")
+    assert best.cell == ("megatron", "bf16", "hopper", "dense")
     assert plausibility_warnings(best.mfu, r) == ()
     (w,) = plausibility_warnings(best.mfu + 0.01, r)
     assert best.record in w and "megatron" in w and "optimistic" in w
     # a framework with no fp16 Volta run: the best of any framework there, if any
     row = mfu_ceiling("torchtitan", "fp16", "volta")
-    assert row is None or row.cell == (ANY, "fp16", "volta")
+    assert row is None or row.cell == (ANY, "fp16", "volta", "dense")
     assert plausibility_warnings(0.99, Regime("torch", "fp32", "volta", "data", "dense", "1 node",
                                               "<3B")) == ()
+
+
+def test_a_dense_plan_is_not_held_to_a_mixture_of_experts_figure():
+    # a dense bf16 plan on Blackwell was warned against the best MoE run there (Qwen3-30B-A3B,
+    # 15.7%): an MoE step's all-to-alls and small expert GEMMs say nothing of a dense model's
+    moe = mfu_ceiling("torchtitan", "bf16", "blackwell", "moe")
+    assert moe is not None and moe.cell[3] == "moe"
+    dense = mfu_ceiling("torchtitan", "bf16", "blackwell", "dense")
+    assert dense is None or dense.cell[3] == "dense"
+    r = Regime("torchtitan", "bf16", "blackwell", "fsdp-zero3", "dense", "1 node", "3-30B")
+    assert all(moe.record not in w for w in plausibility_warnings(moe.mfu + 0.05, r))
+    (w,) = plausibility_warnings(moe.mfu + 0.05, Regime(
+        "torchtitan", "bf16", "blackwell", "fsdp-zero3", "moe", "1 node", "30-100B"))
+    assert moe.record in w and "mixtures of experts" in w
 
 
 @pytest.fixture(scope="module")

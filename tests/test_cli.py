@@ -506,7 +506,8 @@ def test_v100_mfu_warning_says_what_it_compares(capsys):
     text = " ".join(out.split())
     best = mfu_ceiling("torch", "fp16", "volta")
     assert best.cell[0] == "*"   # the corpus has no torch run on Volta
-    assert "best measured in autopar's corpus of published runs for fp16 on Volta GPUs" in text
+    assert ("best measured in autopar's corpus of published runs for fp16 dense models on "
+            "Volta GPUs") in text
     assert "any framework (torch has no run there)" in text and best.record in text
     assert "model FLOPs (recomputation excluded) over the step time" in text
     assert "best published" not in text

@@ -271,12 +271,12 @@ class ErrorBand:
 
 @dataclass(frozen=True)
 class MfuCeiling:
-    """The best MFU published for a framework x precision x GPU generation, in autopar's
-    FLOPs convention (model FLOPs over the measured step time).
+    """The best MFU published for a framework x precision x GPU generation x experts kind, in
+    autopar's FLOPs convention (model FLOPs over the measured step time).
 
     Attributes:
         mfu: the fraction; record: the corpus record's id; source: its source;
-        cell: (framework, precision, gpu), "*" for a framework pooled.
+        cell: (framework, precision, gpu, experts), "*" for a framework pooled.
     """
 
     mfu: float
@@ -308,10 +308,13 @@ def band_for(regime: Regime) -> ErrorBand:
 
 
 @lru_cache(maxsize=None)
-def mfu_ceiling(framework: str, precision: str, gpu: str) -> MfuCeiling | None:
-    """The best published MFU for this framework, precision and GPU generation; for a
-    framework without published runs there, the best of any framework; None without runs."""
-    for c in ((framework, precision, gpu), (ANY, precision, gpu)):
+def mfu_ceiling(framework: str, precision: str, gpu: str,
+                experts: str = "dense") -> MfuCeiling | None:
+    """The best published MFU for this framework, precision, GPU generation and ``experts``
+    kind ("dense" or "moe": a dense plan is never held to an MoE run's figure, nor the other
+    way); for a framework without published runs there, the best of any framework; None
+    without runs."""
+    for c in ((framework, precision, gpu, experts), (ANY, precision, gpu, experts)):
         row = published.MFU_CEILINGS.get(c)
         if row is not None:
             return MfuCeiling(row[0], row[1], row[2], c)
@@ -320,17 +323,19 @@ def mfu_ceiling(framework: str, precision: str, gpu: str) -> MfuCeiling | None:
 
 def plausibility_warnings(mfu: float, regime: Regime) -> tuple[str, ...]:
     """Warnings for an MFU above the best one the corpus measured in its regime's framework,
-    precision and GPU generation (:func:`mfu_ceiling`; none when below or when the corpus has no
-    run of that precision and GPU generation). The text names the cell compared (the framework,
-    or any framework when it has no run there) and the shared convention of both figures."""
-    best = mfu_ceiling(regime.framework, regime.precision, regime.gpu)
+    precision, GPU generation and experts kind (:func:`mfu_ceiling`; none when below or when
+    the corpus has no run of that precision, GPU generation and kind). The text names the cell
+    compared (the framework, or any framework when it has no run there) and the shared
+    convention of both figures."""
+    best = mfu_ceiling(regime.framework, regime.precision, regime.gpu, regime.experts)
     if best is None or mfu <= best.mfu:
         return ()
     who = (regime.framework if best.cell[0] != ANY else
            f"any framework ({regime.framework} has no run there)")
+    kind = "mixtures of experts" if regime.experts == "moe" else "dense models"
     ours, theirs = distinct_percents(mfu, best.mfu)
     return (f"MFU {ours} exceeds the best measured in autopar's corpus of published runs for "
-            f"{regime.precision} on {regime.gpu.capitalize()} GPUs, {who}: {theirs} "
+            f"{regime.precision} {kind} on {regime.gpu.capitalize()} GPUs, {who}: {theirs} "
             f"({best.record}); both are model FLOPs (recomputation excluded) over the step "
             "time, against the GPU's dense peak: the estimate is likely optimistic (its step "
             "time too short)",)
