@@ -909,3 +909,19 @@ def test_an_imported_moe_configuration_on_a_dense_model_is_blamed_on_the_import(
     code, out, err = run(capsys, "estimate", "--model", "mixtral-8x7b", "--cluster", "2x8xH100",
                          "--torchtitan-config", str(path))
     assert code == 0, err
+
+
+def test_help_and_usage_errors_load_no_torch():
+    # `autopar --help` took about 4 s: the parser pulled torch in through the measure
+    # commands, the report and the search's margin; the parser now answers alone
+    import subprocess
+    import sys
+    code = ("import sys\nfrom autopar.cli import main\nrcs = []\n"
+            "for argv in (['--help'], ['plan', '--help'], ['plan', '--modle', 'x']):\n"
+            "    try:\n        main(argv)\n"
+            "    except SystemExit as exc:\n        rcs.append(exc.code)\n"
+            "print(rcs, 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[0, 0, 2] False"
+    assert "Did you mean --model?" in out.stderr

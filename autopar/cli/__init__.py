@@ -26,6 +26,7 @@ def main(argv=None) -> int:
         :data:`EXIT_INTERRUPTED` when Ctrl-C stopped the command before it had a result.
     """
     try:
+        _parse_first(sys.argv[1:] if argv is None else list(argv))
         run = _import_commands()
         if run is None:
             raise KeyboardInterrupt
@@ -34,6 +35,14 @@ def main(argv=None) -> int:
         # the import of torch, graph extraction or an estimate was interrupted: nothing to show
         print("autopar: interrupted", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
+
+
+def _parse_first(argv) -> None:
+    """Parse ``argv`` before the commands load: ``--help`` and usage errors end here (argparse's
+    SystemExit, 0 after help, 2 after a usage error) without torch, which the parser does not
+    import, so they take a fraction of a second where loading the commands takes seconds."""
+    from .parser import build_parser as build
+    build().parse_args(argv)
 
 
 def _load_run():
@@ -63,7 +72,7 @@ def _import_commands(load=_load_run):
 
 
 def build_parser():
-    """The ``argparse`` parser of the ``autopar`` command (imports the commands)."""
+    """The ``argparse`` parser of the ``autopar`` command (imports no torch)."""
     from .parser import build_parser as build
     return build()
 

@@ -10,7 +10,6 @@ import os
 from pathlib import Path
 
 from ..errors import AutoparError, InvalidTrainingConfig, MissingDependency, output_error
-from .output import run_costs
 
 
 #: ``--export`` targets: name -> (Plan method, its keyword arguments). ``torchtitan`` writes the
@@ -35,6 +34,7 @@ def check_outputs(args) -> None:
         InvalidTrainingConfig, OutputError, MissingDependency: as :func:`export_plan`, the plan
             writer, the plot and :func:`autopar.cli.output.run_costs` would.
     """
+    from .output import run_costs   # the report's imports: not for building the parser
     run_costs(args, [])   # the run-cost flags, checked after the search before
     exports = getattr(args, "export", None) or []
     # framework names in any case, as every choice of the CLI ("--export Megatron f")

@@ -12,10 +12,9 @@ from ..config import (DISPATCHERS, FRAMEWORKS, OPTIMIZER_STATE_DTYPES, RECOMPUTE
                       SCHEDULE_ALIASES, SCHEDULES)
 from ..cost.offload import frameworks_running
 from ..frameworks.options import STACK_OPTIONS
-from . import measure_cmds
+from . import measure_args
 from .argtypes import expert_load, int_at_least, lower_case, positive_float
 from .exports import EXPORTERS
-from .output import print_error_json
 
 
 def _common(p: argparse.ArgumentParser, plot: str) -> None:
@@ -198,6 +197,7 @@ class _Parser(argparse.ArgumentParser):
                 hint = f" {other[0]}." if other else f" Did you mean {', '.join(close)}?"
         line = f"{message}.{hint} Fix: see '{scope.prog} --help' for the options."
         if self._json_errors:
+            from .output import print_error_json   # rich and the report: not for --help
             print_error_json("UsageError", line)
             self.exit(2)
         self.exit(2, f"{self.prog}: error: {line}\n")
@@ -318,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "its model, cluster and training config are used unless flags are given")
     mo = sub.add_parser("models", help="list model presets with their size and shape")
     mo.add_argument("--json", action="store_true", help="print the presets as JSON on stdout")
-    measure_cmds.add_parsers(sub, positive_float, int_at_least)
+    measure_args.add_parsers(sub, positive_float, int_at_least)
     return ap
 
 
@@ -344,8 +344,7 @@ def _search_flags(p: argparse.ArgumentParser) -> None:
 def _margin_default_text() -> str:
     """The default margin and the measured band it comes from, for --help (from the generated
     table, so the text never goes stale when the corpus grows)."""
-    from ..cost.regime import memory_band
-    from ..search.margin import default_margin
+    from ..cost.regime import default_margin, memory_band
     band, moe = memory_band(), memory_band(moe=True)
     if not band:
         return "0: no measured peaks to derive it from"
@@ -358,7 +357,7 @@ def _margin_default_text() -> str:
 
 
 def _margin(text: str) -> float:
-    from ..search.margin import MAX_MEMORY_MARGIN
+    from ..cost.regime import MAX_MEMORY_MARGIN
     try:
         value = float(text)
     except ValueError:

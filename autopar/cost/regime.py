@@ -368,6 +368,22 @@ def room_for(growth: float) -> float:
     return math.ceil(round(growth / (1 + growth) * 100, 6)) / 100
 
 
+#: Largest memory margin a search accepts: beyond half the memory a plan is no longer about the
+#: GPU asked for.
+MAX_MEMORY_MARGIN = 0.5
+
+
+def default_margin(moe: bool = False) -> float:
+    """The memory margin searches keep by default (:mod:`autopar.search.margin`): the share
+    s / (1 + s) of the GPU that a peak s above its prediction takes, for s the growth over
+    prediction that 68% of the measured runs of the model's kind (dense or mixture of experts)
+    stayed within (:func:`memory_band`), rounded up to a whole percent (:func:`room_for`); 0
+    when the corpus has no such runs. A plan at (1 - margin) of the GPU then still fits when its
+    peak is s above prediction, as 68% of the measured runs' peaks were at most."""
+    band = memory_band(moe)
+    return min(room_for(band[4]), MAX_MEMORY_MARGIN) if band else 0.0
+
+
 def headroom_warnings(memory_bytes: float, limit_bytes: float,
                       moe: bool = False) -> tuple[str, ...]:
     """A warning when a fitting estimate's peak ``memory_bytes`` leaves less of ``limit_bytes``

@@ -16,24 +16,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..cost.regime import memory_band, room_for
+from ..cost.regime import MAX_MEMORY_MARGIN, default_margin, memory_band
 from ..cost.model import CostModel
 from ..errors import InfeasibleError, InvalidSearchOption
 from .optimize import SearchResult, search
 
-#: Largest margin accepted: beyond half the memory a plan is no longer about the GPU asked for.
-MAX_MEMORY_MARGIN = 0.5
-
-
-def default_margin(moe: bool = False) -> float:
-    """The margin searches keep by default: the share s / (1 + s) of the GPU that a peak s above
-    its prediction takes, for s the growth over prediction that 68% of the measured runs of the
-    model's kind (dense or mixture of experts) stayed within (:func:`autopar.cost.regime.
-    memory_band`), rounded up to a whole percent; 0 when the corpus has no such runs. A plan at
-    (1 - margin) of the GPU then still fits when its peak is s above prediction, as 68% of the
-    measured runs' peaks were at most."""
-    band = memory_band(moe)
-    return min(room_for(band[4]), MAX_MEMORY_MARGIN) if band else 0.0
+__all__ = ["MAX_MEMORY_MARGIN", "check_margin", "default_margin", "derated"]
 
 
 def check_margin(memory_margin, moe: bool = False) -> float:
