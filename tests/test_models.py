@@ -193,6 +193,9 @@ def test_missing_keys_and_bad_specs():
         ModelConfig.from_dict({k: v for k, v in BASE.items() if k != "vocab_size"})
     with pytest.raises(InvalidModelConfig, match="Did you mean 'llama3-8b'.*Valid presets:.*tiny"):
         get_config("lama3-8b")
+    # a letter O for a zero: the preset it spells with the digit, not the nearest spelling
+    with pytest.raises(InvalidModelConfig, match="Did you mean 'llama2-70b'"):
+        get_config("llama2-7OB")
     with pytest.raises(InvalidModelConfig, match="preset name"):
         get_config(42)  # type: ignore[arg-type]
     with pytest.raises(InvalidModelConfig, match="floating-point"):

@@ -182,8 +182,12 @@ def get_config(spec: str | Mapping[str, Any] | ModelConfig) -> ModelConfig:
             return PRESETS[key].config
         # a preset the name begins (gpt3 -> gpt3-175b), else the closest by spelling; a
         # loose match (gpt4 -> gpt-18.4b) misleads more than none
-        close = ([p for p in PRESETS if p.startswith(key)][:1]
-                 or difflib.get_close_matches(key, list(PRESETS), n=1, cutoff=0.65))
+        # a letter O typed for a zero beside a digit (llama2-7OB) first: spelling alone finds
+        # the shorter llama2-7b
+        digits = re.sub(r"(?<=\d)o|o(?=\d)", "0", key)
+        close = ([digits] if digits in PRESETS else
+                 ([p for p in PRESETS if p.startswith(key)][:1]
+                  or difflib.get_close_matches(key, list(PRESETS), n=1, cutoff=0.65)))
         hint = f" Did you mean {close[0]!r}?" if close else ""
         if _HUB_ID.fullmatch(spec.strip()):
             # "owner/name" as the Hugging Face Hub names a model: nothing is downloaded
