@@ -50,8 +50,9 @@ from autopar.frameworks.stacks.megatron import (ALLTOALL_TOKEN_LEVEL_SINCE,
 from autopar.frameworks.stacks.torchtitan import (COMPILED_LOSS, COMPILED_LOSS_SINCE,
                                                   FUSED_ADAMW_SINCE, with_chunked_loss,
                                                   QK_NORM_SHARDED_SINCE,
+                                                  SAC_SAVES_ALLTOALL_SINCE,
                                                   with_float8nocompile, with_foreach_adamw,
-                                                  with_replicated_qk_norm)
+                                                  with_replicated_qk_norm, with_sac_redispatch)
 from autopar.frameworks.stacks.xtuner import with_xtuner_attention
 from autopar.search.optimize import search
 
@@ -200,6 +201,16 @@ PITHTRAIN_LOSS = ("pith-train 093a9e4 pithtrain/tasks/pretrain_language_model.py
                   "ctx.save_for_backward(inp.detach()), backward inp.mul_(grad_output)")
 
 
+def sac_saves_alltoall_since(rec: Record) -> str:
+    """The first date from which torchtitan's op-level selective recomputation keeps the
+    all-to-all's outputs for this record's model
+    (:data:`autopar.frameworks.stacks.torchtitan.SAC_SAVES_ALLTOALL_SINCE`: DeepSeek and Llama 4
+    models by their name, every other model from the central save list)."""
+    name = rec.model.name.lower().replace("-", "").replace("_", "")
+    key = next((k for k in SAC_SAVES_ALLTOALL_SINCE if k != "*" and k in name), "*")
+    return SAC_SAVES_ALLTOALL_SINCE[key]
+
+
 def dated_before(text: str, iso: str) -> bool:
     """Whether the first date in a framework text ("2024", "2024-11", "~2025-01") lies wholly
     before the ISO date ``iso`` (a year alone: before its year; a year and month: before its
@@ -224,7 +235,9 @@ def record_profile(rec: Record) -> FrameworkProfile:
     (:data:`autopar.frameworks.stacks.torchtitan.FUSED_ADAMW_SINCE`) steps with the foreach
     AdamW (:func:`autopar.frameworks.stacks.torchtitan.with_foreach_adamw`), and before
     :data:`~autopar.frameworks.stacks.torchtitan.QK_NORM_SHARDED_SINCE` its query/key norms
-    replicated under TP (:func:`autopar.frameworks.stacks.torchtitan.with_replicated_qk_norm`);
+    replicated under TP (:func:`autopar.frameworks.stacks.torchtitan.with_replicated_qk_norm`),
+    and before :func:`sac_saves_alltoall_since` its op-level recomputation re-running the MoE
+    all-to-alls (:func:`autopar.frameworks.stacks.torchtitan.with_sac_redispatch`);
     a Megatron-LM or
     NeMo run dated before :data:`autopar.frameworks.stacks.megatron.
     MOE_PROBS_IN_ACTIVATION_SINCE` keeps the MoE combine's expert output
@@ -296,6 +309,12 @@ def record_profile(rec: Record) -> FrameworkProfile:
         # the framework text dates the run before torchtitan's Qwen3 TP plan sharded the
         # query/key norms: they ran on whole heads (nothing changes without them or at tp 1)
         profile = with_replicated_qk_norm(profile)
+    if _kind(rec.framework) == "torchtitan" and dated_before(rec.framework,
+                                                             sac_saves_alltoall_since(rec)):
+        # the framework text dates the run before torchtitan's op-level save list kept this
+        # model's all-to-alls: a recomputed MoE layer dispatches again (nothing changes
+        # without experts, expert parallelism or op-level recomputation)
+        profile = with_sac_redispatch(profile)
     if (_kind(rec.framework) in ("megatron", "nemo")
             and dated_before(rec.framework, MOE_PROBS_IN_ACTIVATION_SINCE)):
         # the framework text dates the run before Megatron-Core folded the router's

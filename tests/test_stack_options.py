@@ -17,6 +17,7 @@ from autopar.frameworks.options import STACK_OPTIONS, with_options
 _FOR = {"torch-compile": "torch", "cuda-graphs": "megatron", "hsdp": "fsdp1",
         "foreach-adamw": "torchtitan", "float8nocompile": "torchtitan",
         "replicated-qk-norm": "torchtitan", "fp32-reduce": "torch",
+        "sac-redispatch": "torchtitan",
         "alltoall-2024": "megatron", "deepspeed-0.3": "deepspeed",
         "megatron-v1-model": "deepspeed", "llama3-fsdp": "inhouse-2024", "pithtrain": "fsdp1"}
 

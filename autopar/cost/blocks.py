@@ -257,8 +257,7 @@ class BlockCosts(MoEBlockCosts):
             else:
                 d = dispatch_cost(c.dispatcher, tokens, layer.num_experts,
                                   layer.experts_per_token, self.groups.group("ep", c),
-                                  etp=c.etp if folded else 1,
-                                  routed_scale=scale,
+                                  etp=c.etp if folded else 1, routed_scale=scale,
                                   dispatch_ratio=dispatch_bytes_ratio(
                                       self.inputs.profile.moe_dispatch_dtype, train.precision,
                                       train.dtype_bytes))
@@ -272,9 +271,11 @@ class BlockCosts(MoEBlockCosts):
                     layer, c, tokens / (self.inputs.graph.hidden_size * train.dtype_bytes)
                     * max(1, layer.experts_per_token) * scale)
             ef, eload = ef + probs_s, eload + pload
-            redispatch = mode == "full" or (mr is not None and mr.dispatch)
+            # the recomputed forward dispatches again (op-level SAC: moe_sac_redispatch)
+            redispatch = mode == "full" or (mr is not None and mr.dispatch) or (
+                mode == "selective-op" and self.inputs.profile.moe_sac_redispatch)
             if redispatch:
-                ef *= 1.5  # the recomputed forward dispatches again
+                ef *= 1.5
                 eload = eload.scaled(1.5)
             # the dispatcher's blocking reads of the token counts drain the stream; charged
             # with the dispatch (FrameworkProfile.moe_dispatch_sync_ops), once per forward run,

@@ -192,6 +192,7 @@ class ExpertDispatch(Choice):
     moe_dispatch_sync_ops: int = 0
     moe_probs_alltoall: bool = False
     moe_counts_gather: bool = False
+    moe_sac_redispatch: bool = False
     moe_capacity_rule: str = "megatron"
 
 
@@ -369,6 +370,11 @@ ACTIVATION_DTYPE_DISPATCH = ExpertDispatch(
         "--moe-pad-expert-input-to-capacity (moe_utils.py get_capacity, router.py "
         "apply_router_token_dropping); torchtitan's MoE is dropless (models/moe/moe.py MoEArgs "
         "has no capacity); DeepSpeed's buffers: autopar.frameworks.stacks.deepspeed"),
+        "moe_sac_redispatch": (
+        "torchtitan keeps the all-to-all's outputs under op-level selective recomputation "
+        "(distributed/activation_checkpoint.py save list, all_to_all_single, since 114151ad4, "
+        "2026-03-23, PR #2357; models/deepseek_v3 and llama4 since c4e229115, 2025-09-06, "
+        "PR #1672); Megatron-Core and DeepSpeed have no op-level policy: False"),
         "moe_counts_gather": (
         "not priced for a stack whose dispatcher is not read for it (torchtitan's all-to-all "
         "of the counts is not priced); Megatron-Core's: autopar.frameworks.stacks.megatron."

@@ -26,7 +26,8 @@ _BOOL_FIELDS = ("per_block_recompute", "recompute_first_n", "vp_group_tunable",
                 "zero1_grad_all_reduce", "fsdp2_copies", "tp_mlp_reduce_per_linear",
                 "experts_tp_sharded", "zero2_grad_all_reduce", "zero2_reduce_per_step",
                 "kv_heads_below_tp", "moe_tp_token_alltoall", "grad_reduce_fp16_in_fp16",
-                "moe_probs_alltoall", "moe_counts_gather", "ulysses_kv_repeat")
+                "moe_probs_alltoall", "moe_counts_gather", "moe_sac_redispatch",
+                "ulysses_kv_repeat")
 
 
 def checked_fields(v: dict, check: FieldCheck, cost_fix: str,

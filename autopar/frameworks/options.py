@@ -69,6 +69,10 @@ STACK_OPTIONS: dict[str, StackOption] = {o.name: o for o in (
                 "2025-10-14: query/key norms on whole heads, queries and keys all-gathered "
                 "over TP (torchtitan.with_replicated_qk_norm)",
                 lambda p, _: torchtitan.with_replicated_qk_norm(p)),
+    StackOption("sac-redispatch", ("torchtitan",), "op-level selective recomputation that "
+                "re-runs the MoE all-to-alls in backward: torchtitan before 2025-09-06, and "
+                "its Qwen3 before 2026-03-23 (torchtitan.with_sac_redispatch)",
+                lambda p, _: torchtitan.with_sac_redispatch(p)),
     StackOption("float8nocompile", ("torchtitan",), "FP8 casts by torchao's float8nocompile "
                 "prototype kernels (torchtitan.with_float8nocompile)",
                 lambda p, _: torchtitan.with_float8nocompile(p, _FLOAT8NOCOMPILE)),

@@ -266,6 +266,10 @@ class FrameworkProfile:
             each rank's per-expert token counts (int64) over the expert-TP x EP group in
             forward, on the compute stream, before the permutation; priced with
             ``moe_probs_alltoall``. Time only.
+        moe_sac_redispatch: under op-level selective recomputation ("selective-op") the
+            framework's save list lacks the all-to-all, so a recomputed MoE layer dispatches
+            and combines its tokens again in backward, as under full recompute (priced by
+            :meth:`autopar.cost.blocks.BlockCosts.block_cost`). Time only.
         moe_capacity_rule: how the MoE layer sizes each expert's input
             (:data:`MOE_CAPACITY_RULES`): ``megatron`` runs the routed rows (dropless) or caps
             them at a capacity; ``deepspeed`` runs a padded buffer per expert, of the busiest
@@ -368,6 +372,7 @@ class FrameworkProfile:
     moe_dispatch_sync_ops: int = 0
     moe_probs_alltoall: bool = False
     moe_counts_gather: bool = False
+    moe_sac_redispatch: bool = False
     moe_capacity_rule: str = "megatron"
     ulysses_kv_repeat: bool = False
     cost_sources: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_COST_SOURCES))
@@ -405,7 +410,8 @@ class FrameworkProfile:
                      self.zero3_reduce_bucket_elements, self.moe_dispatch_dtype,
                      self.moe_tp_token_alltoall, self.moe_dispatch_sync_ops,
                      self.moe_probs_alltoall, self.moe_counts_gather,
-                     self.moe_capacity_rule, self.ulysses_kv_repeat))
+                     self.moe_sac_redispatch, self.moe_capacity_rule,
+                     self.ulysses_kv_repeat))
 
     @classmethod
     def capability_names(cls) -> tuple[str, ...]:

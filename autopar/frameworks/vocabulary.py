@@ -81,6 +81,7 @@ COST_FIELDS = ("attention_kernels", "fusion", "overlap_dp_grad_reduce", "zero3_g
                "zero1_step_host_ops_per_tensor", "zero3_persistent_elements",
                "zero3_reduce_bucket_elements", "moe_dispatch_dtype", "moe_tp_token_alltoall",
                "moe_dispatch_sync_ops", "moe_probs_alltoall", "moe_counts_gather",
+               "moe_sac_redispatch",
                "moe_capacity_rule", "ulysses_kv_repeat")
 #: Parts of a block that run as plain eager PyTorch ops inside a stack that is otherwise fused
 #: (:attr:`FrameworkProfile.eager_parts`; costed by :func:`autopar.cost.compute.layer_time`):
@@ -318,6 +319,10 @@ DEFAULT_COST_SOURCES = {
                          "padded only when asked, as Megatron-Core's get_capacity and "
                          "torchtitan's dropless MoE do, unless a framework's MoE layer is read "
                          "to size its buffers otherwise (autopar.frameworks.stacks.deepspeed)",
+    "moe_sac_redispatch": "op-level selective recomputation keeps the all-to-all's outputs "
+                          "(torchtitan's save list since 114151ad4, 2026-03-23, PR #2357; "
+                          "DeepSeek-V3's and Llama 4's since c4e229115, 2025-09-06): no "
+                          "dispatch runs again in backward",
     "moe_counts_gather": "no all-gather of the per-expert token counts in an MoE dispatch "
                          "unless a framework's dispatcher is read to run one (autopar."
                          "frameworks.stacks.megatron.MEGATRON_ALLTOALL_DISPATCH)",

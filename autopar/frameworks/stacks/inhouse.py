@@ -126,6 +126,8 @@ FP8_DISPATCH = ExpertDispatch(
         "moe_dispatch_sync_ops": "HAI-LLM's dispatcher is not published: no host read priced",
         "moe_probs_alltoall": "HAI-LLM's dispatcher is not published: no probabilities' "
         "all-to-all priced",
+        "moe_sac_redispatch": "HAI-LLM recomputes named parts of a layer (section 3.2.3), "
+        "not by an op-level policy: no dispatch priced again",
         "moe_counts_gather": "HAI-LLM's dispatcher is not published: no counts' gather "
         "priced",
         "moe_capacity_rule": "DeepSeek-V3 (arXiv 2412.19437) section 2.1.2, No Token-Dropping: "

@@ -277,6 +277,7 @@ ALLTOALL_SEQ_2024 = ExpertDispatch(
              "moe_capacity_rule": ACTIVATION_DTYPE_DISPATCH.sources["moe_capacity_rule"],
              "moe_probs_alltoall": MEGATRON_ALLTOALL_DISPATCH_BEFORE_0_13.sources[
                  "moe_probs_alltoall"],
+             "moe_sac_redispatch": ACTIVATION_DTYPE_DISPATCH.sources["moe_sac_redispatch"],
              "moe_counts_gather": (
                  _BA77 + "token_dispatcher.py MoEAlltoAllTokenDispatcher.preprocess line 337: "
                  "the counts' all-gather over EP runs between the two blocking reads, priced "

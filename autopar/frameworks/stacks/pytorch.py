@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ...config import CP_MODES, RECOMPUTE_MODES, TORCH_SCHEDULES
-from ..choices import (DTENSOR_TP, EAGER, FSDP2, SDPA_FLASH, TORCH_FOREACH_ADAMW,
-                       TORCH_PIPELINING, Choices, ContextParallelAttention, capabilities_of,
-                       compose)
+from ..choices import (ACTIVATION_DTYPE_DISPATCH, DTENSOR_TP, EAGER, FSDP2, SDPA_FLASH,
+                       TORCH_FOREACH_ADAMW, TORCH_PIPELINING, Choices, ContextParallelAttention,
+                       capabilities_of, compose)
 from ..memory import TORCH_MEMORY
 
 ALL_ZERO = (0, 1, 2, 3)
@@ -35,9 +35,21 @@ PLAN_APPLY_CP = ContextParallelAttention(
                              "own head count and refuses KV heads that tp * cp does not "
                              "divide: False"})
 
+#: autopar/runtime/ep.py's dispatch: under op-level recomputation the all-to-alls run again.
+PLAN_APPLY_DISPATCH = replace(
+    ACTIVATION_DTYPE_DISPATCH, name="plan-apply-dispatch", moe_sac_redispatch=True,
+    summary="autopar/runtime/ep.py: tokens all-to-all'd in the activation dtype, dispatched "
+            "again when a block is recomputed",
+    sources={**ACTIVATION_DTYPE_DISPATCH.sources,
+             "moe_sac_redispatch": "autopar/runtime/recompute.py _OP_SAC_SAVED (attention, "
+             "max, reduce_scatter_tensor) holds no all_to_all_single, so the recomputed "
+             "forward runs autopar/runtime/ep.py's all_to_all_single_autograd dispatch and "
+             "combine again (PREFER_RECOMPUTE re-executes every op it does not keep)"})
+
 CHOICES = Choices(sharded_dp=SHARDED_DP, optimizer_step=TORCH_FOREACH_ADAMW,
                   attention=SDPA_FLASH, fusion=EAGER, tensor_parallel=DTENSOR_TP,
-                  pipeline=TORCH_PIPELINING, context_parallel=PLAN_APPLY_CP)
+                  pipeline=TORCH_PIPELINING, context_parallel=PLAN_APPLY_CP,
+                  expert_dispatch=PLAN_APPLY_DISPATCH)
 
 PROFILE = compose(
     CHOICES,

@@ -99,6 +99,31 @@ def with_replicated_qk_norm(profile):
         eager_parts=parts)
 
 
+#: The first dates (ISO) from which torchtitan's op-level selective recomputation keeps the
+#: all-to-all's outputs (``torch.ops._c10d_functional.all_to_all_single.default`` in the save
+#: list): DeepSeek-V3 and Llama 4 from c4e229115 (2025-09-06, PR #1672, which measured tps 708
+#: -> 803 on DeepSeek-V3 16B with EP 4 from not re-running it), every model from 114151ad4
+#: (2026-03-23, PR #2357: one central list). Before them, and for Qwen3 in between
+#: (models/qwen3/infra/parallelize.py ``_op_sac_save_list`` at v0.2.2, 73a0e6979dd1, has no
+#: all_to_all_single), the recomputed forward dispatches and combines again.
+SAC_SAVES_ALLTOALL_SINCE = {"deepseek": "2025-09-06", "llama4": "2025-09-06", "*": "2026-03-23"}
+
+
+def with_sac_redispatch(profile):
+    """``profile`` (torchtitan) whose op-level selective recomputation re-runs the MoE
+    all-to-alls (:data:`SAC_SAVES_ALLTOALL_SINCE`): the ``moe_sac_redispatch`` cost field,
+    priced as full recompute's second dispatch (:meth:`autopar.cost.blocks.BlockCosts.
+    block_cost`). Changes nothing without experts or expert parallelism, or under other modes.
+
+    Raises:
+        InvalidTrainingConfig: as :meth:`autopar.frameworks.FrameworkProfile.with_costs`.
+    """
+    return profile.with_costs(
+        {"moe_sac_redispatch": "torchtitan's op-level save list without all_to_all_single "
+                               "(before SAC_SAVES_ALLTOALL_SINCE; models/qwen3 at v0.2.2)"},
+        moe_sac_redispatch=True)
+
+
 def with_foreach_adamw(profile):
     """``profile`` (torchtitan) with the optimizer step of torchtitan before
     :data:`FUSED_ADAMW_SINCE` (:data:`FOREACH_ADAMW_2024`): a version option, not the profile's
