@@ -317,3 +317,24 @@ def test_the_nearest_plan_keeps_the_memory_margin_its_command_keeps():
     line = nearest(cm, "torch", plan.estimate, {"pp": 1}, memory_margin=0.3)
     assert "(30% kept free)" in line
     assert "--pp 1 --memory-margin 0.3," in line and "memory_margin=0.3))" in line
+
+
+def test_accelerate_context_parallelism_is_priced_fused():
+    # a new user's trial: the FSDP plugin's torch context parallelism (torch's own
+    # context_parallel, fused SDPA per chunk) was re-estimated as plan.apply's plain-op ring,
+    # +156% on Llama 3 8B at 8k tokens, with a warning blaming "torch"
+    plan = autopar.optimize("llama3-8b", "1x8xH100",
+                            autopar.TrainingConfig(global_batch_size=16, seq_len=8192),
+                            fixed=dict(tp=1, pp=1, cp=2, cp_mode="ring", zero_stage=3))
+    ex = to_accelerate_config(plan, "fsdp")
+    line = next(w for w in ex.warnings if w.startswith("re-estimated under torch"))
+    assert "this file runs the plan as estimated" not in line
+    pct = float(line.split(" s per step (")[1].split("%")[0])
+    assert pct < -10   # fused per-chunk attention, against the plan's plain-op ring
+    ring = autopar.estimate("llama3-8b", "1x8xH100",
+                            autopar.TrainingConfig(global_batch_size=16, seq_len=8192),
+                            ParallelConfig(tp=1, pp=1, cp=2, dp=4, cp_mode="ring",
+                                           zero_stage=3))
+    (w,) = [w for w in ring.warnings if "context-parallel attention" in w]
+    assert w.startswith("plan.apply (the torch profile) runs ring")
+    assert "torch's own context_parallel run fused ring attention" in w

@@ -17,9 +17,12 @@ def estimate_notes(inputs: CostInputs, c: ParallelConfig) -> tuple[str, ...]:
     if path != "fused":
         how = ("in plain tensor ops (scores through memory)" if path == "unfused" else
                "through SDPA with a mask (memory-efficient kernel, no causal skipping)")
-        warns = (*warns, f"{prof.name} runs {c.cp_mode} context-parallel attention "
+        # the torch profile is plan.apply's runtime, not torch's own context_parallel (fused)
+        who = "plan.apply (the torch profile)" if "plan.apply" in prof.version else prof.name
+        warns = (*warns, f"{who} runs {c.cp_mode} context-parallel attention "
                          f"{how}, and this estimate prices that; cp_mode='ulysses' runs the "
-                         "fused kernel (Megatron-LM and torchtitan run fused ring attention)")
+                         "fused kernel (Megatron-LM, torchtitan and torch's own "
+                         "context_parallel run fused ring attention)")
     if graph.num_experts and c.etp > 1 and not prof.experts_tp_sharded:
         warns = (*warns, f"{prof.name} keeps experts whole on every TP rank "
                          f"({prof.sources.get('experts_tp_sharded', 'its profile')}); this estimate "

@@ -115,7 +115,8 @@ def verdict(plan, written: ParallelConfig, framework: str,
             train: TrainingConfig | None = None, needs: str = "",
             wrote_edits: tuple[str, ...] = (),
             limits: dict | None = None,
-            framework_cut: bool = False) -> tuple[list[str], bool | None]:
+            framework_cut: bool = False,
+            runner_edits: dict | None = None) -> tuple[list[str], bool | None]:
     """Lines saying what the exported configuration will do under ``framework``.
 
     Args:
@@ -135,6 +136,10 @@ def verdict(plan, written: ParallelConfig, framework: str,
         framework_cut: ``written.stage_blocks`` is the cut the framework computes itself (e.g.
             DeepSpeed's partition by parameter count), so the profile's rule for planned cuts
             does not judge it.
+        runner_edits: cost fields where the file's runner differs from ``framework``'s
+            profile whatever the plan (:func:`autopar.frameworks.with_edits`' form, each with
+            its source), e.g. Accelerate's torch context parallelism running fused attention
+            where plan.apply's does not.
 
     Returns:
         (lines, fits). Lines for the export's warnings: the re-estimate (step time in seconds,
@@ -146,7 +151,8 @@ def verdict(plan, written: ParallelConfig, framework: str,
     """
     edits = plan_edits(plan, framework)
     unwritten = {k: e for k, e in edits.items() if k not in wrote_edits}
-    profile = with_edits(framework, {k: e for k, e in edits.items() if k in wrote_edits})
+    profile = with_edits(framework, {**(runner_edits or {}),
+                                     **{k: e for k, e in edits.items() if k in wrote_edits}})
     train = replace(train or plan.train, framework=profile.name)
     pe = plan.estimate
     diffs = _differences(plan.config, written)
@@ -163,7 +169,7 @@ def verdict(plan, written: ParallelConfig, framework: str,
                or profile.seq_violation(train.seq_len, written.tp, written.cp,
                                         bool(written.sequence_parallel)))
     same = (not diffs and train.precision == plan.train.precision and not unwritten
-            and framework == plan.train.framework)
+            and framework == plan.train.framework and not runner_edits)
     once = f"once {needs}, " if needs else ""
     if same and refused is None:
         return [f"re-estimated under {profile.name}: {once}this file runs the plan as estimated "

@@ -36,6 +36,13 @@ SCRIPT_TAG = "# autopar-script:"
 
 _PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no", "fp8": "bf16"}
 
+#: Where Accelerate's FSDP plugin gets its context parallelism (the ``runner_edits`` of its
+#: re-estimate under the torch profile).
+TORCH_CP = ("accelerate 1.16.0 accelerator.py Accelerator._prepare_cp: torch.distributed.tensor."
+            "experimental.context_parallel on the 'cp' mesh with set_rotate_method("
+            "cp_comm_strategy), which runs torch's SDPA (a fused kernel) on each chunk pair: "
+            "every CP mode fused")
+
 
 def to_accelerate_config(plan, plugin: str = "fsdp") -> Export:
     """The ``accelerate launch --config_file`` YAML for ``plan`` with Accelerate's FSDP plugin
@@ -96,7 +103,12 @@ def to_accelerate_config(plan, plugin: str = "fsdp") -> Export:
     text = _yaml(doc) + (f"{SCRIPT_TAG} per_device_batch_size={mbs} gradient_accumulation_steps="
                          f"{accum} global_batch_size={t.global_batch_size} seq_len={t.seq_len}"
                          f"{ckpt}\n")
-    return finish(plan, text, warn, w, framework, train=t_written, limits=limits)
+    # Accelerate's context parallelism is torch's own context_parallel, fused SDPA per chunk
+    # (plan.apply's torch profile computes ring hops in plain ops)
+    runner = {"cp_attention": {"value": {}, "source": TORCH_CP}} if w.cp > 1 and \
+        plugin == "fsdp" else None
+    return finish(plan, text, warn, w, framework, train=t_written, limits=limits,
+                  runner_edits=runner)
 
 
 def _fold_into_dp(c, w, limits: dict, warn: list[str]):

@@ -156,14 +156,15 @@ def unwritten(t, name: str, warn: list[str], note: str):
 def finish(plan, value, warn: list[str], written: ParallelConfig, framework: str,
             comment: str = "#", train=None, needs: str = "",
             wrote_edits: tuple[str, ...] = (), limits: dict | None = None,
-            framework_cut: bool = False) -> Export:
+            framework_cut: bool = False, runner_edits: dict | None = None) -> Export:
     """The export, with the re-estimate of ``written`` under ``framework`` appended (``needs``:
     what the user must add before the file starts; ``wrote_edits``: the plan's profile edits
     the file sets; ``limits``: degrees the runner fixes, kept by the nearest plan;
-    ``framework_cut``: the stage cut is the framework's own computation;
-    :func:`autopar.runtime.verdict.verdict`)."""
+    ``framework_cut``: the stage cut is the framework's own computation; ``runner_edits``:
+    cost fields where the runner differs from the profile; :func:`autopar.runtime.verdict.
+    verdict`)."""
     lines, fits = verdict(plan, written, framework, train, needs, wrote_edits, limits,
-                          framework_cut)
+                          framework_cut, runner_edits)
     return Export(value, tuple(warn + lines), comment=comment, written=written, fits=fits)
 
 
