@@ -239,6 +239,10 @@ def test_flag_errors_are_one_line_with_the_closest_option(capsys):
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "usage:" not in err and len(err.strip().splitlines()) == 1
     assert "Did you mean --model, --global-batch?" in err and "--help" in err
+    # the dashes every option shares made '--foo' look like '--out'
+    with pytest.raises(SystemExit):
+        main(["plan", "--model", "tiny-llama", "--foo"])
+    assert "Did you mean" not in capsys.readouterr().err
 
 
 def test_every_flag_is_documented():
@@ -408,7 +412,7 @@ def test_a_gpu_count_that_fills_no_whole_nodes_suggests_specs_that_work(spec):
     with pytest.raises(InvalidClusterSpec) as exc:
         Cluster.from_spec(spec)
     text = str(exc.value)
-    assert "Fix: write" in text
+    assert "Fix: write" in text and "): Fix" not in text   # one sentence ends before the fix
     suggested = re.findall(r"'(\d+x[\dx]*[a-z][a-z0-9\-]*)'", text.split("Fix:")[1])
     assert suggested, text
     for s in suggested:
@@ -925,3 +929,20 @@ def test_help_and_usage_errors_load_no_torch():
                          check=True)
     assert out.stdout.strip().splitlines()[-1] == "[0, 0, 2] False"
     assert "Did you mean --model?" in out.stderr
+
+
+def test_models_names_the_hf_presets_without_transformers(capsys, monkeypatch):
+    # a new user's trial: without transformers `autopar models` listed no hf-* preset, while
+    # every unknown-preset error pointed at it for them
+    from autopar.errors import MissingDependency
+    from autopar.graph import hf
+
+    def missing(name):
+        raise MissingDependency("Hugging Face presets need transformers")
+    monkeypatch.setattr(hf, "describe", missing)
+    assert main(["models"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "With it, the Hugging Face presets: hf-" in out and "hf-llama3-8b" in out
+    assert main(["models", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["hf_models"] == [] and "hf-llama3-8b" in doc["hf_preset_names"]

@@ -170,6 +170,7 @@ def test_spec_case_insensitive_equal():
     ("4x8xA100+ib-hdr", "ib-hdr"),
     ("12xH100", "12"),
     ("0x8xH100", "node count"),
+    ("2x8xH100+0xib-ndr", "+8xib-ndr"),   # the example of a NIC count, not of nodes
     ("", "non-empty"),
 ])
 def test_bad_specs_name_the_part(spec, part):

@@ -341,11 +341,13 @@ def run(argv=None) -> int:
             try:
                 hf_rows = [hf.describe(name) for name in hf.HF_PRESETS]
             except MissingDependency as exc:  # the built-in presets need no transformers
-                hf_rows, hf_note = [], str(exc)
+                hf_rows, hf_note = [], (f"{exc}. With it, the Hugging Face presets: "
+                                        f"{', '.join(hf.HF_PRESETS)}")
             else:
                 hf_note = None
             if args.json:
-                print(json.dumps({"models": rows, "hf_models": hf_rows}, indent=2,
+                print(json.dumps({"models": rows, "hf_models": hf_rows,
+                                  "hf_preset_names": list(hf.HF_PRESETS)}, indent=2,
                                  sort_keys=True))
             else:
                 out.print(tables.models_table(rows))

@@ -188,8 +188,7 @@ class _Parser(argparse.ArgumentParser):
         if message.startswith("unrecognized arguments:"):
             known = _option_strings(scope)
             flags = [t.split("=")[0] for t in message.split(":", 1)[1].split() if t[:1] == "-"]
-            close = [m for tok in flags for m in difflib.get_close_matches(tok, known, n=1)
-                     if m != tok]
+            close = [m for tok in flags for m in _near_flag(tok, known) if m != tok]
             other = [f"{tok} is an option of {', '.join(where)}, not of {scope.prog}"
                      for tok in flags if (where := [f"autopar {n}" for n, sub in _subparsers(
                          self).items() if sub is not scope and tok in _option_strings(sub)])]
@@ -341,6 +340,13 @@ def _search_flags(p: argparse.ArgumentParser) -> None:
                    "1 - FRACTION of it by prediction; 0 plans to the last byte")
 
 
+def _near_flag(token: str, known) -> list[str]:
+    """The known option spelt closest to ``token``, compared without their leading dashes (the
+    dashes every option shares made '--foo' look close to '--out')."""
+    bare = {k.lstrip("-"): k for k in known}
+    return [bare[m] for m in difflib.get_close_matches(token.lstrip("-"), list(bare), n=1)]
+
+
 def _margin_default_text() -> str:
     """The default margin and the measured band it comes from, for --help (from the generated
     table, so the text never goes stale when the corpus grows)."""
@@ -348,10 +354,11 @@ def _margin_default_text() -> str:
     band, moe = memory_band(), memory_band(moe=True)
     if not band:
         return "0: no measured peaks to derive it from"
-    text = (f"{default_margin():g}: room for a peak {band[4] * 100:.0f}%% above its prediction, "
+    # one decimal, as README.md's generated line says it
+    text = (f"{default_margin():g}: room for a peak {band[4] * 100:.1f}%% above its prediction, "
             f"as 68%% of {band[2]} measured dense runs' peaks stayed within")
     if moe:
-        text += (f"; {default_margin(moe=True):g} for mixtures of experts ({moe[4] * 100:.0f}%% "
+        text += (f"; {default_margin(moe=True):g} for mixtures of experts ({moe[4] * 100:.1f}%% "
                  f"over {moe[2]} runs)")
     return text
 

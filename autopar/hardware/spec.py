@@ -55,11 +55,12 @@ class ParsedSpec:
     gpu_name: str = ""
 
 
-def _positive(value: str, what: str, spec: str) -> int:
+def _positive(value: str, what: str, spec: str, example: str = "'4x8xA100-80GB' (4 nodes of "
+              "8 GPUs)") -> int:
     n = int(value)
     if n <= 0:
         raise InvalidClusterSpec(f"cluster spec {spec!r}: {what} must be >= 1, got {n}; "
-                                 f"fix: e.g. '4x8xA100-80GB' (4 nodes of 8 GPUs)")
+                                 f"fix: e.g. {example}")
     return n
 
 
@@ -82,8 +83,7 @@ def _count_fix(total: int, per_node: int, gpu_name: str, box) -> str:
              f"'1x1x{gpu_name}' (one GPU)" if total == 1 else "")
     if not bounded:
         other = f"'1x{total}x{gpu_name}' (one node)"
-    return (f"Fix: write {near}"
-            + (f", or {other}" if other else ""))
+    return f"write {near}" + (f", or {other}" if other else "")
 
 
 def parse_spec(spec: str, catalog: Catalog = CATALOG) -> ParsedSpec:
@@ -125,7 +125,7 @@ def parse_spec(spec: str, catalog: Catalog = CATALOG) -> ParsedSpec:
                    if total > MAX_WORLD_SIZE else _count_fix(total, per_node, gpu_name, box))
             raise InvalidClusterSpec(
                 f"cluster spec {spec!r}: GPU count {total} in {main!r} is not a multiple of "
-                f"{per_node} (GPUs per {gpu_name} node): {fix}")
+                f"{per_node} (GPUs per {gpu_name} node). Fix: {fix}")
         num_nodes, gpus_per_node = total // per_node, per_node
     if not plus:
         return ParsedSpec(num_nodes, gpus_per_node, device, None, None, gpu_name)
@@ -140,7 +140,8 @@ def parse_spec(spec: str, catalog: Catalog = CATALOG) -> ParsedSpec:
     except InvalidClusterSpec as err:
         raise InvalidClusterSpec(f"cluster spec {spec!r}: NIC part {nic_part!r}: {err}. Fix: use a "
                                  f"valid link name, e.g. '+8xib-ndr'") from None
-    nics = _positive(n.group(1), "the NIC count", spec)
+    nics = _positive(n.group(1), "the NIC count", spec,
+                     "'2x8xH100+8xib-ndr' (8 NICs per node)")
     if nics > MAX_NICS_PER_GPU * gpus_per_node:
         raise InvalidClusterSpec(
             f"cluster spec {spec!r}: {nics} NICs per node of {gpus_per_node} GPUs is more than "
