@@ -393,7 +393,8 @@ def dp_cut(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES,
             got = rank_recompute_bounded(cm, c, st, allowed, log, rc)[0] \
                 if rank_fits(cm, c, st, allowed, rc) else None
             hit = memo[key] = math.inf if got is None else got[0]
-        local[(i, a, b)] = hit
+        # the exact value is also the best floor: the loops below read floors from ``low``
+        local[(i, a, b)] = low[(i, a, b)] = hit
         return hit
 
     inf = math.inf
@@ -401,17 +402,33 @@ def dp_cut(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES,
     best = [[inf] * (n + 1) for _ in range(p)]
     for b in range(1, n - p + 2):
         best[0][b] = f(0, 0, b) if p > 1 or b == n else inf
+    # stages near the balanced length n / p first: a low best[i][b] early prunes the rest (a
+    # min of maxima: the order of a changes which f are priced, not the value); one stable
+    # sort per b, read from a = i on, is the order sorted(range(i, b)) would give
+    near = [sorted(range(b), key=lambda a, b=b: abs((b - a) * p - n)) for b in range(n + 1)]
+    # the even cut's slowest stage bounds the programme's value from above: a partial cut at
+    # or above it cannot lead below it, so states start there (each then holds its exact value
+    # when below the bound, else the bound; the value found is exact either way, the even cut
+    # reaching the bound), and most (stage, end, start) are never priced
+    start = min(_even_cut_bound(f, n, p), inf)
     for i in range(1, p):
         last = i == p - 1
+        before = best[i - 1]
         for b in (range(n, n + 1) if last else range(i + 1, n - (p - 1 - i) + 1)):
-            # stages near the balanced length n / p first: a low best[i][b] early prunes the
-            # rest (a min of maxima: the order of a changes which f are priced, not the value)
-            for a in sorted(range(i, b), key=lambda a: abs((b - a) * p - n)):
-                if best[i - 1][a] >= best[i][b] or floor(i, a, b) >= best[i][b]:
+            cur = start
+            for a in near[b]:
+                prev = before[a]
+                if a < i or prev >= cur:
                     continue   # (inf included) no stage time can bring the max below best
-                val = max(best[i - 1][a], f(i, a, b))
-                if val < best[i][b]:
-                    best[i][b] = val
+                lo = low.get((i, a, b))
+                if lo is None:
+                    lo = floor(i, a, b)
+                if lo >= cur:
+                    continue
+                val = max(prev, f(i, a, b))
+                if val < cur:
+                    cur = val
+            best[i][b] = cur
     bound = best[p - 1][n]
     if bound == inf:
         return None
@@ -447,6 +464,22 @@ def dp_cut(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES,
         b = a
     cut.append(b)
     return tuple(reversed(cut))
+
+
+def _even_cut_bound(f, n: int, p: int) -> float:
+    """The slowest stage of the even cut of ``n`` blocks over ``p`` stages (the first ``n %
+    p`` stages one block more), ``f(stage, first, end)`` each stage's fastest fitting time (inf
+    when one does not fit); inf for one stage (no bound needed)."""
+    if p <= 1:
+        return math.inf
+    worst, a = 0.0, 0
+    for i in range(p):
+        b = a + n // p + (1 if i < n % p else 0)
+        worst = max(worst, f(i, a, b))
+        if worst == math.inf:
+            break
+        a = b
+    return worst
 
 
 #: Per cost model: :func:`_interval_classes`' table.
