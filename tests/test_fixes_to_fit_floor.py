@@ -34,3 +34,18 @@ def test_no_common_floor_among_distinct_peaks():
             self.memory_per_gpu_bytes = b
     assert _common_floor([E(1e9), E(2e9), E(3e9)]) is None
     assert _common_floor([E(3e9), E(2e9), E(2.001e9)]) == 2e9
+
+
+def test_changes_that_come_to_the_same_plan_are_one_row():
+    # a new user's trial: at dp 1 'pp 4->8 (dp 2->1)' and the same with ZeRO-1, -2 or -3 were
+    # four rows of one plan (ZeRO shards nothing over one rank), crowding the eight the table has
+    problem = Problem.build("llama2-70b", "4x8xA100-80GB",
+                            autopar.TrainingConfig(global_batch_size=1024, seq_len=4096,
+                                                   framework="megatron"))
+    fixes = fixes_to_fit(problem, autopar.ParallelConfig(tp=4, pp=4, dp=2,
+                                                         sequence_parallel=True))
+    keys = [(e.step_time_s, e.memory_per_gpu_bytes, e.fits) for _t, e in fixes]
+    assert len(keys) == len(set(keys))
+    texts = [t for t, _e in fixes]
+    assert "pp 4->8 (dp 2->1)" in texts
+    assert not any(t.startswith("ZeRO-") and t.endswith("+ pp 4->8 (dp 2->1)") for t in texts)

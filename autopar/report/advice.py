@@ -23,8 +23,8 @@ def fixes_to_fit(problem: Problem, config: ParallelConfig) -> list[tuple[str, Es
     activations and the step's working memory and change nothing: they are not offered).
 
     Returns:
-        ``[(description, estimate)]`` (at most 8; empty when no change in reach lowers the
-        peak).
+        ``[(description, estimate)]`` (at most 8, no two with the same step time and memory;
+        empty when no change in reach lowers the peak).
     """
     cm = problem.cost_model
     c = cm.resolve(config)
@@ -70,7 +70,15 @@ def fixes_to_fit(problem: Problem, config: ParallelConfig) -> list[tuple[str, Es
     rest = sorted((r for r in results if not r[1].fits
                    and r[1].memory_per_gpu_bytes < peak * (1 - 1e-3)),
                   key=lambda r: r[1].memory_per_gpu_bytes)
-    return (fitting + rest)[:8]
+    # changes that come to the same plan (ZeRO at one data-parallel rank, where it shards
+    # nothing) are one row: the first, the fewest words (single changes come first)
+    seen, rows = set(), []
+    for text, e in fitting + rest:
+        key = (e.step_time_s, e.memory_per_gpu_bytes, e.fits)
+        if key not in seen:
+            seen.add(key)
+            rows.append((text, e))
+    return rows[:8]
 
 
 def run_cost(est: Estimate, tokens: float, price_per_gpu_hour: float | None,
