@@ -91,9 +91,12 @@ def test_profiles_name_and_source_their_dispatch_format():
         assert p.moe_dispatch_dtype == "activation", name
         # Megatron-Core's dispatcher moves the activation dtype too, with its probabilities'
         # all-to-all and counts' gather (stacks.megatron.MEGATRON_ALLTOALL_DISPATCH)
-        # (DeepSpeed's names its padded expert buffers too: stacks.deepspeed.DEEPSPEED_MOE_DISPATCH)
+        # (DeepSpeed's names its padded expert buffers too: stacks.deepspeed.DEEPSPEED_MOE_DISPATCH;
+        # plan.apply's dispatches again when a block is recomputed: stacks.pytorch.
+        # PLAN_APPLY_DISPATCH, for the profiles built on the torch stack's choices)
         assert CHOICES[name].names()["expert_dispatch"] in (
-            ACTIVATION_DTYPE_DISPATCH.name, "megatron-alltoall-0.13", "deepspeed-moe"), name
+            ACTIVATION_DTYPE_DISPATCH.name, "megatron-alltoall-0.13", "deepspeed-moe",
+            "plan-apply-dispatch"), name
         src = p.cost_sources["moe_dispatch_dtype"]
         for where in ("token_dispatcher.py", "expert_parallel.py", "sharded_moe.py"):
             assert where in src, (name, where)
