@@ -41,7 +41,7 @@ from operator import itemgetter
 from ..config import ParallelConfig
 from ..cost.model import CostModel, StageLayout
 from . import rank_dp, recompute
-from .rankcost import MODES, STRENGTH, RankCosts, rank_costs, slots
+from .rankcost import MODES, STRENGTH, RankCosts, costs_key, rank_costs, slots
 from .recompute import SolveLog
 
 __all__ = ["MODES", "FIT_RTOL", "rank_recompute", "rank_recompute_bounded", "rank_fits",
@@ -176,8 +176,7 @@ def _problem_key(rc: RankCosts, modes: tuple[str, ...]) -> tuple:
     activation and transient bytes of each mode (not the layers' indices)."""
     sigs = rc.derived.get("key")
     if sigs is None:   # the layers' part, the same for every rank built from them
-        sigs = rc.derived["key"] = tuple(
-            (k, tuple(t.items()), tuple(a.items()), tuple(tr.items())) for k, t, a, tr in rc.sigs)
+        sigs = rc.derived["key"] = costs_key(rc.sigs)
     return (modes, rc.limit_bytes, rc.fixed_bytes, rc.floor_bytes, sigs)
 
 
@@ -361,9 +360,7 @@ def dp_cut(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES,
     def floor(i: int, a: int, b: int) -> float:
         """f(i, a, b) where known, else a lower bound on it (:func:`time_floor`): enough to
         skip an interval that could not improve the programme's value."""
-        hit = local.get((i, a, b))
-        if hit is None:
-            hit = low.get((i, a, b))
+        hit = low.get((i, a, b))   # exact values too (f writes them there)
         if hit is None:
             key = key_of(i, a, b)
             hit = memo.get(key)
@@ -410,7 +407,7 @@ def dp_cut(cm: CostModel, c: ParallelConfig, allowed: tuple[str, ...] = MODES,
     # or above it cannot lead below it, so states start there (each then holds its exact value
     # when below the bound, else the bound; the value found is exact either way, the even cut
     # reaching the bound), and most (stage, end, start) are never priced
-    start = min(_even_cut_bound(f, n, p), inf)
+    start = _even_cut_bound(f, n, p)
     for i in range(1, p):
         last = i == p - 1
         before = best[i - 1]

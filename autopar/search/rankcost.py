@@ -139,11 +139,18 @@ def _layer_costs(cm: CostModel, c: ParallelConfig, st: StageLayout, modes: tuple
         costs.append((len(idx), secs, {m: a * st.flight for m, a in acts.items()}, trans))
     # the solvers' derived data reads the costs' values only: ranks of other layers with the
     # same values (another stretch of identical blocks) share it
-    sigs = tuple((k, tuple(t.items()), tuple(a.items()), tuple(tr.items()))
-                 for k, t, a, tr in costs)
+    sigs = costs_key(costs)
     derived = memo.setdefault(("derived", floor, modes, sigs), {"key": sigs})
     hit = memo[key] = (tuple(fixed), floor, by_sig, costs, derived)
     return hit
+
+
+def costs_key(costs: list) -> tuple:
+    """The per-signature costs of :attr:`RankCosts.sigs` as a hashable key (blocks, then each
+    mode's seconds, activation and transient bytes): what a rank's problem reads of its layers,
+    not their indices."""
+    return tuple((k, tuple(t.items()), tuple(a.items()), tuple(tr.items()))
+                 for k, t, a, tr in costs)
 
 
 def rank_costs(cm: CostModel, c: ParallelConfig, st: StageLayout,
