@@ -252,7 +252,7 @@ def _split_lines(raw: list[dict], cv: bool, pairs: bool, memory: bool, held_out:
                      f"{100 * spread:+.0f}%  {r.chosen if r.chosen else ''}")
     if cv:
         lines += validation.loso(rows, held_out)
-        lines += validation.host_warning_lines(rows)
+        lines += validation.host_lines(rows)
         lines += regimes.table(rows, held_out)
         if not held_out:
             lines += regimes.refit_coverage(rows)

@@ -32,7 +32,7 @@ import autopar
 from autopar.api import model_graph
 from autopar.config import V_SCHEDULES
 from autopar.cost.model import CostModel
-from autopar.cost.notes import stated_host_step_s
+from autopar.cost.notes import HOST_NOTE_SHARE
 from autopar.frameworks import (FrameworkProfile, MemoryConventions, get_profile, shard_within,
                                 with_compiled_loss, with_inplace_loss, with_pure_bf16)
 from autopar.frameworks.choices import TORCH_COMPILE, with_choice
@@ -57,10 +57,12 @@ from autopar.frameworks.stacks.xtuner import with_xtuner_attention
 from autopar.search.optimize import search
 
 from .records import Record, RecordError, parse, source_key
+from . import host_rate as host_rates
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 #: Names of cost-model constants fitted to published records (refitted per left-out source).
-FITTED_CONSTANTS: tuple[str, ...] = ()
+FITTED_CONSTANTS: tuple[str, ...] = (
+    "host_op_s_published of megatron and nemo (benchmarks.host_rate)",)
 #: Measured step times closer than this (relative) are a tie: no order to get right.
 PAIR_TIE = 0.01
 GIB = 2 ** 30
@@ -488,9 +490,9 @@ class Row:
     #: the estimate's regime key (:meth:`autopar.cost.regime.Regime.key`, as the cost model
     #: computes it: the cell its band is looked up in); () when not estimated here
     regime: tuple = ()
-    #: the step the estimate's host-time warning states (:func:`autopar.cost.notes.
-    #: host_rate_notes`), seconds; None when it does not warn
-    host_warned_s: float | None = None
+    #: share of the predicted step that is host issue time no GPU work hides (the time
+    #: breakdown's ``host_exposed`` over the step)
+    host_share: float = 0.0
 
     def memory_as_published(self) -> float:
         """Predicted GiB of the counter the record publishes (its ``memory_kind`` on its
@@ -507,9 +509,12 @@ class Row:
         return None if not m else (self.predicted_s - m) / m
 
 
-def evaluate(rec: Record, spread: bool = True) -> Row:
+def evaluate(rec: Record, spread: bool = True, host_rate: float | None = None) -> Row:
     """Predict one record under its framework's defaults for open fields; with ``spread`` also
     the fastest legal choice of the open fields (a search), else ``fastest_s`` is the prediction.
+    A stack with a per-kernel host rate (megatron, nemo) is priced at ``host_rate`` seconds
+    when given, else at the rate set without the record's source
+    (:func:`benchmarks.host_rate.loso_rate`; the profile's own where its source set none).
 
     Raises:
         autopar.AutoparError: the published plan is not one autopar can represent.
@@ -517,6 +522,10 @@ def evaluate(rec: Record, spread: bool = True) -> Row:
     train = training(rec)
     graph, _ = model_graph(rec.model, train)
     profile = record_profile(rec)
+    if host_rate is None and profile.host_op_s_published > 0:
+        host_rate = host_rates.loso_rate(source_key(rec.raw))
+    if host_rate is not None:
+        profile = host_rates.with_rate(profile, host_rate)
     cm = CostModel(graph, rec.cluster, train, framework=profile)
     chosen = framework_defaults(rec)
     fixed = dict(rec.fixed)
@@ -543,31 +552,30 @@ def evaluate(rec: Record, spread: bool = True) -> Row:
                   for kind in ("allocated", "active", "reserved", "device"))
     return Row(rec, e.step_time_s, fastest, e.memory_per_gpu_bytes / GIB, e.fits, chosen, e.mfu,
                e.error_band.half_width if e.error_band is not None else None, kinds,
-               e.error_band.cell if e.error_band is not None else (), stated_host_step_s(e.warnings))
+               e.error_band.cell if e.error_band is not None else (),
+               e.time_breakdown.host_exposed / e.step_time_s if e.step_time_s else 0.0)
 
 
-def host_warning_lines(rows: list[Row]) -> list[str]:
-    """How the host-time warning (:func:`autopar.cost.notes.host_rate_notes`) sorts the runs
-    of the frameworks that publish a per-kernel host time: the runs it warns on and the
-    others, each with n, signed bias and MAPE of the priced step, and for the warned runs the
-    same of the step the warning states. A diagnostic of the warning, not of the model."""
-    warned = [r for r in rows if r.error is not None and r.host_warned_s is not None]
-    names = {profile_name(r.rec) for r in warned}
-    quiet = [r for r in rows if r.error is not None and r.host_warned_s is None
-             and profile_name(r.rec) in names]
-    if not warned:
-        return ["host-time warning: no run with a measured step time is warned"]
+def host_lines(rows: list[Row]) -> list[str]:
+    """How the runs of the stacks with a per-kernel host rate (:func:`benchmarks.host_rate.
+    loso_rate`) split: those whose priced step is :data:`autopar.cost.notes.HOST_NOTE_SHARE`
+    or more exposed host time, and the others, each with n, signed bias and MAPE."""
+    mine = [r for r in rows if r.error is not None
+            and record_profile(r.rec).host_op_s_published > 0]
+    if not mine:
+        return ["host-bound runs: no run of a stack with a per-kernel host rate"]
+    bound = [r.error for r in mine if r.host_share >= HOST_NOTE_SHARE]
+    rest = [r.error for r in mine if r.host_share < HOST_NOTE_SHARE]
 
     def fig(errs):
         return (f"n {len(errs)}, bias {100 * sum(errs) / len(errs):+.1f}%, "
                 f"MAPE {_mape(errs):.1f}%") if errs else "n 0"
 
-    stated = [r.host_warned_s / r.rec.measured_step_s - 1 for r in warned]
-    return [f"host-time warning ({', '.join(sorted(names))}: the profile's published "
-            "per-kernel host time, not priced):",
-            f"  warned runs, priced step:  {fig([r.error for r in warned])}",
-            f"  warned runs, stated step:  {fig(stated)}",
-            f"  their other runs:          {fig([r.error for r in quiet])}"]
+    names = ", ".join(sorted({record_profile(r.rec).name for r in mine}))
+    return [f"host-bound runs ({names}: the stack's per-kernel host rate, set without each "
+            "run's source):",
+            f"  host >= {HOST_NOTE_SHARE:.0%} of the priced step: {fig(bound)}",
+            f"  the other runs of those stacks:   {fig(rest)}"]
 
 
 #: What a record autopar cannot estimate raises (it is refused with :func:`refusal`).
@@ -724,8 +732,9 @@ def _plan(rec: Record) -> tuple:
 def pairs(rows: list[Row]) -> list[str]:
     """Lines: each same-problem pair of measured runs of one framework that differ in the plan,
     right or wrong, then the accuracy over all pairs, over the pairs of MoE runs, and over the
-    pairs neither of whose runs the estimate warns host-bound (:attr:`Row.host_warned_s`: the
-    model says it does not price such a run's step, so its order there is not a claim). Runs
+    pairs neither of whose runs is host-bound (:attr:`Row.host_share` below
+    :data:`autopar.cost.notes.HOST_NOTE_SHARE`: the order of runs the host time decides rests on
+    one fitted rate). Runs
     with the same plan (e.g. with and without torch.compile) are not a plan pair; a predicted
     tie counts as wrong (the planner could not tell them apart)."""
     groups: dict[tuple, list[Row]] = defaultdict(list)
@@ -734,7 +743,7 @@ def pairs(rows: list[Row]) -> list[str]:
             groups[_problem(r.rec)].append(r)
     lines = []
     # (right, total) over all pairs, over pairs of MoE runs, over pairs neither of whose runs
-    # the estimate warns host-bound (the pairs the model claims to price)
+    # is host-bound
     tally = {"all": [0, 0], "moe": [0, 0], "quiet": [0, 0]}
     for g in groups.values():
         for i, a in enumerate(g):
@@ -745,7 +754,7 @@ def pairs(rows: list[Row]) -> list[str]:
                 pa, pb = a.predicted_s, b.predicted_s
                 ok = abs(pa - pb) > 1e-9 * max(pa, pb) and (pa < pb) == (ma < mb)
                 kinds = ["all"] + ["moe"] * a.rec.model.is_moe + ["quiet"] * (
-                    a.host_warned_s is None and b.host_warned_s is None)
+                    max(a.host_share, b.host_share) < HOST_NOTE_SHARE)
                 for k in kinds:
                     tally[k][0] += ok
                     tally[k][1] += 1
@@ -759,7 +768,7 @@ def pairs(rows: list[Row]) -> list[str]:
 
     lines.append(f"pairs ordered as measured: {share('all')}")
     lines.append(f"MoE pairs ordered as measured: {share('moe')}")
-    lines.append(f"pairs neither of whose runs is warned host-bound ordered as measured: "
+    lines.append(f"pairs neither of whose runs is host-bound ordered as measured: "
                  f"{share('quiet')}")
     return lines
 

@@ -101,7 +101,19 @@ def test_builtin_and_hugging_face_llamas_cost_the_same(graphs, name):
         for label, config in CONFIGS.items():
             built, traced = _both(graphs[name], framework, config)
             where = f"{name} {framework} {label}"
-            assert traced.step_time_s == pytest.approx(built.step_time_s, rel=0.01), where
+            if built.time_breakdown.host_exposed or traced.time_breakdown.host_exposed:
+                # a host-bound layer (Megatron-Core's per-kernel rate) pays for the kernels
+                # each graph issues, and the traced one issues more (its RoPE tables, computed
+                # once per micro-batch): a real difference of the graphs, compared apart from
+                # the GPU work, which must agree
+                assert traced.step_time_s >= built.step_time_s * (1 - 1e-9), where
+                graphed = get_profile(framework).with_costs({"host_issue": "test"},
+                                                            host_issue="cuda_graph")
+                built_g, traced_g = _both(graphs[name], framework, config, graphed)
+                assert traced_g.step_time_s == pytest.approx(built_g.step_time_s,
+                                                             rel=0.01), where
+            else:
+                assert traced.step_time_s == pytest.approx(built.step_time_s, rel=0.01), where
             # memory: HF's RoPE cos/sin tables, computed once per micro-batch and saved by every
             # block, count once per block (+0.1% at 8B, tp2 pp2)
             assert traced.memory_per_gpu_bytes == pytest.approx(built.memory_per_gpu_bytes,

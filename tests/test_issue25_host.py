@@ -116,14 +116,21 @@ def test_a_small_model_is_host_bound_and_cuda_graphs_remove_it():
 
 
 def test_a_large_model_is_not_host_bound_and_costs_as_before():
+    """A Llama 3 8B block at 4096 tokens has GPU work enough to hide its host time; under
+    Megatron-Core's per-kernel rate (~160 us) only the small layers outside the blocks show a
+    little (under 1% of the step)."""
     train = autopar.TrainingConfig(global_batch_size=8, seq_len=4096)
     cfg = autopar.ParallelConfig(tp=1, pp=1, dp=8, zero_stage=3, micro_batch_size=1)
     for fw in ("torch", "torchtitan", "megatron"):
         profile = get_profile(fw)
         e = _estimate("llama3-8b", "1x8xH100", train, cfg, profile)
         g = _estimate("llama3-8b", "1x8xH100", train, cfg, with_choice(profile, CUDA_GRAPHS))
-        assert e.time_breakdown.host_exposed == 0.0, fw
-        assert e.step_time_s == g.step_time_s, fw
+        if fw == "megatron":
+            assert 0 <= e.time_breakdown.host_exposed < 0.01 * e.step_time_s
+            assert e.step_time_s == pytest.approx(g.step_time_s, rel=0.01)
+        else:
+            assert e.time_breakdown.host_exposed == 0.0, fw
+            assert e.step_time_s == g.step_time_s, fw
 
 
 def test_plan_files_without_host_exposed_still_read():
@@ -141,18 +148,20 @@ def _host_note(e):
     return notes[0] if notes else None
 
 
-def _stated_s(note: str) -> float:
-    import re
-    return float(re.search(r"this step would take about ([0-9.e+-]+) s", note).group(1))
-
-
-def test_megatron_states_its_published_host_time_and_the_step_at_that_rate():
-    """Megatron-Core/TE's CI step times imply ~100 us per kernel (the profile's
-    host_op_s_published, with its source); the estimate keeps pricing the measured 8.13 us and
-    warns with the step at the published rate, which matches re-pricing with that rate."""
+def test_megatron_prices_its_stack_host_rate_and_says_so():
+    """Megatron-Core/TE's per-kernel host rate, inverted from the host-bound runs of seven
+    public sources (benchmarks/data/host/stack_host_rates.json, the median over sources), is
+    priced: a small model's step is host-bound where the measured dispatch rate alone (8.13 us)
+    hides it, the step equals re-pricing with that rate as CostParams.host_op_s, and the
+    estimate's note names the rate, its origin and the fixes."""
+    import json
+    from pathlib import Path
     meg = get_profile("megatron")
-    assert meg.host_op_s_published == pytest.approx(100e-6)
-    assert "golden_values_dev_dgx_h100" in meg.cost_sources["host_op_s_published"]
+    rates = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "host"
+                        / "stack_host_rates.json").read_text())
+    assert meg.host_op_s_published == pytest.approx(rates["rate_s"], rel=1e-3)
+    assert len(rates["sources"]) >= 3
+    assert "stack_host_rates.json" in meg.cost_sources["host_op_s_published"]
     assert get_profile("nemo").host_op_s_published == meg.host_op_s_published
     for name in ("torch", "torchtitan", "deepspeed", "megatron-2023", "inhouse-2024"):
         assert get_profile(name).host_op_s_published == 0.0, name
@@ -160,15 +169,17 @@ def test_megatron_states_its_published_host_time_and_the_step_at_that_rate():
     cfg = autopar.ParallelConfig(tp=1, pp=1, dp=8, zero_stage=1, micro_batch_size=1)
     e = _estimate("gpt-1.7b", "1x8xH100", train, cfg, meg)
     note = _host_note(e)
-    assert note is not None and "not priced" in note and "cuda-graphs" in note
-    # the price is unchanged: the torch-like 8.13 us per kernel
-    assert e.time_breakdown.host_exposed == 0.0
+    assert note is not None and "cuda-graphs" in note and "host_op_s_published" in note
+    assert f"at {meg.host_op_s_published * 1e6:.3g} us of host time each" in note
+    assert e.time_breakdown.host_exposed > 0.1 * e.step_time_s
     graph = model_graph("gpt-1.7b", train)[0]
-    slow = CostModel(graph, autopar.Cluster.from_spec("1x8xH100"), train, framework=meg,
-                     params=replace(CostParams(), host_op_s=meg.host_op_s_published))
-    repriced = slow.estimate(cfg).step_time_s
-    assert repriced > 1.1 * e.step_time_s
-    assert _stated_s(note) == pytest.approx(repriced, rel=0.02)
+    raw = CostModel(graph, autopar.Cluster.from_spec("1x8xH100"), train, framework=meg,
+                    params=replace(CostParams(), host_op_s=meg.host_op_s_published))
+    assert raw.estimate(cfg).step_time_s == pytest.approx(e.step_time_s, rel=1e-9)
+    # without the stack rate only the measured dispatch rate is priced: no host time shows
+    bare = _estimate("gpt-1.7b", "1x8xH100", train, cfg,
+                     meg.with_costs({"host_op_s_published": "test"}, host_op_s_published=0.0))
+    assert bare.time_breakdown.host_exposed == 0.0 and bare.step_time_s < 0.9 * e.step_time_s
 
 
 def test_no_host_time_note_under_cuda_graphs_other_stacks_or_enough_work():
@@ -176,10 +187,10 @@ def test_no_host_time_note_under_cuda_graphs_other_stacks_or_enough_work():
     cfg = autopar.ParallelConfig(tp=1, pp=1, dp=8, zero_stage=1, micro_batch_size=1)
     meg = get_profile("megatron")
     graphed = _estimate("gpt-1.7b", "1x8xH100", train, cfg, with_choice(meg, CUDA_GRAPHS))
-    assert _host_note(graphed) is None
+    assert _host_note(graphed) is None and graphed.time_breakdown.host_exposed == 0.0
     assert with_choice(meg, CUDA_GRAPHS).host_op_s_published == 0.0
     assert _host_note(_estimate("gpt-1.7b", "1x8xH100", train, cfg, get_profile("torch"))) is None
-    # a Llama-3-8B block at 4096 tokens: ~100 us of GPU work per kernel, nothing to warn
+    # a Llama-3-8B block at 4096 tokens: enough GPU work per kernel, nothing to note
     big = autopar.TrainingConfig(global_batch_size=8, seq_len=4096)
     e = _estimate("llama3-8b", "1x8xH100", big,
                   autopar.ParallelConfig(tp=1, pp=1, dp=8, zero_stage=1, micro_batch_size=1),
@@ -191,3 +202,18 @@ def test_a_negative_published_host_time_is_refused():
     with pytest.raises(InvalidTrainingConfig, match="host_op_s_published"):
         get_profile("megatron").with_costs({"host_op_s_published": "test"},
                                            host_op_s_published=-1e-6)
+
+
+def test_stack_host_rates_file_is_the_corpus_output():
+    """benchmarks/data/host/stack_host_rates.json is what `python -m benchmarks.host_rate`
+    computes from the development split (regenerate with --write), and each source's
+    leave-one-source-out rate is the median of the others' rates."""
+    import statistics
+    from benchmarks import host_rate
+    data = host_rate.compute()
+    assert data == host_rate._load(), "run `python -m benchmarks.host_rate --write`"
+    for key, src in data["sources"].items():
+        assert src["rate_s"] == statistics.median(src["runs"].values())
+        others = [s["rate_s"] for k, s in data["sources"].items() if k != key]
+        assert host_rate.loso_rate(key, data) == statistics.median(others)
+    assert host_rate.loso_rate("a source with no host-bound run", data) is None

@@ -148,21 +148,21 @@ def test_loso_prints_moe_and_dense_figures_with_sources_beyond_15_percent():
             "10.0% bias +10.0%; sources with bias beyond +-15%: 0") in lines
 
 
-def test_pairs_counts_moe_pairs_and_pairs_without_a_host_warning_apart():
+def test_pairs_counts_moe_pairs_and_pairs_without_a_host_bound_run_apart():
     """Three plans of one MoE problem (a 3-pair group) and two of a dense one: the MoE pair
-    with a host-warned run counts in all and MoE pairs, not among the unwarned."""
+    with a host-bound run counts in all and MoE pairs, not among those without one."""
     m1 = records.parse(_moe("m1"))
     m2 = records.parse(_moe("m2", plan__tp=2, plan__dp=4, measured__step_time_s=2.0))
     m3 = records.parse(_moe("m3", plan__tp=4, plan__dp=2, measured__step_time_s=3.0))
     d1 = records.parse(_record("d1"))
     d2 = records.parse(_record("d2", plan__tp=2, plan__dp=4, measured__step_time_s=2.0))
-    warned = replace(_row(m3, 2.5), host_warned_s=3.0)
+    warned = replace(_row(m3, 2.5), host_share=0.4)
     # m1 < m2 right, m1 < m3 right, m2 (2.6) > m3 (2.5) wrong; d1 > d2 predicted: wrong
     rows = [_row(m1, 1.0), _row(m2, 2.6), warned, _row(d1, 2.1), _row(d2, 2.0)]
     lines = validation.pairs(rows)
     assert "pairs ordered as measured: 2 of 4 (50.0%)" in lines
     assert "MoE pairs ordered as measured: 2 of 3 (66.7%)" in lines
-    assert ("pairs neither of whose runs is warned host-bound ordered as measured: 1 of 2 "
+    assert ("pairs neither of whose runs is host-bound ordered as measured: 1 of 2 "
             "(50.0%)") in lines
 
 

@@ -12,7 +12,7 @@ import autopar
 from autopar.config import DISPATCHERS
 from autopar.cost.dispatch import DEEPEP, deepep_time, expected_distinct
 from autopar.errors import InfeasibleError, InvalidParallelConfig
-from autopar.frameworks import get_profile, rules
+from autopar.frameworks import get_profile, rules, with_host_rate
 
 GB = 1e9
 
@@ -90,7 +90,11 @@ def _estimate(dispatcher: str, framework: str = "megatron", spec: str = "4x8xH80
     train = autopar.TrainingConfig(global_batch_size=32, seq_len=1024, micro_batch_size=1,
                                    framework=framework)
     cfg = autopar.ParallelConfig(tp=1, pp=1, ep=32, dispatcher=dispatcher)
-    return autopar.estimate(_QWEN_MOE, spec, train, cfg)
+    # this toy MoE is host-bound at Megatron-Core's per-kernel rate, which would hide the
+    # dispatchers' GPU-side costs: priced without it
+    profile = (with_host_rate(framework, 0.0, "test: the dispatchers' GPU-side costs alone")
+               if get_profile(framework).host_op_s_published else None)
+    return autopar.estimate(_QWEN_MOE, spec, train, cfg, profile=profile)
 
 
 def test_deepep_prices_less_expert_traffic_than_alltoall_across_nodes():
@@ -300,9 +304,11 @@ def test_the_search_offers_no_deepep_plan_its_kernels_cannot_run():
     assert str(info.value).startswith("no legal parallel layout for moe-2node on 48 GPUs: "
                                       "dispatcher 'deepep' runs its expert-TP x EP group of "
                                       "expert_tp*ep = 1*12 = 12 ranks only at [2, 4, 8, 16, ")
-    # with expert_tp open, ep 12 pairs with expert_tp 2 (24 ranks)
+    # with expert_tp open, ep 12 pairs with expert_tp 2 (24 ranks; priced without the
+    # per-kernel host rate, under which this toy MoE is host-bound and expert_tp 4 ties)
     plan = autopar.optimize(model, "6x8xH800-80GB", train,
-                            fixed={"tp": 1, "pp": 1, "ep": 12, "dispatcher": "deepep"})
+                            fixed={"tp": 1, "pp": 1, "ep": 12, "dispatcher": "deepep"},
+                            profile=with_host_rate("megatron", 0.0, "test: GPU-side costs"))
     assert (plan.config.etp, plan.config.ep) == (2, 12)
 
 

@@ -18,6 +18,7 @@ from autopar.cli import main  # noqa: E402
 from autopar.cost import capacity  # noqa: E402
 from autopar.cost.model import CostModel  # noqa: E402
 from autopar.errors import InvalidTrainingConfig  # noqa: E402
+from autopar.frameworks import with_host_rate  # noqa: E402
 
 # 8 experts top-2 of FFN 4096, hidden 2048 (large enough that the GPU, not the host, sets the
 # pace): seq 1024 -> T x k / E = 256 rows per expert
@@ -39,7 +40,10 @@ def graph():
 
 
 def _estimate(graph, ep: int, **kw):
-    cm = CostModel(graph, autopar.Cluster.from_spec("1x4xH100"), _train(**kw))
+    # this toy MoE is host-bound at Megatron-Core's per-kernel rate, which would hide the
+    # expert loads' GPU-side costs: priced without it
+    cm = CostModel(graph, autopar.Cluster.from_spec("1x4xH100"), _train(**kw),
+                   framework=with_host_rate("megatron", 0.0, "test: GPU-side costs alone"))
     return cm.estimate(autopar.ParallelConfig(**_PLAN, ep=ep))
 
 

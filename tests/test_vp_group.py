@@ -203,4 +203,6 @@ def test_the_plan_command_names_the_group_it_chose(capsys):
                  "megatron", "--global-batch", "44", "--seq-len", "2048", "--tp", "1", "--pp",
                  "4", "--micro-batch", "1", "--objective", "fastest"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "interleaved-1f1b, v=4" in out and "6 micro-batches per chunk in" in out
+    # the interleaving depth the search picks moves with the host time of the stage edges'
+    # small layers (Megatron-Core's per-kernel rate); the group is named whatever it is
+    assert "interleaved-1f1b, v=" in out and "6 micro-batches per chunk in" in out

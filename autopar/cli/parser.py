@@ -331,9 +331,7 @@ def _search_flags(p: argparse.ArgumentParser) -> None:
                    "(fewer parallel dimensions) of a validated regime is inside the fastest "
                    "plan's error band (for an unvalidated regime the corpus-wide band "
                    "stands in), return the simpler plan and list the faster one first among "
-                   "the alternatives (first, where the fastest plan is host-bound at its "
-                   "stack's published per-kernel host time, the plan inside its band least "
-                   "slowed by it); fastest: the model's fastest plan")
+                   "the alternatives; fastest: the model's fastest plan")
     p.add_argument("--memory-margin", type=_margin, default=None, metavar="FRACTION",
                    help="keep this fraction of each GPU's memory free for the memory model's "
                    f"error (0 to 0.5; default {_margin_default_text()}): plans use at most "

@@ -423,7 +423,7 @@ class BlockCosts(MoEBlockCosts):
         transient += act - kept
         act = kept
         host = cached_host_time(self._host, layer, self.inputs.profile,
-                                self.inputs.params.host_op_s, mode, mr.ops if mr else None)
+                                self.inputs.kernel_host_s, mode, mr.ops if mr else None)
         # the weight-gradient GEMMs (lt.wgrad_s) run apart from the rest of backward under a
         # zero-bubble schedule; recomputation and communication stay with the input gradient
         bc = BlockCost(fwd_s=lt.fwd_s + tf + cf + ef / 2 + copy_s,

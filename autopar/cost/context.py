@@ -70,6 +70,14 @@ class CostInputs:
         """The cluster's :class:`~autopar.hardware.Device`."""
         return self.cluster.device
 
+    @property
+    def kernel_host_s(self) -> float:
+        """Host seconds to issue one counted kernel of a layer (:mod:`autopar.cost.host`): the
+        stack's own rate (:attr:`~autopar.frameworks.FrameworkProfile.host_op_s_published`: its
+        module code per kernel, from published step times) where it exceeds the measured
+        dispatch rate :attr:`~autopar.cost.params.CostParams.host_op_s`, else that rate."""
+        return max(self.params.host_op_s, self.profile.host_op_s_published)
+
     @classmethod
     def build(cls, graph: ModelGraph, cluster, train: TrainingConfig,
               params: CostParams | None, attention_kernel: str | None,

@@ -38,11 +38,11 @@ aten/src/ATen/native/cuda/MultiTensorApply.cuh
 to 320 x 65,536 = 21 M elements, so the step's HBM time dominates its issue time except on a
 few million parameters per rank), autograd's accumulate-grad and module-hook work.
 
-Host seconds per op: :attr:`autopar.cost.params.CostParams.host_op_s` (measured, see there).
-A framework's own Python per layer (Megatron-Core modules, Transformer Engine's module
-bookkeeping) is not in it either: no public source gives it, and the Megatron-LM CI goldens of a
-hidden-512 model imply ~100 us per counted kernel in total (docs/cost-model.md, Host issue time;
-``benchmarks/gpu_host.py`` is the prepared measurement).
+Host seconds per kernel: :attr:`autopar.cost.context.CostInputs.kernel_host_s`, the measured
+dispatch rate :attr:`autopar.cost.params.CostParams.host_op_s`, or a stack's own per-kernel rate
+where it is larger (:attr:`autopar.frameworks.FrameworkProfile.host_op_s_published`:
+Megatron-Core and Transformer Engine's module code, inverted from host-bound published runs by
+``benchmarks/host_rate.py``; docs/cost-model.md, Host issue time).
 Under ``host_issue="cuda_graph"`` (:data:`autopar.frameworks.profiles.HOST_ISSUES`) a captured
 step replays its kernels with one launch per graph: no per-kernel host time is charged.
 """

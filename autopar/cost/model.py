@@ -36,7 +36,7 @@ from .dp import DataParallel
 from .embedding_sync import EmbeddingSync
 from .groups import Groups
 from .layout import Layouts, StageLayout
-from .notes import estimate_notes, host_rate_growth, host_rate_notes, resolve_notes
+from .notes import estimate_notes, host_bound_notes, resolve_notes
 from .params import CostParams
 from .pipeline.timing import PipelineTimer
 from .rank_memory import rank_memory
@@ -260,15 +260,6 @@ class CostModel:
             hit = noted[1]
         return hit
 
-    def published_host_step_s(self, config: ParallelConfig) -> float:
-        """:meth:`estimate`'s step seconds with each kernel at the framework's published host
-        time (:func:`autopar.cost.notes.host_rate_growth`; not a price). Raises as it does."""
-        c = self.resolve(config)
-        e = self.estimate(c)
-        pt = self.pipeline.timing(c, self.layouts.stage_layout(c))
-        return e.step_time_s + host_rate_growth(self.inputs, pt.stage_host,
-                                                e.num_micro_batches)[0]
-
     def step_without_dp_s(self, config: ParallelConfig) -> float:
         """``step_time_s - (dp_comm_exposed + overlap_slowdown + dp_copies)`` of
         :meth:`estimate`'s time breakdown (seconds): the step less everything the data-parallel
@@ -376,7 +367,7 @@ class CostModel:
         regime, band = self._regime(c)
         warns = (*self.graph.warnings, *plausibility_warnings(mfu, regime),
                  *estimate_notes(self.inputs, c),
-                 *host_rate_notes(self.inputs, pt.stage_host, m, step),
+                 *host_bound_notes(self.inputs, pt.stage_host, breakdown.host_exposed, step),
                  *headroom_warnings(totals[peak_rank], device.visible_memory_bytes,
                                     moe=self.graph.num_experts > 0))
         return Estimate(

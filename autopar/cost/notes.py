@@ -105,60 +105,34 @@ def no_effect_notes(inputs: CostInputs, c: ParallelConfig) -> tuple[str, ...]:
     return tuple(notes)
 
 
-#: How the host-time warning of :func:`host_rate_notes` begins, and the words before the step
-#: it states (read back by :func:`stated_host_step_s`).
+#: How the host-time note of :func:`host_bound_notes` begins.
 HOST_NOTE_PREFIX = "host time: "
-_STATED = "this step would take about "
-#: The step-time growth at a stack's published per-kernel host time from which an estimate
-#: warns (:func:`host_rate_notes`): 10%, the size of the development split's typical error.
-HOST_RATE_WARN = 0.10
+#: The share of the step the exposed host time must reach before an estimate says so
+#: (:func:`host_bound_notes`): 10%, the size of the development split's typical error.
+HOST_NOTE_SHARE = 0.10
 
 
-def host_rate_growth(inputs: CostInputs, stage_host: tuple, m: int) -> tuple[float, int]:
-    """(seconds the step would grow by if each kernel took the framework's published host
-    seconds, the pipeline rank that would be slowest then).
-
-    The published rate is :attr:`~autopar.frameworks.FrameworkProfile.host_op_s_published`,
-    the priced one :attr:`~autopar.cost.params.CostParams.host_op_s`. Each pipeline rank's
-    micro-batch then takes ``max(stream, k x host)`` per pass (``k`` the ratio of the two rates;
-    ``stage_host`` as :attr:`PipelineTiming.stage_host`), and the step grows by ``m`` times the
-    growth of the slowest rank's micro-batch (the bubble's growth is not counted: an estimate
-    of the size, not a price). (0.0, 0) under CUDA graphs or where no figure is published."""
-    prof, per = inputs.profile, inputs.params.host_op_s
-    if prof.host_issue != "per_kernel" or prof.host_op_s_published <= per or not stage_host:
-        return 0.0, 0
-    k = prof.host_op_s_published / per
-    now = [max(gf, hf) + max(gb, hb) for gf, gb, hf, hb in stage_host]
-    then = [max(gf, k * hf) + max(gb, k * hb) for gf, gb, hf, hb in stage_host]
-    return m * (max(then) - max(now)), then.index(max(then))
-
-
-def host_rate_notes(inputs: CostInputs, stage_host: tuple, m: int, step_s: float
-                    ) -> tuple[str, ...]:
-    """A warning when the step (``step_s`` seconds) would grow by :data:`HOST_RATE_WARN` or more
-    at the framework's published per-kernel host time (:func:`host_rate_growth`)."""
-    extra, r = host_rate_growth(inputs, stage_host, m)
-    if step_s <= 0 or extra < HOST_RATE_WARN * step_s:
+def host_bound_notes(inputs: CostInputs, stage_host: tuple, host_exposed_s: float,
+                     step_s: float) -> tuple[str, ...]:
+    """A note when the host's issue time exposed in the step (``host_exposed_s`` of
+    ``step_s`` seconds: the time breakdown's ``host_exposed``) is :data:`HOST_NOTE_SHARE` of it
+    or more: the kernels per micro-batch of the slowest-issuing pipeline rank
+    (``stage_host`` as :attr:`PipelineTiming.stage_host`), their average GPU time, the host
+    seconds each is priced at (:attr:`CostInputs.kernel_host_s`) and where that rate comes
+    from, and what lowers it."""
+    if step_s <= 0 or host_exposed_s < HOST_NOTE_SHARE * step_s or not stage_host:
         return ()
-    prof, per = inputs.profile, inputs.params.host_op_s
+    prof, per = inputs.profile, inputs.kernel_host_s
+    r = max(range(len(stage_host)), key=lambda i: stage_host[i][2] + stage_host[i][3])
     gf, gb, hf, hb = stage_host[r]
     n = round((hf + hb) / per)
+    rate = (f"the {prof.name} stack's rate from published step times (its profile's "
+            "host_op_s_published)" if per > inputs.params.host_op_s else
+            "the measured dispatch rate, a lower bound (CostParams.host_op_s)")
     return (f"{HOST_NOTE_PREFIX}pipeline rank {r} issues about {n:,} kernels per micro-batch for "
-            f"{(gf + gb) * 1e3:.3g} ms of GPU work ({(gf + gb) / max(n, 1) * 1e6:.0f} us each); "
-            f"autopar prices {per * 1e6:.3g} us of host time per kernel (a measured lower "
-            f"bound), while published step times of the {prof.name} stack imply about "
-            f"{prof.host_op_s_published * 1e6:.0f} us (its profile's host_op_s_published, "
-            f"not priced); at that rate {_STATED}{step_s + extra:.4g} s "
-            f"(+{extra / step_s:.0%}). Fix: CUDA graphs (--stack-option cuda-graphs), or more "
-            "work per kernel: more tokens per GPU (a larger global batch, or fewer GPUs), then "
-            "a larger micro-batch or less tensor or expert parallelism (pinning those alone, "
-            "the search may restore the split)",)
-
-
-def stated_host_step_s(warnings) -> float | None:
-    """The step seconds the host-time warning among ``warnings`` (an estimate's) states
-    (:func:`host_rate_notes`, 4 significant figures), or None without one."""
-    for w in warnings:
-        if w.startswith(HOST_NOTE_PREFIX) and _STATED in w:
-            return float(w.split(_STATED, 1)[1].split(" s", 1)[0])
-    return None
+            f"{(gf + gb) * 1e3:.3g} ms of GPU work ({(gf + gb) / max(n, 1) * 1e6:.0f} us each) "
+            f"at {per * 1e6:.3g} us of host time each ({rate}): the host adds "
+            f"{host_exposed_s:.3g} s ({host_exposed_s / step_s:.0%}) to this step. Fix: CUDA "
+            "graphs (--stack-option cuda-graphs), or more work per kernel: more tokens per GPU "
+            "(a larger global batch, or fewer GPUs), then a larger micro-batch or less tensor or "
+            "expert parallelism (pinning those alone, the search may restore the split)",)

@@ -7,10 +7,10 @@ from .edits import edits_text, profile_edits, with_edits
 from .memory import MemoryConventions
 from .profiles import CHUNK_RULES, CUT_RULES, FrameworkProfile
 from .stacks import (BAND_FRAMEWORK, PROFILES, band_framework, get_profile, shard_within,
-                     with_compiled_loss, with_inplace_loss, with_pure_bf16)
+                     with_compiled_loss, with_host_rate, with_inplace_loss, with_pure_bf16)
 from .seqrule import SeqLenRule
 
 __all__ = ["BAND_FRAMEWORK", "CHUNK_RULES", "CUT_RULES", "PROFILES", "band_framework",
            "FrameworkProfile", "MemoryConventions", "SeqLenRule", "edits_text", "get_profile",
            "profile_edits", "shard_within", "with_compiled_loss", "with_edits",
-           "with_inplace_loss", "with_pure_bf16"]
+           "with_host_rate", "with_inplace_loss", "with_pure_bf16"]

@@ -233,10 +233,12 @@ class FrameworkProfile:
         host_issue: how the host issues a micro-batch's kernels (:data:`HOST_ISSUES`):
             ``per_kernel`` charges each rank's micro-batch at least its kernel count times the
             host's time per op (:mod:`autopar.cost.host`); ``cuda_graph`` charges none.
-        host_op_s_published: seconds of host time per counted kernel that this stack's
-            published step times imply beyond what is priced (not a measurement of host time;
-            0 = none published). Never priced: an estimate whose step would grow by 10% or
-            more at this rate says so (:func:`autopar.cost.notes.host_rate_notes`).
+        host_op_s_published: seconds of host time per counted kernel this stack's own module
+            code takes, inverted from published step times of host-bound runs (not a
+            measurement of host time; 0 = none published). Priced where it exceeds the
+            measured dispatch rate (:attr:`autopar.cost.context.CostInputs.kernel_host_s`);
+            an estimate whose exposed host time reaches 10% of the step says so
+            (:func:`autopar.cost.notes.host_bound_notes`).
         moe_dispatch_dtype: the format MoE tokens travel in along the dispatch direction
             (:data:`MOE_DISPATCH_DTYPES`): the forward dispatch and the backward dispatch of the
             combine's gradient; ``fp8_1x128`` moves FP8 with per-tile scales there under

@@ -303,7 +303,7 @@ DEFAULT_COST_SOURCES = {
                   "(torch.compile's default mode, torchtitan, Megatron-LM without "
                   "--enable-cuda-graph): the host issues every kernel",
     "host_op_s_published": "no published step time of this stack implies a host time per "
-                           "kernel beyond the priced one: 0",
+                           "kernel beyond the measured dispatch rate (CostParams.host_op_s): 0",
     "moe_dispatch_sync_ops": "no blocking host read in an MoE dispatcher is priced unless a "
                              "framework's dispatcher is read to make one (autopar.frameworks."
                              "stacks.megatron.ALLTOALL_SEQ_2024)",

@@ -32,13 +32,6 @@ fastest plan's own error band:
   wins, then the fastest of those, then :func:`autopar.search.ranking.simplicity_key`. When it
   exists it is returned, and F is listed first among the alternatives with the note of
   :func:`passed_over_note`; otherwise F is returned, as the ``"fastest"`` objective does.
-- **Host time first**: where F would take :data:`autopar.cost.notes.HOST_RATE_WARN` or more
-  longer at its stack's published per-kernel host time
-  (:attr:`~autopar.frameworks.FrameworkProfile.host_op_s_published`, not priced;
-  :meth:`~autopar.cost.model.CostModel.published_host_step_s`), the model knows it prices F
-  optimistically. Among the fitting candidates (simpler or not) no more than F's band slower
-  as priced, the one with the least step at the published host time is returned when that
-  step is below F's there (:func:`host_choice`); the rule above then does not run.
 
 Deterministic: the searches are, and the choice is a total order over their results.
 """
@@ -49,10 +42,9 @@ from dataclasses import replace
 
 from ..cost import published
 from ..cost.model import CostModel
-from ..cost.notes import HOST_RATE_WARN, stated_host_step_s
 from ..cost.regime import ANY, FIELDS, Regime, band_for
 from ..cost.types import Estimate
-from ..errors import AutoparError, InvalidParallelConfig, InvalidSearchOption
+from ..errors import AutoparError, InvalidSearchOption
 from . import space
 from .margin import search_with_margin
 from .optimize import SearchResult
@@ -138,30 +130,6 @@ def choose(fastest: Estimate, candidates) -> Estimate | None:
     return min(inside, key=lambda c: (dims(c), c.step_time_s, *simplicity_key(c)))
 
 
-def host_choice(cm: CostModel, fastest: Estimate, candidates) -> Estimate | None:
-    """The plan the host-time rule returns instead of ``fastest`` (module docstring), or None
-    when ``fastest`` is not host-bound at its stack's published host time, or no candidate
-    is faster there inside ``fastest``'s band."""
-    half, _own = trusted_band(fastest)
-    t_f = cm.published_host_step_s(fastest.config)
-    if half is None or t_f < (1 + HOST_RATE_WARN) * fastest.step_time_s:
-        return None
-    inside = []
-    for c in candidates:
-        if not c.fits or c.config == fastest.config or not (
-                tied(c.step_time_s, fastest.step_time_s) or advantage(fastest, c) <= half):
-            continue
-        try:
-            t = cm.published_host_step_s(c.config)
-        except InvalidParallelConfig:   # a plan this cost model cannot price: not a candidate
-            continue
-        if t < t_f and not tied(t, t_f):
-            inside.append((t, c))
-    if not inside:
-        return None
-    return min(inside, key=lambda tc: (tc[0], tc[1].step_time_s, *simplicity_key(tc[1])))[1]
-
-
 def validated_kinds(cm: CostModel) -> set[str]:
     """The sharding kinds (:func:`autopar.cost.regime.sharding_kind`) whose regime, for ``cm``'s
     framework, precision, GPU, model (dense/MoE, size bucket) and cluster (scale bucket), the
@@ -203,7 +171,7 @@ def robust_result(cm: CostModel, result: SearchResult, fixed: dict | None = None
             candidates += list(extra.top) + list(extra.pareto)
         except (AutoparError, KeyboardInterrupt):
             pass   # nothing simpler fits (or the user stopped it): the kept plans decide
-    chosen = host_choice(cm, fastest, candidates) or choose(fastest, candidates)
+    chosen = choose(fastest, candidates)
     if chosen is None:
         return result
     rest = [e for e in result.top if e.config != chosen.config and e.config != fastest.config]
@@ -222,17 +190,6 @@ def passed_over(estimate: Estimate, alternatives, objective: str) -> Estimate | 
     return None
 
 
-def host_passed(estimate: Estimate, faster: Estimate) -> bool:
-    """Whether the host-time rule (:func:`host_choice`) passed ``faster`` over for
-    ``estimate``: ``faster`` is warned host-bound and ``estimate`` is not, or is warned
-    shorter."""
-    t_fast = stated_host_step_s(faster.warnings)
-    if t_fast is None:
-        return False
-    t_est = stated_host_step_s(estimate.warnings)
-    return t_est is None or t_est < t_fast
-
-
 def passed_over_note(estimate: Estimate, faster: Estimate) -> str:
     """"X% faster by the model, inside its band (± Y%): not trusted over a simpler, validated
     plan" for the plan ``faster`` the robust objective passed over for ``estimate``.
@@ -243,11 +200,6 @@ def passed_over_note(estimate: Estimate, faster: Estimate) -> str:
     t_faster - 1``, which is larger, with the band, so X is inside the band whenever the rule
     applied."""
     pct = 100 * (1 - faster.step_time_s / estimate.step_time_s)
-    if host_passed(estimate, faster):
-        return (f"{pct:.{1 if pct >= 0.1 else 3}f}% faster by the model, inside its band "
-                f"({band_text(faster)}), but host-bound at its stack's published host time "
-                f"(about {stated_host_step_s(faster.warnings):.3g} s a step there, this plan "
-                f"{stated_host_step_s(estimate.warnings) or estimate.step_time_s:.3g} s)")
     return (f"{pct:.{1 if pct >= 0.1 else 3}f}% faster by the model, inside its band "
             f"({band_text(faster)}): not trusted over a simpler, validated plan")
 
@@ -261,10 +213,6 @@ def objective_text(estimate: Estimate, alternatives, objective: str) -> str:
     if faster is None:
         return ("robust: the model's fastest plan (no simpler plan of a validated regime came "
                 f"within its error band, {band_text(estimate)})")
-    if host_passed(estimate, faster):
-        return ("robust: the plan least slowed by the per-kernel host time its stack's "
-                f"published step times imply; the fastest, alternative 1, is "
-                f"{passed_over_note(estimate, faster)}")
     return (f"robust: a simpler plan of a validated regime ({dims(estimate)} parallel "
             f"dimension{'s' if dims(estimate) != 1 else ''} against {dims(faster)}); the "
             f"fastest, alternative 1, is {passed_over_note(estimate, faster)}")

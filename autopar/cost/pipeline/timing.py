@@ -90,7 +90,7 @@ class PipelineTiming:
         bubble: pipeline idle seconds of it.
         stage_host: per rank, one micro-batch's (forward, backward) stream seconds before any
             host excess and (forward, backward) host seconds to issue its kernels
-            (:mod:`autopar.cost.host`), for :func:`autopar.cost.notes.host_rate_notes`.
+            (:mod:`autopar.cost.host`), for :func:`autopar.cost.notes.host_bound_notes`.
     """
 
     stage_time: tuple[float, ...]

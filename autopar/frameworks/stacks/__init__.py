@@ -98,6 +98,21 @@ def get_profile(framework: str | FrameworkProfile) -> FrameworkProfile:
             "stack listed here.") from None
 
 
+def with_host_rate(profile: str | FrameworkProfile, seconds: float,
+                   source: str) -> FrameworkProfile:
+    """``profile`` with its own host seconds per counted kernel set to ``seconds``
+    (:attr:`~autopar.frameworks.FrameworkProfile.host_op_s_published`, priced where it exceeds
+    the measured dispatch rate; 0 prices that rate alone), ``source`` saying where the figure
+    comes from: e.g. a rate inverted from one's own host-bound runs, or a
+    leave-one-source-out refit (``benchmarks/host_rate.py``).
+
+    Raises:
+        InvalidTrainingConfig: an unknown framework, a negative rate or an empty source.
+    """
+    return get_profile(profile).with_costs({"host_op_s_published": source},
+                                           host_op_s_published=seconds)
+
+
 def with_pure_bf16(profile: str | FrameworkProfile) -> FrameworkProfile:
     """``profile`` training in pure bf16: parameters, gradients and the optimizer's moments in
     bf16 with no fp32 master copy (:func:`autopar.frameworks.memory.pure_bf16`, each figure

@@ -127,22 +127,25 @@ MEGATRON_ALLTOALL_DISPATCH_BEFORE_0_13 = replace(
         "the tokens only and token_unpermutation weights the experts' output by "
         "self.local_probs on the rank that computed it: no probabilities' all-to-all")})
 
-#: Megatron-Core with Transformer Engine issues every kernel from the host, as every stock
-#: stack does; what its published step times imply per kernel is kept apart (warned, not
-#: priced: docs/cost-model.md, Host issue time).
+#: Megatron-Core with Transformer Engine issues every kernel from the host, through its own and
+#: Transformer Engine's module code: the per-kernel host rate its published host-bound steps imply
+#: is priced (docs/cost-model.md, Host issue time; benchmarks/host_rate.py).
 TE_HOST = HostIssue(
     name="te-per-kernel-launch",
-    summary="the host issues every kernel (no CUDA graphs); Megatron-LM's CI step times imply "
-            "~100 us of host time per kernel on a small model",
-    host_issue="per_kernel", host_op_s_published=100e-6, sources={
+    summary="the host issues every kernel (no CUDA graphs) through Megatron-Core's and "
+            "Transformer Engine's module code: ~160 us of host time per counted kernel",
+    host_issue="per_kernel", host_op_s_published=161.5e-6, sources={
         "host_issue": DEFAULT_COST_SOURCES["host_issue"],
         "host_op_s_published": (
-            "Megatron-LM CI goldens of its 12-layer, hidden-512 GPT test model on 8 DGX H100 "
-            "(tests/functional_tests/test_cases/gpt/*/golden_values_dev_dgx_h100.json at "
-            "d98e8a64dd): 53 ms per step with one micro-batch per rank (tp1 dp8) and 196 ms "
-            "with four (tp4 dp2), ~48 ms per micro-batch or ~4 ms per layer against under 1 ms "
-            "of priced GPU time and 36 counted kernels per layer: ~100 us per kernel. A total "
-            "(per-step logging in those configs included), not a measurement of host time")})
+            "median over 7 public sources of the per-kernel host rate at which each "
+            "host-bound run's priced step equals its measured one (benchmarks/data/host/"
+            "stack_host_rates.json, python -m benchmarks.host_rate): Megatron-LM CI goldens of "
+            "the 12-layer hidden-512 test model on DGX H100 (143 and 162 us, 7 and 16 runs), "
+            "AWS awsome-distributed-ai Qwen3-30B-A3B on p5 (132 us, 4 runs), Megatron-LM #756 "
+            "Mixtral 8x7B (114 us), xtuner's Megatron MoE benchmark (217 us), ms-swift's "
+            "Qwen3-30B-A3B example on A800 (686 us), swiss-ai's 300M model on GH200 (650 us). "
+            "A total per counted kernel (module code, the dispatcher's host reads, launches), "
+            "not a measurement of host time")})
 
 CHOICES = Choices(sharded_dp=DISTRIBUTED_OPTIMIZER, optimizer_step=MIXED_FUSED_ADAM,
                   attention=TE_CUDNN, fusion=TE_FUSED, tensor_parallel=MEGATRON_TP,
