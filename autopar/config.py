@@ -282,6 +282,13 @@ class TrainingConfig:
         if not isinstance(self.optimizer, str) or self.optimizer not in OPTIMIZERS:
             raise InvalidTrainingConfig(
                 f"optimizer {self.optimizer!r} is not one of {OPTIMIZERS}. Fix: use 'adam'.")
+        if not isinstance(self.framework, str) and hasattr(self.framework, "host_issue"):
+            # a FrameworkProfile object (its repr runs to pages): say where it goes instead
+            raise InvalidTrainingConfig(
+                f"framework must be a framework name, got a FrameworkProfile "
+                f"({getattr(self.framework, 'name', '?')!r}). Fix: keep framework="
+                f"{getattr(self.framework, 'name', 'torch')!r} here and pass the profile as "
+                "profile= to autopar.estimate / autopar.optimize (or framework= to CostModel).")
         if not isinstance(self.framework, str) or self.framework not in FRAMEWORKS:
             raise InvalidTrainingConfig(
                 f"framework {self.framework!r} is not one of {FRAMEWORKS}. Fix: use 'torch' "

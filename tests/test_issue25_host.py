@@ -169,7 +169,8 @@ def test_megatron_prices_its_stack_host_rate_and_says_so():
     cfg = autopar.ParallelConfig(tp=1, pp=1, dp=8, zero_stage=1, micro_batch_size=1)
     e = _estimate("gpt-1.7b", "1x8xH100", train, cfg, meg)
     note = _host_note(e)
-    assert note is not None and "cuda-graphs" in note and "host_op_s_published" in note
+    assert note is not None and "cuda-graphs" in note and "module code" in note
+    assert "from: median over 7 public sources" in note
     assert f"at {meg.host_op_s_published * 1e6:.3g} us of host time each" in note
     assert e.time_breakdown.host_exposed > 0.1 * e.step_time_s
     graph = model_graph("gpt-1.7b", train)[0]
@@ -217,3 +218,25 @@ def test_stack_host_rates_file_is_the_corpus_output():
         others = [s["rate_s"] for k, s in data["sources"].items() if k != key]
         assert host_rate.loso_rate(key, data) == statistics.median(others)
     assert host_rate.loso_rate("a source with no host-bound run", data) is None
+
+
+def test_a_user_set_host_rate_is_priced_and_quoted_and_bad_ones_are_refused():
+    """with_host_rate sets a stack's rate with its source, which the host note quotes; a rate
+    below zero, not a number, or without a source is refused with a fix, and a profile given
+    as TrainingConfig.framework is sent to profile= instead of dumping its repr."""
+    from autopar.frameworks import with_host_rate
+    train = autopar.TrainingConfig(global_batch_size=64, seq_len=1024)
+    cfg = autopar.ParallelConfig(tp=1, pp=1, dp=8, zero_stage=1, micro_batch_size=1)
+    mine = with_host_rate("megatron", 100e-6, "our nsys trace of 2026-12")
+    e = autopar.estimate("gpt-1.7b", "1x8xH100", train, cfg, profile=mine)
+    note = _host_note(e)
+    assert note is not None and "from: our nsys trace of 2026-12" in note
+    assert "at 100 us of host time each" in note
+    for bad in (-1.0, float("nan"), "abc", True):
+        with pytest.raises(InvalidTrainingConfig, match="finite number >= 0"):
+            with_host_rate("megatron", bad, "x")
+    with pytest.raises(InvalidTrainingConfig, match="must say where the rate comes from"):
+        with_host_rate("megatron", 1e-4, " ")
+    with pytest.raises(InvalidTrainingConfig, match="pass the profile as profile=") as info:
+        autopar.TrainingConfig(global_batch_size=8, seq_len=1024, framework=mine)
+    assert len(str(info.value)) < 400

@@ -126,9 +126,13 @@ def host_bound_notes(inputs: CostInputs, stage_host: tuple, host_exposed_s: floa
     r = max(range(len(stage_host)), key=lambda i: stage_host[i][2] + stage_host[i][3])
     gf, gb, hf, hb = stage_host[r]
     n = round((hf + hb) / per)
-    rate = (f"the {prof.name} stack's rate from published step times (its profile's "
-            "host_op_s_published)" if per > inputs.params.host_op_s else
-            "the measured dispatch rate, a lower bound (CostParams.host_op_s)")
+    if per > inputs.params.host_op_s:
+        origin = " ".join(prof.cost_sources.get("host_op_s_published", "").split())
+        rate = (f"the {prof.name} stack's host time per counted kernel, a total of its module "
+                "code, dispatcher and launches; from: "
+                + (origin if len(origin) <= 120 else origin[:117].rstrip() + "..."))
+    else:
+        rate = "the measured dispatch rate, a lower bound: CostParams.host_op_s"
     return (f"{HOST_NOTE_PREFIX}pipeline rank {r} issues about {n:,} kernels per micro-batch for "
             f"{(gf + gb) * 1e3:.3g} ms of GPU work ({(gf + gb) / max(n, 1) * 1e6:.0f} us each) "
             f"at {per * 1e6:.3g} us of host time each ({rate}): the host adds "

@@ -31,6 +31,8 @@ with_xtuner_attention`.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Mapping
@@ -103,14 +105,26 @@ def with_host_rate(profile: str | FrameworkProfile, seconds: float,
     """``profile`` with its own host seconds per counted kernel set to ``seconds``
     (:attr:`~autopar.frameworks.FrameworkProfile.host_op_s_published`, priced where it exceeds
     the measured dispatch rate; 0 prices that rate alone), ``source`` saying where the figure
-    comes from: e.g. a rate inverted from one's own host-bound runs, or a
-    leave-one-source-out refit (``benchmarks/host_rate.py``).
+    comes from (the estimate's host note quotes it): e.g. a rate inverted from one's own
+    host-bound runs, or a leave-one-source-out refit (``benchmarks/host_rate.py``). Pass the
+    result as ``profile=`` to :func:`autopar.estimate` / :func:`autopar.optimize`, or as
+    ``framework=`` to :class:`autopar.cost.model.CostModel`.
 
     Raises:
-        InvalidTrainingConfig: an unknown framework, a negative rate or an empty source.
+        InvalidTrainingConfig: an unknown framework, a rate that is not a finite number >= 0, or
+            an empty ``source``.
     """
+    if not isinstance(source, str) or not source.strip():
+        raise InvalidTrainingConfig(
+            f"with_host_rate: source={source!r} must say where the rate comes from. Fix: e.g. "
+            "with_host_rate('megatron', 1.2e-4, 'nsys trace of our 8-GPU run, 2026-12')")
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
+            or not math.isfinite(seconds) or seconds < 0:
+        raise InvalidTrainingConfig(
+            f"with_host_rate: seconds={seconds!r} must be a finite number >= 0 (host seconds "
+            "per counted kernel; 0 prices the measured dispatch rate alone). Fix: e.g. 1.2e-4")
     return get_profile(profile).with_costs({"host_op_s_published": source},
-                                           host_op_s_published=seconds)
+                                           host_op_s_published=float(seconds))
 
 
 def with_pure_bf16(profile: str | FrameworkProfile) -> FrameworkProfile:
