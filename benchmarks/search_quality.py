@@ -9,7 +9,7 @@ exceeds the published plan's error band (its regime's validated band, or "unvali
 search wall time; then the plan :func:`autopar.optimize` returns with a user's defaults (the
 robust objective and the default memory margin, :func:`autopar.search.margin.default_margin`)
 and its ratio to the published plan. Both are costed and searched under the record's own
-framework profile and options (:func:`benchmarks.validation.record_profile`, as
+framework profile and options (:func:`benchmarks.validation.scored_profile`, as
 ``benchmarks.accuracy`` costs the published plan), so the ratio compares plans, not frameworks.
 The search is :func:`autopar.search.optimize.search` itself (the model's fastest plan, no memory
 margin: not ``optimize``'s robust objective). A published plan that does not fit under
@@ -206,7 +206,7 @@ def _published(args) -> None:
     searched: dict = {}   # problem -> (best or the InfeasibleError, search seconds, defaults' best)
     shown: set = set()
     print("Each record searched under its own framework profile (benchmarks.validation."
-          "record_profile: the profile and options its published plan is costed with); band: "
+          "scored_profile: the profile and options its published plan is costed with); band: "
           "whether the speedup exceeds the published plan's regime band")
     print(f"{'id':36s} {'published s':>11s} {'searched s':>10s} {'ratio':>6s} {'band':>13s} "
           f"{'search s':>8s} {'default':>7s}  searched plan (fastest, no margin) | plan with a "
@@ -221,7 +221,7 @@ def _published(args) -> None:
         # the record's framework and options, as validation.evaluate costs the published plan
         # (searching under the default torch profile compared two frameworks)
         train = dataclasses.replace(validation.training(rec), micro_batch_size=None)
-        profile = validation.record_profile(rec)
+        profile = validation.scored_profile(rec)
         # records of one problem (the same model, cluster, training and profile: e.g. one
         # model's full and selective recomputation runs) search once
         key = (repr(rec.model), repr(rec.cluster), train, repr(profile))

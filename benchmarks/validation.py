@@ -509,6 +509,19 @@ class Row:
         return None if not m else (self.predicted_s - m) / m
 
 
+def scored_profile(rec: Record, host_rate: float | None = None) -> FrameworkProfile:
+    """:func:`record_profile` with a stack's per-kernel host rate (megatron, nemo) set to
+    ``host_rate`` seconds when given, else to the rate set without the record's source
+    (:func:`benchmarks.host_rate.loso_rate`; the profile's own where its source set none): the
+    profile every benchmark prices the record with."""
+    profile = record_profile(rec)
+    if host_rate is None and profile.host_op_s_published > 0:
+        host_rate = host_rates.loso_rate(source_key(rec.raw))
+    if host_rate is not None:
+        profile = host_rates.with_rate(profile, host_rate)
+    return profile
+
+
 def evaluate(rec: Record, spread: bool = True, host_rate: float | None = None) -> Row:
     """Predict one record under its framework's defaults for open fields; with ``spread`` also
     the fastest legal choice of the open fields (a search), else ``fastest_s`` is the prediction.
@@ -521,11 +534,7 @@ def evaluate(rec: Record, spread: bool = True, host_rate: float | None = None) -
     """
     train = training(rec)
     graph, _ = model_graph(rec.model, train)
-    profile = record_profile(rec)
-    if host_rate is None and profile.host_op_s_published > 0:
-        host_rate = host_rates.loso_rate(source_key(rec.raw))
-    if host_rate is not None:
-        profile = host_rates.with_rate(profile, host_rate)
+    profile = scored_profile(rec, host_rate)
     cm = CostModel(graph, rec.cluster, train, framework=profile)
     chosen = framework_defaults(rec)
     fixed = dict(rec.fixed)
