@@ -569,8 +569,8 @@ def host_lines(rows: list[Row]) -> list[str]:
     """How the runs of the stacks with a per-kernel host rate (:func:`benchmarks.host_rate.
     loso_rate`) split: those whose priced step is :data:`autopar.cost.notes.HOST_NOTE_SHARE`
     or more exposed host time, and the others, each with n, signed bias and MAPE."""
-    mine = [r for r in rows if r.error is not None
-            and record_profile(r.rec).host_op_s_published > 0]
+    profiles = {id(r): record_profile(r.rec) for r in rows if r.error is not None}
+    mine = [r for r in rows if id(r) in profiles and profiles[id(r)].host_op_s_published > 0]
     if not mine:
         return ["host-bound runs: no run of a stack with a per-kernel host rate"]
     bound = [r.error for r in mine if r.host_share >= HOST_NOTE_SHARE]
@@ -580,7 +580,7 @@ def host_lines(rows: list[Row]) -> list[str]:
         return (f"n {len(errs)}, bias {100 * sum(errs) / len(errs):+.1f}%, "
                 f"MAPE {_mape(errs):.1f}%") if errs else "n 0"
 
-    names = ", ".join(sorted({record_profile(r.rec).name for r in mine}))
+    names = ", ".join(sorted({profiles[id(r)].name for r in mine}))
     return [f"host-bound runs ({names}: the stack's per-kernel host rate, set without each "
             "run's source):",
             f"  host >= {HOST_NOTE_SHARE:.0%} of the priced step: {fig(bound)}",
