@@ -277,6 +277,9 @@ def read_plan_json(source: str | Path) -> object:
             why = getattr(exc, "strerror", None) or str(exc)[:200]
             raise InvalidPlanFile(f"cannot read plan file {shown}: {why}. Fix: {fix}, or its "
                                   "JSON text.") from exc
+    if not text.strip():   # a file truncated or created by a failed redirect
+        raise InvalidPlanFile("the plan file is empty. Fix: regenerate it with plan.to_json() "
+                              "or `autopar plan --out`.")
     try:
         data = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:

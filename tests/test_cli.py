@@ -172,6 +172,19 @@ def test_a_single_megatron_flag_is_the_value_of_megatron_args(capsys):
     assert "--megatron-args: expected one argument" in capsys.readouterr().err
 
 
+def test_a_value_beginning_with_a_dash_is_told_to_attach(capsys):
+    # a new user's trial: "--cluster -1x8xH100" got argparse's bare "expected one argument"
+    with pytest.raises(SystemExit):
+        main(["plan", "--model", "tiny-llama", "--cluster", "-1x8xH100"])
+    err = capsys.readouterr().err
+    assert "attach it, --cluster=VALUE" in err
+    with pytest.raises(SystemExit):   # no value at all: no such hint
+        main(["plan", "--model", "tiny-llama", "--cluster"])
+    assert "attach it" not in capsys.readouterr().err
+    code, _out, err = run(capsys, "plan", "--model", "tiny-llama", "--cluster=-1x8xH100")
+    assert code != 0 and "node and GPU counts are whole numbers >= 1, got -1" in err
+
+
 def test_estimate_from_framework_configs(capsys, tmp_path):
     code, out, err = run(capsys, "estimate", "--model", "tiny-llama", "--cluster",
                          "2x4xA100-80GB", "--megatron-args",

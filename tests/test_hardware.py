@@ -170,6 +170,9 @@ def test_spec_case_insensitive_equal():
     ("4x8xA100+ib-hdr", "ib-hdr"),
     ("12xH100", "12"),
     ("0x8xH100", "node count"),
+    ("-1x8xH100", "whole numbers >= 1, got -1"),   # a new user's negative count
+    ("1.5x8xH100", "whole numbers >= 1, got 1.5"),
+    ("2x-8xH100", "whole numbers >= 1, got -8"),
     ("2x8xH100+0xib-ndr", "+8xib-ndr"),   # the example of a NIC count, not of nodes
     ("", "non-empty"),
 ])

@@ -74,9 +74,9 @@ def test_robust_returns_the_simpler_plan_inside_the_stand_in_band(bands, gap):
     assert not plan.alternatives[0].error_band.validated
     text = plan.summary()
     shorter = 1 - fastest.step_time_s / simple.step_time_s   # the table's "vs chosen", unsigned
-    note = (f"{shorter * 100:.1f}% faster by the model, inside its band (± {adv * 150:.0f}%: the "
-            "corpus-wide band the rule uses where the regime has none (this plan's own error is "
-            "unknown)): not trusted over a simpler, validated plan")
+    note = (f"{shorter * 100:.1f}% faster by the model, inside its band (± {adv * 150:.0f}%, the "
+            "corpus-wide band; this plan's own error is unknown): not trusted over a simpler, "
+            "validated plan")
     assert note in text
     assert "objective        robust: a simpler plan of a validated regime" in text
 

@@ -92,6 +92,15 @@ def test_unreadable_sources_are_invalid_plan_files(source):
         Plan.from_json(source)
 
 
+def test_an_empty_plan_file_is_named_empty(tmp_path):
+    # a new user's trial: an empty file (a failed redirect) was answered with the JSON
+    # decoder's "Expecting value: line 1 column 1 (char 0)"
+    path = tmp_path / "plan.json"
+    path.write_text("\n")
+    with pytest.raises(InvalidPlanFile, match="the plan file is empty. Fix: regenerate it"):
+        Plan.from_json(str(path))
+
+
 def test_loading_never_executes_code(tmp_path, plan_dict):
     marker = tmp_path / "pwned"
     d = json.loads(json.dumps(plan_dict))

@@ -169,6 +169,7 @@ class _Parser(argparse.ArgumentParser):
                                  set(_option_strings(self)))
         for parser in (self, *_subparsers(self).values()):
             parser._json_errors = "--json" in args
+            parser._args = args
         ns, extras = self.parse_known_args(args, namespace)
         if extras:
             self._command_parser = _subparsers(self).get(getattr(ns, "command", None))
@@ -194,6 +195,13 @@ class _Parser(argparse.ArgumentParser):
                          self).items() if sub is not scope and tok in _option_strings(sub)])]
             if close or other:   # an option of another command: say so, not a near spelling
                 hint = f" {other[0]}." if other else f" Did you mean {', '.join(close)}?"
+        if message.endswith("expected one argument"):
+            flags = message.split(":")[0].removeprefix("argument ").split("/")
+            args = getattr(self, "_args", [])
+            after = [args[i + 1] for i, a in enumerate(args[:-1]) if a in flags]
+            if any(a[:1] == "-" for a in after):   # e.g. --cluster -1x8xH100
+                hint = (f" A value that begins with '-' is read as an option: attach it, "
+                        f"{flags[-1]}=VALUE.")
         line = f"{message}.{hint} Fix: see '{scope.prog} --help' for the options."
         if self._json_errors:
             from .output import print_error_json   # rich and the report: not for --help

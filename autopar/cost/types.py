@@ -208,7 +208,8 @@ class Estimate:
             ``comm_bytes_by_link``, ``comm_seconds_by_link`` and ``comm_dims_by_link``.
         peak_stage: index of the pipeline rank with the most memory.
         stage_fwd_s / stage_bwd_s: per pipeline rank, seconds of one micro-batch's forward and
-            backward (incl. recompute, TP/CP communication and pipeline sends) over all its chunks.
+            backward (incl. recompute, TP/CP communication, pipeline sends and the host issue
+            time no GPU work hides) over all its chunks.
         stage_wgrad_s: per pipeline rank, the weight-gradient part of ``stage_bwd_s`` (what a
             zero-bubble schedule runs as its separate W pass); empty in older plan files.
         stage_memory_breakdown: per pipeline rank, bytes by component (as memory_breakdown).

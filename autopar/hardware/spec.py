@@ -100,6 +100,12 @@ def parse_spec(spec: str, catalog: Catalog = CATALOG) -> ParsedSpec:
     text = re.sub(r"\s+", "", spec).lower()
     main, plus, nic_part = text.partition("+")
     m = _MAIN.match(main)
+    counts = re.match(r"^(-?[0-9.]+)x(?:(-?[0-9.]+)x)?", main)
+    if not m and counts and not all(g is None or g.isdigit() for g in counts.groups()):
+        bad = next(g for g in counts.groups() if g is not None and not g.isdigit())
+        raise InvalidClusterSpec(
+            f"cluster spec {spec!r}: node and GPU counts are whole numbers >= 1, got {bad}; "
+            "fix: e.g. '4x8xA100-80GB' (4 nodes of 8 GPUs) or '32xH100' (32 GPUs)")
     if not m:
         raise InvalidClusterSpec(
             f"cannot read {main!r} in cluster spec {spec!r}: expected {_GRAMMAR}. "

@@ -131,8 +131,11 @@ def stage_rows(e: Estimate) -> list[dict]:
 
 
 def stages_table(e: Estimate) -> Table:
-    """Pipeline ranks: blocks (layers), recompute per block, time per micro-batch, memory."""
-    t = _table("Pipeline stages (per micro-batch; memory is the rank's peak, * the highest)")
+    """Pipeline ranks: blocks (layers), recompute per block, time per micro-batch (the host
+    issue time no GPU work hides included, as the title says when there is any), memory."""
+    host = " fwd/bwd include the exposed host issue time;" if e.time_breakdown.host_exposed else ""
+    t = _table(f"Pipeline stages (per micro-batch;{host} memory is the rank's peak, * the "
+               "highest)")
     for col, just in (("rank", "right"), ("blocks (layers)", "left"), ("# blocks", "right"),
                       ("recompute", "left"), ("fwd ms", "right"), ("bwd ms", "right"),
                       ("memory GB", "right")):
@@ -177,7 +180,9 @@ def memory_table(e: Estimate) -> Table:
     for k, v in e.memory_breakdown.as_dict().items():
         t.add_row(k, _gb(v))
     t.add_row("total", _gb(e.memory_per_gpu_bytes), style="bold")
-    t.add_row(f"GPU memory ({e.memory_limit_bytes / 2**30:.1f} GiB)", _gb(e.memory_limit_bytes))
+    # the column is GB (1e9); the GiB figure is the one GPU tools print
+    t.add_row(f"usable GPU memory ({e.memory_limit_bytes / 2**30:.1f} GiB = "
+              f"{_gb(e.memory_limit_bytes)} GB)", _gb(e.memory_limit_bytes))
     return t
 
 

@@ -98,16 +98,14 @@ def trusted_band(e: Estimate) -> tuple[float | None, bool]:
 
 
 def band_text(e: Estimate) -> str:
-    """"± 7%", or, in an unvalidated regime, "± 12%: the corpus-wide band the rule uses where
-    the regime has none (this plan's own error is unknown)": the rule needs a width, the
-    estimate's band still says it has none."""
+    """"± 7%", or, in an unvalidated regime, "± 12%, the corpus-wide band; this plan's own
+    error is unknown": the rule needs a width, the estimate's band still says it has none."""
     half, own = trusted_band(e)
     if half is None:
         return "± unknown"
     if own:
         return f"± {half * 100:.0f}%"
-    return (f"± {half * 100:.0f}%: the corpus-wide band the rule uses where the regime has "
-            "none (this plan's own error is unknown)")
+    return f"± {half * 100:.0f}%, the corpus-wide band; this plan's own error is unknown"
 
 
 def advantage(fast: Estimate, slow: Estimate) -> float:
@@ -211,8 +209,8 @@ def objective_text(estimate: Estimate, alternatives, objective: str) -> str:
                 "of a validated regime instead when one comes within this plan's error band)")
     faster = passed_over(estimate, alternatives, objective)
     if faster is None:
-        return ("robust: the model's fastest plan (no simpler plan of a validated regime came "
-                f"within its error band, {band_text(estimate)})")
+        return ("robust: the model's fastest plan; no simpler validated plan came within its "
+                f"error band ({band_text(estimate)})")
     return (f"robust: a simpler plan of a validated regime ({dims(estimate)} parallel "
             f"dimension{'s' if dims(estimate) != 1 else ''} against {dims(faster)}); the "
             f"fastest, alternative 1, is {passed_over_note(estimate, faster)}")
