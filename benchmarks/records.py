@@ -63,6 +63,9 @@ class Record:
     oom_phase: str = ""
     fp8_recipe: str = ""
     torch_compile: bool | None = None
+    #: the attention kernel the run names when it is not its framework's own: "fa3"
+    #: (FlashAttention-3 called directly); "" = the framework's
+    attention_kernel: str = ""
     grad_reduce_dtype: str | None = None
     loss_compiled: bool = False
 
@@ -461,9 +464,29 @@ def parse(rec: dict) -> Record:
                   oom_phase=meas.get("oom_phase") or "",
                   fp8_recipe=t.get("fp8_recipe") or "",
                   torch_compile=t.get("torch_compile"),
+                  attention_kernel=_attention_kernel(rec["id"], t.get("attention_kernel")),
                   grad_reduce_dtype=_reduce_dtype(rec["id"], t.get("grad_reduce_dtype")),
                   loss_compiled=t.get("loss_compiled") is True,
                   assumed=tuple(sorted(assumed.items())))
+
+
+#: ``training.attention_kernel`` values a record may name (the framework's own kernel otherwise).
+ATTENTION_KERNEL_NAMES = ("fa3",)
+
+
+def _attention_kernel(rid: str, value) -> str:
+    """A record's ``training.attention_kernel`` ("fa3" or null: the framework's own).
+
+    Raises:
+        RecordError: another value.
+    """
+    if value is None:
+        return ""
+    if value not in ATTENTION_KERNEL_NAMES:
+        raise RecordError(f"{rid}: training.attention_kernel {value!r} is not one a record can "
+                          f"name; use one of {ATTENTION_KERNEL_NAMES} or null (the framework's "
+                          "own kernel)")
+    return value
 
 
 def _reduce_dtype(rid: str, value) -> str | None:

@@ -35,7 +35,7 @@ from autopar.cost.model import CostModel
 from autopar.cost.notes import HOST_NOTE_SHARE
 from autopar.frameworks import (FrameworkProfile, MemoryConventions, get_profile, shard_within,
                                 with_compiled_loss, with_inplace_loss, with_pure_bf16)
-from autopar.frameworks.choices import TORCH_COMPILE, with_choice
+from autopar.frameworks.choices import FLASH_ATTN_3, TORCH_COMPILE, with_choice
 from autopar.frameworks.stacks.deepspeed import (HF_AUTO, with_deepspeed_030,
                                                  with_hf_trainer_torch_adamw,
                                                  with_megatron_v1_model, with_zero_config)
@@ -230,7 +230,8 @@ def dated_before(text: str, iso: str) -> bool:
 def record_profile(rec: Record) -> FrameworkProfile:
     """The record's library profile (:func:`profile_name`) with the options its record states:
     torch.compile (:data:`autopar.frameworks.choices.TORCH_COMPILE`: ``training.torch_compile``,
-    else "torch.compile" in the framework text), FSDP's HYBRID_SHARD in the
+    else "torch.compile" in the framework text), FlashAttention-3 (``training.attention_kernel``
+    "fa3": :data:`autopar.frameworks.choices.FLASH_ATTN_3`), FSDP's HYBRID_SHARD in the
     notes or ``plan.hybrid_shard`` (HSDP within a node) or InternEvo's ``zero1=N`` (:func:`autopar.frameworks.
     shard_within`), "full bf16" / "pure bf16" in the framework text (:func:`autopar.frameworks.
     with_pure_bf16`); a torchtitan run dated before torchtitan's fused-AdamW default
@@ -272,6 +273,8 @@ def record_profile(rec: Record) -> FrameworkProfile:
         compiled = "torch.compile" in rec.framework.lower() and "nocompile" not in f
     if compiled:
         profile = with_choice(profile, TORCH_COMPILE)
+    if rec.attention_kernel == "fa3":   # the run calls FlashAttention-3 itself
+        profile = with_choice(profile, FLASH_ATTN_3)
     if (compiled and _kind(rec.framework) == "torchtitan"
             and not dated_before(rec.framework, COMPILED_LOSS_SINCE)):
         # torchtitan compiles its loss with the model (from COMPILED_LOSS_SINCE on)

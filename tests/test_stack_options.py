@@ -14,7 +14,7 @@ from autopar.frameworks import get_profile, profile_edits
 from autopar.frameworks.options import STACK_OPTIONS, with_options
 
 #: A framework each option applies to.
-_FOR = {"torch-compile": "torch", "cuda-graphs": "megatron", "hsdp": "fsdp1",
+_FOR = {"torch-compile": "torch", "cuda-graphs": "megatron", "flash-attn-3": "torch", "hsdp": "fsdp1",
         "foreach-adamw": "torchtitan", "float8nocompile": "torchtitan",
         "replicated-qk-norm": "torchtitan", "fp32-reduce": "torch",
         "sac-redispatch": "torchtitan",
@@ -87,3 +87,33 @@ def test_the_pithtrain_option_prices_what_the_corpus_prices_for_a_pithtrain_run(
     assert option["grad_reduce_bytes"]["value"] == 4
     assert all(getattr(corpus, field) == getattr(chosen, field) for field in option)
     assert corpus.memory.pp_unsharded_bytes == 6
+
+
+def test_flash_attention_3_speeds_up_hopper_attention_only():
+    """flash-attn-3 prices FA3 (FlashAttention-3 paper: Hopper-only kernels) on an H100 and
+    leaves an A100 at SDPA's FA2; at 16k tokens the attention share makes it visible."""
+    train = autopar.TrainingConfig(global_batch_size=8, seq_len=16384)
+    cfg = autopar.ParallelConfig(tp=1, pp=1, dp=8, zero_stage=3, micro_batch_size=1,
+                                 recompute="full")
+    stock = get_profile("torch")
+    fa3 = with_options(stock, ["flash-attn-3"], gpus_per_node=8)
+    assert fa3.attention_kernel("hopper") == "fa3" and fa3.attention_kernel("ampere") == "fa2"
+    assert stock.attention_kernel("hopper") == "fa2"
+    hop = [autopar.estimate("llama3-8b", "1x8xH100", train, cfg, profile=p).step_time_s
+           for p in (stock, fa3)]
+    assert hop[1] < 0.95 * hop[0]
+    amp = [autopar.estimate("llama3-8b", "1x8xA100-80GB", train, cfg, profile=p).step_time_s
+           for p in (stock, fa3)]
+    assert amp[1] == pytest.approx(amp[0], rel=1e-12)
+
+
+def test_a_record_names_flash_attention_3_or_is_refused():
+    from benchmarks.records import RecordError, parse
+    from benchmarks.validation import attention_kernel, load_corpus
+    raw = next(r for r in load_corpus()
+               if r.get("id") == "trl-qwen3-30b-a3b-16xh100-fsdp2-dp16-16k-fa3-groupedmm-window")
+    assert attention_kernel(parse(raw)) == "fa3"
+    bad = json.loads(json.dumps(raw))
+    bad["training"]["attention_kernel"] = "fa4"
+    with pytest.raises(RecordError, match="attention_kernel 'fa4' is not one a record can name"):
+        parse(bad)

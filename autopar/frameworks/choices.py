@@ -280,6 +280,15 @@ SDPA_FLASH = AttentionKernels(
     name="sdpa-flash", summary="torch SDPA's flash backend (FlashAttention-2)",
     attention_kernels={"*": "fa2"}, sources={"attention_kernels": _D["attention_kernels"]})
 
+#: FlashAttention-3 called directly (flash_attn_interface, or the kernels-community
+#: "vllm-flash-attn3" hub kernel): a Hopper-only kernel; any other GPU keeps SDPA's FA2.
+FLASH_ATTN_3 = AttentionKernels(
+    name="flash-attn-3", summary="FlashAttention-3 on Hopper (FlashAttention-2 elsewhere)",
+    attention_kernels={"hopper": "fa3", "*": "fa2"},
+    sources={"attention_kernels": "Shah et al. 2024 (FlashAttention-3, arXiv 2407.08608): "
+                                  "kernels for Hopper (sm90) only, Dao-AILab/flash-attention "
+                                  "hopper/; elsewhere SDPA's flash backend (FlashAttention-2)"})
+
 EAGER = Fusion(name="eager", summary="eager PyTorch, one kernel per op", fusion="eager",
                eager_parts=("fp32_cross_entropy",), sources={
                    "fusion": _D["fusion"],

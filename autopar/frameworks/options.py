@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import InvalidTrainingConfig
-from .choices import CUDA_GRAPHS, TORCH_COMPILE, with_choice
+from .choices import CUDA_GRAPHS, FLASH_ATTN_3, TORCH_COMPILE, with_choice
 from .profiles import FrameworkProfile
 from .stacks import deepspeed, inhouse, megatron, pytorch, shard_within, torchtitan
 from .stacks.pithtrain import PITHTRAIN_FSDP, PITHTRAIN_FUSION
@@ -52,6 +52,9 @@ STACK_OPTIONS: dict[str, StackOption] = {o.name: o for o in (
     StackOption("torch-compile", (), "torch.compile's fused point-wise chains "
                 "(autopar.frameworks.choices.TORCH_COMPILE)",
                 lambda p, _: with_choice(p, TORCH_COMPILE)),
+    StackOption("flash-attn-3", (), "FlashAttention-3 on Hopper instead of the stack's own "
+                "attention kernel (autopar.frameworks.choices.FLASH_ATTN_3)",
+                lambda p, _: with_choice(p, FLASH_ATTN_3)),
     StackOption("cuda-graphs", (), "forward and backward replayed as CUDA graphs: no per-kernel "
                 "host time (autopar.frameworks.choices.CUDA_GRAPHS)",
                 lambda p, _: with_choice(p, CUDA_GRAPHS)),
