@@ -287,15 +287,22 @@ def op_sac_bytes(layer: Layer, *, micro_batch: float, tp: int, cp: int,
     (the checkpoint's argument) plus the outputs :func:`op_sac_saved` names, sharded as the ops
     run: column-parallel matmul and attention outputs by tp, a row-parallel matmul's output as
     the unreduced partial sum (full size), plus its reduce-scatter output (/tp) under sequence
-    parallelism (reduce_scatter_tensor is in the save list). Everything scales with
-    ``micro_batch`` (in units of the graph's micro-batch) / cp. Attention's fp32 log-sum-exp
-    (1/64 of its output at head dim 128) is left out.
+    parallelism (reduce_scatter_tensor is in the save list). A routed expert GEMM's output (top_k
+    routed copies of each token) is not reduce-scattered: the MoE module's combined output is,
+    once, at the block's hidden size (torchtitan's ``PrepareModuleInputOutput`` on the MoE
+    module: Partial -> Shard(1); ``models/*/infra/parallelize.py``), so an MoE block keeps one
+    [tokens, hidden] / tp there. Everything scales with ``micro_batch`` (in units of the
+    graph's micro-batch) / cp. Attention's fp32 log-sum-exp (1/64 of its output at head dim
+    128) is left out.
     """
     seq_div = tp if sequence_parallel else 1
     kept = layer.activations.layer_input / seq_div
     saved = set(op_sac_saved(layer))
+    scattered = sequence_parallel and tp > 1
+    if scattered and any(op.moe_role == "expert" and op.tp_role == "row" for op in layer.ops):
+        kept += layer.activations.layer_input / tp   # the MoE output's reduce-scatter
     for i, op in enumerate(layer.ops):
-        if op.tp_role == "row" and sequence_parallel and tp > 1:
+        if op.tp_role == "row" and scattered and op.moe_role != "expert":
             kept += op.bytes_written / tp
         if i not in saved:
             continue
