@@ -163,3 +163,26 @@ def test_plans_that_keep_fsdp_blocks_gathered_say_so():
               autopar.ParallelConfig(dp=8, zero_stage=3, reshard_after_forward=(True,) * 4),
               SimpleNamespace(zero_stage=1)):
         assert reshard_text(c) == ""
+
+
+def test_summary_names_the_rank_each_pipeline_chunk_runs_on():
+    # a new user's trial: Plan.summary listed "chunk 0..7" where the CLI table says "rank"
+    from autopar.cost.pipeline.orders import stage_rank
+    plan = _plan(64, pp=2, virtual_stages=2, schedule="interleaved-1f1b")
+    c = plan.config
+    lines = [line.strip() for line in plan.summary().splitlines()
+             if line.strip().startswith("chunk ")]
+    assert len(lines) == c.pp * c.virtual_stages
+    for ci, line in enumerate(lines):
+        assert line.startswith(f"chunk {ci} (rank {stage_rank(ci, c.pp, c.schedule)}): blocks ")
+
+
+def test_an_unvalidated_regime_says_what_a_band_needs_in_one_threshold():
+    from autopar.cost.regime import MIN_RECORDS, VALIDATED_RUNS, VALIDATED_SOURCES, ErrorBand
+    band = ErrorBand(half_width=None, bias=None, records=0, sources=0,
+                     cell=("torch", "bf16", "hopper", "data", "dense", "1 node", "<3B"),
+                     quantile=0.6827, measured_range=None)
+    text = band.describe()
+    assert f"at most {MIN_RECORDS - 1} published runs, where a band needs at least " \
+           f"{VALIDATED_RUNS} runs from {VALIDATED_SOURCES} sources" in text
+    assert "fewer than" not in text

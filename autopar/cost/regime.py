@@ -253,12 +253,13 @@ class ErrorBand:
         """One line: the band, the cell and its runs, the bias."""
         where = cell_text(self.cell)
         if self.half_width is None:
-            runs = (f"fewer than {MIN_RECORDS} published runs" if self.records < MIN_RECORDS
+            # the table keeps no cell under MIN_RECORDS runs, so a smaller count is not known
+            runs = (f"at most {MIN_RECORDS - 1} published runs" if self.records < MIN_RECORDS
                     else f"{self.records} published runs from {self.sources} source"
                          f"{'s' if self.sources != 1 else ''}")
-            return (f"unvalidated regime ({where}): {runs} (a band needs {VALIDATED_RUNS} "
-                    f"from {VALIDATED_SOURCES} sources); the error here is unknown, and another "
-                    "regime's band would not say it")
+            return (f"unvalidated regime ({where}): {runs}, where a band needs at least "
+                    f"{VALIDATED_RUNS} runs from {VALIDATED_SOURCES} sources; the error here is "
+                    "unknown, and another regime's band would not say it")
         middle = ""
         if self.measured_range is not None:
             low, high = self.measured_range
@@ -399,7 +400,7 @@ def headroom_warnings(memory_bytes: float, limit_bytes: float,
     if free >= short:
         return ()
     return (f"memory: {memory_bytes / 1e9:.1f} of {limit_bytes / 1e9:.1f} GB per GPU leaves "
-            f"{free:.1%} for error, less than the {short:.0%} over prediction that "
+            f"{free:.1%} for error, less than the {short:.1%} over prediction that "
             f"{BAND_QUANTILE:.0%} of {runs} measured runs' peaks stayed within (mean error "
             f"{bias:+.0%}, the worst measured {worst:.0%} above its prediction): it may not fit "
             "on the first try; a plan searched for the framework that runs it (autopar plan "

@@ -6,6 +6,7 @@ from collections import Counter
 
 from ..cost.capacity import capacity_text
 from ..cost.offload import offload_text
+from ..cost.pipeline.orders import stage_rank
 from ..search.ranking import TIE_RTOL, tied
 from ..search.robust import objective_text, passed_over, passed_over_note
 
@@ -51,8 +52,10 @@ def gap_text(step_time_s: float, best_s: float) -> str:
     return f"{'+' if pct > 0 else '-'}<0.001%"
 
 
-def recompute_text(recompute, stage_blocks) -> list[str]:
-    """One line per pipeline chunk: its blocks and their recompute modes."""
+def recompute_text(recompute, stage_blocks, pp: int = 1, schedule: str | None = None
+                   ) -> list[str]:
+    """One line per pipeline chunk: the pipeline rank it runs on (as the cost model places it,
+    :func:`autopar.cost.pipeline.orders.stage_rank`), its blocks and their recompute modes."""
     if isinstance(recompute, str):
         modes = None
     else:
@@ -64,7 +67,9 @@ def recompute_text(recompute, stage_blocks) -> list[str]:
         else:
             counts = Counter(modes[pos:pos + n])
             what = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items()))
-        lines.append(f"  chunk {ci}: blocks {pos}-{pos + n - 1} ({n}), recompute {what}")
+        rank = stage_rank(ci, pp, schedule) if pp > 1 else 0
+        lines.append(f"  chunk {ci} (rank {rank}): blocks {pos}-{pos + n - 1} ({n}), "
+                     f"recompute {what}")
         pos += n
     return lines
 
@@ -172,7 +177,7 @@ def plan_summary(plan) -> str:
             f"{d} over {link}" for d, link in e.group_links.as_dict().items()
             if link != "local"))
     lines.append(f"pipeline         {plural(c.pp, 'stage')} x {plural(c.virtual_stages, 'chunk')}")
-    lines += recompute_text(c.recompute, c.stage_blocks)
+    lines += recompute_text(c.recompute, c.stage_blocks, c.pp, c.schedule)
     lines += estimate_lines(e)
     if plan.alternatives:
         lines.append(f"alternatives     (one per kind of plan; \"tie\": equal step time within "
