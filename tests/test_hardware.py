@@ -187,6 +187,16 @@ def test_bad_specs_name_the_part(spec, part):
         assert "h100-sxm5-80gb" in msg  # lists valid GPUs
 
 
+def test_an_unknown_gpu_lists_catalog_names_not_every_alias():
+    # a new user's trial: the message listed about 80 names, aliases included
+    for spec in ("1x8xH1000", "8x8"):
+        with pytest.raises(InvalidClusterSpec) as e:
+            Cluster.from_spec(spec)
+        msg = str(e.value)
+        assert "H100-SXM5-80GB" in msg and "or a short alias of one" in msg
+        assert "geforce-rtx-4090" not in msg and len(msg) < 1000, len(msg)
+
+
 def test_more_nics_than_four_per_gpu_are_refused():
     # the new-user trial gave 100 NICs to an 8-GPU node and got an estimate; 4 per GPU (AWS
     # p5.48xlarge: 32 EFA for 8 H100) is the most a shipped node has, and stays accepted

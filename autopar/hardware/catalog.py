@@ -255,8 +255,9 @@ class Catalog:
         close = difflib.get_close_matches(key, list(lookup), n=1, cutoff=0.5)
         hint = f" Did you mean {lookup[close[0]]!r} ({close[0]!r})?" if close else ""
         raise InvalidClusterSpec(
-            f"unknown GPU {name!r}.{hint} Valid names (case-insensitive): {', '.join(self.valid_names())}"
-        )
+            f"unknown GPU {name!r}.{hint} Valid names (case-insensitive): "
+            f"{', '.join(self.names())}, or a short alias of one ('h100', 'a100-80gb': "
+            "autopar.hardware.devices.valid_device_names() lists them)")
 
     def device(self, name: str | Device) -> Device:
         """The :class:`Device` of ``name`` (as :meth:`row`); a Device passed in is returned as is.

@@ -109,7 +109,7 @@ def parse_spec(spec: str, catalog: Catalog = CATALOG) -> ParsedSpec:
     if not m:
         raise InvalidClusterSpec(
             f"cannot read {main!r} in cluster spec {spec!r}: expected {_GRAMMAR}. "
-            f"Valid GPUs: {', '.join(catalog.valid_names())}"
+            f"Valid GPUs: {', '.join(catalog.names())}, or a short alias of one ('h100')"
         )
     first, second, gpu_name = m.groups()
     try:
