@@ -112,7 +112,11 @@ def loso_rate(key: str, data: dict | None = None) -> float | None:
     """The stack rate a run of source ``key`` is estimated with: :func:`best_rate` over the
     other sources of :data:`DATA` when ``key`` is one of them, else None (the profile's own
     rate, which no run of ``key`` set)."""
-    data = data if data is not None else _load()
+    if data is None:   # the committed file: each source's rate once, not once per run
+        memo = _CACHE.setdefault("loso", {})
+        if key not in memo:
+            memo[key] = loso_rate(key, _load())
+        return memo[key]
     if key not in data.get("sources", {}):
         return None
     return best_rate([s["mape"] for k, s in data["sources"].items() if k != key])

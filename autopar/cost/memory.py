@@ -299,11 +299,13 @@ def op_sac_bytes(layer: Layer, *, micro_batch: float, tp: int, cp: int,
     kept = layer.activations.layer_input / seq_div
     saved = set(op_sac_saved(layer))
     scattered = sequence_parallel and tp > 1
-    if scattered and any(op.moe_role == "expert" and op.tp_role == "row" for op in layer.ops):
-        kept += layer.activations.layer_input / tp   # the MoE output's reduce-scatter
+    moe_output = False   # an MoE block's combined output, reduce-scattered once
     for i, op in enumerate(layer.ops):
-        if op.tp_role == "row" and scattered and op.moe_role != "expert":
-            kept += op.bytes_written / tp
+        if op.tp_role == "row" and scattered:
+            if op.moe_role == "expert":
+                moe_output = True
+            else:
+                kept += op.bytes_written / tp
         if i not in saved:
             continue
         if op.kind == "attention" or op.tp_role in ("column", "vocab"):
@@ -312,6 +314,8 @@ def op_sac_bytes(layer: Layer, *, micro_batch: float, tp: int, cp: int,
             kept += op.bytes_written
         else:
             kept += op.bytes_written / (tp if op.region == "tp" else seq_div)
+    if moe_output:
+        kept += layer.activations.layer_input / tp
     return kept * micro_batch / cp
 
 
